@@ -72,11 +72,17 @@ def read_pte(data: Bytes) -> PteFile:
             )
         flat_end = header.program_size
     program = decode_program(Buffer(view[:flat_end]))
-    if program.segments:
-        if header is None or header.segment_base_offset == 0:
-            raise PteFormatError(
-                "segments", f"{len(program.segments)} segments but no segment base offset"
-            )
+    if program.segments and (header is None or header.segment_base_offset == 0):
+        # no segment data in the file: only empty segments can be described
+        for i, seg in enumerate(program.segments):
+            if seg.size:
+                raise PteFormatError(
+                    f"segments[{i}]",
+                    f"{seg.size} bytes of segment data but the file has no segment base offset",
+                )
+            segments.append(p.DataRef(flat_end, 0))
+    elif program.segments:
+        assert header is not None
         base = header.segment_base_offset
         if base < flat_end:
             raise PteFormatError(

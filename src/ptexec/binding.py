@@ -1,0 +1,161 @@
+"""The input placement rules, as one pure decision function.
+
+``decide(expected, got, policy)`` compares a program's input tensor (its
+:class:`~ptexec.tensor.TensorInfo`) with the caller's and returns what to do, or raises
+the error that says why it cannot be done:
+
+============  ============================  ===========================================
+program       caller's tensor               action
+============  ============================  ===========================================
+planned on D  on D (any dense or strided    ``COPY`` into the planned view (the copy
+              layout)                       converts the layout)
+planned on D  on another modeled device     ``TRANSFER`` (counted); refused under
+                                            ``transfers="forbid"``
+unplanned, D  on D, strides fit the          ``SHARE``: the program uses the caller's
+              program's dim order           memory
+unplanned, D  on D, other layout            error naming both layouts; ``CONVERT`` (a
+                                            counted copy) under ``layout="convert"``
+unplanned, D  on another modeled device     error naming both devices; ``MOVE`` (a
+                                            counted copy) under ``transfers="allow"``
+any           empty (no elements)           no device check; ``EMPTY``
+any           wrong dtype, rank or shape    :class:`InputError`
+============  ============================  ===========================================
+
+Memory on a device ptexec does not model never reaches this function: describing it
+raises :class:`~ptexec.errors.UnsupportedDeviceError` first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from .errors import InputError
+from .tensor import TensorInfo, dim_order_strides, layout_name
+
+__all__ = ["Action", "Policy", "decide", "fits_layout", "shape_error"]
+
+Transfers = Literal["allow", "forbid", "auto"]
+Layout = Literal["strict", "convert"]
+
+
+class Action(Enum):
+    SHARE = "share"  # unplanned input: the program reads the caller's memory
+    COPY = "copy"  # planned input: copy into the planned view on the same device
+    TRANSFER = "transfer"  # planned input: copy into the planned view from another device
+    CONVERT = "convert"  # unplanned input: copy on the same device into the program's layout
+    MOVE = "move"  # unplanned input: copy from another device
+    EMPTY = "empty"  # no elements: nothing to share or copy
+
+    @property
+    def copies(self) -> bool:
+        return self in (Action.COPY, Action.TRANSFER, Action.CONVERT, Action.MOVE)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How far binding may go to make an input fit.
+
+    ``transfers``: ``"auto"`` (default) copies a planned input across devices (it is
+    copied anyway) but refuses an unplanned one on the wrong device; ``"allow"`` moves both;
+    ``"forbid"`` moves neither. ``layout``: ``"strict"`` refuses an unplanned input whose
+    layout differs from the program's; ``"convert"`` copies it into the program's layout.
+    """
+
+    transfers: Transfers = "auto"
+    layout: Layout = "strict"
+
+    def __post_init__(self) -> None:
+        if self.transfers not in ("allow", "forbid", "auto"):
+            raise ValueError(f"transfers must be 'allow', 'forbid' or 'auto', not {self.transfers!r}")
+        if self.layout not in ("strict", "convert"):
+            raise ValueError(f"layout must be 'strict' or 'convert', not {self.layout!r}")
+
+
+def fits_layout(expected: TensorInfo, got: TensorInfo) -> bool:
+    """Whether ``got``'s strides are those of ``expected``'s dim order at ``got``'s sizes
+    (dimensions of size 1 are free)."""
+    if got.strides is None or expected.dim_order is None:
+        return False
+    want = dim_order_strides(got.sizes, expected.dim_order)
+    return all(
+        s == w or n == 1 for s, w, n in zip(got.strides, want, got.sizes, strict=True)
+    )
+
+
+def shape_error(expected: TensorInfo, sizes: tuple[int, ...]) -> str | None:
+    """Why ``sizes`` cannot be bound to ``expected`` (None when they can)."""
+    if len(sizes) != len(expected.sizes):
+        return f"rank {len(sizes)}, expected rank {len(expected.sizes)}"
+    if expected.dynamism == "static":
+        if sizes != expected.sizes:
+            return "shape differs"
+    elif expected.dynamism == "dynamic_bound":
+        over = [d for d, (s, b) in enumerate(zip(sizes, expected.sizes, strict=True)) if s > b]
+        if over:
+            bound = list(expected.sizes)
+            return f"dimension {over[0]} exceeds the upper bound {bound}"
+    return None
+
+
+def _expected(expected: TensorInfo) -> str:
+    dims = ", ".join(str(s) for s in expected.sizes)
+    text = f"{str(expected.dtype).removeprefix('torch.')}[{dims}]"
+    if expected.dynamism == "dynamic_bound":
+        text = text.replace("[", "[<=", 1).replace(", ", ", <=")
+    elif expected.dynamism == "dynamic_unbound":
+        text = f"{str(expected.dtype).removeprefix('torch.')}[rank {len(expected.sizes)}]"
+    return f"{text} on {expected.device}"
+
+
+def _got(got: TensorInfo) -> str:
+    dims = ", ".join(str(s) for s in got.sizes)
+    return f"{str(got.dtype).removeprefix('torch.')}[{dims}] on {got.device}"
+
+
+def decide(
+    expected: TensorInfo,
+    got: TensorInfo,
+    policy: Policy = Policy(),  # noqa: B008 (frozen, shared default)
+    where: str = "input",
+) -> Action:
+    """What to do with the caller's tensor ``got`` for the program tensor ``expected``.
+
+    ``where`` names the input in messages (``input 0 of 'forward'``). Raises
+    :class:`InputError` when the tensor cannot be used under ``policy``.
+    """
+    if got.dtype != expected.dtype:
+        raise InputError(f"{where}: expected {_expected(expected)}, got {_got(got)} (dtype)")
+    problem = shape_error(expected, got.sizes)
+    if problem is not None:
+        raise InputError(f"{where}: expected {_expected(expected)}, got {_got(got)} ({problem})")
+    if got.numel == 0:
+        return Action.EMPTY
+    same_device = got.device == expected.device
+    if expected.is_memory_planned:
+        if same_device:
+            return Action.COPY
+        if policy.transfers == "forbid":
+            raise InputError(
+                f"{where}: expected {_expected(expected)}, got {_got(got)} "
+                f"(a copy from {got.device} to {expected.device} is needed and transfers='forbid')"
+            )
+        return Action.TRANSFER
+    if not same_device:
+        if policy.transfers != "allow":
+            raise InputError(
+                f"{where}: expected {_expected(expected)}, got {_got(got)}; the program reads "
+                f"this input in place on {expected.device} (it is not memory-planned), so it "
+                f"must be on {expected.device}, or pass transfers='allow' to copy it there"
+            )
+        return Action.MOVE
+    if fits_layout(expected, got):
+        return Action.SHARE
+    if policy.layout == "convert":
+        return Action.CONVERT
+    raise InputError(
+        f"{where}: expected {_expected(expected)} laid out {layout_name(expected.dim_order)}, "
+        f"got {layout_name(got.dim_order)} layout; the program reads this input in place, so "
+        f"pass a tensor in its layout, or layout='convert' to copy it"
+    )

@@ -1,0 +1,63 @@
+"""``dim_order_ops::``: copies that convert dtype and dim order, and empty outputs.
+
+``_to_dim_order_copy`` / ``_clone_dim_order`` copy ``self`` into ``out`` converting the
+dtype and the layout: ``out`` is a view with the program's dim order, and ``copy_`` respects
+both sides' strides. ``_empty_dim_order`` only sizes its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..format import program as p
+from ..memory import resize_to
+from .registry import Emission, KernelContext, UnsupportedKernel, register
+
+__all__: list[str] = []
+
+
+def _is_static(value: p.EValue) -> bool:
+    return isinstance(value, p.Tensor) and value.shape_dynamism == p.STATIC
+
+
+def _copy_resizing(src: torch.Tensor, out: torch.Tensor, dim_order: Sequence[int]) -> None:
+    if out.shape != src.shape:
+        resize_to(out, src.shape, dim_order)
+    out.copy_(src)
+
+
+def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
+    out_value = ctx.values[out]
+    if not isinstance(out_value, p.Tensor):
+        raise UnsupportedKernel(f"{ctx.op_name}: output value {out} is not a tensor")
+    if _is_static(out_value) and _is_static(ctx.values[src]):
+        return ctx.emit(f"v[{out}].copy_(v[{src}])")
+    f = ctx.bind(_copy_resizing, "f")
+    order = ctx.bind(tuple(out_value.dim_order), "order")
+    return ctx.emit(f"{f}(v[{src}], v[{out}], {order})")
+
+
+@register("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
+def _to_dim_order_copy(ctx: KernelContext) -> Emission:
+    # (self, *, non_blocking=False, dim_order=None, out) -> out
+    if len(ctx.args) not in (4, 5):
+        raise UnsupportedKernel(f"{ctx.op_name}: expected 5 values, the program passes {len(ctx.args)}")
+    return _copy_emission(ctx, ctx.args[0], ctx.args[3])
+
+
+@register("dim_order_ops::_empty_dim_order.out")
+def _empty_dim_order(ctx: KernelContext) -> Emission:
+    # (int[] size, *, int[]? dim_order=None, Tensor(a!) out) -> out
+    if len(ctx.args) not in (3, 4):
+        raise UnsupportedKernel(f"{ctx.op_name}: expected 4 values, the program passes {len(ctx.args)}")
+    size, _, out = ctx.args[:3]
+    out_value = ctx.values[out]
+    if not isinstance(out_value, p.Tensor):
+        raise UnsupportedKernel(f"{ctx.op_name}: output value {out} is not a tensor")
+    if _is_static(out_value):
+        return ctx.emit("pass")
+    f = ctx.bind(resize_to, "f")
+    order = ctx.bind(tuple(out_value.dim_order), "order")
+    return ctx.emit(f"{f}(v[{out}], {ctx.expr(size)}, {order})")

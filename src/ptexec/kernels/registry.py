@@ -1,0 +1,168 @@
+"""The kernel registry: ``'ns::op.overload'`` -> a factory that prepares one instruction.
+
+A factory runs once, at method load, with a :class:`KernelContext` describing the
+instruction's arguments. It returns an :class:`Emission`: one Python statement that runs
+the instruction, with the names it uses. The method compiles its instructions' statements
+into straight-line functions, so the hot path is plain Python calling torch, with every
+lookup done at load.
+
+In a statement, ``v`` is the method's values list (``v[3]`` is value 3). Literal
+arguments (constants of the program that no instruction writes) are rendered inline or
+bound as names; everything else is read from ``v`` at run time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..format import program as p
+
+__all__ = [
+    "Emission",
+    "KernelContext",
+    "KernelFactory",
+    "UnsupportedKernel",
+    "find_kernel",
+    "register",
+    "register_namespace",
+    "registered_names",
+]
+
+
+@dataclass(frozen=True)
+class Emission:
+    """One statement of Python that runs an instruction, and the names it refers to."""
+
+    code: str
+    env: Mapping[str, Any] = field(default_factory=dict)
+    writes: tuple[int, ...] = ()  # value slots the statement replaces (not writes in place)
+
+
+class UnsupportedKernel(Exception):
+    """Raised by a factory for an instruction it cannot run (becomes OperatorMissingError)."""
+
+
+class KernelContext:
+    """What a factory knows about its instruction, and helpers to render arguments."""
+
+    def __init__(
+        self,
+        op_name: str,
+        instruction: int,
+        args: tuple[int, ...],
+        values: tuple[p.EValue, ...],
+        dynamic: frozenset[int],
+        initial: list[Any],
+        method: Any = None,
+    ) -> None:
+        self.op_name = op_name
+        self.instruction = instruction
+        self.args = args
+        self.values = values
+        self.dynamic = dynamic
+        self.initial = initial
+        self.method = method
+        self.env: dict[str, Any] = {}
+        self._names = itertools.count()
+        self._prefix = f"_i{instruction}_"
+
+    # ---- names -----------------------------------------------------------------------
+    def bind(self, obj: Any, hint: str = "c") -> str:
+        """Bind ``obj`` to a fresh name in the statement's environment; return the name."""
+        name = f"{self._prefix}{hint}{next(self._names)}"
+        self.env[name] = obj
+        return name
+
+    def emit(self, code: str, writes: Iterable[int] = ()) -> Emission:
+        return Emission(code, dict(self.env), tuple(writes))
+
+    # ---- values ----------------------------------------------------------------------
+    def value(self, index: int) -> p.EValue:
+        return self.values[index]
+
+    def is_literal(self, index: int) -> bool:
+        """A scalar/list value whose content is fixed for the life of the method."""
+        v = self.values[index]
+        if isinstance(v, p.Tensor | p.TensorList | p.OptionalTensorList):
+            return False
+        if isinstance(v, p.IntList):
+            return index not in self.dynamic and all(i not in self.dynamic for i in v.items)
+        return index not in self.dynamic
+
+    def literal(self, index: int) -> Any:
+        """The load-time content of a literal value (see :meth:`is_literal`)."""
+        v = self.values[index]
+        if isinstance(v, p.IntList):
+            return tuple(self.initial[i] for i in v.items)
+        return self.initial[index]
+
+    def expr(self, index: int) -> str:
+        """A Python expression that evaluates value ``index`` at run time."""
+        v = self.values[index]
+        if isinstance(v, p.Null):
+            return "None"
+        if isinstance(v, p.IntList):
+            if self.is_literal(index):
+                return repr(self.literal(index))
+            return "[" + ", ".join(self._int_item(i) for i in v.items) + "]"
+        if isinstance(v, p.TensorList):
+            return "[" + ", ".join(f"v[{i}]" for i in v.items) + "]"
+        if isinstance(v, p.OptionalTensorList):
+            items = (
+                "None" if i < 0 or isinstance(self.values[i], p.Null) else f"v[{i}]" for i in v.items
+            )
+            return "[" + ", ".join(items) + "]"
+        if isinstance(v, p.Tensor) or index in self.dynamic:
+            return f"v[{index}]"
+        return self.const(self.initial[index])
+
+    def _int_item(self, i: int) -> str:
+        return f"v[{i}]" if i in self.dynamic else repr(self.initial[i])
+
+    def const(self, obj: Any) -> str:
+        """Render a constant inline when its repr is exact, else bind it."""
+        if obj is None or isinstance(obj, bool | int):
+            return repr(obj)
+        if isinstance(obj, float) and obj == obj and obj not in (float("inf"), float("-inf")):
+            return repr(obj)
+        return self.bind(obj)
+
+
+KernelFactory = Callable[[KernelContext], Emission]
+
+_KERNELS: dict[str, KernelFactory] = {}
+_NAMESPACES: dict[str, Callable[[str], KernelFactory | None]] = {}
+
+
+def register(*names: str) -> Callable[[KernelFactory], KernelFactory]:
+    """Register a factory under one or more qualified names (``ns::op.overload``)."""
+
+    def deco(factory: KernelFactory) -> KernelFactory:
+        for name in names:
+            _KERNELS[name] = factory
+        return factory
+
+    return deco
+
+
+def register_namespace(ns: str, resolver: Callable[[str], KernelFactory | None]) -> None:
+    """A fallback for a whole namespace: ``resolver(qualified_name)`` finds a factory or None."""
+    _NAMESPACES[ns] = resolver
+
+
+def find_kernel(qualified_name: str) -> KernelFactory | None:
+    """The factory for an operator, exact registrations first, then its namespace's resolver."""
+    factory = _KERNELS.get(qualified_name)
+    if factory is not None:
+        return factory
+    ns = qualified_name.split("::", 1)[0]
+    resolver = _NAMESPACES.get(ns)
+    return resolver(qualified_name) if resolver is not None else None
+
+
+def registered_names() -> list[str]:
+    """Operators with an explicit registration (namespace fallbacks not listed)."""
+    return sorted(_KERNELS)

@@ -1,0 +1,98 @@
+"""Planned memory: one byte buffer per planned buffer, on its device, and views into it.
+
+A planned tensor is a strided view of ``buffer[offset : offset + nbytes]``: its dtype, its
+sizes and the strides of its dim order. Views of one buffer overlap where the plan reuses
+memory across lifetimes; that is the point of the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .device import Device
+from .errors import PteFormatError
+from .tensor import dim_order_strides
+
+__all__ = ["BufferInfo", "PlannedBuffer", "allocate", "resize_to", "strided_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class BufferInfo:
+    """One planned buffer of a method: its index (1-based, as in the file), size and device.
+
+    ``device_source`` says where the device came from: ``"program"`` (its
+    ``non_const_buffer_device`` entry, or the CPU when it has none), ``"tensors"`` (a buffer
+    with no entry whose tensors all name another device: programs exported with
+    ``enable_non_cpu_memory_planning=False``), or ``"device_map"``. ``shared`` marks state
+    shared by all methods of the program.
+    """
+
+    index: int
+    size: int
+    device: Device
+    device_source: str = "program"
+    shared: bool = False
+
+    def __str__(self) -> str:
+        text = f"buffer {self.index}: {self.size} bytes on {self.device}"
+        if self.device_source != "program":
+            text += f" (device from {self.device_source})"
+        if self.shared:
+            text += " (shared by all methods)"
+        return text
+
+
+class PlannedBuffer:
+    """The memory of one planned buffer."""
+
+    __slots__ = ("data", "info")
+
+    def __init__(self, info: BufferInfo, data: torch.Tensor) -> None:
+        self.info = info
+        self.data = data
+
+
+def allocate(info: BufferInfo) -> PlannedBuffer:
+    """Allocate (zero-filled) memory for a planned buffer on its device."""
+    data = torch.zeros(max(info.size, 1), dtype=torch.uint8, device=info.device.to_torch())
+    return PlannedBuffer(info, data)
+
+
+def strided_view(
+    storage: torch.Tensor,
+    byte_offset: int,
+    dtype: torch.dtype,
+    sizes: Sequence[int],
+    dim_order: Sequence[int],
+    where: str,
+) -> torch.Tensor:
+    """A tensor over ``storage`` (a flat uint8 tensor) at ``byte_offset`` with the given
+    dtype, sizes and the strides of ``dim_order``."""
+    itemsize = dtype.itemsize
+    if byte_offset % itemsize:
+        raise PteFormatError(
+            where,
+            f"byte offset {byte_offset} is not a multiple of the element size ({itemsize}); "
+            "ptexec needs element-aligned tensors",
+        )
+    if storage.storage_offset():
+        raise ValueError("planned storage must start at offset 0")
+    base = torch.empty(0, dtype=dtype, device=storage.device)
+    base.set_(
+        storage.untyped_storage(),
+        byte_offset // itemsize,
+        tuple(sizes),
+        dim_order_strides(sizes, dim_order),
+    )
+    return base
+
+
+def resize_to(t: torch.Tensor, sizes: Sequence[int], dim_order: Sequence[int]) -> None:
+    """Resize ``t`` in place (same storage and offset) to ``sizes`` with ``dim_order`` strides.
+
+    Raises RuntimeError when the new shape does not fit the storage behind ``t``.
+    """
+    t.as_strided_(tuple(sizes), dim_order_strides(sizes, dim_order))

@@ -1,0 +1,222 @@
+"""A loaded program: the mapped file, its external data, and its methods."""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import torch
+
+from .errors import MethodNotFoundError, PteFormatError
+from .format import program as p
+from .format.ptd import PtdFile, read_ptd
+from .format.pte import PteFile, read_pte
+from .memory import BufferInfo, PlannedBuffer, allocate
+from .method import Method, MethodMeta, plan_meta
+
+__all__ = ["Program", "load"]
+
+Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
+ShareState = Literal["auto", "never"]
+
+
+def _map(source: Source, what: str) -> tuple[memoryview, Any]:
+    """The bytes of ``source`` as a writable memoryview, and the object that owns them.
+
+    Paths are memory-mapped copy-on-write: the file is read lazily, constants are views of
+    the mapping, and nothing ever writes to the file. ``bytes`` are copied once into a
+    ``bytearray`` (tensors need writable memory); a ``bytearray`` or writable memoryview is
+    used in place and must not be changed while the program is alive.
+    """
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise PteFormatError("header", f"{what} {path} is empty")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return memoryview(mapped), mapped
+    if isinstance(source, bytes):
+        owner = bytearray(source)
+        return memoryview(owner), owner
+    if isinstance(source, bytearray):
+        return memoryview(source), source
+    if isinstance(source, memoryview):
+        view = source.cast("B") if source.format != "B" or source.ndim != 1 else source
+        if view.readonly:
+            owner = bytearray(view)
+            return memoryview(owner), owner
+        return view, source
+    if isinstance(source, io.IOBase) or hasattr(source, "read"):
+        owner = bytearray(source.read())
+        return memoryview(owner), owner
+    raise TypeError(f"cannot load a program from {type(source).__name__}")
+
+
+class Program:
+    """An ExecuTorch program loaded from a ``.pte``: validated, memory-mapped, ready to load
+    its methods. Create it with :func:`ptexec.load`."""
+
+    def __init__(
+        self,
+        pte: PteFile,
+        owner: Any,
+        ptd: PtdFile | None = None,
+        ptd_owner: Any = None,
+        share_state: ShareState = "auto",
+    ) -> None:
+        self.pte = pte
+        self.ptd = ptd
+        self._owners = (owner, ptd_owner)
+        self._lock = threading.Lock()
+        self._shared: dict[int, PlannedBuffer] = {}
+        self.shared_buffer_indices = _shared_state_buffers(pte.program, share_state)
+        named: dict[str, memoryview] = dict(pte.named_data())
+        if ptd is not None:
+            for key in ptd.entries:
+                named.setdefault(key, ptd.bytes_of(key))
+        self.named_data: Mapping[str, memoryview] = named
+
+    # -- methods -------------------------------------------------------------------------
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        """The names of the program's methods, in file order."""
+        return tuple(plan.name for plan in self.pte.program.execution_plan)
+
+    def _plan_index(self, name: str) -> int:
+        for i, plan in enumerate(self.pte.program.execution_plan):
+            if plan.name == name:
+                return i
+        raise MethodNotFoundError(
+            f"no method '{name}' in this program (methods: {', '.join(self.method_names)})"
+        )
+
+    def load_method(self, name: str = "forward", **options: Any) -> Method:
+        """Load method ``name``: allocate its planned buffers on their devices and prepare
+        its instructions. Options: ``device_map``, ``transfers``, ``layout``, ``outputs``,
+        ``max_planned_bytes``, ``max_instructions`` (see :class:`Method`). Each call
+        returns a new Method with its own planned memory (state shared between methods
+        stays shared)."""
+        return Method(self, self._plan_index(name), **options)
+
+    def method_meta(self, name: str = "forward", device_map: Any = None) -> MethodMeta:
+        """Inputs, outputs and memory plan of method ``name``, without loading it."""
+        return plan_meta(self, self.pte.program.execution_plan[self._plan_index(name)], device_map)
+
+    @property
+    def version(self) -> int:
+        return self.pte.program.version
+
+    def __repr__(self) -> str:
+        return f"<ptexec.Program methods={list(self.method_names)}>"
+
+    # -- memory (for methods) ------------------------------------------------------------
+    def shared_buffer(self, info: BufferInfo) -> tuple[PlannedBuffer, bool]:
+        """The program-wide buffer holding state shared by all methods; (buffer, is_new)."""
+        with self._lock:
+            buf = self._shared.get(info.index)
+            if buf is not None:
+                if buf.info.device != info.device or buf.info.size < info.size:
+                    raise PteFormatError(
+                        f"non_const_buffer_sizes[{info.index}]",
+                        f"shared state buffer {info.index} is {buf.info.size} bytes on "
+                        f"{buf.info.device}; this method wants {info.size} bytes on {info.device}",
+                    )
+                return buf, False
+            buf = allocate(info)
+            self._shared[info.index] = buf
+            return buf, True
+
+    def tensor_from_memory(self, data: memoryview) -> torch.Tensor:
+        """A uint8 tensor over ``data`` (a slice of the program's or data file's bytes)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(data, dtype=torch.uint8)
+
+    def external_bytes(self, t: p.Tensor, path: str) -> memoryview:
+        """The bytes of an external tensor (from the ``.ptd``, or the program's named data)."""
+        extra = t.extra_tensor_info
+        key = extra.fully_qualified_name if extra is not None else None
+        if not key:
+            raise PteFormatError(path, "external tensor without a name")
+        if self.ptd is not None and key in self.ptd.entries:
+            entry = self.ptd.entries[key]
+            layout = entry.layout
+            if layout is not None and (
+                layout.scalar_type != t.scalar_type
+                or layout.sizes != t.sizes
+                or layout.dim_order != t.dim_order
+            ):
+                raise PteFormatError(
+                    path,
+                    f"external tensor '{key}' is {layout.sizes} (type {layout.scalar_type}, dim "
+                    f"order {layout.dim_order}) in the data file, the program expects {t.sizes} "
+                    f"(type {t.scalar_type}, dim order {t.dim_order})",
+                )
+            if entry.size < t.nbytes:
+                raise PteFormatError(path, f"external tensor '{key}' has {entry.size} bytes, needs {t.nbytes}")
+            return self.ptd.bytes_of(key)[: t.nbytes]
+        data = self.named_data.get(key)
+        if data is not None and len(data) >= t.nbytes:
+            return data[: t.nbytes]
+        if self.ptd is None:
+            raise PteFormatError(
+                path,
+                f"external tensor '{key}' lives in a separate data file (.ptd); pass it with "
+                "ptexec.load(..., data_path=...)",
+            )
+        raise PteFormatError(path, f"external tensor '{key}' is not in the data file")
+
+
+def _shared_state_buffers(program: p.Program, share_state: ShareState) -> frozenset[int]:
+    """Buffer indices that hold state shared by all methods.
+
+    ExecuTorch's ``share_mutable_buffers=True`` puts every method's mutable state at the
+    same offsets of buffer 2, a CPU buffer of equal size appended to every method's plan,
+    and expects the runtime to give all methods one such buffer. The file has no flag for
+    it, so ``"auto"`` recognises that shape: two or more methods, each with exactly buffers
+    1 and 2, buffer 2 on the CPU with no device entry, and the same size everywhere.
+    ``"never"`` gives every method its own buffers.
+    """
+    if share_state == "never":
+        return frozenset()
+    if share_state != "auto":
+        raise ValueError(f"share_state must be 'auto' or 'never', not {share_state!r}")
+    plans = program.execution_plan
+    if len(plans) < 2:
+        return frozenset()
+    sizes = set()
+    for plan in plans:
+        if len(plan.non_const_buffer_sizes) != 3:
+            return frozenset()
+        if any(e.buffer_idx == 2 for e in plan.non_const_buffer_device or ()):
+            return frozenset()
+        sizes.add(plan.non_const_buffer_sizes[2])
+    return frozenset({2}) if len(sizes) == 1 else frozenset()
+
+
+def load(
+    source: Source,
+    *,
+    data_path: str | os.PathLike[str] | bytes | bytearray | None = None,
+    share_state: ShareState = "auto",
+) -> Program:
+    """Load and validate an ExecuTorch program (a path, bytes, or a binary file object).
+
+    ``data_path`` is the external data file (``.ptd``) of a program exported with external
+    constants. The file is memory-mapped; constants become tensors without being copied.
+    Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file.
+    """
+    view, owner = _map(source, "program")
+    pte = read_pte(view)
+    ptd = ptd_owner = None
+    if data_path is not None:
+        ptd_view, ptd_owner = _map(data_path, "data file")
+        ptd = read_ptd(ptd_view)
+    return Program(pte, owner, ptd, ptd_owner, share_state)

@@ -1,0 +1,249 @@
+"""Tensor descriptions: :class:`TensorInfo` and :func:`describe` for anything array-like.
+
+A description carries sizes, dtype, strides (in elements), dim order and device. The dim
+order is derived from the strides:
+
+- a layout is *dense* when some permutation of the dimensions gives it row-major strides;
+  that permutation is its dim order (outermost dimension first);
+- dimensions of size 1 carry no layout information (their stride is never used), so they
+  do not decide the order; where more than one order fits, ptexec picks the first of: the
+  identity ``(0, 1, ..., n-1)``, channels-last (``(0, 2, 3, 1)`` for 4-D, ``(0, 2, 3, 4, 1)``
+  for 5-D), then the order by decreasing stride with size-1 dimensions kept in their
+  natural place;
+- a layout with overlapping, negative or gapped strides has no dim order (``None``), and
+  :attr:`TensorInfo.layout` names it ``"strided"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import torch
+
+from .device import CPU, Device, from_dlpack_device, from_torch_device
+from .dtypes import dtype_name
+from .errors import UnsupportedDeviceError
+
+__all__ = ["TensorInfo", "describe", "dim_order_strides", "dim_order_from_strides", "to_torch"]
+
+
+def dim_order_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a dense tensor laid out in ``dim_order`` (a size-0 dim counts as 1)."""
+    n = len(sizes)
+    strides = [0] * n
+    acc = 1
+    for i in range(n - 1, -1, -1):
+        d = dim_order[i]
+        strides[d] = acc
+        acc *= max(sizes[d], 1)
+    return tuple(strides)
+
+
+def _matches(sizes: Sequence[int], strides: Sequence[int], dim_order: Sequence[int]) -> bool:
+    want = dim_order_strides(sizes, dim_order)
+    return all(s == w or n == 1 for s, w, n in zip(strides, want, sizes, strict=True))
+
+
+def channels_last_order(rank: int) -> tuple[int, ...] | None:
+    if rank == 4:
+        return (0, 2, 3, 1)
+    if rank == 5:
+        return (0, 2, 3, 4, 1)
+    return None
+
+
+def dim_order_from_strides(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
+    """The dim order of a dense layout (rule in the module docstring), or None."""
+    rank = len(sizes)
+    identity = tuple(range(rank))
+    if _matches(sizes, strides, identity):
+        return identity
+    cl = channels_last_order(rank)
+    if cl is not None and _matches(sizes, strides, cl):
+        return cl
+    if 0 in sizes:
+        return identity  # no elements: every order describes it
+    big = sorted((d for d in range(rank) if sizes[d] != 1), key=lambda d: (-strides[d], d))
+    order: list[int] = []
+    pending = [d for d in range(rank) if sizes[d] == 1]
+    for d in big:
+        while pending and pending[0] < d:
+            order.append(pending.pop(0))
+        order.append(d)
+    order.extend(pending)
+    result = tuple(order)
+    return result if _matches(sizes, strides, result) else None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """What a tensor is and where it lives.
+
+    ``sizes`` are the current sizes (for a program's dynamic tensor: its upper bound),
+    ``strides`` are in elements, ``dim_order`` is None for a layout that has none.
+    ``is_memory_planned`` and ``dynamism`` describe a program's tensor; for a caller's
+    tensor they are False and ``"static"``.
+    """
+
+    sizes: tuple[int, ...]
+    dtype: torch.dtype
+    dim_order: tuple[int, ...] | None
+    device: Device
+    strides: tuple[int, ...] | None = None
+    is_memory_planned: bool = False
+    dynamism: str = "static"
+
+    @property
+    def rank(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def numel(self) -> int:
+        return prod(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def layout(self) -> str:
+        """``contiguous``, ``channels_last``, ``dim_order(...)`` or ``strided`` (no dim order)."""
+        return layout_name(self.dim_order)
+
+    def __str__(self) -> str:
+        dims = ", ".join(str(s) for s in self.sizes)
+        text = f"{dtype_name(self.dtype)}[{dims}]"
+        if self.dim_order is None or self.dim_order != tuple(range(self.rank)):
+            text += f" ({self.layout})"
+        return f"{text} on {self.device}"
+
+
+def layout_name(dim_order: tuple[int, ...] | None) -> str:
+    if dim_order is None:
+        return "strided"
+    rank = len(dim_order)
+    if dim_order == tuple(range(rank)):
+        return "contiguous"
+    if dim_order == channels_last_order(rank):
+        return "channels_last"
+    return f"dim_order{list(dim_order)}"
+
+
+def _info_from_torch(t: torch.Tensor, device: Device) -> TensorInfo:
+    sizes = tuple(t.shape)
+    strides = tuple(t.stride())
+    return TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
+
+
+def _is_dlpack(x: Any) -> bool:
+    return hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
+
+
+def _dlpack_to_torch(x: Any, device: Device) -> torch.Tensor:
+    """Consume ``x`` through DLPack (versioned protocol first, then the old one); zero copy."""
+    kwargs: dict[str, Any] = {}
+    if not device.is_cpu:
+        stream = torch.cuda.current_stream(device.index).cuda_stream
+        kwargs["stream"] = 1 if stream == 0 else stream
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0), **kwargs)
+    except TypeError:
+        capsule = x.__dlpack__(**kwargs)
+    return torch.from_dlpack(capsule)
+
+
+def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
+    """A torch view of ``x`` (a torch tensor, numpy array or DLPack producer) and its device.
+
+    Never copies; raises :class:`UnsupportedDeviceError` for memory ptexec does not model
+    (an empty tensor is exempt and counts as cpu) and ``TypeError`` for non-arrays.
+    """
+    if isinstance(x, torch.Tensor):
+        dev = x.device
+        if dev.type == "cpu":
+            return x, CPU
+        if dev.type == "cuda":
+            return x, from_torch_device(dev)
+        if x.numel() == 0:
+            return x, CPU
+        raise UnsupportedDeviceError(f"{what} is on {dev}; ptexec runs tensors on cpu and cuda")
+    np = _numpy()
+    if np is not None and isinstance(x, np.ndarray | np.generic):
+        return _numpy_to_torch(np.asarray(x)), CPU
+    if _is_dlpack(x):
+        code, dev_id = x.__dlpack_device__()
+        try:
+            device = from_dlpack_device(code, dev_id, what)
+        except UnsupportedDeviceError:
+            if _dlpack_is_empty(x):
+                return torch.empty(0), CPU
+            raise
+        return _dlpack_to_torch(x, device), device
+    raise TypeError(f"{what} is a {type(x).__name__}, not a tensor or array")
+
+
+def _dlpack_is_empty(x: Any) -> bool:
+    shape = getattr(x, "shape", None)
+    return shape is not None and 0 in tuple(shape)
+
+
+def _numpy() -> Any:
+    import sys
+
+    return sys.modules.get("numpy")
+
+
+def _numpy_to_torch(a: Any) -> torch.Tensor:
+    """A zero-copy torch view of a numpy array (read-only arrays included).
+
+    Negative strides are the one exception: torch cannot express them, so such an array is
+    copied into a contiguous one. :func:`describe` reports those arrays as having no dim
+    order, so the binding rules treat them as a layout conversion, which copies anyway.
+    """
+    import warnings
+
+    np = _numpy()
+    if a.ndim and any(s < 0 for s in a.strides):
+        a = np.ascontiguousarray(a)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays
+            return torch.from_numpy(a)
+    except TypeError as e:
+        raise TypeError(f"numpy dtype {a.dtype} has no torch equivalent") from e
+
+
+def describe(x: Any) -> TensorInfo:
+    """Describe a torch tensor, numpy array or DLPack producer without copying it.
+
+    Raises :class:`UnsupportedDeviceError` for memory on a device ptexec does not model.
+    """
+    np = _numpy()
+    if np is not None and isinstance(x, np.ndarray | np.generic):
+        return _describe_numpy(np.asarray(x))
+    if _is_dlpack(x) and not isinstance(x, torch.Tensor):
+        code, dev_id = x.__dlpack_device__()
+        device = from_dlpack_device(code, dev_id, "array")
+        t = _dlpack_to_torch(x, device)
+        return _info_from_torch(t, device)
+    t, device = to_torch(x, "tensor")
+    return _info_from_torch(t, device)
+
+
+def _describe_numpy(a: Any) -> TensorInfo:
+    np = _numpy()
+    itemsize = a.dtype.itemsize
+    sizes = tuple(int(s) for s in a.shape)
+    strides = tuple(int(s) // itemsize for s in a.strides)
+    try:
+        dtype = torch.from_numpy(np.empty(0, dtype=a.dtype)).dtype
+    except TypeError as e:
+        raise TypeError(f"numpy dtype {a.dtype} has no torch equivalent") from e
+    if any(s < 0 for s in strides):
+        order = None
+    else:
+        order = dim_order_from_strides(sizes, strides)
+    return TensorInfo(sizes, dtype, order, CPU, strides)
