@@ -40,7 +40,7 @@ from .format import program as p
 from .format.scalar_type import scalar_type_name
 from .kernels.registry import Emission, KernelContext, UnsupportedKernel, find_kernel
 from .memory import BufferInfo, PlannedBuffer, allocate, resize_to, strided_view
-from .tensor import TensorInfo, dim_order_strides, to_torch
+from .tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
 
 if TYPE_CHECKING:
     from .program import Program
@@ -228,6 +228,11 @@ def _scalar_kind(value: p.EValue) -> str:
     return p.evalue_kind(value)
 
 
+def _is_numpy(x: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray | np.generic)
+
+
 def _truth(x: Any) -> bool:
     """A JumpFalseCall condition: a bool, or a bool tensor that is true when all elements are."""
     if isinstance(x, bool):
@@ -381,8 +386,11 @@ class Method:
             t, device = to_torch(x, where)
         except TypeError as e:
             raise InputError(f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})") from None
-        sizes = tuple(t.shape)
-        info = TensorInfo(sizes, t.dtype, None, device, tuple(t.stride()))
+        if isinstance(x, torch.Tensor) or not _is_numpy(x):
+            sizes, strides = tuple(t.shape), tuple(t.stride())
+            info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
+        else:  # numpy: judge the caller's own strides (negative ones have no dim order)
+            info = describe(x)
         action = decide(spec.info, info, policy, where)
         return action, t
 
@@ -830,7 +838,8 @@ class _Loader:
                 spec.device = info.device
                 spec.torch_device = info.device.to_torch()
                 spec.dim_order = value.dim_order
-                spec.fast_shape = value.sizes if value.shape_dynamism == p.STATIC else None
+                # the fast path binds exact static shapes with elements (EMPTY goes the slow way)
+                spec.fast_shape = value.sizes if value.shape_dynamism == p.STATIC and value.numel else None
                 if value.allocation_info is not None:
                     spec.view = values[slot]
                 elif value.is_constant:
@@ -1043,5 +1052,3 @@ def _register_source(filename: str, source: str) -> None:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
-_ = sys  # tracebacks of generated code use linecache (imported lazily)
-_ = UnsupportedDeviceError

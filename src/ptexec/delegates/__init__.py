@@ -15,7 +15,15 @@ from typing import Any
 from ..format import program as p
 from ..kernels.registry import Emission, KernelContext
 
-__all__ = ["BackendFactory", "DelegateContext", "find_backend", "register_backend", "registered_backends"]
+__all__ = [
+    "BackendFactory",
+    "DelegateContext",
+    "describe_payload",
+    "find_backend",
+    "register_backend",
+    "register_describer",
+    "registered_backends",
+]
 
 
 class DelegateContext(KernelContext):
@@ -69,3 +77,22 @@ def find_backend(backend_id: str) -> BackendFactory | None:
 
 def registered_backends() -> list[str]:
     return sorted(_BACKENDS)
+
+
+_DESCRIBERS: dict[str, Callable[[memoryview], dict[str, int]]] = {}
+
+
+def register_describer(backend_id: str) -> Callable[[Callable[[memoryview], dict[str, int]]], Callable[[memoryview], dict[str, int]]]:
+    """Register a function that summarises a backend's payload as node type -> count."""
+
+    def deco(fn: Callable[[memoryview], dict[str, int]]) -> Callable[[memoryview], dict[str, int]]:
+        _DESCRIBERS[backend_id] = fn
+        return fn
+
+    return deco
+
+
+def describe_payload(backend_id: str, data: memoryview) -> dict[str, int] | None:
+    """Node types and counts of a delegate payload (None when its backend has no describer)."""
+    fn = _DESCRIBERS.get(backend_id)
+    return None if fn is None else fn(data)

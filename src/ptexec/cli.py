@@ -1,0 +1,325 @@
+"""The ``ptexec`` command: ``inspect`` a program, ``run`` a method."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    import ptexec
+
+    return ptexec.load(args.file, data_path=args.data)
+
+
+def _device_map(args: argparse.Namespace) -> Any:
+    spec = getattr(args, "device_map", None)
+    if not spec:
+        return None
+    if "=" in spec:
+        pairs = [item.split("=", 1) for item in spec.split(",")]
+        return {k.strip(): v.strip() for k, v in pairs}
+    return spec
+
+
+# ---- inspect ---------------------------------------------------------------------------
+
+
+def _value_line(i: int, info: Any) -> str:
+    from .method import ScalarInfo
+
+    if isinstance(info, ScalarInfo):
+        return f"    {i}: {info.kind} (traced value {info.value!r})"
+    dims = ", ".join(str(s) for s in info.sizes)
+    dyn = "" if info.dynamism == "static" else f", {info.dynamism.replace('_', ' ')}"
+    planned = "planned" if info.is_memory_planned else "unplanned (caller's memory)"
+    return (
+        f"    {i}: {str(info.dtype).removeprefix('torch.')}[{dims}] {info.layout} "
+        f"on {info.device}, {planned}{dyn}"
+    )
+
+
+def _method_report(prog: Any, name: str, device_map: Any) -> dict[str, Any]:
+    from .device import schema_device
+    from .format import program as p
+
+    meta = prog.method_meta(name, device_map=device_map)
+    plan = next(pl for pl in prog.pte.program.execution_plan if pl.name == name)
+    ops: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            kinds[type(ins).__name__] += 1
+            if isinstance(ins, p.KernelCall):
+                ops[plan.operators[ins.op_index].qualified_name] += 1
+    devices: Counter[str] = Counter()
+    for value in plan.values:
+        if isinstance(value, p.Tensor):
+            devices[str(schema_device(*value.device))] += 1
+    delegates = []
+    for d in plan.delegates:
+        entry: dict[str, Any] = {"id": d.id, "compile_specs": {s.key: _spec_text(s.value) for s in d.compile_specs}}
+        nodes = _delegate_nodes(prog, d)
+        if nodes is not None:
+            entry["nodes"] = nodes
+        delegates.append(entry)
+    return {"meta": meta, "operators": ops, "instructions": kinds, "tensor_devices": devices, "delegates": delegates}
+
+
+def _spec_text(value: bytes) -> str:
+    try:
+        text = value.decode("utf-8")
+        if text.isprintable():
+            return text
+    except UnicodeDecodeError:
+        pass
+    return value.hex() if len(value) <= 16 else f"{len(value)} bytes"
+
+
+def _delegate_nodes(prog: Any, delegate: Any) -> dict[str, int] | None:
+    """Node types and counts of a delegate payload, when its backend can describe it."""
+    try:
+        from .delegates import describe_payload
+    except ImportError:
+        return None
+    try:
+        return describe_payload(delegate.id, prog.pte.delegate_data(delegate.processed))  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    prog = _load(args)
+    pte = prog.pte
+    device_map = _device_map(args)
+    names = [args.method] if args.method else list(prog.method_names)
+    reports = {name: _method_report(prog, name, device_map) for name in names}
+    if args.json:
+        print(json.dumps(_json_report(prog, reports), indent=2))
+        return 0
+    header = "extended header, " if pte.header is not None else ""
+    print(
+        f"{args.file}: ExecuTorch program, {_size(len(pte.data))}, {header}"
+        f"{len(pte.segments)} segment(s), {len(prog.method_names)} method(s)"
+    )
+    if prog.ptd is not None:
+        print(f"  external data: {args.data} ({len(prog.ptd.entries)} tensors)")
+    for name, rep in reports.items():
+        meta = rep["meta"]
+        print(f"\nmethod '{name}': {meta.num_instructions} instructions")
+        print("  inputs:")
+        for i, info in enumerate(meta.inputs):
+            print(_value_line(i, info))
+        print("  outputs:")
+        for i, info in enumerate(meta.outputs):
+            print(_value_line(i, info))
+        print(f"  memory plan: {_size(meta.planned_bytes)}")
+        for b in meta.buffers:
+            print(f"    {b}")
+        print("  tensors by device: " + ", ".join(f"{d}: {n}" for d, n in sorted(rep["tensor_devices"].items())))
+        kinds = rep["instructions"]
+        print("  instructions: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+        print(f"  operators ({len(rep['operators'])}):")
+        for op, n in rep["operators"].most_common():
+            print(f"    {n:5d}  {op}")
+        if rep["delegates"]:
+            print("  delegates:")
+            for d in rep["delegates"]:
+                specs = ", ".join(f"{k}={v}" for k, v in d["compile_specs"].items())
+                print(f"    {d['id']}" + (f" ({specs})" if specs else ""))
+                for node, n in sorted(d.get("nodes", {}).items(), key=lambda kv: -kv[1]):
+                    print(f"      {n:5d}  {node}")
+    return 0
+
+
+def _json_report(prog: Any, reports: dict[str, Any]) -> dict[str, Any]:
+    from .method import ScalarInfo
+
+    def value(info: Any) -> dict[str, Any]:
+        if isinstance(info, ScalarInfo):
+            return {"kind": info.kind, "value": info.value}
+        return {
+            "kind": "tensor",
+            "dtype": str(info.dtype).removeprefix("torch."),
+            "sizes": list(info.sizes),
+            "dim_order": list(info.dim_order) if info.dim_order is not None else None,
+            "device": str(info.device),
+            "is_memory_planned": info.is_memory_planned,
+            "dynamism": info.dynamism,
+            "nbytes": info.nbytes,
+        }
+
+    methods = {}
+    for name, rep in reports.items():
+        meta = rep["meta"]
+        methods[name] = {
+            "inputs": [value(i) for i in meta.inputs],
+            "outputs": [value(o) for o in meta.outputs],
+            "buffers": [
+                {"index": b.index, "size": b.size, "device": str(b.device), "device_source": b.device_source, "shared": b.shared}
+                for b in meta.buffers
+            ],
+            "instructions": dict(rep["instructions"]),
+            "operators": dict(rep["operators"]),
+            "tensor_devices": dict(rep["tensor_devices"]),
+            "delegates": rep["delegates"],
+        }
+    return {"methods": methods, "segments": len(prog.pte.segments), "size": len(prog.pte.data)}
+
+
+# ---- run -------------------------------------------------------------------------------
+
+
+def _random_input(info: Any, generator: Any) -> Any:
+    import torch
+
+    from .method import ScalarInfo
+
+    if isinstance(info, ScalarInfo):
+        return info.value
+    dtype = info.dtype
+    sizes = info.sizes
+    device = info.device.to_torch()
+    if dtype == torch.bool:
+        x = torch.randint(0, 2, sizes, generator=generator).bool()
+    elif dtype.is_floating_point or dtype.is_complex:
+        x = torch.randn(sizes, generator=generator).to(dtype)
+    else:
+        x = torch.randint(0, 8, sizes, generator=generator).to(dtype)
+    if info.dim_order is not None and info.dim_order != tuple(range(len(sizes))):
+        x = x.permute(info.dim_order).contiguous().permute([info.dim_order.index(d) for d in range(len(sizes))])
+    return x.to(device)
+
+
+def _read_inputs(paths: Sequence[str]) -> list[Any]:
+    import torch
+
+    inputs: list[Any] = []
+    for path in paths:
+        suffix = Path(path).suffix
+        if suffix == ".npy":
+            import numpy as np
+
+            inputs.append(torch.from_numpy(np.load(path)))
+        else:
+            data = torch.load(path, weights_only=True)
+            if isinstance(data, list | tuple):
+                inputs.extend(data)
+            else:
+                inputs.append(data)
+    return inputs
+
+
+def _summary(x: Any) -> str:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        return f"{type(x).__name__} {x!r}"
+    dims = ", ".join(str(s) for s in x.shape)
+    text = f"{str(x.dtype).removeprefix('torch.')}[{dims}] on {x.device}"
+    if x.numel():
+        f = x.detach().double() if not x.is_complex() else x.detach().abs().double()
+        text += f"  min {f.min().item():.4g}  max {f.max().item():.4g}  mean {f.mean().item():.4g}"
+    return text
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    prog = _load(args)
+    name = args.method or ("forward" if "forward" in prog.method_names else prog.method_names[0])
+    options: dict[str, Any] = {}
+    if args.device_map:
+        options["device_map"] = _device_map(args)
+    method = prog.load_method(name, **options)
+    if args.input:
+        inputs = _read_inputs(args.input)
+    else:
+        gen = torch.Generator().manual_seed(args.seed)
+        inputs = [_random_input(info, gen) for info in method.meta.inputs]
+        print(f"method '{name}': {len(inputs)} random input(s) from the method's metadata")
+    for i, x in enumerate(inputs):
+        print(f"  input {i}: {_summary(x)}")
+    outputs = method.execute(inputs)
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        method.execute(inputs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    for i, y in enumerate(outputs):
+        print(f"  output {i}: {_summary(y)}")
+    rec = method.last_call
+    print(f"  inputs bound: {', '.join(rec.inputs) or 'none'}; bytes copied: " + ", ".join(f"{k} {v}" for k, v in rec.bytes_copied.items() if v) or "none")
+    if times:
+        med = statistics.median(times)
+        print(f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)")
+    if args.output:
+        torch.save(outputs, args.output)
+        print(f"  outputs saved to {args.output}")
+    return 0
+
+
+# ---- main ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ptexec", description="Run and inspect ExecuTorch programs (.pte) with PyTorch kernels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", help="the .pte program")
+        p.add_argument("--data", help="external data file (.ptd) of the program")
+        p.add_argument("--method", help="method name (default: all for inspect, forward for run)")
+        p.add_argument("--device-map", help="remap devices: 'cpu', 'cuda:0', or 'cuda:0=cpu,cuda:1=cpu'")
+
+    p_inspect = sub.add_parser("inspect", help="methods, inputs/outputs with devices, memory plan, operators, delegates")
+    common(p_inspect)
+    p_inspect.add_argument("--json", action="store_true", help="print JSON")
+    p_inspect.set_defaults(func=cmd_inspect)
+
+    p_run = sub.add_parser("run", help="run a method on random or given inputs; print outputs and latency")
+    common(p_run)
+    p_run.add_argument("--input", action="append", help="input file (.pt: a tensor or a list; .npy); repeatable")
+    p_run.add_argument("--repeat", type=int, default=20, help="timed calls after the first (default 20)")
+    p_run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p_run.add_argument("--output", help="save the outputs (torch.save) to this file")
+    p_run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .errors import PtexecError
+
+    try:
+        return int(args.func(args))
+    except PtexecError as e:
+        print(f"ptexec: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, TypeError) as e:
+        print(f"ptexec: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""The input placement rules: the pure decision function, exhaustively, and through Method."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from export_util import export_program
+
+import ptexec
+from ptexec.binding import Action, Policy, decide
+from ptexec.device import CPU, Device, DeviceType
+from ptexec.errors import InputError, UnsupportedDeviceError
+from ptexec.tensor import TensorInfo, dim_order_strides
+
+CUDA0 = Device(DeviceType.CUDA, 0)
+CUDA1 = Device(DeviceType.CUDA, 1)
+
+
+def program_tensor(planned: bool, device: Device, dynamism: str, dim_order: tuple[int, ...]) -> TensorInfo:
+    sizes = (2, 3, 4, 5)
+    return TensorInfo(sizes, torch.float32, dim_order, device, dim_order_strides(sizes, dim_order), planned, dynamism)
+
+
+def caller_tensor(sizes: tuple[int, ...], dtype: torch.dtype, device: Device, dim_order: tuple[int, ...] | None) -> TensorInfo:
+    if dim_order is None:  # a strided (non-dense) layout: every other element of a bigger tensor
+        strides = tuple(2 * s for s in dim_order_strides(sizes, tuple(range(len(sizes)))))
+    else:
+        strides = dim_order_strides(sizes, dim_order)
+    return TensorInfo(sizes, dtype, dim_order, device, strides)
+
+
+CONTIGUOUS = (0, 1, 2, 3)
+CHANNELS_LAST = (0, 2, 3, 1)
+
+SHAPES = {  # name -> (sizes, acceptable for static, acceptable for dynamic_bound)
+    "exact": ((2, 3, 4, 5), True, True),
+    "smaller": ((1, 3, 4, 5), False, True),
+    "larger": ((3, 3, 4, 5), False, False),
+    "rank": ((2, 3, 20), False, False),
+    "empty": ((0, 3, 4, 5), False, True),
+}
+
+
+def expected_action(
+    planned: bool,
+    same_device: bool,
+    layout_ok: bool,
+    dtype_ok: bool,
+    shape_ok: bool,
+    empty: bool,
+    policy: Policy,
+) -> Action | None:
+    """The placement table of DESIGN.md, written as a table lookup (None: an InputError)."""
+    if not dtype_ok or not shape_ok:
+        return None
+    if empty:
+        return Action.EMPTY
+    table = {
+        # planned, same device -> action by transfers policy
+        (True, True): {"auto": Action.COPY, "allow": Action.COPY, "forbid": Action.COPY},
+        (True, False): {"auto": Action.TRANSFER, "allow": Action.TRANSFER, "forbid": None},
+        (False, False): {"auto": None, "allow": Action.MOVE, "forbid": None},
+    }
+    if (planned, same_device) in table:
+        return table[(planned, same_device)][policy.transfers]
+    if layout_ok:
+        return Action.SHARE
+    return Action.CONVERT if policy.layout == "convert" else None
+
+
+CASES = list(
+    itertools.product(
+        [True, False],  # planned
+        ["same", "other_type", "other_index"],  # device
+        [CONTIGUOUS, CHANNELS_LAST, None],  # caller layout (program is contiguous)
+        [torch.float32, torch.float16],  # dtype
+        list(SHAPES),  # shape case
+        ["static", "dynamic_bound"],  # program dynamism
+        ["auto", "allow", "forbid"],  # transfers
+        ["strict", "convert"],  # layout policy
+        [CPU, CUDA0],  # program device
+    )
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_decision_table(case: tuple) -> None:  # type: ignore[type-arg]
+    planned, dev, layout, dtype, shape, dynamism, transfers, layout_policy, prog_dev = case
+    expected = program_tensor(planned, prog_dev, dynamism, CONTIGUOUS)
+    if dev == "same":
+        got_dev = prog_dev
+    elif dev == "other_type":
+        got_dev = CUDA0 if prog_dev == CPU else CPU
+    else:
+        got_dev = CUDA1 if prog_dev == CUDA0 else CUDA1
+    sizes, ok_static, ok_dynamic = SHAPES[shape]
+    got_layout = layout if layout is None or len(layout) == len(sizes) else tuple(range(len(sizes)))
+    got = caller_tensor(sizes, dtype, got_dev, got_layout)
+    policy = Policy(transfers, layout_policy)
+    shape_ok = ok_static if dynamism == "static" else ok_dynamic
+    layout_ok = got_layout is not None and got_layout == CONTIGUOUS
+    want = expected_action(planned, got_dev == prog_dev, layout_ok, dtype == torch.float32, shape_ok, 0 in sizes, policy)
+    if want is None:
+        with pytest.raises(InputError) as err:
+            decide(expected, got, policy, "input 3 of 'forward'")
+        message = str(err.value)
+        assert message.startswith("input 3 of 'forward': expected float32[")
+        assert f"got {str(dtype).removeprefix('torch.')}[" in message or "laid out" in message
+        assert str(prog_dev) in message
+    else:
+        assert decide(expected, got, policy, "input 3 of 'forward'") is want
+
+
+def test_error_message_names_everything() -> None:
+    expected = TensorInfo((2, 3), torch.float32, (0, 1), CPU, (3, 1), True)
+    got = TensorInfo((2, 3), torch.float64, (0, 1), CPU, (3, 1))
+    with pytest.raises(InputError, match=r"^input 0 of 'forward': expected float32\[2, 3\] on cpu, got float64\[2, 3\] on cpu"):
+        decide(expected, got, Policy(), "input 0 of 'forward'")
+
+
+def test_size_one_dims_do_not_decide_the_layout() -> None:
+    expected = TensorInfo((2, 1, 4, 4), torch.float32, CHANNELS_LAST, CPU, dim_order_strides((2, 1, 4, 4), CHANNELS_LAST), False)
+    contiguous = TensorInfo((2, 1, 4, 4), torch.float32, CONTIGUOUS, CPU, dim_order_strides((2, 1, 4, 4), CONTIGUOUS))
+    assert decide(expected, contiguous) is Action.SHARE  # with C == 1 both layouts are the same memory
+
+
+def test_policy_rejects_unknown_values() -> None:
+    with pytest.raises(ValueError, match="transfers"):
+        Policy("sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layout"):
+        Policy("auto", "loose")  # type: ignore[arg-type]
+
+
+# ---- through a real method ---------------------------------------------------------------
+
+
+class AddMul(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x * y + 1
+
+
+@pytest.fixture(scope="module")
+def unplanned() -> ptexec.Method:
+    data = export_program(AddMul(), (torch.randn(3, 4), torch.randn(3, 4)), unplanned=True)
+    return ptexec.load(data).load_method("forward", outputs="view")
+
+
+@pytest.fixture(scope="module")
+def planned() -> ptexec.Method:
+    data = export_program(AddMul(), (torch.randn(3, 4), torch.randn(3, 4)))
+    return ptexec.load(data).load_method("forward", outputs="view")
+
+
+def test_unplanned_input_is_shared(unplanned: ptexec.Method) -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    alias, result = unplanned(x, y)
+    assert alias.data_ptr() == x.data_ptr(), "the program must read the caller's memory"
+    torch.testing.assert_close(result, x * y + 1)
+    assert unplanned.last_call.inputs == ["share", "share"]
+    assert unplanned.last_call.copies == 0
+
+
+def test_planned_input_is_copied(planned: ptexec.Method) -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    alias, result = planned(x, y)
+    assert alias.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(alias, x)
+    torch.testing.assert_close(result, x * y + 1)
+    assert planned.last_call.inputs == ["copy", "copy"]
+    assert planned.last_call.h2h == 2 * x.nbytes
+
+
+def test_numpy_and_dlpack_inputs_are_shared(unplanned: ptexec.Method) -> None:
+    x = np.random.rand(3, 4).astype(np.float32)
+    y = torch.randn(3, 4)
+
+    class Producer:  # a minimal DLPack producer wrapping numpy
+        def __init__(self, a: np.ndarray) -> None:
+            self.a = a
+
+        def __dlpack__(self, **kw: object) -> object:
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return self.a.__dlpack_device__()
+
+    for given in (x, Producer(x)):
+        alias, result = unplanned(given, y)
+        assert alias.data_ptr() == x.ctypes.data
+        torch.testing.assert_close(result, torch.from_numpy(x) * y + 1)
+
+
+def test_layout_mismatch_for_an_unplanned_input(unplanned: ptexec.Method) -> None:
+    x = torch.randn(4, 3).t()  # right shape, transposed layout
+    y = torch.randn(3, 4)
+    with pytest.raises(InputError, match=r"input 0 of 'forward'.*laid out contiguous, got dim_order\[1, 0\]"):
+        unplanned(x, y)
+    alias, result = unplanned.execute([x, y], layout="convert")
+    assert unplanned.last_call.inputs == ["convert", "share"]
+    torch.testing.assert_close(result, x * y + 1)
+    assert alias.is_contiguous()
+
+
+def test_negative_strides_numpy(unplanned: ptexec.Method, planned: ptexec.Method) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::-1]
+    y = torch.ones(3, 4)
+    with pytest.raises(InputError, match="strided"):
+        unplanned(x, y)
+    _, result = planned(x, y)
+    torch.testing.assert_close(result, torch.from_numpy(x.copy()) + 1)
+
+
+def test_unmodeled_device_is_named(unplanned: ptexec.Method) -> None:
+    with pytest.raises(UnsupportedDeviceError, match=r"input 0 of 'forward' is on meta; ptexec runs tensors on cpu and cuda"):
+        unplanned(torch.empty(3, 4, device="meta"), torch.randn(3, 4))
+    # the method still works
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(unplanned(x, y)[1], x * y + 1)
+
+
+def test_empty_tensor_on_unmodeled_device_is_exempt() -> None:
+    data = export_program(AddMul(), (torch.randn(0, 4), torch.randn(0, 4)), unplanned=True)
+    m = ptexec.load(data).load_method("forward")
+    alias, result = m(torch.empty(0, 4, device="meta"), torch.empty(0, 4))
+    assert alias.shape == (0, 4) and alias.device.type == "cpu"
+    assert m.last_call.inputs == ["empty", "empty"]
+
+
+def test_wrong_count_and_kind(planned: ptexec.Method) -> None:
+    with pytest.raises(InputError, match="takes 2 input"):
+        planned(torch.randn(3, 4))
+    with pytest.raises(InputError, match="input 1 of 'forward': expected a tensor .*got str"):
+        planned(torch.randn(3, 4), "y")
+    with pytest.raises(InputError, match="input 0 of 'forward': expected a tensor .*got NoneType"):
+        planned(None, torch.randn(3, 4))
