@@ -4,12 +4,17 @@
     prog = ptexec.load("model.pte")
     fwd = prog.load_method("forward")
     y, = fwd(x)
+
+Importing ``ptexec`` is cheap: torch is imported when a name that needs it is first used,
+so the format layer (``ptexec.format``) works without torch.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from . import errors
-from .accounting import CallRecord
-from .binding import Action, Policy
-from .device import CPU, Device, DeviceType
 from .errors import (
     BackendUnavailableError,
     DeviceUnavailableError,
@@ -22,12 +27,48 @@ from .errors import (
     PtexecError,
     UnsupportedDeviceError,
 )
-from .memory import BufferInfo
-from .method import Method, MethodMeta, ScalarInfo
-from .program import Program, load
-from .tensor import TensorInfo, describe
+
+if TYPE_CHECKING:
+    from .accounting import CallRecord
+    from .binding import Action, Policy
+    from .device import CPU, Device, DeviceType
+    from .memory import BufferInfo
+    from .method import Method, MethodMeta, ScalarInfo
+    from .program import Program, load
+    from .tensor import TensorInfo, describe
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "CallRecord": "accounting",
+    "Action": "binding",
+    "Policy": "binding",
+    "CPU": "device",
+    "Device": "device",
+    "DeviceType": "device",
+    "BufferInfo": "memory",
+    "Method": "method",
+    "MethodMeta": "method",
+    "ScalarInfo": "method",
+    "Program": "program",
+    "load": "program",
+    "TensorInfo": "tensor",
+    "describe": "tensor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ptexec' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CPU",
@@ -47,8 +88,8 @@ __all__ = [
     "OperatorMissingError",
     "Policy",
     "Program",
-    "PtexecError",
     "PteFormatError",
+    "PtexecError",
     "ScalarInfo",
     "TensorInfo",
     "UnsupportedDeviceError",

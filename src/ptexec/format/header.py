@@ -50,7 +50,7 @@ def _identifier(data: bytes | bytearray | memoryview, expected: bytes, what: str
     if ident[:2] == prefix and ident[2:].isalnum():
         raise PteFormatError(
             "header",
-            f"unsupported {what} version '{ident.decode('ascii')}'; ptexec reads "
+            f"unsupported {what.removeprefix('an ')} version '{ident.decode('ascii')}'; ptexec reads "
             f"'{expected.decode('ascii')}' (ExecuTorch 0.4 to 1.5)",
         )
     raise PteFormatError(

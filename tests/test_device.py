@@ -1,0 +1,156 @@
+"""The device model and its translators; describing tensors, arrays and DLPack producers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ptexec
+from ptexec.device import CPU, Device, DeviceType, from_dlpack_device, from_torch_device, parse_device
+from ptexec.errors import UnsupportedDeviceError
+from ptexec.tensor import describe, dim_order_from_strides
+
+
+def test_schema_codes() -> None:
+    assert DeviceType.CPU == 0 and DeviceType.CUDA == 1
+
+
+@pytest.mark.parametrize(
+    ("torch_device", "expected"),
+    [("cpu", CPU), ("cpu:0", CPU), ("cuda:0", Device(DeviceType.CUDA, 0)), ("cuda:3", Device(DeviceType.CUDA, 3))],
+)
+def test_from_torch(torch_device: str, expected: Device) -> None:
+    assert from_torch_device(torch.device(torch_device)) == expected
+
+
+def test_bare_cuda_is_the_current_device() -> None:
+    index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    assert from_torch_device(torch.device("cuda")) == Device(DeviceType.CUDA, index)
+
+
+@pytest.mark.parametrize("name", ["meta", "mps", "xpu", "hpu", "privateuseone", "xla"])
+def test_unmodeled_torch_devices_are_named(name: str) -> None:
+    with pytest.raises(UnsupportedDeviceError, match=rf"is on {name}(:0)?; ptexec runs tensors on cpu and cuda"):
+        from_torch_device(torch.device(name, 0) if name != "meta" else torch.device(name))
+
+
+@pytest.mark.parametrize(
+    ("code", "dev_id", "expected"),
+    [(1, 0, CPU), (3, 0, CPU), (2, 0, Device(DeviceType.CUDA, 0)), (2, 5, Device(DeviceType.CUDA, 5)), (13, 1, Device(DeviceType.CUDA, 1))],
+)
+def test_from_dlpack(code: int, dev_id: int, expected: Device) -> None:
+    assert from_dlpack_device(code, dev_id) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "name"), [(4, "kDLOpenCL"), (7, "kDLVulkan"), (8, "kDLMetal"), (10, "kDLROCM"), (14, "kDLOneAPI"), (99, "unknown DLPack device")]
+)
+def test_unmodeled_dlpack_devices_are_named(code: int, name: str) -> None:
+    with pytest.raises(UnsupportedDeviceError, match=rf"{name} \({code}\)"):
+        from_dlpack_device(code, 0)
+
+
+def test_round_trip_to_torch() -> None:
+    assert CPU.to_torch() == torch.device("cpu")
+    assert Device(DeviceType.CUDA, 2).to_torch() == torch.device("cuda", 2)
+    assert str(Device(DeviceType.CUDA, 2)) == "cuda:2" and str(CPU) == "cpu"
+
+
+def test_parse() -> None:
+    assert parse_device("cpu") == CPU
+    assert parse_device("cuda:1") == Device(DeviceType.CUDA, 1)
+    assert parse_device(torch.device("cuda", 2)) == Device(DeviceType.CUDA, 2)
+    with pytest.raises(UnsupportedDeviceError, match="'mps'"):
+        parse_device("mps")
+
+
+class FakeProducer:
+    """A DLPack producer reporting any device; wraps numpy for the data."""
+
+    def __init__(self, array: np.ndarray, device: tuple[int, int], versioned: bool = True) -> None:
+        self.array = array
+        self.device = device
+        self.versioned = versioned
+        self.calls: list[dict[str, object]] = []
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        self.calls.append(kwargs)
+        if not self.versioned and "max_version" in kwargs:
+            raise TypeError("unexpected keyword argument 'max_version'")
+        return self.array.__dlpack__(**kwargs)
+
+
+def test_describe_dlpack_versioned_then_legacy() -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    new = FakeProducer(a, (1, 0))
+    info = describe(new)
+    assert info.sizes == (2, 3) and info.dtype == torch.float32 and info.device == CPU
+    assert new.calls == [{"max_version": (1, 0)}]
+    old = FakeProducer(a, (1, 0), versioned=False)
+    assert describe(old).sizes == (2, 3)
+    assert old.calls == [{"max_version": (1, 0)}, {}]
+
+
+@pytest.mark.parametrize(("code", "name"), [(10, "kDLROCM"), (8, "kDLMetal"), (4, "kDLOpenCL")])
+def test_describe_rejects_producers_on_other_devices(code: int, name: str) -> None:
+    with pytest.raises(UnsupportedDeviceError, match=rf"{name} \({code}\)"):
+        describe(FakeProducer(np.zeros(3, np.float32), (code, 0)))
+
+
+def test_describe_pinned_host_memory_is_cpu() -> None:
+    a = np.arange(4, dtype=np.float32)
+    info = describe(FakeProducer(a, (3, 0)))  # kDLCUDAHost: pinned host memory
+    assert info.device == CPU and info.sizes == (4,)
+
+
+def test_describe_torch_layouts() -> None:
+    cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    assert describe(cl).dim_order == (0, 2, 3, 1) and describe(cl).layout == "channels_last"
+    cl3 = torch.randn(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d)
+    assert describe(cl3).dim_order == (0, 2, 3, 4, 1)
+    assert describe(torch.randn(3, 4).t()).dim_order == (1, 0)
+    assert describe(torch.randn(4, 4)[::2]).dim_order is None
+    assert describe(torch.randn(4, 4)[::2]).layout == "strided"
+    assert describe(torch.randn(3).expand(4, 3)).dim_order is None  # overlapping
+    assert describe(torch.tensor(1.0)).dim_order == ()
+
+
+def test_size_one_dims_keep_the_identity() -> None:
+    # with C == 1 the channels-last and contiguous layouts are the same memory
+    t = torch.randn(2, 1, 4, 5).to(memory_format=torch.channels_last)
+    assert describe(t).dim_order == (0, 1, 2, 3)
+    assert dim_order_from_strides((3, 1, 2), (2, 7, 1)) == (0, 1, 2)
+    assert dim_order_from_strides((1, 3, 2), (1, 1, 3)) == (0, 2, 1)
+
+
+def test_describe_numpy() -> None:
+    a = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+    info = describe(a)
+    assert info.sizes == (2, 3, 4) and info.dtype == torch.int32 and info.strides == (12, 4, 1)
+    assert describe(a.transpose(2, 0, 1)).dim_order == (1, 2, 0)
+    assert describe(a[:, ::-1]).dim_order is None  # negative strides
+    assert describe(a[:, ::-1]).strides == (12, -4, 1)
+    ro = a.copy()
+    ro.flags.writeable = False
+    assert describe(ro).sizes == (2, 3, 4)
+    assert describe(np.float64(2.5)).sizes == () and describe(np.float64(2.5)).dtype == torch.float64
+    assert describe(np.zeros((0, 3))).sizes == (0, 3)
+
+
+def test_describe_meta_tensor_raises_but_empty_is_exempt() -> None:
+    with pytest.raises(UnsupportedDeviceError, match="meta"):
+        describe(torch.empty(2, device="meta"))
+    assert describe(torch.empty(0, device="meta")).device == CPU
+
+
+def test_describe_rejects_non_arrays() -> None:
+    with pytest.raises(TypeError, match="not a tensor or array"):
+        describe([1, 2, 3])
+
+
+def test_public_names() -> None:
+    assert ptexec.Device is Device and ptexec.describe is describe

@@ -1,0 +1,231 @@
+"""The format layer: headers, segments, validation errors with paths, zero-copy constants."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+from fixture_data import fixture_paths
+
+import ptexec
+from ptexec.errors import PteFormatError
+from ptexec.format import read_ptd, read_pte
+from ptexec.format import program as p
+from ptexec.format.flatbuf import Buffer, Table
+
+MLP = fixture_paths("mlp")[0].read_bytes()
+
+
+def test_reads_every_fixture_without_torch() -> None:
+    code = (
+        "import sys, pathlib\n"
+        "from ptexec.format import read_pte, read_ptd\n"
+        "d = pathlib.Path(sys.argv[1])\n"
+        "for f in sorted(d.glob('*.pte')): read_pte(f.read_bytes())\n"
+        "for f in sorted(d.glob('*.ptd')): read_ptd(f.read_bytes())\n"
+        "assert 'torch' not in sys.modules, 'the format layer imported torch'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(fixture_paths("mlp")[0].parent)],
+        capture_output=True, text=True, check=True,
+    )
+    assert out.stdout.strip() == "ok"
+
+
+def test_mlp_structure() -> None:
+    pte = read_pte(MLP)
+    assert pte.header is not None and pte.header.segment_base_offset % 128 == 0
+    plan = pte.program.execution_plan[0]
+    assert plan.name == "forward"
+    assert plan.non_const_buffer_sizes[0] == 0
+    kinds = {type(v).__name__ for v in plan.values}
+    assert "Tensor" in kinds and "IntList" in kinds
+    ops = [op.qualified_name for op in plan.operators]
+    assert "aten::addmm.out" in ops
+    assert all(isinstance(i, p.KernelCall) for i in plan.chains[0].instructions)
+
+
+def test_agrees_with_executorch_deserializer() -> None:
+    """Every value, instruction and operator as ExecuTorch's own Python reader sees it."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    from fixture_data import load_manifest
+
+    for name in load_manifest():
+        data = fixture_paths(name)[0].read_bytes()
+        ours = read_pte(data).program
+        theirs = serialize.deserialize_pte_binary(data).program
+        assert len(ours.execution_plan) == len(theirs.execution_plan)
+        for a, b in zip(ours.execution_plan, theirs.execution_plan, strict=True):
+            assert a.name == b.name
+            assert list(a.inputs) == list(b.inputs) and list(a.outputs) == list(b.outputs)
+            assert list(a.non_const_buffer_sizes) == list(b.non_const_buffer_sizes)
+            assert [o.qualified_name for o in a.operators] == [
+                f"{o.name}.{o.overload}" if o.overload else o.name for o in b.operators
+            ]
+            assert len(a.values) == len(b.values)
+            for va, vb in zip(a.values, b.values, strict=True):
+                kind = type(vb.val).__name__
+                assert type(va).__name__ == kind, (name, va, vb)
+                if kind == "Tensor":
+                    t = vb.val
+                    assert va.sizes == tuple(t.sizes) and va.dim_order == tuple(t.dim_order)
+                    assert va.scalar_type == int(t.scalar_type)
+                    assert va.data_buffer_idx == t.data_buffer_idx
+                    assert va.shape_dynamism == int(t.shape_dynamism)
+                    if t.allocation_info is None:
+                        assert va.allocation_info is None
+                    else:
+                        assert va.allocation_info is not None
+                        assert va.allocation_info.memory_id == t.allocation_info.memory_id
+                        assert va.allocation_info.memory_offset == (
+                            t.allocation_info.memory_offset_low | (t.allocation_info.memory_offset_high << 32)
+                        )
+                elif kind in ("Int", "Bool"):
+                    assert va.value == next(iter(vars(vb.val).values()))
+                elif kind == "Double":  # ExecuTorch's reader keeps inf/nan as strings
+                    want = float(vb.val.double_val)
+                    assert va.value == want or (want != want and va.value != va.value)
+                elif kind in ("IntList", "TensorList", "OptionalTensorList", "BoolList", "DoubleList"):
+                    assert list(va.items) == list(vb.val.items)
+            ia, ib = a.chains[0].instructions, b.chains[0].instructions
+            assert [type(x).__name__ for x in ia] == [type(y.instr_args).__name__ for y in ib]
+
+
+def test_unsupported_program_version() -> None:
+    data = bytearray(MLP)
+    data[4:8] = b"ET13"
+    with pytest.raises(PteFormatError, match="unsupported ExecuTorch program version 'ET13'"):
+        read_pte(bytes(data))
+
+
+def test_not_a_program() -> None:
+    with pytest.raises(PteFormatError, match="not an ExecuTorch program"):
+        read_pte(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(PteFormatError, match="too short"):
+        read_pte(b"ET")
+
+
+def _plan_table(data: bytes) -> Table:
+    root = Buffer(data).root()
+    plans = root.tables(1, "execution_plan", lambda t: t)
+    assert plans
+    return plans[0]
+
+
+def _tensor_tables(data: bytes) -> list[tuple[int, Table]]:
+    plan = _plan_table(data)
+    values = plan.tables(2, "values", lambda t: t) or ()
+    out = []
+    for j, ev in enumerate(values):
+        code, table = ev.union(0, "val")
+        if code == 5 and table is not None:
+            out.append((j, table))
+    return out
+
+
+def test_planned_tensor_outside_its_buffer_names_its_path() -> None:
+    data = bytearray(MLP)
+    for j, tensor in _tensor_tables(bytes(data)):
+        alloc = tensor.table(6, "allocation_info")
+        if alloc is None:
+            continue
+        pos = alloc._field(1)  # memory_offset_low
+        struct.pack_into("<I", data, pos, 4096)
+        with pytest.raises(PteFormatError) as err:
+            read_pte(bytes(data))
+        assert err.value.path == f"execution_plan[0].values[{j}].tensor.allocation_info"
+        assert "exceed buffer 1" in str(err.value)
+        return
+    pytest.fail("no planned tensor found")
+
+
+def test_dim_order_must_be_a_permutation() -> None:
+    data = bytearray(MLP)
+    for j, tensor in _tensor_tables(bytes(data)):
+        span = tensor.vector_span(3, "dim_order", 1)
+        if span and span[1] >= 2:
+            data[span[0]] = data[span[0] + 1]
+            with pytest.raises(PteFormatError, match=rf"values\[{j}\]\.tensor\.dim_order: .* not a permutation"):
+                read_pte(bytes(data))
+            return
+    pytest.fail("no rank-2 tensor")
+
+
+def test_truncated_file() -> None:
+    pte = read_pte(MLP)
+    with pytest.raises(PteFormatError, match="exceed the file"):
+        read_pte(MLP[: pte.segments[0].offset + 4])
+
+
+def test_operator_index_out_of_range() -> None:
+    data = bytearray(MLP)
+    plan = _plan_table(bytes(data))
+    chains = plan.tables(5, "chains", lambda t: t)
+    assert chains
+    instructions = chains[0].tables(2, "instructions", lambda t: t) or ()
+    for i, ins in enumerate(instructions):
+        _, call = ins.union(0, "instr_args")
+        assert call is not None
+        if call.has(0):  # op_index 0 is the default and is not stored
+            struct.pack_into("<i", data, call._field(0), 99)
+            with pytest.raises(
+                PteFormatError,
+                match=rf"chains\[0\]\.instructions\[{i}\]\.kernel_call\.op_index: operator 99 out of range",
+            ):
+                read_pte(bytes(data))
+            return
+    pytest.fail("no instruction with a stored op_index")
+
+
+def test_constants_are_views_of_the_mapped_file() -> None:
+    path = fixture_paths("mlp")[0]
+    prog = ptexec.load(path)
+    method = prog.load_method("forward")
+    mapped = prog.pte.data
+    import ctypes
+
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+    constants = [
+        method.values()[j]
+        for j, v in enumerate(prog.pte.program.execution_plan[0].values)
+        if isinstance(v, p.Tensor) and v.is_constant
+    ]
+    assert constants
+    for t in constants:
+        assert base <= t.data_ptr() < base + len(mapped), "constant was copied"
+
+
+def test_loads_from_bytes_bytearray_and_file_objects() -> None:
+    import io
+
+    x = torch.randn(2, 8)
+    results = []
+    for source in (MLP, bytearray(MLP), io.BytesIO(MLP), memoryview(MLP), fixture_paths("mlp")[0]):
+        results.append(ptexec.load(source).load_method("forward")(x)[0])
+    for r in results[1:]:
+        torch.testing.assert_close(r, results[0])
+
+
+def test_program_from_bytes_outlives_the_callers_buffer() -> None:
+    data = bytearray(MLP)
+    method = ptexec.load(bytes(data)).load_method("forward")
+    data[:] = b"\x00" * len(data)
+    del data
+    x = torch.randn(2, 8)
+    reference = ptexec.load(fixture_paths("mlp")[0]).load_method("forward")(x)[0]
+    torch.testing.assert_close(method(x)[0], reference)
+
+
+def test_external_data_file() -> None:
+    pte, ptd = fixture_paths("external")
+    assert ptd is not None
+    data = read_ptd(ptd.read_bytes())
+    assert data.entries and all(e.layout is not None for e in data.entries.values())
+    with pytest.raises(PteFormatError, match="data_path"):
+        ptexec.load(pte).load_method("forward")
+    with pytest.raises(PteFormatError, match="not an ExecuTorch data file"):
+        read_ptd(MLP)
