@@ -23,6 +23,8 @@ def export_program(
 
     ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes)
     config = ExecutorchBackendConfig(
-        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=not unplanned, alloc_graph_output=not unplanned)
+        memory_planning_pass=MemoryPlanningPass(
+            alloc_graph_input=not unplanned, alloc_graph_output=not unplanned
+        )
     )
     return bytes(to_edge(ep).to_executorch(config).buffer)

@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from export_util import export_program
 
 import ptexec
+from export_util import export_program
 from ptexec.binding import Action, Policy, decide
 from ptexec.device import CPU, Device, DeviceType
 from ptexec.errors import InputError, UnsupportedDeviceError
@@ -19,12 +19,24 @@ CUDA0 = Device(DeviceType.CUDA, 0)
 CUDA1 = Device(DeviceType.CUDA, 1)
 
 
-def program_tensor(planned: bool, device: Device, dynamism: str, dim_order: tuple[int, ...]) -> TensorInfo:
+def program_tensor(
+    planned: bool, device: Device, dynamism: str, dim_order: tuple[int, ...]
+) -> TensorInfo:
     sizes = (2, 3, 4, 5)
-    return TensorInfo(sizes, torch.float32, dim_order, device, dim_order_strides(sizes, dim_order), planned, dynamism)
+    return TensorInfo(
+        sizes,
+        torch.float32,
+        dim_order,
+        device,
+        dim_order_strides(sizes, dim_order),
+        planned,
+        dynamism,
+    )
 
 
-def caller_tensor(sizes: tuple[int, ...], dtype: torch.dtype, device: Device, dim_order: tuple[int, ...] | None) -> TensorInfo:
+def caller_tensor(
+    sizes: tuple[int, ...], dtype: torch.dtype, device: Device, dim_order: tuple[int, ...] | None
+) -> TensorInfo:
     if dim_order is None:  # a strided (non-dense) layout: every other element of a bigger tensor
         strides = tuple(2 * s for s in dim_order_strides(sizes, tuple(range(len(sizes)))))
     else:
@@ -94,15 +106,23 @@ def test_decision_table(case: tuple) -> None:  # type: ignore[type-arg]
         got_dev = prog_dev
     elif dev == "other_type":
         got_dev = CUDA0 if prog_dev == CPU else CPU
-    else:
-        got_dev = CUDA1 if prog_dev == CUDA0 else CUDA1
+    else:  # another index of CUDA (for a CPU program: a CUDA device as well)
+        got_dev = CUDA1
     sizes, ok_static, ok_dynamic = SHAPES[shape]
     got_layout = layout if layout is None or len(layout) == len(sizes) else tuple(range(len(sizes)))
     got = caller_tensor(sizes, dtype, got_dev, got_layout)
     policy = Policy(transfers, layout_policy)
     shape_ok = ok_static if dynamism == "static" else ok_dynamic
     layout_ok = got_layout is not None and got_layout == CONTIGUOUS
-    want = expected_action(planned, got_dev == prog_dev, layout_ok, dtype == torch.float32, shape_ok, 0 in sizes, policy)
+    want = expected_action(
+        planned,
+        got_dev == prog_dev,
+        layout_ok,
+        dtype == torch.float32,
+        shape_ok,
+        0 in sizes,
+        policy,
+    )
     if want is None:
         with pytest.raises(InputError) as err:
             decide(expected, got, policy, "input 3 of 'forward'")
@@ -117,14 +137,28 @@ def test_decision_table(case: tuple) -> None:  # type: ignore[type-arg]
 def test_error_message_names_everything() -> None:
     expected = TensorInfo((2, 3), torch.float32, (0, 1), CPU, (3, 1), True)
     got = TensorInfo((2, 3), torch.float64, (0, 1), CPU, (3, 1))
-    with pytest.raises(InputError, match=r"^input 0 of 'forward': expected float32\[2, 3\] on cpu, got float64\[2, 3\] on cpu"):
+    with pytest.raises(
+        InputError,
+        match=r"^input 0 of 'forward': expected float32\[2, 3\] on cpu, got float64\[2, 3\] on cpu",
+    ):
         decide(expected, got, Policy(), "input 0 of 'forward'")
 
 
 def test_size_one_dims_do_not_decide_the_layout() -> None:
-    expected = TensorInfo((2, 1, 4, 4), torch.float32, CHANNELS_LAST, CPU, dim_order_strides((2, 1, 4, 4), CHANNELS_LAST), False)
-    contiguous = TensorInfo((2, 1, 4, 4), torch.float32, CONTIGUOUS, CPU, dim_order_strides((2, 1, 4, 4), CONTIGUOUS))
-    assert decide(expected, contiguous) is Action.SHARE  # with C == 1 both layouts are the same memory
+    expected = TensorInfo(
+        (2, 1, 4, 4),
+        torch.float32,
+        CHANNELS_LAST,
+        CPU,
+        dim_order_strides((2, 1, 4, 4), CHANNELS_LAST),
+        False,
+    )
+    contiguous = TensorInfo(
+        (2, 1, 4, 4), torch.float32, CONTIGUOUS, CPU, dim_order_strides((2, 1, 4, 4), CONTIGUOUS)
+    )
+    assert (
+        decide(expected, contiguous) is Action.SHARE
+    )  # with C == 1 both layouts are the same memory
 
 
 def test_policy_rejects_unknown_values() -> None:
@@ -196,7 +230,9 @@ def test_numpy_and_dlpack_inputs_are_shared(unplanned: ptexec.Method) -> None:
 def test_layout_mismatch_for_an_unplanned_input(unplanned: ptexec.Method) -> None:
     x = torch.randn(4, 3).t()  # right shape, transposed layout
     y = torch.randn(3, 4)
-    with pytest.raises(InputError, match=r"input 0 of 'forward'.*laid out contiguous, got dim_order\[1, 0\]"):
+    with pytest.raises(
+        InputError, match=r"input 0 of 'forward'.*laid out contiguous, got dim_order\[1, 0\]"
+    ):
         unplanned(x, y)
     alias, result = unplanned.execute([x, y], layout="convert")
     assert unplanned.last_call.inputs == ["convert", "share"]
@@ -214,7 +250,10 @@ def test_negative_strides_numpy(unplanned: ptexec.Method, planned: ptexec.Method
 
 
 def test_unmodeled_device_is_named(unplanned: ptexec.Method) -> None:
-    with pytest.raises(UnsupportedDeviceError, match=r"input 0 of 'forward' is on meta; ptexec runs tensors on cpu and cuda"):
+    with pytest.raises(
+        UnsupportedDeviceError,
+        match=r"input 0 of 'forward' is on meta; ptexec runs tensors on cpu and cuda",
+    ):
         unplanned(torch.empty(3, 4, device="meta"), torch.randn(3, 4))
     # the method still works
     x, y = torch.randn(3, 4), torch.randn(3, 4)
@@ -224,7 +263,7 @@ def test_unmodeled_device_is_named(unplanned: ptexec.Method) -> None:
 def test_empty_tensor_on_unmodeled_device_is_exempt() -> None:
     data = export_program(AddMul(), (torch.randn(0, 4), torch.randn(0, 4)), unplanned=True)
     m = ptexec.load(data).load_method("forward")
-    alias, result = m(torch.empty(0, 4, device="meta"), torch.empty(0, 4))
+    alias, _result = m(torch.empty(0, 4, device="meta"), torch.empty(0, 4))
     assert alias.shape == (0, 4) and alias.device.type == "cpu"
     assert m.last_call.inputs == ["empty", "empty"]
 
@@ -232,7 +271,7 @@ def test_empty_tensor_on_unmodeled_device_is_exempt() -> None:
 def test_wrong_count_and_kind(planned: ptexec.Method) -> None:
     with pytest.raises(InputError, match="takes 2 input"):
         planned(torch.randn(3, 4))
-    with pytest.raises(InputError, match="input 1 of 'forward': expected a tensor .*got str"):
+    with pytest.raises(InputError, match=r"input 1 of 'forward': expected a tensor .*got str"):
         planned(torch.randn(3, 4), "y")
-    with pytest.raises(InputError, match="input 0 of 'forward': expected a tensor .*got NoneType"):
+    with pytest.raises(InputError, match=r"input 0 of 'forward': expected a tensor .*got NoneType"):
         planned(None, torch.randn(3, 4))

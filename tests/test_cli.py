@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixture_data import fixture_paths, load_manifest
 
+from fixture_data import fixture_paths, load_manifest
 from ptexec.cli import main
 
 MANIFEST = load_manifest()
@@ -39,6 +39,7 @@ def test_run(name: str, capsys: pytest.CaptureFixture[str], tmp_path: object) ->
 
 def test_run_with_input_files(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
+
     from fixture_data import fixture_calls
 
     path = f"{tmp_path}/x.pt"

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 import ptexec
-from ptexec.device import CPU, Device, DeviceType, from_dlpack_device, from_torch_device, parse_device
+from ptexec.device import (
+    CPU,
+    Device,
+    DeviceType,
+    from_dlpack_device,
+    from_torch_device,
+    parse_device,
+)
 from ptexec.errors import UnsupportedDeviceError
 from ptexec.tensor import describe, dim_order_from_strides
 
@@ -18,7 +25,12 @@ def test_schema_codes() -> None:
 
 @pytest.mark.parametrize(
     ("torch_device", "expected"),
-    [("cpu", CPU), ("cpu:0", CPU), ("cuda:0", Device(DeviceType.CUDA, 0)), ("cuda:3", Device(DeviceType.CUDA, 3))],
+    [
+        ("cpu", CPU),
+        ("cpu:0", CPU),
+        ("cuda:0", Device(DeviceType.CUDA, 0)),
+        ("cuda:3", Device(DeviceType.CUDA, 3)),
+    ],
 )
 def test_from_torch(torch_device: str, expected: Device) -> None:
     assert from_torch_device(torch.device(torch_device)) == expected
@@ -31,20 +43,36 @@ def test_bare_cuda_is_the_current_device() -> None:
 
 @pytest.mark.parametrize("name", ["meta", "mps", "xpu", "hpu", "privateuseone", "xla"])
 def test_unmodeled_torch_devices_are_named(name: str) -> None:
-    with pytest.raises(UnsupportedDeviceError, match=rf"is on {name}(:0)?; ptexec runs tensors on cpu and cuda"):
+    with pytest.raises(
+        UnsupportedDeviceError, match=rf"is on {name}(:0)?; ptexec runs tensors on cpu and cuda"
+    ):
         from_torch_device(torch.device(name, 0) if name != "meta" else torch.device(name))
 
 
 @pytest.mark.parametrize(
     ("code", "dev_id", "expected"),
-    [(1, 0, CPU), (3, 0, CPU), (2, 0, Device(DeviceType.CUDA, 0)), (2, 5, Device(DeviceType.CUDA, 5)), (13, 1, Device(DeviceType.CUDA, 1))],
+    [
+        (1, 0, CPU),
+        (3, 0, CPU),
+        (2, 0, Device(DeviceType.CUDA, 0)),
+        (2, 5, Device(DeviceType.CUDA, 5)),
+        (13, 1, Device(DeviceType.CUDA, 1)),
+    ],
 )
 def test_from_dlpack(code: int, dev_id: int, expected: Device) -> None:
     assert from_dlpack_device(code, dev_id) == expected
 
 
 @pytest.mark.parametrize(
-    ("code", "name"), [(4, "kDLOpenCL"), (7, "kDLVulkan"), (8, "kDLMetal"), (10, "kDLROCM"), (14, "kDLOneAPI"), (99, "unknown DLPack device")]
+    ("code", "name"),
+    [
+        (4, "kDLOpenCL"),
+        (7, "kDLVulkan"),
+        (8, "kDLMetal"),
+        (10, "kDLROCM"),
+        (14, "kDLOneAPI"),
+        (99, "unknown DLPack device"),
+    ],
 )
 def test_unmodeled_dlpack_devices_are_named(code: int, name: str) -> None:
     with pytest.raises(UnsupportedDeviceError, match=rf"{name} \({code}\)"):
@@ -137,7 +165,9 @@ def test_describe_numpy() -> None:
     ro = a.copy()
     ro.flags.writeable = False
     assert describe(ro).sizes == (2, 3, 4)
-    assert describe(np.float64(2.5)).sizes == () and describe(np.float64(2.5)).dtype == torch.float64
+    assert (
+        describe(np.float64(2.5)).sizes == () and describe(np.float64(2.5)).dtype == torch.float64
+    )
     assert describe(np.zeros((0, 3))).sizes == (0, 3)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import executorch_runtime
-from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
 
 import ptexec
+from conftest import executorch_runtime
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
 
 MANIFEST = load_manifest()
 RUNNABLE = [name for name, entry in MANIFEST.items() if entry.get("runs", True)]
@@ -44,11 +44,15 @@ def test_view_outputs_match_copies(name: str) -> None:
         method = methods.get(call["method"]) or methods.setdefault(
             call["method"], prog.load_method(call["method"], outputs="view")
         )
-        got = [x.clone() if isinstance(x, torch.Tensor) else x for x in method.execute(call["inputs"])]
+        got = [
+            x.clone() if isinstance(x, torch.Tensor) else x for x in method.execute(call["inputs"])
+        ]
         assert compare_outputs(got, call["outputs"], *tolerance(name)) is None
 
 
-@pytest.mark.parametrize("name", [n for n in RUNNABLE if MANIFEST[n].get("executorch_runtime") == "ok"])
+@pytest.mark.parametrize(
+    "name", [n for n in RUNNABLE if MANIFEST[n].get("executorch_runtime") == "ok"]
+)
 def test_matches_executorch_runtime(name: str) -> None:
     """ptexec and ExecuTorch's own runtime agree on the same file, call by call."""
     runtime = executorch_runtime()
@@ -86,7 +90,10 @@ def test_shared_state_is_shared_between_methods() -> None:
     inc, read = prog.load_method("inc"), prog.load_method("read")
     for call in calls:
         m = inc if call["method"] == "inc" else read
-        assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("shared_state")) is None
+        assert (
+            compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("shared_state"))
+            is None
+        )
     meta = prog.method_meta("read")
     assert [b.shared for b in meta.buffers] == [False, True]
 

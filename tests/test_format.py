@@ -8,12 +8,12 @@ import sys
 
 import pytest
 import torch
-from fixture_data import fixture_paths
 
 import ptexec
+from fixture_data import fixture_paths
 from ptexec.errors import PteFormatError
-from ptexec.format import read_ptd, read_pte
 from ptexec.format import program as p
+from ptexec.format import read_ptd, read_pte
 from ptexec.format.flatbuf import Buffer, Table
 
 MLP = fixture_paths("mlp")[0].read_bytes()
@@ -31,7 +31,9 @@ def test_reads_every_fixture_without_torch() -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(fixture_paths("mlp")[0].parent)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == "ok"
 
@@ -82,14 +84,21 @@ def test_agrees_with_executorch_deserializer() -> None:
                         assert va.allocation_info is not None
                         assert va.allocation_info.memory_id == t.allocation_info.memory_id
                         assert va.allocation_info.memory_offset == (
-                            t.allocation_info.memory_offset_low | (t.allocation_info.memory_offset_high << 32)
+                            t.allocation_info.memory_offset_low
+                            | (t.allocation_info.memory_offset_high << 32)
                         )
                 elif kind in ("Int", "Bool"):
                     assert va.value == next(iter(vars(vb.val).values()))
                 elif kind == "Double":  # ExecuTorch's reader keeps inf/nan as strings
                     want = float(vb.val.double_val)
                     assert va.value == want or (want != want and va.value != va.value)
-                elif kind in ("IntList", "TensorList", "OptionalTensorList", "BoolList", "DoubleList"):
+                elif kind in (
+                    "IntList",
+                    "TensorList",
+                    "OptionalTensorList",
+                    "BoolList",
+                    "DoubleList",
+                ):
                     assert list(va.items) == list(vb.val.items)
             ia, ib = a.chains[0].instructions, b.chains[0].instructions
             assert [type(x).__name__ for x in ia] == [type(y.instr_args).__name__ for y in ib]
@@ -149,7 +158,9 @@ def test_dim_order_must_be_a_permutation() -> None:
         span = tensor.vector_span(3, "dim_order", 1)
         if span and span[1] >= 2:
             data[span[0]] = data[span[0] + 1]
-            with pytest.raises(PteFormatError, match=rf"values\[{j}\]\.tensor\.dim_order: .* not a permutation"):
+            with pytest.raises(
+                PteFormatError, match=rf"values\[{j}\]\.tensor\.dim_order: .* not a permutation"
+            ):
                 read_pte(bytes(data))
             return
     pytest.fail("no rank-2 tensor")

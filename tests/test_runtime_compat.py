@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
 
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
 from ptexec.runtime import Runtime, Verification
 
 
@@ -16,13 +16,23 @@ def test_same_script_both_runtimes() -> None:
     assert program.method_names == {"forward"}
     method = program.load_method("forward")
     assert program.load_method("forward") is method  # cached, as in ExecuTorch
-    assert compare_outputs(list(method.execute(call["inputs"])), call["outputs"], *tolerance("mlp")) is None
+    assert (
+        compare_outputs(list(method.execute(call["inputs"])), call["outputs"], *tolerance("mlp"))
+        is None
+    )
     meta = method.metadata
     assert meta.name() == "forward" and meta.num_inputs() == 1 and meta.num_outputs() == 1
     info = meta.input_tensor_meta(0)
-    assert info.sizes() == (2, 8) and info.dtype() == 6 and info.is_memory_planned() and info.nbytes() == 64
+    assert (
+        info.sizes() == (2, 8)
+        and info.dtype() == 6
+        and info.is_memory_planned()
+        and info.nbytes() == 64
+    )
     assert info.device() == "cpu" and info.dim_order() == (0, 1)
-    assert repr(info).startswith("TensorInfo(sizes=[2, 8], dtype=Float, is_memory_planned=True, nbytes=64")
+    assert repr(info).startswith(
+        "TensorInfo(sizes=[2, 8], dtype=Float, is_memory_planned=True, nbytes=64"
+    )
     with pytest.raises(IndexError):
         meta.input_tensor_meta(1)
     with pytest.raises(KeyError):

@@ -68,7 +68,9 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.transfers not in ("allow", "forbid", "auto"):
-            raise ValueError(f"transfers must be 'allow', 'forbid' or 'auto', not {self.transfers!r}")
+            raise ValueError(
+                f"transfers must be 'allow', 'forbid' or 'auto', not {self.transfers!r}"
+            )
         if self.layout not in ("strict", "convert"):
             raise ValueError(f"layout must be 'strict' or 'convert', not {self.layout!r}")
 
@@ -79,9 +81,7 @@ def fits_layout(expected: TensorInfo, got: TensorInfo) -> bool:
     if got.strides is None or expected.dim_order is None:
         return False
     want = dim_order_strides(got.sizes, expected.dim_order)
-    return all(
-        s == w or n == 1 for s, w, n in zip(got.strides, want, got.sizes, strict=True)
-    )
+    return all(s == w or n == 1 for s, w, n in zip(got.strides, want, got.sizes, strict=True))
 
 
 def shape_error(expected: TensorInfo, sizes: tuple[int, ...]) -> str | None:
@@ -117,7 +117,7 @@ def _got(got: TensorInfo) -> str:
 def decide(
     expected: TensorInfo,
     got: TensorInfo,
-    policy: Policy = Policy(),  # noqa: B008 (frozen, shared default)
+    policy: Policy = Policy(),
     where: str = "input",
 ) -> Action:
     """What to do with the caller's tensor ``got`` for the program tensor ``expected``.

@@ -16,11 +16,14 @@ __all__ = ["main"]
 
 
 def _size(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -75,12 +78,21 @@ def _method_report(prog: Any, name: str, device_map: Any) -> dict[str, Any]:
             devices[str(schema_device(*value.device))] += 1
     delegates = []
     for d in plan.delegates:
-        entry: dict[str, Any] = {"id": d.id, "compile_specs": {s.key: _spec_text(s.value) for s in d.compile_specs}}
+        entry: dict[str, Any] = {
+            "id": d.id,
+            "compile_specs": {s.key: _spec_text(s.value) for s in d.compile_specs},
+        }
         nodes = _delegate_nodes(prog, d)
         if nodes is not None:
             entry["nodes"] = nodes
         delegates.append(entry)
-    return {"meta": meta, "operators": ops, "instructions": kinds, "tensor_devices": devices, "delegates": delegates}
+    return {
+        "meta": meta,
+        "operators": ops,
+        "instructions": kinds,
+        "tensor_devices": devices,
+        "delegates": delegates,
+    }
 
 
 def _spec_text(value: bytes) -> str:
@@ -95,13 +107,11 @@ def _spec_text(value: bytes) -> str:
 
 def _delegate_nodes(prog: Any, delegate: Any) -> dict[str, int] | None:
     """Node types and counts of a delegate payload, when its backend can describe it."""
+    from .delegates import describe_payload
+
     try:
-        from .delegates import describe_payload
-    except ImportError:
-        return None
-    try:
-        return describe_payload(delegate.id, prog.pte.delegate_data(delegate.processed))  # type: ignore[no-any-return]
-    except Exception:
+        return describe_payload(delegate.id, prog.pte.delegate_data(delegate.processed))
+    except Exception:  # a payload the describer cannot read: inspect still reports the rest
         return None
 
 
@@ -133,7 +143,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  memory plan: {_size(meta.planned_bytes)}")
         for b in meta.buffers:
             print(f"    {b}")
-        print("  tensors by device: " + ", ".join(f"{d}: {n}" for d, n in sorted(rep["tensor_devices"].items())))
+        print(
+            "  tensors by device: "
+            + ", ".join(f"{d}: {n}" for d, n in sorted(rep["tensor_devices"].items()))
+        )
         kinds = rep["instructions"]
         print("  instructions: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         print(f"  operators ({len(rep['operators'])}):")
@@ -173,7 +186,13 @@ def _json_report(prog: Any, reports: dict[str, Any]) -> dict[str, Any]:
             "inputs": [value(i) for i in meta.inputs],
             "outputs": [value(o) for o in meta.outputs],
             "buffers": [
-                {"index": b.index, "size": b.size, "device": str(b.device), "device_source": b.device_source, "shared": b.shared}
+                {
+                    "index": b.index,
+                    "size": b.size,
+                    "device": str(b.device),
+                    "device_source": b.device_source,
+                    "shared": b.shared,
+                }
                 for b in meta.buffers
             ],
             "instructions": dict(rep["instructions"]),
@@ -204,7 +223,11 @@ def _random_input(info: Any, generator: Any) -> Any:
     else:
         x = torch.randint(0, 8, sizes, generator=generator).to(dtype)
     if info.dim_order is not None and info.dim_order != tuple(range(len(sizes))):
-        x = x.permute(info.dim_order).contiguous().permute([info.dim_order.index(d) for d in range(len(sizes))])
+        x = (
+            x.permute(info.dim_order)
+            .contiguous()
+            .permute([info.dim_order.index(d) for d in range(len(sizes))])
+        )
     return x.to(device)
 
 
@@ -268,10 +291,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     for i, y in enumerate(outputs):
         print(f"  output {i}: {_summary(y)}")
     rec = method.last_call
-    print(f"  inputs bound: {', '.join(rec.inputs) or 'none'}; bytes copied: " + ", ".join(f"{k} {v}" for k, v in rec.bytes_copied.items() if v) or "none")
+    print(
+        f"  inputs bound: {', '.join(rec.inputs) or 'none'}; bytes copied: "
+        + ", ".join(f"{k} {v}" for k, v in rec.bytes_copied.items() if v)
+        or "none"
+    )
     if times:
         med = statistics.median(times)
-        print(f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)")
+        print(
+            f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)"
+        )
     if args.output:
         torch.save(outputs, args.output)
         print(f"  outputs saved to {args.output}")
@@ -282,24 +311,37 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ptexec", description="Run and inspect ExecuTorch programs (.pte) with PyTorch kernels.")
+    parser = argparse.ArgumentParser(
+        prog="ptexec",
+        description="Run and inspect ExecuTorch programs (.pte) with PyTorch kernels.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", help="the .pte program")
         p.add_argument("--data", help="external data file (.ptd) of the program")
         p.add_argument("--method", help="method name (default: all for inspect, forward for run)")
-        p.add_argument("--device-map", help="remap devices: 'cpu', 'cuda:0', or 'cuda:0=cpu,cuda:1=cpu'")
+        p.add_argument(
+            "--device-map", help="remap devices: 'cpu', 'cuda:0', or 'cuda:0=cpu,cuda:1=cpu'"
+        )
 
-    p_inspect = sub.add_parser("inspect", help="methods, inputs/outputs with devices, memory plan, operators, delegates")
+    p_inspect = sub.add_parser(
+        "inspect", help="methods, inputs/outputs with devices, memory plan, operators, delegates"
+    )
     common(p_inspect)
     p_inspect.add_argument("--json", action="store_true", help="print JSON")
     p_inspect.set_defaults(func=cmd_inspect)
 
-    p_run = sub.add_parser("run", help="run a method on random or given inputs; print outputs and latency")
+    p_run = sub.add_parser(
+        "run", help="run a method on random or given inputs; print outputs and latency"
+    )
     common(p_run)
-    p_run.add_argument("--input", action="append", help="input file (.pt: a tensor or a list; .npy); repeatable")
-    p_run.add_argument("--repeat", type=int, default=20, help="timed calls after the first (default 20)")
+    p_run.add_argument(
+        "--input", action="append", help="input file (.pt: a tensor or a list; .npy); repeatable"
+    )
+    p_run.add_argument(
+        "--repeat", type=int, default=20, help="timed calls after the first (default 20)"
+    )
     p_run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p_run.add_argument("--output", help="save the outputs (torch.save) to this file")
     p_run.set_defaults(func=cmd_run)

@@ -18,8 +18,8 @@ __all__ = [
     "LimitExceededError",
     "MethodNotFoundError",
     "OperatorMissingError",
-    "PtexecError",
     "PteFormatError",
+    "PtexecError",
     "UnsupportedDeviceError",
 ]
 

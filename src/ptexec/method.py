@@ -34,7 +34,6 @@ from .errors import (
     OperatorMissingError,
     PteFormatError,
     PtexecError,
-    UnsupportedDeviceError,
 )
 from .format import program as p
 from .format.scalar_type import scalar_type_name
@@ -58,7 +57,11 @@ DEFAULT_MAX_INSTRUCTIONS = 10_000_000
 DEFAULT_MAX_PLANNED_BYTES = 16 << 30  # 16 GiB
 
 OutputMode = Literal["copy", "view"]
-_DYNAMISM = {p.STATIC: "static", p.DYNAMIC_BOUND: "dynamic_bound", p.DYNAMIC_UNBOUND: "dynamic_unbound"}
+_DYNAMISM = {
+    p.STATIC: "static",
+    p.DYNAMIC_BOUND: "dynamic_bound",
+    p.DYNAMIC_UNBOUND: "dynamic_unbound",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,13 +346,13 @@ class Method:
     def _where(self, i: int) -> str:
         return f"input {i} of '{self.name}'"
 
-    def _prepare_inputs(self, inputs: Sequence[Any], policy: Policy) -> list[tuple[Action | None, Any]]:
+    def _prepare_inputs(
+        self, inputs: Sequence[Any], policy: Policy
+    ) -> list[tuple[Action | None, Any]]:
         """Validate every input; return (action, tensor-or-value) per input. Writes nothing."""
         specs = self._inputs
         if len(inputs) != len(specs):
-            raise InputError(
-                f"'{self.name}' takes {len(specs)} input(s), got {len(inputs)}"
-            )
+            raise InputError(f"'{self.name}' takes {len(specs)} input(s), got {len(inputs)}")
         plan: list[tuple[Action | None, Any]] = []
         default_policy = policy is self._policy or policy == Policy()
         for i, (spec, x) in enumerate(zip(specs, inputs, strict=True)):
@@ -368,7 +371,11 @@ class Method:
                 if spec.view is not None:
                     plan.append((Action.COPY, x))
                     continue
-                if default_policy and spec.dim_order == tuple(range(len(spec.dim_order))) and x.is_contiguous():
+                if (
+                    default_policy
+                    and spec.dim_order == tuple(range(len(spec.dim_order)))
+                    and x.is_contiguous()
+                ):
                     plan.append((Action.SHARE, x))
                     continue
             plan.append(self._slow_input(i, spec, x, policy))
@@ -385,10 +392,14 @@ class Method:
         try:
             t, device = to_torch(x, where)
         except TypeError as e:
-            raise InputError(f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})") from None
+            raise InputError(
+                f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})"
+            ) from None
         if isinstance(x, torch.Tensor) or not _is_numpy(x):
             sizes, strides = tuple(t.shape), tuple(t.stride())
-            info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
+            info = TensorInfo(
+                sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides
+            )
         else:  # numpy: judge the caller's own strides (negative ones have no dim order)
             info = describe(x)
         action = decide(spec.info, info, policy, where)
@@ -439,7 +450,9 @@ class Method:
             got_dev = to_torch(t, where)[1]
             got = TensorInfo(tuple(t.shape), t.dtype, None, got_dev, tuple(t.stride()))
             if t.dtype != info.dtype:
-                raise InputError(f"{where}: expected {info}, got {dtype_name(t.dtype)} tensor (dtype)")
+                raise InputError(
+                    f"{where}: expected {info}, got {dtype_name(t.dtype)} tensor (dtype)"
+                )
             if got_dev != info.device:
                 raise InputError(
                     f"{where}: expected a tensor on {info.device} (the output's device), got {got_dev}"
@@ -447,7 +460,9 @@ class Method:
             if info.dynamism == "static":
                 problem = shape_error(info, got.sizes)
                 if problem is not None:
-                    raise InputError(f"{where}: expected {info}, got shape {list(got.sizes)} ({problem})")
+                    raise InputError(
+                        f"{where}: expected {info}, got shape {list(got.sizes)} ({problem})"
+                    )
             elif len(got.sizes) != len(info.sizes):
                 raise InputError(f"{where}: expected rank {len(info.sizes)}, got {list(got.sizes)}")
             if not spec.planned and info.dynamism == "static" and not fits_layout(info, got):
@@ -482,7 +497,10 @@ class Method:
                 target = spec.view
                 if target is None:
                     target = torch.empty_strided(
-                        x.shape, dim_order_strides(x.shape, spec.dim_order), dtype=spec.dtype, device=spec.torch_device
+                        x.shape,
+                        dim_order_strides(x.shape, spec.dim_order),
+                        dtype=spec.dtype,
+                        device=spec.torch_device,
                     )
                 elif target.shape != x.shape:
                     resize_to(target, x.shape, spec.dim_order)
@@ -491,7 +509,10 @@ class Method:
                 scratch = spec.scratch
                 if scratch is None or scratch.shape != x.shape:
                     scratch = torch.empty_strided(
-                        x.shape, dim_order_strides(x.shape, spec.dim_order), dtype=spec.dtype, device=spec.torch_device
+                        x.shape,
+                        dim_order_strides(x.shape, spec.dim_order),
+                        dtype=spec.dtype,
+                        device=spec.torch_device,
                     )
                     spec.scratch = scratch
                 scratch.copy_(x)
@@ -623,13 +644,18 @@ class _Loader:
         method: Method | None = None,
         max_planned_bytes: int = DEFAULT_MAX_PLANNED_BYTES,
     ) -> None:
-        self.m = method  # type: ignore[assignment]
+        self._method = method
         self.plan = plan
         self.max_planned_bytes = max_planned_bytes
         self.program = program
         self.pte = program.pte
         self.dmap = dmap
         self.path = f"execution_plan[{program.pte.program.execution_plan.index(plan)}]"
+
+    @property
+    def m(self) -> Method:
+        assert self._method is not None, "loading needs a Method"
+        return self._method
 
     def meta(self) -> MethodMeta:
         """The method's description, computed from the plan alone (nothing allocated)."""
@@ -667,7 +693,7 @@ class _Loader:
         sizes = plan.non_const_buffer_sizes
         listed = {e.buffer_idx for e in plan.non_const_buffer_device or ()}
         labels: dict[int, set[Device]] = {}
-        for j, value in enumerate(plan.values):
+        for _j, value in enumerate(plan.values):
             if isinstance(value, p.Tensor) and value.allocation_info is not None:
                 labels.setdefault(value.allocation_info.memory_id, set()).add(self._label(value))
         shared = self.program.shared_buffer_indices
@@ -697,7 +723,9 @@ class _Loader:
                 f"{self.max_planned_bytes}; pass a larger max_planned_bytes to load it"
             )
         for info in infos:
-            check_device_available(info.device, self.m.name, f"planned buffer {info.index}, {info.size} bytes")
+            check_device_available(
+                info.device, self.m.name, f"planned buffer {info.index}, {info.size} bytes"
+            )
         buffers = []
         fresh: set[int] = set()
         for info in infos:
@@ -720,7 +748,9 @@ class _Loader:
             data = self.pte.constant(t.data_buffer_idx, t.nbytes)
         return self._from_bytes(data, t, dtype, path)
 
-    def _from_bytes(self, data: memoryview, t: p.Tensor, dtype: torch.dtype, path: str) -> torch.Tensor:
+    def _from_bytes(
+        self, data: memoryview, t: p.Tensor, dtype: torch.dtype, path: str
+    ) -> torch.Tensor:
         strides = dim_order_strides(t.sizes, t.dim_order)
         if t.nbytes == 0:
             return torch.empty_strided(t.sizes, strides, dtype=dtype)
@@ -757,13 +787,22 @@ class _Loader:
                 alloc = value.allocation_info
                 if alloc is not None:
                     buf = by_id[alloc.memory_id]
-                    view = strided_view(buf.data, alloc.memory_offset, dtype, value.sizes, value.dim_order, f"{tpath}.allocation_info")
+                    view = strided_view(
+                        buf.data,
+                        alloc.memory_offset,
+                        dtype,
+                        value.sizes,
+                        value.dim_order,
+                        f"{tpath}.allocation_info",
+                    )
                     if alloc.memory_id in fresh:
                         if value.is_external:
                             init = self.program.external_bytes(value, tpath)
                             view.copy_(self._from_bytes(init, value, dtype, tpath))
                         elif value.data_buffer_idx > 0:
-                            init = self.pte.mutable_initial_value(value.data_buffer_idx, value.nbytes)
+                            init = self.pte.mutable_initial_value(
+                                value.data_buffer_idx, value.nbytes
+                            )
                             view.copy_(self._from_bytes(init, value, dtype, tpath))
                     values.append(view)
                 elif value.is_constant:
@@ -839,7 +878,9 @@ class _Loader:
                 spec.torch_device = info.device.to_torch()
                 spec.dim_order = value.dim_order
                 # the fast path binds exact static shapes with elements (EMPTY goes the slow way)
-                spec.fast_shape = value.sizes if value.shape_dynamism == p.STATIC and value.numel else None
+                spec.fast_shape = (
+                    value.sizes if value.shape_dynamism == p.STATIC and value.numel else None
+                )
                 if value.allocation_info is not None:
                     spec.view = values[slot]
                 elif value.is_constant:
@@ -869,7 +910,9 @@ class _Loader:
                     unplanned.append(spec_o)
             else:
                 spec_o.kind = _scalar_kind(value)
-                spec_o.info = ScalarInfo(spec_o.kind, values[slot] if not isinstance(value, p.IntList) else None)
+                spec_o.info = ScalarInfo(
+                    spec_o.kind, values[slot] if not isinstance(value, p.IntList) else None
+                )
             outputs.append(spec_o)
         m._inputs = inputs
         m._outputs = outputs
@@ -1005,7 +1048,7 @@ class _Loader:
         for k, start in enumerate(starts):
             end = starts[k + 1] if k + 1 < len(starts) else n
             filename = f"<ptexec {self.m.name} chain {c} block {k}>"
-            lines = [f"def _block(v):"]
+            lines = ["def _block(v):"]
             env: dict[str, Any] = {}
             lineno: dict[int, int] = {}
             nxt = block_of.get(end, -1) if end < n else -1
@@ -1040,7 +1083,9 @@ class _Loader:
         return funcs, sizes
 
 
-def plan_meta(program: Program, plan: p.ExecutionPlan, device_map: DeviceMapSpec = None) -> MethodMeta:
+def plan_meta(
+    program: Program, plan: p.ExecutionPlan, device_map: DeviceMapSpec = None
+) -> MethodMeta:
     """A method's :class:`MethodMeta` without loading it (no memory is allocated)."""
     return _Loader(program, plan, DeviceMap(device_map)).meta()
 
@@ -1050,5 +1095,3 @@ def _register_source(filename: str, source: str) -> None:
     import linecache
 
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-
-

@@ -160,7 +160,9 @@ class Program:
                     f"(type {t.scalar_type}, dim order {t.dim_order})",
                 )
             if entry.size < t.nbytes:
-                raise PteFormatError(path, f"external tensor '{key}' has {entry.size} bytes, needs {t.nbytes}")
+                raise PteFormatError(
+                    path, f"external tensor '{key}' has {entry.size} bytes, needs {t.nbytes}"
+                )
             return self.ptd.bytes_of(key)[: t.nbytes]
         data = self.named_data.get(key)
         if data is not None and len(data) >= t.nbytes:

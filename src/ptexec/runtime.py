@@ -130,7 +130,9 @@ class MethodMeta:
     def _list(self, infos: Sequence[Any]) -> str:
         parts = []
         for info in infos:
-            parts.append(repr(TensorInfo(info)) if isinstance(info, _TensorInfo) else info.kind.capitalize())
+            parts.append(
+                repr(TensorInfo(info)) if isinstance(info, _TensorInfo) else info.kind.capitalize()
+            )
         return "[" + ", ".join(parts) + "]"
 
     def __repr__(self) -> str:
@@ -232,5 +234,7 @@ class Runtime:
     ) -> Program:
         """Load a program from a path, bytes or a binary file object."""
         if enable_etdump:
-            raise NotImplementedError("ETDump is not produced by ptexec; use ptexec's tracing instead")
+            raise NotImplementedError(
+                "ETDump is not produced by ptexec; use ptexec's tracing instead"
+            )
         return Program(_program.load(data, data_path=data_path))

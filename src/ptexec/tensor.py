@@ -22,12 +22,13 @@ from math import prod
 from typing import Any
 
 import torch
+import torch.utils.dlpack
 
 from .device import CPU, Device, from_dlpack_device, from_torch_device
 from .dtypes import dtype_name
 from .errors import UnsupportedDeviceError
 
-__all__ = ["TensorInfo", "describe", "dim_order_strides", "dim_order_from_strides", "to_torch"]
+__all__ = ["TensorInfo", "describe", "dim_order_from_strides", "dim_order_strides", "to_torch"]
 
 
 def dim_order_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
@@ -152,7 +153,7 @@ def _dlpack_to_torch(x: Any, device: Device) -> torch.Tensor:
         capsule = x.__dlpack__(max_version=(1, 0), **kwargs)
     except TypeError:
         capsule = x.__dlpack__(**kwargs)
-    return torch.from_dlpack(capsule)
+    return torch.utils.dlpack.from_dlpack(capsule)
 
 
 def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
@@ -242,8 +243,5 @@ def _describe_numpy(a: Any) -> TensorInfo:
         dtype = torch.from_numpy(np.empty(0, dtype=a.dtype)).dtype
     except TypeError as e:
         raise TypeError(f"numpy dtype {a.dtype} has no torch equivalent") from e
-    if any(s < 0 for s in strides):
-        order = None
-    else:
-        order = dim_order_from_strides(sizes, strides)
+    order = None if any(s < 0 for s in strides) else dim_order_from_strides(sizes, strides)
     return TensorInfo(sizes, dtype, order, CPU, strides)

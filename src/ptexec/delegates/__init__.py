@@ -82,7 +82,9 @@ def registered_backends() -> list[str]:
 _DESCRIBERS: dict[str, Callable[[memoryview], dict[str, int]]] = {}
 
 
-def register_describer(backend_id: str) -> Callable[[Callable[[memoryview], dict[str, int]]], Callable[[memoryview], dict[str, int]]]:
+def register_describer(
+    backend_id: str,
+) -> Callable[[Callable[[memoryview], dict[str, int]]], Callable[[memoryview], dict[str, int]]]:
     """Register a function that summarises a backend's payload as node type -> count."""
 
     def deco(fn: Callable[[memoryview], dict[str, int]]) -> Callable[[memoryview], dict[str, int]]:

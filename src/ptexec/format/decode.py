@@ -11,10 +11,15 @@ from ..errors import PteFormatError
 from . import program as p
 from .flatbuf import Buffer, Table
 
-
 _VALUE_PATHS = {code: name[0].lower() + name[1:] for code, name in p.KERNEL_TYPE_NAMES.items()}
 _VALUE_PATHS[5] = "tensor"
-_INSTRUCTION_PATHS = {1: "kernel_call", 2: "delegate_call", 3: "move_call", 4: "jump_false_call", 5: "free_call"}
+_INSTRUCTION_PATHS = {
+    1: "kernel_call",
+    2: "delegate_call",
+    3: "move_call",
+    4: "jump_false_call",
+    5: "free_call",
+}
 
 
 def _str(t: Table, slot: int, name: str) -> str:
@@ -157,7 +162,9 @@ def _delegate(t: Table) -> p.BackendDelegate:
 
 def _buffer_device(t: Table) -> p.NonConstBufferDevice:
     return p.NonConstBufferDevice(
-        t.int_(0, "i32", "buffer_idx"), t.int_(1, "i8", "device_type"), t.int_(2, "i8", "device_index")
+        t.int_(0, "i32", "buffer_idx"),
+        t.int_(1, "i8", "device_type"),
+        t.int_(2, "i8", "device_index"),
     )
 
 

@@ -15,7 +15,11 @@ from .scalar_type import element_size, scalar_type_name
 STATIC = 0
 DYNAMIC_BOUND = 1
 DYNAMIC_UNBOUND = 2
-DYNAMISM_NAMES = {STATIC: "static", DYNAMIC_BOUND: "dynamic_bound", DYNAMIC_UNBOUND: "dynamic_unbound"}
+DYNAMISM_NAMES = {
+    STATIC: "static",
+    DYNAMIC_BOUND: "dynamic_bound",
+    DYNAMIC_UNBOUND: "dynamic_unbound",
+}
 
 # enum TensorDataLocation
 LOCATION_SEGMENT = 0

@@ -68,7 +68,10 @@ def read_ptd(data: Bytes) -> PtdFile:
         )
     root = Buffer(view[:flat_end]).root("ptd")
     version = root.int_(0, "u32", "version")
-    segs = root.tables(1, "segments", lambda t: (t.int_(0, "u64", "offset"), t.int_(1, "u64", "size"))) or ()
+    segs = (
+        root.tables(1, "segments", lambda t: (t.int_(0, "u64", "offset"), t.int_(1, "u64", "size")))
+        or ()
+    )
     base = header.segment_base_offset
     spans: list[tuple[int, int]] = []
     for i, (off, n) in enumerate(segs):
@@ -81,7 +84,11 @@ def read_ptd(data: Bytes) -> PtdFile:
 
     def named(t: Table) -> tuple[str, int, TensorLayout | None]:
         layout = t.table(2, "tensor_layout")
-        return (t.string(0, "key") or "", t.int_(1, "u32", "segment_index"), None if layout is None else _layout(layout))
+        return (
+            t.string(0, "key") or "",
+            t.int_(1, "u32", "segment_index"),
+            None if layout is None else _layout(layout),
+        )
 
     entries: dict[str, NamedTensor] = {}
     for i, (key, seg, layout) in enumerate(root.tables(2, "named_data", named) or ()):
@@ -96,14 +103,16 @@ def read_ptd(data: Bytes) -> PtdFile:
         if layout is not None:
             lpath = f"{path}.tensor_layout"
             if not is_known(layout.scalar_type):
-                raise PteFormatError(f"{lpath}.scalar_type", f"unknown scalar type {layout.scalar_type}")
+                raise PteFormatError(
+                    f"{lpath}.scalar_type", f"unknown scalar type {layout.scalar_type}"
+                )
             if len(layout.sizes) > MAX_RANK or any(s < 0 for s in layout.sizes):
                 raise PteFormatError(f"{lpath}.sizes", f"invalid sizes {list(layout.sizes)}")
             if sorted(layout.dim_order) != list(range(len(layout.sizes))):
-                raise PteFormatError(f"{lpath}.dim_order", f"invalid dim order {list(layout.dim_order)}")
-            if layout.nbytes > n:
                 raise PteFormatError(
-                    lpath, f"{layout.nbytes} bytes needed, segment {seg} has {n}"
+                    f"{lpath}.dim_order", f"invalid dim order {list(layout.dim_order)}"
                 )
+            if layout.nbytes > n:
+                raise PteFormatError(lpath, f"{layout.nbytes} bytes needed, segment {seg} has {n}")
         entries[key] = NamedTensor(key, start, n, layout)
     return PtdFile(view, header, version, entries)

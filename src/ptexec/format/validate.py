@@ -50,9 +50,7 @@ def validate_program(program: p.Program, segment_sizes: Sequence[int]) -> None:
         _check_plan(program, plan, segment_sizes, path)
 
 
-def _check_subsegments(
-    sub: p.SubsegmentOffsets, segment_sizes: Sequence[int], path: str
-) -> None:
+def _check_subsegments(sub: p.SubsegmentOffsets, segment_sizes: Sequence[int], path: str) -> None:
     if sub.segment_index >= len(segment_sizes):
         raise PteFormatError(
             f"{path}.segment_index",
@@ -310,7 +308,9 @@ def _check_chain(plan: p.ExecutionPlan, chain: p.Chain, path: str) -> None:
             _index(ins.move_from, nvalues, f"{ipath}.move_call.move_from", "value")
             _index(ins.move_to, nvalues, f"{ipath}.move_call.move_to", "value")
         elif isinstance(ins, p.JumpFalseCall):
-            _index(ins.cond_value_index, nvalues, f"{ipath}.jump_false_call.cond_value_index", "value")
+            _index(
+                ins.cond_value_index, nvalues, f"{ipath}.jump_false_call.cond_value_index", "value"
+            )
             if not 0 <= ins.destination_instruction <= n:
                 raise PteFormatError(
                     f"{ipath}.jump_false_call.destination_instruction",

@@ -60,7 +60,9 @@ def schema_kernel(overload: Any) -> KernelFactory:
     arguments = list(schema.arguments)
     returns = list(schema.returns)
     call = getattr(overload, "_op", overload)
-    is_out = any(a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in arguments)
+    is_out = any(
+        a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in arguments
+    )
     name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
     def factory(ctx: KernelContext) -> Emission:

@@ -18,7 +18,9 @@ from .registry import Emission, KernelContext, UnsupportedKernel, register
 __all__: list[str] = []
 
 
-def _device_copy(src: torch.Tensor, out: torch.Tensor, dim_order: Sequence[int], record: object) -> None:
+def _device_copy(
+    src: torch.Tensor, out: torch.Tensor, dim_order: Sequence[int], record: object
+) -> None:
     if out.shape != src.shape:
         resize_to(out, src.shape, dim_order)
     out.copy_(src)
@@ -29,7 +31,9 @@ def _device_copy(src: torch.Tensor, out: torch.Tensor, dim_order: Sequence[int],
 def _et_copy(ctx: KernelContext) -> Emission:
     # (Tensor self, *, Tensor(a!) out) -> out
     if len(ctx.args) not in (2, 3):
-        raise UnsupportedKernel(f"{ctx.op_name}: expected 3 values, the program passes {len(ctx.args)}")
+        raise UnsupportedKernel(
+            f"{ctx.op_name}: expected 3 values, the program passes {len(ctx.args)}"
+        )
     src, out = ctx.args[:2]
     out_value = ctx.values[out]
     if not isinstance(out_value, p.Tensor):

@@ -43,7 +43,9 @@ def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
 def _to_dim_order_copy(ctx: KernelContext) -> Emission:
     # (self, *, non_blocking=False, dim_order=None, out) -> out
     if len(ctx.args) not in (4, 5):
-        raise UnsupportedKernel(f"{ctx.op_name}: expected 5 values, the program passes {len(ctx.args)}")
+        raise UnsupportedKernel(
+            f"{ctx.op_name}: expected 5 values, the program passes {len(ctx.args)}"
+        )
     return _copy_emission(ctx, ctx.args[0], ctx.args[3])
 
 
@@ -51,7 +53,9 @@ def _to_dim_order_copy(ctx: KernelContext) -> Emission:
 def _empty_dim_order(ctx: KernelContext) -> Emission:
     # (int[] size, *, int[]? dim_order=None, Tensor(a!) out) -> out
     if len(ctx.args) not in (3, 4):
-        raise UnsupportedKernel(f"{ctx.op_name}: expected 4 values, the program passes {len(ctx.args)}")
+        raise UnsupportedKernel(
+            f"{ctx.op_name}: expected 4 values, the program passes {len(ctx.args)}"
+        )
     size, _, out = ctx.args[:3]
     out_value = ctx.values[out]
     if not isinstance(out_value, p.Tensor):

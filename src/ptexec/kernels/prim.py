@@ -24,7 +24,9 @@ __all__: list[str] = []
 
 def _arity(ctx: KernelContext, n: int) -> None:
     if len(ctx.args) != n:
-        raise UnsupportedKernel(f"{ctx.op_name}: expected {n} values, the program passes {len(ctx.args)}")
+        raise UnsupportedKernel(
+            f"{ctx.op_name}: expected {n} values, the program passes {len(ctx.args)}"
+        )
 
 
 def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelContext], Emission]:
@@ -97,7 +99,7 @@ def _sym_float(a: Any) -> float:
 
 
 def _round_even(a: float) -> int:
-    return int(round(a))  # Python rounds half to even
+    return round(a)  # Python rounds half to even
 
 
 def _sym_not(a: Any) -> bool:
@@ -134,6 +136,7 @@ register("aten::sym_stride.int")(_inline("{0}.stride({1})", 2))
 register("aten::sym_storage_offset", "aten::sym_storage_offset.default")(_inline("0", 1))
 register("aten::_local_scalar_dense", "aten::_local_scalar_dense.default")(_inline("{0}.item()", 1))
 
+
 @register("executorch_prim::et_view.default", "executorch_prim::et_view")
 def _et_view(ctx: KernelContext) -> Emission:
     """``out`` aliases ``self`` with new sizes (one -1 inferred), no copy."""
@@ -161,7 +164,9 @@ def _et_copy_index(ctx: KernelContext) -> Emission:
     """Row ``index`` of ``copy_to`` (resized to ``index + 1`` rows) gets ``copy_from``
     (used by ``map`` and ``scan`` to stack per-iteration results)."""
     if len(ctx.args) not in (3, 4):
-        raise UnsupportedKernel(f"{ctx.op_name}: expected 3 values, the program passes {len(ctx.args)}")
+        raise UnsupportedKernel(
+            f"{ctx.op_name}: expected 3 values, the program passes {len(ctx.args)}"
+        )
     to, frm, idx = ctx.args[:3]
     f = ctx.bind(_copy_index, "f")
     return ctx.emit(f"{f}({ctx.expr(to)}, {ctx.expr(frm)}, {ctx.expr(idx)})")

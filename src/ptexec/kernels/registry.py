@@ -112,7 +112,8 @@ class KernelContext:
             return "[" + ", ".join(f"v[{i}]" for i in v.items) + "]"
         if isinstance(v, p.OptionalTensorList):
             items = (
-                "None" if i < 0 or isinstance(self.values[i], p.Null) else f"v[{i}]" for i in v.items
+                "None" if i < 0 or isinstance(self.values[i], p.Null) else f"v[{i}]"
+                for i in v.items
             )
             return "[" + ", ".join(items) + "]"
         if isinstance(v, p.Tensor) or index in self.dynamic:
