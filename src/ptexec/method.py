@@ -21,6 +21,7 @@ import torch
 
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
 from .accounting import CallRecord
+from .aliasing import elide_copies
 from .binding import Action, Policy, decide, fits_layout, shape_error
 from .delegates import DelegateContext, find_backend
 from .device import CPU, Device, DeviceType, schema_device
@@ -271,6 +272,7 @@ class Method:
         outputs: OutputMode = "copy",
         max_planned_bytes: int = DEFAULT_MAX_PLANNED_BYTES,
         max_instructions: int = DEFAULT_MAX_INSTRUCTIONS,
+        optimize: bool = True,
     ) -> None:
         self._program = program
         plan = program.pte.program.execution_plan[plan_index]
@@ -284,7 +286,7 @@ class Method:
         self._device_map = DeviceMap(device_map)
         self._lock = threading.Lock()
         self.record = CallRecord(len(plan.inputs), len(plan.outputs))
-        _Loader(program, plan, self._device_map, self, max_planned_bytes).load()
+        _Loader(program, plan, self._device_map, self, max_planned_bytes, optimize).load()
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -324,7 +326,10 @@ class Method:
         written: a bad one raises :class:`InputError` (or :class:`UnsupportedDeviceError`)
         and leaves the method's state as it was.
         """
-        if isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence):
+        kind = type(inputs)
+        if kind is not list and kind is not tuple and (
+            isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence)
+        ):
             inputs = [inputs]  # a single tensor or array counts as one input
         policy = self._policy
         if transfers is not None or layout is not None:
@@ -643,8 +648,10 @@ class _Loader:
         dmap: DeviceMap,
         method: Method | None = None,
         max_planned_bytes: int = DEFAULT_MAX_PLANNED_BYTES,
+        optimize: bool = True,
     ) -> None:
         self._method = method
+        self.optimize = optimize
         self.plan = plan
         self.max_planned_bytes = max_planned_bytes
         self.program = program
@@ -950,6 +957,8 @@ class _Loader:
                 name, emission = self._prepare(ins, i, c, values, dynamic, missing)
                 names.append(name)
                 statements.append(emission)
+            if not missing and self.optimize:
+                statements = elide_copies(plan, chain, statements, names, values)
             names_all.append(names)
             statements_all.append(statements)
             if not missing:
@@ -1012,9 +1021,9 @@ class _Loader:
             except UnsupportedKernel as e:
                 raise BackendUnavailableError(f"backend '{delegate.id}': {e}") from None
         if isinstance(ins, p.MoveCall):
-            return "move", Emission(f"v[{ins.move_to}] = v[{ins.move_from}]", writes=(ins.move_to,))
+            return "move", Emission(f"v[{ins.move_to}] = v[{ins.move_from}]", writes=(ins.move_to,), mutates=())
         if isinstance(ins, p.FreeCall):
-            return "free", Emission(f"v[{ins.value_index}].set_()")
+            return "free", Emission(f"v[{ins.value_index}].set_()", mutates=(ins.value_index,))
         if isinstance(ins, p.JumpFalseCall):
             cond = ins.cond_value_index
             value = plan.values[cond]
@@ -1022,7 +1031,7 @@ class _Loader:
                 expr = repr(bool(value.value))
             else:
                 expr = f"_truth(v[{cond}])"
-            return "jump_false", Emission(expr, {"_truth": _truth})
+            return "jump_false", Emission(expr, {"_truth": _truth}, mutates=())
         raise PteFormatError(f"{self.path}.chains[{c}].instructions[{i}]", "unknown instruction")
 
     def _blocks(

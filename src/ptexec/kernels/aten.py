@@ -1,22 +1,36 @@
-"""Any ATen operator through ``torch.ops``, with arguments mapped by the op's schema.
+"""Any ATen operator through torch, with arguments mapped by the op's schema.
 
 The emitter writes a KernelCall's ``args`` as every schema argument in order (positional,
 then keyword-only, ``out`` included), then the return value(s). For an out variant the
 returns are the ``out`` arguments again (several outs: one TensorList), so they are
 ignored; for a functional op the statement assigns the result to the return slot(s).
 
-Arguments whose literal value equals the schema default are left out of the call: torch
-then skips converting them, which is measurably faster for Scalars.
+Two things make the call cheap:
+
+- arguments whose literal value equals the schema default are left out (torch then skips
+  converting them, which is measurably faster for Scalars);
+- the call goes through torch's Python function of the same name (``torch.addmm``, ...)
+  rather than the generic ``torch.ops`` entry point when that function is *proven* to run
+  the same overload: at load, the call is replayed once on meta tensors under a dispatch
+  mode that records which overload torch dispatches, and the faster entry point is used
+  only when it is exactly this op's overload.
+
+Copies that are views in eager PyTorch (``permute_copy``, ``view_copy``, ``slice_copy``,
+``split_with_sizes_copy``, ``clone``, ...) also carry an :class:`~.registry.Alias` form; the
+method uses it where its alias analysis shows the copy is not needed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..format import program as p
-from .registry import Emission, KernelContext, KernelFactory, UnsupportedKernel, register_namespace
+from ..tensor import dim_order_strides
+from .registry import Alias, Emission, KernelContext, KernelFactory, UnsupportedKernel, register_namespace
 
 __all__ = ["resolve_overload", "schema_kernel"]
 
@@ -54,15 +68,141 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+# ---- proving a faster entry point ----------------------------------------------------------
+
+
+class _FirstOp(TorchDispatchMode):
+    """Records the first overload dispatched (and lets the meta computation finish)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: Any = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.first is None:
+            self.first = func
+        return func(*args, **(kwargs or {}))
+
+
+_PY_NAMESPACES: tuple[Any, ...] = (
+    torch._C._VariableFunctions,
+    torch._C._nn,
+    torch._C._special,
+    torch._C._linalg,
+    torch._C._fft,
+)
+_PROVEN: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
+
+
+def _meta_value(ctx: KernelContext, index: int) -> Any:
+    """A stand-in for value ``index`` with the same Python type (meta tensors for tensors)."""
+    v = ctx.values[index]
+    if isinstance(v, p.Tensor):
+        from ..dtypes import CODE_TO_DTYPE
+
+        dtype = CODE_TO_DTYPE.get(v.scalar_type, torch.uint8)
+        return torch.empty_strided(v.sizes, dim_order_strides(v.sizes, v.dim_order), dtype=dtype, device="meta")
+    if isinstance(v, p.TensorList):
+        return [_meta_value(ctx, i) for i in v.items]
+    if isinstance(v, p.OptionalTensorList):
+        return [None if i < 0 or isinstance(ctx.values[i], p.Null) else _meta_value(ctx, i) for i in v.items]
+    if isinstance(v, p.IntList):
+        return [ctx.initial[i] for i in v.items]
+    if isinstance(v, p.Null):
+        return None
+    return ctx.initial[index]
+
+
+def _kind(x: Any) -> Any:
+    if isinstance(x, list):
+        return ("list", tuple(_kind(i) for i in x))
+    if isinstance(x, torch.Tensor):
+        return "T"
+    return type(x).__name__
+
+
+def fastest_entry(overload: Any, pos: list[Any], kw: dict[str, Any]) -> Callable[..., Any] | None:
+    """torch's Python function that dispatches exactly ``overload`` for these arguments."""
+    schema = overload._schema
+    name = schema.name.split("::", 1)[1]
+    key = (schema.name, schema.overload_name, tuple(_kind(x) for x in pos), tuple(sorted(kw)), tuple(_kind(x) for _, x in sorted(kw.items())))
+    if key in _PROVEN:
+        return _PROVEN[key]
+    found = None
+    for ns in _PY_NAMESPACES:
+        fn = getattr(ns, name, None)
+        if fn is None:
+            continue
+        mode = _FirstOp()
+        try:
+            with mode:
+                fn(*pos, **kw)
+        except Exception:
+            continue
+        if mode.first is overload:
+            found = fn
+            break
+    _PROVEN[key] = found
+    return found
+
+
+# ---- view forms of copies --------------------------------------------------------------------
+
+# qualified name -> how the view reads the rendered arguments (self first)
+_VIEWS: dict[str, Callable[[list[str]], str]] = {
+    "aten::permute_copy.out": lambda a: f"{a[0]}.permute({a[1]})",
+    "aten::view_copy.out": lambda a: f"{a[0]}.reshape({a[1]})",
+    "aten::_unsafe_view.out": lambda a: f"{a[0]}.reshape({a[1]})",
+    "aten::expand_copy.out": lambda a: f"{a[0]}.expand({a[1]})",
+    "aten::t_copy.out": lambda a: f"{a[0]}.t()",
+    "aten::transpose_copy.int_out": lambda a: f"{a[0]}.transpose({a[1]}, {a[2]})",
+    "aten::unsqueeze_copy.out": lambda a: f"{a[0]}.unsqueeze({a[1]})",
+    "aten::squeeze_copy.out": lambda a: f"{a[0]}.squeeze()",
+    "aten::squeeze_copy.dim_out": lambda a: f"{a[0]}.squeeze({a[1]})",
+    "aten::squeeze_copy.dims_out": lambda a: f"{a[0]}.squeeze({a[1]})",
+    "aten::select_copy.int_out": lambda a: f"{a[0]}.select({a[1]}, {a[2]})",
+    "aten::slice_copy.Tensor_out": lambda a: f"_slice({a[0]}, {a[1]}, {a[2]}, {a[3]}, {a[4]})",
+    "aten::alias_copy.out": lambda a: a[0],
+    "aten::diagonal_copy.out": lambda a: f"{a[0]}.diagonal({a[1]}, {a[2]}, {a[3]})",
+    "aten::clone.out": lambda a: a[0],
+    "aten::split_with_sizes_copy.out": lambda a: f"{a[0]}.split_with_sizes({a[1]}, {a[2]})",
+    "aten::split_copy.Tensor_out": lambda a: f"{a[0]}.split({a[1]}, {a[2]})",
+    "aten::unbind_copy.int_out": lambda a: f"{a[0]}.unbind({a[1]})",
+}
+_SLICE = torch.ops.aten.slice.Tensor
+
+
+def _alias_form(ctx: KernelContext, name: str, rendered: list[str], outs: tuple[int, ...]) -> Alias | None:
+    view = _VIEWS.get(name)
+    if view is None or not outs:
+        return None
+    source = ctx.args[0]
+    if not isinstance(ctx.values[source], p.Tensor):
+        return None
+    if name == "aten::clone.out":  # a clone in another memory format is not a plain alias
+        fmt = ctx.args[1]
+        if not isinstance(ctx.values[fmt], p.Null) and not (ctx.is_literal(fmt) and ctx.literal(fmt) in (None, 1)):
+            return None
+    expr = view(rendered)
+    targets = ", ".join(f"v[{t}]" for t in outs)
+    code = f"{targets}, = {expr}" if len(outs) > 1 or name in _MULTI_OUT else f"{targets} = {expr}"
+    return Alias(code, {"_slice": _SLICE}, source, outs)
+
+
+_MULTI_OUT = {"aten::split_with_sizes_copy.out", "aten::split_copy.Tensor_out", "aten::unbind_copy.int_out"}
+
+
+# ---- the factory -----------------------------------------------------------------------------
+
+
 def schema_kernel(overload: Any) -> KernelFactory:
     """A factory calling ``overload`` (an OpOverload) with schema-mapped arguments."""
     schema = overload._schema
     arguments = list(schema.arguments)
     returns = list(schema.returns)
-    call = getattr(overload, "_op", overload)
-    is_out = any(
-        a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in arguments
-    )
+    generic = getattr(overload, "_op", overload)
+    is_out = any(a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in arguments)
+    written = [k for k, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
     name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
     def factory(ctx: KernelContext) -> Emission:
@@ -74,49 +214,64 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 f"{name}: the program passes {len(args)} values, the schema of the installed "
                 f"torch has {nargs} arguments and {len(returns)} returns"
             )
-        fn = ctx.bind(call, "op")
         positional: list[str] = []
         keywords: list[str] = []
-        pending: list[str] = []  # positional defaults held back until a later arg needs them
+        probe_pos: list[Any] = []
+        probe_kw: dict[str, Any] = {}
+        pending: list[tuple[str, Any]] = []  # positional defaults held back until needed
+        rendered: list[str] = []
         for arg, index in zip(arguments, args, strict=False):
             value = ctx.values[index]
-            default = _default(arg)
             literal = ctx.is_literal(index)
+            skip = False
             if literal and not isinstance(value, p.Tensor | p.TensorList | p.OptionalTensorList):
                 lit = None if isinstance(value, p.Null) else ctx.literal(index)
-                skip = _same(lit, default) or (
-                    lit is None and default is None and arg.has_default_value()
-                )
-            else:
-                skip = False
+                skip = _same(lit, _default(arg))
             text = ctx.expr(index)
             if isinstance(value, p.IntList) and literal:
                 text = repr(list(ctx.literal(index)))
+            rendered.append(text)
+            meta = _meta_value(ctx, index)
             if arg.kwarg_only:
                 if not skip:
                     keywords.append(f"{arg.name}={text}")
+                    probe_kw[arg.name] = meta
             elif skip:
-                pending.append(text)
+                pending.append((text, meta))
             else:
-                positional.extend(pending)
+                for t, m in pending:
+                    positional.append(t)
+                    probe_pos.append(m)
                 pending.clear()
                 positional.append(text)
+                probe_pos.append(meta)
+        mutates = tuple(i for k in written for i in ctx.tensors_of(args[k]))
+        fast = fastest_entry(overload, probe_pos, probe_kw)
+        fn = ctx.bind(fast if fast is not None else generic, "op")
         callargs = ", ".join(positional + keywords)
         ret_slots = args[nargs:]
         if is_out or not returns or not ret_slots:
-            return ctx.emit(f"{fn}({callargs})")
+            outs = tuple(i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k]))
+            alias = _alias_form(ctx, name, rendered, outs)
+            # a dynamic output is emptied first: torch resizes an empty out without a warning
+            # (and will stop resizing non-empty ones)
+            empty = "".join(
+                f"v[{o}].resize_(0)\n"
+                for o in outs
+                if isinstance(ctx.values[o], p.Tensor) and ctx.values[o].shape_dynamism != p.STATIC  # type: ignore[union-attr]
+            )
+            return ctx.emit(f"{empty}{fn}({callargs})", mutates=mutates, alias=alias, outs=outs)
         if len(returns) == 1:
             slot = ret_slots[0]
             if isinstance(ctx.values[slot], p.TensorList):
                 raise UnsupportedKernel(f"{name}: a list return is not supported")
-            return ctx.emit(f"v[{slot}] = {fn}({callargs})", writes=(slot,))
-        # several returns into one TensorList of slots
+            return ctx.emit(f"v[{slot}] = {fn}({callargs})", writes=(slot,), mutates=mutates)
         slot = ret_slots[0]
         value = ctx.values[slot]
         if not isinstance(value, p.TensorList) or len(value.items) != len(returns):
             raise UnsupportedKernel(f"{name}: cannot map {len(returns)} returns to value {slot}")
         targets = ", ".join(f"v[{i}]" for i in value.items)
-        return ctx.emit(f"{targets}, = {fn}({callargs})", writes=value.items)
+        return ctx.emit(f"{targets}, = {fn}({callargs})", writes=value.items, mutates=mutates)
 
     return factory
 

@@ -41,7 +41,7 @@ def _et_copy(ctx: KernelContext) -> Emission:
     f = ctx.bind(_device_copy, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
     rec = ctx.bind(ctx.method.record if ctx.method is not None else _NullRecord(), "rec")
-    return ctx.emit(f"{f}(v[{src}], v[{out}], {order}, {rec})")
+    return ctx.emit(f"{f}(v[{src}], v[{out}], {order}, {rec})", mutates=(out,), outs=(out,))
 
 
 class _NullRecord:

@@ -13,7 +13,7 @@ import torch
 
 from ..format import program as p
 from ..memory import resize_to
-from .registry import Emission, KernelContext, UnsupportedKernel, register
+from .registry import Alias, Emission, KernelContext, UnsupportedKernel, register
 
 __all__: list[str] = []
 
@@ -32,11 +32,15 @@ def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
     out_value = ctx.values[out]
     if not isinstance(out_value, p.Tensor):
         raise UnsupportedKernel(f"{ctx.op_name}: output value {out} is not a tensor")
-    if _is_static(out_value) and _is_static(ctx.values[src]):
-        return ctx.emit(f"v[{out}].copy_(v[{src}])")
+    src_value = ctx.values[src]
+    alias = None
+    if isinstance(src_value, p.Tensor) and src_value.scalar_type == out_value.scalar_type:
+        alias = Alias(f"v[{out}] = v[{src}]", {}, src, (out,))  # same dtype: a clone
+    if _is_static(out_value) and _is_static(src_value):
+        return ctx.emit(f"v[{out}].copy_(v[{src}])", mutates=(out,), alias=alias, outs=(out,))
     f = ctx.bind(_copy_resizing, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
-    return ctx.emit(f"{f}(v[{src}], v[{out}], {order})")
+    return ctx.emit(f"{f}(v[{src}], v[{out}], {order})", mutates=(out,), alias=alias, outs=(out,))
 
 
 @register("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
@@ -61,7 +65,7 @@ def _empty_dim_order(ctx: KernelContext) -> Emission:
     if not isinstance(out_value, p.Tensor):
         raise UnsupportedKernel(f"{ctx.op_name}: output value {out} is not a tensor")
     if _is_static(out_value):
-        return ctx.emit("pass")
+        return ctx.emit("pass", mutates=())
     f = ctx.bind(resize_to, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
-    return ctx.emit(f"{f}(v[{out}], {ctx.expr(size)}, {order})")
+    return ctx.emit(f"{f}(v[{out}], {ctx.expr(size)}, {order})", mutates=(out,), outs=(out,))

@@ -34,7 +34,7 @@ def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelContext], Emission
         _arity(ctx, 3)
         a, b, out = ctx.args
         f = ctx.bind(fn, "f")
-        return ctx.emit(f"v[{out}] = {f}({ctx.expr(a)}, {ctx.expr(b)})", writes=(out,))
+        return ctx.emit(f"v[{out}] = {f}({ctx.expr(a)}, {ctx.expr(b)})", writes=(out,), mutates=())
 
     return factory
 
@@ -44,7 +44,7 @@ def _unary(fn: Callable[[Any], Any]) -> Callable[[KernelContext], Emission]:
         _arity(ctx, 2)
         a, out = ctx.args
         f = ctx.bind(fn, "f")
-        return ctx.emit(f"v[{out}] = {f}({ctx.expr(a)})", writes=(out,))
+        return ctx.emit(f"v[{out}] = {f}({ctx.expr(a)})", writes=(out,), mutates=())
 
     return factory
 
@@ -56,7 +56,7 @@ def _inline(template: str, n: int) -> Callable[[KernelContext], Emission]:
         _arity(ctx, n + 1)
         operands = [ctx.expr(i) for i in ctx.args[:n]]
         out = ctx.args[n]
-        return ctx.emit(f"v[{out}] = " + template.format(*operands), writes=(out,))
+        return ctx.emit(f"v[{out}] = " + template.format(*operands), writes=(out,), mutates=())
 
     return factory
 
@@ -137,12 +137,21 @@ register("aten::sym_storage_offset", "aten::sym_storage_offset.default")(_inline
 register("aten::_local_scalar_dense", "aten::_local_scalar_dense.default")(_inline("{0}.item()", 1))
 
 
+def _view(src: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """``src`` with new sizes; a copy only when its strides cannot be viewed that way."""
+    try:
+        return src.view(sizes)
+    except RuntimeError:
+        return src.reshape(sizes)
+
+
 @register("executorch_prim::et_view.default", "executorch_prim::et_view")
 def _et_view(ctx: KernelContext) -> Emission:
     """``out`` aliases ``self`` with new sizes (one -1 inferred), no copy."""
     _arity(ctx, 3)
     src, sizes, out = ctx.args
-    return ctx.emit(f"v[{out}] = {ctx.expr(src)}.view({ctx.expr(sizes)})", writes=(out,))
+    f = ctx.bind(_view, "f")
+    return ctx.emit(f"v[{out}] = {f}({ctx.expr(src)}, {ctx.expr(sizes)})", writes=(out,), mutates=())
 
 
 def _copy_index(copy_to: torch.Tensor, copy_from: torch.Tensor, index: int) -> None:
@@ -169,7 +178,7 @@ def _et_copy_index(ctx: KernelContext) -> Emission:
         )
     to, frm, idx = ctx.args[:3]
     f = ctx.bind(_copy_index, "f")
-    return ctx.emit(f"{f}({ctx.expr(to)}, {ctx.expr(frm)}, {ctx.expr(idx)})")
+    return ctx.emit(f"{f}({ctx.expr(to)}, {ctx.expr(frm)}, {ctx.expr(idx)})", mutates=(to,))
 
 
 def is_scalar_value(value: p.EValue) -> bool:

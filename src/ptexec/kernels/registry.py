@@ -21,6 +21,7 @@ from typing import Any
 from ..format import program as p
 
 __all__ = [
+    "Alias",
     "Emission",
     "KernelContext",
     "KernelFactory",
@@ -33,12 +34,37 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class Alias:
+    """How an instruction could run as a view instead of a copy.
+
+    ``code`` assigns views of value ``source`` to the slots ``targets`` (e.g.
+    ``v[9] = v[4].permute([1, 0])``). The method uses it when its alias analysis proves
+    that nothing writes the source's memory while a target is in use.
+    """
+
+    code: str
+    env: Mapping[str, Any]
+    source: int
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Emission:
-    """One statement of Python that runs an instruction, and the names it refers to."""
+    """One statement of Python that runs an instruction, and the names it refers to.
+
+    ``writes``: value slots the statement replaces (assigns a new object to).
+    ``mutates``: tensor values whose memory the statement writes in place; None when the
+    kernel does not say, which the method reads as "any tensor argument".
+    ``outs``: the values among ``mutates`` that are only written (``out`` arguments), not
+    read. ``alias``: a view form of the instruction, for copies that may become views.
+    """
 
     code: str
     env: Mapping[str, Any] = field(default_factory=dict)
-    writes: tuple[int, ...] = ()  # value slots the statement replaces (not writes in place)
+    writes: tuple[int, ...] = ()
+    mutates: tuple[int, ...] | None = None
+    alias: Alias | None = None
+    outs: tuple[int, ...] = ()
 
 
 class UnsupportedKernel(Exception):
@@ -76,8 +102,33 @@ class KernelContext:
         self.env[name] = obj
         return name
 
-    def emit(self, code: str, writes: Iterable[int] = ()) -> Emission:
-        return Emission(code, dict(self.env), tuple(writes))
+    def emit(
+        self,
+        code: str,
+        writes: Iterable[int] = (),
+        mutates: Iterable[int] | None = None,
+        alias: Alias | None = None,
+        outs: Iterable[int] = (),
+    ) -> Emission:
+        """The instruction's statement; ``mutates`` lists the tensor values it writes in
+        place (leave it None only when unknown), ``outs`` those of them it does not read."""
+        return Emission(
+            code,
+            dict(self.env),
+            tuple(writes),
+            None if mutates is None else tuple(mutates),
+            alias,
+            tuple(outs),
+        )
+
+    def tensors_of(self, index: int) -> tuple[int, ...]:
+        """The tensor values behind value ``index`` (itself, or a list's items)."""
+        v = self.values[index]
+        if isinstance(v, p.Tensor):
+            return (index,)
+        if isinstance(v, p.TensorList | p.OptionalTensorList):
+            return tuple(i for i in v.items if i >= 0 and isinstance(self.values[i], p.Tensor))
+        return ()
 
     # ---- values ----------------------------------------------------------------------
     def value(self, index: int) -> p.EValue:
