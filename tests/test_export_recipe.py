@@ -571,3 +571,10 @@ def test_cuda_fresh_export_runs(exporter: Any) -> None:
     assert y.device == torch.device("cuda", 0)
     assert m.last_call.inputs == ["share"]
     torch.testing.assert_close(y.cpu(), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_inspect_says_where_a_legacy_buffer_lives(capsys: pytest.CaptureFixture[str]) -> None:
+    from ptexec.cli import main
+
+    assert main(["inspect", str(fixture_paths("gpu_legacy")[0])]) == 0
+    assert "buffer 1: 640 bytes on cuda:0 (device from tensors)" in capsys.readouterr().out
