@@ -13,6 +13,9 @@ Pure Python + torch; does not import executorch.
 Manifest entry keys: pte, ptd (or None), methods, tags, description, rtol, atol,
 operators (sorted 'name.overload' list), known_divergence (optional), and
 executorch_runtime ("ok" or "diverges: <why>", what ExecuTorch's own runtime gives).
+Device fixtures (scripts/make_device_fixtures.py) add devices (the devices the program
+names), runs (False when ptexec cannot replay it as is), runs_note and load_error; replay
+them with ``load_method(..., **load_options(name))``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,21 @@ def tolerance(name: str) -> tuple[float, float]:
     """(rtol, atol) for the fixture's float outputs; ints and bools compare exactly."""
     entry = _entry(name)
     return float(entry["rtol"]), float(entry["atol"])
+
+
+def missing_devices(name: str) -> list[str]:
+    """The devices the fixture's program names that this machine does not have."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [d for d in _entry(name).get("devices", []) if int(d.partition(":")[2] or 0) >= count]
+
+
+def load_options(name: str) -> dict[str, Any]:
+    """``load_method`` options that replay the fixture's stored (CPU) calls on this machine:
+    ``device_map="cpu"`` where a device it names is missing, ``transfers="allow"`` where
+    they are all here (the stored inputs are CPU tensors), nothing for a CPU program."""
+    if missing_devices(name):
+        return {"device_map": "cpu"}
+    return {"transfers": "allow"} if _entry(name).get("devices") else {}
 
 
 def fixtures_with_tag(tag: str) -> list[str]:

@@ -7,13 +7,21 @@ import torch
 
 import ptexec
 from conftest import executorch_runtime
-from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
+from fixture_data import (
+    compare_outputs,
+    fixture_calls,
+    fixture_paths,
+    load_manifest,
+    load_options,
+    tolerance,
+)
 
 MANIFEST = load_manifest()
 RUNNABLE = [name for name, entry in MANIFEST.items() if entry.get("runs", True)]
 
 
 def _replay(name: str, **options: object) -> list[list[object]]:
+    options = {**load_options(name), **options}
     pte, ptd = fixture_paths(name)
     prog = ptexec.load(pte, data_path=ptd)
     methods: dict[str, ptexec.Method] = {}
@@ -42,7 +50,7 @@ def test_view_outputs_match_copies(name: str) -> None:
     methods: dict[str, ptexec.Method] = {}
     for call in fixture_calls(name):
         method = methods.get(call["method"]) or methods.setdefault(
-            call["method"], prog.load_method(call["method"], outputs="view")
+            call["method"], prog.load_method(call["method"], outputs="view", **load_options(name))
         )
         got = [
             x.clone() if isinstance(x, torch.Tensor) else x for x in method.execute(call["inputs"])
