@@ -21,8 +21,8 @@ import torch
 
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
 from .accounting import CallRecord
-from .aliasing import elide_copies
 from .binding import Action, Policy, decide, fits_layout, shape_error
+from .dataflow import rewrite_chain
 from .delegates import DelegateContext, find_backend
 from .device import CPU, Device, DeviceType, schema_device
 from .dtypes import CODE_TO_DTYPE, dtype_name
@@ -56,6 +56,7 @@ __all__ = [
 
 DEFAULT_MAX_INSTRUCTIONS = 10_000_000
 DEFAULT_MAX_PLANNED_BYTES = 16 << 30  # 16 GiB
+FOLD_LIMIT = 16 << 20  # bytes of results a method may precompute at load
 
 OutputMode = Literal["copy", "view"]
 _DYNAMISM = {
@@ -256,7 +257,10 @@ class Method:
     Options (set at load, each overridable per call): ``transfers`` and ``layout`` (the
     input policy, see :class:`ptexec.binding.Policy`) and ``outputs`` (``"copy"``: fresh
     tensors, the default; ``"view"``: views of the method's memory, valid until the next
-    call). Calls on one Method are serialized by a lock: a method owns one set of planned
+    call). Load-only options: ``device_map``, ``max_planned_bytes``, ``max_instructions``,
+    and ``optimize`` (default True: copies that are views in eager PyTorch run as views, and
+    work on constants alone runs once at load, where :mod:`ptexec.dataflow` proves it safe).
+    Calls on one Method are serialized by a lock: a method owns one set of planned
     buffers, so two threads must not run it at once; load the method once per thread to run
     in parallel.
     """
@@ -327,8 +331,10 @@ class Method:
         and leaves the method's state as it was.
         """
         kind = type(inputs)
-        if kind is not list and kind is not tuple and (
-            isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence)
+        if (
+            kind is not list
+            and kind is not tuple
+            and (isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence))
         ):
             inputs = [inputs]  # a single tensor or array counts as one input
         policy = self._policy
@@ -652,6 +658,7 @@ class _Loader:
     ) -> None:
         self._method = method
         self.optimize = optimize
+        self.fold_limit = FOLD_LIMIT
         self.plan = plan
         self.max_planned_bytes = max_planned_bytes
         self.program = program
@@ -958,7 +965,7 @@ class _Loader:
                 names.append(name)
                 statements.append(emission)
             if not missing and self.optimize:
-                statements = elide_copies(plan, chain, statements, names, values)
+                statements = rewrite_chain(plan, chain, statements, names, values, self.fold_limit)
             names_all.append(names)
             statements_all.append(statements)
             if not missing:
@@ -1021,7 +1028,9 @@ class _Loader:
             except UnsupportedKernel as e:
                 raise BackendUnavailableError(f"backend '{delegate.id}': {e}") from None
         if isinstance(ins, p.MoveCall):
-            return "move", Emission(f"v[{ins.move_to}] = v[{ins.move_from}]", writes=(ins.move_to,), mutates=())
+            return "move", Emission(
+                f"v[{ins.move_to}] = v[{ins.move_from}]", writes=(ins.move_to,), mutates=()
+            )
         if isinstance(ins, p.FreeCall):
             return "free", Emission(f"v[{ins.value_index}].set_()", mutates=(ins.value_index,))
         if isinstance(ins, p.JumpFalseCall):

@@ -30,7 +30,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..format import program as p
 from ..tensor import dim_order_strides
-from .registry import Alias, Emission, KernelContext, KernelFactory, UnsupportedKernel, register_namespace
+from .registry import (
+    Alias,
+    Emission,
+    KernelContext,
+    KernelFactory,
+    UnsupportedKernel,
+    register_namespace,
+)
 
 __all__ = ["resolve_overload", "schema_kernel"]
 
@@ -75,7 +82,7 @@ class _FirstOp(TorchDispatchMode):
     """Records the first overload dispatched (and lets the meta computation finish)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.first: Any = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -84,12 +91,10 @@ class _FirstOp(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-_PY_NAMESPACES: tuple[Any, ...] = (
-    torch._C._VariableFunctions,
-    torch._C._nn,
-    torch._C._special,
-    torch._C._linalg,
-    torch._C._fft,
+_PY_NAMESPACES: tuple[Any, ...] = tuple(
+    getattr(torch._C, ns)
+    for ns in ("_VariableFunctions", "_nn", "_special", "_linalg", "_fft")
+    if hasattr(torch._C, ns)
 )
 _PROVEN: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
 
@@ -101,11 +106,16 @@ def _meta_value(ctx: KernelContext, index: int) -> Any:
         from ..dtypes import CODE_TO_DTYPE
 
         dtype = CODE_TO_DTYPE.get(v.scalar_type, torch.uint8)
-        return torch.empty_strided(v.sizes, dim_order_strides(v.sizes, v.dim_order), dtype=dtype, device="meta")
+        return torch.empty_strided(
+            v.sizes, dim_order_strides(v.sizes, v.dim_order), dtype=dtype, device="meta"
+        )
     if isinstance(v, p.TensorList):
         return [_meta_value(ctx, i) for i in v.items]
     if isinstance(v, p.OptionalTensorList):
-        return [None if i < 0 or isinstance(ctx.values[i], p.Null) else _meta_value(ctx, i) for i in v.items]
+        return [
+            None if i < 0 or isinstance(ctx.values[i], p.Null) else _meta_value(ctx, i)
+            for i in v.items
+        ]
     if isinstance(v, p.IntList):
         return [ctx.initial[i] for i in v.items]
     if isinstance(v, p.Null):
@@ -125,7 +135,13 @@ def fastest_entry(overload: Any, pos: list[Any], kw: dict[str, Any]) -> Callable
     """torch's Python function that dispatches exactly ``overload`` for these arguments."""
     schema = overload._schema
     name = schema.name.split("::", 1)[1]
-    key = (schema.name, schema.overload_name, tuple(_kind(x) for x in pos), tuple(sorted(kw)), tuple(_kind(x) for _, x in sorted(kw.items())))
+    key = (
+        schema.name,
+        schema.overload_name,
+        tuple(_kind(x) for x in pos),
+        tuple(sorted(kw)),
+        tuple(_kind(x) for _, x in sorted(kw.items())),
+    )
     if key in _PROVEN:
         return _PROVEN[key]
     found = None
@@ -172,7 +188,9 @@ _VIEWS: dict[str, Callable[[list[str]], str]] = {
 _SLICE = torch.ops.aten.slice.Tensor
 
 
-def _alias_form(ctx: KernelContext, name: str, rendered: list[str], outs: tuple[int, ...]) -> Alias | None:
+def _alias_form(
+    ctx: KernelContext, name: str, rendered: list[str], outs: tuple[int, ...]
+) -> Alias | None:
     view = _VIEWS.get(name)
     if view is None or not outs:
         return None
@@ -181,7 +199,9 @@ def _alias_form(ctx: KernelContext, name: str, rendered: list[str], outs: tuple[
         return None
     if name == "aten::clone.out":  # a clone in another memory format is not a plain alias
         fmt = ctx.args[1]
-        if not isinstance(ctx.values[fmt], p.Null) and not (ctx.is_literal(fmt) and ctx.literal(fmt) in (None, 1)):
+        if not isinstance(ctx.values[fmt], p.Null) and not (
+            ctx.is_literal(fmt) and ctx.literal(fmt) in (None, 1)
+        ):
             return None
     expr = view(rendered)
     targets = ", ".join(f"v[{t}]" for t in outs)
@@ -189,7 +209,99 @@ def _alias_form(ctx: KernelContext, name: str, rendered: list[str], outs: tuple[
     return Alias(code, {"_slice": _SLICE}, source, outs)
 
 
-_MULTI_OUT = {"aten::split_with_sizes_copy.out", "aten::split_copy.Tensor_out", "aten::unbind_copy.int_out"}
+_MULTI_OUT = {
+    "aten::split_with_sizes_copy.out",
+    "aten::split_copy.Tensor_out",
+    "aten::unbind_copy.int_out",
+}
+
+
+# ---- scalar operands as 0-d tensors ----------------------------------------------------------
+
+# ``op.Scalar_out(self, other)`` -> torch.<op>(self, other_as_0d_tensor, out=...). Wrapping a
+# Python scalar costs torch more than the arithmetic on a small tensor. With the scalar
+# stored as a 0-d tensor of self's dtype the two compute the same: the common dtype is
+# self's either way, and the scalar is rounded to it once (only for dtypes that compute in
+# their own precision; half and bfloat16 compute in float, so they keep the scalar path).
+_SCALAR_OPS = {
+    "aten::add.Scalar_out": torch.add,
+    "aten::sub.Scalar_out": torch.sub,
+    "aten::mul.Scalar_out": torch.mul,
+    "aten::div.Scalar_out": torch.div,
+    "aten::eq.Scalar_out": torch.eq,
+    "aten::ne.Scalar_out": torch.ne,
+    "aten::lt.Scalar_out": torch.lt,
+    "aten::le.Scalar_out": torch.le,
+    "aten::gt.Scalar_out": torch.gt,
+    "aten::ge.Scalar_out": torch.ge,
+}
+_COMPARISONS = {
+    "aten::eq.Scalar_out",
+    "aten::ne.Scalar_out",
+    "aten::lt.Scalar_out",
+    "aten::le.Scalar_out",
+    "aten::gt.Scalar_out",
+    "aten::ge.Scalar_out",
+}
+_SAME_PRECISION = {
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+}
+
+
+def _scalar_as_tensor(ctx: KernelContext, name: str) -> Emission | None:
+    from ..dtypes import CODE_TO_DTYPE
+
+    fn = _SCALAR_OPS.get(name)
+    if fn is None:
+        return None
+    args = ctx.args
+    if len(args) < 3:
+        return None
+    self_, other, out = args[0], args[1], args[-1]
+    tself, tout = ctx.values[self_], ctx.values[out]
+    if (
+        not isinstance(tself, p.Tensor)
+        or not isinstance(tout, p.Tensor)
+        or not ctx.is_literal(other)
+    ):
+        return None
+    if name in ("aten::add.Scalar_out", "aten::sub.Scalar_out"):  # (self, other, alpha, out)
+        alpha = args[2]
+        if not ctx.is_literal(alpha) or ctx.literal(alpha) != 1:
+            return None
+    dtype = CODE_TO_DTYPE.get(tself.scalar_type)
+    if dtype not in _SAME_PRECISION:
+        return None
+    if name not in _COMPARISONS and tout.scalar_type != tself.scalar_type:
+        return None
+    value = ctx.literal(other)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) != dtype.is_floating_point:
+        return None  # the scalar's category would promote: keep torch's scalar path
+    if name == "aten::div.Scalar_out" and not dtype.is_floating_point:
+        return None
+    scalar = torch.tensor(value, dtype=dtype)
+    f, s = ctx.bind(fn, "op"), ctx.bind(scalar, "s")
+    outs = (out,)
+    code = f"{_empty_dynamic(ctx, outs)}{f}({ctx.expr(self_)}, {s}, out=v[{out}])"
+    return ctx.emit(code, mutates=outs, outs=outs, pure=True)
+
+
+def _empty_dynamic(ctx: KernelContext, outs: tuple[int, ...]) -> str:
+    """Statements emptying the dynamic-shape outputs: torch resizes an empty ``out``
+    without a warning (and will stop resizing non-empty ones)."""
+    return "".join(
+        f"v[{o}].resize_(0)\n"
+        for o in outs
+        if isinstance(ctx.values[o], p.Tensor) and ctx.values[o].shape_dynamism != p.STATIC  # type: ignore[union-attr]
+    )
 
 
 # ---- the factory -----------------------------------------------------------------------------
@@ -201,13 +313,23 @@ def schema_kernel(overload: Any) -> KernelFactory:
     arguments = list(schema.arguments)
     returns = list(schema.returns)
     generic = getattr(overload, "_op", overload)
-    is_out = any(a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in arguments)
-    written = [k for k, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write]
+    is_out = any(
+        a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in arguments
+    )
+    written = [
+        k for k, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
+    ]
     name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    only_outs = all(arguments[k].kwarg_only for k in written)
+    seeded = torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
 
     def factory(ctx: KernelContext) -> Emission:
         nargs = len(arguments)
         args = ctx.args
+        if name in _SCALAR_OPS and len(args) == nargs + 1:
+            rewritten = _scalar_as_tensor(ctx, name)
+            if rewritten is not None:
+                return rewritten
         extra = len(args) - nargs
         if extra < 0 or extra > max(len(returns), 1):
             raise UnsupportedKernel(
@@ -251,16 +373,15 @@ def schema_kernel(overload: Any) -> KernelFactory:
         callargs = ", ".join(positional + keywords)
         ret_slots = args[nargs:]
         if is_out or not returns or not ret_slots:
-            outs = tuple(i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k]))
-            alias = _alias_form(ctx, name, rendered, outs)
-            # a dynamic output is emptied first: torch resizes an empty out without a warning
-            # (and will stop resizing non-empty ones)
-            empty = "".join(
-                f"v[{o}].resize_(0)\n"
-                for o in outs
-                if isinstance(ctx.values[o], p.Tensor) and ctx.values[o].shape_dynamism != p.STATIC  # type: ignore[union-attr]
+            outs = tuple(
+                i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k])
             )
-            return ctx.emit(f"{empty}{fn}({callargs})", mutates=mutates, alias=alias, outs=outs)
+            alias = _alias_form(ctx, name, rendered, outs)
+            empty = _empty_dynamic(ctx, outs)
+            pure = only_outs and not seeded and bool(outs)
+            return ctx.emit(
+                f"{empty}{fn}({callargs})", mutates=mutates, alias=alias, outs=outs, pure=pure
+            )
         if len(returns) == 1:
             slot = ret_slots[0]
             if isinstance(ctx.values[slot], p.TensorList):

@@ -37,10 +37,14 @@ def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
     if isinstance(src_value, p.Tensor) and src_value.scalar_type == out_value.scalar_type:
         alias = Alias(f"v[{out}] = v[{src}]", {}, src, (out,))  # same dtype: a clone
     if _is_static(out_value) and _is_static(src_value):
-        return ctx.emit(f"v[{out}].copy_(v[{src}])", mutates=(out,), alias=alias, outs=(out,))
+        return ctx.emit(
+            f"v[{out}].copy_(v[{src}])", mutates=(out,), alias=alias, outs=(out,), pure=True
+        )
     f = ctx.bind(_copy_resizing, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
-    return ctx.emit(f"{f}(v[{src}], v[{out}], {order})", mutates=(out,), alias=alias, outs=(out,))
+    return ctx.emit(
+        f"{f}(v[{src}], v[{out}], {order})", mutates=(out,), alias=alias, outs=(out,), pure=True
+    )
 
 
 @register("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")

@@ -151,7 +151,9 @@ def _et_view(ctx: KernelContext) -> Emission:
     _arity(ctx, 3)
     src, sizes, out = ctx.args
     f = ctx.bind(_view, "f")
-    return ctx.emit(f"v[{out}] = {f}({ctx.expr(src)}, {ctx.expr(sizes)})", writes=(out,), mutates=())
+    return ctx.emit(
+        f"v[{out}] = {f}({ctx.expr(src)}, {ctx.expr(sizes)})", writes=(out,), mutates=()
+    )
 
 
 def _copy_index(copy_to: torch.Tensor, copy_from: torch.Tensor, index: int) -> None:

@@ -57,6 +57,8 @@ class Emission:
     kernel does not say, which the method reads as "any tensor argument".
     ``outs``: the values among ``mutates`` that are only written (``out`` arguments), not
     read. ``alias``: a view form of the instruction, for copies that may become views.
+    ``pure``: the statement computes its ``outs`` from its arguments alone (no randomness,
+    no other effect), so with fixed arguments it may run once, at load.
     """
 
     code: str
@@ -65,6 +67,7 @@ class Emission:
     mutates: tuple[int, ...] | None = None
     alias: Alias | None = None
     outs: tuple[int, ...] = ()
+    pure: bool = False
 
 
 class UnsupportedKernel(Exception):
@@ -109,6 +112,7 @@ class KernelContext:
         mutates: Iterable[int] | None = None,
         alias: Alias | None = None,
         outs: Iterable[int] = (),
+        pure: bool = False,
     ) -> Emission:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read."""
@@ -119,6 +123,7 @@ class KernelContext:
             None if mutates is None else tuple(mutates),
             alias,
             tuple(outs),
+            pure,
         )
 
     def tensors_of(self, index: int) -> tuple[int, ...]:

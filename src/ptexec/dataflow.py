@@ -1,0 +1,291 @@
+"""Dataflow over a chain's memory plan, and the two rewrites it proves safe.
+
+ExecuTorch programs copy where eager PyTorch takes a view (``permute_copy``,
+``view_copy``, ``split_with_sizes_copy``, a same-dtype ``_to_dim_order_copy``, ...), and
+recompute on every call what depends on constants alone (a causal mask, say). Two
+rewrites remove that work:
+
+**Copies become views.** ``D = copy(S)`` runs as ``D = view(S)`` when nothing can tell:
+
+1. ``D`` is written by this instruction only, and is neither an input nor an output of the
+   method (an output must own its memory);
+2. whoever later reads the bytes this instruction wrote reads them through ``D`` (or a view
+   of ``D``). ExecuTorch's emitter turns a static ``view`` into a second value planned at
+   the same bytes, and the plan hands bytes to a new tensor once the old one is dead, so
+   reads are followed byte range by byte range: a value read before anything else wrote its
+   bytes reads ``D``'s data. Such a value at exactly ``D``'s bytes, with the same number of
+   elements, becomes a reshaped view of ``D``; any other reader of those bytes keeps the copy;
+3. nothing writes the memory ``S`` reads from (following views back to planned bytes,
+   constants or a tensor's own memory) until the last read of ``D``.
+
+**Work on constants runs once.** A pure instruction (no randomness, writing only its
+``out`` arguments) whose tensor arguments are all constants or results of such folded
+instructions, and whose other arguments are fixed, runs at load; its results get memory
+of their own (up to a byte budget), under conditions 1 and 2 above.
+
+Chains with jumps are left alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .format import program as p
+from .kernels.registry import Emission
+
+__all__ = ["rewrite_chain"]
+
+_REF = re.compile(r"v\[(\d+)\]")
+_ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
+
+Region = tuple[Any, ...]
+
+
+def _overlaps(a: Region, b: Region) -> bool:
+    if a[0] == "fixed" or b[0] == "fixed":
+        return False
+    if a[0] == "planned" and b[0] == "planned":
+        return bool(a[1] == b[1] and a[2] < b[3] and b[2] < a[3])
+    return a == b
+
+
+def _covers(a: Region, b: Region) -> bool:
+    """``a`` contains every byte of ``b``."""
+    if a[0] == "planned" and b[0] == "planned":
+        return bool(a[1] == b[1] and a[2] <= b[2] and b[3] <= a[3])
+    return a == b and a[0] != "fixed"
+
+
+def _tensor_args(values: Sequence[p.EValue], args: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for a in args:
+        v = values[a]
+        if isinstance(v, p.Tensor):
+            out.append(a)
+        elif isinstance(v, p.TensorList | p.OptionalTensorList):
+            out.extend(i for i in v.items if i >= 0 and isinstance(values[i], p.Tensor))
+    return out
+
+
+def _args(ins: p.Instruction) -> tuple[int, ...]:
+    if isinstance(ins, p.KernelCall | p.DelegateCall):
+        return ins.args
+    if isinstance(ins, p.MoveCall):
+        return (ins.move_from, ins.move_to)
+    if isinstance(ins, p.FreeCall):
+        return (ins.value_index,)
+    return (ins.cond_value_index,)
+
+
+class _Chain:
+    """Reads and memory writes of each instruction, kept current as the chain is rewritten."""
+
+    def __init__(
+        self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Emission], et_views: set[int]
+    ) -> None:
+        self.et_views = et_views
+        self.values = plan.values
+        self.inputs = set(plan.inputs)
+        self.outputs = set(plan.outputs)
+        self.instructions = chain.instructions
+        self.reads: list[set[int]] = []
+        self.writes: list[list[Region]] = []
+        self.writers: dict[int, set[int]] = {}
+        self.root: dict[int, int] = {}
+        self.fixed: set[int] = set()  # values whose memory is constant: the file's, or folded
+        for j, v in enumerate(self.values):
+            if isinstance(v, p.Tensor) and v.is_constant:
+                self.fixed.add(j)
+        for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
+            touched = _tensor_args(self.values, _args(ins))
+            mem = touched if st.mutates is None else list(st.mutates)
+            self.reads.append(set(touched) - set(st.outs))
+            self.writes.append([self.region(w) for w in mem])
+            for w in (*mem, *st.writes):
+                self.writers.setdefault(w, set()).add(k)
+
+    def region(self, index: int) -> Region:
+        """Where value ``index``'s bytes are, as the plan lays them out."""
+        if index in self.fixed:
+            return ("fixed", index)
+        t = self.values[index]
+        if isinstance(t, p.Tensor) and t.allocation_info is not None:
+            start = t.allocation_info.memory_offset
+            return ("planned", t.allocation_info.memory_id, start, start + t.nbytes)
+        if index in self.inputs:
+            return ("input", index)
+        return ("own", index)
+
+    def base(self, index: int) -> int:
+        while index in self.root:
+            index = self.root[index]
+        return index
+
+    def is_view_alias(self, w: int, d: int) -> bool:
+        """``w`` is a second value the emitter planned at exactly ``d``'s bytes."""
+        tw, td = self.values[w], self.values[d]
+        return (
+            isinstance(tw, p.Tensor)
+            and isinstance(td, p.Tensor)
+            and not self.writers.get(w)
+            and w not in self.inputs
+            and w not in self.outputs
+            and tw.shape_dynamism == p.STATIC
+            and tw.scalar_type == td.scalar_type
+            and tw.numel == td.numel
+            and self.region(w) == self.region(d)
+        )
+
+    def may_replace(self, i: int, target: int) -> bool:
+        """Condition 1: instruction ``i`` alone writes ``target``, an internal tensor."""
+        return (
+            target not in self.inputs
+            and target not in self.outputs
+            and self.writers.get(target, set()) == {i}
+            and isinstance(self.values[target], p.Tensor)
+        )
+
+    def readers(self, i: int, target: int) -> tuple[int, set[int], list[int]] | None:
+        """Condition 2: (last read, values reading ``target``'s data, view aliases to
+        redirect), or None when some value reads those bytes in a way a view cannot follow."""
+        live = {target}
+        redirects: list[int] = []
+        last = i
+        target_region = self.region(target)
+        for k in range(i + 1, len(self.instructions)):
+            for w in sorted(self.reads[k]):
+                if w in live:
+                    last = k
+                    continue
+                reg = self.region(w)
+                if reg[0] != "planned" or not _overlaps(reg, target_region):
+                    continue
+                between = [r for j in range(i + 1, k) for r in self.writes[j] if _overlaps(r, reg)]
+                if any(_covers(r, reg) for r in between):
+                    continue  # a newer tensor lives there now
+                if between or not self.is_view_alias(w, target):
+                    return None
+                redirects.append(w)
+                live.add(w)
+                last = k
+            if k in self.et_views:
+                ins = self.instructions[k]
+                if isinstance(ins, p.KernelCall) and ins.args[0] in live:
+                    live.add(ins.args[-1])
+        if live & self.outputs:
+            return None
+        return last, live, redirects
+
+
+def _redirect(c: _Chain, target: int, w: int) -> str:
+    tw = c.values[w]
+    assert isinstance(tw, p.Tensor)
+    return f"v[{w}] = v[{target}].reshape({list(tw.sizes)})"
+
+
+def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int]) -> Emission | None:
+    """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
+    if not st.pure or not st.outs or st.mutates is None or set(st.mutates) != set(st.outs):
+        return None
+    refs = {int(m) for m in _REF.findall(st.code)}
+    reads = refs - set(st.outs)
+    if not all(r in c.fixed for r in reads):
+        return None  # a tensor computed per call, or a scalar an instruction writes
+    outs = st.outs
+    nbytes = 0
+    plans: list[tuple[int, list[int]]] = []
+    for o in outs:
+        if not c.may_replace(i, o):
+            return None
+        found = c.readers(i, o)
+        if found is None:
+            return None
+        t = c.values[o]
+        assert isinstance(t, p.Tensor)
+        nbytes += t.nbytes
+        plans.append((o, found[2]))
+    if nbytes > budget[0]:
+        return None
+    for o in outs:  # memory of its own: the plan hands the planned bytes to later tensors
+        planned = values[o]
+        assert isinstance(planned, torch.Tensor)
+        values[o] = torch.empty_like(planned)
+    env = dict(st.env)
+    env["v"] = values
+    exec(st.code, env)
+    budget[0] -= nbytes
+    for o, redirects in plans:
+        c.fixed.add(o)
+        for w in redirects:
+            exec(_redirect(c, o, w), {"v": values})
+            c.fixed.add(w)
+    c.writes[i] = []
+    return Emission("pass", {}, (), ())
+
+
+def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | None:
+    """Run copy instruction ``i`` as a view when the conditions hold; None otherwise."""
+    alias = st.alias
+    if alias is None or not all(c.may_replace(i, t) for t in alias.targets):
+        return None
+    last = i
+    lines = [alias.code]
+    live_all: set[int] = set()
+    for t in alias.targets:
+        found = c.readers(i, t)
+        if found is None:
+            return None
+        t_last, live, redirects = found
+        last = max(last, t_last)
+        live_all |= live
+        lines.extend(_redirect(c, t, w) for w in redirects)
+    source_region = c.region(c.base(alias.source))
+    if any(_overlaps(r, source_region) for k in range(i + 1, last + 1) for r in c.writes[k]):
+        return None  # condition 3
+    for t in live_all:
+        if t != alias.source:
+            c.root[t] = alias.source
+    c.writes[i] = []
+    code = "\n".join(lines)
+    refs = {int(m) for m in _REF.findall(code)}
+    if source_region[0] == "fixed" and refs <= {alias.source, *live_all}:
+        env = dict(alias.env)
+        env["v"] = values
+        exec(code, env)  # a view of constant memory: once, now
+        c.fixed |= live_all
+        return Emission("pass", {}, (), ())
+    return Emission(code, alias.env, tuple(sorted(live_all - {alias.source})), ())
+
+
+def rewrite_chain(
+    plan: p.ExecutionPlan,
+    chain: p.Chain,
+    statements: list[Emission],
+    names: Sequence[str],
+    values: list[Any],
+    fold_limit: int,
+) -> list[Emission]:
+    """``statements`` with copies turned into views and constant work done now (see the
+    module docstring). ``values`` is the method's values table; folded results and views
+    of constants are stored into it. At most ``fold_limit`` bytes of results are folded."""
+    if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
+        return statements
+    c = _Chain(plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW})
+    budget = [fold_limit]
+    result = list(statements)
+    for i, st in enumerate(statements):
+        if i in c.et_views:
+            ins = chain.instructions[i]
+            assert isinstance(ins, p.KernelCall)
+            c.root[ins.args[-1]] = ins.args[0]  # out aliases self
+            continue
+        rewritten = _fold(c, i, st, values, budget)
+        if rewritten is None:
+            rewritten = _elide(c, i, st, values)
+        if rewritten is not None:
+            result[i] = rewritten
+    return result

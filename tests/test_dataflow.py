@@ -1,0 +1,188 @@
+"""Copy elision and load-time folding: same answers as the plain program, and refusal
+where a view would see a later write."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ptexec
+from export_util import export_program
+from fixture_data import (
+    compare_outputs,
+    fixture_calls,
+    fixture_paths,
+    load_manifest,
+    load_options,
+    tolerance,
+)
+
+MANIFEST = load_manifest()
+
+
+@pytest.mark.parametrize("name", [n for n, e in MANIFEST.items() if e.get("runs", True)])
+def test_rewrites_do_not_change_results(name: str) -> None:
+    """Every fixture, optimized and not, call after call: equal outputs (floats within the
+    fixture's tolerance: a GEMM reading a transposed view may round differently)."""
+    pte, ptd = fixture_paths(name)
+    options = load_options(name)
+    progs = [ptexec.load(pte, data_path=ptd) for _ in range(2)]
+    methods: list[dict[str, ptexec.Method]] = [{}, {}]
+    for call in fixture_calls(name):
+        results = []
+        for prog, cache, optimize in zip(progs, methods, (True, False), strict=True):
+            m = cache.get(call["method"])
+            if m is None:
+                m = cache[call["method"]] = prog.load_method(
+                    call["method"], optimize=optimize, **options
+                )
+            inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in call["inputs"]]
+            results.append(m.execute(inputs))  # fresh inputs: a program may write its inputs
+        assert compare_outputs(results[0], results[1], *tolerance(name)) is None
+
+
+def _statements(m: ptexec.Method) -> list[str]:
+    return [s.code for s in m._statements[0]]
+
+
+class TransposedState(torch.nn.Module):
+    """A copy of the state, then the state changes, then the copy is read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.arange(6.0).reshape(2, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        before = self.state.t().contiguous()
+        self.state.add_(x)
+        return before * 2 + self.state.sum()
+
+
+def test_a_copy_of_state_written_later_stays_a_copy() -> None:
+    data = export_program(TransposedState(), (torch.ones(2, 3),))
+    ours = ptexec.load(data).load_method("forward")
+    eager = TransposedState()
+    eager.state.zero_()  # the exporter does not keep a mutated buffer's initial value
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(ours(x)[0], eager(x))
+
+
+class Weights(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(4, 4).tril()  # constants only: computed at load
+        return self.fc(x) @ mask
+
+
+def test_weights_are_viewed_and_constant_work_folded() -> None:
+    data = export_program(Weights(), (torch.randn(3, 8),))
+    m = ptexec.load(data).load_method("forward")
+    plain = ptexec.load(data).load_method("forward", optimize=False)
+    names = m._instruction_names[0]
+    codes = _statements(m)
+    assert "aten::permute_copy.out" in names
+    for name, code in zip(names, codes, strict=True):
+        if name in ("aten::permute_copy.out", "aten::full.out", "aten::tril.out"):
+            assert code == "pass", f"{name} should run at load, not per call: {code}"
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(m(x)[0], plain(x)[0])
+    torch.testing.assert_close(m(x)[0], _same_weights(data)(x))
+
+
+def _same_weights(data: bytes) -> torch.nn.Module:
+    """An eager module with the weights the program carries (read back through ptexec)."""
+    prog = ptexec.load(data)
+    method = prog.load_method("forward", optimize=False)
+    consts = [
+        v for v in method.values() if isinstance(v, torch.Tensor) and v.shape in ((4, 8), (4,))
+    ]
+    module = Weights()
+    with torch.no_grad():
+        module.fc.weight.copy_(next(c for c in consts if c.shape == (4, 8)))
+        module.fc.bias.copy_(next(c for c in consts if c.shape == (4,)))
+    return module
+
+
+# ---- the analysis on hand-made plans ------------------------------------------------------
+
+from ptexec.dataflow import rewrite_chain  # noqa: E402
+from ptexec.format import program as p  # noqa: E402
+from ptexec.kernels.registry import Alias, Emission  # noqa: E402
+
+
+def _tensor(offset: int | None, numel: int = 16, sizes: tuple[int, ...] | None = None) -> p.Tensor:
+    alloc = None if offset is None else p.AllocationDetails(1, offset)
+    sizes = sizes or (numel,)
+    return p.Tensor(6, 0, sizes, tuple(range(len(sizes))), False, 0, alloc, 0, p.STATIC, None)
+
+
+def _run(
+    values: list[p.EValue], calls: list[tuple[int, ...]], statements: list[Emission]
+) -> list[Emission]:
+    plan = p.ExecutionPlan(
+        "f", None, tuple(values), (), (len(values) - 1,), (), (), (), (0, 1024), None
+    )
+    chain = p.Chain((), (), tuple(p.KernelCall(0, a) for a in calls), None)
+    initial = [torch.zeros(16) for _ in values]
+    return rewrite_chain(plan, chain, statements, ["aten::op"] * len(calls), initial, 1 << 20)
+
+
+def _copy(src: int, dst: int) -> Emission:
+    return Emission(
+        f"copy(v[{src}], v[{dst}])",
+        {},
+        (),
+        (dst,),
+        Alias(f"v[{dst}] = view(v[{src}])", {}, src, (dst,)),
+        (dst,),
+    )
+
+
+def _op(reads: tuple[int, ...], out: int) -> Emission:
+    args = ", ".join(f"v[{r}]" for r in reads)
+    return Emission(f"op({args}, v[{out}])", {}, (), (out,), None, (out,))
+
+
+def test_a_view_is_refused_when_its_source_bytes_are_reused() -> None:
+    # S at 0, D at 64; T reuses S's bytes while D is still to be read
+    values = [_tensor(0), _tensor(64), _tensor(0), _tensor(128)]
+    calls = [(0, 1), (2,), (1, 3)]
+    out = _run(values, calls, [_copy(0, 1), _op((), 2), _op((1,), 3)])
+    assert out[0].code.startswith("copy(")
+    # without the reuse the copy becomes a view
+    out = _run(values, [(0, 1), (1, 3)], [_copy(0, 1), _op((1,), 3)])
+    assert out[0].code == "v[1] = view(v[0])"
+
+
+def test_a_second_value_at_the_same_bytes_is_redirected() -> None:
+    # W (value 2) is the emitter's static view of D (same bytes, other shape)
+    values = [_tensor(0), _tensor(64), _tensor(64, sizes=(4, 4)), _tensor(128)]
+    out = _run(values, [(0, 1), (2, 3)], [_copy(0, 1), _op((2,), 3)])
+    assert out[0].code == "v[1] = view(v[0])\nv[2] = v[1].reshape([4, 4])"
+
+
+def test_a_partial_reader_of_the_bytes_keeps_the_copy() -> None:
+    values = [_tensor(0), _tensor(64), _tensor(96, numel=4), _tensor(128)]
+    out = _run(values, [(0, 1), (2, 3)], [_copy(0, 1), _op((2,), 3)])
+    assert out[0].code.startswith("copy(")
+
+
+def test_a_reader_after_a_newer_tensor_is_not_the_views_business() -> None:
+    # value 2 is written at D's bytes after D's last read: readers of 2 read the newer data
+    values = [_tensor(0), _tensor(64), _tensor(64), _tensor(128), _tensor(192)]
+    calls = [(0, 1), (1, 3), (2,), (2, 4)]
+    out = _run(values, calls, [_copy(0, 1), _op((1,), 3), _op((), 2), _op((2,), 4)])
+    assert out[0].code == "v[1] = view(v[0])"
+
+
+def test_outputs_and_multiply_written_values_keep_their_copy() -> None:
+    values = [_tensor(0), _tensor(64)]
+    out = _run(values, [(0, 1)], [_copy(0, 1)])  # value 1 is the method's output
+    assert out[0].code.startswith("copy(")
+    values = [_tensor(0), _tensor(64), _tensor(128)]
+    out = _run(values, [(0, 1), (1,), (1, 2)], [_copy(0, 1), _op((), 1), _op((1,), 2)])
+    assert out[0].code.startswith("copy(")
