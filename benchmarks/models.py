@@ -69,10 +69,23 @@ class MobileNetLike(nn.Module):
 
     def __init__(self, classes: int = 100) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
-        cfg = [(16, 24, 2), (24, 24, 1), (24, 32, 2), (32, 32, 1), (32, 64, 2), (64, 64, 1), (64, 96, 1), (96, 160, 2)]
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()
+        )
+        cfg = [
+            (16, 24, 2),
+            (24, 24, 1),
+            (24, 32, 2),
+            (32, 32, 1),
+            (32, 64, 2),
+            (64, 64, 1),
+            (64, 96, 1),
+            (96, 160, 2),
+        ]
         self.blocks = nn.Sequential(*(InvertedResidual(a, b, s) for a, b, s in cfg))
-        self.head = nn.Sequential(nn.Conv2d(160, 320, 1, bias=False), nn.BatchNorm2d(320), nn.ReLU6())
+        self.head = nn.Sequential(
+            nn.Conv2d(160, 320, 1, bias=False), nn.BatchNorm2d(320), nn.ReLU6()
+        )
         self.fc = nn.Linear(320, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

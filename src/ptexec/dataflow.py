@@ -283,9 +283,10 @@ def rewrite_chain(
             assert isinstance(ins, p.KernelCall)
             c.root[ins.args[-1]] = ins.args[0]  # out aliases self
             continue
-        rewritten = _fold(c, i, st, values, budget)
+        # a view costs no memory, so a copy of constants becomes a view before it is folded
+        rewritten = _elide(c, i, st, values)
         if rewritten is None:
-            rewritten = _elide(c, i, st, values)
+            rewritten = _fold(c, i, st, values, budget)
         if rewritten is not None:
             result[i] = rewritten
     return result

@@ -7,6 +7,8 @@ memory across lifetimes; that is the point of the plan.
 
 from __future__ import annotations
 
+import mmap
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,8 +58,20 @@ class PlannedBuffer:
 
 
 def allocate(info: BufferInfo) -> PlannedBuffer:
-    """Allocate (zero-filled) memory for a planned buffer on its device."""
-    data = torch.zeros(max(info.size, 1), dtype=torch.uint8, device=info.device.to_torch())
+    """Allocate zero-filled memory for a planned buffer on its device.
+
+    Host buffers are anonymous memory maps: zero by definition, and a page costs resident
+    memory only once something writes it (the parts of a plan that the dataflow rewrites
+    made unnecessary never do). Their storage cannot be resized, so a kernel can never move
+    planned memory.
+    """
+    size = max(info.size, 1)
+    if info.device.is_cpu:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
+    else:
+        data = torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
     return PlannedBuffer(info, data)
 
 

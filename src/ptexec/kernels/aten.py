@@ -29,7 +29,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..format import program as p
-from ..tensor import dim_order_strides
 from .registry import (
     Alias,
     Emission,
@@ -78,17 +77,24 @@ def _same(a: Any, b: Any) -> bool:
 # ---- proving a faster entry point ----------------------------------------------------------
 
 
+class _Dispatched(Exception):
+    """Stops a probe at its first dispatched overload (nothing is computed)."""
+
+
 class _FirstOp(TorchDispatchMode):
-    """Records the first overload dispatched (and lets the meta computation finish)."""
+    """Records the first overload dispatched and stops the call there."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # nothing here is compiled; wrapping would import torch's compiler stack
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.first: Any = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.first is None:
-            self.first = func
-        return func(*args, **(kwargs or {}))
+        self.first = func
+        raise _Dispatched
 
 
 _PY_NAMESPACES: tuple[Any, ...] = tuple(
@@ -100,15 +106,15 @@ _PROVEN: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
 
 
 def _meta_value(ctx: KernelContext, index: int) -> Any:
-    """A stand-in for value ``index`` with the same Python type (meta tensors for tensors)."""
+    """A stand-in for value ``index`` with the same Python type: for a tensor, one element
+    of its dtype at its rank (the probe stops before any kernel runs, so shapes do not
+    matter; meta tensors would import torch's compiler stack on first use)."""
     v = ctx.values[index]
     if isinstance(v, p.Tensor):
         from ..dtypes import CODE_TO_DTYPE
 
         dtype = CODE_TO_DTYPE.get(v.scalar_type, torch.uint8)
-        return torch.empty_strided(
-            v.sizes, dim_order_strides(v.sizes, v.dim_order), dtype=dtype, device="meta"
-        )
+        return torch.empty((1,) * len(v.sizes), dtype=dtype)
     if isinstance(v, p.TensorList):
         return [_meta_value(ctx, i) for i in v.items]
     if isinstance(v, p.OptionalTensorList):
@@ -153,6 +159,8 @@ def fastest_entry(overload: Any, pos: list[Any], kw: dict[str, Any]) -> Callable
         try:
             with mode:
                 fn(*pos, **kw)
+        except _Dispatched:
+            pass
         except Exception:
             continue
         if mode.first is overload:

@@ -1,0 +1,407 @@
+"""ptexec vs ExecuTorch's runtime vs eager PyTorch, side by side, on the same programs.
+
+    python benchmarks/compare.py                 # everything, 1 and 2 threads
+    python benchmarks/compare.py --quick         # fewer repetitions
+    python benchmarks/compare.py --models mlp cnn --threads 1 --json out.json
+
+Every model is exported here with ExecuTorch's exporter (the test fixtures' builders plus
+a larger transformer stack and a MobileNet-like CNN), and the same ``.pte`` bytes are run
+by ptexec, by ``executorch.runtime`` and by ``portable_lib``; eager PyTorch runs the module
+the program came from. Runners are interleaved block by block, in a shuffled order, and
+each figure is the median of the blocks' per-call times. Also measured: per-instruction
+overhead (a program of 1000 tiny ops), load time and resident memory of a ~200 MB
+program (in a fresh process), and allocations per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ptexec  # noqa: E402
+
+
+@dataclass
+class Case:
+    name: str
+    pte: bytes
+    eager: Callable[[], Any]
+    inputs: list[Any]
+    method: str = "forward"
+    note: str = ""
+    runners: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+
+def _export(module: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any = None) -> bytes:
+    from executorch.exir import to_edge
+
+    ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes)
+    return bytes(to_edge(ep).to_executorch().buffer)
+
+
+def _fixture_case(name: str, call_index: int = 0) -> Case:
+    """A model of the test fixtures, rebuilt with its builder (same seed, same weights)."""
+    import make_fixtures as mf
+
+    spec = next(s for s in mf.FIXTURES if s.name == name)
+    torch.manual_seed(mf.seed_for(name))
+    with torch.no_grad():
+        built = spec.build(name)
+    data = bytes(mf.to_executorch(built, False).buffer)
+    method, args = built.calls[call_index]
+    inputs = mf.flatten_values(list(args))
+    return Case(name, data, lambda: built.eager(method, args), inputs, method)
+
+
+def _module_case(
+    name: str, module: torch.nn.Module, inputs: tuple[Any, ...], note: str = ""
+) -> Case:
+    module = module.eval()
+    with torch.no_grad():
+        data = _export(module, inputs)
+    return Case(name, data, lambda: module(*inputs), list(inputs), note=note)
+
+
+def build_cases(names: list[str]) -> list[Case]:
+    from models import MobileNetLike, TransformerStack
+
+    makers: dict[str, Callable[[], Case]] = {
+        "mlp": lambda: _fixture_case("mlp"),
+        "cnn": lambda: _fixture_case("cnn"),
+        "transformer": lambda: _fixture_case("transformer"),
+        "dynamic_mlp": lambda: _fixture_case("dynamic_mlp", 1),  # batch 3 of a 1..16 bound
+        "stateful": lambda: _fixture_case("stateful"),
+        "cond": lambda: _fixture_case("cond"),
+        "int_ops": lambda: _fixture_case("int_ops"),
+        "transformer_stack": lambda: _module_case(
+            "transformer_stack",
+            TransformerStack(),
+            (torch.randn(1, 64, 256),),
+            "4 blocks, d=256, seq 64",
+        ),
+        "mobilenet": lambda: _module_case(
+            "mobilenet", MobileNetLike(), (torch.randn(1, 3, 96, 96),), "MobileNetV2-like, 3x96x96"
+        ),
+    }
+    return [makers[n]() for n in names]
+
+
+def _runners(case: Case) -> dict[str, Callable[[], Any]]:
+    runners: dict[str, Callable[[], Any]] = {}
+    method = ptexec.load(case.pte).load_method(case.method)
+    inputs = case.inputs
+    runners["ptexec"] = lambda: method.execute(inputs)
+    with contextlib.suppress(ImportError):
+        from executorch.runtime import Runtime
+
+        et_method = Runtime.get().load_program(case.pte).load_method(case.method)
+        runners["executorch.runtime"] = lambda: et_method.execute(inputs)
+    with contextlib.suppress(ImportError):
+        from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+        module = _load_for_executorch_from_buffer(case.pte)
+        runners["portable_lib"] = lambda: module.run_method(case.method, inputs)
+
+    def eager() -> Any:
+        with torch.inference_mode():
+            return case.eager()
+
+    runners["eager"] = eager
+    return runners
+
+
+def _per_call(fn: Callable[[], Any], seconds: float) -> tuple[int, float]:
+    """Calls per block so that a block lasts about ``seconds``."""
+    fn()
+    t = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t, 1e-7)
+    n = max(1, min(20000, int(seconds / one)))
+    return n, one
+
+
+def measure(case: Case, blocks: int, block_seconds: float) -> dict[str, float]:
+    """Median per-call seconds of each runner, interleaved block by block."""
+    runners = _runners(case)
+    counts = {k: _per_call(f, block_seconds)[0] for k, f in runners.items()}
+    samples: dict[str, list[float]] = {k: [] for k in runners}
+    order = list(runners)
+    rng = random.Random(0)
+    for _ in range(blocks):
+        rng.shuffle(order)
+        for k in order:
+            fn, n = runners[k], counts[k]
+            gc.collect()
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[k].append((time.perf_counter() - t) / n)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+# ---- per-instruction overhead, allocations, load ------------------------------------------------
+
+
+def instruction_overhead(blocks: int) -> dict[str, Any]:
+    from models import ManySmallOps
+
+    module = ManySmallOps(1000)
+    x = torch.randn(4)
+    data = _export(module, (x,))
+    method = ptexec.load(data).load_method("forward")
+    n = method.meta.num_instructions
+    case = Case("many_small_ops", data, lambda: module(x), [x])
+    times = measure(case, blocks, 0.2)
+    return {"instructions": n, **{f"{k}_us_per_instruction": v / n * 1e6 for k, v in times.items()}}
+
+
+def allocations_per_call(case: Case, calls: int = 200) -> dict[str, Any]:
+    """Python allocations (tracemalloc) and tensor storage allocations (torch profiler)
+    of ``calls`` calls with outputs='view' (copies of outputs are allocations by design)."""
+    method = ptexec.load(case.pte).load_method(case.method, outputs="view")
+    inputs = case.inputs
+    for _ in range(20):
+        method.execute(inputs)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(calls):
+        method.execute(inputs)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    growth = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(20):
+            method.execute(inputs)
+    allocs = sum(
+        1 for e in prof.events() if e.name == "[memory]" and getattr(e, "cpu_memory_usage", 0) > 0
+    )
+    planned = {b.index: b for b in method.meta.buffers}
+    outputs = method.execute(inputs)
+    fresh = 0
+    for y in outputs:
+        if (
+            isinstance(y, torch.Tensor)
+            and planned
+            and not any(
+                buf.data.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+                for buf in method._buffers
+            )
+        ):
+            fresh += 1
+    return {
+        "python_bytes_growth_per_call": growth / calls,
+        "tensor_allocations_per_call": allocs / 20,
+        "outputs_outside_planned_memory": fresh,
+    }
+
+
+_LOAD_SCRIPT = r"""
+import os, sys, time, json
+def status():
+    out = {}
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(('VmRSS', 'RssAnon', 'RssFile', 'RssShmem')):
+                k, v = line.split(':')
+                out[k] = int(v.split()[0]) * 1024
+    return out
+import torch, ptexec
+import ptexec.method  # import ptexec fully: importing is not loading a program
+x = torch.randn(1, 2048)
+torch.mm(torch.randn(64, 64), torch.randn(64, 64))  # BLAS set up, as in any process that ran torch
+s0 = status()
+t0 = time.perf_counter()
+prog = ptexec.load(sys.argv[1])
+m = prog.load_method('forward')
+t1 = time.perf_counter()
+m.execute([x])
+t2 = time.perf_counter()
+s1 = status()
+print(json.dumps({'load_s': t1 - t0, 'load_and_first_call_s': t2 - t0, 'before': s0, 'after': s1}))
+"""
+
+
+def large_program(cache: Path) -> dict[str, Any]:
+    """Load + first call of a ~200 MB program in a fresh process: time and memory growth."""
+    from models import BigMLP
+
+    path = cache / "big_mlp.pte"
+    if not path.exists():
+        torch.manual_seed(0)
+        module = BigMLP().eval()
+        with torch.no_grad():
+            data = _export(module, (torch.randn(1, 2048),))
+        path.write_bytes(data)
+    size = path.stat().st_size
+    with open(path, "rb") as f:  # read once so the page cache is warm, as in a served model
+        while f.read(1 << 24):
+            pass
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_SCRIPT, str(path)], capture_output=True, text=True, check=True
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    anon = sum(r["after"].get(k, 0) - r["before"].get(k, 0) for k in ("RssAnon", "RssShmem"))
+    rss = r["after"].get("VmRSS", 0) - r["before"].get("VmRSS", 0)
+    return {
+        "file_bytes": size,
+        "load_s": r["load_s"],
+        "load_and_first_call_s": r["load_and_first_call_s"],
+        "anonymous_memory_growth_bytes": anon,
+        "anonymous_growth_fraction_of_file": anon / size,
+        "rss_growth_bytes_incl_mapped_file": rss,
+    }
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    us = seconds * 1e6
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}"
+
+
+def table(results: dict[str, dict[str, float]], notes: dict[str, str]) -> str:
+    head = "| model | ptexec | executorch.runtime | portable_lib | eager | ptexec / ExecuTorch | ptexec / eager |"
+    lines = [head, "|" + "---|" * 7]
+    ratios_et, ratios_eager = [], []
+    for name, r in results.items():
+        et = r.get("executorch.runtime")
+        pt, eager = r.get("ptexec"), r.get("eager")
+        if pt and et:
+            ratios_et.append(pt / et)
+        if pt and eager:
+            ratios_eager.append(pt / eager)
+        label = name + (f" ({notes[name]})" if notes.get(name) else "")
+        lines.append(
+            f"| {label} | {_fmt(pt)} | {_fmt(et)} | {_fmt(r.get('portable_lib'))} | {_fmt(eager)} "
+            f"| {_ratio(pt, et)} | {_ratio(pt, eager)} |"
+        )
+    if ratios_et:
+        geo = math.exp(sum(math.log(x) for x in ratios_et) / len(ratios_et))
+        geo_e = (
+            math.exp(sum(math.log(x) for x in ratios_eager) / len(ratios_eager))
+            if ratios_eager
+            else float("nan")
+        )
+        lines.append(f"| geometric mean | | | | | {geo:.2f} | {geo_e:.2f} |")
+    return "\n".join(lines)
+
+
+ALL_MODELS = [
+    "mlp",
+    "cnn",
+    "transformer",
+    "dynamic_mlp",
+    "stateful",
+    "cond",
+    "int_ops",
+    "transformer_stack",
+    "mobilenet",
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="*", default=ALL_MODELS)
+    parser.add_argument("--threads", nargs="*", type=int, default=[1, 2])
+    parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--block-seconds", type=float, default=0.25)
+    parser.add_argument("--quick", action="store_true", help="3 blocks of 0.1 s")
+    parser.add_argument("--skip-extras", action="store_true", help="only the model table")
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results.json"))
+    args = parser.parse_args()
+    if args.quick:
+        args.blocks, args.block_seconds = 3, 0.1
+    cache = Path(os.environ.get("PTEXEC_BENCH_CACHE", Path(tempfile.gettempdir()) / "ptexec-bench"))
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    progress(f"exporting {len(args.models)} models with ExecuTorch ...")
+    cases = build_cases(args.models)
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "ptexec": ptexec.__version__,
+        "machine": {"cpus": os.cpu_count()},
+        "method": f"median of {args.blocks} interleaved blocks of ~{args.block_seconds} s",
+        "threads": {},
+    }
+    notes = {c.name: c.note for c in cases}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        results: dict[str, dict[str, float]] = {}
+        for i, case in enumerate(cases, 1):
+            progress(f"[{threads} thread(s)] {i}/{len(cases)} {case.name} ...")
+            results[case.name] = measure(case, args.blocks, args.block_seconds)
+        report["threads"][str(threads)] = results
+        print(f"\n### {threads} thread(s)\n")
+        print(table(results, notes))
+    torch.set_num_threads(1)
+    if not args.skip_extras:
+        progress("per-instruction overhead (1000 small ops) ...")
+        report["instruction_overhead"] = instruction_overhead(args.blocks)
+        progress("allocations per call ...")
+        report["allocations"] = {c.name: allocations_per_call(c) for c in cases}
+        progress("load time and memory of a ~200 MB program ...")
+        report["large_program"] = large_program(cache)
+        print("\n### per-instruction overhead (1 thread)\n")
+        for k, v in report["instruction_overhead"].items():
+            print(f"- {k}: {v:.2f}" if isinstance(v, float) else f"- {k}: {v}")
+        print("\n### allocations per call (outputs='view')\n")
+        print(
+            "| model | Python bytes growth / call | tensor allocations / call | outputs outside planned memory |"
+        )
+        print("|---|---|---|---|")
+        for name, a in report["allocations"].items():
+            print(
+                f"| {name} | {a['python_bytes_growth_per_call']:.1f} | {a['tensor_allocations_per_call']:.1f} "
+                f"| {a['outputs_outside_planned_memory']} |"
+            )
+        lp = report["large_program"]
+        print("\n### a ~200 MB program\n")
+        print(
+            f"- file {lp['file_bytes'] / 1e6:.0f} MB; load {lp['load_s'] * 1e3:.0f} ms; load + first call "
+            f"{lp['load_and_first_call_s'] * 1e3:.0f} ms; anonymous memory growth "
+            f"{lp['anonymous_memory_growth_bytes'] / 1e6:.1f} MB ({lp['anonymous_growth_fraction_of_file']:.1%} of the file); "
+            f"RSS growth including the mapped file {lp['rss_growth_bytes_incl_mapped_file'] / 1e6:.0f} MB"
+        )
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    progress(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
