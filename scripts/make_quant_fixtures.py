@@ -72,6 +72,20 @@ def _load_executorch_ops() -> None:
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
 
 
+# Python modules that register ExecuTorch's kernels for a namespace with its runtime
+# (``executorch.runtime`` has neither library linked in by default).
+KERNEL_MODULES = {
+    "quantized_decomposed": "executorch.kernels.quantized",
+    "llama": "executorch.extension.llm.custom_ops.custom_ops",
+}
+
+
+def executorch_imports(operators: Sequence[str]) -> list[str]:
+    """The modules to import before ``executorch.runtime`` can run these operators."""
+    namespaces = {op.split("::", 1)[0] for op in operators}
+    return sorted(KERNEL_MODULES[ns] for ns in namespaces if ns in KERNEL_MODULES)
+
+
 def _register_fakes() -> None:
     """Fake kernels for ops ExecuTorch defines without one (export traces with fakes)."""
     from torch.library import register_fake
@@ -776,7 +790,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                manifest.update(mf.make_fixture(spec, unplanned, out))
+                made = mf.make_fixture(spec, unplanned, out)
+            for entry in made.values():
+                entry["executorch_imports"] = executorch_imports(entry["operators"])
+            manifest.update(made)
         except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             print(f"[fail] {variant}: {msg}", flush=True)

@@ -177,7 +177,7 @@ def quantize_per_tensor(
         zp: torch.Tensor | int = zero_point.reshape(()).to(x.device)  # type: ignore[union-attr]
     else:
         inv = _inv_scale(float(scale))
-        zp = int(zero_point)  # type: ignore[arg-type]
+        zp = int(zero_point)
     return _requantize(_product(x, inv), zp, quant_min, quant_max, dtype)
 
 
@@ -202,7 +202,7 @@ def dequantize_per_tensor(
         zp: torch.Tensor | int = zero_point.reshape(()).to(q.device, torch.int32)  # type: ignore[union-attr]
     else:
         s = _f32(float(scale))
-        zp = int(zero_point)  # type: ignore[arg-type]
+        zp = int(zero_point)
     result = _centered(q, zp) * s
     return result if out_dtype is None else result.to(out_dtype)
 
