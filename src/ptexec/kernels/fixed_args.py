@@ -149,12 +149,20 @@ def _out_info(ctx: KernelContext, index: int) -> tuple[tuple[int, ...], bool]:
     return value.dim_order, value.shape_dynamism == p.DYNAMIC_UNBOUND
 
 
-def fixed_kernel(fn: Callable[..., Any], params: Sequence[Param], outs: int = 1) -> KernelFactory:
+def fixed_kernel(
+    fn: Callable[..., Any], params: Sequence[Param], outs: int = 1, mutates: Sequence[str] = ()
+) -> KernelFactory:
     """A factory calling ``fn(*params)`` and storing its result(s) into the ``outs`` out
     tensors that follow the parameters (``outs=0``: ``fn`` works in place, the single out
-    tensor is left as it is)."""
+    tensor is left as it is). ``mutates`` names the tensor parameters ``fn`` writes in place
+    (a cache); the emission declares them and the outs, for the method's alias analysis."""
     params = tuple(params)
     stored = max(outs, 1)
+    names = [prm.name for prm in params]
+    unknown = [m for m in mutates if m not in names]
+    if unknown:
+        raise ValueError(f"fixed_kernel: mutated parameters {unknown} are not among {names}")
+    mutated_positions = [names.index(m) for m in mutates]
 
     def factory(ctx: KernelContext) -> Emission:
         expected = len(params) + stored + 1
@@ -167,18 +175,22 @@ def fixed_kernel(fn: Callable[..., Any], params: Sequence[Param], outs: int = 1)
         out_slots = ctx.args[len(params) : len(params) + stored]
         infos = [_out_info(ctx, i) for i in out_slots]
         call = f"{ctx.bind(fn, 'f')}({', '.join(rendered)})"
+        in_place = tuple(i for k in mutated_positions for i in ctx.tensors_of(ctx.args[k]))
         if outs == 0:
-            return ctx.emit(call)
+            return ctx.emit(call, mutates=in_place)
+        written = tuple(out_slots)
         if outs == 1:
             (order, grow), slot = infos[0], out_slots[0]
             s = ctx.bind(store, "store")
-            return ctx.emit(f"{s}(v[{slot}], {call}, {ctx.bind(order, 'order')}, {grow})")
+            code = f"{s}(v[{slot}], {call}, {ctx.bind(order, 'order')}, {grow})"
+            return ctx.emit(code, mutates=in_place + written, outs=written)
         if outs == 2:
             s = ctx.bind(_store_pair, "store")
             targets = f"(v[{out_slots[0]}], v[{out_slots[1]}])"
             orders = ctx.bind(tuple(info[0] for info in infos), "orders")
             grows = repr(tuple(info[1] for info in infos))
-            return ctx.emit(f"{s}({targets}, {call}, {orders}, {grows})")
+            code = f"{s}({targets}, {call}, {orders}, {grows})"
+            return ctx.emit(code, mutates=in_place + written, outs=written)
         raise ValueError(f"fixed_kernel supports at most 2 outs, not {outs}")
 
     return factory

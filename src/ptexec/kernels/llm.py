@@ -276,13 +276,19 @@ _SDPA_TAIL = (
     _P("scale", "float?"),
 )
 register("llama::update_cache.out")(
-    fixed_kernel(update_cache, (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int")), outs=0)
+    fixed_kernel(
+        update_cache,
+        (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int")),
+        outs=0,
+        mutates=("cache",),
+    )
 )
 register("llama::update_cache_with_indices.out")(
     fixed_kernel(
         update_cache_with_indices,
         (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int"), _P("indices", "T")),
         outs=0,
+        mutates=("cache",),
     )
 )
 register("llama::custom_sdpa.out")(
@@ -301,6 +307,7 @@ register("llama::sdpa_with_kv_cache.out")(
             _P("seq_len", "int"),
             *_SDPA_TAIL[1:],
         ),
+        mutates=("key_cache", "value_cache"),
     )
 )
 register("llama::custom_quantized_sdpa.out")(
