@@ -475,8 +475,10 @@ def _checked_eager(
 def build_llama(kind: str) -> Callable[[str], mf.Built]:
     def build(name: str) -> mf.Built:
         _load_executorch_ops()
-        m = CachedAttention(kind).eval()
-        ref = CachedAttention("reference").eval()
+        # input_pos up to 7 with up to 4 tokens fits a 12-row cache (random inputs too)
+        max_len = 8 if kind == "indices" else 12
+        m = CachedAttention(kind, max_len=max_len).eval()
+        ref = CachedAttention("reference", max_len=max_len).eval()
         ref.load_state_dict(m.state_dict())
         seq = Dim("seq", min=1, max=4)
         if kind == "indices":
@@ -494,7 +496,7 @@ def build_llama(kind: str) -> Callable[[str], mf.Built]:
         else:
             calls = [
                 (torch.randn(1, t, 16), torch.tensor([p]))
-                for t, p in ((3, 0), (1, 3), (2, 4), (1, 6), (1, 7))
+                for t, p in ((3, 0), (1, 3), (2, 4), (4, 6), (1, 10), (1, 11))
             ]
             dynamic = {"x": {1: seq}, "input_pos": None}
         ep = export(copy.deepcopy(m), calls[0], dynamic_shapes=dynamic)
@@ -519,7 +521,7 @@ class QuantizedCacheAttention(nn.Module):
     ``input_pos[0]``); ``reference=True`` dequantizes and runs plain PyTorch attention."""
 
     def __init__(
-        self, reference: bool = False, dim: int = 16, heads: int = 2, max_len: int = 8
+        self, reference: bool = False, dim: int = 16, heads: int = 2, max_len: int = 12
     ) -> None:
         super().__init__()
         self.reference = reference
@@ -606,7 +608,8 @@ def build_llama_quant_kv(name: str) -> mf.Built:
     ref = QuantizedCacheAttention(reference=True).eval()
     ref.load_state_dict(m.state_dict())
     calls = [
-        (torch.randn(1, t, 16), torch.tensor([p])) for t, p in ((3, 0), (1, 3), (2, 4), (1, 6))
+        (torch.randn(1, t, 16), torch.tensor([p]))
+        for t, p in ((3, 0), (1, 3), (2, 4), (4, 6), (2, 10))
     ]
     ep = export(
         copy.deepcopy(m),
@@ -709,11 +712,13 @@ FIXTURES: list[mf.FixtureSpec] = [
         "llama_sdpa",
         ["transformer", "llm", "stateful", "dynamic"],
         "Attention (dim 16, 4 query heads sharing 2 key/value heads, head dim 4) with a KV "
-        "cache [1, 8, 2, 4] in two mutable buffers: llama::update_cache.out writes k and v at "
-        "input_pos[0] (read with aten::_local_scalar_dense), llama::custom_sdpa.out attends "
-        "causally from that position. Dynamic sequence length 1..4; the calls go (3 tokens at "
-        "0), (1 at 3), (2 at 4), (1 at 6), (1 at 7), filling the cache. Eager runs the same "
-        "custom ops and is checked call by call against plain PyTorch attention.",
+        "cache [1, 12, 2, 4] in two planned buffers: llama::update_cache.out writes k and v "
+        "at input_pos[0] (read with aten::_local_scalar_dense), llama::custom_sdpa.out "
+        "attends causally from that position. Dynamic sequence length 1..4; the calls go (3 "
+        "tokens at 0), (1 at 3), (2 at 4), (4 at 6), (1 at 10), (1 at 11), filling the cache "
+        "(12 rows: any input_pos below 8 with up to 4 tokens fits, so random inputs run). "
+        "Eager runs the same custom ops and is checked call by call against plain PyTorch "
+        "attention.",
         build_llama("custom"),
         tol=TOL_LLM,
         unplanned=False,
@@ -744,9 +749,10 @@ FIXTURES: list[mf.FixtureSpec] = [
         ["transformer", "llm", "stateful", "dynamic", "quantized"],
         "int8 KV cache attention (2 heads, head dim 8): k, v and q quantized per token "
         "(choose_qparams_per_token_asymmetric, quantize_per_token), the int8 rows, float32 "
-        "scales and int8 zero points written with llama::update_cache.out into six mutable "
+        "scales and int8 zero points written with llama::update_cache.out into six planned "
         "buffers, attention by llama::custom_quantized_sdpa.out (causal from input_pos[0]). "
-        "Calls (3 tokens at 0), (1 at 3), (2 at 4), (1 at 6). Eager uses PyTorch's per-token "
+        "Cache of 12 rows; calls (3 tokens at 0), (1 at 3), (2 at 4), (4 at 6), (2 at 10). "
+        "Eager uses PyTorch's per-token "
         "parameter choice (float32 scale) where ExecuTorch's kernels use double, so int8 "
         "values can differ by one step; the tolerance allows it.",
         build_llama_quant_kv,
