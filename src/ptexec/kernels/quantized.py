@@ -30,6 +30,7 @@ Every kernel works on the tensors' device.
 from __future__ import annotations
 
 import math
+import struct
 from functools import lru_cache
 
 import torch
@@ -63,9 +64,13 @@ _INT_INPUTS = frozenset(_QUANT_DTYPES)
 _FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 
 
+@lru_cache(maxsize=4096)
 def _f32(x: float) -> float:
-    """``x`` rounded to float32 (as a C++ ``static_cast<float>`` does)."""
-    return float(torch.tensor(x, dtype=torch.float64).to(torch.float32))
+    """``x`` rounded to float32 (as a C++ ``static_cast<float>`` does; overflow gives inf)."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 _SMALL_SCALE = _f32(6.1e-5)  # ExecuTorch's SMALL_SCALE_THRESHOLD (a float)
@@ -309,41 +314,36 @@ def _scale_zero_point(
     lo: torch.Tensor, hi: torch.Tensor, quant_min: int, quant_max: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale (float64) and zero point (int64) for float32 ranges ``[lo, hi]``, elementwise."""
-    zero = torch.zeros((), dtype=torch.float32, device=lo.device)
-    lo = torch.minimum(lo, zero)
-    hi = torch.maximum(hi, zero)
+    lo = lo.clamp(max=0.0)
+    hi = hi.clamp(min=0.0)
     span = quant_max - quant_min
-    scale = (hi.to(torch.float64) - lo.to(torch.float64)) / span
+    lo_d = lo.to(torch.float64)
+    hi_d = hi.to(torch.float64)
+    scale = (hi_d - lo_d) / span
     s32 = scale.to(torch.float32)
-    bad = (s32 == 0) | torch.isinf(torch.reciprocal(s32))
-    scale = torch.where(bad, torch.full_like(scale, 0.1), scale)
-    # a scale under the floor becomes the floor, and the range is stretched to match
+    scale = scale.masked_fill((s32 == 0) | torch.isinf(torch.reciprocal(s32)), 0.1)
     small = scale < _SMALL_SCALE
-    amplifier = torch.full_like(s32, _SMALL_SCALE) / scale.to(torch.float32)
-    lo_small = torch.where(
-        lo == 0,
-        lo,
-        torch.where(hi == 0, torch.full_like(lo, _f32(-_SMALL_SCALE * span)), lo * amplifier),
-    )
-    hi_small = torch.where(
-        lo == 0,
-        torch.full_like(hi, _f32(_SMALL_SCALE * span)),
-        torch.where(hi == 0, hi, hi * amplifier),
-    )
-    lo = torch.where(small, lo_small, lo)
-    hi = torch.where(small, hi_small, hi)
-    scale = torch.where(small, torch.full_like(scale, _SMALL_SCALE), scale)
-    lo_d = lo.to(torch.float64) / scale
-    hi_d = hi.to(torch.float64) / scale
-    from_min = quant_min - lo_d
-    from_max = quant_max - hi_d
-    err_min = abs(quant_min) - lo_d.abs()
-    err_max = abs(quant_max) - hi_d.abs()
-    initial = torch.where(err_min < err_max, from_min, from_max)
-    nudged = torch.round(initial.to(torch.float32)).to(torch.float64)
-    nudged = torch.where(initial < quant_min, torch.full_like(initial, quant_min), nudged)
-    nudged = torch.where(initial > quant_max, torch.full_like(initial, quant_max), nudged)
-    return scale, nudged.to(torch.int64)
+    if lo.device.type != "cpu" or bool(small.any()):  # rare on the host: skip the work
+        # a scale under the floor becomes the floor, and the range is stretched to match
+        amplifier = _SMALL_SCALE / scale.to(torch.float32)
+        lo_zero, hi_zero = lo == 0, hi == 0
+        lo_small = torch.where(
+            lo_zero, lo, torch.where(hi_zero, _f32(-_SMALL_SCALE * span), lo * amplifier)
+        )
+        hi_small = torch.where(
+            lo_zero, _f32(_SMALL_SCALE * span), torch.where(hi_zero, hi, hi * amplifier)
+        )
+        lo_d = torch.where(small, lo_small, lo).to(torch.float64)
+        hi_d = torch.where(small, hi_small, hi).to(torch.float64)
+        scale = scale.masked_fill(small, _SMALL_SCALE)
+    lo_s = lo_d / scale
+    hi_s = hi_d / scale
+    # the zero point from the end with the smaller error, nudged into range, rounded as a
+    # float32 (clamping first is the same as nudging: the bounds are integers)
+    from_min = (abs(quant_min) - lo_s.abs()) < (abs(quant_max) - hi_s.abs())
+    initial = torch.where(from_min, quant_min - lo_s, quant_max - hi_s)
+    zero_point = torch.round(initial.clamp(quant_min, quant_max).to(torch.float32))
+    return scale, zero_point.to(torch.int64)
 
 
 def choose_qparams(
