@@ -155,7 +155,9 @@ def fixed_kernel(
     """A factory calling ``fn(*params)`` and storing its result(s) into the ``outs`` out
     tensors that follow the parameters (``outs=0``: ``fn`` works in place, the single out
     tensor is left as it is). ``mutates`` names the tensor parameters ``fn`` writes in place
-    (a cache); the emission declares them and the outs, for the method's alias analysis."""
+    (a cache); the emission declares them and the outs, for the method's dataflow rewrites,
+    and marks the kernel pure (foldable at load on fixed arguments) when it writes only its
+    outs."""
     params = tuple(params)
     stored = max(outs, 1)
     names = [prm.name for prm in params]
@@ -163,6 +165,7 @@ def fixed_kernel(
     if unknown:
         raise ValueError(f"fixed_kernel: mutated parameters {unknown} are not among {names}")
     mutated_positions = [names.index(m) for m in mutates]
+    pure = outs > 0 and not mutates
 
     def factory(ctx: KernelContext) -> Emission:
         expected = len(params) + stored + 1
@@ -183,14 +186,14 @@ def fixed_kernel(
             (order, grow), slot = infos[0], out_slots[0]
             s = ctx.bind(store, "store")
             code = f"{s}(v[{slot}], {call}, {ctx.bind(order, 'order')}, {grow})"
-            return ctx.emit(code, mutates=in_place + written, outs=written)
+            return ctx.emit(code, mutates=in_place + written, outs=written, pure=pure)
         if outs == 2:
             s = ctx.bind(_store_pair, "store")
             targets = f"(v[{out_slots[0]}], v[{out_slots[1]}])"
             orders = ctx.bind(tuple(info[0] for info in infos), "orders")
             grows = repr(tuple(info[1] for info in infos))
             code = f"{s}({targets}, {call}, {orders}, {grows})"
-            return ctx.emit(code, mutates=in_place + written, outs=written)
+            return ctx.emit(code, mutates=in_place + written, outs=written, pure=pure)
         raise ValueError(f"fixed_kernel supports at most 2 outs, not {outs}")
 
     return factory
