@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -64,6 +66,8 @@ def test_view_outputs_match_copies(name: str) -> None:
 def test_matches_executorch_runtime(name: str) -> None:
     """ptexec and ExecuTorch's own runtime agree on the same file, call by call."""
     runtime = executorch_runtime()
+    for module in MANIFEST[name].get("executorch_imports", []):  # its kernel libraries
+        importlib.import_module(module)
     pte, ptd = fixture_paths(name)
     et_prog = runtime.load_program(pte, data_path=ptd) if ptd else runtime.load_program(pte)
     et_methods = {}

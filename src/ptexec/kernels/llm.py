@@ -1,0 +1,330 @@
+"""``llama::`` kernels: ExecuTorch's LLM custom ops (KV-cache update and attention).
+
+Layouts and rules follow ExecuTorch's ``extension/llm/custom_ops``:
+
+- caches and projections are ``[batch, seq, heads, head_dim]`` (``custom_quantized_sdpa``
+  with ``is_seq_at_dim_2`` takes ``[batch, heads, seq, head_dim]``);
+- ``update_cache(value, cache, start_pos)`` writes ``value`` into
+  ``cache[:, start_pos : start_pos + value.size(1)]`` in place (``start_pos < cache.size(1)``
+  and the rows must fit); the op's own ``out`` tensor is a placeholder left untouched;
+  ``update_cache_with_indices`` writes ``value[b, s]`` into ``cache[b, indices[b, s]]``;
+- ``custom_sdpa(q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale)`` attends query
+  row ``i`` (absolute position ``start_pos + i``) over the first ``start_pos + q.size(1)``
+  rows of the caches; causal masking lets it see keys ``<= start_pos + i``; a float
+  ``attn_mask`` ``[q_len, kv_len]`` (over the whole cache) is added to the scaled scores
+  instead (the two exclude each other); ``scale`` defaults to ``1 / sqrt(head_dim)``;
+  ``dropout_p`` is ignored; query heads share key/value heads in groups (GQA, query head
+  ``h`` reads kv head ``h // (q_heads // kv_heads)``); the result has the query's shape;
+- ``sdpa_with_kv_cache`` is ``update_cache`` of both caches, then ``custom_sdpa`` on them;
+- ``custom_quantized_sdpa`` takes int8 q/k/v with per-row float scales and int8 zero
+  points (``[batch, seq, heads, 1]``), dequantized as ``(x - zero_point) * scale``; as in
+  ExecuTorch, the number of query rows used for the key range is ``q.size(1)`` unless q is
+  int8 with ``is_seq_at_dim_2``.
+
+Reduced-precision inputs are computed in float32 and converted to the output's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .fixed_args import Param, fixed_kernel
+from .registry import register
+
+__all__ = [
+    "custom_quantized_sdpa",
+    "custom_sdpa",
+    "sdpa_with_kv_cache",
+    "update_cache",
+    "update_cache_with_indices",
+]
+
+
+def _check_cache_args(what: str, value: torch.Tensor, cache: torch.Tensor) -> None:
+    if value.dim() != 4 or cache.dim() != 4:
+        raise ValueError(
+            f"{what}: value and cache must be 4-D [batch, seq, heads, head_dim], got "
+            f"{list(value.shape)} and {list(cache.shape)}"
+        )
+    for d, name in ((0, "batch"), (2, "heads"), (3, "head_dim")):
+        if value.shape[d] != cache.shape[d]:
+            raise ValueError(
+                f"{what}: value {name} {value.shape[d]} differs from the cache's {cache.shape[d]}"
+            )
+    if value.element_size() != cache.element_size():
+        raise ValueError(
+            f"{what}: value ({value.dtype}) and cache ({cache.dtype}) have different element sizes"
+        )
+
+
+def _same_bits(value: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """``value`` as the cache's dtype, bit for bit (ExecuTorch copies raw bytes)."""
+    return value if value.dtype == cache.dtype else value.contiguous().view(cache.dtype)
+
+
+def update_cache(value: torch.Tensor, cache: torch.Tensor, start_pos: int) -> None:
+    """``cache[:, start_pos : start_pos + value.size(1)] = value``, in place."""
+    what = "update_cache"
+    _check_cache_args(what, value, cache)
+    start = int(start_pos)
+    seq = value.shape[1]
+    if not 0 <= start < cache.shape[1] or start + seq > cache.shape[1]:
+        raise ValueError(
+            f"{what}: rows [{start}, {start + seq}) do not fit a cache of {cache.shape[1]} rows"
+        )
+    cache[:, start : start + seq].copy_(_same_bits(value, cache))
+
+
+def update_cache_with_indices(
+    value: torch.Tensor, cache: torch.Tensor, start_pos: int, indices: torch.Tensor
+) -> None:
+    """``cache[b, indices[b, s]] = value[b, s]`` for every batch ``b`` and row ``s``."""
+    what = "update_cache_with_indices"
+    _check_cache_args(what, value, cache)
+    if indices.dim() != 2 or tuple(indices.shape) != tuple(value.shape[:2]):
+        raise ValueError(
+            f"{what}: indices must be [batch, seq] = {list(value.shape[:2])}, got {list(indices.shape)}"
+        )
+    if indices.dtype != torch.int64:
+        raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64")
+    if indices.numel():
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= cache.shape[1]:
+            raise IndexError(f"{what}: index out of range [0, {cache.shape[1]}): got [{lo}, {hi}]")
+    batch = torch.arange(value.shape[0], device=cache.device)[:, None]
+    cache[batch, indices.to(cache.device)] = _same_bits(value, cache)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start_pos: int,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    q_len: int,
+    what: str,
+) -> torch.Tensor:
+    """Attention over ``[batch, heads, seq, dim]`` float tensors with ExecuTorch's key range."""
+    if attn_mask is not None and is_causal:
+        raise ValueError(f"{what}: attn_mask and is_causal cannot both be set")
+    if q.shape[-1] != k.shape[-1] or k.shape[-1] != v.shape[-1]:
+        raise ValueError(f"{what}: q, k and v must have the same head size")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"{what}: {heads} query heads cannot share {kv_heads} key/value heads")
+    kv_len = k.shape[2]
+    if attn_mask is None:
+        keys = int(start_pos) + q_len
+        if keys > kv_len:
+            raise ValueError(
+                f"{what}: start_pos {start_pos} + {q_len} query rows exceed the {kv_len} cached rows"
+            )
+        k, v = k[:, :, :keys], v[:, :, :keys]
+    mask: torch.Tensor | None = None
+    if attn_mask is not None and attn_mask.numel():
+        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (q.shape[2], k.shape[2]):
+            raise ValueError(
+                f"{what}: attn_mask must be [{q.shape[2]}, {k.shape[2]}], got {list(attn_mask.shape)}"
+            )
+        mask = attn_mask.to(q.device, torch.float32)
+    elif is_causal:
+        rows = torch.arange(q.shape[2], device=q.device)[:, None] + int(start_pos)
+        cols = torch.arange(k.shape[2], device=q.device)[None, :]
+        mask = cols <= rows
+    if heads != kv_heads:
+        reps = heads // kv_heads
+        k = k.repeat_interleave(reps, dim=1)
+        v = v.repeat_interleave(reps, dim=1)
+    factor = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=factor)
+
+
+def _float(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float32)
+
+
+def custom_sdpa(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start_pos: int,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of ``q`` [B, S, H, D] over the caches [B, S_max, H_kv, D]; shape of ``q``."""
+    what = "custom_sdpa"
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(f"{what}: q, k and v must be 4-D [batch, seq, heads, head_dim]")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(
+            f"{what}: q, k and v must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
+    out = _attention(
+        _float(q).transpose(1, 2),
+        _float(k_cache).transpose(1, 2),
+        _float(v_cache).transpose(1, 2),
+        start_pos,
+        attn_mask,
+        is_causal,
+        scale,
+        q.shape[1],
+        what,
+    )
+    return out.transpose(1, 2)
+
+
+def sdpa_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start_pos: int,
+    seq_len: int,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Write ``k``/``v`` into the caches at ``start_pos``, then :func:`custom_sdpa`."""
+    what = "sdpa_with_kv_cache"
+    start = int(start_pos)
+    for cache in (k_cache, v_cache):
+        if (
+            cache.dim() != 4
+            or not 0 <= start < cache.shape[1]
+            or start + int(seq_len) > cache.shape[1]
+        ):
+            raise ValueError(
+                f"{what}: rows [{start}, {start + int(seq_len)}) do not fit a cache of shape "
+                f"{list(cache.shape)}"
+            )
+    update_cache(k, k_cache, start)
+    update_cache(v, v_cache, start)
+    return custom_sdpa(q, k_cache, v_cache, start, attn_mask, dropout_p, is_causal, scale)
+
+
+def _dequantize_rows(
+    x: torch.Tensor, zero_points: torch.Tensor | None, scales: torch.Tensor | None, name: str
+) -> torch.Tensor:
+    if zero_points is None or scales is None:
+        raise ValueError(f"custom_quantized_sdpa: int8 {name} needs its scales and zero points")
+    if x.dim() != scales.dim() or x.dim() != zero_points.dim():
+        raise ValueError(
+            f"custom_quantized_sdpa: {name} scales/zero points must have {x.dim()} dims"
+        )
+    return (x.to(torch.float32) - zero_points.to(torch.float32)) * scales.to(torch.float32)
+
+
+def custom_quantized_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start_pos: int,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    q_zero_points: torch.Tensor | None = None,
+    q_scales: torch.Tensor | None = None,
+    k_zero_points: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_zero_points: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
+    is_seq_at_dim_2: bool = False,
+) -> torch.Tensor:
+    """:func:`custom_sdpa` over int8 q/k/v with per-row quantization parameters (or float
+    q/k/v, then the parameters are unused); the result is float32 (the out's dtype)."""
+    what = "custom_quantized_sdpa"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{what}: q, k and v must be 4-D")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(
+            f"{what}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    q_len = q.shape[1]
+    if q.dtype == torch.int8:
+        if is_seq_at_dim_2:
+            q_len = q.shape[2]
+        qf = _dequantize_rows(q, q_zero_points, q_scales, "q")
+        kf = _dequantize_rows(k, k_zero_points, k_scales, "k")
+        vf = _dequantize_rows(v, v_zero_points, v_scales, "v")
+    else:
+        qf, kf, vf = _float(q), _float(k), _float(v)
+    if not is_seq_at_dim_2:
+        qf, kf, vf = qf.transpose(1, 2), kf.transpose(1, 2), vf.transpose(1, 2)
+    out = _attention(qf, kf, vf, start_pos, attn_mask, is_causal, scale, q_len, what)
+    return out if is_seq_at_dim_2 else out.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------
+# registration (argument layouts of the llama:: out variants, outs excluded)
+
+_P = Param
+_SDPA_TAIL = (
+    _P("start_pos", "int"),
+    _P("attn_mask", "T?"),
+    _P("dropout_p", "float"),
+    _P("is_causal", "bool"),
+    _P("scale", "float?"),
+)
+register("llama::update_cache.out")(
+    fixed_kernel(
+        update_cache,
+        (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int")),
+        outs=0,
+        mutates=("cache",),
+    )
+)
+register("llama::update_cache_with_indices.out")(
+    fixed_kernel(
+        update_cache_with_indices,
+        (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int"), _P("indices", "T")),
+        outs=0,
+        mutates=("cache",),
+    )
+)
+register("llama::custom_sdpa.out")(
+    fixed_kernel(custom_sdpa, (_P("query", "T"), _P("key", "T"), _P("value", "T"), *_SDPA_TAIL))
+)
+register("llama::sdpa_with_kv_cache.out")(
+    fixed_kernel(
+        sdpa_with_kv_cache,
+        (
+            _P("query", "T"),
+            _P("key", "T"),
+            _P("value", "T"),
+            _P("key_cache", "T"),
+            _P("value_cache", "T"),
+            _P("start_pos", "int"),
+            _P("seq_len", "int"),
+            *_SDPA_TAIL[1:],
+        ),
+        mutates=("key_cache", "value_cache"),
+    )
+)
+register("llama::custom_quantized_sdpa.out")(
+    fixed_kernel(
+        custom_quantized_sdpa,
+        (
+            _P("query", "T"),
+            _P("key", "T"),
+            _P("value", "T"),
+            *_SDPA_TAIL,
+            _P("q_zero_points", "T?"),
+            _P("q_scales", "T?"),
+            _P("k_zero_points", "T?"),
+            _P("k_scales", "T?"),
+            _P("v_zero_points", "T?"),
+            _P("v_scales", "T?"),
+            _P("is_seq_at_dim_2", "bool"),
+        ),
+    )
+)

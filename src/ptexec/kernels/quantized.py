@@ -1,0 +1,715 @@
+"""``quantized_decomposed::`` kernels, with the arithmetic of ExecuTorch's quantized library.
+
+The numbers follow ExecuTorch's CPU kernels, step for step where rounding can differ:
+
+- quantize: ``q = clamp(zero_point + round(x * inv_scale), quant_min, quant_max)`` where
+  ``inv_scale = 1.0f / (float)scale`` and the product is a float32 (a double input
+  multiplies in double, then rounds to float32); ``round`` is round-half-to-even;
+- dequantize: ``(q - zero_point) * (float)scale`` in float32, then converted to the output
+  dtype (``out``'s dtype; ``out_dtype`` only has to agree with it);
+- ``choose_qparams`` / ``choose_qparams_per_token_asymmetric``: the range widened to
+  include 0, ``scale = (max - min) / (quant_max - quant_min)`` in double, 0.1 when the
+  float32 scale is 0 or its reciprocal overflows, a floor of 6.1e-5 (with the range
+  rescaled), and the zero point from whichever end has the smaller error, nudged into
+  ``[quant_min, quant_max]`` and rounded as a float32 (``eps`` is ignored, as ExecuTorch
+  ignores it). Scales are float64, zero points int64. The per-token variant uses int8's
+  range, one pair per row of the last dimension;
+- per-token ops are per-channel ops over ``input.view(-1, input.size(-1))``, axis 0;
+- ``embedding_byte`` / ``_4bit`` / ``_2bit``: ``(w - zero_point) * scale`` in float32, per
+  row or per group of columns; 4-bit weights hold two values a byte (high nibble first,
+  stored + 8), 2-bit weights four (lowest bits first, stored + 2);
+- ``mixed_mm`` / ``mixed_linear``: int8 weights times per-row (or per-group) scales; sums
+  are float32 here (ExecuTorch accumulates in the activation dtype, so half activations may
+  differ in the last bits);
+- ``add``: both operands dequantized to float32, added, requantized with the output's
+  parameters (quant ranges within [0, 255], as ExecuTorch requires).
+
+Every kernel works on the tensors' device.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from functools import lru_cache
+
+import torch
+
+from .fixed_args import Param, fixed_kernel
+from .registry import register
+
+__all__ = [
+    "choose_qparams",
+    "choose_qparams_per_token_asymmetric",
+    "dequantize_per_channel",
+    "dequantize_per_tensor",
+    "dequantize_per_token",
+    "embedding_xbit",
+    "mixed_linear",
+    "mixed_mm",
+    "quantize_per_channel",
+    "quantize_per_tensor",
+    "quantize_per_token",
+    "quantized_add",
+]
+
+_QUANT_DTYPES: dict[torch.dtype, tuple[int, int]] = {
+    torch.uint8: (0, 255),
+    torch.int8: (-128, 127),
+    torch.int16: (-(1 << 15), (1 << 15) - 1),
+    torch.uint16: (0, (1 << 16) - 1),
+    torch.int32: (-(1 << 31), (1 << 31) - 1),
+}
+_INT_INPUTS = frozenset(_QUANT_DTYPES)
+_FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+
+
+@lru_cache(maxsize=4096)
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (as a C++ ``static_cast<float>`` does; overflow gives inf)."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+_SMALL_SCALE = _f32(6.1e-5)  # ExecuTorch's SMALL_SCALE_THRESHOLD (a float)
+
+
+@lru_cache(maxsize=4096)
+def _inv_scale(scale: float) -> float:
+    """``1.0f / (float)scale``: exactly a float32 value, returned as a Python float."""
+    s = torch.tensor(scale, dtype=torch.float64).to(torch.float32)
+    return float(torch.reciprocal(s))
+
+
+# --------------------------------------------------------------------------------------
+# checks
+
+
+def _check_quant_args(what: str, quant_min: int, quant_max: int, dtype: torch.dtype) -> None:
+    bounds = _QUANT_DTYPES.get(dtype)
+    if bounds is None:
+        raise ValueError(
+            f"{what}: quantized dtype {dtype} is not supported (expected one of "
+            f"{', '.join(str(d) for d in _QUANT_DTYPES)})"
+        )
+    lo, hi = bounds
+    if quant_min < lo or quant_max > hi:
+        raise ValueError(
+            f"{what}: quant range [{quant_min}, {quant_max}] is outside {dtype}'s [{lo}, {hi}]"
+        )
+
+
+def _check_float_input(what: str, x: torch.Tensor) -> None:
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"{what}: input has dtype {x.dtype}, expected a floating dtype")
+
+
+def _check_int_input(what: str, q: torch.Tensor, dtype: torch.dtype) -> None:
+    if q.dtype not in _INT_INPUTS:
+        raise ValueError(f"{what}: input has dtype {q.dtype}, expected a quantized integer dtype")
+    if q.dtype != dtype:
+        raise ValueError(f"{what}: input has dtype {q.dtype}, but the dtype argument says {dtype}")
+
+
+def _axis(what: str, x: torch.Tensor, axis: int) -> int:
+    rank = max(x.dim(), 1)
+    if not -rank <= axis < rank:
+        raise ValueError(f"{what}: axis {axis} is out of range for a {x.dim()}-d input")
+    return axis % rank
+
+
+def _channel_view(
+    t: torch.Tensor, x: torch.Tensor, axis: int, what: str, name: str
+) -> torch.Tensor:
+    """``t`` (one value per channel along ``axis`` of ``x``) shaped to broadcast over ``x``."""
+    channels = x.shape[axis] if x.dim() else 1
+    if t.numel() != channels:
+        raise ValueError(
+            f"{what}: {name} has {t.numel()} values, input has {channels} channels on axis {axis}"
+        )
+    shape = [1] * x.dim()
+    if shape:
+        shape[axis] = channels
+    return t.reshape(shape)
+
+
+# --------------------------------------------------------------------------------------
+# quantize / dequantize
+
+
+def _product(x: torch.Tensor, inv: torch.Tensor | float) -> torch.Tensor:
+    """``(float)(inv_scale * x)``: float32 product (a double input multiplies in double)."""
+    if x.dtype == torch.float64:
+        if isinstance(inv, torch.Tensor):
+            inv = inv.to(torch.float64)
+        return (x * inv).to(torch.float32)
+    return x.to(torch.float32) * inv
+
+
+def _requantize(
+    prod: torch.Tensor,
+    zero_point: torch.Tensor | int,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """``clamp(zero_point + round(prod))`` as ``dtype`` (``prod`` a float32 tensor)."""
+    q = torch.round(prod)
+    if dtype == torch.int32:  # beyond float32's exact integers: finish in double
+        q = q.to(torch.float64)
+    q = q + zero_point
+    return q.clamp_(quant_min, quant_max).to(dtype)
+
+
+def quantize_per_tensor(
+    x: torch.Tensor,
+    scale: float | torch.Tensor,
+    zero_point: int | torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Affine per-tensor quantization (``scale``/``zero_point`` numbers or 1-element tensors)."""
+    what = "quantize_per_tensor"
+    _check_float_input(what, x)
+    _check_quant_args(what, quant_min, quant_max, dtype)
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or zero_point.numel() != 1:  # type: ignore[union-attr]
+            raise ValueError(f"{what}: scale and zero_point must have one element each")
+        inv: torch.Tensor | float = torch.reciprocal(scale.reshape(()).to(x.device, torch.float32))
+        zp: torch.Tensor | int = zero_point.reshape(()).to(x.device)  # type: ignore[union-attr]
+    else:
+        inv = _inv_scale(float(scale))
+        zp = int(zero_point)
+    return _requantize(_product(x, inv), zp, quant_min, quant_max, dtype)
+
+
+def dequantize_per_tensor(
+    q: torch.Tensor,
+    scale: float | torch.Tensor,
+    zero_point: int | torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``(q - zero_point) * scale`` in float32 (converted to ``out_dtype`` when given)."""
+    what = "dequantize_per_tensor"
+    _check_int_input(what, q, dtype)
+    if quant_min > quant_max:
+        raise ValueError(f"{what}: quant_min {quant_min} > quant_max {quant_max}")
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1 or zero_point.numel() != 1:  # type: ignore[union-attr]
+            raise ValueError(f"{what}: scale and zero_point must have one element each")
+        s: torch.Tensor | float = scale.reshape(()).to(q.device, torch.float32)
+        zp: torch.Tensor | int = zero_point.reshape(()).to(q.device, torch.int32)  # type: ignore[union-attr]
+    else:
+        s = _f32(float(scale))
+        zp = int(zero_point)
+    result = _centered(q, zp) * s
+    return result if out_dtype is None else result.to(out_dtype)
+
+
+def _centered(q: torch.Tensor, zero_point: torch.Tensor | int) -> torch.Tensor:
+    """``q - zero_point`` as float32 (int32 arithmetic first for 32-bit inputs)."""
+    if q.dtype == torch.int32:
+        return (q - zero_point).to(torch.float32)
+    # 8/16-bit values and their differences are exact in float32
+    if isinstance(zero_point, torch.Tensor):
+        zero_point = zero_point.to(torch.float32)
+    return q.to(torch.float32) - zero_point
+
+
+def quantize_per_channel(
+    x: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Affine quantization with one (scale, zero_point) per index of ``axis``."""
+    what = "quantize_per_channel"
+    _check_float_input(what, x)
+    _check_quant_args(what, quant_min, quant_max, dtype)
+    axis = _axis(what, x, axis)
+    inv = torch.reciprocal(
+        _channel_view(scales, x, axis, what, "scales").to(x.device, torch.float32)
+    )
+    zp = _channel_view(zero_points, x, axis, what, "zero_points").to(x.device)
+    return _requantize(_product(x, inv), zp, quant_min, quant_max, dtype)
+
+
+def dequantize_per_channel(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    axis: int,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``(q - zero_points[c]) * scales[c]`` for channel ``c`` along ``axis``."""
+    what = "dequantize_per_channel"
+    _check_int_input(what, q, dtype)
+    if quant_min > quant_max:
+        raise ValueError(f"{what}: quant_min {quant_min} > quant_max {quant_max}")
+    axis = _axis(what, q, axis)
+    s = _channel_view(scales, q, axis, what, "scales").to(q.device, torch.float32)
+    if zero_points is None:
+        centered = _centered(q, 0)
+    else:
+        zp = _channel_view(zero_points, q, axis, what, "zero_points").to(q.device, torch.int32)
+        centered = _centered(q, zp)
+    result = centered * s
+    return result if out_dtype is None else result.to(out_dtype)
+
+
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 0:
+        raise ValueError("per-token quantization needs an input of at least one dimension")
+    return x.reshape(-1, x.shape[-1])
+
+
+def quantize_per_token(
+    x: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Quantization with one (scale, zero_point) per row of the last dimension."""
+    q = quantize_per_channel(
+        _tokens(x), scales.reshape(-1), zero_points.reshape(-1), 0, quant_min, quant_max, dtype
+    )
+    return q.reshape(x.shape)
+
+
+def dequantize_per_token(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    dtype: torch.dtype,
+    output_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Dequantization with one (scale, zero_point) per row of the last dimension."""
+    x = dequantize_per_channel(
+        _tokens(q), scales.reshape(-1), zero_points.reshape(-1), 0, quant_min, quant_max, dtype
+    )
+    return x.reshape(q.shape).to(output_dtype)
+
+
+# --------------------------------------------------------------------------------------
+# choosing parameters
+
+
+def _scale_zero_point(
+    lo: torch.Tensor, hi: torch.Tensor, quant_min: int, quant_max: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale (float64) and zero point (int64) for float32 ranges ``[lo, hi]``, elementwise."""
+    lo = lo.clamp(max=0.0)
+    hi = hi.clamp(min=0.0)
+    span = quant_max - quant_min
+    lo_d = lo.to(torch.float64)
+    hi_d = hi.to(torch.float64)
+    scale = (hi_d - lo_d) / span
+    s32 = scale.to(torch.float32)
+    scale = scale.masked_fill((s32 == 0) | torch.isinf(torch.reciprocal(s32)), 0.1)
+    small = scale < _SMALL_SCALE
+    if lo.device.type != "cpu" or bool(small.any()):  # rare on the host: skip the work
+        # a scale under the floor becomes the floor, and the range is stretched to match
+        amplifier = _SMALL_SCALE / scale.to(torch.float32)
+        lo_zero, hi_zero = lo == 0, hi == 0
+        lo_small = torch.where(
+            lo_zero, lo, torch.where(hi_zero, _f32(-_SMALL_SCALE * span), lo * amplifier)
+        )
+        hi_small = torch.where(
+            lo_zero, _f32(_SMALL_SCALE * span), torch.where(hi_zero, hi, hi * amplifier)
+        )
+        lo_d = torch.where(small, lo_small, lo).to(torch.float64)
+        hi_d = torch.where(small, hi_small, hi).to(torch.float64)
+        scale = scale.masked_fill(small, _SMALL_SCALE)
+    lo_s = lo_d / scale
+    hi_s = hi_d / scale
+    # the zero point from the end with the smaller error, nudged into range, rounded as a
+    # float32 (clamping first is the same as nudging: the bounds are integers)
+    from_min = (abs(quant_min) - lo_s.abs()) < (abs(quant_max) - hi_s.abs())
+    initial = torch.where(from_min, quant_min - lo_s, quant_max - hi_s)
+    zero_point = torch.round(initial.clamp(quant_min, quant_max).to(torch.float32))
+    return scale, zero_point.to(torch.int64)
+
+
+def choose_qparams(
+    x: torch.Tensor, quant_min: int, quant_max: int, eps: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor (scale [1] float64, zero_point [1] int64) covering ``x``'s range."""
+    what = "choose_qparams"
+    if quant_min >= quant_max:
+        raise ValueError(f"{what}: quant_min {quant_min} must be less than quant_max {quant_max}")
+    if x.dtype != torch.float32:
+        raise ValueError(f"{what}: input has dtype {x.dtype}, expected float32")
+    if x.numel() == 0:
+        raise ValueError(f"{what}: input is empty")
+    lo, hi = torch.aminmax(x.reshape(-1))
+    scale, zp = _scale_zero_point(lo.reshape(1), hi.reshape(1), quant_min, quant_max)
+    return scale, zp
+
+
+def choose_qparams_per_token_asymmetric(
+    x: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (of the last dimension) scales and zero points for int8's range, each of
+    shape ``x.shape[:-1] + (1,)``."""
+    what = "choose_qparams_per_token_asymmetric"
+    if x.dtype != torch.float32:
+        raise ValueError(f"{what}: input has dtype {x.dtype}, expected float32")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{what}: input needs a non-empty last dimension")
+    rows = _tokens(x)
+    if rows.shape[0] == 0:
+        shape = (*x.shape[:-1], 1)
+        return torch.empty(shape, dtype=torch.float64, device=x.device), torch.empty(
+            shape, dtype=torch.int64, device=x.device
+        )
+    lo, hi = torch.aminmax(rows, dim=-1)
+    scale, zp = _scale_zero_point(lo, hi, -128, 127)
+    shape = (*x.shape[:-1], 1)
+    return scale.reshape(shape), zp.reshape(shape)
+
+
+# --------------------------------------------------------------------------------------
+# embeddings, matmuls, add
+
+
+def _unpack(weight: torch.Tensor, nbit: int) -> torch.Tensor:
+    """Signed values of packed ``nbit`` weights, one int16 per value."""
+    w = weight.to(torch.int16)
+    if nbit == 8:
+        return w
+    if nbit == 4:
+        parts = [w >> 4, w & 0x0F]  # even columns in the high nibble
+        offset = 8
+    elif nbit == 2:
+        parts = [w & 3, (w >> 2) & 3, (w >> 4) & 3, (w >> 6) & 3]  # lowest bits first
+        offset = 2
+    else:
+        raise ValueError(f"embedding: unsupported bit width {nbit}")
+    return torch.stack(parts, dim=-1).reshape(*w.shape[:-1], -1) - offset
+
+
+def embedding_xbit(
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    quant_min: int,
+    quant_max: int,
+    indices: torch.Tensor,
+    nbit: int,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Rows ``indices`` of a quantized table, dequantized per row or per group of columns.
+
+    ``weight`` is [rows, dim] (8-bit: uint8/int8 values) or [rows, dim * nbit / 8] (packed
+    uint8); ``scales`` is [rows] or [rows, groups]; the result is ``indices.shape + [dim]``,
+    float32 unless ``out_dtype`` is given (the caller stores it into ``out``).
+    """
+    what = f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
+    if weight.dim() != 2:
+        raise ValueError(f"{what}: weight must be 2-D, got {weight.dim()}-D")
+    if scales.dim() not in (1, 2) or scales.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"{what}: scales must be [{weight.shape[0]}] or [{weight.shape[0]}, groups], got "
+            f"{list(scales.shape)}"
+        )
+    if quant_min > quant_max:
+        raise ValueError(f"{what}: quant_min {quant_min} > quant_max {quant_max}")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64 or int32")
+    index = indices.to(torch.int64)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= weight.shape[0]):
+        raise IndexError(
+            f"{what}: index out of range [0, {weight.shape[0]}): got values in "
+            f"[{int(index.min())}, {int(index.max())}]"
+        )
+    rows = weight[index]
+    values = _unpack(rows, nbit)
+    dim = values.shape[-1]
+    groups = scales.shape[1] if scales.dim() == 2 else 1
+    if dim % groups:
+        raise ValueError(f"{what}: {groups} scale groups do not divide the embedding dim {dim}")
+    lead = tuple(indices.shape)
+    grouped = values.reshape(*lead, groups, dim // groups).to(torch.float32)
+    s = scales[index].reshape(*lead, groups, 1).to(torch.float32)
+    if zero_points is not None:
+        zp = zero_points[index].reshape(*lead, groups, 1).to(torch.float32)
+        grouped = grouped - zp
+    result = (grouped * s).reshape(*lead, dim)
+    return result if out_dtype is None else result.to(out_dtype)
+
+
+def mixed_mm(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ (weight * scales[:, None])`` with int8 ``weight`` [n, p] and ``scales`` [n]."""
+    what = "mixed_mm"
+    if zero_points is not None:
+        raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
+    if x.dim() != 2 or weight.dim() != 2 or scales.dim() != 1:
+        raise ValueError(f"{what}: expected 2-D input and weight and 1-D scales")
+    if weight.dtype != torch.int8:
+        raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
+    if x.shape[1] != weight.shape[0] or scales.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"{what}: shapes {list(x.shape)} @ {list(weight.shape)} with {scales.shape[0]} scales "
+            "do not fit"
+        )
+    w = weight.to(torch.float32) * scales.to(torch.float32)[:, None]
+    return (x.to(torch.float32) @ w).to(x.dtype)
+
+
+def mixed_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """``x @ dequant(weight).T`` with int8 ``weight`` [p, n] and ``scales`` [p] or [p, groups]
+    (groups of ``ceil(n / groups)`` columns, the last one possibly shorter)."""
+    what = "mixed_linear"
+    if zero_points is not None:
+        raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
+    if x.dim() != 2 or weight.dim() != 2 or scales.dim() not in (1, 2):
+        raise ValueError(f"{what}: expected 2-D input and weight and 1-D or 2-D scales")
+    if weight.dtype != torch.int8:
+        raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
+    n = x.shape[1]
+    if weight.shape[1] != n or scales.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"{what}: input {list(x.shape)}, weight {list(weight.shape)} and scales "
+            f"{list(scales.shape)} do not fit"
+        )
+    s = scales.to(torch.float32)
+    if s.dim() == 1:
+        s = s[:, None]
+    else:
+        group = math.ceil(n / s.shape[1]) if n else 1
+        cols = torch.arange(n, device=s.device) // group
+        s = s[:, cols]
+    w = weight.to(torch.float32) * s
+    result = x.to(torch.float32) @ w.T
+    return result.to(dtype if dtype is not None else x.dtype)
+
+
+def quantized_add(
+    a: torch.Tensor,
+    a_scale: float,
+    a_zero_point: int,
+    a_quant_min: int,
+    a_quant_max: int,
+    b: torch.Tensor,
+    b_scale: float,
+    b_zero_point: int,
+    b_quant_min: int,
+    b_quant_max: int,
+    out_scale: float,
+    out_zero_point: int,
+    out_quant_min: int,
+    out_quant_max: int,
+) -> torch.Tensor:
+    """Dequantize ``a`` and ``b``, add in float32, quantize with the output's parameters."""
+    what = "quantized add"
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(
+            f"{what}: operands must have the same shape and dtype, got {list(a.shape)} "
+            f"{a.dtype} and {list(b.shape)} {b.dtype}"
+        )
+    if a.dtype not in _INT_INPUTS:
+        raise ValueError(f"{what}: operands have dtype {a.dtype}, expected an integer dtype")
+    for name, lo, hi in (
+        ("a", a_quant_min, a_quant_max),
+        ("b", b_quant_min, b_quant_max),
+        ("out", out_quant_min, out_quant_max),
+    ):
+        if not 0 <= lo <= hi <= 255:
+            raise ValueError(f"{what}: {name} quant range [{lo}, {hi}] must lie within [0, 255]")
+
+    def dq(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
+        # (q - zp) * (double)(float)scale, rounded to float32
+        return ((q.to(torch.int64) - int(zp)).to(torch.float64) * _f32(float(scale))).to(
+            torch.float32
+        )
+
+    total = dq(a, a_scale, a_zero_point) + dq(b, b_scale, b_zero_point)
+    inv = _inv_scale(float(out_scale))
+    q = torch.round(total * inv) + int(out_zero_point)
+    return q.clamp_(out_quant_min, out_quant_max).to(a.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# registration (argument layouts of ExecuTorch's quantized.yaml, outs excluded)
+
+_T = Param
+_QPT = (
+    _T("input", "T"),
+    _T("scale", "float"),
+    _T("zero_point", "int"),
+    _T("quant_min", "int"),
+    _T("quant_max", "int"),
+    _T("dtype", "dtype"),
+)
+_QPT_TENSOR = (
+    _T("input", "T"),
+    _T("scale", "T"),
+    _T("zero_point", "T"),
+    _T("quant_min", "int"),
+    _T("quant_max", "int"),
+    _T("dtype", "dtype"),
+)
+_EMB = (
+    _T("weight", "T"),
+    _T("weight_scales", "T"),
+    _T("weight_zero_points", "T?"),
+    _T("weight_quant_min", "int"),
+    _T("weight_quant_max", "int"),
+    _T("indices", "T"),
+)
+
+register("quantized_decomposed::quantize_per_tensor.out")(fixed_kernel(quantize_per_tensor, _QPT))
+register("quantized_decomposed::quantize_per_tensor.Tensor_out")(
+    fixed_kernel(quantize_per_tensor, _QPT_TENSOR)
+)
+register("quantized_decomposed::dequantize_per_tensor.out")(
+    fixed_kernel(dequantize_per_tensor, (*_QPT, _T("out_dtype", "dtype?")))
+)
+register("quantized_decomposed::dequantize_per_tensor.Tensor_out")(
+    fixed_kernel(dequantize_per_tensor, (*_QPT_TENSOR, _T("out_dtype", "dtype?")))
+)
+register("quantized_decomposed::quantize_per_channel.out")(
+    fixed_kernel(
+        quantize_per_channel,
+        (
+            _T("input", "T"),
+            _T("scales", "T"),
+            _T("zero_points", "T"),
+            _T("axis", "int"),
+            _T("quant_min", "int"),
+            _T("quant_max", "int"),
+            _T("dtype", "dtype"),
+        ),
+    )
+)
+register("quantized_decomposed::dequantize_per_channel.out")(
+    fixed_kernel(
+        dequantize_per_channel,
+        (
+            _T("input", "T"),
+            _T("scales", "T"),
+            _T("zero_points", "T?"),
+            _T("axis", "int"),
+            _T("quant_min", "int"),
+            _T("quant_max", "int"),
+            _T("dtype", "dtype"),
+            _T("out_dtype", "dtype?"),
+        ),
+    )
+)
+_PER_TOKEN = (
+    _T("input", "T"),
+    _T("scales", "T"),
+    _T("zero_points", "T"),
+    _T("quant_min", "int"),
+    _T("quant_max", "int"),
+    _T("dtype", "dtype"),
+)
+register("quantized_decomposed::quantize_per_token.out")(
+    fixed_kernel(quantize_per_token, _PER_TOKEN)
+)
+register("quantized_decomposed::dequantize_per_token.out")(
+    fixed_kernel(dequantize_per_token, (*_PER_TOKEN, _T("output_dtype", "dtype")))
+)
+register("quantized_decomposed::choose_qparams.Tensor_out")(
+    fixed_kernel(
+        choose_qparams,
+        (
+            _T("input", "T"),
+            _T("quant_min", "int"),
+            _T("quant_max", "int"),
+            _T("eps", "float"),
+            _T("dtype", "dtype"),
+        ),
+        outs=2,
+    )
+)
+register("quantized_decomposed::choose_qparams_per_token_asymmetric.out")(
+    fixed_kernel(
+        choose_qparams_per_token_asymmetric, (_T("input", "T"), _T("dtype", "dtype")), outs=2
+    )
+)
+
+
+def _embedding(nbit: int, with_dtype: bool):  # type: ignore[no-untyped-def]
+    def kernel(
+        weight: torch.Tensor,
+        scales: torch.Tensor,
+        zero_points: torch.Tensor | None,
+        quant_min: int,
+        quant_max: int,
+        indices: torch.Tensor,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        return embedding_xbit(
+            weight, scales, zero_points, quant_min, quant_max, indices, nbit, dtype
+        )
+
+    params = (*_EMB, _T("dtype", "dtype?")) if with_dtype else _EMB
+    return fixed_kernel(kernel, params)
+
+
+for _name, _nbit in (("embedding_byte", 8), ("embedding_4bit", 4), ("embedding_2bit", 2)):
+    register(f"quantized_decomposed::{_name}.out")(_embedding(_nbit, False))
+    register(f"quantized_decomposed::{_name}.dtype_out")(_embedding(_nbit, True))
+
+register("quantized_decomposed::mixed_mm.out")(
+    fixed_kernel(
+        mixed_mm,
+        (
+            _T("input", "T"),
+            _T("weight", "T"),
+            _T("weight_scales", "T"),
+            _T("weight_zero_points", "T?"),
+        ),
+    )
+)
+register("quantized_decomposed::mixed_linear.out")(
+    fixed_kernel(
+        mixed_linear,
+        (
+            _T("input", "T"),
+            _T("weight", "T"),
+            _T("weight_scales", "T"),
+            _T("weight_zero_points", "T?"),
+            _T("dtype", "dtype?"),
+        ),
+    )
+)
+_ADD_SIDE = ("scale", "float"), ("zero_point", "int"), ("quant_min", "int"), ("quant_max", "int")
+register("quantized_decomposed::add.out")(
+    fixed_kernel(
+        quantized_add,
+        (
+            _T("a", "T"),
+            *(_T(f"a_{n}", k) for n, k in _ADD_SIDE),
+            _T("b", "T"),
+            *(_T(f"b_{n}", k) for n, k in _ADD_SIDE),
+            *(_T(f"out_{n}", k) for n, k in _ADD_SIDE),
+        ),
+    )
+)
