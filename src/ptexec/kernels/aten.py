@@ -302,6 +302,17 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Emission | None:
     return ctx.emit(code, mutates=outs, outs=outs, pure=True)
 
 
+def _copy_code(ctx: KernelContext, out: int, expr: str, env: dict[str, Any]) -> str:
+    """``out`` receives the value of ``expr`` (resized first when ``out`` is dynamic)."""
+    for name, obj in env.items():
+        ctx.env.setdefault(name, obj)
+    value = ctx.values[out]
+    if isinstance(value, p.Tensor) and value.shape_dynamism == p.STATIC:
+        return f"v[{out}].copy_({expr})"
+    store = ctx.bind(_store, "store")
+    return f"{store}(v[{out}], {expr})"
+
+
 def _empty_dynamic(ctx: KernelContext, outs: tuple[int, ...]) -> str:
     """Statements emptying the dynamic-shape outputs: torch resizes an empty ``out``
     without a warning (and will stop resizing non-empty ones)."""
@@ -310,6 +321,52 @@ def _empty_dynamic(ctx: KernelContext, outs: tuple[int, ...]) -> str:
         for o in outs
         if isinstance(ctx.values[o], p.Tensor) and ctx.values[o].shape_dynamism != p.STATIC  # type: ignore[union-attr]
     )
+
+
+# ---- out variants that torch generates -------------------------------------------------------
+
+# An out variant tagged ``generated`` is, in torch itself, the functional op followed by a
+# copy into ``out``. Calling the functional op through its (faster) Python binding and
+# copying is therefore the same computation. Where a view is the functional op (a
+# ``*_copy``), the copy reads the view directly; ``relu`` is ``clamp_min(x, 0)`` in ATen.
+
+
+def _functional_of(overload: Any) -> Any:
+    """The functional overload an out variant was generated from, or None."""
+    schema = overload._schema
+    inputs = [
+        (a.name, str(a.type))
+        for a in schema.arguments
+        if not (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+    ]
+    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1], None)
+    if packet is None:
+        return None
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        cs = candidate._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in cs.arguments):
+            continue
+        if [(a.name, str(a.type)) for a in cs.arguments] == inputs and len(cs.returns) == len(
+            schema.returns
+        ):
+            return candidate
+    return None
+
+
+def _store(out: torch.Tensor, result: torch.Tensor) -> None:
+    """``out`` takes ``result``'s shape and values (the tail of a generated out variant)."""
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    out.copy_(result)
+
+
+def _store_all(outs: tuple[torch.Tensor, ...], results: tuple[torch.Tensor, ...]) -> None:
+    for out, result in zip(outs, results, strict=True):
+        _store(out, result)
+
+
+_CLAMP_MIN = torch.clamp_min
 
 
 # ---- the factory -----------------------------------------------------------------------------
@@ -330,6 +387,9 @@ def schema_kernel(overload: Any) -> KernelFactory:
     name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
     only_outs = all(arguments[k].kwarg_only for k in written)
     seeded = torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
+    out_args = {k for k in written if arguments[k].kwarg_only}
+    generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
+    functional = _functional_of(overload) if generated else None
 
     def factory(ctx: KernelContext) -> Emission:
         nargs = len(arguments)
@@ -346,11 +406,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
             )
         positional: list[str] = []
         keywords: list[str] = []
+        in_keywords: list[str] = []  # keywords without the outs (for the functional op)
         probe_pos: list[Any] = []
         probe_kw: dict[str, Any] = {}
+        probe_in_kw: dict[str, Any] = {}
         pending: list[tuple[str, Any]] = []  # positional defaults held back until needed
         rendered: list[str] = []
-        for arg, index in zip(arguments, args, strict=False):
+        for k, (arg, index) in enumerate(zip(arguments, args, strict=False)):
             value = ctx.values[index]
             literal = ctx.is_literal(index)
             skip = False
@@ -366,6 +428,9 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 if not skip:
                     keywords.append(f"{arg.name}={text}")
                     probe_kw[arg.name] = meta
+                    if k not in out_args:
+                        in_keywords.append(f"{arg.name}={text}")
+                        probe_in_kw[arg.name] = meta
             elif skip:
                 pending.append((text, meta))
             else:
@@ -376,20 +441,47 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 positional.append(text)
                 probe_pos.append(meta)
         mutates = tuple(i for k in written for i in ctx.tensors_of(args[k]))
-        fast = fastest_entry(overload, probe_pos, probe_kw)
-        fn = ctx.bind(fast if fast is not None else generic, "op")
-        callargs = ", ".join(positional + keywords)
         ret_slots = args[nargs:]
         if is_out or not returns or not ret_slots:
             outs = tuple(
                 i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k])
             )
             alias = _alias_form(ctx, name, rendered, outs)
-            empty = _empty_dynamic(ctx, outs)
             pure = only_outs and not seeded and bool(outs)
-            return ctx.emit(
-                f"{empty}{fn}({callargs})", mutates=mutates, alias=alias, outs=outs, pure=pure
+            single = len(outs) == 1 and all(
+                isinstance(ctx.values[a], p.Tensor) for a in (args[k] for k in out_args)
             )
+            code = None
+            if name == "aten::relu.out" and single:
+                f = ctx.bind(_CLAMP_MIN, "op")
+                code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
+            elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
+                view = alias.code.split(" = ", 1)[1]
+                code = _copy_code(ctx, outs[0], view, alias.env)
+            elif (
+                generated
+                and functional is not None
+                and all(isinstance(ctx.values[args[k]], p.Tensor) for k in out_args)
+            ):
+                fast_f = fastest_entry(functional, probe_pos, probe_in_kw)
+                ff = ctx.bind(
+                    fast_f if fast_f is not None else getattr(functional, "_op", functional), "op"
+                )
+                call = f"{ff}({', '.join(positional + in_keywords)})"
+                if single:
+                    code = _copy_code(ctx, outs[0], call, {})
+                else:
+                    store = ctx.bind(_store_all, "store")
+                    targets = ", ".join(f"v[{o}]" for o in outs)
+                    code = f"{store}(({targets},), {call})"
+            if code is None:
+                fast = fastest_entry(overload, probe_pos, probe_kw)
+                fn = ctx.bind(fast if fast is not None else generic, "op")
+                code = f"{_empty_dynamic(ctx, outs)}{fn}({', '.join(positional + keywords)})"
+            return ctx.emit(code, mutates=mutates, alias=alias, outs=outs, pure=pure)
+        fast = fastest_entry(overload, probe_pos, probe_kw)
+        fn = ctx.bind(fast if fast is not None else generic, "op")
+        callargs = ", ".join(positional + keywords)
         if len(returns) == 1:
             slot = ret_slots[0]
             if isinstance(ctx.values[slot], p.TensorList):
