@@ -275,3 +275,46 @@ def test_wrong_count_and_kind(planned: ptexec.Method) -> None:
         planned(torch.randn(3, 4), "y")
     with pytest.raises(InputError, match=r"input 0 of 'forward': expected a tensor .*got NoneType"):
         planned(None, torch.randn(3, 4))
+
+
+# ---- caller-given outputs -------------------------------------------------------------------
+
+
+def test_out_for_an_unplanned_output_is_written_in_place(unplanned: ptexec.Method) -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    dest = torch.empty(3, 4)
+    _, result = unplanned.execute([x, y], out=[None, dest])
+    assert result is dest
+    torch.testing.assert_close(dest, x * y + 1)
+    assert unplanned.last_call.outputs[1] == "direct"
+    assert unplanned.last_call.copies == 0
+    # the next call without out= uses the method's own memory again
+    _, again = unplanned(x, y)
+    assert again.data_ptr() != dest.data_ptr()
+
+
+def test_out_for_a_planned_output_is_copied_into(planned: ptexec.Method) -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    dest = torch.empty(3, 4)
+    _, result = planned.execute([x, y], out=[None, dest])
+    assert result is dest
+    torch.testing.assert_close(dest, x * y + 1)
+    assert planned.last_call.outputs[1] == "copy"
+
+
+@pytest.mark.parametrize(
+    ("dest", "message"),
+    [
+        (torch.empty(3, 4, dtype=torch.float64), "dtype"),
+        (torch.empty(4, 3), "shape"),
+        (torch.empty(3, 4, device="meta"), "meta"),
+        ("not a tensor", "torch tensor"),
+    ],
+)
+def test_out_is_checked_before_anything_runs(unplanned: ptexec.Method, dest: object, message: str) -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    with pytest.raises((InputError, UnsupportedDeviceError), match=message):
+        unplanned.execute([x, y], out=[None, dest])
+    with pytest.raises(InputError, match="has 2 output"):
+        unplanned.execute([x, y], out=[None])
+    torch.testing.assert_close(unplanned(x, y)[1], x * y + 1)

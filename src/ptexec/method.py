@@ -347,11 +347,16 @@ class Method:
             plan = self._prepare_inputs(inputs, policy)
             out_plan = self._prepare_out(out) if out is not None else None
             self._bind(plan)
+            if out_plan is not None:
+                self._bind_out(out_plan)
             try:
                 self._run()
                 return self._collect(mode, out_plan)
             finally:
                 self._release_inputs()
+                if out_plan is not None:
+                    for spec in self._unplanned_outputs:
+                        self._values[spec.slot] = spec.default
 
     # -- binding -------------------------------------------------------------------------
     def _where(self, i: int) -> str:
@@ -609,17 +614,21 @@ class Method:
                 results.append(x.clone())
             else:
                 results.append(x)
-        if out is not None:
-            for spec in self._unplanned_outputs:
-                v[spec.slot] = spec.default
         return results
 
     def _bind_out(self, out: list[torch.Tensor | None]) -> None:
+        """Unplanned outputs are written straight into the caller's tensors."""
         v = self._values
-        for spec in self._unplanned_outputs:
+        actions = self.record.outputs
+        for spec in self._outputs:
             given = out[spec.index]
-            if given is not None:
+            if given is None:
+                actions[spec.index] = ""
+            elif spec.planned:
+                actions[spec.index] = "copy"
+            else:
                 v[spec.slot] = given
+                actions[spec.index] = "direct"
 
     # -- state (for tools) ---------------------------------------------------------------
     def values(self) -> list[Any]:
