@@ -311,7 +311,9 @@ def test_out_for_a_planned_output_is_copied_into(planned: ptexec.Method) -> None
         ("not a tensor", "torch tensor"),
     ],
 )
-def test_out_is_checked_before_anything_runs(unplanned: ptexec.Method, dest: object, message: str) -> None:
+def test_out_is_checked_before_anything_runs(
+    unplanned: ptexec.Method, dest: object, message: str
+) -> None:
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     with pytest.raises((InputError, UnsupportedDeviceError), match=message):
         unplanned.execute([x, y], out=[None, dest])

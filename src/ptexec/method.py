@@ -22,6 +22,7 @@ import torch
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
 from .accounting import CallRecord
 from .binding import Action, Policy, decide, fits_layout, shape_error
+from .cuda_graph import CudaGraphRunner, check_capturable
 from .dataflow import rewrite_chain
 from .delegates import DelegateContext, find_backend
 from .device import CPU, Device, DeviceType, schema_device
@@ -277,6 +278,7 @@ class Method:
         max_planned_bytes: int = DEFAULT_MAX_PLANNED_BYTES,
         max_instructions: int = DEFAULT_MAX_INSTRUCTIONS,
         optimize: bool = True,
+        cuda_graph: bool = False,
     ) -> None:
         self._program = program
         plan = program.pte.program.execution_plan[plan_index]
@@ -291,6 +293,11 @@ class Method:
         self._lock = threading.Lock()
         self.record = CallRecord(len(plan.inputs), len(plan.outputs))
         _Loader(program, plan, self._device_map, self, max_planned_bytes, optimize).load()
+        self._graph: CudaGraphRunner | None = None
+        if cuda_graph:
+            device = check_capturable(self, plan)
+            self._graph = CudaGraphRunner(self, self._run, device)
+            self._run = self._graph.run  # type: ignore[method-assign]
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -347,7 +354,9 @@ class Method:
             plan = self._prepare_inputs(inputs, policy)
             out_plan = self._prepare_out(out) if out is not None else None
             self._bind(plan)
-            if out_plan is not None:
+            if self._graph is not None:
+                self._graph.bind_inputs()  # a graph reads its captured addresses
+            elif out_plan is not None:
                 self._bind_out(out_plan)
             try:
                 self._run()
@@ -647,6 +656,7 @@ class Method:
     _instruction_names: list[list[str]]
     _buffers: list[PlannedBuffer]
     _statements: list[list[Emission]]
+    _dynamic_scalars: frozenset[int]
 
 
 # --------------------------------------------------------------------------------------
@@ -961,6 +971,7 @@ class _Loader:
         m = self.m
         plan = self.plan
         dynamic = self._dynamic_scalars()
+        m._dynamic_scalars = dynamic
         missing: list[str] = []
         chains = []
         names_all: list[list[str]] = []

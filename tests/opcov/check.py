@@ -42,8 +42,9 @@ def mismatch(case: Case, actual: Sequence[Any], expected: Sequence[torch.Tensor]
         a64, e64 = a.double(), e.double()
         nan_a, nan_e = torch.isnan(a64), torch.isnan(e64)
         if not torch.equal(nan_a, nan_e):
-            problems.append(f"output {i}: NaN positions differ "
-                            f"({int(nan_a.sum())} vs {int(nan_e.sum())} NaNs)")
+            problems.append(
+                f"output {i}: NaN positions differ ({int(nan_a.sum())} vs {int(nan_e.sum())} NaNs)"
+            )
             continue
         inf_e = torch.isinf(e64)
         if not torch.equal(torch.isinf(a64), inf_e) or not torch.equal(a64[inf_e], e64[inf_e]):

@@ -53,8 +53,12 @@ def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
 
 def cache_key(case: Case, dtype: torch.dtype) -> str:
     h = hashlib.sha256()
-    for part in (case.fingerprint(dtype), executorch_version(), torch.__version__,
-                 str(CACHE_FORMAT)):
+    for part in (
+        case.fingerprint(dtype),
+        executorch_version(),
+        torch.__version__,
+        str(CACHE_FORMAT),
+    ):
         h.update(part.encode())
         h.update(b"\x00")
     return h.hexdigest()[:32]
@@ -121,7 +125,10 @@ def _install_export_speedups() -> None:
     except ImportError:
         return
     original = getattr(exported_program, "_collect_all_valid_cia_ops", None)
-    if original is None or getattr(decomp_utils, "_collect_all_valid_cia_ops", None) is not original:
+    if (
+        original is None
+        or getattr(decomp_utils, "_collect_all_valid_cia_ops", None) is not original
+    ):
         return
     cache: list[Any] = []
 
@@ -134,8 +141,9 @@ def _install_export_speedups() -> None:
     decomp_utils._collect_all_valid_cia_ops = collect_once  # type: ignore[attr-defined]
 
 
-def _export_program(case: Case, dtype: torch.dtype) -> tuple[bytes, list[torch.Tensor],
-                                                              list[torch.Tensor]]:
+def _export_program(
+    case: Case, dtype: torch.dtype
+) -> tuple[bytes, list[torch.Tensor], list[torch.Tensor]]:
     """torch.export -> to_edge (core ATen decompositions, no delegates) -> to_executorch."""
     from executorch.exir import EdgeCompileConfig, to_edge
 
@@ -148,17 +156,20 @@ def _export_program(case: Case, dtype: torch.dtype) -> tuple[bytes, list[torch.T
     dynamic_shapes = case.dynamic_shapes()
     if dynamic_shapes is not None and isinstance(module, FnModule):
         dynamic_shapes = (dynamic_shapes,)  # forward(*args): one positional, a tuple
-    ep = torch.export.export(module, tuple(t.clone() for t in inputs),
-                             dynamic_shapes=dynamic_shapes)
+    ep = torch.export.export(
+        module, tuple(t.clone() for t in inputs), dynamic_shapes=dynamic_shapes
+    )
     edge = to_edge(ep, compile_config=EdgeCompileConfig(preserve_ops=case.preserve_ops()))
     program = edge.to_executorch()
-    expected = _program_order(program.exported_program().graph_signature, eager_inputs,
-                              user_outputs)
+    expected = _program_order(
+        program.exported_program().graph_signature, eager_inputs, user_outputs
+    )
     return bytes(program.buffer), inputs, expected
 
 
-def _program_order(signature: Any, eager_inputs: list[torch.Tensor],
-                   user_outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _program_order(
+    signature: Any, eager_inputs: list[torch.Tensor], user_outputs: list[torch.Tensor]
+) -> list[torch.Tensor]:
     """Eager results in the order the program returns them.
 
     A program returns, besides the user outputs, the new value of every user input the model
@@ -198,8 +209,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def export_case(case: Case, dtype: torch.dtype, cache: str | os.PathLike[str] | None = None,
-                force: bool = False) -> Exported:
+def export_case(
+    case: Case, dtype: torch.dtype, cache: str | os.PathLike[str] | None = None, force: bool = False
+) -> Exported:
     """Export (or fetch from the cache) one case at one dtype."""
     if dtype not in case.dtypes:
         raise ValueError(f"case {case.name!r} does not apply to {dtype}")
@@ -210,10 +222,17 @@ def export_case(case: Case, dtype: torch.dtype, cache: str | os.PathLike[str] | 
         try:
             info = json.loads(meta.read_text())
             saved = torch.load(tensors, weights_only=True)
-            return Exported(case.name, dtype, pte, list(saved["inputs"]),
-                            list(saved["outputs"]), list(info["operators"]),
-                            float(info["export_seconds"]), float(info["export_cpu_seconds"]),
-                            cached=True)
+            return Exported(
+                case.name,
+                dtype,
+                pte,
+                list(saved["inputs"]),
+                list(saved["outputs"]),
+                list(info["operators"]),
+                float(info["export_seconds"]),
+                float(info["export_cpu_seconds"]),
+                cached=True,
+            )
         except Exception:  # a damaged entry is simply rebuilt
             pass
     t0, c0 = time.perf_counter(), time.process_time()
@@ -237,8 +256,9 @@ def export_case(case: Case, dtype: torch.dtype, cache: str | os.PathLike[str] | 
     }
     # The metadata file is written last: its presence marks a complete entry.
     _atomic_write(meta, json.dumps(info, indent=1).encode())
-    return Exported(case.name, dtype, pte, inputs, outputs, operators, seconds, cpu_seconds,
-                    cached=False)
+    return Exported(
+        case.name, dtype, pte, inputs, outputs, operators, seconds, cpu_seconds, cached=False
+    )
 
 
 def all_pairs(cases: Iterable[Case]) -> list[tuple[Case, torch.dtype]]:
@@ -268,9 +288,12 @@ def _worker(case_name: str, dtype_name: str, cache: str) -> tuple[str, str, floa
         return case_name, dtype_name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 
-def export_all(pairs: Sequence[tuple[Case, torch.dtype]],
-               cache: str | os.PathLike[str] | None = None, jobs: int | None = None,
-               progress: bool = False) -> dict[tuple[str, str], str | None]:
+def export_all(
+    pairs: Sequence[tuple[Case, torch.dtype]],
+    cache: str | os.PathLike[str] | None = None,
+    jobs: int | None = None,
+    progress: bool = False,
+) -> dict[tuple[str, str], str | None]:
     """Export every pair not yet cached, in parallel. Returns {(case, dtype): error or None}.
 
     Cases must come from ``cases.TABLE`` (workers look them up by name).
@@ -294,8 +317,7 @@ def export_all(pairs: Sequence[tuple[Case, torch.dtype]],
         return results
     ctx = get_context("spawn")
     done = 0
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
-                             initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
         futs = [pool.submit(_worker, name, dname, str(root)) for name, dname in todo]
         for fut in as_completed(futs):
             name, dname, secs, err = fut.result()
@@ -308,6 +330,14 @@ def export_all(pairs: Sequence[tuple[Case, torch.dtype]],
 
 
 __all__ = [
-    "CACHE_ENV", "Exported", "all_pairs", "cache_dir", "cache_key", "executorch_version",
-    "export_all", "export_case", "flatten_outputs", "program_operators",
+    "CACHE_ENV",
+    "Exported",
+    "all_pairs",
+    "cache_dir",
+    "cache_key",
+    "executorch_version",
+    "export_all",
+    "export_case",
+    "flatten_outputs",
+    "program_operators",
 ]

@@ -62,8 +62,12 @@ class In:
     high: float | None = None
 
 
-def T(*shape: int, dtype: torch.dtype | None = None, low: float | None = None,
-      high: float | None = None) -> In:
+def T(
+    *shape: int,
+    dtype: torch.dtype | None = None,
+    low: float | None = None,
+    high: float | None = None,
+) -> In:
     """Random values of the case dtype (normal for floats, small ints, random bools)."""
     kind = "rand" if low is None and high is None else "uniform"
     return In(tuple(shape), dtype, kind, low, high)
@@ -127,9 +131,11 @@ def make_tensor(spec: In, dtype: torch.dtype, gen: torch.Generator) -> torch.Ten
     if spec.kind.startswith("uniq"):
         assert spec.high is not None
         dim = int(spec.kind[4:]) % len(shape)
-        moved = [*shape[:dim], *shape[dim + 1:], shape[dim]]
-        rows = [torch.randperm(int(spec.high), generator=gen)[: shape[dim]]
-                for _ in range(max(1, int(torch.tensor(moved[:-1]).prod().item())))]
+        moved = [*shape[:dim], *shape[dim + 1 :], shape[dim]]
+        rows = [
+            torch.randperm(int(spec.high), generator=gen)[: shape[dim]]
+            for _ in range(max(1, int(torch.tensor(moved[:-1]).prod().item())))
+        ]
         return torch.stack(rows).reshape(moved).movedim(-1, dim).contiguous().to(dt)
     if spec.kind == "distinct":
         n = 1
@@ -285,13 +291,18 @@ def _stable(obj: Any, _seen: set[int] | None = None) -> str:
     if isinstance(obj, (tuple, list)):
         return type(obj).__name__ + "(" + ",".join(_stable(o, seen) for o in obj) + ")"
     if isinstance(obj, dict):
-        return "{" + ",".join(f"{_stable(k, seen)}:{_stable(v, seen)}" for k, v in obj.items()) + "}"
+        return (
+            "{" + ",".join(f"{_stable(k, seen)}:{_stable(v, seen)}" for k, v in obj.items()) + "}"
+        )
     if isinstance(obj, types.FunctionType):
         if id(obj) in seen:
             return f"<recursive {obj.__qualname__}>"
         seen.add(id(obj))
-        parts = [_code(obj.__code__), _stable(obj.__defaults__, seen),
-                 _stable(obj.__kwdefaults__, seen)]
+        parts = [
+            _code(obj.__code__),
+            _stable(obj.__defaults__, seen),
+            _stable(obj.__kwdefaults__, seen),
+        ]
         if obj.__closure__:
             parts.append(_stable([c.cell_contents for c in obj.__closure__], seen))
         # Helpers defined next to the case (same module) are part of what it does.
@@ -318,8 +329,14 @@ def _code(code: types.CodeType) -> str:
     for c in code.co_consts:
         consts.append(_code(c) if isinstance(c, types.CodeType) else repr(c))
     return hashlib.sha256(
-        b"|".join([code.co_code, repr(code.co_names).encode(),
-                   repr(code.co_varnames).encode(), repr(consts).encode()])
+        b"|".join(
+            [
+                code.co_code,
+                repr(code.co_names).encode(),
+                repr(code.co_varnames).encode(),
+                repr(consts).encode(),
+            ]
+        )
     ).hexdigest()
 
 
@@ -341,8 +358,33 @@ def case_table(cases: Sequence[Case]) -> dict[str, Case]:
 
 
 __all__ = [
-    "ALL", "DEFAULT_TOLERANCES", "DTYPES_BY_NAME", "DTYPE_NAMES", "FLOAT", "INT", "INT_BOOL",
-    "NUM", "NZ", "Case", "Distinct", "FnModule", "Idx", "In", "Mask", "Perm", "Pos", "Special",
-    "T", "Uniq", "Unit",
-    "b8", "bf16", "case_table", "f16", "f32", "i32", "i64", "make_tensor",
+    "ALL",
+    "DEFAULT_TOLERANCES",
+    "DTYPES_BY_NAME",
+    "DTYPE_NAMES",
+    "FLOAT",
+    "INT",
+    "INT_BOOL",
+    "NUM",
+    "NZ",
+    "Case",
+    "Distinct",
+    "FnModule",
+    "Idx",
+    "In",
+    "Mask",
+    "Perm",
+    "Pos",
+    "Special",
+    "T",
+    "Uniq",
+    "Unit",
+    "b8",
+    "bf16",
+    "case_table",
+    "f16",
+    "f32",
+    "i32",
+    "i64",
+    "make_tensor",
 ]

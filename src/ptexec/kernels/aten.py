@@ -22,7 +22,7 @@ method uses it where its alias analysis shows the copy is not needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -302,7 +302,7 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Emission | None:
     return ctx.emit(code, mutates=outs, outs=outs, pure=True)
 
 
-def _copy_code(ctx: KernelContext, out: int, expr: str, env: dict[str, Any]) -> str:
+def _copy_code(ctx: KernelContext, out: int, expr: str, env: Mapping[str, Any]) -> str:
     """``out`` receives the value of ``expr`` (resized first when ``out`` is dynamic)."""
     for name, obj in env.items():
         ctx.env.setdefault(name, obj)
