@@ -66,7 +66,7 @@ def fixture(name: str) -> tuple[bytes, Callable[[], Any] | None, list[Any]]:
     torch.manual_seed(mf.seed_for(name))
     with torch.no_grad():
         built = spec.build(name)
-    method, args = built.calls[0]
+    _, args = built.calls[0]
     module_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
     eager = None
     module = getattr(built.eager, "__closure__", None)
@@ -99,10 +99,10 @@ def main() -> int:
         print(f"{name} ...", file=sys.stderr, flush=True)
         prog = ptexec.load(data)
         plain = prog.load_method("forward", device_map="cuda:0")
-        row = {"ptexec": timed(lambda: plain.execute(inputs))}
+        row = {"ptexec": timed(lambda m=plain, x=inputs: m.execute(x))}
         try:
             graph = prog.load_method("forward", device_map="cuda:0", cuda_graph=True)
-            row["ptexec_cuda_graph"] = timed(lambda: graph.execute(inputs))
+            row["ptexec_cuda_graph"] = timed(lambda m=graph, x=inputs: m.execute(x))
             row["gpu_time_per_replay"] = gpu_time(graph, inputs)
         except ValueError as e:
             row["cuda_graph_refused"] = str(e)  # type: ignore[assignment]
@@ -113,14 +113,9 @@ def main() -> int:
     print("| model | eager | ptexec | ptexec + CUDA graph | GPU time of a replay |")
     print("|---|---|---|---|---|")
     for name, r in results.items():
-
-        def f(k: str) -> str:
-            v = r.get(k)
-            return f"{v * 1e6:.1f} us" if isinstance(v, float) else "-"
-
-        print(
-            f"| {name} | {f('eager')} | {f('ptexec')} | {f('ptexec_cuda_graph')} | {f('gpu_time_per_replay')} |"
-        )
+        cells = [r.get(k) for k in ("eager", "ptexec", "ptexec_cuda_graph", "gpu_time_per_replay")]
+        text = [f"{v * 1e6:.1f} us" if isinstance(v, float) else "-" for v in cells]
+        print(f"| {name} | " + " | ".join(text) + " |")
     Path(args.json).write_text(
         json.dumps(
             {
