@@ -508,3 +508,4 @@ def _resolve(qualified_name: str) -> KernelFactory | None:
 
 
 register_namespace("aten", _resolve)
+register_namespace("*", _resolve)  # any other op torch has (e.g. a user's torch.library op)

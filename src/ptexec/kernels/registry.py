@@ -211,12 +211,14 @@ def register_namespace(ns: str, resolver: Callable[[str], KernelFactory | None])
 
 
 def find_kernel(qualified_name: str) -> KernelFactory | None:
-    """The factory for an operator, exact registrations first, then its namespace's resolver."""
+    """The factory for an operator: exact registrations first, then its namespace's
+    resolver, then any operator torch knows by that name (``"*"``: custom ops a user
+    registered with ``torch.library``, with their out variants)."""
     factory = _KERNELS.get(qualified_name)
     if factory is not None:
         return factory
     ns = qualified_name.split("::", 1)[0]
-    resolver = _NAMESPACES.get(ns)
+    resolver = _NAMESPACES.get(ns) or _NAMESPACES.get("*")
     return resolver(qualified_name) if resolver is not None else None
 
 
