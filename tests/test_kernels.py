@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from export_util import export_program
-from fixture_data import fixture_paths
 
 import ptexec
+from export_util import export_program
+from fixture_data import fixture_paths
 from ptexec.errors import OperatorMissingError
 
 
