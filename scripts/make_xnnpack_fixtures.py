@@ -1,0 +1,1236 @@
+#!/usr/bin/env python3
+"""Make the XNNPACK-delegated test fixtures with ExecuTorch's real exporter.
+
+Usage:
+    python scripts/make_xnnpack_fixtures.py [--out tests/fixtures/xnnpack] [--only NAME ...]
+
+Every fixture is a module lowered with ``to_edge_transform_and_lower(...,
+partitioner=[XnnpackPartitioner(...)])`` under one recipe:
+
+  fp32              float32 graph
+  fp16              the module and its inputs cast to float16
+  int8_static_pt    PT2E static int8, per-tensor weights (XNNPACKQuantizer)
+  int8_static_pc    PT2E static int8, per-channel weights
+  int8_dynamic_pc   PT2E dynamic int8 activations (per token at run time), per-channel weights
+  int4_pc           torchao Int8DynamicActivationIntxWeightConfig, int4 weights, per channel
+  int4_group        the same with group-wise int4 weights (group size 32)
+
+For every fixture NAME this writes, under the output directory:
+
+* ``NAME.pte``    the program;
+* ``NAME.io.pt``  ``torch.save({"calls": [{"inputs", "eager", "executorch"}, ...]})``: the
+  inputs of each call, what the eager (quantized, for quantized recipes) module returns,
+  and what ExecuTorch's runtime with its XNNPACK backend returns for the same file;
+
+and ``manifest.json``: per fixture its recipe, tags, description, the tolerances
+(``tol_eager``, ``tol_executorch``: (rtol, atol)), the XNNPACK node types of each
+delegate decoded by ``flatc`` with the installed ``schema.fbs`` (an independent
+reading of the payload), the operators left outside the delegates, and
+``executorch_runtime``: "ok" or why ExecuTorch's runtime disagrees with eager.
+
+Everything is seeded: running the script twice gives the same programs and inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.resources
+import json
+import os
+import re
+import sys
+import tempfile
+import warnings
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim, export
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "tests" / "fixtures" / "xnnpack"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from make_fixtures import CNN, MLP, Block, randomize_bn  # noqa: E402
+
+RECIPES = (
+    "fp32",
+    "fp16",
+    "int8_static_pt",
+    "int8_static_pc",
+    "int8_dynamic_pc",
+    "int4_pc",
+    "int4_group",
+)
+
+# tolerances against eager PyTorch: (rtol, atol)
+TOL_F32 = (1e-4, 1e-5)
+TOL_F32_LOOSE = (1e-3, 1e-4)  # transcendental approximations, long reductions
+TOL_F16 = (1e-2, 1e-2)
+
+
+@dataclass
+class Spec:
+    name: str
+    recipe: str
+    make: Callable[[], tuple[nn.Module, list[tuple[Any, ...]]]]
+    description: str
+    tags: list[str] = field(default_factory=list)
+    dynamic_shapes: Any = None
+    tol: tuple[float, float] | None = None  # vs eager; None: recipe default
+    expect_nodes: tuple[str, ...] = ()  # node types the fixture exists for
+
+
+def seed_for(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+# --------------------------------------------------------------------------------------
+# single-op modules
+# --------------------------------------------------------------------------------------
+
+
+class Fn(nn.Module):
+    """forward = fn(*inputs); parameters given as named tensors."""
+
+    def __init__(self, fn: Callable[..., Any], **params: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        for k, v in params.items():
+            self.register_parameter(k, nn.Parameter(v, requires_grad=False))
+
+    def forward(self, *xs: Any) -> Any:
+        return self.fn(self, *xs)
+
+
+def unary(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    shape: Sequence[int] = (2, 3, 8),
+    positive: bool = False,
+):
+    def make() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+        def gen() -> torch.Tensor:
+            x = torch.randn(*shape) * 2
+            return x.abs() + 0.1 if positive else x
+
+        return Fn(lambda self, x: fn(x)), [(gen(),), (gen(),)]
+
+    return make
+
+
+def binary(
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    a=(2, 3, 4, 5),
+    b=(3, 1, 5),
+    nonzero: bool = False,
+):
+    def make() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+        def gen() -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.randn(*b)
+            if nonzero:
+                y = y.sign() * (y.abs() + 0.5)
+            return torch.randn(*a), y
+
+        return Fn(lambda self, x, y: fn(x, y)), [gen(), gen()]
+
+    return make
+
+
+def module(m: Callable[[], nn.Module], *shapes: Sequence[int], calls: int = 2):
+    def make() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+        mod = m().eval()
+        return mod, [tuple(torch.randn(*s) for s in shapes) for _ in range(calls)]
+
+    return make
+
+
+class ConvAct(nn.Module):
+    def __init__(
+        self, cin: int = 4, cout: int = 6, k: int = 3, act: str = "relu", **kw: Any
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, **kw)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        if self.act == "relu":
+            return torch.relu(y)
+        if self.act == "hardtanh":
+            return F.hardtanh(y, -0.5, 0.5)
+        return y
+
+
+class LinearAct(nn.Module):
+    def __init__(self, d_in: int = 16, d_out: int = 8, bias: bool = True, act: str = "") -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_in, d_out, bias=bias)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        if self.act == "relu":
+            return torch.relu(y)
+        if self.act == "relu6":
+            return F.relu6(y)
+        return y
+
+
+class MM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8), requires_grad=False)
+        self.b = nn.Parameter(torch.randn(8), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.mm(x, self.w), torch.addmm(self.b, x, self.w) + torch.mm(x, y)
+
+
+class BMM(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.bmm(a, b), torch.matmul(
+            a.unsqueeze(1).expand(3, 2, 4, 5), b.unsqueeze(1).expand(3, 2, 5, 6)
+        )
+
+
+class Pools(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            F.max_pool2d(x, 3, stride=2, padding=1),
+            F.max_pool2d(x, 2, stride=2, ceil_mode=True),
+            F.max_pool2d(x, 3, stride=1, dilation=2),
+            F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False),
+            F.avg_pool2d(x, 2),
+        )
+
+
+class MeanDims(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.mean(dim=(2, 3), keepdim=True), F.adaptive_avg_pool2d(x * 2.0, 1)
+
+
+class MaxDim(nn.Module):
+    """max.dim whose indices are unused (the partitioner takes no other form)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.max(x, dim=3, keepdim=True)[0], torch.max(x * 2.0, dim=2, keepdim=True)[
+            0
+        ] + 1.0
+
+
+class Clone(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+class Cats(nn.Module):
+    def forward(
+        self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, e: torch.Tensor
+    ):  # type: ignore[no-untyped-def]
+        return (
+            torch.cat([a, b], dim=1),
+            torch.cat([a, b, c], dim=2),
+            torch.cat([a, b, c, d], dim=-1),
+            torch.cat([a, b, c, d, e], dim=0),
+        )
+
+
+class CatConv(nn.Module):
+    """Concatenation along channels between convolutions (NHWC inside the delegate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 2, 1)
+        self.c3 = nn.Conv2d(6, 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c3(torch.cat([self.c1(x), self.c2(x)], dim=1))
+
+
+class Shapes(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2.0
+        return (
+            y[:, 1:3],
+            y[:, :, 2:5, 1:],
+            y.permute(0, 2, 3, 1) + 1.0,
+            y.reshape(2, -1) - 1.0,
+            y.unsqueeze(2) * 3.0,
+            F.pad(y, (1, 2, 0, 1), value=0.5),
+        )
+
+
+class ConvShapes(nn.Module):
+    """Slice, pad and reshape of NHWC activations between convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.c1(x)
+        z = self.c2(F.pad(y[:, 1:5], (1, 1, 2, 0)))
+        return z, torch.flatten(z, 1)
+
+
+class Upsample(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False),
+            F.interpolate(x, size=(7, 5), mode="bilinear", align_corners=True),
+        )
+
+
+class ToChannelsLast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return y.clone(), (y + 1.0).to(memory_format=torch.channels_last)
+
+
+class PReLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.act = nn.PReLU(4, init=0.2)
+        with torch.no_grad():
+            self.act.weight.copy_(torch.tensor([0.1, 0.25, -0.3, 0.5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))
+
+
+class BatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+        randomize_bn(self.bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(x)
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(5)
+        randomize_bn(self.bn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardswish(self.bn(self.conv(x)))
+
+
+class Depthwise(nn.Module):
+    def __init__(self, mult: int = 1) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(4, 4 * mult, 3, padding=1, groups=4, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dw(x)
+
+
+class Transposed(nn.Module):
+    def __init__(self, groups: int = 1) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(x)
+
+
+class Conv1d(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 6, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Softmax(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.softmax(x, dim=-1), torch.log_softmax(x, dim=-1)
+
+
+class Attention(nn.Module):
+    """Matmuls, softmax and reshapes of multi-head attention, written out."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        h = self.heads
+        q = q.reshape(b, t, h, d // h).transpose(1, 2)
+        k = k.reshape(b, t, h, d // h).transpose(1, 2)
+        v = v.reshape(b, t, h, d // h).transpose(1, 2)
+        a = torch.softmax(q @ k.transpose(-1, -2) * (d // h) ** -0.5, dim=-1)
+        return self.out((a @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class SDPA(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+class Clamps(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.relu(x),
+            F.hardtanh(x, -1.0, 2.0),
+            torch.clamp(x, min=-0.5),
+            torch.clamp(x, -0.25, 0.75),
+            F.relu6(x * 4),
+        )
+
+
+class Activations(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.sigmoid(x),
+            torch.tanh(x),
+            F.gelu(x),
+            F.hardswish(x),
+            F.leaky_relu(x, 0.1),
+            F.elu(x, 0.5),
+        )
+
+
+class SmallCNN(nn.Module):
+    """A quantization-friendly CNN: conv, relu, pool, add, mean, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(x))
+        y = F.max_pool2d(y, 2)
+        y = torch.relu(self.c2(y) + y)
+        y = y.mean(dim=(2, 3), keepdim=True)
+        return self.fc(torch.flatten(y, 1))
+
+
+class QOps(nn.Module):
+    """Elementwise and shape ops on int8 activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = self.c(x)
+        s = a + y
+        m = a * y
+        c = torch.cat([s, m], dim=1)
+        return torch.relu(c), F.max_pool2d(s, 2), torch.sigmoid(m).mean(dim=(2, 3), keepdim=True)
+
+
+class DWNet(nn.Module):
+    """Depthwise, transposed and grouped convolutions (quantized per channel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.g = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c(x))
+        y = torch.relu(self.dw(y))
+        return self.g(self.up(y))
+
+
+class TwoLinear(nn.Module):
+    """Linears over a 3-d input, bias and no bias (dynamic and 4-bit recipes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 96)
+        self.b = nn.Linear(96, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(F.gelu(self.a(x)))
+
+
+# --------------------------------------------------------------------------------------
+# fixture list
+# --------------------------------------------------------------------------------------
+
+
+def core(cls: Callable[[], nn.Module], shape: Sequence[int], calls: int = 2):
+    return module(cls, shape, calls=calls)
+
+
+SPECS: list[Spec] = []
+
+
+def add(
+    name: str, recipe: str, make, description: str, expect: Sequence[str] = (), **kw: Any
+) -> None:  # type: ignore[no-untyped-def]
+    SPECS.append(Spec(name, recipe, make, description, expect_nodes=tuple(expect), **kw))
+
+
+# core models
+for recipe in ("fp32", "fp16"):
+    sfx = "" if recipe == "fp32" else "_fp16"
+    add(
+        f"mlp{sfx}",
+        recipe,
+        core(MLP, (2, 8), 3),
+        "two linears with a relu",
+        ["FullyConnected"],
+        tags=["core"],
+    )
+    add(
+        f"cnn{sfx}",
+        recipe,
+        core(CNN, (2, 3, 16, 16)),
+        "conv, batch norm, relu, max pool, global avg pool, linear",
+        ["Conv2d", "MaxPooling2d", "GlobalAvgPooling2d", "FullyConnected"],
+        tags=["core"],
+    )
+    add(
+        f"transformer{sfx}",
+        recipe,
+        core(Block, (2, 6, 16)),
+        "pre-norm transformer block",
+        tags=["core"],
+        tol=TOL_F32_LOOSE if recipe == "fp32" else None,
+    )
+add(
+    "dynamic_mlp",
+    "fp32",
+    lambda: (MLP().eval(), [(torch.randn(b, 8),) for b in (3, 1, 16, 3)]),
+    "MLP with a dynamic batch (outputs resized per call)",
+    ["FullyConnected"],
+    tags=["core", "dynamic"],
+    dynamic_shapes=({0: Dim("batch", min=1, max=16)},),
+)
+add(
+    "channels_last",
+    "fp32",
+    lambda: (
+        ConvAct(3, 4, 3, padding=1).eval(),
+        [(torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last),) for _ in range(2)],
+    ),
+    "a channels-last (dim order 0,2,3,1) input",
+    ["Conv2d"],
+    tags=["core", "channels_last"],
+)
+
+# binary
+for op, fn, extra in (
+    ("add", torch.add, {}),
+    ("sub", torch.sub, {}),
+    ("mul", torch.mul, {}),
+    ("div", torch.div, {"nonzero": True}),
+    ("minimum", torch.minimum, {}),
+    ("maximum", torch.maximum, {}),
+):
+    node = {
+        "add": "Add",
+        "sub": "Subtract",
+        "mul": "Multiply",
+        "div": "Div",
+        "minimum": "Minimum",
+        "maximum": "Maximum",
+    }[op]
+    add(f"op_{op}", "fp32", binary(fn, **extra), f"{op} with broadcasting", [node], tags=["op"])
+add(
+    "op_add_relu",
+    "fp32",
+    binary(lambda x, y: torch.relu(x + y)),
+    "add with a fused relu (output clamp)",
+    ["Add"],
+    tags=["op"],
+)
+
+# unary
+for op, fn, node, kw in (
+    ("abs", torch.abs, "Abs", {}),
+    ("neg", torch.neg, "Negate", {}),
+    ("floor", torch.floor, "Floor", {}),
+    ("ceil", torch.ceil, "Ceiling", {}),
+    ("sqrt", torch.sqrt, "SquareRoot", {"positive": True}),
+    ("rsqrt", torch.rsqrt, "ReciprocalSquareRoot", {"positive": True}),
+    ("square", lambda x: x**2, "Square", {}),
+    ("log", torch.log, "Log", {"positive": True}),
+    ("exp", torch.exp, "Exp", {}),
+    ("sin", torch.sin, "Sin", {}),
+    ("cos", torch.cos, "Cos", {}),
+):
+    add(f"op_{op}", "fp32", unary(fn, **kw), op, [node], tags=["op"], tol=TOL_F32_LOOSE)
+add(
+    "op_clamp",
+    "fp32",
+    module(Clamps, (2, 3, 8)),
+    "relu, hardtanh, clamp, relu6",
+    ["Clamp"],
+    tags=["op"],
+)
+add(
+    "op_activations",
+    "fp32",
+    module(Activations, (2, 3, 8)),
+    "sigmoid, tanh, gelu, hardswish, leaky relu, elu",
+    ["Sigmoid", "Tanh", "Gelu", "Hardswish", "LeakyReLU"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+
+# gemm
+add(
+    "op_linear",
+    "fp32",
+    module(lambda: LinearAct(16, 8), (3, 16)),
+    "linear",
+    ["FullyConnected"],
+    tags=["op"],
+)
+add(
+    "op_linear_3d_nobias_relu6",
+    "fp32",
+    module(lambda: LinearAct(16, 8, bias=False, act="relu6"), (2, 3, 16)),
+    "linear over a 3-d input without bias, fused relu6",
+    ["FullyConnected"],
+    tags=["op"],
+)
+add(
+    "op_mm",
+    "fp32",
+    module(MM, (4, 16), (16, 8)),
+    "mm and addmm, constant and activation weights",
+    ["FullyConnected"],
+    tags=["op"],
+)
+add(
+    "op_bmm",
+    "fp32",
+    module(BMM, (3, 4, 5), (3, 5, 6)),
+    "bmm and a 4-d matmul",
+    ["BatchMatrixMultiply"],
+    tags=["op"],
+)
+
+# convolution
+add(
+    "op_conv2d",
+    "fp32",
+    module(lambda: ConvAct(4, 6, 3, act="", stride=2, padding=1, dilation=1), (2, 4, 9, 9)),
+    "conv2d, stride 2, padding 1",
+    ["Conv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_conv2d_relu",
+    "fp32",
+    module(
+        lambda: ConvAct(4, 6, 3, act="relu", padding=(2, 1), dilation=2, groups=2), (2, 4, 10, 9)
+    ),
+    "grouped, dilated conv2d with a fused relu",
+    ["Conv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_conv2d_hardtanh",
+    "fp32",
+    module(lambda: ConvAct(4, 3, (3, 2), act="hardtanh", bias=False), (1, 4, 7, 6)),
+    "conv2d without bias with a fused hardtanh",
+    ["Conv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_depthwise",
+    "fp32",
+    module(Depthwise, (2, 4, 9, 9)),
+    "depthwise conv2d",
+    ["DepthwiseConv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_depthwise_mult2",
+    "fp32",
+    module(lambda: Depthwise(2), (2, 4, 9, 9)),
+    "depthwise conv2d, multiplier 2",
+    ["DepthwiseConv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_conv_transpose",
+    "fp32",
+    module(Transposed, (2, 4, 5, 6)),
+    "transposed conv2d, stride 2, output padding 1",
+    ["ConvTranspose2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_conv_transpose_grouped",
+    "fp32",
+    module(lambda: Transposed(2), (2, 4, 5, 6)),
+    "grouped transposed conv2d",
+    ["ConvTranspose2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_conv1d",
+    "fp32",
+    module(Conv1d, (2, 4, 12)),
+    "conv1d (lowered as a 2-d convolution)",
+    ["Conv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_conv_bn_hardswish",
+    "fp32",
+    module(ConvBN, (2, 3, 10, 10)),
+    "conv2d + batch norm (fused) + hardswish",
+    ["Conv2d", "Hardswish"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_batchnorm",
+    "fp32",
+    module(BatchNorm, (2, 4, 5, 5)),
+    "a standalone batch norm",
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_prelu",
+    "fp32",
+    module(PReLU, (2, 3, 5, 5)),
+    "prelu with per-channel slopes",
+    ["PReLU"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+
+# pooling, reductions
+add(
+    "op_pools",
+    "fp32",
+    module(Pools, (2, 3, 9, 8)),
+    "max pool (padding, ceil mode, dilation) and avg pool",
+    ["MaxPooling2d", "AvgPooling2d"],
+    tags=["op"],
+)
+add(
+    "op_mean",
+    "fp32",
+    module(MeanDims, (2, 3, 5, 6)),
+    "mean over H, W (keepdim) and adaptive avg pool 1",
+    ["GlobalAvgPooling2d"],
+    tags=["op"],
+)
+add(
+    "op_max_dim",
+    "fp32",
+    module(MaxDim, (2, 3, 5, 6)),
+    "max.dim over W and over H, values only",
+    ["MaxPooling2d"],
+    tags=["op"],
+)
+add(
+    "op_softmax",
+    "fp32",
+    module(Softmax, (2, 3, 10)),
+    "softmax and log-softmax over the last dim",
+    ["Softmax"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+
+# data movement
+add(
+    "op_cat",
+    "fp32",
+    module(Cats, (2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5)),
+    "cat of 2, 3, 4 and 5 tensors",
+    ["Concatenate2", "Concatenate3", "Concatenate4", "Concatenate5"],
+    tags=["op"],
+)
+add(
+    "op_cat_conv",
+    "fp32",
+    module(CatConv, (2, 3, 8, 8)),
+    "cat along channels between convolutions (NHWC)",
+    ["Concatenate2", "Conv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_shapes",
+    "fp32",
+    module(Shapes, (2, 6, 7, 8)),
+    "slice, permute, reshape, unsqueeze, constant pad",
+    ["StaticSlice", "StaticTranspose", "StaticReshape", "StaticConstantPad"],
+    tags=["op"],
+)
+add(
+    "op_conv_shapes",
+    "fp32",
+    module(ConvShapes, (2, 3, 8, 8)),
+    "slice, pad, flatten of NHWC activations",
+    ["StaticSlice", "StaticConstantPad", "StaticReshape", "Conv2d"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_upsample",
+    "fp32",
+    module(Upsample, (2, 3, 4, 5)),
+    "bilinear upsampling, align_corners False and True",
+    ["StaticResizeBilinear2D"],
+    tags=["op"],
+)
+add(
+    "op_copy_to_channels_last",
+    "fp32",
+    module(ToChannelsLast, (2, 3, 6, 6)),
+    "clone and a memory-format change",
+    ["StaticTranspose"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add("op_clone", "fp32", module(Clone, (2, 3, 4)), "clone of an input", ["Copy"], tags=["op"])
+add(
+    "op_attention",
+    "fp32",
+    module(Attention, (2, 5, 16)),
+    "attention written with matmuls and softmax",
+    ["BatchMatrixMultiply", "Softmax", "FullyConnected"],
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+add(
+    "op_sdpa",
+    "fp32",
+    module(SDPA, (2, 2, 5, 8), (2, 2, 5, 8), (2, 2, 5, 8)),
+    "scaled_dot_product_attention (decomposed by the exporter)",
+    tags=["op"],
+    tol=TOL_F32_LOOSE,
+)
+
+# half precision
+add(
+    "op_binary_fp16",
+    "fp16",
+    binary(lambda x, y: torch.maximum(x * y + x, y) - y / 2.0),
+    "binary ops in float16",
+    ["Multiply", "Add", "Maximum", "Subtract"],
+    tags=["op"],
+)
+add(
+    "op_activations_fp16",
+    "fp16",
+    module(Activations, (2, 3, 8)),
+    "activations in float16",
+    tags=["op"],
+)
+add(
+    "op_conv_fp16",
+    "fp16",
+    module(DWNet, (1, 3, 8, 8)),
+    "conv, depthwise, transposed, grouped in float16",
+    tags=["op"],
+)
+add("op_pools_fp16", "fp16", module(Pools, (2, 3, 9, 8)), "pooling in float16", tags=["op"])
+add("op_shapes_fp16", "fp16", module(Shapes, (2, 6, 7, 8)), "shape ops in float16", tags=["op"])
+add("op_attention_fp16", "fp16", module(Attention, (2, 5, 16)), "attention in float16", tags=["op"])
+
+# quantized
+for recipe in ("int8_static_pt", "int8_static_pc"):
+    add(
+        f"mlp_{recipe}",
+        recipe,
+        core(MLP, (2, 8), 3),
+        "MLP",
+        ["FullyConnected", "Convert"],
+        tags=["core", "quant"],
+    )
+    add(
+        f"cnn_{recipe}",
+        recipe,
+        core(SmallCNN, (2, 3, 16, 16)),
+        "conv, relu, pool, add, mean, linear",
+        ["Conv2d", "Convert"],
+        tags=["core", "quant"],
+    )
+    add(
+        f"qops_{recipe}",
+        recipe,
+        module(QOps, (2, 3, 8, 8), (2, 4, 8, 8)),
+        "add, mul, cat, relu, pool, mean on int8",
+        tags=["quant"],
+    )
+    add(
+        f"dwnet_{recipe}",
+        recipe,
+        core(DWNet, (1, 3, 8, 8)),
+        "depthwise, transposed, grouped conv",
+        tags=["quant"],
+    )
+for recipe in ("int8_dynamic_pc", "int4_pc", "int4_group"):
+    add(
+        f"mlp_{recipe}",
+        recipe,
+        core(TwoLinear, (2, 5, 64)),
+        "two linears with gelu (3-d input)",
+        ["FullyConnected", "Convert"],
+        tags=["core", "quant"],
+    )
+    add(
+        f"transformer_{recipe}",
+        recipe,
+        core(lambda: Block(dim=32, heads=2), (2, 6, 32)),
+        "transformer block",
+        ["FullyConnected", "Convert"],
+        tags=["core", "quant"],
+    )
+add(
+    "dynamic_mlp_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    lambda: (TwoLinear().eval(), [(torch.randn(b, 64),) for b in (3, 7, 1)]),
+    "dynamic batch, dynamically quantized linears",
+    ["FullyConnected", "Convert"],
+    tags=["quant", "dynamic"],
+    dynamic_shapes=({0: Dim("batch", min=1, max=8)},),
+)
+
+
+# --------------------------------------------------------------------------------------
+# export
+# --------------------------------------------------------------------------------------
+
+
+def _quantize_pt2e(
+    m: nn.Module,
+    example: tuple[Any, ...],
+    calls: list[tuple[Any, ...]],
+    recipe: str,
+    dynamic_shapes: Any,
+) -> nn.Module:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    q = XNNPACKQuantizer()
+    q.set_global(
+        get_symmetric_quantization_config(
+            is_per_channel=recipe != "int8_static_pt", is_dynamic=recipe == "int8_dynamic_pc"
+        )
+    )
+    gm = export(m, example, dynamic_shapes=dynamic_shapes).module()
+    prepared = prepare_pt2e(gm, q)  # type: ignore[arg-type]
+    for args in calls:
+        prepared(*args)
+    for _ in range(4):  # a little more calibration data
+        prepared(
+            *(torch.randn_like(a) * 1.5 if isinstance(a, torch.Tensor) else a for a in example)
+        )
+    return convert_pt2e(prepared)
+
+
+def _quantize_torchao(m: nn.Module, recipe: str) -> nn.Module:
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, quantize_
+
+    gran = PerAxis(0) if recipe == "int4_pc" else PerGroup(32)
+    quantize_(
+        m, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=gran)
+    )
+    return m
+
+
+def _lower(m: nn.Module, example: tuple[Any, ...], recipe: str, dynamic_shapes: Any) -> Any:
+    from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.utils.configs import (
+        get_xnnpack_edge_compile_config,
+        get_xnnpack_executorch_backend_config,
+    )
+    from executorch.exir import to_edge_transform_and_lower
+
+    precision = None
+    if recipe.startswith("int8_static"):
+        precision = ConfigPrecisionType.STATIC_QUANT
+    elif recipe == "int8_dynamic_pc":
+        precision = ConfigPrecisionType.DYNAMIC_QUANT
+    ep = export(m, example, dynamic_shapes=dynamic_shapes)
+    part = (
+        XnnpackPartitioner(precision_type=precision)
+        if precision is not None
+        else XnnpackPartitioner()
+    )
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[part], compile_config=get_xnnpack_edge_compile_config()
+    )
+    return edge.to_executorch(get_xnnpack_executorch_backend_config())
+
+
+def _flat(out: Any) -> list[Any]:
+    if isinstance(out, (tuple, list)):
+        return [o for x in out for o in _flat(x)]
+    return [out]
+
+
+def _delegates(buffer: bytes) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per XNNPACK delegate: node type counts and value datatypes, decoded by flatc; and the
+    operators of the program outside the delegates."""
+    import executorch.backends.xnnpack.serialization as ser
+    from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
+    from executorch.exir._serialize._flatbuffer import _flatc_decompile
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte = deserialize_pte_binary(buffer)
+    prog = pte.program
+    ops = sorted(
+        {
+            f"{o.name}.{o.overload}" if o.overload else o.name
+            for plan in prog.execution_plan
+            for o in plan.operators
+        }
+    )
+    out = []
+    schema = Path(str(importlib.resources.files(ser).joinpath("schema.fbs")))
+    for plan in prog.execution_plan:
+        for d in plan.delegates:
+            if d.id != "XnnpackBackend":
+                continue
+            blob = bytes(prog.backend_delegate_data[d.processed.index].data)
+            h = XNNHeader.from_bytes(blob[: XNNHeader.EXPECTED_LENGTH])
+            fb = blob[h.flatbuffer_offset : h.flatbuffer_offset + h.flatbuffer_size]
+            with tempfile.TemporaryDirectory() as tmp:
+                bin_path = os.path.join(tmp, "graph.bin")
+                with open(bin_path, "wb") as f:
+                    f.write(fb)
+                _flatc_decompile(tmp, str(schema), bin_path, ["--raw-binary"])
+                with open(os.path.join(tmp, "graph.json")) as f:
+                    text = re.sub(
+                        r":\s*(-?)(inf|nan)\b",
+                        lambda m: f": {m.group(1)}{'Infinity' if m.group(2) == 'inf' else 'NaN'}",
+                        f.read(),
+                    )
+                graph = json.loads(text)
+            nodes = Counter(n["xnode_union_type"].removeprefix("XNN") for n in graph["xnodes"])
+            dtypes = Counter()
+            for v in graph["xvalues"]:
+                tv = v["xvalue_union"]
+                tv = tv.get("tensor_value", tv)
+                dtypes[tv["datatype"].removeprefix("xnn_datatype_")] += 1
+            out.append(
+                {
+                    "node_types": dict(sorted(nodes.items())),
+                    "datatypes": dict(sorted(dtypes.items())),
+                }
+            )
+    return out, ops
+
+
+def _tol_executorch(recipe: str, outputs: list[Any], qstep: float) -> tuple[float, float]:
+    if recipe == "fp32":
+        return (1e-4, 1e-5)
+    if recipe == "fp16":
+        return (1e-2, 1e-2)
+    return (0.0, qstep)
+
+
+def _run_executorch(buffer: bytes, calls: list[tuple[Any, ...]]) -> list[list[Any]]:
+    from executorch.runtime import Runtime
+
+    prog = Runtime.get().load_program(buffer)
+    meth = prog.load_method("forward")
+    return [
+        [
+            o.clone() if isinstance(o, torch.Tensor) else o
+            for o in meth.execute(list(copy.deepcopy(c)))
+        ]
+        for c in calls
+    ]
+
+
+def _qstep(m: nn.Module, outputs: list[Any]) -> float:
+    """The largest output quantization step of a quantized module (per-tensor scales of the
+    graph's quantize nodes), as a bound on one-step rounding differences."""
+    scales = [0.0]
+    gm = m if isinstance(m, torch.fx.GraphModule) else None
+    if gm is not None:
+        for node in gm.graph.nodes:
+            if (
+                node.op == "call_function"
+                and "quantize_per_tensor" in str(node.target)
+                and "dequantize" not in str(node.target)
+            ):
+                s = node.args[1]
+                if isinstance(s, float):
+                    scales.append(s)
+                elif isinstance(s, torch.fx.Node) and s.op == "get_attr":
+                    scales.append(float(getattr(gm, s.target).max()))
+    return max(scales)
+
+
+def build(spec: Spec, out_dir: Path) -> dict[str, Any]:
+    torch.manual_seed(seed_for(spec.name))
+    m, calls = spec.make()
+    m = m.eval()
+    if spec.recipe == "fp16":
+        m = m.half()
+        calls = [
+            tuple(
+                a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in c
+            )
+            for c in calls
+        ]
+    example = calls[0]
+    qstep = 0.0
+    with torch.no_grad():
+        if spec.recipe.startswith("int8"):
+            m = _quantize_pt2e(m, example, calls, spec.recipe, spec.dynamic_shapes)
+            qstep = _qstep(m, [])
+        elif spec.recipe.startswith("int4"):
+            m = _quantize_torchao(m, spec.recipe)
+        eager = [[o.clone() for o in _flat(m(*copy.deepcopy(c)))] for c in calls]
+        et = _lower(m, example, spec.recipe, spec.dynamic_shapes)
+    buffer = et.buffer
+    (out_dir / f"{spec.name}.pte").write_bytes(buffer)
+    et_out = _run_executorch(buffer, calls)
+    torch.save(
+        {
+            "calls": [
+                {"inputs": list(c), "eager": e, "executorch": x}
+                for c, e, x in zip(calls, eager, et_out, strict=True)
+            ]
+        },
+        out_dir / f"{spec.name}.io.pt",
+    )
+    delegates, ops = _delegates(buffer)
+    tol = spec.tol or {"fp32": TOL_F32, "fp16": TOL_F16}.get(spec.recipe, (0.0, 0.0))
+    if spec.recipe.startswith("int"):
+        tol = _quant_tol_eager(eager, et_out, qstep)
+    if spec.recipe == "fp16":
+        tol = TOL_F16
+    tol_et = _tol_executorch(spec.recipe, et_out[0], qstep)
+    if spec.recipe in ("int8_dynamic_pc", "int4_pc", "int4_group"):
+        # fp32 outputs of dynamically quantized linears: a one-step change of one activation
+        # moves an output by about scale_x * |w|; bound it by a small fraction of the range
+        span = max(float(o.abs().max()) for c in eager for o in c if isinstance(o, torch.Tensor))
+        tol_et = (1e-3, 2e-3 * max(span, 1.0))
+    verdict = _compare(et_out, eager, tol)
+    nodes: Counter[str] = Counter()
+    for d in delegates:
+        nodes.update(d["node_types"])
+    missing = [n for n in spec.expect_nodes if n not in nodes]
+    if missing:
+        print(f"  warning: {spec.name}: expected node types not emitted: {missing}")
+    return {
+        "pte": f"{spec.name}.pte",
+        "recipe": spec.recipe,
+        "tags": spec.tags,
+        "description": spec.description,
+        "tol_eager": list(tol),
+        "tol_executorch": list(tol_et),
+        "quant_step": qstep,
+        "delegates": delegates,
+        "node_types": dict(sorted(nodes.items())),
+        "operators": ops,
+        "executorch_runtime": verdict,
+    }
+
+
+def _quant_tol_eager(
+    eager: list[list[Any]], et_out: list[list[Any]], qstep: float
+) -> tuple[float, float]:
+    """Eager quantized modules quantize activations per tensor where XNNPACK quantizes per
+    token, and round differently in places: the tolerance is the observed ExecuTorch error
+    (rounded up), at least two quantization steps."""
+    worst = 0.0
+    for e, x in zip(eager, et_out, strict=True):
+        for a, b in zip(e, x, strict=True):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                worst = max(worst, float((a.float() - b.float()).abs().max()))
+    atol = max(2 * qstep, worst * 1.5, 1e-4)
+    return (0.0, float(f"{atol:.3g}"))
+
+
+def _compare(actual: list[list[Any]], expected: list[list[Any]], tol: tuple[float, float]) -> str:
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        if len(a) != len(e):
+            return f"diverges: call {i}: {len(a)} outputs, expected {len(e)}"
+        for k, (x, y) in enumerate(zip(a, e, strict=True)):
+            if isinstance(y, torch.Tensor):
+                if x.dtype != y.dtype or x.shape != y.shape:
+                    return f"diverges: call {i} output {k}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}"
+                if y.is_floating_point():
+                    if not torch.allclose(x.float(), y.float(), rtol=tol[0], atol=tol[1]):
+                        err = float((x.float() - y.float()).abs().max())
+                        return f"diverges: call {i} output {k}: max abs err {err:.3g}"
+                elif not torch.equal(x, y):
+                    return f"diverges: call {i} output {k}: values differ"
+    return "ok"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    manifest_path = args.out / "manifest.json"
+    manifest: dict[str, Any] = {}
+    if args.only and manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+    warnings.filterwarnings("ignore")
+    for spec in SPECS:
+        if args.only and spec.name not in args.only:
+            continue
+        print(f"{spec.name} ({spec.recipe})", flush=True)
+        try:
+            manifest[spec.name] = build(spec, args.out)
+        except Exception as exc:  # a fixture the exporter cannot make is reported, not fatal
+            print(f"  FAILED: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        e = manifest[spec.name]
+        print(
+            f"  nodes {e['node_types']}  ops {e['operators']}  executorch: {e['executorch_runtime']}"
+        )
+    manifest = dict(sorted(manifest.items()))
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
