@@ -98,3 +98,8 @@ def describe_payload(backend_id: str, data: memoryview) -> dict[str, int] | None
     """Node types and counts of a delegate payload (None when its backend has no describer)."""
     fn = _DESCRIBERS.get(backend_id)
     return None if fn is None else fn(data)
+
+
+# Built-in backends register themselves on import (their torch code loads when a method
+# that uses them is prepared).
+from . import xnnpack as _xnnpack  # noqa: E402,F401
