@@ -75,7 +75,9 @@ class G:
             buf = len(self.consts) - 1
         tv = self._tensor(dims, dtype, flags, ext, buf)
         if qparams is not None:
-            xv = sch.XValue(xvalue_union=sch.XNNQuantizedTensorValue(tensor_value=tv, quant_params=qparams))
+            xv = sch.XValue(
+                xvalue_union=sch.XNNQuantizedTensorValue(tensor_value=tv, quant_params=qparams)
+            )
         else:
             xv = sch.XValue(xvalue_union=tv)
         self.values.append(xv)
@@ -93,7 +95,9 @@ class G:
                 output_min="-inf" if out_min is None else out_min,
                 output_max="inf" if out_max is None else out_max,
             )
-        self.nodes.append(sch.XNode(xnode_union=union, debug_handle=len(self.nodes), output_min_max=mm))
+        self.nodes.append(
+            sch.XNode(xnode_union=union, debug_handle=len(self.nodes), output_min_max=mm)
+        )
 
     def payload(self) -> bytes:
         graph = sch.XNNGraph(
@@ -108,7 +112,9 @@ class G:
         return bytes(ser.serialize_xnnpack_binary(graph, self.blob))
 
 
-def run(g: G, args: Sequence[torch.Tensor], orders: Sequence[tuple[int, ...]] | None = None) -> None:
+def run(
+    g: G, args: Sequence[torch.Tensor], orders: Sequence[tuple[int, ...]] | None = None
+) -> None:
     payload = decode_payload(g.payload(), "test")
     infos = [
         ArgInfo(a.dtype, orders[i] if orders else tuple(range(a.dim()))) for i, a in enumerate(args)
@@ -168,14 +174,25 @@ def test_fully_connected_with_constants_inside_the_payload() -> None:
     wv = g.value([5, 7], data=w)
     bv = g.value([5], data=b)
     y = g.value([3, 5], io="out")
-    g.node(sch.XNNFullyConnected(input1_id=x, filter_id=wv, bias_id=bv, output_id=y, flags=0), out_min=-0.5, out_max=0.5)
+    g.node(
+        sch.XNNFullyConnected(input1_id=x, filter_id=wv, bias_id=bv, output_id=y, flags=0),
+        out_min=-0.5,
+        out_max=0.5,
+    )
     xt = torch.randn(3, 7)
     out = torch.empty(3, 5)
     run(g, [xt, out])
     torch.testing.assert_close(out, (xt @ w.T + b).clamp(-0.5, 0.5))
 
 
-def _pool(cls: Any, x: int, y: int, k: tuple[int, int], s: tuple[int, int], pads: tuple[int, int, int, int]) -> Any:
+def _pool(
+    cls: Any,
+    x: int,
+    y: int,
+    k: tuple[int, int],
+    s: tuple[int, int],
+    pads: tuple[int, int, int, int],
+) -> Any:
     return cls(
         padding_top=pads[0],
         padding_right=pads[1],
@@ -262,7 +279,11 @@ def test_reshape_infers_a_zero_and_slice_to_the_end() -> None:
     y = g.value([6, 3], io="out")
     g.node(sch.XNNStaticReshape(num_dims=2, new_shape=[0, 4], input_id=x, output_id=r, flags=0))
     # XNNPACK's slice ends at offset + size; an end of 0 means "to the end of the dim"
-    g.node(sch.XNNStaticSlice(num_dims=2, offsets=[0, 1], sizes=[0, 3], input_id=r, output_id=y, flags=0))
+    g.node(
+        sch.XNNStaticSlice(
+            num_dims=2, offsets=[0, 1], sizes=[0, 3], input_id=r, output_id=y, flags=0
+        )
+    )
     xt = torch.randn(2, 3, 4)
     out = torch.empty(6, 3)
     run(g, [xt, out])
@@ -284,7 +305,9 @@ def test_convert_between_float_types() -> None:
 
 def test_int8_tensors_at_the_boundary() -> None:
     """A quantized add whose inputs and output are int8 tensors of the method."""
-    qa, qb, qy = (sch.PerTensorQuant(scale=s, zero_point=z) for s, z in ((0.05, 3), (0.1, -7), (0.08, 10)))
+    qa, qb, qy = (
+        sch.PerTensorQuant(scale=s, zero_point=z) for s, z in ((0.05, 3), (0.1, -7), (0.08, 10))
+    )
     g = G()
     a = g.value([3, 4], dtype=QINT8, io="in", qparams=qa)
     b = g.value([3, 4], dtype=QINT8, io="in", qparams=qb)
@@ -295,7 +318,9 @@ def test_int8_tensors_at_the_boundary() -> None:
     out = torch.empty(3, 4, dtype=torch.int8)
     run(g, [at, bt, out])
     real = (at.float() - 3) * 0.05 + (bt.float() - (-7)) * 0.1
-    ref = torch.clamp(torch.round(real / 0.08) + 10, 10, 127).to(torch.int8)  # relu: q >= zero point
+    ref = torch.clamp(torch.round(real / 0.08) + 10, 10, 127).to(
+        torch.int8
+    )  # relu: q >= zero point
     assert (out.int() - ref.int()).abs().max() <= 1  # one quantization step
     assert (out == ref).float().mean() > 0.9
 
@@ -335,7 +360,11 @@ def test_sdpa_node_is_refused_by_name() -> None:
     sc = g.value([8], data=torch.full((8,), 0.35))
     mask = g.value([4, 4], data=torch.zeros(4, 4))
     y = g.value([1, 2, 4, 8], io="out")
-    g.node(sch.XNNScaledDotProductAttention(query_id=q, key_id=k, value_id=v, scale_id=sc, mask_id=mask, output_id=y, flags=0))
+    g.node(
+        sch.XNNScaledDotProductAttention(
+            query_id=q, key_id=k, value_id=v, scale_id=sc, mask_id=mask, output_id=y, flags=0
+        )
+    )
     args = [torch.randn(1, 2, 4, 8) for _ in range(4)]
     with pytest.raises(BackendUnavailableError, match="ScaledDotProductAttention"):
         run(g, args)
@@ -346,7 +375,9 @@ def _node_type_offset(data: bytes, node: int) -> int:
     p = decode_payload(data)
     from ptexec.format.flatbuf import Buffer
 
-    fb = Buffer(memoryview(data)[p.flatbuffer_offset : p.flatbuffer_offset + p.header.flatbuffer_size])  # type: ignore[union-attr]
+    fb = Buffer(
+        memoryview(data)[p.flatbuffer_offset : p.flatbuffer_offset + p.header.flatbuffer_size]
+    )  # type: ignore[union-attr]
     nodes = fb.root().tables(1, "xnodes", lambda t: t)
     assert nodes is not None
     return p.flatbuffer_offset + nodes[node]._field(0)
@@ -378,7 +409,10 @@ def _abs_graph() -> G:
     [
         (lambda b: b[:20], "header"),  # truncated header
         (lambda b: b[:10] + (9999).to_bytes(4, "little") + b[14:], "header"),  # flatbuffer offset
-        (lambda b: b[:22] + (1 << 40).to_bytes(8, "little") + b[30:], "header"),  # constant data size
+        (
+            lambda b: b[:22] + (1 << 40).to_bytes(8, "little") + b[30:],
+            "header",
+        ),  # constant data size
         (lambda b: b[:36] + b"XN99" + b[40:], "identifier"),
     ],
 )
@@ -405,7 +439,9 @@ def test_constant_past_the_constant_data() -> None:
     c = g.value([3], data=torch.ones(3))
     y = g.value([3], io="out")
     g.node(sch.XNNAdd(input1_id=x, input2_id=c, output_id=y, flags=0))
-    g.consts[1] = sch.ConstantDataOffset(offset=8, size=12)  # 12 bytes from 8: past the 12-byte region
+    g.consts[1] = sch.ConstantDataOffset(
+        offset=8, size=12
+    )  # 12 bytes from 8: past the 12-byte region
     with pytest.raises(PteFormatError) as info:
         run(g, [torch.randn(3), torch.empty(3)])
     assert info.value.path == "test.constant_data[1]"
@@ -445,3 +481,34 @@ def test_value_read_before_it_is_written() -> None:
     g.node(sch.XNNAbs(input_id=x, output_id=t, flags=0))
     with pytest.raises(PteFormatError, match="before any node writes it"):
         run(g, [torch.randn(3), torch.empty(3)])
+
+
+def _qd8_literal(row: Any) -> tuple[Any, float, float]:
+    """XNNPACK's per-row dynamic quantization, transcribed step by step in float32."""
+    import numpy as np
+
+    f = np.float32
+    r = row.numpy().astype(np.float32)
+    rmin, rmax = f(min(0.0, r.min())), f(max(0.0, r.max()))
+    mult = f(1.0) if rmin == rmax else f(255.0) / f(rmax - rmin)
+    dmin, dmax = f(rmin * mult), f(rmax * mult)
+    zp = f(-128 - dmin) if f(f(-128 + dmin) + f(127 + dmax)) > 0 else f(127 - dmax)
+    zp = np.rint(min(max(zp, f(-128)), f(127)))
+    q = np.clip(np.rint(r * mult) + zp, -128, 127)
+    return q, float(zp), float(f(1) / mult)
+
+
+@pytest.mark.parametrize(
+    "x",
+    [torch.randn(7, 33) * 3, torch.rand(4, 16) + 1, -torch.rand(4, 16), torch.randn(3, 2, 8)],
+    ids=["mixed", "positive", "negative", "3d"],
+)
+def test_per_token_quantization_follows_xnnpack(x: torch.Tensor) -> None:
+    from ptexec.delegates.xnnpack.runtime import _qd8
+
+    q, zp, scale = _qd8(x, 1)
+    for i, row in enumerate(x.reshape(-1, x.shape[-1])):
+        rq, rz, rs = _qd8_literal(row)
+        assert q[i].tolist() == rq.tolist()
+        assert zp[i].item() == rz
+        assert scale[i].item() == pytest.approx(rs, rel=1e-6)

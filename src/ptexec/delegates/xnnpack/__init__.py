@@ -8,12 +8,15 @@ count) needs no torch.
 from __future__ import annotations
 
 from ...kernels.registry import Emission
-from .. import DelegateContext, register_backend
+from .. import DelegateContext, register_backend, register_describer
 from .schema import describe_payload
 
 __all__ = ["BACKEND_ID", "describe_payload"]
 
 BACKEND_ID = "XnnpackBackend"
+
+
+register_describer(BACKEND_ID)(describe_payload)
 
 
 @register_backend(BACKEND_ID)

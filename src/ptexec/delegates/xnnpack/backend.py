@@ -64,4 +64,6 @@ def prepare(ctx: DelegateContext) -> Emission:
     runner = build_runner(payload, ctx.named_data, _arg_infos(ctx, where), _device(ctx))
     name = ctx.bind(runner.fn, "xnnpack")
     args = ", ".join(f"v[{ctx.args[k]}]" for k in runner.ext_ids)
-    return ctx.emit(f"{name}({args})")
+    outs = tuple(ctx.args[k] for k in runner.output_ids)
+    # the outputs are written in place (resized first) and never read
+    return ctx.emit(f"{name}({args})", mutates=outs, outs=outs)

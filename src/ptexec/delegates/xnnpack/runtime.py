@@ -100,6 +100,10 @@ _OTHER = frozenset(
 )
 SUPPORTED_NODE_TYPES = frozenset(_UNARY) | frozenset(_BINARY) | _OTHER
 
+# Below this many flops (per call, at the serialized shape) a CPU convolution runs with
+# torch's direct kernel instead of oneDNN's, whose fixed cost per call is larger.
+_TINY_CONV_FLOPS = 1_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class ArgInfo:
@@ -139,28 +143,58 @@ def _fq_manual(t: torch.Tensor, scale: float, zp: int, lo: int, hi: int) -> torc
     return q.clamp_(lo, hi).sub_(zp).mul_(scale)
 
 
+def _qd8(x: torch.Tensor, nonbatch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize rows (the trailing ``nonbatch`` dims of ``x``) to int8 with XNNPACK's
+    asymmetric per-row parameters: (q int8 [rows, row], zero point [rows, 1], scale
+    [rows, 1]), the last two float32. The scale is the reciprocal of the multiplier the
+    values are quantized with, and the zero point is nudged into [-128, 127] and rounded,
+    both as XNNPACK computes them (a row of zeros gets multiplier 2.55e32 instead of 1:
+    the same zero point and the same zero values)."""
+    n = x.dim() - nonbatch
+    xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
+    if xf.dtype != torch.float32:
+        xf = xf.float()
+    mn, mx = torch.aminmax(xf, dim=1, keepdim=True)
+    mn = mn.clamp_(max=0.0)
+    mx = mx.clamp_(min=0.0)
+    mult = torch.div(255.0, (mx - mn).clamp_(min=1e-30))
+    dmin = mn.mul_(mult)
+    dmax = mx.mul_(mult)
+    from_min = torch.sub(-128.0, dmin)  # the zero point from the minimum, and from the maximum
+    from_max = torch.sub(127.0, dmax)
+    use_min = (dmin - 128.0).add_(dmax + 127.0) > 0  # XNNPACK's choice between the two
+    zp = torch.where(use_min, from_min, from_max).clamp_(-128.0, 127.0).round_()
+    q = torch.mul(xf, mult).round_().add_(zp).clamp_(-128.0, 127.0).to(torch.int8)
+    return q, zp, mult.reciprocal_()
+
+
 def _per_token(x: torch.Tensor, nonbatch: int) -> torch.Tensor:
-    """Quantize rows (the trailing ``nonbatch`` dims) to int8 with XNNPACK's asymmetric
-    per-row parameters; return the dequantized values in ``x``'s dtype."""
-    shape = x.shape
-    row = 1
-    for d in shape[len(shape) - nonbatch :]:
-        row *= d
-    xf = x.reshape(-1, row).float()
-    if xf.numel() == 0:
+    """``x`` quantized per row as XNNPACK does (see :func:`_qd8`), then dequantized."""
+    if x.numel() == 0:
         return x
-    mn, mx = torch.aminmax(xf, dim=1)
-    mn = mn.clamp(max=0.0)
-    mx = mx.clamp(min=0.0)
-    rng = mx - mn
-    mult = torch.where(rng == 0, torch.ones_like(rng), 255.0 / rng)
-    dmin = mn * mult
-    dmax = mx * mult
-    zp = torch.where((-128.0 + dmin) + (127.0 + dmax) > 0, -128.0 - dmin, 127.0 - dmax)
-    zp = zp.clamp_(-128.0, 127.0).round_()
-    q = torch.round(xf * mult[:, None]).add_(zp[:, None]).clamp_(-128.0, 127.0)
-    out = q.sub_(zp[:, None]).mul_((1.0 / mult)[:, None])
-    return out.to(x.dtype).reshape(shape)
+    q, zp, scale = _qd8(x, nonbatch)
+    return q.float().sub_(zp).mul_(scale).to(x.dtype).reshape(x.shape)
+
+
+def _qd_linear(
+    x: torch.Tensor,
+    nonbatch: int,
+    wt: torch.Tensor,
+    colsum: torch.Tensor,
+    wscale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """A fully connected node on a per-row quantized input and int8 weights, with integer
+    accumulation as XNNPACK's kernels do: ``(q @ w - zp * sum(w)) * scale * wscale + b``.
+    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (float32)."""
+    if x.numel() == 0:
+        return x.new_empty((*x.shape[:-1], wt.shape[1]))
+    q, zp, scale = _qd8(x, nonbatch)
+    acc = torch._int_mm(q, wt).float()
+    out = acc.sub_(zp * colsum).mul_(scale).mul_(wscale)
+    if bias is not None:
+        out = out.add_(bias)
+    return out.to(x.dtype).reshape(*x.shape[:-1], wt.shape[1])
 
 
 def _resize(x: torch.Tensor, phys: Sequence[int], order: tuple[int, ...]) -> None:
@@ -226,6 +260,8 @@ _HELPERS: dict[str, Any] = {
     "_fq": torch.fake_quantize_per_tensor_affine,
     "_fq_manual": _fq_manual,
     "_per_token": _per_token,
+    "_qd_linear": _qd_linear,
+    "_slow_conv2d": torch.ops.aten._slow_conv2d_forward,
     "_resize": _resize,
     "_argmax_pool": _argmax_pool,
     "_max_pool": _max_pool,
@@ -293,6 +329,15 @@ class _Constants:
             return self._typed(q.scale_buffer_idx, torch.float32, q.num_scales)
         return torch.tensor(q.scales, dtype=torch.float32)
 
+    def ints(self, v: s.XnnValue) -> torch.Tensor:
+        """The integer values of a quantized weight (qcint8; qcint4 and qbint4 with their
+        zero point 8 removed) as int8, in XNNPACK's dims, on the host."""
+        if v.dtype_name == "qcint8":
+            return self._typed(v.constant_buffer_idx, torch.int8, v.numel).reshape(v.dims)
+        if v.dtype_name in ("qcint4", "qbint4"):
+            return (_unpack4(self._bytes(v.constant_buffer_idx), v.dims) - 8).to(torch.int8)
+        raise ValueError(f"no integer form for {v.dtype_name}")
+
     def value(self, v: s.XnnValue, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The constant's value in XNNPACK's dims: floats as is, quantized ones dequantized
         (float32), cast to ``dtype`` when given, on the device."""
@@ -354,10 +399,12 @@ class XnnRunner:
         source: str,
         ext_ids: tuple[int, ...],
         node_types: dict[str, int],
+        output_ids: tuple[int, ...] = (),
     ) -> None:
         self.fn = fn
         self.source = source
-        self.ext_ids = ext_ids
+        self.ext_ids = ext_ids  # the delegate call arguments it takes, in order
+        self.output_ids = output_ids  # those of them it writes
         self.node_types = node_types
 
     def __call__(self, *tensors: torch.Tensor) -> None:
@@ -385,6 +432,8 @@ class _Gen:
         self.env: dict[str, Any] = dict(_HELPERS)
         self.expr: dict[int, str] = {}
         self.reps: dict[int, _Rep] = {}
+        # per-token quantized values not computed yet: value -> (float source, nonbatch dims)
+        self.pending_qd: dict[int, tuple[str, int]] = {}
         self._n = 0
 
     # -- names -------------------------------------------------------------------------
@@ -444,6 +493,10 @@ class _Gen:
         if v.is_constant:
             return self.bind(self.consts.value(v, dtype), "c")
         e = self.expr.get(vid)
+        if e is None and vid in self.pending_qd:
+            src, k = self.pending_qd[vid]
+            self.emit(f"t{vid} = _per_token({src}, {k})")
+            e = self.expr[vid] = f"t{vid}"
         if e is None:  # validation guarantees order; this is a defect of ours
             raise AssertionError(f"value {vid} used before it is computed")
         return e
@@ -625,7 +678,8 @@ class _Gen:
         namespace = dict(self.env)
         exec(compile(source, f"<ptexec xnnpack {self.path}>", "exec"), namespace)
         _register_source(f"<ptexec xnnpack {self.path}>", source)
-        return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts)
+        out_ids = tuple(sorted(v.external_id for v in outs))
+        return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts, out_ids)
 
     def node(self, n: s.XnnNode) -> None:
         t = n.type
@@ -672,11 +726,13 @@ class _Gen:
     def n_FullyConnected(self, n: s.XnnNode) -> None:
         self.check_flags(n, s.FLAG_TRANSPOSE_WEIGHTS)
         dt = self.compute_dtype(n)
-        x = self.x(n.inputs[0], dt)
         fv = self.value(n["filter_id"])
         transposed = bool(n.flags & s.FLAG_TRANSPOSE_WEIGHTS)
         if len(fv.dims) != 2:
             raise self.fail(n, f"filter has dims {list(fv.dims)}, expected 2")
+        if self._qd_int_linear(n, fv, transposed):
+            return
+        x = self.x(n.inputs[0], dt)
         bias = n["bias_id"]
         b = self.x(bias, dt) if bias is not None else "None"
         if fv.is_constant:
@@ -694,6 +750,39 @@ class _Gen:
                 else f"torch.add(torch.matmul({x}, {wt}), {b})"
             )
             self.out(n, code, fresh=True)
+
+    def _qd_int_linear(self, n: s.XnnNode, fv: s.XnnValue, transposed: bool) -> bool:
+        """On the CPU, a per-token quantized input times int8/int4 weights with one scale
+        per output channel runs as an integer matrix product (exact accumulation, as
+        XNNPACK's kernels). Block-wise weights with several blocks per row stay in float."""
+        src = n["input1_id"]
+        q = fv.quant
+        per_channel = (
+            isinstance(q, s.PerChannelQuant) and fv.dtype_name in ("qcint8", "qcint4")
+        ) or (isinstance(q, s.PerChannelGroupQuant) and q.group_size == fv.dims[1])
+        if (
+            self.device.type != "cpu"
+            or src not in self.pending_qd
+            or self.pending_qd[src][1] != 1
+            or transposed
+            or not fv.is_constant
+            or not per_channel
+            or q is None
+            or q.channel_dim != 0  # type: ignore[union-attr]
+            or self.rep(n.outputs[0]).kind != "float"
+        ):
+            return False
+        assert isinstance(q, s.PerChannelQuant | s.PerChannelGroupQuant)
+        ints = self.consts.ints(fv)  # [out, in]
+        wt = ints.t().contiguous()
+        colsum = ints.sum(dim=1, dtype=torch.int32).to(torch.float32)
+        wscale = self.consts.scales(q).to(torch.float32).contiguous()
+        bias = n["bias_id"]
+        b = self.x(bias, torch.float32) if bias is not None else "None"
+        x = self.pending_qd[src][0]
+        names = [self.bind(t, "w") for t in (wt, colsum, wscale)]
+        self.out(n, f"_qd_linear({x}, 1, {', '.join(names)}, {b})", fresh=True)
+        return True
 
     def n_BatchMatrixMultiply(self, n: s.XnnNode) -> None:
         self.check_flags(n, s.FLAG_TRANSPOSE_WEIGHTS)
@@ -766,18 +855,35 @@ class _Gen:
         if groups < 1:
             raise self.fail(n, "groups must be at least 1")
         raw = self.consts.value(self.value(n["filter_id"]), dt)  # [OC, KH, KW, IC/g]
-        w = raw.permute(0, 3, 1, 2).contiguous()
+        w = raw.permute(0, 3, 1, 2)
         self._check_conv_shape(n, w, groups * n["group_output_channels"], n["group_input_channels"])
         self._conv_out(n, pads, groups * n["group_output_channels"])
-        xc, pad = self._conv_input(x, pads)
         stride = self._two(n["subsampling_height"], n["subsampling_width"])
         dil = self._two(n["dilation_height"], n["dilation_width"])
-        wn = self.bind(w, "w")
-        self.out(
-            n,
-            f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups}).permute(0, 2, 3, 1)",
-            fresh=True,
-        )
+        if groups == 1 and w.shape[2:] == (1, 1) and not any(pads):
+            # a 1x1 convolution of NHWC values is a linear layer over channels
+            xs = x if stride == (1, 1) else f"{x}[:, ::{stride[0]}, ::{stride[1]}]"
+            wn = self.bind(raw.reshape(raw.shape[0], raw.shape[3]), "w")
+            self.out(n, f"F.linear({xs}, {wn}, {b})", fresh=True)
+            return
+        xc, pad = self._conv_input(x, pads)
+        wn = self.bind(w.contiguous(), "w")
+        if self._tiny_conv(n, groups, dil, dt):
+            # torch's direct (im2col) kernel: far less fixed cost than oneDNN's for tiny work
+            k = tuple(w.shape[2:])
+            code = f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad}).permute(0, 2, 3, 1)"
+        else:
+            code = (
+                f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups}).permute(0, 2, 3, 1)"
+            )
+        self.out(n, code, fresh=True)
+
+    def _tiny_conv(self, n: s.XnnNode, groups: int, dil: tuple[int, int], dt: torch.dtype) -> bool:
+        if self.device.type != "cpu" or groups != 1 or dil != (1, 1) or dt != torch.float32:
+            return False
+        out = self.value(n.outputs[0]).dims
+        k = int(n["kernel_height"] * n["kernel_width"] * n["group_input_channels"])
+        return math.prod(out) * k * 2 < _TINY_CONV_FLOPS
 
     def n_DepthwiseConv2d(self, n: s.XnnNode) -> None:
         x, dt, b, pads = self._conv_common(n)
@@ -1013,8 +1119,9 @@ class _Gen:
                     f"XNNPACK Convert from {src.dtype_name} to qdint8 is not supported"
                 )
             self.reps[dst.id] = _Rep("qd", ri.dtype)
-            self.emit(f"t{dst.id} = _per_token({x}, {q.num_nonbatch_dims})")
-            self.expr[dst.id] = f"t{dst.id}"
+            # computed where it is first needed: a linear with int8 weights quantizes
+            # its input itself and never needs the dequantized values
+            self.pending_qd[dst.id] = (x, q.num_nonbatch_dims)
             return
         ro = self.rep(dst.id)
         if ro.kind == "q":

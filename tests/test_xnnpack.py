@@ -1,0 +1,304 @@
+"""XNNPACK-delegated programs (made by scripts/make_xnnpack_fixtures.py) run by ptexec.
+
+Every fixture is compared, call by call, with what ExecuTorch's runtime (with its XNNPACK
+backend) returned for the same file when the fixture was made, with eager PyTorch, and,
+where the XNNPACK backend is installed, with ExecuTorch's runtime live.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import compare_outputs
+from ptexec.delegates.xnnpack import describe_payload
+from ptexec.errors import BackendUnavailableError, PteFormatError, PtexecError
+from ptexec.format.flatbuf import Buffer
+from ptexec.format.pte import read_pte
+
+DIR = Path(__file__).resolve().parent / "fixtures" / "xnnpack"
+MANIFEST: dict[str, Any] = json.loads((DIR / "manifest.json").read_text())
+NAMES = sorted(MANIFEST)
+DOC = Path(__file__).resolve().parent.parent / "docs" / "xnnpack_coverage.md"
+
+
+@cache
+def _calls(name: str) -> list[dict[str, Any]]:
+    return torch.load(DIR / f"{name}.io.pt", weights_only=True)["calls"]  # type: ignore[no-any-return]
+
+
+def _replay(name: str, **options: Any) -> list[list[Any]]:
+    method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward", **options)
+    return [method.execute([_to(x, options) for x in c["inputs"]]) for c in _calls(name)]
+
+
+def _to(x: Any, options: dict[str, Any]) -> Any:
+    dev = options.get("device_map")
+    return x.to(dev) if dev and isinstance(x, torch.Tensor) else x
+
+
+def _et_runtime() -> Any:
+    rt = pytest.importorskip("executorch.runtime").Runtime.get()
+    if "XnnpackBackend" not in rt.backend_registry.registered_backend_names:
+        pytest.skip("ExecuTorch's runtime here has no XnnpackBackend")
+    return rt
+
+
+def test_fixtures_cover_every_recipe() -> None:
+    recipes = {e["recipe"] for e in MANIFEST.values()}
+    assert recipes == {
+        "fp32",
+        "fp16",
+        "int8_static_pt",
+        "int8_static_pc",
+        "int8_dynamic_pc",
+        "int8_dynamic_int4w_pc",
+        "int4_pc",
+        "int4_group",
+    }
+    for name, entry in MANIFEST.items():
+        assert entry["executorch_runtime"] == "ok", name
+        assert entry["delegates"], f"{name}: nothing was delegated"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_executorch_and_eager(name: str) -> None:
+    entry = MANIFEST[name]
+    for i, (got, call) in enumerate(zip(_replay(name), _calls(name), strict=True)):
+        problem = compare_outputs(got, call["executorch"], *entry["tol_executorch"])
+        assert problem is None, f"{name} call {i}: vs ExecuTorch+XNNPACK: {problem}"
+        problem = compare_outputs(got, call["eager"], *entry["tol_eager"])
+        assert problem is None, f"{name} call {i}: vs eager: {problem}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_executorch_runtime_live(name: str) -> None:
+    """The same file through ExecuTorch's runtime here, and through ptexec."""
+    rt = _et_runtime()
+    method = rt.load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    for i, (got, call) in enumerate(zip(_replay(name), _calls(name), strict=True)):
+        want = [x.clone() for x in method.execute(call["inputs"])]
+        problem = compare_outputs(got, want, *MANIFEST[name]["tol_executorch"])
+        assert problem is None, f"{name} call {i}: {problem}"
+
+
+def _payloads(path: Path) -> list[tuple[int, memoryview]]:
+    """(offset in the file, bytes) of each XNNPACK delegate payload of a program."""
+    from ptexec.format import program as p
+
+    pte = read_pte(path.read_bytes())
+    out = []
+    for plan in pte.program.execution_plan:
+        for d in plan.delegates:
+            if d.id == "XnnpackBackend":
+                ref = d.processed
+                if ref.location == p.DATA_INLINE:
+                    start = pte.program.backend_delegate_data[ref.index].offset
+                else:
+                    start = pte.segments[ref.index].offset
+                out.append((start, pte.delegate_data(ref)))
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_describe_payload_matches_flatc(name: str) -> None:
+    """Node counts decoded by ptexec equal those flatc decoded with XNNPACK's schema."""
+    got = [describe_payload(view) for _, view in _payloads(DIR / MANIFEST[name]["pte"])]
+    assert got == [d["node_types"] for d in MANIFEST[name]["delegates"]]
+
+
+def test_inspect_shows_node_types(capsys: pytest.CaptureFixture[str]) -> None:
+    from ptexec.cli import main
+
+    path = str(DIR / MANIFEST["cnn_int8_static_pc"]["pte"])
+    assert main(["inspect", path]) == 0
+    out = capsys.readouterr().out
+    assert "XnnpackBackend" in out
+    for node, count in MANIFEST["cnn_int8_static_pc"]["node_types"].items():
+        assert re.search(rf"\b{count}\s+{node}\b", out), (node, out)
+
+
+# -- coverage --------------------------------------------------------------------------
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if (
+            line.startswith("|")
+            and len(cells) == 4
+            and cells[0]
+            and not set(cells[0]) <= {"-", " "}
+        ):
+            rows[cells[0].strip("`")] = cells[1:]
+    rows.pop("node type", None)
+    return rows
+
+
+def test_coverage_table_lists_every_emitted_node_type() -> None:
+    """docs/xnnpack_coverage.md: every node type a fixture contains is listed as emitted and
+    tested, with fixtures that do contain it; no other node type claims to be emitted."""
+    emitted: dict[str, set[str]] = {}
+    for name, entry in MANIFEST.items():
+        for node in entry["node_types"]:
+            emitted.setdefault(node, set()).add(name)
+    rows = _doc_rows()
+    for node, fixtures in emitted.items():
+        assert node in rows, f"{node} missing from the coverage table"
+        status, runs, tested = rows[node]
+        assert status.startswith("emitted"), node
+        assert runs == "yes", node
+        named = set(re.findall(r"`([a-z0-9_]+)`", tested))
+        assert named and named <= fixtures, f"{node}: {named - fixtures} do not contain it"
+    claimed = {n for n, r in rows.items() if r[0].startswith("emitted")}
+    assert claimed == set(emitted), claimed ^ set(emitted)
+
+
+def test_coverage_table_knows_the_whole_schema() -> None:
+    from ptexec.delegates.xnnpack.runtime import SUPPORTED_NODE_TYPES
+    from ptexec.delegates.xnnpack.schema import NODE_TYPES
+
+    rows = _doc_rows()
+    assert set(rows) == set(NODE_TYPES.values())
+    for node, (_, runs, _) in rows.items():
+        assert (runs == "yes") == (node in SUPPORTED_NODE_TYPES), node
+
+
+# -- load-time behaviour -----------------------------------------------------------------
+
+
+def test_float_weights_stay_in_the_file() -> None:
+    """fp32 linear weights are used in place: views of the program's memory, not copies."""
+    prog = ptexec.load(DIR / MANIFEST["mlp"]["pte"])
+    method = prog.load_method("forward")
+    lo = torch.frombuffer(prog.pte.data, dtype=torch.uint8).data_ptr()
+    hi = lo + len(prog.pte.data)
+    runner = next(
+        fn
+        for st in method._statements[0]
+        for fn in st.env.values()
+        if getattr(fn, "__name__", "") == "_xnnpack_run"
+    )
+    weights = [
+        t for t in runner.__globals__.values() if isinstance(t, torch.Tensor) and t.dim() == 2
+    ]
+    assert weights and all(lo <= t.data_ptr() < hi for t in weights)
+
+
+def _patched(name: str, node: int, code: int) -> bytes:
+    """The fixture's bytes with the type code of node ``node`` of its first payload changed."""
+    path = DIR / MANIFEST[name]["pte"]
+    data = bytearray(path.read_bytes())
+    start, view = _payloads(path)[0]
+    from ptexec.delegates.xnnpack.schema import decode_payload
+
+    p = decode_payload(view)
+    fb = Buffer(view[p.flatbuffer_offset : p.flatbuffer_offset + p.header.flatbuffer_size])  # type: ignore[union-attr]
+    nodes = fb.root().tables(1, "xnodes", lambda t: t)
+    assert nodes is not None
+    data[start + p.flatbuffer_offset + nodes[node]._field(0)] = code
+    return bytes(data)
+
+
+def test_unknown_node_type_fails_at_load_naming_it() -> None:
+    prog = ptexec.load(_patched("mlp", 1, 120))
+    with pytest.raises(BackendUnavailableError, match="unknown node type 120"):
+        prog.load_method("forward")
+
+
+def test_schema_node_type_ptexec_cannot_run_fails_at_load_naming_it() -> None:
+    prog = ptexec.load(_patched("op_abs", 0, 36))  # ScaledDotProductAttention
+    with pytest.raises(BackendUnavailableError, match="ScaledDotProductAttention"):
+        prog.load_method("forward")
+
+
+def test_format_errors_name_the_place_in_the_payload() -> None:
+    path = DIR / MANIFEST["op_add"]["pte"]
+    data = bytearray(path.read_bytes())
+    start, _view = _payloads(path)[0]
+    data[start + 4 : start + 8] = b"XH99"  # no header: the payload is read as a bare flatbuffer
+    with pytest.raises(PteFormatError) as info:
+        ptexec.load(bytes(data)).load_method("forward")
+    assert info.value.path == "forward.delegates[0].payload.identifier"
+
+
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn_int8_static_pc", "op_shapes", "transformer_int4_group"]
+)
+def test_corrupt_payloads_fail_with_ptexec_errors(name: str) -> None:
+    """Random byte changes inside a payload's header and graph: loading and running either
+    work or raise a ptexec error, never anything else."""
+    path = DIR / MANIFEST[name]["pte"]
+    clean = path.read_bytes()
+    payloads = _payloads(path)
+    inputs = _calls(name)[0]["inputs"]
+    rng = random.Random(f"xnnpack-{name}")
+    outcomes: dict[str, int] = {}
+    for _ in range(60):
+        data = bytearray(clean)
+        start, view = payloads[rng.randrange(len(payloads))]
+        from ptexec.delegates.xnnpack.schema import read_header
+
+        h = read_header(view, "p")
+        end = start + (h.flatbuffer_offset + h.flatbuffer_size if h else len(view))
+        for _ in range(rng.choice((1, 2, 4))):
+            data[rng.randrange(start, end)] = rng.randrange(256)
+        try:
+            method = ptexec.load(bytes(data)).load_method("forward")
+            method.execute(inputs)
+            kind = "ok"
+        except PtexecError as e:
+            kind = type(e).__name__
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+    assert sum(outcomes.values()) == 60, outcomes
+
+
+# -- devices -----------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", NAMES)
+def test_runs_on_cuda(name: str) -> None:
+    """Loaded with device_map='cuda', the delegate runs on the GPU (constants moved once at
+    load) and agrees with ExecuTorch's CPU results within the fixture's tolerance, widened
+    for TF32 and GPU reduction order."""
+    entry = MANIFEST[name]
+    rtol, atol = entry["tol_executorch"]
+    if entry["recipe"] == "fp32":
+        rtol, atol = max(rtol, 2e-3), max(atol, 2e-3)
+    for i, (got, call) in enumerate(
+        zip(_replay(name, device_map="cuda"), _calls(name), strict=True)
+    ):
+        assert all(x.device.type == "cuda" for x in got if isinstance(x, torch.Tensor))
+        problem = compare_outputs([x.cpu() for x in got], call["executorch"], rtol, atol)
+        assert problem is None, f"{name} call {i}: {problem}"
+
+
+def test_dynamic_linears_accumulate_in_int8_on_the_cpu() -> None:
+    """Per-token quantized activations times int8/int4 per-channel weights run as integer
+    matrix products; block-wise int4 weights run in float."""
+    for name, fused in (
+        ("mlp_int8_dynamic_pc", True),
+        ("mlp_int4_pc", True),
+        ("mlp_int4_group", False),
+    ):
+        method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward")
+        fn = next(
+            f
+            for st in method._statements[0]
+            for f in st.env.values()
+            if getattr(f, "__name__", "") == "_xnnpack_run"
+        )
+        import linecache
+
+        source = "".join(linecache.cache[fn.__code__.co_filename][2])
+        assert ("_qd_linear" in source) == fused, source
