@@ -487,10 +487,8 @@ class _Gen:
             return _Rep("qd", torch.float32)
         if name == "int32":
             return _Rep("int", torch.int32)
-        if name in _QCONST:
-            return _Rep(
-                "float", torch.float32
-            )  # only constants (weights, biases) are of these types
+        if name in _QCONST:  # weights and biases: constants, dequantized at load
+            return _Rep("float", torch.float32)
         raise BackendUnavailableError(f"XNNPACK values of datatype {name} are not supported")
 
     def rep(self, vid: int) -> _Rep:
@@ -629,14 +627,16 @@ class _Gen:
                 raise BackendUnavailableError(
                     f"dynamic quantization of an input to {s.DATATYPES.get(v.dq_datatype)} is not supported"
                 )
+            # an older payload's input quantized per token as it enters: like a Convert
             self.reps[v.id] = _Rep("qd", _FLOAT.get(v.dtype_name, torch.float32))
-            self.emit(f"{name} = _per_token({x}, 1)")
+            self.emit(f"f{v.id} = {x}")
+            self.pending_qd[v.id] = (f"f{v.id}", 1)
+            return
+        r = self.rep(v.id)
+        if r.kind == "q":
+            self.emit(f"{name} = ({x}.to(torch.float32) - {r.zp}) * {r.scale!r}")
         else:
-            r = self.rep(v.id)
-            if r.kind == "q":
-                self.emit(f"{name} = ({x}.to(torch.float32) - {r.zp}) * {r.scale!r}")
-            else:
-                self.emit(f"{name} = {x}")
+            self.emit(f"{name} = {x}")
         if len(v.dims) and a.dim_order == ():
             self.emit(f"{name} = {name}.reshape({tuple(v.dims)!r})")
         self.expr[v.id] = name
