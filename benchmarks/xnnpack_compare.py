@@ -48,8 +48,9 @@ def _timed(fn: Callable[[], Any], n: int) -> list[float]:
 
 def measure(pte: Path, inputs: list[Any], repeat: int) -> tuple[float, float]:
     """Median seconds per call: (ptexec, ExecuTorch)."""
-    import ptexec
     from executorch.runtime import Runtime
+
+    import ptexec
 
     pm = ptexec.load(pte).load_method("forward")
     em = Runtime.get().load_program(pte).load_method("forward")
@@ -85,7 +86,12 @@ def _models(out: Path) -> list[tuple[str, str, Path, list[Any]]]:
 
     plans: list[tuple[str, Callable[[], torch.nn.Module], tuple[int, ...], Sequence[str]]] = [
         ("mobilenet", MobileNetLike, (1, 3, 96, 96), ("fp32", "int8_static_pc")),
-        ("transformer_stack", TransformerStack, (1, 64, 256), ("fp32", "int8_dynamic_pc", "int4_group")),
+        (
+            "transformer_stack",
+            TransformerStack,
+            (1, 64, 256),
+            ("fp32", "int8_dynamic_pc", "int4_group"),
+        ),
         ("wide_mlp", WideMLP, (8, 1024), ("fp32", "int8_dynamic_pc", "int4_pc", "int4_group")),
     ]
     made = []
@@ -132,8 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases += _models(Path(tmp.name))
     if args.only:
         cases = [c for c in cases if c[0] in args.only]
-    print(f"torch threads: {torch.get_num_threads()}; repeat {args.repeat}; median latency per call")
-    print(f"{'program':34s} {'recipe':16s} {'ptexec us':>10s} {'ExecuTorch us':>14s} {'ratio':>7s}")
+    print(
+        f"torch threads: {torch.get_num_threads()}; repeat {args.repeat}; median latency per call"
+    )
+    print(f"{'program':34s} {'recipe':22s} {'ptexec us':>10s} {'ExecuTorch us':>14s} {'ratio':>7s}")
     ratios: dict[str, list[float]] = {}
     rows = []
     for name, recipe, pte, inputs in cases:
@@ -141,11 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = tp / te
         ratios.setdefault(recipe, []).append(r)
         rows.append((name, r))
-        print(f"{name:34s} {recipe:16s} {tp * 1e6:10.1f} {te * 1e6:14.1f} {r:7.2f}", flush=True)
+        print(f"{name:34s} {recipe:22s} {tp * 1e6:10.1f} {te * 1e6:14.1f} {r:7.2f}", flush=True)
     print("\nratio ptexec / ExecuTorch (geometric mean per recipe; < 1: ptexec faster)")
     for recipe, rs in ratios.items():
         g = math.exp(sum(math.log(x) for x in rs) / len(rs))
-        print(f"  {recipe:16s} {g:6.2f}  ({len(rs)} programs, {sum(x < 1 for x in rs)} faster)")
+        print(f"  {recipe:22s} {g:6.2f}  ({len(rs)} programs, {sum(x < 1 for x in rs)} faster)")
     wins = [n for n, r in rows if r < 1]
     print(f"\nptexec faster on {len(wins)} of {len(rows)}: {', '.join(wins) or 'none'}")
     tmp.cleanup()
