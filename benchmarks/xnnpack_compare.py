@@ -11,8 +11,10 @@ stack of benchmarks/models.py and a 3-layer 1024-wide MLP, in float32 and quanti
 recipes), the same ``.pte`` is loaded by ptexec and by ExecuTorch's runtime
 (``executorch.runtime``, whose pybindings include the XNNPACK backend). Calls alternate
 between the two in blocks; the median latency of each is printed with the ratio
-ptexec / ExecuTorch (below 1: ptexec is faster). Both use all cores unless --threads is
-given (torch.set_num_threads and ExecuTorch's thread pool).
+ptexec / ExecuTorch (below 1: ptexec is faster). Both run on one thread by default
+(--threads N sets torch.set_num_threads and ExecuTorch's thread pool; 0 leaves both at
+their defaults): in one process, torch's OpenMP threads and XNNPACK's spinning pool
+threads compete for the same cores, which distorts multi-threaded figures.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--repeat", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.threads:
