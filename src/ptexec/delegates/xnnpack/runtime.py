@@ -23,6 +23,7 @@ time with XNNPACK's choice of scale and zero point. Weights are dequantized once
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -688,8 +689,9 @@ class _Gen:
         body = self.lines or ["pass"]
         source = f"def _xnnpack_run({params}):\n" + "".join(f"    {line}\n" for line in body)
         namespace = dict(self.env)
-        exec(compile(source, f"<ptexec xnnpack {self.path}>", "exec"), namespace)
-        _register_source(f"<ptexec xnnpack {self.path}>", source)
+        filename = f"<ptexec xnnpack {self.path} #{next(_RUNNERS)}>"  # unique: tracebacks
+        exec(compile(source, filename, "exec"), namespace)
+        _register_source(filename, source)
         out_ids = tuple(sorted(v.external_id for v in outs))
         return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts, out_ids)
 
@@ -1163,6 +1165,9 @@ class _Gen:
 
 def _dtype_expr(dt: torch.dtype) -> str:
     return f"torch.{str(dt).removeprefix('torch.')}"
+
+
+_RUNNERS = itertools.count()
 
 
 def _register_source(filename: str, source: str) -> None:
