@@ -10,6 +10,7 @@ collects the outputs.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import types
@@ -1085,7 +1086,7 @@ class _Loader:
         sizes: list[int] = []
         for k, start in enumerate(starts):
             end = starts[k + 1] if k + 1 < len(starts) else n
-            filename = f"<ptexec {self.m.name} chain {c} block {k}>"
+            filename = f"<ptexec #{next(_SOURCES)} {self.m.name} chain {c} block {k}>"
             lines = ["def _block(v):"]
             env: dict[str, Any] = {}
             lineno: dict[int, int] = {}
@@ -1126,6 +1127,9 @@ def plan_meta(
 ) -> MethodMeta:
     """A method's :class:`MethodMeta` without loading it (no memory is allocated)."""
     return _Loader(program, plan, DeviceMap(device_map)).meta()
+
+
+_SOURCES = itertools.count()  # a unique name per compiled block, for tracebacks
 
 
 def _register_source(filename: str, source: str) -> None:
