@@ -45,7 +45,9 @@ from .memory import BufferInfo, PlannedBuffer, allocate, resize_to, strided_view
 from .tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
 
 if TYPE_CHECKING:
+    from .profile import Profile
     from .program import Program
+    from .trace import Trace
 
 __all__ = [
     "DEFAULT_MAX_INSTRUCTIONS",
@@ -645,6 +647,55 @@ class Method:
         """The method's values table (tensors, scalars), for inspection; do not modify."""
         return self._values
 
+    def trace(self, inputs: Sequence[Any] = (), **options: Any) -> Trace:
+        """Run the method once, instruction by instruction, and record what each one wrote;
+        options as :func:`ptexec.trace.trace` (``tensors``, ``reference``, ``stop_on``, ...)."""
+        from .trace import trace
+
+        return trace(self, inputs, **options)
+
+    def profile(self, inputs: Sequence[Any] = (), **options: Any) -> Profile:
+        """Time every instruction over repeated calls; options as
+        :func:`ptexec.profile.profile` (``repeat``, ``warmup``, ``sync``, ...)."""
+        from .profile import profile
+
+        return profile(self, inputs, **options)
+
+    def _call_with(
+        self,
+        inputs: Sequence[Any],
+        runner: Callable[[list[Any]], None],
+        *,
+        transfers: str | None = None,
+        layout: str | None = None,
+        phase: Callable[[str], None] | None = None,
+    ) -> list[Any]:
+        """A call as :meth:`execute` makes it (same validation, binding and outputs, as
+        copies), with ``runner(values)`` in place of the compiled blocks. ``phase(name)``
+        is told when ``"bind"``, ``"run"``, ``"collect"`` and ``"end"`` begin."""
+        if isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence):
+            inputs = [inputs]
+        policy = self._policy
+        if transfers is not None or layout is not None:
+            policy = Policy(transfers or policy.transfers, layout or policy.layout)  # type: ignore[arg-type]
+        with self._lock:
+            plan = self._prepare_inputs(inputs, policy)
+            if phase is not None:
+                phase("bind")
+            self._bind(plan)
+            try:
+                if phase is not None:
+                    phase("run")
+                runner(self._values)
+                if phase is not None:
+                    phase("collect")
+                results = self._collect("copy", None)
+                if phase is not None:
+                    phase("end")
+                return results
+            finally:
+                self._release_inputs()
+
     # attributes filled by the loader
     _meta: MethodMeta
     _values: list[Any]
@@ -658,6 +709,7 @@ class Method:
     _buffers: list[PlannedBuffer]
     _statements: list[list[Emission]]
     _dynamic_scalars: frozenset[int]
+    _loaded_statements: list[list[Emission]]  # as the kernels made them, before rewrites
 
 
 # --------------------------------------------------------------------------------------
@@ -977,6 +1029,7 @@ class _Loader:
         chains = []
         names_all: list[list[str]] = []
         statements_all: list[list[Emission]] = []
+        loaded_all: list[list[Emission]] = []
         line_map: dict[str, tuple[int, dict[int, int]]] = {}
         for c, chain in enumerate(plan.chains):
             statements: list[Emission] = []
@@ -985,6 +1038,7 @@ class _Loader:
                 name, emission = self._prepare(ins, i, c, values, dynamic, missing)
                 names.append(name)
                 statements.append(emission)
+            loaded_all.append(statements)
             if not missing and self.optimize:
                 statements = rewrite_chain(plan, chain, statements, names, values, self.fold_limit)
             names_all.append(names)
@@ -997,6 +1051,7 @@ class _Loader:
         m._line_map = line_map
         m._instruction_names = names_all
         m._statements = statements_all
+        m._loaded_statements = loaded_all
 
     def _prepare(
         self,
