@@ -1,4 +1,5 @@
-"""The ``ptexec`` command: ``inspect`` a program, ``run`` a method."""
+"""The ``ptexec`` command: ``inspect`` a program, ``run`` a method, ``trace``/``profile`` a
+call, show a method's memory ``plan``."""
 
 from __future__ import annotations
 
@@ -263,12 +264,13 @@ def _summary(x: Any) -> str:
     return text
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, list[Any]]:
+    """Load the method ``args`` names and make its inputs (``--input`` files, or random
+    ones from its metadata and ``--seed``); print what they are."""
     import torch
 
     prog = _load(args)
     name = args.method or ("forward" if "forward" in prog.method_names else prog.method_names[0])
-    options: dict[str, Any] = {}
     if args.device_map:
         options["device_map"] = _device_map(args)
     method = prog.load_method(name, **options)
@@ -280,6 +282,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"method '{name}': {len(inputs)} random input(s) from the method's metadata")
     for i, x in enumerate(inputs):
         print(f"  input {i}: {_summary(x)}")
+    return method, inputs
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    method, inputs = _method_and_inputs(args)
     outputs = method.execute(inputs)
     times = []
     for _ in range(args.repeat):
@@ -304,6 +313,119 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         torch.save(outputs, args.output)
         print(f"  outputs saved to {args.output}")
+    return 0
+
+
+# ---- trace, profile, plan ----------------------------------------------------------------
+
+
+class _Progress:
+    """Progress of a long run on stderr: nothing for the first second, then a line at most
+    every half second (rewritten in place on a terminal)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.shown = False
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - self.start < 1.0 or now - self.last < 0.5:
+            return
+        self.last = now
+        self.shown = True
+        text = f"{self.what}: {done} of {total} ({now - self.start:.0f} s)"
+        if self.tty:
+            print("\r" + text, end="", file=sys.stderr, flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.shown and self.tty:
+            print(file=sys.stderr)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import torch
+
+    method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
+    progress = _Progress("instructions")
+    try:
+        tr = method.trace(
+            inputs,
+            tensors=bool(args.save_tensors),
+            reference=args.reference,
+            stop_on=args.stop_on,
+            reads=args.reads,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    print(tr.table(limit=args.limit))
+    if tr.outputs is not None:
+        for i, y in enumerate(tr.outputs):
+            print(f"  output {i}: {_summary(y)}")
+    if args.reference and tr.records:
+        worst = tr.worst(args.worst)
+        if worst:
+            print("largest errors against the float64 reference:")
+            for r in worst:
+                print(f"  instruction {r.index} {r.name}: {r.error}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(tr.to_dict(), f, indent=1, default=repr)
+        print(f"  trace saved to {args.json}")
+    if args.save_tensors:
+        torch.save(tr.tensors(), args.save_tensors)
+        print(f"  tensors saved to {args.save_tensors}")
+    return 2 if tr.stopped is not None else 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
+    progress = _Progress("calls")
+    try:
+        prof = method.profile(inputs, repeat=args.repeat, warmup=args.warmup, progress=progress)
+    finally:
+        progress.close()
+    by = ["operator", "instruction"] if args.by == "both" else [args.by]
+    for k, table in enumerate(by):
+        if k:
+            print()
+        print(prof.table(by=table, top=args.top))
+    if args.chrome_trace:
+        prof.save_chrome_trace(args.chrome_trace)
+        print(
+            f"  Chrome trace saved to {args.chrome_trace} (open it in Perfetto or chrome://tracing)"
+        )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import memory_plan
+
+    prog = _load(args)
+    names = [args.method] if args.method else list(prog.method_names)
+    plans = [memory_plan(prog, name, device_map=_device_map(args)) for name in names]
+    if args.json:
+        print(json.dumps([mp.to_dict() for mp in plans], indent=1))
+    else:
+        for k, mp in enumerate(plans):
+            if k:
+                print()
+            print(mp.summary(top=args.top))
+    if args.out:
+        out = Path(args.out)
+        for mp in plans:
+            path = out if len(plans) == 1 else out.with_name(f"{out.stem}.{mp.method}{out.suffix}")
+            try:
+                mp.draw(path)
+            except ImportError as e:
+                print(f"ptexec: {e}", file=sys.stderr)
+                return 1
+            print(f"  picture saved to {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -345,6 +467,72 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p_run.add_argument("--output", help="save the outputs (torch.save) to this file")
     p_run.set_defaults(func=cmd_run)
+
+    def inputs(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--input",
+            action="append",
+            help="input file (.pt: a tensor or a list; .npy); repeatable",
+        )
+        p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        p.add_argument(
+            "--no-optimize",
+            action="store_true",
+            help="run every instruction as the file says (no load-time views or folding)",
+        )
+
+    p_trace = sub.add_parser(
+        "trace", help="run a method once and show what every instruction wrote"
+    )
+    common(p_trace)
+    inputs(p_trace)
+    p_trace.add_argument(
+        "--reference",
+        action="store_true",
+        help="also run a float64 reference and show each result's error against it",
+    )
+    p_trace.add_argument(
+        "--stop-on",
+        choices=["nan", "inf", "nonfinite"],
+        help="stop at the first instruction that writes a NaN / an Inf / either (exit status 2)",
+    )
+    p_trace.add_argument("--reads", action="store_true", help="also summarise what each one read")
+    p_trace.add_argument("--limit", type=int, help="show at most this many instructions")
+    p_trace.add_argument(
+        "--worst", type=int, default=5, help="largest errors to list (--reference)"
+    )
+    p_trace.add_argument("--json", help="save the trace as JSON to this file")
+    p_trace.add_argument(
+        "--save-tensors", help="save every tensor written (torch.save) to this file"
+    )
+    p_trace.set_defaults(func=cmd_trace)
+
+    p_profile = sub.add_parser(
+        "profile", help="time every instruction; tables by operator and instruction, Chrome trace"
+    )
+    common(p_profile)
+    inputs(p_profile)
+    p_profile.add_argument("--repeat", type=int, default=10, help="timed calls (default 10)")
+    p_profile.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
+    p_profile.add_argument(
+        "--by", choices=["operator", "instruction", "both"], default="operator", help="table rows"
+    )
+    p_profile.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+    p_profile.add_argument(
+        "--chrome-trace", help="save a Chrome trace (JSON; Perfetto, chrome://tracing)"
+    )
+    p_profile.set_defaults(func=cmd_profile)
+
+    p_plan = sub.add_parser(
+        "plan", help="the memory plan: buffers, tensor lifetimes, peak bytes live; a picture"
+    )
+    common(p_plan)
+    p_plan.add_argument(
+        "--out", help="draw the plan to this file (.png, .svg, .pdf; needs matplotlib)"
+    )
+    p_plan.add_argument("--top", type=int, default=10, help="largest tensors to list (default 10)")
+    p_plan.add_argument("--json", action="store_true", help="print JSON")
+    p_plan.set_defaults(func=cmd_plan)
     return parser
 
 
