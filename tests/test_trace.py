@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -410,12 +411,36 @@ def test_reference_keeps_the_call_record() -> None:
 
 
 def test_reference_notes_what_float64_cannot_run() -> None:
-    """choose_qparams wants float32: the reference takes the program's values there."""
+    """choose_qparams wants float32: that instruction runs on the reference's values in
+    float32, and the reference goes on in float64."""
     call = fixture_calls("quant_dynamic")[0]
     tr = _methods("quant_dynamic")["forward"].trace(_clone(call["inputs"]), reference=True)
     noted = [r for r in tr.records if r.reference_note]
     assert noted and all("choose_qparams" in r.name for r in noted)
-    assert "cannot run in float64" in tr.table()
+    assert "ran in the program's precision" in tr.table()
+    assert tr.reference_outputs is not None and tr.reference_outputs[0].dtype == torch.float64
+
+
+XNNPACK = Path(__file__).resolve().parent / "fixtures" / "xnnpack"
+
+
+@pytest.mark.parametrize("name", ["transformer", "op_linear", "qops_int8_static_pt", "op_add"])
+def test_delegated_programs(name: str) -> None:
+    """An XNNPACK delegate is one instruction: traced like any other, and run narrow by the
+    reference (its weights are its own)."""
+    manifest = json.loads((XNNPACK / "manifest.json").read_text())
+    if name not in manifest:
+        pytest.skip(f"no XNNPACK fixture {name}")
+    prog = ptexec.load(XNNPACK / manifest[name]["pte"])
+    traced, executed = prog.load_method(), prog.load_method()
+    for call in torch.load(XNNPACK / f"{name}.io.pt", weights_only=True)["calls"]:
+        tr = traced.trace(_clone(call["inputs"]), reference=True)
+        assert _same(tr.outputs or [], executed.execute(_clone(call["inputs"]))) is None
+        assert any(r.kind == "delegate" and r.name == "delegate:XnnpackBackend" for r in tr.records)
+        ref = [
+            r.to(o.dtype) for r, o in zip(tr.reference_outputs or [], tr.outputs or [], strict=True)
+        ]
+        assert compare_outputs(ref, tr.outputs or [], 1e-2, 1e-2) is None
 
 
 def test_trace_as_dict_and_text() -> None:
@@ -487,9 +512,9 @@ def test_cli_progress(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
 
     clock = iter([0.0, 0.5, 1.2, 1.3, 2.0, 2.1])
     monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
-    progress = cli._Progress("instructions")
+    progress = cli._Progress("{done} of {total}")
     for done in range(1, 6):
         progress(done, 10)
     progress.close()
     err = capsys.readouterr().err
-    assert err.splitlines() == ["instructions: 2 of 10 (1 s)", "instructions: 4 of 10 (2 s)"]
+    assert err.splitlines() == ["2 of 10 (1 s)", "4 of 10 (2 s)"]

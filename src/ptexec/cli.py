@@ -323,8 +323,8 @@ class _Progress:
     """Progress of a long run on stderr: nothing for the first second, then a line at most
     every half second (rewritten in place on a terminal)."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt  # with {done} and {total}
         self.start = time.perf_counter()
         self.last = self.start
         self.shown = False
@@ -336,7 +336,7 @@ class _Progress:
             return
         self.last = now
         self.shown = True
-        text = f"{self.what}: {done} of {total} ({now - self.start:.0f} s)"
+        text = self.fmt.format(done=done, total=total) + f" ({now - self.start:.0f} s)"
         if self.tty:
             print("\r" + text, end="", file=sys.stderr, flush=True)
         else:
@@ -351,7 +351,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     import torch
 
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
-    progress = _Progress("instructions")
+    progress = _Progress("trace: {done} instructions run ({total} in the program)")
     try:
         tr = method.trace(
             inputs,
@@ -385,7 +385,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
-    progress = _Progress("calls")
+    progress = _Progress("profile: call {done} of {total}")
     try:
         prof = method.profile(inputs, repeat=args.repeat, warmup=args.warmup, progress=progress)
     finally:

@@ -28,12 +28,15 @@ every byte offset multiplied by ``8 / s`` (``s`` the narrowest floating element 
 that buffer), which maps a floating tensor of the narrowest size onto exactly the widened
 bytes, keeps every value planned at the same offset at the same place, and keeps values
 that do not overlap in the plan apart. The shadow starts each call from the program's
-state (mutable buffers widened), follows the program's branches, and where one of its
-statements cannot run in float64 it takes the program's result (widened) and says so.
+state (mutable buffers widened) and follows the program's branches. A statement that
+cannot run in float64 (a kernel or delegate that insists on its own dtypes) runs on the
+shadow's values narrowed to the program's dtypes, and its results are widened again; if
+even that fails, the shadow takes the program's results. Either is noted on the record.
 """
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import math
 import weakref
@@ -589,6 +592,7 @@ def _note(
     return "folded at load"
 
 
+_SOURCES = itertools.count()  # a unique file name per compiled statement, for tracebacks
 _PREPARED: weakref.WeakKeyDictionary[Any, list[list[Step]]] = weakref.WeakKeyDictionary()
 
 
@@ -609,7 +613,7 @@ def prepare(method: Method) -> list[list[Step]]:
             jump = isinstance(ins, p.JumpFalseCall)
             args = _tensor_args(values, ins)
             e, src = executed[i], loaded[i]
-            filename = f"<ptexec trace {method.name} chain {c} instruction {i}>"
+            filename = f"<ptexec trace {next(_SOURCES)}: {method.name} chain {c} instruction {i}>"
             run = _compile(e, jump, filename)
             source = run if src is e else _compile(src, jump, filename + " (as loaded)")
             source_writes = _written(src, args)
@@ -825,6 +829,24 @@ _SHADOWS: weakref.WeakKeyDictionary[Any, _Shadow] = weakref.WeakKeyDictionary()
 # tracing
 
 
+def _narrow_run(step: Step, v: list[Any], s: list[Any]) -> bool:
+    """Run ``step`` on the shadow's values narrowed to the program's dtypes and widen what
+    it wrote back into the shadow (for kernels and delegates that cannot take float64:
+    the reference keeps its own inputs, only this instruction computes narrow)."""
+    tmp = list(s)
+    for j in step.tensor_args:
+        x, r = v[j], s[j]
+        if isinstance(x, torch.Tensor) and isinstance(r, torch.Tensor) and r.dtype != x.dtype:
+            tmp[j] = r.to(x.dtype)
+    try:
+        step.source(tmp)
+    except Exception:
+        return False
+    for j in dict.fromkeys((*step.source_writes, *step.writes)):
+        _Shadow.sync(s, j, tmp[j])
+    return True
+
+
 class _Stop(Exception):
     def __init__(self, record: InstructionRecord, reason: str) -> None:
         self.record = record
@@ -915,12 +937,13 @@ class _Recorder:
         try:
             ref_result = step.source(s)
         except Exception as e:
-            rec.reference_note = (
-                f"cannot run in float64 ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
-                "took the program's values"
-            )
-            for j in (*step.source_writes, *step.writes):
-                _Shadow.sync(s, j, v[j])
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
+            if _narrow_run(step, v, s):
+                rec.reference_note = f"ran in the program's precision (not in float64: {why})"
+            else:
+                rec.reference_note = f"cannot run ({why}); took the program's values"
+                for j in (*step.source_writes, *step.writes):
+                    _Shadow.sync(s, j, v[j])
         else:
             if step.destination is not None and bool(ref_result) != bool(result):
                 rec.reference_note = (
