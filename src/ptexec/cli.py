@@ -260,7 +260,15 @@ def _summary(x: Any) -> str:
     text = f"{str(x.dtype).removeprefix('torch.')}[{dims}] on {x.device}"
     if x.numel():
         f = x.detach().double() if not x.is_complex() else x.detach().abs().double()
-        text += f"  min {f.min().item():.4g}  max {f.max().item():.4g}  mean {f.mean().item():.4g}"
+        finite = f[f.isfinite()]
+        if finite.numel():
+            text += (
+                f"  min {finite.min().item():.4g}  max {finite.max().item():.4g}"
+                f"  mean {finite.mean().item():.4g}"
+            )
+        bad = f.numel() - finite.numel()
+        if bad:
+            text += f"  ({bad} not finite)"
     return text
 
 
@@ -300,11 +308,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for i, y in enumerate(outputs):
         print(f"  output {i}: {_summary(y)}")
     rec = method.last_call
-    print(
-        f"  inputs bound: {', '.join(rec.inputs) or 'none'}; bytes copied: "
-        + ", ".join(f"{k} {v}" for k, v in rec.bytes_copied.items() if v)
-        or "none"
-    )
+    copied = ", ".join(f"{k} {v}" for k, v in rec.bytes_copied.items() if v) or "none"
+    print(f"  inputs bound: {', '.join(rec.inputs) or 'none'}; bytes copied: {copied}")
     if times:
         med = statistics.median(times)
         print(
