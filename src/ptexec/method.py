@@ -1114,6 +1114,8 @@ class _Loader:
             value = plan.values[cond]
             if isinstance(value, p.Bool) and cond not in dynamic:
                 expr = repr(bool(value.value))
+            elif isinstance(value, p.Tensor) and value.numel == 1 and value.shape_dynamism == p.STATIC:
+                expr = f"bool(v[{cond}])"  # one element: true when it is
             else:
                 expr = f"_truth(v[{cond}])"
             return "jump_false", Emission(expr, {"_truth": _truth}, mutates=())

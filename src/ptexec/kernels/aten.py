@@ -228,9 +228,11 @@ _MULTI_OUT = {
 
 # ``op.Scalar_out(self, other)`` -> torch.<op>(self, other_as_0d_tensor, out=...). Wrapping a
 # Python scalar costs torch more than the arithmetic on a small tensor. With the scalar
-# stored as a 0-d tensor of self's dtype the two compute the same: the common dtype is
-# self's either way, and the scalar is rounded to it once (only for dtypes that compute in
-# their own precision; half and bfloat16 compute in float, so they keep the scalar path).
+# stored as a 0-d tensor of self's dtype the two compute the same: a scalar never promotes
+# a tensor of its own or a higher category (an int scalar with a float tensor, say), so the
+# common dtype is self's either way and the scalar is rounded to it once. Only for dtypes
+# that compute in their own precision: half and bfloat16 compute in float, so they keep the
+# scalar path.
 _SCALAR_OPS = {
     "aten::add.Scalar_out": torch.add,
     "aten::sub.Scalar_out": torch.sub,
@@ -291,8 +293,8 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Emission | None:
     value = ctx.literal(other)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if isinstance(value, float) != dtype.is_floating_point:
-        return None  # the scalar's category would promote: keep torch's scalar path
+    if isinstance(value, float) and not dtype.is_floating_point:
+        return None  # a float scalar promotes an integer tensor: keep torch's scalar path
     if name == "aten::div.Scalar_out" and not dtype.is_floating_point:
         return None
     scalar = torch.tensor(value, dtype=dtype)
