@@ -1,0 +1,1022 @@
+#!/usr/bin/env python
+"""Fuzz ptexec's loader: mutate real ``.pte``/``.ptd`` fixtures, load, load a method, call it.
+
+Every case takes one fixture, applies one to four mutations and runs ``ptexec.load`` +
+``Program.load_method`` + one call of every method. Only :class:`ptexec.PtexecError`
+subclasses may escape. A case fails ("finding") when:
+
+- ``escape``: another exception escapes (a bug in ptexec's checks);
+- ``alloc``: the case asked torch (or Python) for more memory than allowed: an allocation
+  error anywhere in the exception chain whose size exceeds the cap, or a per-case growth
+  of the process's peak resident memory above ``cap + slack`` (see *Measuring memory*);
+- ``hang``: the case ran longer than ``--timeout`` seconds (2 s by default);
+- ``crash``: the worker process died (a signal, e.g. a segfault in a kernel).
+
+Mutations (all concrete, so a finding replays and minimizes exactly):
+
+- *bytes*: bit flips, interesting bytes, random overwrites, truncation, insertion and
+  deletion of chunks (which shifts every offset behind them), copies of one chunk over another;
+- *fields*: the seed is decoded with ``ptexec.format.flatbuf`` and every integer the schema
+  names is located: root and child offsets, vtable entries, vector and string lengths, union
+  tags, scalars (indices, sizes, counts, offsets, enums) and the ``eh00``/``FH01`` header
+  fields. A field mutation rewrites one of them with a value chosen for its width: 0, 1, -1,
+  boundaries (2^7, 2^15, 2^31, 2^32 +- 1 ...), the old value +- small deltas, doubled, a
+  power of two, or the value of another field of the same width.
+
+Measuring memory: torch's CPU allocations are invisible to ``tracemalloc``, so workers
+measure the process itself. Before each case a worker resets the kernel's peak-RSS counter
+(``/proc/self/clear_refs`` <- ``5``) and after it reads ``VmHWM`` from ``/proc/self/status``:
+the difference is the case's peak resident growth, which counts every page torch or
+Python touched. Untouched allocations (``torch.empty``) do not show up in RSS, so workers
+also cap their address space (``RLIMIT_AS`` = size after warm-up + cap + slack): any
+single allocation above that fails, and an allocator error in the exception chain is a
+finding. The in-process CI test uses only the first measure.
+
+Usage::
+
+    python scripts/fuzz_loader.py --cases 100000 --workers 2 --out fuzz-findings
+    python scripts/fuzz_loader.py --replay tests/fuzz_corpus/NAME.pte
+    python scripts/fuzz_loader.py --case 1234 --seed 0 --show   # reproduce one case
+
+Case ``i`` of seed ``s`` is fully determined by ``(s, i)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import random
+import re
+import struct
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+from ptexec.format.flatbuf import Buffer, Table  # noqa: E402  (no torch import)
+
+DEFAULT_CAP = 64 << 20  # max_planned_bytes for fuzzed methods
+DEFAULT_SLACK = 96 << 20  # resident growth allowed above the cap (kernels' temporaries)
+DEFAULT_MAX_INSTRUCTIONS = 100_000  # a fuzzed jump loop stops quickly
+DEFAULT_TIMEOUT = 2.0
+MAX_INPUT_ELEMENTS = 1 << 20  # largest synthesized input tensor (elements)
+
+# --------------------------------------------------------------------------------------
+# schema: table name -> (slot, field name, kind); kinds:
+#   scalar kinds of flatbuf.SCALARS, "str", ("table", T), ("vec", scalar kind),
+#   ("tables", T), ("union", {code: T}) (occupies the slot and the next one)
+
+_KERNEL_TYPES = {
+    1: "Null", 2: "Int", 3: "Bool", 4: "Double", 5: "Tensor", 6: "String", 7: "IntList",
+    8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList",
+}
+_INSTRUCTIONS = {1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall"}
+
+SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
+    "Program": [
+        (0, "version", "u32"),
+        (1, "execution_plan", ("tables", "ExecutionPlan")),
+        (2, "constant_buffer", ("tables", "Buffer")),
+        (3, "backend_delegate_data", ("tables", "Buffer")),
+        (4, "segments", ("tables", "DataSegment")),
+        (5, "constant_segment", ("table", "SubsegmentOffsets")),
+        (6, "mutable_data_segments", ("tables", "SubsegmentOffsets")),
+        (7, "named_data", ("tables", "NamedData")),
+    ],
+    "ExecutionPlan": [
+        (0, "name", "str"),
+        (1, "container_meta_type", ("table", "ContainerMetadata")),
+        (2, "values", ("tables", "EValue")),
+        (3, "inputs", ("vec", "i32")),
+        (4, "outputs", ("vec", "i32")),
+        (5, "chains", ("tables", "Chain")),
+        (6, "operators", ("tables", "Operator")),
+        (7, "delegates", ("tables", "BackendDelegate")),
+        (8, "non_const_buffer_sizes", ("vec", "i64")),
+        (9, "non_const_buffer_device", ("tables", "NonConstBufferDevice")),
+    ],
+    "ContainerMetadata": [(0, "encoded_inp_str", "str"), (1, "encoded_out_str", "str")],
+    "EValue": [(0, "val", ("union", _KERNEL_TYPES))],
+    "Null": [],
+    "Int": [(0, "int_val", "i64")],
+    "Bool": [(0, "bool_val", "bool")],
+    "Double": [(0, "double_val", "f64")],
+    "String": [(0, "string_val", "str")],
+    "IntList": [(0, "items", ("vec", "i64"))],
+    "DoubleList": [(0, "items", ("vec", "f64"))],
+    "BoolList": [(0, "items", ("vec", "bool"))],
+    "TensorList": [(0, "items", ("vec", "i32"))],
+    "OptionalTensorList": [(0, "items", ("vec", "i32"))],
+    "Tensor": [
+        (0, "scalar_type", "i8"),
+        (1, "storage_offset", "i32"),
+        (2, "sizes", ("vec", "i32")),
+        (3, "dim_order", ("vec", "u8")),
+        (4, "requires_grad", "bool"),
+        (5, "data_buffer_idx", "u32"),
+        (6, "allocation_info", ("table", "AllocationDetails")),
+        (7, "layout", "i8"),
+        (8, "shape_dynamism", "i8"),
+        (9, "extra_tensor_info", ("table", "ExtraTensorInfo")),
+    ],
+    "AllocationDetails": [
+        (0, "memory_id", "u32"),
+        (1, "memory_offset_low", "u32"),
+        (2, "memory_offset_high", "u32"),
+    ],
+    "ExtraTensorInfo": [
+        (0, "mutable_data_segments_idx", "u64"),
+        (1, "fully_qualified_name", "str"),
+        (2, "location", "i8"),
+        (3, "device_type", "i8"),
+        (4, "device_index", "i8"),
+    ],
+    "Chain": [
+        (0, "inputs", ("vec", "i32")),
+        (1, "outputs", ("vec", "i32")),
+        (2, "instructions", ("tables", "Instruction")),
+        (3, "stacktrace", ("tables", "FrameList")),
+    ],
+    "Instruction": [(0, "instr_args", ("union", _INSTRUCTIONS))],
+    "KernelCall": [(0, "op_index", "i32"), (1, "args", ("vec", "i32"))],
+    "DelegateCall": [(0, "delegate_index", "i32"), (1, "args", ("vec", "i32"))],
+    "MoveCall": [(0, "move_from", "i32"), (1, "move_to", "i32")],
+    "JumpFalseCall": [(0, "cond_value_index", "i32"), (1, "destination_instruction", "i32")],
+    "FreeCall": [(0, "value_index", "i32")],
+    "FrameList": [(0, "items", ("tables", "Frame"))],
+    "Frame": [(0, "filename", "str"), (1, "lineno", "i32"), (2, "name", "str"), (3, "context", "str")],
+    "Operator": [(0, "name", "str"), (1, "overload", "str")],
+    "BackendDelegate": [
+        (0, "id", "str"),
+        (1, "processed", ("table", "BackendDelegateDataReference")),
+        (2, "compile_specs", ("tables", "CompileSpec")),
+    ],
+    "BackendDelegateDataReference": [(0, "location", "i8"), (1, "index", "u32")],
+    "CompileSpec": [(0, "key", "str"), (1, "value", ("vec", "u8"))],
+    "NonConstBufferDevice": [(0, "buffer_idx", "i32"), (1, "device_type", "i8"), (2, "device_index", "i8")],
+    "Buffer": [(0, "storage", ("vec", "u8"))],
+    "DataSegment": [(0, "offset", "u64"), (1, "size", "u64")],
+    "SubsegmentOffsets": [(0, "segment_index", "u32"), (1, "offsets", ("vec", "u64"))],
+    "NamedData": [(0, "key", "str"), (1, "segment_index", "u32")],
+    # flat_tensor.fbs (.ptd)
+    "FlatTensor": [
+        (0, "version", "u32"),
+        (1, "segments", ("tables", "DataSegment")),
+        (2, "named_data", ("tables", "PtdNamedData")),
+    ],
+    "PtdNamedData": [
+        (0, "key", "str"),
+        (1, "segment_index", "u32"),
+        (2, "tensor_layout", ("table", "TensorLayout")),
+    ],
+    "TensorLayout": [(0, "scalar_type", "i8"), (1, "sizes", ("vec", "i32")), (2, "dim_order", ("vec", "u8"))],
+}
+
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+_WIDTH = {"u8": 1, "i8": 1, "bool": 1, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "f64": 8}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Field:
+    """One integer of a seed file that the schema gives a meaning to."""
+
+    pos: int
+    size: int  # bytes: 1, 2, 4 or 8
+    kind: str  # offset | soffset | vtable | len | tag | scalar | item | header
+    path: str
+
+
+def _walk_table(buf: Buffer, t: Table, tname: str, out: list[Field], depth: int) -> None:
+    if depth > 32:
+        return
+    out.append(Field(t.pos, 4, "soffset", f"{t.path}(soffset)"))
+    out.append(Field(t.vtable, 2, "vtable", f"{t.path}(vtable size)"))
+    out.append(Field(t.vtable + 2, 2, "vtable", f"{t.path}(table size)"))
+    for k in range(t.nfields):
+        out.append(Field(t.vtable + 4 + 2 * k, 2, "vtable", f"{t.path}(vtable[{k}])"))
+    for slot, name, kind in SCHEMA[tname]:
+        path = f"{t.path}.{name}" if t.path else name
+        if isinstance(kind, str) and kind != "str":
+            at = t._field(slot)
+            if at:
+                out.append(Field(at, _WIDTH[kind], "scalar", path))
+            continue
+        if kind == "str":
+            at = t._field(slot)
+            if at:
+                out.append(Field(at, 4, "offset", path))
+                target = at + buf.u32(at, path)
+                out.append(Field(target, 4, "len", f"{path}(len)"))
+            continue
+        what = kind[0]
+        if what == "union":
+            at = t._field(slot)
+            if at:
+                out.append(Field(at, 1, "tag", f"{path}_type"))
+            # the value is named by its type (values[3].tensor), as validation names it
+            code, child = t.union(slot, name, {c: _snake(n) for c, n in kind[1].items()})
+            vat = t._field(slot + 1)
+            if vat:
+                out.append(Field(vat, 4, "offset", path))
+            if child is not None and code in kind[1]:
+                _walk_table(buf, child, kind[1][code], out, depth + 1)
+            continue
+        at = t._field(slot)
+        if not at:
+            continue
+        out.append(Field(at, 4, "offset", path))
+        if what == "table":
+            child = t.table(slot, name)
+            assert child is not None
+            _walk_table(buf, child, kind[1], out, depth + 1)
+        elif what == "vec":
+            width = _WIDTH[kind[1]]
+            span = t.vector_span(slot, name, width)
+            assert span is not None
+            start, n = span
+            out.append(Field(start - 4, 4, "len", f"{path}(len)"))
+            for i in range(n):
+                out.append(Field(start + i * width, width, "item", f"{path}[{i}]"))
+        elif what == "tables":
+            span = t.vector_span(slot, name, 4)
+            assert span is not None
+            start, n = span
+            out.append(Field(start - 4, 4, "len", f"{path}(len)"))
+            for i in range(n):
+                item = start + 4 * i
+                out.append(Field(item, 4, "offset", f"{path}[{i}]"))
+                child = Table.at(buf, item + buf.u32(item, path), f"{path}[{i}]")
+                _walk_table(buf, child, kind[1], out, depth + 1)
+
+
+def field_map(data: bytes, kind: str = "pte") -> list[Field]:
+    """Every schema-named integer of a valid ``.pte`` (``kind="pte"``) or ``.ptd``."""
+    out: list[Field] = [Field(0, 4, "offset", "root offset")]
+    view = memoryview(data)
+    if kind == "pte":
+        end = len(data)
+        if data[8:12] == b"eh00":
+            out += [
+                Field(12, 4, "header", "eh00.length"),
+                Field(16, 8, "header", "eh00.program_size"),
+                Field(24, 8, "header", "eh00.segment_base_offset"),
+                Field(32, 8, "header", "eh00.segment_data_size"),
+            ]
+            end = struct.unpack_from("<Q", data, 16)[0]
+        buf = Buffer(view[:end])
+        _walk_table(buf, buf.root(""), "Program", out, 0)
+    else:
+        out += [
+            Field(12, 4, "header", "FH01.length"),
+            Field(16, 8, "header", "FH01.flatbuffer_offset"),
+            Field(24, 8, "header", "FH01.flatbuffer_size"),
+            Field(32, 8, "header", "FH01.segment_base_offset"),
+            Field(40, 8, "header", "FH01.segment_data_size"),
+        ]
+        fb_off, fb_size = struct.unpack_from("<QQ", data, 16)
+        buf = Buffer(view[: fb_off + fb_size])
+        _walk_table(buf, buf.root("ptd"), "FlatTensor", out, 0)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# mutations: each is a concrete edit, replayable on the seed
+
+Edit = tuple[Any, ...]  # ("set", pos, hex) | ("trunc", n) | ("insert", pos, hex) | ("delete", pos, n)
+
+
+def apply_edits(data: bytes, edits: Iterable[Edit]) -> bytes:
+    """Apply edits in order (each sees the result of the previous ones)."""
+    b = bytearray(data)
+    for e in edits:
+        op = e[0]
+        if op == "set":
+            pos, raw = e[1], bytes.fromhex(e[2])
+            if pos < len(b):
+                b[pos : pos + len(raw)] = raw[: max(0, len(b) - pos)]
+        elif op == "trunc":
+            del b[e[1] :]
+        elif op == "insert":
+            b[e[1] : e[1]] = bytes.fromhex(e[2])
+        elif op == "delete":
+            del b[e[1] : e[1] + e[2]]
+        else:
+            raise ValueError(f"unknown edit {op!r}")
+    return bytes(b)
+
+
+_BOUNDARIES = [
+    0, 1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 32, 63, 64, 100, 127, 128, 255, 256, 1023, 1024,
+    4095, 4096, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 1 << 20, 1 << 24, (1 << 31) - 1, 1 << 31,
+    (1 << 32) - 1, 1 << 32, (1 << 40), (1 << 62), (1 << 63) - 1, 1 << 63, (1 << 64) - 1,
+]
+
+
+def _pick_value(rng: random.Random, old: int, width: int, peers: Sequence[int]) -> int:
+    bits = 8 * width
+    mask = (1 << bits) - 1
+    r = rng.random()
+    if r < 0.30:
+        v = rng.choice(_BOUNDARIES)
+    elif r < 0.50:
+        v = old + rng.choice([-2, -1, 1, 2, rng.randint(-64, 64)])
+    elif r < 0.58:
+        v = -1
+    elif r < 0.66:
+        v = old * 2 if rng.random() < 0.5 else old // 2
+    elif r < 0.76:
+        v = 1 << rng.randrange(bits)
+    elif r < 0.88 and peers:
+        v = rng.choice(peers)
+    else:
+        v = rng.getrandbits(bits)
+    return v & mask
+
+
+def _read_int(data: bytes, f: Field) -> int:
+    return int.from_bytes(data[f.pos : f.pos + f.size], "little")
+
+
+# weight of each field kind when a field mutation picks its target (then a field of that
+# kind, uniformly): semantic fields first, structure (offsets, vtables) less often
+_KIND_WEIGHT = {
+    "scalar": 6, "item": 6, "offset": 2, "len": 2, "tag": 2, "soffset": 0.5, "vtable": 1, "header": 1,
+}
+
+
+def _group(path: str) -> str:
+    """A field's path without indices: fields of one group hold comparable values."""
+    return re.sub(r"\[\d+\]", "[]", path)
+
+
+class Mutator:
+    """Draws concrete edits for one seed file (``rng`` decides everything)."""
+
+    def __init__(self, data: bytes, fields: Sequence[Field]) -> None:
+        self.data = data
+        self.by_kind: dict[str, list[Field]] = {}
+        self.by_width: dict[int, list[int]] = {}
+        self.by_group: dict[str, list[int]] = {}
+        for f in fields:
+            self.by_kind.setdefault(f.kind, []).append(f)
+            value = _read_int(data, f)
+            self.by_width.setdefault(f.size, []).append(value)
+            self.by_group.setdefault(_group(f.path), []).append(value)
+        self.kinds = sorted(self.by_kind)
+        self.kind_weights = [_KIND_WEIGHT[k] for k in self.kinds]
+
+    def field_edit(self, rng: random.Random, current: bytes) -> Edit:
+        kind = rng.choices(self.kinds, self.kind_weights)[0]
+        f = rng.choice(self.by_kind[kind])
+        if f.kind == "tag":
+            v = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 255])
+        else:
+            old = _read_int(current, f) if f.pos + f.size <= len(current) else 0
+            group = self.by_group.get(_group(f.path), [])
+            if len(set(group)) > 1 and rng.random() < 0.35:
+                v = rng.choice(group)  # a value that is valid for a field like this one
+            else:
+                v = _pick_value(rng, old, f.size, self.by_width.get(f.size, ()))
+        return ("set", f.pos, v.to_bytes(f.size, "little").hex())
+
+    def byte_edit(self, rng: random.Random, current: bytes) -> Edit:
+        n = len(current)
+        if n == 0:
+            return ("insert", 0, rng.randbytes(rng.randint(1, 16)).hex())
+        r = rng.random()
+        pos = rng.randrange(n)
+        if r < 0.30:  # bit flip
+            return ("set", pos, bytes([current[pos] ^ (1 << rng.randrange(8))]).hex())
+        if r < 0.45:  # interesting byte
+            return ("set", pos, bytes([rng.choice([0, 1, 0x7F, 0x80, 0xFF, 0x10, 0x40])]).hex())
+        if r < 0.55:  # random run
+            k = min(rng.randint(1, 16), n - pos)
+            return ("set", pos, rng.randbytes(k).hex())
+        if r < 0.70:  # truncation
+            return ("trunc", rng.randrange(n) if rng.random() < 0.7 else rng.randrange(min(n, 64)))
+        if r < 0.80:  # insert
+            k = rng.choice([1, 2, 4, 8, rng.randint(1, 64)])
+            return ("insert", pos, (bytes(k) if rng.random() < 0.5 else rng.randbytes(k)).hex())
+        if r < 0.90:  # delete
+            return ("delete", pos, rng.choice([1, 2, 4, 8, rng.randint(1, 64)]))
+        # copy a chunk of the file over another place
+        k = rng.randint(1, 32)
+        src = rng.randrange(n)
+        return ("set", pos, current[src : src + k].hex())
+
+    def draw(self, rng: random.Random) -> list[Edit]:
+        """One to four edits, mostly field-aware."""
+        edits: list[Edit] = []
+        current = self.data
+        count = rng.choices([1, 2, 3, 4], [55, 25, 12, 8])[0]
+        for _ in range(count):
+            e = self.field_edit(rng, current) if rng.random() < 0.7 else self.byte_edit(rng, current)
+            edits.append(e)
+            current = apply_edits(current, [e])
+        return edits
+
+
+# --------------------------------------------------------------------------------------
+# seeds
+
+
+@dataclasses.dataclass
+class Seed:
+    name: str
+    pte: bytes
+    ptd: bytes | None
+    methods: tuple[str, ...]
+    inputs: dict[str, list[Any]]  # first fixture call of each method
+    pte_mutator: Mutator
+    ptd_mutator: Mutator | None
+
+
+def load_seeds(names: Sequence[str] | None = None) -> dict[str, Seed]:
+    """The fixtures as fuzz seeds (bytes, field maps, and one call's inputs per method)."""
+    import torch
+
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    seeds: dict[str, Seed] = {}
+    for name in sorted(manifest):
+        if names and name not in names:
+            continue
+        entry = manifest[name]
+        pte = (FIXTURES / entry["pte"]).read_bytes()
+        ptd = (FIXTURES / entry["ptd"]).read_bytes() if entry.get("ptd") else None
+        calls = torch.load(FIXTURES / f"{name}.io.pt", weights_only=True)["calls"]
+        inputs: dict[str, list[Any]] = {}
+        for call in calls:
+            inputs.setdefault(call["method"], list(call["inputs"]))
+        seeds[name] = Seed(
+            name,
+            pte,
+            ptd,
+            tuple(entry["methods"]),
+            inputs,
+            Mutator(pte, field_map(pte, "pte")),
+            Mutator(ptd, field_map(ptd, "ptd")) if ptd is not None else None,
+        )
+    return seeds
+
+
+@dataclasses.dataclass
+class Case:
+    """A concrete case: the seed, the edits to its .pte and to its .ptd."""
+
+    seed: str
+    pte_edits: list[Edit]
+    ptd_edits: list[Edit]
+
+    def files(self, seeds: dict[str, Seed]) -> tuple[bytes, bytes | None]:
+        s = seeds[self.seed]
+        pte = apply_edits(s.pte, self.pte_edits)
+        ptd = None if s.ptd is None else apply_edits(s.ptd, self.ptd_edits)
+        return pte, ptd
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "pte_edits": self.pte_edits, "ptd_edits": self.ptd_edits}
+
+
+def draw_case(seeds: dict[str, Seed], rng: random.Random) -> Case:
+    """One case: a fixture chosen by ``rng``, then edits to its .pte (or, sometimes, its .ptd)."""
+    s = seeds[rng.choice(sorted(seeds))]
+    if s.ptd_mutator is not None and rng.random() < 0.3:
+        return Case(s.name, [], s.ptd_mutator.draw(rng))
+    return Case(s.name, s.pte_mutator.draw(rng), [])
+
+
+def case_rng(seed: int, index: int) -> random.Random:
+    return random.Random(f"ptexec-fuzz:{seed}:{index}")
+
+
+# --------------------------------------------------------------------------------------
+# running one case
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a case did: ``status`` is ``ok`` (ran), ``error`` (a PtexecError) or a finding
+    kind (``escape``, ``alloc``, ``hang``, ``crash``)."""
+
+    status: str
+    stage: str  # load | load_method | call
+    detail: str = ""
+    seconds: float = 0.0
+    peak_growth: int | None = None  # bytes of peak-RSS growth during the case
+
+    @property
+    def is_finding(self) -> bool:
+        return self.status in ("escape", "alloc", "hang", "crash")
+
+
+_ALLOC_RE = re.compile(r"tried to allocate (\d+) bytes|can't allocate memory|out of memory", re.I)
+_SIZE_RE = re.compile(r"tried to allocate (\d+) bytes", re.I)
+
+
+def _allocation_failure(e: BaseException, cap: int) -> str | None:
+    """An allocator failure anywhere in ``e``'s chain for more than ``cap`` bytes."""
+    seen = 0
+    cur: BaseException | None = e
+    while cur is not None and seen < 16:
+        if isinstance(cur, MemoryError):
+            return f"MemoryError: {cur}"
+        text = str(cur)
+        if _ALLOC_RE.search(text):
+            m = _SIZE_RE.search(text)
+            if m is None or int(m.group(1)) > cap:
+                return f"{type(cur).__name__}: {text.splitlines()[0][:300]}"
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None
+
+
+def _scrub(text: str) -> str:
+    """Paths relative to the repository (or to site-packages), never this machine's."""
+    text = text.replace(str(ROOT) + os.sep, "")
+    return re.sub(r"\"[^\"]*?(site-packages|lib/python[0-9.]+)/", "\"", text)
+
+
+def _describe(e: BaseException) -> str:
+    """The exception's type and first message line, then the innermost frames."""
+    first = (str(e).splitlines() or [""])[0][:300]
+    frames = traceback.format_tb(e.__traceback__)[-4:]
+    return _scrub(f"{type(e).__name__}: {first}\n" + "".join(frames))
+
+
+def synth_inputs(meta: Any) -> list[Any] | None:
+    """Inputs built from a method's own description (None when one would be too large, or
+    torch cannot make one of its dtype)."""
+    try:
+        return _synth_inputs(meta)
+    except Exception:
+        return None
+
+
+def _synth_inputs(meta: Any) -> list[Any] | None:
+    import torch
+
+    from ptexec.tensor import TensorInfo
+
+    out: list[Any] = []
+    for info in meta.inputs:
+        if isinstance(info, TensorInfo):
+            if info.numel > MAX_INPUT_ELEMENTS or info.device.type != 0:
+                return None
+            if info.dtype.is_floating_point:
+                t = torch.randn(info.sizes, generator=torch.Generator().manual_seed(0)).to(info.dtype)
+            else:
+                t = torch.zeros(info.sizes, dtype=info.dtype)
+            if info.dim_order is not None and info.dim_order != tuple(range(info.rank)):
+                t = t.permute(info.dim_order).contiguous().permute(
+                    [info.dim_order.index(d) for d in range(info.rank)]
+                )
+            out.append(t)
+        else:
+            out.append(info.value)
+    return out
+
+
+def run_files(
+    pte: bytes,
+    ptd: bytes | None,
+    inputs: dict[str, list[Any]],
+    cap: int = DEFAULT_CAP,
+    max_instructions: int = DEFAULT_MAX_INSTRUCTIONS,
+) -> Outcome:
+    """Load ``pte`` (with ``ptd``), load every method, call each once; classify the result."""
+    import ptexec
+
+    stage = "load"
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = ptexec.load(pte, data_path=ptd)
+            for name in prog.method_names:
+                stage = "load_method"
+                m = prog.load_method(name, max_planned_bytes=cap, max_instructions=max_instructions)
+                stage = "call"
+                args = inputs.get(name)
+                try:
+                    if args is None:
+                        raise ptexec.InputError("no fixture inputs")
+                    m.execute(args)
+                except ptexec.InputError:
+                    synth = synth_inputs(m.meta)
+                    if synth is None:
+                        raise
+                    m.execute(synth)
+        return Outcome("ok", stage, seconds=time.perf_counter() - start)
+    except ptexec.PtexecError as e:
+        elapsed = time.perf_counter() - start
+        alloc = _allocation_failure(e, cap)
+        if alloc is not None:
+            return Outcome("alloc", stage, f"{type(e).__name__} after {alloc}", elapsed)
+        return Outcome("error", stage, f"{type(e).__name__}: {str(e)[:200]}", elapsed)
+    except Exception as e:
+        elapsed = time.perf_counter() - start
+        alloc = _allocation_failure(e, cap)
+        if alloc is not None:
+            return Outcome("alloc", stage, alloc, elapsed)
+        return Outcome("escape", stage, _describe(e), elapsed)
+
+
+# --------------------------------------------------------------------------------------
+# memory measures (Linux)
+
+
+def _status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class PeakMeter:
+    """Per-case peak resident growth, from ``VmHWM`` after resetting it (Linux only)."""
+
+    def __init__(self) -> None:
+        self.available = self._reset() and _status_kib("VmHWM") is not None
+
+    @staticmethod
+    def _reset() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+    def start(self) -> int:
+        if not self.available:
+            return 0
+        self._reset()
+        return (_status_kib("VmRSS") or 0) * 1024
+
+    def growth(self, rss0: int) -> int | None:
+        if not self.available:
+            return None
+        return (_status_kib("VmHWM") or 0) * 1024 - rss0
+
+
+def measured(
+    fn: Callable[[], Outcome], meter: PeakMeter, cap: int, slack: int
+) -> Outcome:
+    """Run ``fn`` and turn a peak growth above ``cap + slack`` into an ``alloc`` finding."""
+    rss0 = meter.start()
+    outcome = fn()
+    growth = meter.growth(rss0)
+    outcome.peak_growth = growth
+    if growth is not None and growth > cap + slack and not outcome.is_finding:
+        outcome = dataclasses.replace(
+            outcome,
+            status="alloc",
+            detail=f"peak resident memory grew by {growth} bytes (cap {cap} + slack {slack}); "
+            f"the case ended with: {outcome.status} {outcome.detail[:200]}",
+        )
+    return outcome
+
+
+def limit_address_space(cap: int, slack: int) -> int | None:
+    """Cap this process's address space at its current size + cap + slack; the limit set."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    size = _status_kib("VmSize")
+    if size is None:
+        return None
+    limit = size * 1024 + cap + slack
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return limit
+
+
+# --------------------------------------------------------------------------------------
+# workers and the watchdog
+
+
+def _worker(
+    wid: int,
+    seed: int,
+    indices: list[int],
+    fixtures: list[str] | None,
+    cap: int,
+    slack: int,
+    progress: Any,
+    results: Any,
+) -> None:
+    """Run cases ``indices`` in order; report progress (index, start time) and outcomes."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # torch's C++ warnings
+    import torch
+
+    torch.set_num_threads(1)
+    seeds = load_seeds(fixtures)
+    meter = PeakMeter()
+    # warm up every seed once so imports and kernel caches are not counted
+    for s in seeds.values():
+        run_files(s.pte, s.ptd, s.inputs, cap)
+    limit_address_space(cap, slack)
+    counts: Counter[str] = Counter()
+    for index in indices:
+        case = draw_case(seeds, case_rng(seed, index))
+        pte, ptd = case.files(seeds)
+        s = seeds[case.seed]
+        progress[2 * wid] = index
+        progress[2 * wid + 1] = time.time()
+        outcome = measured(functools.partial(run_files, pte, ptd, s.inputs, cap), meter, cap, slack)
+        counts[f"{outcome.status}:{outcome.stage}"] += 1
+        if outcome.is_finding:
+            results.put(("finding", wid, index, case.to_json(), dataclasses.asdict(outcome)))
+        if len(counts) and sum(counts.values()) % 200 == 0:
+            results.put(("counts", wid, index, dict(counts), None))
+            counts.clear()
+    progress[2 * wid + 1] = 0.0
+    results.put(("counts", wid, -1, dict(counts), None))
+    results.put(("done", wid, -1, None, None))
+
+
+def fuzz(
+    cases: int,
+    workers: int = 2,
+    seed: int = 0,
+    start: int = 0,
+    out: Path | None = None,
+    fixtures: list[str] | None = None,
+    cap: int = DEFAULT_CAP,
+    slack: int = DEFAULT_SLACK,
+    timeout: float = DEFAULT_TIMEOUT,
+    time_budget: float | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Run cases ``start .. start + cases - 1`` of ``seed`` on ``workers`` processes."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    progress = ctx.Array("d", 2 * workers, lock=False)
+    results = ctx.Queue()
+    todo = {w: list(range(start + w, start + cases, workers)) for w in range(workers)}
+    procs: dict[int, Any] = {}
+    findings: list[dict[str, Any]] = []
+    counts: Counter[str] = Counter()
+    done: set[int] = set()
+    t0 = time.time()
+    last_report = t0
+
+    def launch(w: int) -> None:
+        progress[2 * w] = -1
+        progress[2 * w + 1] = 0.0
+        p = ctx.Process(
+            target=_worker, args=(w, seed, todo[w], fixtures, cap, slack, progress, results), daemon=True
+        )
+        p.start()
+        procs[w] = p
+
+    def record(kind: str, index: int, case: dict[str, Any] | None, outcome: dict[str, Any]) -> None:
+        if kind in ("hang", "crash"):  # the worker counted every other outcome itself
+            counts[f"{kind}:{outcome.get('stage', '?')}"] += 1
+        entry = {"index": index, "seed": seed, "case": case, "outcome": outcome}
+        findings.append(entry)
+        if out is not None and case is not None:
+            save_finding(out, entry)
+        if not quiet:
+            print(f"FINDING {kind} case {index}: {outcome.get('detail', '')[:300]}", flush=True)
+
+    def resume_after(w: int, index: int) -> None:
+        rest = [i for i in todo[w] if i > index]
+        todo[w] = rest
+        if rest:
+            launch(w)
+        else:
+            done.add(w)
+
+    for w in range(workers):
+        if todo[w]:
+            launch(w)
+        else:
+            done.add(w)
+    stopped = False
+    seeds_for_cases: dict[str, Seed] | None = None
+    while len(done) < workers:
+        with contextlib.suppress(Exception):
+            while True:
+                kind, w, index, payload, outcome = results.get(timeout=0.1)
+                if kind == "counts":
+                    counts.update(payload)
+                elif kind == "finding":
+                    record(outcome["status"], index, payload, outcome)
+                elif kind == "done":
+                    done.add(w)
+        now = time.time()
+        for w, p in list(procs.items()):
+            if w in done:
+                continue
+            index = int(progress[2 * w])
+            began = progress[2 * w + 1]
+            if began and now - began > timeout and p.is_alive():
+                p.kill()
+                p.join()
+                if seeds_for_cases is None:
+                    seeds_for_cases = load_seeds(fixtures)
+                case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
+                record("hang", index, case, {"status": "hang", "stage": "?", "detail": f"over {timeout} s"})
+                resume_after(w, index)
+            elif not p.is_alive() and w not in done:
+                # the worker died without saying done: the case it was running crashed it
+                with contextlib.suppress(Exception):
+                    while True:
+                        kind, w2, i2, payload, outcome = results.get(timeout=0.2)
+                        if kind == "counts":
+                            counts.update(payload)
+                        elif kind == "finding":
+                            record(outcome["status"], i2, payload, outcome)
+                        elif kind == "done":
+                            done.add(w2)
+                if w in done:
+                    continue
+                if index < 0:
+                    raise RuntimeError(f"worker {w} died during warm-up (exit code {p.exitcode})")
+                if seeds_for_cases is None:
+                    seeds_for_cases = load_seeds(fixtures)
+                case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
+                record("crash", index, case, {"status": "crash", "stage": "?", "detail": f"exit code {p.exitcode}"})
+                resume_after(w, index)
+        if time_budget is not None and now - t0 > time_budget and not stopped:
+            stopped = True
+            for w, p in procs.items():
+                if w not in done:
+                    p.kill()
+                    p.join()
+                    done.add(w)
+        if not quiet and now - last_report > 30:
+            last_report = now
+            total = sum(counts.values())
+            print(f"[{now - t0:7.0f} s] {total} cases, {len(findings)} findings", flush=True)
+    for p in procs.values():
+        p.join(timeout=5)
+    total = sum(v for k, v in counts.items())
+    return {
+        "seed": seed,
+        "cases": total,
+        "seconds": round(time.time() - t0, 1),
+        "findings": findings,
+        "outcomes": dict(sorted(counts.items())),
+        "stopped_by_time": stopped,
+    }
+
+
+def save_finding(out: Path, entry: dict[str, Any]) -> Path:
+    """Write a finding as a corpus entry: ``NAME.pte`` (the mutated file), ``NAME.ptd`` when
+    the edits touched the data file, and ``NAME.json`` (fixture, edits, what happened)."""
+    seeds = _seed_cache()
+    case = Case(**entry["case"])
+    pte, ptd = case.files(seeds)
+    outcome = entry["outcome"]
+    digest = hashlib.sha256(pte + (ptd or b"")).hexdigest()[:10]
+    stem = out / f"{outcome['status']}-{case.seed}-{digest}"
+    out.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".pte").write_bytes(pte)
+    if ptd is not None and case.ptd_edits:
+        stem.with_suffix(".ptd").write_bytes(ptd)
+    first = (outcome.get("detail") or "").splitlines()[:1]
+    meta = {
+        "fixture": case.seed,
+        "pte_edits": case.pte_edits,
+        "ptd_edits": case.ptd_edits,
+        "found": f"{outcome['status']} at {outcome.get('stage', '?')}: {first[0] if first else ''}",
+        "case": entry.get("index"),
+        "seed": entry.get("seed"),
+        "detail": outcome.get("detail", ""),
+    }
+    stem.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return stem
+
+
+_SEEDS: dict[str, Seed] | None = None
+
+
+def _seed_cache() -> dict[str, Seed]:
+    global _SEEDS
+    if _SEEDS is None:
+        _SEEDS = load_seeds()
+    return _SEEDS
+
+
+# --------------------------------------------------------------------------------------
+# corpus entries
+
+
+def corpus_files(path: Path) -> tuple[bytes, bytes | None, dict[str, list[Any]], dict[str, Any]]:
+    """A corpus entry ``NAME.pte`` (+ ``NAME.ptd``, ``NAME.json``): its files and inputs.
+
+    The JSON names the fixture whose inputs (and ``.ptd`` when the entry has none) it uses.
+    """
+    meta = json.loads(path.with_suffix(".json").read_text())
+    seeds = _seed_cache()
+    s = seeds[meta["fixture"]]
+    pte = path.read_bytes()
+    ptd_path = path.with_suffix(".ptd")
+    ptd = ptd_path.read_bytes() if ptd_path.exists() else s.ptd
+    return pte, ptd, s.inputs, meta
+
+
+def replay(path: Path, cap: int = DEFAULT_CAP) -> Outcome:
+    pte, ptd, inputs, _ = corpus_files(path)
+    return run_files(pte, ptd, inputs, cap)
+
+
+def minimize(case: Case, status: str, seeds: dict[str, Seed], cap: int = DEFAULT_CAP) -> Case:
+    """Drop edits one at a time while the case still gives a finding of kind ``status``."""
+    s = seeds[case.seed]
+    for attr in ("pte_edits", "ptd_edits"):
+        i = 0
+        while i < len(getattr(case, attr)):
+            edits = list(getattr(case, attr))
+            trial = dataclasses.replace(case, **{attr: edits[:i] + edits[i + 1 :]})
+            pte, ptd = trial.files(seeds)
+            if run_files(pte, ptd, s.inputs, cap).status == status:
+                case = trial
+            else:
+                i += 1
+    return case
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=1000)
+    ap.add_argument("--start", type=int, default=0, help="first case index")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fixtures", nargs="*", help="only these fixtures (default: all)")
+    ap.add_argument("--cap", type=int, default=DEFAULT_CAP, help="max_planned_bytes (bytes)")
+    ap.add_argument("--slack", type=int, default=DEFAULT_SLACK)
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    ap.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--out", type=Path, default=None, help="write findings here")
+    ap.add_argument("--json", type=Path, default=None, help="write the summary here")
+    ap.add_argument("--replay", type=Path, nargs="*", help="run corpus entries (NAME.pte)")
+    ap.add_argument("--case", type=int, default=None, help="run (and show) one case in-process")
+    ap.add_argument("--show", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.replay:
+        bad = 0
+        for path in args.replay:
+            o = replay(path, args.cap)
+            bad += o.is_finding
+            print(f"{path.name}: {o.status} at {o.stage} ({o.seconds:.3f} s) {o.detail[:300]}")
+        return 1 if bad else 0
+    if args.case is not None:
+        seeds = load_seeds(args.fixtures)
+        case = draw_case(seeds, case_rng(args.seed, args.case))
+        if args.show:
+            print(json.dumps(case.to_json(), indent=1))
+        pte, ptd = case.files(seeds)
+        o = run_files(pte, ptd, seeds[case.seed].inputs, args.cap)
+        print(f"{o.status} at {o.stage} ({o.seconds:.3f} s): {o.detail}")
+        if o.is_finding:
+            small = minimize(case, o.status, seeds, args.cap)
+            print("minimized:", json.dumps(small.to_json()))
+            if args.out is not None:
+                path = save_finding(args.out, {"index": args.case, "seed": args.seed,
+                                               "case": small.to_json(), "outcome": dataclasses.asdict(o)})
+                print("saved", path)
+        return 1 if o.is_finding else 0
+    summary = fuzz(
+        args.cases, args.workers, args.seed, args.start, args.out, args.fixtures, args.cap,
+        args.slack, args.timeout, args.time_budget, args.quiet,
+    )
+    nf = len(summary["findings"])
+    print(json.dumps({k: v for k, v in summary.items() if k != "findings"}, indent=1))
+    print(f"{summary['cases']} cases, {nf} findings")
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return 1 if nf else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
