@@ -1143,7 +1143,8 @@ class _Loader:
         sizes: list[int] = []
         for k, start in enumerate(starts):
             end = starts[k + 1] if k + 1 < len(starts) else n
-            filename = f"<ptexec #{next(_SOURCES)} {self.m.name} chain {c} block {k}>"
+            label = self.m.name.replace("\0", "\\x00")  # compile() refuses a NUL in a file name
+            filename = f"<ptexec #{next(_SOURCES)} {label} chain {c} block {k}>"
             lines = ["def _block(v):"]
             env: dict[str, Any] = {}
             lineno: dict[int, int] = {}
