@@ -608,6 +608,15 @@ class Method:
     # -- outputs -------------------------------------------------------------------------
     def _collect(self, mode: OutputMode, out: list[torch.Tensor | None] | None) -> list[Any]:
         v = self._values
+        for spec in self._outputs:
+            if spec.kind == "tensor" and not isinstance(v[spec.slot], torch.Tensor):
+                raise ExecutionError(
+                    self.name,
+                    -1,
+                    "output",
+                    f"output {spec.index} (value {spec.slot}) is a tensor in the program, but "
+                    f"execution left a {type(v[spec.slot]).__name__} there",
+                )
         results: list[Any] = []
         for spec in self._outputs:
             x = v[spec.slot]
