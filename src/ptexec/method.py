@@ -63,6 +63,8 @@ DEFAULT_MAX_PLANNED_BYTES = 16 << 30  # 16 GiB
 FOLD_LIMIT = 16 << 20  # bytes of results a method may precompute at load
 
 OutputMode = Literal["copy", "view"]
+# torch's quantized dtypes: a tensor of one needs quantizer parameters a program lacks
+_QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
 _DYNAMISM = {
     p.STATIC: "static",
     p.DYNAMIC_BOUND: "dynamic_bound",
@@ -859,6 +861,12 @@ class _Loader:
         if dtype is None:
             raise PteFormatError(
                 f"{path}.scalar_type", f"{scalar_type_name(t.scalar_type)} has no torch dtype"
+            )
+        if dtype in _QUANTIZED:
+            raise PteFormatError(
+                f"{path}.scalar_type",
+                f"{scalar_type_name(t.scalar_type)} is a quantized type whose scale and zero "
+                "point a program does not carry; ptexec does not run such tensors",
             )
         return dtype
 
