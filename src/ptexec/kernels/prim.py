@@ -54,7 +54,8 @@ def _inline(template: str, n: int) -> Callable[[KernelContext], Emission]:
 
     def factory(ctx: KernelContext) -> Emission:
         _arity(ctx, n + 1)
-        operands = [ctx.expr(i) for i in ctx.args[:n]]
+        # parenthesized: a literal operand must not merge with the template ("0.size(1)")
+        operands = [f"({ctx.expr(i)})" for i in ctx.args[:n]]
         out = ctx.args[n]
         return ctx.emit(f"v[{out}] = " + template.format(*operands), writes=(out,), mutates=())
 
