@@ -162,3 +162,47 @@ def test_allocation_failures_are_findings() -> None:
     assert fl._allocation_failure(wrapped, 1 << 20) is not None
     small = RuntimeError("can't allocate memory: you tried to allocate 100 bytes")
     assert fl._allocation_failure(small, 1 << 20) is None
+
+
+# --------------------------------------------------------------------------------------
+# fixes found by fuzzing, tested directly (their inputs are in the corpus too)
+
+
+def _cumsum_context(dtype_value, dynamic=frozenset()):
+    from ptexec.format import program as p
+    from ptexec.kernels.registry import KernelContext
+
+    t = p.Tensor(4, 0, (3,), (0,), False, 0, None, 0, 0, None)
+    values = (t, p.Int(0), dtype_value, t)
+    initial = [None, 0, getattr(dtype_value, "value", None), None]
+    return KernelContext("aten::cumsum.out", 0, (0, 1, 2, 3, 3), values, dynamic, initial)
+
+
+@pytest.mark.parametrize(
+    "dtype_value, dynamic, ok",
+    [
+        ("Int(4)", frozenset(), True),
+        ("Null()", frozenset(), True),
+        ("Int(200)", frozenset(), False),  # torch casts it to ScalarType unchecked: segfault
+        ("Int(-5)", frozenset(), False),
+        ("Int(4)", frozenset({2}), False),  # written at run time: cannot be checked at load
+        ("Tensor", frozenset(), False),  # a 0-dim integer tensor is read as a dtype code
+    ],
+)
+def test_dtype_arguments_are_checked_at_load(dtype_value: str, dynamic, ok: bool) -> None:
+    from ptexec.format import program as p
+    from ptexec.kernels.aten import _resolve
+    from ptexec.kernels.registry import UnsupportedKernel
+
+    value = (
+        p.Tensor(0, 0, (), (), False, 0, None, 0, 0, None)
+        if dtype_value == "Tensor"
+        else eval(f"p.{dtype_value}")
+    )
+    factory = _resolve("aten::cumsum.out")
+    ctx = _cumsum_context(value, dynamic)
+    if ok:
+        assert "out=v[3]" in factory(ctx).code
+    else:
+        with pytest.raises(UnsupportedKernel, match="dtype"):
+            factory(ctx)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 from .registry import (
     Alias,
@@ -374,6 +375,27 @@ _CLAMP_MIN = torch.clamp_min
 # ---- the factory -----------------------------------------------------------------------------
 
 
+
+def _is_scalar_type(arg: Any) -> bool:
+    """Whether a schema argument is a ``ScalarType`` (or ``ScalarType?``)."""
+    return "ScalarType" in str(getattr(arg, "real_type", arg.type))
+
+
+def _check_scalar_type(name: str, arg: Any, ctx: KernelContext, index: int) -> None:
+    """A dtype argument must be a constant code torch knows: torch casts any integer to a
+    ScalarType unchecked, and an out-of-range one crashes the process."""
+    value = ctx.values[index]
+    if isinstance(value, p.Null):
+        return
+    if isinstance(value, p.Int) and ctx.is_literal(index) and ctx.literal(index) in CODE_TO_DTYPE:
+        return
+    got = f"{value.value}" if isinstance(value, p.Int) else f"a {p.evalue_kind(value)}"
+    raise UnsupportedKernel(
+        f"{name}: argument '{arg.name}' must be a constant scalar type code, the program "
+        f"passes {got} (value {index})"
+    )
+
+
 def schema_kernel(overload: Any) -> KernelFactory:
     """A factory calling ``overload`` (an OpOverload) with schema-mapped arguments."""
     schema = overload._schema
@@ -416,6 +438,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
         rendered: list[str] = []
         for k, (arg, index) in enumerate(zip(arguments, args, strict=False)):
             value = ctx.values[index]
+            if _is_scalar_type(arg):
+                _check_scalar_type(name, arg, ctx, index)
             literal = ctx.is_literal(index)
             skip = False
             if literal and not isinstance(value, p.Tensor | p.TensorList | p.OptionalTensorList):
