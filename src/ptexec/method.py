@@ -366,11 +366,24 @@ class Method:
             try:
                 self._run()
                 return self._collect(mode, out_plan)
+            except BaseException:
+                self._restore()
+                raise
             finally:
                 self._release_inputs()
                 if out_plan is not None:
                     for spec in self._unplanned_outputs:
                         self._values[spec.slot] = spec.default
+
+    def _restore(self) -> None:
+        """After a failed call, give every tensor the method made at load its slot, memory
+        and geometry back: a kernel that failed half-way may have left sizes its memory
+        does not hold (torch sets them before it grows the storage), which the next read
+        would overrun. Data (the state of stateful programs) is not touched."""
+        v = self._values
+        for slot, t, storage, offset, sizes, strides in self._owned:
+            t.set_(storage, offset, sizes, strides)
+            v[slot] = t
 
     # -- binding -------------------------------------------------------------------------
     def _where(self, i: int) -> str:
@@ -710,6 +723,7 @@ class Method:
     # attributes filled by the loader
     _meta: MethodMeta
     _values: list[Any]
+    _owned: list[tuple[int, torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]]
     _inputs: list[_Input]
     _outputs: list[_Output]
     _unplanned_outputs: list[_Output]
@@ -949,6 +963,11 @@ class _Loader:
             if isinstance(value, p.IntList):
                 values[j] = tuple(values[i] for i in value.items)
         m._values = values
+        m._owned = [
+            (j, t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            for j, t in enumerate(values)
+            if isinstance(t, torch.Tensor)
+        ]
         self._io(values, input_slots, output_slots)
         self._compile(values)
         m._meta = self.meta()
