@@ -206,3 +206,28 @@ def test_dtype_arguments_are_checked_at_load(dtype_value: str, dynamic, ok: bool
     else:
         with pytest.raises(UnsupportedKernel, match="dtype"):
             factory(ctx)
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_unplanned"])
+def test_planned_memory_cannot_grow(name: str) -> None:
+    """An out= kernel asked to write past a (CPU) tensor's memory raises instead of
+    reallocating it: a hostile shape cannot make a kernel allocate through the plan, and
+    the method still gives the right answer afterwards."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+
+    m = ptexec.load(fixture_paths(name)[0]).load_method()
+    bounded = [
+        v for v in m.values()
+        if isinstance(v, torch.Tensor) and v.numel() and not v.untyped_storage().resizable()
+    ]
+    assert bounded, "planned and bounded unplanned tensors have fixed storage"
+    v = bounded[-1]
+    before = (v.untyped_storage().nbytes(), v.data_ptr())
+    with pytest.raises(RuntimeError, match="not resizable"):
+        torch.add(torch.ones(1 << 22, dtype=v.dtype), 1, out=v)
+    assert (v.untyped_storage().nbytes(), v.data_ptr()) == before  # nothing allocated
+    call = fixture_calls(name)[0]
+    assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance(name)) is None

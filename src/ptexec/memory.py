@@ -18,7 +18,7 @@ from .device import Device
 from .errors import PteFormatError
 from .tensor import dim_order_strides
 
-__all__ = ["BufferInfo", "PlannedBuffer", "allocate", "resize_to", "strided_view"]
+__all__ = ["BufferInfo", "PlannedBuffer", "allocate", "fixed_empty", "resize_to", "strided_view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,21 @@ class PlannedBuffer:
         self.data = data
 
 
+_ALIGN = 64
+
+
+def _fixed_bytes(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of uninitialized CPU memory whose storage cannot grow: an out= kernel
+    asked to write more than the tensor holds raises instead of reallocating (a hostile
+    shape would otherwise allocate without bound), as ExecuTorch refuses to resize past
+    capacity."""
+    import numpy as np
+
+    raw = np.empty(nbytes + _ALIGN - 1, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN  # torch's own CPU allocations are 64-byte aligned
+    return torch.from_numpy(raw[start : start + nbytes])
+
+
 def allocate(info: BufferInfo) -> PlannedBuffer:
     """Allocate zero-filled memory for a planned buffer on its device.
 
@@ -73,6 +88,17 @@ def allocate(info: BufferInfo) -> PlannedBuffer:
     else:
         data = torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
     return PlannedBuffer(info, data)
+
+
+def fixed_empty(
+    sizes: Sequence[int], strides: Sequence[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """An uninitialized tensor like ``torch.empty_strided`` whose CPU storage cannot grow."""
+    if device.type != "cpu":
+        return torch.empty_strided(tuple(sizes), tuple(strides), dtype=dtype, device=device)
+    extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) if all(sizes) else 0
+    raw = _fixed_bytes(max(extent, 1) * dtype.itemsize)
+    return raw.view(dtype).as_strided(tuple(sizes), tuple(strides))
 
 
 def strided_view(

@@ -41,7 +41,7 @@ from .errors import (
 from .format import program as p
 from .format.scalar_type import scalar_type_name
 from .kernels.registry import Emission, KernelContext, UnsupportedKernel, find_kernel
-from .memory import BufferInfo, PlannedBuffer, allocate, resize_to, strided_view
+from .memory import BufferInfo, PlannedBuffer, allocate, fixed_empty, resize_to, strided_view
 from .tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
 
 if TYPE_CHECKING:
@@ -943,8 +943,10 @@ class _Loader:
                             f"method '{m.name}' needs more than max_planned_bytes="
                             f"{self.max_planned_bytes} for its unplanned tensors"
                         )
+                    # bounded shapes get memory that cannot grow; unbound ones must grow
+                    empty = torch.empty_strided if value.shape_dynamism == p.DYNAMIC_UNBOUND else fixed_empty
                     values.append(
-                        torch.empty_strided(
+                        empty(
                             sizes,
                             dim_order_strides(sizes, value.dim_order),
                             dtype=dtype,
