@@ -2,15 +2,23 @@
 """Fuzz ptexec's loader: mutate real ``.pte``/``.ptd`` fixtures, load, load a method, call it.
 
 Every case takes one fixture, applies one to four mutations and runs ``ptexec.load`` +
-``Program.load_method`` + one call of every method. Only :class:`ptexec.PtexecError`
-subclasses may escape. A case fails ("finding") when:
+``Program.load_method`` (``max_planned_bytes`` = the cap, 64 MiB) + one call of every method
+(the fixture's inputs, or inputs made from the method's own description when those do not
+fit); a call that raises :class:`ptexec.ExecutionError` is made again, since a failed call
+must leave the method usable. Only :class:`ptexec.PtexecError` subclasses may escape. A
+case fails ("finding") when:
 
-- ``escape``: another exception escapes (a bug in ptexec's checks);
-- ``alloc``: the case asked torch (or Python) for more memory than allowed: an allocation
-  error anywhere in the exception chain whose size exceeds the cap, or a per-case growth
-  of the process's peak resident memory above ``cap + slack`` (see *Measuring memory*);
+- ``escape``: another exception escapes (a gap in ptexec's checks);
+- ``alloc``: loading allocated more than allowed: an allocator error while loading, or a
+  peak resident growth above ``2 * cap + slack`` (planned memory and unplanned tensors are
+  each held to the cap; see *Measuring memory*);
 - ``hang``: the case ran longer than ``--timeout`` seconds (2 s by default);
 - ``crash``: the worker process died (a signal, e.g. a segfault in a kernel).
+
+``kernel_alloc`` cases are reported but are not findings: a ptexec error came from a kernel
+that asked the allocator for more than the cap because the program's arguments (a padding of
+2^32, say) ask for a huge result. ptexec cannot see inside a kernel; planned memory cannot
+grow (its storage is fixed), but a kernel's own temporaries can.
 
 Mutations (all concrete, so a finding replays and minimizes exactly):
 
@@ -19,18 +27,20 @@ Mutations (all concrete, so a finding replays and minimizes exactly):
 - *fields*: the seed is decoded with ``ptexec.format.flatbuf`` and every integer the schema
   names is located: root and child offsets, vtable entries, vector and string lengths, union
   tags, scalars (indices, sizes, counts, offsets, enums) and the ``eh00``/``FH01`` header
-  fields. A field mutation rewrites one of them with a value chosen for its width: 0, 1, -1,
+  fields. A field mutation rewrites one of them with a value valid for another field of the
+  same kind (another value index, say), or a value chosen for its width: 0, 1, -1,
   boundaries (2^7, 2^15, 2^31, 2^32 +- 1 ...), the old value +- small deltas, doubled, a
-  power of two, or the value of another field of the same width.
+  power of two, or the value of another field of the same width. Fields a file leaves at
+  their default are absent from it and cannot be rewritten in place.
 
-Measuring memory: torch's CPU allocations are invisible to ``tracemalloc``, so workers
-measure the process itself. Before each case a worker resets the kernel's peak-RSS counter
+Measuring memory: torch's CPU allocations are invisible to ``tracemalloc``, so the harness
+measures the process itself. Before each case it resets the kernel's peak-RSS counter
 (``/proc/self/clear_refs`` <- ``5``) and after it reads ``VmHWM`` from ``/proc/self/status``:
-the difference is the case's peak resident growth, which counts every page torch or
-Python touched. Untouched allocations (``torch.empty``) do not show up in RSS, so workers
-also cap their address space (``RLIMIT_AS`` = size after warm-up + cap + slack): any
-single allocation above that fails, and an allocator error in the exception chain is a
-finding. The in-process CI test uses only the first measure.
+the difference is the case's peak resident growth, which counts every page torch or Python
+touched. Untouched allocations (``torch.empty``) do not show up in RSS, so during each case
+the address space is also capped (``RLIMIT_AS`` = size on entry + 2 x the peak limit): a
+larger allocation fails, and the allocator error in the exception chain tells which
+allocation it was. Both measures are Linux-only; elsewhere they are skipped.
 
 Usage::
 
@@ -58,7 +68,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +81,8 @@ from ptexec.format.flatbuf import Buffer, Table  # noqa: E402  (no torch import)
 
 DEFAULT_CAP = 64 << 20  # max_planned_bytes for fuzzed methods
 DEFAULT_SLACK = 96 << 20  # resident growth allowed above the cap (kernels' temporaries)
-DEFAULT_MAX_INSTRUCTIONS = 100_000  # a fuzzed jump loop stops quickly
+# a fuzzed jump loop stops quickly; the fixtures execute at most ~100 instructions a call
+DEFAULT_MAX_INSTRUCTIONS = 500
 DEFAULT_TIMEOUT = 2.0
 MAX_INPUT_ELEMENTS = 1 << 20  # largest synthesized input tensor (elements)
 
@@ -514,8 +525,10 @@ def case_rng(seed: int, index: int) -> random.Random:
 
 @dataclasses.dataclass
 class Outcome:
-    """What a case did: ``status`` is ``ok`` (ran), ``error`` (a PtexecError) or a finding
-    kind (``escape``, ``alloc``, ``hang``, ``crash``)."""
+    """What a case did: ``status`` is ``ok`` (ran), ``error`` (a PtexecError),
+    ``kernel_alloc`` (a PtexecError from a kernel whose hostile arguments made it ask the
+    allocator for more than the cap: recorded and reported, not a failure of ptexec's
+    checks) or a finding kind (``escape``, ``alloc``, ``hang``, ``crash``)."""
 
     status: str
     stage: str  # load | load_method | call
@@ -621,23 +634,36 @@ def run_files(
                         raise ptexec.InputError("no fixture inputs")
                     m.execute(args)
                 except ptexec.InputError:
-                    synth = synth_inputs(m.meta)
-                    if synth is None:
+                    args = synth_inputs(m.meta)
+                    if args is None:
                         raise
-                    m.execute(synth)
+                    try:
+                        m.execute(args)
+                    except ptexec.ExecutionError:
+                        # a failed call must leave the method sound: call it again
+                        stage = "call again"
+                        with contextlib.suppress(ptexec.PtexecError):
+                            m.execute(args)
+                        stage = "call"
+                        raise
+                except ptexec.ExecutionError:
+                    stage = "call again"
+                    with contextlib.suppress(ptexec.PtexecError):
+                        m.execute(args)
+                    stage = "call"
+                    raise
         return Outcome("ok", stage, seconds=time.perf_counter() - start)
     except ptexec.PtexecError as e:
         elapsed = time.perf_counter() - start
         alloc = _allocation_failure(e, cap)
+        if alloc is not None and stage == "call":
+            # a kernel asked for it (its arguments are hostile); ptexec has no hook there
+            return Outcome("kernel_alloc", stage, f"{type(e).__name__} after {alloc}", elapsed)
         if alloc is not None:
             return Outcome("alloc", stage, f"{type(e).__name__} after {alloc}", elapsed)
         return Outcome("error", stage, f"{type(e).__name__}: {str(e)[:200]}", elapsed)
     except Exception as e:
-        elapsed = time.perf_counter() - start
-        alloc = _allocation_failure(e, cap)
-        if alloc is not None:
-            return Outcome("alloc", stage, alloc, elapsed)
-        return Outcome("escape", stage, _describe(e), elapsed)
+        return Outcome("escape", stage, _describe(e), time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------------------
@@ -682,36 +708,60 @@ class PeakMeter:
         return (_status_kib("VmHWM") or 0) * 1024 - rss0
 
 
-def measured(
-    fn: Callable[[], Outcome], meter: PeakMeter, cap: int, slack: int
-) -> Outcome:
-    """Run ``fn`` and turn a peak growth above ``cap + slack`` into an ``alloc`` finding."""
+def peak_limit(cap: int, slack: int) -> int:
+    """The peak resident growth a case may show: planned memory and unplanned tensors are
+    each held to ``cap`` (``max_planned_bytes``), plus ``slack`` for kernels' temporaries."""
+    return 2 * cap + slack
+
+
+def measured(fn: Callable[[], Outcome], meter: PeakMeter, cap: int, slack: int) -> Outcome:
+    """Run ``fn``; a peak resident growth above :func:`peak_limit` is an ``alloc`` finding."""
     rss0 = meter.start()
     outcome = fn()
     growth = meter.growth(rss0)
     outcome.peak_growth = growth
-    if growth is not None and growth > cap + slack and not outcome.is_finding:
+    if growth is not None and growth > peak_limit(cap, slack) and not outcome.is_finding:
         outcome = dataclasses.replace(
             outcome,
             status="alloc",
-            detail=f"peak resident memory grew by {growth} bytes (cap {cap} + slack {slack}); "
+            detail=f"peak resident memory grew by {growth} bytes (limit {peak_limit(cap, slack)}); "
             f"the case ended with: {outcome.status} {outcome.detail[:200]}",
         )
     return outcome
 
 
-def limit_address_space(cap: int, slack: int) -> int | None:
-    """Cap this process's address space at its current size + cap + slack; the limit set."""
+@contextlib.contextmanager
+def address_space_limit(budget: int) -> Iterator[int | None]:
+    """Within the block, this process's address space may grow by at most ``budget`` bytes
+    beyond its size on entry (Linux; elsewhere no limit). The previous limit comes back on
+    exit, so fragmentation left by earlier cases is not counted against later ones."""
     try:
         import resource
     except ImportError:
-        return None
+        yield None
+        return
     size = _status_kib("VmSize")
     if size is None:
-        return None
-    limit = size * 1024 + cap + slack
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    return limit
+        yield None
+        return
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size * 1024 + budget
+    if old[1] != resource.RLIM_INFINITY:
+        limit = min(limit, old[1])
+    resource.setrlimit(resource.RLIMIT_AS, (limit, old[1]))
+    try:
+        yield limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
+
+
+def guarded(
+    pte: bytes, ptd: bytes | None, inputs: dict[str, list[Any]], meter: PeakMeter,
+    cap: int = DEFAULT_CAP, slack: int = DEFAULT_SLACK,
+) -> Outcome:
+    """:func:`run_files` under both memory measures (peak growth and address-space cap)."""
+    with address_space_limit(2 * peak_limit(cap, slack)):
+        return measured(functools.partial(run_files, pte, ptd, inputs, cap), meter, cap, slack)
 
 
 # --------------------------------------------------------------------------------------
@@ -739,7 +789,6 @@ def _worker(
     # warm up every seed once so imports and kernel caches are not counted
     for s in seeds.values():
         run_files(s.pte, s.ptd, s.inputs, cap)
-    limit_address_space(cap, slack)
     counts: Counter[str] = Counter()
     for index in indices:
         case = draw_case(seeds, case_rng(seed, index))
@@ -747,9 +796,9 @@ def _worker(
         s = seeds[case.seed]
         progress[2 * wid] = index
         progress[2 * wid + 1] = time.time()
-        outcome = measured(functools.partial(run_files, pte, ptd, s.inputs, cap), meter, cap, slack)
+        outcome = guarded(pte, ptd, s.inputs, meter, cap, slack)
         counts[f"{outcome.status}:{outcome.stage}"] += 1
-        if outcome.is_finding:
+        if outcome.is_finding or outcome.status == "kernel_alloc":
             results.put(("finding", wid, index, case.to_json(), dataclasses.asdict(outcome)))
         if len(counts) and sum(counts.values()) % 200 == 0:
             results.put(("counts", wid, index, dict(counts), None))
@@ -781,6 +830,7 @@ def fuzz(
     todo = {w: list(range(start + w, start + cases, workers)) for w in range(workers)}
     procs: dict[int, Any] = {}
     findings: list[dict[str, Any]] = []
+    kernel_allocs: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
     done: set[int] = set()
     t0 = time.time()
@@ -799,6 +849,11 @@ def fuzz(
         if kind in ("hang", "crash"):  # the worker counted every other outcome itself
             counts[f"{kind}:{outcome.get('stage', '?')}"] += 1
         entry = {"index": index, "seed": seed, "case": case, "outcome": outcome}
+        if kind == "kernel_alloc":
+            kernel_allocs.append(entry)
+            if out is not None and case is not None:
+                save_finding(out, entry)
+            return
         findings.append(entry)
         if out is not None and case is not None:
             save_finding(out, entry)
@@ -883,6 +938,7 @@ def fuzz(
         "cases": total,
         "seconds": round(time.time() - t0, 1),
         "findings": findings,
+        "kernel_allocs": kernel_allocs,
         "outcomes": dict(sorted(counts.items())),
         "stopped_by_time": stopped,
     }
@@ -943,9 +999,10 @@ def corpus_files(path: Path) -> tuple[bytes, bytes | None, dict[str, list[Any]],
     return pte, ptd, s.inputs, meta
 
 
-def replay(path: Path, cap: int = DEFAULT_CAP) -> Outcome:
+def replay(path: Path, cap: int = DEFAULT_CAP, meter: PeakMeter | None = None) -> Outcome:
+    """Run one corpus entry under the memory measures."""
     pte, ptd, inputs, _ = corpus_files(path)
-    return run_files(pte, ptd, inputs, cap)
+    return guarded(pte, ptd, inputs, meter or PeakMeter(), cap)
 
 
 def minimize(case: Case, status: str, seeds: dict[str, Seed], cap: int = DEFAULT_CAP) -> Case:
@@ -1011,8 +1068,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.slack, args.timeout, args.time_budget, args.quiet,
     )
     nf = len(summary["findings"])
-    print(json.dumps({k: v for k, v in summary.items() if k != "findings"}, indent=1))
-    print(f"{summary['cases']} cases, {nf} findings")
+    brief = {k: v for k, v in summary.items() if k not in ("findings", "kernel_allocs")}
+    print(json.dumps(brief, indent=1))
+    print(f"{summary['cases']} cases, {nf} findings, {len(summary['kernel_allocs'])} kernel allocations")
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return 1 if nf else 0

@@ -2,8 +2,8 @@
 
 ``scripts/fuzz_loader.py`` mutates the fixtures (bytes and schema fields), loads the result,
 loads every method and calls it once. Only :class:`ptexec.PtexecError` may escape, no case
-may take more than 2 s, and no case may grow the process's peak memory by more than the
-cap (plus slack for kernels' temporaries). Every input that ever failed lives in
+may take more than 2 s, and loading may not allocate more than the cap (the process's peak
+memory and address space are watched during each case). Every input that ever failed lives in
 ``tests/fuzz_corpus/`` (the mutated file and a JSON note naming its fixture) and is replayed
 here. ``PTEXEC_FUZZ_EXAMPLES`` scales the in-process run (default 600 cases).
 """
@@ -71,7 +71,7 @@ def test_corpus_is_well_formed() -> None:
 def test_corpus_entry(path: Path) -> None:
     """Each input that once crashed, hung or let another exception escape now raises a
     PtexecError (or runs)."""
-    _check(fl.measured(lambda: fl.replay(path), METER, fl.DEFAULT_CAP, fl.DEFAULT_SLACK))
+    _check(fl.replay(path, meter=METER))
 
 
 # --------------------------------------------------------------------------------------
@@ -89,11 +89,7 @@ def test_corpus_entry(path: Path) -> None:
 def test_fuzz_bounded(name: str, rng) -> None:
     case = fl.draw_case({name: SEEDS[name]}, rng)
     pte, ptd = case.files(SEEDS)
-    inputs = SEEDS[name].inputs
-    outcome = fl.measured(
-        lambda: fl.run_files(pte, ptd, inputs), METER, fl.DEFAULT_CAP, fl.DEFAULT_SLACK
-    )
-    _check(outcome)
+    _check(fl.guarded(pte, ptd, SEEDS[name].inputs, METER))
 
 
 def test_fuzz_watchdog_run(tmp_path: Path) -> None:
