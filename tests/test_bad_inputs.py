@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
 
 import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
 
 # --------------------------------------------------------------------------------------
 # errors during execution
@@ -66,10 +66,8 @@ def test_a_failed_call_restores_the_method_memory() -> None:
     ids, x, k = calls[0]["inputs"]
     bad = ids.clone()
     bad[0, 0] = -1000
-    try:
+    with pytest.raises(ptexec.ExecutionError):
         m.execute([bad, x, k])
-    except ptexec.ExecutionError:
-        pass
     assert (victim.data_ptr(), tuple(victim.shape), tuple(victim.stride())) == geometry
     for call in calls:
         _check_call(m, "int_ops", call)

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fuzz_corpus"
@@ -211,9 +212,6 @@ def test_planned_memory_cannot_grow(name: str) -> None:
     the method still gives the right answer afterwards."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
-
     m = ptexec.load(fixture_paths(name)[0]).load_method()
     bounded = [
         v for v in m.values()
@@ -227,3 +225,71 @@ def test_planned_memory_cannot_grow(name: str) -> None:
     assert (v.untyped_storage().nbytes(), v.data_ptr()) == before  # nothing allocated
     call = fixture_calls(name)[0]
     assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance(name)) is None
+
+
+# --------------------------------------------------------------------------------------
+# limits
+
+
+def _edit_field(name: str, path: str, value: int, kind: str = "pte") -> bytes:
+    """Fixture ``name``'s file with the schema field at ``path`` set to ``value``."""
+    s = SEEDS[name]
+    data = s.pte if kind == "pte" else s.ptd
+    (field,) = [f for f in fl.field_map(data, kind) if f.path == path]
+    raw = (value % (1 << (8 * field.size))).to_bytes(field.size, "little")
+    return fl.apply_edits(data, [("set", field.pos, raw.hex())])
+
+
+def test_default_limits() -> None:
+    from ptexec.method import DEFAULT_MAX_INSTRUCTIONS, DEFAULT_MAX_PLANNED_BYTES
+
+    assert DEFAULT_MAX_INSTRUCTIONS == 10_000_000  # as ExecuTorch's runtime
+    assert DEFAULT_MAX_PLANNED_BYTES == 16 << 30
+    m = ptexec.load(SEEDS["mlp"].pte).load_method()
+    assert m._max_instructions == DEFAULT_MAX_INSTRUCTIONS
+
+
+def test_instruction_limit_stops_a_jump_loop() -> None:
+    """cond's 'then' branch ends with an unconditional jump past the 'else' branch; sent back
+    to instruction 0 instead, a positive input loops forever."""
+    looping = _edit_field(
+        "cond", "execution_plan[0].chains[0].instructions[6].jump_false_call.destination_instruction", 0
+    )
+    m = ptexec.load(looping).load_method(max_instructions=5_000)
+    calls = fixture_calls("cond")
+    assert float(calls[0]["inputs"][0].sum()) > 0
+    with pytest.raises(ptexec.ExecutionError, match="more than 5000 instructions") as info:
+        m.execute(calls[0]["inputs"])
+    err = info.value
+    assert isinstance(err, ptexec.LimitExceededError)  # both kinds of error
+    assert isinstance(err, ptexec.errors.InstructionLimitError)
+    assert 0 <= err.instruction < 11 and err.operator
+    # the 'else' branch does not loop: the method works for the next call
+    assert float(calls[1]["inputs"][0].sum()) < 0
+    got = m.execute(calls[1]["inputs"])
+    assert compare_outputs(got, calls[1]["outputs"], *tolerance("cond")) is None
+
+
+def test_plan_over_the_cap_is_refused_before_allocating() -> None:
+    huge = _edit_field("mlp", "execution_plan[0].non_const_buffer_sizes[1]", 1 << 40)
+    prog = ptexec.load(huge)
+    rss0 = METER.start()
+    with pytest.raises(ptexec.LimitExceededError, match="max_planned_bytes"):
+        prog.load_method()  # the default cap, 16 GiB
+    growth = METER.growth(rss0)
+    assert growth is None or growth < 64 << 20
+    # the cap is an option
+    need = ptexec.load(SEEDS["mlp"].pte).method_meta().planned_bytes
+    with pytest.raises(ptexec.LimitExceededError, match=str(need)):
+        ptexec.load(SEEDS["mlp"].pte).load_method(max_planned_bytes=need - 1)
+    ptexec.load(SEEDS["mlp"].pte).load_method(max_planned_bytes=need)
+
+
+def test_unplanned_tensors_count_against_the_cap() -> None:
+    program = ptexec.load(SEEDS["mlp_unplanned"].pte).pte.program
+    plan = program.execution_plan[0]
+    out = plan.outputs[0]
+    assert plan.values[out].allocation_info is None
+    huge = _edit_field("mlp_unplanned", f"execution_plan[0].values[{out}].tensor.sizes[1]", 1 << 28)
+    with pytest.raises(ptexec.LimitExceededError, match="unplanned"):
+        ptexec.load(huge).load_method(max_planned_bytes=64 << 20)

@@ -15,6 +15,7 @@ __all__ = [
     "DeviceUnavailableError",
     "ExecutionError",
     "InputError",
+    "InstructionLimitError",
     "LimitExceededError",
     "MethodNotFoundError",
     "OperatorMissingError",
@@ -120,3 +121,11 @@ class ExecutionError(PtexecError, RuntimeError):
             type(self),
             (self.method, self.instruction, self.operator, self.detail, self.frame),
         )
+
+
+class InstructionLimitError(LimitExceededError, ExecutionError):
+    """An execution stopped at ``max_instructions`` (a malformed jump may loop forever).
+
+    Both a :class:`LimitExceededError` (a configured limit) and an :class:`ExecutionError`
+    (it happens while executing; ``instruction`` is where it stopped).
+    """

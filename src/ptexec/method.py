@@ -33,6 +33,7 @@ from .errors import (
     DeviceUnavailableError,
     ExecutionError,
     InputError,
+    InstructionLimitError,
     LimitExceededError,
     OperatorMissingError,
     PteFormatError,
@@ -573,14 +574,18 @@ class Method:
         limit = self._max_instructions
         count = 0
         try:
-            for blocks, sizes in self._chains:
+            for c, (blocks, sizes) in enumerate(self._chains):
                 b = 0
                 while b >= 0:
                     count += sizes[b]
                     if count > limit:
-                        raise LimitExceededError(
-                            f"'{self.name}' executed more than {limit} instructions; stopped "
-                            "(a malformed jump may loop forever)"
+                        i = sum(sizes[:b]) if self._instruction_names[c] else -1
+                        raise InstructionLimitError(
+                            self.name,
+                            i,
+                            self._instruction_names[c][i] if i >= 0 else "?",
+                            f"executed more than {limit} instructions; stopped (a malformed "
+                            "jump may loop forever)",
                         )
                     b = blocks[b](v)
         except PtexecError as e:
