@@ -293,3 +293,16 @@ def test_unplanned_tensors_count_against_the_cap() -> None:
     huge = _edit_field("mlp_unplanned", f"execution_plan[0].values[{out}].tensor.sizes[1]", 1 << 28)
     with pytest.raises(ptexec.LimitExceededError, match="unplanned"):
         ptexec.load(huge).load_method(max_planned_bytes=64 << 20)
+
+
+def test_shared_state_counts_against_the_cap() -> None:
+    """The state buffer both methods of shared_state use is allocated by the first method
+    that loads; it is part of each method's plan and is held to the same cap."""
+    s = SEEDS["shared_state"]
+    fields = [f for f in s.pte_mutator.by_kind["item"] if f.path.endswith("non_const_buffer_sizes[2]")]
+    assert len(fields) == 2
+    huge = fl.apply_edits(s.pte, [("set", f.pos, (1 << 40).to_bytes(8, "little").hex()) for f in fields])
+    prog = ptexec.load(huge)
+    assert prog.shared_buffer_indices == {2}
+    with pytest.raises(ptexec.LimitExceededError, match="max_planned_bytes"):
+        prog.load_method("inc")

@@ -832,7 +832,7 @@ class _Loader:
         return infos
 
     def _allocate(self, infos: list[BufferInfo]) -> tuple[list[PlannedBuffer], set[int]]:
-        total = sum(i.size for i in infos if not i.shared)
+        total = sum(i.size for i in infos)  # shared state counts too: it may be new
         if total > self.max_planned_bytes:
             raise LimitExceededError(
                 f"method '{self.m.name}' plans {total} bytes, over max_planned_bytes="
