@@ -283,8 +283,6 @@ GOOD: list[tuple[str, str, Callable[[list[Any]], list[Any]], dict[str, Any]]] = 
 
 def _good_params() -> list[Any]:
     known = {
-        "requires-grad": "an input that requires grad poisons the planned input view",
-        "requires-grad-unplanned": "out= kernels refuse inputs that require grad",
     }
     return [
         pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=known[c[0]])) if c[0] in known else c
@@ -310,7 +308,6 @@ def test_good_input(case) -> None:
     s.replay(1)  # and the method is fine afterwards
 
 
-@pytest.mark.xfail(strict=True, reason="an input that requires grad poisons the planned input view")
 def test_requires_grad_input_does_not_poison_the_method() -> None:
     """An input that requires grad must not leave autograd state in the method's memory."""
     s = Session("mlp")

@@ -356,7 +356,7 @@ class Method:
         mode = outputs or self._output_mode
         if mode not in ("copy", "view"):
             raise ValueError(f"outputs must be 'copy' or 'view', not {mode!r}")
-        with self._lock:
+        with self._lock, torch.no_grad():  # inference: autograd must not touch the memory
             plan = self._prepare_inputs(inputs, policy)
             out_plan = self._prepare_out(out) if out is not None else None
             self._bind(plan)
