@@ -528,7 +528,9 @@ class Method:
                 continue
             actions[spec.index] = action.value
             if action is Action.SHARE:
-                v[spec.slot] = x
+                # an alias of the caller's memory: what the program does to the tensor's
+                # sizes (an out= resize) stays with the alias, not the caller's tensor
+                v[spec.slot] = x.detach()
             elif action is Action.COPY or action is Action.TRANSFER:
                 view = spec.view
                 assert view is not None
