@@ -147,8 +147,7 @@ BAD: list[Bad] = [
     Bad("kind-python-int-for-0dim", "int_ops", replace(2, lambda k: int(k)),
         ("input 2 of 'forward'", "int64[]", "got int 3")),
     Bad("kind-none-second", "cond", replace(1, lambda y: None), ("input 1 of 'forward'", "got NoneType")),
-    Bad("kind-sparse", "mlp", replace(0, lambda x: x.to_sparse()), (IN0, "sparse_coo", "strided"),
-        xfail="a sparse input escapes as RuntimeError"),
+    Bad("kind-sparse", "mlp", replace(0, lambda x: x.to_sparse()), (IN0, "sparse_coo", "strided")),
     # dtype
     Bad("dtype-float64", "mlp", replace(0, lambda x: x.double()), (IN0, "float32[2, 8]", "float64[2, 8]")),
     Bad("dtype-float16", "mlp_unplanned", replace(0, lambda x: x.half()), (IN0, "float32[2, 8]", "float16[2, 8]")),

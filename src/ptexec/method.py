@@ -411,6 +411,7 @@ class Method:
                 and spec.fast_shape is not None
                 and x.shape == spec.fast_shape
                 and x.device == spec.torch_device
+                and x.layout is torch.strided
             ):
                 if spec.view is not None:
                     plan.append((Action.COPY, x))
@@ -439,6 +440,11 @@ class Method:
             raise InputError(
                 f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})"
             ) from None
+        if t.layout != torch.strided:
+            raise InputError(
+                f"{where}: expected a dense (strided) tensor {spec.info}, got a "
+                f"{str(t.layout).removeprefix('torch.')} tensor"
+            )
         if isinstance(x, torch.Tensor) or not _is_numpy(x):
             sizes, strides = tuple(t.shape), tuple(t.stride())
             info = TensorInfo(
