@@ -26,7 +26,7 @@ import torch.utils.dlpack
 
 from .device import CPU, Device, from_dlpack_device, from_torch_device
 from .dtypes import dtype_name
-from .errors import UnsupportedDeviceError
+from .errors import DeviceUnavailableError, UnsupportedDeviceError
 
 __all__ = ["TensorInfo", "describe", "dim_order_from_strides", "dim_order_strides", "to_torch"]
 
@@ -143,9 +143,11 @@ def _is_dlpack(x: Any) -> bool:
     return hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
 
 
-def _dlpack_to_torch(x: Any, device: Device) -> torch.Tensor:
+def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> torch.Tensor:
     """Consume ``x`` through DLPack (versioned protocol first, then the old one); zero copy."""
     kwargs: dict[str, Any] = {}
+    if not device.is_cpu and not torch.cuda.is_available():
+        raise DeviceUnavailableError(f"{what} is on {device}, but torch has no CUDA device here")
     if not device.is_cpu:
         stream = torch.cuda.current_stream(device.index).cuda_stream
         kwargs["stream"] = 1 if stream == 0 else stream
@@ -182,7 +184,7 @@ def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
             if _dlpack_is_empty(x):
                 return torch.empty(0), CPU
             raise
-        return _dlpack_to_torch(x, device), device
+        return _dlpack_to_torch(x, device, what), device
     raise TypeError(f"{what} is a {type(x).__name__}, not a tensor or array")
 
 
