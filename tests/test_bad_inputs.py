@@ -147,6 +147,8 @@ BAD: list[Bad] = [
     Bad("kind-python-int-for-0dim", "int_ops", replace(2, lambda k: int(k)),
         ("input 2 of 'forward'", "int64[]", "got int 3")),
     Bad("kind-none-second", "cond", replace(1, lambda y: None), ("input 1 of 'forward'", "got NoneType")),
+    Bad("kind-broken-array", "mlp", replace(0, lambda x: FakeArray(1, (2, 8))),
+        (IN0, "float32[2, 8]", "reading the FakeArray failed: RuntimeError")),
     Bad("kind-sparse", "mlp", replace(0, lambda x: x.to_sparse()), (IN0, "sparse_coo", "strided")),
     # dtype
     Bad("dtype-float64", "mlp", replace(0, lambda x: x.double()), (IN0, "float32[2, 8]", "float64[2, 8]")),

@@ -440,6 +440,13 @@ class Method:
             raise InputError(
                 f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})"
             ) from None
+        except PtexecError:
+            raise
+        except Exception as e:  # the caller's array failed to hand over its memory
+            raise InputError(
+                f"{where}: expected a tensor {spec.info}; reading the {type(x).__name__} "
+                f"failed: {type(e).__name__}: {e}"
+            ) from e
         if t.layout != torch.strided:
             raise InputError(
                 f"{where}: expected a dense (strided) tensor {spec.info}, got a "
