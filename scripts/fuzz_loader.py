@@ -82,7 +82,7 @@ from ptexec.format.flatbuf import Buffer, Table  # noqa: E402  (no torch import)
 DEFAULT_CAP = 64 << 20  # max_planned_bytes for fuzzed methods
 DEFAULT_SLACK = 96 << 20  # resident growth allowed above the cap (kernels' temporaries)
 # a fuzzed jump loop stops quickly; the fixtures execute at most ~100 instructions a call
-DEFAULT_MAX_INSTRUCTIONS = 500
+DEFAULT_MAX_INSTRUCTIONS = 300
 DEFAULT_TIMEOUT = 2.0
 MAX_INPUT_ELEMENTS = 1 << 20  # largest synthesized input tensor (elements)
 
@@ -616,8 +616,12 @@ def run_files(
     max_instructions: int = DEFAULT_MAX_INSTRUCTIONS,
 ) -> Outcome:
     """Load ``pte`` (with ``ptd``), load every method, call each once; classify the result."""
+    import torch
+
     import ptexec
 
+    # a program may write into the inputs it reads in place: every case gets its own copies
+    inputs = {k: [a.clone() if isinstance(a, torch.Tensor) else a for a in v] for k, v in inputs.items()}
     stage = "load"
     start = time.perf_counter()
     try:

@@ -306,3 +306,18 @@ def test_shared_state_counts_against_the_cap() -> None:
     assert prog.shared_buffer_indices == {2}
     with pytest.raises(ptexec.LimitExceededError, match="max_planned_bytes"):
         prog.load_method("inc")
+
+
+# --------------------------------------------------------------------------------------
+# open findings: inputs that still fail, out of ptexec's own checks (see each JSON's note)
+
+OPEN = sorted((CORPUS / "open").glob("*.pte"))
+
+
+@pytest.mark.parametrize("path", OPEN, ids=lambda p: p.stem)
+def test_open_finding_is_still_open(path: Path) -> None:
+    """Run in a subprocess (they crash). When one stops failing, move it to the corpus."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "fuzz_loader.py"), "--replay", str(path)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0, f"{path.name} passes now: move it to tests/fuzz_corpus/"
