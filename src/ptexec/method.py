@@ -264,12 +264,24 @@ class Method:
     Options (set at load, each overridable per call): ``transfers`` and ``layout`` (the
     input policy, see :class:`ptexec.binding.Policy`) and ``outputs`` (``"copy"``: fresh
     tensors, the default; ``"view"``: views of the method's memory, valid until the next
-    call). Load-only options: ``device_map``, ``max_planned_bytes``, ``max_instructions``,
-    and ``optimize`` (default True: copies that are views in eager PyTorch run as views, and
-    work on constants alone runs once at load, where :mod:`ptexec.dataflow` proves it safe).
-    Calls on one Method are serialized by a lock: a method owns one set of planned
-    buffers, so two threads must not run it at once; load the method once per thread to run
-    in parallel.
+    call on this method, from any thread). Load-only options: ``device_map``,
+    ``max_planned_bytes``, ``max_instructions``, and ``optimize`` (default True: copies that
+    are views in eager PyTorch run as views, and work on constants alone runs once at load,
+    where :mod:`ptexec.dataflow` proves it safe).
+
+    Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
+    refuses, before allocating anything, a plan whose buffers (shared state included) add up
+    to more, and likewise unplanned tensors of bounded shape, counted on their own against
+    the same number (:class:`~ptexec.errors.LimitExceededError`). ``max_instructions``
+    (default :data:`DEFAULT_MAX_INSTRUCTIONS`, 10,000,000 as ExecuTorch's runtime): a call
+    that executes more stops with :class:`~ptexec.errors.InstructionLimitError`, which is
+    both an :class:`~ptexec.errors.ExecutionError` and a ``LimitExceededError``.
+
+    Threads: calls on one Method are serialized by a lock (a method owns one set of planned
+    buffers, so two calls cannot run in it at once; a second caller waits). Methods loaded
+    separately (``load_method`` again, from any thread) have their own memory and lock and
+    run in parallel, except methods that share the program's state buffer
+    (``share_mutable_buffers`` programs): those share one lock, as they share the state.
     """
 
     def __init__(
@@ -296,7 +308,9 @@ class Method:
         self._output_mode: OutputMode = outputs
         self._max_instructions = max_instructions
         self._device_map = DeviceMap(device_map)
-        self._lock = threading.Lock()
+        # methods sharing the program's state buffer share one lock; others run in parallel
+        shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
+        self._lock = program.state_lock if shared else threading.Lock()
         self.record = CallRecord(len(plan.inputs), len(plan.outputs))
         _Loader(program, plan, self._device_map, self, max_planned_bytes, optimize).load()
         self._graph: CudaGraphRunner | None = None

@@ -75,6 +75,7 @@ class Program:
         self.ptd = ptd
         self._owners = (owner, ptd_owner)
         self._lock = threading.Lock()
+        self.state_lock = threading.Lock()  # held by calls of methods using shared state
         self._shared: dict[int, PlannedBuffer] = {}
         self.shared_buffer_indices = _shared_state_buffers(pte.program, share_state)
         named: dict[str, memoryview] = dict(pte.named_data())

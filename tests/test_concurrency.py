@@ -1,0 +1,213 @@
+"""Threads: calls on one Method are serialized; methods loaded separately run in parallel.
+
+8 threads x 1000 calls in each test, every result checked: against eager PyTorch's outputs
+recorded in the fixtures, or, for stateful programs, against the state the calls must have
+built (exact: the inputs are small integers, so float sums are exact).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+
+THREADS = 8
+CALLS = 1000
+
+
+def run_threads(work: Callable[[int], None], n: int = THREADS) -> None:
+    """Run ``work(t)`` on ``n`` threads started together; re-raise the first failure."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def body(t: int) -> None:
+        try:
+            start.wait()
+            work(t)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+
+
+def _program(name: str) -> ptexec.Program:
+    pte, ptd = fixture_paths(name)
+    return ptexec.load(pte, data_path=ptd)
+
+
+# --------------------------------------------------------------------------------------
+# one Method, many threads: calls are serialized
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_unplanned", "int_ops", "cond"])
+def test_one_method_many_threads(name: str) -> None:
+    """Stateless programs: each thread cycles through the fixture's calls on the same Method;
+    every output equals eager PyTorch's."""
+    m = _program(name).load_method()
+    calls = fixture_calls(name)
+    rtol, atol = tolerance(name)
+    checked = [0] * THREADS
+
+    def work(t: int) -> None:
+        for i in range(CALLS):
+            call = calls[(t + i) % len(calls)]
+            got = m.execute(call["inputs"])
+            problem = compare_outputs(got, call["outputs"], rtol, atol)
+            assert problem is None, f"thread {t} call {i}: {problem}"
+            checked[t] += 1
+
+    run_threads(work)
+    assert sum(checked) == THREADS * CALLS
+
+
+def test_one_stateful_method_serializes_calls() -> None:
+    """stateful: total += x, count += 1, returns (total / count, total, count). Calls from 8
+    threads on one Method never interleave: every call sees its own count (1..8000, each
+    once), its total is consistent with it, and nothing is lost at the end."""
+    m = _program("stateful").load_method()
+    seen: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(THREADS)]
+
+    def work(t: int) -> None:
+        x = torch.full((4,), float(t + 1))
+        for _ in range(CALLS):
+            mean, total, count = m.execute([x])
+            c = int(count.item())
+            assert torch.equal(mean, total / c)
+            seen[t].append((c, total))
+
+    run_threads(work)
+    counts = sorted(c for per in seen for c, _ in per)
+    assert counts == list(range(1, THREADS * CALLS + 1))
+    # replay the calls in count order: each total is the previous plus that thread's x
+    order = sorted((c, t, total) for t, per in enumerate(seen) for c, total in per)
+    running = torch.zeros(4)
+    for _, t, total in order:
+        running += t + 1
+        assert torch.equal(total, running)
+    final = m.execute([torch.zeros(4)])
+    assert torch.equal(final[1], torch.full((4,), float(CALLS * sum(range(1, THREADS + 1)))))
+    assert int(final[2].item()) == THREADS * CALLS + 1
+
+
+def test_view_outputs_are_valid_until_the_next_call() -> None:
+    """outputs="view" returns the method's memory: the next call (from any thread) rewrites it."""
+    m = _program("mlp").load_method(outputs="view")
+    calls = fixture_calls("mlp")
+    (y0,) = m.execute(calls[0]["inputs"])
+    kept = y0.clone()
+    assert compare_outputs([y0], calls[0]["outputs"], *tolerance("mlp")) is None
+    (y1,) = m.execute(calls[1]["inputs"])
+    assert y1.data_ptr() == y0.data_ptr()  # the same memory, now holding call 1's answer
+    assert compare_outputs([y0], calls[1]["outputs"], *tolerance("mlp")) is None
+    assert compare_outputs([kept], calls[0]["outputs"], *tolerance("mlp")) is None
+
+
+# --------------------------------------------------------------------------------------
+# methods loaded separately: their own memory and lock, so they run in parallel
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_unplanned", "channels_last"])
+def test_separate_methods_in_parallel(name: str) -> None:
+    prog = _program(name)
+    methods = [prog.load_method() for _ in range(THREADS)]
+    assert len({id(m._lock) for m in methods}) == THREADS  # nothing shared to wait on
+    calls = fixture_calls(name)
+    rtol, atol = tolerance(name)
+
+    def work(t: int) -> None:
+        for i in range(CALLS):
+            call = calls[(t + i) % len(calls)]
+            problem = compare_outputs(methods[t].execute(call["inputs"]), call["outputs"], rtol, atol)
+            assert problem is None, f"thread {t} call {i}: {problem}"
+
+    run_threads(work)
+
+
+def test_separate_stateful_methods_keep_their_own_state() -> None:
+    """Each load of stateful's forward has its own buffers (the program shares none)."""
+    prog = _program("stateful")
+    methods = [prog.load_method() for _ in range(THREADS)]
+
+    def work(t: int) -> None:
+        x = torch.full((4,), float(t + 1))
+        for i in range(1, CALLS + 1):
+            mean, total, count = methods[t].execute([x])
+            assert int(count.item()) == i
+            assert torch.equal(total, x * i)
+            assert torch.equal(mean, x)
+
+    run_threads(work)
+
+
+def test_methods_sharing_state_share_it_and_serialize() -> None:
+    """shared_state's inc and read share one state buffer (the program says so): every
+    separately loaded method uses it, and their calls are serialized, so 8 threads x 1000
+    incs lose nothing and every read sees a state some inc produced."""
+    prog = _program("shared_state")
+    incs = [prog.load_method("inc") for _ in range(THREADS)]
+    reads = [prog.load_method("read") for _ in range(2)]
+    assert len({id(m._lock) for m in incs + reads}) == 1
+    seen: list[list[float]] = [[] for _ in range(THREADS)]
+    stop = threading.Event()
+    read_values: list[float] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            (state,) = reads[0].execute([])
+            assert bool((state == state[0]).all())
+            read_values.append(float(state[0]))
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    try:
+        def work(t: int) -> None:
+            x = torch.ones(4)
+            for _ in range(CALLS):
+                (state,) = incs[t].execute([x])
+                assert bool((state == state[0]).all())
+                seen[t].append(float(state[0]))
+
+        run_threads(work)
+    finally:
+        stop.set()
+        watcher.join()
+    values = sorted(v for per in seen for v in per)
+    assert values == [float(k) for k in range(1, THREADS * CALLS + 1)]  # each inc its own step
+    assert all(0 <= v <= THREADS * CALLS and v == int(v) for v in read_values)
+    (final,) = reads[1].execute([])
+    assert torch.equal(final, torch.full((4,), float(THREADS * CALLS)))
+
+
+def test_two_methods_with_private_state_in_parallel() -> None:
+    """two_method_state: step's counter lives in step's own buffer; 'other' (stateless) runs
+    on other threads at the same time and never disturbs it."""
+    prog = _program("two_method_state")
+    steps = [prog.load_method("step") for _ in range(THREADS // 2)]
+    others = [prog.load_method("other") for _ in range(THREADS // 2)]
+    x = torch.arange(8, dtype=torch.float32)
+    want_other = ((x + 1) * 4 - 4) / 2
+
+    def work(t: int) -> None:
+        if t % 2 == 0:
+            m = steps[t // 2]
+            for i in range(1, CALLS + 1):
+                (counter,) = m.execute([x])
+                assert counter.tolist() == [i]
+        else:
+            m = others[t // 2]
+            for _ in range(CALLS):
+                (y,) = m.execute([x])
+                assert torch.allclose(y, want_other)
+
+    run_threads(work)
