@@ -1,0 +1,274 @@
+"""Lifetimes and leaks.
+
+- 10,000 calls leave resident memory and the number of live Python objects flat (every
+  binding path: planned copy, shared input, caller-given outputs, view outputs, refused
+  inputs, failing kernels);
+- outputs are copies by default and stay valid after the Method and Program are dropped;
+  ``outputs="view"`` returns the method's memory, valid until the next call;
+- a program loaded from bytes, a bytearray, a memoryview or a file object keeps what it
+  needs alive; a Method keeps its Program alive; dropped programs are freed.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import subprocess
+import sys
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+
+# --------------------------------------------------------------------------------------
+# measuring
+
+
+def _rss() -> int | None:
+    """Resident bytes of this process (Linux), or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _flat(run: Callable[[int], None], calls: int, warmup: int = 1000) -> tuple[int | None, int]:
+    """Run ``warmup`` calls, then ``calls`` more; (resident growth, live-object growth)."""
+    run(warmup)
+    gc.collect()
+    rss0, objs0 = _rss(), len(gc.get_objects())
+    run(calls)
+    gc.collect()
+    rss1, objs1 = _rss(), len(gc.get_objects())
+    growth = None if rss0 is None or rss1 is None else rss1 - rss0
+    return growth, objs1 - objs0
+
+
+def _check_flat(run: Callable[[int], None], calls: int = 10_000) -> None:
+    growth, objects = _flat(run, calls)
+    assert objects < 100, f"{objects} more live objects after {calls} calls"
+    if growth is not None:
+        assert growth < 4 << 20, f"resident memory grew by {growth} bytes over {calls} calls"
+
+
+def _method(name: str, method: str = "forward", **options):
+    pte, ptd = fixture_paths(name)
+    return ptexec.load(pte, data_path=ptd).load_method(method, **options)
+
+
+def _checked(name: str, **options) -> Callable[[int], None]:
+    """n calls cycling through the fixture's calls, every output checked."""
+    m = _method(name, **options)
+    calls = fixture_calls(name)
+    rtol, atol = tolerance(name)
+
+    def run(n: int) -> None:
+        for i in range(n):
+            call = calls[i % len(calls)]
+            assert compare_outputs(m.execute(call["inputs"]), call["outputs"], rtol, atol) is None
+
+    return run
+
+
+# --------------------------------------------------------------------------------------
+# 10,000 calls
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_unplanned", "dynamic_mlp", "cond", "scalar_io"])
+def test_ten_thousand_calls_are_flat(name: str) -> None:
+    _check_flat(_checked(name))
+
+
+def test_ten_thousand_view_calls_are_flat() -> None:
+    _check_flat(_checked("mlp_unplanned", outputs="view"))
+
+
+def test_ten_thousand_calls_with_out_are_flat() -> None:
+    m = _method("mlp_unplanned")
+    call = fixture_calls("mlp_unplanned")[0]
+    y = torch.empty(2, 4)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            (got,) = m.execute(call["inputs"], out=[y])
+            assert got is y
+        assert compare_outputs([y], call["outputs"], *tolerance("mlp_unplanned")) is None
+
+    _check_flat(run)
+
+
+def test_ten_thousand_stateful_calls_are_flat() -> None:
+    m = _method("stateful")
+    x = torch.ones(4)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            m.execute([x])
+
+    _check_flat(run)
+    _, total, count = m.execute([torch.zeros(4)])
+    assert int(count.item()) == 11_001 and torch.equal(total, torch.full((4,), 11_000.0))
+
+
+def test_refused_inputs_do_not_leak() -> None:
+    m = _method("mlp")
+    bad = torch.zeros(3, 8)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            with pytest.raises(ptexec.InputError):
+                m.execute([bad])
+
+    _check_flat(run, calls=5_000)
+
+
+def test_failing_kernels_do_not_leak() -> None:
+    m = _method("int_ops")
+    call = fixture_calls("int_ops")[0]
+    ids = call["inputs"][0].clone()
+    ids[0, 0] = 100
+    bad = [ids, *call["inputs"][1:]]
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            with pytest.raises(ptexec.ExecutionError):
+                m.execute(bad)
+        assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("int_ops")) is None
+
+    _check_flat(run, calls=3_000)
+
+
+def test_loading_again_and_again_is_flat() -> None:
+    data = fixture_paths("stateful")[0].read_bytes()
+    call = fixture_calls("stateful")[0]
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            m = ptexec.load(data).load_method()  # fresh state every time
+            assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("stateful")) is None
+
+    growth, objects = _flat(run, 300, warmup=50)
+    assert objects < 200, objects
+    if growth is not None:
+        assert growth < 8 << 20, growth
+
+
+# --------------------------------------------------------------------------------------
+# outputs
+
+
+def test_outputs_outlive_the_program() -> None:
+    call = fixture_calls("mlp")[0]
+    prog = ptexec.load(fixture_paths("mlp")[0])
+    m = prog.load_method()
+    outputs = m.execute(call["inputs"])
+    gone = weakref.ref(prog)
+    del prog, m
+    gc.collect()
+    assert gone() is None, "the program is freed once nothing uses it"
+    junk = [torch.randn(1 << 16) for _ in range(8)]  # reuse freed memory
+    assert compare_outputs(outputs, call["outputs"], *tolerance("mlp")) is None
+    del junk
+
+
+def test_view_outputs_are_the_methods_memory_until_the_next_call() -> None:
+    calls = fixture_calls("mlp")
+    m = _method("mlp", outputs="view")
+    (a,) = m.execute(calls[0]["inputs"])
+    assert compare_outputs([a], calls[0]["outputs"], *tolerance("mlp")) is None
+    (b,) = m.execute(calls[1]["inputs"])
+    assert a.data_ptr() == b.data_ptr()
+    assert compare_outputs([a], calls[1]["outputs"], *tolerance("mlp")) is None  # overwritten
+    (c,) = m.execute(calls[2]["inputs"], outputs="copy")
+    assert c.data_ptr() != b.data_ptr()
+    assert compare_outputs([c], calls[2]["outputs"], *tolerance("mlp")) is None
+
+
+def test_views_keep_the_memory_alive() -> None:
+    """A view outlives its method as a valid tensor (it holds the planned storage)."""
+    call = fixture_calls("mlp")[0]
+    (view,) = _method("mlp", outputs="view").execute(call["inputs"])
+    gc.collect()
+    assert compare_outputs([view], call["outputs"], *tolerance("mlp")) is None
+
+
+# --------------------------------------------------------------------------------------
+# what a program keeps alive
+
+
+def _sources(path: Path) -> dict[str, Callable[[], object]]:
+    return {
+        "bytes": lambda: path.read_bytes(),
+        "bytearray": lambda: bytearray(path.read_bytes()),
+        "memoryview": lambda: memoryview(bytearray(path.read_bytes())),
+        "readonly memoryview": lambda: memoryview(path.read_bytes()),
+        "file object": lambda: io.BytesIO(path.read_bytes()),
+        "path": lambda: path,
+        "str path": lambda: str(path),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_sources(Path("."))))
+@pytest.mark.parametrize("name", ["mlp", "external", "mutable_init"])
+def test_a_program_keeps_its_bytes_alive(name: str, kind: str) -> None:
+    pte, ptd = fixture_paths(name)
+    source = _sources(pte)[kind]()
+    data = None if ptd is None else _sources(ptd)[kind if kind != "file object" else "bytes"]()
+    m = ptexec.load(source, data_path=data).load_method()
+    del source, data  # the caller lets go of everything
+    gc.collect()
+    junk = [bytearray(1 << 16) for _ in range(64)]  # reuse freed memory
+    for call in fixture_calls(name):
+        assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance(name)) is None
+    del junk
+
+
+def test_a_method_keeps_its_program_alive() -> None:
+    m = ptexec.load(fixture_paths("two_method_state")[0]).load_method("step")
+    gc.collect()
+    x = torch.zeros(8)
+    assert [m.execute([x])[0].item() for _ in range(3)] == [1, 2, 3]
+    assert m.program.method_names == ("other", "step")
+
+
+def test_a_loaded_file_may_be_replaced_on_disk(tmp_path: Path) -> None:
+    """Replacing the file (a new file renamed over it, as editors and exporters do) leaves a
+    loaded program intact: it maps the old file's contents."""
+    path = tmp_path / "model.pte"
+    path.write_bytes(fixture_paths("mlp")[0].read_bytes())
+    m = ptexec.load(path).load_method()
+    fresh = tmp_path / "other.pte"
+    fresh.write_bytes(fixture_paths("cnn")[0].read_bytes())
+    fresh.replace(path)
+    call = fixture_calls("mlp")[0]
+    assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
+
+
+_TRUNCATE = """
+import sys, ptexec, torch
+path = sys.argv[1]
+m = ptexec.load(path).load_method()
+open(path, "wb").close()  # truncate the mapped file in place
+print(m.execute([torch.zeros(2, 8)])[0].sum().item())
+"""
+
+
+def test_truncating_a_loaded_file_in_place(tmp_path: Path) -> None:
+    """Documents a limit of memory mapping (as numpy.memmap's): a file truncated in place
+    under a loaded program takes its constants with it. Run in a subprocess."""
+    path = tmp_path / "model.pte"
+    path.write_bytes(fixture_paths("mlp")[0].read_bytes())
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE, str(path)], capture_output=True, text=True, timeout=120
+    )
+    # either the pages were already read (a number is printed) or the process gets SIGBUS
+    assert proc.returncode in (0, -7), proc.stderr[-2000:]
