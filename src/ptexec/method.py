@@ -999,13 +999,13 @@ class _Loader:
             if isinstance(value, p.IntList):
                 values[j] = tuple(values[i] for i in value.items)
         m._values = values
+        self._io(values, input_slots, output_slots)
+        self._compile(values)  # may fold work on constants into values
         m._owned = [
             (j, t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
             for j, t in enumerate(values)
             if isinstance(t, torch.Tensor)
         ]
-        self._io(values, input_slots, output_slots)
-        self._compile(values)
         m._meta = self.meta()
 
     def _tensor_info(self, t: p.Tensor) -> TensorInfo:
