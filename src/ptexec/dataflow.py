@@ -210,13 +210,21 @@ def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int])
         plans.append((o, found[2]))
     if nbytes > budget[0]:
         return None
+    saved = [(o, values[o]) for o in outs]
     for o in outs:  # memory of its own: the plan hands the planned bytes to later tensors
         planned = values[o]
         assert isinstance(planned, torch.Tensor)
         values[o] = torch.empty_like(planned)
     env = dict(st.env)
     env["v"] = values
-    exec(st.code, env)
+    try:
+        exec(st.code, env)
+    except Exception:
+        # it fails on constants (a malformed program): leave it to each call, where the
+        # failure is an ExecutionError naming the instruction
+        for o, planned in saved:
+            values[o] = planned
+        return None
     budget[0] -= nbytes
     for o, redirects in plans:
         c.fixed.add(o)
@@ -255,9 +263,13 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
     if source_region[0] == "fixed" and refs <= {alias.source, *live_all}:
         env = dict(alias.env)
         env["v"] = values
-        exec(code, env)  # a view of constant memory: once, now
-        c.fixed |= live_all
-        return Emission("pass", {}, (), ())
+        try:
+            exec(code, env)  # a view of constant memory: once, now
+        except Exception:
+            pass  # it fails on constants (a malformed program): each call runs it, and fails
+        else:
+            c.fixed |= live_all
+            return Emission("pass", {}, (), ())
     return Emission(code, alias.env, tuple(sorted(live_all - {alias.source})), ())
 
 
