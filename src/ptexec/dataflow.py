@@ -210,7 +210,8 @@ def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int])
         plans.append((o, found[2]))
     if nbytes > budget[0]:
         return None
-    saved = [(o, values[o]) for o in outs]
+    touched = [o for o in outs] + [w for _, redirects in plans for w in redirects]
+    saved = [(k, values[k]) for k in touched]
     for o in outs:  # memory of its own: the plan hands the planned bytes to later tensors
         planned = values[o]
         assert isinstance(planned, torch.Tensor)
@@ -219,18 +220,19 @@ def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int])
     env["v"] = values
     try:
         exec(st.code, env)
+        for o, redirects in plans:
+            for w in redirects:
+                exec(_redirect(c, o, w), {"v": values})
     except Exception:
         # it fails on constants (a malformed program): leave it to each call, where the
         # failure is an ExecutionError naming the instruction
-        for o, planned in saved:
-            values[o] = planned
+        for k, planned in saved:
+            values[k] = planned
         return None
     budget[0] -= nbytes
     for o, redirects in plans:
         c.fixed.add(o)
-        for w in redirects:
-            exec(_redirect(c, o, w), {"v": values})
-            c.fixed.add(w)
+        c.fixed.update(redirects)
     c.writes[i] = []
     return Emission("pass", {}, (), ())
 
