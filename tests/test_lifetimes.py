@@ -272,3 +272,16 @@ def test_truncating_a_loaded_file_in_place(tmp_path: Path) -> None:
     )
     # either the pages were already read (a number is printed) or the process gets SIGBUS
     assert proc.returncode in (0, -7), proc.stderr[-2000:]
+
+
+def test_a_freed_method_leaves_no_generated_source() -> None:
+    """Generated code is registered for tracebacks while its method lives, and only then."""
+    import linecache
+
+    before = set(linecache.cache)
+    m = _method("cond")
+    new = set(linecache.cache) - before
+    assert new and all(name.startswith("<ptexec") for name in new)
+    del m
+    gc.collect()
+    assert not new & set(linecache.cache)

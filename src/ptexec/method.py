@@ -14,6 +14,7 @@ import itertools
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -1121,6 +1122,7 @@ class _Loader:
             raise OperatorMissingError(m.name, sorted(set(missing), key=missing.index))
         m._chains = chains
         m._line_map = line_map
+        weakref.finalize(m, _forget_sources, tuple(line_map))  # their names are unique
         m._instruction_names = names_all
         m._statements = statements_all
         m._loaded_statements = loaded_all
@@ -1260,6 +1262,14 @@ def plan_meta(
 
 
 _SOURCES = itertools.count()  # a unique name per compiled block, for tracebacks
+
+
+def _forget_sources(filenames: tuple[str, ...]) -> None:
+    """Drop a freed method's generated source from the traceback cache."""
+    import linecache
+
+    for name in filenames:
+        linecache.cache.pop(name, None)
 
 
 def _register_source(filename: str, source: str) -> None:
