@@ -392,14 +392,13 @@ class Method:
                         self._values[spec.slot] = spec.default
 
     def _restore(self) -> None:
-        """After a failed call, give every tensor the method made at load its slot, memory
-        and geometry back: a kernel that failed half-way may have left sizes its memory
-        does not hold (torch sets them before it grows the storage), which the next read
-        would overrun. Data (the state of stateful programs) is not touched."""
-        v = self._values
-        for slot, t, storage, offset, sizes, strides in self._owned:
+        """After a failed call, give every tensor the method made at load its memory and
+        geometry back: a kernel that failed half-way may have left sizes its memory does
+        not hold (torch sets them before it grows the storage), which the next read would
+        overrun. Data (the state of stateful programs) and the values table are not
+        touched."""
+        for t, storage, offset, sizes, strides in self._owned:
             t.set_(storage, offset, sizes, strides)
-            v[slot] = t
 
     # -- binding -------------------------------------------------------------------------
     def _where(self, i: int) -> str:
@@ -758,7 +757,7 @@ class Method:
     # attributes filled by the loader
     _meta: MethodMeta
     _values: list[Any]
-    _owned: list[tuple[int, torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]]
+    _owned: list[tuple[torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]]
     _inputs: list[_Input]
     _outputs: list[_Output]
     _unplanned_outputs: list[_Output]
@@ -1003,8 +1002,8 @@ class _Loader:
         self._io(values, input_slots, output_slots)
         self._compile(values)  # may fold work on constants into values
         m._owned = [
-            (j, t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-            for j, t in enumerate(values)
+            (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            for t in values
             if isinstance(t, torch.Tensor)
         ]
         m._meta = self.meta()
