@@ -133,109 +133,390 @@ BAD: list[Bad] = [
     # wrong count
     Bad("count-none", "mlp", inputs(lambda xs: []), ("'forward' takes 1 input(s), got 0",)),
     Bad("count-extra", "mlp", inputs(lambda xs: [*xs, xs[0]]), ("takes 1 input(s), got 2",)),
-    Bad("count-missing-scalar", "scalar_io", inputs(lambda xs: xs[:3]), ("takes 4 input(s), got 3",)),
+    Bad(
+        "count-missing-scalar", "scalar_io", inputs(lambda xs: xs[:3]), ("takes 4 input(s), got 3",)
+    ),
     Bad("count-cond", "cond", inputs(lambda xs: xs[:1]), ("takes 2 input(s), got 1",)),
-    Bad("count-zero-input-method", "shared_state", inputs(lambda xs: [torch.ones(4)]),
-        ("'read' takes 0 input(s), got 1",), method="read"),
+    Bad(
+        "count-zero-input-method",
+        "shared_state",
+        inputs(lambda xs: [torch.ones(4)]),
+        ("'read' takes 0 input(s), got 1",),
+        method="read",
+    ),
     # wrong kind where a tensor goes
-    Bad("kind-none", "mlp", replace(0, lambda x: None), (IN0, "expected a tensor float32[2, 8]", "got NoneType")),
+    Bad(
+        "kind-none",
+        "mlp",
+        replace(0, lambda x: None),
+        (IN0, "expected a tensor float32[2, 8]", "got NoneType"),
+    ),
     Bad("kind-list", "mlp", replace(0, lambda x: x.tolist()), (IN0, "float32[2, 8]", "got list")),
     Bad("kind-str", "mlp_unplanned", replace(0, lambda x: "x"), (IN0, "float32[2, 8]", "got str")),
     Bad("kind-int", "mlp", replace(0, lambda x: 3), (IN0, "float32[2, 8]", "got int 3")),
     Bad("kind-dict", "mlp_unplanned", replace(0, lambda x: {"x": x}), (IN0, "got dict")),
     Bad("kind-object", "mlp", replace(0, lambda x: object()), (IN0, "float32[2, 8]", "got object")),
-    Bad("kind-python-int-for-0dim", "int_ops", replace(2, lambda k: int(k)),
-        ("input 2 of 'forward'", "int64[]", "got int 3")),
-    Bad("kind-none-second", "cond", replace(1, lambda y: None), ("input 1 of 'forward'", "got NoneType")),
-    Bad("kind-broken-array", "mlp", replace(0, lambda x: FakeArray(1, (2, 8))),
-        (IN0, "float32[2, 8]", "reading the FakeArray failed: RuntimeError")),
+    Bad(
+        "kind-python-int-for-0dim",
+        "int_ops",
+        replace(2, lambda k: int(k)),
+        ("input 2 of 'forward'", "int64[]", "got int 3"),
+    ),
+    Bad(
+        "kind-none-second",
+        "cond",
+        replace(1, lambda y: None),
+        ("input 1 of 'forward'", "got NoneType"),
+    ),
+    Bad(
+        "kind-broken-array",
+        "mlp",
+        replace(0, lambda x: FakeArray(1, (2, 8))),
+        (IN0, "float32[2, 8]", "reading the FakeArray failed: RuntimeError"),
+    ),
     Bad("kind-sparse", "mlp", replace(0, lambda x: x.to_sparse()), (IN0, "sparse_coo", "strided")),
     # dtype
-    Bad("dtype-float64", "mlp", replace(0, lambda x: x.double()), (IN0, "float32[2, 8]", "float64[2, 8]")),
-    Bad("dtype-float16", "mlp_unplanned", replace(0, lambda x: x.half()), (IN0, "float32[2, 8]", "float16[2, 8]")),
-    Bad("dtype-half-got-float", "half_mlp", replace(0, lambda x: x.float()), (IN0, "float16[2, 8]", "float32[2, 8]")),
-    Bad("dtype-bf16-got-half", "bf16_mlp", replace(0, lambda x: x.half()), (IN0, "bfloat16[2, 8]", "float16[2, 8]")),
-    Bad("dtype-int32-ids", "int_ops", replace(0, lambda x: x.int()), (IN0, "int64[2, 5]", "int32[2, 5]")),
-    Bad("dtype-float-k", "int_ops_unplanned", replace(2, lambda k: k.float()),
-        ("input 2 of 'forward'", "int64[]", "float32[]")),
-    Bad("dtype-int-x", "int_ops", replace(1, lambda x: x.long()), ("input 1 of 'forward'", "float32[2, 5]", "int64[2, 5]")),
-    Bad("dtype-stateful", "stateful", replace(0, lambda x: x.long()), (IN0, "float32[4]", "int64[4]")),
+    Bad(
+        "dtype-float64",
+        "mlp",
+        replace(0, lambda x: x.double()),
+        (IN0, "float32[2, 8]", "float64[2, 8]"),
+    ),
+    Bad(
+        "dtype-float16",
+        "mlp_unplanned",
+        replace(0, lambda x: x.half()),
+        (IN0, "float32[2, 8]", "float16[2, 8]"),
+    ),
+    Bad(
+        "dtype-half-got-float",
+        "half_mlp",
+        replace(0, lambda x: x.float()),
+        (IN0, "float16[2, 8]", "float32[2, 8]"),
+    ),
+    Bad(
+        "dtype-bf16-got-half",
+        "bf16_mlp",
+        replace(0, lambda x: x.half()),
+        (IN0, "bfloat16[2, 8]", "float16[2, 8]"),
+    ),
+    Bad(
+        "dtype-int32-ids",
+        "int_ops",
+        replace(0, lambda x: x.int()),
+        (IN0, "int64[2, 5]", "int32[2, 5]"),
+    ),
+    Bad(
+        "dtype-float-k",
+        "int_ops_unplanned",
+        replace(2, lambda k: k.float()),
+        ("input 2 of 'forward'", "int64[]", "float32[]"),
+    ),
+    Bad(
+        "dtype-int-x",
+        "int_ops",
+        replace(1, lambda x: x.long()),
+        ("input 1 of 'forward'", "float32[2, 5]", "int64[2, 5]"),
+    ),
+    Bad(
+        "dtype-stateful",
+        "stateful",
+        replace(0, lambda x: x.long()),
+        (IN0, "float32[4]", "int64[4]"),
+    ),
     Bad("dtype-complex", "cnn", replace(0, lambda x: x.to(torch.complex64)), (IN0, "complex64")),
     # rank
-    Bad("rank-flat", "mlp", replace(0, lambda x: x.reshape(16)), (IN0, "float32[2, 8]", "float32[16]", "rank 1, expected rank 2")),
-    Bad("rank-extra", "mlp_unplanned", replace(0, lambda x: x[None]), (IN0, "float32[1, 2, 8]", "rank 3")),
-    Bad("rank-cnn", "cnn", replace(0, lambda x: x[0]), (IN0, "float32[2, 3, 16, 16]", "float32[3, 16, 16]")),
-    Bad("rank-0dim", "int_ops", replace(2, lambda k: k.reshape(1)), ("input 2 of 'forward'", "int64[]", "int64[1]")),
-    Bad("rank-unbound", "dynamic_unbound", replace(0, lambda x: x[:, None]), (IN0, "rank 1", "float32[6, 1]")),
+    Bad(
+        "rank-flat",
+        "mlp",
+        replace(0, lambda x: x.reshape(16)),
+        (IN0, "float32[2, 8]", "float32[16]", "rank 1, expected rank 2"),
+    ),
+    Bad(
+        "rank-extra",
+        "mlp_unplanned",
+        replace(0, lambda x: x[None]),
+        (IN0, "float32[1, 2, 8]", "rank 3"),
+    ),
+    Bad(
+        "rank-cnn",
+        "cnn",
+        replace(0, lambda x: x[0]),
+        (IN0, "float32[2, 3, 16, 16]", "float32[3, 16, 16]"),
+    ),
+    Bad(
+        "rank-0dim",
+        "int_ops",
+        replace(2, lambda k: k.reshape(1)),
+        ("input 2 of 'forward'", "int64[]", "int64[1]"),
+    ),
+    Bad(
+        "rank-unbound",
+        "dynamic_unbound",
+        replace(0, lambda x: x[:, None]),
+        (IN0, "rank 1", "float32[6, 1]"),
+    ),
     # shape past its bound
-    Bad("bound-batch", "dynamic_mlp", replace(0, lambda x: with_size(x, 0, 17)),
-        (IN0, "float32[<=16, <=8]", "float32[17, 8]", "exceeds the upper bound")),
-    Bad("bound-batch-unplanned", "dynamic_mlp_unplanned", replace(0, lambda x: with_size(x, 0, 17)),
-        (IN0, "[<=16, <=8]", "float32[17, 8]")),
-    Bad("bound-feature", "dynamic_mlp", replace(0, lambda x: with_size(x, 1, 9)), (IN0, "float32[<=16, <=8]", ", 9] on cpu", "dimension 1 exceeds")),
-    Bad("bound-rows", "scalar_io", replace(0, lambda x: with_size(x, 0, 9)), (IN0, "[<=8, <=3]", "float32[9, 3]")),
+    Bad(
+        "bound-batch",
+        "dynamic_mlp",
+        replace(0, lambda x: with_size(x, 0, 17)),
+        (IN0, "float32[<=16, <=8]", "float32[17, 8]", "exceeds the upper bound"),
+    ),
+    Bad(
+        "bound-batch-unplanned",
+        "dynamic_mlp_unplanned",
+        replace(0, lambda x: with_size(x, 0, 17)),
+        (IN0, "[<=16, <=8]", "float32[17, 8]"),
+    ),
+    Bad(
+        "bound-feature",
+        "dynamic_mlp",
+        replace(0, lambda x: with_size(x, 1, 9)),
+        (IN0, "float32[<=16, <=8]", ", 9] on cpu", "dimension 1 exceeds"),
+    ),
+    Bad(
+        "bound-rows",
+        "scalar_io",
+        replace(0, lambda x: with_size(x, 0, 9)),
+        (IN0, "[<=8, <=3]", "float32[9, 3]"),
+    ),
     # static shape mismatch
-    Bad("shape-batch", "mlp", replace(0, lambda x: with_size(x, 0, 3)), (IN0, "float32[2, 8]", "float32[3, 8]", "shape differs")),
-    Bad("shape-feature", "mlp_unplanned", replace(0, lambda x: with_size(x, 1, 9)), (IN0, "float32[2, 9]")),
-    Bad("shape-cnn", "cnn", replace(0, lambda x: with_size(x, 3, 15)), (IN0, "float32[2, 3, 16, 15]")),
-    Bad("shape-stateful", "stateful", replace(0, lambda x: with_size(x, 0, 5)), (IN0, "float32[4]", "float32[5]")),
-    Bad("shape-transformer", "transformer", replace(0, lambda x: with_size(x, 1, 7)), (IN0, "float32[2, 7, 16]")),
-    Bad("shape-map", "map_unplanned", replace(0, lambda x: with_size(x, 0, 5)), (IN0, "float32[4, 2, 3]", "float32[5, 2, 3]")),
+    Bad(
+        "shape-batch",
+        "mlp",
+        replace(0, lambda x: with_size(x, 0, 3)),
+        (IN0, "float32[2, 8]", "float32[3, 8]", "shape differs"),
+    ),
+    Bad(
+        "shape-feature",
+        "mlp_unplanned",
+        replace(0, lambda x: with_size(x, 1, 9)),
+        (IN0, "float32[2, 9]"),
+    ),
+    Bad(
+        "shape-cnn",
+        "cnn",
+        replace(0, lambda x: with_size(x, 3, 15)),
+        (IN0, "float32[2, 3, 16, 15]"),
+    ),
+    Bad(
+        "shape-stateful",
+        "stateful",
+        replace(0, lambda x: with_size(x, 0, 5)),
+        (IN0, "float32[4]", "float32[5]"),
+    ),
+    Bad(
+        "shape-transformer",
+        "transformer",
+        replace(0, lambda x: with_size(x, 1, 7)),
+        (IN0, "float32[2, 7, 16]"),
+    ),
+    Bad(
+        "shape-map",
+        "map_unplanned",
+        replace(0, lambda x: with_size(x, 0, 5)),
+        (IN0, "float32[4, 2, 3]", "float32[5, 2, 3]"),
+    ),
     Bad("shape-empty", "mlp", replace(0, lambda x: with_size(x, 0, 0)), (IN0, "float32[0, 8]")),
     # memory on a device ptexec does not model
-    Bad("device-meta", "mlp", replace(0, lambda x: x.to("meta")), (IN0, "meta"), ptexec.UnsupportedDeviceError),
-    Bad("device-meta-unplanned", "mlp_unplanned", replace(0, lambda x: x.to("meta")), (IN0, "meta"),
-        ptexec.UnsupportedDeviceError),
-    Bad("device-rocm", "mlp", replace(0, lambda x: FakeArray(10, (2, 8))), (IN0, "kDLROCM (10)"),
-        ptexec.UnsupportedDeviceError),
-    Bad("device-metal", "cnn_unplanned", replace(0, lambda x: FakeArray(8, (2, 3, 16, 16))), (IN0, "kDLMetal (8)"),
-        ptexec.UnsupportedDeviceError),
-    Bad("device-meta-second", "cond", replace(1, lambda y: y.to("meta")), ("input 1 of 'forward'", "meta"),
-        ptexec.UnsupportedDeviceError),
+    Bad(
+        "device-meta",
+        "mlp",
+        replace(0, lambda x: x.to("meta")),
+        (IN0, "meta"),
+        ptexec.UnsupportedDeviceError,
+    ),
+    Bad(
+        "device-meta-unplanned",
+        "mlp_unplanned",
+        replace(0, lambda x: x.to("meta")),
+        (IN0, "meta"),
+        ptexec.UnsupportedDeviceError,
+    ),
+    Bad(
+        "device-rocm",
+        "mlp",
+        replace(0, lambda x: FakeArray(10, (2, 8))),
+        (IN0, "kDLROCM (10)"),
+        ptexec.UnsupportedDeviceError,
+    ),
+    Bad(
+        "device-metal",
+        "cnn_unplanned",
+        replace(0, lambda x: FakeArray(8, (2, 3, 16, 16))),
+        (IN0, "kDLMetal (8)"),
+        ptexec.UnsupportedDeviceError,
+    ),
+    Bad(
+        "device-meta-second",
+        "cond",
+        replace(1, lambda y: y.to("meta")),
+        ("input 1 of 'forward'", "meta"),
+        ptexec.UnsupportedDeviceError,
+    ),
     # layouts an unplanned input cannot be read in place from (layout="strict")
-    Bad("layout-noncontiguous", "mlp_unplanned", replace(0, noncontiguous),
-        (IN0, "laid out contiguous", "strided layout")),
-    Bad("layout-transposed", "mlp_unplanned", replace(0, lambda x: x.t().contiguous().t()),
-        (IN0, "laid out contiguous", "got dim_order[1, 0] layout")),
-    Bad("layout-expanded", "mlp_unplanned", replace(0, lambda x: x[:1].expand(2, 8)), (IN0, "laid out contiguous")),
-    Bad("layout-negative-strides", "mlp_unplanned", replace(0, lambda x: np.flip(x.numpy(), 0)),
-        (IN0, "laid out contiguous", "got strided layout")),
-    Bad("layout-negative-strides-cnn", "cnn_unplanned", replace(0, lambda x: np.flip(x.numpy(), 3)),
-        (IN0, "laid out contiguous")),
-    Bad("layout-channels-last-into-contiguous", "cnn_unplanned",
+    Bad(
+        "layout-noncontiguous",
+        "mlp_unplanned",
+        replace(0, noncontiguous),
+        (IN0, "laid out contiguous", "strided layout"),
+    ),
+    Bad(
+        "layout-transposed",
+        "mlp_unplanned",
+        replace(0, lambda x: x.t().contiguous().t()),
+        (IN0, "laid out contiguous", "got dim_order[1, 0] layout"),
+    ),
+    Bad(
+        "layout-expanded",
+        "mlp_unplanned",
+        replace(0, lambda x: x[:1].expand(2, 8)),
+        (IN0, "laid out contiguous"),
+    ),
+    Bad(
+        "layout-negative-strides",
+        "mlp_unplanned",
+        replace(0, lambda x: np.flip(x.numpy(), 0)),
+        (IN0, "laid out contiguous", "got strided layout"),
+    ),
+    Bad(
+        "layout-negative-strides-cnn",
+        "cnn_unplanned",
+        replace(0, lambda x: np.flip(x.numpy(), 3)),
+        (IN0, "laid out contiguous"),
+    ),
+    Bad(
+        "layout-channels-last-into-contiguous",
+        "cnn_unplanned",
         replace(0, lambda x: x.contiguous(memory_format=torch.channels_last)),
-        (IN0, "laid out contiguous", "got channels_last layout")),
-    Bad("layout-contiguous-into-channels-last", "channels_last_unplanned", replace(0, lambda x: x.contiguous()),
-        (IN0, "laid out channels_last", "got contiguous layout")),
-    Bad("layout-transformer", "transformer_unplanned", replace(0, lambda x: x.transpose(0, 1).contiguous().transpose(0, 1)),
-        (IN0, "laid out contiguous")),
+        (IN0, "laid out contiguous", "got channels_last layout"),
+    ),
+    Bad(
+        "layout-contiguous-into-channels-last",
+        "channels_last_unplanned",
+        replace(0, lambda x: x.contiguous()),
+        (IN0, "laid out channels_last", "got contiguous layout"),
+    ),
+    Bad(
+        "layout-transformer",
+        "transformer_unplanned",
+        replace(0, lambda x: x.transpose(0, 1).contiguous().transpose(0, 1)),
+        (IN0, "laid out contiguous"),
+    ),
     # scalars that differ from the traced value
-    Bad("scalar-float", "scalar_io", replace(1, lambda a: 0.25),
-        ("input 1 of 'forward'", "traced with float 0.5", "got float 0.25")),
-    Bad("scalar-int", "scalar_io", replace(2, lambda n: 4), ("input 2 of 'forward'", "traced with int 3", "got int 4")),
-    Bad("scalar-bool", "scalar_io", replace(3, lambda f: False),
-        ("input 3 of 'forward'", "traced with bool True", "got bool False")),
-    Bad("scalar-bool-for-int", "scalar_io", replace(2, lambda n: True), ("input 2 of 'forward'", "int 3", "got bool True")),
-    Bad("scalar-int-for-bool", "scalar_io_unplanned", replace(3, lambda f: 1), ("input 3 of 'forward'", "bool True", "got int 1")),
-    Bad("scalar-str", "scalar_io", replace(1, lambda a: "0.5"), ("input 1 of 'forward'", "float 0.5", "got str '0.5'")),
-    Bad("scalar-tensor", "scalar_io", replace(2, lambda n: torch.tensor(3)), ("input 2 of 'forward'", "int 3", "got Tensor")),
-    Bad("scalar-none", "scalar_io_unplanned", replace(1, lambda a: None), ("input 1 of 'forward'", "float 0.5", "got NoneType")),
-    Bad("scalar-nan", "scalar_io", replace(1, lambda a: float("nan")), ("input 1 of 'forward'", "float 0.5", "got float nan")),
+    Bad(
+        "scalar-float",
+        "scalar_io",
+        replace(1, lambda a: 0.25),
+        ("input 1 of 'forward'", "traced with float 0.5", "got float 0.25"),
+    ),
+    Bad(
+        "scalar-int",
+        "scalar_io",
+        replace(2, lambda n: 4),
+        ("input 2 of 'forward'", "traced with int 3", "got int 4"),
+    ),
+    Bad(
+        "scalar-bool",
+        "scalar_io",
+        replace(3, lambda f: False),
+        ("input 3 of 'forward'", "traced with bool True", "got bool False"),
+    ),
+    Bad(
+        "scalar-bool-for-int",
+        "scalar_io",
+        replace(2, lambda n: True),
+        ("input 2 of 'forward'", "int 3", "got bool True"),
+    ),
+    Bad(
+        "scalar-int-for-bool",
+        "scalar_io_unplanned",
+        replace(3, lambda f: 1),
+        ("input 3 of 'forward'", "bool True", "got int 1"),
+    ),
+    Bad(
+        "scalar-str",
+        "scalar_io",
+        replace(1, lambda a: "0.5"),
+        ("input 1 of 'forward'", "float 0.5", "got str '0.5'"),
+    ),
+    Bad(
+        "scalar-tensor",
+        "scalar_io",
+        replace(2, lambda n: torch.tensor(3)),
+        ("input 2 of 'forward'", "int 3", "got Tensor"),
+    ),
+    Bad(
+        "scalar-none",
+        "scalar_io_unplanned",
+        replace(1, lambda a: None),
+        ("input 1 of 'forward'", "float 0.5", "got NoneType"),
+    ),
+    Bad(
+        "scalar-nan",
+        "scalar_io",
+        replace(1, lambda a: float("nan")),
+        ("input 1 of 'forward'", "float 0.5", "got float nan"),
+    ),
     # caller-given outputs
     Bad("out-shape", "mlp", out(lambda xs: [torch.empty(3, 4)]), (OUT0, "float32[2, 4]", "[3, 4]")),
-    Bad("out-shape-unplanned", "mlp_unplanned", out(lambda xs: [torch.empty(2, 5)]), (OUT0, "float32[2, 4]", "[2, 5]")),
-    Bad("out-dtype", "mlp", out(lambda xs: [torch.empty(2, 4, dtype=torch.float64)]), (OUT0, "float32[2, 4]", "float64")),
-    Bad("out-device", "mlp", out(lambda xs: [torch.empty(2, 4, device="meta")]), (OUT0, "meta"),
-        ptexec.UnsupportedDeviceError),
+    Bad(
+        "out-shape-unplanned",
+        "mlp_unplanned",
+        out(lambda xs: [torch.empty(2, 5)]),
+        (OUT0, "float32[2, 4]", "[2, 5]"),
+    ),
+    Bad(
+        "out-dtype",
+        "mlp",
+        out(lambda xs: [torch.empty(2, 4, dtype=torch.float64)]),
+        (OUT0, "float32[2, 4]", "float64"),
+    ),
+    Bad(
+        "out-device",
+        "mlp",
+        out(lambda xs: [torch.empty(2, 4, device="meta")]),
+        (OUT0, "meta"),
+        ptexec.UnsupportedDeviceError,
+    ),
     Bad("out-count", "mlp", out(lambda xs: [None, None]), ("has 1 output(s), out= gives 2",)),
-    Bad("out-layout", "mlp_unplanned", out(lambda xs: [torch.empty(4, 2).t()]), (OUT0, "laid out contiguous")),
-    Bad("out-not-tensor", "mlp", out(lambda xs: [np.empty((2, 4), np.float32)]), (OUT0, "expected a torch tensor", "ndarray")),
-    Bad("out-for-scalar", "scalar_io", out(lambda xs: [None, torch.empty(()), *[None] * 5]),
-        ("out[1] of 'forward'", "is a int, not a tensor")),
-    Bad("out-rank", "dynamic_mlp", out(lambda xs: [torch.empty(16)]), (OUT0, "expected rank 2", "[16]")),
-    Bad("out-stateful", "stateful", out(lambda xs: [torch.empty(5), None, None]), (OUT0, "float32[4]", "[5]")),
-    Bad("out-second-bad", "stateful_unplanned", out(lambda xs: [torch.empty(4), torch.empty(4, dtype=torch.int64), None]),
-        ("out[1] of 'forward'", "float32[4]", "int64")),
+    Bad(
+        "out-layout",
+        "mlp_unplanned",
+        out(lambda xs: [torch.empty(4, 2).t()]),
+        (OUT0, "laid out contiguous"),
+    ),
+    Bad(
+        "out-not-tensor",
+        "mlp",
+        out(lambda xs: [np.empty((2, 4), np.float32)]),
+        (OUT0, "expected a torch tensor", "ndarray"),
+    ),
+    Bad(
+        "out-for-scalar",
+        "scalar_io",
+        out(lambda xs: [None, torch.empty(()), *[None] * 5]),
+        ("out[1] of 'forward'", "is a int, not a tensor"),
+    ),
+    Bad(
+        "out-rank",
+        "dynamic_mlp",
+        out(lambda xs: [torch.empty(16)]),
+        (OUT0, "expected rank 2", "[16]"),
+    ),
+    Bad(
+        "out-stateful",
+        "stateful",
+        out(lambda xs: [torch.empty(5), None, None]),
+        (OUT0, "float32[4]", "[5]"),
+    ),
+    Bad(
+        "out-second-bad",
+        "stateful_unplanned",
+        out(lambda xs: [torch.empty(4), torch.empty(4, dtype=torch.int64), None]),
+        ("out[1] of 'forward'", "float32[4]", "int64"),
+    ),
 ]
 
 
@@ -266,14 +547,37 @@ def test_the_matrix_is_large_enough() -> None:
 
 GOOD: list[tuple[str, str, Callable[[list[Any]], list[Any]], dict[str, Any]]] = [
     ("planned-noncontiguous", "mlp", lambda xs: [noncontiguous(xs[0])], {}),
-    ("planned-negative-strides", "mlp", lambda xs: [np.flip(np.flip(xs[0].numpy(), 0).copy(), 0)], {}),
-    ("planned-channels-last-into-contiguous", "cnn", lambda xs: [xs[0].contiguous(memory_format=torch.channels_last)], {}),
+    (
+        "planned-negative-strides",
+        "mlp",
+        lambda xs: [np.flip(np.flip(xs[0].numpy(), 0).copy(), 0)],
+        {},
+    ),
+    (
+        "planned-channels-last-into-contiguous",
+        "cnn",
+        lambda xs: [xs[0].contiguous(memory_format=torch.channels_last)],
+        {},
+    ),
     ("planned-contiguous-into-channels-last", "channels_last", lambda xs: [xs[0].contiguous()], {}),
-    ("convert-noncontiguous", "mlp_unplanned", lambda xs: [noncontiguous(xs[0])], {"layout": "convert"}),
-    ("convert-negative-strides", "mlp_unplanned", lambda xs: [np.flip(np.flip(xs[0].numpy(), 0).copy(), 0)],
-     {"layout": "convert"}),
-    ("convert-contiguous-into-channels-last", "channels_last_unplanned", lambda xs: [xs[0].contiguous()],
-     {"layout": "convert"}),
+    (
+        "convert-noncontiguous",
+        "mlp_unplanned",
+        lambda xs: [noncontiguous(xs[0])],
+        {"layout": "convert"},
+    ),
+    (
+        "convert-negative-strides",
+        "mlp_unplanned",
+        lambda xs: [np.flip(np.flip(xs[0].numpy(), 0).copy(), 0)],
+        {"layout": "convert"},
+    ),
+    (
+        "convert-contiguous-into-channels-last",
+        "channels_last_unplanned",
+        lambda xs: [xs[0].contiguous()],
+        {"layout": "convert"},
+    ),
     ("requires-grad", "mlp", lambda xs: [xs[0].clone().requires_grad_()], {}),
     ("requires-grad-unplanned", "mlp_unplanned", lambda xs: [xs[0].clone().requires_grad_()], {}),
     ("numpy", "mlp_unplanned", lambda xs: [xs[0].numpy()], {}),
@@ -283,10 +587,11 @@ GOOD: list[tuple[str, str, Callable[[list[Any]], list[Any]], dict[str, Any]]] = 
 
 
 def _good_params() -> list[Any]:
-    known = {
-    }
+    known = {}
     return [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=known[c[0]])) if c[0] in known else c
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=known[c[0]]))
+        if c[0] in known
+        else c
         for c in GOOD
     ]
 
@@ -447,7 +752,8 @@ def _int_ops_with_zero_divisor() -> bytes:
     pte = ptexec.load(bytes(data)).pte
     plan = pte.program.execution_plan[0]
     (div,) = [
-        ins for ins in plan.chains[0].instructions
+        ins
+        for ins in plan.chains[0].instructions
         if isinstance(ins, fp.KernelCall)
         and plan.operators[ins.op_index].qualified_name == "aten::div.out_mode"
     ]
@@ -468,7 +774,10 @@ def test_integer_division_by_zero() -> None:
     assert e.operator == "aten::div.out_mode"
     assert "ZeroDivisionError" in str(e)
     program = m.program.pte.program.execution_plan[0]
-    assert program.operators[program.chains[0].instructions[e.instruction].op_index].qualified_name == e.operator
+    assert (
+        program.operators[program.chains[0].instructions[e.instruction].op_index].qualified_name
+        == e.operator
+    )
     with pytest.raises(ptexec.ExecutionError):  # the same error again, not a crash or a hang
         m.execute(calls[1]["inputs"])
 
@@ -494,3 +803,20 @@ def test_a_failed_call_restores_the_method_memory() -> None:
     assert (victim.data_ptr(), tuple(victim.shape), tuple(victim.stride())) == geometry
     for k in range(len(s.calls)):
         s.replay(k)
+
+
+def test_numpy_scalars_are_accepted_for_traced_scalars() -> None:
+    import numpy as np
+
+    from fixture_data import fixture_calls, fixture_paths
+
+    call = fixture_calls("scalar_io")[0]
+    m = ptexec.load(fixture_paths("scalar_io")[0]).load_method("forward")
+    x, alpha, n, flag = call["inputs"]
+    want = m.execute([x, alpha, n, flag])
+    got = m.execute([x, np.float64(alpha), np.int64(n), np.bool_(flag)])
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+    with pytest.raises(ptexec.InputError, match="traced with int"):
+        m.execute([x, alpha, np.int64(n + 1), flag])
+    with pytest.raises(ptexec.InputError, match="traced with int"):
+        m.execute([x, alpha, np.bool_(True), flag])

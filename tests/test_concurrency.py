@@ -128,7 +128,9 @@ def test_separate_methods_in_parallel(name: str) -> None:
     def work(t: int) -> None:
         for i in range(CALLS):
             call = calls[(t + i) % len(calls)]
-            problem = compare_outputs(methods[t].execute(call["inputs"]), call["outputs"], rtol, atol)
+            problem = compare_outputs(
+                methods[t].execute(call["inputs"]), call["outputs"], rtol, atol
+            )
             assert problem is None, f"thread {t} call {i}: {problem}"
 
     run_threads(work)
@@ -171,6 +173,7 @@ def test_methods_sharing_state_share_it_and_serialize() -> None:
     watcher = threading.Thread(target=reader)
     watcher.start()
     try:
+
         def work(t: int) -> None:
             x = torch.ones(4)
             for _ in range(CALLS):

@@ -29,7 +29,9 @@ CORPUS = ROOT / "tests" / "fuzz_corpus"
 
 
 def _load_harness():
-    spec = importlib.util.spec_from_file_location("fuzz_loader", ROOT / "scripts" / "fuzz_loader.py")
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_loader", ROOT / "scripts" / "fuzz_loader.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["fuzz_loader"] = module
@@ -97,9 +99,21 @@ def test_fuzz_watchdog_run(tmp_path: Path) -> None:
     """The long-run harness itself, briefly: worker process, watchdog, address-space cap."""
     summary_path = tmp_path / "summary.json"
     cmd = [
-        sys.executable, str(ROOT / "scripts" / "fuzz_loader.py"),
-        "--cases", "1500", "--workers", "1", "--seed", "7", "--time-budget", "40",
-        "--quiet", "--json", str(summary_path), "--out", str(tmp_path / "findings"),
+        sys.executable,
+        str(ROOT / "scripts" / "fuzz_loader.py"),
+        "--cases",
+        "1500",
+        "--workers",
+        "1",
+        "--seed",
+        "7",
+        "--time-budget",
+        "40",
+        "--quiet",
+        "--json",
+        str(summary_path),
+        "--out",
+        str(tmp_path / "findings"),
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -153,7 +167,9 @@ def test_edits_apply_in_order() -> None:
 
 
 def test_allocation_failures_are_findings() -> None:
-    err = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 99999999999 bytes")
+    err = RuntimeError(
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 99999999999 bytes"
+    )
     wrapped = ptexec.ExecutionError("forward", 3, "aten::mm.out", str(err))
     wrapped.__cause__ = err
     assert fl._allocation_failure(wrapped, 1 << 20) is not None
@@ -214,7 +230,8 @@ def test_planned_memory_cannot_grow(name: str) -> None:
 
     m = ptexec.load(fixture_paths(name)[0]).load_method()
     bounded = [
-        v for v in m.values()
+        v
+        for v in m.values()
         if isinstance(v, torch.Tensor) and v.numel() and not v.untyped_storage().resizable()
     ]
     assert bounded, "planned and bounded unplanned tensors have fixed storage"
@@ -253,7 +270,9 @@ def test_instruction_limit_stops_a_jump_loop() -> None:
     """cond's 'then' branch ends with an unconditional jump past the 'else' branch; sent back
     to instruction 0 instead, a positive input loops forever."""
     looping = _edit_field(
-        "cond", "execution_plan[0].chains[0].instructions[6].jump_false_call.destination_instruction", 0
+        "cond",
+        "execution_plan[0].chains[0].instructions[6].jump_false_call.destination_instruction",
+        0,
     )
     m = ptexec.load(looping).load_method(max_instructions=5_000)
     calls = fixture_calls("cond")
@@ -299,9 +318,13 @@ def test_shared_state_counts_against_the_cap() -> None:
     """The state buffer both methods of shared_state use is allocated by the first method
     that loads; it is part of each method's plan and is held to the same cap."""
     s = SEEDS["shared_state"]
-    fields = [f for f in s.pte_mutator.by_kind["item"] if f.path.endswith("non_const_buffer_sizes[2]")]
+    fields = [
+        f for f in s.pte_mutator.by_kind["item"] if f.path.endswith("non_const_buffer_sizes[2]")
+    ]
     assert len(fields) == 2
-    huge = fl.apply_edits(s.pte, [("set", f.pos, (1 << 40).to_bytes(8, "little").hex()) for f in fields])
+    huge = fl.apply_edits(
+        s.pte, [("set", f.pos, (1 << 40).to_bytes(8, "little").hex()) for f in fields]
+    )
     prog = ptexec.load(huge)
     assert prog.shared_buffer_indices == {2}
     with pytest.raises(ptexec.LimitExceededError, match="max_planned_bytes"):

@@ -64,7 +64,9 @@ def _check_flat(run: Callable[[int], None], calls: int = 10_000) -> None:
         growth, _ = _flat(run, calls, warmup=0)
         windows.append(growth)
     if growth is not None:
-        assert growth < 1 << 20, f"resident memory grew by {windows} bytes over windows of {calls} calls"
+        assert growth < 1 << 20, (
+            f"resident memory grew by {windows} bytes over windows of {calls} calls"
+        )
 
 
 def _method(name: str, method: str = "forward", **options):
@@ -149,7 +151,10 @@ def test_failing_kernels_do_not_leak() -> None:
         for _ in range(n):
             with pytest.raises(ptexec.ExecutionError):
                 m.execute(bad)
-        assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("int_ops")) is None
+        assert (
+            compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("int_ops"))
+            is None
+        )
 
     _check_flat(run, calls=3_000)
 
@@ -161,7 +166,10 @@ def test_loading_again_and_again_is_flat() -> None:
     def run(n: int) -> None:
         for _ in range(n):
             m = ptexec.load(data).load_method()  # fresh state every time
-            assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("stateful")) is None
+            assert (
+                compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("stateful"))
+                is None
+            )
 
     growth, objects = _flat(run, 300, warmup=50)
     assert objects < 200, objects

@@ -11,6 +11,7 @@ collects the outputs.
 from __future__ import annotations
 
 import itertools
+import numbers
 import sys
 import threading
 import types
@@ -239,6 +240,12 @@ def _scalar_kind(value: p.EValue) -> str:
     if isinstance(value, p.Null):
         return "none"
     return p.evalue_kind(value)
+
+
+try:  # numpy's bool is not a Python bool (nor an int)
+    from numpy import bool_ as _NP_BOOL
+except ImportError:  # pragma: no cover
+    _NP_BOOL = bool  # type: ignore[misc,assignment]
 
 
 def _is_numpy(x: Any) -> bool:
@@ -484,13 +491,15 @@ class Method:
         if kind == "none":
             ok = x is None
         elif kind == "bool":
-            ok = isinstance(x, bool) and x == want
+            ok = isinstance(x, bool | _NP_BOOL) and bool(x) == want
         elif kind == "int":
-            ok = isinstance(x, int) and not isinstance(x, bool) and x == want
+            ok = (
+                isinstance(x, numbers.Integral) and not isinstance(x, bool | _NP_BOOL) and x == want
+            )
         elif kind == "float":
             ok = (
-                isinstance(x, int | float)
-                and not isinstance(x, bool)
+                isinstance(x, numbers.Real)
+                and not isinstance(x, bool | _NP_BOOL)
                 and abs(float(x) - want) <= 1e-4 + 1e-5 * abs(want)
             )
         elif kind == "str":
@@ -978,7 +987,11 @@ class _Loader:
                             f"{self.max_planned_bytes} for its unplanned tensors"
                         )
                     # bounded shapes get memory that cannot grow; unbound ones must grow
-                    empty = torch.empty_strided if value.shape_dynamism == p.DYNAMIC_UNBOUND else fixed_empty
+                    empty = (
+                        torch.empty_strided
+                        if value.shape_dynamism == p.DYNAMIC_UNBOUND
+                        else fixed_empty
+                    )
                     values.append(
                         empty(
                             sizes,
@@ -1002,7 +1015,7 @@ class _Loader:
         self._io(values, input_slots, output_slots)
         self._compile(values)  # may fold work on constants into values
         m._owned = [
-            (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            (t, t.untyped_storage(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
             for t in values
             if isinstance(t, torch.Tensor)
         ]
@@ -1143,7 +1156,8 @@ class _Loader:
             if factory is None:
                 missing.append(name)
                 return name, Emission("pass")
-            ctx = KernelContext(name, i, ins.args, plan.values, dynamic, values, self.m)
+            where = f"{self.path}.chains[{c}].instructions[{i}]"
+            ctx = KernelContext(name, i, ins.args, plan.values, dynamic, values, self.m, where)
             try:
                 return name, factory(ctx)
             except UnsupportedKernel as e:
@@ -1181,13 +1195,23 @@ class _Loader:
                 f"v[{ins.move_to}] = v[{ins.move_from}]", writes=(ins.move_to,), mutates=()
             )
         if isinstance(ins, p.FreeCall):
+            value = plan.values[ins.value_index]
+            if isinstance(value, p.Tensor) and (
+                value.allocation_info is not None or value.is_constant
+            ):
+                # the plan's (or the file's) memory is not the method's to free
+                return "free", Emission("pass", mutates=())
             return "free", Emission(f"v[{ins.value_index}].set_()", mutates=(ins.value_index,))
         if isinstance(ins, p.JumpFalseCall):
             cond = ins.cond_value_index
             value = plan.values[cond]
             if isinstance(value, p.Bool) and cond not in dynamic:
                 expr = repr(bool(value.value))
-            elif isinstance(value, p.Tensor) and value.numel == 1 and value.shape_dynamism == p.STATIC:
+            elif (
+                isinstance(value, p.Tensor)
+                and value.numel == 1
+                and value.shape_dynamism == p.STATIC
+            ):
                 expr = f"bool(v[{cond}])"  # one element: true when it is
             else:
                 expr = f"_truth(v[{cond}])"

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
+from .checks import check_arguments
 from .registry import (
     Alias,
     Emission,
@@ -375,7 +376,6 @@ _CLAMP_MIN = torch.clamp_min
 # ---- the factory -----------------------------------------------------------------------------
 
 
-
 def _is_scalar_type(arg: Any) -> bool:
     """Whether a schema argument is a ``ScalarType`` (or ``ScalarType?``)."""
     return "ScalarType" in str(getattr(arg, "real_type", arg.type))
@@ -418,6 +418,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
     def factory(ctx: KernelContext) -> Emission:
         nargs = len(arguments)
         args = ctx.args
+        check_arguments(ctx)
         if name in _SCALAR_OPS and len(args) == nargs + 1:
             rewritten = _scalar_as_tensor(ctx, name)
             if rewritten is not None:

@@ -86,9 +86,11 @@ class KernelContext:
         dynamic: frozenset[int],
         initial: list[Any],
         method: Any = None,
+        where: str = "",
     ) -> None:
         self.op_name = op_name
         self.instruction = instruction
+        self.where = where or f"instructions[{instruction}]"  # path of the instruction in the file
         self.args = args
         self.values = values
         self.dynamic = dynamic
