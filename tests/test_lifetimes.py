@@ -118,14 +118,16 @@ def test_ten_thousand_calls_with_out_are_flat() -> None:
 def test_ten_thousand_stateful_calls_are_flat() -> None:
     m = _method("stateful")
     x = torch.ones(4)
+    made = [0]
 
     def run(n: int) -> None:
         for _ in range(n):
             m.execute([x])
+        made[0] += n
 
-    _check_flat(run)
+    _check_flat(run)  # runs one to three windows of calls
     _, total, count = m.execute([torch.zeros(4)])
-    assert int(count.item()) == 11_001 and torch.equal(total, torch.full((4,), 11_000.0))
+    assert int(count.item()) == made[0] + 1 and torch.equal(total, torch.full((4,), float(made[0])))
 
 
 def test_refused_inputs_do_not_leak() -> None:

@@ -41,6 +41,7 @@ from .errors import (
     PteFormatError,
     PtexecError,
 )
+from .fastcall import NOT_FAST, build_fast_call
 from .format import program as p
 from .format.scalar_type import scalar_type_name
 from .kernels.registry import Emission, KernelContext, UnsupportedKernel, find_kernel
@@ -326,6 +327,12 @@ class Method:
             device = check_capturable(self, plan)
             self._graph = CudaGraphRunner(self, self._run, device)
             self._run = self._graph.run  # type: ignore[method-assign]
+        self._fast: Callable[[Sequence[Any]], Any] | None = None
+        built = build_fast_call(self, plan) if optimize else None
+        if built is not None:
+            self._fast, source, lines = built
+            self._line_map[source] = (0, lines)
+            weakref.finalize(self, _forget_sources, (source,))
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -366,6 +373,25 @@ class Method:
         and leaves the method's state as it was.
         """
         kind = type(inputs)
+        fast = self._fast
+        if (
+            fast is not None
+            and (kind is list or kind is tuple)
+            and outputs is None
+            and out is None
+            and transfers is None
+            and layout is None
+        ):
+            with self._lock:
+                try:
+                    result = fast(inputs)
+                except Exception as e:
+                    self._restore()
+                    if isinstance(e, PtexecError):
+                        raise
+                    raise self._execution_error(e) from e
+            if result is not NOT_FAST:
+                return result  # type: ignore[no-any-return]
         if (
             kind is not list
             and kind is not tuple

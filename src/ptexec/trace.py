@@ -613,7 +613,8 @@ def prepare(method: Method) -> list[list[Step]]:
             jump = isinstance(ins, p.JumpFalseCall)
             args = _tensor_args(values, ins)
             e, src = executed[i], loaded[i]
-            filename = f"<ptexec trace {next(_SOURCES)}: {method.name} chain {c} instruction {i}>"
+            label = method.name.replace("\0", "\\x00")  # compile() refuses a NUL in a file name
+            filename = f"<ptexec trace {next(_SOURCES)}: {label} chain {c} instruction {i}>"
             run = _compile(e, jump, filename)
             source = run if src is e else _compile(src, jump, filename + " (as loaded)")
             source_writes = _written(src, args)
