@@ -18,6 +18,10 @@ rewrites remove that work:
 3. nothing writes the memory ``S`` reads from (following views back to planned bytes,
    constants or a tensor's own memory) until the last read of ``D``.
 
+**Outputs nothing reads are not written.** An instruction that can skip some of its
+outputs (batch norm's saved statistics, say) skips those that no later instruction reads,
+under conditions 1 and 2.
+
 **Work on constants runs once.** A pure instruction (no randomness, writing only its
 ``out`` arguments) whose tensor arguments are all constants or results of such folded
 instructions, and whose other arguments are fixed, runs at load; its results get memory
@@ -275,6 +279,24 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
     return Emission(code, alias.env, tuple(sorted(live_all - {alias.source})), ())
 
 
+def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
+    """Drop the writes of outputs nothing reads (under conditions 1 and 2)."""
+    if st.prune is None:
+        return None
+    dead = set()
+    for o in st.outs:
+        if not c.may_replace(i, o):
+            continue
+        found = c.readers(i, o)
+        if found is not None and found[0] == i and found[1] == {o} and not found[2]:
+            dead.add(o)
+    if not dead:
+        return None
+    c.writes[i] = [c.region(o) for o in st.outs if o not in dead]
+    kept = tuple(o for o in st.outs if o not in dead)
+    return Emission(st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure)
+
+
 def rewrite_chain(
     plan: p.ExecutionPlan,
     chain: p.Chain,
@@ -301,6 +323,8 @@ def rewrite_chain(
         rewritten = _elide(c, i, st, values)
         if rewritten is None:
             rewritten = _fold(c, i, st, values, budget)
+        if rewritten is None:
+            rewritten = _prune(c, i, st)
         if rewritten is not None:
             result[i] = rewritten
     return result

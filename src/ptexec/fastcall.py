@@ -147,19 +147,20 @@ def build_fast_call(
     blocks, _ = method._chains[0]
     statements = method._statements[0]
     chain = plan.chains[0]
+    lines.append("    try:")
     if len(blocks) == 1 and not any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
         if len(chain.instructions) > method._max_instructions:
             return None
-        lines.append("    try:")
-        for k, st in enumerate(statements):
+        for k, st in enumerate(statements):  # straight-line: the instructions, inline
             for part in st.code.splitlines():
                 line_map[len(lines) + 1] = k
                 lines.append("        " + part)
                 for name, obj in st.env.items():
                     env[name] = obj
         lines.append("        pass")
-    else:
-        return None  # control flow: the general path counts instructions
+    else:  # control flow: the compiled blocks, with the instruction count and its limit
+        env["_run_blocks"] = method._run
+        lines.append("        _run_blocks()")
     outs = []
     for out in method._outputs:
         if out.kind == "tensor" and method._output_mode == "copy":

@@ -365,9 +365,11 @@ def _store(out: torch.Tensor, result: torch.Tensor) -> None:
     out.copy_(result)
 
 
-def _store_all(outs: tuple[torch.Tensor, ...], results: tuple[torch.Tensor, ...]) -> None:
+def _store_all(outs: tuple[torch.Tensor | None, ...], results: tuple[torch.Tensor, ...]) -> None:
+    """Each result into its ``out`` (None: a result nothing reads, not copied)."""
     for out, result in zip(outs, results, strict=True):
-        _store(out, result)
+        if out is not None:
+            _store(out, result)
 
 
 _CLAMP_MIN = torch.clamp_min
@@ -479,6 +481,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 isinstance(ctx.values[a], p.Tensor) for a in (args[k] for k in out_args)
             )
             code = None
+            prune = None
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
@@ -499,13 +502,17 @@ def schema_kernel(overload: Any) -> KernelFactory:
                     code = _copy_code(ctx, outs[0], call, {})
                 else:
                     store = ctx.bind(_store_all, "store")
-                    targets = ", ".join(f"v[{o}]" for o in outs)
-                    code = f"{store}(({targets},), {call})"
+
+                    def stored(dead: frozenset[int], store: str = store, call: str = call) -> str:
+                        targets = ", ".join("None" if o in dead else f"v[{o}]" for o in outs)
+                        return f"{store}(({targets},), {call})"
+
+                    code, prune = stored(frozenset()), stored
             if code is None:
                 fast = fastest_entry(overload, probe_pos, probe_kw)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{fn}({', '.join(positional + keywords)})"
-            return ctx.emit(code, mutates=mutates, alias=alias, outs=outs, pure=pure)
+            return ctx.emit(code, mutates=mutates, alias=alias, outs=outs, pure=pure, prune=prune)
         fast = fastest_entry(overload, probe_pos, probe_kw)
         fn = ctx.bind(fast if fast is not None else generic, "op")
         callargs = ", ".join(positional + keywords)

@@ -59,6 +59,9 @@ class Emission:
     read. ``alias``: a view form of the instruction, for copies that may become views.
     ``pure``: the statement computes its ``outs`` from its arguments alone (no randomness,
     no other effect), so with fixed arguments it may run once, at load.
+    ``prune``: for a statement that can skip writing some of its ``outs``, the statement
+    that does not write the given ones (used for outputs nothing reads, e.g. batch norm's
+    saved statistics).
     """
 
     code: str
@@ -68,6 +71,7 @@ class Emission:
     alias: Alias | None = None
     outs: tuple[int, ...] = ()
     pure: bool = False
+    prune: Callable[[frozenset[int]], str] | None = None
 
 
 class UnsupportedKernel(Exception):
@@ -115,6 +119,7 @@ class KernelContext:
         alias: Alias | None = None,
         outs: Iterable[int] = (),
         pure: bool = False,
+        prune: Callable[[frozenset[int]], str] | None = None,
     ) -> Emission:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read."""
@@ -126,6 +131,7 @@ class KernelContext:
             alias,
             tuple(outs),
             pure,
+            prune,
         )
 
     def tensors_of(self, index: int) -> tuple[int, ...]:
