@@ -1070,9 +1070,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
-    manifest: dict[str, Any] = {}
-    if args.only and manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
+    # entries made by the other fixture scripts (device, quantized, ...) are kept
+    manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if not args.only:
+        for _, _, variant in jobs:
+            manifest.pop(variant, None)
 
     failed = []
     for spec, unplanned, variant in jobs:
