@@ -64,27 +64,6 @@ def _covers(a: Region, b: Region) -> bool:
     return a == b and a[0] != "fixed"
 
 
-def _tensor_args(values: Sequence[p.EValue], args: Sequence[int]) -> list[int]:
-    out: list[int] = []
-    for a in args:
-        v = values[a]
-        if isinstance(v, p.Tensor):
-            out.append(a)
-        elif isinstance(v, p.TensorList | p.OptionalTensorList):
-            out.extend(i for i in v.items if i >= 0 and isinstance(values[i], p.Tensor))
-    return out
-
-
-def _args(ins: p.Instruction) -> tuple[int, ...]:
-    if isinstance(ins, p.KernelCall | p.DelegateCall):
-        return ins.args
-    if isinstance(ins, p.MoveCall):
-        return (ins.move_from, ins.move_to)
-    if isinstance(ins, p.FreeCall):
-        return (ins.value_index,)
-    return (ins.cond_value_index,)
-
-
 class _Chain:
     """Reads and memory writes of each instruction, kept current as the chain is rewritten."""
 
@@ -105,7 +84,7 @@ class _Chain:
             if isinstance(v, p.Tensor) and v.is_constant:
                 self.fixed.add(j)
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
-            touched = _tensor_args(self.values, _args(ins))
+            touched = list(p.tensor_indices(self.values, p.instruction_values(ins)))
             mem = touched if st.mutates is None else list(st.mutates)
             self.reads.append(set(touched) - set(st.outs))
             self.writes.append([self.region(w) for w in mem])

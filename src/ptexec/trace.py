@@ -522,25 +522,6 @@ def _kind(ins: p.Instruction) -> str:
     return "jump_false"
 
 
-def _tensor_args(values: Sequence[p.EValue], ins: p.Instruction) -> tuple[int, ...]:
-    if isinstance(ins, p.KernelCall | p.DelegateCall):
-        args: tuple[int, ...] = ins.args
-    elif isinstance(ins, p.MoveCall):
-        args = (ins.move_from, ins.move_to)
-    elif isinstance(ins, p.FreeCall):
-        args = (ins.value_index,)
-    else:
-        args = (ins.cond_value_index,)
-    out: list[int] = []
-    for a in args:
-        v = values[a]
-        if isinstance(v, p.Tensor):
-            out.append(a)
-        elif isinstance(v, p.TensorList | p.OptionalTensorList):
-            out.extend(i for i in v.items if i >= 0 and isinstance(values[i], p.Tensor))
-    return tuple(dict.fromkeys(out))
-
-
 def _written(st: Emission, tensor_args: tuple[int, ...]) -> tuple[int, ...]:
     if st.code.strip() == "pass":
         return ()
@@ -611,7 +592,7 @@ def prepare(method: Method) -> list[list[Step]]:
         chain_steps = []
         for i, ins in enumerate(chain.instructions):
             jump = isinstance(ins, p.JumpFalseCall)
-            args = _tensor_args(values, ins)
+            args = p.tensor_indices(values, p.instruction_values(ins))
             e, src = executed[i], loaded[i]
             label = method.name.replace("\0", "\\x00")  # compile() refuses a NUL in a file name
             filename = f"<ptexec trace {next(_SOURCES)}: {label} chain {c} instruction {i}>"

@@ -243,6 +243,31 @@ class FreeCall:
 Instruction = KernelCall | DelegateCall | MoveCall | JumpFalseCall | FreeCall
 
 
+def instruction_values(ins: Instruction) -> tuple[int, ...]:
+    """The value indices an instruction refers to, in order."""
+    if isinstance(ins, KernelCall | DelegateCall):
+        return ins.args
+    if isinstance(ins, MoveCall):
+        return (ins.move_from, ins.move_to)
+    if isinstance(ins, FreeCall):
+        return (ins.value_index,)
+    return (ins.cond_value_index,)
+
+
+def tensor_indices(values: tuple[EValue, ...], indices: tuple[int, ...]) -> tuple[int, ...]:
+    """The tensor values among ``indices``, the items of tensor lists included, once each."""
+    out: dict[int, None] = {}
+    for a in indices:
+        v = values[a]
+        if isinstance(v, Tensor):
+            out[a] = None
+        elif isinstance(v, TensorList | OptionalTensorList):
+            for i in v.items:
+                if i >= 0 and isinstance(values[i], Tensor):
+                    out[i] = None
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     filename: str | None
