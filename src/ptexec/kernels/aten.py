@@ -375,6 +375,20 @@ def _store_all(outs: tuple[torch.Tensor | None, ...], results: tuple[torch.Tenso
 _CLAMP_MIN = torch.clamp_min
 
 
+def _gathers_rows(ctx: KernelContext, out: int) -> bool:
+    """embedding(weight, indices) is index_select(weight, 0, indices) when the weight is a
+    2-D table and the output a static, contiguous tensor (its forward does not depend on
+    padding_idx, scale_grad_by_freq or sparse)."""
+    w, o = ctx.values[ctx.args[0]], ctx.values[out]
+    return (
+        isinstance(w, p.Tensor)
+        and isinstance(o, p.Tensor)
+        and len(w.sizes) == 2
+        and o.shape_dynamism == p.STATIC
+        and o.dim_order == tuple(range(len(o.sizes)))
+    )
+
+
 # ---- the factory -----------------------------------------------------------------------------
 
 
@@ -485,6 +499,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
+            elif name == "aten::embedding.out" and single and _gathers_rows(ctx, outs[0]):
+                # embedding's forward is a row gather: straight into out, no temporary
+                f = ctx.bind(torch.index_select, "op")
+                w, ids, o = rendered[0], rendered[1], outs[0]
+                code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {w}.size(1)))"
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
                 view = alias.code.split(" = ", 1)[1]
                 code = _copy_code(ctx, outs[0], view, alias.env)
