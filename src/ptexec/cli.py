@@ -148,6 +148,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "  tensors by device: "
             + ", ".join(f"{d}: {n}" for d, n in sorted(rep["tensor_devices"].items()))
         )
+        if args.values:
+            _print_values(prog, name)
         kinds = rep["instructions"]
         print("  instructions: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         print(f"  operators ({len(rep['operators'])}):")
@@ -161,6 +163,39 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 for node, n in sorted(d.get("nodes", {}).items(), key=lambda kv: -kv[1]):
                     print(f"      {n:5d}  {node}")
     return 0
+
+
+def _print_values(prog: Any, name: str) -> None:
+    """Every tensor value of a method: its type, layout, device label and where its
+    memory comes from."""
+    from .device import schema_device
+    from .format import program as p
+    from .format.scalar_type import scalar_type_name
+    from .tensor import layout_name
+
+    plan = next(pl for pl in prog.pte.program.execution_plan if pl.name == name)
+    inputs = {slot: i for i, slot in enumerate(plan.inputs)}
+    outputs = {slot: i for i, slot in enumerate(plan.outputs)}
+    print("  tensors:")
+    for j, t in enumerate(plan.values):
+        if not isinstance(t, p.Tensor):
+            continue
+        dims = ", ".join(str(s) for s in t.sizes)
+        if t.allocation_info is not None:
+            where = f"buffer {t.allocation_info.memory_id} at {t.allocation_info.memory_offset}"
+        elif t.is_external:
+            where = "external data"
+        elif t.is_constant:
+            where = "constant"
+        else:
+            where = "unplanned"
+        roles = [f"input {inputs[j]}"] if j in inputs else []
+        roles += [f"output {outputs[j]}"] if j in outputs else []
+        dyn = "" if t.shape_dynamism == p.STATIC else f" {p.DYNAMISM_NAMES[t.shape_dynamism]}"
+        print(
+            f"    v{j:<5} {scalar_type_name(t.scalar_type)}[{dims}] {layout_name(t.dim_order)}{dyn}"
+            f" on {schema_device(*t.device)}, {where}" + (f" ({', '.join(roles)})" if roles else "")
+        )
 
 
 def _json_report(prog: Any, reports: dict[str, Any]) -> dict[str, Any]:
@@ -457,6 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(p_inspect)
     p_inspect.add_argument("--json", action="store_true", help="print JSON")
+    p_inspect.add_argument(
+        "--values", action="store_true", help="list every tensor with its device and memory"
+    )
     p_inspect.set_defaults(func=cmd_inspect)
 
     p_run = sub.add_parser(
