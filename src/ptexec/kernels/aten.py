@@ -434,7 +434,6 @@ def schema_kernel(overload: Any) -> KernelFactory:
     def factory(ctx: KernelContext) -> Emission:
         nargs = len(arguments)
         args = ctx.args
-        check_arguments(ctx)
         if name in _SCALAR_OPS and len(args) == nargs + 1:
             rewritten = _scalar_as_tensor(ctx, name)
             if rewritten is not None:
@@ -445,6 +444,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 f"{name}: the program passes {len(args)} values, the schema of the installed "
                 f"torch has {nargs} arguments and {len(returns)} returns"
             )
+        check_arguments(ctx)  # (the argument count is known to fit the schema here)
         positional: list[str] = []
         keywords: list[str] = []
         in_keywords: list[str] = []  # keywords without the outs (for the functional op)

@@ -141,6 +141,14 @@ def _convolution(ctx: KernelContext) -> None:
         return
     assert stride is not None and padding is not None and dilation is not None
     assert output_padding is not None and groups is not None
+    for label, values in (
+        ("stride", stride),
+        ("padding", padding),
+        ("dilation", dilation),
+        ("output padding", output_padding),
+    ):
+        if len(values) not in (1, spatial) and not (label == "output padding" and not values):
+            _fail(ctx, f"{label} {list(values)} has neither 1 nor {spatial} entries")
     if groups < 1 or any(s < 1 for s in stride) or any(d < 1 for d in dilation):
         _fail(
             ctx,
