@@ -333,12 +333,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     method, inputs = _method_and_inputs(args)
     outputs = method.execute(inputs)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(min(args.repeat, 5)):  # warm-up calls, not timed
+        method.execute(inputs)
     times = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         method.execute(inputs)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     for i, y in enumerate(outputs):
         print(f"  output {i}: {_summary(y)}")
