@@ -333,14 +333,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     method, inputs = _method_and_inputs(args)
     outputs = method.execute(inputs)
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    cuda = torch.cuda.is_available()
     for _ in range(min(args.repeat, 5)):  # warm-up calls, not timed
         method.execute(inputs)
     times = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         method.execute(inputs)
-        sync()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     for i, y in enumerate(outputs):
         print(f"  output {i}: {_summary(y)}")
