@@ -224,25 +224,38 @@ def _check_tensor(
         _check_constant(program, t, segment_sizes, path)
 
 
+def _check_in_subsegment(
+    sub: p.SubsegmentOffsets,
+    t: p.Tensor,
+    segment_sizes: Sequence[int],
+    path: str,
+    what: str,
+    segment: str,
+) -> None:
+    """Entry ``t.data_buffer_idx`` of ``sub`` holds ``t``'s bytes inside its segment."""
+    idx = t.data_buffer_idx
+    if idx >= len(sub.offsets):
+        raise PteFormatError(
+            f"{path}.data_buffer_idx",
+            f"{what} {idx} out of range ({len(sub.offsets)} in the {segment})",
+        )
+    start = sub.offsets[idx]
+    size = segment_sizes[sub.segment_index]
+    if start + t.nbytes > size:
+        raise PteFormatError(
+            f"{path}.data_buffer_idx",
+            f"{what} {idx} at bytes {start}..{start + t.nbytes} exceeds the {segment} "
+            f"({size} bytes)",
+        )
+
+
 def _check_constant(
     program: p.Program, t: p.Tensor, segment_sizes: Sequence[int], path: str
 ) -> None:
     idx = t.data_buffer_idx
     const = program.constant_segment
     if const is not None and len(const.offsets) > 1:
-        if idx >= len(const.offsets):
-            raise PteFormatError(
-                f"{path}.data_buffer_idx",
-                f"constant {idx} out of range ({len(const.offsets)} in the constant segment)",
-            )
-        start = const.offsets[idx]
-        size = segment_sizes[const.segment_index]
-        if start + t.nbytes > size:
-            raise PteFormatError(
-                f"{path}.data_buffer_idx",
-                f"constant {idx} at bytes {start}..{start + t.nbytes} exceeds the constant "
-                f"segment ({size} bytes)",
-            )
+        _check_in_subsegment(const, t, segment_sizes, path, "constant", "constant segment")
         return
     if idx >= len(program.constant_buffer):
         raise PteFormatError(
@@ -266,20 +279,7 @@ def _check_mutable_init(
             f"initial value {t.data_buffer_idx} but the program has no mutable data segment",
         )
     sub = program.mutable_data_segments[0]
-    idx = t.data_buffer_idx
-    if idx >= len(sub.offsets):
-        raise PteFormatError(
-            f"{path}.data_buffer_idx",
-            f"initial value {idx} out of range ({len(sub.offsets)} in the mutable data segment)",
-        )
-    start = sub.offsets[idx]
-    size = segment_sizes[sub.segment_index]
-    if start + t.nbytes > size:
-        raise PteFormatError(
-            f"{path}.data_buffer_idx",
-            f"initial value {idx} at bytes {start}..{start + t.nbytes} exceeds the mutable data "
-            f"segment ({size} bytes)",
-        )
+    _check_in_subsegment(sub, t, segment_sizes, path, "initial value", "mutable data segment")
 
 
 def _check_chain(plan: p.ExecutionPlan, chain: p.Chain, path: str) -> None:
