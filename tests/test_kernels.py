@@ -53,3 +53,36 @@ def test_a_custom_op_registered_in_torch_runs() -> None:
     assert "ptexec_test::scale.out" in m.meta.operators
     x = torch.randn(4)
     torch.testing.assert_close(m(x)[0], (x + 1) * 3.0)
+
+
+def test_execution_error_names_instruction_operator_and_source_line() -> None:
+    pytest.importorskip("executorch")
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+
+    class Lookup(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(10, 4)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.table(ids) * 2  # the lookup line
+
+    ids = torch.tensor([1, 2, 3])
+    ep = torch.export.export(Lookup(), (ids,))
+    data = to_edge(ep).to_executorch(ExecutorchBackendConfig(emit_stacktrace=True)).buffer
+    m = ptexec.load(bytes(data)).load_method("forward")
+    with pytest.raises(ptexec.ExecutionError) as info:
+        m(torch.tensor([1, 20, 3]))
+    e = info.value
+    assert e.instruction == 0 and e.operator == "aten::embedding.out"
+    assert e.frame is not None and "the lookup line" in e.frame
+    assert "the lookup line" in str(e)
+    assert isinstance(e.__cause__, IndexError)
+    torch.testing.assert_close(m(ids)[0], Lookup.forward(_same(m), ids))
+
+
+def _same(m: ptexec.Method) -> torch.nn.Module:
+    lookup = torch.nn.Module()
+    table = next(v for v in m.values() if isinstance(v, torch.Tensor) and v.shape == (10, 4))
+    lookup.table = torch.nn.Embedding.from_pretrained(table)  # type: ignore[assignment]
+    return lookup

@@ -113,7 +113,7 @@ class ExecutionError(PtexecError, RuntimeError):
         where = f"'{method}' instruction {instruction} ({operator})"
         text = f"{where}: {message}"
         if frame:
-            text += f"\n  at {frame}"
+            text += "\n  exported from:\n    " + frame.replace("\n", "\n    ")
         super().__init__(text)
 
     def __reduce__(self) -> tuple[type, tuple[str, int, str, str, str | None]]:

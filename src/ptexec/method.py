@@ -687,7 +687,7 @@ class Method:
             return None
         frames = trace[index]
         assert frames is not None
-        return str(frames[-1])
+        return "\n".join(str(f) for f in frames)  # outermost call first, as Python prints
 
     # -- outputs -------------------------------------------------------------------------
     def _collect(self, mode: OutputMode, out: list[torch.Tensor | None] | None) -> list[Any]:
