@@ -19,6 +19,7 @@ __all__ = [
     "LimitExceededError",
     "MethodNotFoundError",
     "OperatorMissingError",
+    "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
     "UnsupportedDeviceError",
@@ -44,6 +45,10 @@ class PteFormatError(PtexecError, ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return (type(self), (self.path, self.detail))
+
+
+class ProgramChangedError(PtexecError, RuntimeError):
+    """A program's file changed on disk under a program loaded with ``mmap=True``."""
 
 
 class MethodNotFoundError(PtexecError, KeyError):
