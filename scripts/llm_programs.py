@@ -122,6 +122,17 @@ they wanted to be as brave as the robot. From that day on they walked with it al
 shore every morning, counting the waves, the boats and the birds together.
 The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
 Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 2024. Punctuation: , . ; : ! ? ( ) [ ] { } " '.
+In the old library at the end of the street, a girl named Mira found a map drawn on thin
+yellow paper. It showed a path through the forest, over a bridge and up to a tower where,
+the map said, a lamp had burned for a thousand years. Mira packed bread, cheese, a bottle
+of water and her grandfather's compass. She followed the path past tall pines and silver
+birches, listening to owls, frogs and the distant river. At noon she reached the bridge,
+which swayed and creaked, and at sunset she climbed the tower's spiral stairs. At the top
+there was no lamp at all, only a window facing west, and through it the whole valley glowed
+gold and purple. Mira understood that the light the map promised was the view itself.
+Questions people ask a computer: What is the weather like today? How far away is the moon?
+Which planets have rings? Why is the sky blue? Could you write a short poem about autumn?
+Please translate this sentence, summarize that article, and explain the result in detail.
 """
 
 
@@ -266,7 +277,11 @@ def _export_child(spec: dict[str, Any]) -> None:
 def make_tokenizer(path: str | os.PathLike[str], model: TinyLlama = TinyLlama()) -> Path:
     """Write a byte-level BPE ``tokenizer.json`` with exactly ``model.vocab_size`` tokens
     (the special tokens first: ``<unk>``, BOS, EOS) and a ``tokenizer_config.json`` beside
-    it naming BOS and EOS, as a Hugging Face checkpoint directory has them."""
+    it naming BOS and EOS, as a Hugging Face checkpoint directory has them.
+
+    The alphabet is the corpus's characters (ASCII), not all 256 bytes, so every token is
+    whole text: ExecuTorch's runner bindings pass each piece to a Python callback as
+    ``str`` and fail on a token that is part of a multi-byte character."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS[0]))
@@ -275,7 +290,6 @@ def make_tokenizer(path: str | os.PathLike[str], model: TinyLlama = TinyLlama())
     trainer = trainers.BpeTrainer(
         vocab_size=model.vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
