@@ -20,8 +20,11 @@ and ``get_eos_ids`` from the metadata string, as a user passes them):
 ``xnnpack``               XNNPACK fp32, dynamic-shape prefill
 ``xnnpack_static``        XNNPACK fp32, one token a call
 ``xnnpack_8da4w``         XNNPACK, 8-bit dynamic activations and 4-bit grouped weights
-``portable_8da4w``        the 8da4w source transform without a delegate (torchao's
-                          quantized linear decomposed into ``quantized_decomposed::`` ops)
+``portable_chunked``      no delegate, dynamic prefill of at most 15 tokens a call over the
+                          128-token context (``max_seq_length`` 16)
+``portable_quant``        no delegate, 4-bit grouped embedding (``embedding_4bit``) and an
+                          int8 KV cache (per-token ``quantize_per_token`` and
+                          ``llama::custom_quantized_sdpa``)
 ========================  ==================================================================
 
 :func:`program_path` returns the file for a variant, exporting it once per machine: files
@@ -94,7 +97,12 @@ class Variant:
     xnnpack: bool = False
     qmode: str | None = None
     group_size: int | None = None
+    embedding_quantize: str | None = None
+    quantize_kv_cache: bool = False
+    max_seq_len: int | None = None  # tokens one call may take, when below the context
 
+
+_DEFAULT = asdict(Variant())
 
 VARIANTS: dict[str, Variant] = {
     "portable": Variant(),
@@ -102,7 +110,8 @@ VARIANTS: dict[str, Variant] = {
     "xnnpack": Variant(xnnpack=True),
     "xnnpack_static": Variant(dynamic=False, xnnpack=True),
     "xnnpack_8da4w": Variant(xnnpack=True, qmode="8da4w", group_size=32),
-    "portable_8da4w": Variant(qmode="8da4w", group_size=32),
+    "portable_chunked": Variant(max_seq_len=16),
+    "portable_quant": Variant(embedding_quantize="4,32", quantize_kv_cache=True),
 }
 
 # Special tokens of the tokenizer, at ids 0, 1, 2 (``TinyLlama.bos_id``/``eos_id`` name them).
@@ -160,7 +169,8 @@ def cache_key(variant: str, model: TinyLlama = TinyLlama()) -> str:
     spec = {
         "recipe": RECIPE,
         "model": asdict(model),
-        "variant": asdict(VARIANTS[variant]),
+        # only the options a variant sets: adding an option keeps the other variants' keys
+        "variant": {k: v for k, v in asdict(VARIANTS[variant]).items() if v != _DEFAULT[k]},
         "executorch": executorch_version(),
         "torch": torch.__version__,
     }
@@ -255,13 +265,16 @@ def _export_child(spec: dict[str, Any]) -> None:
     config.model.use_kv_cache = True
     config.model.use_sdpa_with_kv_cache = True
     config.model.enable_dynamic_shape = variant.dynamic
-    config.export.max_seq_length = model.max_seq_len
+    config.export.max_seq_length = variant.max_seq_len or model.max_seq_len
     config.export.max_context_length = model.max_context_len
     config.export.output_dir = str(work)
     config.export.output_name = "model.pte"
     if variant.qmode is not None:
         config.quantization.qmode = variant.qmode
         config.quantization.group_size = variant.group_size
+    if variant.embedding_quantize is not None:
+        config.quantization.embedding_quantize = variant.embedding_quantize
+    config.model.quantize_kv_cache = variant.quantize_kv_cache
     if variant.xnnpack:
         config.backend.xnnpack.enabled = True
         config.backend.xnnpack.extended_ops = True

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import GenerationError, TokenizerError
+from ..errors import GenerationError
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import TextDecoder
 from .inputs import MultimodalInput
@@ -97,10 +97,7 @@ class _Runner:
 
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
-        try:
-            self.tokenizer: Tokenizer = load_tokenizer(tokenizer_path)
-        except TokenizerError as e:
-            raise TokenizerError(f"Failed to load tokenizer: {e}") from e
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer_path)
         program = ptexec.load(model_path, data_path=data_path)
         options: dict[str, Any] = {}
         if device_map is not None:
@@ -113,7 +110,12 @@ class _Runner:
         md = self.decoder.metadata
         bos = md.get("get_bos_id")
         self.bos_id = int(bos) if bos is not None else self.tokenizer.bos_id
-        self.eos_ids = frozenset(md.eos_ids if md.eos_ids is not None else (self.tokenizer.eos_id,))
+        self.eos_ids: frozenset[int] = frozenset(
+            md.eos_ids if md.eos_ids is not None else (self.tokenizer.eos_id,)
+        )
+        """The ids that end a generation (settable)."""
+        self.generated_tokens: list[int] = []
+        """The ids the last generation produced, EOS included."""
         if self.bos_id != self.tokenizer.bos_id and self.bos_id >= 0:
             self.tokenizer.bos_id = self.bos_id  # the program's BOS is the one encoded
         self.vocab_size = int(md.get("get_vocab_size", self.tokenizer.vocab_size))
@@ -246,6 +248,7 @@ class _Runner:
                     f"context {self.max_context_len}, {config!r})"
                 )
             stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
+            self.generated_tokens = out_ids = [cur]
             stream = TextStream(self.tokenizer)
             stops = _StopStrings(config.stop)
             generated = 1
@@ -259,6 +262,7 @@ class _Runner:
                 cur = sampler.sample(logits)
                 stats.on_sampling_end()
                 generated += 1
+                out_ids.append(cur)
                 ended = (cur in self.eos_ids) and not config.ignore_eos
                 emit(stops.feed(stream.push(cur)))
             if not stops.hit:
