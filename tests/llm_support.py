@@ -28,6 +28,7 @@ def executorch_greedy(pte: Path, prompt: list[int], count: int, dynamic: bool) -
     """``count`` greedy tokens after ``prompt``, run on ExecuTorch's runtime: the prompt in
     one call when the program is dynamic, else one token a call; then one token a call."""
     pytest.importorskip("executorch.runtime")
+    import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed:: kernels)
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (llama:: kernels)
     from executorch.runtime import Runtime
 
