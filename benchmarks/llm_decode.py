@@ -62,7 +62,7 @@ def ptexec_step(pte: Path, compile: bool = False) -> Step | None:
     return step
 
 
-def executorch_step(pte: Path) -> Step:
+def executorch_step(pte: Path, cache_positions: bool = False) -> Step:
     import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed:: kernels)
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
     from executorch.runtime import Runtime
@@ -70,7 +70,8 @@ def executorch_step(pte: Path) -> Step:
     method = Runtime.get().load_program(str(pte)).load_method("forward")
 
     def step(tokens: list[int], pos: int) -> torch.Tensor:
-        out = method.execute([torch.tensor([tokens]), torch.tensor([pos])])[0]
+        where = torch.arange(pos, pos + len(tokens)) if cache_positions else torch.tensor([pos])
+        out = method.execute([torch.tensor([tokens]), where])[0]
         return out.reshape(-1, out.shape[-1])[-1]
 
     return step
@@ -106,7 +107,8 @@ def bench(variant: str, prompt_len: int, decode: int, blocks: int) -> dict[str, 
     compiled = ptexec_step(pte, compile=True)
     if compiled is not None:
         runtimes["ptexec compiled"] = compiled
-    runtimes["ExecuTorch"] = executorch_step(pte)
+    hf = llm_programs.VARIANTS[variant].exporter == "optimum"
+    runtimes["ExecuTorch"] = executorch_step(pte, cache_positions=hf)
     for step in runtimes.values():  # warm up
         run_once(step, prompt, 4, dynamic)
     prefill: dict[str, list[float]] = {k: [] for k in runtimes}
@@ -129,7 +131,11 @@ def bench(variant: str, prompt_len: int, decode: int, blocks: int) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", nargs="*", default=["portable", "xnnpack", "xnnpack_8da4w"])
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["portable", "xnnpack", "xnnpack_8da4w", "portable_quant", "hf_xnnpack"],
+    )
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens (default 32)")
     parser.add_argument("--decode", type=int, default=64, help="decode steps (default 64)")
     parser.add_argument("--blocks", type=int, default=7, help="interleaved blocks (default 7)")

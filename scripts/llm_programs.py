@@ -25,6 +25,10 @@ and ``get_eos_ids`` from the metadata string, as a user passes them):
 ``portable_quant``        no delegate, 4-bit grouped embedding (``embedding_4bit``) and an
                           int8 KV cache (per-token ``quantize_per_token`` and
                           ``llama::custom_quantized_sdpa``)
+``hf_xnnpack``            the same model as a Hugging Face ``LlamaForCausalLM`` exported by
+                          optimum-executorch (recipe ``xnnpack``, custom SDPA and KV cache):
+                          ``forward(input_ids [1, seq], cache_position [seq])`` returning
+                          ``[1, seq, vocab]`` logits; needs ``optimum-executorch``
 ========================  ==================================================================
 
 :func:`program_path` returns the file for a variant, exporting it once per machine: files
@@ -100,6 +104,7 @@ class Variant:
     embedding_quantize: str | None = None
     quantize_kv_cache: bool = False
     max_seq_len: int | None = None  # tokens one call may take, when below the context
+    exporter: str = "executorch"  # or "optimum": Hugging Face's optimum-executorch
 
 
 _DEFAULT = asdict(Variant())
@@ -112,6 +117,7 @@ VARIANTS: dict[str, Variant] = {
     "xnnpack_8da4w": Variant(xnnpack=True, qmode="8da4w", group_size=32),
     "portable_chunked": Variant(max_seq_len=16),
     "portable_quant": Variant(embedding_quantize="4,32", quantize_kv_cache=True),
+    "hf_xnnpack": Variant(xnnpack=True, exporter="optimum"),
 }
 
 # Special tokens of the tokenizer, at ids 0, 1, 2 (``TinyLlama.bos_id``/``eos_id`` name them).
@@ -248,13 +254,55 @@ def _checkpoint(model: TinyLlama, path: Path) -> None:
     torch.save(state, path)
 
 
-def _export_child(spec: dict[str, Any]) -> None:
-    from executorch.extension.llm.export.config.llm_config import LlmConfig
-    from executorch.extension.llm.export.export_llm import export_llama
+def _export_optimum(model: TinyLlama, variant: Variant, work: Path) -> None:
+    """The model as a Hugging Face checkpoint directory, exported by optimum-executorch."""
+    import torch
+    from optimum.exporters.executorch import main_export
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    config = LlamaConfig(
+        vocab_size=model.vocab_size,
+        hidden_size=model.dim,
+        intermediate_size=model.hidden_dim,
+        num_hidden_layers=model.n_layers,
+        num_attention_heads=model.n_heads,
+        num_key_value_heads=model.n_kv_heads,
+        max_position_embeddings=model.max_context_len,
+        rms_norm_eps=model.norm_eps,
+        bos_token_id=model.bos_id,
+        eos_token_id=model.eos_id,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    torch.manual_seed(model.seed)
+    LlamaForCausalLM(config).save_pretrained(work / "hf_model")
+    main_export(
+        str(work / "hf_model"),
+        "text-generation",
+        "xnnpack" if variant.xnnpack else "portable",
+        str(work / "out"),
+        local_files_only=True,
+        use_custom_sdpa=True,
+        use_custom_kv_cache=True,
+        max_seq_len=model.max_context_len,
+    )
+    os.replace(work / "out" / "model.pte", work / "model.pte")
+
+
+def _export_child(spec: dict[str, Any]) -> None:
     model = TinyLlama(**spec["model"])
     variant = VARIANTS[spec["variant"]]
     work = Path(spec["work"])
+    if variant.exporter == "optimum":
+        _export_optimum(model, variant, work)
+    else:
+        _export_llama(model, variant, work)
+
+
+def _export_llama(model: TinyLlama, variant: Variant, work: Path) -> None:
+    from executorch.extension.llm.export.config.llm_config import LlmConfig
+    from executorch.extension.llm.export.export_llm import export_llama
+
     _checkpoint(model, work / "checkpoint.pth")
     (work / "params.json").write_text(json.dumps(model.params()))
 

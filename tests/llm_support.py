@@ -21,12 +21,18 @@ PROMPT = "Once upon a time"
 def program(variant: str) -> Path:
     """The variant's program, exported once per machine (skips without ExecuTorch)."""
     pytest.importorskip("executorch.extension.llm.export")
+    if llm_programs.VARIANTS[variant].exporter == "optimum":
+        pytest.importorskip("optimum.exporters.executorch")
     return llm_programs.program_path(variant)
 
 
-def executorch_greedy(pte: Path, prompt: list[int], count: int, dynamic: bool) -> list[int]:
+def executorch_greedy(
+    pte: Path, prompt: list[int], count: int, dynamic: bool, cache_positions: bool = False
+) -> list[int]:
     """``count`` greedy tokens after ``prompt``, run on ExecuTorch's runtime: the prompt in
-    one call when the program is dynamic, else one token a call; then one token a call."""
+    one call when the program is dynamic, else one token a call; then one token a call.
+    The position input is the start position, or with ``cache_positions`` the position of
+    every token (Hugging Face exports)."""
     pytest.importorskip("executorch.runtime")
     import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed:: kernels)
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (llama:: kernels)
@@ -35,7 +41,8 @@ def executorch_greedy(pte: Path, prompt: list[int], count: int, dynamic: bool) -
     method: Any = Runtime.get().load_program(str(pte)).load_method("forward")
 
     def call(tokens: list[int], pos: int) -> torch.Tensor:
-        out = method.execute([torch.tensor([tokens]), torch.tensor([pos])])[0]
+        where = torch.arange(pos, pos + len(tokens)) if cache_positions else torch.tensor([pos])
+        out = method.execute([torch.tensor([tokens]), where])[0]
         return out.reshape(-1, out.shape[-1])[-1]
 
     if dynamic:

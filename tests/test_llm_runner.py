@@ -61,6 +61,18 @@ def test_greedy_tokens_equal_executorch_loop(variant: str, dynamic: bool, tokeni
     assert runner.stats.num_generated_tokens == GREEDY.max_new_tokens
 
 
+def test_hugging_face_export_with_cache_positions(tokenizer: Path) -> None:
+    """optimum-executorch's layout: forward(input_ids, cache_position [seq]) -> [1, seq, V]."""
+    runner = _runner("hf_xnnpack", tokenizer)
+    assert runner.decoder.pos_vector and runner.decoder.dynamic
+    assert runner.eos_ids == {MODEL.eos_id} and runner.bos_id == MODEL.bos_id  # get_eos_id
+    text = runner.generate_text(PROMPT, GREEDY)
+    ids = runner.tokenizer.encode(PROMPT)
+    want = executorch_greedy(program("hf_xnnpack"), ids, 24, dynamic=True, cache_positions=True)
+    assert runner.generated_tokens == want and len(set(want)) > 3
+    assert text == runner.tokenizer.decode(want, skip_special_tokens=True)
+
+
 def test_text_equals_executorch_runner(tokenizer: Path) -> None:
     """ExecuTorch's own TextLLMRunner (in the wheel) streams the same text."""
     et = pytest.importorskip("executorch.extension.llm.runner")
