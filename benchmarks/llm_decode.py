@@ -77,6 +77,20 @@ def executorch_step(pte: Path, cache_positions: bool = False) -> Step:
     return step
 
 
+def profile_step(pte: Path, prompt_len: int) -> str:
+    """ptexec's per-operator table of one decode step after a prefill (one token a call,
+    so the same for both position layouts: one token's cache position is its start)."""
+    import ptexec
+
+    method = ptexec.load(pte).load_method("forward")
+    tokens = [(11 * i + 5) % 500 + 3 for i in range(prompt_len)]
+    for i, t in enumerate(tokens):  # works for static and dynamic programs alike
+        method.execute([torch.tensor([[t]]), torch.tensor([i])])
+    pos = prompt_len + 8
+    prof = method.profile([torch.tensor([[5]]), torch.tensor([pos])], repeat=30)
+    return str(prof.table(top=12))
+
+
 def run_once(
     step: Step, prompt: list[int], decode: int, dynamic: bool
 ) -> tuple[float, float, list[int]]:
@@ -140,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", type=int, default=64, help="decode steps (default 64)")
     parser.add_argument("--blocks", type=int, default=7, help="interleaved blocks (default 7)")
     parser.add_argument("--threads", type=int, default=1, help="threads (0: defaults)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print ptexec's operator table for one decode step of each program",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -172,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{tps['ptexec'] / tps['ExecuTorch']:7.2f} {pf['ptexec']:12.2f} ms {comp_pf:>17} "
             f"{pf['ExecuTorch']:8.2f} ms {pf['ptexec'] / pf['ExecuTorch']:7.2f}  {same}"
         )
+    if args.profile:
+        for v in args.variants:
+            print(f"\n{v}: one decode step at position {args.prompt + 8}")
+            print(profile_step(llm_programs.program_path(v), args.prompt))
     if not rows[0]["compiled"]:
         print("ptexec compiled: skipped (this ptexec has no load_method(..., compile=True))")
     return 0
