@@ -80,7 +80,7 @@ def read_metadata(program: Any) -> LlmMetadata:
     values: dict[str, Any] = {}
     extra = sorted(n for n in names if n.startswith(("get_", "use_", "enable_")))
     for name in extra:
-        if name in _EOS_METHODS or program.method_meta(name).num_inputs:
+        if name in _EOS_METHODS or program.method_meta(name).inputs:
             continue  # metadata methods take no inputs
         outs = _constant_outputs(program, name)
         if len(outs) == 1 and isinstance(outs[0], bool | int | float):
