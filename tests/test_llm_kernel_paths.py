@@ -268,3 +268,44 @@ def test_gather_checks_indices() -> None:
         Q._gather(table, torch.tensor([6]), None, "embedding_4bit")
     with pytest.raises(ValueError, match="int64 or int32"):
         Q._gather(table, torch.tensor([1.0]), None, "embedding_4bit")
+
+
+def test_mixed_matmul_weights_prepared_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quant_mixed's int8 weights are constants: dequantized once at load, with the same
+    results as dequantizing on every call."""
+    import ptexec
+    from fixture_data import fixture_calls, fixture_paths
+
+    pte, _ = fixture_paths("quant_mixed")
+    seen: list[bool] = []
+    real = Q._constant_tensors
+
+    def spy(ctx, positions):  # type: ignore[no-untyped-def]
+        found = real(ctx, positions)
+        seen.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Q, "_constant_tensors", spy)
+    prepared = ptexec.load(pte).load_method("forward")
+    assert seen.count(True) == 2  # mixed_mm and mixed_linear
+    monkeypatch.setattr(Q, "_constant_tensors", lambda ctx, positions: None)
+    per_call = ptexec.load(pte).load_method("forward")
+    for call in fixture_calls("quant_mixed"):
+        for x, y in zip(
+            prepared.execute(call["inputs"]), per_call.execute(call["inputs"]), strict=True
+        ):
+            assert torch.equal(x, y)
+
+
+def test_mixed_matmul_prepared_weight_checks_the_input() -> None:
+    w = torch.randint(-128, 128, (5, 6), dtype=torch.int8)
+    s = torch.rand(5, 2) + 0.5
+    prepared = Q._mixed_linear_weight(w, s, None)
+    x = _rand(3, 6, seed=19)
+    assert torch.equal(
+        Q._mixed_linear_apply(x, prepared, None), Q.mixed_linear(x, w, s, None, None)
+    )
+    with pytest.raises(ValueError, match="do not fit"):
+        Q._mixed_linear_apply(_rand(3, 5), prepared, None)
+    with pytest.raises(ValueError, match="zero points"):
+        Q._mixed_mm_weight(w, s[:, 0], torch.zeros(5))

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -533,24 +535,79 @@ def embedding_xbit(
     return result if out_dtype is None else result.to(out_dtype)
 
 
+def _mixed_mm_weight(
+    weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
+) -> torch.Tensor:
+    """``weight * scales[:, None]`` in float32 (int8 ``weight`` [n, p], ``scales`` [n])."""
+    what = "mixed_mm"
+    if zero_points is not None:
+        raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
+    if weight.dim() != 2 or scales.dim() != 1:
+        raise ValueError(f"{what}: expected 2-D input and weight and 1-D scales")
+    if weight.dtype != torch.int8:
+        raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
+    if scales.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"{what}: weight {list(weight.shape)} with {scales.shape[0]} scales does not fit"
+        )
+    return weight.to(torch.float32) * scales.to(torch.float32)[:, None]
+
+
+def _mixed_mm_apply(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ValueError("mixed_mm: expected 2-D input and weight and 1-D scales")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(
+            f"mixed_mm: shapes {list(x.shape)} @ {list(w.shape)} with {w.shape[0]} scales "
+            "do not fit"
+        )
+    return (x.to(torch.float32) @ w).to(x.dtype)
+
+
 def mixed_mm(
     x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
 ) -> torch.Tensor:
     """``x @ (weight * scales[:, None])`` with int8 ``weight`` [n, p] and ``scales`` [n]."""
-    what = "mixed_mm"
+    return _mixed_mm_apply(x, _mixed_mm_weight(weight, scales, zero_points))
+
+
+def _mixed_linear_weight(
+    weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
+) -> torch.Tensor:
+    """The dequantized weight [p, n] in float32 (per-row or per-group scales)."""
+    what = "mixed_linear"
     if zero_points is not None:
         raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
-    if x.dim() != 2 or weight.dim() != 2 or scales.dim() != 1:
-        raise ValueError(f"{what}: expected 2-D input and weight and 1-D scales")
+    if weight.dim() != 2 or scales.dim() not in (1, 2):
+        raise ValueError(f"{what}: expected 2-D input and weight and 1-D or 2-D scales")
     if weight.dtype != torch.int8:
         raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
-    if x.shape[1] != weight.shape[0] or scales.shape[0] != weight.shape[0]:
+    if scales.shape[0] != weight.shape[0]:
         raise ValueError(
-            f"{what}: shapes {list(x.shape)} @ {list(weight.shape)} with {scales.shape[0]} scales "
-            "do not fit"
+            f"{what}: weight {list(weight.shape)} and scales {list(scales.shape)} do not fit"
         )
-    w = weight.to(torch.float32) * scales.to(torch.float32)[:, None]
-    return (x.to(torch.float32) @ w).to(x.dtype)
+    n = weight.shape[1]
+    s = scales.to(torch.float32)
+    if s.dim() == 1:
+        s = s[:, None]
+    else:
+        group = math.ceil(n / s.shape[1]) if n else 1
+        cols = torch.arange(n, device=s.device) // group
+        s = s[:, cols]
+    return weight.to(torch.float32) * s
+
+
+def _mixed_linear_apply(
+    x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype | None
+) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ValueError("mixed_linear: expected 2-D input and weight and 1-D or 2-D scales")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"mixed_linear: input {list(x.shape)} and weight {list(w.shape)} do not fit"
+        )
+    result = x.to(torch.float32) @ w.T
+    return result.to(dtype if dtype is not None else x.dtype)
 
 
 def mixed_linear(
@@ -562,29 +619,7 @@ def mixed_linear(
 ) -> torch.Tensor:
     """``x @ dequant(weight).T`` with int8 ``weight`` [p, n] and ``scales`` [p] or [p, groups]
     (groups of ``ceil(n / groups)`` columns, the last one possibly shorter)."""
-    what = "mixed_linear"
-    if zero_points is not None:
-        raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
-    if x.dim() != 2 or weight.dim() != 2 or scales.dim() not in (1, 2):
-        raise ValueError(f"{what}: expected 2-D input and weight and 1-D or 2-D scales")
-    if weight.dtype != torch.int8:
-        raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
-    n = x.shape[1]
-    if weight.shape[1] != n or scales.shape[0] != weight.shape[0]:
-        raise ValueError(
-            f"{what}: input {list(x.shape)}, weight {list(weight.shape)} and scales "
-            f"{list(scales.shape)} do not fit"
-        )
-    s = scales.to(torch.float32)
-    if s.dim() == 1:
-        s = s[:, None]
-    else:
-        group = math.ceil(n / s.shape[1]) if n else 1
-        cols = torch.arange(n, device=s.device) // group
-        s = s[:, cols]
-    w = weight.to(torch.float32) * s
-    result = x.to(torch.float32) @ w.T
-    return result.to(dtype if dtype is not None else x.dtype)
+    return _mixed_linear_apply(x, _mixed_linear_weight(weight, scales, zero_points), dtype)
 
 
 def quantized_add(
@@ -840,20 +875,68 @@ for _name, _nbit in (("embedding_byte", 8), ("embedding_4bit", 4), ("embedding_2
     register(f"quantized_decomposed::{_name}.out")(_embedding(_nbit, False))
     register(f"quantized_decomposed::{_name}.dtype_out")(_embedding(_nbit, True))
 
+
+def _constant_tensors(
+    ctx: KernelContext, positions: tuple[int, ...]
+) -> list[torch.Tensor | None] | None:
+    """The load-time tensors of the arguments at ``positions`` when each is a constant of
+    the program (an absent optional argument gives None); else None."""
+    found: list[torch.Tensor | None] = []
+    for k in positions:
+        v = ctx.values[ctx.args[k]]
+        if isinstance(v, p.Null):
+            found.append(None)
+        elif isinstance(v, p.Tensor) and v.is_constant:
+            found.append(ctx.initial[ctx.args[k]])
+        else:
+            return None
+    return found
+
+
+def _weight_prepared_at_load(
+    params: tuple[Param, ...],
+    general: Callable[..., torch.Tensor],
+    prepare: Callable[..., torch.Tensor],
+    apply: Callable[[torch.Tensor, torch.Tensor, tuple[Any, ...]], torch.Tensor],
+) -> KernelFactory:
+    """A factory for a matmul whose weight arguments (params 1..3: weight, scales, zero
+    points) are dequantized once at load when they are constants; ``apply(x, w, rest)``
+    then runs each call. Otherwise (or when the weight is invalid: the call reports it)
+    ``general`` runs every call."""
+    per_call = fixed_kernel(general, params)
+
+    def factory(ctx: KernelContext) -> Emission:
+        consts = _constant_tensors(ctx, (1, 2, 3)) if len(ctx.args) == len(params) + 2 else None
+        if consts is None or consts[0] is None or consts[1] is None:
+            return per_call(ctx)
+        try:
+            w = prepare(*consts).contiguous()
+        except (ValueError, RuntimeError):
+            return per_call(ctx)
+
+        def run(x: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return apply(x, w, rest[3:])
+
+        return fixed_kernel(run, params)(ctx)
+
+    return factory
+
+
 register("quantized_decomposed::mixed_mm.out")(
-    fixed_kernel(
-        mixed_mm,
+    _weight_prepared_at_load(
         (
             _T("input", "T"),
             _T("weight", "T"),
             _T("weight_scales", "T"),
             _T("weight_zero_points", "T?"),
         ),
+        mixed_mm,
+        _mixed_mm_weight,
+        lambda x, w, rest: _mixed_mm_apply(x, w),
     )
 )
 register("quantized_decomposed::mixed_linear.out")(
-    fixed_kernel(
-        mixed_linear,
+    _weight_prepared_at_load(
         (
             _T("input", "T"),
             _T("weight", "T"),
@@ -861,6 +944,9 @@ register("quantized_decomposed::mixed_linear.out")(
             _T("weight_zero_points", "T?"),
             _T("dtype", "dtype?"),
         ),
+        mixed_linear,
+        _mixed_linear_weight,
+        lambda x, w, rest: _mixed_linear_apply(x, w, rest[0]),
     )
 )
 _ADD_SIDE = ("scale", "float"), ("zero_point", "int"), ("quant_min", "int"), ("quant_max", "int")
