@@ -14,6 +14,7 @@ __all__ = [
     "BackendUnavailableError",
     "DeviceUnavailableError",
     "ExecutionError",
+    "GenerationError",
     "InputError",
     "InstructionLimitError",
     "LimitExceededError",
@@ -22,6 +23,7 @@ __all__ = [
     "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
+    "TokenizerError",
     "UnsupportedDeviceError",
 ]
 
@@ -134,3 +136,12 @@ class InstructionLimitError(LimitExceededError, ExecutionError):
     Both a :class:`LimitExceededError` (a configured limit) and an :class:`ExecutionError`
     (it happens while executing; ``instruction`` is where it stopped).
     """
+
+
+class TokenizerError(PtexecError, RuntimeError):
+    """A tokenizer file that no supported format reads, or text or ids it cannot convert."""
+
+
+class GenerationError(PtexecError, RuntimeError):
+    """A text-generation request that the program cannot serve: not a generation program,
+    a prompt past its context, or a step asked of the runner out of order."""
