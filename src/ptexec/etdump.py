@@ -21,12 +21,13 @@ bounds it as ExecuTorch's does: a call whose values would not fit raises
 bytes used, not the whole capacity. A tensor on a GPU is copied to the host for the buffer.
 Writing clears what was recorded, so each file holds the runs since the previous one.
 
-Calls run through the same instrumented interpreter as :mod:`ptexec.trace` and
-:mod:`ptexec.profile` (the statements ``execute`` runs, with the method's own input
-checks, binding and outputs); CUDA is synchronized after each instruction when the call
-touches CUDA memory, so an instruction's time is its kernels'. Recorded calls of the
-methods sharing a recorder are serialized. The writer (:mod:`ptexec.format.etdump`) needs
-neither torch nor ExecuTorch.
+Calls run through :meth:`ptexec.Method.run_with`: the method's own call envelope (input
+checks, binding, outputs as copies) over its instrumented blocks (the statements
+``execute`` runs), with a :class:`~ptexec.engine.hooks.Hooks` object recording around each
+instruction; CUDA is synchronized after each instruction when the call touches CUDA
+memory, so an instruction's time is its kernels'. Recorded calls of the methods sharing a
+recorder are serialized. The writer (:mod:`ptexec.format.etdump`) needs neither torch nor
+ExecuTorch.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .dtypes import DTYPE_TO_CODE
+from .engine.hooks import Hooks, Step, steps_of
 from .errors import LimitExceededError
 from .format import program as p
 from .format.etdump import (
@@ -54,39 +55,14 @@ from .format.etdump import (
     Value,
     encode_etdump,
 )
-from .trace import Step, interpret, prepare
 
 if TYPE_CHECKING:
+    from .engine.state import MethodState
     from .method import Method
 
 __all__ = ["DEBUG_ALIGNMENT", "DebugBuffer", "ETDumpRecorder"]
 
 DEBUG_ALIGNMENT = 64  # byte alignment of every tensor in the debug buffer
-
-Before = Callable[[Step, list[Any]], None]
-After = Callable[[Step, list[Any], Any], None]
-
-
-def _run_with_hooks(
-    method: Method,
-    inputs: Sequence[Any],
-    before: Before,
-    after: After,
-    run: Callable[[Callable[[list[Any]], None]], Callable[[list[Any]], None]],
-    transfers: str | None,
-    layout: str | None,
-) -> list[Any]:
-    """One call of ``method`` in its own call envelope (input checks, binding, outputs as
-    copies) with ``before``/``after`` around every instruction; ``run`` wraps the
-    instruction loop (for the framework event). The one place this module knows how tools
-    run a call: today the instrumented interpreter of :mod:`ptexec.trace`."""
-    prepare(method)
-
-    def loop(v: list[Any]) -> None:
-        interpret(method, v, before, after)
-
-    with torch.no_grad():
-        return method._call_with(inputs, run(loop), transfers=transfers, layout=layout)
 
 
 class DebugBuffer:
@@ -139,18 +115,15 @@ class _Layout:
     the groups of written values that make its debug events (a tensor list an
     instruction writes whole is one event, as ExecuTorch logs it)."""
 
-    def __init__(self, method: Method) -> None:
-        plan = next(
-            pl for pl in method.program.pte.program.execution_plan if pl.name == method.name
-        )
+    def __init__(self, state: MethodState) -> None:
         self.names: dict[tuple[int, int], str] = {}
         self.groups: dict[tuple[int, int], list[int | tuple[int, ...]]] = {}
-        for chain in prepare(method):
+        for chain in steps_of(state):
             for step in chain:
                 key = (step.chain, step.index)
                 self.names[key] = "DELEGATE_CALL" if step.kind == "delegate" else step.name
-                ins = plan.chains[step.chain].instructions[step.index]
-                self.groups[key] = _groups(plan.values, ins, step.writes)
+                ins = state.chains[step.chain].instructions[step.index]
+                self.groups[key] = _groups(state.plan.values, ins, step.writes)
 
 
 def _groups(
@@ -177,14 +150,70 @@ def _groups(
     return groups
 
 
-_LAYOUTS: weakref.WeakKeyDictionary[Any, _Layout] = weakref.WeakKeyDictionary()
-
-
-def _layout(method: Method) -> _Layout:
-    layout = _LAYOUTS.get(method)
-    if layout is None:
-        layout = _LAYOUTS[method] = _Layout(method)
+def _layout(state: MethodState) -> _Layout:
+    layout = state.caches.get("etdump")
+    if not isinstance(layout, _Layout):
+        layout = state.caches["etdump"] = _Layout(state)
     return layout
+
+
+class _Recorder(Hooks):
+    """The hooks of one recorded call: a profiling event per instruction, a debug event
+    per value it wrote (with a debug buffer), ``Method::execute`` around them all."""
+
+    def __init__(self, method: Method, layout: _Layout, buffer: DebugBuffer | None) -> None:
+        self.method = method
+        self.layout = layout
+        self.buffer = buffer
+        self.events: list[Event] = []
+        self.sync = False
+        self.t0 = 0
+        self.start = 0
+
+    def begin(self, v: list[Any]) -> None:
+        self.sync = any(isinstance(x, torch.Tensor) and x.is_cuda for x in v)
+        if self.sync:
+            torch.cuda.synchronize()
+        self.start = time.perf_counter_ns()
+
+    def before(self, step: Step, v: list[Any]) -> None:
+        self.t0 = time.perf_counter_ns()
+
+    def after(self, step: Step, v: list[Any], result: Any) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter_ns()
+        key = (step.chain, step.index)
+        events = self.events
+        events.append(ProfileEvent(self.layout.names[key], step.chain, step.index, self.t0, t1))
+        buffer = self.buffer
+        if buffer is None:
+            return
+        what = f"instruction {step.index} ({step.name}) of '{self.method.name}'"
+        for group in self.layout.groups[key]:
+            if isinstance(group, int):
+                data: Any = _data(buffer, v[group], what)
+                events.append(DebugEvent(step.chain, step.index, Value.of(data)))
+            elif all(_storable(v[j]) for j in group):
+                data = tuple(buffer.store(v[j], what) for j in group)
+                events.append(DebugEvent(step.chain, step.index, Value.of(data)))
+            else:  # a list with items the schema cannot describe: one by one
+                for j in group:
+                    data = _data(buffer, v[j], what)
+                    events.append(DebugEvent(step.chain, step.index, Value.of(data)))
+
+    def end(self, v: list[Any]) -> None:
+        self.events.append(
+            ProfileEvent("Method::execute", -1, 0, self.start, time.perf_counter_ns())
+        )
+
+    def outputs(self, outputs: Sequence[Any]) -> None:
+        if self.buffer is None:
+            return
+        for k, out in enumerate(outputs):
+            what = f"output {k} of '{self.method.name}'"
+            entry = Value.of(_data(self.buffer, out, what), output=True)
+            self.events.append(DebugEvent(RUN_OUTPUT_CHAIN, 0, entry))
 
 
 class ETDumpRecorder:
@@ -232,63 +261,17 @@ class ETDumpRecorder:
     ) -> list[Any]:
         """Call ``method`` on ``inputs`` (checked and bound as by :meth:`Method.execute`)
         and record the call; returns the outputs (copies)."""
-        plan = _layout(method)
-        debug = self._buffer.capacity > 0
-        events: list[Event] = []
-        store = self._buffer.store
-        clock = time.perf_counter_ns
-        t0 = 0
-        sync = False
-
-        def before(step: Step, v: list[Any]) -> None:
-            nonlocal t0
-            t0 = clock()
-
-        def after(step: Step, v: list[Any], result: Any) -> None:
-            if sync:
-                torch.cuda.synchronize()
-            t1 = clock()
-            key = (step.chain, step.index)
-            events.append(ProfileEvent(plan.names[key], step.chain, step.index, t0, t1))
-            if debug:
-                for group in plan.groups[key]:
-                    what = f"instruction {step.index} ({step.name}) of '{method.name}'"
-                    if isinstance(group, int):
-                        data = _data(store, v[group], what)
-                        events.append(DebugEvent(step.chain, step.index, Value.of(data)))
-                    elif all(_storable(v[j]) for j in group):
-                        data = tuple(store(v[j], what) for j in group)
-                        events.append(DebugEvent(step.chain, step.index, Value.of(data)))
-                    else:  # a list with items the schema cannot describe: one by one
-                        for j in group:
-                            data = _data(store, v[j], what)
-                            events.append(DebugEvent(step.chain, step.index, Value.of(data)))
-
-        def run(loop: Callable[[list[Any]], None]) -> Callable[[list[Any]], None]:
-            def timed(v: list[Any]) -> None:
-                nonlocal sync
-                sync = any(isinstance(x, torch.Tensor) and x.is_cuda for x in v)
-                if sync:
-                    torch.cuda.synchronize()
-                start = clock()
-                loop(v)
-                events.append(ProfileEvent("Method::execute", -1, 0, start, clock()))
-
-            return timed
-
+        buffer = self._buffer if self._buffer.capacity > 0 else None
+        hooks = _Recorder(method, _layout(method.state), buffer)
         with self._lock:
             mark = self._buffer.used
             try:
-                outputs = _run_with_hooks(method, inputs, before, after, run, transfers, layout)
-                if debug:
-                    for k, out in enumerate(outputs):
-                        what = f"output {k} of '{method.name}'"
-                        entry = Value.of(_data(store, out, what), output=True)
-                        events.append(DebugEvent(RUN_OUTPUT_CHAIN, 0, entry))
+                outputs = method.run_with(hooks, inputs, transfers=transfers, layout=layout)
+                hooks.outputs(outputs)
             except BaseException:
                 self._buffer.truncate(mark)
                 raise
-            self._runs.append(RunData("Execute", tuple(events), bundled_input_index))
+            self._runs.append(RunData("Execute", tuple(hooks.events), bundled_input_index))
         return outputs
 
     # -- results -------------------------------------------------------------------------
@@ -330,11 +313,11 @@ def _storable(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype in DTYPE_TO_CODE
 
 
-def _data(store: Callable[[torch.Tensor, str], TensorRef], x: Any, what: str) -> Any:
+def _data(buffer: DebugBuffer, x: Any, what: str) -> Any:
     """What a debug event records for value ``x``: a tensor in the buffer, a number, or
     None (a value the schema cannot describe)."""
     if isinstance(x, torch.Tensor):
-        return store(x, what) if x.dtype in DTYPE_TO_CODE else None
+        return buffer.store(x, what) if x.dtype in DTYPE_TO_CODE else None
     if isinstance(x, bool | int | float):
         return x
     return None
