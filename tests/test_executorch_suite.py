@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # about a minute: the wheel's tests export every program they run
+
 executorch = pytest.importorskip("executorch")
 pytest.importorskip("executorch.exir")
 
