@@ -66,48 +66,59 @@ DEBUG_ALIGNMENT = 64  # byte alignment of every tensor in the debug buffer
 
 
 class DebugBuffer:
-    """Tensor bytes at aligned offsets, up to ``capacity`` bytes (see the module docstring)."""
+    """Tensor bytes at aligned offsets, up to ``capacity`` bytes (see the module docstring).
+
+    Each stored tensor is one host copy, kept until the bytes are asked for; the buffer's
+    bytes are assembled only then (:meth:`getvalue`)."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise ValueError(f"debug_buffer_size must be >= 0, got {capacity}")
         self.capacity = capacity
-        self._data = bytearray()
+        self._chunks: list[tuple[int, torch.Tensor]] = []  # (offset, contiguous host copy)
+        self._end = 0
 
     @property
     def used(self) -> int:
-        return len(self._data)
+        """Bytes up to the end of the last stored tensor."""
+        return self._end
 
     def store(self, t: torch.Tensor, what: str) -> TensorRef:
-        """Append ``t``'s elements (contiguous, on the host); its :class:`TensorRef`."""
-        x = t.detach()
-        code = DTYPE_TO_CODE.get(x.dtype)
+        """Copy ``t``'s elements (contiguous, on the host); its :class:`TensorRef`."""
+        code = DTYPE_TO_CODE.get(t.dtype)
         if code is None:
-            raise TypeError(f"{what}: {x.dtype} has no ExecuTorch scalar type")
-        offset = -(-len(self._data) // DEBUG_ALIGNMENT) * DEBUG_ALIGNMENT
-        nbytes = x.numel() * x.element_size()
+            raise TypeError(f"{what}: {t.dtype} has no ExecuTorch scalar type")
+        offset = -(-self._end // DEBUG_ALIGNMENT) * DEBUG_ALIGNMENT
+        nbytes = t.numel() * t.element_size()
         if offset + nbytes > self.capacity:
             raise LimitExceededError(
                 f"ETDump debug buffer full: {what} needs {nbytes} bytes at offset {offset}, "
                 f"past debug_buffer_size={self.capacity}; load with a larger debug_buffer_size"
             )
-        sizes = tuple(x.shape)
+        sizes = tuple(t.shape)
         strides, step = [], 1
         for s in reversed(sizes):
             strides.append(step)
             step *= max(s, 1)
         if nbytes:
-            host = x.to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            self._data.extend(bytes(offset - len(self._data)))
-            self._data.extend(host.numpy().tobytes())
+            copy = t.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            self._chunks.append((offset, copy))
+            self._end = offset + nbytes
         return TensorRef(code, sizes, tuple(reversed(strides)), offset)
 
     def truncate(self, size: int) -> None:
         """Forget everything stored past ``size`` bytes (a failed call's values)."""
-        del self._data[size:]
+        while self._chunks and self._chunks[-1][0] >= size:
+            self._chunks.pop()
+        last = self._chunks[-1] if self._chunks else None
+        self._end = 0 if last is None else last[0] + last[1].numel() * last[1].element_size()
 
     def getvalue(self) -> bytes:
-        return bytes(self._data)
+        data = bytearray(self._end)
+        for offset, t in self._chunks:
+            raw = t.reshape(-1).view(torch.uint8)
+            data[offset : offset + raw.numel()] = raw.numpy().tobytes()
+        return bytes(data)
 
 
 class _Layout:
