@@ -123,11 +123,7 @@ class ExecuTorchMethod:
         if len(values) != expected:
             raise InputError(f"method '{name}' takes {expected} input(s), got {len(values)}")
         for i, x in enumerate(values):
-            if (
-                isinstance(x, torch.Tensor)
-                and x.device.type not in ("cpu", "cuda")
-                and x.numel() > 0
-            ):
+            if isinstance(x, torch.Tensor) and not (x.is_cpu or x.is_cuda) and x.numel() > 0:
                 raise UnsupportedDeviceError(
                     f"Input {i} for method {name} is on device {x.device}, and only CPU and "
                     "CUDA tensors can be passed to a method."
@@ -256,6 +252,9 @@ class ExecuTorchModule:
             return self._program
 
     def _get(self, method_name: str) -> ExecuTorchMethod:
+        method = self._methods.get(method_name)
+        if method is not None:
+            return method
         program = self.program
         with self._lock:
             method = self._methods.get(method_name)
