@@ -18,6 +18,7 @@ __all__ = [
     "DeviceUnavailableError",
     "ExecutionError",
     "FileMissingError",
+    "GenerationError",
     "InputError",
     "InstructionLimitError",
     "LimitExceededError",
@@ -25,9 +26,11 @@ __all__ = [
     "NotFoundError",
     "OperatorMissingError",
     "OutputMismatchError",
+    "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
     "StateError",
+    "TokenizerError",
     "UnsupportedDeviceError",
 ]
 
@@ -51,6 +54,10 @@ class PteFormatError(PtexecError, ValueError, RuntimeError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return (type(self), (self.path, self.detail))
+
+
+class ProgramChangedError(PtexecError, RuntimeError):
+    """A program's file changed on disk under a program loaded with ``mmap=True``."""
 
 
 class NotFoundError(PtexecError, KeyError, RuntimeError):
@@ -153,3 +160,12 @@ class InstructionLimitError(LimitExceededError, ExecutionError):
     Both a :class:`LimitExceededError` (a configured limit) and an :class:`ExecutionError`
     (it happens while executing; ``instruction`` is where it stopped).
     """
+
+
+class TokenizerError(PtexecError, RuntimeError):
+    """A tokenizer file that no supported format reads, or text or ids it cannot convert."""
+
+
+class GenerationError(PtexecError, RuntimeError):
+    """A text-generation request that the program cannot serve: not a generation program,
+    a prompt past its context, or a step asked of the runner out of order."""

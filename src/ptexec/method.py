@@ -228,7 +228,10 @@ class Method:
         state = self._state
         with self._lock, torch.no_grad():  # inference: autograd must not touch the memory
             bound = arguments.check_inputs(state, inputs, policy, policy == _DEFAULT_POLICY)
-            given = arguments.check_out(state, out) if out is not None else None
+            given = None
+            if out is not None:
+                given = arguments.check_out(state, out)
+                arguments.check_aliasing(state, bound, given)
             arguments.bind_inputs(state, bound)
             runner.bind(state)
             if given is not None:
