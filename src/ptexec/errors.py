@@ -2,8 +2,11 @@
 
 Every error ptexec raises on purpose is a :class:`PtexecError`. Each subclass also derives
 from the builtin exception a Python user would expect (``ValueError`` for bad data,
-``RuntimeError`` for failures while running, ``KeyError`` for unknown names), so code
-written against ExecuTorch's bindings keeps catching what it caught before.
+``RuntimeError`` for failures while running, ``KeyError`` for unknown names,
+``FileNotFoundError`` for a missing file), and every one of them is also a
+``RuntimeError``, the one type ExecuTorch's bindings raise, so code written against
+ExecuTorch keeps catching what it caught before (``except RuntimeError``) and code written
+for Python's conventions catches what it expects (``except ValueError``, ``KeyError``).
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ __all__ = [
     "BackendUnavailableError",
     "DeviceUnavailableError",
     "ExecutionError",
+    "FileMissingError",
     "GenerationError",
     "InputError",
     "InstructionLimitError",
     "LimitExceededError",
     "MethodNotFoundError",
+    "NotFoundError",
     "OperatorMissingError",
+    "OutputMismatchError",
     "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
+    "StateError",
     "TokenizerError",
     "UnsupportedDeviceError",
 ]
@@ -32,7 +39,7 @@ class PtexecError(Exception):
     """Base class of every error ptexec raises on purpose."""
 
 
-class PteFormatError(PtexecError, ValueError):
+class PteFormatError(PtexecError, ValueError, RuntimeError):
     """A ``.pte`` or ``.ptd`` file is malformed; ``path`` says where in the file.
 
     The message reads ``<path>: <what is wrong>``, for example
@@ -53,11 +60,19 @@ class ProgramChangedError(PtexecError, RuntimeError):
     """A program's file changed on disk under a program loaded with ``mmap=True``."""
 
 
-class MethodNotFoundError(PtexecError, KeyError):
-    """A method name that the program does not have."""
+class NotFoundError(PtexecError, KeyError, RuntimeError):
+    """A name or index that is not there (a method's attribute, a bundled test case)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class MethodNotFoundError(NotFoundError):
+    """A method name (or index) that the program does not have."""
+
+
+class FileMissingError(PtexecError, FileNotFoundError, RuntimeError):
+    """A program or data file that does not exist (``errno``, ``filename`` as the OS said)."""
 
 
 class OperatorMissingError(PtexecError, RuntimeError):
@@ -80,11 +95,11 @@ class BackendUnavailableError(PtexecError, RuntimeError):
     """A delegate backend (or a part of its payload) that ptexec cannot run."""
 
 
-class InputError(PtexecError, ValueError):
+class InputError(PtexecError, ValueError, RuntimeError):
     """An input (or a caller-given output) that does not fit the method; nothing was written."""
 
 
-class UnsupportedDeviceError(PtexecError, ValueError):
+class UnsupportedDeviceError(PtexecError, ValueError, RuntimeError):
     """Memory on a device ptexec does not model (only cpu and cuda are)."""
 
 
@@ -93,7 +108,16 @@ class DeviceUnavailableError(PtexecError, RuntimeError):
 
 
 class LimitExceededError(PtexecError, RuntimeError):
-    """A configured limit was reached (planned bytes, instruction count)."""
+    """A configured limit was reached (planned bytes, instruction count, ETDump debug buffer)."""
+
+
+class StateError(PtexecError, RuntimeError):
+    """Something asked of an object that its state does not have: the ETDump of a program
+    loaded without ``enable_etdump=True``, a method's outputs before it ran."""
+
+
+class OutputMismatchError(PtexecError, RuntimeError):
+    """Outputs that differ from the expected ones (a bundled program's test case)."""
 
 
 class ExecutionError(PtexecError, RuntimeError):

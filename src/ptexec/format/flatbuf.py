@@ -24,6 +24,7 @@ _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
+_F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
 _BOOL = struct.Struct("<?")
 
@@ -142,6 +143,10 @@ class Table:
 
     def f64(self, slot: int, name: str, default: float = 0.0) -> float:
         v = self._scalar(slot, _F64, name)
+        return default if v is None else float(v)  # type: ignore[arg-type]
+
+    def f32(self, slot: int, name: str, default: float = 0.0) -> float:
+        v = self._scalar(slot, _F32, name)
         return default if v is None else float(v)  # type: ignore[arg-type]
 
     def _indirect(self, slot: int, name: str) -> int:
