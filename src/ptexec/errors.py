@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "BackendUnavailableError",
+    "ColumnError",
     "DeviceUnavailableError",
     "ExecutionError",
     "InputError",
@@ -21,6 +22,8 @@ __all__ = [
     "OperatorMissingError",
     "PteFormatError",
     "PtexecError",
+    "RowError",
+    "StatefulMethodError",
     "UnsupportedDeviceError",
 ]
 
@@ -129,3 +132,41 @@ class InstructionLimitError(LimitExceededError, ExecutionError):
     Both a :class:`LimitExceededError` (a configured limit) and an :class:`ExecutionError`
     (it happens while executing; ``instruction`` is where it stopped).
     """
+
+
+class ColumnError(InputError):
+    """A dataset's columns do not fit a method's inputs or outputs (a missing column, rows
+    of a shape or dtype the input cannot take, an output without the rows along dim 0);
+    ``column`` names the column ("" when the problem is the mapping as a whole)."""
+
+    def __init__(self, column: str, message: str) -> None:
+        self.column = column
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.column, str(self)))
+
+
+class RowError(InputError):
+    """A row of a batch that the method refused or failed on; ``row`` is its position in
+    the batch, ``row_id`` its value in the id column (None without one), ``rows`` how many
+    rows from ``row`` on shared the failed call (1 once the row was tried alone). The
+    method's own error is ``__cause__``; ``detail`` is its text."""
+
+    def __init__(self, row: int, row_id: object, detail: str, rows: int = 1) -> None:
+        self.row = row
+        self.row_id = row_id
+        self.detail = detail
+        self.rows = rows
+        where = f"row {row}" if rows == 1 else f"rows {row}..{row + rows - 1} (one call)"
+        if row_id is not None:
+            where += f" (id {row_id!r})"
+        super().__init__(f"{where}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[int, object, str, int]]:
+        return (type(self), (self.row, self.row_id, self.detail, self.rows))
+
+
+class StatefulMethodError(PtexecError, ValueError):
+    """A method keeps state from call to call (mutable buffers), so its calls on different
+    rows are not independent; batch inference refuses it unless told how to treat it."""
