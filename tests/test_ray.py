@@ -264,7 +264,9 @@ def test_a_row_the_program_fails_on_is_found_by_running_rows_alone() -> None:
     assert [e is None for e in out["error"]] == [True, True, True, False, True, True]
     assert "ExecutionError" in out["error"][3] and "index out of range" in out["error"][3]
     method = ptexec.load(pte("int_ops")).load_method()
-    alone = method.execute([torch.from_numpy(ids[[2, 2]]), torch.from_numpy(x[[2, 2]]), torch.tensor(3)])
+    alone = method.execute(
+        [torch.from_numpy(ids[[2, 2]]), torch.from_numpy(x[[2, 2]]), torch.tensor(3)]
+    )
     for k, name in enumerate(names):  # row 2 shared the failed call with row 3
         np.testing.assert_array_equal(out[name][2], alone[k][0].numpy())
     assert (mapper.stats.retried_rows, mapper.stats.failed_rows) == (2, 1)
