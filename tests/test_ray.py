@@ -365,3 +365,148 @@ def test_auto_runs_on_the_gpu() -> None:
         mapper = PteMapper(pte(name), inputs=["x"], outputs=["y"])
         assert not mapper.device.is_cpu
         assert_rows_close(mapper({"x": rows_of(name)})["y"], eager(name), name)
+
+
+# ------------------------------------------------------------------------------------------
+# on a local Ray cluster
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():  # type: ignore[no-untyped-def]
+    """A local Ray with 2 CPUs for this module's tests, shut down after them."""
+    ray = pytest.importorskip("ray")
+    data = pytest.importorskip("ray.data")
+    import logging
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=256 << 20,
+        logging_level=logging.ERROR,
+    )
+    ctx = data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def frame_by_id(ds):  # type: ignore[no-untyped-def]
+    return ds.to_pandas().sort_values("id").reset_index(drop=True)
+
+
+@pytest.mark.ray
+def test_ray_static_batch_on_two_actors_equals_single_process(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+    from ptexec.ray import map_program
+
+    x = np.random.default_rng(2).standard_normal((3001, 8)).astype(np.float32)
+    ds = ray_cluster.data.from_items(
+        [{"id": i, "x": x[i]} for i in range(len(x))], override_num_blocks=4
+    )
+    out = frame_by_id(map_program(ds, pte("mlp"), inputs=["x"], outputs=["y"], concurrency=2))
+    assert list(out.columns) == ["id", "x", "y"] and len(out) == len(x)
+    got = np.stack(out["y"].to_numpy())
+    np.testing.assert_allclose(got, single_process("mlp", x, 2), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.ray
+def test_ray_map_batches_with_pte_mapper_bounded_batch(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The issue's form: map_batches(PteMapper, fn_constructor_kwargs=...), from a path."""
+    x = np.random.default_rng(3).standard_normal((2000, 8)).astype(np.float32)
+    ds = ray_cluster.data.from_items(
+        [{"id": i, "x": x[i]} for i in range(len(x))], override_num_blocks=2
+    )
+    mapped = ds.map_batches(
+        PteMapper,
+        fn_constructor_kwargs={
+            "path": pte("dynamic_mlp"),
+            "method": "forward",
+            "inputs": ["x"],
+            "outputs": ["y"],
+            "device": "auto",
+            "keep_columns": ["id"],
+        },
+        compute=ray_cluster.data.ActorPoolStrategy(size=1),
+        batch_size=100,  # calls of 16, 16, ..., 4 rows
+    )
+    out = frame_by_id(mapped)
+    assert list(out.columns) == ["id", "y"]
+    got = np.stack(out["y"].to_numpy())
+    np.testing.assert_allclose(got, single_process("dynamic_mlp", x, 1), rtol=1e-6, atol=1e-7)
+
+
+def ragged_items(n: int) -> tuple[list[dict[str, object]], set[int]]:
+    """Rows for dynamic_mlp ([<=16, 8]); every 97th row has 9 features (a bad row)."""
+    rng = np.random.default_rng(4)
+    bad = set(range(5, n, 97))
+    items = [
+        {"id": i, "x": rng.standard_normal(9 if i in bad else 8).astype(np.float32)}
+        for i in range(n)
+    ]
+    return items, bad
+
+
+@pytest.mark.ray
+def test_ray_bad_rows_recorded(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+    from ptexec.ray import map_program
+
+    items, bad = ragged_items(2000)
+    ds = ray_cluster.data.from_items(items, override_num_blocks=2)
+    mapped = map_program(
+        ds, pte("dynamic_mlp"), inputs=["x"], outputs=["y"], on_error="record", concurrency=2
+    )
+    out = frame_by_id(mapped)
+    failed = {int(i) for i in out.loc[out["error"].notna(), "id"]}
+    assert failed == bad
+    assert all("over its bound 8" in e for e in out.loc[out["error"].notna(), "error"])
+    good = [i for i in range(len(items)) if i not in bad]
+    want = single_process("dynamic_mlp", np.stack([items[i]["x"] for i in good]), 1)  # type: ignore[misc]
+    got = np.stack(out["y"].to_numpy()[good])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert np.isnan(np.stack(out["y"].to_numpy()[sorted(bad)])).all()
+
+
+@pytest.mark.ray
+def test_ray_bad_row_fails_the_dataset_naming_it(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+    from ptexec.ray import map_program
+
+    items, bad = ragged_items(300)
+    ds = ray_cluster.data.from_items(items, override_num_blocks=1)
+    mapped = map_program(ds, pte("dynamic_mlp"), inputs=["x"], outputs=["y"], id_column="id")
+    first = min(bad)
+    with pytest.raises(Exception, match=rf"RowError: row {first} \(id {first}\): InputError"):
+        mapped.materialize()
+
+
+@pytest.mark.ray
+def test_ray_stateful_refused_before_running_or_carried(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+    from ptexec.ray import map_program
+
+    x = np.random.default_rng(5).standard_normal((400, 4)).astype(np.float32)
+    ds = ray_cluster.data.from_items([{"id": i, "x": x[i]} for i in range(len(x))])
+    with pytest.raises(StatefulMethodError, match="keeps state"):
+        map_program(ds, pte("stateful"), inputs=["x"])  # in the driver: nothing ran
+    ctx = ray_cluster.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    try:
+        mapped = map_program(
+            ds,
+            pte("stateful"),
+            inputs=["x"],
+            outputs=["mean", "total", "count"],
+            state="carry",
+            batch_size=64,
+        )
+        out = mapped.to_pandas()
+    finally:
+        ctx.execution_options.preserve_order = False
+    # one actor, rows in order: the state runs through the dataset as in one process
+    np.testing.assert_array_equal(out["id"].to_numpy(), np.arange(len(x)))
+    method = ptexec.load(pte("stateful")).load_method()
+    want = [method.execute([torch.from_numpy(row)]) for row in x]
+    np.testing.assert_array_equal(np.stack(out["count"].to_numpy())[:, 0], np.arange(1, 401))
+    np.testing.assert_allclose(
+        np.stack(out["total"].to_numpy()), np.stack([w[1].numpy() for w in want]), rtol=1e-6
+    )
