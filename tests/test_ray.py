@@ -9,6 +9,9 @@ ptexec called row by row. The tests marked ``ray`` run the same on a local Ray c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -196,7 +199,7 @@ def test_mapping_checked_when_the_mapper_is_made() -> None:
     with pytest.raises(ptexec.MethodNotFoundError, match="no method 'predict'"):
         PteMapper(pte("mlp"), inputs=["x"], method="predict")
     with pytest.raises(ValueError, match="on_error"):
-        PteMapper(pte("mlp"), inputs=["x"], on_error="skip")  # type: ignore[arg-type]
+        PteMapper(pte("mlp"), inputs=["x"], on_error="skip")
 
 
 def test_an_output_without_the_rows_dimension_is_refused() -> None:
@@ -372,7 +375,7 @@ def test_auto_runs_on_the_gpu() -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():  # type: ignore[no-untyped-def]
+def ray_cluster() -> Iterator[Any]:
     """A local Ray with 2 CPUs for this module's tests, shut down after them."""
     ray = pytest.importorskip("ray")
     data = pytest.importorskip("ray.data")
@@ -393,12 +396,12 @@ def ray_cluster():  # type: ignore[no-untyped-def]
         ray.shutdown()
 
 
-def frame_by_id(ds):  # type: ignore[no-untyped-def]
+def frame_by_id(ds: Any) -> Any:
     return ds.to_pandas().sort_values("id").reset_index(drop=True)
 
 
 @pytest.mark.ray
-def test_ray_static_batch_on_two_actors_equals_single_process(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ray_static_batch_on_two_actors_equals_single_process(ray_cluster: Any) -> None:
     from ptexec.ray import map_program
 
     x = np.random.default_rng(2).standard_normal((3001, 8)).astype(np.float32)
@@ -412,7 +415,7 @@ def test_ray_static_batch_on_two_actors_equals_single_process(ray_cluster) -> No
 
 
 @pytest.mark.ray
-def test_ray_map_batches_with_pte_mapper_bounded_batch(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ray_map_batches_with_pte_mapper_bounded_batch(ray_cluster: Any) -> None:
     """The issue's form: map_batches(PteMapper, fn_constructor_kwargs=...), from a path."""
     x = np.random.default_rng(3).standard_normal((2000, 8)).astype(np.float32)
     ds = ray_cluster.data.from_items(
@@ -449,7 +452,7 @@ def ragged_items(n: int) -> tuple[list[dict[str, object]], set[int]]:
 
 
 @pytest.mark.ray
-def test_ray_bad_rows_recorded(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ray_bad_rows_recorded(ray_cluster: Any) -> None:
     from ptexec.ray import map_program
 
     items, bad = ragged_items(2000)
@@ -462,14 +465,14 @@ def test_ray_bad_rows_recorded(ray_cluster) -> None:  # type: ignore[no-untyped-
     assert failed == bad
     assert all("over its bound 8" in e for e in out.loc[out["error"].notna(), "error"])
     good = [i for i in range(len(items)) if i not in bad]
-    want = single_process("dynamic_mlp", np.stack([items[i]["x"] for i in good]), 1)  # type: ignore[misc]
+    want = single_process("dynamic_mlp", np.stack([items[i]["x"] for i in good]), 1)
     got = np.stack(out["y"].to_numpy()[good])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert np.isnan(np.stack(out["y"].to_numpy()[sorted(bad)])).all()
 
 
 @pytest.mark.ray
-def test_ray_bad_row_fails_the_dataset_naming_it(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ray_bad_row_fails_the_dataset_naming_it(ray_cluster: Any) -> None:
     from ptexec.ray import map_program
 
     items, bad = ragged_items(300)
@@ -481,7 +484,7 @@ def test_ray_bad_row_fails_the_dataset_naming_it(ray_cluster) -> None:  # type: 
 
 
 @pytest.mark.ray
-def test_ray_stateful_refused_before_running_or_carried(ray_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_ray_stateful_refused_before_running_or_carried(ray_cluster: Any) -> None:
     from ptexec.ray import map_program
 
     x = np.random.default_rng(5).standard_normal((400, 4)).astype(np.float32)
@@ -510,3 +513,26 @@ def test_ray_stateful_refused_before_running_or_carried(ray_cluster) -> None:  #
     np.testing.assert_allclose(
         np.stack(out["total"].to_numpy()), np.stack([w[1].numpy() for w in want]), rtol=1e-6
     )
+
+
+@pytest.mark.ray
+def test_ray_example_agrees_with_eager(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/ray_batch_eval.py as the README runs it, on a smaller dataset and model."""
+    import re
+    import runpy
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("executorch")
+    example = Path(__file__).resolve().parent.parent / "examples" / "ray_batch_eval.py"
+    args = ["--rows", "4000", "--hidden", "64", "--concurrency", "1", "--blocks", "4"]
+    monkeypatch.setattr(sys, "argv", [str(example), *args])
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    agreement = float(re.search(r"top-1 agreement with eager ([0-9.]+)", out).group(1))
+    diff = float(re.search(r"largest logit difference ([0-9.e+-]+)", out).group(1))
+    accuracy = float(re.search(r"ptexec on Ray:  accuracy ([0-9.]+)", out).group(1))
+    assert agreement == 1.0 and diff < 1e-4 and accuracy > 0.5
+    assert re.search(r"Ray, 1 actor\(s\): whole job [0-9,]+ ", out)

@@ -39,6 +39,7 @@ def map_program(
     num_cpus: float | None = None,
     num_gpus: float | None = None,
     ship: bool = True,
+    mapper: type[PteMapper] = PteMapper,
     map_batches_args: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Any:
@@ -51,12 +52,18 @@ def map_program(
     read (memory-mapped there). Actors: ``concurrency`` (a size, or ``(min, max)``), each
     with ``num_cpus`` and ``num_gpus`` (default: 1 when the program's memory is on CUDA or
     ``device`` names CUDA, else none). ``batch_size`` defaults to a multiple of the rows
-    the method takes per call, about 256. Other keyword arguments are
-    :class:`PteMapper`'s; ``map_batches_args`` go to ``Dataset.map_batches``.
+    the method takes per call, about 256. Under ``state="carry"`` each actor takes one
+    batch at a time, so it runs them in the order Ray hands them out (with one actor and
+    ``DataContext.execution_options.preserve_order``, the dataset's order). Other keyword
+    arguments are
+    :class:`PteMapper`'s; ``mapper`` is the class the actors run (a subclass of PteMapper
+    can add columns of its own); ``map_batches_args`` go to ``Dataset.map_batches``.
     """
     import ray.data
 
-    bound = inspect.signature(PteMapper).bind(
+    if not (isinstance(mapper, type) and issubclass(mapper, PteMapper)):
+        raise TypeError(f"mapper must be PteMapper or a subclass of it, not {mapper!r}")
+    bound = inspect.signature(mapper).bind(
         path, inputs=inputs, outputs=outputs, method=method, data_path=data_path, **options
     )
     kwargs = dict(bound.arguments)
@@ -81,17 +88,22 @@ def map_program(
         kwargs["path"] = _ship(path)
         if data_path is not None:
             kwargs["data_path"] = _ship(data_path)
-    if isinstance(concurrency, tuple):
-        compute = ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1])
-    else:
-        compute = ray.data.ActorPoolStrategy(size=concurrency)
+    pool: dict[str, Any] = (
+        {"min_size": concurrency[0], "max_size": concurrency[1]}
+        if isinstance(concurrency, tuple)
+        else {"size": concurrency}
+    )
+    if options.get("state") == "carry":
+        # one batch at a time per actor, run in the order Ray hands them out
+        pool["max_tasks_in_flight_per_actor"] = 1
+    compute = ray.data.ActorPoolStrategy(**pool)
     extra: dict[str, Any] = dict(map_batches_args or {})
     if num_cpus is not None:
         extra["num_cpus"] = num_cpus
     if num_gpus:
         extra["num_gpus"] = num_gpus
     return dataset.map_batches(
-        PteMapper,
+        mapper,
         fn_constructor_kwargs=kwargs,
         compute=compute,
         batch_size=default_batch_size(meta) if batch_size is None else batch_size,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -100,6 +101,7 @@ class PteMapper:
         self._name = method
         self._reset = state == "reset"
         self._used = False
+        self._lock = threading.Lock()
         self.method = self.program.load_method(method, **self._load)
         infos = self.method.meta
         self._batcher = Batcher(
@@ -138,10 +140,11 @@ class PteMapper:
         return parse_device("cpu")
 
     def _execute(self, args: list[Any]) -> list[Any]:
-        if self._reset and self._used:
-            self.method = self.program.load_method(self._name, **self._load)
-        self._used = True
-        return self.method.execute(args)
+        with self._lock:  # a fresh method and its call go together (threaded actors)
+            if self._reset and self._used:
+                self.method = self.program.load_method(self._name, **self._load)
+            self._used = True
+            return self.method.execute(args)
 
 
 # ------------------------------------------------------------------------------------------
