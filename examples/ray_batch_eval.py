@@ -27,6 +27,8 @@ import torch
 import ptexec
 import ptexec.ray
 
+Rates = dict[str, dict[str, float]]  # what -> {"job" | "steady" | "wall" | "cpu": rows/s}
+
 
 class Classifier(torch.nn.Module):
     def __init__(self, features: int, hidden: int, classes: int) -> None:
@@ -80,48 +82,57 @@ def export(model: torch.nn.Module, features: int, program_batch: int, path: str)
         f.write(to_edge(exported).to_executorch().buffer)
 
 
-def in_process_rates(
-    path: str, x: np.ndarray, batch_size: int, per_call: int
-) -> tuple[float, float]:
-    """Rows per second in this process, one thread, no Ray: the mapper on batches of
-    ``batch_size`` rows, and a bare ``Method.execute`` loop over calls of ``per_call`` rows
-    (median of 5 alternating blocks each)."""
+def in_process_rates(path: str, x: np.ndarray, batch_size: int, per_call: int) -> Rates:
+    """The same work in this process, no Ray: PteMapper on batches of ``batch_size`` rows
+    and, for its overhead, a bare ``Method.execute`` loop over calls of ``per_call`` rows;
+    median of 5 alternating blocks."""
     mapper = ptexec.ray.PteMapper(path, inputs=["features"], outputs=["logits"])
     method = ptexec.load(path).load_method()
     xt = torch.from_numpy(x)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    rates: tuple[list[float], list[float]] = ([], [])
-    try:
-        for _ in range(5):
-            start = time.perf_counter()
-            for lo in range(0, len(x), batch_size):
-                mapper({"features": x[lo : lo + batch_size]})
-            rates[0].append(len(x) / (time.perf_counter() - start))
-            start = time.perf_counter()
-            for lo in range(0, len(x), per_call):
-                method.execute([xt[lo : lo + per_call]])
-            rates[1].append(len(x) / (time.perf_counter() - start))
-    finally:
-        torch.set_num_threads(threads)
-    return statistics.median(rates[0]), statistics.median(rates[1])
+    timings: dict[str, list[tuple[float, float]]] = {"mapper": [], "execute": []}
+    for _ in range(5):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for lo in range(0, len(x), batch_size):
+            mapper({"features": x[lo : lo + batch_size]})
+        timings["mapper"].append((time.perf_counter() - wall, time.process_time() - cpu))
+        wall, cpu = time.perf_counter(), time.process_time()
+        for lo in range(0, len(x), per_call):
+            method.execute([xt[lo : lo + per_call]])
+        timings["execute"].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {
+        name: {
+            "wall": len(x) / statistics.median(w for w, _ in t),
+            "cpu": len(x) / statistics.median(c for _, c in t),
+        }
+        for name, t in timings.items()
+    }
 
 
 class TimedMapper(ptexec.ray.PteMapper):
     """PteMapper that also says when each batch was done (``done_at``, seconds since the
-    epoch): the actors' steady throughput, without their start-up, comes from it."""
+    epoch) and the CPU time it took (``cpu_s``): the actors' throughput without their
+    start-up, and without the waits of a machine shared with other work."""
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:
+        cpu = time.process_time()
         out = super().__call__(batch)
-        out["done_at"] = np.full(len(out["logits"]), time.time())
+        rows = len(out["logits"])
+        out["done_at"] = np.full(rows, time.time())
+        out["cpu_s"] = np.full(rows, (time.process_time() - cpu) / max(rows, 1))
         return out
 
 
-def steady_rate(done_at: np.ndarray) -> float:
-    """Rows per second from the first batch done to the last (the first batch excluded)."""
-    times, counts = np.unique(done_at, return_counts=True)
+def job_rates(out: Any, seconds: float) -> dict[str, float]:
+    """Rows/s of one Ray job: ``job`` from submission to the last row (actor start
+    included), ``steady`` from the first batch done to the last (the first batch excluded),
+    ``cpu`` per second of CPU time in the actors' mappers."""
+    times, counts = np.unique(out["done_at"].to_numpy(), return_counts=True)
     span = times[-1] - times[0]
-    return float(counts[1:].sum() / span) if span > 0 else float("nan")
+    return {
+        "job": len(out) / seconds,
+        "steady": float(counts[1:].sum() / span) if span > 0 else float("nan"),
+        "cpu": len(out) / float(out["cpu_s"].sum()),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -139,6 +150,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--address", default=None, help="a Ray cluster (default: start one here)")
     ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    torch.set_num_threads(1)  # as in each actor (one CPU each): comparable in-process figures
 
     import ray
     import ray.data
@@ -163,9 +177,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         rows = [{"id": i, "features": x[i], "label": labels[i]} for i in range(len(x))]
         ds = ray.data.from_items(rows, override_num_blocks=args.blocks).materialize()
-        runs: dict[int, list[tuple[float, float]]] = {a: [] for a in args.concurrency}
+        runs: dict[int, list[dict[str, float]]] = {a: [] for a in args.concurrency}
         for _ in range(args.repeat):  # interleaved, so load from elsewhere hits all alike
             for actors in args.concurrency:
+                start = time.perf_counter()
                 scored = ptexec.ray.map_program(
                     ds,
                     path,
@@ -177,37 +192,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     num_gpus=args.num_gpus,
                     mapper=TimedMapper,
                 )
-                start = time.perf_counter()
                 out = scored.to_pandas()
-                seconds = time.perf_counter() - start
-                runs[actors].append((seconds, steady_rate(out["done_at"].to_numpy())))
-                ids, logits = out["id"].to_numpy(), np.stack(out["logits"].to_numpy())
+                runs[actors].append(job_rates(out, time.perf_counter() - start))
     finally:
         if started:
             ray.shutdown()
-    mapper_rate, execute_rate = in_process_rates(
-        path, x[: min(len(x), 20_000)], args.batch_size, args.program_batch
-    )
-    order = np.argsort(ids)
-    ids, logits = ids[order], logits[order]
-    assert (ids == np.arange(len(x))).all()
+    local = in_process_rates(path, x[: min(len(x), 20_000)], args.batch_size, args.program_batch)
+    out = out.sort_values("id")
+    assert (out["id"].to_numpy() == np.arange(len(x))).all()
+    logits = np.stack(out["logits"].to_numpy())
     ours, theirs = logits.argmax(1), eager.argmax(1)
+    ray_rates: Rates = {
+        f"{actors} actor(s)": {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        for actors, rs in runs.items()
+    }
     result = {
-        "rows": len(ids),
+        "rows": len(out),
         "agreement": float((ours == theirs).mean()),
         "max_abs_diff": float(np.abs(logits - eager).max()),
         "accuracy_ptexec": float((ours == labels).mean()),
         "accuracy_eager": float((theirs == labels).mean()),
-        "in_process_rows_per_s": mapper_rate,
-        "execute_rows_per_s": execute_rate,
-        "runs": {
-            actors: {
-                "seconds": statistics.median(t for t, _ in timings),
-                "rows_per_s": len(x) / statistics.median(t for t, _ in timings),
-                "steady_rows_per_s": statistics.median(r for _, r in timings),
-            }
-            for actors, timings in runs.items()
-        },
+        "in_process": local,
+        "ray": ray_rates,
     }
 
     size = os.path.getsize(path)
@@ -225,24 +231,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{result['agreement']:.6f} ({int((ours == theirs).sum()):,}/{len(x):,} rows); "
         f"largest logit difference {result['max_abs_diff']:.2e}"
     )
-    base = result["in_process_rows_per_s"]
     print(
-        f"throughput, rows/s (median of {args.repeat} interleaved run(s)); whole job: actor "
-        "start included; steady: from the first batch done to the last"
+        f"throughput, rows/s (median of {args.repeat} interleaved run(s)): whole job = from "
+        "submission to the last row, actor start included; steady = from the first batch "
+        "done to the last; per CPU-second = rows per second of CPU time in the mapper"
     )
-    print(
-        f"  in-process, 1 thread, no Ray: PteMapper {base:,.0f}; Method.execute loop "
-        f"{result['execute_rows_per_s']:,.0f} (mapper/loop {base / result['execute_rows_per_s']:.2f})"
-    )
-    first = next(iter(result["runs"].values()), None)
-    for actors, run in result["runs"].items():
-        assert first is not None
+    print(f"  {'':<24}{'whole job':>12}{'steady':>12}{'per CPU-s':>12}")
+    mapper, loop = local["mapper"], local["execute"]
+    print(f"  {'in-process PteMapper':<24}{'':>12}{mapper['wall']:>12,.0f}{mapper['cpu']:>12,.0f}")
+    print(f"  {'in-process execute loop':<24}{'':>12}{loop['wall']:>12,.0f}{loop['cpu']:>12,.0f}")
+    first = next(iter(ray_rates.values()))
+    for name, r in ray_rates.items():
+        print(f"  {'Ray, ' + name:<24}{r['job']:>12,.0f}{r['steady']:>12,.0f}{r['cpu']:>12,.0f}")
+    for name, r in list(ray_rates.items())[1:]:
         print(
-            f"  Ray, {actors} actor(s): whole job {run['rows_per_s']:,.0f} ({run['seconds']:.2f} s, "
-            f"{run['rows_per_s'] / first['rows_per_s']:.2f}x), steady "
-            f"{run['steady_rows_per_s']:,.0f} ({run['steady_rows_per_s'] / first['steady_rows_per_s']:.2f}x"
-            f", {run['steady_rows_per_s'] / base:.2f}x in-process)"
+            f"  {name} / {next(iter(ray_rates))}: whole job {r['job'] / first['job']:.2f}x, "
+            f"steady {r['steady'] / first['steady']:.2f}x"
         )
+    print(f"  PteMapper / bare execute loop, per CPU-second: {mapper['cpu'] / loop['cpu']:.2f}")
     return result
 
 
