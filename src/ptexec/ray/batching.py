@@ -304,17 +304,11 @@ class Batcher:
         if t.device != device:
             t = t.to(device)
             readonly = False
-        order = info.dim_order or tuple(range(len(info.sizes)))
-        if per_row:
-            order = (0, *(d + 1 for d in order))
-        shape = tuple(t.shape)
-        want = dim_order_strides(shape, order)
-        if any(s != w and n != 1 for s, w, n in zip(t.stride(), want, shape, strict=True)):
-            t = torch.empty_strided(shape, want, dtype=t.dtype, device=t.device).copy_(t)
-        elif readonly and not info.is_memory_planned:
+        laid = _in_layout(t, info, per_row)
+        if laid is t and readonly and not info.is_memory_planned:
             # the method reads (and may write) unplanned inputs in place: not read-only memory
-            t = t.clone()
-        return t
+            laid = t.clone()
+        return laid
 
     # -- calls -----------------------------------------------------------------------------
     def _args(self, cols: list[_Column], select: Callable[[_Column], Any]) -> list[Any]:
@@ -688,6 +682,19 @@ def _constant(spec: _Input, method: str) -> Any:
     return t.to(device=info.device.to_torch(), dtype=info.dtype).contiguous()
 
 
+def _in_layout(t: torch.Tensor, info: TensorInfo, per_row: bool) -> torch.Tensor:
+    """``t`` (rows along dim 0) laid out in the input's dim order (a copy only if needed),
+    so that every call gets its input as the method lays it out."""
+    order = info.dim_order or tuple(range(len(info.sizes)))
+    if per_row:
+        order = (0, *(d + 1 for d in order))
+    shape = tuple(t.shape)
+    want = dim_order_strides(shape, order)
+    if all(s == w or n == 1 for s, w, n in zip(t.stride(), want, shape, strict=True)):
+        return t
+    return torch.empty_strided(shape, want, dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _groups(cols: list[_Column], good: list[int]) -> list[tuple[list[int], list[_Column]]]:
     """The rows of a batch in groups of equal shapes, each as regular columns."""
     ragged = [c for c in cols if c.rows is not None]
@@ -705,8 +712,8 @@ def _groups(cols: list[_Column], good: list[int]) -> list[tuple[list[int], list[
             if c.regular is not None:
                 g.regular = c.regular[rows] if len(rows) != c.regular.shape[0] else c.regular
             else:
-                assert c.rows is not None
-                g.regular = torch.stack([c.rows[i] for i in rows])
+                assert c.rows is not None and isinstance(c.spec.info, TensorInfo)
+                g.regular = _in_layout(torch.stack([c.rows[i] for i in rows]), c.spec.info, False)
             group.append(g)
         groups.append((rows, group))
     return groups

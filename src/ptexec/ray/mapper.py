@@ -30,7 +30,7 @@ State = Literal["refuse", "reset", "carry"]
 ProgramSource = str | os.PathLike[str] | bytes | bytearray | memoryview | np.ndarray | Any
 
 # load_method options the mapper decides itself
-_RESERVED = frozenset({"device_map", "layout", "outputs"})
+_RESERVED = frozenset({"device_map", "outputs"})
 
 
 class PteMapper:
@@ -97,7 +97,7 @@ class PteMapper:
         meta = self.program.method_meta(method)
         check_state(self.program, method, state)
         dmap = choose_device_map(device, device_map, program_devices(meta), assigned_device())
-        self._load = dict(options, device_map=dmap, layout="convert")
+        self._load = dict(options, device_map=dmap)
         self._name = method
         self._reset = state == "reset"
         self._used = False
