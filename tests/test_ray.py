@@ -27,7 +27,7 @@ from ptexec.errors import (
     RowError,
     StatefulMethodError,
 )
-from ptexec.ray import PteMapper, choose_device_map, state_tensors
+from ptexec.ray import PteMapper, assigned_device, choose_device_map, state_tensors
 
 
 def pte(name: str) -> str:
@@ -129,6 +129,21 @@ def test_scalar_columns_and_rows_of_varying_shapes() -> None:
         np.testing.assert_allclose(out["y"][i], call["outputs"][0].numpy(), rtol=rtol, atol=atol)
         got = [out[k][i] for k in names[1:]]
         assert got == call["outputs"][1:]
+
+
+def test_scalar_constants_batch_rows_and_scalar_outputs_need_one_call_per_row() -> None:
+    """scalar_io with its scalars given as constants: rows of x batch (<= 8 per call);
+    its scalar outputs cannot be columns then, unless dropped."""
+    calls = fixture_calls("scalar_io")
+    x = rows_of("scalar_io")  # 2 + 5 + 8 rows of 3
+    consts = ["x", 0.5, 3, True]
+    mapper = PteMapper(pte("scalar_io"), inputs=consts, outputs=["y", *[None] * 6])
+    want = np.concatenate([c["outputs"][0].numpy() for c in calls])
+    assert_rows_close(mapper({"x": x})["y"], want, "scalar_io")
+    assert mapper.stats.calls == 2  # 8 + 7 rows
+    keeps = PteMapper(pte("scalar_io"), inputs=consts, outputs=["y", "rows", *[None] * 5])
+    with pytest.raises(ColumnError, match=r"output 1 .*'rows'.* the int 8 for a call of 8 rows"):
+        keeps({"x": x})
 
 
 def test_layout_converted_to_the_programs_dim_order() -> None:
@@ -350,6 +365,8 @@ def test_device_choice() -> None:
         choose_device_map("auto", None, gpu_prog, None)
     with pytest.raises(ValueError, match="not both"):
         choose_device_map("cpu", "cpu", gpu_prog, None)
+    if not torch.cuda.is_available():  # outside Ray: torch's current CUDA device, if any
+        assert assigned_device() is None
 
 
 def test_cuda_program_on_the_cpu_only_when_asked() -> None:
@@ -536,3 +553,16 @@ def test_ray_example_agrees_with_eager(
     accuracy = float(re.search(r"ptexec on Ray:  accuracy ([0-9.]+)", out).group(1))
     assert agreement == 1.0 and diff < 1e-4 and accuracy > 0.5
     assert re.search(r"Ray, 1 actor\(s\) +[0-9,]+ +[0-9,]+ +[0-9,]+\n", out)
+
+
+@pytest.mark.ray
+@pytest.mark.cuda
+def test_ray_cuda_program_gets_a_gpu_per_actor(ray_cluster: Any) -> None:
+    from ptexec.ray import map_program
+
+    x = np.random.default_rng(6).standard_normal((500, 8)).astype(np.float32)
+    ds = ray_cluster.data.from_items([{"id": i, "x": x[i]} for i in range(len(x))])
+    out = frame_by_id(map_program(ds, pte("gpu_dynamic_mlp"), inputs=["x"], outputs=["y"]))
+    on_cpu = ptexec.load(pte("gpu_dynamic_mlp")).load_method(device_map="cpu")
+    want = np.concatenate([on_cpu.execute([torch.from_numpy(x[i : i + 1])])[0] for i in range(500)])
+    np.testing.assert_allclose(np.stack(out["y"].to_numpy()), want, rtol=1e-4, atol=1e-5)

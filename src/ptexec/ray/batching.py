@@ -91,13 +91,15 @@ class _Column:
 
 
 class _Outputs:
-    """The outputs of the calls of one batch, gathered by row position."""
+    """The kept outputs of the calls of one batch, gathered by row position."""
 
-    def __init__(self, count: int) -> None:
-        self.parts: list[list[tuple[Sequence[int], Any]]] = [[] for _ in range(count)]
+    def __init__(self, names: Sequence[str | None]) -> None:
+        self.kept = [k for k, name in enumerate(names) if name is not None]
+        self.parts: list[list[tuple[Sequence[int], Any]]] = [[] for _ in names]
 
     def add(self, positions: Sequence[int], values: list[Any], batched: bool) -> None:
-        for parts, value in zip(self.parts, values, strict=True):
+        for k in self.kept:
+            parts, value = self.parts[k], values[k]
             if batched:
                 parts.append((positions, value[: len(positions)]))
             elif isinstance(value, torch.Tensor):
@@ -162,10 +164,12 @@ class Batcher:
         self.stats = BatchStats()
 
     # -- one batch -------------------------------------------------------------------------
-    def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The batch's output columns (and the kept input columns, and the error column
-        under ``on_error="record"``) as numpy arrays, one entry per row."""
-        batch = _columns_of(batch)
+    def __call__(self, data: Any) -> dict[str, np.ndarray]:
+        """The output columns of a batch (``{column: array}`` or a pandas DataFrame) as
+        numpy arrays, one entry per row, after the batch's kept columns (an output column
+        replaces a kept one of the same name), and the error column under
+        ``on_error="record"``."""
+        batch = _columns_of(data)
         n = _num_rows(batch)
         per_row = self._per_row(batch)
         cols = [self._column(batch[s.column], s, n, per_row) for s in self._columns if s.column]
@@ -178,7 +182,7 @@ class Batcher:
         if errors and self._on_error == "raise":
             self.stats.failed_rows += 1
             self._raise(min(errors), errors[min(errors)], batch)
-        got = _Outputs(len(self._output_infos))
+        got = _Outputs(self._outputs)
         good = [i for i in range(n) if i not in errors]
         if per_row:
             for i in good:
@@ -440,7 +444,7 @@ class Batcher:
                 what = (
                     f"a {list(value.shape)} tensor"
                     if isinstance(value, torch.Tensor)
-                    else f"a {type(value).__name__}"
+                    else f"the {type(value).__name__} {value!r}"
                 )
                 raise ColumnError(
                     name,

@@ -121,7 +121,7 @@ class PteMapper:
             allow_padding=state != "carry",
         )
 
-    def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
         """Map one batch (``{column: array}`` or a pandas DataFrame) to its output columns."""
         return self._batcher(batch)
 
