@@ -92,10 +92,25 @@ MAX_INPUT_ELEMENTS = 1 << 20  # largest synthesized input tensor (elements)
 #   ("tables", T), ("union", {code: T}) (occupies the slot and the next one)
 
 _KERNEL_TYPES = {
-    1: "Null", 2: "Int", 3: "Bool", 4: "Double", 5: "Tensor", 6: "String", 7: "IntList",
-    8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList",
+    1: "Null",
+    2: "Int",
+    3: "Bool",
+    4: "Double",
+    5: "Tensor",
+    6: "String",
+    7: "IntList",
+    8: "DoubleList",
+    9: "BoolList",
+    10: "TensorList",
+    11: "OptionalTensorList",
 }
-_INSTRUCTIONS = {1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall"}
+_INSTRUCTIONS = {
+    1: "KernelCall",
+    2: "DelegateCall",
+    3: "MoveCall",
+    4: "JumpFalseCall",
+    5: "FreeCall",
+}
 
 SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
     "Program": [
@@ -169,7 +184,12 @@ SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
     "JumpFalseCall": [(0, "cond_value_index", "i32"), (1, "destination_instruction", "i32")],
     "FreeCall": [(0, "value_index", "i32")],
     "FrameList": [(0, "items", ("tables", "Frame"))],
-    "Frame": [(0, "filename", "str"), (1, "lineno", "i32"), (2, "name", "str"), (3, "context", "str")],
+    "Frame": [
+        (0, "filename", "str"),
+        (1, "lineno", "i32"),
+        (2, "name", "str"),
+        (3, "context", "str"),
+    ],
     "Operator": [(0, "name", "str"), (1, "overload", "str")],
     "BackendDelegate": [
         (0, "id", "str"),
@@ -178,7 +198,11 @@ SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
     ],
     "BackendDelegateDataReference": [(0, "location", "i8"), (1, "index", "u32")],
     "CompileSpec": [(0, "key", "str"), (1, "value", ("vec", "u8"))],
-    "NonConstBufferDevice": [(0, "buffer_idx", "i32"), (1, "device_type", "i8"), (2, "device_index", "i8")],
+    "NonConstBufferDevice": [
+        (0, "buffer_idx", "i32"),
+        (1, "device_type", "i8"),
+        (2, "device_index", "i8"),
+    ],
     "Buffer": [(0, "storage", ("vec", "u8"))],
     "DataSegment": [(0, "offset", "u64"), (1, "size", "u64")],
     "SubsegmentOffsets": [(0, "segment_index", "u32"), (1, "offsets", ("vec", "u64"))],
@@ -194,9 +218,12 @@ SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
         (1, "segment_index", "u32"),
         (2, "tensor_layout", ("table", "TensorLayout")),
     ],
-    "TensorLayout": [(0, "scalar_type", "i8"), (1, "sizes", ("vec", "i32")), (2, "dim_order", ("vec", "u8"))],
+    "TensorLayout": [
+        (0, "scalar_type", "i8"),
+        (1, "sizes", ("vec", "i32")),
+        (2, "dim_order", ("vec", "u8")),
+    ],
 }
-
 
 
 def _snake(name: str) -> str:
@@ -312,7 +339,9 @@ def field_map(data: bytes, kind: str = "pte") -> list[Field]:
 # --------------------------------------------------------------------------------------
 # mutations: each is a concrete edit, replayable on the seed
 
-Edit = tuple[Any, ...]  # ("set", pos, hex) | ("trunc", n) | ("insert", pos, hex) | ("delete", pos, n)
+Edit = tuple[
+    Any, ...
+]  # ("set", pos, hex) | ("trunc", n) | ("insert", pos, hex) | ("delete", pos, n)
 
 
 def apply_edits(data: bytes, edits: Iterable[Edit]) -> bytes:
@@ -336,9 +365,44 @@ def apply_edits(data: bytes, edits: Iterable[Edit]) -> bytes:
 
 
 _BOUNDARIES = [
-    0, 1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 32, 63, 64, 100, 127, 128, 255, 256, 1023, 1024,
-    4095, 4096, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 1 << 20, 1 << 24, (1 << 31) - 1, 1 << 31,
-    (1 << 32) - 1, 1 << 32, (1 << 40), (1 << 62), (1 << 63) - 1, 1 << 63, (1 << 64) - 1,
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    15,
+    16,
+    17,
+    31,
+    32,
+    63,
+    64,
+    100,
+    127,
+    128,
+    255,
+    256,
+    1023,
+    1024,
+    4095,
+    4096,
+    0x7FFF,
+    0x8000,
+    0xFFFF,
+    0x10000,
+    1 << 20,
+    1 << 24,
+    (1 << 31) - 1,
+    1 << 31,
+    (1 << 32) - 1,
+    1 << 32,
+    (1 << 40),
+    (1 << 62),
+    (1 << 63) - 1,
+    1 << 63,
+    (1 << 64) - 1,
 ]
 
 
@@ -370,7 +434,14 @@ def _read_int(data: bytes, f: Field) -> int:
 # weight of each field kind when a field mutation picks its target (then a field of that
 # kind, uniformly): semantic fields first, structure (offsets, vtables) less often
 _KIND_WEIGHT = {
-    "scalar": 6, "item": 6, "offset": 2, "len": 2, "tag": 2, "soffset": 0.5, "vtable": 1, "header": 1,
+    "scalar": 6,
+    "item": 6,
+    "offset": 2,
+    "len": 2,
+    "tag": 2,
+    "soffset": 0.5,
+    "vtable": 1,
+    "header": 1,
 }
 
 
@@ -440,7 +511,11 @@ class Mutator:
         current = self.data
         count = rng.choices([1, 2, 3, 4], [55, 25, 12, 8])[0]
         for _ in range(count):
-            e = self.field_edit(rng, current) if rng.random() < 0.7 else self.byte_edit(rng, current)
+            e = (
+                self.field_edit(rng, current)
+                if rng.random() < 0.7
+                else self.byte_edit(rng, current)
+            )
             edits.append(e)
             current = apply_edits(current, [e])
         return edits
@@ -565,7 +640,7 @@ def _allocation_failure(e: BaseException, cap: int) -> str | None:
 def _scrub(text: str) -> str:
     """Paths relative to the repository (or to site-packages), never this machine's."""
     text = text.replace(str(ROOT) + os.sep, "")
-    return re.sub(r"\"[^\"]*?(site-packages|lib/python[0-9.]+)/", "\"", text)
+    return re.sub(r"\"[^\"]*?(site-packages|lib/python[0-9.]+)/", '"', text)
 
 
 def _describe(e: BaseException) -> str:
@@ -595,12 +670,16 @@ def _synth_inputs(meta: Any) -> list[Any] | None:
             if info.numel > MAX_INPUT_ELEMENTS or info.device.type != 0:
                 return None
             if info.dtype.is_floating_point:
-                t = torch.randn(info.sizes, generator=torch.Generator().manual_seed(0)).to(info.dtype)
+                t = torch.randn(info.sizes, generator=torch.Generator().manual_seed(0)).to(
+                    info.dtype
+                )
             else:
                 t = torch.zeros(info.sizes, dtype=info.dtype)
             if info.dim_order is not None and info.dim_order != tuple(range(info.rank)):
-                t = t.permute(info.dim_order).contiguous().permute(
-                    [info.dim_order.index(d) for d in range(info.rank)]
+                t = (
+                    t.permute(info.dim_order)
+                    .contiguous()
+                    .permute([info.dim_order.index(d) for d in range(info.rank)])
                 )
             out.append(t)
         else:
@@ -621,7 +700,9 @@ def run_files(
     import ptexec
 
     # a program may write into the inputs it reads in place: every case gets its own copies
-    inputs = {k: [a.clone() if isinstance(a, torch.Tensor) else a for a in v] for k, v in inputs.items()}
+    inputs = {
+        k: [a.clone() if isinstance(a, torch.Tensor) else a for a in v] for k, v in inputs.items()
+    }
     stage = "load"
     start = time.perf_counter()
     try:
@@ -760,8 +841,12 @@ def address_space_limit(budget: int) -> Iterator[int | None]:
 
 
 def guarded(
-    pte: bytes, ptd: bytes | None, inputs: dict[str, list[Any]], meter: PeakMeter,
-    cap: int = DEFAULT_CAP, slack: int = DEFAULT_SLACK,
+    pte: bytes,
+    ptd: bytes | None,
+    inputs: dict[str, list[Any]],
+    meter: PeakMeter,
+    cap: int = DEFAULT_CAP,
+    slack: int = DEFAULT_SLACK,
 ) -> Outcome:
     """:func:`run_files` under both memory measures (peak growth and address-space cap)."""
     with address_space_limit(2 * peak_limit(cap, slack)):
@@ -844,7 +929,9 @@ def fuzz(
         progress[2 * w] = -1
         progress[2 * w + 1] = 0.0
         p = ctx.Process(
-            target=_worker, args=(w, seed, todo[w], fixtures, cap, slack, progress, results), daemon=True
+            target=_worker,
+            args=(w, seed, todo[w], fixtures, cap, slack, progress, results),
+            daemon=True,
         )
         p.start()
         procs[w] = p
@@ -901,7 +988,12 @@ def fuzz(
                 if seeds_for_cases is None:
                     seeds_for_cases = load_seeds(fixtures)
                 case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
-                record("hang", index, case, {"status": "hang", "stage": "?", "detail": f"over {timeout} s"})
+                record(
+                    "hang",
+                    index,
+                    case,
+                    {"status": "hang", "stage": "?", "detail": f"over {timeout} s"},
+                )
                 resume_after(w, index)
             elif not p.is_alive() and w not in done:
                 # the worker died without saying done: the case it was running crashed it
@@ -921,7 +1013,12 @@ def fuzz(
                 if seeds_for_cases is None:
                     seeds_for_cases = load_seeds(fixtures)
                 case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
-                record("crash", index, case, {"status": "crash", "stage": "?", "detail": f"exit code {p.exitcode}"})
+                record(
+                    "crash",
+                    index,
+                    case,
+                    {"status": "crash", "stage": "?", "detail": f"exit code {p.exitcode}"},
+                )
                 resume_after(w, index)
         if time_budget is not None and now - t0 > time_budget and not stopped:
             stopped = True
@@ -1064,18 +1161,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             small = minimize(case, o.status, seeds, args.cap)
             print("minimized:", json.dumps(small.to_json()))
             if args.out is not None:
-                path = save_finding(args.out, {"index": args.case, "seed": args.seed,
-                                               "case": small.to_json(), "outcome": dataclasses.asdict(o)})
+                path = save_finding(
+                    args.out,
+                    {
+                        "index": args.case,
+                        "seed": args.seed,
+                        "case": small.to_json(),
+                        "outcome": dataclasses.asdict(o),
+                    },
+                )
                 print("saved", path)
         return 1 if o.is_finding else 0
     summary = fuzz(
-        args.cases, args.workers, args.seed, args.start, args.out, args.fixtures, args.cap,
-        args.slack, args.timeout, args.time_budget, args.quiet,
+        args.cases,
+        args.workers,
+        args.seed,
+        args.start,
+        args.out,
+        args.fixtures,
+        args.cap,
+        args.slack,
+        args.timeout,
+        args.time_budget,
+        args.quiet,
     )
     nf = len(summary["findings"])
     brief = {k: v for k, v in summary.items() if k not in ("findings", "kernel_allocs")}
     print(json.dumps(brief, indent=1))
-    print(f"{summary['cases']} cases, {nf} findings, {len(summary['kernel_allocs'])} kernel allocations")
+    print(
+        f"{summary['cases']} cases, {nf} findings, {len(summary['kernel_allocs'])} kernel allocations"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return 1 if nf else 0

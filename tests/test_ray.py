@@ -447,6 +447,7 @@ def test_ray_map_batches_with_pte_mapper_bounded_batch(ray_cluster: Any) -> None
             "outputs": ["y"],
             "device": "auto",
             "keep_columns": ["id"],
+            "mmap": True,
         },
         compute=ray_cluster.data.ActorPoolStrategy(size=1),
         batch_size=100,  # calls of 16, 16, ..., 4 rows

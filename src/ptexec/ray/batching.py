@@ -38,8 +38,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .. import ScalarInfo
 from ..errors import ColumnError, ExecutionError, InputError, RowError
-from ..method import ScalarInfo, ValueInfo
 from ..tensor import TensorInfo, dim_order_strides, to_torch
 
 __all__ = ["BatchStats", "Batcher", "Cast", "OnError", "Pad"]
@@ -48,6 +48,7 @@ OnError = Literal["raise", "record"]
 Cast = Literal["no", "same_kind", "unsafe"]
 Pad = Literal["auto", "always"]
 Execute = Callable[[list[Any]], list[Any]]
+ValueInfo = TensorInfo | ScalarInfo  # what MethodMeta says of an input or output
 
 _ROW_FAILURES = (InputError, ExecutionError)
 

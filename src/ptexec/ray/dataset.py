@@ -49,7 +49,7 @@ def map_program(
     ``outputs`` fit its inputs and outputs, its state is handled (``state``), and a CUDA
     program gets a GPU. ``ship=True`` puts the program's bytes in Ray's object store once
     (any node can run it); ``ship=False`` passes ``path`` itself, for files every node can
-    read (memory-mapped there). Actors: ``concurrency`` (a size, or ``(min, max)``), each
+    read (with ``mmap=True``, memory-mapped there). Actors: ``concurrency`` (a size, or ``(min, max)``), each
     with ``num_cpus`` and ``num_gpus`` (default: 1 when the program's memory is on CUDA or
     ``device`` names CUDA, else none). ``batch_size`` defaults to a multiple of the rows
     the method takes per call, about 256. Under ``state="carry"`` each actor takes one
@@ -67,7 +67,8 @@ def map_program(
         path, inputs=inputs, outputs=outputs, method=method, data_path=data_path, **options
     )
     kwargs = dict(bound.arguments)
-    program = load(_readable(path), data_path=_readable(data_path), share_state="never")
+    # mapped: the check reads only what validation needs, however large the program
+    program = load(_readable(path), data_path=_readable(data_path), share_state="never", mmap=True)
     meta = program.method_meta(method)
     names = default_outputs(len(meta.outputs)) if outputs is None else outputs
     check_mapping(method, meta.inputs, meta.outputs, inputs, names)

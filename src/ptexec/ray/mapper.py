@@ -11,9 +11,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .. import MethodMeta
 from ..device import Device, DeviceType, parse_device
 from ..errors import DeviceUnavailableError, StatefulMethodError
-from ..method import MethodMeta
 from ..program import Program, load
 from .batching import Batcher, BatchStats, Cast, OnError, Pad, default_outputs
 
@@ -43,10 +43,11 @@ class PteMapper:
                        "inputs": ["image"], "outputs": ["logits"]},
                        compute=ray.data.ActorPoolStrategy(size=4), batch_size=256)
 
-    ``path`` is a file every node can read (memory-mapped: actors on one node share its
-    pages), or the program's bytes: ``bytes``, a uint8 numpy array, or a Ray ``ObjectRef``
-    to either (:func:`ptexec.ray.map_program` ships them this way); ``data_path`` is the
-    program's ``.ptd`` the same ways. ``inputs`` names one column per method input (a
+    ``path`` is a file every node can read (read into the actor's memory, or with
+    ``mmap=True`` memory-mapped, so that actors on one node share its pages; the file must
+    then stay as it is while they run), or the program's bytes: ``bytes``, a uint8 numpy
+    array, or a Ray ``ObjectRef`` to either (:func:`ptexec.ray.map_program` ships them
+    this way); ``data_path`` is the program's ``.ptd`` the same ways. ``inputs`` names one column per method input (a
     non-``str`` entry is a constant passed to every call); ``outputs`` names one column per
     output (``None`` drops it; default ``output`` or ``output_0, output_1, ...``).
 
@@ -84,6 +85,7 @@ class PteMapper:
         keep_columns: bool | Sequence[str] = True,
         pad: Pad = "auto",
         cast: Cast = "same_kind",
+        mmap: bool = False,
         load_options: Mapping[str, Any] | None = None,
     ) -> None:
         if state not in ("refuse", "reset", "carry"):
@@ -93,7 +95,7 @@ class PteMapper:
         if reserved:
             raise ValueError(f"load_options cannot set {', '.join(reserved)}: the mapper does")
         data = None if data_path is None else _source(data_path)
-        self.program: Program = load(_source(path), data_path=data, share_state="never")
+        self.program: Program = load(_source(path), data_path=data, share_state="never", mmap=mmap)
         meta = self.program.method_meta(method)
         check_state(self.program, method, state)
         dmap = choose_device_map(device, device_map, program_devices(meta), assigned_device())
