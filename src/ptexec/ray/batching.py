@@ -288,7 +288,8 @@ class Batcher:
         problem = _shape_problem(info, tuple(t.shape), per_row)
         if problem is not None:
             raise InputError(
-                f"{what}: the row has shape {list(t.shape)}; the input is {_describe(info)} ({problem})"
+                f"{what}: the row has shape {list(t.shape)}; the input is {_describe(info)} "
+                f"({problem})"
             )
         t = t.unsqueeze(0)
         return self._convert(t, info, per_row, _readonly(value), what)[0]
@@ -300,8 +301,9 @@ class Batcher:
         if t.dtype != info.dtype:
             if not _can_cast(t.dtype, info.dtype, self._cast):
                 raise InputError(
-                    f"{what} is {_name(t.dtype)}; the method's input is {_describe(info)}, and cast="
-                    f"'{self._cast}' does not convert {_name(t.dtype)} to {_name(info.dtype)}"
+                    f"{what} is {_name(t.dtype)}; the method's input is {_describe(info)}, "
+                    f"and cast='{self._cast}' does not convert {_name(t.dtype)} to "
+                    f"{_name(info.dtype)}"
                 )
             t = t.to(info.dtype)
             readonly = False

@@ -49,15 +49,18 @@ def map_program(
     ``outputs`` fit its inputs and outputs, its state is handled (``state``), and a CUDA
     program gets a GPU. ``ship=True`` puts the program's bytes in Ray's object store once
     (any node can run it); ``ship=False`` passes ``path`` itself, for files every node can
-    read (with ``mmap=True``, memory-mapped there). Actors: ``concurrency`` (a size, or ``(min, max)``), each
-    with ``num_cpus`` and ``num_gpus`` (default: 1 when the program's memory is on CUDA or
-    ``device`` names CUDA, else none). ``batch_size`` defaults to a multiple of the rows
-    the method takes per call, about 256. Under ``state="carry"`` each actor takes one
-    batch at a time, so it runs them in the order Ray hands them out (with one actor and
-    ``DataContext.execution_options.preserve_order``, the dataset's order). Other keyword
-    arguments are
-    :class:`PteMapper`'s; ``mapper`` is the class the actors run (a subclass of PteMapper
-    can add columns of its own); ``map_batches_args`` go to ``Dataset.map_batches``.
+    read (with ``mmap=True``, memory-mapped there).
+
+    Actors: ``concurrency`` (a size, or ``(min, max)``), each with ``num_cpus`` and
+    ``num_gpus`` (default: 1 when the program's memory is on CUDA or ``device`` names CUDA,
+    else none). ``batch_size`` defaults to a multiple of the rows the method takes per
+    call, about 256. Under ``state="carry"`` each actor takes one batch at a time, so it
+    runs them in the order Ray hands them out (with one actor and
+    ``DataContext.execution_options.preserve_order``, the dataset's order).
+
+    Other keyword arguments are :class:`PteMapper`'s; ``mapper`` is the class the actors
+    run (a subclass of PteMapper can add columns of its own); ``map_batches_args`` go to
+    ``Dataset.map_batches``.
     """
     import ray.data
 

@@ -47,9 +47,10 @@ class PteMapper:
     ``mmap=True`` memory-mapped, so that actors on one node share its pages; the file must
     then stay as it is while they run), or the program's bytes: ``bytes``, a uint8 numpy
     array, or a Ray ``ObjectRef`` to either (:func:`ptexec.ray.map_program` ships them
-    this way); ``data_path`` is the program's ``.ptd`` the same ways. ``inputs`` names one column per method input (a
-    non-``str`` entry is a constant passed to every call); ``outputs`` names one column per
-    output (``None`` drops it; default ``output`` or ``output_0, output_1, ...``).
+    this way); ``data_path`` is the program's ``.ptd`` the same ways. ``inputs`` names one
+    column per method input (a non-``str`` entry is a constant passed to every call);
+    ``outputs`` names one column per output (``None`` drops it; default ``output`` or
+    ``output_0, output_1, ...``).
 
     ``device="auto"`` runs on the GPU Ray assigned the actor (``num_gpus``), else on the
     CPU: a program whose memory is on CUDA then raises
@@ -161,7 +162,8 @@ def _source(source: ProgramSource) -> Any:
     if isinstance(source, np.ndarray):
         if source.dtype != np.uint8 or source.ndim != 1:
             raise TypeError(
-                f"a program's bytes as an array must be 1-D uint8, not {source.dtype}{list(source.shape)}"
+                "a program's bytes as an array must be 1-D uint8, not "
+                f"{source.dtype}{list(source.shape)}"
             )
         return bytearray(source.data)
     return source
