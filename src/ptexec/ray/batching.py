@@ -184,7 +184,7 @@ class Batcher:
             self.stats.failed_rows += 1
             self._raise(min(errors), errors[min(errors)], batch)
         got = _Outputs(self._outputs)
-        good = [i for i in range(n) if i not in errors]
+        good: Sequence[int] = [i for i in range(n) if i not in errors] if errors else range(n)
         if per_row:
             for i in good:
                 self._run(got, [i], cols, [i], False, errors, batch)
@@ -329,7 +329,7 @@ class Batcher:
     def _run_batched(
         self,
         got: _Outputs,
-        positions: list[int],
+        positions: Sequence[int],
         group: list[_Column],
         errors: dict[int, BaseException | str],
         batch: Mapping[str, Any],
@@ -339,7 +339,7 @@ class Batcher:
         step = size or max(count, 1)
         for lo in range(0, count, step):
             hi = min(lo + step, count)
-            self._run(got, positions[lo:hi], group, list(range(lo, hi)), True, errors, batch)
+            self._run(got, positions[lo:hi], group, range(lo, hi), True, errors, batch)
 
     def _rows_per_call(self) -> tuple[int | None, bool]:
         """(rows per call or None for any number, whether a short chunk is padded)."""
@@ -378,9 +378,9 @@ class Batcher:
     def _run(
         self,
         got: _Outputs,
-        positions: list[int],
+        positions: Sequence[int],
         cols: list[_Column],
-        rows: list[int],
+        rows: Sequence[int],
         batched: bool,
         errors: dict[int, BaseException | str],
         batch: Mapping[str, Any],
@@ -702,7 +702,7 @@ def _in_layout(t: torch.Tensor, info: TensorInfo, per_row: bool) -> torch.Tensor
     return torch.empty_strided(shape, want, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _groups(cols: list[_Column], good: list[int]) -> list[tuple[list[int], list[_Column]]]:
+def _groups(cols: list[_Column], good: Sequence[int]) -> list[tuple[Sequence[int], list[_Column]]]:
     """The rows of a batch in groups of equal shapes, each as regular columns."""
     ragged = [c for c in cols if c.rows is not None]
     if not ragged:
@@ -711,7 +711,7 @@ def _groups(cols: list[_Column], good: list[int]) -> list[tuple[list[int], list[
     for i in good:
         key = tuple(tuple(c.rows[i].shape) for c in ragged if c.rows is not None)
         by_shape.setdefault(key, []).append(i)
-    groups = []
+    groups: list[tuple[Sequence[int], list[_Column]]] = []
     for rows in by_shape.values():
         group = []
         for c in cols:
@@ -724,6 +724,18 @@ def _groups(cols: list[_Column], good: list[int]) -> list[tuple[list[int], list[
             group.append(g)
         groups.append((rows, group))
     return groups
+
+
+def _in_order(positions: list[Sequence[int]], n: int) -> bool:
+    """Whether ``positions``, one after the other, are exactly ``0, 1, ..., n - 1``."""
+    nxt = 0
+    for p in positions:
+        if not isinstance(p, range) or p.step != 1:
+            return [pos for q in positions for pos in q] == list(range(n))
+        if p.start != nxt:
+            return False
+        nxt = p.stop
+    return nxt == n
 
 
 def _fill(dtype: torch.dtype) -> float | int | bool:
@@ -783,9 +795,9 @@ def _output_column(
     shapes = {tuple(t.shape[1:]) for t in tensors}
     if len(shapes) == 1:
         whole = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
-        order = [pos for positions, _ in parts for pos in positions]
-        if order == list(range(n)):
+        if _in_order([positions for positions, _ in parts], n):
             return _to_numpy(whole)
+        order = [pos for positions, _ in parts for pos in positions]
         out = torch.full(
             (n, *whole.shape[1:]), _fill(whole.dtype), dtype=whole.dtype, device=whole.device
         )
