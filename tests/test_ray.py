@@ -146,6 +146,33 @@ def test_scalar_constants_batch_rows_and_scalar_outputs_need_one_call_per_row() 
         keeps({"x": x})
 
 
+class RowCumsum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * 2).cumsum(1), x.sum(1)
+
+
+def test_rows_of_varying_shapes_batched_in_groups_of_one_shape() -> None:
+    """A program with a dynamic batch and a dynamic row length: rows of one length go
+    through together, outputs come back in row order (a column of arrays where lengths
+    vary)."""
+    from export_util import export_program
+
+    dims = {"x": {0: torch.export.Dim("b", min=1, max=4), 1: torch.export.Dim("s", min=2, max=9)}}
+    data = export_program(RowCumsum(), (torch.randn(3, 5),), dynamic_shapes=dims)
+    rng = np.random.default_rng(7)
+    lengths = [3, 5, 3, 7, 5, 3, 3, 3, 3, 2, 9, 5]
+    col = np.empty(len(lengths), dtype=object)
+    col[:] = [rng.standard_normal(k).astype(np.float32) for k in lengths]
+    mapper = PteMapper(data, inputs=["x"], outputs=["cumsum", "total"])
+    out = mapper({"x": col})
+    assert out["cumsum"].dtype == object and out["total"].shape == (len(lengths),)
+    for i, row in enumerate(col):
+        np.testing.assert_allclose(out["cumsum"][i], np.cumsum(row * 2), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out["total"][i], row.sum(), rtol=1e-5, atol=1e-5)
+    # lengths 3 (6 rows: calls of 4 + 2), 5 (3), 7, 2, 9: one group per length
+    assert mapper.stats.calls == 6 and mapper.stats.padded_rows == 0
+
+
 def test_layout_converted_to_the_programs_dim_order() -> None:
     nchw = np.ascontiguousarray(rows_of("channels_last"))  # the program wants channels-last
     mapper = PteMapper(pte("channels_last"), inputs=["image"], outputs=["features", "logits"])
