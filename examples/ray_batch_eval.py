@@ -153,12 +153,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     torch.set_num_threads(1)  # as in each actor (one CPU each): comparable in-process figures
+    workdir = tempfile.TemporaryDirectory(prefix="ptexec-ray-eval-")
+    try:
+        return evaluate(args, os.path.join(workdir.name, "classifier.pte"))
+    finally:
+        workdir.cleanup()
 
+
+def evaluate(args: argparse.Namespace, path: str) -> dict[str, Any]:
     import ray
     import ray.data
 
-    workdir = tempfile.mkdtemp(prefix="ptexec-ray-eval-")
-    path = os.path.join(workdir, "classifier.pte")
     model = train(args.features, args.hidden, args.classes)
     export(model, args.features, args.program_batch, path)
     x, labels = make_data(args.rows, args.features, args.classes, seed=2)
