@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "BackendUnavailableError",
+    "ColumnError",
     "DeviceUnavailableError",
     "ExecutionError",
     "FileMissingError",
@@ -29,14 +30,17 @@ __all__ = [
     "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
+    "RowError",
     "StateError",
+    "StatefulMethodError",
     "TokenizerError",
     "UnsupportedDeviceError",
 ]
 
 
-class PtexecError(Exception):
-    """Base class of every error ptexec raises on purpose."""
+class PtexecError(RuntimeError):
+    """Base class of every error ptexec raises on purpose (a ``RuntimeError``, as every
+    error of ExecuTorch's bindings is)."""
 
 
 class PteFormatError(PtexecError, ValueError, RuntimeError):
@@ -169,3 +173,41 @@ class TokenizerError(PtexecError, RuntimeError):
 class GenerationError(PtexecError, RuntimeError):
     """A text-generation request that the program cannot serve: not a generation program,
     a prompt past its context, or a step asked of the runner out of order."""
+
+
+class ColumnError(InputError):
+    """A dataset's columns do not fit a method's inputs or outputs (a missing column, rows
+    of a shape or dtype the input cannot take, an output without the rows along dim 0);
+    ``column`` names the column ("" when the problem is the mapping as a whole)."""
+
+    def __init__(self, column: str, message: str) -> None:
+        self.column = column
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.column, str(self)))
+
+
+class RowError(InputError):
+    """A row of a batch that the method refused or failed on; ``row`` is its position in
+    the batch, ``row_id`` its value in the id column (None without one), ``rows`` how many
+    rows from ``row`` on shared the failed call (1 once the row was tried alone). The
+    method's own error is ``__cause__``; ``detail`` is its text."""
+
+    def __init__(self, row: int, row_id: object, detail: str, rows: int = 1) -> None:
+        self.row = row
+        self.row_id = row_id
+        self.detail = detail
+        self.rows = rows
+        where = f"row {row}" if rows == 1 else f"rows {row}..{row + rows - 1} (one call)"
+        if row_id is not None:
+            where += f" (id {row_id!r})"
+        super().__init__(f"{where}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[int, object, str, int]]:
+        return (type(self), (self.row, self.row_id, self.detail, self.rows))
+
+
+class StatefulMethodError(PtexecError, ValueError, RuntimeError):
+    """A method keeps state from call to call (mutable buffers), so its calls on different
+    rows are not independent; batch inference refuses it unless told how to treat it."""
