@@ -32,7 +32,9 @@ Chains with jumps are left alone.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -66,8 +68,9 @@ def _covers(a: Region, b: Region) -> bool:
 
 class _Ranges:
     """Byte ranges in planned buffers, each tagged with an instruction and a value, found by
-    overlap in time proportional to what overlaps: every buffer is cut into at most about
-    512 buckets, and a range is filed under each bucket it touches."""
+    overlap and by instruction window in time proportional to what is found: every buffer
+    is cut into at most about 512 buckets, a range is filed under each bucket it touches,
+    and each bucket keeps its entries in instruction order (they are added in that order)."""
 
     def __init__(self, buffer_sizes: Sequence[int]) -> None:
         self.width = {m: max(256, size // 512) for m, size in enumerate(buffer_sizes)}
@@ -82,15 +85,23 @@ class _Ranges:
         for b in self._span(mem, start, end):
             self.buckets.setdefault((mem, b), []).append((k, start, end, value))
 
-    def overlapping(self, region: Region) -> Iterator[tuple[int, int, int, int]]:
-        """(instruction, start, end, value) of every range overlapping ``region``, once."""
+    def overlapping(self, region: Region, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
+        """(instruction, start, end, value) of the ranges overlapping ``region`` filed by
+        instructions ``lo < k < hi``, in instruction order, each once."""
         _, mem, start, end = region
-        seen: set[tuple[int, int, int, int]] = set()
+        streams = []
         for b in self._span(mem, start, end):
-            for entry in self.buckets.get((mem, b), ()):
-                if entry[1] < end and start < entry[2] and entry not in seen:
-                    seen.add(entry)
-                    yield entry
+            entries = self.buckets.get((mem, b))
+            if entries:
+                at = bisect.bisect_right(entries, lo, key=lambda e: e[0])
+                streams.append(itertools.islice(entries, at, None))
+        last = None
+        for entry in heapq.merge(*streams):
+            if entry[0] >= hi:
+                return
+            if entry != last and entry[1] < end and start < entry[2]:
+                yield entry
+            last = entry
 
 
 class _Chain:
@@ -146,9 +157,9 @@ class _Chain:
         """The memory writes of instructions ``lo < j < hi`` that overlap region ``reg``."""
         found = []
         if reg[0] == "planned":
-            for j, start, end, _ in self.write_ranges.overlapping(reg):
+            for j, start, end, _ in self.write_ranges.overlapping(reg, lo, hi):
                 r = ("planned", reg[1], start, end)
-                if lo < j < hi and r in self.writes[j]:
+                if r in self.writes[j]:
                     found.append(r)
         elif reg[0] != "fixed":
             for j in self.other_writes.get(reg, ()):
@@ -202,14 +213,27 @@ class _Chain:
         redirect), or None when some value reads those bytes in a way a view cannot follow.
 
         Visits, in program order, only the instructions after ``i`` that read a value
-        reading ``target``'s data, or any planned value overlapping its bytes."""
+        reading ``target``'s data, or a planned value overlapping its bytes before a later
+        write covers them all (after that, no read of those bytes sees ``target``'s data)."""
         live = {target}
         redirects: list[int] = []
         last = i
         target_region = self.region(target)
         todo: list[int] = [k for k in self.readers_of.get(target, ()) if k > i]
         if target_region[0] == "planned":
-            todo.extend(k for k, _, _, _ in self.read_ranges.overlapping(target_region) if k > i)
+            n = len(self.instructions)
+            stop = n
+            _, _, t_start, t_end = target_region
+            for j, start, end, _ in self.write_ranges.overlapping(target_region, i, n):
+                if (
+                    start <= t_start
+                    and t_end <= end
+                    and (("planned", target_region[1], start, end) in self.writes[j])
+                ):
+                    stop = j
+                    break
+            window = self.read_ranges.overlapping(target_region, i, stop + 1)
+            todo.extend(k for k, _, _, _ in window)
         heapq.heapify(todo)
         done: set[int] = set()
 
