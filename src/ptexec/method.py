@@ -109,10 +109,13 @@ class Method:
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
-        self._runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        self._runner = runner
         self._fast: Callable[[Sequence[Any]], Any] | None = None
         if fast_path and self._policy == _DEFAULT_POLICY:
-            self._fast = build_fast_call(state, self._runner, self._output_mode == "copy")
+            self._fast = build_fast_call(state, runner, self._output_mode == "copy")
+        if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
+            runner.prepare()  # else the fast path compiled the statements, and the blocks wait
 
     # -- description ---------------------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ from .errors import MethodNotFoundError, ProgramChangedError, PteFormatError
 from .format import program as p
 from .format.ptd import PtdFile, read_ptd
 from .format.pte import PteFile, read_pte
+from .gcpause import paused
 from .loader import MethodMeta, method_meta
 from .memory import BufferInfo, PlannedBuffer, allocate
 from .method import Method
@@ -144,7 +145,8 @@ class Program:
         refused with :class:`~ptexec.errors.ProgramChangedError`."""
         for stamp in self._stamps:
             stamp.check("the program's file")
-        return Method(self, self._plan_index(name), **options)
+        with paused():
+            return Method(self, self._plan_index(name), **options)
 
     def method_meta(self, name: str = "forward", device_map: Any = None) -> MethodMeta:
         """Inputs, outputs and memory plan of method ``name``, without loading it."""
@@ -264,9 +266,10 @@ def load(
     Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file.
     """
     view, owner, stamp = _map(source, "program", mmap)
-    pte = read_pte(view)
-    ptd = ptd_owner = ptd_stamp = None
-    if data_path is not None:
-        ptd_view, ptd_owner, ptd_stamp = _map(data_path, "data file", mmap)
-        ptd = read_ptd(ptd_view)
-    return Program(pte, owner, ptd, ptd_owner, share_state, (stamp, ptd_stamp))
+    with paused():
+        pte = read_pte(view)
+        ptd = ptd_owner = ptd_stamp = None
+        if data_path is not None:
+            ptd_view, ptd_owner, ptd_stamp = _map(data_path, "data file", mmap)
+            ptd = read_ptd(ptd_view)
+        return Program(pte, owner, ptd, ptd_owner, share_state, (stamp, ptd_stamp))

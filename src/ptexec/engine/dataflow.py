@@ -69,11 +69,11 @@ def _covers(a: Region, b: Region) -> bool:
 class _Ranges:
     """Byte ranges in planned buffers, each tagged with an instruction and a value, found by
     overlap and by instruction window in time proportional to what is found: every buffer
-    is cut into at most about 512 buckets, a range is filed under each bucket it touches,
+    is cut into at most about 128 buckets, a range is filed under each bucket it touches,
     and each bucket keeps its entries in instruction order (they are added in that order)."""
 
     def __init__(self, buffer_sizes: Sequence[int]) -> None:
-        self.width = {m: max(256, size // 512) for m, size in enumerate(buffer_sizes)}
+        self.width = {m: max(256, size // 128) for m, size in enumerate(buffer_sizes)}
         self.buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
 
     def _span(self, mem: int, start: int, end: int) -> range:
