@@ -24,7 +24,7 @@ from .engine.arguments import OutputMode
 from .engine.cuda_graph import CudaGraphRunner
 from .engine.fastcall import NOT_FAST, build_fast_call
 from .engine.hooks import Hooks
-from .engine.runner import BlockRunner, InstrumentedRunner, Runner
+from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
 from .engine.state import MethodState
 from .errors import PtexecError
 from .loader import (
@@ -229,7 +229,8 @@ class Method:
             policy = Policy(transfers or policy.transfers, layout or policy.layout)  # type: ignore[arg-type]
         mode = self._output_mode if outputs is None else _output_mode(outputs)
         state = self._state
-        with self._lock, torch.no_grad():  # inference: autograd must not touch the memory
+        # inference: autograd must not touch the memory (nor cost time)
+        with self._lock, torch.no_grad(), below_autograd():
             bound = arguments.check_inputs(state, inputs, policy, policy == _DEFAULT_POLICY)
             given = None
             if out is not None:

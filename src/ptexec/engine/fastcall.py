@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..memory import resize_to
-from .runner import BlockRunner, Runner
+from .runner import BlockRunner, Runner, below_autograd_for
 from .state import MethodState
 
 __all__ = ["NOT_FAST", "build_fast_call"]
@@ -143,6 +143,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     lines.append("    rec.outputs[:] = NO_OUT")
     line_map: dict[int, int] = {}
     lines.append("    try:")
+    pad = "        "
+    guard = below_autograd_for(state)
+    if guard is not None:
+        env["_below"] = guard
+        lines.append("        with _below():")
+        pad += "    "
     if isinstance(runner, BlockRunner) and runner.straight_line:
         chain = state.chains[0]
         if len(chain.instructions) > state.max_instructions:
@@ -150,12 +156,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         for k, st in enumerate(chain.statements):  # straight-line: the instructions, inline
             for part in st.code.splitlines():
                 line_map[len(lines) + 1] = k
-                lines.append("        " + part)
+                lines.append(pad + part)
             env.update(st.env)
-        lines.append("        pass")
+        lines.append(pad + "pass")
     else:  # the runner: control flow, the instruction limit, its own error reports
         env["_run"] = runner.run
-        lines.append("        _run(v)")
+        lines.append(pad + "_run(v)")
     outs = []
     for out in state.outputs:
         if out.kind == "tensor" and copy_outputs:
