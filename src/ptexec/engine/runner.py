@@ -38,6 +38,7 @@ __all__ = [
     "below_autograd",
     "below_autograd_for",
     "instrumented_chains",
+    "run_chains",
 ]
 
 # Inference never needs autograd, yet every op still passes through its dispatch keys
@@ -84,6 +85,36 @@ def _limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int
     )
 
 
+def run_chains(
+    state: MethodState, chains: list[CompiledChain], v: list[Any], h: Hooks | None
+) -> None:
+    """Run compiled chains on ``v``, block by block, counting instructions against the
+    method's limit; instrumented blocks get the hooks ``h``. A failure inside an
+    instruction becomes the :class:`ExecutionError` naming it; with hooks, an exception
+    raised outside every instruction (by a hook) propagates as it is."""
+    limit = state.max_instructions
+    count = 0
+    try:
+        for c, compiled in enumerate(chains):
+            blocks, sizes = compiled.blocks, compiled.sizes
+            b = 0
+            while b >= 0:
+                count += sizes[b]
+                if count > limit:
+                    raise _limit_error(state, c, compiled, b)
+                b = blocks[b](v) if h is None else blocks[b](v, h)
+    except (LimitExceededError, ExecutionError, StopCall):
+        raise
+    except Exception as e:
+        if (
+            h is not None
+            and not isinstance(e, PtexecError)
+            and state.sources.locate(e.__traceback__) is None
+        ):
+            raise  # not an instruction's failure: the tool's own
+        raise state.execution_error(e) from e
+
+
 class BlockRunner:
     """The plain compiled blocks of every chain (compiled at the first run: a method whose
     common calls run its statements inlined in the fast path may never need them)."""
@@ -109,22 +140,7 @@ class BlockRunner:
         pass
 
     def run(self, v: list[Any]) -> None:
-        state = self.state
-        limit = state.max_instructions
-        count = 0
-        try:
-            for c, compiled in enumerate(self.chains):
-                blocks, sizes = compiled.blocks, compiled.sizes
-                b = 0
-                while b >= 0:
-                    count += sizes[b]
-                    if count > limit:
-                        raise _limit_error(state, c, compiled, b)
-                    b = blocks[b](v)
-        except (LimitExceededError, ExecutionError):
-            raise
-        except Exception as e:
-            raise state.execution_error(e) from e
+        run_chains(self.state, self.chains, v, None)
 
     @property
     def straight_line(self) -> bool:
@@ -156,24 +172,7 @@ class InstrumentedRunner:
         pass
 
     def run(self, v: list[Any]) -> None:
-        state = self.state
         h = self.hooks
-        limit = state.max_instructions
-        count = 0
         h.begin(v)
-        try:
-            for c, compiled in enumerate(self.chains):
-                blocks, sizes = compiled.blocks, compiled.sizes
-                b = 0
-                while b >= 0:
-                    count += sizes[b]
-                    if count > limit:
-                        raise _limit_error(state, c, compiled, b)
-                    b = blocks[b](v, h)
-        except (LimitExceededError, ExecutionError, StopCall):
-            raise
-        except Exception as e:
-            if state.sources.locate(e.__traceback__) is None and not isinstance(e, PtexecError):
-                raise  # not an instruction's failure: the tool's own
-            raise state.execution_error(e) from e
+        run_chains(self.state, self.chains, v, h)
         h.end(v)
