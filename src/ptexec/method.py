@@ -274,9 +274,11 @@ class Method:
     input policy, see :class:`ptexec.binding.Policy`) and ``outputs`` (``"copy"``: fresh
     tensors, the default; ``"view"``: views of the method's memory, valid until the next
     call on this method, from any thread). Load-only options: ``device_map``,
-    ``max_planned_bytes``, ``max_instructions``, and ``optimize`` (default True: copies that
+    ``max_planned_bytes``, ``max_instructions``, ``optimize`` (default True: copies that
     are views in eager PyTorch run as views, and work on constants alone runs once at load,
-    where :mod:`ptexec.dataflow` proves it safe).
+    where :mod:`ptexec.dataflow` proves it safe) and ``xnnpack`` (``"auto"``, ``"torch"``
+    or ``"executorch"``: which runner runs XNNPACK payloads, see
+    :mod:`ptexec.delegates.xnnpack.backend`).
 
     Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
     refuses, before allocating anything, a plan whose buffers (shared state included) add up
@@ -306,7 +308,11 @@ class Method:
         max_instructions: int = DEFAULT_MAX_INSTRUCTIONS,
         optimize: bool = True,
         cuda_graph: bool = False,
+        xnnpack: str = "auto",
     ) -> None:
+        if xnnpack not in ("auto", "torch", "executorch"):
+            raise ValueError(f"xnnpack must be 'auto', 'torch' or 'executorch', not {xnnpack!r}")
+        self._backend_options = {"xnnpack": xnnpack}
         self._program = program
         plan = program.pte.program.execution_plan[plan_index]
         self._plan = plan
@@ -1205,6 +1211,7 @@ class _Loader:
                 self.pte.delegate_data(delegate.processed),
                 delegate.compile_specs,
                 self.program.named_data,
+                self.m._backend_options,
                 instruction=i,
                 args=ins.args,
                 values=plan.values,
