@@ -92,7 +92,8 @@ def test_corpus_entry(path: Path) -> None:
 def test_fuzz_bounded(name: str, rng) -> None:
     case = fl.draw_case({name: SEEDS[name]}, rng)
     pte, ptd = case.files(SEEDS)
-    _check(fl.guarded(pte, ptd, SEEDS[name].inputs, METER))
+    options = {**SEEDS[name].options, **case.options}
+    _check(fl.guarded(pte, ptd, SEEDS[name].inputs, METER, options=options))
 
 
 def test_fuzz_watchdog_run(tmp_path: Path) -> None:
@@ -149,6 +150,74 @@ def test_field_map_finds_schema_fields() -> None:
     by_path = {f.path: f for kind in fields.values() for f in kind}
     f = by_path["execution_plan[0].non_const_buffer_sizes(len)"]
     assert int.from_bytes(s.pte[f.pos : f.pos + 4], "little") == len(plan.non_const_buffer_sizes)
+
+
+def test_field_map_reaches_into_xnnpack_payloads() -> None:
+    """Payload fields are located where ptexec's own decoder reads them: a node parameter,
+    a value's dims, a clamp; constant data is sampled by element type."""
+    from ptexec.delegates.xnnpack.schema import decode_payload
+    from ptexec.format import program as p
+
+    s = SEEDS["xnnpack-op_pools"]
+    by_path = {f.path: f for kind in s.pte_mutator.by_kind.values() for f in kind}
+    prog = ptexec.load(s.pte)
+    plan = prog.pte.program.execution_plan[0]
+    payload = decode_payload(prog.pte.delegate_data(plan.delegates[0].processed))
+    base = "execution_plan[0].delegates[0].payload"
+    for node in payload.graph.nodes:
+        if node.type == "MaxPooling2d":
+            f = by_path[f"{base}.xnodes[{node.index}].max_pooling2d.pooling_width"]
+            assert f.kind == "xscalar"
+            assert int.from_bytes(s.pte[f.pos : f.pos + 4], "little") == node["pooling_width"]
+    for v in payload.graph.values:
+        for d, size in enumerate(v.dims):
+            f = by_path[f"{base}.xvalues[{v.index}].tensor_value.dims[{d}]"]
+            assert int.from_bytes(s.pte[f.pos : f.pos + 4], "little") == size
+    kinds = SEEDS["xnnpack-cnn_int8_static_pc"].pte_mutator.by_kind
+    assert {"xheader", "xtag", "xfloat", "fdata", "idata"} <= set(kinds)
+    assert any(isinstance(v, p.Tensor) for v in plan.values)
+
+
+def test_device_annotations_are_fields_of_their_own() -> None:
+    s = SEEDS["gpu_mlp"]
+    devices = s.pte_mutator.by_kind["device"]
+    assert any(f.path.endswith("extra_tensor_info.device_type") for f in devices)
+    assert any("non_const_buffer_device" in f.path for f in devices)
+    assert s.options in ({"device_map": "cpu"}, {"transfers": "allow"})
+
+
+def test_output_check_finds_contradicting_outputs() -> None:
+    import torch
+
+    from ptexec.device import CPU
+    from ptexec.tensor import TensorInfo
+
+    class Meta:
+        outputs = (
+            TensorInfo((4, 2), torch.float32, (0, 1), CPU),
+            TensorInfo((8, 3), torch.float32, (0, 1), CPU, dynamism="dynamic_bound"),
+        )
+
+    ok = [torch.zeros(4, 2), torch.zeros(5, 3)]
+    fl.check_outputs(Meta, ok)
+    for bad in (
+        [torch.zeros(3, 2), torch.zeros(5, 3)],  # static sizes differ
+        [torch.zeros(4, 2, dtype=torch.float16), torch.zeros(5, 3)],  # dtype
+        [torch.zeros(4, 2), torch.zeros(9, 3)],  # beyond the bound
+        [torch.zeros(4, 2), torch.zeros(15)],  # rank
+        [torch.zeros(4, 2)],  # count
+    ):
+        with pytest.raises(fl.OutputMismatch):
+            fl.check_outputs(Meta, bad)
+
+
+def test_xnnpack_cases_run_with_either_runner() -> None:
+    options = [
+        fl.draw_case(SEEDS, fl.case_rng(5, i)).options
+        for i in range(400)
+        if fl.draw_case(SEEDS, fl.case_rng(5, i)).seed.startswith(fl.XNNPACK_PREFIX)
+    ]
+    assert {} in options and {"xnnpack": "torch"} in options
 
 
 def test_cases_are_reproducible() -> None:

@@ -24,6 +24,7 @@ import torch
 
 from .format import program as p
 from .memory import resize_to
+from .tensor import TensorInfo
 
 if TYPE_CHECKING:
     from .method import Method
@@ -162,7 +163,20 @@ def build_fast_call(
         env["_run_blocks"] = method._run
         lines.append("        _run_blocks()")
     outs = []
+    env["_output_error"] = method._output_error
     for out in method._outputs:
+        if out.kind == "tensor":  # what execution left there is what the program declares
+            declared = out.info
+            x = f"v[{out.slot}]"
+            if isinstance(declared, TensorInfo) and declared.dynamism == "static":
+                env[f"O{out.index}"] = torch.Size(declared.sizes)
+                env[f"T{out.index}"] = declared.dtype
+                test = f"type({x}) is not Tensor or {x}.shape != O{out.index} or {x}.dtype is not T{out.index}"
+                lines.append(f"        if {test}: raise _output_error({out.index})")
+            else:
+                lines.append(
+                    f"        e = _output_error({out.index})\n        if e is not None: raise e"
+                )
         if out.kind == "tensor" and method._output_mode == "copy":
             outs.append(f"v[{out.slot}].clone()")
         else:

@@ -696,17 +696,43 @@ class Method:
         return "\n".join(str(f) for f in frames)  # outermost call first, as Python prints
 
     # -- outputs -------------------------------------------------------------------------
+    def _output_error(self, index: int) -> ExecutionError | None:
+        """Why output ``index`` as execution left it contradicts the program's declaration
+        (not a tensor; another dtype or rank; other sizes than static ones, or beyond a
+        bound): a kernel or delegate wrote what the program does not declare."""
+        spec = self._outputs[index]
+        x = self._values[spec.slot]
+        info = spec.info
+        if not isinstance(x, torch.Tensor):
+            why = f"execution left a {type(x).__name__} there"
+        elif not isinstance(info, TensorInfo):
+            return None
+        elif x.dtype != info.dtype:
+            why = f"execution left a {str(x.dtype).removeprefix('torch.')} tensor there"
+        else:
+            problem = shape_error(info, tuple(x.shape))
+            if problem is None:
+                return None
+            why = f"execution left sizes {list(x.shape)} ({problem})"
+        declared = (
+            f"{str(info.dtype).removeprefix('torch.')}{list(info.sizes)} ({info.dynamism})"
+            if isinstance(info, TensorInfo)
+            else "a tensor"
+        )
+        return ExecutionError(
+            self.name,
+            -1,
+            "output",
+            f"output {index} (value {spec.slot}) is {declared} in the program, but {why}",
+        )
+
     def _collect(self, mode: OutputMode, out: list[torch.Tensor | None] | None) -> list[Any]:
         v = self._values
         for spec in self._outputs:
-            if spec.kind == "tensor" and not isinstance(v[spec.slot], torch.Tensor):
-                raise ExecutionError(
-                    self.name,
-                    -1,
-                    "output",
-                    f"output {spec.index} (value {spec.slot}) is a tensor in the program, but "
-                    f"execution left a {type(v[spec.slot]).__name__} there",
-                )
+            if spec.kind == "tensor":
+                error = self._output_error(spec.index)
+                if error is not None:
+                    raise error
         results: list[Any] = []
         for spec in self._outputs:
             x = v[spec.slot]

@@ -37,7 +37,15 @@ from .runtime import ArgInfo, build_runner
 from .schema import decode_payload
 from .shapes import Dims, infer_dims
 
-__all__ = ["AUTO_RUNNER", "XNNPACK_RUNNERS", "prepare"]
+__all__ = [
+    "AUTO_RUNNER",
+    "XNNPACK_RUNNERS",
+    "check_externals",
+    "check_output_shapes",
+    "choose_runner",
+    "prepare",
+    "serialized_dims_problem",
+]
 
 XNNPACK_RUNNERS = ("auto", "torch", "executorch")
 # what "auto" runs on the CPU when ExecuTorch can: see docs/xnnpack_runners.md
@@ -144,7 +152,7 @@ def check_externals(payload: s.XnnPayload, tensors: list[p.Tensor | None]) -> No
 
 def check_output_shapes(payload: s.XnnPayload, tensors: list[p.Tensor | None]) -> None:
     """The shapes the graph computes from the program's static inputs fit the output
-    tensors the program declares (exactly when static; within the element bound when
+    tensors the program declares (exactly when static; within the bound of every dim when
     dynamic). Outputs that depend on dynamic inputs are left to the call."""
     known: dict[int, Dims | None] = {}
     for v in payload.graph.values:
@@ -181,7 +189,7 @@ def check_output_shapes(payload: s.XnnPayload, tensors: list[p.Tensor | None]) -
         elif t.shape_dynamism == p.STATIC:
             ok = got == want
         else:
-            ok = math.prod(got) <= math.prod(want)
+            ok = all(a <= b for a, b in zip(got, want, strict=True))
         if not ok:
             kind = "declares" if t.shape_dynamism == p.STATIC else "bounds it by"
             raise PteFormatError(
@@ -191,8 +199,60 @@ def check_output_shapes(payload: s.XnnPayload, tensors: list[p.Tensor | None]) -
             )
 
 
+def choose_runner(choice: str, device: str, unavailable: str | None, where: str = "") -> str:
+    """The runner for option ``choice`` on a delegate whose tensors are on ``device`` (a
+    torch device type), ``unavailable`` saying why ExecuTorch's backend cannot run here
+    (None: it can): ``"torch"`` or ``"executorch"``. ``"executorch"`` that cannot be
+    honoured raises BackendUnavailableError; ``"auto"`` then takes ptexec's runner, as it
+    does on every device but the CPU."""
+    if choice not in XNNPACK_RUNNERS:
+        raise ValueError(f"xnnpack must be one of {', '.join(XNNPACK_RUNNERS)}, not {choice!r}")
+    if choice == "torch" or (choice == "auto" and AUTO_RUNNER == "torch"):
+        return "torch"
+    reason = unavailable
+    if device != "cpu":
+        reason = (
+            f"ExecuTorch's XNNPACK backend runs on the CPU; this delegate's tensors are on {device}"
+        )
+    if reason is None:
+        return "executorch"
+    if choice == "executorch":
+        raise BackendUnavailableError(f"{where}: xnnpack='executorch': {reason}")
+    return "torch"
+
+
+def serialized_dims_problem(
+    payload: s.XnnPayload, tensors: list[p.Tensor | None]
+) -> PteFormatError | None:
+    """The first value whose serialized dims differ from the dims the graph computes from
+    the program's input tensors (their upper bounds, when dynamic), or None.
+
+    XNNPACK defines each value with its serialized dims and sizes its memory by them, so
+    dims that contradict the program (a hostile file's, say) are not handed to it.
+    ExecuTorch's exporter writes exactly the computed dims."""
+    known: dict[int, Dims | None] = {}
+    for v in payload.graph.values:
+        if v.is_input:
+            t = tensors[v.external_id]
+            assert t is not None  # check_externals ran
+            known[v.id] = _physical(t) if t.sizes else tuple(v.dims)
+    dims = infer_dims(payload, known)
+    for v in payload.graph.values:
+        if v.is_constant or v.is_input:
+            continue
+        got = dims.get(v.id)
+        if got is not None and tuple(v.dims) != got:
+            return PteFormatError(
+                f"{payload.path}.xvalues[{v.index}].dims",
+                f"{list(v.dims)}, but the graph computes {list(got)} from the program's inputs",
+            )
+    return None
+
+
 def _where(ctx: DelegateContext) -> str:
     method = getattr(ctx.method, "name", None)
+    if method:  # a program may name a method anything; paths name it legibly
+        method = method.replace("\0", "\\x00")
     return (
         f"{method}.delegates[{ctx.delegate_index}]"
         if method
@@ -205,22 +265,27 @@ def prepare(ctx: DelegateContext) -> Emission:
     ``_run(v[a], v[b], ...)``."""
     where = _where(ctx)
     choice = ctx.options.get("xnnpack", "auto")
-    if choice not in XNNPACK_RUNNERS:
-        raise ValueError(f"xnnpack must be one of {', '.join(XNNPACK_RUNNERS)}, not {choice!r}")
     payload = decode_payload(ctx.processed, f"{where}.payload")
     tensors = _arg_tensors(ctx, where)
     device = _device(ctx)
-    want_et = choice == "executorch" or (choice == "auto" and AUTO_RUNNER == "executorch")
-    if want_et:
+    if choice != "torch":
         from .executorch_runner import executorch_unavailable
 
-        reason = executorch_unavailable()
-        if reason is None and device.type != "cpu":
-            reason = f"ExecuTorch's XNNPACK backend runs on the CPU; this delegate's tensors are on {device}"
-        if reason is None:
+        unavailable = executorch_unavailable() if device.type == "cpu" else None
+        if choose_runner(choice, device.type, unavailable, where) == "executorch":
             return _prepare_executorch(ctx, payload, tensors, where, strict=choice == "executorch")
-        if choice == "executorch":
-            raise BackendUnavailableError(f"{where}: xnnpack='executorch': {reason}")
+    check_externals(payload, tensors)
+    return _prepare_torch(ctx, payload, tensors, where, device)
+
+
+def _prepare_torch(
+    ctx: DelegateContext,
+    payload: s.XnnPayload,
+    tensors: list[p.Tensor | None],
+    where: str,
+    device: torch.device,
+) -> Emission:
+    """ptexec's runner (:mod:`.runtime`)."""
     runner = build_runner(payload, ctx.named_data, _arg_infos(tensors, where), device)
     check_output_shapes(payload, tensors)
     name = ctx.bind(runner.fn, "xnnpack")
@@ -246,9 +311,14 @@ def _prepare_executorch(
         raise BackendUnavailableError(
             f"XNNPACK payload {payload.path} uses unknown node type {code} (xnodes[{index}])"
         )
-    s.validate_payload(payload, ctx.named_data.keys())
+    s.validate_payload(payload, ctx.named_data)
     check_externals(payload, tensors)
     check_output_shapes(payload, tensors)
+    problem = serialized_dims_problem(payload, tensors)
+    if problem is not None:
+        if strict:
+            raise problem
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     bad = [k for k, t in enumerate(tensors) if t is None]
     if bad:
         raise BackendUnavailableError(
@@ -263,12 +333,7 @@ def _prepare_executorch(
     except BackendUnavailableError:
         if strict:
             raise
-        device = torch.device("cpu")
-        fallback = build_runner(payload, ctx.named_data, _arg_infos(tensors, where), device)
-        name = ctx.bind(fallback.fn, "xnnpack")
-        call = ", ".join(f"v[{ctx.args[k]}]" for k in fallback.ext_ids)
-        outs = tuple(ctx.args[k] for k in fallback.output_ids)
-        return ctx.emit(f"{name}({call})", mutates=outs, outs=outs)
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     name = ctx.bind(runner.fn, "xnnpack")
     outs = tuple(ctx.args[k] for k in outputs)
     call = ", ".join(f"v[{slot}]" for slot in ctx.args)

@@ -36,6 +36,7 @@ from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
 from . import schema as s
+from .runtime import OutputShapeError
 
 __all__ = ["EtRunner", "build_executorch_runner", "executorch_unavailable"]
 
@@ -135,11 +136,22 @@ def _not_dense(k: int) -> RuntimeError:
     return RuntimeError(f"delegate argument {k} (an output) is not dense in its dim order")
 
 
-def _resize_output(x: torch.Tensor, y: torch.Tensor, order: tuple[int, ...], k: int) -> None:
-    """Give output ``x`` the shape ExecuTorch's tensor ``y`` (its alias) has after a call."""
+def _resize_output(
+    x: torch.Tensor, y: torch.Tensor, order: tuple[int, ...], bound: tuple[int, ...], k: int
+) -> None:
+    declared = f"{str(x.dtype).removeprefix('torch.')}{list(bound)}"
+    """Give output ``x`` the shape ExecuTorch's tensor ``y`` (its alias) has after a call,
+    when that shape is within the output's declared ``bound`` in every dim (ExecuTorch
+    checks only the element count)."""
     if y.data_ptr() != x.data_ptr():
         raise RuntimeError(f"delegate argument {k}: ExecuTorch wrote elsewhere")
-    resize_to(x, tuple(y.shape), order)
+    shape = tuple(y.shape)
+    if len(shape) != len(bound) or any(a > b for a, b in zip(shape, bound, strict=True)):
+        raise OutputShapeError(
+            f"delegate argument {k}: the graph computed {list(shape)}, beyond the bound "
+            f"{declared} the program declares"
+        )
+    resize_to(x, shape, order)
 
 
 _RUNNERS = itertools.count()
@@ -239,7 +251,7 @@ def _generate(
         lines += [
             f"y{k} = _get({name!r})",
             f"if y{k}.shape != x{k}.shape:",
-            f"    _resize_output(x{k}, y{k}, {order!r}, {k})",
+            f"    _resize_output(x{k}, y{k}, {order!r}, {tuple(tensors[k].sizes)!r}, {k})",
         ]
     source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
     filename = f"<ptexec xnnpack executorch #{next(_RUNNERS)}>"

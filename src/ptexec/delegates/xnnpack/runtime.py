@@ -110,7 +110,7 @@ _TINY_CONV_FLOPS = 1_000_000
 class ArgInfo:
     """What the method says about one delegate argument tensor: its dtype, dim order and,
     when known, its declared sizes (``sizes``) and whether they are exact (``static``) or
-    an upper bound on the element count (``bounded``)."""
+    an upper bound on each dim (``bounded``)."""
 
     dtype: torch.dtype
     dim_order: tuple[int, ...]
@@ -230,7 +230,8 @@ def _resize(
 ) -> None:
     """Resize output ``x`` (delegate argument ``k``) to the shape XNNPACK computed
     (``phys``, in dim order), if its declaration ``arg`` allows that shape: a static
-    output keeps its sizes, a bounded one at most its element count, and the rank is fixed."""
+    output keeps its sizes, a bounded one stays within its bound in every dim, and the
+    rank is fixed."""
     if len(phys) != len(order):
         raise OutputShapeError(
             f"delegate argument {k}: the graph computed {len(phys)} dims {list(phys)} for a "
@@ -245,10 +246,10 @@ def _resize(
             raise OutputShapeError(
                 f"delegate argument {k}: the graph computed {logical}, the program declares {declared}"
             )
-        if math.prod(logical) > math.prod(arg.sizes):
+        if any(a > b for a, b in zip(logical, arg.sizes, strict=True)):
             raise OutputShapeError(
-                f"delegate argument {k}: the graph computed {logical}, more elements than the "
-                f"bound {declared} the program declares"
+                f"delegate argument {k}: the graph computed {logical}, beyond the bound "
+                f"{declared} the program declares"
             )
     try:
         resize_to(x, logical, order)
@@ -1227,7 +1228,7 @@ def build_runner(
     kinds = sorted(
         {v.dtype_name for v in payload.graph.values if v.dtype_name in _UNSUPPORTED_TYPES}
     )
-    s.validate_payload(payload, named_data.keys())
+    s.validate_payload(payload, named_data)
     if kinds:
         raise BackendUnavailableError(
             f"XNNPACK payload {payload.path} uses datatype(s) ptexec cannot run: {', '.join(kinds)}"
