@@ -313,6 +313,75 @@ def test_planned_memory_cannot_grow(name: str) -> None:
     assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance(name)) is None
 
 
+def test_sizes_whose_product_overflows_are_refused_at_load() -> None:
+    """[2^31 - 1, 2^31 - 1, 2^31 - 1, 0] holds no element, but torch forms the product of
+    its sizes (numel, strides) and overflows: a PteFormatError naming the sizes, before any
+    tensor is made."""
+    s = SEEDS["transformer"]
+    plan = ptexec.load(s.pte).pte.program.execution_plan[0]
+    k = next(
+        i
+        for i, v in enumerate(plan.values)
+        if type(v).__name__ == "Tensor" and len(v.sizes) >= 4  # type: ignore[union-attr]
+    )
+    edits = []
+    for d, value in enumerate([(1 << 31) - 1] * 3 + [0]):
+        path = f"execution_plan[0].values[{k}].tensor.sizes[{d}]"
+        (f,) = [f for f in s.pte_mutator.by_kind["item"] if f.path == path]
+        edits.append(("set", f.pos, value.to_bytes(4, "little").hex()))
+    with pytest.raises(ptexec.PteFormatError, match=rf"values\[{k}\]\.tensor\.sizes: .* exceeds"):
+        ptexec.load(fl.apply_edits(s.pte, edits))
+
+
+def _xnnpack_edit(name: str, path: str, raw: bytes) -> bytes:
+    s = SEEDS[fl.XNNPACK_PREFIX + name]
+    (f,) = [f for kind in s.pte_mutator.by_kind.values() for f in kind if f.path == path]
+    return fl.apply_edits(s.pte, [("set", f.pos, raw.hex())])
+
+
+@pytest.mark.parametrize("runner", ["torch", "executorch"])
+def test_nan_output_clamp_is_refused_at_load(runner: str) -> None:
+    import struct
+
+    s = SEEDS["xnnpack-dwnet_int8_static_pc"]
+    clamp = next(
+        f for f in s.pte_mutator.by_kind["xfloat"] if f.path.endswith("output_min_max.output_max")
+    )
+    data = fl.apply_edits(s.pte, [("set", clamp.pos, struct.pack("<f", float("nan")).hex())])
+    with pytest.raises(ptexec.PteFormatError, match=r"output_min_max: output clamp .* not an interval"):
+        ptexec.load(data).load_method("forward", xnnpack=runner)
+
+
+def test_named_data_shorter_than_its_constant_is_refused_at_load() -> None:
+    """The program's segment holding an XNNPACK weight is cut short: the constant that
+    reads it is named, with both sizes."""
+    s = SEEDS["xnnpack-mlp_fp16"]
+    prog = ptexec.load(s.pte).pte.program
+    seg = prog.named_data[0].segment_index
+    (f,) = [f for f in s.pte_mutator.by_kind["scalar"] if f.path == f"segments[{seg}].size"]
+    data = fl.apply_edits(s.pte, [("set", f.pos, (8).to_bytes(8, "little").hex())])
+    for runner in ("torch", "executorch"):
+        with pytest.raises(ptexec.PteFormatError, match=r"holds 8 bytes, the value needs"):
+            ptexec.load(data).load_method("forward", xnnpack=runner)
+
+
+def test_payload_dims_that_contradict_the_program_stay_with_ptexec() -> None:
+    """An intermediate value's serialized dims made huge (XNNPACK would define it so):
+    ExecuTorch's backend is not given the payload; 'auto' runs it with ptexec's runner (which
+    computes shapes from the inputs), 'executorch' is a PteFormatError naming the dims."""
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    path = "execution_plan[0].delegates[0].payload.xvalues[3].tensor_value.dims[1]"
+    data = _xnnpack_edit("mlp", path, (0xFFFFFFFF).to_bytes(4, "little"))
+    call = SEEDS["xnnpack-mlp"].inputs["forward"]
+    m = ptexec.load(data).load_method("forward")
+    want = ptexec.load(SEEDS["xnnpack-mlp"].pte).load_method("forward", xnnpack="torch")
+    assert compare_outputs(m.execute(call), want.execute(call), 0, 0) is None
+    if executorch_unavailable() is None:
+        with pytest.raises(ptexec.PteFormatError, match=r"xvalues\[3\]\.dims: .* the graph computes"):
+            ptexec.load(data).load_method("forward", xnnpack="executorch")
+
+
 # --------------------------------------------------------------------------------------
 # limits
 

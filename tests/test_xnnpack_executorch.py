@@ -267,3 +267,26 @@ def test_one_delegate_program_reads_back() -> None:
     }
     for ref in back.segments:
         assert ref.offset % 16 == 0  # XNNPACK reads constants in place
+
+
+def _single_delegate(name: str) -> bool:
+    plan = ptexec.load(DIR / MANIFEST[name]["pte"]).pte.program.execution_plan[0]
+    return all(isinstance(i, p.DelegateCall) for i in plan.chains[0].instructions)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(MANIFEST) if _single_delegate(n)])
+def test_bit_identical_to_executorch_on_one_delegate_programs(name: str, et: None) -> None:
+    """Where the whole program is XNNPACK delegate calls, ptexec with xnnpack='executorch'
+    returns exactly what ExecuTorch's runtime returns in the same process (the same
+    kernels on the same memory), dynamic shapes and quantized recipes included."""
+    from executorch.runtime import Runtime
+
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    m = _method(name, xnnpack="executorch")
+    for call in _calls(name):
+        got = m.execute(call["inputs"])
+        want = [x.clone() for x in em.execute(call["inputs"])]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert torch.equal(g, w), name

@@ -746,6 +746,12 @@ def validate_payload(
             raise PteFormatError(f"{where}.dims", f"{len(v.dims)} dims exceed {MAX_DIMS}")
         if v.flags & ~(FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT):
             raise PteFormatError(f"{where}.flags", f"unsupported flag bits {v.flags:#x}")
+        if not v.flags and v.external_id != INVALID_ID:
+            # XNNPACK's compiler makes any value with an external id external
+            raise PteFormatError(
+                f"{where}.external_id",
+                f"external id {v.external_id} on a value that is neither an input nor an output",
+            )
         if v.flags:
             if v.external_id >= g.num_externs:
                 raise PteFormatError(
@@ -778,10 +784,21 @@ def validate_payload(
             f"{path}.xvalues[{ext_out[k]}].external_id",
             f"external id {k} is both an input and an output",
         )
-    for name, ids in (("input_ids", g.input_ids), ("output_ids", g.output_ids)):
+    for name, ids, flagged in (
+        ("input_ids", g.input_ids, {g.values[i].id for i in ext_in.values()}),
+        ("output_ids", g.output_ids, {g.values[i].id for i in ext_out.values()}),
+    ):
         for k, vid in enumerate(ids):
             if vid not in seen:
                 raise PteFormatError(f"{path}.{name}[{k}]", f"no value with id {vid}")
+        # XNNPACK's compiler takes the graph's inputs and outputs from these lists, ptexec
+        # from the values' flags: both must say the same
+        if len(set(ids)) != len(ids) or set(ids) != flagged:
+            raise PteFormatError(
+                f"{path}.{name}",
+                f"{sorted(ids)} are not the ids of the values flagged external "
+                f"{name.removesuffix('_ids')}s ({sorted(flagged)})",
+            )
     _check_nodes(payload, seen)
 
 
