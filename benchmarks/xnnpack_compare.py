@@ -144,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, entry in manifest.items():
             calls = torch.load(FIXTURES / f"{name}.io.pt", weights_only=True)["calls"]
             cases.append((name, entry["recipe"], FIXTURES / entry["pte"], calls[0]["inputs"]))
+    fixtures = {c[0] for c in cases}
     tmp = tempfile.TemporaryDirectory()
     if not args.no_models:
         cases += _models(Path(tmp.name))
@@ -181,11 +182,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {recipe:22s} {gmean([a for a, _ in rs]):6.2f} {gmean([b for _, b in rs]):6.2f}"
             f"  ({len(rs)} programs)"
         )
-    every = [r for _, r in rows]
-    print(
-        f"  {'all':22s} {gmean([a for a, _ in every]):6.2f} {gmean([b for _, b in every]):6.2f}"
-        f"  ({len(every)} programs)"
-    )
+    groups = [
+        ("fixtures", [r for n, r in rows if n in fixtures]),
+        ("models", [r for n, r in rows if n not in fixtures]),
+        ("all", [r for _, r in rows]),
+    ]
+    for label, rs in groups:
+        if rs:
+            print(
+                f"  {label:22s} {gmean([a for a, _ in rs]):6.2f} {gmean([b for _, b in rs]):6.2f}"
+                f"  ({len(rs)} programs)"
+            )
     for k, label in enumerate(RUNNERS):
         wins = [n for n, r in rows if r[k] < 1]
         print(f"\nxnnpack={label!r} faster than ExecuTorch on {len(wins)} of {len(rows)}")

@@ -55,9 +55,7 @@ def test_the_unchanged_fixtures_run() -> None:
     """Not vacuous: the fixtures these files come from load and run with both runners."""
     for entry in MANIFEST.values():
         for runner in _runners():
-            m = ptexec.load(GOOD / f"{entry['fixture']}.pte").load_method(
-                "forward", xnnpack=runner
-            )
+            m = ptexec.load(GOOD / f"{entry['fixture']}.pte").load_method("forward", xnnpack=runner)
             m.execute(_calls(entry["fixture"])[0]["inputs"])
 
 
@@ -94,7 +92,9 @@ def test_a_kernel_shrinking_a_static_output_is_an_execution_error() -> None:
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location("fuzz_loader", ROOT / "scripts" / "fuzz_loader.py")
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_loader", ROOT / "scripts" / "fuzz_loader.py"
+    )
     assert spec is not None and spec.loader is not None
     fl = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("fuzz_loader", fl)
@@ -120,11 +120,15 @@ def _payload(name: str) -> tuple[s.XnnPayload, list[Any]]:
     prog = ptexec.load(GOOD / f"{name}.pte")
     plan = prog.pte.program.execution_plan[0]
     (call,) = [i for i in plan.chains[0].instructions if isinstance(i, p.DelegateCall)][:1]
-    payload = s.decode_payload(prog.pte.delegate_data(plan.delegates[call.delegate_index].processed))
+    payload = s.decode_payload(
+        prog.pte.delegate_data(plan.delegates[call.delegate_index].processed)
+    )
     return payload, [plan.values[a] for a in call.args]
 
 
-@pytest.mark.parametrize("name", ["op_pools", "op_conv_shapes", "op_conv_transpose", "op_shapes", "cnn"])
+@pytest.mark.parametrize(
+    "name", ["op_pools", "op_conv_shapes", "op_conv_transpose", "op_shapes", "cnn"]
+)
 def test_inferred_dims_are_what_the_graph_computes(name: str) -> None:
     """infer_dims from the program's static inputs gives every external output the dims
     of the tensor the fixture's ExecuTorch run returned (in the tensor's dim order)."""

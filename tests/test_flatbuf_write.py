@@ -8,7 +8,8 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptexec.format.flatbuf import SCALARS, Buffer, Table as RTable
+from ptexec.format.flatbuf import SCALARS, Buffer
+from ptexec.format.flatbuf import Table as RTable
 from ptexec.format.flatbuf_write import MAX_ALIGN, String, Table, TableVector, Vector, finish
 
 _KINDS = ["u8", "i8", "bool", "u16", "i32", "u32", "i64", "u64", "f64"]
@@ -69,8 +70,10 @@ def _check(t: RTable, want: dict[int, object]) -> None:
             _, kind, v = spec
             at = t._field(slot)
             assert at % SCALARS[kind][1] == 0  # aligned to its size
-            got = t.f64(slot, "x") if kind == "f64" else (
-                t.bool_(slot, "x") if kind == "bool" else t.int_(slot, kind, "x")
+            got = (
+                t.f64(slot, "x")
+                if kind == "f64"
+                else (t.bool_(slot, "x") if kind == "bool" else t.int_(slot, kind, "x"))
             )
             assert got == v
         elif what == "str":

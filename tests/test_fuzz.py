@@ -348,7 +348,9 @@ def test_nan_output_clamp_is_refused_at_load(runner: str) -> None:
         f for f in s.pte_mutator.by_kind["xfloat"] if f.path.endswith("output_min_max.output_max")
     )
     data = fl.apply_edits(s.pte, [("set", clamp.pos, struct.pack("<f", float("nan")).hex())])
-    with pytest.raises(ptexec.PteFormatError, match=r"output_min_max: output clamp .* not an interval"):
+    with pytest.raises(
+        ptexec.PteFormatError, match=r"output_min_max: output clamp .* not an interval"
+    ):
         ptexec.load(data).load_method("forward", xnnpack=runner)
 
 
@@ -378,7 +380,9 @@ def test_payload_dims_that_contradict_the_program_stay_with_ptexec() -> None:
     want = ptexec.load(SEEDS["xnnpack-mlp"].pte).load_method("forward", xnnpack="torch")
     assert compare_outputs(m.execute(call), want.execute(call), 0, 0) is None
     if executorch_unavailable() is None:
-        with pytest.raises(ptexec.PteFormatError, match=r"xvalues\[3\]\.dims: .* the graph computes"):
+        with pytest.raises(
+            ptexec.PteFormatError, match=r"xvalues\[3\]\.dims: .* the graph computes"
+        ):
             ptexec.load(data).load_method("forward", xnnpack="executorch")
 
 

@@ -142,7 +142,9 @@ def test_tensors_are_handed_over_once_while_their_memory_stays(et: None) -> None
         call = _calls(name)[0]
         for _ in range(3):
             got = m.execute(call["inputs"])
-            assert compare_outputs(got, call["executorch"], *MANIFEST[name]["tol_executorch"]) is None
+            assert (
+                compare_outputs(got, call["executorch"], *MANIFEST[name]["tol_executorch"]) is None
+            )
         assert len(seen) == 1, name
 
 
@@ -176,7 +178,7 @@ def test_executorch_without_its_backend_is_a_typed_error(
     monkeypatch.setattr(
         executorch_runner, "_pybindings", lambda: "ExecuTorch's runtime is not installed"
     )
-    with pytest.raises(BackendUnavailableError, match="xnnpack='executorch'.*not installed"):
+    with pytest.raises(BackendUnavailableError, match=r"xnnpack='executorch'.*not installed"):
         _method("mlp", xnnpack="executorch")
     m = _method("mlp")  # auto: ptexec's runner
     assert set(_runners(m)) == {"_xnnpack_run"}

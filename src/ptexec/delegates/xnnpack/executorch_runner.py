@@ -139,10 +139,10 @@ def _not_dense(k: int) -> RuntimeError:
 def _resize_output(
     x: torch.Tensor, y: torch.Tensor, order: tuple[int, ...], bound: tuple[int, ...], k: int
 ) -> None:
-    declared = f"{str(x.dtype).removeprefix('torch.')}{list(bound)}"
     """Give output ``x`` the shape ExecuTorch's tensor ``y`` (its alias) has after a call,
     when that shape is within the output's declared ``bound`` in every dim (ExecuTorch
     checks only the element count)."""
+    declared = f"{str(x.dtype).removeprefix('torch.')}{list(bound)}"
     if y.data_ptr() != x.data_ptr():
         raise RuntimeError(f"delegate argument {k}: ExecuTorch wrote elsewhere")
     shape = tuple(y.shape)
