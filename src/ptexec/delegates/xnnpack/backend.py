@@ -321,9 +321,11 @@ def _prepare_executorch(
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     bad = [k for k, t in enumerate(tensors) if t is None]
     if bad:
-        raise BackendUnavailableError(
-            f"{where}: xnnpack='executorch': argument {bad[0]} of the call is not a tensor"
-        )
+        if strict:
+            raise BackendUnavailableError(
+                f"{where}: xnnpack='executorch': argument {bad[0]} of the call is not a tensor"
+            )
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     args = [t for t in tensors if t is not None]
     outputs = sorted({v.external_id for v in payload.graph.values if v.is_output})
     try:
