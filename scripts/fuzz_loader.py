@@ -108,10 +108,25 @@ MAX_INPUT_ELEMENTS = 1 << 20  # largest synthesized input tensor (elements)
 #   ("tables", T), ("union", {code: T}) (occupies the slot and the next one)
 
 _KERNEL_TYPES = {
-    1: "Null", 2: "Int", 3: "Bool", 4: "Double", 5: "Tensor", 6: "String", 7: "IntList",
-    8: "DoubleList", 9: "BoolList", 10: "TensorList", 11: "OptionalTensorList",
+    1: "Null",
+    2: "Int",
+    3: "Bool",
+    4: "Double",
+    5: "Tensor",
+    6: "String",
+    7: "IntList",
+    8: "DoubleList",
+    9: "BoolList",
+    10: "TensorList",
+    11: "OptionalTensorList",
 }
-_INSTRUCTIONS = {1: "KernelCall", 2: "DelegateCall", 3: "MoveCall", 4: "JumpFalseCall", 5: "FreeCall"}
+_INSTRUCTIONS = {
+    1: "KernelCall",
+    2: "DelegateCall",
+    3: "MoveCall",
+    4: "JumpFalseCall",
+    5: "FreeCall",
+}
 
 SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
     "Program": [
@@ -185,7 +200,12 @@ SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
     "JumpFalseCall": [(0, "cond_value_index", "i32"), (1, "destination_instruction", "i32")],
     "FreeCall": [(0, "value_index", "i32")],
     "FrameList": [(0, "items", ("tables", "Frame"))],
-    "Frame": [(0, "filename", "str"), (1, "lineno", "i32"), (2, "name", "str"), (3, "context", "str")],
+    "Frame": [
+        (0, "filename", "str"),
+        (1, "lineno", "i32"),
+        (2, "name", "str"),
+        (3, "context", "str"),
+    ],
     "Operator": [(0, "name", "str"), (1, "overload", "str")],
     "BackendDelegate": [
         (0, "id", "str"),
@@ -194,7 +214,11 @@ SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
     ],
     "BackendDelegateDataReference": [(0, "location", "i8"), (1, "index", "u32")],
     "CompileSpec": [(0, "key", "str"), (1, "value", ("vec", "u8"))],
-    "NonConstBufferDevice": [(0, "buffer_idx", "i32"), (1, "device_type", "i8"), (2, "device_index", "i8")],
+    "NonConstBufferDevice": [
+        (0, "buffer_idx", "i32"),
+        (1, "device_type", "i8"),
+        (2, "device_index", "i8"),
+    ],
     "Buffer": [(0, "storage", ("vec", "u8"))],
     "DataSegment": [(0, "offset", "u64"), (1, "size", "u64")],
     "SubsegmentOffsets": [(0, "segment_index", "u32"), (1, "offsets", ("vec", "u64"))],
@@ -210,9 +234,12 @@ SCHEMA: dict[str, list[tuple[int, str, Any]]] = {
         (1, "segment_index", "u32"),
         (2, "tensor_layout", ("table", "TensorLayout")),
     ],
-    "TensorLayout": [(0, "scalar_type", "i8"), (1, "sizes", ("vec", "i32")), (2, "dim_order", ("vec", "u8"))],
+    "TensorLayout": [
+        (0, "scalar_type", "i8"),
+        (1, "sizes", ("vec", "i32")),
+        (2, "dim_order", ("vec", "u8")),
+    ],
 }
-
 
 
 def _snake(name: str) -> str:
@@ -220,7 +247,16 @@ def _snake(name: str) -> str:
 
 
 _WIDTH = {
-    "u8": 1, "i8": 1, "bool": 1, "u16": 2, "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8,
+    "u8": 1,
+    "i8": 1,
+    "bool": 1,
+    "u16": 2,
+    "i32": 4,
+    "u32": 4,
+    "f32": 4,
+    "i64": 8,
+    "u64": 8,
+    "f64": 8,
 }
 
 
@@ -291,7 +327,9 @@ def _walk_table(
             if at:
                 out.append(w.field(at, 1, "tag", f"{path}_type"))
             # the value is named by its type (values[3].tensor), as validation names it
-            code, child = t.union(slot, name, {c: _LABELS.get(n) or _snake(n) for c, n in kind[1].items()})
+            code, child = t.union(
+                slot, name, {c: _LABELS.get(n) or _snake(n) for c, n in kind[1].items()}
+            )
             vat = t._field(slot + 1)
             if vat:
                 out.append(w.field(vat, 4, "offset", path))
@@ -336,7 +374,12 @@ def xnnpack_schema() -> dict[str, list[tuple[int, str, Any]]]:
     node tables come from ptexec's decoder (one source of truth for slots and kinds)."""
     from ptexec.delegates.xnnpack import schema as xs
 
-    quant = {1: "PerChannelQuant", 2: "PerTensorQuant", 3: "PerTokenDynamicQuant", 4: "PerChannelGroupQuant"}
+    quant = {
+        1: "PerChannelQuant",
+        2: "PerTensorQuant",
+        3: "PerTokenDynamicQuant",
+        4: "PerChannelGroupQuant",
+    }
     out: dict[str, list[tuple[int, str, Any]]] = {
         "XNNGraph": [
             (0, "version", "str"),
@@ -350,30 +393,47 @@ def xnnpack_schema() -> dict[str, list[tuple[int, str, Any]]]:
             (8, "constant_data", ("tables", "ConstantDataOffset")),
         ],
         "XNode": [
-            (0, "xnode_union", ("union", {code: name for code, (name, _) in xs.NODE_TABLES.items()})),
+            (
+                0,
+                "xnode_union",
+                ("union", {code: name for code, (name, _) in xs.NODE_TABLES.items()}),
+            ),
             (2, "debug_handle", "u32"),
             (3, "output_min_max", ("table", "OutputMinMax")),
         ],
         "OutputMinMax": [(0, "output_min", "f32"), (1, "output_max", "f32")],
-        "XValue": [(0, "xvalue_union", ("union", {1: "XNNTensorValue", 2: "XNNQuantizedTensorValue"}))],
+        "XValue": [
+            (0, "xvalue_union", ("union", {1: "XNNTensorValue", 2: "XNNQuantizedTensorValue"}))
+        ],
         "XNNTensorValue": [
-            (0, "datatype", "u16"), (1, "num_dims", "u32"), (2, "dims", ("vec", "u32")),
-            (3, "constant_buffer_idx", "u32"), (4, "external_id", "u32"), (5, "flags", "u32"),
-            (6, "id_out", "u32"), (7, "dq_datatype", "u16"),
+            (0, "datatype", "u16"),
+            (1, "num_dims", "u32"),
+            (2, "dims", ("vec", "u32")),
+            (3, "constant_buffer_idx", "u32"),
+            (4, "external_id", "u32"),
+            (5, "flags", "u32"),
+            (6, "id_out", "u32"),
+            (7, "dq_datatype", "u16"),
         ],
         "XNNQuantizedTensorValue": [
             (0, "tensor_value", ("table", "XNNTensorValue")),
             (1, "quant_params", ("union", quant)),
         ],
         "PerChannelQuant": [
-            (0, "scale", ("vec", "f32")), (1, "channel_dim", "i32"), (2, "scale_buffer_idx", "u32"),
+            (0, "scale", ("vec", "f32")),
+            (1, "channel_dim", "i32"),
+            (2, "scale_buffer_idx", "u32"),
             (3, "num_scales", "u32"),
         ],
         "PerTensorQuant": [(0, "scale", "f32"), (1, "zero_point", "i32")],
         "PerTokenDynamicQuant": [(0, "num_nonbatch_dims", "i32")],
         "PerChannelGroupQuant": [
-            (0, "scale", ("vec", "f32")), (1, "channel_dim", "i32"), (2, "group_size", "i32"),
-            (3, "scale_bf16", ("vec", "u16")), (4, "scale_buffer_idx", "u32"), (5, "num_scales", "u32"),
+            (0, "scale", ("vec", "f32")),
+            (1, "channel_dim", "i32"),
+            (2, "group_size", "i32"),
+            (3, "scale_bf16", ("vec", "u16")),
+            (4, "scale_buffer_idx", "u32"),
+            (5, "num_scales", "u32"),
         ],
         "XBuffer": [(0, "storage", ("vec", "u8"))],
         "ConstantDataOffset": [(0, "offset", "u64"), (1, "size", "u64"), (2, "named_key", "str")],
@@ -420,7 +480,9 @@ def field_map(data: bytes, kind: str = "pte") -> list[Field]:
 
         for key, e in read_ptd(data).entries.items():
             if e.layout is not None:
-                out += _data_fields(e.offset, e.size, _scalar_data(e.layout.scalar_type), f"ptd[{key}]")
+                out += _data_fields(
+                    e.offset, e.size, _scalar_data(e.layout.scalar_type), f"ptd[{key}]"
+                )
     return out
 
 
@@ -433,7 +495,9 @@ def _data_fields(start: int, size: int, what: tuple[str, int] | None, path: str)
         return []
     kind, width = what
     n = size // width
-    picks = sorted({i * (n - 1) // (DATA_SAMPLES - 1) for i in range(DATA_SAMPLES)}) if n > 0 else []
+    picks = (
+        sorted({i * (n - 1) // (DATA_SAMPLES - 1) for i in range(DATA_SAMPLES)}) if n > 0 else []
+    )
     return [Field(start + i * width, width, kind, f"{path}[{i}]") for i in picks]
 
 
@@ -450,8 +514,12 @@ def _scalar_data(code: int) -> tuple[str, int] | None:
 
 
 _XNN_DATA = {
-    "fp32": ("fdata", 4), "fp16": ("hdata", 2), "bf16": ("hdata", 2), "int32": ("idata", 4),
-    "qint32": ("idata", 4), "qcint32": ("idata", 4),
+    "fp32": ("fdata", 4),
+    "fp16": ("hdata", 2),
+    "bf16": ("hdata", 2),
+    "int32": ("idata", 4),
+    "qint32": ("idata", 4),
+    "qcint32": ("idata", 4),
 }
 
 
@@ -466,11 +534,13 @@ def _pte_data_fields(data: bytes) -> list[Field]:
     const = prog.constant_segment
     seen: set[int] = set()
     for i, plan in enumerate(prog.execution_plan):
-        for j, v in enumerate(plan.values):
+        for v in plan.values:
             if isinstance(v, p.Tensor) and v.data_buffer_idx > 0 and v.data_buffer_idx not in seen:
                 seen.add(v.data_buffer_idx)
                 if const is not None and len(const.offsets) > v.data_buffer_idx:
-                    start = pte.segments[const.segment_index].offset + const.offsets[v.data_buffer_idx]
+                    start = (
+                        pte.segments[const.segment_index].offset + const.offsets[v.data_buffer_idx]
+                    )
                 elif v.data_buffer_idx < len(prog.constant_buffer):
                     start = prog.constant_buffer[v.data_buffer_idx].offset
                 else:
@@ -486,7 +556,9 @@ def _pte_data_fields(data: bytes) -> list[Field]:
                 start = prog.backend_delegate_data[ref.index].offset
             else:
                 start = pte.segments[ref.index].offset
-            out += _payload_fields(pte, start, pte.delegate_data(ref), f"execution_plan[{i}].delegates[{j}].payload")
+            out += _payload_fields(
+                pte, start, pte.delegate_data(ref), f"execution_plan[{i}].delegates[{j}].payload"
+            )
     return out
 
 
@@ -511,7 +583,14 @@ def _payload_fields(pte: Any, start: int, view: memoryview, path: str) -> list[F
         fb = view
     out.append(Field(start + fb_off, 4, "xoffset", f"{path}.root offset"))
     buf = Buffer(fb)
-    _walk_table(buf, buf.root(path), "XNNGraph", out, 0, _Walk(xnnpack_schema(), start + fb_off, "x", MAX_VECTOR_ITEMS))
+    _walk_table(
+        buf,
+        buf.root(path),
+        "XNNGraph",
+        out,
+        0,
+        _Walk(xnnpack_schema(), start + fb_off, "x", MAX_VECTOR_ITEMS),
+    )
     payload = xs.decode_payload(view, path)
     g = payload.graph
     kinds: dict[int, tuple[str, int]] = {}
@@ -521,7 +600,9 @@ def _payload_fields(pte: Any, start: int, view: memoryview, path: str) -> list[F
         q = v.quant
         idx = getattr(q, "scale_buffer_idx", 0)
         if idx:
-            kinds.setdefault(idx, ("hdata", 2) if isinstance(q, xs.PerChannelGroupQuant) else ("fdata", 4))
+            kinds.setdefault(
+                idx, ("hdata", 2) if isinstance(q, xs.PerChannelGroupQuant) else ("fdata", 4)
+            )
     named = {n.key: pte.segments[n.segment_index] for n in pte.program.named_data}
     for idx, what in sorted(kinds.items()):
         if g.constant_data:
@@ -548,7 +629,9 @@ def _payload_fields(pte: Any, start: int, view: memoryview, path: str) -> list[F
 # --------------------------------------------------------------------------------------
 # mutations: each is a concrete edit, replayable on the seed
 
-Edit = tuple[Any, ...]  # ("set", pos, hex) | ("trunc", n) | ("insert", pos, hex) | ("delete", pos, n)
+Edit = tuple[
+    Any, ...
+]  # ("set", pos, hex) | ("trunc", n) | ("insert", pos, hex) | ("delete", pos, n)
 
 
 def apply_edits(data: bytes, edits: Iterable[Edit]) -> bytes:
@@ -572,9 +655,44 @@ def apply_edits(data: bytes, edits: Iterable[Edit]) -> bytes:
 
 
 _BOUNDARIES = [
-    0, 1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 32, 63, 64, 100, 127, 128, 255, 256, 1023, 1024,
-    4095, 4096, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 1 << 20, 1 << 24, (1 << 31) - 1, 1 << 31,
-    (1 << 32) - 1, 1 << 32, (1 << 40), (1 << 62), (1 << 63) - 1, 1 << 63, (1 << 64) - 1,
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    15,
+    16,
+    17,
+    31,
+    32,
+    63,
+    64,
+    100,
+    127,
+    128,
+    255,
+    256,
+    1023,
+    1024,
+    4095,
+    4096,
+    0x7FFF,
+    0x8000,
+    0xFFFF,
+    0x10000,
+    1 << 20,
+    1 << 24,
+    (1 << 31) - 1,
+    1 << 31,
+    (1 << 32) - 1,
+    1 << 32,
+    (1 << 40),
+    (1 << 62),
+    (1 << 63) - 1,
+    1 << 63,
+    (1 << 64) - 1,
 ]
 
 
@@ -606,20 +724,46 @@ def _read_int(data: bytes, f: Field) -> int:
 # weight of each field kind when a field mutation picks its target (then a field of that
 # kind, uniformly): semantic fields first, structure (offsets, vtables) less often
 _KIND_WEIGHT = {
-    "scalar": 6, "item": 6, "offset": 2, "len": 2, "tag": 2, "soffset": 0.5, "vtable": 1, "header": 1,
-    "device": 4, "float": 1.5,
+    "scalar": 6,
+    "item": 6,
+    "offset": 2,
+    "len": 2,
+    "tag": 2,
+    "soffset": 0.5,
+    "vtable": 1,
+    "header": 1,
+    "device": 4,
+    "float": 1.5,
     # inside XNNPACK payloads
-    "xscalar": 6, "xitem": 5, "xoffset": 1.5, "xlen": 1.5, "xtag": 2, "xsoffset": 0.3,
-    "xvtable": 0.7, "xheader": 0.7, "xfloat": 2.5, "xdevice": 1,
+    "xscalar": 6,
+    "xitem": 5,
+    "xoffset": 1.5,
+    "xlen": 1.5,
+    "xtag": 2,
+    "xsoffset": 0.3,
+    "xvtable": 0.7,
+    "xheader": 0.7,
+    "xfloat": 2.5,
+    "xdevice": 1,
     # elements of constant data (the program's, the payloads', a .ptd's)
-    "fdata": 2, "hdata": 1.5, "idata": 1.5,
+    "fdata": 2,
+    "hdata": 1.5,
+    "idata": 1.5,
 }
 
 # float32 and 16-bit float bit patterns worth writing: NaN, infinities, -0, the largest and
 # smallest magnitudes, 1, -1, a large ordinary value
 _F32_PATTERNS = [
-    0x7FC00000, 0x7F800000, 0xFF800000, 0x80000000, 0x7F7FFFFF, 0x00000001, 0x3F800000,
-    0xBF800000, 0x501502F9, 0x00800000,
+    0x7FC00000,
+    0x7F800000,
+    0xFF800000,
+    0x80000000,
+    0x7F7FFFFF,
+    0x00000001,
+    0x3F800000,
+    0xBF800000,
+    0x501502F9,
+    0x00800000,
 ]
 _F16_PATTERNS = [0x7E00, 0x7C00, 0xFC00, 0x8000, 0x7BFF, 0x0001, 0x3C00, 0xBC00, 0x7F80, 0xFF80]
 _DEVICE_CODES = [0, 1, 2, 3, 12, 0x7F, 0x80, 0xFF]
@@ -661,14 +805,18 @@ class Mutator:
         if f.kind == "tag":
             v = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 255])
         elif f.kind == "xtag":  # XNNPACK node and value union codes
-            v = rng.choice([0, 1, 2, 3, 4, 5, 7, 11, 13, 14, 18, 20, 32, 36, 38, 39, 47, 48, 120, 255])
+            v = rng.choice(
+                [0, 1, 2, 3, 4, 5, 7, 11, 13, 14, 18, 20, 32, 36, 38, 39, 47, 48, 120, 255]
+            )
         elif f.kind in ("device", "xdevice"):
             v = rng.choice(_DEVICE_CODES) if rng.random() < 0.8 else rng.getrandbits(8 * f.size)
         elif f.kind in ("float", "xfloat", "fdata", "hdata") and f.size in (2, 4):
             v = _pick_float(rng, old, f.size)
         elif f.kind == "idata":  # an integer element: its type's extremes, or near its value
             bits = 8 * f.size
-            v = rng.choice([0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1, old + 1, old - 1])
+            v = rng.choice(
+                [0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1, old + 1, old - 1]
+            )
             v &= (1 << bits) - 1
         else:
             group = self.by_group.get(_group(f.path), [])
@@ -710,7 +858,11 @@ class Mutator:
         current = self.data
         count = rng.choices([1, 2, 3, 4], [55, 25, 12, 8])[0]
         for _ in range(count):
-            e = self.field_edit(rng, current) if rng.random() < 0.7 else self.byte_edit(rng, current)
+            e = (
+                self.field_edit(rng, current)
+                if rng.random() < 0.7
+                else self.byte_edit(rng, current)
+            )
             edits.append(e)
             current = apply_edits(current, [e])
         return edits
@@ -868,7 +1020,7 @@ def _allocation_failure(e: BaseException, cap: int) -> str | None:
 def _scrub(text: str) -> str:
     """Paths relative to the repository (or to site-packages), never this machine's."""
     text = text.replace(str(ROOT) + os.sep, "")
-    return re.sub(r"\"[^\"]*?(site-packages|lib/python[0-9.]+)/", "\"", text)
+    return re.sub(r"\"[^\"]*?(site-packages|lib/python[0-9.]+)/", '"', text)
 
 
 def _describe(e: BaseException) -> str:
@@ -898,12 +1050,16 @@ def _synth_inputs(meta: Any) -> list[Any] | None:
             if info.numel > MAX_INPUT_ELEMENTS or info.device.type != 0:
                 return None
             if info.dtype.is_floating_point:
-                t = torch.randn(info.sizes, generator=torch.Generator().manual_seed(0)).to(info.dtype)
+                t = torch.randn(info.sizes, generator=torch.Generator().manual_seed(0)).to(
+                    info.dtype
+                )
             else:
                 t = torch.zeros(info.sizes, dtype=info.dtype)
             if info.dim_order is not None and info.dim_order != tuple(range(info.rank)):
-                t = t.permute(info.dim_order).contiguous().permute(
-                    [info.dim_order.index(d) for d in range(info.rank)]
+                t = (
+                    t.permute(info.dim_order)
+                    .contiguous()
+                    .permute([info.dim_order.index(d) for d in range(info.rank)])
                 )
             out.append(t)
         else:
@@ -931,12 +1087,16 @@ def check_outputs(meta: Any, outputs: Sequence[Any]) -> None:
         if not isinstance(got, torch.Tensor):
             raise OutputMismatch(f"output {i} is a {type(got).__name__}, declared {want}")
         shape = tuple(got.shape)
-        what = f"output {i} is {str(got.dtype).removeprefix('torch.')}{list(shape)}, declared {want}"
+        what = (
+            f"output {i} is {str(got.dtype).removeprefix('torch.')}{list(shape)}, declared {want}"
+        )
         if got.dtype != info.dtype or len(shape) != info.rank:
             raise OutputMismatch(what)
         if info.dynamism == "static" and shape != tuple(info.sizes):
             raise OutputMismatch(what)
-        if info.dynamism == "dynamic_bound" and any(a > b for a, b in zip(shape, info.sizes, strict=True)):
+        if info.dynamism == "dynamic_bound" and any(
+            a > b for a, b in zip(shape, info.sizes, strict=True)
+        ):
             raise OutputMismatch(what)
 
 
@@ -958,7 +1118,9 @@ def run_files(
     options = options or {}
 
     # a program may write into the inputs it reads in place: every case gets its own copies
-    inputs = {k: [a.clone() if isinstance(a, torch.Tensor) else a for a in v] for k, v in inputs.items()}
+    inputs = {
+        k: [a.clone() if isinstance(a, torch.Tensor) else a for a in v] for k, v in inputs.items()
+    }
     stage = "load"
     start = time.perf_counter()
     try:
@@ -1101,8 +1263,13 @@ def address_space_limit(budget: int) -> Iterator[int | None]:
 
 
 def guarded(
-    pte: bytes, ptd: bytes | None, inputs: dict[str, list[Any]], meter: PeakMeter,
-    cap: int = DEFAULT_CAP, slack: int = DEFAULT_SLACK, options: dict[str, Any] | None = None,
+    pte: bytes,
+    ptd: bytes | None,
+    inputs: dict[str, list[Any]],
+    meter: PeakMeter,
+    cap: int = DEFAULT_CAP,
+    slack: int = DEFAULT_SLACK,
+    options: dict[str, Any] | None = None,
 ) -> Outcome:
     """:func:`run_files` under both memory measures (peak growth and address-space cap)."""
     run = functools.partial(run_files, pte, ptd, inputs, cap, options=options)
@@ -1192,7 +1359,9 @@ def fuzz(
         progress[2 * w] = -1
         progress[2 * w + 1] = 0.0
         p = ctx.Process(
-            target=_worker, args=(w, seed, todo[w], fixtures, cap, slack, progress, results), daemon=True
+            target=_worker,
+            args=(w, seed, todo[w], fixtures, cap, slack, progress, results),
+            daemon=True,
         )
         p.start()
         procs[w] = p
@@ -1251,7 +1420,12 @@ def fuzz(
                 if seeds_for_cases is None:
                     seeds_for_cases = load_seeds(fixtures)
                 case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
-                record("hang", index, case, {"status": "hang", "stage": "?", "detail": f"over {timeout} s"})
+                record(
+                    "hang",
+                    index,
+                    case,
+                    {"status": "hang", "stage": "?", "detail": f"over {timeout} s"},
+                )
                 resume_after(w, index)
             elif not p.is_alive() and w not in done:
                 # the worker died without saying done: the case it was running crashed it
@@ -1271,7 +1445,12 @@ def fuzz(
                 if seeds_for_cases is None:
                     seeds_for_cases = load_seeds(fixtures)
                 case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
-                record("crash", index, case, {"status": "crash", "stage": "?", "detail": f"exit code {p.exitcode}"})
+                record(
+                    "crash",
+                    index,
+                    case,
+                    {"status": "crash", "stage": "?", "detail": f"exit code {p.exitcode}"},
+                )
                 resume_after(w, index)
         if time_budget is not None and now - t0 > time_budget and not stopped:
             stopped = True
@@ -1371,7 +1550,10 @@ def minimize(case: Case, status: str, seeds: dict[str, Seed], cap: int = DEFAULT
             edits = list(getattr(case, attr))
             trial = dataclasses.replace(case, **{attr: edits[:i] + edits[i + 1 :]})
             pte, ptd = trial.files(seeds)
-            if run_files(pte, ptd, s.inputs, cap, options={**s.options, **case.options}).status == status:
+            if (
+                run_files(pte, ptd, s.inputs, cap, options={**s.options, **case.options}).status
+                == status
+            ):
                 case = trial
             else:
                 i += 1
@@ -1417,18 +1599,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             small = minimize(case, o.status, seeds, args.cap)
             print("minimized:", json.dumps(small.to_json()))
             if args.out is not None:
-                path = save_finding(args.out, {"index": args.case, "seed": args.seed,
-                                               "case": small.to_json(), "outcome": dataclasses.asdict(o)})
+                path = save_finding(
+                    args.out,
+                    {
+                        "index": args.case,
+                        "seed": args.seed,
+                        "case": small.to_json(),
+                        "outcome": dataclasses.asdict(o),
+                    },
+                )
                 print("saved", path)
         return 1 if o.is_finding else 0
     summary = fuzz(
-        args.cases, args.workers, args.seed, args.start, args.out, args.fixtures, args.cap,
-        args.slack, args.timeout, args.time_budget, args.quiet,
+        args.cases,
+        args.workers,
+        args.seed,
+        args.start,
+        args.out,
+        args.fixtures,
+        args.cap,
+        args.slack,
+        args.timeout,
+        args.time_budget,
+        args.quiet,
     )
     nf = len(summary["findings"])
     brief = {k: v for k, v in summary.items() if k not in ("findings", "kernel_allocs")}
     print(json.dumps(brief, indent=1))
-    print(f"{summary['cases']} cases, {nf} findings, {len(summary['kernel_allocs'])} kernel allocations")
+    print(
+        f"{summary['cases']} cases, {nf} findings, {len(summary['kernel_allocs'])} kernel allocations"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return 1 if nf else 0

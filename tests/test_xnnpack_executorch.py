@@ -44,8 +44,8 @@ def _method(name: str, **options: Any) -> ptexec.Method:
 def _runners(method: ptexec.Method) -> dict[str, Any]:
     """The XNNPACK runner functions a method's statements call, by name."""
     found: dict[str, Any] = {}
-    for statements in method._statements:
-        for st in statements:
+    for chain in method.state.chains:
+        for st in chain.statements:
             for fn in st.env.values():
                 name = getattr(fn, "__name__", "")
                 if name.startswith("_xnnpack"):
@@ -110,7 +110,7 @@ def test_cuda_keeps_the_torch_runner() -> None:
 
 
 def _delegate_args(method: ptexec.Method) -> tuple[int, ...]:
-    plan = method._plan
+    plan = method.state.plan
     (call,) = [i for i in plan.chains[0].instructions if isinstance(i, p.DelegateCall)]
     return call.args
 
@@ -124,7 +124,7 @@ def test_executorch_writes_the_methods_own_memory(et: None) -> None:
     assert compare_outputs([got], call["executorch"], *MANIFEST["cnn"]["tol_executorch"]) is None
     args = _delegate_args(m)
     values = m.values()
-    assert got.data_ptr() == values[m._outputs[0].slot].data_ptr()
+    assert got.data_ptr() == values[m.state.outputs[0].slot].data_ptr()
     binder = _runners(m)["_xnnpack_et_run"].__globals__["_binder"]
     assert binder.key == tuple(values[a].data_ptr() for a in args)
 

@@ -14,13 +14,16 @@ __all__ = [
     "BackendUnavailableError",
     "DeviceUnavailableError",
     "ExecutionError",
+    "GenerationError",
     "InputError",
     "InstructionLimitError",
     "LimitExceededError",
     "MethodNotFoundError",
     "OperatorMissingError",
+    "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
+    "TokenizerError",
     "UnsupportedDeviceError",
 ]
 
@@ -44,6 +47,10 @@ class PteFormatError(PtexecError, ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return (type(self), (self.path, self.detail))
+
+
+class ProgramChangedError(PtexecError, RuntimeError):
+    """A program's file changed on disk under a program loaded with ``mmap=True``."""
 
 
 class MethodNotFoundError(PtexecError, KeyError):
@@ -129,3 +136,12 @@ class InstructionLimitError(LimitExceededError, ExecutionError):
     Both a :class:`LimitExceededError` (a configured limit) and an :class:`ExecutionError`
     (it happens while executing; ``instruction`` is where it stopped).
     """
+
+
+class TokenizerError(PtexecError, RuntimeError):
+    """A tokenizer file that no supported format reads, or text or ids it cannot convert."""
+
+
+class GenerationError(PtexecError, RuntimeError):
+    """A text-generation request that the program cannot serve: not a generation program,
+    a prompt past its context, or a step asked of the runner out of order."""

@@ -30,8 +30,7 @@ class DelegateContext(KernelContext):
     """A :class:`KernelContext` plus the delegate's payload and compile specs.
 
     ``processed`` is the delegate's data (a zero-copy view of the file), ``compile_specs``
-    its key -> bytes options, ``named_data`` the program's (and external file's) named blobs,
-    ``options`` the method's load options meant for backends (``xnnpack``: which runner).
+    its key -> bytes options, ``named_data`` the program's (and external file's) named blobs.
     """
 
     def __init__(
@@ -41,7 +40,6 @@ class DelegateContext(KernelContext):
         processed: memoryview,
         compile_specs: tuple[p.CompileSpec, ...],
         named_data: Mapping[str, memoryview],
-        options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(op_name=f"delegate:{backend_id}", **kwargs)
@@ -50,7 +48,6 @@ class DelegateContext(KernelContext):
         self.processed = processed
         self.compile_specs = compile_specs
         self.named_data = named_data
-        self.options: Mapping[str, Any] = options or {}
 
     def compile_spec(self, key: str) -> bytes | None:
         for spec in self.compile_specs:

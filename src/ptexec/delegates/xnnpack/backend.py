@@ -23,7 +23,6 @@ dynamic inputs are checked after each call (an :class:`~ptexec.errors.ExecutionE
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
@@ -63,19 +62,12 @@ _EXTERNAL_TYPES: dict[str, tuple[int, ...]] = {
 
 
 def _device(ctx: DelegateContext) -> torch.device:
-    """Where the delegate's tensors live: the device of its planned (or preallocated)
-    argument tensors, else the device the method expects for its unplanned inputs."""
+    """Where the delegate's tensors live: the device of its first tensor argument (planned,
+    preallocated, or an unplanned input the caller passes on the method's device)."""
     for slot in ctx.args:
-        t = ctx.initial[slot] if 0 <= slot < len(ctx.initial) else None
-        if isinstance(t, torch.Tensor):
-            return t.device
-    specs: Any = getattr(ctx.method, "_inputs", None) or ()
-    by_slot = {getattr(spec, "slot", None): spec for spec in specs}
-    for slot in ctx.args:
-        spec = by_slot.get(slot)
-        dev = getattr(spec, "torch_device", None)
-        if isinstance(dev, torch.device):
-            return dev
+        device = ctx.device_of(slot)
+        if device is not None:
+            return device.to_torch()
     return torch.device("cpu")
 
 
@@ -250,7 +242,7 @@ def serialized_dims_problem(
 
 
 def _where(ctx: DelegateContext) -> str:
-    method = getattr(ctx.method, "name", None)
+    method = ctx.method_name
     if method:  # a program may name a method anything; paths name it legibly
         method = method.replace("\0", "\\x00")
     return (

@@ -23,13 +23,13 @@ thread pool (``portable_lib._unsafe_reset_threadpool`` sets its size).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from ...codegen import Sources
 from ...errors import BackendUnavailableError
 from ...format import program as p
 from ...format.pte_write import one_delegate_program
@@ -154,9 +154,6 @@ def _resize_output(
     resize_to(x, shape, order)
 
 
-_RUNNERS = itertools.count()
-
-
 def build_executorch_runner(
     payload: s.XnnPayload,
     processed: memoryview,
@@ -196,7 +193,7 @@ def build_executorch_runner(
         raise BackendUnavailableError(
             f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
         ) from None
-    return _generate(method, (program, data), tensors, outputs, names)
+    return _generate(method, (program, data), tensors, outputs, names, where)
 
 
 def _generate(
@@ -205,6 +202,7 @@ def _generate(
     tensors: Sequence[p.Tensor],
     outputs: Sequence[int],
     names: Mapping[int, str],
+    where: str,
 ) -> EtRunner:
     n = len(tensors)
     args = [f"x{k}" for k in range(n)]
@@ -254,9 +252,5 @@ def _generate(
             f"    _resize_output(x{k}, y{k}, {order!r}, {tuple(tensors[k].sizes)!r}, {k})",
         ]
     source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
-    filename = f"<ptexec xnnpack executorch #{next(_RUNNERS)}>"
-    exec(compile(source, filename, "exec"), env)
-    import linecache
-
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    return EtRunner(env["_xnnpack_et_run"], source, method, keep)
+    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
+    return EtRunner(namespace["_xnnpack_et_run"], source, method, keep)

@@ -23,7 +23,6 @@ time with XNNPACK's choice of scale and zero point. Weights are dequantized once
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...codegen import Sources
 from ...errors import BackendUnavailableError, PteFormatError
 from ...memory import resize_to
 from . import schema as s
@@ -724,10 +724,7 @@ class _Gen:
         params = ", ".join(f"x{k}" for k in ext_ids)
         body = self.lines or ["pass"]
         source = f"def _xnnpack_run({params}):\n" + "".join(f"    {line}\n" for line in body)
-        namespace = dict(self.env)
-        filename = f"<ptexec xnnpack {self.path} #{next(_RUNNERS)}>"  # unique: tracebacks
-        exec(compile(source, filename, "exec"), namespace)
-        _register_source(filename, source)
+        namespace = Sources(f"xnnpack {self.path}").compile(source, "graph", self.env)
         out_ids = tuple(sorted(v.external_id for v in outs))
         return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts, out_ids)
 
@@ -1201,15 +1198,6 @@ class _Gen:
 
 def _dtype_expr(dt: torch.dtype) -> str:
     return f"torch.{str(dt).removeprefix('torch.')}"
-
-
-_RUNNERS = itertools.count()
-
-
-def _register_source(filename: str, source: str) -> None:
-    import linecache
-
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
 def build_runner(

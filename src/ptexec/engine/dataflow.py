@@ -32,18 +32,18 @@ Chains with jumps are left alone.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .format import program as p
-from .kernels.registry import Emission
+from ..format import program as p
+from ..kernels.registry import Emission
+from .effects import effects
 
 __all__ = ["rewrite_chain"]
 
-_REF = re.compile(r"v\[(\d+)\]")
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 
 Region = tuple[Any, ...]
@@ -64,8 +64,42 @@ def _covers(a: Region, b: Region) -> bool:
     return a == b and a[0] != "fixed"
 
 
+class _Ranges:
+    """Byte ranges in planned buffers, each tagged with an instruction and a value, found by
+    overlap in time proportional to what overlaps: every buffer is cut into at most about
+    512 buckets, and a range is filed under each bucket it touches."""
+
+    def __init__(self, buffer_sizes: Sequence[int]) -> None:
+        self.width = {m: max(256, size // 512) for m, size in enumerate(buffer_sizes)}
+        self.buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+
+    def _span(self, mem: int, start: int, end: int) -> range:
+        w = self.width.get(mem, 4096)
+        return range(start // w, max(start, end - 1) // w + 1)
+
+    def add(self, k: int, region: Region, value: int) -> None:
+        _, mem, start, end = region
+        for b in self._span(mem, start, end):
+            self.buckets.setdefault((mem, b), []).append((k, start, end, value))
+
+    def overlapping(self, region: Region) -> Iterator[tuple[int, int, int, int]]:
+        """(instruction, start, end, value) of every range overlapping ``region``, once."""
+        _, mem, start, end = region
+        seen: set[tuple[int, int, int, int]] = set()
+        for b in self._span(mem, start, end):
+            for entry in self.buckets.get((mem, b), ()):
+                if entry[1] < end and start < entry[2] and entry not in seen:
+                    seen.add(entry)
+                    yield entry
+
+
 class _Chain:
-    """Reads and memory writes of each instruction, kept current as the chain is rewritten."""
+    """Reads and memory writes of each instruction, kept current as the chain is rewritten.
+
+    The rewrites only ever remove writes (an instruction folded or turned into a view writes
+    nothing any more) and turn planned values into fixed ones, so the indexes made here
+    (who reads each value, which planned bytes each instruction reads and writes) hold a
+    superset of the current facts; every query checks its hits against them."""
 
     def __init__(
         self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Emission], et_views: set[int]
@@ -83,13 +117,44 @@ class _Chain:
         for j, v in enumerate(self.values):
             if isinstance(v, p.Tensor) and v.is_constant:
                 self.fixed.add(j)
+        self.readers_of: dict[int, list[int]] = {}
+        self.read_ranges = _Ranges(plan.non_const_buffer_sizes)
+        self.write_ranges = _Ranges(plan.non_const_buffer_sizes)
+        self.other_writes: dict[Region, list[int]] = {}
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
-            touched = list(p.tensor_indices(self.values, p.instruction_values(ins)))
-            mem = touched if st.mutates is None else list(st.mutates)
-            self.reads.append(set(touched) - set(st.outs))
-            self.writes.append([self.region(w) for w in mem])
-            for w in (*mem, *st.writes):
+            e = effects(self.values, ins, st)
+            reads = set(e.reads)
+            if isinstance(ins, p.MoveCall):  # the moved-to slot is kept as read too
+                reads.update(p.tensor_indices(self.values, (ins.move_to,)))
+            self.reads.append(reads)
+            for r in reads:
+                self.readers_of.setdefault(r, []).append(k)
+                reg = self.region(r)
+                if reg[0] == "planned":
+                    self.read_ranges.add(k, reg, r)
+            writes = [self.region(w) for w in e.writes]
+            self.writes.append(writes)
+            for w, reg in zip(e.writes, writes, strict=True):
+                if reg[0] == "planned":
+                    self.write_ranges.add(k, reg, w)
+                else:
+                    self.other_writes.setdefault(reg, []).append(k)
+            for w in e.written:
                 self.writers.setdefault(w, set()).add(k)
+
+    def writes_between(self, reg: Region, lo: int, hi: int) -> list[Region]:
+        """The memory writes of instructions ``lo < j < hi`` that overlap region ``reg``."""
+        found = []
+        if reg[0] == "planned":
+            for j, start, end, _ in self.write_ranges.overlapping(reg):
+                r = ("planned", reg[1], start, end)
+                if lo < j < hi and r in self.writes[j]:
+                    found.append(r)
+        elif reg[0] != "fixed":
+            for j in self.other_writes.get(reg, ()):
+                if lo < j < hi and reg in self.writes[j]:
+                    found.append(reg)
+        return found
 
     def region(self, index: int) -> Region:
         """Where value ``index``'s bytes are, as the plan lays them out."""
@@ -134,12 +199,30 @@ class _Chain:
 
     def readers(self, i: int, target: int) -> tuple[int, set[int], list[int]] | None:
         """Condition 2: (last read, values reading ``target``'s data, view aliases to
-        redirect), or None when some value reads those bytes in a way a view cannot follow."""
+        redirect), or None when some value reads those bytes in a way a view cannot follow.
+
+        Visits, in program order, only the instructions after ``i`` that read a value
+        reading ``target``'s data, or any planned value overlapping its bytes."""
         live = {target}
         redirects: list[int] = []
         last = i
         target_region = self.region(target)
-        for k in range(i + 1, len(self.instructions)):
+        todo: list[int] = [k for k in self.readers_of.get(target, ()) if k > i]
+        if target_region[0] == "planned":
+            todo.extend(k for k, _, _, _ in self.read_ranges.overlapping(target_region) if k > i)
+        heapq.heapify(todo)
+        done: set[int] = set()
+
+        def follow(value: int, after: int) -> None:
+            for k in self.readers_of.get(value, ()):
+                if k > after:
+                    heapq.heappush(todo, k)
+
+        while todo:
+            k = heapq.heappop(todo)
+            if k in done:
+                continue
+            done.add(k)
             for w in sorted(self.reads[k]):
                 if w in live:
                     last = k
@@ -147,18 +230,20 @@ class _Chain:
                 reg = self.region(w)
                 if reg[0] != "planned" or not _overlaps(reg, target_region):
                     continue
-                between = [r for j in range(i + 1, k) for r in self.writes[j] if _overlaps(r, reg)]
+                between = self.writes_between(reg, i, k)
                 if any(_covers(r, reg) for r in between):
                     continue  # a newer tensor lives there now
                 if between or not self.is_view_alias(w, target):
                     return None
                 redirects.append(w)
                 live.add(w)
+                follow(w, k)
                 last = k
             if k in self.et_views:
                 ins = self.instructions[k]
                 if isinstance(ins, p.KernelCall) and ins.args[0] in live:
                     live.add(ins.args[-1])
+                    follow(ins.args[-1], k)
         if live & self.outputs:
             return None
         return last, live, redirects
@@ -174,9 +259,7 @@ def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int])
     """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
     if not st.pure or not st.outs or st.mutates is None or set(st.mutates) != set(st.outs):
         return None
-    refs = {int(m) for m in _REF.findall(st.code)}
-    reads = refs - set(st.outs)
-    if not all(r in c.fixed for r in reads):
+    if st.reads is None or not all(r in c.fixed for r in st.reads):
         return None  # a tensor computed per call, or a scalar an instruction writes
     outs = st.outs
     nbytes = 0
@@ -237,15 +320,18 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
         live_all |= live
         lines.extend(_redirect(c, t, w) for w in redirects)
     source_region = c.region(c.base(alias.source))
-    if any(_overlaps(r, source_region) for k in range(i + 1, last + 1) for r in c.writes[k]):
+    if c.writes_between(source_region, i, last + 1):
         return None  # condition 3
     for t in live_all:
         if t != alias.source:
             c.root[t] = alias.source
     c.writes[i] = []
     code = "\n".join(lines)
-    refs = {int(m) for m in _REF.findall(code)}
-    if source_region[0] == "fixed" and refs <= {alias.source, *live_all}:
+    if (
+        source_region[0] == "fixed"
+        and alias.reads is not None
+        and set(alias.reads) <= {alias.source}
+    ):
         env = dict(alias.env)
         env["v"] = values
         try:
@@ -255,7 +341,9 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
         else:
             c.fixed |= live_all
             return Emission("pass", {}, (), ())
-    return Emission(code, alias.env, tuple(sorted(live_all - {alias.source})), ())
+    return Emission(
+        code, alias.env, tuple(sorted(live_all - {alias.source})), (), reads=alias.reads
+    )
 
 
 def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
@@ -273,7 +361,9 @@ def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
         return None
     c.writes[i] = [c.region(o) for o in st.outs if o not in dead]
     kept = tuple(o for o in st.outs if o not in dead)
-    return Emission(st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure)
+    return Emission(
+        st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads
+    )
 
 
 def rewrite_chain(
