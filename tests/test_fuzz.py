@@ -333,6 +333,19 @@ def test_sizes_whose_product_overflows_are_refused_at_load() -> None:
         ptexec.load(fl.apply_edits(s.pte, edits))
 
 
+@pytest.mark.parametrize(
+    "entry, argument",
+    [("330df9e700", "weight_quant_min"), ("3c4628dcc6", "weight_quant_max")],
+)
+def test_embedding_bounds_that_are_not_ints_are_refused_at_load(entry: str, argument: str) -> None:
+    """A quantized embedding whose quant_min or quant_max literal is not an int (a Null, an
+    IntList) is an OperatorMissingError naming the argument, not a TypeError from the
+    load-time table."""
+    pte, ptd, _, _ = fl.corpus_files(CORPUS / f"escape-quant_embedding-{entry}.pte")
+    with pytest.raises(ptexec.OperatorMissingError, match=rf"argument '{argument}'"):
+        ptexec.load(pte, data_path=ptd).load_method()
+
+
 def _xnnpack_edit(name: str, path: str, raw: bytes) -> bytes:
     s = SEEDS[fl.XNNPACK_PREFIX + name]
     (f,) = [f for kind in s.pte_mutator.by_kind.values() for f in kind if f.path == path]
