@@ -64,8 +64,10 @@ class Method:
     are views in eager PyTorch run as views, and work on constants alone runs once at load,
     where :mod:`ptexec.engine.dataflow` proves it safe), ``fast_path`` (default True: the
     common call runs as one generated function; False sends every call through the
-    general path, which computes the same) and ``cuda_graph`` (capture a static CUDA
-    method once and replay it).
+    general path, which computes the same), ``cuda_graph`` (capture a static CUDA
+    method once and replay it) and ``xnnpack`` (``"auto"``, ``"torch"`` or
+    ``"executorch"``: which runner runs XNNPACK payloads, see
+    :mod:`ptexec.delegates.xnnpack.backend`).
 
     Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
     refuses, before allocating anything, a plan whose buffers (shared state included) add up
@@ -97,11 +99,20 @@ class Method:
         optimize: bool = True,
         fast_path: bool = True,
         cuda_graph: bool = False,
+        xnnpack: str = "auto",
     ) -> None:
+        if xnnpack not in ("auto", "torch", "executorch"):
+            raise ValueError(f"xnnpack must be 'auto', 'torch' or 'executorch', not {xnnpack!r}")
         self._program = program
         self._policy = Policy(transfers, layout)  # type: ignore[arg-type]
         self._output_mode: OutputMode = _output_mode(outputs)
-        options = LoadOptions(device_map, max_planned_bytes, max_instructions, optimize)
+        options = LoadOptions(
+            device_map,
+            max_planned_bytes,
+            max_instructions,
+            optimize,
+            backend_options={"xnnpack": xnnpack},
+        )
         state = load_state(program, plan_index, options)
         self._state = state
         self.name = state.name

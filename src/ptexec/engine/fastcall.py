@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from ..memory import resize_to
+from ..tensor import TensorInfo
+from .arguments import output_error
 from .runner import BlockRunner, Runner, below_autograd_for
 from .state import MethodState
 
@@ -163,7 +165,22 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         env["_run"] = runner.run
         lines.append(pad + "_run(v)")
     outs = []
+    env["_output_error"] = lambda k: output_error(state, k)
     for out in state.outputs:
+        if out.kind == "tensor":  # what execution left there is what the program declares
+            declared = out.info
+            x = f"v[{out.slot}]"
+            if isinstance(declared, TensorInfo) and declared.dynamism == "static":
+                env[f"O{out.index}"] = torch.Size(declared.sizes)
+                env[f"T{out.index}"] = declared.dtype
+                test = (
+                    f"type({x}) is not Tensor or {x}.shape != O{out.index} "
+                    f"or {x}.dtype is not T{out.index}"
+                )
+                lines.append(f"        if {test}: raise _output_error({out.index})")
+            else:
+                lines.append(f"        e = _output_error({out.index})")
+                lines.append("        if e is not None: raise e")
         if out.kind == "tensor" and copy_outputs:
             outs.append(f"v[{out.slot}].clone()")
         else:
