@@ -165,7 +165,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         env["_run"] = runner.run
         lines.append(pad + "_run(v)")
     outs = []
-    env["_output_error"] = lambda k: output_error(state, k)
+
+    def refuse(k: int) -> None:
+        error = output_error(state, k)
+        if error is not None:
+            raise error
+
+    env["_refuse"] = refuse
     for out in state.outputs:
         if out.kind == "tensor":  # what execution left there is what the program declares
             declared = out.info
@@ -177,10 +183,17 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     f"type({x}) is not Tensor or {x}.shape != O{out.index} "
                     f"or {x}.dtype is not T{out.index}"
                 )
-                lines.append(f"        if {test}: raise _output_error({out.index})")
-            else:
-                lines.append(f"        e = _output_error({out.index})")
-                lines.append("        if e is not None: raise e")
+                lines.append(f"        if {test}: _refuse({out.index})")
+            elif isinstance(declared, TensorInfo):  # a bound (or none) on each dim, inline
+                env[f"T{out.index}"] = declared.dtype
+                rank = len(declared.sizes)
+                test = f"type({x}) is not Tensor or {x}.dtype is not T{out.index} or {x}.dim() != {rank}"
+                if declared.dynamism == "dynamic_bound" and rank:
+                    dims = " and ".join(
+                        f"{x}.shape[{d}] <= {b}" for d, b in enumerate(declared.sizes)
+                    )
+                    test += f" or not ({dims})"
+                lines.append(f"        if {test}: _refuse({out.index})")
         if out.kind == "tensor" and copy_outputs:
             outs.append(f"v[{out.slot}].clone()")
         else:
