@@ -1,12 +1,20 @@
-"""A small FlatBuffers writer: the inverse of :mod:`ptexec.format.flatbuf`.
+"""ptexec's FlatBuffers writer: the inverse of :mod:`ptexec.format.flatbuf`.
 
-It writes what ExecuTorch's schemas use (tables of scalars, strings, vectors of scalars,
-vectors of tables, unions) and nothing else. A buffer is described as a tree of
-:class:`Table`, :class:`Vector`, :class:`TableVector` and :class:`String` objects and
-written by :func:`finish` front to back: every child is placed after the object that
-refers to it (breadth first), so every offset points forward, as the reader requires, and
-every scalar is aligned to its size in the buffer. The result is a valid buffer for any
-FlatBuffers verifier that is loaded at an address aligned to :data:`MAX_ALIGN`.
+It writes what ExecuTorch's schemas (``.pte`` programs, ETDump) use: tables of scalars,
+strings, vectors of scalars, vectors of tables, unions, and a root with a file identifier,
+optionally size-prefixed. A buffer is described as a tree of :class:`Table`,
+:class:`Vector`, :class:`TableVector` and :class:`String` objects and written by
+:func:`finish` front to back: every child is placed after the object that refers to it
+(breadth first), so every offset points forward, as the reader requires. Every scalar is
+aligned to its size from the start of the buffer (size prefix included), so the result is
+valid for any FlatBuffers verifier when loaded at an address aligned to
+:data:`MAX_ALIGN`. A scalar equal to its default is left out and identical vtables are
+written once, as FlatBuffers' own builders do.
+
+    root = Table().scalar(0, "u32", 1).ref(1, TableVector([Table().ref(0, String("a"))]))
+    data = finish(root, b"ED00", size_prefixed=True)
+
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -18,34 +26,44 @@ from dataclasses import dataclass, field
 
 from .flatbuf import SCALARS
 
-__all__ = ["MAX_ALIGN", "String", "Table", "TableVector", "Vector", "finish"]
+__all__ = ["KINDS", "MAX_ALIGN", "String", "Table", "TableVector", "Vector", "finish"]
 
 MAX_ALIGN = 16  # the largest alignment :func:`finish` gives anything (force_align 16 data)
 
-_U16 = struct.Struct("<H")
+# scalar kind -> (struct format letter, size): the reader's kinds, and 32-bit floats
+KINDS: dict[str, tuple[str, int]] = {**SCALARS, "f32": ("f", 4)}
+
+_MAX_SLOTS = (0xFFFF - 4) // 2  # as many as a vtable (its size a u16) can describe
+
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
+
+Scalar = int | float | bool
 
 
 @dataclass(frozen=True)
 class String:
+    """A string, written UTF-8 and NUL-terminated."""
+
     text: str
 
 
 @dataclass(frozen=True)
 class Vector:
-    """A vector of scalars of one kind (``flatbuf.SCALARS``); ``align`` is the alignment of
+    """A vector of scalars of one kind (:data:`KINDS`); ``align`` is the alignment of
     its first item (at least the item size; 16 for ``force_align: 16`` byte data).
     ``raw``, when given, holds the items' bytes (little-endian) instead of ``items``."""
 
     kind: str
-    items: Sequence[int | float | bool] = ()
+    items: Sequence[Scalar] = ()
     raw: bytes | bytearray | memoryview | None = None
     align: int = 0
 
 
 @dataclass(frozen=True)
 class TableVector:
+    """A vector of tables."""
+
     tables: Sequence[Table]
 
 
@@ -55,24 +73,32 @@ class Table:
 
     A union is two slots: its type code (a ``u8`` scalar) and then its value (a ref)."""
 
-    scalars: dict[int, tuple[str, int | float | bool]] = field(default_factory=dict)
+    scalars: dict[int, tuple[str, Scalar]] = field(default_factory=dict)
     refs: dict[int, Table | Vector | TableVector | String] = field(default_factory=dict)
 
-    def scalar(self, slot: int, kind: str, value: int | float | bool) -> Table:
+    def scalar(self, slot: int, kind: str, value: Scalar, default: Scalar | None = 0) -> Table:
+        """Set scalar field ``slot``, unless ``value`` is written as ``default`` is (a
+        reader reads the default for an absent field); ``default=None`` always sets it."""
+        if default is not None:
+            letter = "<" + KINDS[kind][0]
+            if struct.pack(letter, value) == struct.pack(letter, default):  # -0.0 is not 0.0
+                self.scalars.pop(slot, None)
+                return self
         self.scalars[slot] = (kind, value)
         return self
 
     def ref(self, slot: int, child: Table | Vector | TableVector | String | None) -> Table:
+        """Set field ``slot`` to a child object (None: leave it out)."""
         if child is not None:
             self.refs[slot] = child
         return self
 
 
 class _Writer:
-    def __init__(self, identifier: bytes, reserve: int) -> None:
-        self.buf = bytearray(8 + reserve)
-        self.buf[4:8] = identifier
+    def __init__(self, header: int) -> None:
+        self.buf = bytearray(header)
         self.pending: deque[tuple[int, Table | Vector | TableVector | String]] = deque()
+        self.vtables: dict[bytes, int] = {}  # vtable bytes -> position of its one copy
 
     def pad_to(self, align: int, ahead: int = 0) -> None:
         """Pad so that position ``len + ahead`` is a multiple of ``align``."""
@@ -97,7 +123,7 @@ class _Writer:
                 self.pending.append((len(self.buf), t))
                 self.buf += bytes(4)
             return at
-        letter, size = SCALARS[obj.kind]
+        letter, size = KINDS[obj.kind]
         data = (
             obj.raw
             if obj.raw is not None
@@ -110,45 +136,64 @@ class _Writer:
         return at
 
     def _table(self, t: Table) -> int:
-        slots = set(t.scalars) | set(t.refs)
-        nslots = max(slots) + 1 if slots else 0
-        self.pad_to(2)
-        vtable = len(self.buf)
-        self.buf += bytes(4 + 2 * nslots)
-        self.pad_to(4)
-        start = len(self.buf)
-        self.buf += _I32.pack(start - vtable)
+        if t.scalars.keys() & t.refs.keys():
+            raise ValueError(f"field {min(t.scalars.keys() & t.refs.keys())} set twice")
+        slots = t.scalars.keys() | t.refs.keys()
+        if slots and (min(slots) < 0 or max(slots) >= _MAX_SLOTS):
+            raise ValueError(f"field slots {sorted(slots)} out of range 0..{_MAX_SLOTS - 1}")
+        # the body, laid out from a start aligned to its largest scalar: the soffset to
+        # the vtable, the scalars largest first (less padding), then the offsets
+        align = 4
+        body = bytearray(4)
         offsets: dict[int, int] = {}
-        # largest scalars first: less padding
-        items = sorted(t.scalars.items(), key=lambda kv: -SCALARS[kv[1][0]][1])
-        for slot, (kind, value) in items:
-            letter, size = SCALARS[kind]
-            self.pad_to(size)
-            offsets[slot] = len(self.buf) - start
-            self.buf += struct.pack(f"<{letter}", value)
-        for slot, child in sorted(t.refs.items()):
-            self.pad_to(4)
-            offsets[slot] = len(self.buf) - start
-            self.pending.append((len(self.buf), child))
-            self.buf += bytes(4)
-        _U16.pack_into(self.buf, vtable, 4 + 2 * nslots)
-        _U16.pack_into(self.buf, vtable + 2, len(self.buf) - start)
-        for slot, off in offsets.items():
-            _U16.pack_into(self.buf, vtable + 4 + 2 * slot, off)
+        for slot, (kind, value) in sorted(t.scalars.items(), key=lambda kv: -KINDS[kv[1][0]][1]):
+            letter, size = KINDS[kind]
+            align = max(align, size)
+            body += bytes(-len(body) % size)
+            offsets[slot] = len(body)
+            body += struct.pack("<" + letter, value)
+        body += bytes(-len(body) % 4)
+        refs = sorted(t.refs.items())
+        for slot, _ in refs:
+            offsets[slot] = len(body)
+            body += bytes(4)
+        if len(body) > 0xFFFF:
+            raise ValueError(f"a table of {len(body)} bytes is too large for its vtable")
+        nslots = max(slots) + 1 if slots else 0
+        entries = [offsets.get(slot, 0) for slot in range(nslots)]
+        vtable = struct.pack(f"<{2 + nslots}H", 4 + 2 * nslots, len(body), *entries)
+        vt_at = self.vtables.get(vtable)
+        if vt_at is None:
+            self.pad_to(2)
+            vt_at = self.vtables[vtable] = len(self.buf)
+            self.buf += vtable
+        self.pad_to(align)
+        start = len(self.buf)
+        _I32.pack_into(body, 0, start - vt_at)
+        self.buf += body
+        for slot, child in refs:
+            self.pending.append((start + offsets[slot], child))
         return start
 
 
-def finish(root: Table, identifier: bytes, reserve: int = 0) -> bytearray:
-    """The buffer holding ``root`` (the file identifier at bytes 4..8, then ``reserve``
-    zero bytes for a header the caller fills in), padded to a multiple of
-    :data:`MAX_ALIGN`."""
+def finish(
+    root: Table, identifier: bytes, reserve: int = 0, size_prefixed: bool = False
+) -> bytearray:
+    """The buffer holding ``root``: the root offset, the file ``identifier``, then
+    ``reserve`` zero bytes for a header the caller fills in, then the tables, padded to a
+    multiple of :data:`MAX_ALIGN`. ``size_prefixed`` puts the size of the rest in front,
+    as a ``u32``."""
     if len(identifier) != 4:
         raise ValueError("a file identifier has 4 bytes")
-    w = _Writer(identifier, reserve)
-    w.pending.append((0, root))
+    base = 4 if size_prefixed else 0
+    w = _Writer(base + 8 + reserve)
+    w.buf[base + 4 : base + 8] = identifier
+    w.pending.append((base, root))
     while w.pending:
         at, obj = w.pending.popleft()
         pos = w.place(obj)
         _U32.pack_into(w.buf, at, pos - at)
     w.pad_to(MAX_ALIGN)
+    if size_prefixed:
+        _U32.pack_into(w.buf, 0, len(w.buf) - 4)
     return w.buf
