@@ -19,10 +19,12 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .flatbuf import SCALARS
 
@@ -35,10 +37,15 @@ KINDS: dict[str, tuple[str, int]] = {**SCALARS, "f32": ("f", 4)}
 
 _MAX_SLOTS = (0xFFFF - 4) // 2  # as many as a vtable (its size a u16) can describe
 
-_I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 
 Scalar = int | float | bool
+
+
+def _signed_zero(value: Scalar, default: Scalar) -> bool:
+    """Whether equal ``value`` and ``default`` are zeros of different signs (not the same
+    bits: -0.0 must be written)."""
+    return value == 0 and math.copysign(1.0, value) != math.copysign(1.0, default)
 
 
 @dataclass(frozen=True)
@@ -77,13 +84,12 @@ class Table:
     refs: dict[int, Table | Vector | TableVector | String] = field(default_factory=dict)
 
     def scalar(self, slot: int, kind: str, value: Scalar, default: Scalar | None = 0) -> Table:
-        """Set scalar field ``slot``, unless ``value`` is written as ``default`` is (a
-        reader reads the default for an absent field); ``default=None`` always sets it."""
-        if default is not None:
-            letter = "<" + KINDS[kind][0]
-            if struct.pack(letter, value) == struct.pack(letter, default):  # -0.0 is not 0.0
-                self.scalars.pop(slot, None)
-                return self
+        """Set scalar field ``slot`` to ``value`` (a :data:`KINDS` kind). A value equal to
+        ``default`` (a zero of its sign) is left out: readers read the default for an
+        absent field. ``default=None`` always writes it."""
+        if default is not None and value == default and not _signed_zero(value, default):
+            self.scalars.pop(slot, None)
+            return self
         self.scalars[slot] = (kind, value)
         return self
 
@@ -94,11 +100,67 @@ class Table:
         return self
 
 
+class _Layout(NamedTuple):
+    """How every table of one shape (its scalar slots and kinds, its ref slots) is laid
+    out: its body from a start at ``phase`` modulo ``align``: the soffset to its vtable,
+    the scalars (largest first, so that only the end pads), then the offsets to its
+    children."""
+
+    body: struct.Struct  # packs (soffset, *scalar values in `scalars` order)
+    scalars: tuple[int, ...]  # scalar slots, in body order
+    refs: tuple[tuple[int, int], ...]  # (slot, offset in the body) of each child
+    vtable: bytes
+    align: int
+    phase: int
+
+
+def _layout(scalars: Sequence[tuple[int, str]], refs: Sequence[int]) -> _Layout:
+    slots = [s for s, _ in scalars] + list(refs)
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a field set twice in slots {sorted(slots)}")
+    if slots and (min(slots) < 0 or max(slots) >= _MAX_SLOTS):
+        raise ValueError(f"field slots {sorted(slots)} out of range 0..{_MAX_SLOTS - 1}")
+    ordered = sorted(scalars, key=lambda sk: (-KINDS[sk[1]][1], sk[0]))
+    align = max([4] + [KINDS[k][1] for _, k in ordered])
+    phase = 4 % align  # a start 4 past an 8-byte boundary: the first u64 follows the soffset
+    fmt = ["<i"]
+    size = 4
+    offsets: dict[int, int] = {}
+    for slot, kind in ordered:
+        letter, n = KINDS[kind]
+        pad = -(phase + size) % n
+        fmt.append(f"{pad}x{letter}")
+        offsets[slot] = size + pad
+        size += pad + n
+    pad = -(phase + size) % 4
+    fmt.append(f"{pad + 4 * len(refs)}x")
+    size += pad
+    placed = []
+    for slot in refs:
+        offsets[slot] = size
+        placed.append((slot, size))
+        size += 4
+    if size > 0xFFFF:
+        raise ValueError(f"a table of {size} bytes is too large for its vtable")
+    nslots = max(slots) + 1 if slots else 0
+    entries = [offsets.get(slot, 0) for slot in range(nslots)]
+    vtable = struct.pack(f"<{2 + nslots}H", 4 + 2 * nslots, size, *entries)
+    return _Layout(
+        struct.Struct("".join(fmt)),
+        tuple(s for s, _ in ordered),
+        tuple(placed),
+        vtable,
+        align,
+        phase,
+    )
+
+
 class _Writer:
     def __init__(self, header: int) -> None:
         self.buf = bytearray(header)
         self.pending: deque[tuple[int, Table | Vector | TableVector | String]] = deque()
         self.vtables: dict[bytes, int] = {}  # vtable bytes -> position of its one copy
+        self.layouts: dict[tuple[tuple[tuple[int, str], ...], tuple[int, ...]], _Layout] = {}
 
     def pad_to(self, align: int, ahead: int = 0) -> None:
         """Pad so that position ``len + ahead`` is a multiple of ``align``."""
@@ -136,43 +198,22 @@ class _Writer:
         return at
 
     def _table(self, t: Table) -> int:
-        if t.scalars.keys() & t.refs.keys():
-            raise ValueError(f"field {min(t.scalars.keys() & t.refs.keys())} set twice")
-        slots = t.scalars.keys() | t.refs.keys()
-        if slots and (min(slots) < 0 or max(slots) >= _MAX_SLOTS):
-            raise ValueError(f"field slots {sorted(slots)} out of range 0..{_MAX_SLOTS - 1}")
-        # the body, laid out from a start aligned to its largest scalar: the soffset to
-        # the vtable, the scalars largest first (less padding), then the offsets
-        align = 4
-        body = bytearray(4)
-        offsets: dict[int, int] = {}
-        for slot, (kind, value) in sorted(t.scalars.items(), key=lambda kv: -KINDS[kv[1][0]][1]):
-            letter, size = KINDS[kind]
-            align = max(align, size)
-            body += bytes(-len(body) % size)
-            offsets[slot] = len(body)
-            body += struct.pack("<" + letter, value)
-        body += bytes(-len(body) % 4)
-        refs = sorted(t.refs.items())
-        for slot, _ in refs:
-            offsets[slot] = len(body)
-            body += bytes(4)
-        if len(body) > 0xFFFF:
-            raise ValueError(f"a table of {len(body)} bytes is too large for its vtable")
-        nslots = max(slots) + 1 if slots else 0
-        entries = [offsets.get(slot, 0) for slot in range(nslots)]
-        vtable = struct.pack(f"<{2 + nslots}H", 4 + 2 * nslots, len(body), *entries)
-        vt_at = self.vtables.get(vtable)
+        scalars, refs = t.scalars, t.refs
+        shape = (tuple([(slot, kv[0]) for slot, kv in scalars.items()]), tuple(refs))
+        layout = self.layouts.get(shape)
+        if layout is None:
+            layout = self.layouts[shape] = _layout(*shape)
+        buf = self.buf
+        vt_at = self.vtables.get(layout.vtable)
         if vt_at is None:
             self.pad_to(2)
-            vt_at = self.vtables[vtable] = len(self.buf)
-            self.buf += vtable
-        self.pad_to(align)
-        start = len(self.buf)
-        _I32.pack_into(body, 0, start - vt_at)
-        self.buf += body
-        for slot, child in refs:
-            self.pending.append((start + offsets[slot], child))
+            vt_at = self.vtables[layout.vtable] = len(buf)
+            buf += layout.vtable
+        self.pad_to(layout.align, ahead=-layout.phase % layout.align)
+        start = len(buf)
+        buf += layout.body.pack(start - vt_at, *[scalars[slot][1] for slot in layout.scalars])
+        for slot, offset in layout.refs:
+            self.pending.append((start + offset, refs[slot]))
         return start
 
 
