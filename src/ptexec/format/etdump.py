@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import PteFormatError
+from . import flatbuf_write as fw
 from .flatbuf import Buffer, Table
-from .flatbuild import Builder
 
 __all__ = [
     "FILE_IDENTIFIER",
@@ -165,134 +165,108 @@ class ETDump:
 # ---- writing ---------------------------------------------------------------------------
 
 
-def _tensor(b: Builder, t: TensorRef) -> int:
-    sizes = b.scalars("i64", t.sizes)
-    strides = b.scalars("i64", t.strides)
-    b.start_table()
-    b.add_scalar(0, "i8", t.scalar_type)
-    b.add_offset(1, sizes)
-    b.add_offset(2, strides)
-    b.add_scalar(3, "i64", t.offset)
-    return b.end_table()
+def _tensor(t: TensorRef) -> fw.Table:
+    return (
+        fw.Table()
+        .scalar(0, "i8", t.scalar_type)
+        .ref(1, fw.Vector("i64", t.sizes))
+        .ref(2, fw.Vector("i64", t.strides))
+        .scalar(3, "i64", t.offset)
+    )
 
 
-def _one_field(b: Builder, kind: str, value: int | float | bool) -> int:
-    b.start_table()
-    b.add_scalar(0, kind, value)
-    return b.end_table()
+def _one_field(kind: str, value: int | float | bool) -> fw.Table:
+    return fw.Table().scalar(0, kind, value)
 
 
-def _value(b: Builder, v: Value) -> int:
-    tensor = tensor_list = int_value = float_value = double_value = bool_value = None
+def _value(v: Value) -> fw.Table:
+    t = fw.Table().scalar(0, "i8", v.kind)
     data = v.data
     if v.kind == TENSOR:
         if not isinstance(data, TensorRef):
             raise TypeError("a tensor value needs a TensorRef")
-        tensor = _tensor(b, data)
+        t.ref(1, _tensor(data))
     elif v.kind == TENSOR_LIST:
         if not isinstance(data, tuple):
             raise TypeError("a tensor list value needs a tuple of TensorRefs")
-        items = b.offsets([_tensor(b, t) for t in data])
-        b.start_table()
-        b.add_offset(0, items)
-        tensor_list = b.end_table()
+        t.ref(2, fw.Table().ref(0, fw.TableVector([_tensor(x) for x in data])))
     elif v.kind == INT:
-        int_value = _one_field(b, "i64", int(data))  # type: ignore[arg-type]
+        t.ref(3, _one_field("i64", int(data)))  # type: ignore[arg-type]
     elif v.kind == FLOAT:
-        float_value = _one_field(b, "f32", float(data))  # type: ignore[arg-type]
+        t.ref(4, _one_field("f32", float(data)))  # type: ignore[arg-type]
     elif v.kind == DOUBLE:
-        double_value = _one_field(b, "f64", float(data))  # type: ignore[arg-type]
+        t.ref(5, _one_field("f64", float(data)))  # type: ignore[arg-type]
     elif v.kind == BOOL:
-        bool_value = _one_field(b, "bool", bool(data))
+        t.ref(6, _one_field("bool", bool(data)))
     elif v.kind not in (NULL, STRING):
         raise ValueError(f"unknown value type {v.kind}")
     # (the schema's Value has no field for a string: its String table is unused)
-    output = None if v.output is None else _one_field(b, "bool", v.output)
-    b.start_table()
-    b.add_scalar(0, "i8", v.kind)
-    b.add_offset(1, tensor)
-    b.add_offset(2, tensor_list)
-    b.add_offset(3, int_value)
-    b.add_offset(4, float_value)
-    b.add_offset(5, double_value)
-    b.add_offset(6, bool_value)
-    b.add_offset(7, output)
-    return b.end_table()
+    if v.output is not None:
+        t.ref(7, _one_field("bool", v.output))
+    return t
 
 
-def _string(b: Builder, text: str | None) -> int | None:
-    return None if text is None else b.string(text)
+def _string(text: str | None) -> fw.String | None:
+    return None if text is None else fw.String(text)
 
 
-def _event(b: Builder, e: Event) -> int:
+def _event(e: Event) -> fw.Table:
     if isinstance(e, ProfileEvent):
-        name = _string(b, e.name)
-        delegate_str = _string(b, e.delegate_debug_id_str)
-        metadata = (
-            None if e.delegate_debug_metadata is None else b.bytes_vector(e.delegate_debug_metadata)
+        metadata = e.delegate_debug_metadata
+        inner = (
+            fw.Table()
+            .ref(0, _string(e.name))
+            .scalar(1, "i32", e.chain_index)
+            .scalar(2, "i32", e.instruction_id, default=-1)
+            .scalar(3, "i32", e.delegate_debug_id_int, default=-1)
+            .ref(4, _string(e.delegate_debug_id_str))
+            .ref(5, None if metadata is None else fw.Vector("u8", raw=metadata))
+            .scalar(6, "u64", e.start_time)
+            .scalar(7, "u64", e.end_time)
         )
-        b.start_table()
-        b.add_offset(0, name)
-        b.add_scalar(1, "i32", e.chain_index)
-        b.add_scalar(2, "i32", e.instruction_id, default=-1)
-        b.add_scalar(3, "i32", e.delegate_debug_id_int, default=-1)
-        b.add_offset(4, delegate_str)
-        b.add_offset(5, metadata)
-        b.add_scalar(6, "u64", e.start_time)
-        b.add_scalar(7, "u64", e.end_time)
-        inner, slot = b.end_table(), 0
+        slot = 0
     elif isinstance(e, DebugEvent):
-        entry = _value(b, e.debug_entry)
-        delegate_str = _string(b, e.delegate_debug_id_str)
-        name = _string(b, e.name)
-        b.start_table()
-        b.add_scalar(0, "u64", e.chain_index)
-        b.add_scalar(1, "i32", e.instruction_id, default=-1)
-        b.add_offset(2, entry)
-        b.add_scalar(3, "i32", e.delegate_debug_id_int, default=-1)
-        b.add_offset(4, delegate_str)
-        b.add_offset(5, name)
-        inner, slot = b.end_table(), 2
+        inner = (
+            fw.Table()
+            .scalar(0, "u64", e.chain_index)
+            .scalar(1, "i32", e.instruction_id, default=-1)
+            .ref(2, _value(e.debug_entry))
+            .scalar(3, "i32", e.delegate_debug_id_int, default=-1)
+            .ref(4, _string(e.delegate_debug_id_str))
+            .ref(5, _string(e.name))
+        )
+        slot = 2
     elif isinstance(e, AllocationEvent):
-        b.start_table()
-        b.add_scalar(0, "i32", e.allocator_id)
-        b.add_scalar(1, "u64", e.allocation_size)
-        inner, slot = b.end_table(), 1
+        inner = fw.Table().scalar(0, "i32", e.allocator_id).scalar(1, "u64", e.allocation_size)
+        slot = 1
     else:
         raise TypeError(f"not an ETDump event: {type(e).__name__}")
-    b.start_table()
-    b.add_offset(slot, inner)
-    return b.end_table()
+    return fw.Table().ref(slot, inner)
 
 
-def _run(b: Builder, run: RunData) -> int:
-    name = _string(b, run.name)
-    allocators = None
-    if run.allocators is not None:
-        refs = []
-        for a in run.allocators:
-            a_name = _string(b, a)
-            b.start_table()
-            b.add_offset(0, a_name)
-            refs.append(b.end_table())
-        allocators = b.offsets(refs)
-    events = b.offsets([_event(b, e) for e in run.events])
-    b.start_table()
-    b.add_offset(0, name)
-    b.add_scalar(1, "i32", run.bundled_input_index, default=-1)
-    b.add_offset(2, allocators)
-    b.add_offset(3, events)
-    return b.end_table()
+def _run(run: RunData) -> fw.Table:
+    allocators = (
+        None
+        if run.allocators is None
+        else fw.TableVector([fw.Table().ref(0, _string(a)) for a in run.allocators])
+    )
+    return (
+        fw.Table()
+        .ref(0, _string(run.name))
+        .scalar(1, "i32", run.bundled_input_index, default=-1)
+        .ref(2, allocators)
+        .ref(3, fw.TableVector([_event(e) for e in run.events]))
+    )
 
 
 def encode_etdump(dump: ETDump) -> bytes:
     """The size-prefixed flatbuffer of ``dump`` (what an ``.etdp`` file holds)."""
-    b = Builder(4096)
-    runs = b.offsets([_run(b, r) for r in dump.run_data])
-    b.start_table()
-    b.add_scalar(0, "u32", dump.version)
-    b.add_offset(1, runs)
-    return b.finish(b.end_table(), FILE_IDENTIFIER, size_prefixed=True)
+    root = (
+        fw.Table()
+        .scalar(0, "u32", dump.version)
+        .ref(1, fw.TableVector([_run(r) for r in dump.run_data]))
+    )
+    return bytes(fw.finish(root, FILE_IDENTIFIER, size_prefixed=True))
 
 
 # ---- reading ---------------------------------------------------------------------------

@@ -1,51 +1,76 @@
-"""A small FlatBuffers writer: the inverse of :mod:`ptexec.format.flatbuf`.
+"""ptexec's FlatBuffers writer: the inverse of :mod:`ptexec.format.flatbuf`.
 
-It writes what ExecuTorch's schemas use (tables of scalars, strings, vectors of scalars,
-vectors of tables, unions) and nothing else. A buffer is described as a tree of
-:class:`Table`, :class:`Vector`, :class:`TableVector` and :class:`String` objects and
-written by :func:`finish` front to back: every child is placed after the object that
-refers to it (breadth first), so every offset points forward, as the reader requires, and
-every scalar is aligned to its size in the buffer. The result is a valid buffer for any
-FlatBuffers verifier that is loaded at an address aligned to :data:`MAX_ALIGN`.
+It writes what ExecuTorch's schemas (``.pte`` programs, ETDump) use: tables of scalars,
+strings, vectors of scalars, vectors of tables, unions, and a root with a file identifier,
+optionally size-prefixed. A buffer is described as a tree of :class:`Table`,
+:class:`Vector`, :class:`TableVector` and :class:`String` objects and written by
+:func:`finish` front to back: every child is placed after the object that refers to it
+(breadth first), so every offset points forward, as the reader requires. Every scalar is
+aligned to its size from the start of the buffer (size prefix included), so the result is
+valid for any FlatBuffers verifier when loaded at an address aligned to
+:data:`MAX_ALIGN`. A scalar equal to its default is left out and identical vtables are
+written once, as FlatBuffers' own builders do.
+
+    root = Table().scalar(0, "u32", 1).ref(1, TableVector([Table().ref(0, String("a"))]))
+    data = finish(root, b"ED00", size_prefixed=True)
+
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .flatbuf import SCALARS
 
-__all__ = ["MAX_ALIGN", "String", "Table", "TableVector", "Vector", "finish"]
+__all__ = ["KINDS", "MAX_ALIGN", "String", "Table", "TableVector", "Vector", "finish"]
 
 MAX_ALIGN = 16  # the largest alignment :func:`finish` gives anything (force_align 16 data)
 
-_U16 = struct.Struct("<H")
-_I32 = struct.Struct("<i")
+# scalar kind -> (struct format letter, size): the reader's kinds, and 32-bit floats
+KINDS: dict[str, tuple[str, int]] = {**SCALARS, "f32": ("f", 4)}
+
+_MAX_SLOTS = (0xFFFF - 4) // 2  # as many as a vtable (its size a u16) can describe
+
 _U32 = struct.Struct("<I")
+
+Scalar = int | float | bool
+
+
+def _signed_zero(value: Scalar, default: Scalar) -> bool:
+    """Whether equal ``value`` and ``default`` are zeros of different signs (not the same
+    bits: -0.0 must be written)."""
+    return value == 0 and math.copysign(1.0, value) != math.copysign(1.0, default)
 
 
 @dataclass(frozen=True)
 class String:
+    """A string, written UTF-8 and NUL-terminated."""
+
     text: str
 
 
 @dataclass(frozen=True)
 class Vector:
-    """A vector of scalars of one kind (``flatbuf.SCALARS``); ``align`` is the alignment of
+    """A vector of scalars of one kind (:data:`KINDS`); ``align`` is the alignment of
     its first item (at least the item size; 16 for ``force_align: 16`` byte data).
     ``raw``, when given, holds the items' bytes (little-endian) instead of ``items``."""
 
     kind: str
-    items: Sequence[int | float | bool] = ()
+    items: Sequence[Scalar] = ()
     raw: bytes | bytearray | memoryview | None = None
     align: int = 0
 
 
 @dataclass(frozen=True)
 class TableVector:
+    """A vector of tables."""
+
     tables: Sequence[Table]
 
 
@@ -55,24 +80,87 @@ class Table:
 
     A union is two slots: its type code (a ``u8`` scalar) and then its value (a ref)."""
 
-    scalars: dict[int, tuple[str, int | float | bool]] = field(default_factory=dict)
+    scalars: dict[int, tuple[str, Scalar]] = field(default_factory=dict)
     refs: dict[int, Table | Vector | TableVector | String] = field(default_factory=dict)
 
-    def scalar(self, slot: int, kind: str, value: int | float | bool) -> Table:
+    def scalar(self, slot: int, kind: str, value: Scalar, default: Scalar | None = 0) -> Table:
+        """Set scalar field ``slot`` to ``value`` (a :data:`KINDS` kind). A value equal to
+        ``default`` (a zero of its sign) is left out: readers read the default for an
+        absent field. ``default=None`` always writes it."""
+        if default is not None and value == default and not _signed_zero(value, default):
+            self.scalars.pop(slot, None)
+            return self
         self.scalars[slot] = (kind, value)
         return self
 
     def ref(self, slot: int, child: Table | Vector | TableVector | String | None) -> Table:
+        """Set field ``slot`` to a child object (None: leave it out)."""
         if child is not None:
             self.refs[slot] = child
         return self
 
 
+class _Layout(NamedTuple):
+    """How every table of one shape (its scalar slots and kinds, its ref slots) is laid
+    out: its body from a start at ``phase`` modulo ``align``: the soffset to its vtable,
+    the scalars (largest first, so that only the end pads), then the offsets to its
+    children."""
+
+    body: struct.Struct  # packs (soffset, *scalar values in `scalars` order)
+    scalars: tuple[int, ...]  # scalar slots, in body order
+    refs: tuple[tuple[int, int], ...]  # (slot, offset in the body) of each child
+    vtable: bytes
+    align: int
+    phase: int
+
+
+def _layout(scalars: Sequence[tuple[int, str]], refs: Sequence[int]) -> _Layout:
+    slots = [s for s, _ in scalars] + list(refs)
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a field set twice in slots {sorted(slots)}")
+    if slots and (min(slots) < 0 or max(slots) >= _MAX_SLOTS):
+        raise ValueError(f"field slots {sorted(slots)} out of range 0..{_MAX_SLOTS - 1}")
+    ordered = sorted(scalars, key=lambda sk: (-KINDS[sk[1]][1], sk[0]))
+    align = max([4] + [KINDS[k][1] for _, k in ordered])
+    phase = 4 % align  # a start 4 past an 8-byte boundary: the first u64 follows the soffset
+    fmt = ["<i"]
+    size = 4
+    offsets: dict[int, int] = {}
+    for slot, kind in ordered:
+        letter, n = KINDS[kind]
+        pad = -(phase + size) % n
+        fmt.append(f"{pad}x{letter}")
+        offsets[slot] = size + pad
+        size += pad + n
+    pad = -(phase + size) % 4
+    fmt.append(f"{pad + 4 * len(refs)}x")
+    size += pad
+    placed = []
+    for slot in refs:
+        offsets[slot] = size
+        placed.append((slot, size))
+        size += 4
+    if size > 0xFFFF:
+        raise ValueError(f"a table of {size} bytes is too large for its vtable")
+    nslots = max(slots) + 1 if slots else 0
+    entries = [offsets.get(slot, 0) for slot in range(nslots)]
+    vtable = struct.pack(f"<{2 + nslots}H", 4 + 2 * nslots, size, *entries)
+    return _Layout(
+        struct.Struct("".join(fmt)),
+        tuple(s for s, _ in ordered),
+        tuple(placed),
+        vtable,
+        align,
+        phase,
+    )
+
+
 class _Writer:
-    def __init__(self, identifier: bytes, reserve: int) -> None:
-        self.buf = bytearray(8 + reserve)
-        self.buf[4:8] = identifier
+    def __init__(self, header: int) -> None:
+        self.buf = bytearray(header)
         self.pending: deque[tuple[int, Table | Vector | TableVector | String]] = deque()
+        self.vtables: dict[bytes, int] = {}  # vtable bytes -> position of its one copy
+        self.layouts: dict[tuple[tuple[tuple[int, str], ...], tuple[int, ...]], _Layout] = {}
 
     def pad_to(self, align: int, ahead: int = 0) -> None:
         """Pad so that position ``len + ahead`` is a multiple of ``align``."""
@@ -97,7 +185,7 @@ class _Writer:
                 self.pending.append((len(self.buf), t))
                 self.buf += bytes(4)
             return at
-        letter, size = SCALARS[obj.kind]
+        letter, size = KINDS[obj.kind]
         data = (
             obj.raw
             if obj.raw is not None
@@ -110,45 +198,43 @@ class _Writer:
         return at
 
     def _table(self, t: Table) -> int:
-        slots = set(t.scalars) | set(t.refs)
-        nslots = max(slots) + 1 if slots else 0
-        self.pad_to(2)
-        vtable = len(self.buf)
-        self.buf += bytes(4 + 2 * nslots)
-        self.pad_to(4)
-        start = len(self.buf)
-        self.buf += _I32.pack(start - vtable)
-        offsets: dict[int, int] = {}
-        # largest scalars first: less padding
-        items = sorted(t.scalars.items(), key=lambda kv: -SCALARS[kv[1][0]][1])
-        for slot, (kind, value) in items:
-            letter, size = SCALARS[kind]
-            self.pad_to(size)
-            offsets[slot] = len(self.buf) - start
-            self.buf += struct.pack(f"<{letter}", value)
-        for slot, child in sorted(t.refs.items()):
-            self.pad_to(4)
-            offsets[slot] = len(self.buf) - start
-            self.pending.append((len(self.buf), child))
-            self.buf += bytes(4)
-        _U16.pack_into(self.buf, vtable, 4 + 2 * nslots)
-        _U16.pack_into(self.buf, vtable + 2, len(self.buf) - start)
-        for slot, off in offsets.items():
-            _U16.pack_into(self.buf, vtable + 4 + 2 * slot, off)
+        scalars, refs = t.scalars, t.refs
+        shape = (tuple([(slot, kv[0]) for slot, kv in scalars.items()]), tuple(refs))
+        layout = self.layouts.get(shape)
+        if layout is None:
+            layout = self.layouts[shape] = _layout(*shape)
+        buf = self.buf
+        vt_at = self.vtables.get(layout.vtable)
+        if vt_at is None:
+            self.pad_to(2)
+            vt_at = self.vtables[layout.vtable] = len(buf)
+            buf += layout.vtable
+        self.pad_to(layout.align, ahead=-layout.phase % layout.align)
+        start = len(buf)
+        buf += layout.body.pack(start - vt_at, *[scalars[slot][1] for slot in layout.scalars])
+        for slot, offset in layout.refs:
+            self.pending.append((start + offset, refs[slot]))
         return start
 
 
-def finish(root: Table, identifier: bytes, reserve: int = 0) -> bytearray:
-    """The buffer holding ``root`` (the file identifier at bytes 4..8, then ``reserve``
-    zero bytes for a header the caller fills in), padded to a multiple of
-    :data:`MAX_ALIGN`."""
+def finish(
+    root: Table, identifier: bytes, reserve: int = 0, size_prefixed: bool = False
+) -> bytearray:
+    """The buffer holding ``root``: the root offset, the file ``identifier``, then
+    ``reserve`` zero bytes for a header the caller fills in, then the tables, padded to a
+    multiple of :data:`MAX_ALIGN`. ``size_prefixed`` puts the size of the rest in front,
+    as a ``u32``."""
     if len(identifier) != 4:
         raise ValueError("a file identifier has 4 bytes")
-    w = _Writer(identifier, reserve)
-    w.pending.append((0, root))
+    base = 4 if size_prefixed else 0
+    w = _Writer(base + 8 + reserve)
+    w.buf[base + 4 : base + 8] = identifier
+    w.pending.append((base, root))
     while w.pending:
         at, obj = w.pending.popleft()
         pos = w.place(obj)
         _U32.pack_into(w.buf, at, pos - at)
     w.pad_to(MAX_ALIGN)
+    if size_prefixed:
+        _U32.pack_into(w.buf, 0, len(w.buf) - 4)
     return w.buf
