@@ -14,11 +14,16 @@ runtime resizes it. The transposes the partitioner inserts between NCHW and NHWC
 torch permutations (views); convolutions and pools run on ``permute(0, 3, 1, 2)`` views,
 so a channels-first model runs channels first with no copies.
 
-Quantized values are carried as floats that hold their dequantized value
-(``(q - zero_point) * scale``): every node computes in float from dequantized inputs and
-quantizes its output again when the output is a static int8 value, as XNNPACK's integer
-kernels do up to rounding. Dynamically quantized values (per token) are quantized at run
-time with XNNPACK's choice of scale and zero point. Weights are dequantized once, at load.
+Quantized values. A static int8 value is carried as a float32 tensor holding its centered
+integers ``q - zero_point`` and computed with XNNPACK's own integer arithmetic
+(:mod:`.quant`): convolutions and fully connected nodes accumulate exactly and requantize
+once, additions use XNNPACK's fixed-point multipliers, means sum in integers, unary
+functions are XNNPACK's 256-entry tables. A node XNNPACK has no integer kernel for reads
+dequantized values (``(q - zero_point) * scale``, as XNNPACK's Convert computes them) and
+quantizes its result as XNNPACK's float-to-int8 Convert does. Dynamically quantized
+values (per token, or per batch element for a convolution) are quantized at run time with
+XNNPACK's choice of scale and zero point, once per distinct input however many nodes read
+it. Weights are prepared once, at load.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 
 from ...errors import BackendUnavailableError, PteFormatError
 from ...memory import resize_to
+from . import quant as qa
 from . import schema as s
 
 __all__ = ["ArgInfo", "XnnRunner", "build_runner", "unsupported_node_types"]
@@ -116,9 +122,11 @@ class ArgInfo:
 
 @dataclass(frozen=True, slots=True)
 class _Rep:
-    """How a value is carried at run time: a float tensor (``dtype``), dequantized when
-    ``kind`` is ``q`` (static, per tensor: ``scale``, ``zp``, ``qmin``, ``qmax``) or ``qd``
-    (quantized per token at run time), or an integer tensor (``int``)."""
+    """How a value is carried at run time: a float tensor (``float``, of ``dtype``); the
+    centered integers ``q - zp`` of a static per-tensor quantized value as float32 (``q``:
+    ``scale``, ``zp``, ``qmin``, ``qmax``); a value quantized per token at run time
+    (``qd``: its producer's float values, quantized where it is read); or an integer
+    tensor (``int``)."""
 
     kind: str
     dtype: torch.dtype
@@ -126,6 +134,10 @@ class _Rep:
     zp: int = 0
     qmin: int = 0
     qmax: int = 0
+
+    @property
+    def is_qs8(self) -> bool:
+        return self.kind == "q" and (self.qmin, self.qmax) == (-128, 127)
 
 
 def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
@@ -139,22 +151,21 @@ def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
 # run-time helpers (called from the generated code)
 
 
-def _fq(t: torch.Tensor, inv: float, scale: float, lo: int, hi: int) -> torch.Tensor:
-    """Quantize to ``round(t * inv)`` (XNNPACK's rounding: to nearest even, by the float32
-    reciprocal of the scale) clamped to ``[lo, hi]`` (zero point subtracted), and return
-    the dequantized values. The same result as ``fake_quantize_per_tensor_affine``, which is
-    several times slower on the CPU."""
-    return torch.round(t * inv).clamp_(lo, hi).mul_(scale)
+def _fq(t: torch.Tensor, inv: float, lo: int, hi: int) -> torch.Tensor:
+    """Float values -> centered int8 as XNNPACK's float-to-int8 Convert computes them:
+    ``round(t * inv)`` (to nearest even, by the float32 reciprocal of the scale) clamped
+    to ``[lo, hi]`` (the bounds less the zero point)."""
+    return torch.round(t * inv).clamp_(lo, hi)
 
 
-def _fq_(t: torch.Tensor, inv: float, scale: float, lo: int, hi: int) -> torch.Tensor:
+def _fq_(t: torch.Tensor, inv: float, lo: int, hi: int) -> torch.Tensor:
     """:func:`_fq` in place, for a tensor nothing else refers to."""
-    return t.mul_(inv).round_().clamp_(lo, hi).mul_(scale)
+    return t.mul_(inv).round_().clamp_(lo, hi)
 
 
 def _inv32(scale: float) -> float:
     """1 / scale, computed in float32 as XNNPACK and PyTorch's quantizers compute it."""
-    return float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(scale, dtype=torch.float32))
+    return qa.f32(1.0 / qa.f32(scale))
 
 
 def _qd8(x: torch.Tensor, nonbatch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -168,6 +179,10 @@ def _qd8(x: torch.Tensor, nonbatch: int) -> tuple[torch.Tensor, torch.Tensor, to
     xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
     if xf.dtype != torch.float32:
         xf = xf.float()
+    if xf.numel() == 0:
+        rows = xf.shape[0]
+        zeros = xf.new_zeros((rows, 1))
+        return xf.to(torch.int8), zeros, zeros
     mn, mx = torch.aminmax(xf, dim=1, keepdim=True)
     mn = mn.clamp_(max=0.0)
     mx = mx.clamp_(min=0.0)
@@ -182,33 +197,52 @@ def _qd8(x: torch.Tensor, nonbatch: int) -> tuple[torch.Tensor, torch.Tensor, to
     return q, zp, mult.reciprocal_()
 
 
-def _per_token(x: torch.Tensor, nonbatch: int) -> torch.Tensor:
-    """``x`` quantized per row as XNNPACK does (see :func:`_qd8`), then dequantized."""
-    if x.numel() == 0:
-        return x
-    q, zp, scale = _qd8(x, nonbatch)
-    return q.float().sub_(zp).mul_(scale).to(x.dtype).reshape(x.shape)
+_QRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _qd_values(qt: _QRows, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """The dequantized values ``(q - zp) * scale`` of per-row quantized data (see
+    :func:`_qd8`), in ``shape`` and ``dtype``."""
+    q, zp, scale = qt
+    return q.float().sub_(zp).mul_(scale).to(dtype).reshape(shape)
+
+
+def _qd_centered(qt: _QRows, shape: Sequence[int]) -> torch.Tensor:
+    """The centered integers ``q - zp`` of per-row quantized data, float32, in ``shape``."""
+    q, zp, _ = qt
+    return q.float().sub_(zp).reshape(shape)
 
 
 def _qd_linear(
-    x: torch.Tensor,
-    nonbatch: int,
+    qt: _QRows,
+    lead: Sequence[int],
     wt: torch.Tensor,
     colsum: torch.Tensor,
     wscale: torch.Tensor,
     bias: torch.Tensor | None,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
     """A fully connected node on a per-row quantized input and int8 weights, with integer
     accumulation as XNNPACK's kernels do: ``(q @ w - zp * sum(w)) * scale * wscale + b``.
-    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (float32)."""
-    if x.numel() == 0:
-        return x.new_empty((*x.shape[:-1], wt.shape[1]))
-    q, zp, scale = _qd8(x, nonbatch)
-    acc = torch._int_mm(q, wt).float()
-    out = acc.sub_(zp * colsum).mul_(scale).mul_(wscale)
+    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (float32);
+    ``lead``: the input's leading dims."""
+    q, zp, scale = qt
+    if q.numel() == 0:
+        out = q.new_zeros((q.shape[0], wt.shape[1]), dtype=torch.float32)
+    else:
+        out = torch._int_mm(q, wt).float().sub_(zp * colsum).mul_(scale).mul_(wscale)
     if bias is not None:
         out = out.add_(bias)
-    return out.to(x.dtype).reshape(*x.shape[:-1], wt.shape[1])
+    return out.to(dtype).reshape(*lead, wt.shape[1])
+
+
+def _qd_scale(
+    acc: torch.Tensor, rows: torch.Tensor, wscale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """A dynamically quantized convolution's integer accumulator (NHWC) -> float:
+    ``acc * input_scale[n] * weight_scale[c] + bias[c]``, in place."""
+    out = acc.mul_(rows.reshape(-1, *([1] * (acc.dim() - 1)))).mul_(wscale)
+    return out.add_(bias) if bias is not None else out
 
 
 def _resize(x: torch.Tensor, phys: Sequence[int], order: tuple[int, ...]) -> None:
@@ -273,8 +307,16 @@ _HELPERS: dict[str, Any] = {
     "F": F,
     "_fq": _fq,
     "_fq_": _fq_,
-    "_per_token": _per_token,
+    "_qd8": _qd8,
+    "_qd_values": _qd_values,
+    "_qd_centered": _qd_centered,
     "_qd_linear": _qd_linear,
+    "_qd_scale": _qd_scale,
+    "_rq": qa.requantize_,
+    "_qadd": qa.add,
+    "_qmul": qa.mul,
+    "_qcvt": qa.convert,
+    "_lut": qa.lookup,
     "_slow_conv2d": torch.ops.aten._slow_conv2d_forward,
     "_resize": _resize,
     "_argmax_pool": _argmax_pool,
@@ -344,13 +386,29 @@ class _Constants:
         return torch.tensor(q.scales, dtype=torch.float32)
 
     def ints(self, v: s.XnnValue) -> torch.Tensor:
-        """The integer values of a quantized weight (qcint8; qcint4 and qbint4 with their
-        zero point 8 removed) as int8, in XNNPACK's dims, on the host."""
-        if v.dtype_name == "qcint8":
+        """The integer values of a quantized constant (qint8/qcint8 and qint32/qcint32 as
+        stored; qcint4 and qbint4 with their zero point 8 removed), in XNNPACK's dims, on
+        the host: int8, or int32 for the 32-bit kinds."""
+        name = v.dtype_name
+        if name in ("qint8", "qcint8"):
             return self._typed(v.constant_buffer_idx, torch.int8, v.numel).reshape(v.dims)
-        if v.dtype_name in ("qcint4", "qbint4"):
+        if name in ("qint32", "qcint32"):
+            return self._typed(v.constant_buffer_idx, torch.int32, v.numel).reshape(v.dims)
+        if name in ("qcint4", "qbint4"):
             return (_unpack4(self._bytes(v.constant_buffer_idx), v.dims) - 8).to(torch.int8)
-        raise ValueError(f"no integer form for {v.dtype_name}")
+        raise ValueError(f"no integer form for {name}")
+
+    def centered(self, v: s.XnnValue) -> torch.Tensor:
+        """A static per-tensor quantized constant as the runtime carries it: ``q - zp`` in
+        float32, on the device."""
+        key = (v.id, "centered")
+        hit = self._cache.get(key)
+        if hit is None:
+            q = v.quant
+            zp = q.zero_point if isinstance(q, s.PerTensorQuant) else 0
+            hit = (self.ints(v).to(torch.float32) - float(zp)).to(self.device)
+            self._cache[key] = hit
+        return hit
 
     def value(self, v: s.XnnValue, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The constant's value in XNNPACK's dims: floats as is, quantized ones dequantized
@@ -428,6 +486,20 @@ class XnnRunner:
         return f"XnnRunner({sum(self.node_types.values())} nodes, externals {list(self.ext_ids)})"
 
 
+@dataclass(frozen=True, slots=True)
+class _Conv:
+    """A convolution's operands as its node runs: the input expression (NHWC), the compute
+    dtype, the bias expression, the paddings, the filter in XNNPACK's dims, and
+    ``finish(code)``, which turns the NHWC result ``code`` into the node's output."""
+
+    x: str
+    dtype: torch.dtype
+    b: str
+    pads: tuple[int, int, int, int]
+    w: torch.Tensor
+    finish: Callable[[str], None]
+
+
 class _Gen:
     def __init__(
         self,
@@ -448,6 +520,9 @@ class _Gen:
         self.reps: dict[int, _Rep] = {}
         # per-token quantized values not computed yet: value -> (float source, nonbatch dims)
         self.pending_qd: dict[int, tuple[str, int]] = {}
+        self.qd_done: dict[tuple[str, int], str] = {}  # (float source, nonbatch) -> rows
+        self.deq: dict[int, str] = {}  # static quantized value -> its dequantized values
+        self.shapes: dict[int, tuple[int, ...]] = {}  # dims computed from the input's
         self._n = 0
 
     # -- names -------------------------------------------------------------------------
@@ -478,6 +553,11 @@ class _Gen:
                     f"{self.path}.xvalues[{v.index}]", f"{name} value without per-tensor parameters"
                 )
             lo, hi = _QSTATIC[name]
+            if not (q.scale > 0 and math.isfinite(q.scale)):
+                raise PteFormatError(
+                    f"{self.path}.xvalues[{v.index}].quant_params.scale",
+                    f"{q.scale} is not a positive finite scale",
+                )
             if not lo <= q.zero_point <= hi:
                 raise PteFormatError(
                     f"{self.path}.xvalues[{v.index}].quant_params.zero_point",
@@ -500,18 +580,50 @@ class _Gen:
         return r
 
     def x(self, vid: int, dtype: torch.dtype | None = None) -> str:
-        """An expression for value ``vid`` (constants bound at load, cast to ``dtype``)."""
+        """A float expression for value ``vid``: constants bound at load (cast to
+        ``dtype``), static quantized values dequantized (once), per-token quantized ones
+        quantized and dequantized (once)."""
         v = self.value(vid)
         if v.is_constant:
             return self.bind(self.consts.value(v, dtype), "c")
+        r = self.rep(vid)
+        if r.kind == "q":
+            d = self.deq.get(vid)
+            if d is None:
+                d = self.deq[vid] = f"d{vid}"
+                self.emit(f"{d} = {self.xr(vid)} * {qa.f32(r.scale)!r}")
+            return d
         e = self.expr.get(vid)
         if e is None and vid in self.pending_qd:
-            src, k = self.pending_qd[vid]
-            self.emit(f"t{vid} = _per_token({src}, {k})")
+            src = self.pending_qd[vid][0]
             e = self.expr[vid] = f"t{vid}"
+            self.emit(f"{e} = _qd_values({self.qd_rows(vid)}, {src}.shape, {src}.dtype)")
         if e is None:  # validation guarantees order; this is a defect of ours
             raise AssertionError(f"value {vid} used before it is computed")
         return e
+
+    def xr(self, vid: int) -> str:
+        """The value as carried: centered integers for a static quantized value (constants
+        too), else as :meth:`x`."""
+        v = self.value(vid)
+        if self.rep(vid).kind != "q":
+            return self.x(vid)
+        if v.is_constant:
+            return self.bind(self.consts.centered(v), "c")
+        e = self.expr.get(vid)
+        if e is None:
+            raise AssertionError(f"value {vid} used before it is computed")
+        return e
+
+    def qd_rows(self, vid: int) -> str:
+        """The per-row quantization (q, zero point, scale) of a per-token quantized value,
+        computed once for each distinct float source, whichever Convert made it."""
+        src, k = self.pending_qd[vid]
+        name = self.qd_done.get((src, k))
+        if name is None:
+            name = self.qd_done[(src, k)] = f"qr{len(self.qd_done)}"
+            self.emit(f"{name} = _qd8({src}, {k})")
+        return name
 
     def compute_dtype(self, node: s.XnnNode) -> torch.dtype:
         for vid in node.inputs:
@@ -522,28 +634,42 @@ class _Gen:
                     return r.dtype
         return self.rep(node.outputs[0]).dtype
 
+    def dims(self, vid: int) -> tuple[int, ...]:
+        """A value's dims as the graph computes them: a Convert's output has its input's
+        (the serialized dims of a per-batch quantized convolution input are those of the
+        NCHW tensor it was made from; XNNPACK recomputes them from the input)."""
+        return self.shapes.get(vid) or self.value(vid).dims
+
     # -- outputs of nodes ----------------------------------------------------------------
+    def qbounds(self, r: _Rep, lo: float, hi: float) -> tuple[int, int]:
+        """A node's output bounds in centered integers: the type's range narrowed by its
+        activation bounds, quantized as XNNPACK quantizes them."""
+        qlo, qhi = r.qmin, r.qmax
+        if lo != -math.inf:
+            qlo = qa.quantize_bound(lo, r.scale, r.zp, r.qmin, r.qmax)
+        if hi != math.inf:
+            qhi = qa.quantize_bound(hi, r.scale, r.zp, r.qmin, r.qmax)
+        if qhi < qlo:
+            qhi = qlo
+        return qlo - r.zp, qhi - r.zp
+
+    def node_qbounds(self, node: s.XnnNode, vid: int | None = None) -> tuple[int, int]:
+        r = self.rep(node.outputs[0] if vid is None else vid)
+        return self.qbounds(r, node.output_min, node.output_max)
+
     def out(
         self, node: s.XnnNode, code: str, fresh: bool, vid: int | None = None, clamp: bool = True
     ) -> None:
-        """Assign ``code`` to the node's output, apply its output clamp and requantize a
-        static int8 output."""
+        """Assign the float result ``code`` to the node's output, apply its output clamp,
+        and quantize it when the output is static int8 (as XNNPACK's Convert does)."""
         vid = node.outputs[0] if vid is None else vid
         name = f"t{vid}"
         r = self.rep(vid)
         lo, hi = (node.output_min, node.output_max) if clamp else (-math.inf, math.inf)
         if r.kind == "q":
-            qlo, qhi = r.qmin, r.qmax
-            if lo != -math.inf:
-                qlo = min(max(qlo, round(lo / r.scale) + r.zp), r.qmax)
-            if hi != math.inf:
-                qhi = max(min(qhi, round(hi / r.scale) + r.zp), r.qmin)
-            if qhi < qlo:
-                qhi = qlo
+            qlo, qhi = self.qbounds(r, lo, hi)
             fq = "_fq_" if fresh else "_fq"
-            inv = _inv32(r.scale)
-            code = f"{fq}({code}, {inv!r}, {r.scale!r}, {qlo - r.zp}, {qhi - r.zp})"
-            self.emit(f"{name} = {code}")
+            self.emit(f"{name} = {fq}({code}, {_inv32(r.scale)!r}, {qlo}, {qhi})")
         else:
             self.emit(f"{name} = {code}")
             bounds = []
@@ -552,27 +678,45 @@ class _Gen:
             if hi != math.inf:
                 bounds.append(f"max={hi!r}")
             if bounds:
-                op = "clamp_" if fresh else "clamp"
                 if fresh:
-                    self.emit(f"{name}.{op}({', '.join(bounds)})")
+                    self.emit(f"{name}.clamp_({', '.join(bounds)})")
                 else:
-                    self.emit(f"{name} = {name}.{op}({', '.join(bounds)})")
+                    self.emit(f"{name} = {name}.clamp({', '.join(bounds)})")
+        self.expr[vid] = name
+
+    def out_raw(self, node: s.XnnNode, code: str, fresh: bool, vid: int | None = None) -> None:
+        """Assign ``code``, already in the output's representation (centered integers for
+        a static quantized output), and apply the node's output clamp in it."""
+        vid = node.outputs[0] if vid is None else vid
+        r = self.rep(vid)
+        if r.kind != "q":
+            self.out(node, code, fresh, vid)
+            return
+        name = f"t{vid}"
+        self.emit(f"{name} = {code}")
+        if node.has_clamp:
+            qlo, qhi = self.node_qbounds(node, vid)
+            if fresh:
+                self.emit(f"{name}.clamp_({qlo}, {qhi})")
+            else:
+                self.emit(f"{name} = {name}.clamp({qlo}, {qhi})")
         self.expr[vid] = name
 
     def same_q(self, a: int, b: int) -> bool:
+        """Both values carried alike: float, or static quantized with equal parameters."""
         ra, rb = self.rep(a), self.rep(b)
-        return ra.kind != "q" or (ra.kind == rb.kind and ra.scale == rb.scale and ra.zp == rb.zp)
+        if ra.kind == "q" or rb.kind == "q":
+            return (ra.kind, ra.scale, ra.zp, ra.qmin) == (rb.kind, rb.scale, rb.zp, rb.qmin)
+        return True
 
-    def alias(self, node: s.XnnNode, code: str) -> None:
-        """An output that only moves data: requantize only when parameters change."""
-        vid = node.outputs[0]
-        if self.rep(vid).kind == "q" and (not self.same_q(node.inputs[0], vid) or node.has_clamp):
-            self.out(node, code, fresh=False)
-            return
-        self.emit(f"t{vid} = {code}")
-        if node.has_clamp:
-            self.out(node, f"t{vid}", fresh=False)
-        self.expr[vid] = f"t{vid}"
+    def alias(self, node: s.XnnNode, make: Callable[[str], str]) -> None:
+        """An output that only moves data (``make`` builds it from the input expression):
+        the values as they are, requantized only when the parameters differ."""
+        src, vid = node.inputs[0], node.outputs[0]
+        if self.same_q(src, vid):
+            self.out_raw(node, make(self.xr(src)), fresh=False)
+        else:
+            self.out(node, make(self.x(src)), fresh=False)
 
     # -- externals -----------------------------------------------------------------------
     def externals(self) -> tuple[list[s.XnnValue], list[s.XnnValue]]:
@@ -635,7 +779,7 @@ class _Gen:
             return
         r = self.rep(v.id)
         if r.kind == "q":
-            self.emit(f"{name} = ({x}.to(torch.float32) - {r.zp}) * {r.scale!r}")
+            self.emit(f"{name} = {x}.to(torch.float32) - {r.zp}")
         else:
             self.emit(f"{name} = {x}")
         if len(v.dims) and a.dim_order == ():
@@ -654,7 +798,7 @@ class _Gen:
                 raise AssertionError(f"output value {v.id} never computed")
         r = self.rep(v.id)
         if r.kind == "q" and not a.dtype.is_floating_point:
-            src = f"(torch.round({src} * {_inv32(r.scale)!r}) + {r.zp}).clamp_({r.qmin}, {r.qmax})"
+            src = f"({src} + {r.zp})"
         x = f"x{k}"
         order = a.dim_order
         if len(order) == 0:
@@ -698,11 +842,15 @@ class _Gen:
     def node(self, n: s.XnnNode) -> None:
         t = n.type
         if t in _BINARY:
+            if t in ("Add", "Subtract", "Multiply") and self._q_binary(n):
+                return
             dt = self.compute_dtype(n)
             a, b = self.x(n.inputs[0], dt), self.x(n.inputs[1], dt)
             self.out(n, _BINARY[t].format(a=a, b=b), fresh=True)
         elif t in _UNARY:
             self.check_flags(n, 0)
+            if self._q_table(n):
+                return
             dt = self.compute_dtype(n)
             self.out(n, _UNARY[t].format(x=self.x(n.inputs[0], dt)), fresh=True)
         else:
@@ -715,21 +863,132 @@ class _Gen:
             )
 
     def rank(self, n: s.XnnNode, vid: int, want: int) -> None:
-        dims = self.value(vid).dims
+        dims = self.dims(vid)
         if len(dims) != want:
             raise self.fail(n, f"value {vid} has {len(dims)} dims {list(dims)}, expected {want}")
 
+    # -- static int8 arithmetic ----------------------------------------------------------
+    def all_qs8(self, vids: Sequence[int]) -> bool:
+        return all(self.rep(v).is_qs8 for v in vids)
+
+    def _q_binary(self, n: s.XnnNode) -> bool:
+        """Add, subtract and multiply on int8 values, as XNNPACK's integer kernels."""
+        a, b, o = n.inputs[0], n.inputs[1], n.outputs[0]
+        if not self.all_qs8((a, b, o)):
+            return False
+        ra, rb, ro = self.rep(a), self.rep(b), self.rep(o)
+        lo, hi = self.node_qbounds(n)
+        xa, xb = self.xr(a), self.xr(b)
+        if n.type == "Multiply":
+            scale = qa.mul_scale(ra.scale, rb.scale, ro.scale)
+            self.out_raw_bounded(n, f"_qmul({xa}, {xb}, {scale!r}, {lo}, {hi})")
+            return True
+        try:
+            p = qa.add_params(ra.scale, rb.scale, ro.scale, -1 if n.type == "Subtract" else 1)
+        except ValueError as e:
+            raise BackendUnavailableError(f"XNNPACK {n.type} node {n.index}: {e}") from None
+        self.out_raw_bounded(
+            n, f"_qadd({xa}, {xb}, {p.a_mult}, {p.b_mult}, {p.rounding}, {p.shift}, {lo}, {hi})"
+        )
+        return True
+
+    def out_raw_bounded(self, n: s.XnnNode, code: str) -> None:
+        """A centered result that already carries the node's output bounds."""
+        vid = n.outputs[0]
+        self.emit(f"t{vid} = {code}")
+        self.expr[vid] = f"t{vid}"
+
+    def _q_table(self, n: s.XnnNode, fn: Any = None) -> bool:
+        """A unary function on int8 values: XNNPACK's 256-entry table of the function of
+        the dequantized inputs, quantized."""
+        src, o = n.inputs[0], n.outputs[0]
+        if not self.all_qs8((src, o)) or self.value(src).is_constant:
+            return False
+        ri, ro = self.rep(src), self.rep(o)
+        table = qa.unary_table(n.type, ri.scale, ri.zp, ro.scale, ro.zp, fn=fn)
+        if table is None:
+            return False
+        lo, hi = self.node_qbounds(n)
+        table = table.clamp_(lo, hi).to(self.device)
+        name = self.bind(table, "lut")
+        self.out_raw_bounded(n, f"_lut({self.xr(src)}, {name}, {float(ri.zp + 128)!r})")
+        return True
+
+    def _q_weights(
+        self, n: s.XnnNode, channel_dim: int, channels: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """For a node whose input and output are static int8 and whose filter is int8
+        (per tensor, or per channel along ``channel_dim``): (integer weights as float32
+        in XNNPACK's dims, one float32 requantization scale per output channel, the int32
+        bias as float32 or None). None when the node is not of that kind."""
+        src, o = n["input1_id"], n.outputs[0]
+        if not self.all_qs8((src, o)) or self.value(src).is_constant:
+            return None
+        fv = self.value(n["filter_id"])
+        q = fv.quant
+        if not fv.is_constant:
+            return None
+        if fv.dtype_name == "qint8" and isinstance(q, s.PerTensorQuant):
+            w = self.consts.ints(fv).to(torch.float32) - float(q.zero_point)
+            wscale = torch.full((channels,), q.scale, dtype=torch.float32)
+        elif (
+            fv.dtype_name == "qcint8"
+            and isinstance(q, s.PerChannelQuant)
+            and q.channel_dim == channel_dim
+            and q.num_scales in (channels, 0)
+        ):
+            w = self.consts.ints(fv).to(torch.float32)
+            wscale = self.consts.scales(q).reshape(-1)
+            if wscale.numel() != channels:
+                raise self.fail(n, f"{wscale.numel()} filter scales for {channels} channels")
+        else:
+            return None
+        bias = None
+        bid = n["bias_id"]
+        if bid is not None:
+            bv = self.value(bid)
+            if not bv.is_constant or bv.dtype_name not in ("qint32", "qcint32"):
+                return None
+            bias = self.consts.ints(bv).reshape(-1).to(torch.float32)
+            if bias.numel() != channels:
+                raise self.fail(n, f"bias of {bias.numel()} values for {channels} channels")
+        scale = qa.requant_scales(self.rep(src).scale, wscale, self.rep(o).scale)
+        return w, scale, bias
+
+    def _q_exact32(
+        self, n: s.XnnNode, w: torch.Tensor, channel_dim: int, bias: torch.Tensor | None
+    ) -> bool:
+        """Whether float32 accumulation is exact for this node (see :mod:`.quant`)."""
+        r = self.rep(n["input1_id"])
+        amax = max(r.zp - r.qmin, r.qmax - r.zp)
+        other = [d for d in range(w.dim()) if d != channel_dim]
+        wsum = float(w.abs().sum(dim=other).max()) if w.numel() else 0.0
+        bmax = float(bias.abs().max()) if bias is not None and bias.numel() else 0.0
+        return qa.exact_in_float32(wsum, amax, bmax)
+
+    def _q_finish(self, n: s.XnnNode, acc: str, scale: torch.Tensor) -> None:
+        """Requantize an exact accumulator (NHWC, or [..., channels]) into the output."""
+        lo, hi = self.node_qbounds(n)
+        sname = self.bind(scale.to(self.device), "s")
+        self.out_raw_bounded(n, f"_rq({acc}, {sname}, {lo}, {hi})")
+
     # -- elementwise -------------------------------------------------------------------
     def n_Clamp(self, n: s.XnnNode) -> None:
-        self.alias(n, self.x(n.inputs[0])) if not n.has_clamp else self.out(
-            n, self.x(n.inputs[0]), fresh=False
-        )
+        src, o = n.inputs[0], n.outputs[0]
+        if self.rep(o).kind == "q" and not self.same_q(src, o):
+            lo, hi = n.output_min, n.output_max
+            if self._q_table(n, fn=lambda x: x.clamp(lo, hi)):
+                return
+        self.alias(n, lambda e: e)
 
     def n_LeakyReLU(self, n: s.XnnNode) -> None:
         self.out(n, f"F.leaky_relu({self.x(n.inputs[0])}, {n['negative_slope']!r})", fresh=True)
 
     def n_ELU(self, n: s.XnnNode) -> None:
-        self.out(n, f"F.elu({self.x(n.inputs[0])}, {n['alpha']!r})", fresh=True)
+        alpha = float(n["alpha"])
+        if self._q_table(n, fn=lambda x: torch.where(x < 0, torch.expm1(x) * alpha, x)):
+            return
+        self.out(n, f"F.elu({self.x(n.inputs[0])}, {alpha!r})", fresh=True)
 
     def n_PReLU(self, n: s.XnnNode) -> None:
         dt = self.compute_dtype(n)
@@ -746,9 +1005,22 @@ class _Gen:
             raise self.fail(n, f"filter has dims {list(fv.dims)}, expected 2")
         if self._qd_int_linear(n, fv, transposed):
             return
+        out_ch = fv.dims[1] if transposed else fv.dims[0]
+        qw = self._q_weights(n, 1 if transposed else 0, out_ch) if fv.is_constant else None
+        if qw is not None:
+            w, scale, bias = qw
+            wt = w.t() if transposed else w
+            exact = self._q_exact32(n, wt, 0, bias)
+            cast = "" if exact else ".double()"
+            wdt = torch.float32 if exact else torch.float64
+            wname = self.bind(wt.contiguous().to(self.device, wdt), "w")
+            b = self.bind(bias.to(self.device, wdt), "b") if bias is not None else "None"
+            acc = f"F.linear({self.xr(n['input1_id'])}{cast}, {wname}, {b})"
+            self._q_finish(n, acc, scale)
+            return
         x = self.x(n.inputs[0], dt)
-        bias = n["bias_id"]
-        b = self.x(bias, dt) if bias is not None else "None"
+        bias_id = n["bias_id"]
+        b = self.x(bias_id, dt) if bias_id is not None else "None"
         if fv.is_constant:
             wt_ = self.consts.value(fv, dt)
             if transposed:
@@ -757,11 +1029,11 @@ class _Gen:
             self.out(n, f"F.linear({x}, {wname}, {b})", fresh=True)
         else:
             we = self.x(fv.id, dt)
-            wt = we if transposed else f"{we}.t()"
+            wexpr = we if transposed else f"{we}.t()"
             code = (
-                f"torch.matmul({x}, {wt})"
-                if bias is None
-                else f"torch.add(torch.matmul({x}, {wt}), {b})"
+                f"torch.matmul({x}, {wexpr})"
+                if bias_id is None
+                else f"torch.add(torch.matmul({x}, {wexpr}), {b})"
             )
             self.out(n, code, fresh=True)
 
@@ -795,7 +1067,12 @@ class _Gen:
         b = self.x(bias, torch.float32) if bias is not None else "None"
         x = self.pending_qd[src][0]
         names = [self.bind(t, "w") for t in (wt, colsum, wscale)]
-        self.out(n, f"_qd_linear({x}, 1, {', '.join(names)}, {b})", fresh=True)
+        dt = _dtype_expr(self.rep(src).dtype)
+        self.out(
+            n,
+            f"_qd_linear({self.qd_rows(src)}, {x}.shape[:-1], {', '.join(names)}, {b}, {dt})",
+            fresh=True,
+        )
         return True
 
     def n_BatchMatrixMultiply(self, n: s.XnnNode) -> None:
@@ -807,28 +1084,79 @@ class _Gen:
         self.out(n, f"torch.matmul({a}, {b})", fresh=True)
 
     # -- convolutions --------------------------------------------------------------------
-    def _conv_common(
-        self, n: s.XnnNode
-    ) -> tuple[str, torch.dtype, str, tuple[int, int, int, int], str]:
-        """(input, compute dtype, bias, paddings, cast back): half-precision convolutions
-        on the CPU compute in float32 (torch's half convolutions there are slow; XNNPACK's
-        half kernels accumulate in float32 too) and round the result to half."""
+    def _conv_common(self, n: s.XnnNode, channel_dim: int, channels: int) -> _Conv:
+        """What every convolution needs: its input expression, compute dtype, bias,
+        paddings and filter (dequantized float, or integers when the node runs in int8),
+        and how the result becomes the output. Half-precision convolutions on the CPU
+        compute in float32 (torch's half convolutions there are slow; XNNPACK's half
+        kernels accumulate in float32 too) and round the result to half."""
         self.check_flags(n, 0)
         self.rank(n, n["input1_id"], 4)
         self.rank(n, n["filter_id"], 4)
-        if not self.value(n["filter_id"]).is_constant:
+        fv = self.value(n["filter_id"])
+        if not fv.is_constant:
             raise BackendUnavailableError(
                 f"XNNPACK {n.type} node {n.index} with a non-constant filter is not supported"
             )
+        pads = (n["padding_top"], n["padding_right"], n["padding_bottom"], n["padding_left"])
+        src = n["input1_id"]
+        qw = self._q_weights(n, channel_dim, channels)
+        if qw is not None:  # static int8: exact integer accumulation, then requantization
+            w, scale, bias = qw
+            exact = self._q_exact32(n, w, channel_dim, bias)
+            dt = torch.float32 if exact else torch.float64
+            x = self.xr(src) + ("" if exact else ".double()")
+            b = self.bind(bias.to(self.device, dt), "b") if bias is not None else "None"
+            return _Conv(x, dt, b, pads, w.to(dt), lambda code: self._q_finish(n, code, scale))
+        if src in self.pending_qd and self.pending_qd[src][1] == 3:
+            qd = self._qd_conv(n, channel_dim, channels, src)
+            if qd is not None:
+                return _Conv(qd[0], torch.float32, "None", pads, qd[1], qd[2])
         dt = self.compute_dtype(n)
-        x = self.x(n["input1_id"], dt)
+        x = self.x(src, dt)
         post = ""
         if self.device.type == "cpu" and dt in (torch.float16, torch.bfloat16):
             x, post, dt = f"{x}.float()", f".to({_dtype_expr(dt)})", torch.float32
-        bias = n["bias_id"]
-        b = self.x(bias, dt) if bias is not None else "None"
-        pads = (n["padding_top"], n["padding_right"], n["padding_bottom"], n["padding_left"])
-        return x, dt, b, pads, post
+        bias_id = n["bias_id"]
+        b = self.x(bias_id, dt) if bias_id is not None else "None"
+        w = self.consts.value(fv, dt)
+        return _Conv(x, dt, b, pads, w, lambda code: self.out(n, f"{code}{post}", fresh=True))
+
+    def _qd_conv(
+        self, n: s.XnnNode, channel_dim: int, channels: int, src: int
+    ) -> tuple[str, torch.Tensor, Callable[[str], None]] | None:
+        """A convolution of an input quantized per batch element (XNNPACK's dynamically
+        quantized convolution): the centered integers convolved with the integer weights,
+        then scaled by the input's and the filter's scales, plus the float bias."""
+        fv = self.value(n["filter_id"])
+        q = fv.quant
+        if not (
+            fv.dtype_name == "qcint8"
+            and isinstance(q, s.PerChannelQuant)
+            and q.channel_dim == channel_dim
+            and self.rep(n.outputs[0]).kind == "float"
+        ):
+            return None
+        w = self.consts.ints(fv).to(torch.float32)
+        wscale = self.consts.scales(q).reshape(-1).contiguous()
+        if wscale.numel() != channels:
+            raise self.fail(n, f"{wscale.numel()} filter scales for {channels} channels")
+        other = [d for d in range(w.dim()) if d != channel_dim]
+        if not qa.exact_in_float32(float(w.abs().sum(dim=other).max()), 255, 0.0):
+            return None
+        rows = self.qd_rows(src)
+        fsrc = self.pending_qd[src][0]
+        x = f"_qd_centered({rows}, {fsrc}.shape)"
+        bias_id = n["bias_id"]
+        b = self.x(bias_id, torch.float32) if bias_id is not None else "None"
+        ws = self.bind(wscale.to(self.device), "s")
+        dt = self.rep(n.outputs[0]).dtype
+        cast = "" if dt == torch.float32 else f".to({_dtype_expr(dt)})"
+
+        def finish(code: str) -> None:
+            self.out(n, f"_qd_scale({code}, {rows}[2], {ws}, {b}){cast}", fresh=True)
+
+        return x, w, finish
 
     @staticmethod
     def _two(a: int, b: int) -> tuple[int, int]:
@@ -856,7 +1184,7 @@ class _Gen:
                 )
 
     def _conv_out(self, n: s.XnnNode, pads: tuple[int, int, int, int], out_ch: int) -> None:
-        dims = self.value(n["input1_id"]).dims
+        dims = self.dims(n["input1_id"])
         top, right, bottom, left = pads
         k = (n["kernel_height"], n["kernel_width"])
         st = self._two(n["subsampling_height"], n["subsampling_width"])
@@ -873,31 +1201,33 @@ class _Gen:
         return f"F.pad({xc}, ({left}, {right}, {top}, {bottom}))", (0, 0)
 
     def n_Conv2d(self, n: s.XnnNode) -> None:
-        x, dt, b, pads, post = self._conv_common(n)
         groups = n["groups"]
         if groups < 1:
             raise self.fail(n, "groups must be at least 1")
-        raw = self.consts.value(self.value(n["filter_id"]), dt)  # [OC, KH, KW, IC/g]
+        out_ch = groups * n["group_output_channels"]
+        c = self._conv_common(n, 0, out_ch)
+        raw = c.w  # [OC, KH, KW, IC/g]
         w = raw.permute(0, 3, 1, 2)
-        self._check_conv_shape(n, w, groups * n["group_output_channels"], n["group_input_channels"])
-        self._conv_out(n, pads, groups * n["group_output_channels"])
+        self._check_conv_shape(n, w, out_ch, n["group_input_channels"])
+        self._conv_out(n, c.pads, out_ch)
         stride = self._two(n["subsampling_height"], n["subsampling_width"])
         dil = self._two(n["dilation_height"], n["dilation_width"])
-        if groups == 1 and w.shape[2:] == (1, 1) and not any(pads):
+        x, b = c.x, c.b
+        if groups == 1 and w.shape[2:] == (1, 1) and not any(c.pads):
             # a 1x1 convolution of NHWC values is a linear layer over channels
             xs = x if stride == (1, 1) else f"{x}[:, ::{stride[0]}, ::{stride[1]}]"
-            wn = self.bind(raw.reshape(raw.shape[0], raw.shape[3]), "w")
-            self.out(n, f"F.linear({xs}, {wn}, {b}){post}", fresh=True)
+            wn = self.bind(raw.reshape(raw.shape[0], raw.shape[3]).to(self.device), "w")
+            c.finish(f"F.linear({xs}, {wn}, {b})")
             return
-        xc, pad = self._conv_input(x, pads)
-        wn = self.bind(w.contiguous(), "w")
-        if self._tiny_conv(n, groups, dil, dt):
+        xc, pad = self._conv_input(x, c.pads)
+        wn = self.bind(w.contiguous().to(self.device), "w")
+        if self._tiny_conv(n, groups, dil, c.dtype):
             # torch's direct (im2col) kernel: far less fixed cost than oneDNN's for tiny work
             k = tuple(w.shape[2:])
             code = f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad})"
         else:
             code = f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups})"
-        self.out(n, f"{code}.permute(0, 2, 3, 1){post}", fresh=True)
+        c.finish(f"{code}.permute(0, 2, 3, 1)")
 
     def _tiny_conv(self, n: s.XnnNode, groups: int, dil: tuple[int, int], dt: torch.dtype) -> bool:
         if self.device.type != "cpu" or groups != 1 or dil != (1, 1) or dt != torch.float32:
@@ -907,33 +1237,30 @@ class _Gen:
         return math.prod(out) * k * 2 < _TINY_CONV_FLOPS
 
     def n_DepthwiseConv2d(self, n: s.XnnNode) -> None:
-        x, dt, b, pads, post = self._conv_common(n)
         channels = n["groups"]
         gi = n["group_input_channels"]
         if channels < 1 or gi < 1 or n["group_output_channels"] % gi:
             raise self.fail(n, "depthwise channels and multiplier must be positive")
-        raw = self.consts.value(self.value(n["filter_id"]), dt)  # [1, KH, KW, C * mult]
-        w = raw.permute(3, 0, 1, 2).contiguous()
-        self._check_conv_shape(n, w, channels * (n["group_output_channels"] // gi), 1)
-        self._conv_out(n, pads, channels * (n["group_output_channels"] // gi))
-        xc, pad = self._conv_input(x, pads)
+        out_ch = channels * (n["group_output_channels"] // gi)
+        c = self._conv_common(n, 3, out_ch)
+        w = c.w.permute(3, 0, 1, 2).contiguous()  # [1, KH, KW, C * mult] -> [C * mult, 1, KH, KW]
+        self._check_conv_shape(n, w, out_ch, 1)
+        self._conv_out(n, c.pads, out_ch)
+        xc, pad = self._conv_input(c.x, c.pads)
         stride = self._two(n["subsampling_height"], n["subsampling_width"])
         dil = self._two(n["dilation_height"], n["dilation_width"])
-        wn = self.bind(w, "w")
-        self.out(
-            n,
-            f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {channels}).permute(0, 2, 3, 1){post}",
-            fresh=True,
+        wn = self.bind(w.to(self.device), "w")
+        c.finish(
+            f"F.conv2d({xc}, {wn}, {c.b}, {stride}, {pad}, {dil}, {channels}).permute(0, 2, 3, 1)"
         )
 
     def n_ConvTranspose2d(self, n: s.XnnNode) -> None:
-        x, dt, b, pads, post = self._conv_common(n)
         groups = n["groups"]
         gi, go = n["group_input_channels"], n["group_output_channels"]
         if groups < 1:
             raise self.fail(n, "groups must be at least 1")
-        raw = self.consts.value(self.value(n["filter_id"]), dt)  # [OC, KH, KW, IC/g]
-        oihw = raw.permute(0, 3, 1, 2)
+        c = self._conv_common(n, 0, groups * go)
+        oihw = c.w.permute(0, 3, 1, 2)  # [OC, KH, KW, IC/g] -> [OC, IC/g, KH, KW]
         self._check_conv_shape(n, oihw, groups * go, gi)
         kh, kw = oihw.shape[2:]
         # torch's layout: [IC, OC/g, KH, KW]
@@ -950,28 +1277,28 @@ class _Gen:
             raise self.fail(
                 n, f"adjustment {adj} must be smaller than the stride {stride} or dilation {dil}"
             )
-        top, right, bottom, left = pads
-        dims = self.value(n["input1_id"]).dims
+        top, right, bottom, left = c.pads
+        dims = self.dims(n["input1_id"])
         h = stride[0] * (dims[1] - 1) + adj[0] + dil[0] * (kh - 1) + 1 - top - bottom
         wd = stride[1] * (dims[2] - 1) + adj[1] + dil[1] * (kw - 1) + 1 - left - right
         self._expect_dims(n, {1: h, 2: wd, 3: groups * go})
-        wn = self.bind(w, "w")
-        xc = f"{x}.permute(0, 3, 1, 2)"
+        wn = self.bind(w.to(self.device), "w")
+        xc = f"{c.x}.permute(0, 3, 1, 2)"
         if top == bottom and left == right:
-            code = f"F.conv_transpose2d({xc}, {wn}, {b}, {stride}, {(top, left)}, {adj}, {groups}, {dil})"
+            code = f"F.conv_transpose2d({xc}, {wn}, {c.b}, {stride}, {(top, left)}, {adj}, {groups}, {dil})"
         else:  # asymmetric padding: run unpadded, then crop
             full = f"_full{n.index}"
             self.emit(
-                f"{full} = F.conv_transpose2d({xc}, {wn}, {b}, {stride}, 0, {adj}, {groups}, {dil})"
+                f"{full} = F.conv_transpose2d({xc}, {wn}, {c.b}, {stride}, 0, {adj}, {groups}, {dil})"
             )
             code = (
                 f"{full}[:, :, {top}:{full}.shape[2] - {bottom}, {left}:{full}.shape[3] - {right}]"
             )
-        self.out(n, f"{code}.permute(0, 2, 3, 1){post}", fresh=True)
+        c.finish(f"{code}.permute(0, 2, 3, 1)")
 
     # -- pooling -------------------------------------------------------------------------
     def _pool_args(
-        self, n: s.XnnNode
+        self, n: s.XnnNode, raw: bool = False
     ) -> tuple[str, tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
         self.check_flags(n, s.FLAG_KEEP_DIMS)
         self.rank(n, n["input_id"], 4)
@@ -980,10 +1307,12 @@ class _Gen:
             raise self.fail(n, f"pooling window {k}")
         st = self._two(n["stride_height"], n["stride_width"])
         pads = (n["padding_top"], n["padding_right"], n["padding_bottom"], n["padding_left"])
-        return self.x(n["input_id"]), k, st, pads
+        x = self.xr(n["input_id"]) if raw else self.x(n["input_id"])
+        return x, k, st, pads
 
     def n_MaxPooling2d(self, n: s.XnnNode) -> None:
-        x, k, st, pads = self._pool_args(n)
+        same = self.same_q(n["input_id"], n["output_id"])
+        x, k, st, pads = self._pool_args(n, raw=same)
         dil = self._two(n["dilation_height"], n["dilation_width"])
         top, right, bottom, left = pads
         eff = ((k[0] - 1) * dil[0] + 1, (k[1] - 1) * dil[1] + 1)
@@ -991,9 +1320,8 @@ class _Gen:
             code = f"F.max_pool2d({x}.permute(0, 3, 1, 2), {k}, {st}, {(top, left)}, {dil}).permute(0, 2, 3, 1)"
         else:
             code = f"_max_pool({x}, {k}, {st}, {pads}, {dil})"
-        if self.same_q(n["input_id"], n["output_id"]) and not n.has_clamp:
-            self.emit(f"t{n['output_id']} = {code}")
-            self.expr[n["output_id"]] = f"t{n['output_id']}"
+        if same:  # the maximum of integers is the integer of the maximum
+            self.out_raw(n, code, fresh=True)
         else:
             self.out(n, code, fresh=True)
 
@@ -1008,12 +1336,18 @@ class _Gen:
 
     def n_GlobalAvgPooling2d(self, n: s.XnnNode) -> None:
         self.check_flags(n, s.FLAG_KEEP_DIMS)
-        rank = len(self.value(n.inputs[0]).dims)
+        src, o = n.inputs[0], n.outputs[0]
+        rank = len(self.dims(src))
         if rank < 3:
             raise self.fail(n, f"input has {rank} dims, expected at least 3")
         dims = tuple(range(1, rank - 1))
         keep = bool(n.flags & s.FLAG_KEEP_DIMS)
-        self.out(n, f"{self.x(n.inputs[0])}.mean(dim={dims}, keepdim={keep})", fresh=True)
+        if self.all_qs8((src, o)) and not self.value(src).is_constant:
+            ri, ro = self.rep(src), self.rep(o)
+            mean = self.bind(qa.Mean(ri.scale, ri.zp, ro.scale, ro.zp), "mean")
+            self.out_raw(n, f"{mean}({self.xr(src)}, {dims}, {keep})", fresh=True)
+            return
+        self.out(n, f"{self.x(src)}.mean(dim={dims}, keepdim={keep})", fresh=True)
 
     def n_ArgMaxPooling2d(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
@@ -1031,10 +1365,10 @@ class _Gen:
     def n_StaticTranspose(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
         perm = tuple(n["perm"])
-        rank = len(self.value(n.inputs[0]).dims)
+        rank = len(self.dims(n.inputs[0]))
         if sorted(perm) != list(range(rank)) or n["num_dims"] != rank:
             raise self.fail(n, f"perm {list(perm)} is not a permutation of {rank} dims")
-        self.alias(n, f"{self.x(n.inputs[0])}.permute({perm})")
+        self.alias(n, lambda e: f"{e}.permute({perm})")
 
     def n_StaticReshape(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
@@ -1047,42 +1381,42 @@ class _Gen:
                 n,
                 f"new shape {list(n['new_shape'])} does not match the output dims {list(out_dims)}",
             )
-        self.alias(n, f"{self.x(n.inputs[0])}.reshape({shape})")
+        self.alias(n, lambda e: f"{e}.reshape({shape})")
 
     def n_StaticSlice(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
         offsets, sizes = n["offsets"], n["sizes"]
-        rank = len(self.value(n.inputs[0]).dims)
+        rank = len(self.dims(n.inputs[0]))
         if len(offsets) != rank or len(sizes) != rank or n["num_dims"] != rank:
             raise self.fail(n, f"offsets {list(offsets)} and sizes {list(sizes)} for {rank} dims")
         parts = []
         for o, z in zip(offsets, sizes, strict=True):
             end = o + z
             parts.append(f"{o}:{end}" if end > 0 else f"{o}:")
-        self.alias(n, f"{self.x(n.inputs[0])}[{', '.join(parts)}]")
+        self.alias(n, lambda e: f"{e}[{', '.join(parts)}]")
 
     def n_StaticConstantPad(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
         pre, post = n["pre_paddings"], n["post_paddings"]
-        rank = len(self.value(n.inputs[0]).dims)
+        in_dims = self.dims(n.inputs[0])
+        rank = len(in_dims)
         if len(pre) != rank or len(post) != rank:
             raise self.fail(n, f"paddings {list(pre)}, {list(post)} for {rank} dims")
-        in_dims = self.value(n.inputs[0]).dims
         self._expect_dims(n, {d: in_dims[d] + pre[d] + post[d] for d in range(rank)})
         pads: list[int] = []
         for d in reversed(range(rank)):
             pads += [pre[d], post[d]]
         value = float(n["padding_value"])
-        r = self.rep(n.outputs[0])
+        src, o = n.inputs[0], n.outputs[0]
+        r = self.rep(o)
         if r.kind == "q":  # the padding value, as XNNPACK stores it: quantized
-            q = min(max(round(value / r.scale) + r.zp, r.qmin), r.qmax)
+            q = qa.quantize_bound(value, r.scale, r.zp, r.qmin, r.qmax)
+            if self.same_q(src, o):
+                code = f"F.pad({self.xr(src)}, {tuple(pads)}, value={float(q - r.zp)!r})"
+                self.out_raw(n, code, fresh=True)
+                return
             value = (q - r.zp) * r.scale
-        code = f"F.pad({self.x(n.inputs[0])}, {tuple(pads)}, value={value!r})"
-        if self.same_q(n.inputs[0], n.outputs[0]) and not n.has_clamp:
-            self.emit(f"t{n.outputs[0]} = {code}")
-            self.expr[n.outputs[0]] = f"t{n.outputs[0]}"
-        else:
-            self.out(n, code, fresh=True)
+        self.out(n, f"F.pad({self.x(src)}, {tuple(pads)}, value={value!r})", fresh=True)
 
     def n_StaticResizeBilinear2D(self, n: s.XnnNode) -> None:
         self.check_flags(n, s.FLAG_ALIGN_CORNERS)
@@ -1101,21 +1435,20 @@ class _Gen:
 
     def _cat(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
-        rank = len(self.value(n.inputs[0]).dims)
+        rank = len(self.dims(n.inputs[0]))
         axis = n["axis"]
         if axis >= rank:
             raise self.fail(n, f"axis {axis} for {rank} dims")
         for vid in n.inputs:
-            if len(self.value(vid).dims) != rank:
+            if len(self.dims(vid)) != rank:
                 raise self.fail(n, "inputs of different ranks")
+        if all(self.same_q(v, n.outputs[0]) for v in n.inputs):
+            parts = ", ".join(self.xr(v) for v in n.inputs)
+            self.out_raw(n, f"torch.cat(({parts}), {axis})", fresh=True)
+            return
         dt = self.compute_dtype(n)
         parts = ", ".join(self.x(v, dt) for v in n.inputs)
-        code = f"torch.cat(({parts}), {axis})"
-        if all(self.same_q(v, n.outputs[0]) for v in n.inputs) and not n.has_clamp:
-            self.emit(f"t{n.outputs[0]} = {code}")
-            self.expr[n.outputs[0]] = f"t{n.outputs[0]}"
-        else:
-            self.out(n, code, fresh=True)
+        self.out(n, f"torch.cat(({parts}), {axis})", fresh=True)
 
     n_Concatenate2 = _cat
     n_Concatenate3 = _cat
@@ -1124,12 +1457,12 @@ class _Gen:
 
     def n_Copy(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
-        self.alias(n, self.x(n.inputs[0]))
+        self.alias(n, lambda e: e)
 
     def n_Convert(self, n: s.XnnNode) -> None:
         src, dst = self.value(n.inputs[0]), self.value(n.outputs[0])
+        self.shapes[dst.id] = self.dims(src.id)
         ri = self.rep(src.id)
-        x = self.x(src.id)
         out = dst.dtype_name
         if out == "qdint8":
             q = dst.quant
@@ -1140,21 +1473,29 @@ class _Gen:
                     f"XNNPACK Convert from {src.dtype_name} to qdint8 is not supported"
                 )
             self.reps[dst.id] = _Rep("qd", ri.dtype)
-            # computed where it is first needed: a linear with int8 weights quantizes
-            # its input itself and never needs the dequantized values
-            self.pending_qd[dst.id] = (x, q.num_nonbatch_dims)
+            # quantized where it is first needed, once per source: a linear with int8
+            # weights or a convolution reads the integers and never the float values
+            self.pending_qd[dst.id] = (self.x(src.id), q.num_nonbatch_dims)
             return
         ro = self.rep(dst.id)
+        if ro.kind == "q" and ri.kind == "q":
+            if self.same_q(src.id, dst.id):
+                self.out_raw(n, self.xr(src.id), fresh=False)
+                return
+            if self.all_qs8((src.id, dst.id)):
+                mult, _ = qa.requantize_params(ri.scale, ri.zp, ro.scale, ro.zp)
+                lo, hi = self.node_qbounds(n)
+                self.out_raw_bounded(n, f"_qcvt({self.xr(src.id)}, {mult}, {lo}, {hi})")
+                return
         if ro.kind == "q":
+            x = self.x(src.id)
             code = x if ri.dtype == torch.float32 else f"{x}.to(torch.float32)"
-            if ri.kind == "q" and self.same_q(src.id, dst.id) and not n.has_clamp:
-                self.emit(f"t{dst.id} = {code}")
-                self.expr[dst.id] = f"t{dst.id}"
-            else:
-                self.out(n, code, fresh=False)
+            self.out(n, code, fresh=False)
             return
         if ro.kind == "float" and ri.kind in ("float", "q", "qd"):
-            code = x if ri.dtype == ro.dtype else f"{x}.to({_dtype_expr(ro.dtype)})"
+            x = self.x(src.id)
+            dt = self.rep(src.id).dtype
+            code = x if dt == ro.dtype else f"{x}.to({_dtype_expr(ro.dtype)})"
             self.emit(f"t{dst.id} = {code}")
             self.expr[dst.id] = f"t{dst.id}"
             return
