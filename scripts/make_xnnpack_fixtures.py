@@ -88,6 +88,7 @@ class Spec:
     dynamic_shapes: Any = None
     tol: tuple[float, float] | None = None  # vs eager; None: recipe default
     expect_nodes: tuple[str, ...] = ()  # node types the fixture exists for
+    output_step: bool = False  # vs ExecuTorch: within one step of the quantized outputs
 
 
 def seed_for(name: str) -> int:
@@ -548,7 +549,7 @@ class ConvBNAct(nn.Sequential):
 class InvertedResidualV2(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
         super().__init__()
-        hidden = int(round(cin * expand))
+        hidden = round(cin * expand)
         self.use_res = stride == 1 and cin == cout
         layers: list[nn.Module] = []
         if expand != 1:
@@ -566,12 +567,12 @@ class InvertedResidualV2(nn.Module):
 
 class MobileNetV2(nn.Module):
     """torchvision's MobileNet v2 (all 17 inverted residual blocks); reduced here to
-    width 0.25, a 128-channel last layer (1280) and 10 classes (1000)."""
+    width 0.25, a 64-channel last layer (1280) and 10 classes (1000)."""
 
     SETTING = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
                (6, 160, 3, 2), (6, 320, 1, 1))  # fmt: skip
 
-    def __init__(self, width: float = 0.25, last: int = 128, classes: int = 10) -> None:
+    def __init__(self, width: float = 0.25, last: int = 64, classes: int = 10) -> None:
         super().__init__()
         cin = _divisible(32 * width)
         layers: list[nn.Module] = [ConvBNAct(3, cin, 3, 2)]
@@ -622,7 +623,7 @@ class InvertedResidualV3(nn.Module):
 
 class MobileNetV3Small(nn.Module):
     """torchvision's MobileNet v3-small (11 blocks, squeeze-excitation, hardswish); reduced
-    here to width 0.5, a 128-wide classifier (1024) and 10 classes (1000)."""
+    here to width 0.35, a 64-wide classifier (1024) and 10 classes (1000)."""
 
     RE, HS = nn.ReLU, nn.Hardswish
     SETTING = ((3, 16, 16, True, RE, 2), (3, 72, 24, False, RE, 2), (3, 88, 24, False, RE, 1),
@@ -630,7 +631,7 @@ class MobileNetV3Small(nn.Module):
                (5, 120, 48, True, HS, 1), (5, 144, 48, True, HS, 1), (5, 288, 96, True, HS, 2),
                (5, 576, 96, True, HS, 1), (5, 576, 96, True, HS, 1))  # fmt: skip
 
-    def __init__(self, width: float = 0.5, last: int = 128, classes: int = 10) -> None:
+    def __init__(self, width: float = 0.35, last: int = 64, classes: int = 10) -> None:
         super().__init__()
         cin = _divisible(16 * width)
         layers: list[nn.Module] = [ConvBNAct(3, cin, 3, 2, act=nn.Hardswish)]
@@ -674,10 +675,10 @@ class ViTBlock(nn.Module):
 class DeiT(nn.Module):
     """DeiT-tiny (timm's VisionTransformer: patch embedding, class token, learned position
     embedding, pre-norm blocks, head on the class token); reduced here to 32x32 images in
-    8x8 patches (224, 16), width 64 (192), 2 heads (3), 4 blocks (12) and 10 classes."""
+    8x8 patches (224, 16), width 48 (192), 2 heads (3), 4 blocks (12) and 10 classes."""
 
     def __init__(
-        self, img: int = 32, patch: int = 8, dim: int = 64, heads: int = 2, depth: int = 4,
+        self, img: int = 32, patch: int = 8, dim: int = 48, heads: int = 2, depth: int = 4,
         classes: int = 10,
     ) -> None:  # fmt: skip
         super().__init__()
@@ -1252,6 +1253,88 @@ add(
 )
 
 
+# dynamically quantized convolutions (inputs quantized per batch element at run time)
+class DynConvs(nn.Module):
+    """Convolutions reading one input: strides, asymmetric and 'same' padding, dilation,
+    groups, a depthwise one (which the partitioner keeps in float), and a second
+    dynamically quantized convolution after a relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.basic = nn.Conv2d(3, 6, 3)
+        self.strided = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.wide = nn.Conv2d(3, 4, (3, 5), stride=(1, 2), padding=(2, 1), dilation=(2, 1))
+        self.same = nn.Conv2d(3, 4, 3, padding="same", dilation=2, bias=False)
+        self.depthwise = nn.Conv2d(3, 6, 3, groups=3)
+        self.grouped = nn.Conv2d(6, 6, 3, padding=1, groups=3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.basic(x)
+        z = self.grouped(torch.relu(y))
+        return y, self.strided(x), self.wide(x), self.same(x), self.depthwise(x), z
+
+
+class DynConvPadModes(nn.Module):
+    """The padding modes (reflect, replicate, circular): a pad the partitioner leaves
+    outside, then a dynamically quantized convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            nn.Conv2d(3, 4, 3, padding=1, padding_mode=m)
+            for m in ("reflect", "replicate", "circular")
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(c(x) for c in self.convs)
+
+
+add(
+    "dynconv_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    module(DynConvs, (3, 3, 9, 9)),
+    "dynamically quantized conv2d: strides, padding, dilation, groups, a conv chain",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
+add(
+    "dynconv_padmodes_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    module(DynConvPadModes, (2, 3, 9, 9)),
+    "dynamically quantized conv2d after reflect, replicate and circular padding",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
+add(
+    "dynconv_b1_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    lambda: (
+        nn.Conv2d(3, 5, 3, padding=1).eval(),
+        [(torch.randn(1, 3, 10, 10) * s,) for s in (1.0, 4.0)],
+    ),
+    "dynamically quantized conv2d, batch 1 (a dynamic batch, or a fused relu, the "
+    "quantizer leaves in float)",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
+
+# real networks in static int8 (reduced: see each class)
+for _name, _cls, _shape in (
+    ("mobilenet_v2", MobileNetV2, (1, 3, 48, 48)),
+    ("mobilenet_v3_small", MobileNetV3Small, (1, 3, 48, 48)),
+    ("deit_tiny", DeiT, (1, 3, 32, 32)),
+    ("yolo", TinyYOLO, (1, 3, 48, 48)),
+):
+    add(
+        f"{_name}_int8_static_pc",
+        "int8_static_pc",
+        network(_cls, _shape),
+        f"{_cls.__doc__.split(';')[0].strip()} (reduced), static int8",
+        tags=["quant", "network"],
+        output_step=True,
+    )
+
+
 # --------------------------------------------------------------------------------------
 # export
 # --------------------------------------------------------------------------------------
@@ -1430,6 +1513,41 @@ def _qstep(m: nn.Module, outputs: list[Any]) -> float:
     return max(scales)
 
 
+_PASSTHROUGH = ("view", "reshape", "permute", "cat", "select", "flatten", "clone", "squeeze",
+                "unsqueeze", "transpose", "contiguous", "slice", "split", "getitem")  # fmt: skip
+
+
+def _output_step(m: nn.Module) -> float:
+    """The quantization step of a quantized module's outputs: the scale of the dequantize
+    each output comes from (through ops that only move data), the largest over outputs;
+    0.0 when an output is computed in float after its last dequantize."""
+    gm = m if isinstance(m, torch.fx.GraphModule) else None
+    if gm is None:
+        return 0.0
+
+    def scale(node: Any) -> float | None:
+        if not isinstance(node, torch.fx.Node):
+            return None
+        target = str(node.target)
+        if node.op == "call_function" and "dequantize_per_tensor" in target:
+            s = node.args[1]
+            return float(getattr(gm, s.target)) if isinstance(s, torch.fx.Node) else float(s)
+        if node.op == "call_function" and any(k in target for k in _PASSTHROUGH):
+            found = [scale(a) for a in node.all_input_nodes]
+            if found and all(f is not None for f in found):
+                return max(f for f in found if f is not None)
+        return None
+
+    steps = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            for o in _flat(node.args[0]):
+                steps.append(scale(o))
+    if not steps or any(x is None for x in steps):
+        return 0.0
+    return max(x for x in steps if x is not None)
+
+
 def build(spec: Spec, out_dir: Path) -> dict[str, Any]:
     torch.manual_seed(seed_for(spec.name))
     m, calls = spec.make()
@@ -1471,6 +1589,11 @@ def build(spec: Spec, out_dir: Path) -> dict[str, Any]:
     if spec.recipe == "fp16":
         tol = TOL_F16
     tol_et = _tol_executorch(spec.recipe, et_out[0], qstep)
+    if spec.output_step:
+        step = _output_step(m)
+        if step <= 0.0:
+            raise ValueError(f"{spec.name}: an output is not the dequantized int8 value")
+        tol_et = (0.0, float(f"{step * 1.001:.4g}"))  # one step, and the float error of it
     if spec.recipe in ("int8_dynamic_pc", "int8_dynamic_int4w_pc", "int4_pc", "int4_group"):
         # fp32 outputs of dynamically quantized linears: a one-step change of one activation
         # moves an output by about scale_x * |w|; bound it by a small fraction of the range

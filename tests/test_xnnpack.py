@@ -302,3 +302,35 @@ def test_dynamic_linears_accumulate_in_int8_on_the_cpu() -> None:
 
         source = "".join(linecache.cache[fn.__code__.co_filename][2])
         assert ("_qd_linear" in source) == fused, source
+
+
+# static int8 programs with no float arithmetic between their input's quantization and
+# their output's dequantization: ExecuTorch+XNNPACK's integer results, on any CPU
+INTEGER_ONLY = [
+    "mobilenet_v2_int8_static_pc",
+    "cnn_int8_static_pc",
+    "cnn_int8_static_pt",
+    "dwnet_int8_static_pc",
+    "dwnet_int8_static_pt",
+    "mlp_int8_static_pc",
+    "mlp_int8_static_pt",
+]
+
+
+@pytest.mark.parametrize("name", INTEGER_ONLY)
+def test_integer_int8_programs_match_executorch_exactly(name: str) -> None:
+    """Exact integer accumulation, XNNPACK's requantization rounding, fixed-point adds
+    and integer means: every output element is ExecuTorch's."""
+    for i, (got, call) in enumerate(zip(_replay(name), _calls(name), strict=True)):
+        for k, (g, want) in enumerate(zip(got, call["executorch"], strict=True)):
+            assert torch.equal(g, want), f"{name} call {i} output {k}: {(g - want).abs().max()}"
+
+
+def test_network_fixtures_are_within_one_output_step() -> None:
+    """The real networks' tolerance against ExecuTorch is one step of their quantized
+    outputs (no wider)."""
+    nets = [n for n, e in MANIFEST.items() if "network" in e["tags"]]
+    assert len(nets) == 4
+    for name in nets:
+        rtol, atol = MANIFEST[name]["tol_executorch"]
+        assert rtol == 0 and 0 < atol < MANIFEST[name]["quant_step"], name

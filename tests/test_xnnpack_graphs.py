@@ -512,3 +512,48 @@ def test_per_token_quantization_follows_xnnpack(x: torch.Tensor) -> None:
         assert q[i].tolist() == rq.tolist()
         assert zp[i].item() == rz
         assert scale[i].item() == pytest.approx(rs, rel=1e-6)
+
+
+def test_int8_convolution_accumulates_exactly_past_float32() -> None:
+    """A static int8 convolution whose partial sums pass 2**24, where a float32
+    accumulation rounds (checked below): each output equals XNNPACK's exact int32
+    accumulation, computed here with Python integers."""
+    QC8, QC32 = sch.XNNDatatype.xnn_datatype_qcint8, sch.XNNDatatype.xnn_datatype_qcint32
+    cin, cout, zx, zy = 256, 3, -128, 5
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randint(100, 128, (cout, 3, 3, cin), generator=gen, dtype=torch.int8)  # OHWI
+    xt = torch.randint(100, 128, (1, 3, 3, cin), generator=gen, dtype=torch.int8)  # NHWC
+    sums = [
+        sum(a * b for a, b in zip((xt.long() - zx).reshape(-1).tolist(), w[c].reshape(-1).tolist(), strict=True))
+        for c in range(cout)
+    ]  # fmt: skip
+    targets = [-7, 40, 101]
+    bias = torch.tensor([t - s for t, s in zip(targets, sums, strict=True)], dtype=torch.int32)
+    # scales whose requantization scale is exactly 1: the output is the accumulator
+    sx, ws, sy = 0.5, 0.25, 0.125
+    wq = sch.PerChannelQuant(scale=[ws] * cout, channel_dim=0, scale_buffer_idx=0, num_scales=cout)
+    bq = sch.PerChannelQuant(
+        scale=[sx * ws] * cout, channel_dim=0, scale_buffer_idx=0, num_scales=cout
+    )
+    g = G()
+    x = g.value([1, 3, 3, cin], dtype=QINT8, io="in", qparams=sch.PerTensorQuant(sx, zx))
+    fw = g.value([cout, 3, 3, cin], dtype=QC8, data=w, qparams=wq)
+    fb = g.value([cout], dtype=QC32, data=bias, qparams=bq)
+    y = g.value([1, 1, 1, cout], dtype=QINT8, io="out", qparams=sch.PerTensorQuant(sy, zy))
+    g.node(
+        sch.XNNConv2d(
+            padding_top=0, padding_right=0, padding_bottom=0, padding_left=0, kernel_height=3,
+            kernel_width=3, subsampling_height=1, subsampling_width=1, dilation_height=1,
+            dilation_width=1, group_input_channels=cin, group_output_channels=cout, groups=1,
+            adjustment_height=0, adjustment_width=0, input1_id=x, filter_id=fw, bias_id=fb,
+            output_id=y, flags=0,
+        )
+    )  # fmt: skip
+    out = torch.empty(1, 1, 1, cout, dtype=torch.int8)
+    run(g, [xt, out])
+    assert out.reshape(-1).tolist() == [t + zy for t in targets]
+    # float32 arithmetic would not have given that
+    f32 = F.conv2d(
+        (xt.float() - zx).permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2), bias.float()
+    ).reshape(-1)
+    assert f32.tolist() != [float(t) for t in targets]

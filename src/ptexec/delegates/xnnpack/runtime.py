@@ -949,7 +949,7 @@ class _Gen:
             bv = self.value(bid)
             if not bv.is_constant or bv.dtype_name not in ("qint32", "qcint32"):
                 return None
-            bias = self.consts.ints(bv).reshape(-1).to(torch.float32)
+            bias = self.consts.ints(bv).reshape(-1)  # int32: exact in float64
             if bias.numel() != channels:
                 raise self.fail(n, f"bias of {bias.numel()} values for {channels} channels")
         scale = qa.requant_scales(self.rep(src).scale, wscale, self.rep(o).scale)
@@ -963,7 +963,7 @@ class _Gen:
         amax = max(r.zp - r.qmin, r.qmax - r.zp)
         other = [d for d in range(w.dim()) if d != channel_dim]
         wsum = float(w.abs().sum(dim=other).max()) if w.numel() else 0.0
-        bmax = float(bias.abs().max()) if bias is not None and bias.numel() else 0.0
+        bmax = float(bias.double().abs().max()) if bias is not None and bias.numel() else 0.0
         return qa.exact_in_float32(wsum, amax, bmax)
 
     def _q_finish(self, n: s.XnnNode, acc: str, scale: torch.Tensor) -> None:
