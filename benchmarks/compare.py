@@ -197,6 +197,7 @@ def allocations_per_call(case: Case, calls: int = 500) -> dict[str, Any]:
     for _ in range(20):
         method.execute(inputs)
     first = storages()
+
     def python_growth(n: int) -> int:
         gc.collect()
         tracemalloc.start()

@@ -42,7 +42,7 @@ def test_rewrites_do_not_change_results(name: str) -> None:
 
 
 def _statements(m: ptexec.Method) -> list[str]:
-    return [s.code for s in m._statements[0]]
+    return [s.code for s in m.state.chains[0].statements]
 
 
 class TransposedState(torch.nn.Module):
@@ -82,7 +82,7 @@ def test_weights_are_viewed_and_constant_work_folded() -> None:
     data = export_program(Weights(), (torch.randn(3, 8),))
     m = ptexec.load(data).load_method("forward")
     plain = ptexec.load(data).load_method("forward", optimize=False)
-    names = m._instruction_names[0]
+    names = m.state.chains[0].names
     codes = _statements(m)
     assert "aten::permute_copy.out" in names
     for name, code in zip(names, codes, strict=True):
@@ -109,7 +109,7 @@ def _same_weights(data: bytes) -> torch.nn.Module:
 
 # ---- the analysis on hand-made plans ------------------------------------------------------
 
-from ptexec.dataflow import rewrite_chain  # noqa: E402
+from ptexec.engine.dataflow import rewrite_chain  # noqa: E402
 from ptexec.format import program as p  # noqa: E402
 from ptexec.kernels.registry import Alias, Emission  # noqa: E402
 

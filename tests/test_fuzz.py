@@ -263,7 +263,7 @@ def test_default_limits() -> None:
     assert DEFAULT_MAX_INSTRUCTIONS == 10_000_000  # as ExecuTorch's runtime
     assert DEFAULT_MAX_PLANNED_BYTES == 16 << 30
     m = ptexec.load(SEEDS["mlp"].pte).load_method()
-    assert m._max_instructions == DEFAULT_MAX_INSTRUCTIONS
+    assert m.state.max_instructions == DEFAULT_MAX_INSTRUCTIONS
 
 
 def test_instruction_limit_stops_a_jump_loop() -> None:

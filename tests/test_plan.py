@@ -121,7 +121,7 @@ def test_lifetimes_cover_what_the_trace_touches(name: str) -> None:
         tr = m.trace(inputs)
         where = {j: t for t in plans[name_m].tensors for j in t.values}
         offsets = [0]
-        for c in m._plan.chains:
+        for c in m.state.plan.chains:
             offsets.append(offsets[-1] + len(c.instructions))
         for r in tr.records:
             g = offsets[r.chain] + r.index

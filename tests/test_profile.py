@@ -34,12 +34,12 @@ def _method(name: str, method: str | None = None, **options: Any) -> ptexec.Meth
 
 def _straight(m: ptexec.Method) -> bool:
     return not any(
-        isinstance(ins, p.JumpFalseCall) for c in m._plan.chains for ins in c.instructions
+        isinstance(ins, p.JumpFalseCall) for c in m.state.plan.chains for ins in c.instructions
     )
 
 
 def _names(m: ptexec.Method) -> list[str]:
-    return [name for names in m._instruction_names for name in names]
+    return [name for c in m.state.chains for name in c.names]
 
 
 @pytest.mark.parametrize("name", RUNNABLE)

@@ -58,7 +58,7 @@ def test_trace_outputs_equal_execute(name: str) -> None:
         assert _same(tr.outputs, want) is None, f"{name} call {i}: {_same(tr.outputs, want)}"
         problem = compare_outputs(tr.outputs, call["outputs"], *tolerance(name))
         assert problem is None, f"{name} call {i}: {problem}"
-        plan = m._plan
+        plan = m.state.plan
         for c, chain in enumerate(plan.chains):
             if not any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
                 got = [r.index for r in tr.records if r.chain == c]
@@ -82,7 +82,7 @@ def test_folded_instructions_are_marked_and_summarised() -> None:
     opt = _methods("transformer")["forward"].trace(_clone(x))
     plain = _methods("transformer", optimize=False)["forward"].trace(_clone(x))
     notes = {r.note for r in opt.records}
-    assert {"folded at load", "view made at load", "runs as a view"} <= notes
+    assert {"folded at load", "view made at load", "skips outputs nothing reads"} <= notes
     assert [r.name for r in opt.records] == [r.name for r in plain.records]
     for a, b in zip(opt.records, plain.records, strict=True):
         if a.note in ("folded at load", "view made at load"):
@@ -166,7 +166,7 @@ def test_summaries() -> None:
 
 def test_cond_shows_which_branch_ran() -> None:
     m = _methods("cond")["forward"]
-    plan = m._plan
+    plan = m.state.plan
     jumps = [
         i for i, ins in enumerate(plan.chains[0].instructions) if isinstance(ins, p.JumpFalseCall)
     ]
@@ -193,7 +193,7 @@ def test_loops_record_every_iteration() -> None:
     m = _methods("scan")["forward"]
     call = fixture_calls("scan")[0]
     tr = m.trace(_clone(call["inputs"]))
-    chain = m._plan.chains[0].instructions
+    chain = m.state.plan.chains[0].instructions
     (jump,) = [i for i, ins in enumerate(chain) if isinstance(ins, p.JumpFalseCall)]
     start = chain[jump].destination_instruction  # type: ignore[union-attr]
     rows = call["inputs"][1].shape[0]
@@ -214,7 +214,7 @@ def test_instruction_cap_applies() -> None:
 
 def test_a_failing_instruction_is_named_as_execute_names_it() -> None:
     m = _methods("mlp", optimize=False)["forward"]
-    plan = m._plan
+    plan = m.state.plan
     weight = next(
         j
         for j, v in enumerate(plan.values)
@@ -260,7 +260,7 @@ def test_nan_hunt_stops_where_the_nan_is_made() -> None:
 
 
 def _first_reader(m: ptexec.Method, value: int) -> int:
-    for i, ins in enumerate(m._plan.chains[0].instructions):
+    for i, ins in enumerate(m.state.plan.chains[0].instructions):
         if isinstance(ins, p.KernelCall) and value in ins.args:
             return i
     raise AssertionError(f"nothing reads value {value}")
@@ -272,14 +272,14 @@ def test_nan_hunt_finds_an_injected_input_nan() -> None:
     x[1, 3] = float("nan")
     tr = m.trace([x], stop_on="nan")
     assert tr.stopped is not None
-    assert tr.stopped.index == _first_reader(m, m._plan.inputs[0])
+    assert tr.stopped.index == _first_reader(m, m.state.plan.inputs[0])
     assert any(r.stats is not None and r.stats.nan == 1 for r in tr.stopped.reads or [])
 
 
 def test_nan_hunt_finds_an_injected_weight_nan() -> None:
     """A NaN in a constant (unoptimized load): the first instruction reading it stops."""
     m = _methods("mlp", optimize=False)["forward"]
-    plan = m._plan
+    plan = m.state.plan
     const = [j for j, v in enumerate(plan.values) if isinstance(v, p.Tensor) and v.is_constant]
     second = max(const, key=lambda j: _first_reader(m, j))  # the weight read last
     m.values()[second].view(-1)[0] = float("nan")

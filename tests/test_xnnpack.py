@@ -184,7 +184,7 @@ def test_float_weights_stay_in_the_file() -> None:
     hi = lo + len(prog.pte.data)
     runner = next(
         fn
-        for st in method._statements[0]
+        for st in method.state.chains[0].statements
         for fn in st.env.values()
         if getattr(fn, "__name__", "") == "_xnnpack_run"
     )
@@ -294,7 +294,7 @@ def test_dynamic_linears_accumulate_in_int8_on_the_cpu() -> None:
         method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward")
         fn = next(
             f
-            for st in method._statements[0]
+            for st in method.state.chains[0].statements
             for f in st.env.values()
             if getattr(f, "__name__", "") == "_xnnpack_run"
         )

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from .accounting import CallRecord
     from .binding import Action, Policy
     from .device import CPU, Device, DeviceType
+    from .loader import MethodMeta, ScalarInfo
     from .memory import BufferInfo
-    from .method import Method, MethodMeta, ScalarInfo
+    from .method import Method
     from .program import Program, load
     from .tensor import TensorInfo, describe
 
@@ -48,8 +49,8 @@ _LAZY = {
     "DeviceType": "device",
     "BufferInfo": "memory",
     "Method": "method",
-    "MethodMeta": "method",
-    "ScalarInfo": "method",
+    "MethodMeta": "loader",
+    "ScalarInfo": "loader",
     "Program": "program",
     "load": "program",
     "TensorInfo": "tensor",

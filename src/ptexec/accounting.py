@@ -27,7 +27,10 @@ class CallRecord:
         self.d2d = 0
 
     def reset(self) -> None:
+        """Forget the last call's byte counts and output actions (inputs are rewritten by
+        every call)."""
         self.h2h = self.h2d = self.d2h = self.d2d = 0
+        self.outputs[:] = [""] * len(self.outputs)
 
     def count(self, src: torch.Tensor, dst: torch.Tensor, nbytes: int) -> None:
         """Add ``nbytes`` copied from ``src``'s device to ``dst``'s device."""

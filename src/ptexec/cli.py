@@ -47,7 +47,7 @@ def _device_map(args: argparse.Namespace) -> Any:
 
 
 def _value_line(i: int, info: Any) -> str:
-    from .method import ScalarInfo
+    from .loader import ScalarInfo
 
     if isinstance(info, ScalarInfo):
         return f"    {i}: {info.kind} (traced value {info.value!r})"
@@ -199,7 +199,7 @@ def _print_values(prog: Any, name: str) -> None:
 
 
 def _json_report(prog: Any, reports: dict[str, Any]) -> dict[str, Any]:
-    from .method import ScalarInfo
+    from .loader import ScalarInfo
 
     def value(info: Any) -> dict[str, Any]:
         if isinstance(info, ScalarInfo):
@@ -245,7 +245,7 @@ def _json_report(prog: Any, reports: dict[str, Any]) -> dict[str, Any]:
 def _random_input(info: Any, generator: Any) -> Any:
     import torch
 
-    from .method import ScalarInfo
+    from .loader import ScalarInfo
 
     if isinstance(info, ScalarInfo):
         return info.value

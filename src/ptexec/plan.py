@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .engine.effects import file_effects
 from .format import program as p
 from .format.scalar_type import scalar_type_name
 
@@ -255,48 +256,6 @@ def _size(n: float) -> str:
 # building the plan
 
 
-def _tensor_items(values: tuple[p.EValue, ...], index: int) -> list[int]:
-    v = values[index]
-    if isinstance(v, p.Tensor):
-        return [index]
-    if isinstance(v, p.TensorList | p.OptionalTensorList):
-        return [i for i in v.items if i >= 0 and isinstance(values[i], p.Tensor)]
-    return []
-
-
-def touches(
-    plan: p.ExecutionPlan, ins: p.Instruction, seen: set[int]
-) -> tuple[list[int], list[int]]:
-    """(tensor values ``ins`` reads, tensor values it writes), by the file's conventions
-    (module docstring); ``seen``: values touched earlier, for delegates."""
-    values = plan.values
-    if isinstance(ins, p.KernelCall):
-        args = ins.args
-        outs: set[int] = set()
-        if args:
-            outs.update(_tensor_items(values, args[-1]))
-            if plan.operators[ins.op_index].name == "executorch_prim::et_copy_index":
-                outs.update(_tensor_items(values, args[0]))  # copies into its first argument
-        counts: dict[int, int] = {}
-        for a in args:
-            counts[a] = counts.get(a, 0) + 1
-        outs.update(i for a, c in counts.items() if c > 1 for i in _tensor_items(values, a))
-        used = [i for a in args for i in _tensor_items(values, a)]
-        return [i for i in used if i not in outs], sorted(outs)
-    if isinstance(ins, p.DelegateCall):
-        used = [i for a in ins.args for i in _tensor_items(values, a)]
-        inputs = set(plan.inputs)
-        return (
-            [i for i in used if i in seen or i in inputs],
-            [i for i in used if i not in seen and i not in inputs],
-        )
-    if isinstance(ins, p.MoveCall):
-        return _tensor_items(values, ins.move_from), _tensor_items(values, ins.move_to)
-    if isinstance(ins, p.FreeCall):
-        return [], []
-    return _tensor_items(values, ins.cond_value_index), []
-
-
 def _dtype_name(code: int) -> str:
     from .dtypes import CODE_TO_DTYPE, dtype_name
 
@@ -320,7 +279,7 @@ def memory_plan(program: Program, method: str = "forward", *, device_map: Any = 
     for chain in plan.chains:
         for i, ins in enumerate(chain.instructions):
             g = base + i
-            reads, writes = touches(plan, ins, seen)
+            reads, writes = file_effects(plan, ins, seen)
             for j in writes:
                 written_first.setdefault(j, True)
             for j in reads:

@@ -1,8 +1,8 @@
 """Where a call's time goes: per instruction, per operator, and as a Chrome trace.
 
-A profile calls the method through the instrumented interpreter of :mod:`ptexec.trace`
-(the same statements ``execute`` runs, one function each) and reads a clock before and
-after every instruction; on CUDA it synchronizes the device after each one, so an
+A profile is a set of hooks on calls made through the method's own envelope
+(:meth:`ptexec.Method.run_with`, the instrumented variant of the blocks ``execute`` runs):
+it reads a clock before and after every instruction; on CUDA it synchronizes the device after each one, so an
 instruction's time is its kernels' time, not their launch. The plain ``execute`` is timed
 too, interleaved, so the table says what the instrumentation itself costs.
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .trace import Step, interpret, prepare
+from .engine.hooks import Hooks, Step
 
 if TYPE_CHECKING:
     from .method import Method
@@ -265,7 +265,7 @@ def _uses_cuda(v: list[Any]) -> bool:
     return any(isinstance(x, torch.Tensor) and x.is_cuda for x in v)
 
 
-class _Timer:
+class _Timer(Hooks):
     def __init__(self, method: Method, origin: int, sync: bool | None) -> None:
         self.method = method
         self.origin = origin
@@ -306,23 +306,22 @@ class _Timer:
         self.phase_name = None if name == "end" else name
         self.phase_start = time.perf_counter_ns()
 
-    def run(self, v: list[Any]) -> None:
+    def begin(self, v: list[Any]) -> None:
+        self.phase("run")
         sync = self.sync if self.sync is not None else _uses_cuda(v)
         self.synchronized = sync
         if sync:
             torch.cuda.synchronize()
-            interpret(self.method, v, self._before, self._after_sync)
-        else:
-            interpret(self.method, v, self._before, self._after)
 
-    def _before(self, step: Step, v: list[Any]) -> None:
+    def end(self, v: list[Any]) -> None:
+        self.phase("collect")
+
+    def before(self, step: Step, v: list[Any]) -> None:
         self.t0 = time.perf_counter_ns()
 
-    def _after_sync(self, step: Step, v: list[Any], result: Any) -> None:
-        torch.cuda.synchronize()
-        self._after(step, v, result)
-
-    def _after(self, step: Step, v: list[Any], result: Any) -> None:
+    def after(self, step: Step, v: list[Any], result: Any) -> None:
+        if self.synchronized:
+            torch.cuda.synchronize()
         t1 = time.perf_counter_ns()
         shapes = [_describe(v[a]) for a in step.tensor_args]
         args: dict[str, Any] = {"shapes": shapes}
@@ -369,7 +368,6 @@ def profile(
     state advance it with every call, as they would under ``execute``."""
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    prepare(method)
     options: dict[str, Any] = {}
     if transfers is not None:
         options["transfers"] = transfers
@@ -391,9 +389,11 @@ def profile(
             execute_times.append(time.perf_counter() - t)
         timer.call = k
         t = time.perf_counter()
-        outputs = method._call_with(
-            inputs, timer.run, transfers=transfers, layout=layout, phase=timer.phase
-        )
+        timer.phase("bind")
+        try:
+            outputs = method.run_with(timer, inputs, transfers=transfers, layout=layout)
+        finally:
+            timer.phase("end")
         if cuda:
             torch.cuda.synchronize()
         call_times.append(time.perf_counter() - t)

@@ -17,8 +17,9 @@ from .errors import MethodNotFoundError, PteFormatError
 from .format import program as p
 from .format.ptd import PtdFile, read_ptd
 from .format.pte import PteFile, read_pte
+from .loader import MethodMeta, method_meta
 from .memory import BufferInfo, PlannedBuffer, allocate
-from .method import Method, MethodMeta, plan_meta
+from .method import Method
 
 __all__ = ["Program", "load"]
 
@@ -101,14 +102,17 @@ class Program:
     def load_method(self, name: str = "forward", **options: Any) -> Method:
         """Load method ``name``: allocate its planned buffers on their devices and prepare
         its instructions. Options: ``device_map``, ``transfers``, ``layout``, ``outputs``,
-        ``max_planned_bytes``, ``max_instructions`` (see :class:`Method`). Each call
+        ``max_planned_bytes``, ``max_instructions``, ``optimize``, ``fast_path``,
+        ``cuda_graph`` (see :class:`Method`). Each call
         returns a new Method with its own planned memory (state shared between methods
         stays shared)."""
         return Method(self, self._plan_index(name), **options)
 
     def method_meta(self, name: str = "forward", device_map: Any = None) -> MethodMeta:
         """Inputs, outputs and memory plan of method ``name``, without loading it."""
-        return plan_meta(self, self.pte.program.execution_plan[self._plan_index(name)], device_map)
+        return method_meta(
+            self, self.pte.program.execution_plan[self._plan_index(name)], device_map
+        )
 
     @property
     def version(self) -> int:

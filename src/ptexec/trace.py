@@ -1,12 +1,9 @@
 """See inside a call: one record per executed instruction, a float64 reference, NaN hunting.
 
-:meth:`Method.execute` runs compiled basic blocks and nothing else, so tracing costs it
-nothing. A trace runs the same method through a second, instrumented interpreter: every
-instruction's statement (the very :class:`~ptexec.kernels.registry.Emission` that
-``execute`` runs) is compiled into a function of its own, and a program-counter loop runs
-them with JumpFalseCall semantics and the instruction cap of the block compiler, calling
-hooks before and after each one. Inputs are validated, bound and the outputs collected by
-the method's own code, so a trace computes exactly what ``execute`` computes.
+A trace is a set of hooks (:class:`ptexec.engine.hooks.Hooks`) on one call made through
+the method's own envelope (:meth:`ptexec.Method.run_with`): the instrumented variant of
+the very blocks ``execute`` runs calls them around every instruction, so a trace computes
+exactly what ``execute`` computes, with the same validation, binding, errors and limits.
 
     tr = method.trace([x])                     # records: what each instruction wrote
     tr = method.trace([x], tensors=True)       # ... and a copy of every tensor written
@@ -14,43 +11,24 @@ the method's own code, so a trace computes exactly what ``execute`` computes.
     tr = method.trace([x], stop_on="nan")      # stop at the first NaN; tr.stopped says where
     print(tr)                                  # a table
 
-Instructions that the load-time rewrites (:mod:`ptexec.dataflow`) made free still show,
-marked ``folded at load`` or ``view made at load``, with the values they hold. Load with
-``optimize=False`` to trace the program exactly as the file says.
-
-**The float64 reference** is a shadow run in lockstep: a second values table in which
-every floating tensor is float64, running the statements as the kernels made them (before
-the rewrites, so folded work is recomputed in float64). Constants and inputs are the
-program's, widened. ExecuTorch's memory plan gives some values the same bytes (a static
-``view`` is a second value at the same offset, read but never written), so the shadow's
-planned memory keeps the plan's layout: each shadow buffer is the program's buffer with
-every byte offset multiplied by ``8 / s`` (``s`` the narrowest floating element size in
-that buffer), which maps a floating tensor of the narrowest size onto exactly the widened
-bytes, keeps every value planned at the same offset at the same place, and keeps values
-that do not overlap in the plan apart. The shadow starts each call from the program's
-state (mutable buffers widened) and follows the program's branches. A statement that
-cannot run in float64 (a kernel or delegate that insists on its own dtypes) runs on the
-shadow's values narrowed to the program's dtypes, and its results are widened again; if
-even that fails, the shadow takes the program's results. Either is noted on the record.
+Instructions that the load-time rewrites (:mod:`ptexec.engine.dataflow`) made free still
+show, marked ``folded at load`` or ``view made at load``, with the values they hold. Load
+with ``optimize=False`` to trace the program exactly as the file says. The float64
+reference is :mod:`ptexec.shadow`.
 """
 
 from __future__ import annotations
 
-import itertools
-import linecache
 import math
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from .dtypes import dtype_name
-from .errors import ExecutionError, LimitExceededError
-from .format import program as p
-from .kernels.registry import Emission
-from .memory import BufferInfo, allocate, resize_to, strided_view
+from .engine.hooks import Hooks, Step, StopCall
+from .shadow import Shadow, shadow_of
+from .stats import RefError, TensorStats, compare, short_number, summarize
 
 if TYPE_CHECKING:
     from .method import Method
@@ -66,168 +44,6 @@ __all__ = [
 ]
 
 StopOn = Literal["nan", "inf", "nonfinite"]
-
-
-# --------------------------------------------------------------------------------------
-# summaries
-
-
-@dataclass(frozen=True, slots=True)
-class TensorStats:
-    """A tensor in numbers: shape, dtype, device, and min/max/mean over its finite
-    elements (None when it has none), with its NaN and Inf counts."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: str
-    min: float | None
-    max: float | None
-    mean: float | None
-    nan: int = 0
-    inf: int = 0
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def finite(self) -> bool:
-        return not self.nan and not self.inf
-
-    def describe(self) -> str:
-        return f"{dtype_name(self.dtype)}[{', '.join(str(s) for s in self.shape)}]"
-
-    def __str__(self) -> str:
-        text = f"{self.describe()} on {self.device}"
-        if self.min is not None:
-            text += f"  min {_num(self.min)}  max {_num(self.max)}  mean {_num(self.mean)}"
-        if self.nan:
-            text += f"  NaN {self.nan}"
-        if self.inf:
-            text += f"  Inf {self.inf}"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": list(self.shape),
-            "dtype": dtype_name(self.dtype),
-            "device": self.device,
-            "min": self.min,
-            "max": self.max,
-            "mean": self.mean,
-            "nan": self.nan,
-            "inf": self.inf,
-        }
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
-
-
-def summarize(x: torch.Tensor) -> TensorStats:
-    """The :class:`TensorStats` of ``x`` (complex tensors by magnitude, bools as 0/1)."""
-    t = x.detach()
-    shape = tuple(t.shape)
-    device = str(t.device)
-    dtype = t.dtype
-    if t.numel() == 0:
-        return TensorStats(shape, dtype, device, None, None, None)
-    if t.is_complex():
-        t = t.abs()
-    elif dtype == torch.bool:
-        t = t.to(torch.uint8)
-    nan = inf = 0
-    try:
-        if t.is_floating_point():
-            nan, inf = (int(c) for c in torch.stack([t.isnan().sum(), t.isinf().sum()]).tolist())
-            if nan or inf:
-                t = t[t.isfinite()]
-                if t.numel() == 0:
-                    return TensorStats(shape, dtype, device, None, None, None, nan, inf)
-            lo, hi, mean = torch.stack(
-                [t.min().double(), t.max().double(), t.mean(dtype=torch.float64)]
-            ).tolist()
-        else:
-            lo, hi = torch.stack([t.min(), t.max()]).tolist()
-            mean = t.mean(dtype=torch.float64).item()
-    except (RuntimeError, TypeError):  # a dtype torch cannot reduce (float8, uint16, ...)
-        return TensorStats(shape, dtype, device, None, None, None)
-    return TensorStats(shape, dtype, device, lo, hi, mean, nan, inf)
-
-
-@dataclass(frozen=True, slots=True)
-class RefError:
-    """How far a program value is from its float64 reference.
-
-    ``max_abs``: the largest absolute difference over elements finite in both;
-    ``max_rel``: ``max_abs`` over the largest finite magnitude of the reference (a
-    normwise relative error); ``eps``: the machine epsilon of the program's dtype (so
-    ``max_rel / eps`` is the error in units of its precision); ``mismatched``: elements
-    where the two disagree outright (a NaN or Inf on one side only; any difference for
-    integers and bools).
-    """
-
-    max_abs: float
-    max_rel: float
-    eps: float | None
-    mismatched: int = 0
-    note: str | None = None
-
-    @property
-    def in_eps(self) -> float | None:
-        return None if not self.eps else self.max_rel / self.eps
-
-    def __str__(self) -> str:
-        if self.note:
-            return self.note
-        text = f"abs {self.max_abs:.3g}  rel {self.max_rel:.3g}"
-        if self.eps:
-            text += f" ({self.max_rel / self.eps:.3g} eps)"
-        if self.mismatched:
-            text += f"  {self.mismatched} mismatched"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_abs": self.max_abs,
-            "max_rel": self.max_rel,
-            "eps": self.eps,
-            "mismatched": self.mismatched,
-            "note": self.note,
-        }
-
-
-def compare(x: Any, ref: Any) -> RefError | None:
-    """The :class:`RefError` of program value ``x`` against reference ``ref`` (None when
-    there is nothing to compare)."""
-    if isinstance(x, torch.Tensor) and isinstance(ref, torch.Tensor):
-        if tuple(x.shape) != tuple(ref.shape):
-            return RefError(
-                math.inf, math.inf, None, x.numel(), f"shape {list(x.shape)} vs {list(ref.shape)}"
-            )
-        if x.numel() == 0:
-            return RefError(0.0, 0.0, None)
-        a = x.detach()
-        r = ref.detach().to(a.device)
-        if not (a.is_floating_point() or a.is_complex()):
-            return RefError(0.0, 0.0, None, int((a != r.to(a.dtype)).sum()))
-        eps = torch.finfo(a.dtype).eps if a.is_floating_point() else None
-        a64 = a.to(torch.complex128 if a.is_complex() else torch.float64)
-        r64 = r.to(a64.dtype)
-        both = a64.isfinite() & r64.isfinite()
-        same = (a64 == r64) | (a64.isnan() & r64.isnan())
-        mismatched = int((~both & ~same).sum())
-        diff = torch.where(both, (a64 - r64).abs(), 0.0)
-        mag = torch.where(r64.isfinite(), r64.abs(), 0.0)
-        max_abs, scale = torch.stack([diff.max().double(), mag.max().double()]).tolist()
-        rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-        return RefError(max_abs, rel, eps, mismatched)
-    if isinstance(x, bool | int | float) and isinstance(ref, bool | int | float):
-        d = abs(float(x) - float(ref))
-        return RefError(
-            d, d / abs(float(ref)) if ref else d, None, int(d != 0 and not isinstance(x, float))
-        )
-    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -446,10 +262,8 @@ class Trace:
                 if s is None:
                     line += f"{_short(w.value, wt):<{wt}}" + " " * 43
                 else:
-                    line += f"{_short(s.describe(), wt):<{wt}} {_num(s.min):>10} "
-                    line += (
-                        f"{_num(s.max):>10} {_num(s.mean):>10} {s.nan or '':>4} {s.inf or '':>4}"
-                    )
+                    line += f"{_short(s.describe(), wt):<{wt}} {short_number(s.min):>10} "
+                    line += f"{short_number(s.max):>10} {short_number(s.mean):>10} {s.nan or '':>4} {s.inf or '':>4}"
                 if ref:
                     e = w.error
                     if e is None:
@@ -487,349 +301,10 @@ def _short(x: Any, width: int) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# the instrumented interpreter
-
-
-@dataclass(slots=True)
-class Step:
-    """One instruction, prepared for the instrumented interpreter."""
-
-    chain: int
-    index: int
-    kind: str
-    name: str
-    run: Callable[[list[Any]], Any]  # the statement execute runs
-    source: Callable[[list[Any]], Any]  # the statement as the kernel made it
-    destination: int | None  # a jump's target
-    writes: tuple[int, ...]  # values it writes (replaces or writes in place)
-    source_writes: tuple[int, ...]  # values the kernel's own statement writes
-    reads: tuple[int, ...]  # tensors it reads
-    tensor_args: tuple[int, ...]
-    note: str | None
-    frame: str | None
-    is_copy: bool  # a device copy (et_copy::*)
-
-
-def _kind(ins: p.Instruction) -> str:
-    if isinstance(ins, p.KernelCall):
-        return "kernel"
-    if isinstance(ins, p.DelegateCall):
-        return "delegate"
-    if isinstance(ins, p.MoveCall):
-        return "move"
-    if isinstance(ins, p.FreeCall):
-        return "free"
-    return "jump_false"
-
-
-def _written(st: Emission, tensor_args: tuple[int, ...]) -> tuple[int, ...]:
-    if st.code.strip() == "pass":
-        return ()
-    mem = tensor_args if st.mutates is None else st.mutates
-    return tuple(dict.fromkeys((*st.writes, *mem, *st.outs)))
-
-
-def _compile(st: Emission, jump: bool, filename: str) -> Callable[[list[Any]], Any]:
-    lines = ["def _step(v):"]
-    if jump:
-        lines.append(f"    return {st.code}")
-    else:
-        lines.extend("    " + part for part in st.code.splitlines() or ["pass"])
-    source = "\n".join(lines) + "\n"
-    namespace: dict[str, Any] = dict(st.env)
-    exec(compile(source, filename, "exec"), namespace)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    fn: Callable[[list[Any]], Any] = namespace["_step"]
-    return fn
-
-
-def _frame(plan: p.ExecutionPlan, chain: int, index: int) -> str | None:
-    trace = plan.chains[chain].stacktrace
-    if not trace or index >= len(trace) or not trace[index]:
-        return None
-    frames = trace[index]
-    assert frames is not None
-    return str(frames[-1])
-
-
-def _note(
-    method: Method, executed: Emission, loaded: Emission, writes: tuple[int, ...]
-) -> str | None:
-    if executed is loaded:
-        return None
-    if executed.code.strip() != "pass":
-        return "runs as a view"
-    if loaded.code.strip() == "pass":
-        return None
-    alias = loaded.alias
-    values = method._values
-    if alias is not None and isinstance(values[alias.source], torch.Tensor):
-        base = values[alias.source].untyped_storage().data_ptr()
-        if all(
-            isinstance(values[w], torch.Tensor) and values[w].untyped_storage().data_ptr() == base
-            for w in writes
-        ):
-            return "view made at load"
-    return "folded at load"
-
-
-_SOURCES = itertools.count()  # a unique file name per compiled statement, for tracebacks
-_PREPARED: weakref.WeakKeyDictionary[Any, list[list[Step]]] = weakref.WeakKeyDictionary()
-
-
-def prepare(method: Method) -> list[list[Step]]:
-    """The method's instructions as :class:`Step` lists, one per chain (made once, cached)."""
-    steps = _PREPARED.get(method)
-    if steps is not None:
-        return steps
-    plan = method._plan
-    values = plan.values
-    steps = []
-    for c, chain in enumerate(plan.chains):
-        names = method._instruction_names[c]
-        executed = method._statements[c]
-        loaded = method._loaded_statements[c]
-        chain_steps = []
-        for i, ins in enumerate(chain.instructions):
-            jump = isinstance(ins, p.JumpFalseCall)
-            args = p.tensor_indices(values, p.instruction_values(ins))
-            e, src = executed[i], loaded[i]
-            label = method.name.replace("\0", "\\x00")  # compile() refuses a NUL in a file name
-            filename = f"<ptexec trace {next(_SOURCES)}: {label} chain {c} instruction {i}>"
-            run = _compile(e, jump, filename)
-            source = run if src is e else _compile(src, jump, filename + " (as loaded)")
-            source_writes = _written(src, args)
-            writes = _written(e, args) if e.code.strip() != "pass" else source_writes
-            chain_steps.append(
-                Step(
-                    chain=c,
-                    index=i,
-                    kind=_kind(ins),
-                    name=names[i],
-                    run=run,
-                    source=source,
-                    destination=ins.destination_instruction
-                    if isinstance(ins, p.JumpFalseCall)
-                    else None,
-                    writes=writes,
-                    source_writes=source_writes,
-                    reads=tuple(a for a in args if a not in src.outs)
-                    if not isinstance(ins, p.MoveCall)
-                    else (ins.move_from,),
-                    tensor_args=args,
-                    note=_note(method, e, src, writes),
-                    frame=_frame(plan, c, i),
-                    is_copy=names[i].startswith("et_copy::"),
-                )
-            )
-        steps.append(chain_steps)
-    _PREPARED[method] = steps
-    return steps
-
-
-Hook = Callable[[Step, list[Any]], None]
-AfterHook = Callable[[Step, list[Any], Any], None]
-
-
-def interpret(
-    method: Method,
-    v: list[Any],
-    before: Hook | None = None,
-    after: AfterHook | None = None,
-) -> None:
-    """Run the method's instructions on values table ``v`` one at a time, as the compiled
-    blocks do: chains in order, a JumpFalseCall jumps to its destination when its condition
-    is false, and more than ``max_instructions`` executed instructions stop the run. An
-    instruction that fails raises :class:`ExecutionError` naming it."""
-    limit = method._max_instructions
-    count = 0
-    for chain in prepare(method):
-        n = len(chain)
-        pc = 0
-        while pc < n:
-            count += 1
-            if count > limit:
-                raise LimitExceededError(
-                    f"'{method.name}' executed more than {limit} instructions; stopped "
-                    "(a malformed jump may loop forever)"
-                )
-            step = chain[pc]
-            if before is not None:
-                before(step, v)
-            try:
-                result = step.run(v)
-            except Exception as e:
-                raise ExecutionError(
-                    method.name, step.index, step.name, f"{type(e).__name__}: {e}", step.frame
-                ) from e
-            if after is not None:
-                after(step, v, result)
-            if step.destination is not None and not result:
-                pc = step.destination
-            else:
-                pc += 1
-
-
-# --------------------------------------------------------------------------------------
-# the float64 shadow
-
-
-def _wide(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype.is_floating_point else dtype
-
-
-class _Shadow:
-    """The float64 reference's values table and planned memory (see the module docstring)."""
-
-    def __init__(self, method: Method) -> None:
-        from .dtypes import CODE_TO_DTYPE
-
-        plan = method._plan  # no reference to the method: it keys the cache of shadows
-        self.plan = plan
-        self.scale: dict[int, int] = {b.info.index: 1 for b in method._buffers}
-        self.planned: list[tuple[int, int, int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = []
-        self.constants: dict[int, Any] = {}
-        self.fresh: list[int] = []
-        inputs = set(plan.inputs)
-        values = method._values
-        for j, t in enumerate(plan.values):
-            if not isinstance(t, p.Tensor):
-                continue
-            dtype = CODE_TO_DTYPE[t.scalar_type]
-            alloc = t.allocation_info
-            if alloc is not None:
-                if dtype.is_floating_point:
-                    s = max(1, 8 // dtype.itemsize)
-                    self.scale[alloc.memory_id] = max(self.scale.get(alloc.memory_id, 1), s)
-                self.planned.append(
-                    (j, alloc.memory_id, alloc.memory_offset, dtype, t.sizes, t.dim_order)
-                )
-            elif t.is_constant:
-                c = values[j]
-                if isinstance(c, torch.Tensor) and c.is_floating_point():
-                    c = c.to(torch.float64)
-                self.constants[j] = c
-            elif j not in inputs:
-                self.fresh.append(j)
-        self.planned_slots = {e[0] for e in self.planned}
-        self.inputs = [j for j in plan.inputs if isinstance(plan.values[j], p.Tensor)]
-        self.planned_inputs = self.planned_slots & inputs
-        self.live_in = self._live_in(method)
-
-    def _live_in(self, method: Method) -> set[int]:
-        """Planned values whose content at the start of a call matters (mutable state):
-        read before anything writes any of their bytes, in program order."""
-        region: dict[int, tuple[int, int, int]] = {}
-        for j, t in enumerate(self.plan.values):
-            if isinstance(t, p.Tensor) and t.allocation_info is not None:
-                a = t.allocation_info
-                region[j] = (a.memory_id, a.memory_offset, a.memory_offset + t.nbytes)
-        written: list[tuple[int, int, int]] = []
-        live: set[int] = set()
-        seen: set[int] = set()
-        for chain in prepare(method):
-            for step in chain:
-                for j in step.reads:
-                    r = region.get(j)
-                    if r is None or j in seen:
-                        continue
-                    seen.add(j)
-                    if not any(w[0] == r[0] and w[1] < r[2] and r[1] < w[2] for w in written):
-                        live.add(j)
-                for j in step.source_writes:
-                    r = region.get(j)
-                    if r is not None:
-                        written.append(r)
-        return live
-
-    def start(self, m: Method, v: list[Any]) -> list[Any]:
-        """A shadow table for this call of ``m``, from its state ``v`` (inputs bound)."""
-        s = [None if j in self.constants else x for j, x in enumerate(v)]
-        bufs = {}
-        prog = {}
-        for b in m._buffers:
-            idx = b.info.index
-            bufs[idx] = allocate(
-                BufferInfo(idx, b.info.size * self.scale.get(idx, 1), b.info.device)
-            ).data
-            prog[idx] = b.data
-        for j, mem, off, dtype, sizes, order in self.planned:
-            where = f"shadow of value {j}"
-            shadow = strided_view(
-                bufs[mem], off * self.scale[mem], _wide(dtype), sizes, order, where
-            )
-            if j in self.live_in:
-                shadow.copy_(strided_view(prog[mem], off, dtype, sizes, order, where))
-            s[j] = shadow
-        for j, _mem, _off, _dtype, _sizes, order in self.planned:
-            if j not in self.planned_inputs:
-                continue
-            x, planned = v[j], s[j]
-            assert isinstance(x, torch.Tensor) and isinstance(planned, torch.Tensor)
-            try:  # last: a live value never shares bytes with an input, a dead one may
-                if x.shape != planned.shape:
-                    resize_to(planned, x.shape, order)
-                planned.copy_(x)
-            except RuntimeError:
-                s[j] = x.to(_wide(x.dtype), copy=True)
-        for j, c in self.constants.items():
-            s[j] = c
-        for j in self.fresh:
-            x = v[j]
-            if isinstance(x, torch.Tensor):
-                s[j] = torch.empty_strided(
-                    x.shape, x.stride(), dtype=_wide(x.dtype), device=x.device
-                )
-        for j in self.inputs:  # unplanned inputs: the caller's tensor, widened (a copy)
-            x = v[j]
-            if j not in self.planned_slots and isinstance(x, torch.Tensor):
-                s[j] = x.to(_wide(x.dtype), copy=True)
-        return s
-
-    @staticmethod
-    def sync(s: list[Any], j: int, x: Any) -> None:
-        """Give shadow value ``j`` the program's value ``x`` (widened)."""
-        cur = s[j]
-        if isinstance(x, torch.Tensor):
-            if isinstance(cur, torch.Tensor) and cur.dtype == _wide(x.dtype):
-                try:
-                    if cur.shape != x.shape:
-                        cur.resize_(x.shape)
-                    cur.copy_(x)
-                    return
-                except RuntimeError:
-                    pass
-            s[j] = x.to(_wide(x.dtype), copy=True)
-        else:
-            s[j] = x
-
-
-_SHADOWS: weakref.WeakKeyDictionary[Any, _Shadow] = weakref.WeakKeyDictionary()
-
-
-# --------------------------------------------------------------------------------------
 # tracing
 
 
-def _narrow_run(step: Step, v: list[Any], s: list[Any]) -> bool:
-    """Run ``step`` on the shadow's values narrowed to the program's dtypes and widen what
-    it wrote back into the shadow (for kernels and delegates that cannot take float64:
-    the reference keeps its own inputs, only this instruction computes narrow)."""
-    tmp = list(s)
-    for j in step.tensor_args:
-        x, r = v[j], s[j]
-        if isinstance(x, torch.Tensor) and isinstance(r, torch.Tensor) and r.dtype != x.dtype:
-            tmp[j] = r.to(x.dtype)
-    try:
-        step.source(tmp)
-    except Exception:
-        return False
-    for j in dict.fromkeys((*step.source_writes, *step.writes)):
-        _Shadow.sync(s, j, tmp[j])
-    return True
-
-
-class _Stop(Exception):
+class _Stop(StopCall):
     def __init__(self, record: InstructionRecord, reason: str) -> None:
         self.record = record
         self.reason = reason
@@ -845,7 +320,9 @@ def _is_bad(stats: TensorStats | None, stop_on: StopOn) -> bool:
     return stats.nan > 0 or stats.inf > 0
 
 
-class _Recorder:
+class _Recorder(Hooks):
+    """The hooks of one traced call."""
+
     def __init__(
         self,
         method: Method,
@@ -853,19 +330,20 @@ class _Recorder:
         tensors: bool,
         reads: bool,
         stop_on: StopOn | None,
-        shadow: _Shadow | None,
+        shadow: Shadow | None,
         progress: Callable[[int, int], None] | None,
     ) -> None:
-        self.method = method
+        self.state = method.state
         self.tensors = tensors
         self.keep_reads = reads
         self.stop_on = stop_on
         self.shadow = shadow
         self.s: list[Any] | None = None
         self.progress = progress
-        self.total = sum(len(c.instructions) for c in method._plan.chains)
+        self.total = self.state.instruction_count()
         self.records: list[InstructionRecord] = []
         self.pending_reads: list[ValueRecord] | None = None
+        self.reference_outputs: list[Any] | None = None
 
     def _value(self, j: int, x: Any, keep: bool) -> ValueRecord:
         if isinstance(x, torch.Tensor):
@@ -874,6 +352,10 @@ class _Recorder:
                 rec.value = x.detach().clone()
             return rec
         return ValueRecord(j, None, x)
+
+    def begin(self, v: list[Any]) -> None:
+        if self.shadow is not None:
+            self.s = self.shadow.start(self.state, v)
 
     def before(self, step: Step, v: list[Any]) -> None:
         if self.keep_reads or self.stop_on is not None:
@@ -911,26 +393,19 @@ class _Recorder:
                     f"instruction {step.index} ({step.name}) wrote {what} to {values}",
                 )
 
+    def end(self, v: list[Any]) -> None:
+        if self.s is not None:
+            self.reference_outputs = [
+                x.detach().clone() if isinstance(x, torch.Tensor) else x
+                for x in (self.s[j] for j in self.state.plan.outputs)
+            ]
+
     def _reference(self, step: Step, v: list[Any], rec: InstructionRecord, result: Any) -> None:
-        s = self.s
-        assert s is not None
-        record = self.method.record
+        s, shadow = self.s, self.shadow
+        assert s is not None and shadow is not None
+        record = self.state.record
         saved = record.bytes_copied if step.is_copy else None
-        try:
-            ref_result = step.source(s)
-        except Exception as e:
-            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
-            if _narrow_run(step, v, s):
-                rec.reference_note = f"ran in the program's precision (not in float64: {why})"
-            else:
-                rec.reference_note = f"cannot run ({why}); took the program's values"
-                for j in (*step.source_writes, *step.writes):
-                    _Shadow.sync(s, j, v[j])
-        else:
-            if step.destination is not None and bool(ref_result) != bool(result):
-                rec.reference_note = (
-                    "the reference would branch the other way; it follows the program"
-                )
+        rec.reference_note = shadow.step(step, v, s, result)
         if saved is not None:  # the reference's copies are not the call's
             record.h2h, record.h2d, record.d2h, record.d2d = (
                 saved[k] for k in ("h2h", "h2d", "d2h", "d2d")
@@ -954,7 +429,7 @@ def trace(
     layout: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Trace:
-    """Call ``method`` on ``inputs`` instruction by instruction and record each one.
+    """Call ``method`` on ``inputs`` and record each instruction it executes.
 
     ``tensors``: keep a copy of every tensor written (``ValueRecord.value``; with
     ``reference``, the float64 one in ``ValueRecord.reference``). ``reference``: run a
@@ -967,33 +442,18 @@ def trace(
     """
     if stop_on not in (None, "nan", "inf", "nonfinite"):
         raise ValueError(f"stop_on must be 'nan', 'inf' or 'nonfinite', not {stop_on!r}")
-    prepare(method)
-    shadow = None
-    if reference:
-        shadow = _SHADOWS.get(method)
-        if shadow is None:
-            shadow = _SHADOWS[method] = _Shadow(method)
+    state = method.state
+    shadow = shadow_of(state) if reference else None
     rec = _Recorder(
         method, tensors=tensors, reads=reads, stop_on=stop_on, shadow=shadow, progress=progress
     )
-    ref_outputs: list[Any] | None = None
-
-    def runner(v: list[Any]) -> None:
-        nonlocal ref_outputs
-        if shadow is not None:
-            rec.s = shadow.start(method, v)
-        interpret(method, v, rec.before, rec.after)
-        if rec.s is not None:
-            ref_outputs = [
-                x.detach().clone() if isinstance(x, torch.Tensor) else x
-                for x in (rec.s[j] for j in method._plan.outputs)
-            ]
-
-    counts = [len(c.instructions) for c in method._plan.chains]
+    counts = [len(c.instructions) for c in state.chains]
     try:
-        outputs = method._call_with(inputs, runner, transfers=transfers, layout=layout)
+        outputs = method.run_with(rec, inputs, transfers=transfers, layout=layout)
     except _Stop as stop:
         return Trace(
             method.name, None, rec.records, counts, stop.record, stop.reason, None, reference
         )
-    return Trace(method.name, outputs, rec.records, counts, None, None, ref_outputs, reference)
+    return Trace(
+        method.name, outputs, rec.records, counts, None, None, rec.reference_outputs, reference
+    )

@@ -216,7 +216,7 @@ def _alias_form(
     expr = view(rendered)
     targets = ", ".join(f"v[{t}]" for t in outs)
     code = f"{targets}, = {expr}" if len(outs) > 1 or name in _MULTI_OUT else f"{targets} = {expr}"
-    return Alias(code, {"_slice": _SLICE}, source, outs)
+    return Alias(code, {"_slice": _SLICE}, source, outs, ctx.reads(outs))
 
 
 _MULTI_OUT = {

@@ -40,7 +40,7 @@ def _et_copy(ctx: KernelContext) -> Emission:
         raise UnsupportedKernel(f"{ctx.op_name}: output value {out} is not a tensor")
     f = ctx.bind(_device_copy, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
-    rec = ctx.bind(ctx.method.record if ctx.method is not None else _NullRecord(), "rec")
+    rec = ctx.bind(ctx.record if ctx.record is not None else _NullRecord(), "rec")
     return ctx.emit(f"{f}(v[{src}], v[{out}], {order}, {rec})", mutates=(out,), outs=(out,))
 
 

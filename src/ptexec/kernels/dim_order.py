@@ -35,7 +35,7 @@ def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
     src_value = ctx.values[src]
     alias = None
     if isinstance(src_value, p.Tensor) and src_value.scalar_type == out_value.scalar_type:
-        alias = Alias(f"v[{out}] = v[{src}]", {}, src, (out,))  # same dtype: a clone
+        alias = Alias(f"v[{out}] = v[{src}]", {}, src, (out,), (src,))  # same dtype: a clone
     if _is_static(out_value) and _is_static(src_value):
         return ctx.emit(
             f"v[{out}].copy_(v[{src}])", mutates=(out,), alias=alias, outs=(out,), pure=True

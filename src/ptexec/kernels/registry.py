@@ -14,11 +14,15 @@ bound as names; everything else is read from ``v`` at run time.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..format import program as p
+
+if TYPE_CHECKING:
+    from ..accounting import CallRecord
+    from ..device import Device
 
 __all__ = [
     "Alias",
@@ -39,13 +43,15 @@ class Alias:
 
     ``code`` assigns views of value ``source`` to the slots ``targets`` (e.g.
     ``v[9] = v[4].permute([1, 0])``). The method uses it when its alias analysis proves
-    that nothing writes the source's memory while a target is in use.
+    that nothing writes the source's memory while a target is in use. ``reads``: every
+    value the code reads (``source``, and any scalar an instruction computes; None: unknown).
     """
 
     code: str
     env: Mapping[str, Any]
     source: int
     targets: tuple[int, ...]
+    reads: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,8 @@ class Emission:
     """One statement of Python that runs an instruction, and the names it refers to.
 
     ``writes``: value slots the statement replaces (assigns a new object to).
+    ``reads``: every value the statement reads from ``v`` (tensors, and scalars an
+    instruction computes), its ``outs`` excepted.
     ``mutates``: tensor values whose memory the statement writes in place; None when the
     kernel does not say, which the method reads as "any tensor argument".
     ``outs``: the values among ``mutates`` that are only written (``out`` arguments), not
@@ -61,7 +69,7 @@ class Emission:
     no other effect), so with fixed arguments it may run once, at load.
     ``prune``: for a statement that can skip writing some of its ``outs``, the statement
     that does not write the given ones (used for outputs nothing reads, e.g. batch norm's
-    saved statistics).
+    saved statistics). ``reads`` None means unknown (nothing is proven of such a statement).
     """
 
     code: str
@@ -72,6 +80,7 @@ class Emission:
     outs: tuple[int, ...] = ()
     pure: bool = False
     prune: Callable[[frozenset[int]], str] | None = None
+    reads: tuple[int, ...] | None = None
 
 
 class UnsupportedKernel(Exception):
@@ -79,7 +88,15 @@ class UnsupportedKernel(Exception):
 
 
 class KernelContext:
-    """What a factory knows about its instruction, and helpers to render arguments."""
+    """What a factory knows about its instruction, and helpers to render arguments.
+
+    ``values`` are the plan's values (descriptions), ``initial`` the method's values table
+    as loading made it (constants, planned views, literals), ``dynamic`` the scalar values
+    an instruction may replace. ``devices[j]`` is the device value ``j`` lives on (None for
+    non-tensors), the caller's device for an unplanned input; ``record`` receives the bytes
+    a copying kernel moves per call; ``options`` are the method's backend options (e.g.
+    ``{"xnnpack": "torch"}``); ``method_name`` and ``where`` name the instruction in messages.
+    """
 
     def __init__(
         self,
@@ -89,20 +106,31 @@ class KernelContext:
         values: tuple[p.EValue, ...],
         dynamic: frozenset[int],
         initial: list[Any],
-        method: Any = None,
+        *,
         where: str = "",
+        method_name: str = "",
+        devices: Sequence[Device | None] = (),
+        record: CallRecord | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         self.op_name = op_name
         self.instruction = instruction
         self.where = where or f"instructions[{instruction}]"  # path of the instruction in the file
+        self.method_name = method_name
         self.args = args
         self.values = values
         self.dynamic = dynamic
         self.initial = initial
-        self.method = method
+        self.devices = devices
+        self.record = record
+        self.options: Mapping[str, Any] = options or {}
         self.env: dict[str, Any] = {}
         self._names = itertools.count()
         self._prefix = f"_i{instruction}_"
+
+    def device_of(self, index: int) -> Device | None:
+        """The device value ``index`` lives on (None for a non-tensor, or when unknown)."""
+        return self.devices[index] if 0 <= index < len(self.devices) else None
 
     # ---- names -----------------------------------------------------------------------
     def bind(self, obj: Any, hint: str = "c") -> str:
@@ -123,16 +151,44 @@ class KernelContext:
     ) -> Emission:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read."""
+        outs = tuple(outs)
         return Emission(
             code,
             dict(self.env),
             tuple(writes),
             None if mutates is None else tuple(mutates),
             alias,
-            tuple(outs),
+            outs,
             pure,
             prune,
+            self.reads(outs),
         )
+
+    def referenced(self) -> tuple[int, ...]:
+        """Every value the instruction's statement can read from ``v``: its tensor
+        arguments (the items of tensor lists too) and the scalars among its arguments (or
+        their int lists' items) that an instruction computes."""
+        found: dict[int, None] = {}
+        for a in self.args:
+            v = self.values[a]
+            if isinstance(v, p.Tensor):
+                found[a] = None
+            elif isinstance(v, p.TensorList | p.OptionalTensorList):
+                for i in v.items:
+                    if i >= 0 and isinstance(self.values[i], p.Tensor):
+                        found[i] = None
+            elif isinstance(v, p.IntList):
+                for i in v.items:
+                    if i in self.dynamic:
+                        found[i] = None
+            elif a in self.dynamic:
+                found[a] = None
+        return tuple(found)
+
+    def reads(self, outs: Iterable[int] = ()) -> tuple[int, ...]:
+        """:meth:`referenced`, less the values in ``outs`` (written, not read)."""
+        skip = set(outs)
+        return tuple(r for r in self.referenced() if r not in skip)
 
     def tensors_of(self, index: int) -> tuple[int, ...]:
         """The tensor values behind value ``index`` (itself, or a list's items)."""

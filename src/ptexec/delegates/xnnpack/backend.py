@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ...dtypes import CODE_TO_DTYPE
@@ -18,19 +16,12 @@ __all__ = ["prepare"]
 
 
 def _device(ctx: DelegateContext) -> torch.device:
-    """Where the delegate's tensors live: the device of its planned (or preallocated)
-    argument tensors, else the device the method expects for its unplanned inputs."""
+    """Where the delegate's tensors live: the device of its first tensor argument (planned,
+    preallocated, or an unplanned input the caller passes on the method's device)."""
     for slot in ctx.args:
-        t = ctx.initial[slot] if 0 <= slot < len(ctx.initial) else None
-        if isinstance(t, torch.Tensor):
-            return t.device
-    specs: Any = getattr(ctx.method, "_inputs", None) or ()
-    by_slot = {getattr(spec, "slot", None): spec for spec in specs}
-    for slot in ctx.args:
-        spec = by_slot.get(slot)
-        dev = getattr(spec, "torch_device", None)
-        if isinstance(dev, torch.device):
-            return dev
+        device = ctx.device_of(slot)
+        if device is not None:
+            return device.to_torch()
     return torch.device("cpu")
 
 
@@ -54,7 +45,7 @@ def _arg_infos(ctx: DelegateContext, where: str) -> list[ArgInfo | None]:
 
 def prepare(ctx: DelegateContext) -> Emission:
     """Decode, validate and compile the payload; emit ``_run(v[a], v[b], ...)``."""
-    method = getattr(ctx.method, "name", None)
+    method = ctx.method_name
     where = (
         f"{method}.delegates[{ctx.delegate_index}]"
         if method

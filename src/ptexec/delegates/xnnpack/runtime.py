@@ -28,7 +28,6 @@ it. Weights are prepared once, at load.
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...codegen import Sources
 from ...errors import BackendUnavailableError, PteFormatError
 from ...memory import resize_to
 from . import quant as qa
@@ -832,10 +832,7 @@ class _Gen:
         params = ", ".join(f"x{k}" for k in ext_ids)
         body = self.lines or ["pass"]
         source = f"def _xnnpack_run({params}):\n" + "".join(f"    {line}\n" for line in body)
-        namespace = dict(self.env)
-        filename = f"<ptexec xnnpack {self.path} #{next(_RUNNERS)}>"  # unique: tracebacks
-        exec(compile(source, filename, "exec"), namespace)
-        _register_source(filename, source)
+        namespace = Sources(f"xnnpack {self.path}").compile(source, "graph", self.env)
         out_ids = tuple(sorted(v.external_id for v in outs))
         return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts, out_ids)
 
@@ -1506,15 +1503,6 @@ class _Gen:
 
 def _dtype_expr(dt: torch.dtype) -> str:
     return f"torch.{str(dt).removeprefix('torch.')}"
-
-
-_RUNNERS = itertools.count()
-
-
-def _register_source(filename: str, source: str) -> None:
-    import linecache
-
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
 def build_runner(

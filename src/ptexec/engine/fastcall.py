@@ -11,22 +11,20 @@ The function returns :data:`NOT_FAST` (before touching anything) for any call it
 cover, and :meth:`ptexec.Method.execute` then takes its general path, which validates,
 binds and reports errors exactly as always. For the calls it covers, it binds exactly as
 the general path's rules would (the placement decision's ``COPY`` and ``SHARE``), and
-fills in :attr:`ptexec.Method.last_call` the same way.
+fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
+the statements inlined when the runner is the plain blocks of one straight-line chain.
+Failures propagate raw: the envelope restores the method and reports them.
 """
 
 from __future__ import annotations
 
-import itertools
-import linecache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .format import program as p
-from .memory import resize_to
-
-if TYPE_CHECKING:
-    from .method import Method
+from ..memory import resize_to
+from .runner import BlockRunner, Runner
+from .state import MethodState
 
 __all__ = ["NOT_FAST", "build_fast_call"]
 
@@ -37,24 +35,20 @@ class _NotFast:
 
 
 NOT_FAST: Any = _NotFast()
-_NAMES = itertools.count()
 
 
-def build_fast_call(
-    method: Method, plan: p.ExecutionPlan
-) -> tuple[Any, str, dict[int, int]] | None:
-    """(function, source name, line -> instruction) for ``method``'s common calls, or None
-    when its calls always need the general path."""
-    if len(method._chains) != 1 or method._graph is not None:
-        return None
-    if method._policy.transfers != "auto" or method._policy.layout != "strict":
-        return None
+def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> Any:
+    """The function for the common calls of the method (it takes the list of inputs), or
+    None when its calls always need the general path (options other than the defaults are
+    the caller's to rule out). ``copy_outputs``: the outputs are returned as copies."""
+    if not runner.direct_outputs:
+        return None  # a runner that binds inputs itself (a CUDA graph): the general path
     env: dict[str, Any] = {
         "NOT_FAST": NOT_FAST,
         "Tensor": torch.Tensor,
         "strided": torch.strided,
-        "v": method._values,
-        "rec": method.record,
+        "v": state.values,
+        "rec": state.record,
         "resize_to": resize_to,
     }
     checks: list[str] = []
@@ -62,8 +56,8 @@ def build_fast_call(
     actions: list[str] = []
     copied = []  # (static nbytes | expression) per planned input
     shared: list[int] = []
-    n = len(method._inputs)
-    for spec in method._inputs:
+    n = len(state.inputs)
+    for spec in state.inputs:
         i = spec.index
         x = f"x{i}"
         if spec.kind != "tensor":
@@ -127,12 +121,12 @@ def build_fast_call(
             binds.append(f"v[{spec.slot}] = {x}.detach()")
             shared.append(spec.slot)
             actions.append("share")
-    direction = "h2h" if all(s.device.is_cpu for s in method._inputs) else None
+    direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
         return None  # planned inputs on a device: counted per call by the general path
     total = " + ".join(str(c) for c in copied) or "0"
     env["ACTIONS"] = actions
-    env["NO_OUT"] = [""] * len(method._outputs)
+    env["NO_OUT"] = [""] * len(state.outputs)
     lines = ["def _fast(inputs):"]
     lines.append(f"    if len(inputs) != {n}: return NOT_FAST")
     if n:
@@ -144,26 +138,23 @@ def build_fast_call(
     lines.append("    rec.inputs[:] = ACTIONS")
     lines.append("    rec.outputs[:] = NO_OUT")
     line_map: dict[int, int] = {}
-    blocks, _ = method._chains[0]
-    statements = method._statements[0]
-    chain = plan.chains[0]
     lines.append("    try:")
-    if len(blocks) == 1 and not any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
-        if len(chain.instructions) > method._max_instructions:
+    if isinstance(runner, BlockRunner) and runner.straight_line:
+        chain = state.chains[0]
+        if len(chain.instructions) > state.max_instructions:
             return None
-        for k, st in enumerate(statements):  # straight-line: the instructions, inline
+        for k, st in enumerate(chain.statements):  # straight-line: the instructions, inline
             for part in st.code.splitlines():
                 line_map[len(lines) + 1] = k
                 lines.append("        " + part)
-                for name, obj in st.env.items():
-                    env[name] = obj
+            env.update(st.env)
         lines.append("        pass")
-    else:  # control flow: the compiled blocks, with the instruction count and its limit
-        env["_run_blocks"] = method._run
-        lines.append("        _run_blocks()")
+    else:  # the runner: control flow, the instruction limit, its own error reports
+        env["_run"] = runner.run
+        lines.append("        _run(v)")
     outs = []
-    for out in method._outputs:
-        if out.kind == "tensor" and method._output_mode == "copy":
+    for out in state.outputs:
+        if out.kind == "tensor" and copy_outputs:
             outs.append(f"v[{out.slot}].clone()")
         else:
             outs.append(f"v[{out.slot}]")
@@ -171,9 +162,5 @@ def build_fast_call(
     lines.append("    finally:")
     lines.extend(f"        v[{slot}] = None" for slot in shared)
     lines.append("        pass")
-    label = method.name.replace("\0", "\\x00")  # compile() refuses a NUL in a file name
-    filename = f"<ptexec #{next(_NAMES)} {label} call>"
-    source = "\n".join(lines) + "\n"
-    exec(compile(source, filename, "exec"), env)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    return env["_fast"], filename, line_map
+    namespace = state.sources.compile("\n".join(lines) + "\n", "call", env, lines=line_map)
+    return namespace["_fast"]

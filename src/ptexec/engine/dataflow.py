@@ -32,18 +32,17 @@ Chains with jumps are left alone.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .format import program as p
-from .kernels.registry import Emission
+from ..format import program as p
+from ..kernels.registry import Emission
+from .effects import effects
 
 __all__ = ["rewrite_chain"]
 
-_REF = re.compile(r"v\[(\d+)\]")
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 
 Region = tuple[Any, ...]
@@ -84,11 +83,13 @@ class _Chain:
             if isinstance(v, p.Tensor) and v.is_constant:
                 self.fixed.add(j)
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
-            touched = list(p.tensor_indices(self.values, p.instruction_values(ins)))
-            mem = touched if st.mutates is None else list(st.mutates)
-            self.reads.append(set(touched) - set(st.outs))
-            self.writes.append([self.region(w) for w in mem])
-            for w in (*mem, *st.writes):
+            e = effects(self.values, ins, st)
+            reads = set(e.reads)
+            if isinstance(ins, p.MoveCall):  # the moved-to slot is kept as read too
+                reads.update(p.tensor_indices(self.values, (ins.move_to,)))
+            self.reads.append(reads)
+            self.writes.append([self.region(w) for w in e.writes])
+            for w in e.written:
                 self.writers.setdefault(w, set()).add(k)
 
     def region(self, index: int) -> Region:
@@ -174,9 +175,7 @@ def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int])
     """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
     if not st.pure or not st.outs or st.mutates is None or set(st.mutates) != set(st.outs):
         return None
-    refs = {int(m) for m in _REF.findall(st.code)}
-    reads = refs - set(st.outs)
-    if not all(r in c.fixed for r in reads):
+    if st.reads is None or not all(r in c.fixed for r in st.reads):
         return None  # a tensor computed per call, or a scalar an instruction writes
     outs = st.outs
     nbytes = 0
@@ -244,8 +243,11 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
             c.root[t] = alias.source
     c.writes[i] = []
     code = "\n".join(lines)
-    refs = {int(m) for m in _REF.findall(code)}
-    if source_region[0] == "fixed" and refs <= {alias.source, *live_all}:
+    if (
+        source_region[0] == "fixed"
+        and alias.reads is not None
+        and set(alias.reads) <= {alias.source}
+    ):
         env = dict(alias.env)
         env["v"] = values
         try:
@@ -255,7 +257,9 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
         else:
             c.fixed |= live_all
             return Emission("pass", {}, (), ())
-    return Emission(code, alias.env, tuple(sorted(live_all - {alias.source})), ())
+    return Emission(
+        code, alias.env, tuple(sorted(live_all - {alias.source})), (), reads=alias.reads
+    )
 
 
 def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
@@ -273,7 +277,9 @@ def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
         return None
     c.writes[i] = [c.region(o) for o in st.outs if o not in dead]
     kept = tuple(o for o in st.outs if o not in dead)
-    return Emission(st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure)
+    return Emission(
+        st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads
+    )
 
 
 def rewrite_chain(

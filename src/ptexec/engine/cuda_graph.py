@@ -1,14 +1,16 @@
 """Run a static CUDA method as one captured CUDA graph.
 
-``load_method(..., cuda_graph=True)`` captures the method's kernels once, at its first
-call, and replays them on every call after: one launch instead of one per kernel. The
-placement rules still hold at the graph's fixed addresses:
+``load_method(..., cuda_graph=True)`` chooses :class:`CudaGraphRunner` as the method's
+runner: it captures the method's blocks once, at the first call, and replays them on
+every call after: one launch instead of one per kernel. The placement rules still hold at
+the graph's fixed addresses:
 
 - a planned input is copied into its planned view (as always);
 - an unplanned input is shared when the caller passes the tensor the graph was captured
   with (same data pointer and strides), and otherwise copied into that captured tensor,
   counted as a copy: a graph reads fixed addresses, so it cannot read a new caller buffer;
-- outputs are read from the graph's memory (copied out by default, as always).
+- outputs are read from the graph's memory (copied out by default, as always); an ``out=``
+  tensor for an unplanned output receives a copy (``direct_outputs`` is False).
 
 A method qualifies when everything it touches is on one CUDA device, every shape is
 static, and nothing is decided on the host per call (no jumps, no scalar computed by an
@@ -18,65 +20,65 @@ planned memory is saved before and restored after, so program state is not advan
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .errors import ExecutionError
-from .format import program as p
-
-if TYPE_CHECKING:
-    from .method import Method
+from ..errors import ExecutionError
+from ..format import program as p
+from .runner import BlockRunner
+from .state import MethodState
 
 __all__ = ["CudaGraphRunner", "check_capturable"]
 
 _WARMUP = 3
 
 
-def check_capturable(method: Method, plan: p.ExecutionPlan) -> torch.device:
-    """The CUDA device of ``method``; raises ValueError saying why it cannot be captured."""
-    why = f"'{method.name}' cannot run as a CUDA graph"
-    devices = {b.info.device for b in method._buffers}
-    for spec in method._inputs:
+def check_capturable(state: MethodState) -> torch.device:
+    """The CUDA device of the method; raises ValueError saying why it cannot be captured."""
+    why = f"'{state.name}' cannot run as a CUDA graph"
+    devices = {b.info.device for b in state.buffers}
+    for spec in state.inputs:
         if spec.info is not None:
             devices.add(spec.info.device)
-    for out in method._outputs:
-        if out.info is not None and getattr(out.info, "device", None) is not None:
-            devices.add(out.info.device)  # type: ignore[arg-type]
+    for out in state.outputs:
+        if out.info is not None and out.info.device is not None:
+            devices.add(out.info.device)
     if len(devices) != 1 or next(iter(devices)).is_cpu:
         names = ", ".join(sorted(str(d) for d in devices)) or "none"
         raise ValueError(f"{why}: it must live on one CUDA device (it uses {names})")
-    for chain in plan.chains:
+    for chain in state.chains:
         for ins in chain.instructions:
             if isinstance(ins, p.JumpFalseCall):
                 raise ValueError(f"{why}: it has control flow (jumps are decided on the host)")
             if isinstance(ins, p.DelegateCall):
                 raise ValueError(f"{why}: it calls a delegate")
-    for j, value in enumerate(plan.values):
+    for j, value in enumerate(state.plan.values):
         if isinstance(value, p.Tensor) and value.shape_dynamism != p.STATIC:
             raise ValueError(f"{why}: value {j} has a dynamic shape")
-    if method._dynamic_scalars:
+    if state.dynamic_scalars:
         raise ValueError(f"{why}: instructions compute scalars on the host")
     (device,) = devices
     return device.to_torch()
 
 
 class CudaGraphRunner:
-    """Captures ``method`` at its first call and replays it afterwards."""
+    """Captures the method's blocks at the first call and replays them afterwards."""
 
-    def __init__(self, method: Method, run: Any, device: torch.device) -> None:
-        self.method = method
-        self.run_blocks = run  # the plain interpreter (used for warm-up and capture)
-        self.device = device
+    direct_outputs = False
+
+    def __init__(self, state: MethodState) -> None:
+        self.device = check_capturable(state)
+        self.state = state
+        self.blocks = BlockRunner(state)  # warm-up and capture run the plain blocks
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: dict[int, torch.Tensor] = {}  # slot -> captured input tensor
 
-    def bind_inputs(self) -> None:
+    def bind(self, state: MethodState) -> None:
         """After binding: unplanned inputs move to (or are) the captured tensors."""
-        m = self.method
-        v = m._values
-        rec = m.record
-        for spec in m._inputs:
+        v = state.values
+        rec = state.record
+        for spec in state.inputs:
             if spec.kind != "tensor" or spec.view is not None:
                 continue
             x = v[spec.slot]
@@ -91,29 +93,29 @@ class CudaGraphRunner:
             rec.inputs[spec.index] = "copy"
             v[spec.slot] = static
 
-    def run(self) -> None:
+    def run(self, v: list[Any]) -> None:
         try:
             if self.graph is None:
-                self._capture()
+                self._capture(v)
             assert self.graph is not None
             self.graph.replay()
         except Exception as e:
             raise ExecutionError(
-                self.method.name, -1, "cuda_graph", f"{type(e).__name__}: {e}"
+                self.state.name, -1, "cuda_graph", f"{type(e).__name__}: {e}"
             ) from e
 
-    def _capture(self) -> None:
-        m = self.method
-        saved = [b.data.clone() for b in m._buffers]
+    def _capture(self, v: list[Any]) -> None:
+        buffers = self.state.buffers
+        saved = [b.data.clone() for b in buffers]
         stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(_WARMUP):
-                self.run_blocks()
+                self.blocks.run(v)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.run_blocks()
-        for b, data in zip(m._buffers, saved, strict=True):
+            self.blocks.run(v)
+        for b, data in zip(buffers, saved, strict=True):
             b.data.copy_(data)
         self.graph = graph

@@ -1,0 +1,137 @@
+"""Two checkouts of ptexec, side by side, on the same programs: is a change faster or slower?
+
+    python benchmarks/ab.py --a ../old/src --b src tests/fixtures/mlp.pte tests/fixtures/cond.pte
+
+Each side runs in a worker process of its own (``PYTHONPATH`` set to that side's ``src``),
+one thread each. The parent asks the two workers for blocks of calls in alternation, in a
+shuffled order per round, so that whatever else the machine is doing weighs on both alike;
+each figure is the median over the blocks of the per-call time. Inputs are the first call
+recorded in the fixture's ``.io.pt`` file when there is one, else random ones from the
+method's metadata. Prints one row per program: A, B and B/A.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_WORKER = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+import ptexec
+from pathlib import Path
+
+def inputs_for(path, method):
+    io = Path(str(path)[:-4] + ".io.pt")
+    if io.exists():
+        calls = torch.load(io, weights_only=False)["calls"]
+        for c in calls:
+            if c["method"] == method:
+                return list(c["inputs"])
+    meta = ptexec.load(path).method_meta(method)
+    out = []
+    for info in meta.inputs:
+        if hasattr(info, "sizes"):
+            if info.dtype.is_floating_point:
+                out.append(torch.randn(info.sizes).to(info.dtype))
+            else:
+                out.append(torch.zeros(info.sizes, dtype=info.dtype))
+        else:
+            out.append(info.value)
+    return out
+
+methods = {}
+for line in sys.stdin:
+    req = json.loads(line)
+    key = req["path"] + "::" + req["method"]
+    if key not in methods:
+        t0 = time.perf_counter()
+        prog = ptexec.load(req["path"])
+        m = prog.load_method(req["method"])
+        load = time.perf_counter() - t0
+        xs = inputs_for(req["path"], req["method"])
+        for _ in range(20):
+            m.execute(xs)
+        methods[key] = (m, xs, load)
+    m, xs, load = methods[key]
+    n = req["calls"]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        m.execute(xs)
+    dt = (time.perf_counter() - t0) / n
+    print(json.dumps({"per_call": dt, "load": load}), flush=True)
+"""
+
+
+class _Side:
+    def __init__(self, src: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+
+    def block(self, path: str, method: str, calls: int) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"path": path, "method": method, "calls": calls}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker failed on {path}")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("programs", nargs="+", help=".pte files")
+    parser.add_argument("--a", required=True, help="the src folder of side A (the baseline)")
+    parser.add_argument("--b", required=True, help="the src folder of side B (the change)")
+    parser.add_argument("--method", default="forward")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--block-seconds", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    sides = {"A": _Side(args.a), "B": _Side(args.b)}
+    rng = random.Random(0)
+    print(f"{'program':<28} {'A':>10} {'B':>10} {'B/A':>6}")
+    try:
+        for path in args.programs:
+            first = sides["A"].block(path, args.method, 50)
+            sides["B"].block(path, args.method, 50)
+            calls = max(1, int(args.block_seconds / max(first["per_call"], 1e-7)))
+            times: dict[str, list[float]] = {"A": [], "B": []}
+            for _ in range(args.rounds):
+                order = ["A", "B"]
+                rng.shuffle(order)
+                for name in order:
+                    times[name].append(sides[name].block(path, args.method, calls)["per_call"])
+            a, b = statistics.median(times["A"]), statistics.median(times["B"])
+            print(f"{Path(path).stem:<28} {_us(a):>10} {_us(b):>10} {b / a:>6.2f}", flush=True)
+    finally:
+        for side in sides.values():
+            side.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""A call's arguments: the caller's inputs and ``out=`` tensors in, the outputs out.
+
+The call envelope (:class:`ptexec.Method`) runs these in order: :func:`check_inputs` and
+:func:`check_out` validate everything the caller passed and write nothing;
+:func:`bind_inputs` and :func:`bind_out` put it into the values table (sharing or copying
+each input by the placement decision of :func:`ptexec.binding.decide`); after the run,
+:func:`collect` returns the outputs and :func:`release` drops the caller's tensors from
+the table. :attr:`MethodState.record` is filled in on the way.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from ..binding import Action, Policy, decide, fits_layout, shape_error
+from ..dtypes import dtype_name
+from ..errors import ExecutionError, InputError, PtexecError
+from ..memory import resize_to
+from ..tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
+from .state import InputSpec, MethodState
+
+__all__ = [
+    "Bound",
+    "OutputMode",
+    "bind_inputs",
+    "bind_out",
+    "check_inputs",
+    "check_out",
+    "collect",
+    "release",
+]
+
+OutputMode = Literal["copy", "view"]
+Bound = list[tuple[Action | None, Any]]  # per input: the action and the tensor (or value)
+
+try:  # numpy's bool is not a Python bool (nor an int)
+    from numpy import bool_ as _NP_BOOL
+except ImportError:  # pragma: no cover
+    _NP_BOOL = bool  # type: ignore[misc,assignment]
+
+_DEFAULT = Policy()
+
+
+def _is_numpy(x: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray | np.generic)
+
+
+def _where(state: MethodState, i: int) -> str:
+    return f"input {i} of '{state.name}'"
+
+
+# --------------------------------------------------------------------------------------
+# inputs
+
+
+def check_inputs(
+    state: MethodState, inputs: Sequence[Any], policy: Policy, default_policy: bool
+) -> Bound:
+    """Validate every input; return (action, tensor-or-value) per input. Writes nothing.
+    ``default_policy``: ``policy`` is the default one (the common case is checked first)."""
+    specs = state.inputs
+    if len(inputs) != len(specs):
+        raise InputError(f"'{state.name}' takes {len(specs)} input(s), got {len(inputs)}")
+    bound: Bound = []
+    for i, (spec, x) in enumerate(zip(specs, inputs, strict=True)):
+        if spec.kind != "tensor":
+            _check_scalar(state, i, spec, x)
+            bound.append((None, x))
+            continue
+        # a torch tensor that already matches exactly
+        if (
+            type(x) is torch.Tensor
+            and x.dtype is spec.dtype
+            and spec.fast_shape is not None
+            and x.shape == spec.fast_shape
+            and x.device == spec.torch_device
+            and x.layout is torch.strided
+        ):
+            if spec.view is not None:
+                bound.append((Action.COPY, x))
+                continue
+            if (
+                default_policy
+                and spec.dim_order == tuple(range(len(spec.dim_order)))
+                and x.is_contiguous()
+            ):
+                bound.append((Action.SHARE, x))
+                continue
+        bound.append(_judge(state, i, spec, x, policy))
+    return bound
+
+
+def _judge(
+    state: MethodState, i: int, spec: InputSpec, x: Any, policy: Policy
+) -> tuple[Action, Any]:
+    where = _where(state, i)
+    assert spec.info is not None
+    if x is None or isinstance(x, bool | int | float | str | list | tuple | dict):
+        raise InputError(
+            f"{where}: expected a tensor {spec.info}, got {type(x).__name__}"
+            + (f" {x!r}" if isinstance(x, bool | int | float) else "")
+        )
+    try:
+        t, device = to_torch(x, where)
+    except TypeError as e:
+        raise InputError(
+            f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})"
+        ) from None
+    except PtexecError:
+        raise
+    except Exception as e:  # the caller's array failed to hand over its memory
+        raise InputError(
+            f"{where}: expected a tensor {spec.info}; reading the {type(x).__name__} "
+            f"failed: {type(e).__name__}: {e}"
+        ) from e
+    if t.layout != torch.strided:
+        raise InputError(
+            f"{where}: expected a dense (strided) tensor {spec.info}, got a "
+            f"{str(t.layout).removeprefix('torch.')} tensor"
+        )
+    if isinstance(x, torch.Tensor) or not _is_numpy(x):
+        sizes, strides = tuple(t.shape), tuple(t.stride())
+        info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
+    else:  # numpy: judge the caller's own strides (negative ones have no dim order)
+        info = describe(x)
+    return decide(spec.info, info, policy, where), t
+
+
+def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
+    want = spec.scalar
+    kind = spec.kind
+    ok: bool
+    if kind == "none":
+        ok = x is None
+    elif kind == "bool":
+        ok = isinstance(x, bool | _NP_BOOL) and bool(x) == want
+    elif kind == "int":
+        ok = isinstance(x, numbers.Integral) and not isinstance(x, bool | _NP_BOOL) and x == want
+    elif kind == "float":
+        ok = (
+            isinstance(x, numbers.Real)
+            and not isinstance(x, bool | _NP_BOOL)
+            and abs(float(x) - want) <= 1e-4 + 1e-5 * abs(want)
+        )
+    elif kind == "str":
+        ok = isinstance(x, str) and x == want
+    else:
+        ok = False
+    if not ok:
+        raise InputError(
+            f"{_where(state, i)}: the program was traced with {kind} {want!r} and cannot take "
+            f"another value; got {type(x).__name__} {x!r}"
+        )
+
+
+def bind_inputs(state: MethodState, bound: Bound) -> None:
+    """Put the validated inputs into the values table and record what each one took."""
+    v = state.values
+    rec = state.record
+    rec.reset()
+    actions = rec.inputs
+    for spec, (action, x) in zip(state.inputs, bound, strict=True):
+        if action is None:
+            actions[spec.index] = "value"
+            continue
+        actions[spec.index] = action.value
+        if action is Action.SHARE:
+            # an alias of the caller's memory: what the program does to the tensor's
+            # sizes (an out= resize) stays with the alias, not the caller's tensor
+            v[spec.slot] = x.detach()
+        elif action is Action.COPY or action is Action.TRANSFER:
+            view = spec.view
+            assert view is not None
+            if view.shape != x.shape:
+                resize_to(view, x.shape, spec.dim_order)
+            view.copy_(x)
+            rec.count(x, view, x.nbytes)
+            v[spec.slot] = view
+        elif action is Action.EMPTY:
+            target = spec.view
+            if target is None:
+                target = torch.empty_strided(
+                    x.shape,
+                    dim_order_strides(x.shape, spec.dim_order),
+                    dtype=spec.dtype,
+                    device=spec.torch_device,
+                )
+            elif target.shape != x.shape:
+                resize_to(target, x.shape, spec.dim_order)
+            v[spec.slot] = target
+        else:  # CONVERT or MOVE into a reused scratch tensor in the program's layout
+            scratch = spec.scratch
+            if scratch is None or scratch.shape != x.shape:
+                scratch = torch.empty_strided(
+                    x.shape,
+                    dim_order_strides(x.shape, spec.dim_order),
+                    dtype=spec.dtype,
+                    device=spec.torch_device,
+                )
+                spec.scratch = scratch
+            scratch.copy_(x)
+            rec.count(x, scratch, x.nbytes)
+            v[spec.slot] = scratch
+
+
+def release(state: MethodState, out_given: bool) -> None:
+    """After a call: the caller's tensors leave the values table (unplanned inputs, and
+    ``out=`` tensors that stood in for unplanned outputs)."""
+    v = state.values
+    for spec in state.inputs:
+        if spec.kind == "tensor" and spec.view is None:
+            v[spec.slot] = None
+    if out_given:
+        for o in state.outputs:
+            if o.kind == "tensor" and not o.planned:
+                v[o.slot] = o.default
+
+
+# --------------------------------------------------------------------------------------
+# outputs
+
+
+def check_out(state: MethodState, out: Sequence[Any]) -> list[torch.Tensor | None]:
+    """Validate the caller's ``out=`` tensors (None entries: outputs returned as usual)."""
+    outs = state.outputs
+    if len(out) != len(outs):
+        raise InputError(f"'{state.name}' has {len(outs)} output(s), out= gives {len(out)}")
+    result: list[torch.Tensor | None] = []
+    for k, (spec, t) in enumerate(zip(outs, out, strict=True)):
+        if t is None:
+            result.append(None)
+            continue
+        where = f"out[{k}] of '{state.name}'"
+        info = spec.info
+        if spec.kind != "tensor" or not isinstance(info, TensorInfo):
+            raise InputError(f"{where}: output {k} is a {spec.kind}, not a tensor")
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{where}: expected a torch tensor, got {type(t).__name__}")
+        got_dev = to_torch(t, where)[1]
+        got = TensorInfo(tuple(t.shape), t.dtype, None, got_dev, tuple(t.stride()))
+        if t.dtype != info.dtype:
+            raise InputError(f"{where}: expected {info}, got {dtype_name(t.dtype)} tensor (dtype)")
+        if got_dev != info.device:
+            raise InputError(
+                f"{where}: expected a tensor on {info.device} (the output's device), got {got_dev}"
+            )
+        if info.dynamism == "static":
+            problem = shape_error(info, got.sizes)
+            if problem is not None:
+                raise InputError(
+                    f"{where}: expected {info}, got shape {list(got.sizes)} ({problem})"
+                )
+        elif len(got.sizes) != len(info.sizes):
+            raise InputError(f"{where}: expected rank {len(info.sizes)}, got {list(got.sizes)}")
+        if not spec.planned and info.dynamism == "static" and not fits_layout(info, got):
+            raise InputError(
+                f"{where}: the method writes this output in place, so it must be laid out "
+                f"{info.layout}"
+            )
+        result.append(t)
+    return result
+
+
+def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -> None:
+    """Record what each ``out=`` tensor gets; with ``direct``, unplanned outputs are
+    written straight into the caller's tensors (they stand in the values table for the
+    call), else they are copied into them after the run, like planned ones."""
+    v = state.values
+    actions = state.record.outputs
+    for spec in state.outputs:
+        given = out[spec.index]
+        if given is None:
+            actions[spec.index] = ""
+        elif spec.planned or not direct:
+            actions[spec.index] = "copy"
+        else:
+            v[spec.slot] = given
+            actions[spec.index] = "direct"
+
+
+def collect(
+    state: MethodState, mode: OutputMode, out: list[torch.Tensor | None] | None
+) -> list[Any]:
+    """The call's outputs: copies (``"copy"``), views of the method's memory (``"view"``),
+    or the caller's ``out=`` tensors, filled."""
+    v = state.values
+    for spec in state.outputs:
+        if spec.kind == "tensor" and not isinstance(v[spec.slot], torch.Tensor):
+            raise ExecutionError(
+                state.name,
+                -1,
+                "output",
+                f"output {spec.index} (value {spec.slot}) is a tensor in the program, but "
+                f"execution left a {type(v[spec.slot]).__name__} there",
+            )
+    results: list[Any] = []
+    for spec in state.outputs:
+        x = v[spec.slot]
+        if spec.kind != "tensor":
+            results.append(x)
+            continue
+        given = out[spec.index] if out is not None else None
+        if given is not None:
+            if x is not given:
+                if given.shape != x.shape:
+                    given.resize_(x.shape)
+                given.copy_(x)
+                state.record.count(x, given, x.nbytes)
+            results.append(given)
+        elif mode == "copy":
+            results.append(x.clone())
+        else:
+            results.append(x)
+    return results

@@ -1,0 +1,154 @@
+"""Hooks: how tools watch a call without running it themselves.
+
+A tool (a trace, a profile, an ETDump recorder) is a :class:`Hooks` object. The block
+compiler builds an instrumented variant of a method's blocks (:mod:`.blocks`) that calls
+``before(step, v)`` and ``after(step, v, result)`` around each instruction's statement —
+the very statement ``execute`` runs — and the call envelope calls ``begin(v)`` once the
+inputs are bound and ``end(v)`` when the last instruction has run. A hook may stop the
+call by raising :class:`StopCall` (it propagates unchanged, after the envelope has
+restored the method); any other exception raised inside an instruction becomes the
+:class:`~ptexec.errors.ExecutionError` that ``execute`` would raise.
+
+A :class:`Step` describes one instruction for the hooks: where it is, what it is, what it
+reads and writes (:func:`.effects.effects`), and how ptexec runs it when the load-time
+rewrites changed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..format import program as p
+from ..kernels.registry import Emission
+from .effects import effects
+from .state import ChainState, MethodState
+
+__all__ = ["Hooks", "Step", "StopCall", "steps_of"]
+
+
+class StopCall(Exception):
+    """Raised by a hook to end a call early; the envelope restores the method and
+    re-raises it to the tool that asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One instruction, as the hooks see it.
+
+    ``chain``/``index``: where it is; ``kind``: ``kernel``, ``delegate``, ``move``,
+    ``free`` or ``jump_false``; ``name``: the operator, ``delegate:<id>`` or the kind;
+    ``frame``: its exported call stack, when the program carries one; ``destination``: a
+    jump's target; ``reads``/``writes``: tensor values it reads and values it changes, as
+    its kernel made it (``writes`` also lists what a load-time rewrite made it write);
+    ``tensor_args``: every tensor it refers to; ``note``: how ptexec runs it when not as
+    the file says (``folded at load``, ``view made at load``, ``runs as a view``, ``skips
+    outputs nothing reads``);
+    ``statement``/``loaded``: the statement ``execute`` runs and the one its kernel made.
+    """
+
+    chain: int
+    index: int
+    kind: str
+    name: str
+    frame: str | None
+    destination: int | None
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    tensor_args: tuple[int, ...]
+    note: str | None
+    statement: Emission
+    loaded: Emission
+
+    @property
+    def is_copy(self) -> bool:
+        """A device copy (``et_copy::*``)."""
+        return self.name.startswith("et_copy::")
+
+
+class Hooks:
+    """Base class of a tool's hooks; every method does nothing unless overridden."""
+
+    def begin(self, v: list[Any]) -> None:
+        """The inputs are bound into values table ``v``; no instruction has run."""
+
+    def before(self, step: Step, v: list[Any]) -> None:
+        """``step`` is about to run."""
+
+    def after(self, step: Step, v: list[Any], result: Any) -> None:
+        """``step`` ran; ``result`` is a jump's condition (None for other instructions)."""
+
+    def end(self, v: list[Any]) -> None:
+        """The last instruction ran; the outputs are about to be collected."""
+
+
+def _kind(ins: p.Instruction) -> str:
+    if isinstance(ins, p.KernelCall):
+        return "kernel"
+    if isinstance(ins, p.DelegateCall):
+        return "delegate"
+    if isinstance(ins, p.MoveCall):
+        return "move"
+    if isinstance(ins, p.FreeCall):
+        return "free"
+    return "jump_false"
+
+
+def _note(
+    values: list[Any], executed: Emission, loaded: Emission, writes: tuple[int, ...]
+) -> str | None:
+    if executed is loaded:
+        return None
+    if executed.code.strip() != "pass":
+        if set(executed.outs) < set(loaded.outs):
+            return "skips outputs nothing reads"
+        return "runs as a view"
+    if loaded.code.strip() == "pass":
+        return None
+    alias = loaded.alias
+    if alias is not None and isinstance(values[alias.source], torch.Tensor):
+        base = values[alias.source].untyped_storage().data_ptr()
+        if all(
+            isinstance(values[w], torch.Tensor) and values[w].untyped_storage().data_ptr() == base
+            for w in writes
+        ):
+            return "view made at load"
+    return "folded at load"
+
+
+def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
+    values = state.plan.values
+    out = []
+    for i, ins in enumerate(chain.instructions):
+        executed, loaded = chain.statements[i], chain.loaded[i]
+        source = effects(values, ins, loaded)
+        ran = effects(values, ins, executed)
+        writes = ran.written if executed.code.strip() != "pass" else source.written
+        out.append(
+            Step(
+                chain=chain.index,
+                index=i,
+                kind=_kind(ins),
+                name=chain.names[i],
+                frame=chain.frame(i),
+                destination=ins.destination_instruction
+                if isinstance(ins, p.JumpFalseCall)
+                else None,
+                reads=source.reads,
+                writes=writes,
+                tensor_args=p.tensor_indices(values, p.instruction_values(ins)),
+                note=_note(state.values, executed, loaded, writes),
+                statement=executed,
+                loaded=loaded,
+            )
+        )
+    return out
+
+
+def steps_of(state: MethodState) -> list[list[Step]]:
+    """The :class:`Step` of every instruction, per chain (made once per method)."""
+    if state.steps is None:
+        state.steps = [_chain_steps(state, chain) for chain in state.chains]
+    return state.steps

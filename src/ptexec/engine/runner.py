@@ -1,0 +1,137 @@
+"""Runners: what executes a method's instructions once its inputs are bound.
+
+A runner is chosen once, at load (never swapped at run time), and the call envelope
+(:class:`ptexec.Method`) drives it: ``bind(state)`` after the inputs are in the values
+table, then ``run(values)``. ``direct_outputs`` says whether the runner may write an
+unplanned output straight into a tensor the caller passed with ``out=`` (it can when it
+writes wherever the values table points, not when it replays fixed addresses).
+
+- :class:`BlockRunner`: the compiled basic blocks (:mod:`.blocks`), chain after chain;
+- :class:`InstrumentedRunner`: the same statements in the instrumented blocks, calling a
+  tool's :class:`~.hooks.Hooks`; made per traced or profiled call, over blocks compiled
+  once per method on first use;
+- :class:`~.cuda_graph.CudaGraphRunner`: one captured CUDA graph, replayed.
+
+Both block runners count executed instructions block by block against the method's
+``max_instructions`` and turn any failure inside an instruction into the same
+:class:`~ptexec.errors.ExecutionError` (instruction, operator, exported call stack).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..errors import ExecutionError, InstructionLimitError, LimitExceededError, PtexecError
+from .blocks import CompiledChain, compile_chain
+from .hooks import Hooks, StopCall, steps_of
+from .state import MethodState
+
+__all__ = ["BlockRunner", "InstrumentedRunner", "Runner", "instrumented_chains"]
+
+
+class Runner(Protocol):
+    """What the call envelope needs of a runner (see the module docstring)."""
+
+    direct_outputs: bool
+
+    def bind(self, state: MethodState) -> None: ...
+
+    def run(self, v: list[Any]) -> None: ...
+
+
+def _limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int) -> Exception:
+    i = compiled.starts[b]
+    names = state.chains[chain].names
+    return InstructionLimitError(
+        state.name,
+        i if names else -1,
+        names[i] if names else "?",
+        f"executed more than {state.max_instructions} instructions; stopped (a malformed "
+        "jump may loop forever)",
+    )
+
+
+class BlockRunner:
+    """The plain compiled blocks of every chain."""
+
+    direct_outputs = True
+
+    def __init__(self, state: MethodState) -> None:
+        self.state = state
+        self.chains = [compile_chain(c, state.sources) for c in state.chains]
+
+    def bind(self, state: MethodState) -> None:
+        pass
+
+    def run(self, v: list[Any]) -> None:
+        state = self.state
+        limit = state.max_instructions
+        count = 0
+        try:
+            for c, compiled in enumerate(self.chains):
+                blocks, sizes = compiled.blocks, compiled.sizes
+                b = 0
+                while b >= 0:
+                    count += sizes[b]
+                    if count > limit:
+                        raise _limit_error(state, c, compiled, b)
+                    b = blocks[b](v)
+        except (LimitExceededError, ExecutionError):
+            raise
+        except Exception as e:
+            raise state.execution_error(e) from e
+
+    @property
+    def straight_line(self) -> bool:
+        """One chain of one block: its statements can be inlined into a caller."""
+        return (
+            len(self.chains) == 1
+            and len(self.chains[0].blocks) == 1
+            and not any(c.has_jumps for c in self.state.chains)
+        )
+
+
+def instrumented_chains(state: MethodState) -> list[CompiledChain]:
+    """The instrumented blocks of ``state`` (compiled on first use, kept with the method)."""
+    if state.instrumented is None:
+        steps = steps_of(state)
+        state.instrumented = [compile_chain(c, state.sources, steps[c.index]) for c in state.chains]
+    return state.instrumented
+
+
+class InstrumentedRunner:
+    """The instrumented blocks, calling ``hooks`` around every instruction; ``begin`` and
+    ``end`` before the first and after the last."""
+
+    direct_outputs = True
+
+    def __init__(self, state: MethodState, hooks: Hooks) -> None:
+        self.state = state
+        self.hooks = hooks
+        self.chains = instrumented_chains(state)
+
+    def bind(self, state: MethodState) -> None:
+        pass
+
+    def run(self, v: list[Any]) -> None:
+        state = self.state
+        h = self.hooks
+        limit = state.max_instructions
+        count = 0
+        h.begin(v)
+        try:
+            for c, compiled in enumerate(self.chains):
+                blocks, sizes = compiled.blocks, compiled.sizes
+                b = 0
+                while b >= 0:
+                    count += sizes[b]
+                    if count > limit:
+                        raise _limit_error(state, c, compiled, b)
+                    b = blocks[b](v, h)
+        except (LimitExceededError, ExecutionError, StopCall):
+            raise
+        except Exception as e:
+            if state.sources.locate(e.__traceback__) is None and not isinstance(e, PtexecError):
+                raise  # not an instruction's failure: the tool's own
+            raise state.execution_error(e) from e
+        h.end(v)

@@ -1,0 +1,172 @@
+"""Loading a method: from its execution plan to a :class:`~ptexec.engine.state.MethodState`.
+
+:func:`load_state` does all the work a method needs once: places and allocates its
+planned buffers (:mod:`.devices`), builds its values table (:mod:`.values`), describes its
+inputs and outputs, prepares every instruction as a statement (:mod:`.instructions`) and,
+with ``optimize``, rewrites what the plan proves safe (:mod:`ptexec.engine.dataflow`).
+Nothing here runs a call; nothing here knows :class:`ptexec.Method`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import kernels as _kernels  # noqa: F401  (registers the kernels)
+from ..accounting import CallRecord
+from ..codegen import Sources
+from ..device import Device
+from ..errors import LimitExceededError, OperatorMissingError
+from ..format import program as p
+from ..memory import BufferInfo, PlannedBuffer, allocate
+from .devices import DeviceMap, DeviceMapSpec, buffer_infos, check_device_available
+from .instructions import InstructionPreparer, dynamic_scalars
+from .meta import MethodMeta, ScalarInfo, plan_meta, scalar_kind, tensor_info
+from .values import build_values
+
+if TYPE_CHECKING:
+    from ..engine.state import MethodState
+    from ..program import Program
+
+__all__ = [
+    "DEFAULT_MAX_INSTRUCTIONS",
+    "DEFAULT_MAX_PLANNED_BYTES",
+    "FOLD_LIMIT",
+    "DeviceMap",
+    "DeviceMapSpec",
+    "LoadOptions",
+    "MethodMeta",
+    "ScalarInfo",
+    "load_state",
+    "method_meta",
+    "scalar_kind",
+    "tensor_info",
+]
+
+DEFAULT_MAX_INSTRUCTIONS = 10_000_000
+DEFAULT_MAX_PLANNED_BYTES = 16 << 30  # 16 GiB
+FOLD_LIMIT = 16 << 20  # bytes of results a method may precompute at load
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What loading takes from ``load_method``'s options (see :class:`ptexec.Method`)."""
+
+    device_map: DeviceMapSpec = None
+    max_planned_bytes: int = DEFAULT_MAX_PLANNED_BYTES
+    max_instructions: int = DEFAULT_MAX_INSTRUCTIONS
+    optimize: bool = True
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("max_planned_bytes", "max_instructions"):
+            limit = getattr(self, name)
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"{name} must be a positive int, not {limit!r}")
+
+
+def _path(program: Program, plan: p.ExecutionPlan) -> str:
+    return f"execution_plan[{program.pte.program.execution_plan.index(plan)}]"
+
+
+def method_meta(program: Program, plan: p.ExecutionPlan, device_map: DeviceMapSpec) -> MethodMeta:
+    """A method's :class:`MethodMeta` without loading it (no memory is allocated)."""
+    return plan_meta(
+        plan, DeviceMap(device_map), program.shared_buffer_indices, _path(program, plan)
+    )
+
+
+def _allocate(
+    program: Program, name: str, infos: list[BufferInfo], limit: int
+) -> tuple[list[PlannedBuffer], set[int]]:
+    total = sum(i.size for i in infos)  # shared state counts too: it may be new
+    if total > limit:
+        raise LimitExceededError(
+            f"method '{name}' plans {total} bytes, over max_planned_bytes={limit}; pass a "
+            "larger max_planned_bytes to load it"
+        )
+    for info in infos:
+        check_device_available(info.device, name, f"planned buffer {info.index}, {info.size} bytes")
+    buffers = []
+    fresh: set[int] = set()
+    for info in infos:
+        if info.shared:
+            buf, new = program.shared_buffer(info)
+            if new:
+                fresh.add(info.index)
+        else:
+            buf = allocate(info)
+            fresh.add(info.index)
+        buffers.append(buf)
+    return buffers, fresh
+
+
+def _devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> list[Device | None]:
+    return [dmap.label(v) if isinstance(v, p.Tensor) else None for v in plan.values]
+
+
+def load_state(program: Program, plan_index: int, options: LoadOptions) -> MethodState:
+    """Load method ``plan_index`` of ``program`` (see the module docstring)."""
+    from ..engine.dataflow import rewrite_chain
+    from ..engine.state import ChainState, MethodState
+    from .specs import io_specs
+
+    plan = program.pte.program.execution_plan[plan_index]
+    path = f"execution_plan[{plan_index}]"
+    dmap = DeviceMap(options.device_map)
+    shared = program.shared_buffer_indices
+    infos = buffer_infos(plan, dmap, shared, path)
+    buffers, fresh = _allocate(program, plan.name, infos, options.max_planned_bytes)
+    values = build_values(program, plan, path, dmap, buffers, fresh, options.max_planned_bytes)
+    inputs, outputs = io_specs(plan, path, values, dmap)
+    record = CallRecord(len(plan.inputs), len(plan.outputs))
+    dynamic = dynamic_scalars(plan)
+    preparer = InstructionPreparer(
+        program,
+        plan,
+        path,
+        values,
+        dynamic,
+        _devices(plan, dmap),
+        record,
+        options.backend_options,
+    )
+    chains: list[ChainState] = []
+    for c, chain in enumerate(plan.chains):
+        prepared = [preparer.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
+        names = [name for name, _ in prepared]
+        loaded = [st for _, st in prepared]
+        statements = loaded
+        if not preparer.missing and options.optimize:
+            statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT)
+        chains.append(
+            ChainState(
+                c,
+                chain.instructions,
+                tuple(names),
+                tuple(statements),
+                tuple(loaded),
+                chain.stacktrace,
+            )
+        )
+    if preparer.missing:
+        missing = preparer.missing
+        raise OperatorMissingError(plan.name, sorted(set(missing), key=missing.index))
+    state = MethodState(
+        name=plan.name,
+        plan=plan,
+        path=path,
+        values=values,
+        buffers=buffers,
+        inputs=inputs,
+        outputs=outputs,
+        chains=chains,
+        dynamic_scalars=dynamic,
+        meta=plan_meta(plan, dmap, shared, path),
+        max_instructions=options.max_instructions,
+        record=record,
+        sources=Sources(plan.name),
+    )
+    state.snapshot()
+    return state
