@@ -1,4 +1,4 @@
-"""XNNPACK's static int8 arithmetic, reproduced with torch.
+"""XNNPACK's int8 arithmetic, static and dynamic, reproduced with torch.
 
 XNNPACK runs a statically quantized graph in integers: a convolution or fully connected
 node accumulates ``(q - zero_point) * w`` exactly in int32, adds its int32 bias and
@@ -17,20 +17,29 @@ padding is the zero point, as in XNNPACK). Integer accumulation runs as a float3
 convolution or matrix product on those integers and the integer weights: exact whenever
 every partial sum stays below 2**24, which :func:`exact_in_float32` proves at load from
 the weights (else the node computes in float64, exact to 2**53).
+
+Dynamic quantization. An input quantized at run time (per token for a fully connected
+node, per batch element for a convolution) gets XNNPACK's asymmetric per-row parameters
+(:func:`quantize_rows`, the small per-row arithmetic done in numpy float32), and is carried
+as its centered integers with the rows' zero points and scales, computed once for each
+distinct input.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = [
     "AddParams",
     "Mean",
     "MeanParams",
+    "Rows",
     "add_params",
     "exact_in_float32",
     "f32",
@@ -308,3 +317,179 @@ class Mean:
             p = self._params[count] = mean_params(in_s, in_zp, out_s, out_zp, max(count, 1))
         in_zp, out_zp = self.q[1], self.q[3]
         return mean(x, dims, keepdim, float(count * in_zp), p.scale, p.zero_point, out_zp)
+
+
+# ---------------------------------------------------------------------------------------
+# dynamic (per-row) quantization
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """An input quantized per row: its centered integers ``q - zp`` (float32, [rows,
+    row]), and per row the zero point and scale: [rows, 1] float32 tensors, or Python
+    floats (exact float32 values) for a single row."""
+
+    centered: torch.Tensor
+    zp: torch.Tensor | float
+    scale: torch.Tensor | float
+
+
+def _row_params(mn: float, mx: float) -> tuple[float, float, float]:
+    """(multiplier, zero point, scale) of one row from its minimum and maximum, in float32
+    as XNNPACK computes them, with correctly rounded Python floats."""
+    lo = min(mn, 0.0)
+    hi = max(mx, 0.0)
+    d = max(f32(hi - lo), _TINY)
+    mult = f32(255.0 / d)
+    dmin = f32(lo * mult)
+    dmax = f32(hi * mult)
+    use_min = f32(f32(dmin - 128.0) + f32(dmax + 127.0)) > 0
+    zp = f32(-128.0 - dmin) if use_min else f32(127.0 - dmax)
+    return mult, float(round(min(max(zp, -128.0), 127.0))), f32(1.0 / mult)
+
+
+def _row_fits(mn: float, mx: float, mult: float, zp: float) -> bool:
+    """Whether every ``round(x * mult)`` of a row in [mn, mx] already lies in [-128 - zp,
+    127 - zp] (the products are monotonic in x), so the clamp can be skipped."""
+    return round(f32(mn * mult)) >= -128.0 - zp and round(f32(mx * mult)) <= 127.0 - zp
+
+
+_TINY = f32(1e-30)
+
+
+def _row_params_np(mn: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_row_params` for many rows, in numpy float32 (IEEE single precision):
+    (multiplier, zero point)."""
+    with np.errstate(all="ignore"):
+        lo = np.minimum(mn, np.float32(0))
+        hi = np.maximum(mx, np.float32(0))
+        mult = np.float32(255) / np.maximum(hi - lo, np.float32(_TINY))
+        dmin = lo * mult
+        dmax = hi * mult
+        use_min = (dmin - np.float32(128)) + (dmax + np.float32(127)) > 0
+        zp = np.where(use_min, np.float32(-128) - dmin, np.float32(127) - dmax)
+        zp = np.rint(np.clip(zp, np.float32(-128), np.float32(127)))
+    return mult.astype(np.float32, copy=False), zp.astype(np.float32, copy=False)
+
+
+def _row_params_torch(mn: torch.Tensor, mx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_row_params_np` with torch ops (for tensors off the CPU)."""
+    lo = mn.clamp(max=0.0)
+    hi = mx.clamp(min=0.0)
+    mult = torch.div(torch.full_like(lo, 255.0), (hi - lo).clamp_(min=_TINY))
+    dmin = lo.mul_(mult)
+    dmax = hi.mul_(mult)
+    use_min = (dmin - 128.0).add_(dmax + 127.0) > 0
+    zp = torch.where(use_min, dmin.neg().sub_(128.0), dmax.neg().add_(127.0))
+    return mult, zp.clamp_(-128.0, 127.0).round_()
+
+
+# up to this many rows, the per-row parameters are computed with Python floats (a
+# numpy or torch operation on a few values costs more than the arithmetic itself)
+_FEW_ROWS = 8
+
+
+def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
+    """Quantize rows (the trailing ``nonbatch`` dims of ``x``) to int8 as XNNPACK's
+    dynamic quantization does: per row, a multiplier ``255 / (max - min)`` (the range
+    widened to include 0) and a zero point nudged into [-128, 127] and rounded, then
+    ``q = clamp(round(x * multiplier) + zp, -128, 127)``; the scale is the multiplier's
+    float32 reciprocal. A row of zeros gets multiplier 2.55e32 instead of XNNPACK's 1: the
+    same zero point and the same values."""
+    n = x.dim() - nonbatch
+    xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
+    if xf.dtype != torch.float32:
+        xf = xf.float()
+    rows = xf.shape[0]
+    if xf.numel() == 0:
+        zeros = xf.new_zeros((rows, 1))
+        return Rows(xf, zeros, zeros)
+    mn, mx = torch.aminmax(xf, dim=1, keepdim=True)
+    on_cpu = xf.device.type == "cpu"
+    if rows == 1 and on_cpu:
+        lo, hi = mn.item(), mx.item()
+        mult, zp, scale = _row_params(lo, hi)
+        c = torch.mul(xf, mult).round_()
+        if not _row_fits(lo, hi, mult, zp):
+            c = c.clamp_(-128.0 - zp, 127.0 - zp)
+        return Rows(c, zp, scale)
+    if rows <= _FEW_ROWS and on_cpu:
+        params = [
+            _row_params(a, b)
+            for a, b in zip(mn.view(-1).tolist(), mx.view(-1).tolist(), strict=True)
+        ]
+        p = torch.tensor(params, dtype=torch.float32)  # [rows, 3]: mult, zp, scale
+        mult_t, zp_t, scale_t = p[:, 0:1], p[:, 1:2], p[:, 2:3]
+    elif on_cpu:
+        m, z = _row_params_np(mn.numpy(), mx.numpy())
+        mult_t, zp_t = torch.from_numpy(m), torch.from_numpy(z)
+        scale_t = torch.from_numpy(np.float32(1) / m)
+    else:
+        mult_t, zp_t = _row_params_torch(mn, mx)
+        scale_t = mult_t.reciprocal()
+    # centered: round(x * mult) within [-128 - zp, 127 - zp], i.e. q - zp
+    c = torch.mul(xf, mult_t).round_()
+    lo = torch.sub(-128.0, zp_t) if on_cpu else zp_t.neg().sub_(128.0)
+    c = torch.clamp(c, min=lo, max=lo.add(255.0), out=c)
+    return Rows(c, zp_t, scale_t)
+
+
+def rows_values(r: Rows, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """The dequantized values ``(q - zp) * scale``, in ``shape`` and ``dtype``."""
+    return torch.mul(r.centered, r.scale).to(dtype).reshape(shape)
+
+
+def rows_linear_int(
+    r: Rows,
+    lead: Sequence[int],
+    wt: torch.Tensor,
+    colsum: torch.Tensor,
+    wscale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """A fully connected node on per-row quantized input and int8 weights, accumulated
+    exactly in int32 as XNNPACK does: ``(q @ w - zp * sum(w)) * scale * wscale + b``.
+    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (float32);
+    ``lead``: the input's leading dims."""
+    c, zp = r.centered, r.zp
+    if c.numel() == 0:
+        out = c.new_zeros((c.shape[0], wt.shape[1]))
+    else:
+        q = torch.add(c, zp).to(torch.int8)
+        out = torch._int_mm(q, wt).to(torch.float32)
+        if isinstance(zp, float):
+            out = out.sub_(colsum, alpha=zp)
+        else:
+            out = torch.addr(out, zp.reshape(-1), colsum, alpha=-1)
+        out = out.mul_(r.scale).mul_(wscale)
+    if bias is not None:
+        out = out.add_(bias)
+    return out.to(dtype).reshape(*lead, wt.shape[1])
+
+
+def rows_linear_float(
+    r: Rows,
+    lead: Sequence[int],
+    w: torch.Tensor,
+    wscale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`rows_linear_int` as a float32 product of the centered integers and the
+    integer weights ``w`` [out, in] (float32): the same exact accumulator when every
+    partial sum stays below 2**24, which the caller proved from the weights."""
+    out = torch.nn.functional.linear(r.centered, w).mul_(r.scale)
+    out = out.mul_(wscale) if bias is None else torch.addcmul(bias, out, wscale)
+    return out.to(dtype).reshape(*lead, w.shape[0])
+
+
+def rows_conv_scale(
+    acc: torch.Tensor, r: Rows, wscale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """A dynamically quantized convolution's integer accumulator (NHWC) -> float:
+    ``acc * input_scale[n] * weight_scale[c] + bias[c]``, in place."""
+    s = r.scale
+    out = acc.mul_(s if isinstance(s, float) else s.reshape(-1, *([1] * (acc.dim() - 1))))
+    out = out.mul_(wscale)
+    return out.add_(bias) if bias is not None else out

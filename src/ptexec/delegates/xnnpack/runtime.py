@@ -28,10 +28,12 @@ it. Weights are prepared once, at load.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -168,83 +170,6 @@ def _inv32(scale: float) -> float:
     return qa.f32(1.0 / qa.f32(scale))
 
 
-def _qd8(x: torch.Tensor, nonbatch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Quantize rows (the trailing ``nonbatch`` dims of ``x``) to int8 with XNNPACK's
-    asymmetric per-row parameters: (q int8 [rows, row], zero point [rows, 1], scale
-    [rows, 1]), the last two float32. The scale is the reciprocal of the multiplier the
-    values are quantized with, and the zero point is nudged into [-128, 127] and rounded,
-    both as XNNPACK computes them (a row of zeros gets multiplier 2.55e32 instead of 1:
-    the same zero point and the same zero values)."""
-    n = x.dim() - nonbatch
-    xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
-    if xf.dtype != torch.float32:
-        xf = xf.float()
-    if xf.numel() == 0:
-        rows = xf.shape[0]
-        zeros = xf.new_zeros((rows, 1))
-        return xf.to(torch.int8), zeros, zeros
-    mn, mx = torch.aminmax(xf, dim=1, keepdim=True)
-    mn = mn.clamp_(max=0.0)
-    mx = mx.clamp_(min=0.0)
-    mult = torch.div(255.0, (mx - mn).clamp_(min=1e-30))
-    dmin = mn.mul_(mult)
-    dmax = mx.mul_(mult)
-    from_min = torch.sub(-128.0, dmin)  # the zero point from the minimum, and from the maximum
-    from_max = torch.sub(127.0, dmax)
-    use_min = (dmin - 128.0).add_(dmax + 127.0) > 0  # XNNPACK's choice between the two
-    zp = torch.where(use_min, from_min, from_max).clamp_(-128.0, 127.0).round_()
-    q = torch.mul(xf, mult).round_().add_(zp).clamp_(-128.0, 127.0).to(torch.int8)
-    return q, zp, mult.reciprocal_()
-
-
-_QRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-def _qd_values(qt: _QRows, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """The dequantized values ``(q - zp) * scale`` of per-row quantized data (see
-    :func:`_qd8`), in ``shape`` and ``dtype``."""
-    q, zp, scale = qt
-    return q.float().sub_(zp).mul_(scale).to(dtype).reshape(shape)
-
-
-def _qd_centered(qt: _QRows, shape: Sequence[int]) -> torch.Tensor:
-    """The centered integers ``q - zp`` of per-row quantized data, float32, in ``shape``."""
-    q, zp, _ = qt
-    return q.float().sub_(zp).reshape(shape)
-
-
-def _qd_linear(
-    qt: _QRows,
-    lead: Sequence[int],
-    wt: torch.Tensor,
-    colsum: torch.Tensor,
-    wscale: torch.Tensor,
-    bias: torch.Tensor | None,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """A fully connected node on a per-row quantized input and int8 weights, with integer
-    accumulation as XNNPACK's kernels do: ``(q @ w - zp * sum(w)) * scale * wscale + b``.
-    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (float32);
-    ``lead``: the input's leading dims."""
-    q, zp, scale = qt
-    if q.numel() == 0:
-        out = q.new_zeros((q.shape[0], wt.shape[1]), dtype=torch.float32)
-    else:
-        out = torch._int_mm(q, wt).float().sub_(zp * colsum).mul_(scale).mul_(wscale)
-    if bias is not None:
-        out = out.add_(bias)
-    return out.to(dtype).reshape(*lead, wt.shape[1])
-
-
-def _qd_scale(
-    acc: torch.Tensor, rows: torch.Tensor, wscale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """A dynamically quantized convolution's integer accumulator (NHWC) -> float:
-    ``acc * input_scale[n] * weight_scale[c] + bias[c]``, in place."""
-    out = acc.mul_(rows.reshape(-1, *([1] * (acc.dim() - 1)))).mul_(wscale)
-    return out.add_(bias) if bias is not None else out
-
-
 def _resize(x: torch.Tensor, phys: Sequence[int], order: tuple[int, ...]) -> None:
     """Resize an output to the shape XNNPACK computed (``phys``, in dim order)."""
     logical = [0] * len(order)
@@ -307,11 +232,11 @@ _HELPERS: dict[str, Any] = {
     "F": F,
     "_fq": _fq,
     "_fq_": _fq_,
-    "_qd8": _qd8,
-    "_qd_values": _qd_values,
-    "_qd_centered": _qd_centered,
-    "_qd_linear": _qd_linear,
-    "_qd_scale": _qd_scale,
+    "_qd8": qa.quantize_rows,
+    "_qd_values": qa.rows_values,
+    "_qd_linear": qa.rows_linear_int,
+    "_qd_linear_f": qa.rows_linear_float,
+    "_qd_scale": qa.rows_conv_scale,
     "_rq": qa.requantize_,
     "_qadd": qa.add,
     "_qmul": qa.mul,
@@ -826,6 +751,7 @@ class _Gen:
         counts: dict[str, int] = {}
         for node in self.g.nodes:
             counts[node.type] = counts.get(node.type, 0) + 1
+        for node in _fuse_clamps(self.g):
             self.node(node)
         for v in outs:
             self.store_output(v)
@@ -1035,17 +961,17 @@ class _Gen:
             self.out(n, code, fresh=True)
 
     def _qd_int_linear(self, n: s.XnnNode, fv: s.XnnValue, transposed: bool) -> bool:
-        """On the CPU, a per-token quantized input times int8/int4 weights with one scale
-        per output channel runs as an integer matrix product (exact accumulation, as
-        XNNPACK's kernels). Block-wise weights with several blocks per row stay in float."""
+        """A per-token quantized input times int8/int4 weights with one scale per output
+        channel accumulates exactly, as XNNPACK's kernels: as a float32 product of the
+        integers when the weights prove every partial sum exact, else (on the CPU) as an
+        int8 matrix product. Block-wise weights with several blocks per row stay in float."""
         src = n["input1_id"]
         q = fv.quant
         per_channel = (
             isinstance(q, s.PerChannelQuant) and fv.dtype_name in ("qcint8", "qcint4")
         ) or (isinstance(q, s.PerChannelGroupQuant) and q.group_size == fv.dims[1])
         if (
-            self.device.type != "cpu"
-            or src not in self.pending_qd
+            src not in self.pending_qd
             or self.pending_qd[src][1] != 1
             or transposed
             or not fv.is_constant
@@ -1057,19 +983,23 @@ class _Gen:
             return False
         assert isinstance(q, s.PerChannelQuant | s.PerChannelGroupQuant)
         ints = self.consts.ints(fv)  # [out, in]
-        wt = ints.t().contiguous()
-        colsum = ints.sum(dim=1, dtype=torch.int32).to(torch.float32)
-        wscale = self.consts.scales(q).to(torch.float32).contiguous()
+        exact = qa.exact_in_float32(float(ints.abs().sum(dim=1, dtype=torch.int64).max()), 255, 0)
+        if not exact and self.device.type != "cpu":
+            return False
+        wscale = self.bind(self.consts.scales(q).to(torch.float32).contiguous().to(self.device))
         bias = n["bias_id"]
         b = self.x(bias, torch.float32) if bias is not None else "None"
         x = self.pending_qd[src][0]
-        names = [self.bind(t, "w") for t in (wt, colsum, wscale)]
         dt = _dtype_expr(self.rep(src).dtype)
-        self.out(
-            n,
-            f"_qd_linear({self.qd_rows(src)}, {x}.shape[:-1], {', '.join(names)}, {b}, {dt})",
-            fresh=True,
-        )
+        rows = self.qd_rows(src)
+        if exact:
+            w = self.bind(ints.to(torch.float32).contiguous().to(self.device), "w")
+            code = f"_qd_linear_f({rows}, {x}.shape[:-1], {w}, {wscale}, {b}, {dt})"
+        else:
+            wt = self.bind(ints.t().contiguous(), "w")
+            colsum = self.bind(ints.sum(dim=1, dtype=torch.int32).to(torch.float32), "w")
+            code = f"_qd_linear({rows}, {x}.shape[:-1], {wt}, {colsum}, {wscale}, {b}, {dt})"
+        self.out(n, code, fresh=True)
         return True
 
     def n_BatchMatrixMultiply(self, n: s.XnnNode) -> None:
@@ -1143,7 +1073,7 @@ class _Gen:
             return None
         rows = self.qd_rows(src)
         fsrc = self.pending_qd[src][0]
-        x = f"_qd_centered({rows}, {fsrc}.shape)"
+        x = f"{rows}.centered.reshape({fsrc}.shape)"
         bias_id = n["bias_id"]
         b = self.x(bias_id, torch.float32) if bias_id is not None else "None"
         ws = self.bind(wscale.to(self.device), "s")
@@ -1151,7 +1081,7 @@ class _Gen:
         cast = "" if dt == torch.float32 else f".to({_dtype_expr(dt)})"
 
         def finish(code: str) -> None:
-            self.out(n, f"_qd_scale({code}, {rows}[2], {ws}, {b}){cast}", fresh=True)
+            self.out(n, f"_qd_scale({code}, {rows}, {ws}, {b}){cast}", fresh=True)
 
         return x, w, finish
 
@@ -1191,11 +1121,13 @@ class _Gen:
         self._expect_dims(n, {1: h, 2: w, 3: out_ch})
 
     def _conv_input(self, x: str, pads: tuple[int, int, int, int]) -> tuple[str, tuple[int, int]]:
+        """The NHWC input as the NCHW view torch convolves (channels-last memory), and the
+        symmetric padding left to the convolution (asymmetric padding is applied in NHWC,
+        which keeps the memory channels last)."""
         top, right, bottom, left = pads
-        xc = f"{x}.permute(0, 3, 1, 2)"
         if top == bottom and left == right:
-            return xc, (top, left)
-        return f"F.pad({xc}, ({left}, {right}, {top}, {bottom}))", (0, 0)
+            return f"{x}.permute(0, 3, 1, 2)", (top, left)
+        return f"F.pad({x}, (0, 0, {left}, {right}, {top}, {bottom})).permute(0, 3, 1, 2)", (0, 0)
 
     def n_Conv2d(self, n: s.XnnNode) -> None:
         groups = n["groups"]
@@ -1217,12 +1149,13 @@ class _Gen:
             c.finish(f"F.linear({xs}, {wn}, {b})")
             return
         xc, pad = self._conv_input(x, c.pads)
-        wn = self.bind(w.contiguous().to(self.device), "w")
         if self._tiny_conv(n, groups, dil, c.dtype):
             # torch's direct (im2col) kernel: far less fixed cost than oneDNN's for tiny work
+            wn = self.bind(w.contiguous().to(self.device), "w")
             k = tuple(w.shape[2:])
             code = f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad})"
         else:
+            wn = self.bind(_channels_last(w).to(self.device), "w")
             code = f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups})"
         c.finish(f"{code}.permute(0, 2, 3, 1)")
 
@@ -1246,7 +1179,7 @@ class _Gen:
         xc, pad = self._conv_input(c.x, c.pads)
         stride = self._two(n["subsampling_height"], n["subsampling_width"])
         dil = self._two(n["dilation_height"], n["dilation_width"])
-        wn = self.bind(w.to(self.device), "w")
+        wn = self.bind(_channels_last(w).to(self.device), "w")
         c.finish(
             f"F.conv2d({xc}, {wn}, {c.b}, {stride}, {pad}, {dil}, {channels}).permute(0, 2, 3, 1)"
         )
@@ -1365,6 +1298,12 @@ class _Gen:
         rank = len(self.dims(n.inputs[0]))
         if sorted(perm) != list(range(rank)) or n["num_dims"] != rank:
             raise self.fail(n, f"perm {list(perm)} is not a permutation of {rank} dims")
+        if perm == (0, 2, 3, 1):
+            # into XNNPACK's NHWC: channels-last memory from here on, as XNNPACK's own
+            # transpose makes it (convolutions and pools are faster on it, and the values
+            # between nodes stay contiguous)
+            self.alias(n, lambda e: f"{e}.permute({perm}).contiguous()")
+            return
         self.alias(n, lambda e: f"{e}.permute({perm})")
 
     def n_StaticReshape(self, n: s.XnnNode) -> None:
@@ -1499,6 +1438,70 @@ class _Gen:
         raise BackendUnavailableError(
             f"XNNPACK Convert from {src.dtype_name} to {out} is not supported"
         )
+
+
+# nodes whose handlers apply the node's output bounds (min/max) to their result
+_CLAMPED = frozenset(
+    {
+        "Conv2d",
+        "DepthwiseConv2d",
+        "ConvTranspose2d",
+        "FullyConnected",
+        "Add",
+        "Subtract",
+        "Multiply",
+        "MaxPooling2d",
+        "AvgPooling2d",
+        "GlobalAvgPooling2d",
+    }
+)
+
+
+def _fuse_clamps(g: s.XnnGraph) -> list[s.XnnNode]:
+    """The graph's nodes with each Clamp folded into the node that produces its input
+    when nothing else reads that value and both values are carried alike (as XNNPACK's
+    own subgraph optimizer fuses them): the producer writes the Clamp's output, bounded
+    by both. One node less to run, and for int8 values the bounds join the
+    requantization."""
+    readers: dict[int, int] = {}
+    for n in g.nodes:
+        for vid in n.inputs:
+            readers[vid] = readers.get(vid, 0) + 1
+    producer = {vid: i for i, n in enumerate(g.nodes) for vid in n.outputs}
+    nodes: list[s.XnnNode | None] = list(g.nodes)
+    for i, c in enumerate(g.nodes):
+        if c.type != "Clamp" or c.flags or len(c.inputs) != 1:
+            continue
+        src, dst = c.inputs[0], c.outputs[0]
+        j = producer.get(src, i)
+        p = nodes[j] if j < i else None
+        vs, vd = g.by_id[src], g.by_id[dst]
+        if (
+            p is None
+            or p.type not in _CLAMPED
+            or len(p.outputs) != 1
+            or readers.get(src) != 1
+            or vs.is_output
+            or (vs.datatype, vs.quant) != (vd.datatype, vd.quant)
+        ):
+            continue
+        attrs = dict(p.attrs)
+        attrs["output_id"] = dst
+        nodes[j] = dataclasses.replace(
+            p,
+            attrs=MappingProxyType(attrs),
+            outputs=(dst,),
+            output_min=max(p.output_min, c.output_min),
+            output_max=min(p.output_max, c.output_max),
+        )
+        nodes[i] = None
+    return [n for n in nodes if n is not None]
+
+
+def _channels_last(w: torch.Tensor) -> torch.Tensor:
+    """A 4-d filter in channels-last memory (oneDNN then convolves channels-last
+    activations without reordering them)."""
+    return w.contiguous(memory_format=torch.channels_last)
 
 
 def _dtype_expr(dt: torch.dtype) -> str:
