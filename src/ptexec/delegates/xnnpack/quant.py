@@ -357,19 +357,27 @@ def _row_fits(mn: float, mx: float, mult: float, zp: float) -> bool:
 _TINY = f32(1e-30)
 
 
+def _c32(x: float) -> np.ndarray:
+    return np.array(x, dtype=np.float32)  # a 0-d array: no scalar conversion per use
+
+
+_NP = {k: _c32(v) for k, v in (("0", 0.0), ("tiny", _TINY), ("255", 255.0), ("128", 128.0),
+                                ("127", 127.0), ("-128", -128.0), ("1", 1.0))}  # fmt: skip
+
+
 def _row_params_np(mn: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_row_params` for many rows, in numpy float32 (IEEE single precision):
     (multiplier, zero point)."""
-    with np.errstate(all="ignore"):
-        lo = np.minimum(mn, np.float32(0))
-        hi = np.maximum(mx, np.float32(0))
-        mult = np.float32(255) / np.maximum(hi - lo, np.float32(_TINY))
-        dmin = lo * mult
-        dmax = hi * mult
-        use_min = (dmin - np.float32(128)) + (dmax + np.float32(127)) > 0
-        zp = np.where(use_min, np.float32(-128) - dmin, np.float32(127) - dmax)
-        zp = np.rint(np.clip(zp, np.float32(-128), np.float32(127)))
-    return mult.astype(np.float32, copy=False), zp.astype(np.float32, copy=False)
+    c = _NP
+    lo = np.minimum(mn, c["0"])
+    hi = np.maximum(mx, c["0"])
+    mult = np.divide(c["255"], np.maximum(hi - lo, c["tiny"]))
+    dmin = lo * mult
+    dmax = hi * mult
+    use_min = (dmin - c["128"]) + (dmax + c["127"]) > c["0"]
+    zp = np.where(use_min, c["-128"] - dmin, c["127"] - dmax)
+    zp = np.rint(np.minimum(np.maximum(zp, c["-128"]), c["127"]))
+    return mult, zp
 
 
 def _row_params_torch(mn: torch.Tensor, mx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,17 +428,19 @@ def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
         ]
         p = torch.tensor(params, dtype=torch.float32)  # [rows, 3]: mult, zp, scale
         mult_t, zp_t, scale_t = p[:, 0:1], p[:, 1:2], p[:, 2:3]
+        low = torch.sub(-128.0, zp_t)
     elif on_cpu:
         m, z = _row_params_np(mn.numpy(), mx.numpy())
         mult_t, zp_t = torch.from_numpy(m), torch.from_numpy(z)
-        scale_t = torch.from_numpy(np.float32(1) / m)
+        scale_t = torch.from_numpy(np.divide(_NP["1"], m))
+        low = torch.from_numpy(_NP["-128"] - z)
     else:
         mult_t, zp_t = _row_params_torch(mn, mx)
         scale_t = mult_t.reciprocal()
+        low = zp_t.neg().sub_(128.0)
     # centered: round(x * mult) within [-128 - zp, 127 - zp], i.e. q - zp
     c = torch.mul(xf, mult_t).round_()
-    lo = torch.sub(-128.0, zp_t) if on_cpu else zp_t.neg().sub_(128.0)
-    c = torch.clamp(c, min=lo, max=lo.add(255.0), out=c)
+    c = torch.clamp(c, min=low, max=low.add(255.0), out=c)
     return Rows(c, zp_t, scale_t)
 
 

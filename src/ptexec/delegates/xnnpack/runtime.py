@@ -112,6 +112,10 @@ SUPPORTED_NODE_TYPES = frozenset(_UNARY) | frozenset(_BINARY) | _OTHER
 # Below this many flops (per call, at the serialized shape) a CPU convolution runs with
 # torch's direct kernel instead of oneDNN's, whose fixed cost per call is larger.
 _TINY_CONV_FLOPS = 1_000_000
+# From this many weights a dynamically quantized linear on the CPU multiplies in int8
+# (torch._int_mm, VNNI) rather than in float32: about as fast for one 128x384 row, twice
+# as fast for 64 rows of 256x768 (benchmarks/xnnpack_kernels.py --only linear).
+_INT_MM_WEIGHTS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +247,7 @@ _HELPERS: dict[str, Any] = {
     "_qcvt": qa.convert,
     "_lut": qa.lookup,
     "_slow_conv2d": torch.ops.aten._slow_conv2d_forward,
+    "_slow_deconv2d": torch.ops.aten.slow_conv_transpose2d,
     "_resize": _resize,
     "_argmax_pool": _argmax_pool,
     "_max_pool": _max_pool,
@@ -643,6 +648,35 @@ class _Gen:
         else:
             self.out(node, make(self.x(src)), fresh=False)
 
+    # -- regions of int8 elementwise nodes -------------------------------------------------
+    def table(self, region: tuple[int, int, list[s.XnnNode]]) -> None:
+        """Nodes whose result depends only on one int8 value, element by element (a
+        dequantize, a float function, a requantize, a product with the input itself, ...):
+        their own code is run once at load on the 256 possible inputs, and the region
+        becomes one lookup in that table. The same float operations, so the same result."""
+        root, exit_, nodes = region
+        r = self.rep(root)
+        saved = (self.lines, dict(self.expr), dict(self.deq))
+        self.lines = []
+        self.expr[root] = "_lut_x"
+        self.deq.pop(root, None)
+        for n in nodes:
+            self.node(n)
+        result = self.xr(exit_)
+        body = self.lines
+        self.lines, self.expr, self.deq = saved
+        source = "def _lut_fn(_lut_x):\n" + "".join(f"    {line}\n" for line in body)
+        source += f"    return {result}\n"
+        namespace = dict(self.env)
+        exec(compile(source, f"<xnnpack table {self.path}>", "exec"), namespace)
+        inputs = torch.arange(r.qmin, r.qmax + 1, dtype=torch.float32) - float(r.zp)
+        with torch.no_grad():
+            table = namespace["_lut_fn"](inputs.to(self.device))
+        table = table.reshape(-1).to(torch.float32).contiguous()
+        name = self.bind(table, "lut")
+        self.emit(f"t{exit_} = _lut({self.xr(root)}, {name}, {float(r.zp - r.qmin)!r})")
+        self.expr[exit_] = f"t{exit_}"
+
     # -- externals -----------------------------------------------------------------------
     def externals(self) -> tuple[list[s.XnnValue], list[s.XnnValue]]:
         ins = sorted((v for v in self.g.values if v.is_input), key=lambda v: v.external_id)
@@ -751,8 +785,15 @@ class _Gen:
         counts: dict[str, int] = {}
         for node in self.g.nodes:
             counts[node.type] = counts.get(node.type, 0) + 1
-        for node in _fuse_clamps(self.g):
-            self.node(node)
+        nodes = _fuse_clamps(self.g)
+        tables = _table_regions(self.g, nodes, self.rep)
+        for i, node in enumerate(nodes):
+            if i not in tables:
+                self.node(node)
+                continue
+            region = tables[i]
+            if region is not None:  # the last node of a region: one table lookup
+                self.table(region)
         for v in outs:
             self.store_output(v)
         params = ", ".join(f"x{k}" for k in ext_ids)
@@ -992,7 +1033,7 @@ class _Gen:
         x = self.pending_qd[src][0]
         dt = _dtype_expr(self.rep(src).dtype)
         rows = self.qd_rows(src)
-        if exact:
+        if exact and (self.device.type != "cpu" or ints.numel() < _INT_MM_WEIGHTS):
             w = self.bind(ints.to(torch.float32).contiguous().to(self.device), "w")
             code = f"_qd_linear_f({rows}, {x}.shape[:-1], {w}, {wscale}, {b}, {dt})"
         else:
@@ -1214,13 +1255,19 @@ class _Gen:
         self._expect_dims(n, {1: h, 2: wd, 3: groups * go})
         wn = self.bind(w.to(self.device), "w")
         xc = f"{c.x}.permute(0, 3, 1, 2)"
-        if top == bottom and left == right:
-            code = f"F.conv_transpose2d({xc}, {wn}, {c.b}, {stride}, {(top, left)}, {adj}, {groups}, {dil})"
+        sym = top == bottom and left == right
+        pad = (top, left) if sym else (0, 0)
+        if self.device.type == "cpu" and groups == 1:
+            # torch's direct kernel: 1.7-2.7x faster than oneDNN's on these shapes
+            # (benchmarks/xnnpack_kernels.py --only conv)
+            call = f"_slow_deconv2d({xc}, {wn}, {(kh, kw)}, {c.b}, {stride}, {pad}, {adj}, {dil})"
+        else:
+            call = f"F.conv_transpose2d({xc}, {wn}, {c.b}, {stride}, {pad}, {adj}, {groups}, {dil})"
+        if sym:
+            code = call
         else:  # asymmetric padding: run unpadded, then crop
             full = f"_full{n.index}"
-            self.emit(
-                f"{full} = F.conv_transpose2d({xc}, {wn}, {c.b}, {stride}, 0, {adj}, {groups}, {dil})"
-            )
+            self.emit(f"{full} = {call}")
             code = (
                 f"{full}[:, :, {top}:{full}.shape[2] - {bottom}, {left}:{full}.shape[3] - {right}]"
             )
@@ -1496,6 +1543,69 @@ def _fuse_clamps(g: s.XnnGraph) -> list[s.XnnNode]:
         )
         nodes[i] = None
     return [n for n in nodes if n is not None]
+
+
+# element-by-element nodes a table region may contain (Softmax reads whole rows)
+_ELEMENTWISE = (
+    (frozenset(_UNARY) - {"Softmax"})
+    | frozenset(_BINARY)
+    | {
+        "Convert",
+        "Clamp",
+        "LeakyReLU",
+        "ELU",
+    }
+)
+
+
+def _table_regions(
+    g: s.XnnGraph, nodes: Sequence[s.XnnNode], rep: Callable[[int], _Rep]
+) -> dict[int, tuple[int, int, list[s.XnnNode]] | None]:
+    """Regions of elementwise nodes whose every non-constant input derives from one
+    int8 value (the root; constants must be scalars) and whose one result read elsewhere
+    is int8, with two nodes or more. Returns node position -> the region (root, result,
+    nodes) at its last node, None at its other nodes."""
+    root_of: dict[int, int] = {}  # value -> the int8 value it derives from
+    members: dict[int, list[int]] = {}  # root -> node positions
+    for i, n in enumerate(nodes):
+        if n.type not in _ELEMENTWISE or len(n.outputs) != 1:
+            continue
+        roots = set()
+        ok = True
+        for vid in n.inputs:
+            v = g.by_id[vid]
+            if v.is_constant:
+                ok = ok and v.numel <= 1
+            elif vid in root_of:
+                roots.add(root_of[vid])
+            elif rep(vid).is_qs8:
+                roots.add(vid)
+            else:
+                ok = False
+        out = g.by_id[n.outputs[0]]
+        if not ok or len(roots) != 1 or out.dtype_name == "qdint8":
+            continue
+        root = roots.pop()
+        root_of[n.outputs[0]] = root
+        members.setdefault(root, []).append(i)
+    readers: dict[int, set[int]] = {}
+    for i, n in enumerate(nodes):
+        for vid in n.inputs:
+            readers.setdefault(vid, set()).add(i)
+    regions: dict[int, tuple[int, int, list[s.XnnNode]] | None] = {}
+    for root, pos in members.items():
+        if len(pos) < 2:
+            continue
+        inside = set(pos)
+        made = {nodes[i].outputs[0] for i in pos}
+        exits = [v for v in made if g.by_id[v].is_output or not readers.get(v, set()) <= inside]
+        last = max(pos)
+        if len(exits) != 1 or exits[0] != nodes[last].outputs[0] or not rep(exits[0]).is_qs8:
+            continue
+        for i in pos:
+            regions[i] = None
+        regions[last] = (root, exits[0], [nodes[i] for i in sorted(pos)])
+    return regions
 
 
 def _channels_last(w: torch.Tensor) -> torch.Tensor:
