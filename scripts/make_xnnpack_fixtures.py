@@ -516,6 +516,22 @@ class TwoLinear(nn.Module):
         return self.b(F.gelu(self.a(x)))
 
 
+class QKV(nn.Module):
+    """Separate query, key and value projections of one normalized input, as in Llama
+    (three dynamically quantized linears reading the same activation), one decode token."""
+
+    def __init__(self, dim: int = 128, kv: int = 64) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv, bias=False)
+        self.wv = nn.Linear(dim, kv, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.norm(x)
+        return self.wq(h), self.wk(h), self.wv(h)
+
+
 # --------------------------------------------------------------------------------------
 # fixture list
 # --------------------------------------------------------------------------------------
@@ -1241,6 +1257,15 @@ for recipe in ("int8_dynamic_pc", "int8_dynamic_int4w_pc", "int4_pc", "int4_grou
         "transformer block",
         ["FullyConnected", "Convert"],
         tags=["core", "quant"],
+    )
+for recipe in ("int8_dynamic_pc", "int4_group"):
+    add(
+        f"qkv_{recipe}",
+        recipe,
+        core(QKV, (1, 1, 128), 3),
+        "query, key and value projections of one token (one input, three linears)",
+        ["FullyConnected", "Convert"],
+        tags=["quant"],
     )
 add(
     "dynamic_mlp_int8_dynamic_pc",

@@ -334,3 +334,41 @@ def test_network_fixtures_are_within_one_output_step() -> None:
     for name in nets:
         rtol, atol = MANIFEST[name]["tol_executorch"]
         assert rtol == 0 and 0 < atol < MANIFEST[name]["quant_step"], name
+
+
+def _runner_sources(name: str) -> list[str]:
+    import linecache
+
+    method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    return [
+        "".join(linecache.cache[f.__code__.co_filename][2])
+        for st in method.state.chains[0].statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_run"
+    ]
+
+
+def test_per_token_quantization_is_shared_by_the_converts_of_one_input() -> None:
+    """Three Converts of one activation (query, key and value projections) quantize it
+    once, and dequantize it once for the three block-wise 4-bit linears."""
+    assert MANIFEST["qkv_int4_group"]["node_types"]["Convert"] == 3
+    (source,) = _runner_sources("qkv_int4_group")
+    assert source.count("_qd8(") == 1 and source.count("_qd_values(") == 1, source
+    assert source.count("F.linear(") == 3
+
+
+def test_int8_elementwise_regions_become_tables() -> None:
+    """SiLU on int8 values (dequantize, sigmoid, quantize, multiply by the input) is one
+    lookup per activation in the detector, except where its product leaves the delegate
+    in float; the results are ExecuTorch's (the fixture)."""
+    source = "".join(_runner_sources("yolo_int8_static_pc"))
+    tables, floats = source.count("_lut("), source.count("torch.sigmoid(")
+    assert tables + floats == MANIFEST["yolo_int8_static_pc"]["node_types"]["Sigmoid"]
+    assert tables >= 20 and floats <= 6, (tables, floats)
+
+
+def test_clamps_join_the_requantization_of_their_producer() -> None:
+    """A relu6 Clamp after an int8 convolution becomes the convolution's output bounds."""
+    assert MANIFEST["mobilenet_v2_int8_static_pc"]["node_types"]["Clamp"] == 35
+    (source,) = _runner_sources("mobilenet_v2_int8_static_pc")
+    assert ".clamp(" not in source and ".clamp_(" not in source

@@ -451,6 +451,7 @@ class _Gen:
         # per-token quantized values not computed yet: value -> (float source, nonbatch dims)
         self.pending_qd: dict[int, tuple[str, int]] = {}
         self.qd_done: dict[tuple[str, int], str] = {}  # (float source, nonbatch) -> rows
+        self.qd_vals: dict[tuple[str, int], str] = {}  # ... -> their dequantized values
         self.deq: dict[int, str] = {}  # static quantized value -> its dequantized values
         self.shapes: dict[int, tuple[int, ...]] = {}  # dims computed from the input's
         self._n = 0
@@ -526,8 +527,11 @@ class _Gen:
         e = self.expr.get(vid)
         if e is None and vid in self.pending_qd:
             src = self.pending_qd[vid][0]
-            e = self.expr[vid] = f"t{vid}"
-            self.emit(f"{e} = _qd_values({self.qd_rows(vid)}, {src}.shape, {src}.dtype)")
+            e = self.qd_vals.get(self.pending_qd[vid])
+            if e is None:  # once per source, whichever Convert made the value
+                e = self.qd_vals[self.pending_qd[vid]] = f"t{vid}"
+                self.emit(f"{e} = _qd_values({self.qd_rows(vid)}, {src}.shape, {src}.dtype)")
+            self.expr[vid] = e
         if e is None:  # validation guarantees order; this is a defect of ours
             raise AssertionError(f"value {vid} used before it is computed")
         return e
