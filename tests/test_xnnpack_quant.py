@@ -171,3 +171,26 @@ def test_add_scales_without_a_rounding_shift_are_refused() -> None:
     qa.add_params(0.5, 0.5, 1e-6)  # XNNPACK asserts on this one; its arithmetic still holds
     with pytest.raises(ValueError, match="out of range"):
         qa.add_params(1.0, 1.0, 1e-7)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+def test_row_parameters_agree_on_every_path(rows: int) -> None:
+    """Python floats (few rows), numpy float32 (many) and torch (off the CPU) compute the
+    same per-row multiplier and zero point, including rows of zeros and one-signed rows."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 33, generator=gen) * torch.logspace(-3, 3, rows).reshape(-1, 1)
+    x[0] = 0.0
+    if rows > 2:
+        x[1] = x[1].abs()
+        x[2] = -x[2].abs()
+    mn, mx = torch.aminmax(x, dim=1, keepdim=True)
+    py = [
+        qa._row_params(a, b)
+        for a, b in zip(mn.view(-1).tolist(), mx.view(-1).tolist(), strict=True)
+    ]
+    m_np, z_np = qa._row_params_np(mn.numpy(), mx.numpy())
+    m_t, z_t = qa._row_params_torch(mn, mx)
+    assert [p[0] for p in py] == m_np.reshape(-1).tolist() == m_t.reshape(-1).tolist()
+    assert [p[1] for p in py] == z_np.reshape(-1).tolist() == z_t.reshape(-1).tolist()
+    r = qa.quantize_rows(x, 1)
+    assert torch.equal(r.centered, torch.round(x * m_t).clamp(-128 - z_t, 127 - z_t))
