@@ -2,7 +2,7 @@
 """Kernel choices for XNNPACK payloads, measured side by side in one run.
 
 Usage:
-    python benchmarks/xnnpack_kernels.py [--only linear|int4|conv|deconv] [--clock cpu|wall]
+    python benchmarks/xnnpack_kernels.py [--only linear|int4|conv|deconv|pool] [--clock cpu|wall]
 
 Prints, per shape, the time of each way torch can compute the same node, and the choice
 ptexec's XNNPACK runner makes for it:
@@ -21,6 +21,8 @@ ptexec's XNNPACK runner makes for it:
   tensors, oneDNN on NCHW copies, ``torch._C._nn._slow_conv2d_forward`` (im2col + GEMM, NCHW),
   for regular and depthwise filters; transposed convolutions: oneDNN, and
   ``torch.ops.aten.slow_conv_transpose2d`` (direct, NCHW).
+* ``pool``: max and average pooling of NHWC values held in NCHW memory (the partitioner's
+  transpose of a channels-first input): in place, or after a copy to channels-last memory.
 
 Times are the median over interleaved blocks of the calling thread's CPU time by default
 (``--clock cpu``): on a machine shared with other work, wall-clock figures include the time
@@ -183,14 +185,36 @@ def deconv(clock: Callable[[], float]) -> None:
         _row(f"{(nb, c, h, w)} {oc} k{k} s{s} g{groups}", _bench(fns, clock), choice)
 
 
+def pool(clock: Callable[[], float]) -> None:
+    print("pooling NHWC values held in NCHW memory (us); N, C, H, W, window, stride")
+    for shape, k, s in (
+        ((2, 3, 9, 8), 3, 2),
+        ((2, 8, 16, 16), 2, 2),
+        ((1, 16, 48, 48), 3, 2),
+        ((1, 64, 12, 12), 5, 1),
+        ((1, 32, 96, 96), 3, 2),
+    ):
+        xh = torch.randn(*shape).permute(0, 2, 3, 1)  # an NHWC view of NCHW memory
+        p = k // 2
+        fns: dict[str, Callable[[], Any]] = {
+            "max NCHW": lambda: F.max_pool2d(xh.permute(0, 3, 1, 2), k, s, p),
+            "max copy+CL": lambda: F.max_pool2d(xh.contiguous().permute(0, 3, 1, 2), k, s, p),
+            "avg NCHW": lambda: F.avg_pool2d(xh.permute(0, 3, 1, 2), k, s, p),
+            "avg copy+CL": lambda: F.avg_pool2d(xh.contiguous().permute(0, 3, 1, 2), k, s, p),
+        }
+        choice = "copy+CL" if xh.numel() >= rt._CL_POOL_ELEMENTS else "NCHW"
+        _row(f"{shape} k{k} s{s}", _bench(fns, clock), choice)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("linear", "int4", "conv", "deconv"), default=None)
+    ap.add_argument("--only", choices=("linear", "int4", "conv", "deconv", "pool"), default=None)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    for name, fn in (("linear", linear), ("int4", int4), ("conv", conv), ("deconv", deconv)):
+    cases = (("linear", linear), ("int4", int4), ("conv", conv), ("deconv", deconv), ("pool", pool))
+    for name, fn in cases:
         if args.only in (None, name):
             fn(clock)
             print()

@@ -175,7 +175,7 @@ def test_add_scales_without_a_rounding_shift_are_refused() -> None:
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
 def test_row_parameters_agree_on_every_path(rows: int) -> None:
-    """Python floats (few rows), numpy float32 (many) and torch (off the CPU) compute the
+    """Python floats (one row), numpy float32 (more) and torch (off the CPU) compute the
     same per-row multiplier and zero point, including rows of zeros and one-signed rows."""
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 33, generator=gen) * torch.logspace(-3, 3, rows).reshape(-1, 1)

@@ -392,18 +392,15 @@ def _row_params_torch(mn: torch.Tensor, mx: torch.Tensor) -> tuple[torch.Tensor,
     return mult, zp.clamp_(-128.0, 127.0).round_()
 
 
-# up to this many rows, the per-row parameters are computed with Python floats (a
-# numpy or torch operation on a few values costs more than the arithmetic itself)
-_FEW_ROWS = 8
-
-
 def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
     """Quantize rows (the trailing ``nonbatch`` dims of ``x``) to int8 as XNNPACK's
     dynamic quantization does: per row, a multiplier ``255 / (max - min)`` (the range
     widened to include 0) and a zero point nudged into [-128, 127] and rounded, then
     ``q = clamp(round(x * multiplier) + zp, -128, 127)``; the scale is the multiplier's
     float32 reciprocal. A row of zeros gets multiplier 2.55e32 instead of XNNPACK's 1: the
-    same zero point and the same values."""
+    same zero point and the same values. The per-row arithmetic runs in Python floats for
+    one row (a token being decoded) and in numpy float32 for more (cheaper than a dozen
+    torch operations on [rows, 1] tensors, and than a Python loop from two rows on)."""
     n = x.dim() - nonbatch
     xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
     if xf.dtype != torch.float32:
@@ -421,15 +418,7 @@ def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
         if not _row_fits(lo, hi, mult, zp):
             c = c.clamp_(-128.0 - zp, 127.0 - zp)
         return Rows(c, zp, scale)
-    if rows <= _FEW_ROWS and on_cpu:
-        params = [
-            _row_params(a, b)
-            for a, b in zip(mn.view(-1).tolist(), mx.view(-1).tolist(), strict=True)
-        ]
-        p = torch.tensor(params, dtype=torch.float32)  # [rows, 3]: mult, zp, scale
-        mult_t, zp_t, scale_t = p[:, 0:1], p[:, 1:2], p[:, 2:3]
-        low = torch.sub(-128.0, zp_t)
-    elif on_cpu:
+    if on_cpu:
         m, z = _row_params_np(mn.numpy(), mx.numpy())
         mult_t, zp_t = torch.from_numpy(m), torch.from_numpy(z)
         scale_t = torch.from_numpy(np.divide(_NP["1"], m))

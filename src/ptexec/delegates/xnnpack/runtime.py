@@ -112,6 +112,11 @@ SUPPORTED_NODE_TYPES = frozenset(_UNARY) | frozenset(_BINARY) | _OTHER
 # Below this many flops (per call, at the serialized shape) a CPU convolution runs with
 # torch's direct kernel instead of oneDNN's, whose fixed cost per call is larger.
 _TINY_CONV_FLOPS = 1_000_000
+# From this many input elements a pool on NCHW memory copies its input to channels-last
+# memory first: copy and pool take 1.5-9x less than the pool on NCHW memory from 16x48x48
+# on; on a few hundred elements the copy costs more than it saves
+# (benchmarks/xnnpack_kernels.py --only pool)
+_CL_POOL_ELEMENTS = 4096
 # From this many weights a dynamically quantized linear on the CPU multiplies in int8
 # (torch._int_mm, VNNI) rather than in float32: about as fast for one 128x384 row, twice
 # as fast for 64 rows of 256x768 (benchmarks/xnnpack_kernels.py --only linear).
@@ -454,6 +459,11 @@ class _Gen:
         self.qd_vals: dict[tuple[str, int], str] = {}  # ... -> their dequantized values
         self.deq: dict[int, str] = {}  # static quantized value -> its dequantized values
         self.shapes: dict[int, tuple[int, ...]] = {}  # dims computed from the input's
+        # expressions of NHWC values whose memory is NCHW (the partitioner's transpose of a
+        # channels-first input, the result of a direct convolution), and the
+        # channels-last copies made of them for the nodes that want one
+        self.nchw: set[str] = set()
+        self.contig: dict[str, str] = {}
         self._n = 0
 
     # -- names -------------------------------------------------------------------------
@@ -522,7 +532,10 @@ class _Gen:
             d = self.deq.get(vid)
             if d is None:
                 d = self.deq[vid] = f"d{vid}"
-                self.emit(f"{d} = {self.xr(vid)} * {qa.f32(r.scale)!r}")
+                src = self.xr(vid)
+                self.emit(f"{d} = {src} * {qa.f32(r.scale)!r}")
+                if src in self.nchw:
+                    self.nchw.add(d)
             return d
         e = self.expr.get(vid)
         if e is None and vid in self.pending_qd:
@@ -808,6 +821,30 @@ class _Gen:
         return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts, out_ids)
 
     def node(self, n: s.XnnNode) -> None:
+        self._node(n)
+        if n.type in _ELEMENTWISE and n.outputs[0] in self.expr:
+            # an elementwise result keeps the memory layout of its (first) input
+            first = next((v for v in n.inputs if not self.value(v).is_constant), None)
+            if first is not None and self.expr.get(first) in self.nchw:
+                self.nchw.add(self.expr[n.outputs[0]])
+
+    def channels_last(self, x: str) -> str:
+        """``x`` (an NHWC expression) in channels-last (contiguous NHWC) memory: itself, or
+        one copy made where it is first needed."""
+        if x not in self.nchw:
+            return x
+        name = self.contig.get(x)
+        if name is None:
+            name = self.contig[x] = f"cl{len(self.contig)}"
+            self.emit(f"{name} = {x}.contiguous()")
+        return name
+
+    def _mark_nchw(self, vid: int) -> None:
+        e = self.expr.get(vid)
+        if e is not None:
+            self.nchw.add(e)
+
+    def _node(self, n: s.XnnNode) -> None:
         t = n.type
         if t in _BINARY:
             if t in ("Add", "Subtract", "Multiply") and self._q_binary(n):
@@ -1189,19 +1226,23 @@ class _Gen:
         x, b = c.x, c.b
         if groups == 1 and w.shape[2:] == (1, 1) and not any(c.pads):
             # a 1x1 convolution of NHWC values is a linear layer over channels
+            x = self.channels_last(x)
             xs = x if stride == (1, 1) else f"{x}[:, ::{stride[0]}, ::{stride[1]}]"
             wn = self.bind(raw.reshape(raw.shape[0], raw.shape[3]).to(self.device), "w")
             c.finish(f"F.linear({xs}, {wn}, {b})")
             return
-        xc, pad = self._conv_input(x, c.pads)
         if self._tiny_conv(n, groups, dil, c.dtype):
-            # torch's direct (im2col) kernel: far less fixed cost than oneDNN's for tiny work
+            # torch's direct (im2col) kernel: far less fixed cost than oneDNN's for tiny
+            # work; it convolves NCHW memory and gives NCHW memory
+            xc, pad = self._conv_input(x, c.pads)
             wn = self.bind(w.contiguous().to(self.device), "w")
             k = tuple(w.shape[2:])
-            code = f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad})"
-        else:
-            wn = self.bind(_channels_last(w).to(self.device), "w")
-            code = f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups})"
+            c.finish(f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad}).permute(0, 2, 3, 1)")
+            self._mark_nchw(n.outputs[0])
+            return
+        xc, pad = self._conv_input(self.channels_last(x), c.pads)
+        wn = self.bind(_channels_last(w).to(self.device), "w")
+        code = f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups})"
         c.finish(f"{code}.permute(0, 2, 3, 1)")
 
     def _tiny_conv(self, n: s.XnnNode, groups: int, dil: tuple[int, int], dt: torch.dtype) -> bool:
@@ -1221,7 +1262,7 @@ class _Gen:
         w = c.w.permute(3, 0, 1, 2).contiguous()  # [1, KH, KW, C * mult] -> [C * mult, 1, KH, KW]
         self._check_conv_shape(n, w, out_ch, 1)
         self._conv_out(n, c.pads, out_ch)
-        xc, pad = self._conv_input(c.x, c.pads)
+        xc, pad = self._conv_input(self.channels_last(c.x), c.pads)
         stride = self._two(n["subsampling_height"], n["subsampling_width"])
         dil = self._two(n["dilation_height"], n["dilation_width"])
         wn = self.bind(_channels_last(w).to(self.device), "w")
@@ -1258,14 +1299,16 @@ class _Gen:
         wd = stride[1] * (dims[2] - 1) + adj[1] + dil[1] * (kw - 1) + 1 - left - right
         self._expect_dims(n, {1: h, 2: wd, 3: groups * go})
         wn = self.bind(w.to(self.device), "w")
-        xc = f"{c.x}.permute(0, 3, 1, 2)"
         sym = top == bottom and left == right
         pad = (top, left) if sym else (0, 0)
-        if self.device.type == "cpu" and groups == 1:
+        direct = self.device.type == "cpu" and groups == 1
+        if direct:
             # torch's direct kernel: 1.7-2.7x faster than oneDNN's on these shapes
-            # (benchmarks/xnnpack_kernels.py --only conv)
+            # (benchmarks/xnnpack_kernels.py --only deconv); NCHW memory in and out
+            xc = f"{c.x}.permute(0, 3, 1, 2)"
             call = f"_slow_deconv2d({xc}, {wn}, {(kh, kw)}, {c.b}, {stride}, {pad}, {adj}, {dil})"
         else:
+            xc = f"{self.channels_last(c.x)}.permute(0, 3, 1, 2)"
             call = f"F.conv_transpose2d({xc}, {wn}, {c.b}, {stride}, {pad}, {adj}, {groups}, {dil})"
         if sym:
             code = call
@@ -1276,6 +1319,8 @@ class _Gen:
                 f"{full}[:, :, {top}:{full}.shape[2] - {bottom}, {left}:{full}.shape[3] - {right}]"
             )
         c.finish(f"{code}.permute(0, 2, 3, 1)")
+        if direct:
+            self._mark_nchw(n.outputs[0])
 
     # -- pooling -------------------------------------------------------------------------
     def _pool_args(
@@ -1289,6 +1334,8 @@ class _Gen:
         st = self._two(n["stride_height"], n["stride_width"])
         pads = (n["padding_top"], n["padding_right"], n["padding_bottom"], n["padding_left"])
         x = self.xr(n["input_id"]) if raw else self.x(n["input_id"])
+        if math.prod(self.dims(n["input_id"])) >= _CL_POOL_ELEMENTS:
+            x = self.channels_last(x)
         return x, k, st, pads
 
     def n_MaxPooling2d(self, n: s.XnnNode) -> None:
@@ -1349,13 +1396,12 @@ class _Gen:
         rank = len(self.dims(n.inputs[0]))
         if sorted(perm) != list(range(rank)) or n["num_dims"] != rank:
             raise self.fail(n, f"perm {list(perm)} is not a permutation of {rank} dims")
-        if perm == (0, 2, 3, 1):
-            # into XNNPACK's NHWC: channels-last memory from here on, as XNNPACK's own
-            # transpose makes it (convolutions and pools are faster on it, and the values
-            # between nodes stay contiguous)
-            self.alias(n, lambda e: f"{e}.permute({perm}).contiguous()")
-            return
+        src = self.expr.get(n.inputs[0])
         self.alias(n, lambda e: f"{e}.permute({perm})")
+        if perm == (0, 2, 3, 1) and rank == 4 and src not in self.nchw:
+            # into XNNPACK's NHWC: a view of NCHW memory, copied to channels-last memory
+            # where a node wants it (oneDNN convolutions and pools), once
+            self._mark_nchw(n.outputs[0])
 
     def n_StaticReshape(self, n: s.XnnNode) -> None:
         self.check_flags(n, 0)
