@@ -268,9 +268,14 @@ def add(
 ) -> torch.Tensor:  # fmt: skip
     """XNNPACK's int8 addition on centered inputs: ``(a * a_mult + b * b_mult + rounding)
     >> shift`` (an arithmetic shift: the floor of the quotient), clamped. Computed in
-    float64, where every intermediate value is an exact integer below 2**31."""
-    acc = torch.add(a.to(torch.float64).mul_(a_mult), b.to(torch.float64), alpha=b_mult)
-    return acc.add_(rounding).mul_(2.0**-shift).floor_().clamp_(lo, hi).to(torch.float32)
+    float64 as ``floor(a * (a_mult / 2**shift) + b * (b_mult / 2**shift) + rounding /
+    2**shift)``: the multipliers scaled by a power of two are exact, and every partial
+    sum is an integer below 2**31 scaled by the same power, so exact too."""
+    scale = 2.0**-shift
+    acc = torch.add(
+        a.to(torch.float64).mul_(a_mult * scale), b.to(torch.float64), alpha=b_mult * scale
+    )
+    return acc.add_(rounding * scale).floor_().clamp_(lo, hi).to(torch.float32)
 
 
 def mul(a: torch.Tensor, b: torch.Tensor, scale: float, lo: float, hi: float) -> torch.Tensor:

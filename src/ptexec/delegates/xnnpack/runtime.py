@@ -425,14 +425,16 @@ class XnnRunner:
 class _Conv:
     """A convolution's operands as its node runs: the input expression (NHWC), the compute
     dtype, the bias expression, the paddings, the filter in XNNPACK's dims, and
-    ``finish(code)``, which turns the NHWC result ``code`` into the node's output."""
+    ``finish(code, nchw)``, which turns the NHWC result ``code`` into the node's output
+    (``nchw``: the same result as the NCHW tensor it is a view of, for a result in NCHW
+    memory; a per-channel requantization scales it along its contiguous dims)."""
 
     x: str
     dtype: torch.dtype
     b: str
     pads: tuple[int, int, int, int]
     w: torch.Tensor
-    finish: Callable[[str], None]
+    finish: Callable[..., None]
 
 
 class _Gen:
@@ -971,9 +973,16 @@ class _Gen:
         bmax = float(bias.double().abs().max()) if bias is not None and bias.numel() else 0.0
         return qa.exact_in_float32(wsum, amax, bmax)
 
-    def _q_finish(self, n: s.XnnNode, acc: str, scale: torch.Tensor) -> None:
-        """Requantize an exact accumulator (NHWC, or [..., channels]) into the output."""
+    def _q_finish(
+        self, n: s.XnnNode, acc: str, scale: torch.Tensor, nchw: str | None = None
+    ) -> None:
+        """Requantize an exact accumulator (NHWC, or [..., channels]) into the output; with
+        ``nchw``, the same accumulator as an NCHW tensor, requantized in that layout."""
         lo, hi = self.node_qbounds(n)
+        if nchw is not None:
+            sname = self.bind(scale.reshape(-1, 1, 1).to(self.device), "s")
+            self.out_raw_bounded(n, f"_rq({nchw}, {sname}, {lo}, {hi}).permute(0, 2, 3, 1)")
+            return
         sname = self.bind(scale.to(self.device), "s")
         self.out_raw_bounded(n, f"_rq({acc}, {sname}, {lo}, {hi})")
 
@@ -1116,7 +1125,14 @@ class _Gen:
             dt = torch.float32 if exact else torch.float64
             x = self.xr(src) + ("" if exact else ".double()")
             b = self.bind(bias.to(self.device, dt), "b") if bias is not None else "None"
-            return _Conv(x, dt, b, pads, w.to(dt), lambda code: self._q_finish(n, code, scale))
+            return _Conv(
+                x,
+                dt,
+                b,
+                pads,
+                w.to(dt),
+                lambda code, nchw=None: self._q_finish(n, code, scale, nchw),
+            )
         if src in self.pending_qd and self.pending_qd[src][1] == 3:
             qd = self._qd_conv(n, channel_dim, channels, src)
             if qd is not None:
@@ -1129,7 +1145,9 @@ class _Gen:
         bias_id = n["bias_id"]
         b = self.x(bias_id, dt) if bias_id is not None else "None"
         w = self.consts.value(fv, dt)
-        return _Conv(x, dt, b, pads, w, lambda code: self.out(n, f"{code}{post}", fresh=True))
+        return _Conv(
+            x, dt, b, pads, w, lambda code, nchw=None: self.out(n, f"{code}{post}", fresh=True)
+        )
 
     def _qd_conv(
         self, n: s.XnnNode, channel_dim: int, channels: int, src: int
@@ -1162,7 +1180,7 @@ class _Gen:
         dt = self.rep(n.outputs[0]).dtype
         cast = "" if dt == torch.float32 else f".to({_dtype_expr(dt)})"
 
-        def finish(code: str) -> None:
+        def finish(code: str, nchw: str | None = None) -> None:
             self.out(n, f"_qd_scale({code}, {rows}, {ws}, {b}){cast}", fresh=True)
 
         return x, w, finish
@@ -1237,7 +1255,8 @@ class _Gen:
             xc, pad = self._conv_input(x, c.pads)
             wn = self.bind(w.contiguous().to(self.device), "w")
             k = tuple(w.shape[2:])
-            c.finish(f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad}).permute(0, 2, 3, 1)")
+            code = f"_slow_conv2d({xc}, {wn}, {k}, {b}, {stride}, {pad})"
+            c.finish(f"{code}.permute(0, 2, 3, 1)", code)
             self._mark_nchw(n.outputs[0])
             return
         xc, pad = self._conv_input(self.channels_last(x), c.pads)
@@ -1318,7 +1337,7 @@ class _Gen:
             code = (
                 f"{full}[:, :, {top}:{full}.shape[2] - {bottom}, {left}:{full}.shape[3] - {right}]"
             )
-        c.finish(f"{code}.permute(0, 2, 3, 1)")
+        c.finish(f"{code}.permute(0, 2, 3, 1)", code if direct else None)
         if direct:
             self._mark_nchw(n.outputs[0])
 
