@@ -3,23 +3,25 @@
 
 Usage:
     python benchmarks/xnnpack_compare.py [--only NAME ...] [--no-fixtures] [--no-models]
-                                         [--baseline SRC] [--rounds 15] [--block-ms 20]
-                                         [--clock cpu|wall] [--threads N]
+                                         [--baseline SRC] [--no-et-runner] [--rounds 15]
+                                         [--block-ms 20] [--clock cpu|wall] [--threads N]
 
 For every XNNPACK fixture (tests/fixtures/xnnpack) and, unless --no-models, a few larger
 models exported here with ``XnnpackPartitioner`` (the MobileNet-style CNN and transformer
 stack of benchmarks/models.py and a 3-layer 1024-wide MLP in float32 and quantized
 recipes, and the fixture script's four reduced real networks in float32, the twins of
-their static int8 fixtures), the same ``.pte`` is run by ptexec and by ExecuTorch's
-runtime (``executorch.runtime``, whose pybindings include the XNNPACK backend), and with
-``--baseline SRC`` by a second ptexec (another checkout's ``src``): before and after a
-change, in one run.
+their static int8 fixtures), the same ``.pte`` is run by ptexec with each XNNPACK runner
+(``torch``: ptexec's torch code, ``xnnpack="torch"``; ``et-runner``: ExecuTorch's XNNPACK
+backend inside ptexec's method, ``xnnpack="executorch"``, unless --no-et-runner), by
+ExecuTorch's runtime (``executorch.runtime``, whose pybindings include the XNNPACK
+backend), and with ``--baseline SRC`` by a second ptexec (another checkout's ``src``, its
+torch runner): before and after a change, in one run.
 
 Each runtime runs in a worker process of its own; the parent asks them for blocks of calls
 in a shuffled order per round, so that whatever else the machine does weighs on all alike,
 and prints the median per-call time of each, the ratio to ExecuTorch (below 1: faster than
-ExecuTorch), the geometric mean per recipe and overall, and for each network the int8 /
-float32 ratio of each runtime. The time is the calling thread's CPU time by default
+ExecuTorch), the geometric mean per recipe, over the fixtures, the models and all, and for
+each network the int8 / float32 ratio of each runtime. The time is the calling thread's CPU time by default
 (``--clock cpu``): on a machine shared with other work, wall-clock figures include the
 time a thread waits for a core; ``--clock wall`` measures wall-clock time. Every runtime
 runs on one thread by default (``--threads N`` sets torch's threads and ExecuTorch's
@@ -53,7 +55,7 @@ _WORKER = r"""
 import json, sys, time, warnings
 warnings.filterwarnings("ignore")
 import torch
-kind, threads, clock_name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kind, threads, clock_name, runner = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 if threads:
     torch.set_num_threads(threads)
 if kind == "executorch":
@@ -66,7 +68,11 @@ if kind == "executorch":
 else:
     import ptexec
     def load(path):
-        return ptexec.load(path).load_method("forward")
+        prog = ptexec.load(path)
+        try:
+            return prog.load_method("forward", xnnpack=runner)
+        except TypeError:  # a checkout from before the runner option: its one runner
+            return prog.load_method("forward")
 clock = time.thread_time if clock_name == "cpu" else time.perf_counter
 methods = {}
 print(json.dumps({"ready": True}), flush=True)
@@ -97,12 +103,14 @@ for line in sys.stdin:
 class _Worker:
     """One runtime in a process of its own, timing blocks of calls on request."""
 
-    def __init__(self, kind: str, src: Path, threads: int, clock: str) -> None:
+    def __init__(
+        self, kind: str, src: Path, threads: int, clock: str, runner: str = "torch"
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=str(src.resolve()))
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, kind, str(threads), clock],
+            [sys.executable, "-c", _WORKER, kind, str(threads), clock, runner],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -227,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout's src")
+    ap.add_argument("--no-et-runner", action="store_true", help='skip xnnpack="executorch"')
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block-ms", type=float, default=20.0)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
@@ -241,14 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, entry in manifest.items():
             calls = torch.load(FIXTURES / f"{name}.io.pt", weights_only=True)["calls"]
             cases.append((name, entry["recipe"], FIXTURES / entry["pte"], calls[0]["inputs"]))
+    fixtures = {c[0] for c in cases}
     if not args.no_models:
         wanted = set(args.only or [])
         cases += [c for c in _models(tmpdir) if not wanted or c[0] in wanted]
     if args.only:
         cases = [c for c in cases if c[0] in args.only]
-    workers = {"ptexec": _Worker("ptexec", ROOT / "src", args.threads, args.clock)}
+    workers = {"torch": _Worker("ptexec", ROOT / "src", args.threads, args.clock)}
     if args.baseline is not None:
         workers["baseline"] = _Worker("ptexec", args.baseline, args.threads, args.clock)
+    if not args.no_et_runner:
+        workers["et-runner"] = _Worker(
+            "ptexec", ROOT / "src", args.threads, args.clock, "executorch"
+        )
     workers["executorch"] = _Worker("executorch", ROOT / "src", args.threads, args.clock)
     cols = [k for k in workers if k != "executorch"]
     print(
@@ -284,6 +298,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             rs = ratios[k].get(recipe, [])
             cells += f" {_geomean(rs):10.2f} {len(rs):3d}"
         print(f"  {recipe:22s}{cells}")
+    groups = {
+        "fixtures": [n for n in times if n in fixtures],
+        "models": [n for n in times if n not in fixtures],
+    }
+    for label, names in groups.items():
+        if names:
+            cells = ""
+            for k in cols:
+                rs = [times[n][k] / times[n]["executorch"] for n in names]
+                rs = [r for r in rs if not math.isnan(r)]
+                cells += f" {_geomean(rs):10.2f} {len(rs):3d}"
+            print(f"  {label:22s}{cells}")
     cells = ""
     for k in cols:
         every = [r for v in ratios[k].values() for r in v]

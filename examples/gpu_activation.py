@@ -1,6 +1,6 @@
 """The GPU-activation workflow, end to end; runs anywhere (device_map='cpu' without a GPU).
 
-    python examples/gpu_activation.py
+python examples/gpu_activation.py
 """
 
 import torch

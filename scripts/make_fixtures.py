@@ -1071,7 +1071,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
     # entries made by the other fixture scripts (device, quantized, ...) are kept
-    manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest: dict[str, Any] = (
+        json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    )
     if not args.only:
         for _, _, variant in jobs:
             manifest.pop(variant, None)

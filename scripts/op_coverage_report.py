@@ -67,13 +67,24 @@ def _escape(s: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--output", type=Path, default=REPO / "docs" / "op_coverage.md",
-                    help="markdown file to write (default: docs/op_coverage.md)")
-    ap.add_argument("--cache", default=None, help="export cache directory "
-                    "(default: $PTEXEC_OPCOV_CACHE or a directory under the temp dir)")
+    ap.add_argument(
+        "--output",
+        type=Path,
+        default=REPO / "docs" / "op_coverage.md",
+        help="markdown file to write (default: docs/op_coverage.md)",
+    )
+    ap.add_argument(
+        "--cache",
+        default=None,
+        help="export cache directory "
+        "(default: $PTEXEC_OPCOV_CACHE or a directory under the temp dir)",
+    )
     ap.add_argument("--jobs", type=int, default=None, help="parallel export processes")
-    ap.add_argument("--et-runtime", action="store_true",
-                    help="also run each program with ExecuTorch's runtime and list disagreements")
+    ap.add_argument(
+        "--et-runtime",
+        action="store_true",
+        help="also run each program with ExecuTorch's runtime and list disagreements",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
 
@@ -135,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         cases = sorted(set().union(*dts.values()))
         shown = ", ".join(cases[:6]) + (f", … ({len(cases)})" if len(cases) > 6 else "")
         cells = ["x" if d in dts else "" for d in DTYPE_ORDER]
-        lines.append(f"| `{op}` | {_escape(', '.join(sorted(overloads[op])))} | "
-                     + " | ".join(cells) + f" | {_escape(shown)} |")
+        lines.append(
+            f"| `{op}` | {_escape(', '.join(sorted(overloads[op])))} | "
+            + " | ".join(cells)
+            + f" | {_escape(shown)} |"
+        )
     if args.et_runtime:
         lines += [
             "",
@@ -156,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"- {n}[{d}]: {_escape(e or '')}" for (n, d), e in sorted(failed.items())]
     text = "\n".join(lines) + "\n"
 
-    print(f"cases {len(CASES)}, programs {n_pairs}, aten operators {len(aten)}, "
-          f"export wall time this run {wall:.0f} s, summed export time {export_seconds:.0f} s "
-          f"wall / {export_cpu_seconds:.0f} s CPU")
+    print(
+        f"cases {len(CASES)}, programs {n_pairs}, aten operators {len(aten)}, "
+        f"export wall time this run {wall:.0f} s, summed export time {export_seconds:.0f} s "
+        f"wall / {export_cpu_seconds:.0f} s CPU"
+    )
     width = max(len(op) for op in by_op) if by_op else 10
     for op in aten + other:
         print(f"{op:<{width}}  {', '.join(d for d in DTYPE_ORDER if d in by_op[op])}")

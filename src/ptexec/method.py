@@ -24,7 +24,7 @@ from .engine.arguments import OutputMode
 from .engine.cuda_graph import CudaGraphRunner
 from .engine.fastcall import NOT_FAST, build_fast_call
 from .engine.hooks import Hooks
-from .engine.runner import BlockRunner, InstrumentedRunner, Runner
+from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
 from .engine.state import MethodState
 from .errors import PtexecError
 from .loader import (
@@ -64,8 +64,10 @@ class Method:
     are views in eager PyTorch run as views, and work on constants alone runs once at load,
     where :mod:`ptexec.engine.dataflow` proves it safe), ``fast_path`` (default True: the
     common call runs as one generated function; False sends every call through the
-    general path, which computes the same) and ``cuda_graph`` (capture a static CUDA
-    method once and replay it).
+    general path, which computes the same), ``cuda_graph`` (capture a static CUDA
+    method once and replay it) and ``xnnpack`` (``"auto"``, ``"torch"`` or
+    ``"executorch"``: which runner runs XNNPACK payloads, see
+    :mod:`ptexec.delegates.xnnpack.backend`).
 
     Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
     refuses, before allocating anything, a plan whose buffers (shared state included) add up
@@ -97,11 +99,20 @@ class Method:
         optimize: bool = True,
         fast_path: bool = True,
         cuda_graph: bool = False,
+        xnnpack: str = "auto",
     ) -> None:
+        if xnnpack not in ("auto", "torch", "executorch"):
+            raise ValueError(f"xnnpack must be 'auto', 'torch' or 'executorch', not {xnnpack!r}")
         self._program = program
         self._policy = Policy(transfers, layout)  # type: ignore[arg-type]
         self._output_mode: OutputMode = _output_mode(outputs)
-        options = LoadOptions(device_map, max_planned_bytes, max_instructions, optimize)
+        options = LoadOptions(
+            device_map,
+            max_planned_bytes,
+            max_instructions,
+            optimize,
+            backend_options={"xnnpack": xnnpack},
+        )
         state = load_state(program, plan_index, options)
         self._state = state
         self.name = state.name
@@ -109,10 +120,13 @@ class Method:
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
-        self._runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        self._runner = runner
         self._fast: Callable[[Sequence[Any]], Any] | None = None
         if fast_path and self._policy == _DEFAULT_POLICY:
-            self._fast = build_fast_call(state, self._runner, self._output_mode == "copy")
+            self._fast = build_fast_call(state, runner, self._output_mode == "copy")
+        if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
+            runner.prepare()  # else the fast path compiled the statements, and the blocks wait
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -226,9 +240,13 @@ class Method:
             policy = Policy(transfers or policy.transfers, layout or policy.layout)  # type: ignore[arg-type]
         mode = self._output_mode if outputs is None else _output_mode(outputs)
         state = self._state
-        with self._lock, torch.no_grad():  # inference: autograd must not touch the memory
+        # inference: autograd must not touch the memory (nor cost time)
+        with self._lock, torch.no_grad(), below_autograd():
             bound = arguments.check_inputs(state, inputs, policy, policy == _DEFAULT_POLICY)
-            given = arguments.check_out(state, out) if out is not None else None
+            given = None
+            if out is not None:
+                given = arguments.check_out(state, out)
+                arguments.check_aliasing(state, bound, given)
             arguments.bind_inputs(state, bound)
             runner.bind(state)
             if given is not None:

@@ -32,6 +32,7 @@ __all__ = [
     "check_inputs",
     "check_out",
     "collect",
+    "output_error",
     "release",
 ]
 
@@ -78,6 +79,7 @@ def check_inputs(
             type(x) is torch.Tensor
             and x.dtype is spec.dtype
             and spec.fast_shape is not None
+            and not x.is_nested
             and x.shape == spec.fast_shape
             and x.device == spec.torch_device
             and x.layout is torch.strided
@@ -119,17 +121,25 @@ def _judge(
             f"{where}: expected a tensor {spec.info}; reading the {type(x).__name__} "
             f"failed: {type(e).__name__}: {e}"
         ) from e
-    if t.layout != torch.strided:
+    if t.is_nested or t.layout != torch.strided:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
         raise InputError(
-            f"{where}: expected a dense (strided) tensor {spec.info}, got a "
-            f"{str(t.layout).removeprefix('torch.')} tensor"
+            f"{where}: expected a dense (strided) tensor {spec.info}, got a {kind} tensor"
         )
+    readonly = False
     if isinstance(x, torch.Tensor) or not _is_numpy(x):
         sizes, strides = tuple(t.shape), tuple(t.stride())
         info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
     else:  # numpy: judge the caller's own strides (negative ones have no dim order)
         info = describe(x)
-    return decide(spec.info, info, policy, where), t
+        readonly = not getattr(getattr(x, "flags", None), "writeable", True)
+    action = decide(spec.info, info, policy, where)
+    if readonly and spec.written and action is Action.SHARE:
+        raise InputError(
+            f"{where}: the array is read-only, but the program writes this input in place and "
+            "would use the array's memory; pass a writable array (or a copy)"
+        )
+    return action, t
 
 
 def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
@@ -263,8 +273,71 @@ def check_out(state: MethodState, out: Sequence[Any]) -> list[torch.Tensor | Non
                 f"{where}: the method writes this output in place, so it must be laid out "
                 f"{info.layout}"
             )
+        if t.numel() > 1 and _overlaps_itself(t):
+            raise InputError(
+                f"{where}: several of its elements share memory (strides {list(t.stride())}), "
+                "so it cannot receive an output"
+            )
+        if info.dynamism != "static" and not t.untyped_storage().resizable():
+            need = None if info.dynamism == "dynamic_unbound" else info.nbytes
+            have = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+            if need is None or have < need:
+                bound = "has no bound" if need is None else f"can take up to {need} bytes"
+                raise InputError(
+                    f"{where}: its memory cannot grow (it is not resizable, e.g. a numpy "
+                    f"array's) and holds {have} bytes, but the output {bound}"
+                )
         result.append(t)
     return result
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory: unless, taking its dimensions from the
+    smallest stride up, each stride steps past everything the smaller ones reach."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1)
+    reach = 1
+    for stride, size in dims:
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``t``'s elements lie in."""
+    start = t.data_ptr()
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+    return start, start + (extent + 1) * t.element_size()
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    sa, ea = _span(a)
+    sb, eb = _span(b)
+    return sa < eb and sb < ea
+
+
+def check_aliasing(state: MethodState, bound: Bound, out: list[torch.Tensor | None]) -> None:
+    """Refuse ``out=`` tensors whose memory overlaps an input's or another ``out=`` tensor's:
+    the method may read an input after writing an output, and two outputs in one memory
+    overwrite each other. Memory ranges are compared (elements interleaved in one range
+    count as overlapping)."""
+    taken: list[tuple[str, torch.Tensor]] = [
+        (f"input {spec.index}", x)
+        for spec, (action, x) in zip(state.inputs, bound, strict=True)
+        if action is not None and isinstance(x, torch.Tensor)
+    ]
+    for k, t in enumerate(out):
+        if t is None:
+            continue
+        for what, other in taken:
+            if _shares_memory(t, other):
+                raise InputError(
+                    f"out[{k}] of '{state.name}' overlaps the memory of {what}; the method "
+                    "would overwrite what it still reads (give outputs memory of their own)"
+                )
+        taken.append((f"out[{k}]", t))
 
 
 def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -> None:
@@ -284,21 +357,50 @@ def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -
             actions[spec.index] = "direct"
 
 
+def output_error(state: MethodState, index: int) -> ExecutionError | None:
+    """Why output ``index`` as execution left it contradicts the program's declaration
+    (not a tensor; another dtype or rank; other sizes than static ones, or beyond a
+    bound): a kernel or delegate wrote what the program does not declare. None when it
+    is what the program declares."""
+    spec = state.outputs[index]
+    x = state.values[spec.slot]
+    info = spec.info
+    if not isinstance(x, torch.Tensor):
+        why = f"execution left a {type(x).__name__} there"
+    elif not isinstance(info, TensorInfo):
+        return None
+    elif x.dtype != info.dtype:
+        why = f"execution left a {dtype_name(x.dtype)} tensor there"
+    else:
+        problem = shape_error(info, tuple(x.shape))
+        if problem is None:
+            return None
+        why = f"execution left sizes {list(x.shape)} ({problem})"
+    declared = (
+        f"{dtype_name(info.dtype)}{list(info.sizes)} ({info.dynamism})"
+        if isinstance(info, TensorInfo)
+        else "a tensor"
+    )
+    return ExecutionError(
+        state.name,
+        -1,
+        "output",
+        f"output {index} (value {spec.slot}) is {declared} in the program, but {why}",
+    )
+
+
 def collect(
     state: MethodState, mode: OutputMode, out: list[torch.Tensor | None] | None
 ) -> list[Any]:
     """The call's outputs: copies (``"copy"``), views of the method's memory (``"view"``),
-    or the caller's ``out=`` tensors, filled."""
+    or the caller's ``out=`` tensors, filled; an output that contradicts the program's
+    declaration is an ExecutionError (:func:`output_error`)."""
     v = state.values
     for spec in state.outputs:
-        if spec.kind == "tensor" and not isinstance(v[spec.slot], torch.Tensor):
-            raise ExecutionError(
-                state.name,
-                -1,
-                "output",
-                f"output {spec.index} (value {spec.slot}) is a tensor in the program, but "
-                f"execution left a {type(v[spec.slot]).__name__} there",
-            )
+        if spec.kind == "tensor":
+            error = output_error(state, spec.index)
+            if error is not None:
+                raise error
     results: list[Any] = []
     for spec in state.outputs:
         x = v[spec.slot]

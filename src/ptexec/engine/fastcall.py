@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from ..memory import resize_to
-from .runner import BlockRunner, Runner
+from ..tensor import TensorInfo
+from .arguments import output_error
+from .runner import BlockRunner, Runner, below_autograd_for
 from .state import MethodState
 
 __all__ = ["NOT_FAST", "build_fast_call"]
@@ -131,7 +133,11 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     lines.append(f"    if len(inputs) != {n}: return NOT_FAST")
     if n:
         lines.append("    " + ", ".join(f"x{i}" for i in range(n)) + ", = inputs")
-    lines.extend("    " + c for c in checks)
+    if checks:  # a tensor torch cannot describe (a nested one, say): the general path says so
+        lines.append("    try:")
+        lines.extend("        " + c for c in checks)
+        lines.append("    except Exception:")
+        lines.append("        return NOT_FAST")
     lines.extend("    " + b for b in binds)
     lines.append(f"    rec.h2h = {total}")
     lines.append("    rec.h2d = rec.d2h = rec.d2d = 0")
@@ -139,6 +145,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     lines.append("    rec.outputs[:] = NO_OUT")
     line_map: dict[int, int] = {}
     lines.append("    try:")
+    pad = "        "
+    guard = below_autograd_for(state)
+    if guard is not None:
+        env["_below"] = guard
+        lines.append("        with _below():")
+        pad += "    "
     if isinstance(runner, BlockRunner) and runner.straight_line:
         chain = state.chains[0]
         if len(chain.instructions) > state.max_instructions:
@@ -146,14 +158,29 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         for k, st in enumerate(chain.statements):  # straight-line: the instructions, inline
             for part in st.code.splitlines():
                 line_map[len(lines) + 1] = k
-                lines.append("        " + part)
+                lines.append(pad + part)
             env.update(st.env)
-        lines.append("        pass")
+        lines.append(pad + "pass")
     else:  # the runner: control flow, the instruction limit, its own error reports
         env["_run"] = runner.run
-        lines.append("        _run(v)")
+        lines.append(pad + "_run(v)")
     outs = []
+    env["_output_error"] = lambda k: output_error(state, k)
     for out in state.outputs:
+        if out.kind == "tensor":  # what execution left there is what the program declares
+            declared = out.info
+            x = f"v[{out.slot}]"
+            if isinstance(declared, TensorInfo) and declared.dynamism == "static":
+                env[f"O{out.index}"] = torch.Size(declared.sizes)
+                env[f"T{out.index}"] = declared.dtype
+                test = (
+                    f"type({x}) is not Tensor or {x}.shape != O{out.index} "
+                    f"or {x}.dtype is not T{out.index}"
+                )
+                lines.append(f"        if {test}: raise _output_error({out.index})")
+            else:
+                lines.append(f"        e = _output_error({out.index})")
+                lines.append("        if e is not None: raise e")
         if out.kind == "tensor" and copy_outputs:
             outs.append(f"v[{out.slot}].clone()")
         else:
