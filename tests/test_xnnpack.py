@@ -327,9 +327,9 @@ INTEGER_ONLY = [
 
 @pytest.mark.parametrize("name", INTEGER_ONLY)
 def test_integer_int8_programs_match_executorch_exactly(name: str) -> None:
-    """Exact integer accumulation, XNNPACK's requantization rounding, fixed-point adds
-    and integer means: every output element is ExecuTorch's."""
-    for i, (got, call) in enumerate(zip(_replay(name), _calls(name), strict=True)):
+    """ptexec's runner, with exact integer accumulation, XNNPACK's requantization rounding,
+    fixed-point adds and integer means: every output element is ExecuTorch's."""
+    for i, (got, call) in enumerate(zip(_replay(name, xnnpack="torch"), _calls(name), strict=True)):
         for k, (g, want) in enumerate(zip(got, call["executorch"], strict=True)):
             assert torch.equal(g, want), f"{name} call {i} output {k}: {(g - want).abs().max()}"
 
@@ -347,7 +347,7 @@ def test_network_fixtures_are_within_one_output_step() -> None:
 def _runner_sources(name: str) -> list[str]:
     import linecache
 
-    method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward", xnnpack="torch")
     return [
         "".join(linecache.cache[f.__code__.co_filename][2])
         for st in method.state.chains[0].statements
