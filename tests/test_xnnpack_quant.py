@@ -194,3 +194,16 @@ def test_row_parameters_agree_on_every_path(rows: int) -> None:
     assert [p[1] for p in py] == z_np.reshape(-1).tolist() == z_t.reshape(-1).tolist()
     r = qa.quantize_rows(x, 1)
     assert torch.equal(r.centered, torch.round(x * m_t).clamp(-128 - z_t, 127 - z_t))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "nchw memory", "strided"])
+def test_table_lookup_keeps_values_and_layout(layout: str) -> None:
+    table = torch.randn(256)
+    x = torch.randint(-128, 128, (2, 5, 6, 3)).float()
+    if layout == "nchw memory":
+        x = x.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
+    elif layout == "strided":
+        x = x[:, ::2]
+    got = qa.lookup(x, table, 128.0)
+    assert torch.equal(got, table[(x + 128).long()])
+    assert got.shape == x.shape
