@@ -1001,7 +1001,11 @@ class _Gen:
     def _q_exact32(
         self, n: s.XnnNode, w: torch.Tensor, channel_dim: int, bias: torch.Tensor | None
     ) -> bool:
-        """Whether float32 accumulation is exact for this node (see :mod:`.quant`)."""
+        """Whether float32 accumulation is exact for this node (see :mod:`.quant`). Off the
+        CPU never: cuDNN may convolve by FFT or Winograd transforms, which are not exact
+        on integers; float64 keeps their error far below a rounding step."""
+        if self.device.type != "cpu":
+            return False
         r = self.rep(n["input1_id"])
         amax = max(r.zp - r.qmin, r.qmax - r.zp)
         other = [d for d in range(w.dim()) if d != channel_dim]
