@@ -88,6 +88,7 @@ class Spec:
     dynamic_shapes: Any = None
     tol: tuple[float, float] | None = None  # vs eager; None: recipe default
     expect_nodes: tuple[str, ...] = ()  # node types the fixture exists for
+    output_step: bool = False  # vs ExecuTorch: within one step of the quantized outputs
 
 
 def seed_for(name: str) -> int:
@@ -515,9 +516,299 @@ class TwoLinear(nn.Module):
         return self.b(F.gelu(self.a(x)))
 
 
+class QKV(nn.Module):
+    """Separate query, key and value projections of one normalized input, as in Llama
+    (three dynamically quantized linears reading the same activation), one decode token."""
+
+    def __init__(self, dim: int = 128, kv: int = 64) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv, bias=False)
+        self.wv = nn.Linear(dim, kv, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.norm(x)
+        return self.wq(h), self.wk(h), self.wv(h)
+
+
 # --------------------------------------------------------------------------------------
 # fixture list
 # --------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------
+# real networks, torchvision-style, at reduced widths and resolutions (random weights;
+# batch-norm statistics re-estimated on random images so activations keep their scale)
+# --------------------------------------------------------------------------------------
+
+
+def _divisible(v: float, divisor: int = 8) -> int:
+    """torchvision's _make_divisible: round channels to a multiple of 8, never below 90%."""
+    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new + divisor if new < 0.9 * v else new
+
+
+class ConvBNAct(nn.Sequential):
+    def __init__(
+        self, cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1, act: Any = nn.ReLU6
+    ) -> None:
+        layers: list[nn.Module] = [
+            nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        if act is not None:
+            layers.append(act())
+        super().__init__(*layers)
+
+
+class InvertedResidualV2(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = round(cin * expand)
+        self.use_res = stride == 1 and cin == cout
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers.append(ConvBNAct(cin, hidden, 1))
+        layers += [
+            ConvBNAct(hidden, hidden, 3, stride, groups=hidden),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_res else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """torchvision's MobileNet v2 (all 17 inverted residual blocks); reduced here to
+    width 0.25, a 64-channel last layer (1280) and 10 classes (1000)."""
+
+    SETTING = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+               (6, 160, 3, 2), (6, 320, 1, 1))  # fmt: skip
+
+    def __init__(self, width: float = 0.25, last: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        cin = _divisible(32 * width)
+        layers: list[nn.Module] = [ConvBNAct(3, cin, 3, 2)]
+        for t, c, n, s in self.SETTING:
+            cout = _divisible(c * width)
+            for i in range(n):
+                layers.append(InvertedResidualV2(cin, cout, s if i == 0 else 1, t))
+                cin = cout
+        layers.append(ConvBNAct(cin, last, 1))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(last, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class SqueezeExcitation(nn.Module):
+    def __init__(self, c: int, squeeze: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = F.adaptive_avg_pool2d(x, 1)
+        s = F.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+        return x * s
+
+
+class InvertedResidualV3(nn.Module):
+    def __init__(
+        self, cin: int, k: int, exp: int, cout: int, se: bool, act: Any, stride: int
+    ) -> None:
+        super().__init__()
+        self.use_res = stride == 1 and cin == cout
+        layers: list[nn.Module] = []
+        if exp != cin:
+            layers.append(ConvBNAct(cin, exp, 1, act=act))
+        layers.append(ConvBNAct(exp, exp, k, stride, groups=exp, act=act))
+        if se:
+            layers.append(SqueezeExcitation(exp, _divisible(exp // 4)))
+        layers.append(ConvBNAct(exp, cout, 1, act=None))
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x) if self.use_res else self.block(x)
+
+
+class MobileNetV3Small(nn.Module):
+    """torchvision's MobileNet v3-small (11 blocks, squeeze-excitation, hardswish); reduced
+    here to width 0.35, a 64-wide classifier (1024) and 10 classes (1000)."""
+
+    RE, HS = nn.ReLU, nn.Hardswish
+    SETTING = ((3, 16, 16, True, RE, 2), (3, 72, 24, False, RE, 2), (3, 88, 24, False, RE, 1),
+               (5, 96, 40, True, HS, 2), (5, 240, 40, True, HS, 1), (5, 240, 40, True, HS, 1),
+               (5, 120, 48, True, HS, 1), (5, 144, 48, True, HS, 1), (5, 288, 96, True, HS, 2),
+               (5, 576, 96, True, HS, 1), (5, 576, 96, True, HS, 1))  # fmt: skip
+
+    def __init__(self, width: float = 0.35, last: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        cin = _divisible(16 * width)
+        layers: list[nn.Module] = [ConvBNAct(3, cin, 3, 2, act=nn.Hardswish)]
+        for k, exp, c, se, act, s in self.SETTING:
+            cout = _divisible(c * width)
+            layers.append(InvertedResidualV3(cin, k, _divisible(exp * width), cout, se, act, s))
+            cin = cout
+        final = 6 * cin
+        layers.append(ConvBNAct(cin, final, 1, act=nn.Hardswish))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(final, last), nn.Hardswish(), nn.Linear(last, classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        h = self.heads
+        qkv = self.qkv(self.norm1(x)).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        a = torch.softmax((q @ k.transpose(-2, -1)) * (d // h) ** -0.5, dim=-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class DeiT(nn.Module):
+    """DeiT-tiny (timm's VisionTransformer: patch embedding, class token, learned position
+    embedding, pre-norm blocks, head on the class token); reduced here to 32x32 images in
+    8x8 patches (224, 16), width 48 (192), 2 heads (3), 4 blocks (12) and 10 classes."""
+
+    def __init__(
+        self, img: int = 32, patch: int = 8, dim: int = 48, heads: int = 2, depth: int = 4,
+        classes: int = 10,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, patch, patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, dim) * 0.02)
+        self.blocks = nn.Sequential(*(ViTBlock(dim, heads) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        x = self.norm(self.blocks(x))
+        return self.head(x[:, 0])
+
+
+class YConv(ConvBNAct):
+    """YOLO's Conv: convolution, batch norm, SiLU."""
+
+    def __init__(self, cin: int, cout: int, k: int = 1, stride: int = 1) -> None:
+        super().__init__(cin, cout, k, stride, act=nn.SiLU)
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c: int, shortcut: bool = True) -> None:
+        super().__init__()
+        self.cv1 = YConv(c, c, 3)
+        self.cv2 = YConv(c, c, 3)
+        self.add = shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class C2f(nn.Module):
+    def __init__(self, cin: int, cout: int, n: int = 1, shortcut: bool = True) -> None:
+        super().__init__()
+        self.c = cout // 2
+        self.cv1 = YConv(cin, 2 * self.c)
+        self.cv2 = YConv((2 + n) * self.c, cout)
+        self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(x).chunk(2, 1))
+        for m in self.m:
+            y.append(m(y[-1]))
+        return self.cv2(torch.cat(y, 1))
+
+
+class SPPF(nn.Module):
+    def __init__(self, cin: int, cout: int, k: int = 5) -> None:
+        super().__init__()
+        self.cv1 = YConv(cin, cin // 2)
+        self.cv2 = YConv(cin * 2, cout)
+        self.pool = nn.MaxPool2d(k, 1, k // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = [self.cv1(x)]
+        for _ in range(3):
+            y.append(self.pool(y[-1]))
+        return self.cv2(torch.cat(y, 1))
+
+
+class TinyYOLO(nn.Module):
+    """A YOLOv8-style detector (Conv/C2f backbone, SPPF, an upsampling neck with two
+    scales, raw box and class maps per scale, flattened and concatenated); reduced to
+    widths 8-64 on 64x64 images with 3 classes."""
+
+    def __init__(self, classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(YConv(3, 8, 3, 2), YConv(8, 16, 3, 2), C2f(16, 16))
+        self.p3 = nn.Sequential(YConv(16, 32, 3, 2), C2f(32, 32))
+        self.p4 = nn.Sequential(YConv(32, 64, 3, 2), C2f(64, 64), SPPF(64, 64))
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.n3 = C2f(96, 32, shortcut=False)
+        self.down = YConv(32, 32, 3, 2)
+        self.n4 = C2f(96, 64, shortcut=False)
+        self.out = 4 + classes
+        self.h3 = nn.Sequential(YConv(32, 32, 3), nn.Conv2d(32, self.out, 1))
+        self.h4 = nn.Sequential(YConv(64, 32, 3), nn.Conv2d(32, self.out, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p3 = self.p3(self.stem(x))
+        p4 = self.p4(p3)
+        n3 = self.n3(torch.cat([self.up(p4), p3], 1))
+        n4 = self.n4(torch.cat([self.down(n3), p4], 1))
+        b = x.shape[0]
+        return torch.cat(
+            [self.h3(n3).reshape(b, self.out, -1), self.h4(n4).reshape(b, self.out, -1)], 2
+        )
+
+
+def reestimate_bn(m: nn.Module, shape: Sequence[int], batches: int = 4) -> nn.Module:
+    """Batch-norm running statistics measured on random images (cumulative averages), so
+    that each normalized activation has unit scale despite random weights."""
+    bns = [b for b in m.modules() if isinstance(b, nn.BatchNorm2d)]
+    for b in bns:
+        b.reset_running_stats()
+        b.momentum = None
+    m.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            m(torch.randn(max(shape[0], 8), *shape[1:]))
+    return m.eval()
+
+
+def network(cls: Callable[[], nn.Module], shape: Sequence[int], calls: int = 2):
+    def make() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+        m = reestimate_bn(cls(), shape)
+        return m, [(torch.randn(*shape),) for _ in range(calls)]
+
+    return make
 
 
 def core(cls: Callable[[], nn.Module], shape: Sequence[int], calls: int = 2):
@@ -967,6 +1258,15 @@ for recipe in ("int8_dynamic_pc", "int8_dynamic_int4w_pc", "int4_pc", "int4_grou
         ["FullyConnected", "Convert"],
         tags=["core", "quant"],
     )
+for recipe in ("int8_dynamic_pc", "int4_group"):
+    add(
+        f"qkv_{recipe}",
+        recipe,
+        core(QKV, (1, 1, 128), 3),
+        "query, key and value projections of one token (one input, three linears)",
+        ["FullyConnected", "Convert"],
+        tags=["quant"],
+    )
 add(
     "dynamic_mlp_int8_dynamic_pc",
     "int8_dynamic_pc",
@@ -976,6 +1276,88 @@ add(
     tags=["quant", "dynamic"],
     dynamic_shapes=({0: Dim("batch", min=1, max=8)},),
 )
+
+
+# dynamically quantized convolutions (inputs quantized per batch element at run time)
+class DynConvs(nn.Module):
+    """Convolutions reading one input: strides, asymmetric and 'same' padding, dilation,
+    groups, a depthwise one (which the partitioner keeps in float), and a second
+    dynamically quantized convolution after a relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.basic = nn.Conv2d(3, 6, 3)
+        self.strided = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.wide = nn.Conv2d(3, 4, (3, 5), stride=(1, 2), padding=(2, 1), dilation=(2, 1))
+        self.same = nn.Conv2d(3, 4, 3, padding="same", dilation=2, bias=False)
+        self.depthwise = nn.Conv2d(3, 6, 3, groups=3)
+        self.grouped = nn.Conv2d(6, 6, 3, padding=1, groups=3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.basic(x)
+        z = self.grouped(torch.relu(y))
+        return y, self.strided(x), self.wide(x), self.same(x), self.depthwise(x), z
+
+
+class DynConvPadModes(nn.Module):
+    """The padding modes (reflect, replicate, circular): a pad the partitioner leaves
+    outside, then a dynamically quantized convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            nn.Conv2d(3, 4, 3, padding=1, padding_mode=m)
+            for m in ("reflect", "replicate", "circular")
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(c(x) for c in self.convs)
+
+
+add(
+    "dynconv_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    module(DynConvs, (3, 3, 9, 9)),
+    "dynamically quantized conv2d: strides, padding, dilation, groups, a conv chain",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
+add(
+    "dynconv_padmodes_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    module(DynConvPadModes, (2, 3, 9, 9)),
+    "dynamically quantized conv2d after reflect, replicate and circular padding",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
+add(
+    "dynconv_b1_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    lambda: (
+        nn.Conv2d(3, 5, 3, padding=1).eval(),
+        [(torch.randn(1, 3, 10, 10) * s,) for s in (1.0, 4.0)],
+    ),
+    "dynamically quantized conv2d, batch 1 (a dynamic batch, or a fused relu, the "
+    "quantizer leaves in float)",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
+
+# real networks in static int8 (reduced: see each class)
+for _name, _cls, _shape in (
+    ("mobilenet_v2", MobileNetV2, (1, 3, 48, 48)),
+    ("mobilenet_v3_small", MobileNetV3Small, (1, 3, 48, 48)),
+    ("deit_tiny", DeiT, (1, 3, 32, 32)),
+    ("yolo", TinyYOLO, (1, 3, 48, 48)),
+):
+    add(
+        f"{_name}_int8_static_pc",
+        "int8_static_pc",
+        network(_cls, _shape),
+        f"{_cls.__doc__.split(';')[0].strip()} (reduced), static int8",
+        tags=["quant", "network"],
+        output_step=True,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -1156,6 +1538,41 @@ def _qstep(m: nn.Module, outputs: list[Any]) -> float:
     return max(scales)
 
 
+_PASSTHROUGH = ("view", "reshape", "permute", "cat", "select", "flatten", "clone", "squeeze",
+                "unsqueeze", "transpose", "contiguous", "slice", "split", "getitem")  # fmt: skip
+
+
+def _output_step(m: nn.Module) -> float:
+    """The quantization step of a quantized module's outputs: the scale of the dequantize
+    each output comes from (through ops that only move data), the largest over outputs;
+    0.0 when an output is computed in float after its last dequantize."""
+    gm = m if isinstance(m, torch.fx.GraphModule) else None
+    if gm is None:
+        return 0.0
+
+    def scale(node: Any) -> float | None:
+        if not isinstance(node, torch.fx.Node):
+            return None
+        target = str(node.target)
+        if node.op == "call_function" and "dequantize_per_tensor" in target:
+            s = node.args[1]
+            return float(getattr(gm, s.target)) if isinstance(s, torch.fx.Node) else float(s)
+        if node.op == "call_function" and any(k in target for k in _PASSTHROUGH):
+            found = [scale(a) for a in node.all_input_nodes]
+            if found and all(f is not None for f in found):
+                return max(f for f in found if f is not None)
+        return None
+
+    steps = []
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            for o in _flat(node.args[0]):
+                steps.append(scale(o))
+    if not steps or any(x is None for x in steps):
+        return 0.0
+    return max(x for x in steps if x is not None)
+
+
 def build(spec: Spec, out_dir: Path) -> dict[str, Any]:
     torch.manual_seed(seed_for(spec.name))
     m, calls = spec.make()
@@ -1197,6 +1614,11 @@ def build(spec: Spec, out_dir: Path) -> dict[str, Any]:
     if spec.recipe == "fp16":
         tol = TOL_F16
     tol_et = _tol_executorch(spec.recipe, et_out[0], qstep)
+    if spec.output_step:
+        step = _output_step(m)
+        if step <= 0.0:
+            raise ValueError(f"{spec.name}: an output is not the dequantized int8 value")
+        tol_et = (0.0, float(f"{step * 1.001:.4g}"))  # one step, and the float error of it
     if spec.recipe in ("int8_dynamic_pc", "int8_dynamic_int4w_pc", "int4_pc", "int4_group"):
         # fp32 outputs of dynamically quantized linears: a one-step change of one activation
         # moves an output by about scale_x * |w|; bound it by a small fraction of the range

@@ -310,3 +310,73 @@ def test_dynamic_linears_accumulate_in_int8_on_the_cpu() -> None:
 
         source = "".join(linecache.cache[fn.__code__.co_filename][2])
         assert ("_qd_linear" in source) == fused, source
+
+
+# static int8 programs with no float arithmetic between their input's quantization and
+# their output's dequantization: ExecuTorch+XNNPACK's integer results, on any CPU
+INTEGER_ONLY = [
+    "mobilenet_v2_int8_static_pc",
+    "cnn_int8_static_pc",
+    "cnn_int8_static_pt",
+    "dwnet_int8_static_pc",
+    "dwnet_int8_static_pt",
+    "mlp_int8_static_pc",
+    "mlp_int8_static_pt",
+]
+
+
+@pytest.mark.parametrize("name", INTEGER_ONLY)
+def test_integer_int8_programs_match_executorch_exactly(name: str) -> None:
+    """ptexec's runner, with exact integer accumulation, XNNPACK's requantization rounding,
+    fixed-point adds and integer means: every output element is ExecuTorch's."""
+    for i, (got, call) in enumerate(zip(_replay(name, xnnpack="torch"), _calls(name), strict=True)):
+        for k, (g, want) in enumerate(zip(got, call["executorch"], strict=True)):
+            assert torch.equal(g, want), f"{name} call {i} output {k}: {(g - want).abs().max()}"
+
+
+def test_network_fixtures_are_within_one_output_step() -> None:
+    """The real networks' tolerance against ExecuTorch is one step of their quantized
+    outputs (no wider)."""
+    nets = [n for n, e in MANIFEST.items() if "network" in e["tags"]]
+    assert len(nets) == 4
+    for name in nets:
+        rtol, atol = MANIFEST[name]["tol_executorch"]
+        assert rtol == 0 and 0 < atol < MANIFEST[name]["quant_step"], name
+
+
+def _runner_sources(name: str) -> list[str]:
+    import linecache
+
+    method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward", xnnpack="torch")
+    return [
+        "".join(linecache.cache[f.__code__.co_filename][2])
+        for st in method.state.chains[0].statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_run"
+    ]
+
+
+def test_per_token_quantization_is_shared_by_the_converts_of_one_input() -> None:
+    """Three Converts of one activation (query, key and value projections) quantize it
+    once, and dequantize it once for the three block-wise 4-bit linears."""
+    assert MANIFEST["qkv_int4_group"]["node_types"]["Convert"] == 3
+    (source,) = _runner_sources("qkv_int4_group")
+    assert source.count("_qd8(") == 1 and source.count("_qd_values(") == 1, source
+    assert source.count("F.linear(") == 3
+
+
+def test_int8_elementwise_regions_become_tables() -> None:
+    """SiLU on int8 values (dequantize, sigmoid, quantize, multiply by the input) is one
+    lookup per activation in the detector, except where its product leaves the delegate
+    in float; the results are ExecuTorch's (the fixture)."""
+    source = "".join(_runner_sources("yolo_int8_static_pc"))
+    tables, floats = source.count("_lut("), source.count("torch.sigmoid(")
+    assert tables + floats == MANIFEST["yolo_int8_static_pc"]["node_types"]["Sigmoid"]
+    assert tables >= 20, (tables, floats)
+
+
+def test_clamps_join_the_requantization_of_their_producer() -> None:
+    """A relu6 Clamp after an int8 convolution becomes the convolution's output bounds."""
+    assert MANIFEST["mobilenet_v2_int8_static_pc"]["node_types"]["Clamp"] == 35
+    (source,) = _runner_sources("mobilenet_v2_int8_static_pc")
+    assert ".clamp(" not in source and ".clamp_(" not in source

@@ -304,7 +304,11 @@ def test_convert_between_float_types() -> None:
 
 
 def test_int8_tensors_at_the_boundary() -> None:
-    """A quantized add whose inputs and output are int8 tensors of the method."""
+    """A quantized add whose inputs and output are int8 tensors of the method, computed
+    as XNNPACK's int8 add kernel does (20-bit fixed-point multipliers, a rounding shift),
+    with the relu's bound quantized to the output's zero point."""
+    import numpy as np
+
     qa, qb, qy = (
         sch.PerTensorQuant(scale=s, zero_point=z) for s, z in ((0.05, 3), (0.1, -7), (0.08, 10))
     )
@@ -313,16 +317,22 @@ def test_int8_tensors_at_the_boundary() -> None:
     b = g.value([3, 4], dtype=QINT8, io="in", qparams=qb)
     y = g.value([3, 4], dtype=QINT8, io="out", qparams=qy)
     g.node(sch.XNNAdd(input1_id=a, input2_id=b, output_id=y, flags=0), out_min=0.0, out_max=None)
-    at = torch.randint(-128, 128, (3, 4), dtype=torch.int8)
-    bt = torch.randint(-128, 128, (3, 4), dtype=torch.int8)
+    gen = torch.Generator().manual_seed(3)
+    at = torch.randint(-128, 128, (3, 4), dtype=torch.int8, generator=gen)
+    bt = torch.randint(-128, 128, (3, 4), dtype=torch.int8, generator=gen)
     out = torch.empty(3, 4, dtype=torch.int8)
     run(g, [at, bt, out])
-    real = (at.float() - 3) * 0.05 + (bt.float() - (-7)) * 0.1
-    ref = torch.clamp(torch.round(real / 0.08) + 10, 10, 127).to(
-        torch.int8
-    )  # relu: q >= zero point
-    assert (out.int() - ref.int()).abs().max() <= 1  # one quantization step
-    assert (out == ref).float().mean() > 0.9
+    # xnn_init_qs8_add_minmax_scalar_params, xnn_qs8_vadd_minmax_ukernel__scalar_u1
+    f32 = np.float32
+    a_os, b_os = f32(f32(0.05) / f32(0.08)), f32(f32(0.1) / f32(0.08))
+    shift = 20 - (int(np.frombuffer(max(a_os, b_os).tobytes(), np.uint32)[0] >> 23) - 127)
+    am, bm = (int(np.rint(f32(v * f32(2.0**shift)))) for v in (a_os, b_os))
+    bias = (1 << (shift - 1)) - am * 3 - bm * (-7)
+    ref = [
+        min(max(((bias + x * am + z * bm) >> shift) + 10, 10), 127)  # relu: q >= zero point
+        for x, z in zip(at.reshape(-1).tolist(), bt.reshape(-1).tolist(), strict=True)
+    ]
+    assert out.reshape(-1).tolist() == ref
 
 
 def test_channels_last_argument_is_read_in_its_dim_order() -> None:
@@ -504,11 +514,57 @@ def _qd8_literal(row: Any) -> tuple[Any, float, float]:
     ids=["mixed", "positive", "negative", "3d"],
 )
 def test_per_token_quantization_follows_xnnpack(x: torch.Tensor) -> None:
-    from ptexec.delegates.xnnpack.runtime import _qd8
+    from ptexec.delegates.xnnpack.quant import quantize_rows
 
-    q, zp, scale = _qd8(x, 1)
+    r = quantize_rows(x, 1)
+    q, zp, scale = r.centered + r.zp, r.zp, r.scale
     for i, row in enumerate(x.reshape(-1, x.shape[-1])):
         rq, rz, rs = _qd8_literal(row)
         assert q[i].tolist() == rq.tolist()
         assert zp[i].item() == rz
         assert scale[i].item() == pytest.approx(rs, rel=1e-6)
+
+
+def test_int8_convolution_accumulates_exactly_past_float32() -> None:
+    """A static int8 convolution whose partial sums pass 2**24, where a float32
+    accumulation rounds (checked below): each output equals XNNPACK's exact int32
+    accumulation, computed here with Python integers."""
+    QC8, QC32 = sch.XNNDatatype.xnn_datatype_qcint8, sch.XNNDatatype.xnn_datatype_qcint32
+    cin, cout, zx, zy = 256, 3, -128, 5
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randint(100, 128, (cout, 3, 3, cin), generator=gen, dtype=torch.int8)  # OHWI
+    xt = torch.randint(100, 128, (1, 3, 3, cin), generator=gen, dtype=torch.int8)  # NHWC
+    sums = [
+        sum(a * b for a, b in zip((xt.long() - zx).reshape(-1).tolist(), w[c].reshape(-1).tolist(), strict=True))
+        for c in range(cout)
+    ]  # fmt: skip
+    targets = [-7, 40, 101]
+    bias = torch.tensor([t - s for t, s in zip(targets, sums, strict=True)], dtype=torch.int32)
+    # scales whose requantization scale is exactly 1: the output is the accumulator
+    sx, ws, sy = 0.5, 0.25, 0.125
+    wq = sch.PerChannelQuant(scale=[ws] * cout, channel_dim=0, scale_buffer_idx=0, num_scales=cout)
+    bq = sch.PerChannelQuant(
+        scale=[sx * ws] * cout, channel_dim=0, scale_buffer_idx=0, num_scales=cout
+    )
+    g = G()
+    x = g.value([1, 3, 3, cin], dtype=QINT8, io="in", qparams=sch.PerTensorQuant(sx, zx))
+    fw = g.value([cout, 3, 3, cin], dtype=QC8, data=w, qparams=wq)
+    fb = g.value([cout], dtype=QC32, data=bias, qparams=bq)
+    y = g.value([1, 1, 1, cout], dtype=QINT8, io="out", qparams=sch.PerTensorQuant(sy, zy))
+    g.node(
+        sch.XNNConv2d(
+            padding_top=0, padding_right=0, padding_bottom=0, padding_left=0, kernel_height=3,
+            kernel_width=3, subsampling_height=1, subsampling_width=1, dilation_height=1,
+            dilation_width=1, group_input_channels=cin, group_output_channels=cout, groups=1,
+            adjustment_height=0, adjustment_width=0, input1_id=x, filter_id=fw, bias_id=fb,
+            output_id=y, flags=0,
+        )
+    )  # fmt: skip
+    out = torch.empty(1, 1, 1, cout, dtype=torch.int8)
+    run(g, [xt, out])
+    assert out.reshape(-1).tolist() == [t + zy for t in targets]
+    # float32 arithmetic would not have given that
+    f32 = F.conv2d(
+        (xt.float() - zx).permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2), bias.float()
+    ).reshape(-1)
+    assert f32.tolist() != [float(t) for t in targets]
