@@ -292,3 +292,19 @@ def test_bit_identical_to_executorch_on_one_delegate_programs(name: str, et: Non
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape
             assert torch.equal(g, w), name
+
+
+def test_quantization_parameters_xnnpack_refuses_are_not_handed_to_it() -> None:
+    """A filter scale made huge (a fuzzer's edit of a real int8 network): XNNPACK would
+    refuse the requantization when ExecuTorch creates its operators, and ExecuTorch's
+    runtime then aborts the process. ptexec checks first: "executorch" is refused with
+    the reason, "auto" runs the payload with ptexec's runner."""
+    pytest.importorskip("executorch")
+    path = Path(__file__).parent / "fuzz_corpus"
+    data = (path / "crash-xnnpack-mobilenet_v3_small_int8_static_pc-244932a057.pte").read_bytes()
+    with pytest.raises(ptexec.BackendUnavailableError, match="requantizes by"):
+        ptexec.load(data).load_method("forward", xnnpack="executorch")
+    m = ptexec.load(data).load_method("forward", xnnpack="auto")
+    x = torch.randn(*m.meta.inputs[0].sizes)  # type: ignore[union-attr]
+    (out,) = m.execute([x])
+    assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]

@@ -23,6 +23,7 @@ dynamic inputs are checked after each call (an :class:`~ptexec.errors.ExecutionE
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -32,7 +33,7 @@ from ...format import program as p
 from ...kernels.registry import Emission
 from .. import DelegateContext
 from . import schema as s
-from .runtime import ArgInfo, build_runner
+from .runtime import ArgInfo, Constants, build_runner
 from .schema import decode_payload
 from .shapes import Dims, infer_dims
 
@@ -247,6 +248,81 @@ def serialized_dims_problem(
     return None
 
 
+_WEIGHTED = ("Conv2d", "DepthwiseConv2d", "ConvTranspose2d", "FullyConnected")
+_STATIC_Q = ("qint8", "quint8")
+_CONV_RANGE = (2.0**-32, 256.0)  # input * filter / output scale: XNNPACK's requantization
+_RATIO_RANGE = (2.0**-8, 2.0**8)  # input / output scale of other quantized nodes
+
+
+def _scale_problem(v: s.XnnValue, scales: torch.Tensor) -> str | None:
+    if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
+        return "a scale that is not a finite positive number"
+    if bool((scales < 2.0**-126).any()):
+        return "a subnormal scale"
+    q = v.quant
+    if (
+        isinstance(q, s.PerTensorQuant)
+        and v.dtype_name == "qint8"
+        and not -128 <= q.zero_point <= 127
+    ):
+        return f"zero point {q.zero_point} outside int8"
+    if (
+        isinstance(q, s.PerTensorQuant)
+        and v.dtype_name == "quint8"
+        and not 0 <= q.zero_point <= 255
+    ):
+        return f"zero point {q.zero_point} outside uint8"
+    return None
+
+
+def quantization_problem(payload: s.XnnPayload, named_data: Mapping[str, memoryview]) -> str | None:
+    """Why XNNPACK itself would refuse the payload's quantization parameters, or None.
+
+    XNNPACK refuses, when it creates its operators, scales that are not positive normal
+    numbers and requantization scales outside the ranges its kernels compute in
+    (``input * filter / output`` of a convolution or fully connected node in
+    ``[2**-32, 256)``); ExecuTorch's runtime then fails in a way that takes the process
+    down, so such a payload is not handed to it. Other quantized nodes are held to
+    input/output scale ratios in ``[2**-8, 2**8)``, inside every range XNNPACK accepts
+    for them (real networks sit near 1)."""
+    consts = Constants(payload, named_data, torch.device("cpu"))
+    values = {v.id: v for v in payload.graph.values}
+    scales: dict[int, torch.Tensor] = {}
+    for v in payload.graph.values:
+        q = v.quant
+        if isinstance(q, s.PerTensorQuant):
+            scales[v.id] = torch.tensor([q.scale], dtype=torch.float64)
+        elif isinstance(q, s.PerChannelQuant | s.PerChannelGroupQuant):
+            scales[v.id] = consts.scales(q).double()
+        else:
+            continue
+        problem = _scale_problem(v, scales[v.id])
+        if problem is not None:
+            return f"xvalues[{v.index}] has {problem}"
+    for n in payload.graph.nodes:
+        outs = [values[o] for o in n.outputs if o in values]
+        if len(outs) != 1 or outs[0].dtype_name not in _STATIC_Q or outs[0].id not in scales:
+            continue
+        out_scale = scales[outs[0].id]
+        ins = [values[i] for i in n.inputs if i in values and i in scales]
+        if n.type in _WEIGHTED and len(ins) >= 2:
+            ratio = scales[ins[0].id] * scales[ins[1].id] / out_scale
+            lo, hi = _CONV_RANGE
+        else:
+            statics = [v for v in ins if v.dtype_name in _STATIC_Q]
+            if not statics:
+                continue
+            ratio = torch.cat([scales[v.id] for v in statics]) / out_scale
+            lo, hi = _RATIO_RANGE
+        if not bool(((ratio >= lo) & (ratio < hi)).all()):
+            worst = float(ratio.max() if bool((ratio >= hi).any()) else ratio.min())
+            return (
+                f"xnodes[{n.index}] ({n.type}) requantizes by {worst:.3g}, outside "
+                f"[{lo:.3g}, {hi:.3g})"
+            )
+    return None
+
+
 def _where(ctx: DelegateContext) -> str:
     method = ctx.method_name
     if method:  # a program may name a method anything; paths name it legibly
@@ -316,6 +392,13 @@ def _prepare_executorch(
     if problem is not None:
         if strict:
             raise problem
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
+    refused = quantization_problem(payload, ctx.named_data)
+    if refused is not None:
+        if strict:
+            raise BackendUnavailableError(
+                f"{where}: xnnpack='executorch': XNNPACK would refuse {payload.path}: {refused}"
+            )
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     bad = [k for k, t in enumerate(tensors) if t is None]
     if bad:

@@ -320,7 +320,7 @@ def _unpack4(raw: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return both.reshape(dims).to(torch.int16)
 
 
-class _Constants:
+class Constants:
     """Prepares constant values once: raw views of the payload or named data, dequantized
     when quantized, cast and moved to the device on request, each form cached."""
 
@@ -485,7 +485,7 @@ class _Gen:
         self.path = payload.path
         self.args = args
         self.device = device
-        self.consts = _Constants(payload, named_data, device)
+        self.consts = Constants(payload, named_data, device)
         self.lines: list[str] = []
         self.env: dict[str, Any] = dict(_HELPERS)
         self.expr: dict[int, str] = {}
@@ -971,6 +971,8 @@ class _Gen:
         q = fv.quant
         if not fv.is_constant:
             return None
+        if not 0 <= channel_dim < len(fv.dims) or fv.dims[channel_dim] != channels:
+            raise self.fail(n, f"filter dims {list(fv.dims)} for {channels} output channels")
         if fv.dtype_name == "qint8" and isinstance(q, s.PerTensorQuant):
             w = self.consts.ints(fv).to(torch.float32) - float(q.zero_point)
             wscale = torch.full((channels,), q.scale, dtype=torch.float32)
