@@ -38,6 +38,7 @@ from .loader import (
 )
 
 if TYPE_CHECKING:
+    from .compile import CompileOptions, CompileReport
     from .profile import Profile
     from .program import Program
     from .trace import Trace
@@ -64,8 +65,10 @@ class Method:
     are views in eager PyTorch run as views, and work on constants alone runs once at load,
     where :mod:`ptexec.engine.dataflow` proves it safe), ``fast_path`` (default True: the
     common call runs as one generated function; False sends every call through the
-    general path, which computes the same) and ``cuda_graph`` (capture a static CUDA
-    method once and replay it).
+    general path, which computes the same), ``cuda_graph`` (capture a static CUDA
+    method once and replay it) and ``compile`` (True, or a
+    :class:`ptexec.compile.CompileOptions`: run the method's straight-line regions as
+    AOTInductor-compiled code, cached on disk; see :attr:`compile_report`).
 
     Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
     refuses, before allocating anything, a plan whose buffers (shared state included) add up
@@ -97,6 +100,7 @@ class Method:
         optimize: bool = True,
         fast_path: bool = True,
         cuda_graph: bool = False,
+        compile: bool | CompileOptions = False,
     ) -> None:
         self._program = program
         self._policy = Policy(transfers, layout)  # type: ignore[arg-type]
@@ -110,6 +114,12 @@ class Method:
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
         self._runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        self._compile_report: CompileReport | None = None
+        if compile:
+            from .compile import compiled_runner
+
+            self._runner = compiled = compiled_runner(state, program, compile, cuda_graph)
+            self._compile_report = compiled.report
         self._fast: Callable[[Sequence[Any]], Any] | None = None
         if fast_path and self._policy == _DEFAULT_POLICY:
             self._fast = build_fast_call(state, self._runner, self._output_mode == "copy")
@@ -128,6 +138,11 @@ class Method:
         """The loaded state (values table, buffers, specs, prepared chains), for tools;
         read it, do not modify it."""
         return self._state
+
+    @property
+    def compile_report(self) -> CompileReport | None:
+        """What runs compiled (``load_method(..., compile=True)``); None otherwise."""
+        return self._compile_report
 
     @property
     def last_call(self) -> CallRecord:

@@ -1,0 +1,70 @@
+"""AOTInductor: exported region graphs to one package of compiled models, and back.
+
+Each region becomes one model of the method's package (``r0``, ``r1``, ...), compiled for
+the region's device. A loaded model is called with a flat list of tensors and returns a
+flat list (the package loader's ``run``, which skips the pytree wrapping of
+``torch._inductor``'s Python wrapper). Models are loaded without their own thread
+synchronization: a method's lock already serializes its calls.
+
+:func:`find_compiler` looks for the C++ compiler AOTInductor will use (``CXX``, else
+``g++``; ``clang++`` on macOS); without one nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["compile_package", "find_compiler", "load_model"]
+
+
+def find_compiler() -> str | None:
+    """The path of the C++ compiler AOTInductor would run, or None when there is none."""
+    name = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    return shutil.which(name)
+
+
+def compile_models(exported: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """AOTInductor's output files of every exported graph, by model name."""
+    from torch._inductor import aot_compile
+
+    files: dict[str, list[Any]] = {}
+    for name, ep in exported.items():
+        args, kwargs = ep.example_inputs
+        out = aot_compile(
+            ep.module(check_guards=False), args, kwargs, options={"aot_inductor.package": True}
+        )
+        assert isinstance(out, list)
+        files[name] = out
+    return files
+
+
+def compile_package(
+    exported: Mapping[str, Any], path: Path, on_model: Callable[[str], None] | None = None
+) -> None:
+    """Compile every exported graph (model name -> ``ExportedProgram``) into the package
+    ``path``; ``on_model(name)`` is called before each one (progress)."""
+    from torch._inductor.package import package_aoti
+
+    files: dict[str, list[Any]] = {}
+    for name, ep in exported.items():
+        if on_model is not None:
+            on_model(name)
+        files.update(compile_models({name: ep}))
+    package_aoti(str(path), files)
+
+
+def load_model(
+    path: Path, name: str, device: torch.device
+) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """Model ``name`` of the package at ``path``, as a function of a flat list of tensors."""
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, True, 1, index)
+    run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = loader.run
+    return run
