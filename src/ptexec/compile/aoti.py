@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_package", "find_compiler", "load_model"]
+__all__ = ["compile_models", "find_compiler", "inductor_options", "load_model"]
 
 
 def find_compiler() -> str | None:
@@ -30,7 +30,26 @@ def find_compiler() -> str | None:
     return shutil.which(name)
 
 
-def compile_models(exported: Mapping[str, Any]) -> dict[str, list[Any]]:
+def inductor_options(device: torch.device, autotune: bool) -> dict[str, Any]:
+    """What AOTInductor is asked for. The method's constants are frozen into the code (the
+    compiler folds work on them and packs weights for its kernels); on the CPU, with
+    ``autotune``, each matrix product is timed as a generated C++ kernel against ATen's,
+    and the faster kept (a generated kernel for small products costs a fraction of a
+    library call's fixed overhead)."""
+    options: dict[str, Any] = {
+        "aot_inductor.package": True,
+        "freezing": True,
+        "autotune_num_choices_displayed": 0,
+    }
+    if autotune and device.type == "cpu":
+        options["max_autotune"] = True
+        options["max_autotune_gemm_backends"] = "CPP,ATEN"
+    return options
+
+
+def compile_models(
+    exported: Mapping[str, Any], device: torch.device, autotune: bool = True
+) -> dict[str, list[Any]]:
     """AOTInductor's output files of every exported graph, by model name."""
     from torch._inductor import aot_compile
 
@@ -38,26 +57,14 @@ def compile_models(exported: Mapping[str, Any]) -> dict[str, list[Any]]:
     for name, ep in exported.items():
         args, kwargs = ep.example_inputs
         out = aot_compile(
-            ep.module(check_guards=False), args, kwargs, options={"aot_inductor.package": True}
+            ep.module(check_guards=False),
+            args,
+            kwargs,
+            options=inductor_options(device, autotune),
         )
         assert isinstance(out, list)
         files[name] = out
     return files
-
-
-def compile_package(
-    exported: Mapping[str, Any], path: Path, on_model: Callable[[str], None] | None = None
-) -> None:
-    """Compile every exported graph (model name -> ``ExportedProgram``) into the package
-    ``path``; ``on_model(name)`` is called before each one (progress)."""
-    from torch._inductor.package import package_aoti
-
-    files: dict[str, list[Any]] = {}
-    for name, ep in exported.items():
-        if on_model is not None:
-            on_model(name)
-        files.update(compile_models({name: ep}))
-    package_aoti(str(path), files)
 
 
 def load_model(

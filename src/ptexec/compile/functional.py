@@ -147,6 +147,41 @@ def functional_overload(qualified_name: str) -> tuple[Any, str] | None:
     return None
 
 
+_RESHAPES = frozenset({"aten::view_copy", "aten::_unsafe_view"})
+
+
+@cache
+def view_overload(functional: Any) -> Any:
+    """The view op a functional ``*_copy`` op copies (``permute_copy.default`` ->
+    ``permute.default``; ``view_copy`` -> ``reshape``), or None. In a functional graph the
+    two compute the same values, and the view lets the compiler read the source in place
+    (a transposed weight, say) instead of materializing a copy."""
+    schema = functional._schema
+    ns, name = schema.name.split("::", 1)
+    if schema.name in _RESHAPES:
+        return torch.ops.aten.reshape.default
+    if not name.endswith("_copy"):
+        return None
+    packet = getattr(getattr(torch.ops, ns), name[: -len("_copy")], None)
+    if packet is None:
+        return None
+    overload = getattr(packet, schema.overload_name or "default", None)
+    if overload is None:
+        return None
+    want = [(a.name, str(a.type)) for a in schema.arguments]
+    have = [(a.name, str(a.type).replace("(a)", "")) for a in overload._schema.arguments]
+    return overload if have == want else None
+
+
+def _shares_memory(t: Any, m: torch.Tensor) -> bool:
+    """``t`` is another view of ``m``'s memory (as traced)."""
+    if not isinstance(t, torch.Tensor) or t is m:
+        return False
+    base = t._base if t._base is not None else t
+    mbase = m._base if m._base is not None else m
+    return base is mbase
+
+
 # ---------------------------------------------------------------------------------------
 # executorch_prim: integer and float arithmetic, possibly symbolic
 
@@ -750,11 +785,14 @@ class Rebuild:
         names = {a.name for a in functional._schema.arguments}
         first_out = args[outs[0]]
         out_value = self.plan.values[first_out]
-        if "dtype" in names and not any(a.name == "dtype" for a, _ in inputs):
-            if isinstance(out_value, p.Tensor):
-                extra["dtype"] = self._dtype(first_out)
-        if "device" in names and not any(a.name == "device" for a, _ in inputs):
+        given = {a.name for a, _ in inputs}
+        if "dtype" in names and "dtype" not in given and isinstance(out_value, p.Tensor):
+            extra["dtype"] = self._dtype(first_out)
+        if "device" in names and "device" not in given:
             extra["device"] = self.device
+        view = view_overload(functional)
+        if view is not None:
+            functional = view
         result = self._call(functional, [a for a, _ in inputs], [x for _, x in inputs], extra)
         results = result if isinstance(result, tuple) else (result,)
         if len(outs) == 1 and len(results) == 1:
@@ -820,6 +858,11 @@ class Rebuild:
             k = positions[m]
             if id(rendered[k]) in env.frozen:  # update a copy: the region writes it back
                 rendered[k] = rendered[k].clone()
+            else:  # views taken of it before keep what they saw (the interpreter copied)
+                target = rendered[k]
+                for j, x in list(env.values.items()):
+                    if _shares_memory(x, target):
+                        env[j] = x.clone()
         result = fn(*rendered)
         for m in sig.mutates:
             k = positions[m]

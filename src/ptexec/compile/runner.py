@@ -62,12 +62,15 @@ class CompileOptions:
     and write the on-disk cache (:mod:`ptexec.compile.cache`); ``backend``: ``"aoti"``
     (AOTInductor, the compiled tier) or ``"graph"`` (the traced graphs run by torch, not
     compiled: to check the tier's rebuild and bookkeeping where compiling is too slow);
-    ``progress``: show progress on a terminal (None: when stderr is one)."""
+    ``progress``: show progress on a terminal (None: when stderr is one); ``autotune``: on
+    the CPU, time generated matrix-product kernels against ATen's and keep the faster
+    (:func:`ptexec.compile.aoti.inductor_options`; longer compiles, faster calls)."""
 
     min_instructions: int = 2
     cache: bool = True
     backend: str = "aoti"
     progress: bool | None = None
+    autotune: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in ("aoti", "graph"):
@@ -76,7 +79,11 @@ class CompileOptions:
             raise ValueError(f"min_instructions must be an int, not {self.min_instructions!r}")
 
     def key(self) -> dict[str, Any]:
-        return {"min_instructions": self.min_instructions, "backend": self.backend}
+        return {
+            "min_instructions": self.min_instructions,
+            "backend": self.backend,
+            "autotune": self.autotune,
+        }
 
 
 @dataclass
@@ -296,7 +303,7 @@ class _Builder:
             r = owners[name]
             progress.update(f"compiling region {self.regions.index(r) + 1}/{n} ({r.label})")
             try:
-                files.update(compile_models({name: ep}))
+                files.update(compile_models({name: ep}, r.device, self.options.autotune))
             except Exception as e:
                 self.failed.append(
                     Fallback(r.chain, r.first, r.last, f"compile failed: {_short(e)}")
