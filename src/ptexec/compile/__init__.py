@@ -15,14 +15,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .cache import cache_dir
-from .report import CompileReport
+from .report import CompileReport, CompileWarning
 from .runner import CompiledRunner, CompileOptions
 
 if TYPE_CHECKING:
     from ..engine.state import MethodState
     from ..program import Program
 
-__all__ = ["CompileOptions", "CompileReport", "CompiledRunner", "cache_dir", "compiled_runner"]
+__all__ = [
+    "CompileOptions",
+    "CompileReport",
+    "CompileWarning",
+    "CompiledRunner",
+    "cache_dir",
+    "compiled_runner",
+]
 
 
 def compiled_runner(

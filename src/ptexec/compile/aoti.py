@@ -12,10 +12,12 @@ synchronization: a method's lock already serializes its calls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +58,42 @@ def compile_models(
     files: dict[str, list[Any]] = {}
     for name, ep in exported.items():
         args, kwargs = ep.example_inputs
-        out = aot_compile(
-            ep.module(check_guards=False),
-            args,
-            kwargs,
-            options=inductor_options(device, autotune),
-        )
+        with _quiet():
+            out = aot_compile(
+                ep.module(check_guards=False),
+                args,
+                kwargs,
+                options=inductor_options(device, autotune),
+            )
         assert isinstance(out, list)
         files[name] = out
     return files
+
+
+class _Filtered:
+    """stderr without the autotuner's statistics (it writes them unconditionally)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Autotune Choices Stats:"):
+            return len(text)
+        return int(self.stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Compiling without torch's notes for its own developers (deprecation warnings from
+    inside the compiler, autotuning statistics)."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(_Filtered(sys.stderr)):
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
 
 
 def load_model(

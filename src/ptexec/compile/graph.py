@@ -18,7 +18,10 @@ outside them runs the region interpreted (it gets the interpreter's result or er
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -246,7 +249,7 @@ def export_region(
         x = _example(state, j, device)
         examples.append(x)
         dynamic.append(_dims(plan.values[j], x))
-    with torch.no_grad():
+    with torch.no_grad(), _quiet():
         ep = torch.export.export(
             module,
             tuple(examples),
@@ -255,6 +258,23 @@ def export_region(
         )
     guards = _guards(ep, [plan.values[j] for j in region.graph_inputs], examples)
     return ep, guards, dict(kinds)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Tracing without torch's logs of its own failures (a region that cannot be traced
+    is reported once, with its reason) and deprecation warnings from inside it."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _guards(

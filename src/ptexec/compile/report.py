@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CompileReport"]
+__all__ = ["CompileReport", "CompileWarning"]
+
+
+class CompileWarning(RuntimeWarning):
+    """Issued once by a load that compiled less than it tried to (no C++ compiler, a region
+    whose compile failed): the method runs, interpreted where it was not compiled."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from .cache import CacheEntry, cache_dir, cache_key
 from .graph import Guard, scalar_kind
 from .progress import Progress
 from .regions import Fallback, Region, interpreted_ranges, plan_regions
-from .report import CompileReport
+from .report import CompileReport, CompileWarning
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["CompileOptions", "CompiledRunner"]
 
 Model = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+_COMPILE_FAILED = "compile failed"
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,17 @@ class _Builder:
 
     # -- compiling ---------------------------------------------------------------------
     def build(self) -> None:
+        """Find or make the compiled code; warn once when a compile failed."""
+        self._build()
+        failures = [f for f in self.failed if f.reason.startswith(_COMPILE_FAILED)]
+        if failures and self.warning is None:
+            listed = "; ".join(f"{f.first}-{f.last}: {f.reason}" for f in failures[:3])
+            self.warning = (
+                f"{len(failures)} region(s) failed to compile and run interpreted ({listed})"
+            )
+            warnings.warn(f"'{self.state.name}': {self.warning}", CompileWarning, stacklevel=5)
+
+    def _build(self) -> None:
         if not self.regions:
             return
         options = self.options
@@ -271,13 +283,6 @@ class _Builder:
             entry.commit(staging, manifest)  # False: another process's equal entry won
             if entry.read() is not None:
                 self.cache_path = str(entry.path)
-        failures = [f for f in self.failed if f.reason]
-        if failures:
-            listed = "; ".join(f"{f.first}-{f.last}: {f.reason}" for f in failures[:3])
-            self.warning = (
-                f"{len(failures)} region(s) of '{self.state.name}' could not be compiled and "
-                f"run interpreted ({listed})"
-            )
         done = sum(c.region.last - c.region.first + 1 for c in self.compiled)
         progress.done(
             f"{done} instruction(s) in {len(self.compiled)} region(s), {self.compile_seconds:.1f} s"
@@ -306,7 +311,7 @@ class _Builder:
                 files.update(compile_models({name: ep}, r.device, self.options.autotune))
             except Exception as e:
                 self.failed.append(
-                    Fallback(r.chain, r.first, r.last, f"compile failed: {_short(e)}")
+                    Fallback(r.chain, r.first, r.last, f"{_COMPILE_FAILED}: {_short(e)}")
                 )
         if not files:
             return
@@ -328,7 +333,7 @@ class _Builder:
     def _all_interpreted(self, reason: str) -> None:
         self.compiled = []
         self.failed = []
-        warnings.warn(f"'{self.state.name}': {reason}", RuntimeWarning, stacklevel=5)
+        warnings.warn(f"'{self.state.name}': {reason}", CompileWarning, stacklevel=7)
 
     # -- the report --------------------------------------------------------------------
     def report(self) -> CompileReport:
