@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import io
+import os
 import subprocess
 import sys
 import weakref
@@ -259,36 +260,74 @@ def test_a_method_keeps_its_program_alive() -> None:
 
 def test_a_loaded_file_may_be_replaced_on_disk(tmp_path: Path) -> None:
     """Replacing the file (a new file renamed over it, as editors and exporters do) leaves a
-    loaded program intact: it maps the old file's contents."""
-    path = tmp_path / "model.pte"
-    path.write_bytes(fixture_paths("mlp")[0].read_bytes())
-    m = ptexec.load(path).load_method()
-    fresh = tmp_path / "other.pte"
-    fresh.write_bytes(fixture_paths("cnn")[0].read_bytes())
-    fresh.replace(path)
-    call = fixture_calls("mlp")[0]
-    assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
+    loaded program intact, whether it was read or mapped."""
+    for mapped in (False, True):
+        path = tmp_path / "model.pte"
+        path.write_bytes(fixture_paths("mlp")[0].read_bytes())
+        m = ptexec.load(path, mmap=mapped).load_method()
+        fresh = tmp_path / "other.pte"
+        fresh.write_bytes(fixture_paths("cnn")[0].read_bytes())
+        fresh.replace(path)
+        call = fixture_calls("mlp")[0]
+        got = m.execute(call["inputs"])
+        assert compare_outputs(got, call["outputs"], *tolerance("mlp")) is None
 
 
-_TRUNCATE = """
+_CHANGE = """
 import sys, ptexec, torch
-path = sys.argv[1]
+path, how = sys.argv[1], sys.argv[2]
 m = ptexec.load(path).load_method()
-open(path, "wb").close()  # truncate the mapped file in place
-print(m.execute([torch.zeros(2, 8)])[0].sum().item())
+x = torch.ones(2, 8)
+before = m.execute([x])[0]
+if how == "truncate":
+    open(path, "wb").close()
+else:  # rewrite in place: every byte after the header becomes another value
+    data = bytearray(open(path, "rb").read())
+    data[64:] = bytes([0x3F]) * (len(data) - 64)
+    with open(path, "r+b") as f:
+        f.write(data)
+after = m.execute([x])[0]
+print(bool(torch.equal(before, after)))
 """
 
 
-def test_truncating_a_loaded_file_in_place(tmp_path: Path) -> None:
-    """Documents a limit of memory mapping (as numpy.memmap's): a file truncated in place
-    under a loaded program takes its constants with it. Run in a subprocess."""
+@pytest.mark.parametrize("how", ["truncate", "rewrite"])
+def test_a_file_changed_in_place_does_not_reach_a_loaded_program(tmp_path: Path, how: str) -> None:
+    """Read into private memory (the default), a program is immune to its file being
+    truncated or rewritten in place: no SIGBUS, no changed constants (run in a subprocess:
+    under a memory map, truncation would kill it)."""
     path = tmp_path / "model.pte"
     path.write_bytes(fixture_paths("mlp")[0].read_bytes())
     proc = subprocess.run(
-        [sys.executable, "-c", _TRUNCATE, str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _CHANGE, str(path), how], capture_output=True, text=True, timeout=120
     )
-    # either the pages were already read (a number is printed) or the process gets SIGBUS
-    assert proc.returncode in (0, -7), proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True"
+
+
+def test_a_mapped_file_that_changed_is_refused_at_load_method(tmp_path: Path) -> None:
+    path = tmp_path / "model.pte"
+    data = fixture_paths("mlp")[0].read_bytes()
+    path.write_bytes(data)
+    prog = ptexec.load(path, mmap=True)
+    prog.load_method()
+    with open(path, "r+b") as f:  # the same bytes, written again in place: a new mtime
+        f.write(data)
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(ptexec.errors.ProgramChangedError, match="changed on disk"):
+        prog.load_method()
+    assert isinstance(ptexec.errors.ProgramChangedError("x"), RuntimeError)
+
+
+def test_a_read_program_owns_its_memory(tmp_path: Path) -> None:
+    """Constants of a program read from a path are views of its private copy, not of the
+    file: the file can be deleted at once."""
+    path = tmp_path / "model.pte"
+    path.write_bytes(fixture_paths("mlp")[0].read_bytes())
+    m = ptexec.load(path).load_method()
+    path.unlink()
+    call = fixture_calls("mlp")[0]
+    assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
 
 
 def test_a_freed_method_leaves_no_generated_source() -> None:

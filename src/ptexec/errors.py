@@ -2,8 +2,11 @@
 
 Every error ptexec raises on purpose is a :class:`PtexecError`. Each subclass also derives
 from the builtin exception a Python user would expect (``ValueError`` for bad data,
-``RuntimeError`` for failures while running, ``KeyError`` for unknown names), so code
-written against ExecuTorch's bindings keeps catching what it caught before.
+``RuntimeError`` for failures while running, ``KeyError`` for unknown names,
+``FileNotFoundError`` for a missing file), and every one of them is also a
+``RuntimeError``, the one type ExecuTorch's bindings raise, so code written against
+ExecuTorch keeps catching what it caught before (``except RuntimeError``) and code written
+for Python's conventions catches what it expects (``except ValueError``, ``KeyError``).
 """
 
 from __future__ import annotations
@@ -12,24 +15,35 @@ from collections.abc import Sequence
 
 __all__ = [
     "BackendUnavailableError",
+    "ColumnError",
     "DeviceUnavailableError",
     "ExecutionError",
+    "FileMissingError",
+    "GenerationError",
     "InputError",
     "InstructionLimitError",
     "LimitExceededError",
     "MethodNotFoundError",
+    "NotFoundError",
     "OperatorMissingError",
+    "OutputMismatchError",
+    "ProgramChangedError",
     "PteFormatError",
     "PtexecError",
+    "RowError",
+    "StateError",
+    "StatefulMethodError",
+    "TokenizerError",
     "UnsupportedDeviceError",
 ]
 
 
-class PtexecError(Exception):
-    """Base class of every error ptexec raises on purpose."""
+class PtexecError(RuntimeError):
+    """Base class of every error ptexec raises on purpose (a ``RuntimeError``, as every
+    error of ExecuTorch's bindings is)."""
 
 
-class PteFormatError(PtexecError, ValueError):
+class PteFormatError(PtexecError, ValueError, RuntimeError):
     """A ``.pte`` or ``.ptd`` file is malformed; ``path`` says where in the file.
 
     The message reads ``<path>: <what is wrong>``, for example
@@ -46,11 +60,23 @@ class PteFormatError(PtexecError, ValueError):
         return (type(self), (self.path, self.detail))
 
 
-class MethodNotFoundError(PtexecError, KeyError):
-    """A method name that the program does not have."""
+class ProgramChangedError(PtexecError, RuntimeError):
+    """A program's file changed on disk under a program loaded with ``mmap=True``."""
+
+
+class NotFoundError(PtexecError, KeyError, RuntimeError):
+    """A name or index that is not there (a method's attribute, a bundled test case)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class MethodNotFoundError(NotFoundError):
+    """A method name (or index) that the program does not have."""
+
+
+class FileMissingError(PtexecError, FileNotFoundError, RuntimeError):
+    """A program or data file that does not exist (``errno``, ``filename`` as the OS said)."""
 
 
 class OperatorMissingError(PtexecError, RuntimeError):
@@ -73,11 +99,11 @@ class BackendUnavailableError(PtexecError, RuntimeError):
     """A delegate backend (or a part of its payload) that ptexec cannot run."""
 
 
-class InputError(PtexecError, ValueError):
+class InputError(PtexecError, ValueError, RuntimeError):
     """An input (or a caller-given output) that does not fit the method; nothing was written."""
 
 
-class UnsupportedDeviceError(PtexecError, ValueError):
+class UnsupportedDeviceError(PtexecError, ValueError, RuntimeError):
     """Memory on a device ptexec does not model (only cpu and cuda are)."""
 
 
@@ -86,7 +112,16 @@ class DeviceUnavailableError(PtexecError, RuntimeError):
 
 
 class LimitExceededError(PtexecError, RuntimeError):
-    """A configured limit was reached (planned bytes, instruction count)."""
+    """A configured limit was reached (planned bytes, instruction count, ETDump debug buffer)."""
+
+
+class StateError(PtexecError, RuntimeError):
+    """Something asked of an object that its state does not have: the ETDump of a program
+    loaded without ``enable_etdump=True``, a method's outputs before it ran."""
+
+
+class OutputMismatchError(PtexecError, RuntimeError):
+    """Outputs that differ from the expected ones (a bundled program's test case)."""
 
 
 class ExecutionError(PtexecError, RuntimeError):
@@ -129,3 +164,50 @@ class InstructionLimitError(LimitExceededError, ExecutionError):
     Both a :class:`LimitExceededError` (a configured limit) and an :class:`ExecutionError`
     (it happens while executing; ``instruction`` is where it stopped).
     """
+
+
+class TokenizerError(PtexecError, RuntimeError):
+    """A tokenizer file that no supported format reads, or text or ids it cannot convert."""
+
+
+class GenerationError(PtexecError, RuntimeError):
+    """A text-generation request that the program cannot serve: not a generation program,
+    a prompt past its context, or a step asked of the runner out of order."""
+
+
+class ColumnError(InputError):
+    """A dataset's columns do not fit a method's inputs or outputs (a missing column, rows
+    of a shape or dtype the input cannot take, an output without the rows along dim 0);
+    ``column`` names the column ("" when the problem is the mapping as a whole)."""
+
+    def __init__(self, column: str, message: str) -> None:
+        self.column = column
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.column, str(self)))
+
+
+class RowError(InputError):
+    """A row of a batch that the method refused or failed on; ``row`` is its position in
+    the batch, ``row_id`` its value in the id column (None without one), ``rows`` how many
+    rows from ``row`` on shared the failed call (1 once the row was tried alone). The
+    method's own error is ``__cause__``; ``detail`` is its text."""
+
+    def __init__(self, row: int, row_id: object, detail: str, rows: int = 1) -> None:
+        self.row = row
+        self.row_id = row_id
+        self.detail = detail
+        self.rows = rows
+        where = f"row {row}" if rows == 1 else f"rows {row}..{row + rows - 1} (one call)"
+        if row_id is not None:
+            where += f" (id {row_id!r})"
+        super().__init__(f"{where}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[int, object, str, int]]:
+        return (type(self), (self.row, self.row_id, self.detail, self.rows))
+
+
+class StatefulMethodError(PtexecError, ValueError, RuntimeError):
+    """A method keeps state from call to call (mutable buffers), so its calls on different
+    rows are not independent; batch inference refuses it unless told how to treat it."""

@@ -113,16 +113,19 @@ class Method:
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
-        self._runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
         self._compile_report: CompileReport | None = None
         if compile:
             from .compile import compiled_runner
 
-            self._runner = compiled = compiled_runner(state, program, compile, cuda_graph)
+            runner = compiled = compiled_runner(state, program, compile, cuda_graph)
             self._compile_report = compiled.report
+        self._runner = runner
         self._fast: Callable[[Sequence[Any]], Any] | None = None
         if fast_path and self._policy == _DEFAULT_POLICY:
-            self._fast = build_fast_call(state, self._runner, self._output_mode == "copy")
+            self._fast = build_fast_call(state, runner, self._output_mode == "copy")
+        if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
+            runner.prepare()  # else the fast path compiled the statements, and the blocks wait
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -243,7 +246,10 @@ class Method:
         state = self._state
         with self._lock, torch.no_grad():  # inference: autograd must not touch the memory
             bound = arguments.check_inputs(state, inputs, policy, policy == _DEFAULT_POLICY)
-            given = arguments.check_out(state, out) if out is not None else None
+            given = None
+            if out is not None:
+                given = arguments.check_out(state, out)
+                arguments.check_aliasing(state, bound, given)
             arguments.bind_inputs(state, bound)
             runner.bind(state)
             if given is not None:

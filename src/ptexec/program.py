@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-import mmap
+import mmap as _mmap
 import os
 import threading
 import warnings
@@ -13,10 +13,11 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .errors import MethodNotFoundError, PteFormatError
+from .errors import MethodNotFoundError, ProgramChangedError, PteFormatError
 from .format import program as p
 from .format.ptd import PtdFile, read_ptd
 from .format.pte import PteFile, read_pte
+from .gcpause import paused
 from .loader import MethodMeta, method_meta
 from .memory import BufferInfo, PlannedBuffer, allocate
 from .method import Method
@@ -27,13 +28,38 @@ Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 ShareState = Literal["auto", "never"]
 
 
-def _map(source: Source, what: str) -> tuple[memoryview, Any]:
-    """The bytes of ``source`` as a writable memoryview, and the object that owns them.
+class _FileStamp:
+    """What a memory-mapped file was when it was loaded, to notice it changing on disk."""
 
-    Paths are memory-mapped copy-on-write: the file is read lazily, constants are views of
-    the mapping, and nothing ever writes to the file. ``bytes`` are copied once into a
-    ``bytearray`` (tensors need writable memory); a ``bytearray`` or writable memoryview is
-    used in place and must not be changed while the program is alive.
+    def __init__(self, path: Path, fd: int) -> None:
+        st = os.fstat(fd)
+        self.path = path
+        self.key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def check(self, what: str) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            raise ProgramChangedError(f"{what} {self.path} is gone ({e.strerror})") from None
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.key:
+            raise ProgramChangedError(
+                f"{what} {self.path} changed on disk since it was loaded with mmap=True; "
+                "load it again (or load without mmap to keep a private copy)"
+            )
+
+
+def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _FileStamp | None]:
+    """The bytes of ``source`` as a writable memoryview, the object that owns them, and for
+    a memory-mapped file its stamp.
+
+    A path is read into private memory (``mapped`` False, the default): later changes to
+    the file cannot reach the loaded program. With ``mapped``, it is memory-mapped
+    copy-on-write: the file is read lazily and constants are views of the mapping (resident
+    memory grows only with the pages used), but the file must stay as it is while the
+    program lives (truncating it in place kills the process with SIGBUS when a constant is
+    next read, as with any memory map; rewriting it in place changes the constants). ``bytes``
+    are copied once into a ``bytearray`` (tensors need writable memory); a ``bytearray`` or
+    writable memoryview is used in place and must not be changed while the program is alive.
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -41,22 +67,30 @@ def _map(source: Source, what: str) -> tuple[memoryview, Any]:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise PteFormatError("header", f"{what} {path} is empty")
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        return memoryview(mapped), mapped
+            if mapped:
+                stamp = _FileStamp(path, f.fileno())
+                mapping = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_COPY)
+                return memoryview(mapping), mapping, stamp
+            private = _mmap.mmap(-1, size)  # anonymous memory: page-aligned, like a mapping
+            view = memoryview(private)
+            got = f.readinto(view)
+            if got != size or f.read(1):
+                raise ProgramChangedError(f"{what} {path} changed size while it was read")
+        return view, private, None
     if isinstance(source, bytes):
         owner = bytearray(source)
-        return memoryview(owner), owner
+        return memoryview(owner), owner, None
     if isinstance(source, bytearray):
-        return memoryview(source), source
+        return memoryview(source), source, None
     if isinstance(source, memoryview):
         view = source.cast("B") if source.format != "B" or source.ndim != 1 else source
         if view.readonly:
             owner = bytearray(view)
-            return memoryview(owner), owner
-        return view, source
+            return memoryview(owner), owner, None
+        return view, source, None
     if isinstance(source, io.IOBase) or hasattr(source, "read"):
         owner = bytearray(source.read())
-        return memoryview(owner), owner
+        return memoryview(owner), owner, None
     raise TypeError(f"cannot load a program from {type(source).__name__}")
 
 
@@ -71,10 +105,12 @@ class Program:
         ptd: PtdFile | None = None,
         ptd_owner: Any = None,
         share_state: ShareState = "auto",
+        stamps: tuple[_FileStamp | None, ...] = (),
     ) -> None:
         self.pte = pte
         self.ptd = ptd
         self._owners = (owner, ptd_owner)
+        self._stamps = tuple(s for s in stamps if s is not None)
         self._lock = threading.Lock()
         self.state_lock = threading.Lock()  # held by calls of methods using shared state
         self._shared: dict[int, PlannedBuffer] = {}
@@ -105,8 +141,12 @@ class Program:
         ``max_planned_bytes``, ``max_instructions``, ``optimize``, ``fast_path``,
         ``cuda_graph``, ``compile`` (see :class:`Method`). Each call
         returns a new Method with its own planned memory (state shared between methods
-        stays shared)."""
-        return Method(self, self._plan_index(name), **options)
+        stays shared). A program loaded with ``mmap=True`` whose file changed on disk is
+        refused with :class:`~ptexec.errors.ProgramChangedError`."""
+        for stamp in self._stamps:
+            stamp.check("the program's file")
+        with paused():
+            return Method(self, self._plan_index(name), **options)
 
     def method_meta(self, name: str = "forward", device_map: Any = None) -> MethodMeta:
         """Inputs, outputs and memory plan of method ``name``, without loading it."""
@@ -213,17 +253,23 @@ def load(
     *,
     data_path: str | os.PathLike[str] | bytes | bytearray | None = None,
     share_state: ShareState = "auto",
+    mmap: bool = False,
 ) -> Program:
     """Load and validate an ExecuTorch program (a path, bytes, or a binary file object).
 
     ``data_path`` is the external data file (``.ptd``) of a program exported with external
-    constants. The file is memory-mapped; constants become tensors without being copied.
+    constants. Files are read into private memory, so nothing done to them afterwards
+    reaches the program; ``mmap=True`` maps them instead (copy-on-write: loading reads
+    only what it needs, constants are views of the file and resident memory grows with
+    the pages used), for programs too large to copy, on the condition that the files stay
+    as they are while the program lives (``load_method`` refuses a file that changed).
     Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file.
     """
-    view, owner = _map(source, "program")
-    pte = read_pte(view)
-    ptd = ptd_owner = None
-    if data_path is not None:
-        ptd_view, ptd_owner = _map(data_path, "data file")
-        ptd = read_ptd(ptd_view)
-    return Program(pte, owner, ptd, ptd_owner, share_state)
+    view, owner, stamp = _map(source, "program", mmap)
+    with paused():
+        pte = read_pte(view)
+        ptd = ptd_owner = ptd_stamp = None
+        if data_path is not None:
+            ptd_view, ptd_owner, ptd_stamp = _map(data_path, "data file", mmap)
+            ptd = read_ptd(ptd_view)
+        return Program(pte, owner, ptd, ptd_owner, share_state, (stamp, ptd_stamp))

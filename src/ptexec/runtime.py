@@ -7,9 +7,15 @@ A script written for ExecuTorch's Python runtime switches by changing one import
     method = program.load_method("forward")
     outputs = method.execute([x])
 
+What ExecuTorch's objects say, these say the same way: ``str()`` of a ``TensorInfo`` or
+``MethodMeta`` is ExecuTorch's text (a tensor not on the CPU adds ``device=cuda:0``), and
+every error is a ``RuntimeError`` as ExecuTorch's are (and still the ptexec type with
+ptexec's message: an :class:`~ptexec.errors.InputError` is also a ``ValueError``).
 ``TensorInfo`` here has ExecuTorch's accessor methods (``sizes()``, ``dtype()`` as the
 scalar-type code, ``is_memory_planned()``, ``nbytes()``) plus ``device()`` and
-``dim_order()``, which ExecuTorch's lacks.
+``dim_order()``, which ExecuTorch's lacks. ``load_program(..., enable_etdump=True,
+debug_buffer_size=N)`` records every call as ExecuTorch's ETDump (see :mod:`ptexec.etdump`)
+for ``executorch.devtools.Inspector``; ``write_etdump_result_to_file`` writes it.
 """
 
 from __future__ import annotations
@@ -17,18 +23,23 @@ from __future__ import annotations
 import enum
 import functools
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from . import method as _method
 from . import program as _program
 from .delegates import registered_backends
-from .dtypes import DTYPE_TO_CODE
-from .errors import MethodNotFoundError
+from .device import schema_device
+from .dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE
+from .errors import FileMissingError, MethodNotFoundError, StateError
+from .etdump import ETDumpRecorder
+from .format import program as _p
 from .format.scalar_type import scalar_type_name
-from .kernels.registry import registered_names
+from .kernels.registry import operator_names
 from .tensor import TensorInfo as _TensorInfo
+from .tensor import dim_order_strides
 
 __all__ = [
     "BackendRegistry",
@@ -82,17 +93,59 @@ class TensorInfo:
     def __repr__(self) -> str:
         sizes = list(self._info.sizes)
         name = scalar_type_name(self.dtype())
-        return (
+        text = (
             f"TensorInfo(sizes={sizes}, dtype={name}, is_memory_planned="
-            f"{self._info.is_memory_planned}, nbytes={self._info.nbytes}, device={self._info.device})"
+            f"{self._info.is_memory_planned}, nbytes={self._info.nbytes}"
         )
+        if not self._info.device.is_cpu:
+            text += f", device={self._info.device}"
+        return text + ")"
+
+
+def _attributes(plan: _p.ExecutionPlan) -> tuple[tuple[str, int, _TensorInfo], ...]:
+    """The method's attributes as ExecuTorch counts them: every tensor value with a
+    fully qualified name (named mutable buffers, external constants), in value order;
+    (name, value index, description)."""
+    found = []
+    for j, value in enumerate(plan.values):
+        if not isinstance(value, _p.Tensor) or value.extra_tensor_info is None:
+            continue
+        name = value.extra_tensor_info.fully_qualified_name
+        dtype = CODE_TO_DTYPE.get(value.scalar_type)
+        if not name or dtype is None:
+            continue
+        info = _TensorInfo(
+            sizes=value.sizes,
+            dtype=dtype,
+            dim_order=value.dim_order,
+            device=schema_device(*value.device),
+            strides=dim_order_strides(value.sizes, value.dim_order),
+            is_memory_planned=value.is_memory_planned,
+            dynamism=_p.DYNAMISM_NAMES.get(value.shape_dynamism, "static"),
+        )
+        found.append((name, j, info))
+    return tuple(found)
+
+
+def _plan(program: _program.Program, name: str) -> _p.ExecutionPlan:
+    for plan in program.pte.program.execution_plan:
+        if plan.name == name:
+            return plan
+    raise MethodNotFoundError(
+        f"no method '{name}' in this program (methods: {', '.join(program.method_names)})"
+    )
 
 
 class MethodMeta:
     """ExecuTorch-style method metadata."""
 
-    def __init__(self, meta: _method.MethodMeta) -> None:
+    def __init__(
+        self,
+        meta: _method.MethodMeta,
+        attributes: Sequence[tuple[str, int, _TensorInfo]] = (),
+    ) -> None:
         self._meta = meta
+        self._attributes = tuple(attributes)
 
     def name(self) -> str:
         return self._meta.name
@@ -104,7 +157,8 @@ class MethodMeta:
         return len(self._meta.outputs)
 
     def num_attributes(self) -> int:
-        return 0
+        """Tensors with a fully qualified name (named mutable buffers, external constants)."""
+        return len(self._attributes)
 
     def _tensor(self, infos: Sequence[Any], index: int, what: str) -> TensorInfo:
         if not 0 <= index < len(infos):
@@ -121,19 +175,24 @@ class MethodMeta:
         return self._tensor(self._meta.outputs, index, "output")
 
     def attribute_tensor_meta(self, index: int) -> TensorInfo:
-        raise IndexError(f"attribute index {index} out of range (0 attributes)")
+        return self._tensor([a[2] for a in self._attributes], index, "attribute")
+
+    def attribute_names(self) -> tuple[str, ...]:
+        """The attributes' fully qualified names, in order (ExecuTorch has no such call)."""
+        return tuple(a[0] for a in self._attributes)
 
     @property
     def meta(self) -> _method.MethodMeta:
         return self._meta
 
-    def _list(self, infos: Sequence[Any]) -> str:
-        parts = []
-        for info in infos:
-            parts.append(
+    @staticmethod
+    def _list(infos: Sequence[Any]) -> str:
+        return str(
+            [
                 repr(TensorInfo(info)) if isinstance(info, _TensorInfo) else info.kind.capitalize()
-            )
-        return "[" + ", ".join(parts) + "]"
+                for info in infos
+            ]
+        )
 
     def __repr__(self) -> str:
         m = self._meta
@@ -144,21 +203,88 @@ class MethodMeta:
         )
 
 
+def method_attributes(
+    program: _program.Program, name: str
+) -> tuple[tuple[str, int, _TensorInfo], ...]:
+    """Method ``name``'s attributes: (fully qualified name, value index, description) of
+    every tensor value with a name, as ExecuTorch counts them."""
+    return _attributes(_plan(program, name))
+
+
+def method_meta(program: _program.Program, name: str) -> MethodMeta:
+    """The ExecuTorch-style :class:`MethodMeta` of method ``name`` (nothing is loaded)."""
+    return MethodMeta(program.method_meta(name), method_attributes(program, name))
+
+
+def load_method(
+    program: _program.Program, name: str, recorder: ETDumpRecorder | None
+) -> _method.Method:
+    """Load method ``name`` of ``program``; with a recorder, the load is recorded too."""
+    if recorder is None:
+        return program.load_method(name)
+    start = time.perf_counter_ns()
+    _plan(program, name)
+    init = time.perf_counter_ns()
+    method = program.load_method(name)
+    done = time.perf_counter_ns()
+    recorder.record_load(start, init, done, time.perf_counter_ns())
+    return method
+
+
+def load_source(
+    data: bytes | bytearray | BinaryIO | Path | str | os.PathLike[str] | memoryview,
+    data_path: str | os.PathLike[str] | bytes | bytearray | None = None,
+) -> _program.Program:
+    """:func:`ptexec.load`, with a missing file reported as a :class:`FileMissingError`
+    (both a ``FileNotFoundError`` and, as ExecuTorch's, a ``RuntimeError``)."""
+    if not isinstance(data, str | os.PathLike | bytes | bytearray | memoryview) and not hasattr(
+        data, "read"
+    ):
+        raise TypeError(
+            "expected a program as bytes, bytearray, a path to a .pte file or a file-like "
+            f"object, got {type(data).__name__}"
+        )
+    try:
+        return _program.load(data, data_path=data_path)
+    except FileNotFoundError as e:
+        if isinstance(e, FileMissingError):
+            raise
+        raise FileMissingError(e.errno, e.strerror, e.filename) from None
+
+
+def write_etdump(
+    recorder: ETDumpRecorder | None,
+    etdump_path: str | os.PathLike[str],
+    debug_buffer_path: str | os.PathLike[str] | None,
+) -> None:
+    if recorder is None:
+        raise StateError(
+            "no ETDump: the program was loaded without enable_etdump=True (load it with "
+            "enable_etdump=True, and a debug_buffer_size for intermediate values)"
+        )
+    recorder.write(etdump_path, debug_buffer_path)
+
+
 class Method:
     """ExecuTorch-style method: ``execute(inputs)`` returns copies of the outputs."""
 
-    def __init__(self, method: _method.Method) -> None:
+    def __init__(self, method: _method.Method, recorder: ETDumpRecorder | None = None) -> None:
         self._method = method
+        self._call: Callable[[Sequence[Any]], Sequence[Any]] = (
+            method.execute if recorder is None else functools.partial(recorder.execute, method)
+        )
 
     def execute(self, inputs: Sequence[Any]) -> Sequence[Any]:
-        return self._method.execute(inputs)
+        """Run the method; returns its outputs (copies)."""
+        return self._call(inputs)
 
     def __call__(self, inputs: Sequence[Any]) -> Sequence[Any]:
-        return self._method.execute(inputs)
+        return self._call(inputs)
 
     @property
     def metadata(self) -> MethodMeta:
-        return MethodMeta(self._method.meta)
+        m = self._method
+        return MethodMeta(m.meta, method_attributes(m.program, m.name))
 
     @property
     def method(self) -> _method.Method:
@@ -169,8 +295,9 @@ class Method:
 class Program:
     """ExecuTorch-style program: methods are loaded once and cached."""
 
-    def __init__(self, program: _program.Program) -> None:
+    def __init__(self, program: _program.Program, recorder: ETDumpRecorder | None = None) -> None:
         self._program = program
+        self._recorder = recorder
         self._methods: dict[str, Method] = {}
 
     @property
@@ -180,14 +307,26 @@ class Program:
     def load_method(self, name: str) -> Method:
         method = self._methods.get(name)
         if method is None:
-            if name not in self._program.method_names:
-                raise MethodNotFoundError(f"no method '{name}' in this program")
-            method = Method(self._program.load_method(name))
+            method = Method(load_method(self._program, name, self._recorder), self._recorder)
             self._methods[name] = method
         return method
 
     def metadata(self, method_name: str) -> MethodMeta:
-        return MethodMeta(self._program.method_meta(method_name))
+        return method_meta(self._program, method_name)
+
+    def write_etdump_result_to_file(
+        self,
+        etdump_path: str | os.PathLike[str],
+        debug_buffer_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Write the ETDump of the calls since the last write (and the debug buffer, when
+        the program was loaded with a ``debug_buffer_size``)."""
+        write_etdump(self._recorder, etdump_path, debug_buffer_path)
+
+    @property
+    def etdump(self) -> ETDumpRecorder | None:
+        """The recorder of this program's calls (None without ``enable_etdump``)."""
+        return self._recorder
 
     @property
     def program(self) -> _program.Program:
@@ -207,8 +346,8 @@ class BackendRegistry:
 class OperatorRegistry:
     @property
     def operator_names(self) -> set[str]:
-        """Operators with an explicit kernel (any ``aten::`` op torch has also runs)."""
-        return set(registered_names())
+        """Every operator ptexec runs by name (``ns::op.overload``), ATen's by schema."""
+        return set(operator_names())
 
 
 class Runtime:
@@ -232,9 +371,9 @@ class Runtime:
         debug_buffer_size: int = 0,
         data_path: str | os.PathLike[str] | None = None,
     ) -> Program:
-        """Load a program from a path, bytes or a binary file object."""
-        if enable_etdump:
-            raise NotImplementedError(
-                "ETDump is not produced by ptexec; use ptexec's tracing instead"
-            )
-        return Program(_program.load(data, data_path=data_path))
+        """Load a program from a path, bytes or a binary file object. ``enable_etdump``:
+        record every call as an ETDump (``debug_buffer_size`` bytes for intermediate
+        values; 0 records timings only)."""
+        program = load_source(data, data_path)
+        recorder = ETDumpRecorder(debug_buffer_size) if enable_etdump else None
+        return Program(program, recorder)

@@ -78,6 +78,7 @@ def check_inputs(
             type(x) is torch.Tensor
             and x.dtype is spec.dtype
             and spec.fast_shape is not None
+            and not x.is_nested
             and x.shape == spec.fast_shape
             and x.device == spec.torch_device
             and x.layout is torch.strided
@@ -119,17 +120,25 @@ def _judge(
             f"{where}: expected a tensor {spec.info}; reading the {type(x).__name__} "
             f"failed: {type(e).__name__}: {e}"
         ) from e
-    if t.layout != torch.strided:
+    if t.is_nested or t.layout != torch.strided:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
         raise InputError(
-            f"{where}: expected a dense (strided) tensor {spec.info}, got a "
-            f"{str(t.layout).removeprefix('torch.')} tensor"
+            f"{where}: expected a dense (strided) tensor {spec.info}, got a {kind} tensor"
         )
+    readonly = False
     if isinstance(x, torch.Tensor) or not _is_numpy(x):
         sizes, strides = tuple(t.shape), tuple(t.stride())
         info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
     else:  # numpy: judge the caller's own strides (negative ones have no dim order)
         info = describe(x)
-    return decide(spec.info, info, policy, where), t
+        readonly = not getattr(getattr(x, "flags", None), "writeable", True)
+    action = decide(spec.info, info, policy, where)
+    if readonly and spec.written and action is Action.SHARE:
+        raise InputError(
+            f"{where}: the array is read-only, but the program writes this input in place and "
+            "would use the array's memory; pass a writable array (or a copy)"
+        )
+    return action, t
 
 
 def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
@@ -263,8 +272,71 @@ def check_out(state: MethodState, out: Sequence[Any]) -> list[torch.Tensor | Non
                 f"{where}: the method writes this output in place, so it must be laid out "
                 f"{info.layout}"
             )
+        if t.numel() > 1 and _overlaps_itself(t):
+            raise InputError(
+                f"{where}: several of its elements share memory (strides {list(t.stride())}), "
+                "so it cannot receive an output"
+            )
+        if info.dynamism != "static" and not t.untyped_storage().resizable():
+            need = None if info.dynamism == "dynamic_unbound" else info.nbytes
+            have = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+            if need is None or have < need:
+                bound = "has no bound" if need is None else f"can take up to {need} bytes"
+                raise InputError(
+                    f"{where}: its memory cannot grow (it is not resizable, e.g. a numpy "
+                    f"array's) and holds {have} bytes, but the output {bound}"
+                )
         result.append(t)
     return result
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory: unless, taking its dimensions from the
+    smallest stride up, each stride steps past everything the smaller ones reach."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1)
+    reach = 1
+    for stride, size in dims:
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``t``'s elements lie in."""
+    start = t.data_ptr()
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+    return start, start + (extent + 1) * t.element_size()
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    sa, ea = _span(a)
+    sb, eb = _span(b)
+    return sa < eb and sb < ea
+
+
+def check_aliasing(state: MethodState, bound: Bound, out: list[torch.Tensor | None]) -> None:
+    """Refuse ``out=`` tensors whose memory overlaps an input's or another ``out=`` tensor's:
+    the method may read an input after writing an output, and two outputs in one memory
+    overwrite each other. Memory ranges are compared (elements interleaved in one range
+    count as overlapping)."""
+    taken: list[tuple[str, torch.Tensor]] = [
+        (f"input {spec.index}", x)
+        for spec, (action, x) in zip(state.inputs, bound, strict=True)
+        if action is not None and isinstance(x, torch.Tensor)
+    ]
+    for k, t in enumerate(out):
+        if t is None:
+            continue
+        for what, other in taken:
+            if _shares_memory(t, other):
+                raise InputError(
+                    f"out[{k}] of '{state.name}' overlaps the memory of {what}; the method "
+                    "would overwrite what it still reads (give outputs memory of their own)"
+                )
+        taken.append((f"out[{k}]", t))
 
 
 def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -> None:

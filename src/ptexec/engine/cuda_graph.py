@@ -71,6 +71,7 @@ class CudaGraphRunner:
         self.device = check_capturable(state)
         self.state = state
         self.blocks = BlockRunner(state)  # warm-up and capture run the plain blocks
+        self.blocks.prepare()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: dict[int, torch.Tensor] = {}  # slot -> captured input tensor
 

@@ -32,7 +32,10 @@ Chains with jumps are left alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -63,8 +66,51 @@ def _covers(a: Region, b: Region) -> bool:
     return a == b and a[0] != "fixed"
 
 
+class _Ranges:
+    """Byte ranges in planned buffers, each tagged with an instruction and a value, found by
+    overlap and by instruction window in time proportional to what is found: every buffer
+    is cut into at most about 128 buckets, a range is filed under each bucket it touches,
+    and each bucket keeps its entries in instruction order (they are added in that order)."""
+
+    def __init__(self, buffer_sizes: Sequence[int]) -> None:
+        self.width = {m: max(256, size // 128) for m, size in enumerate(buffer_sizes)}
+        self.buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+
+    def _span(self, mem: int, start: int, end: int) -> range:
+        w = self.width.get(mem, 4096)
+        return range(start // w, max(start, end - 1) // w + 1)
+
+    def add(self, k: int, region: Region, value: int) -> None:
+        _, mem, start, end = region
+        for b in self._span(mem, start, end):
+            self.buckets.setdefault((mem, b), []).append((k, start, end, value))
+
+    def overlapping(self, region: Region, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
+        """(instruction, start, end, value) of the ranges overlapping ``region`` filed by
+        instructions ``lo < k < hi``, in instruction order, each once."""
+        _, mem, start, end = region
+        streams = []
+        for b in self._span(mem, start, end):
+            entries = self.buckets.get((mem, b))
+            if entries:
+                at = bisect.bisect_right(entries, lo, key=lambda e: e[0])
+                streams.append(itertools.islice(entries, at, None))
+        last = None
+        for entry in heapq.merge(*streams):
+            if entry[0] >= hi:
+                return
+            if entry != last and entry[1] < end and start < entry[2]:
+                yield entry
+            last = entry
+
+
 class _Chain:
-    """Reads and memory writes of each instruction, kept current as the chain is rewritten."""
+    """Reads and memory writes of each instruction, kept current as the chain is rewritten.
+
+    The rewrites only ever remove writes (an instruction folded or turned into a view writes
+    nothing any more) and turn planned values into fixed ones, so the indexes made here
+    (who reads each value, which planned bytes each instruction reads and writes) hold a
+    superset of the current facts; every query checks its hits against them."""
 
     def __init__(
         self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Emission], et_views: set[int]
@@ -82,15 +128,44 @@ class _Chain:
         for j, v in enumerate(self.values):
             if isinstance(v, p.Tensor) and v.is_constant:
                 self.fixed.add(j)
+        self.readers_of: dict[int, list[int]] = {}
+        self.read_ranges = _Ranges(plan.non_const_buffer_sizes)
+        self.write_ranges = _Ranges(plan.non_const_buffer_sizes)
+        self.other_writes: dict[Region, list[int]] = {}
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
             e = effects(self.values, ins, st)
             reads = set(e.reads)
             if isinstance(ins, p.MoveCall):  # the moved-to slot is kept as read too
                 reads.update(p.tensor_indices(self.values, (ins.move_to,)))
             self.reads.append(reads)
-            self.writes.append([self.region(w) for w in e.writes])
+            for r in reads:
+                self.readers_of.setdefault(r, []).append(k)
+                reg = self.region(r)
+                if reg[0] == "planned":
+                    self.read_ranges.add(k, reg, r)
+            writes = [self.region(w) for w in e.writes]
+            self.writes.append(writes)
+            for w, reg in zip(e.writes, writes, strict=True):
+                if reg[0] == "planned":
+                    self.write_ranges.add(k, reg, w)
+                else:
+                    self.other_writes.setdefault(reg, []).append(k)
             for w in e.written:
                 self.writers.setdefault(w, set()).add(k)
+
+    def writes_between(self, reg: Region, lo: int, hi: int) -> list[Region]:
+        """The memory writes of instructions ``lo < j < hi`` that overlap region ``reg``."""
+        found = []
+        if reg[0] == "planned":
+            for j, start, end, _ in self.write_ranges.overlapping(reg, lo, hi):
+                r = ("planned", reg[1], start, end)
+                if r in self.writes[j]:
+                    found.append(r)
+        elif reg[0] != "fixed":
+            for j in self.other_writes.get(reg, ()):
+                if lo < j < hi and reg in self.writes[j]:
+                    found.append(reg)
+        return found
 
     def region(self, index: int) -> Region:
         """Where value ``index``'s bytes are, as the plan lays them out."""
@@ -135,12 +210,43 @@ class _Chain:
 
     def readers(self, i: int, target: int) -> tuple[int, set[int], list[int]] | None:
         """Condition 2: (last read, values reading ``target``'s data, view aliases to
-        redirect), or None when some value reads those bytes in a way a view cannot follow."""
+        redirect), or None when some value reads those bytes in a way a view cannot follow.
+
+        Visits, in program order, only the instructions after ``i`` that read a value
+        reading ``target``'s data, or a planned value overlapping its bytes before a later
+        write covers them all (after that, no read of those bytes sees ``target``'s data)."""
         live = {target}
         redirects: list[int] = []
         last = i
         target_region = self.region(target)
-        for k in range(i + 1, len(self.instructions)):
+        todo: list[int] = [k for k in self.readers_of.get(target, ()) if k > i]
+        if target_region[0] == "planned":
+            n = len(self.instructions)
+            stop = n
+            _, _, t_start, t_end = target_region
+            for j, start, end, _ in self.write_ranges.overlapping(target_region, i, n):
+                if (
+                    start <= t_start
+                    and t_end <= end
+                    and (("planned", target_region[1], start, end) in self.writes[j])
+                ):
+                    stop = j
+                    break
+            window = self.read_ranges.overlapping(target_region, i, stop + 1)
+            todo.extend(k for k, _, _, _ in window)
+        heapq.heapify(todo)
+        done: set[int] = set()
+
+        def follow(value: int, after: int) -> None:
+            for k in self.readers_of.get(value, ()):
+                if k > after:
+                    heapq.heappush(todo, k)
+
+        while todo:
+            k = heapq.heappop(todo)
+            if k in done:
+                continue
+            done.add(k)
             for w in sorted(self.reads[k]):
                 if w in live:
                     last = k
@@ -148,18 +254,20 @@ class _Chain:
                 reg = self.region(w)
                 if reg[0] != "planned" or not _overlaps(reg, target_region):
                     continue
-                between = [r for j in range(i + 1, k) for r in self.writes[j] if _overlaps(r, reg)]
+                between = self.writes_between(reg, i, k)
                 if any(_covers(r, reg) for r in between):
                     continue  # a newer tensor lives there now
                 if between or not self.is_view_alias(w, target):
                     return None
                 redirects.append(w)
                 live.add(w)
+                follow(w, k)
                 last = k
             if k in self.et_views:
                 ins = self.instructions[k]
                 if isinstance(ins, p.KernelCall) and ins.args[0] in live:
                     live.add(ins.args[-1])
+                    follow(ins.args[-1], k)
         if live & self.outputs:
             return None
         return last, live, redirects
@@ -236,7 +344,7 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
         live_all |= live
         lines.extend(_redirect(c, t, w) for w in redirects)
     source_region = c.region(c.base(alias.source))
-    if any(_overlaps(r, source_region) for k in range(i + 1, last + 1) for r in c.writes[k]):
+    if c.writes_between(source_region, i, last + 1):
         return None  # condition 3
     for t in live_all:
         if t != alias.source:

@@ -131,7 +131,11 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     lines.append(f"    if len(inputs) != {n}: return NOT_FAST")
     if n:
         lines.append("    " + ", ".join(f"x{i}" for i in range(n)) + ", = inputs")
-    lines.extend("    " + c for c in checks)
+    if checks:  # a tensor torch cannot describe (a nested one, say): the general path says so
+        lines.append("    try:")
+        lines.extend("        " + c for c in checks)
+        lines.append("    except Exception:")
+        lines.append("        return NOT_FAST")
     lines.extend("    " + b for b in binds)
     lines.append(f"    rec.h2h = {total}")
     lines.append("    rec.h2d = rec.d2h = rec.d2d = 0")

@@ -52,13 +52,25 @@ def _limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int
 
 
 class BlockRunner:
-    """The plain compiled blocks of every chain."""
+    """The plain compiled blocks of every chain (compiled at the first run: a method whose
+    common calls run its statements inlined in the fast path may never need them)."""
 
     direct_outputs = True
 
     def __init__(self, state: MethodState) -> None:
         self.state = state
-        self.chains = [compile_chain(c, state.sources) for c in state.chains]
+        self._chains: list[CompiledChain] | None = None
+
+    @property
+    def chains(self) -> list[CompiledChain]:
+        if self._chains is None:
+            self._chains = [compile_chain(c, self.state.sources) for c in self.state.chains]
+        return self._chains
+
+    def prepare(self) -> None:
+        """Compile the blocks now (a generated statement that does not compile fails at
+        load, not at a call)."""
+        _ = self.chains
 
     def bind(self, state: MethodState) -> None:
         pass
@@ -83,12 +95,9 @@ class BlockRunner:
 
     @property
     def straight_line(self) -> bool:
-        """One chain of one block: its statements can be inlined into a caller."""
-        return (
-            len(self.chains) == 1
-            and len(self.chains[0].blocks) == 1
-            and not any(c.has_jumps for c in self.state.chains)
-        )
+        """One chain without jumps: its statements can be inlined into a caller."""
+        chains = self.state.chains
+        return len(chains) == 1 and not chains[0].has_jumps
 
 
 def instrumented_chains(state: MethodState) -> list[CompiledChain]:

@@ -55,12 +55,14 @@ class InputSpec:
         "slot",
         "torch_device",
         "view",
+        "written",
     )
 
     def __init__(self, index: int, slot: int) -> None:
         self.index = index
         self.slot = slot
         self.kind = "tensor"  # or the scalar kind: int, float, bool, str, none
+        self.written = False  # an instruction writes the input's memory in place
         self.info: TensorInfo | None = None
         self.scalar: Any = None  # the traced value of a scalar input
         self.view: torch.Tensor | None = None  # planned view (planned inputs)

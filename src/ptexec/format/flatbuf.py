@@ -24,6 +24,7 @@ _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
+_F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
 _BOOL = struct.Struct("<?")
 
@@ -50,6 +51,16 @@ _STRUCTS = {
     "u64": _U64,
     "f64": _F64,
 }
+
+
+_VTABLES: dict[int, struct.Struct] = {}
+
+
+def _vtable_struct(nfields: int) -> struct.Struct:
+    st = _VTABLES.get(nfields)
+    if st is None:
+        st = _VTABLES[nfields] = struct.Struct(f"<{nfields}H")
+    return st
 
 
 def _join(path: str, name: str) -> str:
@@ -92,33 +103,91 @@ class Buffer:
 
 
 class Table:
-    """One table: its position and vtable, read lazily field by field."""
+    """One table: its position and vtable, read lazily field by field.
 
-    __slots__ = ("buf", "nfields", "path", "pos", "vtable")
+    Its path in the file (``execution_plan[0].values[17]``) is put together only when an
+    error needs it: a table knows its parent and its name in it."""
 
-    def __init__(self, buf: Buffer, pos: int, vtable: int, nfields: int, path: str) -> None:
+    __slots__ = ("_label", "_parent", "_path", "buf", "nfields", "offsets", "pos", "vtable")
+
+    def __init__(
+        self,
+        buf: Buffer,
+        pos: int,
+        vtable: int,
+        nfields: int,
+        path: str,
+        parent: Table | None = None,
+        label: str | tuple[str, int] = "",
+    ) -> None:
         self.buf = buf
         self.pos = pos
         self.vtable = vtable
         self.nfields = nfields
-        self.path = path
+        # each field's offset from the table (0: absent), read from the vtable at once
+        self.offsets: tuple[int, ...] = (
+            _vtable_struct(nfields).unpack_from(buf.data, vtable + 4) if nfields else ()
+        )
+        self._path: str | None = path if parent is None else None
+        self._parent = parent
+        self._label = label
+
+    @property
+    def path(self) -> str:
+        path = self._path
+        if path is None:
+            label = self._label
+            name = label if isinstance(label, str) else f"{label[0]}[{label[1]}]"
+            assert self._parent is not None
+            path = self._path = _join(self._parent.path, name)
+        return path
 
     @classmethod
     def at(cls, buf: Buffer, pos: int, path: str) -> Table:
-        soffset = buf.i32(pos, path)
-        vtable = pos - soffset
-        vt_size = buf.u16(vtable, path + " (vtable)")
-        buf.u16(vtable + 2, path + " (vtable)")
+        return cls._read(buf, pos, path, None, "")
+
+    @classmethod
+    def _read(
+        cls, buf: Buffer, pos: int, path: str, parent: Table | None, label: str | tuple[str, int]
+    ) -> Table:
+        data, size = buf.data, buf.size
+        if pos < 0 or pos + 4 > size:
+            cls._fail(path, parent, label, f"bytes {pos}..{pos + 4}", size)
+        vtable = pos - int(_I32.unpack_from(data, pos)[0])
+        if vtable < 0 or vtable + 4 > size:
+            cls._fail(path, parent, label, f"bytes {vtable}..{vtable + 4}", size, " (vtable)")
+        vt_size = int(_U16.unpack_from(data, vtable)[0])
         if vt_size < 4 or vt_size % 2:
-            raise PteFormatError(path, f"invalid vtable size {vt_size}")
-        buf.check(vtable, vt_size, path + " (vtable)")
-        return cls(buf, pos, vtable, (vt_size - 4) // 2, path)
+            raise PteFormatError(
+                cls(buf, pos, 0, 0, path, parent, label).path, f"invalid vtable size {vt_size}"
+            )
+        if vtable + vt_size > size:
+            cls._fail(path, parent, label, f"bytes {vtable}..{vtable + vt_size}", size, " (vtable)")
+        return cls(buf, pos, vtable, (vt_size - 4) // 2, path, parent, label)
+
+    @classmethod
+    def _fail(
+        cls,
+        path: str,
+        parent: Table | None,
+        label: str | tuple[str, int],
+        where: str,
+        size: int,
+        suffix: str = "",
+    ) -> None:
+        at = cls.__new__(cls)
+        at._path, at._parent, at._label = (path if parent is None else None), parent, label
+        raise PteFormatError(at.path + suffix, f"{where} lie outside the buffer ({size} bytes)")
+
+    def _where(self, name: str) -> str:
+        return _join(self.path, name)
 
     def _field(self, slot: int) -> int:
         """Absolute position of field ``slot`` or 0 when it is absent."""
-        if slot >= self.nfields:
+        offsets = self.offsets
+        if slot >= len(offsets):
             return 0
-        off = int(_U16.unpack_from(self.buf.data, self.vtable + 4 + 2 * slot)[0])
+        off = offsets[slot]
         return self.pos + off if off else 0
 
     def has(self, slot: int) -> bool:
@@ -128,13 +197,20 @@ class Table:
         at = self._field(slot)
         if not at:
             return None
-        self.buf.check(at, st.size, _join(self.path, name))
+        if at + st.size > self.buf.size:
+            self.buf.check(at, st.size, self._where(name))
         return st.unpack_from(self.buf.data, at)[0]
 
     def int_(self, slot: int, kind: str, name: str, default: int = 0) -> int:
         """An integer scalar field (``kind`` as in :data:`SCALARS`)."""
-        v = self._scalar(slot, _STRUCTS[kind], name)
-        return default if v is None else int(v)  # type: ignore[call-overload]
+        offsets = self.offsets
+        if slot >= len(offsets) or not offsets[slot]:
+            return default
+        at = self.pos + offsets[slot]
+        st = _STRUCTS[kind]
+        if at + st.size > self.buf.size:
+            self.buf.check(at, st.size, self._where(name))
+        return int(st.unpack_from(self.buf.data, at)[0])
 
     def bool_(self, slot: int, name: str, default: bool = False) -> bool:
         v = self._scalar(slot, _BOOL, name)
@@ -144,42 +220,50 @@ class Table:
         v = self._scalar(slot, _F64, name)
         return default if v is None else float(v)  # type: ignore[arg-type]
 
+    def f32(self, slot: int, name: str, default: float = 0.0) -> float:
+        v = self._scalar(slot, _F32, name)
+        return default if v is None else float(v)  # type: ignore[arg-type]
+
     def _indirect(self, slot: int, name: str) -> int:
         at = self._field(slot)
         if not at:
             return 0
-        rel = self.buf.u32(at, _join(self.path, name))
+        buf = self.buf
+        if at + 4 > buf.size:
+            buf.check(at, 4, self._where(name))
+        rel = int(_U32.unpack_from(buf.data, at)[0])
         if rel == 0:
-            raise PteFormatError(_join(self.path, name), "zero offset")
+            raise PteFormatError(self._where(name), "zero offset")
         return at + rel
 
     def string(self, slot: int, name: str) -> str | None:
-        at = self._indirect(slot, name)
-        if not at:
+        span = self.vector_span(slot, name, 1)
+        if span is None:
             return None
-        path = _join(self.path, name)
-        n = self.buf.u32(at, path)
-        self.buf.check(at + 4, n, path)
-        raw = bytes(self.buf.data[at + 4 : at + 4 + n])
+        start, n = span
+        raw = bytes(self.buf.data[start : start + n])
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise PteFormatError(path, f"string is not UTF-8 ({e.reason})") from None
+            raise PteFormatError(self._where(name), f"string is not UTF-8 ({e.reason})") from None
 
     def table(self, slot: int, name: str) -> Table | None:
         at = self._indirect(slot, name)
         if not at:
             return None
-        return Table.at(self.buf, at, _join(self.path, name))
+        return Table._read(self.buf, at, "", self, name)
 
     def vector_span(self, slot: int, name: str, item_size: int) -> tuple[int, int] | None:
         """(start, length) of a vector's items, bounds-checked, or None when absent."""
         at = self._indirect(slot, name)
         if not at:
             return None
-        path = _join(self.path, name)
-        n = self.buf.u32(at, path)
-        self.buf.check(at + 4, n * item_size, path)
+        buf = self.buf
+        if at + 4 > buf.size:
+            buf.check(at, 4, self._where(name))
+        n = int(_U32.unpack_from(buf.data, at)[0])
+        if at + 4 + n * item_size > buf.size:
+            buf.check(at + 4, n * item_size, self._where(name))
         return at + 4, n
 
     def scalars(self, slot: int, kind: str, name: str) -> tuple[int, ...] | None:
@@ -204,15 +288,15 @@ class Table:
             return None
         start, n = span
         if limit is not None and n > limit:
-            raise PteFormatError(_join(self.path, name), f"{n} items exceed the limit of {limit}")
+            raise PteFormatError(self._where(name), f"{n} items exceed the limit of {limit}")
         out = []
         buf = self.buf
-        for i in range(n):
-            item = start + 4 * i
-            rel = int(_U32.unpack_from(buf.data, item)[0])
+        read = Table._read
+        rels = struct.unpack_from(f"<{n}I", buf.data, start)
+        for i, rel in enumerate(rels):
             if rel == 0:
-                raise PteFormatError(_join(self.path, f"{name}[{i}]"), "zero offset")
-            out.append(decode(Table.at(buf, item + rel, _join(self.path, f"{name}[{i}]"))))
+                raise PteFormatError(self._where(f"{name}[{i}]"), "zero offset")
+            out.append(decode(read(buf, start + 4 * i + rel, "", self, (name, i))))
         return tuple(out)
 
     def union(
@@ -230,4 +314,4 @@ class Table:
         if not at:
             return code, None
         label = kinds.get(code, name) if kinds else name
-        return code, Table.at(self.buf, at, _join(self.path, label))
+        return code, Table._read(self.buf, at, "", self, label)

@@ -40,7 +40,7 @@ from .registry import (
     register_namespace,
 )
 
-__all__ = ["resolve_overload", "schema_kernel"]
+__all__ = ["resolve_overload", "schema_kernel", "torch_operator_names"]
 
 
 def resolve_overload(qualified_name: str) -> Any:
@@ -560,5 +560,18 @@ def _resolve(qualified_name: str) -> KernelFactory | None:
     return _CACHE[qualified_name]
 
 
-register_namespace("aten", _resolve)
-register_namespace("*", _resolve)  # any other op torch has (e.g. a user's torch.library op)
+def torch_operator_names(namespace: str | None = None) -> list[str]:
+    """The operators torch's dispatcher has now (those of ``namespace``, or of every
+    namespace but ``aten`` when None), spelled ``ns::op.overload`` (bare for a default
+    overload): what :func:`resolve_overload` finds. Ops registered later with
+    ``torch.library`` appear once registered."""
+    names = torch._C._dispatch_get_all_op_names()
+    if namespace is None:
+        return [n for n in names if not n.startswith("aten::")]
+    prefix = f"{namespace}::"
+    return [n for n in names if n.startswith(prefix)]
+
+
+register_namespace("aten", _resolve, lambda: torch_operator_names("aten"))
+# any other op torch has (e.g. a user's torch.library op)
+register_namespace("*", _resolve, torch_operator_names)

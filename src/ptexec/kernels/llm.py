@@ -44,6 +44,15 @@ __all__ = [
 
 
 def _check_cache_args(what: str, value: torch.Tensor, cache: torch.Tensor) -> None:
+    vs, cs = value.shape, cache.shape
+    if (
+        len(vs) == 4
+        and len(cs) == 4
+        and vs[0] == cs[0]
+        and vs[2:] == cs[2:]
+        and (value.dtype == cache.dtype or value.element_size() == cache.element_size())
+    ):
+        return  # the common case, checked in one pass
     if value.dim() != 4 or cache.dim() != 4:
         raise ValueError(
             f"{what}: value and cache must be 4-D [batch, seq, heads, head_dim], got "
@@ -54,10 +63,9 @@ def _check_cache_args(what: str, value: torch.Tensor, cache: torch.Tensor) -> No
             raise ValueError(
                 f"{what}: value {name} {value.shape[d]} differs from the cache's {cache.shape[d]}"
             )
-    if value.element_size() != cache.element_size():
-        raise ValueError(
-            f"{what}: value ({value.dtype}) and cache ({cache.dtype}) have different element sizes"
-        )
+    raise ValueError(
+        f"{what}: value ({value.dtype}) and cache ({cache.dtype}) have different element sizes"
+    )
 
 
 def _same_bits(value: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
@@ -66,16 +74,17 @@ def _same_bits(value: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
 
 
 def update_cache(value: torch.Tensor, cache: torch.Tensor, start_pos: int) -> None:
-    """``cache[:, start_pos : start_pos + value.size(1)] = value``, in place."""
-    what = "update_cache"
-    _check_cache_args(what, value, cache)
+    """``cache[:, start_pos : start_pos + value.size(1)] = value``, in place (one copy into
+    the cache's rows, nothing else allocated)."""
+    _check_cache_args("update_cache", value, cache)
     start = int(start_pos)
     seq = value.shape[1]
-    if not 0 <= start < cache.shape[1] or start + seq > cache.shape[1]:
+    rows = cache.shape[1]
+    if not 0 <= start < rows or start + seq > rows:
         raise ValueError(
-            f"{what}: rows [{start}, {start + seq}) do not fit a cache of {cache.shape[1]} rows"
+            f"update_cache: rows [{start}, {start + seq}) do not fit a cache of {rows} rows"
         )
-    cache[:, start : start + seq].copy_(_same_bits(value, cache))
+    cache.narrow(1, start, seq).copy_(_same_bits(value, cache))
 
 
 def update_cache_with_indices(
@@ -109,7 +118,14 @@ def _attention(
     q_len: int,
     what: str,
 ) -> torch.Tensor:
-    """Attention over ``[batch, heads, seq, dim]`` float tensors with ExecuTorch's key range."""
+    """Attention over ``[batch, heads, seq, dim]`` float tensors with ExecuTorch's key range.
+
+    One call of scaled-dot-product attention on views of the caches: grouped key/value heads
+    are read in place (``enable_gqa``, no repeated copies), and no mask is made where the
+    causal rule hides nothing (a single query row at the end of the keys) or where it is
+    torch's own (``is_causal`` from position 0); an explicit mask only for several rows
+    after position 0.
+    """
     if attn_mask is not None and is_causal:
         raise ValueError(f"{what}: attn_mask and is_causal cannot both be set")
     if q.shape[-1] != k.shape[-1] or k.shape[-1] != v.shape[-1]:
@@ -117,31 +133,34 @@ def _attention(
     heads, kv_heads = q.shape[1], k.shape[1]
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"{what}: {heads} query heads cannot share {kv_heads} key/value heads")
-    kv_len = k.shape[2]
-    if attn_mask is None:
-        keys = int(start_pos) + q_len
-        if keys > kv_len:
-            raise ValueError(
-                f"{what}: start_pos {start_pos} + {q_len} query rows exceed the {kv_len} cached rows"
-            )
-        k, v = k[:, :, :keys], v[:, :, :keys]
-    mask: torch.Tensor | None = None
+    start = int(start_pos)
+    factor = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    gqa = heads != kv_heads
     if attn_mask is not None and attn_mask.numel():
         if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (q.shape[2], k.shape[2]):
             raise ValueError(
                 f"{what}: attn_mask must be [{q.shape[2]}, {k.shape[2]}], got {list(attn_mask.shape)}"
             )
         mask = attn_mask.to(q.device, torch.float32)
-    elif is_causal:
-        rows = torch.arange(q.shape[2], device=q.device)[:, None] + int(start_pos)
-        cols = torch.arange(k.shape[2], device=q.device)[None, :]
-        mask = cols <= rows
-    if heads != kv_heads:
-        reps = heads // kv_heads
-        k = k.repeat_interleave(reps, dim=1)
-        v = v.repeat_interleave(reps, dim=1)
-    factor = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=factor)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=factor, enable_gqa=gqa)
+    if attn_mask is None:
+        keys = start + q_len
+        if keys > k.shape[2]:
+            raise ValueError(
+                f"{what}: start_pos {start_pos} + {q_len} query rows exceed the {k.shape[2]} "
+                "cached rows"
+            )
+        k, v = k[:, :, :keys], v[:, :, :keys]
+    kv_len = k.shape[2]
+    if not is_causal or kv_len <= start + 1:  # row 0 (position start) already sees every key
+        return F.scaled_dot_product_attention(q, k, v, scale=factor, enable_gqa=gqa)
+    if start == 0:  # row i sees keys <= i: torch's causal rule
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=factor, enable_gqa=gqa)
+    rows = torch.arange(q.shape[2], device=q.device)[:, None] + start
+    cols = torch.arange(kv_len, device=q.device)[None, :]
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=cols <= rows, scale=factor, enable_gqa=gqa
+    )
 
 
 def _float(t: torch.Tensor) -> torch.Tensor:
@@ -223,6 +242,13 @@ def _dequantize_rows(
     return (x.to(torch.float32) - zero_points.to(torch.float32)) * scales.to(torch.float32)
 
 
+def _rows(t: torch.Tensor | None, dim: int, n: int) -> torch.Tensor | None:
+    """The first ``n`` rows along ``dim`` of per-row parameters (None stays None)."""
+    if t is None or t.dim() <= dim or t.shape[dim] < n:
+        return t
+    return t.narrow(dim, 0, n)
+
+
 def custom_quantized_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -253,6 +279,19 @@ def custom_quantized_sdpa(
     if q.dtype == torch.int8:
         if is_seq_at_dim_2:
             q_len = q.shape[2]
+        seq_dim = 2 if is_seq_at_dim_2 else 1
+        keys = int(start_pos) + q_len
+        if attn_mask is None and 0 <= keys < k.shape[seq_dim]:
+            # only the first start_pos + q_len cached rows are read: dequantize those
+            k, v = k.narrow(seq_dim, 0, keys), v.narrow(seq_dim, 0, keys)
+            k_zero_points, k_scales = (
+                _rows(k_zero_points, seq_dim, keys),
+                _rows(k_scales, seq_dim, keys),
+            )
+            v_zero_points, v_scales = (
+                _rows(v_zero_points, seq_dim, keys),
+                _rows(v_scales, seq_dim, keys),
+            )
         qf = _dequantize_rows(q, q_zero_points, q_scales, "q")
         kf = _dequantize_rows(k, k_zero_points, k_scales, "k")
         vf = _dequantize_rows(v, v_zero_points, v_scales, "v")

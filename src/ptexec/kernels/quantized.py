@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import torch
 
+from ..format import program as p
 from .fixed_args import Param, fixed_kernel
-from .registry import register
+from .registry import Emission, KernelContext, KernelFactory, register
 
 __all__ = [
     "choose_qparams",
@@ -275,6 +278,11 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _per_row(t: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """``t`` as a column of ``rows`` values, or None if it does not hold one per row."""
+    return t.reshape(rows, 1) if t.numel() == rows else None
+
+
 def quantize_per_token(
     x: torch.Tensor,
     scales: torch.Tensor,
@@ -284,6 +292,16 @@ def quantize_per_token(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Quantization with one (scale, zero_point) per row of the last dimension."""
+    if x.dtype == torch.float32 and x.dim() > 0 and dtype != torch.int32:
+        # the common case in four fused steps: product, round, shift, clamp (same rules)
+        _check_quant_args("quantize_per_token", quant_min, quant_max, dtype)
+        rows = _tokens(x)
+        n = rows.shape[0]
+        s, zp = _per_row(scales, n), _per_row(zero_points, n)
+        if s is not None and zp is not None:
+            inv = torch.reciprocal(s.to(x.device, torch.float32))
+            q = torch.mul(rows, inv).round_().add_(zp.to(x.device)).clamp_(quant_min, quant_max)
+            return q.to(dtype).reshape(x.shape)
     q = quantize_per_channel(
         _tokens(x), scales.reshape(-1), zero_points.reshape(-1), 0, quant_min, quant_max, dtype
     )
@@ -300,6 +318,17 @@ def dequantize_per_token(
     output_dtype: torch.dtype,
 ) -> torch.Tensor:
     """Dequantization with one (scale, zero_point) per row of the last dimension."""
+    if q.dtype == dtype and q.dtype in _INT_INPUTS and q.dtype != torch.int32 and q.dim() > 0:
+        if quant_min > quant_max:
+            raise ValueError(f"dequantize_per_token: quant_min {quant_min} > quant_max {quant_max}")
+        rows = _tokens(q)
+        n = rows.shape[0]
+        s, zp = _per_row(scales, n), _per_row(zero_points, n)
+        if s is not None and zp is not None:
+            # (q - zp) * (float)scale in float32, as the per-channel path computes it
+            centered = rows.to(torch.float32).sub_(zp.to(q.device, torch.int32))
+            x = centered.mul_(s.to(q.device, torch.float32))
+            return x.reshape(q.shape).to(output_dtype)
     x = dequantize_per_channel(
         _tokens(q), scales.reshape(-1), zero_points.reshape(-1), 0, quant_min, quant_max, dtype
     )
@@ -346,6 +375,62 @@ def _scale_zero_point(
     return scale, zero_point.to(torch.int64)
 
 
+def _scale_zero_point_scalar(
+    lo: float, hi: float, quant_min: int, quant_max: int
+) -> tuple[float, int]:
+    """:func:`_scale_zero_point` for one float32 range, with Python floats (doubles).
+
+    Each float32 step of the tensor version is a double operation rounded to float32
+    (:func:`_f32`), which gives the same bits: a sum, product or quotient of two float32
+    values rounded first to double then to float32 equals the correctly rounded float32
+    result (double has more than twice float32's precision)."""
+    lo = min(lo, 0.0)
+    hi = max(hi, 0.0)
+    span = quant_max - quant_min
+    scale = (hi - lo) / span
+    s32 = _f32(scale)
+    if s32 == 0.0 or math.isinf(_f32(1.0 / s32)):
+        scale = 0.1
+    if scale < _SMALL_SCALE:
+        amplifier = _f32(_SMALL_SCALE / _f32(scale))
+        if lo == 0.0:
+            hi = _f32(_SMALL_SCALE * span)
+        elif hi == 0.0:
+            lo = _f32(-_SMALL_SCALE * span)
+        else:
+            lo, hi = _f32(lo * amplifier), _f32(hi * amplifier)
+        scale = _SMALL_SCALE
+    lo_s = lo / scale
+    hi_s = hi / scale
+    if (abs(quant_min) - abs(lo_s)) < (abs(quant_max) - abs(hi_s)):
+        initial = quant_min - lo_s
+    else:
+        initial = quant_max - hi_s
+    return scale, round(_f32(min(max(initial, quant_min), quant_max)))
+
+
+# Up to this many rows, parameters are chosen with Python floats on the host (a handful of
+# scalar steps per row instead of about twenty tensor operations); more rows, or tensors on
+# another device, take the vectorized path. Both give the same bits.
+_SCALAR_ROWS = 64
+
+
+def _choose_rows(
+    rows: torch.Tensor, quant_min: int, quant_max: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales (float64) and zero points (int64) of each row of a 2-D float32 tensor."""
+    lo, hi = torch.aminmax(rows, dim=-1)
+    if rows.device.type == "cpu" and rows.shape[0] <= _SCALAR_ROWS:
+        pairs = [
+            _scale_zero_point_scalar(a, b, quant_min, quant_max)
+            for a, b in zip(lo.tolist(), hi.tolist(), strict=True)
+        ]
+        scale = torch.tensor([sc for sc, _ in pairs], dtype=torch.float64)
+        zp = torch.tensor([z for _, z in pairs], dtype=torch.int64)
+        return scale, zp
+    return _scale_zero_point(lo, hi, quant_min, quant_max)
+
+
 def choose_qparams(
     x: torch.Tensor, quant_min: int, quant_max: int, eps: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,9 +442,7 @@ def choose_qparams(
         raise ValueError(f"{what}: input has dtype {x.dtype}, expected float32")
     if x.numel() == 0:
         raise ValueError(f"{what}: input is empty")
-    lo, hi = torch.aminmax(x.reshape(-1))
-    scale, zp = _scale_zero_point(lo.reshape(1), hi.reshape(1), quant_min, quant_max)
-    return scale, zp
+    return _choose_rows(x.reshape(1, -1), quant_min, quant_max)
 
 
 def choose_qparams_per_token_asymmetric(
@@ -373,14 +456,12 @@ def choose_qparams_per_token_asymmetric(
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"{what}: input needs a non-empty last dimension")
     rows = _tokens(x)
+    shape = (*x.shape[:-1], 1)
     if rows.shape[0] == 0:
-        shape = (*x.shape[:-1], 1)
         return torch.empty(shape, dtype=torch.float64, device=x.device), torch.empty(
             shape, dtype=torch.int64, device=x.device
         )
-    lo, hi = torch.aminmax(rows, dim=-1)
-    scale, zp = _scale_zero_point(lo, hi, -128, 127)
-    shape = (*x.shape[:-1], 1)
+    scale, zp = _choose_rows(rows, -128, 127)
     return scale.reshape(shape), zp.reshape(shape)
 
 
@@ -454,24 +535,79 @@ def embedding_xbit(
     return result if out_dtype is None else result.to(out_dtype)
 
 
+def _mixed_mm_weight(
+    weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
+) -> torch.Tensor:
+    """``weight * scales[:, None]`` in float32 (int8 ``weight`` [n, p], ``scales`` [n])."""
+    what = "mixed_mm"
+    if zero_points is not None:
+        raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
+    if weight.dim() != 2 or scales.dim() != 1:
+        raise ValueError(f"{what}: expected 2-D input and weight and 1-D scales")
+    if weight.dtype != torch.int8:
+        raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
+    if scales.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"{what}: weight {list(weight.shape)} with {scales.shape[0]} scales does not fit"
+        )
+    return weight.to(torch.float32) * scales.to(torch.float32)[:, None]
+
+
+def _mixed_mm_apply(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ValueError("mixed_mm: expected 2-D input and weight and 1-D scales")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(
+            f"mixed_mm: shapes {list(x.shape)} @ {list(w.shape)} with {w.shape[0]} scales "
+            "do not fit"
+        )
+    return (x.to(torch.float32) @ w).to(x.dtype)
+
+
 def mixed_mm(
     x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
 ) -> torch.Tensor:
     """``x @ (weight * scales[:, None])`` with int8 ``weight`` [n, p] and ``scales`` [n]."""
-    what = "mixed_mm"
+    return _mixed_mm_apply(x, _mixed_mm_weight(weight, scales, zero_points))
+
+
+def _mixed_linear_weight(
+    weight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None
+) -> torch.Tensor:
+    """The dequantized weight [p, n] in float32 (per-row or per-group scales)."""
+    what = "mixed_linear"
     if zero_points is not None:
         raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
-    if x.dim() != 2 or weight.dim() != 2 or scales.dim() != 1:
-        raise ValueError(f"{what}: expected 2-D input and weight and 1-D scales")
+    if weight.dim() != 2 or scales.dim() not in (1, 2):
+        raise ValueError(f"{what}: expected 2-D input and weight and 1-D or 2-D scales")
     if weight.dtype != torch.int8:
         raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
-    if x.shape[1] != weight.shape[0] or scales.shape[0] != weight.shape[0]:
+    if scales.shape[0] != weight.shape[0]:
         raise ValueError(
-            f"{what}: shapes {list(x.shape)} @ {list(weight.shape)} with {scales.shape[0]} scales "
-            "do not fit"
+            f"{what}: weight {list(weight.shape)} and scales {list(scales.shape)} do not fit"
         )
-    w = weight.to(torch.float32) * scales.to(torch.float32)[:, None]
-    return (x.to(torch.float32) @ w).to(x.dtype)
+    n = weight.shape[1]
+    s = scales.to(torch.float32)
+    if s.dim() == 1:
+        s = s[:, None]
+    else:
+        group = math.ceil(n / s.shape[1]) if n else 1
+        cols = torch.arange(n, device=s.device) // group
+        s = s[:, cols]
+    return weight.to(torch.float32) * s
+
+
+def _mixed_linear_apply(
+    x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype | None
+) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ValueError("mixed_linear: expected 2-D input and weight and 1-D or 2-D scales")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"mixed_linear: input {list(x.shape)} and weight {list(w.shape)} do not fit"
+        )
+    result = x.to(torch.float32) @ w.T
+    return result.to(dtype if dtype is not None else x.dtype)
 
 
 def mixed_linear(
@@ -483,29 +619,7 @@ def mixed_linear(
 ) -> torch.Tensor:
     """``x @ dequant(weight).T`` with int8 ``weight`` [p, n] and ``scales`` [p] or [p, groups]
     (groups of ``ceil(n / groups)`` columns, the last one possibly shorter)."""
-    what = "mixed_linear"
-    if zero_points is not None:
-        raise ValueError(f"{what}: zero points are not supported (ExecuTorch rejects them too)")
-    if x.dim() != 2 or weight.dim() != 2 or scales.dim() not in (1, 2):
-        raise ValueError(f"{what}: expected 2-D input and weight and 1-D or 2-D scales")
-    if weight.dtype != torch.int8:
-        raise ValueError(f"{what}: weight has dtype {weight.dtype}, expected int8")
-    n = x.shape[1]
-    if weight.shape[1] != n or scales.shape[0] != weight.shape[0]:
-        raise ValueError(
-            f"{what}: input {list(x.shape)}, weight {list(weight.shape)} and scales "
-            f"{list(scales.shape)} do not fit"
-        )
-    s = scales.to(torch.float32)
-    if s.dim() == 1:
-        s = s[:, None]
-    else:
-        group = math.ceil(n / s.shape[1]) if n else 1
-        cols = torch.arange(n, device=s.device) // group
-        s = s[:, cols]
-    w = weight.to(torch.float32) * s
-    result = x.to(torch.float32) @ w.T
-    return result.to(dtype if dtype is not None else x.dtype)
+    return _mixed_linear_apply(x, _mixed_linear_weight(weight, scales, zero_points), dtype)
 
 
 def quantized_add(
@@ -655,7 +769,70 @@ register("quantized_decomposed::choose_qparams_per_token_asymmetric.out")(
 )
 
 
-def _embedding(nbit: int, with_dtype: bool):  # type: ignore[no-untyped-def]
+# A table whose dequantized form is at most this many bytes is dequantized once at load, so
+# a lookup is one row gather; larger tables (a real LLM's vocabulary) stay packed.
+_PREPARED_TABLE_BYTES = 64 << 20
+
+
+def _gather(
+    table: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype | None, what: str
+) -> torch.Tensor:
+    """Rows ``indices`` of a dequantized table (float32), as ``dtype``."""
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64 or int32")
+    if table.device.type != "cpu" and indices.numel():  # CUDA would assert on the device
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= table.shape[0]:
+            raise IndexError(
+                f"{what}: index out of range [0, {table.shape[0]}): got values in [{lo}, {hi}]"
+            )
+    try:
+        rows = torch.nn.functional.embedding(indices, table)
+    except IndexError:
+        lo, hi = int(indices.min()), int(indices.max())
+        raise IndexError(
+            f"{what}: index out of range [0, {table.shape[0]}): got values in [{lo}, {hi}]"
+        ) from None
+    return rows if dtype is None else rows.to(dtype)
+
+
+def _prepared_table(ctx: KernelContext, nbit: int) -> torch.Tensor | None:
+    """The whole table dequantized (float32), when the weight, scales and zero points are
+    constants of the program and the result is small; else None."""
+    weight_i, scales_i, zp_i, qmin_i, qmax_i = ctx.args[:5]
+    for i in (weight_i, scales_i, zp_i):
+        v = ctx.values[i]
+        if isinstance(v, p.Null) and i == zp_i:
+            continue
+        if not isinstance(v, p.Tensor) or not v.is_constant:
+            return None
+    if not (ctx.is_literal(qmin_i) and ctx.is_literal(qmax_i)):
+        return None
+    weight = ctx.initial[weight_i]
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return None
+    if weight.shape[0] * weight.shape[1] * (8 // nbit) * 4 > _PREPARED_TABLE_BYTES:
+        return None
+    zp = None if isinstance(ctx.values[zp_i], p.Null) else ctx.initial[zp_i]
+    every = torch.arange(weight.shape[0], device=weight.device)
+    try:  # the per-call kernel on every row: the same numbers, and the same checks
+        table = embedding_xbit(
+            weight,
+            ctx.initial[scales_i],
+            zp,
+            int(ctx.literal(qmin_i)),
+            int(ctx.literal(qmax_i)),
+            every,
+            nbit,
+        )
+    except (ValueError, IndexError, RuntimeError):
+        return None  # bad arguments: the per-call kernel reports them when it runs
+    return table.contiguous()
+
+
+def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
+    what = f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
+
     def kernel(
         weight: torch.Tensor,
         scales: torch.Tensor,
@@ -670,27 +847,96 @@ def _embedding(nbit: int, with_dtype: bool):  # type: ignore[no-untyped-def]
         )
 
     params = (*_EMB, _T("dtype", "dtype?")) if with_dtype else _EMB
-    return fixed_kernel(kernel, params)
+    per_call = fixed_kernel(kernel, params)
+
+    def factory(ctx: KernelContext) -> Emission:
+        table = _prepared_table(ctx, nbit) if len(ctx.args) == len(params) + 2 else None
+        if table is None:
+            return per_call(ctx)
+        prepared = table
+
+        def lookup(
+            weight: torch.Tensor,
+            scales: torch.Tensor,
+            zero_points: torch.Tensor | None,
+            quant_min: int,
+            quant_max: int,
+            indices: torch.Tensor,
+            dtype: torch.dtype | None = None,
+        ) -> torch.Tensor:
+            return _gather(prepared, indices, dtype, what)
+
+        return fixed_kernel(lookup, params)(ctx)
+
+    return factory
 
 
 for _name, _nbit in (("embedding_byte", 8), ("embedding_4bit", 4), ("embedding_2bit", 2)):
     register(f"quantized_decomposed::{_name}.out")(_embedding(_nbit, False))
     register(f"quantized_decomposed::{_name}.dtype_out")(_embedding(_nbit, True))
 
+
+def _constant_tensors(
+    ctx: KernelContext, positions: tuple[int, ...]
+) -> list[torch.Tensor | None] | None:
+    """The load-time tensors of the arguments at ``positions`` when each is a constant of
+    the program (an absent optional argument gives None); else None."""
+    found: list[torch.Tensor | None] = []
+    for k in positions:
+        v = ctx.values[ctx.args[k]]
+        if isinstance(v, p.Null):
+            found.append(None)
+        elif isinstance(v, p.Tensor) and v.is_constant:
+            found.append(ctx.initial[ctx.args[k]])
+        else:
+            return None
+    return found
+
+
+def _weight_prepared_at_load(
+    params: tuple[Param, ...],
+    general: Callable[..., torch.Tensor],
+    prepare: Callable[..., torch.Tensor],
+    apply: Callable[[torch.Tensor, torch.Tensor, tuple[Any, ...]], torch.Tensor],
+) -> KernelFactory:
+    """A factory for a matmul whose weight arguments (params 1..3: weight, scales, zero
+    points) are dequantized once at load when they are constants; ``apply(x, w, rest)``
+    then runs each call. Otherwise (or when the weight is invalid: the call reports it)
+    ``general`` runs every call."""
+    per_call = fixed_kernel(general, params)
+
+    def factory(ctx: KernelContext) -> Emission:
+        consts = _constant_tensors(ctx, (1, 2, 3)) if len(ctx.args) == len(params) + 2 else None
+        if consts is None or consts[0] is None or consts[1] is None:
+            return per_call(ctx)
+        try:
+            w = prepare(*consts).contiguous()
+        except (ValueError, RuntimeError):
+            return per_call(ctx)
+
+        def run(x: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return apply(x, w, rest[3:])
+
+        return fixed_kernel(run, params)(ctx)
+
+    return factory
+
+
 register("quantized_decomposed::mixed_mm.out")(
-    fixed_kernel(
-        mixed_mm,
+    _weight_prepared_at_load(
         (
             _T("input", "T"),
             _T("weight", "T"),
             _T("weight_scales", "T"),
             _T("weight_zero_points", "T?"),
         ),
+        mixed_mm,
+        _mixed_mm_weight,
+        lambda x, w, rest: _mixed_mm_apply(x, w),
     )
 )
 register("quantized_decomposed::mixed_linear.out")(
-    fixed_kernel(
-        mixed_linear,
+    _weight_prepared_at_load(
         (
             _T("input", "T"),
             _T("weight", "T"),
@@ -698,6 +944,9 @@ register("quantized_decomposed::mixed_linear.out")(
             _T("weight_zero_points", "T?"),
             _T("dtype", "dtype?"),
         ),
+        mixed_linear,
+        _mixed_linear_weight,
+        lambda x, w, rest: _mixed_linear_apply(x, w, rest[0]),
     )
 )
 _ADD_SIDE = ("scale", "float"), ("zero_point", "int"), ("quant_min", "int"), ("quant_max", "int")

@@ -31,6 +31,7 @@ __all__ = [
     "KernelFactory",
     "UnsupportedKernel",
     "find_kernel",
+    "operator_names",
     "register",
     "register_namespace",
     "registered_names",
@@ -256,6 +257,7 @@ KernelFactory = Callable[[KernelContext], Emission]
 
 _KERNELS: dict[str, KernelFactory] = {}
 _NAMESPACES: dict[str, Callable[[str], KernelFactory | None]] = {}
+_LISTERS: dict[str, Callable[[], Iterable[str]]] = {}
 
 
 def register(*names: str) -> Callable[[KernelFactory], KernelFactory]:
@@ -269,9 +271,17 @@ def register(*names: str) -> Callable[[KernelFactory], KernelFactory]:
     return deco
 
 
-def register_namespace(ns: str, resolver: Callable[[str], KernelFactory | None]) -> None:
-    """A fallback for a whole namespace: ``resolver(qualified_name)`` finds a factory or None."""
+def register_namespace(
+    ns: str,
+    resolver: Callable[[str], KernelFactory | None],
+    names: Callable[[], Iterable[str]] | None = None,
+) -> None:
+    """A fallback for a whole namespace: ``resolver(qualified_name)`` finds a factory or
+    None; ``names()``, when given, lists the qualified names it accepts (for
+    :func:`operator_names`)."""
     _NAMESPACES[ns] = resolver
+    if names is not None:
+        _LISTERS[ns] = names
 
 
 def find_kernel(qualified_name: str) -> KernelFactory | None:
@@ -289,3 +299,27 @@ def find_kernel(qualified_name: str) -> KernelFactory | None:
 def registered_names() -> list[str]:
     """Operators with an explicit registration (namespace fallbacks not listed)."""
     return sorted(_KERNELS)
+
+
+def operator_names() -> list[str]:
+    """Every operator :func:`find_kernel` resolves by name, sorted, each once.
+
+    Explicit registrations, and the names each namespace's resolver lists (``"*"``: those
+    of namespaces without a resolver of their own). A default overload is one operator
+    however it is spelled; it is listed the way ExecuTorch programs spell it: bare for
+    ATen (``aten::sym_numel``, as the exporter writes an empty overload), ``.default``
+    elsewhere (``executorch_prim::et_view.default``). Whether a kernel accepts a
+    particular program's arguments is still decided when the method loads.
+    """
+    names = set(_KERNELS)
+    for ns, lister in _LISTERS.items():
+        for name in lister():
+            if ns == "*" and name.split("::", 1)[0] in _NAMESPACES:
+                continue
+            names.add(name)
+    for name in list(names):
+        if name.endswith(".default"):
+            bare = name[: -len(".default")]
+            if bare in names:
+                names.discard(name if name.startswith("aten::") else bare)
+    return sorted(names)

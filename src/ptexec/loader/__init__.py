@@ -109,6 +109,7 @@ def _devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> list[Device | None]:
 def load_state(program: Program, plan_index: int, options: LoadOptions) -> MethodState:
     """Load method ``plan_index`` of ``program`` (see the module docstring)."""
     from ..engine.dataflow import rewrite_chain
+    from ..engine.effects import effects
     from ..engine.state import ChainState, MethodState
     from .specs import io_specs
 
@@ -153,6 +154,14 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     if preparer.missing:
         missing = preparer.missing
         raise OperatorMissingError(plan.name, sorted(set(missing), key=missing.index))
+    written = {
+        w
+        for chain in chains
+        for ins, st in zip(chain.instructions, chain.loaded, strict=True)
+        for w in effects(plan.values, ins, st).writes
+    }
+    for spec in inputs:
+        spec.written = spec.slot in written
     state = MethodState(
         name=plan.name,
         plan=plan,

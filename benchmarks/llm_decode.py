@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""LLM decode and prefill: ptexec (interpreted, compiled) vs ExecuTorch, same programs.
+
+Usage:
+    python benchmarks/llm_decode.py [--variants portable xnnpack xnnpack_8da4w]
+                                    [--prompt 32] [--decode 64] [--blocks 7] [--threads 1]
+
+The programs are tiny Llamas exported with ExecuTorch's LLM exporter
+(``scripts/llm_programs.py``: KV cache, custom SDPA, a seeded checkpoint; portable,
+XNNPACK fp32, XNNPACK 8da4w, ...). Each runtime runs the same greedy loop on the same file:
+prefill ``--prompt`` tokens from position 0 (one call on a dynamic program), then
+``--decode`` steps of one token each (feeding back the argmax). ptexec runs through
+``ptexec.llm.TextDecoder`` (what ``TextLLMRunner`` uses); ExecuTorch through
+``executorch.runtime`` with its LLM custom ops loaded. The column "ptexec compiled" uses
+``load_method(..., compile=True)`` where this ptexec has it, and is skipped otherwise.
+
+Runtimes alternate in blocks within one process (``--blocks``, median of blocks); all run
+on ``--threads`` threads (default 1: torch's and XNNPACK's thread pools would otherwise
+compete for the same cores). Greedy tokens of every runtime are compared with ExecuTorch's
+and the agreement is printed. Ratios are ptexec / ExecuTorch tokens per second (above 1:
+ptexec decodes faster) and prefill time (below 1: ptexec is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "src"))
+
+import llm_programs  # noqa: E402
+
+Step = Callable[[list[int], int], torch.Tensor]
+
+
+def ptexec_step(pte: Path, compile: bool = False) -> Step | None:
+    import ptexec
+    from ptexec.errors import GenerationError
+    from ptexec.llm import TextDecoder
+
+    try:
+        decoder = TextDecoder(ptexec.load(pte), compile=True) if compile else None
+    except GenerationError:
+        return None
+    if decoder is None:
+        decoder = TextDecoder(ptexec.load(pte))
+    d = decoder
+
+    def step(tokens: list[int], pos: int) -> torch.Tensor:
+        return d.prefill(tokens, pos) if len(tokens) > 1 else d.step(tokens[0], pos)
+
+    step.dynamic = d.dynamic  # type: ignore[attr-defined]
+    return step
+
+
+def executorch_step(pte: Path, cache_positions: bool = False) -> Step:
+    import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed:: kernels)
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+
+    def step(tokens: list[int], pos: int) -> torch.Tensor:
+        where = torch.arange(pos, pos + len(tokens)) if cache_positions else torch.tensor([pos])
+        out = method.execute([torch.tensor([tokens]), where])[0]
+        return out.reshape(-1, out.shape[-1])[-1]
+
+    return step
+
+
+def profile_step(pte: Path, prompt_len: int) -> str:
+    """ptexec's per-operator table of one decode step after a prefill (one token a call,
+    so the same for both position layouts: one token's cache position is its start)."""
+    import ptexec
+
+    method = ptexec.load(pte).load_method("forward")
+    tokens = [(11 * i + 5) % 500 + 3 for i in range(prompt_len)]
+    for i, t in enumerate(tokens):  # works for static and dynamic programs alike
+        method.execute([torch.tensor([[t]]), torch.tensor([i])])
+    pos = prompt_len + 8
+    prof = method.profile([torch.tensor([[5]]), torch.tensor([pos])], repeat=30)
+    return str(prof.table(top=12))
+
+
+def run_once(
+    step: Step, prompt: list[int], decode: int, dynamic: bool
+) -> tuple[float, float, list[int]]:
+    """(prefill seconds, decode seconds per token, tokens)."""
+    t0 = time.perf_counter()
+    if dynamic:
+        logits = step(prompt, 0)
+    else:
+        for i, t in enumerate(prompt):
+            logits = step([t], i)
+    t1 = time.perf_counter()
+    tokens = [int(logits.argmax())]
+    pos = len(prompt)
+    t2 = time.perf_counter()
+    for _ in range(decode):
+        logits = step([tokens[-1]], pos)
+        pos += 1
+        tokens.append(int(logits.argmax()))
+    t3 = time.perf_counter()
+    return t1 - t0, (t3 - t2) / decode, tokens
+
+
+def bench(variant: str, prompt_len: int, decode: int, blocks: int) -> dict[str, Any]:
+    pte = llm_programs.program_path(variant)
+    dynamic = llm_programs.VARIANTS[variant].dynamic
+    prompt = [(11 * i + 5) % 500 + 3 for i in range(prompt_len)]
+    runtimes: dict[str, Step] = {"ptexec": ptexec_step(pte)}  # type: ignore[dict-item]
+    compiled = ptexec_step(pte, compile=True)
+    if compiled is not None:
+        runtimes["ptexec compiled"] = compiled
+    hf = llm_programs.VARIANTS[variant].exporter == "optimum"
+    runtimes["ExecuTorch"] = executorch_step(pte, cache_positions=hf)
+    for step in runtimes.values():  # warm up
+        run_once(step, prompt, 4, dynamic)
+    prefill: dict[str, list[float]] = {k: [] for k in runtimes}
+    per_token: dict[str, list[float]] = {k: [] for k in runtimes}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(blocks):
+        for name, step in runtimes.items():
+            p, d, toks = run_once(step, prompt, decode, dynamic)
+            prefill[name].append(p)
+            per_token[name].append(d)
+            tokens[name] = toks
+    return {
+        "variant": variant,
+        "prefill_ms": {k: statistics.median(v) * 1e3 for k, v in prefill.items()},
+        "tokens_per_s": {k: 1.0 / statistics.median(v) for k, v in per_token.items()},
+        "same_tokens": {k: tokens[k] == tokens["ExecuTorch"] for k in runtimes},
+        "compiled": compiled is not None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["portable", "xnnpack", "xnnpack_8da4w", "portable_quant", "hf_xnnpack"],
+    )
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens (default 32)")
+    parser.add_argument("--decode", type=int, default=64, help="decode steps (default 64)")
+    parser.add_argument("--blocks", type=int, default=7, help="interleaved blocks (default 7)")
+    parser.add_argument("--threads", type=int, default=1, help="threads (0: defaults)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print ptexec's operator table for one decode step of each program",
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        try:
+            from executorch.extension.pybindings import portable_lib
+
+            portable_lib._unsafe_reset_threadpool(args.threads)
+        except (ImportError, AttributeError):
+            pass
+    rows = [bench(v, args.prompt, args.decode, args.blocks) for v in args.variants]
+    print(
+        f"prompt {args.prompt} tokens, {args.decode} decode steps, median of {args.blocks} "
+        f"blocks, {torch.get_num_threads()} thread(s)"
+    )
+    header = (
+        f"{'program':16} {'ptexec tok/s':>13} {'compiled tok/s':>15} {'ExecuTorch tok/s':>17} "
+        f"{'ratio':>7} {'ptexec prefill':>15} {'compiled prefill':>17} {'ET prefill':>11} "
+        f"{'ratio':>7}  same tokens"
+    )
+    print(header)
+    for r in rows:
+        tps, pf = r["tokens_per_s"], r["prefill_ms"]
+        comp_tps = f"{tps['ptexec compiled']:.0f}" if r["compiled"] else "n/a"
+        comp_pf = f"{pf['ptexec compiled']:.2f} ms" if r["compiled"] else "n/a"
+        same = ", ".join(
+            f"{k}: {'yes' if v else 'NO'}" for k, v in r["same_tokens"].items() if k != "ExecuTorch"
+        )
+        print(
+            f"{r['variant']:16} {tps['ptexec']:13.0f} {comp_tps:>15} {tps['ExecuTorch']:17.0f} "
+            f"{tps['ptexec'] / tps['ExecuTorch']:7.2f} {pf['ptexec']:12.2f} ms {comp_pf:>17} "
+            f"{pf['ExecuTorch']:8.2f} ms {pf['ptexec'] / pf['ExecuTorch']:7.2f}  {same}"
+        )
+    if args.profile:
+        for v in args.variants:
+            print(f"\n{v}: one decode step at position {args.prompt + 8}")
+            print(profile_step(llm_programs.program_path(v), args.prompt))
+    if not rows[0]["compiled"]:
+        print("ptexec compiled: skipped (this ptexec has no load_method(..., compile=True))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

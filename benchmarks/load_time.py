@@ -1,0 +1,153 @@
+"""Load time: ptexec's ``load`` + ``load_method`` against ExecuTorch's, on the same bytes.
+
+    python benchmarks/load_time.py                     # fixtures, LLM programs, long LSTMs
+    python benchmarks/load_time.py --steps 25 100 300  # LSTM lengths (instructions grow ~14x)
+
+Each program is loaded from bytes by both runtimes, alternately, in one process, one
+thread; each figure is the median over the rounds. The unrolled LSTM programs (a cell
+applied ``steps`` times, as an exported recurrent model is) show how load time grows with
+the number of instructions: it should grow linearly. Exports are cached on disk
+(``$PTEXEC_BENCH_CACHE``, default a folder in the temporary directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import ptexec  # noqa: E402
+
+
+class _Unrolled(torch.nn.Module):
+    """An LSTM cell applied ``steps`` times in Python: every step is its own instructions."""
+
+    def __init__(self, steps: int, width: int = 16) -> None:
+        super().__init__()
+        self.steps = steps
+        self.cell = torch.nn.LSTMCell(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[0], self.cell.hidden_size)
+        c = torch.zeros_like(h)
+        for t in range(self.steps):
+            h, c = self.cell(x[:, t % x.shape[1]], (h, c))
+        return h
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("PTEXEC_BENCH_CACHE") or Path(tempfile.gettempdir()) / "ptexec-bench")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _cached(key: str, make: Callable[[], bytes]) -> bytes:
+    import executorch
+
+    digest = hashlib.sha256(f"{key} {torch.__version__} {executorch.__file__}".encode()).hexdigest()
+    path = _cache_dir() / f"{key}-{digest[:12]}.pte"
+    if not path.exists():
+        data = make()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path.read_bytes()
+
+
+def _lstm(steps: int) -> bytes:
+    def make() -> bytes:
+        from executorch.exir import to_edge
+
+        torch.manual_seed(0)
+        module = _Unrolled(steps).eval()
+        x = torch.randn(2, 8, 16)
+        with torch.no_grad():
+            ep = torch.export.export(module, (x,))
+        return bytes(to_edge(ep).to_executorch().buffer)
+
+    return _cached(f"lstm{steps}", make)
+
+
+def _programs(steps: list[int], llm: bool) -> dict[str, bytes]:
+    programs = {
+        name: (ROOT / "tests" / "fixtures" / f"{name}.pte").read_bytes()
+        for name in ("mlp", "transformer", "llama_sdpa_kv")
+    }
+    if llm:
+        try:
+            import llm_programs
+
+            for variant in ("portable", "xnnpack"):
+                programs[f"llama {variant}"] = Path(llm_programs.program_path(variant)).read_bytes()
+        except Exception as e:  # the LLM exporter needs more than this benchmark
+            print(f"(no LLM programs: {type(e).__name__}: {e})", file=sys.stderr)
+    for n in steps:
+        programs[f"lstm x{n}"] = _lstm(n)
+    return programs
+
+
+def _executorch_loader() -> Callable[[bytes, str], Any] | None:
+    try:
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+        from executorch.runtime import Runtime
+    except ImportError:
+        return None
+    runtime = Runtime.get()
+
+    def load(data: bytes, method: str) -> Any:
+        return runtime.load_program(data).load_method(method)
+
+    return load
+
+
+def _ptexec_load(data: bytes, method: str) -> Any:
+    return ptexec.load(data).load_method(method)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", nargs="*", type=int, default=[25, 50, 100, 200, 300])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-llm", action="store_true", help="skip the exported LLM programs")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    et = _executorch_loader()
+    programs = _programs(args.steps, not args.no_llm)
+    print(f"{'program':<18} {'instructions':>12} {'ptexec':>10} {'ExecuTorch':>11} {'ratio':>7}")
+    for name, data in programs.items():
+        prog = ptexec.load(data)
+        method = "forward" if "forward" in prog.method_names else prog.method_names[0]
+        n = prog.method_meta(method).num_instructions
+        _ptexec_load(data, method)  # first load of a kind resolves its operators
+        times: dict[str, list[float]] = {"ptexec": [], "executorch": []}
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            _ptexec_load(data, method)
+            times["ptexec"].append(time.perf_counter() - t)
+            if et is not None:
+                t = time.perf_counter()
+                et(data, method)
+                times["executorch"].append(time.perf_counter() - t)
+        ours = statistics.median(times["ptexec"])
+        theirs = statistics.median(times["executorch"]) if times["executorch"] else float("nan")
+        print(
+            f"{name:<18} {n:>12} {ours * 1e3:>8.2f}ms {theirs * 1e3:>9.2f}ms {ours / theirs:>7.1f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

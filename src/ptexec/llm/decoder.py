@@ -1,0 +1,220 @@
+"""The program side of text generation: metadata, input layout, prefill and decode steps.
+
+An exported LLM is a ``forward`` method plus constant methods that describe it (what
+ExecuTorch's exporters write; absent ones take ExecuTorch's runner defaults):
+
+==========================  ========================================================
+``get_max_seq_len``         required: the most tokens one call may take
+``get_max_context_len``     the KV cache's length (default: ``get_max_seq_len``)
+``get_vocab_size``          the logits' width (default: the tokenizer's vocabulary)
+``get_bos_id``              BOS id (default: the tokenizer's)
+``get_eos_ids``             EOS ids, one output each (also ``get_eos_id``; default: the
+                            tokenizer's EOS)
+``use_kv_cache``            default True
+``enable_dynamic_shape``    default: read from ``forward``'s token input
+==========================  ========================================================
+
+``forward`` takes the tokens ``int64[1, seq]`` and, with a KV cache, a position input in one
+of the two layouts exporters write: the start position ``input_pos int64[1]`` (ExecuTorch's
+Llama exporter) or the cache-position vector ``cache_position int64[seq]`` holding every
+token's position (Hugging Face exports through optimum-executorch). The layout is read from
+the position input's shape: a dynamic or longer-than-one dimension is a vector. The first
+output is the logits, ``[1, vocab]`` (last position) or ``[1, seq, vocab]``.
+
+:class:`TextDecoder` prefills a prompt in one call when the token input is dynamic (in
+chunks up to its bound), token by token when it is static, and decodes one token a call. Its
+logits stay on the program's device; only the sampled id leaves it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import GenerationError
+
+__all__ = ["LlmMetadata", "TextDecoder", "read_metadata"]
+
+_DEFAULTS = {
+    "get_max_seq_len": None,
+    "get_max_context_len": None,
+    "get_vocab_size": None,
+    "get_bos_id": None,
+    "use_kv_cache": True,
+    "use_sdpa_with_kv_cache": False,
+    "enable_dynamic_shape": None,
+}
+_EOS_METHODS = ("get_eos_ids", "get_eos_id")
+
+
+class LlmMetadata:
+    """The constant methods of an LLM program, as read from the file."""
+
+    def __init__(self, values: dict[str, Any], eos_ids: tuple[int, ...] | None) -> None:
+        self.values = values
+        self.eos_ids = eos_ids  # None: the program names none
+
+    def get(self, name: str, default: Any = None) -> Any:
+        v = self.values.get(name)
+        return default if v is None else v
+
+    def __repr__(self) -> str:
+        return f"LlmMetadata({self.values}, eos_ids={self.eos_ids})"
+
+
+def _constant_outputs(program: Any, name: str) -> list[Any]:
+    meta = program.method_meta(name)
+    outs = meta.outputs
+    if meta.num_instructions == 0 and all(hasattr(o, "kind") for o in outs):
+        return [o.value for o in outs]  # a constant method: its outputs are its values
+    values = program.load_method(name).execute([])
+    return [v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in values]
+
+
+def read_metadata(program: Any) -> LlmMetadata:
+    """The metadata methods of ``program`` that it has (see the module docstring)."""
+    names = set(program.method_names)
+    values: dict[str, Any] = {}
+    extra = sorted(n for n in names if n.startswith(("get_", "use_", "enable_")))
+    for name in extra:
+        if name in _EOS_METHODS or program.method_meta(name).inputs:
+            continue  # metadata methods take no inputs
+        outs = _constant_outputs(program, name)
+        if len(outs) == 1 and isinstance(outs[0], bool | int | float):
+            values[name] = outs[0]
+    eos: tuple[int, ...] | None = None
+    for name in _EOS_METHODS:
+        if name in names:
+            eos = tuple(int(v) for v in _constant_outputs(program, name))
+            break
+    return LlmMetadata(values, eos)
+
+
+class TextDecoder:
+    """Runs a generation program's ``forward``: prefill a prompt, decode one token.
+
+    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...). Raises
+    :class:`~ptexec.errors.GenerationError` when ``forward`` is not shaped like a
+    generation program.
+    """
+
+    def __init__(self, program: Any, method: str = "forward", **options: Any) -> None:
+        self.metadata = read_metadata(program)
+        meta = program.method_meta(method, options.get("device_map"))
+        self._check_layout(meta, method)
+        options.setdefault("outputs", "view")  # logits are sampled before the next call
+        try:
+            self.method = program.load_method(method, **options)
+        except TypeError as e:
+            if "compile" in options and "compile" in str(e):
+                raise GenerationError(
+                    "compile=True needs ptexec's compiled tier (load_method(..., "
+                    "compile=True)), which this version of ptexec does not have"
+                ) from e
+            raise
+        tokens = meta.inputs[0]
+        self.device = tokens.device.to_torch()
+        self.token_dtype = tokens.dtype
+        self.use_kv_cache = bool(self.metadata.get("use_kv_cache", True)) and len(meta.inputs) > 1
+        dyn = tokens.dynamism != "static"
+        self.dynamic = bool(self.metadata.get("enable_dynamic_shape", dyn)) and dyn
+        self.max_chunk = int(tokens.sizes[1]) if self.dynamic else 1
+        if not self.use_kv_cache:
+            self.max_chunk = int(tokens.sizes[1])
+        max_seq = self.metadata.get("get_max_seq_len")
+        if max_seq is None:
+            raise GenerationError(
+                f"the program has no get_max_seq_len method; its methods are "
+                f"{list(program.method_names)} (an LLM export writes it)"
+            )
+        self.max_seq_len = int(max_seq)
+        self.max_context_len = int(self.metadata.get("get_max_context_len", self.max_seq_len))
+        self.pos_vector = False
+        self.pos_dtype = torch.int64
+        if self.use_kv_cache:
+            pos = meta.inputs[1]
+            self.pos_dtype = pos.dtype
+            self.pos_vector = pos.dynamism != "static" or int(pos.sizes[0]) > 1
+        self.execution_ms = 0.0  # accumulated time in forward
+
+    @staticmethod
+    def _check_layout(meta: Any, method: str) -> None:
+        ins = meta.inputs
+        if not ins or not hasattr(ins[0], "sizes"):
+            raise GenerationError(
+                f"'{method}' should take the tokens int64[1, seq] first; it takes {list(ins)}"
+            )
+        tokens = ins[0]
+        if tokens.dtype not in (torch.int64, torch.int32) or len(tokens.sizes) != 2:
+            raise GenerationError(
+                f"'{method}' input 0 should be the tokens, int64[1, seq]; it is {tokens}"
+            )
+        if len(ins) > 2:
+            raise GenerationError(
+                f"'{method}' takes {len(ins)} inputs; a generation program takes the tokens "
+                "and at most a position input"
+            )
+        if len(ins) == 2:
+            pos = ins[1]
+            if (
+                not hasattr(pos, "sizes")
+                or pos.dtype not in (torch.int64, torch.int32)
+                or len(pos.sizes) != 1
+            ):
+                raise GenerationError(
+                    f"'{method}' input 1 should be the position (int64[1] start position or "
+                    f"int64[seq] cache positions); it is {pos}"
+                )
+        if not meta.outputs or not hasattr(meta.outputs[0], "sizes"):
+            raise GenerationError(f"'{method}' should return the logits first")
+
+    # -- running -----------------------------------------------------------------------
+    def _call(self, tokens: Sequence[int], pos: int) -> torch.Tensor:
+        t = torch.tensor([list(tokens)], dtype=self.token_dtype, device=self.device)
+        if not self.use_kv_cache:
+            inputs: list[Any] = [t]
+        elif self.pos_vector:
+            inputs = [
+                torch.arange(pos, pos + len(tokens), dtype=self.pos_dtype, device=self.device)
+            ]
+            inputs.insert(0, t)
+        else:
+            inputs = [t, torch.tensor([pos], dtype=self.pos_dtype, device=self.device)]
+        start = time.perf_counter()
+        logits: torch.Tensor = self.method.execute(inputs)[0]
+        self.execution_ms += (time.perf_counter() - start) * 1e3
+        if logits.dim() == 3:
+            logits = logits[:, -1, :]
+        return logits
+
+    def prefill(self, tokens: Sequence[int], pos: int) -> torch.Tensor:
+        """Evaluate ``tokens`` at positions ``pos, pos + 1, ...``; the last position's logits."""
+        if not tokens:
+            raise GenerationError("prefill needs at least one token")
+        if pos + len(tokens) > self.max_context_len:
+            raise GenerationError(
+                f"{len(tokens)} tokens at position {pos} do not fit the context of "
+                f"{self.max_context_len} tokens"
+            )
+        if not self.use_kv_cache:
+            return self._call(list(tokens)[-self.max_chunk :], 0)
+        logits: torch.Tensor | None = None
+        step = self.max_chunk
+        for i in range(0, len(tokens), step):
+            logits = self._call(tokens[i : i + step], pos + i)
+        assert logits is not None
+        return logits
+
+    def step(self, token: int, pos: int, history: Sequence[int] = ()) -> torch.Tensor:
+        """Evaluate one token at ``pos`` (a program without a KV cache re-reads ``history``,
+        every token before it); its logits."""
+        if pos >= self.max_context_len:
+            raise GenerationError(
+                f"position {pos} is past the context of {self.max_context_len} tokens"
+            )
+        if not self.use_kv_cache:
+            return self._call([*history, token][-self.max_chunk :], 0)
+        return self._call((token,), pos)

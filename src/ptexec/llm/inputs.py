@@ -1,0 +1,259 @@
+"""Inputs of a multimodal generation: text, token ids, images and audio.
+
+Names and checks follow ExecuTorch's runner bindings. Images are stored channels-first
+(``C, H, W``), as uint8 or float32 values. ptexec's runners generate from text and token
+inputs; images and audio can be built and inspected, and a runner refuses them with a
+:class:`~ptexec.errors.GenerationError` (this runtime has no vision or audio encoders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, overload
+
+import torch
+
+__all__ = [
+    "Audio",
+    "Image",
+    "MultimodalInput",
+    "RawAudio",
+    "make_audio_input",
+    "make_image_input",
+    "make_raw_audio_input",
+    "make_text_input",
+    "make_token_input",
+]
+
+
+class Image:
+    """Image pixels (channels-first), as uint8 or float values."""
+
+    @overload
+    def __init__(self) -> None: ...
+    @overload
+    def __init__(
+        self, data: Sequence[int] | Sequence[float], width: int, height: int, channels: int
+    ) -> None: ...
+    def __init__(
+        self,
+        data: Sequence[int] | Sequence[float] | None = None,
+        width: int = 0,
+        height: int = 0,
+        channels: int = 0,
+    ) -> None:
+        values = list(data) if data is not None else []
+        if values and len(values) != width * height * channels:
+            raise RuntimeError(
+                f"Image data has {len(values)} values, expected width {width} x height "
+                f"{height} x channels {channels} = {width * height * channels}"
+            )
+        self._float = any(isinstance(v, float) for v in values)
+        self._data = values
+        self._width, self._height, self._channels = int(width), int(height), int(channels)
+
+    def is_uint8(self) -> bool:
+        return not self._float
+
+    def is_float(self) -> bool:
+        return self._float
+
+    @property
+    def width(self) -> int:
+        return self._width
+
+    @property
+    def height(self) -> int:
+        return self._height
+
+    @property
+    def channels(self) -> int:
+        return self._channels
+
+    @property
+    def uint8_data(self) -> list[int]:
+        return [int(v) for v in self._data] if not self._float else []
+
+    @property
+    def float_data(self) -> list[float]:
+        return [float(v) for v in self._data] if self._float else []
+
+    def to_tensor(self) -> torch.Tensor:
+        """The pixels as a ``[C, H, W]`` tensor (uint8 or float32)."""
+        dtype = torch.float32 if self._float else torch.uint8
+        return torch.tensor(self._data, dtype=dtype).reshape(
+            self._channels, self._height, self._width
+        )
+
+    def __repr__(self) -> str:
+        kind = "float" if self._float else "uint8"
+        return (
+            f"Image(height={self._height}, width={self._width}, channels={self._channels}, "
+            f"type={kind})"
+        )
+
+
+class Audio:
+    """Preprocessed audio features (``batch_size x n_bins x n_frames`` values)."""
+
+    def __init__(
+        self, data: Sequence[int] = (), batch_size: int = 0, n_bins: int = 0, n_frames: int = 0
+    ) -> None:
+        self.data = list(data)
+        self.batch_size, self.n_bins, self.n_frames = batch_size, n_bins, n_frames
+
+    def __repr__(self) -> str:
+        return (
+            f"Audio(batch_size={self.batch_size}, n_bins={self.n_bins}, n_frames={self.n_frames})"
+        )
+
+
+class RawAudio:
+    """Raw audio samples (``batch_size x n_channels x n_samples`` values)."""
+
+    def __init__(
+        self, data: Sequence[int] = (), batch_size: int = 0, n_channels: int = 0, n_samples: int = 0
+    ) -> None:
+        self.data = list(data)
+        self.batch_size, self.n_channels, self.n_samples = batch_size, n_channels, n_samples
+
+    def __repr__(self) -> str:
+        return (
+            f"RawAudio(batch_size={self.batch_size}, n_channels={self.n_channels}, "
+            f"n_samples={self.n_samples})"
+        )
+
+
+class _Tokens:
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = [int(i) for i in ids]
+
+
+class MultimodalInput:
+    """One input of a multimodal prompt: text, token ids, an image, audio or raw audio."""
+
+    def __init__(self, value: str | Image | Audio | RawAudio | _Tokens) -> None:
+        if not isinstance(value, str | Image | Audio | RawAudio | _Tokens):
+            raise TypeError(
+                f"MultimodalInput takes a str, Image, Audio or RawAudio, got {type(value).__name__}"
+            )
+        self._value: Any = value
+
+    @property
+    def type(self) -> str:
+        v = self._value
+        if isinstance(v, str):
+            return "text"
+        if isinstance(v, _Tokens):
+            return "tokens"
+        if isinstance(v, Image):
+            return "image"
+        return "audio" if isinstance(v, Audio) else "raw_audio"
+
+    def is_text(self) -> bool:
+        return self.type == "text"
+
+    def is_tokens(self) -> bool:
+        return self.type == "tokens"
+
+    def is_image(self) -> bool:
+        return self.type == "image"
+
+    def is_audio(self) -> bool:
+        return self.type == "audio"
+
+    def is_raw_audio(self) -> bool:
+        return self.type == "raw_audio"
+
+    def get_text(self) -> str | None:
+        return self._value if self.is_text() else None
+
+    def get_tokens(self) -> list[int] | None:
+        return list(self._value.ids) if self.is_tokens() else None
+
+    def get_image(self) -> Image | None:
+        return self._value if self.is_image() else None
+
+    def get_audio(self) -> Audio | None:
+        return self._value if self.is_audio() else None
+
+    def get_raw_audio(self) -> RawAudio | None:
+        return self._value if self.is_raw_audio() else None
+
+    def __repr__(self) -> str:
+        kind = self.type
+        if kind == "text":
+            text = self._value if len(self._value) <= 50 else self._value[:50] + "..."
+            return f'MultimodalInput(type=text, text="{text}")'
+        if kind == "tokens":
+            ids = self._value.ids
+            shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+            return f"MultimodalInput(type=tokens, count={len(ids)}, tokens=[{shown}])"
+        return f"MultimodalInput(type={kind}, {self._value!r})"
+
+
+def make_text_input(text: str) -> MultimodalInput:
+    """A text input."""
+    return MultimodalInput(text)
+
+
+def make_token_input(tokens: Sequence[int]) -> MultimodalInput:
+    """An input of token ids (already encoded)."""
+    return MultimodalInput(_Tokens(tokens))
+
+
+def make_image_input(image_tensor: torch.Tensor) -> MultimodalInput:
+    """An image input from a ``(H, W, C)``, ``(1, H, W, C)``, ``(C, H, W)`` or
+    ``(1, C, H, W)`` tensor with 3 (RGB) or 4 (RGBA) channels, uint8 or float."""
+    t = image_tensor
+    if t.dim() == 4:
+        if t.shape[0] != 1:
+            raise RuntimeError(
+                f"Image tensor with 4 dimensions must have batch size 1, got {list(t.shape)}"
+            )
+        t = t[0]
+    if t.dim() != 3:
+        raise RuntimeError(
+            "Image tensor must be 3-dimensional (H, W, C) or (C, H, W), or 4-dimensional "
+            f"with batch size 1; got {t.dim()} dimensions"
+        )
+    if t.shape[0] in (3, 4):
+        chw = t
+    elif t.shape[-1] in (3, 4):
+        chw = t.permute(2, 0, 1)
+    else:
+        raise RuntimeError(
+            f"Image tensor must have 3 (RGB) or 4 (RGBA) channels, got shape {list(t.shape)}"
+        )
+    c, h, w = (int(s) for s in chw.shape)
+    if t.dtype == torch.uint8:
+        data: list[Any] = chw.contiguous().reshape(-1).tolist()
+    elif t.is_floating_point():
+        data = [float(v) for v in chw.float().contiguous().reshape(-1).tolist()]
+    else:
+        raise RuntimeError(f"Image tensor must be uint8 or floating point, got {t.dtype}")
+    return MultimodalInput(Image(data, w, h, c))
+
+
+def make_audio_input(audio_tensor: torch.Tensor) -> MultimodalInput:
+    """Preprocessed audio features from a ``(batch_size, n_bins, n_frames)`` tensor."""
+    if audio_tensor.dim() != 3:
+        raise RuntimeError(
+            "Audio tensor must be 3-dimensional (batch_size, n_bins, n_frames), got "
+            f"{audio_tensor.dim()} dimensions"
+        )
+    b, bins, frames = (int(s) for s in audio_tensor.shape)
+    data = audio_tensor.contiguous().reshape(-1).view(torch.uint8).tolist()
+    return MultimodalInput(Audio(data, b, bins, frames))
+
+
+def make_raw_audio_input(audio_tensor: torch.Tensor) -> MultimodalInput:
+    """Raw audio from a ``(batch_size, n_channels, n_samples)`` tensor."""
+    if audio_tensor.dim() != 3:
+        raise RuntimeError(
+            "Raw audio tensor must be 3-dimensional (batch_size, n_channels, n_samples), got "
+            f"{audio_tensor.dim()} dimensions"
+        )
+    b, ch, n = (int(s) for s in audio_tensor.shape)
+    data = audio_tensor.contiguous().reshape(-1).view(torch.uint8).tolist()
+    return MultimodalInput(RawAudio(data, b, ch, n))

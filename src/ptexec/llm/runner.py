@@ -1,0 +1,422 @@
+"""``TextLLMRunner`` and ``MultimodalRunner``: ExecuTorch's runner API on ptexec.
+
+A generation, as ExecuTorch's runner does it:
+
+1. the prompt is encoded with ``config.num_bos`` BOS and ``config.num_eos`` EOS tokens;
+   with ``config.echo`` the prompt goes to the token callback first;
+2. the prompt is prefilled at the runner's position (0 after a load or ``reset``; after a
+   ``generate`` the next call continues the same context), and the first token is sampled
+   from the prefill's logits;
+3. tokens are decoded one at a time until ``config.resolve_max_new_tokens(context,
+   position)`` tokens were generated, an EOS id was sampled (unless ``ignore_eos``), a stop
+   string appeared, or :meth:`stop` was called. Each token's text goes to the callback as
+   it is produced (EOS and other control tokens have no text).
+
+EOS ids are the program's ``get_eos_ids`` when it has them, else the tokenizer's EOS; BOS is
+the program's ``get_bos_id``, else the tokenizer's. The runner prints the text to stdout as
+it goes, as ExecuTorch's does, unless ``config.warming`` or ``print_output=False``.
+
+Where ptexec differs from ExecuTorch's runner, on purpose: a first token that is EOS ends
+the generation (ExecuTorch decodes past it); each ``generate`` starts its statistics afresh
+(load times kept); the statistics are float milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import GenerationError
+from .config import GenerationConfig, Stats, _now_ms
+from .decoder import TextDecoder
+from .inputs import MultimodalInput
+from .sampling import Sampler
+from .tokenizer import TextStream, Tokenizer, load_tokenizer
+
+__all__ = ["MultimodalRunner", "TextLLMRunner"]
+
+log = logging.getLogger("ptexec.llm")
+
+TokenCallback = Callable[[str], None]
+StatsCallback = Callable[[Stats], None]
+
+
+class _StopStrings:
+    """Holds back text that may be the start of a stop string; finds the first one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.pending = ""
+        self.hit = False
+
+    def feed(self, piece: str) -> str:
+        """The text that can be emitted now (everything before a stop string, if one
+        completed: then :attr:`hit` is set)."""
+        if not self.stops:
+            return piece
+        text = self.pending + piece
+        first = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if first >= 0:
+            self.hit = True
+            self.pending = ""
+            return text[:first]
+        keep = 0
+        for s in self.stops:  # longest suffix of text that starts some stop string
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        self.pending = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class _Runner:
+    """What both runners share: the program, the tokenizer, the position, the loop."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        tokenizer_path: str | os.PathLike[str],
+        data_path: str | os.PathLike[str] | None = None,
+        *,
+        device_map: Any = None,
+        compile: bool = False,
+        temperature: float = -1.0,
+        print_output: bool = True,
+        method: str = "forward",
+    ) -> None:
+        import ptexec
+
+        self.stats = Stats()
+        self.stats.model_load_start_ms = _now_ms()
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer_path)
+        program = ptexec.load(model_path, data_path=data_path)
+        options: dict[str, Any] = {}
+        if device_map is not None:
+            options["device_map"] = device_map
+        if compile:
+            options["compile"] = True
+        self.decoder = TextDecoder(program, method, **options)
+        self.program = program
+        self.stats.model_load_end_ms = _now_ms()
+        md = self.decoder.metadata
+        bos = md.get("get_bos_id")
+        self.bos_id = int(bos) if bos is not None else self.tokenizer.bos_id
+        self.eos_ids: frozenset[int] = frozenset(
+            md.eos_ids if md.eos_ids is not None else (self.tokenizer.eos_id,)
+        )
+        """The ids that end a generation (settable)."""
+        self.generated_tokens: list[int] = []
+        """The ids the last generation produced, EOS included."""
+        if self.bos_id != self.tokenizer.bos_id and self.bos_id >= 0:
+            self.tokenizer.bos_id = self.bos_id  # the program's BOS is the one encoded
+        self.vocab_size = int(md.get("get_vocab_size", self.tokenizer.vocab_size))
+        self.temperature = temperature
+        self.print_output = print_output
+        self.pos = 0
+        self._history: list[int] = []  # tokens in the context (for programs without a cache)
+        self._next_token: int | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    # -- ExecuTorch's API -----------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the generation in progress after the current token (any thread)."""
+        self._stop.set()
+
+    def reset(self) -> None:
+        """Forget the context: the next prompt starts at position 0; statistics cleared."""
+        with self._lock:
+            self.stats.reset()
+            self.pos = 0
+            self._history.clear()
+            self._next_token = None
+
+    def get_vocab_size(self) -> int:
+        """The program's vocabulary size (-1 when unknown)."""
+        return self.vocab_size if self.vocab_size > 0 else -1
+
+    def is_loaded(self) -> bool:
+        return True
+
+    def load(self) -> None:
+        """Loading happens in the constructor; kept for ExecuTorch's API."""
+
+    @property
+    def max_context_len(self) -> int:
+        return self.decoder.max_context_len
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _sampler(self, config: GenerationConfig) -> Sampler:
+        temperature = config.temperature if self.temperature == -1.0 else self.temperature
+        return Sampler(max(0.0, temperature), config.top_p, config.top_k, config.seed)
+
+    def _encode_inputs(
+        self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
+    ) -> list[int]:
+        ids: list[int] = []
+        for item in inputs:
+            if item.is_text():
+                text = item.get_text() or ""
+                ids += self.tokenizer.encode(text, num_bos, num_eos)
+                num_bos = num_eos = 0
+            elif item.is_tokens():
+                ids += item.get_tokens() or []
+            else:
+                raise GenerationError(
+                    f"{item.type} inputs need an encoder this runtime does not run; ptexec's "
+                    "runners take text and token inputs"
+                )
+        for t in ids:
+            if not 0 <= t < max(self.vocab_size, 1):
+                raise GenerationError(
+                    f"token id {t} is outside the vocabulary [0, {self.vocab_size})"
+                )
+        return ids
+
+    def _prefill_ids(self, ids: list[int], sampler: Sampler) -> int:
+        if not ids:
+            raise GenerationError("Expected at least 1 prompt token")
+        if self.pos + len(ids) >= self.max_context_len:
+            raise GenerationError(
+                f"the prompt's {len(ids)} tokens at position {self.pos} do not fit the "
+                f"context of {self.max_context_len} tokens (the program's max context length)"
+            )
+        logits = self.decoder.prefill(ids, self.pos)
+        self.pos += len(ids)
+        self._history += ids
+        self.stats.on_sampling_begin()
+        token = sampler.sample(logits)
+        self.stats.on_sampling_end()
+        return token
+
+    def _generate_ids(
+        self,
+        ids: list[int] | None,
+        prompt_text: str,
+        config: GenerationConfig,
+        token_callback: TokenCallback | None,
+        stats_callback: StatsCallback | None,
+    ) -> str:
+        with self._lock:
+            self._stop.clear()
+            self.stats.reset()
+            stats = self.stats
+            stats.inference_start_ms = _now_ms()
+            self.decoder.execution_ms = 0.0
+            printing = self.print_output and not config.warming
+            pieces: list[str] = []
+
+            def emit(text: str) -> None:
+                if not text:
+                    return
+                pieces.append(text)
+                if printing:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if token_callback is not None:
+                    token_callback(text)
+
+            sampler = self._sampler(config)
+            start_pos = self.pos
+            if ids is not None:
+                stats.token_encode_end_ms = _now_ms()
+                if config.echo and prompt_text:
+                    emit(prompt_text)
+                stats.model_execution_start_ms = _now_ms()
+                cur = self._prefill_ids(ids, sampler)
+                num_prompt = len(ids)
+            else:
+                if self._next_token is None:
+                    raise GenerationError("an empty prompt needs a prior prefill() call")
+                cur = self._next_token
+                num_prompt = self.pos - start_pos
+                stats.token_encode_end_ms = stats.model_execution_start_ms = _now_ms()
+            self._next_token = None
+            budget = config.resolve_max_new_tokens(self.max_context_len, self.pos)
+            if budget <= 0:
+                raise GenerationError(
+                    f"Max new tokens {budget} is less than or equal to 0 (position {self.pos}, "
+                    f"context {self.max_context_len}, {config!r})"
+                )
+            stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
+            self.generated_tokens = out_ids = [cur]
+            stream = TextStream(self.tokenizer)
+            stops = _StopStrings(config.stop)
+            generated = 1
+            ended = (cur in self.eos_ids) and not config.ignore_eos
+            emit(stops.feed(stream.push(cur)))
+            while not ended and not stops.hit and generated < budget and not self._stop.is_set():
+                logits = self.decoder.step(cur, self.pos, self._history)
+                self.pos += 1
+                self._history.append(cur)
+                stats.on_sampling_begin()
+                cur = sampler.sample(logits)
+                stats.on_sampling_end()
+                generated += 1
+                out_ids.append(cur)
+                ended = (cur in self.eos_ids) and not config.ignore_eos
+                emit(stops.feed(stream.push(cur)))
+            if not stops.hit:
+                emit(stops.feed(stream.flush()))
+                emit(stops.flush())
+            stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
+            stats.aggregate_model_execution_time_ms = self.decoder.execution_ms
+            stats.num_prompt_tokens = num_prompt
+            stats.num_generated_tokens = generated
+            if printing:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                log.info("%s", stats.report())
+            if stats_callback is not None:
+                stats_callback(stats)
+            text = "".join(pieces)
+            return text[len(prompt_text) :] if config.echo and prompt_text and ids else text
+
+    def warmup(self, prompt: str, max_new_tokens: int = 15) -> None:
+        """One silent generation, then :meth:`reset` (as ExecuTorch's runner warms up)."""
+        config = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, warming=True)
+        self._generate_ids(self.tokenizer.encode(prompt), prompt, config, None, None)
+        self.reset()
+
+
+class TextLLMRunner(_Runner):
+    """Generate text from a text prompt with an exported LLM (``.pte``) and its tokenizer.
+
+    ``model_path``/``tokenizer_path``/``data_path`` as in ExecuTorch. ptexec options:
+    ``device_map`` (placement of the program, e.g. ``"cuda"``), ``compile`` (the compiled
+    tier), ``temperature`` (overrides the config's when not -1), ``print_output``.
+    """
+
+    def generate(
+        self,
+        prompt: str,
+        config: GenerationConfig,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+    ) -> None:
+        """Generate from ``prompt`` (empty: continue from a prior :meth:`prefill`)."""
+        self.generate_text(prompt, config, token_callback, stats_callback)
+
+    def generate_text(
+        self,
+        prompt: str,
+        config: GenerationConfig | None = None,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+    ) -> str:
+        """Like :meth:`generate`, returning the generated text (ptexec)."""
+        config = config or GenerationConfig()
+        ids = (
+            self._encode_inputs([MultimodalInput(prompt)], config.num_bos, config.num_eos)
+            if prompt
+            else None
+        )
+        return self._generate_ids(ids, prompt, config, token_callback, stats_callback)
+
+    def prefill(self, prompt: str, config: GenerationConfig | None = None) -> None:
+        """Evaluate ``prompt`` into the context without generating (e.g. chat history); a
+        following ``generate("")`` starts from the token it predicts."""
+        config = config or GenerationConfig()
+        with self._lock:
+            ids = self._encode_inputs([MultimodalInput(prompt)], config.num_bos, config.num_eos)
+            self._next_token = self._prefill_ids(ids, self._sampler(config))
+
+    def __repr__(self) -> str:
+        return (
+            f"<ptexec.llm.TextLLMRunner context {self.max_context_len}, vocab "
+            f"{self.vocab_size}, position {self.pos}>"
+        )
+
+
+class MultimodalRunner(_Runner):
+    """ExecuTorch's multimodal runner API, for text and token inputs (images and audio need
+    encoders this runtime does not run: they raise :class:`~ptexec.errors.GenerationError`)."""
+
+    def generate(
+        self,
+        inputs: Sequence[MultimodalInput],
+        config: GenerationConfig,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+    ) -> None:
+        """Generate after the inputs, in order."""
+        self.generate_text(inputs, config, token_callback, stats_callback)
+
+    def generate_text(
+        self,
+        inputs: Sequence[MultimodalInput],
+        config: GenerationConfig | None = None,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+    ) -> str:
+        """Generate after the inputs and return the generated text."""
+        config = config or GenerationConfig()
+        items = list(inputs)
+        ids = self._encode_inputs(items, config.num_bos, config.num_eos) if items else None
+        prompt = "".join(i.get_text() or "" for i in items if i.is_text())
+        return self._generate_ids(ids, prompt, config, token_callback, stats_callback)
+
+    def prefill(self, inputs: Sequence[MultimodalInput]) -> None:
+        """Evaluate the inputs into the context without generating."""
+        with self._lock:
+            ids = self._encode_inputs(list(inputs), 0, 0)
+            self._next_token = self._prefill_ids(ids, self._sampler(GenerationConfig()))
+
+    def generate_hf(
+        self,
+        inputs: Any,
+        config: GenerationConfig,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+        image_token_id: int | None = None,
+    ) -> None:
+        """Generate from a Hugging Face processor's output (``input_ids``) or a list of inputs."""
+        self.generate(_hf_inputs(inputs, image_token_id), config, token_callback, stats_callback)
+
+    def generate_text_hf(
+        self, inputs: Any, config: GenerationConfig, image_token_id: int | None = None
+    ) -> str:
+        """:meth:`generate_hf`, returning the text."""
+        return self.generate_text(_hf_inputs(inputs, image_token_id), config)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ptexec.llm.MultimodalRunner context {self.max_context_len}, vocab "
+            f"{self.vocab_size}, position {self.pos}>"
+        )
+
+
+def _hf_inputs(inputs: Any, image_token_id: int | None) -> list[MultimodalInput]:
+    from .inputs import make_token_input
+
+    if isinstance(inputs, list) and all(isinstance(i, MultimodalInput) for i in inputs):
+        return inputs
+    try:
+        ids = inputs["input_ids"]
+    except (KeyError, TypeError, IndexError):
+        raise GenerationError(
+            "inputs must be a list of MultimodalInput or a Hugging Face processor output "
+            "with 'input_ids'"
+        ) from None
+    if "pixel_values" in inputs:
+        raise GenerationError(
+            "image inputs (pixel_values) need a vision encoder this runtime does not run"
+        )
+    if hasattr(ids, "dim"):
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise GenerationError(
+                    "Expected 'input_ids' with batch size 1 when 2D (shape (1, L))"
+                )
+            ids = ids[0]
+        ids = ids.tolist()
+    return [make_token_input([int(i) for i in ids])]

@@ -1,0 +1,88 @@
+"""Choosing the next token from a row of logits.
+
+:class:`Sampler` does greedy decoding (temperature 0), or samples from
+``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens and to the
+smallest set whose probability reaches ``top_p`` (nucleus sampling), with its own seeded
+generator so a seed reproduces a generation.
+
+The rule for devices: every step runs on the logits' device, and only the chosen id (one
+integer) leaves it. On CUDA the logits are never copied to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["Sampler"]
+
+
+class Sampler:
+    """Greedy or temperature / top-k / top-p sampling with a seed.
+
+    ``temperature <= 0`` is greedy (the first maximum). ``top_k <= 0`` and ``top_p >= 1``
+    disable those filters. ``seed=None`` draws from a nondeterministic seed.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        if temperature != temperature or temperature < 0:  # NaN or negative
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        g = self._generators.get(device)
+        if g is None:
+            g = torch.Generator(device=device)
+            if self.seed is None:
+                g.seed()
+            else:
+                g.manual_seed(int(self.seed))
+            self._generators[device] = g
+        return g
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """The probabilities sampling draws from (float32, on the logits' device)."""
+        x = logits.reshape(-1).float()
+        if self.greedy:
+            p = torch.zeros_like(x)
+            p[x.argmax()] = 1.0
+            return p
+        x = x / self.temperature
+        vocab = x.numel()
+        if 0 < self.top_k < vocab:
+            kth = torch.topk(x, self.top_k).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        probs = torch.softmax(x, dim=0)
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            before = torch.cumsum(sorted_p, dim=0) - sorted_p  # mass of the better tokens
+            drop = before >= self.top_p  # keeps the smallest prefix reaching top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+            probs = probs / probs.sum()
+        return probs
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """The next token for ``logits`` (one row ``[vocab]``, or any shape with one row of
+        the vocabulary last: the last row is used)."""
+        row = logits.reshape(-1, logits.shape[-1])[-1]
+        if self.greedy:
+            return int(row.argmax())
+        probs = self.distribution(row)
+        choice = torch.multinomial(probs, 1, generator=self._generator(probs.device))
+        return int(choice)

@@ -1,0 +1,306 @@
+"""Tokenizers as ExecuTorch's LLM runner loads them, detected from the file.
+
+:func:`load_tokenizer` tries the formats in the order ExecuTorch's runner does:
+
+1. Hugging Face ``tokenizer.json`` (a ``.json`` file, or a directory holding one), read
+   with the ``tokenizers`` library; BOS and EOS come from ``tokenizer_config.json`` beside
+   it when present (``bos_token`` / ``eos_token``), else from well-known special tokens;
+2. tiktoken BPE files (lines of ``base64-token rank``), through ``pytorch-tokenizers``
+   with Llama 3's special tokens, as ExecuTorch's runner loads them;
+3. SentencePiece models (``tokenizer.model``), through ``pytorch-tokenizers``;
+4. llama2.c tokenizer binaries (``tokenizer.bin``), through ``pytorch-tokenizers``.
+
+Every tokenizer has the same small interface (:class:`Tokenizer`): ``encode(text, bos,
+eos)`` with counts of BOS/EOS tokens to add, ``decode(ids)`` of a whole sequence, and
+``bos_id``, ``eos_id``, ``vocab_size``. :class:`TextStream` turns a growing list of ids
+into text pieces for streaming, holding back bytes that do not yet form a whole character.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import TokenizerError
+
+__all__ = ["TextStream", "Tokenizer", "load_tokenizer"]
+
+# Special tokens a Hugging Face tokenizer may use for BOS and EOS, most specific first.
+_HF_BOS = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|im_start|>")
+_HF_EOS = ("<|end_of_text|>", "<|eot_id|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>")
+
+
+class Tokenizer:
+    """Text <-> token ids. Subclasses implement :meth:`_encode` and :meth:`decode`."""
+
+    kind = "tokenizer"
+
+    def __init__(self, path: Path, bos_id: int, eos_id: int, vocab_size: int) -> None:
+        self.path = path
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, bos: int = 0, eos: int = 0) -> list[int]:
+        """The ids of ``text``, with ``bos`` BOS tokens before and ``eos`` EOS after."""
+        return [self.bos_id] * bos + self._encode(text) + [self.eos_id] * eos
+
+    def _encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of a sequence of ids."""
+        raise NotImplementedError
+
+    def is_special(self, token: int) -> bool:
+        """Whether ``token`` is a control token (BOS, EOS, ...), not text."""
+        return token in (self.bos_id, self.eos_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ptexec.llm {self.kind} tokenizer {self.path.name}: vocab {self.vocab_size}, "
+            f"bos {self.bos_id}, eos {self.eos_id}>"
+        )
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """A ``tokenizer.json`` read by the ``tokenizers`` library."""
+
+    kind = "Hugging Face"
+
+    def __init__(self, path: Path) -> None:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise TokenizerError(
+                "reading a tokenizer.json needs the 'tokenizers' package "
+                "(pip install 'ptexec[llm]')"
+            ) from e
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:
+            raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({e})") from e
+        self._tok = tok
+        bos, eos = _hf_special_ids(tok, path.parent / "tokenizer_config.json")
+        super().__init__(path, bos, eos, tok.get_vocab_size(with_added_tokens=True))
+        self._special = frozenset(
+            int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def is_special(self, token: int) -> bool:
+        return token in self._special or super().is_special(token)
+
+
+def _hf_special_ids(tok: Any, config_path: Path) -> tuple[int, int]:
+    def token_id(entry: Any) -> int | None:
+        if isinstance(entry, dict):  # {"content": "<s>", ...}
+            entry = entry.get("content")
+        if not isinstance(entry, str):
+            return None
+        found = tok.token_to_id(entry)
+        return int(found) if found is not None else None
+
+    bos = eos = None
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"{config_path}: unreadable tokenizer config ({e})") from e
+        bos, eos = token_id(config.get("bos_token")), token_id(config.get("eos_token"))
+    if bos is None:
+        bos = next((i for i in map(token_id, _HF_BOS) if i is not None), None)
+    if eos is None:
+        eos = next((i for i in map(token_id, _HF_EOS) if i is not None), None)
+    # no BOS/EOS at all: the ids stay usable (-1 is never generated)
+    return (bos if bos is not None else -1), (eos if eos is not None else -1)
+
+
+class _CppTokenizer(Tokenizer):
+    """A tokenizer of ``pytorch-tokenizers`` (the C++ ones ExecuTorch's runner uses)."""
+
+    def __init__(self, path: Path, impl: Any, kind: str) -> None:
+        self.kind = kind
+        self._impl = impl
+        super().__init__(path, int(impl.bos_tok()), int(impl.eos_tok()), int(impl.vocab_size()))
+
+    def _encode(self, text: str) -> list[int]:
+        return [int(i) for i in self._impl.encode(text, 0, 0)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        # pieces are bytes; join them first so characters split over tokens survive
+        data = b"".join(self._piece(int(i), skip_special_tokens) for i in ids)
+        return data.decode("utf-8", errors="replace")
+
+    def _piece(self, token: int, skip: bool) -> bytes:
+        if skip and self.is_special(token):
+            return b""
+        if not 0 <= token < self.vocab_size:
+            raise TokenizerError(
+                f"token id {token} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        try:
+            piece = self._impl.decode(token)
+        except UnicodeDecodeError as e:  # a piece that is part of a character
+            return bytes(e.object)
+        except Exception as e:
+            raise TokenizerError(f"{self.path}: cannot decode token {token} ({e})") from e
+        return piece.encode("utf-8", errors="surrogateescape") if isinstance(piece, str) else piece
+
+
+def _sniff_tiktoken(path: Path) -> bool:
+    """A tiktoken BPE file: text lines of ``<base64> <rank>``."""
+    import base64
+    import binascii
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    lines = head.splitlines()[:8]
+    if not lines:
+        return False
+    for line in lines[:-1] if len(head) == 4096 else lines:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            return False
+        try:
+            base64.b64decode(parts[0], validate=True)
+        except binascii.Error:
+            return False
+    return True
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer in ``path`` (a file, or a directory holding ``tokenizer.json`` or
+    ``tokenizer.model``), its format detected from the file. Raises
+    :class:`~ptexec.errors.TokenizerError` naming the formats tried."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("tokenizer.json", "tokenizer.model", "tokenizer.bin"):
+            if (p / name).is_file():
+                p = p / name
+                break
+        else:
+            raise TokenizerError(
+                f"Failed to load tokenizer: {path} is a directory without tokenizer.json, "
+                "tokenizer.model or tokenizer.bin"
+            )
+    if not p.is_file():
+        raise TokenizerError(f"Failed to load tokenizer: {path} does not exist")
+    tried: list[str] = []
+    if p.suffix == ".json" or _looks_like_json(p):
+        try:
+            return HuggingFaceTokenizer(p)
+        except TokenizerError as e:
+            tried.append(str(e))
+    try:
+        import pytorch_tokenizers as pt
+    except ImportError:
+        raise TokenizerError(
+            f"Failed to load tokenizer {p}: it is not a Hugging Face tokenizer.json, and "
+            "tiktoken, SentencePiece and llama2.c tokenizers need 'pytorch-tokenizers' "
+            "(pip install 'ptexec[llm]')"
+        ) from None
+    if _sniff_tiktoken(p):
+        impl = _llama3_tiktoken(pt)
+        if _load(impl, p):
+            return _CppTokenizer(p, impl, "tiktoken")
+        tried.append("tiktoken: the file did not load")
+    for cls, kind in ((pt.CppSPTokenizer, "SentencePiece"), (pt.CppLlama2cTokenizer, "llama2.c")):
+        impl = cls()
+        if _load(impl, p):
+            return _CppTokenizer(p, impl, kind)
+        tried.append(f"{kind}: the file did not load")
+    raise TokenizerError(
+        f"Failed to load tokenizer {p}: not a Hugging Face tokenizer.json, tiktoken, "
+        f"SentencePiece or llama2.c file ({'; '.join(tried)})"
+    )
+
+
+def _looks_like_json(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(64).lstrip()[:1] == b"{"
+    except OSError:
+        return False
+
+
+def _load(impl: Any, p: Path) -> bool:
+    try:
+        impl.load(str(p))
+    except Exception:
+        return False
+    return bool(impl.is_loaded())
+
+
+def _llama3_tiktoken(pt: Any) -> Any:
+    """A tiktoken tokenizer with Llama 3's 256 special tokens (BOS 128000, EOS 128001 once
+    the 128000 regular tokens are loaded), as ExecuTorch's Llama runner builds it."""
+    names = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|step_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+    ]
+    names += [f"<|reserved_special_token_{i}|>" for i in range(2, 256 - len(names) + 2)]
+    return pt.CppTiktoken(names, 0, 1)
+
+
+class TextStream:
+    """Text pieces of a growing token sequence, for streaming.
+
+    :meth:`push` adds one id and returns the new text since the last piece (possibly
+    empty): the sequence is decoded as a whole, so merges and leading spaces come out as
+    the full decode has them, and a trailing partial character (U+FFFD) is held back until
+    the bytes that complete it arrive. Control tokens are not text and give no piece.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._emitted = ""
+
+    def push(self, token: int) -> str:
+        if self._tok.is_special(token):
+            return ""
+        self._ids.append(token)
+        text = self._tok.decode(self._ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        if not text.startswith(self._emitted):  # a decoder that rewrote earlier text
+            piece = text[len(self._emitted) :] if len(text) > len(self._emitted) else ""
+        else:
+            piece = text[len(self._emitted) :]
+        self._emitted = text
+        # keep the window short: restart from the last id once a piece is out
+        if len(self._ids) > 16:
+            self._ids = self._ids[-4:]
+            self._emitted = self._tok.decode(self._ids, skip_special_tokens=True)
+        return piece
+
+    def flush(self) -> str:
+        """Whatever is held back (a partial character, as U+FFFD)."""
+        if not self._ids:
+            return ""
+        text = self._tok.decode(self._ids, skip_special_tokens=True)
+        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
+        self._ids.clear()
+        self._emitted = ""
+        return piece

@@ -1,0 +1,563 @@
+"""The names of ``executorch.extension.pybindings.portable_lib``, backed by ptexec.
+
+Scripts written for ExecuTorch's older Python bindings switch by one import::
+
+    from ptexec.portable_lib import _load_for_executorch_from_buffer
+    module = _load_for_executorch_from_buffer(open("model.pte", "rb").read())
+    y = module.forward([x])[0]
+
+Modules (``_load_for_executorch*``) read their program on first use, as ExecuTorch's do,
+and load each method once, lazily; programs (``_load_program*``) read and validate it at
+once and give a new method on every ``load_method``. ``clone_outputs=False`` returns
+views of the method's memory (valid until its next call), as ExecuTorch returns aliases.
+Devices follow ptexec's rules everywhere (a CUDA program's buffers live on its GPU,
+unplanned inputs are shared, outputs come back on their device); an input on a device
+ptexec does not model is refused with ExecuTorch's words. Every error is a
+``RuntimeError`` (and the ptexec type, see :mod:`ptexec.errors`).
+
+ETDump: ``enable_etdump=True`` records every call (``debug_buffer_size`` bytes for the
+intermediate values), ``write_etdump_result_to_file`` writes it for ExecuTorch's Inspector
+(see :mod:`ptexec.etdump`; while recording, outputs are copies). Bundled programs
+(``.bpte``): ``_load_bundled_program_from_buffer`` reads one;
+``verify_result_with_bundled_expected_output`` runs a test case and compares. Not here:
+``_load_for_executorch_from_data_loader`` (it takes an ExecuTorch C++ data loader); the
+legacy profiler calls behave as in ExecuTorch's wheel, where that profiler is compiled
+out (``_dump_profile_results()`` is empty: use ETDump or :mod:`ptexec.profile`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import method as _method
+from . import program as _program
+from .delegates import registered_backends
+from .dtypes import CODE_TO_DTYPE
+from .errors import (
+    InputError,
+    MethodNotFoundError,
+    NotFoundError,
+    OutputMismatchError,
+    PteFormatError,
+    StateError,
+    UnsupportedDeviceError,
+)
+from .etdump import ETDumpRecorder
+from .format.bundled import BundledProgram, BundledTensor, BundledValue, TestCase, read_bundled
+from .kernels.registry import operator_names
+from .runtime import (
+    MethodMeta,
+    TensorInfo,
+    Verification,
+    load_method,
+    load_source,
+    method_attributes,
+    method_meta,
+    write_etdump,
+)
+from .tensor import dim_order_strides
+
+__all__ = [
+    "BundledModule",
+    "ExecuTorchMethod",
+    "ExecuTorchModule",
+    "ExecuTorchProgram",
+    "MethodMeta",
+    "TensorInfo",
+    "Verification",
+    "_create_profile_block",
+    "_dump_profile_results",
+    "_get_operator_names",
+    "_get_registered_backend_names",
+    "_is_available",
+    "_load_bundled_program_from_buffer",
+    "_load_for_executorch",
+    "_load_for_executorch_from_buffer",
+    "_load_for_executorch_from_bundled_program",
+    "_load_program",
+    "_load_program_from_buffer",
+    "_reset_profile_results",
+    "_threadpool_get_thread_count",
+    "_unsafe_reset_threadpool",
+]
+
+PathLike = str | os.PathLike[str]
+DataFile = PathLike | bytes | bytearray | None
+
+
+def _as_list(inputs: Any) -> list[Any]:
+    """A call's inputs: a sequence, or one tensor standing for a list of one."""
+    if isinstance(inputs, torch.Tensor):
+        return [inputs]
+    if isinstance(inputs, list | tuple):
+        return list(inputs)
+    if isinstance(inputs, Sequence) and not isinstance(inputs, str | bytes):
+        return list(inputs)
+    raise InputError(
+        f"inputs must be a sequence of values or one tensor, not {type(inputs).__name__}"
+    )
+
+
+class ExecuTorchMethod:
+    """One loaded method: ``set_inputs`` / ``execute`` / ``get_outputs``, or ``call``."""
+
+    def __init__(self, method: _method.Method, recorder: ETDumpRecorder | None = None) -> None:
+        self._method = method
+        self._recorder = recorder
+        self._inputs: list[Any] = []
+        self._outputs: list[Any] | None = None
+        self._bundled_index = -1
+
+    def set_inputs(self, inputs: Sequence[Any]) -> None:
+        """Give the next :meth:`execute` its inputs (checked then, as by
+        :meth:`ptexec.Method.execute`; the count and devices are checked now)."""
+        values = _as_list(inputs)
+        name = self._method.name
+        expected = len(self._method.meta.inputs)
+        if len(values) != expected:
+            raise InputError(f"method '{name}' takes {expected} input(s), got {len(values)}")
+        for i, x in enumerate(values):
+            if isinstance(x, torch.Tensor) and not (x.is_cpu or x.is_cuda) and x.numel() > 0:
+                raise UnsupportedDeviceError(
+                    f"Input {i} for method {name} is on device {x.device}, and only CPU and "
+                    "CUDA tensors can be passed to a method."
+                )
+        self._inputs = values
+        self._bundled_index = -1
+
+    def execute(self) -> None:
+        """Run the method on the inputs last set."""
+        self._outputs = None
+        if self._recorder is not None:
+            self._outputs = self._recorder.execute(
+                self._method, self._inputs, bundled_input_index=self._bundled_index
+            )
+        else:
+            self._outputs = self._method.execute(self._inputs, outputs="view")
+
+    def get_outputs(self, clone_outputs: bool = True) -> list[Any]:
+        """The last execution's outputs: copies, or with ``clone_outputs=False`` views of
+        the method's memory, valid until its next call."""
+        if self._outputs is None:
+            raise StateError(f"method '{self._method.name}' has no outputs: execute it first")
+        if not clone_outputs:
+            return list(self._outputs)
+        return [x.clone() if isinstance(x, torch.Tensor) else x for x in self._outputs]
+
+    def call(self, inputs: Any = (), clone_outputs: bool = True) -> list[Any]:
+        """``set_inputs``, ``execute`` and ``get_outputs`` in one."""
+        values = _as_list(inputs)
+        if self._recorder is None and clone_outputs:
+            self.set_inputs(values)
+            self._outputs = None
+            self._outputs = self._method.execute(values)
+            return list(self._outputs)
+        self.set_inputs(values)
+        self.execute()
+        return self.get_outputs(clone_outputs)
+
+    def __call__(self, inputs: Any = (), clone_outputs: bool = True) -> list[Any]:
+        return self.call(inputs, clone_outputs)
+
+    def method_meta(self) -> MethodMeta:
+        m = self._method
+        return MethodMeta(m.meta, method_attributes(m.program, m.name))
+
+    def get_attribute(self, name: str) -> Any:
+        """The method's tensor with fully qualified name ``name`` (a named mutable buffer
+        or external constant): the method's own memory, not a copy."""
+        m = self._method
+        for fqn, index, _ in method_attributes(m.program, m.name):
+            if fqn == name:
+                return m.values()[index]
+        names = ", ".join(a[0] for a in method_attributes(m.program, m.name)) or "none"
+        raise NotFoundError(f"method '{m.name}' has no attribute '{name}' (attributes: {names})")
+
+    def _load_bundled_input(self, bundle: BundledModule, index: int) -> None:
+        self.set_inputs(bundle.inputs(self._method.name, index))
+        self._bundled_index = index
+
+    @property
+    def method(self) -> _method.Method:
+        """The ptexec :class:`ptexec.Method` behind this one."""
+        return self._method
+
+
+class ExecuTorchProgram:
+    """A loaded program: its methods by index and name; each ``load_method`` loads anew."""
+
+    def __init__(self, program: _program.Program, recorder: ETDumpRecorder | None = None) -> None:
+        self._program = program
+        self._recorder = recorder
+
+    def num_methods(self) -> int:
+        return len(self._program.method_names)
+
+    def get_method_name(self, method_index: int) -> str:
+        names = self._program.method_names
+        if not 0 <= method_index < len(names):
+            raise MethodNotFoundError(
+                f"method index {method_index} out of range (the program has {len(names)})"
+            )
+        return names[method_index]
+
+    def load_method(self, method_name: str) -> ExecuTorchMethod:
+        return ExecuTorchMethod(
+            load_method(self._program, method_name, self._recorder), self._recorder
+        )
+
+    def method_meta(self, method_name: str) -> MethodMeta:
+        return method_meta(self._program, method_name)
+
+    def has_etdump(self) -> bool:
+        return self._recorder is not None
+
+    def write_etdump_result_to_file(
+        self, path: PathLike, debug_buffer_path: PathLike | None = None
+    ) -> None:
+        write_etdump(self._recorder, path, debug_buffer_path)
+
+    @property
+    def program(self) -> _program.Program:
+        """The ptexec :class:`ptexec.Program` behind this one."""
+        return self._program
+
+
+class ExecuTorchModule:
+    """A program and its methods, read on first use and loaded once each."""
+
+    def __init__(
+        self, opener: Callable[[], _program.Program], recorder: ETDumpRecorder | None = None
+    ) -> None:
+        self._opener: Callable[[], _program.Program] | None = opener
+        self._program: _program.Program | None = None
+        self._recorder = recorder
+        self._methods: dict[str, ExecuTorchMethod] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def program(self) -> _program.Program:
+        """The ptexec :class:`ptexec.Program` (read now if it was not yet)."""
+        with self._lock:
+            if self._program is None:
+                assert self._opener is not None
+                self._program = self._opener()
+                self._opener = None
+            return self._program
+
+    def _get(self, method_name: str) -> ExecuTorchMethod:
+        method = self._methods.get(method_name)
+        if method is not None:
+            return method
+        program = self.program
+        with self._lock:
+            method = self._methods.get(method_name)
+            if method is None:
+                method = ExecuTorchMethod(
+                    load_method(program, method_name, self._recorder), self._recorder
+                )
+                self._methods[method_name] = method
+            return method
+
+    def run_method(
+        self, method_name: str, inputs: Any = (), clone_outputs: bool = True
+    ) -> list[Any]:
+        """Call method ``method_name`` (loaded on its first call) on ``inputs``."""
+        return self._get(method_name).call(inputs, clone_outputs)
+
+    def forward(self, inputs: Any = (), clone_outputs: bool = True) -> list[Any]:
+        return self.run_method("forward", inputs, clone_outputs)
+
+    def __call__(self, inputs: Any = (), clone_outputs: bool = True) -> list[Any]:
+        return self.run_method("forward", inputs, clone_outputs)
+
+    def plan_execute(self, method_name: str, clone_outputs: bool = True) -> list[Any]:
+        """Run ``method_name`` on the inputs it was last given (none, the first time)."""
+        method = self._get(method_name)
+        method.execute()
+        return method.get_outputs(clone_outputs)
+
+    def method_meta(self, method_name: str) -> MethodMeta:
+        return method_meta(self.program, method_name)
+
+    def method_names(self) -> list[str]:
+        return list(self.program.method_names)
+
+    def has_etdump(self) -> bool:
+        return self._recorder is not None
+
+    def write_etdump_result_to_file(
+        self, path: PathLike, debug_buffer_path: PathLike | None = None
+    ) -> None:
+        write_etdump(self._recorder, path, debug_buffer_path)
+
+    def load_bundled_input(self, bundle: BundledModule, method_name: str, testset_idx: int) -> None:
+        """Set method ``method_name``'s inputs to those of the bundle's test case."""
+        self._get(method_name)._load_bundled_input(bundle, testset_idx)
+
+    def verify_result_with_bundled_expected_output(
+        self,
+        bundle: BundledModule,
+        method_name: str,
+        testset_idx: int,
+        rtol: float = 1e-5,
+        atol: float = 1e-8,
+    ) -> list[Any]:
+        """Compare the method's last outputs with the test case's expected ones; returns
+        them, raises :class:`~ptexec.errors.OutputMismatchError` where they differ."""
+        outputs = self._get(method_name).get_outputs(clone_outputs=True)
+        bundle.compare(method_name, testset_idx, outputs, rtol, atol)
+        return outputs
+
+
+class BundledModule:
+    """A bundled program: the program and its test cases (see :mod:`ptexec.format.bundled`)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        owner = bytearray(data)  # tensors need writable memory, and the bytes must stay
+        self._bundled: BundledProgram = read_bundled(owner)
+        self._owner = owner
+        self._module: ExecuTorchModule | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def bundled(self) -> BundledProgram:
+        """The parsed bundle: its program's bytes and test suites."""
+        return self._bundled
+
+    def program_bytes(self) -> memoryview:
+        return self._bundled.program_bytes()
+
+    def module(
+        self,
+        data_file: DataFile = None,
+        enable_etdump: bool = False,
+        debug_buffer_size: int = 0,
+    ) -> ExecuTorchModule:
+        """A module running the bundle's program (``data_file``: its ``.ptd``, a path or
+        bytes)."""
+        program = self.program_bytes()
+        recorder = ETDumpRecorder(debug_buffer_size) if enable_etdump else None
+        return ExecuTorchModule(lambda: load_source(program, data_file), recorder)
+
+    def case(self, method_name: str, testset_idx: int) -> TestCase:
+        suite = self._bundled.suite(method_name)
+        if suite is None:
+            names = ", ".join(s.method_name for s in self._bundled.suites) or "none"
+            raise MethodNotFoundError(
+                f"the bundle has no test cases for method '{method_name}' (it has: {names})"
+            )
+        if not 0 <= testset_idx < len(suite.test_cases):
+            raise NotFoundError(
+                f"test case {testset_idx} of method '{method_name}' out of range "
+                f"({len(suite.test_cases)} test cases)"
+            )
+        return suite.test_cases[testset_idx]
+
+    def _value(self, v: BundledValue, where: str) -> Any:
+        if not isinstance(v, BundledTensor):
+            return v
+        dtype = CODE_TO_DTYPE.get(v.scalar_type)
+        if dtype is None:
+            raise PteFormatError(where, f"{v.describe()} has no torch dtype")
+        raw = torch.frombuffer(self._bundled.tensor_bytes(v), dtype=torch.uint8).clone()
+        flat = raw.view(dtype) if raw.numel() else torch.empty(0, dtype=dtype)
+        return flat.as_strided(v.sizes, dim_order_strides(v.sizes, v.dim_order))
+
+    def inputs(self, method_name: str, testset_idx: int) -> list[Any]:
+        """The test case's inputs as tensors and scalars (fresh copies)."""
+        case = self.case(method_name, testset_idx)
+        where = f"'{method_name}' test case {testset_idx}"
+        return [self._value(v, f"{where} input {k}") for k, v in enumerate(case.inputs)]
+
+    def expected_outputs(self, method_name: str, testset_idx: int) -> list[Any]:
+        case = self.case(method_name, testset_idx)
+        where = f"'{method_name}' test case {testset_idx}"
+        return [
+            self._value(v, f"{where} expected output {k}")
+            for k, v in enumerate(case.expected_outputs)
+        ]
+
+    def compare(
+        self, method_name: str, testset_idx: int, outputs: Sequence[Any], rtol: float, atol: float
+    ) -> None:
+        """Raise :class:`~ptexec.errors.OutputMismatchError` unless ``outputs`` match the
+        test case's expected outputs (tensors within ``rtol``/``atol``, NaN equal to NaN;
+        integers and bools exactly)."""
+        expected = self.expected_outputs(method_name, testset_idx)
+        where = f"'{method_name}' test case {testset_idx}"
+        if len(outputs) != len(expected):
+            raise OutputMismatchError(
+                f"{where}: {len(outputs)} output(s), {len(expected)} expected"
+            )
+        for k, (got, want) in enumerate(zip(outputs, expected, strict=True)):
+            why = _mismatch(got, want, rtol, atol)
+            if why is not None:
+                raise OutputMismatchError(f"{where}: output {k} {why}")
+
+    def _get_module(self) -> ExecuTorchModule:
+        with self._lock:
+            if self._module is None:
+                self._module = self.module()
+            return self._module
+
+    def verify_result_with_bundled_expected_output(
+        self, method_name: str, testset_idx: int, rtol: float = 1e-5, atol: float = 1e-8
+    ) -> list[Any]:
+        """Run method ``method_name`` on test case ``testset_idx``'s inputs and compare its
+        outputs with the expected ones; returns the outputs."""
+        module = self._get_module()
+        module.load_bundled_input(self, method_name, testset_idx)
+        outputs = module.plan_execute(method_name)
+        self.compare(method_name, testset_idx, outputs, rtol, atol)
+        return outputs
+
+
+def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"is a {type(got).__name__}, a tensor was expected"
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            return (
+                f"is {str(got.dtype).removeprefix('torch.')}{list(got.shape)}, expected "
+                f"{str(want.dtype).removeprefix('torch.')}{list(want.shape)}"
+            )
+        a = got.detach().to("cpu")
+        if torch.allclose(a, want, rtol=rtol, atol=atol, equal_nan=True):
+            return None
+        diff = (a.double() - want.double()).abs().nan_to_num(nan=math.inf).max().item()
+        return f"differs from the expected values: max abs difference {diff:.3g} (rtol={rtol}, atol={atol})"
+    if isinstance(want, float) and isinstance(got, int | float):
+        if math.isclose(got, want, rel_tol=rtol, abs_tol=atol) or (
+            math.isnan(got) and math.isnan(want)
+        ):
+            return None
+        return f"is {got!r}, expected {want!r}"
+    return None if got == want and type(got) is type(want) else f"is {got!r}, expected {want!r}"
+
+
+# ---- loaders ---------------------------------------------------------------------------
+
+
+def _recorder(enable_etdump: bool, debug_buffer_size: int) -> ETDumpRecorder | None:
+    return ETDumpRecorder(debug_buffer_size) if enable_etdump else None
+
+
+def _load_for_executorch(
+    program_path: PathLike,
+    data_path: PathLike | None = None,
+    enable_etdump: bool = False,
+    debug_buffer_size: int = 0,
+    program_verification: Verification = Verification.InternalConsistency,
+) -> ExecuTorchModule:
+    """A module for the program at ``program_path`` (and its ``.ptd`` at ``data_path``)."""
+    return ExecuTorchModule(
+        lambda: load_source(program_path, data_path),
+        _recorder(enable_etdump, debug_buffer_size),
+    )
+
+
+def _load_for_executorch_from_buffer(
+    buffer: bytes | bytearray | memoryview,
+    data_map_buffer: bytes | bytearray | None = None,
+    enable_etdump: bool = False,
+    debug_buffer_size: int = 0,
+    program_verification: Verification = Verification.InternalConsistency,
+) -> ExecuTorchModule:
+    """A module for the program in ``buffer`` (and its ``.ptd`` bytes)."""
+    data = bytes(buffer) if isinstance(buffer, memoryview) else buffer
+    return ExecuTorchModule(
+        lambda: load_source(data, data_map_buffer), _recorder(enable_etdump, debug_buffer_size)
+    )
+
+
+def _load_for_executorch_from_bundled_program(
+    module: BundledModule,
+    data_map_buffer: DataFile = None,
+    enable_etdump: bool = False,
+    debug_buffer_size: int = 0,
+    *,
+    data_path: PathLike | None = None,
+) -> ExecuTorchModule:
+    """A module for a bundled program's program; its ``.ptd`` as bytes or a path."""
+    return module.module(
+        data_path if data_path is not None else data_map_buffer, enable_etdump, debug_buffer_size
+    )
+
+
+def _load_bundled_program_from_buffer(
+    buffer: bytes | bytearray | memoryview, non_const_pool_size: int = 16384
+) -> BundledModule:
+    """Read a bundled program (``non_const_pool_size`` is accepted and unused: ptexec
+    plans memory from the program itself)."""
+    return BundledModule(buffer)
+
+
+def _load_program(
+    path: PathLike,
+    enable_etdump: bool = False,
+    debug_buffer_size: int = 0,
+    program_verification: Verification = Verification.Minimal,
+    data_path: PathLike | None = None,
+) -> ExecuTorchProgram:
+    """Read and validate the program at ``path`` now."""
+    return ExecuTorchProgram(
+        load_source(path, data_path), _recorder(enable_etdump, debug_buffer_size)
+    )
+
+
+def _load_program_from_buffer(
+    buffer: bytes | bytearray | memoryview,
+    enable_etdump: bool = False,
+    debug_buffer_size: int = 0,
+    program_verification: Verification = Verification.Minimal,
+    data_path: PathLike | None = None,
+) -> ExecuTorchProgram:
+    """Read and validate the program in ``buffer`` now."""
+    return ExecuTorchProgram(
+        load_source(buffer, data_path), _recorder(enable_etdump, debug_buffer_size)
+    )
+
+
+# ---- the runtime -----------------------------------------------------------------------
+
+
+def _get_operator_names() -> list[str]:
+    """Every operator ptexec runs by name (``ns::op.overload``), ATen's by schema."""
+    return operator_names()
+
+
+def _get_registered_backend_names() -> list[str]:
+    return registered_backends()
+
+
+def _is_available(backend_name: str) -> bool:
+    return backend_name in registered_backends()
+
+
+def _unsafe_reset_threadpool(num_threads: int) -> None:
+    """Set the number of threads the kernels use (torch's intra-op threads)."""
+    torch.set_num_threads(int(num_threads))
+
+
+def _threadpool_get_thread_count() -> int:
+    return int(torch.get_num_threads())
+
+
+def _create_profile_block(name: str) -> None:
+    """ExecuTorch's legacy profiler; compiled out in its wheel, and absent here."""
+
+
+def _dump_profile_results() -> bytes:
+    """ExecuTorch's legacy profiler's results: empty, as in its wheel."""
+    return b""
+
+
+def _reset_profile_results() -> None:
+    """ExecuTorch's legacy profiler; nothing to reset."""

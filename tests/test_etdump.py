@@ -1,0 +1,256 @@
+"""ETDump of ptexec's calls, read by ExecuTorch's Inspector.
+
+References: ptexec's own trace (the same instructions, names and values), ExecuTorch's
+runtime writing an ETDump of the same file (the Inspector's view of both must agree:
+operator types from the ETRecord, numeric gaps against the exported graph), and eager
+PyTorch (the fixtures' outputs).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import FIXTURES_DIR, compare_outputs, fixture_calls, fixture_paths, tolerance
+from ptexec.errors import LimitExceededError, StateError
+from ptexec.etdump import DEBUG_ALIGNMENT, ETDumpRecorder
+from ptexec.format.etdump import RUN_OUTPUT_CHAIN, DebugEvent, ProfileEvent, decode_etdump
+from ptexec.runtime import Runtime
+
+COMPAT = FIXTURES_DIR / "compat"
+
+
+def _io(name: str) -> dict[str, Any]:
+    return torch.load(COMPAT / "compat.io.pt", weights_only=True)[name]  # type: ignore[no-any-return]
+
+
+def _inspector():  # type: ignore[no-untyped-def]
+    return pytest.importorskip("executorch.devtools").Inspector
+
+
+def _dump(runtime: Any, pte: Path, inputs: list[Any], tmp: Path, tag: str, calls: int = 2):  # type: ignore[no-untyped-def]
+    program = runtime.load_program(pte, enable_etdump=True, debug_buffer_size=1 << 20)
+    method = program.load_method("forward")
+    outputs = [method.execute(inputs) for _ in range(calls)]
+    etdp, dbg = tmp / f"{tag}.etdp", tmp / f"{tag}.bin"
+    program.write_etdump_result_to_file(str(etdp), str(dbg))
+    return etdp, dbg, outputs
+
+
+def _execute_block(inspector: Any) -> Any:
+    (block,) = [b for b in inspector.event_blocks if b.name == "Execute"]
+    return block
+
+
+def _by_instruction(block: Any, skip: set[str]) -> dict[int, Any]:
+    return {e._instruction_id: e for e in block.events if e.name not in skip}
+
+
+_FRAMEWORK = {"Method::execute", "OPERATOR_CALL", "Method::init", "Program::load_method"}
+
+
+@pytest.mark.parametrize("name", ["ops", "xnnpack"])
+def test_inspector_reads_ptexec_etdump_like_executorchs(name: str, tmp_path: Path) -> None:
+    inspector_cls = _inspector()
+    from executorch.runtime import Runtime as ETRuntime
+
+    pte, etrecord = COMPAT / f"{name}.pte", str(COMPAT / f"{name}.etrecord")
+    io = _io(name)
+    etdp, dbg, outs = _dump(Runtime.get(), pte, io["inputs"], tmp_path, "ptexec")
+    for got in outs:
+        assert compare_outputs(list(got), io["outputs"], 1e-5, 1e-5) is None
+    et_etdp, et_dbg, _ = _dump(ETRuntime.get(), pte, io["inputs"], tmp_path, "executorch")
+
+    ours = inspector_cls(etdump_path=str(etdp), debug_buffer_path=str(dbg), etrecord=etrecord)
+    theirs = inspector_cls(
+        etdump_path=str(et_etdp), debug_buffer_path=str(et_dbg), etrecord=etrecord
+    )
+    block = _execute_block(ours)
+    assert [b.name for b in ours.event_blocks] == ["Default", "Execute"]
+
+    # the per-operator table is the trace's: one event per executed instruction, in order
+    method = ptexec.load(pte).load_method("forward")
+    trace = method.trace(io["inputs"], tensors=True)
+    names = [e.name for e in block.events if e.name != "Method::execute"]
+    assert names == ["DELEGATE_CALL" if r.kind == "delegate" else r.name for r in trace.records]
+    assert all(len(e.perf_data.raw) == 2 for e in block.events)  # both calls, one event
+
+    # intermediate values: what the trace shows, instruction by instruction
+    events = _by_instruction(block, _FRAMEWORK)
+    for r in trace.records:
+        written = [w.value for w in r.writes]
+        got = events[r.index].debug_data
+        flat = [t for item in got for t in (item if isinstance(item, list) else [item])]
+        assert len(flat) == len(written)
+        for a, b in zip(flat, written, strict=True):
+            assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
+
+    # what the ETRecord attaches, and the run's outputs, as for ExecuTorch's own ETDump
+    reference = _by_instruction(_execute_block(theirs), _FRAMEWORK | {"OPERATOR_CALL"})
+    for index, event in events.items():
+        assert event.op_types == reference[index].op_types
+        assert event.delegate_backend_name == reference[index].delegate_backend_name
+    if name == "xnnpack":
+        delegates = [e for e in block.events if e.name == "DELEGATE_CALL"]
+        assert delegates and {e.delegate_backend_name for e in delegates} == {"XnnpackBackend"}
+    for a, b in zip(block.run_output, io["outputs"], strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    # the numeric debugger pairs the same graph nodes, with the same (zero) gaps
+    gap, ref_gap = ours.calculate_numeric_gap("MSE"), theirs.calculate_numeric_gap("MSE")
+    assert list(gap["aot_ops"]) == list(ref_gap["aot_ops"])
+    for a, b in zip(gap["gap"], ref_gap["gap"], strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+
+
+def test_control_flow_records_what_ran(tmp_path: Path) -> None:
+    """torch.cond: the branch not taken has no events; the jump has one."""
+    inspector_cls = _inspector()
+    pte = fixture_paths("cond")[0]
+    call = fixture_calls("cond")[0]
+    etdp, dbg, _ = _dump(Runtime.get(), pte, call["inputs"], tmp_path, "cond", calls=1)
+    trace = ptexec.load(pte).load_method("forward").trace(call["inputs"])
+    block = _execute_block(inspector_cls(etdump_path=str(etdp), debug_buffer_path=str(dbg)))
+    assert [e._instruction_id for e in block.events if e.name != "Method::execute"] == [
+        r.index for r in trace.records
+    ]
+    assert "jump_false" in [e.name for e in block.events]
+    assert trace.skipped[0]  # the other branch did not run: nothing recorded for it
+
+
+def test_events_and_debug_buffer(tmp_path: Path) -> None:
+    pte = fixture_paths("transformer")[0]
+    call = fixture_calls("transformer")[0]
+    method = ptexec.load(pte).load_method("forward")
+    rec = ETDumpRecorder(debug_buffer_size=1 << 20)
+    outputs = rec.execute(method, call["inputs"])
+    assert compare_outputs(outputs, call["outputs"], *tolerance("transformer")) is None
+    (run,) = rec.runs
+    profile = [e for e in run.events if isinstance(e, ProfileEvent)]
+    debug = [e for e in run.events if isinstance(e, DebugEvent)]
+    top = profile[-1]
+    assert top.name == "Method::execute" and top.chain_index == -1
+    for e in profile[:-1]:  # within the call, in order, each start <= end
+        assert top.start_time <= e.start_time <= e.end_time <= top.end_time
+    assert all(a.end_time <= b.start_time for a, b in itertools.pairwise(profile[:-1]))
+    data = rec.debug_buffer()
+    outs = [e for e in debug if e.chain_index == RUN_OUTPUT_CHAIN]
+    assert len(outs) == len(outputs) and all(e.debug_entry.output for e in outs)
+    for e, expected in zip(outs, outputs, strict=True):
+        t = e.debug_entry.data
+        assert t.offset % DEBUG_ALIGNMENT == 0
+        n = expected.numel() * expected.element_size()
+        got = torch.frombuffer(bytearray(data[t.offset : t.offset + n]), dtype=expected.dtype)
+        assert torch.equal(got.view(t.sizes), expected)
+    # the file: what was recorded, then nothing
+    rec.write(tmp_path / "t.etdp", tmp_path / "t.bin")
+    assert decode_etdump((tmp_path / "t.etdp").read_bytes()).run_data == (run,)
+    assert (tmp_path / "t.bin").read_bytes() == data
+    assert rec.runs == () and rec.debug_buffer() == b""
+
+
+def test_a_full_debug_buffer_fails_the_call_and_records_nothing() -> None:
+    pte = fixture_paths("mlp")[0]
+    call = fixture_calls("mlp")[0]
+    method = ptexec.load(pte).load_method("forward")
+    rec = ETDumpRecorder(debug_buffer_size=100)  # one [2, 16] float tensor is 128 bytes
+    with pytest.raises(LimitExceededError, match="debug_buffer_size=100") as e:
+        rec.execute(method, call["inputs"])
+    assert isinstance(e.value, RuntimeError)
+    assert rec.runs == () and rec.debug_buffer() == b""
+    assert (
+        compare_outputs(method.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
+    )
+    big = ETDumpRecorder(debug_buffer_size=1 << 16)
+    assert (
+        compare_outputs(big.execute(method, call["inputs"]), call["outputs"], *tolerance("mlp"))
+        is None
+    )
+
+
+def test_timings_only_without_a_debug_buffer(tmp_path: Path) -> None:
+    program = Runtime.get().load_program(fixture_paths("mlp")[0], enable_etdump=True)
+    program.load_method("forward").execute(fixture_calls("mlp")[0]["inputs"])
+    program.write_etdump_result_to_file(tmp_path / "m.etdp", tmp_path / "m.bin")
+    dump = decode_etdump((tmp_path / "m.etdp").read_bytes())
+    assert [r.name for r in dump.run_data] == ["Default", "Execute"]
+    assert all(isinstance(e, ProfileEvent) for r in dump.run_data for e in r.events)
+    assert not (tmp_path / "m.bin").exists()  # as ExecuTorch: no buffer, no file
+
+
+def test_etdump_needs_enabling() -> None:
+    program = Runtime.get().load_program(fixture_paths("mlp")[0])
+    with pytest.raises(StateError, match="enable_etdump=True") as e:
+        program.write_etdump_result_to_file("x.etdp", "x.bin")
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_stateful_runs_record_each_calls_values() -> None:
+    name = "stateful"
+    program = ptexec.load(fixture_paths(name)[0])
+    method = program.load_method("forward")
+    rec = ETDumpRecorder(debug_buffer_size=1 << 20)
+    calls = fixture_calls(name)
+    for call in calls:
+        assert (
+            compare_outputs(rec.execute(method, call["inputs"]), call["outputs"], *tolerance(name))
+            is None
+        )
+    assert len(rec.runs) == len(calls)
+    data = rec.debug_buffer()
+    firsts = []
+    for run in rec.runs:
+        out = next(e for e in run.events if isinstance(e, DebugEvent) and e.debug_entry.output)
+        t = out.debug_entry.data
+        firsts.append(bytes(data[t.offset : t.offset + 16]))
+    assert len(set(firsts)) == len(calls)  # the state advanced, each run has its own values
+
+
+def test_bfloat16_values_are_written_with_their_scalar_type(tmp_path: Path) -> None:
+    """bfloat16 (code 15) is in the schema; ExecuTorch's flatc reads it (its Inspector
+    itself cannot turn bfloat16 bytes into tensors, a limit of the Inspector)."""
+    serialize = pytest.importorskip("executorch.devtools.etdump.serialize")
+    name = "bf16_mlp"
+    method = ptexec.load(fixture_paths(name)[0]).load_method("forward")
+    rec = ETDumpRecorder(debug_buffer_size=1 << 16)
+    rec.execute(method, fixture_calls(name)[0]["inputs"])
+    rec.write(tmp_path / "b.etdp", tmp_path / "b.bin")
+    theirs = serialize.deserialize_from_etdump_flatcc((tmp_path / "b.etdp").read_bytes())
+    types = {
+        e.debug_event.debug_entry.tensor.scalar_type
+        for e in theirs.run_data[0].events
+        if e.debug_event is not None and e.debug_event.debug_entry.tensor is not None
+    }
+    assert 15 in {int(t) for t in types}
+
+
+def test_the_facade_records_loads_and_calls_of_every_method(tmp_path: Path) -> None:
+    name = "two_method_state"
+    pte = fixture_paths(name)[0]
+    program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=1 << 16)
+    for call in fixture_calls(name):
+        program.load_method(call["method"]).execute(call["inputs"])
+    dump = program.etdump.etdump()  # type: ignore[union-attr]
+    loads = [r for r in dump.run_data if r.name == "Default"]
+    assert len(loads) == len(program.method_names)
+    assert sum(r.name == "Execute" for r in dump.run_data) == len(fixture_calls(name))
+
+
+@pytest.mark.cuda
+def test_cuda_values_reach_the_debug_buffer() -> None:
+    name = "gpu_mlp"
+    method = ptexec.load(fixture_paths(name)[0]).load_method("forward")
+    x = [t.cuda() for t in fixture_calls(name)[0]["inputs"]]
+    rec = ETDumpRecorder(debug_buffer_size=1 << 16)
+    (y,) = rec.execute(method, x)
+    assert y.is_cuda
+    out = next(e for e in rec.runs[0].events if isinstance(e, DebugEvent) and e.debug_entry.output)
+    t = out.debug_entry.data
+    n = y.numel() * y.element_size()
+    got = torch.frombuffer(bytearray(rec.debug_buffer()[t.offset : t.offset + n]), dtype=y.dtype)
+    assert torch.equal(got.view(t.sizes), y.cpu())

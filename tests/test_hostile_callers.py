@@ -1,0 +1,178 @@
+"""What a careless (or hostile) caller hands a method: aliased out= tensors, read-only
+memory the program writes, tensors that cannot hold an output, odd tensor kinds. Each is
+refused with an InputError before anything is written, and the method works afterwards."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import ptexec
+from export_util import export_program
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+
+
+class _Two(torch.nn.Module):
+    """Two inputs, two outputs: the second output reads x after the first is written."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return y * 2.0, x + y
+
+
+@pytest.fixture(scope="module")
+def two() -> bytes:
+    x = torch.randn(4, 6)
+    return export_program(_Two(), (x, x.clone()), unplanned=True)
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+
+
+def _check_still_works(m: ptexec.Method) -> None:
+    x, y = _inputs()
+    a, b = m.execute([x, y])
+    torch.testing.assert_close(a, y * 2.0)
+    torch.testing.assert_close(b, x + y)
+
+
+def test_an_out_tensor_that_is_an_input_is_refused(two: bytes) -> None:
+    m = ptexec.load(two).load_method()
+    x, y = _inputs()
+    kept = x.clone()
+    with pytest.raises(ptexec.InputError, match=r"out\[0\].*overlaps the memory of input 0"):
+        m.execute([x, y], out=[x, None])
+    assert torch.equal(x, kept)  # nothing was written
+    _check_still_works(m)
+
+
+def test_one_tensor_for_two_outputs_is_refused(two: bytes) -> None:
+    m = ptexec.load(two).load_method()
+    x, y = _inputs()
+    z = torch.empty(4, 6)
+    with pytest.raises(ptexec.InputError, match=r"out\[1\].*overlaps the memory of out\[0\]"):
+        m.execute([x, y], out=[z, z])
+    _check_still_works(m)
+
+
+def test_overlapping_out_tensors_are_refused(two: bytes) -> None:
+    m = ptexec.load(two).load_method()
+    x, y = _inputs()
+    base = torch.empty(10, 6)
+    with pytest.raises(ptexec.InputError, match="overlaps"):
+        m.execute([x, y], out=[base[0:4], base[2:6]])
+    # disjoint parts of one tensor are fine, and get the right answer
+    a, b = m.execute([x, y], out=[base[0:4], base[4:8]])
+    assert b.data_ptr() == base[4:8].data_ptr()
+    torch.testing.assert_close(base[0:4], y * 2.0)
+    torch.testing.assert_close(base[4:8], x + y)
+    assert a.data_ptr() == base[0:4].data_ptr()
+
+
+def test_an_out_tensor_over_an_input_view_is_refused(two: bytes) -> None:
+    m = ptexec.load(two).load_method()
+    big = torch.randn(8, 6)
+    x, y = big[:4], big[4:]
+    with pytest.raises(ptexec.InputError, match="overlaps the memory of input 1"):
+        m.execute([x, y], out=[big[4:8], None])
+
+
+def test_out_with_elements_sharing_memory_is_refused() -> None:
+    m = ptexec.load(fixture_paths("mlp")[0]).load_method()  # planned output float32[2, 4]
+    x = fixture_calls("mlp")[0]["inputs"]
+    expanded = torch.zeros(1, 4).expand(2, 4)
+    with pytest.raises(ptexec.InputError, match="share memory"):
+        m.execute(x, out=[expanded])
+    want = fixture_calls("mlp")[0]["outputs"]
+    assert compare_outputs(m.execute(x), want, *tolerance("mlp")) is None
+    strided = torch.zeros(2, 8)[:, ::2]  # spread out, not overlapping: accepted
+    m.execute(x, out=[strided])
+    assert compare_outputs([strided], want, *tolerance("mlp")) is None
+
+
+def test_out_that_cannot_grow_for_a_dynamic_output_is_refused() -> None:
+    pte, _ = fixture_paths("dynamic_mlp")
+    m = ptexec.load(pte).load_method()
+    call = fixture_calls("dynamic_mlp")[0]
+    info = m.meta.outputs[0]
+    assert isinstance(info, ptexec.TensorInfo) and info.dynamism != "static"
+    small = torch.from_numpy(np.zeros((1, *info.sizes[1:]), dtype=np.float32))
+    with pytest.raises(ptexec.InputError, match="cannot grow"):
+        m.execute(call["inputs"], out=[small])
+    roomy = torch.from_numpy(np.zeros(info.sizes, dtype=np.float32))[:1]  # capacity for the bound
+    got = m.execute(call["inputs"], out=[roomy])
+    assert compare_outputs(got, call["outputs"], *tolerance("dynamic_mlp")) is None
+    grows = torch.empty(0, *info.sizes[1:])  # torch's own memory grows as needed
+    assert (
+        compare_outputs(m.execute(call["inputs"], out=[grows]), call["outputs"], 1e-5, 1e-5) is None
+    )
+
+
+class _Mutates(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2.0)
+        return x + 1.0
+
+
+@pytest.fixture(scope="module")
+def mutates() -> bytes:
+    return export_program(_Mutates(), (torch.randn(3, 4),), unplanned=True)
+
+
+def test_a_read_only_array_the_program_writes_is_refused(mutates: bytes) -> None:
+    m = ptexec.load(mutates).load_method()
+    assert m.state.inputs[0].written
+    raw = np.arange(12, dtype=np.float32).tobytes()
+    frozen = np.frombuffer(raw, dtype=np.float32).reshape(3, 4)
+    assert not frozen.flags.writeable
+    with pytest.raises(ptexec.InputError, match="read-only"):
+        m.execute([frozen])
+    assert raw == np.arange(12, dtype=np.float32).tobytes()  # the bytes object is intact
+    writable = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = m.execute([writable])[-1]  # the program also returns the mutated input first
+    np.testing.assert_allclose(out.numpy(), np.arange(12).reshape(3, 4) * 2.0 + 1.0)
+    np.testing.assert_allclose(writable, np.arange(12).reshape(3, 4) * 2.0)  # as eager does
+
+
+def test_a_read_only_array_the_program_only_reads_is_shared() -> None:
+    m = ptexec.load(fixture_paths("mlp_unplanned")[0]).load_method()
+    assert not m.state.inputs[0].written
+    x = fixture_calls("mlp_unplanned")[0]["inputs"][0]
+    frozen = np.frombuffer(x.numpy().tobytes(), dtype=np.float32).reshape(x.shape)
+    got = m.execute([frozen])
+    assert m.last_call.inputs == ["share"]
+    assert compare_outputs(got, fixture_calls("mlp_unplanned")[0]["outputs"], 1e-5, 1e-5) is None
+
+
+@pytest.mark.parametrize("layout", ["strict", "convert"])
+def test_a_nested_tensor_is_an_input_error(layout: str) -> None:
+    m = ptexec.load(fixture_paths("mlp")[0]).load_method()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
+    with pytest.raises(ptexec.InputError, match="nested"):
+        m.execute([nested], layout=layout)
+    with pytest.raises(ptexec.InputError, match="nested"):
+        m.execute([nested])  # the fast path hands it to the general one
+    call = fixture_calls("mlp")[0]
+    assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
+
+
+def _renamed(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new) and data.count(old) >= 1
+    return data.replace(old, new)
+
+
+def test_a_method_name_with_a_nul_byte_loads_everywhere() -> None:
+    xnn = fixture_paths("mlp")[0].parent / "xnnpack" / "mlp.pte"
+    data = _renamed(xnn.read_bytes(), b"forward", b"forw\0rd")
+    prog = ptexec.load(data)
+    assert prog.method_names == ("forw\0rd",)
+    m = prog.load_method("forw\0rd")
+    inputs = [torch.randn(info.sizes) for info in m.meta.inputs]  # type: ignore[union-attr]
+    (out,) = m.execute(inputs)
+    assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]

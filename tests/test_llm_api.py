@@ -1,0 +1,239 @@
+"""``ptexec.llm`` without a program: ExecuTorch's own runner tests with
+``executorch.extension.llm.runner`` resolved to ``ptexec.llm``, the tokenizers of every
+format, the sampler, and the configuration rules."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import sys
+import unittest
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptexec.llm as llm
+from ptexec.errors import TokenizerError
+from ptexec.llm import GenerationConfig, Sampler, TextStream, load_tokenizer
+
+# --------------------------------------------------------------------------------------
+# ExecuTorch's own tests of its runner bindings
+
+
+def _executorch_runner_tests() -> Path:
+    spec = importlib.util.find_spec("executorch")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("executorch is not installed")
+    path = (
+        Path(next(iter(spec.submodule_search_locations)))
+        / "extension/llm/runner/test/test_runner_pybindings.py"
+    )
+    if not path.is_file():
+        pytest.skip("this executorch wheel has no test_runner_pybindings.py")
+    return path
+
+
+def test_executorch_runner_pybindings_pass_on_ptexec(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _executorch_runner_tests()
+    monkeypatch.setitem(sys.modules, "executorch.extension.llm.runner", llm)
+    spec = importlib.util.spec_from_file_location("et_test_runner_pybindings", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.GenerationConfig is llm.GenerationConfig  # the alias took effect
+    suite = unittest.defaultTestLoader.loadTestsFromModule(module)
+    stream = io.StringIO()
+    result = unittest.TextTestRunner(stream=stream, verbosity=2).run(suite)
+    assert result.testsRun >= 10, stream.getvalue()
+    assert result.wasSuccessful(), stream.getvalue()
+    assert not result.skipped, stream.getvalue()
+
+
+# --------------------------------------------------------------------------------------
+# configuration
+
+
+def test_resolve_max_new_tokens_rules() -> None:
+    c = GenerationConfig(seq_len=-1, max_new_tokens=-1)
+    assert c.resolve_max_new_tokens(100, 30) == 70
+    c = GenerationConfig(seq_len=-1, max_new_tokens=500)
+    assert c.resolve_max_new_tokens(100, 30) == 70
+    c = GenerationConfig(seq_len=40, max_new_tokens=-1)
+    assert c.resolve_max_new_tokens(100, 30) == 10
+    c = GenerationConfig(seq_len=400, max_new_tokens=5)
+    assert c.resolve_max_new_tokens(100, 30) == 5
+    assert GenerationConfig(seq_len=10).resolve_max_new_tokens(100, 30) == 0
+
+
+def test_config_repr_has_ptexec_fields() -> None:
+    r = repr(GenerationConfig(top_k=5, seed=3, stop=["\n\n"]))
+    assert "top_k=5" in r and "seed=3" in r and "stop=" in r
+
+
+# --------------------------------------------------------------------------------------
+# sampler
+
+
+def test_sampler_greedy_is_first_argmax() -> None:
+    logits = torch.tensor([0.5, 3.0, 3.0, -1.0])
+    assert Sampler(0.0).sample(logits) == 1
+    assert Sampler(0.0).sample(logits[None, None]) == 1
+
+
+def test_sampler_distribution_filters() -> None:
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    full = torch.softmax(logits / 2.0, 0)
+    p = Sampler(2.0).distribution(logits)
+    torch.testing.assert_close(p, full)
+    p = Sampler(2.0, top_k=2).distribution(logits)
+    torch.testing.assert_close(p[:2], full[:2] / full[:2].sum())
+    assert not p[2:].any()
+    # top-p keeps the smallest prefix whose mass reaches top_p
+    cum = torch.cumsum(full, 0)
+    keep = int((cum < 0.8).sum()) + 1
+    p = Sampler(2.0, top_p=0.8).distribution(logits)
+    torch.testing.assert_close(p[:keep], full[:keep] / full[:keep].sum())
+    assert not p[keep:].any()
+    assert Sampler(2.0, top_p=1e-6).distribution(logits).argmax() == 0
+
+
+def test_sampler_frequencies_follow_the_distribution() -> None:
+    logits = torch.tensor([1.0, 0.0, -1.0, 2.0])
+    s = Sampler(1.0, seed=0)
+    n = 4000
+    counts = torch.bincount(torch.tensor([s.sample(logits) for _ in range(n)]), minlength=4)
+    expected = torch.softmax(logits, 0) * n
+    # within 5 standard deviations of a binomial count
+    sd = (expected * (1 - expected / n)).sqrt()
+    assert ((counts - expected).abs() <= 5 * sd).all(), (counts, expected)
+
+
+def test_sampler_seed_reproduces() -> None:
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1))
+    a = [Sampler(1.0, seed=11).sample(logits) for _ in range(1)]
+    s1, s2 = Sampler(0.9, top_p=0.9, seed=11), Sampler(0.9, top_p=0.9, seed=11)
+    assert [s1.sample(logits) for _ in range(30)] == [s2.sample(logits) for _ in range(30)]
+    assert a
+
+
+def test_sampler_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        Sampler(-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        Sampler(1.0, top_p=0.0)
+
+
+# --------------------------------------------------------------------------------------
+# tokenizers
+
+
+TEXT = "the cat sat on the mat. The dog ran far away, and then the cat ran too."
+
+
+def _hf_tokenizer(path: Path) -> Path:
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TEXT] * 3, trainer=trainer)
+    tok.save(str(path))
+    return path
+
+
+def test_hf_tokenizer_detected_with_special_tokens(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    path = _hf_tokenizer(tmp_path / "tokenizer.json")
+    tok = load_tokenizer(path)
+    ref = Tokenizer.from_file(str(path))
+    assert tok.kind == "Hugging Face"
+    assert (tok.bos_id, tok.eos_id) == (ref.token_to_id("<s>"), ref.token_to_id("</s>"))
+    ids = tok.encode(TEXT, bos=1, eos=1)
+    assert ids == [tok.bos_id, *ref.encode(TEXT, add_special_tokens=False).ids, tok.eos_id]
+    assert tok.decode(ids, skip_special_tokens=True) == TEXT
+    assert load_tokenizer(tmp_path).kind == "Hugging Face"  # a directory holding it
+
+
+def test_hf_tokenizer_config_names_bos_eos(tmp_path: Path) -> None:
+    path = _hf_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "</s>", "eos_token": "<s>"}')
+    tok = load_tokenizer(path)
+    assert (tok.bos_id, tok.eos_id) == (1, 0)
+
+
+def test_text_stream_holds_back_partial_characters(tmp_path: Path) -> None:
+    tok = load_tokenizer(_hf_tokenizer(tmp_path / "tokenizer.json"))
+    text = "naïve café ☕ done"
+    ids = tok.encode(text)
+    stream = TextStream(tok)
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert len(ids) > len([p for p in pieces if p])  # some ids completed no character alone
+
+
+def _tiktoken_file(path: Path) -> Path:
+    ranks = [bytes([b]) for b in range(256)]
+    for merge in (b"th", b"the", b" the", b"ca", b"cat", b" cat", b"at", b" sat", b"an", b" ran"):
+        ranks.append(merge)
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
+    return path
+
+
+def test_tiktoken_detected(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_tokenizers")
+    tok = load_tokenizer(_tiktoken_file(tmp_path / "tokenizer.model"))
+    assert tok.kind == "tiktoken"
+    assert tok.vocab_size == 266 + 256  # regular tokens, then Llama 3's special tokens
+    assert (tok.bos_id, tok.eos_id) == (266, 267)
+    ids = tok.encode(" the cat sat")
+    assert ids[:2] == [258, 261]  # " the", " cat": merges applied
+    assert tok.decode(ids) == " the cat sat"
+    stream = TextStream(tok)
+    text = "é ☕"
+    assert "".join([stream.push(i) for i in tok.encode(text)] + [stream.flush()]) == text
+
+
+def test_sentencepiece_detected(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([TEXT] * 20),
+        model_writer=model,
+        vocab_size=40,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+    )
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.getvalue())
+    tok = load_tokenizer(path)
+    ref = spm.SentencePieceProcessor(model_file=str(path))
+    assert tok.kind == "SentencePiece"
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (1, 2, 40)
+    assert tok.encode("the cat sat") == ref.encode("the cat sat")
+    assert tok.decode(tok.encode("the cat sat")).strip() == "the cat sat"
+
+
+def test_unreadable_tokenizer(tmp_path: Path) -> None:
+    bad = tmp_path / "tokenizer.bin"
+    bad.write_bytes(b"dummy tokenizer")
+    with pytest.raises(TokenizerError, match="Failed to load tokenizer"):
+        load_tokenizer(bad)
+    with pytest.raises(TokenizerError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="Hugging Face"):
+        load_tokenizer(tmp_path / "broken.json")

@@ -1,0 +1,409 @@
+"""``ptexec.llm``: generation with tiny Llama programs exported by ExecuTorch's LLM exporter,
+checked against a greedy loop on ExecuTorch's runtime and ExecuTorch's own runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from llm_support import PROMPT, executorch_greedy, llm_programs, program
+from ptexec.errors import GenerationError
+from ptexec.llm import (
+    GenerationConfig,
+    MultimodalRunner,
+    Stats,
+    TextLLMRunner,
+    make_image_input,
+    make_text_input,
+    make_token_input,
+    read_metadata,
+)
+from ptexec.llm.decoder import TextDecoder
+
+pytest.importorskip("tokenizers")
+
+GREEDY = GenerationConfig(max_new_tokens=24, temperature=0.0, echo=False)
+MODEL = llm_programs.TinyLlama()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return llm_programs.make_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def _runner(variant: str, tokenizer: Path, **kw: Any) -> TextLLMRunner:
+    return TextLLMRunner(str(program(variant)), str(tokenizer), print_output=False, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# greedy generation against ExecuTorch
+
+
+@pytest.mark.parametrize(
+    ("variant", "dynamic"),
+    [("portable", True), ("portable_static", False), ("xnnpack", True), ("xnnpack_8da4w", True)],
+)
+def test_greedy_tokens_equal_executorch_loop(variant: str, dynamic: bool, tokenizer: Path) -> None:
+    runner = _runner(variant, tokenizer)
+    assert runner.decoder.dynamic is dynamic
+    text = runner.generate_text(PROMPT, GREEDY)
+    prompt_ids = runner.tokenizer.encode(PROMPT)
+    want = executorch_greedy(program(variant), prompt_ids, GREEDY.max_new_tokens, dynamic)
+    assert runner.generated_tokens == want
+    assert text == runner.tokenizer.decode(want, skip_special_tokens=True)
+    assert len(set(want)) > 3, "the seeded model should not repeat one token"
+    assert runner.stats.num_prompt_tokens == len(prompt_ids)
+    assert runner.stats.num_generated_tokens == GREEDY.max_new_tokens
+
+
+def test_hugging_face_export_with_cache_positions(tokenizer: Path) -> None:
+    """optimum-executorch's layout: forward(input_ids, cache_position [seq]) -> [1, seq, V]."""
+    runner = _runner("hf_xnnpack", tokenizer)
+    assert runner.decoder.pos_vector and runner.decoder.dynamic
+    assert runner.eos_ids == {MODEL.eos_id} and runner.bos_id == MODEL.bos_id  # get_eos_id
+    text = runner.generate_text(PROMPT, GREEDY)
+    ids = runner.tokenizer.encode(PROMPT)
+    want = executorch_greedy(program("hf_xnnpack"), ids, 24, dynamic=True, cache_positions=True)
+    assert runner.generated_tokens == want and len(set(want)) > 3
+    assert text == runner.tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_text_equals_executorch_runner(tokenizer: Path) -> None:
+    """ExecuTorch's own TextLLMRunner (in the wheel) streams the same text."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+    pte = program("portable")
+    pieces: list[str] = []
+    config = et.GenerationConfig(max_new_tokens=24, temperature=0.0, echo=False)
+    et.TextLLMRunner(str(pte), str(tokenizer)).generate(
+        PROMPT, config, token_callback=pieces.append
+    )
+    ours: list[str] = []
+    _runner("portable", tokenizer).generate(PROMPT, GREEDY, token_callback=ours.append)
+    assert "".join(ours) == "".join(pieces)
+    assert ours == pieces  # piece for piece: one callback per token
+
+
+def test_static_and_dynamic_programs_agree(tokenizer: Path) -> None:
+    a = _runner("portable", tokenizer)
+    b = _runner("portable_static", tokenizer)
+    assert a.generate_text(PROMPT, GREEDY) == b.generate_text(PROMPT, GREEDY)
+    assert a.generated_tokens == b.generated_tokens
+
+
+def test_long_prompt_prefills_in_chunks(tokenizer: Path) -> None:
+    """A dynamic program takes at most max_seq_len - 1 tokens a call (15 here, over a
+    128-token cache); a longer prompt goes in chunks, with the result of the same model fed
+    token by token."""
+    ids = [(7 * i + 3) % (MODEL.vocab_size - 3) + 3 for i in range(40)]
+    config = GenerationConfig(max_new_tokens=6, temperature=0.0, echo=False)
+    chunked = _multimodal("portable_chunked", tokenizer)
+    assert chunked.decoder.max_chunk == 15 and chunked.max_context_len == MODEL.max_context_len
+    chunked.generate_text([make_token_input(ids)], config)
+    static = _multimodal("portable_static", tokenizer)
+    static.generate_text([make_token_input(ids)], config)
+    assert chunked.generated_tokens == static.generated_tokens
+    want = executorch_greedy(program("portable_static"), ids, 6, dynamic=False)
+    assert chunked.generated_tokens == want
+
+
+def _multimodal(variant: str, tokenizer: Path) -> MultimodalRunner:
+    return MultimodalRunner(str(program(variant)), str(tokenizer), print_output=False)
+
+
+# --------------------------------------------------------------------------------------
+# metadata and layout
+
+
+def test_metadata_read_from_the_program() -> None:
+    md = read_metadata(ptexec.load(program("portable")))
+    assert md.get("get_max_seq_len") == MODEL.max_seq_len
+    assert md.get("get_max_context_len") == MODEL.max_context_len
+    assert md.get("get_vocab_size") == MODEL.vocab_size
+    assert md.get("get_bos_id") == MODEL.bos_id
+    assert md.eos_ids == (MODEL.eos_id,)
+    assert md.get("use_kv_cache") is True
+    assert md.get("enable_dynamic_shape") is True
+    assert (
+        read_metadata(ptexec.load(program("portable_static"))).get("enable_dynamic_shape") is False
+    )
+
+
+def test_runner_takes_bos_eos_vocab_from_the_program(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    assert r.bos_id == MODEL.bos_id and r.eos_ids == {MODEL.eos_id}
+    assert r.get_vocab_size() == MODEL.vocab_size
+    assert r.max_context_len == MODEL.max_context_len
+    assert r.decoder.max_chunk == MODEL.max_seq_len - 1
+    assert not r.decoder.pos_vector
+    assert _runner("portable_static", tokenizer).decoder.max_chunk == 1
+
+
+def test_not_a_generation_program() -> None:
+    from fixture_data import fixture_paths
+
+    pte, _ = fixture_paths("mlp")
+    with pytest.raises(GenerationError, match="tokens"):
+        TextDecoder(ptexec.load(pte))
+
+
+# --------------------------------------------------------------------------------------
+# sampling, stopping, streaming
+
+
+def test_seeded_sampling_is_reproducible(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    config = GenerationConfig(max_new_tokens=20, temperature=1.0, top_p=0.95, seed=7, echo=False)
+    first = r.generate_text(PROMPT, config)
+    first_ids = list(r.generated_tokens)
+    r.reset()
+    assert r.generate_text(PROMPT, config) == first
+    assert r.generated_tokens == first_ids
+    r.reset()
+    other = GenerationConfig(max_new_tokens=20, temperature=1.0, top_p=0.95, seed=8, echo=False)
+    r.generate_text(PROMPT, other)
+    assert r.generated_tokens != first_ids
+    r.reset()
+    r.generate_text(PROMPT, GREEDY)
+    assert r.generated_tokens[:20] != first_ids  # temperature 1 is not greedy here
+
+
+def test_top_k_one_is_greedy(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    r.generate_text(PROMPT, GREEDY)
+    greedy = list(r.generated_tokens)
+    r.reset()
+    config = GenerationConfig(max_new_tokens=24, temperature=1.5, top_k=1, seed=3, echo=False)
+    r.generate_text(PROMPT, config)
+    assert r.generated_tokens == greedy
+
+
+def test_eos_stops_generation(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    r.generate_text(PROMPT, GREEDY)
+    greedy = list(r.generated_tokens)
+    eos = greedy[5]
+    stop_at = greedy.index(eos)
+    r.reset()
+    r.eos_ids = frozenset({eos})
+    text = r.generate_text(PROMPT, GREEDY)
+    assert r.generated_tokens == greedy[: stop_at + 1]  # EOS is the last token generated
+    assert r.stats.num_generated_tokens == stop_at + 1
+    # a control token has no text; this EOS is an ordinary token, so its text is the last
+    assert text == r.tokenizer.decode(greedy[: stop_at + 1], skip_special_tokens=True)
+    r.reset()
+    ignoring = GenerationConfig(max_new_tokens=24, temperature=0.0, echo=False, ignore_eos=True)
+    r.generate_text(PROMPT, ignoring)
+    assert r.generated_tokens == greedy
+
+
+def test_program_eos_id_has_no_text(tokenizer: Path) -> None:
+    """The program's EOS (the tokenizer's <|end_of_text|>) ends a generation without text."""
+    r = _runner("portable", tokenizer)
+    assert r.tokenizer.is_special(MODEL.eos_id)
+    from ptexec.llm import TextStream
+
+    s = TextStream(r.tokenizer)
+    assert s.push(MODEL.eos_id) == ""
+
+
+def test_stop_string(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    full = r.generate_text(PROMPT, GREEDY)
+    stop = full[10:13]
+    assert stop and full.index(stop) == 10
+    r.reset()
+    pieces: list[str] = []
+    config = GenerationConfig(max_new_tokens=24, temperature=0.0, echo=False, stop=[stop])
+    text = r.generate_text(PROMPT, config, token_callback=pieces.append)
+    assert text == full[:10] == "".join(pieces)
+    assert r.stats.num_generated_tokens < 24
+
+
+def test_streaming_callback_and_echo(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    pieces: list[str] = []
+    seen: list[Stats] = []
+    config = GenerationConfig(max_new_tokens=12, temperature=0.0, echo=True)
+    text = r.generate_text(PROMPT, config, token_callback=pieces.append, stats_callback=seen.append)
+    assert pieces[0] == PROMPT and "".join(pieces[1:]) == text
+    assert len(pieces) - 1 <= 12
+    assert seen == [r.stats]
+
+
+def test_print_output(tokenizer: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    r = TextLLMRunner(str(program("portable")), str(tokenizer))
+    config = GenerationConfig(max_new_tokens=8, temperature=0.0, echo=True)
+    r.generate(PROMPT, config)
+    text = capsys.readouterr().out
+    assert text.startswith(PROMPT) and text.endswith("\n")
+    r.reset()
+    r.generate(PROMPT, GenerationConfig(max_new_tokens=8, temperature=0.0, warming=True))
+    assert capsys.readouterr().out == ""
+
+
+def test_stop_from_callback(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    count = 0
+
+    def on_token(piece: str) -> None:
+        nonlocal count
+        count += 1
+        if count == 3:
+            r.stop()
+
+    r.generate(PROMPT, GREEDY, token_callback=on_token)
+    assert 3 <= r.stats.num_generated_tokens <= 4
+
+
+def test_stats(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    r.generate(PROMPT, GREEDY)
+    s = r.stats
+    assert s.model_load_end_ms >= s.model_load_start_ms > 0
+    assert s.inference_start_ms <= s.prompt_eval_end_ms <= s.inference_end_ms
+    assert s.first_token_ms == s.prompt_eval_end_ms
+    assert s.prefill_ms > 0 and s.tokens_per_second > 0
+    assert s.aggregate_model_execution_time_ms > 0
+    assert 0 <= s.aggregate_sampling_time_ms < s.inference_end_ms - s.inference_start_ms
+    d = json.loads(s.to_json_string())
+    assert d["prompt_tokens"] == s.num_prompt_tokens and d["generated_tokens"] == 24
+    assert d["SCALING_FACTOR_UNITS_PER_SECOND"] == 1000
+    s.reset()
+    assert s.num_generated_tokens == 0 and s.model_load_end_ms > 0
+    s.reset(all_stats=True)
+    assert s.model_load_end_ms == 0
+
+
+# --------------------------------------------------------------------------------------
+# context: continuation, prefill, reset, limits
+
+
+def test_prefill_then_generate_empty_prompt(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    want = r.generate_text(PROMPT, GREEDY)
+    r.reset()
+    r.prefill(PROMPT, GREEDY)
+    assert r.pos == len(r.tokenizer.encode(PROMPT))
+    assert r.generate_text("", GREEDY) == want
+    r.reset()
+    with pytest.raises(GenerationError, match="prefill"):
+        r.generate("", GREEDY)
+
+
+def test_second_prompt_continues_the_context(tokenizer: Path) -> None:
+    r = _runner("portable", tokenizer)
+    config = GenerationConfig(max_new_tokens=6, temperature=0.0, echo=False)
+    r.generate(PROMPT, config)
+    first_ids = list(r.generated_tokens)
+    pos = r.pos
+    assert pos == len(r.tokenizer.encode(PROMPT)) + 5  # the last token is not in the cache
+    r.generate(" and then", config)
+    second = list(r.generated_tokens)
+    # the same as one prompt holding the whole context
+    history = r.tokenizer.encode(PROMPT) + first_ids[:-1] + r.tokenizer.encode(" and then")
+    fresh = _multimodal("portable", tokenizer)
+    fresh.generate_text([make_token_input(history)], config)
+    assert fresh.generated_tokens == second
+
+
+def test_context_limits(tokenizer: Path) -> None:
+    mm = _multimodal("portable", tokenizer)
+    with pytest.raises(GenerationError, match="context"):
+        mm.generate([make_token_input([5] * MODEL.max_context_len)], GREEDY)
+    # the runner still works after the error
+    assert mm.pos == 0
+    mm.generate([make_token_input([5, 6])], GenerationConfig(max_new_tokens=2, temperature=0))
+    assert mm.stats.num_generated_tokens == 2
+    r = _runner("portable", tokenizer)
+    r.generate(PROMPT, GenerationConfig(max_new_tokens=3, temperature=0.0, echo=False))
+    assert r.stats.num_generated_tokens == 3
+    # max_new_tokens resolves against the context: ask for more than fits
+    r.reset()
+    big = GenerationConfig(max_new_tokens=1000, temperature=0.0, echo=False, ignore_eos=True)
+    r.generate(PROMPT, big)
+    n = len(r.tokenizer.encode(PROMPT))
+    assert r.stats.num_generated_tokens == MODEL.max_context_len - n
+    r.reset()
+    r.generate(PROMPT, GenerationConfig(seq_len=n + 4, temperature=0.0, echo=False))
+    assert r.stats.num_generated_tokens == 4
+
+
+def test_multimodal_runner_text_and_tokens(tokenizer: Path) -> None:
+    text_runner = _runner("portable", tokenizer)
+    want = text_runner.generate_text(PROMPT, GREEDY)
+    mm = MultimodalRunner(str(program("portable")), str(tokenizer), print_output=False)
+    ids = mm.tokenizer.encode(PROMPT)
+    assert mm.generate_text([make_text_input(PROMPT)], GREEDY) == want
+    mm.reset()
+    head = mm.tokenizer.encode("Once")
+    assert ids[: len(head)] == head
+    mixed = [make_text_input("Once"), make_token_input(ids[len(head) :])]
+    assert mm.generate_text(mixed, GREEDY) == want
+    mm.reset()
+    assert mm.generate_text([make_token_input(ids)], GREEDY) == want
+    mm.reset()
+    assert mm.generate_text_hf({"input_ids": torch.tensor([ids])}, GREEDY) == want
+    mm.reset()
+    with pytest.raises(GenerationError, match="image"):
+        mm.generate([make_image_input(torch.zeros(3, 4, 4, dtype=torch.uint8))], GREEDY)
+
+
+# --------------------------------------------------------------------------------------
+# devices
+
+
+def test_logits_stay_on_the_device_until_sampled(tokenizer: Path) -> None:
+    """Sampling reads one integer from the logits' device, nothing else (the CUDA rule,
+    checked by the ops that run: no copy of the logits, one scalar read of one element)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ptexec.llm import Sampler
+
+    class Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[tuple[str, list[int]]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            sizes = [a.numel() for a in args if isinstance(a, torch.Tensor)]
+            self.ops.append((str(func), sizes))
+            return func(*args, **(kwargs or {}))
+
+    r = _runner("portable", tokenizer)
+    logits = r.decoder.prefill(r.tokenizer.encode(PROMPT), 0)
+    assert logits.device == r.decoder.device
+    for sampler in (Sampler(0.0), Sampler(0.8, top_p=0.9, top_k=40, seed=1)):
+        with Record() as rec:
+            sampler.sample(logits)
+        reads = [s for op, s in rec.ops if "_local_scalar_dense" in op]
+        assert reads == [[1]], rec.ops
+        assert not any("_to_copy" in op or "copy_" in op for op, _ in rec.ops), rec.ops
+
+
+@pytest.mark.cuda
+def test_generation_on_cuda(tokenizer: Path) -> None:
+    cpu = _runner("portable", tokenizer)
+    gpu = _runner("portable", tokenizer, device_map="cuda")
+    assert gpu.decoder.device.type == "cuda"
+    logits = gpu.decoder.prefill(gpu.tokenizer.encode(PROMPT), 0)
+    assert logits.device.type == "cuda"
+    gpu.reset()
+    assert gpu.generate_text(PROMPT, GREEDY) == cpu.generate_text(PROMPT, GREEDY)
+
+
+def test_compile_option(tokenizer: Path) -> None:
+    """compile=True runs the compiled tier where ptexec has one, else says it has none."""
+    try:
+        r = _runner("portable", tokenizer, compile=True)
+    except GenerationError as e:
+        assert "compiled tier" in str(e)
+        return
+    want = _runner("portable", tokenizer).generate_text(PROMPT, GREEDY)
+    assert r.generate_text(PROMPT, GREEDY) == want

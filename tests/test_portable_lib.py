@@ -1,0 +1,261 @@
+"""ptexec.portable_lib offers executorch.extension.pybindings.portable_lib's names.
+
+ExecuTorch's own module is the reference where it is installed: the same files through
+both, compared. (The wheel's own tests run against this module in test_executorch_suite.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+
+from fixture_data import FIXTURES_DIR, compare_outputs, fixture_calls, fixture_paths, tolerance
+from ptexec import portable_lib as pl
+from ptexec.errors import (
+    DeviceUnavailableError,
+    MethodNotFoundError,
+    NotFoundError,
+    OutputMismatchError,
+    PteFormatError,
+    StateError,
+    UnsupportedDeviceError,
+)
+from ptexec.format.bundled import BundledTensor, read_bundled
+
+COMPAT = FIXTURES_DIR / "compat"
+
+
+def _et() -> Any:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytest.importorskip("executorch.extension.pybindings.portable_lib")
+
+
+def _bundled_io() -> dict[str, Any]:
+    return torch.load(COMPAT / "compat.io.pt", weights_only=True)["bundled"]  # type: ignore[no-any-return]
+
+
+def test_every_name_of_executorchs_module_is_here() -> None:
+    theirs = {n for n in dir(_et()) if not n.startswith("__")}
+    theirs -= {"glob", "importlib", "logger", "logging", "os", "spec", "sys"}  # its imports
+    missing = theirs - set(dir(pl))
+    assert missing == {"_load_for_executorch_from_data_loader"}  # takes an ExecuTorch C++ loader
+
+
+def test_module_methods_and_calls() -> None:
+    name = "two_method_state"
+    data = fixture_paths(name)[0].read_bytes()
+    module = pl._load_for_executorch_from_buffer(data)
+    assert sorted(module.method_names()) == ["other", "step"]
+    for call in fixture_calls(name):
+        got = module.run_method(call["method"], call["inputs"])
+        assert compare_outputs(got, call["outputs"], *tolerance(name)) is None
+    assert not module.has_etdump()
+    with pytest.raises(StateError):
+        module.write_etdump_result_to_file("x.etdp")
+    with pytest.raises(RuntimeError):
+        module.run_method("not_a_method", [])
+
+
+def test_single_tensor_call_and_plan_execute() -> None:
+    pte = fixture_paths("mlp")[0]
+    call = fixture_calls("mlp")[0]
+    module = pl._load_for_executorch(str(pte))
+    (x,) = call["inputs"]
+    first = module(x)  # one tensor stands for a list of one
+    assert compare_outputs(first, call["outputs"], *tolerance("mlp")) is None
+    again = module.plan_execute("forward")  # the inputs it was last given
+    assert compare_outputs(again, call["outputs"], *tolerance("mlp")) is None
+
+
+def test_clone_outputs_false_gives_the_methods_memory() -> None:
+    module = pl._load_for_executorch(str(fixture_paths("mlp")[0]))
+    x = torch.randn(2, 8)
+    view = module.forward([x], clone_outputs=False)[0]
+    copy = module.forward([x], clone_outputs=True)[0]
+    assert torch.equal(view, copy)
+    module.forward([x * 2], clone_outputs=False)
+    assert not torch.equal(view, copy)  # the view is the method's memory, rewritten
+    again = module.forward([x], clone_outputs=False)[0]
+    assert again.data_ptr() == view.data_ptr()
+
+
+def test_modules_read_their_program_on_first_use_programs_at_once() -> None:
+    """As ExecuTorch's: a module of junk fails when used, a program of junk when loaded."""
+    module = pl._load_for_executorch_from_buffer(b"junk" * 16)
+    with pytest.raises(PteFormatError) as e:
+        module.forward([])
+    assert isinstance(e.value, RuntimeError)
+    with pytest.raises(RuntimeError):
+        pl._load_program_from_buffer(b"junk" * 16)
+    with pytest.raises(FileNotFoundError) as missing:
+        pl._load_program("no_such_file.pte")
+    assert isinstance(missing.value, RuntimeError)
+
+
+def test_program_and_method_by_parts() -> None:
+    name = "two_method_state"
+    program = pl._load_program(str(fixture_paths(name)[0]))
+    names = [program.get_method_name(i) for i in range(program.num_methods())]
+    assert names == list(program.program.method_names)
+    with pytest.raises(MethodNotFoundError) as e:
+        program.get_method_name(program.num_methods())
+    assert isinstance(e.value, RuntimeError)
+    method = program.load_method("step")
+    assert program.load_method("step") is not method  # a new method every time
+    with pytest.raises(StateError):
+        method.get_outputs()
+    call = fixture_calls("mlp")[0]
+    mlp = pl._load_program(str(fixture_paths("mlp")[0])).load_method("forward")
+    mlp.set_inputs(call["inputs"])
+    mlp.execute()
+    assert compare_outputs(mlp.get_outputs(), call["outputs"], *tolerance("mlp")) is None
+    assert str(mlp.method_meta()).startswith("MethodMeta(name='forward', num_inputs=1")
+
+
+def test_get_attribute_matches_executorch() -> None:
+    pte, ptd = (str(p) for p in fixture_paths("external"))
+    ours = pl._load_program(pte, data_path=ptd).load_method("forward")
+    theirs = _et()._load_program(pte, data_path=ptd).load_method("forward")
+    for fqn in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+        assert torch.equal(ours.get_attribute(fqn), theirs.get_attribute(fqn))
+    with pytest.raises(NotFoundError, match="no attribute 'nope'") as e:
+        ours.get_attribute("nope")
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_an_input_on_another_device_is_refused_in_executorchs_words() -> None:
+    method = pl._load_program(str(fixture_paths("mlp")[0])).load_method("forward")
+    with pytest.raises(UnsupportedDeviceError, match="is on device meta") as e:
+        method.set_inputs([torch.empty(2, 8, device="meta")])
+    assert "only CPU and CUDA tensors" in str(e.value) and isinstance(e.value, RuntimeError)
+    method.set_inputs([torch.empty(0, 8, device="meta")[:0]])  # an empty tensor is exempt here
+
+
+def test_devices_follow_ptexecs_rules() -> None:
+    """An unplanned input is the caller's memory, shared; a CUDA program needs CUDA."""
+    name = "mlp_unplanned"
+    module = pl._load_for_executorch(str(fixture_paths(name)[0]))
+    call = fixture_calls(name)[0]
+    assert (
+        compare_outputs(module.forward(call["inputs"]), call["outputs"], *tolerance(name)) is None
+    )
+    assert module.program.method_names == ("forward",)
+    gpu = pl._load_for_executorch(str(fixture_paths("gpu_mlp")[0]))
+    if torch.cuda.is_available():
+        x = [t.cuda() for t in fixture_calls("gpu_mlp")[0]["inputs"]]
+        assert gpu.forward(x)[0].is_cuda
+    else:
+        with pytest.raises(DeviceUnavailableError, match="on device cuda:0") as e:
+            gpu.forward(fixture_calls("gpu_mlp")[0]["inputs"])
+        assert isinstance(e.value, RuntimeError)
+
+
+def test_threadpool_is_torchs() -> None:
+    before = torch.get_num_threads()
+    try:
+        pl._unsafe_reset_threadpool(1)
+        assert pl._threadpool_get_thread_count() == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert pl._dump_profile_results() == _et()._dump_profile_results() == b""
+    assert set(_et()._get_operator_names()) <= set(pl._get_operator_names())
+    assert "XnnpackBackend" in pl._get_registered_backend_names()
+    assert pl._is_available("XnnpackBackend") and not pl._is_available("NoSuchBackend")
+
+
+def test_etdump_through_a_module(tmp_path: Any) -> None:
+    from ptexec.format.etdump import ProfileEvent, decode_etdump
+
+    module = pl._load_for_executorch(
+        str(fixture_paths("mlp")[0]), enable_etdump=True, debug_buffer_size=1 << 16
+    )
+    assert module.has_etdump()
+    module.forward(fixture_calls("mlp")[0]["inputs"])
+    module.write_etdump_result_to_file(str(tmp_path / "m.etdp"), str(tmp_path / "m.bin"))
+    dump = decode_etdump((tmp_path / "m.etdp").read_bytes())
+    names = [e.name for e in dump.run_data[-1].events if isinstance(e, ProfileEvent)]
+    assert names[-1] == "Method::execute" and "aten::addmm.out" in names
+    assert (tmp_path / "m.bin").stat().st_size > 0
+
+
+# ---- bundled programs ------------------------------------------------------------------
+
+
+def test_bundled_format_holds_the_cases_and_the_program() -> None:
+    data = (COMPAT / "bundled.bpte").read_bytes()
+    bundle = read_bundled(data)
+    assert bytes(bundle.program_bytes()) == (COMPAT / "bundled.pte").read_bytes()
+    io = _bundled_io()
+    assert [s.method_name for s in bundle.suites] == ["forward", "forward2"]
+    for suite in bundle.suites:
+        assert len(suite.test_cases) == len(io[suite.method_name])
+        for case, (inputs, expected) in zip(suite.test_cases, io[suite.method_name], strict=True):
+            for got, want in zip(
+                (*case.inputs, *case.expected_outputs), (*inputs, *expected), strict=True
+            ):
+                assert isinstance(got, BundledTensor) and got.sizes == tuple(want.shape)
+                raw = bytes(bundle.tensor_bytes(got))
+                assert raw == want.contiguous().numpy().tobytes()
+
+
+def test_bundled_format_refuses_malformed_bytes() -> None:
+    data = bytearray((COMPAT / "bundled.bpte").read_bytes())
+    with pytest.raises(PteFormatError, match="file identifier"):
+        read_bundled(bytes(data[:4]) + b"ET12" + bytes(data[8:]))
+    with pytest.raises(PteFormatError):
+        read_bundled(bytes(data[: len(data) // 3]))
+    for pos in range(8, len(data), 37):  # a byte changed anywhere: parsed, or the format error
+        bad = bytearray(data)
+        bad[pos] ^= 0xFF
+        with contextlib.suppress(PteFormatError):
+            read_bundled(bytes(bad))
+
+
+def test_bundled_verification_as_executorch() -> None:
+    data = (COMPAT / "bundled.bpte").read_bytes()
+    ours = pl._load_bundled_program_from_buffer(data)
+    theirs = _et()._load_bundled_program_from_buffer(data)
+    for method, cases in _bundled_io().items():
+        for k, (inputs, expected) in enumerate(cases):
+            bad = method == "forward" and k == 1  # deliberately wrong expected output
+            if bad:
+                with pytest.raises(RuntimeError):
+                    theirs.verify_result_with_bundled_expected_output(method, k)
+                with pytest.raises(OutputMismatchError, match="output 0 differs"):
+                    ours.verify_result_with_bundled_expected_output(method, k)
+                continue
+            got = ours.verify_result_with_bundled_expected_output(method, k)
+            ref = theirs.verify_result_with_bundled_expected_output(method, k)
+            assert torch.allclose(got[0], ref[0]) and torch.allclose(got[0], expected[0])
+            assert torch.allclose(got[0], inputs[0] + inputs[1] + (method == "forward2"))
+    with pytest.raises(NotFoundError, match="out of range") as e:
+        ours.verify_result_with_bundled_expected_output("forward", 5)
+    assert isinstance(e.value, RuntimeError)
+    with pytest.raises(MethodNotFoundError):
+        ours.verify_result_with_bundled_expected_output("nope", 0)
+    # looser tolerances accept the off-by-0.5 case
+    ours.verify_result_with_bundled_expected_output("forward", 1, rtol=0, atol=0.6)
+
+
+def test_module_from_a_bundle_and_bundled_inputs(tmp_path: Any) -> None:
+    from ptexec.format.etdump import decode_etdump
+
+    bundle = pl._load_bundled_program_from_buffer((COMPAT / "bundled.bpte").read_bytes())
+    module = pl._load_for_executorch_from_bundled_program(
+        bundle, enable_etdump=True, debug_buffer_size=1 << 12
+    )
+    (inputs, expected), _ = _bundled_io()["forward"]
+    assert torch.allclose(module.forward(inputs)[0], expected[0])
+    module.load_bundled_input(bundle, "forward2", 2)
+    module.plan_execute("forward2")
+    out = module.verify_result_with_bundled_expected_output(bundle, "forward2", 2)
+    assert torch.allclose(out[0], _bundled_io()["forward2"][2][1][0])
+    module.write_etdump_result_to_file(str(tmp_path / "b.etdp"), str(tmp_path / "b.bin"))
+    runs = decode_etdump((tmp_path / "b.etdp").read_bytes()).run_data
+    assert [r.bundled_input_index for r in runs if r.name == "Execute"] == [-1, 2]
