@@ -54,11 +54,13 @@ def compile_models(
 ) -> dict[str, list[Any]]:
     """AOTInductor's output files of every exported graph, by model name."""
     from torch._inductor import aot_compile
+    from torch.fx.experimental import _config as shape_config
 
     files: dict[str, list[Any]] = {}
     for name, ep in exported.items():
         args, kwargs = ep.example_inputs
-        with _quiet():
+        # sizes are reasoned about as the graph was traced: a dynamic size may be 1
+        with _quiet(), shape_config.patch(backed_size_oblivious=True):
             out = aot_compile(
                 ep.module(check_guards=False),
                 args,

@@ -3,7 +3,8 @@
 The key digests everything the compiled code depends on: the program's bytes (and its
 external data file's), the method, the device (with the CPU's instruction set, or the
 GPU's compute capability: the code is built for this machine), the compile options, and
-the versions of torch, ptexec and this cache's layout. An entry is a directory holding the
+the versions of torch, Python, ptexec (its version and a digest of its sources) and this
+cache's layout. An entry is a directory holding the
 package of compiled regions (``package.pt2``) and ``manifest.json`` (the regions, their
 guards, what fell back and why). It is assembled in a temporary directory next to its
 final place and renamed there in one step, so a reader sees a complete entry or none,
@@ -17,6 +18,7 @@ directory (``XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -61,6 +63,19 @@ def _machine(device: str) -> str:
     return f"{platform.machine()} {capability}"
 
 
+@functools.cache
+def _source_digest() -> str:
+    """A digest of ptexec's own Python sources: what traces a program (the kernels' and the
+    delegates' torch code, the rebuild) is part of what the compiled code depends on, and a
+    changed ptexec must not read an entry an older one wrote (even at the same version)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def cache_key(
     blobs: Iterable[memoryview | bytes],
     method: str,
@@ -83,6 +98,7 @@ def cache_key(
         "options": dict(options),
         "torch": torch.__version__,
         "ptexec": __version__,
+        "sources": _source_digest(),
         "layout": LAYOUT_VERSION,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }

@@ -645,6 +645,8 @@ class Rebuild:
             return "copies between devices"
         if name.startswith("executorch_prim::et_copy_index"):
             return "grows its output row by row (map/scan)"
+        if name.rsplit(".", 1)[0] in _EMBEDDING_BITS:
+            return None
         factory = find_kernel(name)
         if isinstance(getattr(factory, "fixed", None), FixedSignature):
             return None
@@ -655,6 +657,21 @@ class Rebuild:
         if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
             return f"{name} draws random numbers"
         return None
+
+    def ignored(self, chain: int, i: int) -> frozenset[int]:
+        """Arguments of instruction ``i`` its functional form never reads (the placeholder
+        ``out`` of a kernel that only updates a cache in place, say)."""
+        ins = self.state.chains[chain].instructions[i]
+        if not isinstance(ins, p.KernelCall):
+            return frozenset()
+        name = self.state.chains[chain].names[i]
+        base = name.rsplit(".", 1)[0]
+        if base in _EMBEDDING_BITS:
+            return frozenset(ins.args[7 if name.endswith(".dtype_out") else 6 :])
+        fixed = getattr(find_kernel(name), "fixed", None)
+        if isinstance(fixed, FixedSignature):
+            return frozenset(ins.args[len(fixed.params) :])
+        return frozenset()
 
     def prepare(self, chain: int, i: int) -> None:
         """Build what instruction ``i`` needs at trace time (a delegate's torch code, with
@@ -705,6 +722,17 @@ class Rebuild:
             env[out] = torch.empty(
                 list(self.read(env, size)), dtype=self._dtype(out), device=self.device
             )
+            return
+        base = name.rsplit(".", 1)[0]
+        if base in _EMBEDDING_BITS:
+            # (weight, scales, zero_points, quant_min, quant_max, indices[, dtype], out, out)
+            with_dtype = name.endswith(".dtype_out")
+            n = 7 if with_dtype else 6
+            operands = [self.read(env, a) for a in args[:n]]
+            if with_dtype and operands[6] is not None:
+                operands[6] = to_dtype(operands[6])
+            out = args[n]
+            env[out] = self._cast(_embedding(_EMBEDDING_BITS[base])(*operands), out)
             return
         factory = find_kernel(name)
         fixed = getattr(factory, "fixed", None)
@@ -850,9 +878,6 @@ class Rebuild:
                 x = to_dtype(x)
             rendered.append(x)
         fn = _TRACE_SAFE.get(sig.fn, sig.fn)
-        base = name.rsplit(".", 1)[0]
-        if base in _EMBEDDING_BITS:
-            fn = _embedding(_EMBEDDING_BITS[base])
         positions = {prm.name: k for k, prm in enumerate(params)}
         for m in sig.mutates:
             k = positions[m]

@@ -249,7 +249,9 @@ def export_region(
         x = _example(state, j, device)
         examples.append(x)
         dynamic.append(_dims(plan.values[j], x))
-    with torch.no_grad(), _quiet():
+    from torch.fx.experimental import _config as shape_config
+
+    with torch.no_grad(), _quiet(), shape_config.patch(backed_size_oblivious=True):
         ep = torch.export.export(
             module,
             tuple(examples),

@@ -208,6 +208,11 @@ class _Planner:
         self.shared_buffers = shared_buffers
         self.min_instructions = min_instructions
         self.effects = _Effects(state)
+        for c, chain in enumerate(self.effects.reads):  # what the rebuilt code never reads
+            for i, reads in enumerate(chain):
+                ignored = rebuild.ignored(c, i)
+                if ignored:
+                    chain[i] = reads - ignored
         self.inputs = set(self.plan.inputs)
         self.outputs = set(self.plan.outputs)
         self.unplanned_inputs = {
@@ -494,7 +499,6 @@ def plan_regions(
             fallbacks.append(Fallback(c, first, last, "too little work to gain from compiling"))
             continue
         found = planner.region(c, first, last, device)
-        if isinstance(found, int):
             split = max(found, first + 1)
             pending.insert(0, (c, split, last, device))
             pending.insert(0, (c, first, split - 1, device))
