@@ -67,7 +67,9 @@ def load_pair(
     prog = ptexec.load(pte, data_path=ptd)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompileWarning)  # nothing here may fail to compile
-        compiled = {m: prog.load_method(m, compile=options or True, **opts) for m in prog.method_names}
+        compiled = {
+            m: prog.load_method(m, compile=options or True, **opts) for m in prog.method_names
+        }
     return interpreted, compiled
 
 

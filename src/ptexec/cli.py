@@ -644,7 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p_run.add_argument("--output", help="save the outputs (torch.save) to this file")
     p_run.add_argument(
-        "--compile", action="store_true", help="run the compiled tier (compile=True); show its report"
+        "--compile",
+        action="store_true",
+        help="run the compiled tier (compile=True); show its report",
     )
     p_run.set_defaults(func=cmd_run)
 

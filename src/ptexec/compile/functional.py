@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Env", "Rebuild", "RebuildError"]
 
+_torch: Any = torch  # symbolic-integer helpers torch does not annotate
+
 
 class RebuildError(Exception):
     """An instruction that has no functional form here (its message says why)."""
@@ -136,13 +138,13 @@ def functional_overload(qualified_name: str) -> tuple[Any, str] | None:
         packet = getattr(getattr(torch.ops, ns), name[:-1], None)
         if packet is None:
             return None
-        wanted = [(a.name, str(a.type).replace("(a!)", "")) for a in schema.arguments]
+        plain = [(a.name, str(a.type).replace("(a!)", "")) for a in schema.arguments]
         for overload_name in packet.overloads():
             candidate = getattr(packet, overload_name)
             cs = candidate._schema
             if any(_writes(a) for a in cs.arguments):
                 continue
-            if [(a.name, str(a.type)) for a in cs.arguments] == wanted:
+            if [(a.name, str(a.type)) for a in cs.arguments] == plain:
                 return candidate, "inplace"
     return None
 
@@ -215,19 +217,19 @@ def _trunc_mod(a: Any, b: Any) -> Any:
 
 
 def _sym_int(a: Any) -> Any:
-    return torch.sym_int(a) if isinstance(a, torch.SymFloat) else int(a)
+    return _torch.sym_int(a) if isinstance(a, torch.SymFloat) else int(a)
 
 
 def _sym_float(a: Any) -> Any:
-    return torch.sym_float(a)
+    return _torch.sym_float(a)
 
 
 def _not(a: Any) -> Any:
-    return torch.sym_not(a) if isinstance(a, torch.SymBool) else not a
+    return _torch.sym_not(a) if isinstance(a, torch.SymBool) else not a
 
 
 def _ite(c: Any, a: Any, b: Any) -> Any:
-    return torch.sym_ite(c, a, b) if isinstance(c, torch.SymBool) else (a if c else b)
+    return _torch.sym_ite(c, a, b) if isinstance(c, torch.SymBool) else (a if c else b)
 
 
 _PRIM: dict[str, Callable[..., Any]] = {
@@ -239,8 +241,8 @@ _PRIM: dict[str, Callable[..., Any]] = {
     "executorch_prim::floordiv.int": _trunc_div,
     "executorch_prim::mod.int": _trunc_mod,
     "executorch_prim::mod.Scalar": _trunc_mod,
-    "executorch_prim::sym_max.Scalar": lambda a, b: torch.sym_max(a, b),
-    "executorch_prim::sym_min.Scalar": lambda a, b: torch.sym_min(a, b),
+    "executorch_prim::sym_max.Scalar": lambda a, b: _torch.sym_max(a, b),
+    "executorch_prim::sym_min.Scalar": lambda a, b: _torch.sym_min(a, b),
     "executorch_prim::eq.Scalar": lambda a, b: a == b,
     "executorch_prim::gt.Scalar": lambda a, b: a > b,
     "executorch_prim::lt.Scalar": lambda a, b: a < b,
@@ -370,8 +372,8 @@ def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
 def _update_cache(value: torch.Tensor, cache: torch.Tensor, start_pos: Any) -> None:
     """:func:`ptexec.kernels.llm.update_cache` with its range check as a run-time assert."""
     seq = value.shape[1]
-    torch._check(start_pos >= 0)
-    torch._check(start_pos + seq <= cache.shape[1])
+    _torch._check(start_pos >= 0)
+    _torch._check(start_pos + seq <= cache.shape[1])
     src = value if value.dtype == cache.dtype else value.contiguous().view(cache.dtype)
     cache.narrow(1, start_pos, seq).copy_(src)
 
@@ -404,7 +406,7 @@ def _sdpa_over_cache(
     if attn_mask is not None and attn_mask.numel():
         mask = attn_mask.to(q.device, torch.float32)
     elif attn_mask is None:
-        torch._check(start_pos + q_len <= kv_len)
+        _torch._check(start_pos + q_len <= kv_len)
         rows = torch.arange(q.shape[2], device=q.device)[:, None] + start_pos
         mask = cols <= rows if is_causal else (cols < start_pos + q_len).expand(q.shape[2], -1)
     else:
@@ -728,11 +730,11 @@ class Rebuild:
             # (weight, scales, zero_points, quant_min, quant_max, indices[, dtype], out, out)
             with_dtype = name.endswith(".dtype_out")
             n = 7 if with_dtype else 6
-            operands = [self.read(env, a) for a in args[:n]]
-            if with_dtype and operands[6] is not None:
-                operands[6] = to_dtype(operands[6])
+            given: list[Any] = [self.read(env, a) for a in args[:n]]
+            if with_dtype and given[6] is not None:
+                given[6] = to_dtype(given[6])
             out = args[n]
-            env[out] = self._cast(_embedding(_EMBEDDING_BITS[base])(*operands), out)
+            env[out] = self._cast(_embedding(_EMBEDDING_BITS[base])(*given), out)
             return
         factory = find_kernel(name)
         fixed = getattr(factory, "fixed", None)

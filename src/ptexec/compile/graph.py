@@ -249,7 +249,9 @@ def export_region(
         x = _example(state, j, device)
         examples.append(x)
         dynamic.append(_dims(plan.values[j], x))
-    from torch.fx.experimental import _config as shape_config
+    from torch.fx.experimental import _config
+
+    shape_config: Any = _config  # its patch() is made at import
 
     with torch.no_grad(), _quiet(), shape_config.patch(backed_size_oblivious=True):
         ep = torch.export.export(

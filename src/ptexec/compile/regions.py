@@ -180,8 +180,8 @@ def _footprint(t: Any) -> tuple[int, int, int] | None:
     if not isinstance(t, torch.Tensor):
         return None
     storage = t.untyped_storage()
-    start = t.storage_offset() * t.element_size()
-    return (storage.data_ptr(), start, storage.nbytes())
+    start = int(t.storage_offset()) * t.element_size()
+    return (storage.data_ptr(), start, int(storage.nbytes()))
 
 
 def _overlap(a: tuple[int, int, int], b: tuple[int, int, int], a_bytes: int, b_bytes: int) -> bool:
@@ -281,7 +281,7 @@ class _Planner:
                 run_start: int | None = None
                 run_device: torch.device | None = None
 
-                def close(upto: int) -> None:
+                def close(upto: int, c: int = c) -> None:
                     nonlocal run_start, run_device
                     if run_start is not None and upto >= run_start:
                         runs.append((c, run_start, upto, run_device or torch.device("cpu")))
@@ -329,9 +329,12 @@ class _Planner:
         if j in self.inputs or j in self.outputs:
             return True
         value = self.plan.values[j]
-        if isinstance(value, p.Tensor) and value.allocation_info is not None:
-            if value.allocation_info.memory_id in self.shared_buffers:
-                return True
+        if (
+            isinstance(value, p.Tensor)
+            and value.allocation_info is not None
+            and value.allocation_info.memory_id in self.shared_buffers
+        ):
+            return True
         outside = any(rc != c or not first <= ri <= last for rc, ri in self.readers.get(j, ()))
         if outside or j not in self.ranges:
             return outside
@@ -339,9 +342,13 @@ class _Planner:
         mid, start, end = self.ranges[j]
         for a in self.unwritten:
             am, astart, aend = self.ranges[a]
-            if am == mid and astart < end and start < aend:
-                if any(rc != c or not first <= ri <= last for rc, ri in self.readers.get(a, ())):
-                    return True
+            if (
+                am == mid
+                and astart < end
+                and start < aend
+                and any(rc != c or not first <= ri <= last for rc, ri in self.readers.get(a, ()))
+            ):
+                return True
         return False
 
     def region(self, c: int, first: int, last: int, device: torch.device) -> Region | int:
@@ -499,6 +506,7 @@ def plan_regions(
             fallbacks.append(Fallback(c, first, last, "too little work to gain from compiling"))
             continue
         found = planner.region(c, first, last, device)
+        if isinstance(found, int):
             split = max(found, first + 1)
             pending.insert(0, (c, split, last, device))
             pending.insert(0, (c, first, split - 1, device))

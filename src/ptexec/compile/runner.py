@@ -298,7 +298,7 @@ class _Builder:
     ) -> None:
         import tempfile
 
-        from torch._inductor.package import package_aoti
+        from torch._inductor.package import package_aoti  # type: ignore[attr-defined]
 
         from .aoti import compile_models, load_model
 
