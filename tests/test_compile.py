@@ -52,7 +52,6 @@ COMPILED = [
     "cond",
     "llama_sdpa",
     "quant_embedding",
-    "transformer",
 ]
 
 

@@ -44,8 +44,7 @@ from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 from ..kernels import llm, quantized
 from ..kernels.aten import resolve_overload
-from ..kernels.fixed_args import FixedSignature, to_dtype
-from ..kernels.registry import find_kernel
+from ..kernels.fixed_args import to_dtype
 from ..tensor import dim_order_strides
 
 if TYPE_CHECKING:
@@ -533,6 +532,53 @@ _TRACE_SAFE: dict[Callable[..., Any], Callable[..., Any]] = {
     llm.sdpa_with_kv_cache: _sdpa_with_kv_cache,
     llm.custom_quantized_sdpa: _custom_quantized_sdpa,
 }
+
+
+class _Signature:
+    """A custom op's argument layout (ExecuTorch's schema, outs excluded): ``fn`` takes the
+    first ``params`` arguments (those at ``dtypes`` are ScalarType codes) and returns its
+    ``outs`` results; it updates the arguments at ``mutates`` in place."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        params: int,
+        dtypes: tuple[int, ...] = (),
+        outs: int = 1,
+        mutates: tuple[int, ...] = (),
+    ) -> None:
+        self.fn = _TRACE_SAFE.get(fn, fn)
+        self.params = params
+        self.dtypes = dtypes
+        self.outs = outs
+        self.mutates = mutates
+
+
+_Q = "quantized_decomposed::"
+_SIGNATURES: dict[str, _Signature] = {
+    f"{_Q}quantize_per_tensor.out": _Signature(quantized.quantize_per_tensor, 6, (5,)),
+    f"{_Q}quantize_per_tensor.Tensor_out": _Signature(quantized.quantize_per_tensor, 6, (5,)),
+    f"{_Q}dequantize_per_tensor.out": _Signature(quantized.dequantize_per_tensor, 7, (5, 6)),
+    f"{_Q}dequantize_per_tensor.Tensor_out": _Signature(quantized.dequantize_per_tensor, 7, (5, 6)),
+    f"{_Q}quantize_per_channel.out": _Signature(quantized.quantize_per_channel, 7, (6,)),
+    f"{_Q}dequantize_per_channel.out": _Signature(quantized.dequantize_per_channel, 8, (6, 7)),
+    f"{_Q}quantize_per_token.out": _Signature(quantized.quantize_per_token, 6, (5,)),
+    f"{_Q}dequantize_per_token.out": _Signature(quantized.dequantize_per_token, 7, (5, 6)),
+    f"{_Q}choose_qparams.Tensor_out": _Signature(quantized.choose_qparams, 5, (4,), outs=2),
+    f"{_Q}choose_qparams_per_token_asymmetric.out": _Signature(
+        quantized.choose_qparams_per_token_asymmetric, 2, (1,), outs=2
+    ),
+    f"{_Q}mixed_mm.out": _Signature(quantized.mixed_mm, 4),
+    f"{_Q}mixed_linear.out": _Signature(quantized.mixed_linear, 5, (4,)),
+    f"{_Q}add.out": _Signature(quantized.quantized_add, 14),
+    "llama::update_cache.out": _Signature(llm.update_cache, 3, outs=0, mutates=(1,)),
+    "llama::update_cache_with_indices.out": _Signature(
+        llm.update_cache_with_indices, 4, outs=0, mutates=(1,)
+    ),
+    "llama::custom_sdpa.out": _Signature(llm.custom_sdpa, 8),
+    "llama::sdpa_with_kv_cache.out": _Signature(llm.sdpa_with_kv_cache, 11, mutates=(3, 4)),
+    "llama::custom_quantized_sdpa.out": _Signature(llm.custom_quantized_sdpa, 15),
+}
 _EMBEDDING_BITS = {
     "quantized_decomposed::embedding_byte": 8,
     "quantized_decomposed::embedding_4bit": 4,
@@ -649,8 +695,7 @@ class Rebuild:
             return "grows its output row by row (map/scan)"
         if name.rsplit(".", 1)[0] in _EMBEDDING_BITS:
             return None
-        factory = find_kernel(name)
-        if isinstance(getattr(factory, "fixed", None), FixedSignature):
+        if name in _SIGNATURES:
             return None
         form = functional_overload(name)
         if form is None:
@@ -670,9 +715,9 @@ class Rebuild:
         base = name.rsplit(".", 1)[0]
         if base in _EMBEDDING_BITS:
             return frozenset(ins.args[7 if name.endswith(".dtype_out") else 6 :])
-        fixed = getattr(find_kernel(name), "fixed", None)
-        if isinstance(fixed, FixedSignature):
-            return frozenset(ins.args[len(fixed.params) :])
+        sig = _SIGNATURES.get(name)
+        if sig is not None:
+            return frozenset(ins.args[sig.params :])
         return frozenset()
 
     def prepare(self, chain: int, i: int) -> None:
@@ -736,10 +781,9 @@ class Rebuild:
             out = args[n]
             env[out] = self._cast(_embedding(_EMBEDDING_BITS[base])(*given), out)
             return
-        factory = find_kernel(name)
-        fixed = getattr(factory, "fixed", None)
-        if isinstance(fixed, FixedSignature):
-            self._fixed(env, name, args, fixed)
+        sig = _SIGNATURES.get(name)
+        if sig is not None:
+            self._custom(env, args, sig)
             return
         self._aten(env, name, args)
 
@@ -870,19 +914,15 @@ class Rebuild:
         for k, r in zip(rets, result, strict=True):
             env[k] = r
 
-    # -- kernels with a fixed argument layout (quantized, LLM) --------------------------------
-    def _fixed(self, env: Env, name: str, args: tuple[int, ...], sig: FixedSignature) -> None:
-        params = sig.params
-        rendered = []
-        for prm, a in zip(params, args, strict=False):
-            x = self.read(env, a)
-            if prm.kind.rstrip("?") == "dtype" and x is not None:
-                x = to_dtype(x)
-            rendered.append(x)
-        fn = _TRACE_SAFE.get(sig.fn, sig.fn)
-        positions = {prm.name: k for k, prm in enumerate(params)}
-        for m in sig.mutates:
-            k = positions[m]
+    # -- custom ops (quantized, LLM) --------------------------------------------------------
+    def _custom(self, env: Env, args: tuple[int, ...], sig: _Signature) -> None:
+        if len(args) < sig.params + max(sig.outs, 1):
+            raise RebuildError(f"expected {sig.params} arguments and the outs, got {len(args)}")
+        rendered = [self.read(env, a) for a in args[: sig.params]]
+        for k in sig.dtypes:
+            if rendered[k] is not None:
+                rendered[k] = to_dtype(rendered[k])
+        for k in sig.mutates:
             if id(rendered[k]) in env.frozen:  # update a copy: the region writes it back
                 rendered[k] = rendered[k].clone()
             else:  # views taken of it before keep what they saw (the interpreter copied)
@@ -890,13 +930,12 @@ class Rebuild:
                 for j, x in list(env.values.items()):
                     if _shares_memory(x, target):
                         env[j] = x.clone()
-        result = fn(*rendered)
-        for m in sig.mutates:
-            k = positions[m]
+        result = sig.fn(*rendered)
+        for k in sig.mutates:
             env[args[k]] = rendered[k]
         if sig.outs == 0:
             return
-        outs = args[len(params) : len(params) + max(sig.outs, 1)]
+        outs = args[sig.params : sig.params + sig.outs]
         results = result if sig.outs > 1 else (result,)
         for slot, r in zip(outs, results, strict=True):
             env[slot] = self._cast(r, slot)

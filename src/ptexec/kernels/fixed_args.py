@@ -28,7 +28,7 @@ from ..memory import resize_to
 from ..tensor import dim_order_from_strides
 from .registry import Emission, KernelContext, KernelFactory, UnsupportedKernel
 
-__all__ = ["FixedSignature", "Param", "fixed_kernel", "store", "to_dtype"]
+__all__ = ["Param", "fixed_kernel", "store", "to_dtype"]
 
 # Argument kinds: a tensor, an optional tensor, int, float, optional float, bool,
 # ScalarType, optional ScalarType.
@@ -45,19 +45,6 @@ class Param:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown argument kind {self.kind!r} for {self.name}")
-
-
-@dataclass(frozen=True)
-class FixedSignature:
-    """What a :func:`fixed_kernel` factory calls: ``fn(*params)``, whose result(s) go to
-    the ``outs`` out tensors, writing the tensor parameters named in ``mutates`` in place.
-    Kept on the factory (``factory.fixed``) for tools that need the computation itself,
-    not the statement (the compiled tier traces ``fn``)."""
-
-    fn: Callable[..., Any]
-    params: tuple[Param, ...]
-    outs: int
-    mutates: tuple[str, ...]
 
 
 def to_dtype(code: int) -> torch.dtype:
@@ -209,5 +196,4 @@ def fixed_kernel(
             return ctx.emit(code, mutates=in_place + written, outs=written, pure=pure)
         raise ValueError(f"fixed_kernel supports at most 2 outs, not {outs}")
 
-    factory.fixed = FixedSignature(fn, params, outs, tuple(mutates))  # type: ignore[attr-defined]
     return factory
