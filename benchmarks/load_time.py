@@ -2,6 +2,7 @@
 
     python benchmarks/load_time.py                     # fixtures, LLM programs, long LSTMs
     python benchmarks/load_time.py --steps 25 100 300  # LSTM lengths (instructions grow ~14x)
+    python benchmarks/load_time.py --big               # a ~200 MB program: read vs mmap=True
 
 Each program is loaded from bytes by both runtimes, alternately, in one process, one
 thread; each figure is the median over the rounds. The unrolled LSTM programs (a cell
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import statistics
 import sys
@@ -98,6 +100,76 @@ def _programs(steps: list[int], llm: bool) -> dict[str, bytes]:
     return programs
 
 
+_BIG_SCRIPT = r"""
+import json, sys, time
+def status():
+    out = {}
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(('VmRSS', 'RssAnon', 'RssFile', 'RssShmem')):
+                k, v = line.split(':')
+                out[k] = int(v.split()[0]) * 1024
+    return out
+import torch, ptexec
+import ptexec.method  # import ptexec fully: importing is not loading a program
+x = torch.randn(1, 2048)
+torch.mm(torch.randn(64, 64), torch.randn(64, 64))
+s0 = status()
+t0 = time.perf_counter()
+prog = ptexec.load(sys.argv[1], mmap=sys.argv[2] == "mmap")
+m = prog.load_method('forward')
+t1 = time.perf_counter()
+m.execute([x])
+t2 = time.perf_counter()
+s1 = status()
+print(json.dumps({'load': t1 - t0, 'first_call': t2 - t0, 'before': s0, 'after': s1}))
+"""
+
+
+def big_program(rounds: int) -> None:
+    """Load + first call of a ~200 MB program in fresh processes, read into private memory
+    (the default) and memory-mapped (``mmap=True``), alternately; medians, and memory growth."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from models import BigMLP
+
+    def make() -> bytes:
+        from executorch.exir import to_edge
+
+        torch.manual_seed(0)
+        module = BigMLP().eval()
+        with torch.no_grad():
+            ep = torch.export.export(module, (torch.randn(1, 2048),))
+        return bytes(to_edge(ep).to_executorch().buffer)
+
+    data = _cached("big_mlp", make)
+    path = next(_cache_dir().glob("big_mlp-*.pte"))
+    runs: dict[str, list[dict[str, Any]]] = {"read": [], "mmap": []}
+    for _ in range(rounds):
+        for how in runs:
+            out = subprocess.run(
+                [sys.executable, "-c", _BIG_SCRIPT, str(path), how],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            runs[how].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"a {len(data) / 1e6:.0f} MB program (page cache warm), median of {rounds} processes:")
+    for how, rs in runs.items():
+        load = statistics.median(r["load"] for r in rs)
+        first = statistics.median(r["first_call"] for r in rs)
+        anon = statistics.median(
+            sum(r["after"].get(k, 0) - r["before"].get(k, 0) for k in ("RssAnon", "RssShmem"))
+            for r in rs
+        )
+        rss = statistics.median(r["after"]["VmRSS"] - r["before"]["VmRSS"] for r in rs)
+        print(
+            f"  {how:<5} load {load * 1e3:7.1f} ms, load + first call {first * 1e3:7.1f} ms, "
+            f"anonymous memory +{anon / 1e6:6.1f} MB, resident +{rss / 1e6:6.1f} MB"
+        )
+
+
 def _executorch_loader() -> Callable[[bytes, str], Any] | None:
     try:
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
@@ -121,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", nargs="*", type=int, default=[25, 50, 100, 200, 300])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-llm", action="store_true", help="skip the exported LLM programs")
+    parser.add_argument("--big", action="store_true", help="only the ~200 MB program")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.big:
+        big_program(args.rounds)
+        return 0
     et = _executorch_loader()
     programs = _programs(args.steps, not args.no_llm)
     print(f"{'program':<18} {'instructions':>12} {'ptexec':>10} {'ExecuTorch':>11} {'ratio':>7}")

@@ -9,9 +9,11 @@ For every XNNPACK fixture (tests/fixtures/xnnpack) and, unless --no-models, a fe
 models exported here with ``XnnpackPartitioner`` (the MobileNet-style CNN and transformer
 stack of benchmarks/models.py and a 3-layer 1024-wide MLP, in float32 and quantized
 recipes), the same ``.pte`` is loaded by ptexec and by ExecuTorch's runtime
-(``executorch.runtime``, whose pybindings include the XNNPACK backend). Calls alternate
-between the two in blocks; the median latency of each is printed with the ratio
-ptexec / ExecuTorch (below 1: ptexec is faster). Both run on one thread by default
+(``executorch.runtime``, whose pybindings include the XNNPACK backend); ptexec runs it
+twice, with each XNNPACK runner (``xnnpack="torch"``: ptexec's torch code;
+``xnnpack="executorch"``: ExecuTorch's XNNPACK backend inside ptexec's method). Calls
+alternate between the three in blocks; the median latency of each is printed with the
+ratios ptexec / ExecuTorch (below 1: ptexec is faster). Both run on one thread by default
 (--threads N sets torch.set_num_threads and ExecuTorch's thread pool; 0 leaves both at
 their defaults): in one process, torch's OpenMP threads and XNNPACK's spinning pool
 threads compete for the same cores, which distorts multi-threaded figures.
@@ -48,26 +50,33 @@ def _timed(fn: Callable[[], Any], n: int) -> list[float]:
     return out
 
 
-def measure(pte: Path, inputs: list[Any], repeat: int) -> tuple[float, float]:
-    """Median seconds per call: (ptexec, ExecuTorch)."""
+RUNNERS = ("torch", "executorch")
+
+
+def measure(pte: Path, inputs: list[Any], repeat: int) -> tuple[float, float, float]:
+    """Median seconds per call: (ptexec with xnnpack="torch", ptexec with
+    xnnpack="executorch", ExecuTorch), the three interleaved in blocks."""
     from executorch.runtime import Runtime
 
     import ptexec
 
-    pm = ptexec.load(pte).load_method("forward")
+    prog = ptexec.load(pte)
+    calls: list[Callable[[], Any]] = []
+    for runner in RUNNERS:
+        m = prog.load_method("forward", xnnpack=runner)
+        calls.append(lambda m=m: m.execute(inputs))
     em = Runtime.get().load_program(pte).load_method("forward")
-    run_p = lambda: pm.execute(inputs)  # noqa: E731
-    run_e = lambda: em.execute(inputs)  # noqa: E731
+    calls.append(lambda: em.execute(inputs))
     for _ in range(5):
-        run_p()
-        run_e()
+        for fn in calls:
+            fn()
     block = max(repeat // 10, 1)
-    tp: list[float] = []
-    te: list[float] = []
-    while len(tp) < repeat:
-        tp += _timed(run_p, block)
-        te += _timed(run_e, block)
-    return statistics.median(tp), statistics.median(te)
+    times: list[list[float]] = [[] for _ in calls]
+    while len(times[0]) < repeat:
+        for fn, t in zip(calls, times, strict=True):
+            t += _timed(fn, block)
+    med = [statistics.median(t) for t in times]
+    return med[0], med[1], med[2]
 
 
 def _models(out: Path) -> list[tuple[str, str, Path, list[Any]]]:
@@ -135,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, entry in manifest.items():
             calls = torch.load(FIXTURES / f"{name}.io.pt", weights_only=True)["calls"]
             cases.append((name, entry["recipe"], FIXTURES / entry["pte"], calls[0]["inputs"]))
+    fixtures = {c[0] for c in cases}
     tmp = tempfile.TemporaryDirectory()
     if not args.no_models:
         cases += _models(Path(tmp.name))
@@ -143,21 +153,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"torch threads: {torch.get_num_threads()}; repeat {args.repeat}; median latency per call"
     )
-    print(f"{'program':34s} {'recipe':22s} {'ptexec us':>10s} {'ExecuTorch us':>14s} {'ratio':>7s}")
-    ratios: dict[str, list[float]] = {}
+    print(
+        f"{'program':34s} {'recipe':22s} {'torch us':>9s} {'et-runner us':>13s} "
+        f"{'ExecuTorch us':>14s} {'torch/ET':>9s} {'et-runner/ET':>13s}"
+    )
+    ratios: dict[str, list[tuple[float, float]]] = {}
     rows = []
     for name, recipe, pte, inputs in cases:
-        tp, te = measure(pte, inputs, args.repeat)
-        r = tp / te
+        tt, tx, te = measure(pte, inputs, args.repeat)
+        r = (tt / te, tx / te)
         ratios.setdefault(recipe, []).append(r)
         rows.append((name, r))
-        print(f"{name:34s} {recipe:22s} {tp * 1e6:10.1f} {te * 1e6:14.1f} {r:7.2f}", flush=True)
-    print("\nratio ptexec / ExecuTorch (geometric mean per recipe; < 1: ptexec faster)")
+        print(
+            f"{name:34s} {recipe:22s} {tt * 1e6:9.1f} {tx * 1e6:13.1f} {te * 1e6:14.1f} "
+            f"{r[0]:9.2f} {r[1]:13.2f}",
+            flush=True,
+        )
+
+    def gmean(xs: Sequence[float]) -> float:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    print(
+        "\nratio ptexec / ExecuTorch+XNNPACK, geometric mean per recipe (< 1: ptexec faster);"
+        '\ncolumns: xnnpack="torch", xnnpack="executorch"'
+    )
     for recipe, rs in ratios.items():
-        g = math.exp(sum(math.log(x) for x in rs) / len(rs))
-        print(f"  {recipe:22s} {g:6.2f}  ({len(rs)} programs, {sum(x < 1 for x in rs)} faster)")
-    wins = [n for n, r in rows if r < 1]
-    print(f"\nptexec faster on {len(wins)} of {len(rows)}: {', '.join(wins) or 'none'}")
+        print(
+            f"  {recipe:22s} {gmean([a for a, _ in rs]):6.2f} {gmean([b for _, b in rs]):6.2f}"
+            f"  ({len(rs)} programs)"
+        )
+    groups = [
+        ("fixtures", [r for n, r in rows if n in fixtures]),
+        ("models", [r for n, r in rows if n not in fixtures]),
+        ("all", [r for _, r in rows]),
+    ]
+    for label, rs in groups:
+        if rs:
+            print(
+                f"  {label:22s} {gmean([a for a, _ in rs]):6.2f} {gmean([b for _, b in rs]):6.2f}"
+                f"  ({len(rs)} programs)"
+            )
+    for k, label in enumerate(RUNNERS):
+        wins = [n for n, r in rows if r[k] < 1]
+        print(f"\nxnnpack={label!r} faster than ExecuTorch on {len(wins)} of {len(rows)}")
     tmp.cleanup()
     return 0
 

@@ -1,14 +1,20 @@
 #!/usr/bin/env python
 """Fuzz ptexec's loader: mutate real ``.pte``/``.ptd`` fixtures, load, load a method, call it.
 
-Every case takes one fixture, applies one to four mutations and runs ``ptexec.load`` +
+Every case takes one fixture (tests/fixtures, and tests/fixtures/xnnpack as seeds named
+``xnnpack-NAME``), applies one to four mutations and runs ``ptexec.load`` +
 ``Program.load_method`` (``max_planned_bytes`` = the cap, 64 MiB) + one call of every method
 (the fixture's inputs, or inputs made from the method's own description when those do not
 fit); a call that raises :class:`ptexec.ExecutionError` is made again, since a failed call
-must leave the method usable. Only :class:`ptexec.PtexecError` subclasses may escape. A
-case fails ("finding") when:
+must leave the method usable. Half the XNNPACK fixtures' cases load with
+``xnnpack="torch"`` (ptexec's runner), half with the default (ExecuTorch's XNNPACK backend
+where it is installed); fixtures that name a device this machine lacks load with
+``device_map="cpu"``. Only :class:`ptexec.PtexecError` subclasses may escape. A case fails
+("finding") when:
 
 - ``escape``: another exception escapes (a gap in ptexec's checks);
+- ``output``: a call returns an output that contradicts its method's declaration (another
+  dtype or rank, other sizes than static ones, sizes beyond a dynamic bound);
 - ``alloc``: loading allocated more than allowed: an allocator error while loading, or a
   peak resident growth above ``2 * cap + slack`` (planned memory and unplanned tensors are
   each held to the cap; see *Measuring memory*);
@@ -32,6 +38,16 @@ Mutations (all concrete, so a finding replays and minimizes exactly):
   boundaries (2^7, 2^15, 2^31, 2^32 +- 1 ...), the old value +- small deltas, doubled, a
   power of two, or the value of another field of the same width. Fields a file leaves at
   their default are absent from it and cannot be rewritten in place.
+- *delegate payloads*: every XNNPACK payload's ``XH00`` header and ``XNNGraph`` flatbuffer
+  (its node tables from ptexec's own decoder) is walked the same way, its kinds prefixed
+  ``x``: node parameters, value dims, datatypes, external ids, flags, quantization
+  parameters, the constant table; float fields (clamps, scales, slopes) get NaN, infinities,
+  -0, extreme and subnormal values.
+- *device annotations*: ``device_type``/``device_index`` of tensors and planned buffers get
+  device codes (CPU, CUDA, codes ptexec does not model, -1).
+- *constant data*: sampled elements of the program's constants, of each payload's constants
+  and of the named data they use, and of a ``.ptd``'s tensors, rewritten by element type:
+  NaN, infinities, -0, the largest and smallest values, an integer type's extremes.
 
 Measuring memory: torch's CPU allocations are invisible to ``tracemalloc``, so the harness
 measures the process itself. Before each case it resets the kernel's peak-RSS counter
@@ -230,7 +246,18 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-_WIDTH = {"u8": 1, "i8": 1, "bool": 1, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "f64": 8}
+_WIDTH = {
+    "u8": 1,
+    "i8": 1,
+    "bool": 1,
+    "u16": 2,
+    "i32": 4,
+    "u32": 4,
+    "f32": 4,
+    "i64": 8,
+    "u64": 8,
+    "f64": 8,
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -243,71 +270,186 @@ class Field:
     path: str
 
 
-def _walk_table(buf: Buffer, t: Table, tname: str, out: list[Field], depth: int) -> None:
+# union members named as ptexec's decoders name them
+_LABELS = {"XNNTensorValue": "tensor_value", "XNNQuantizedTensorValue": "quantized_tensor_value"}
+# fields that say where a tensor or a buffer lives: mutated with device codes
+_DEVICE_FIELDS = frozenset({"device_type", "device_index"})
+MAX_VECTOR_ITEMS = 64  # item fields per payload vector (the first and last ones)
+
+
+@dataclasses.dataclass
+class _Walk:
+    """How one flatbuffer is walked: its schema, where it lies in the file, what its
+    fields' kinds are called (payload kinds carry an ``x`` prefix)."""
+
+    schema: dict[str, list[tuple[int, str, Any]]]
+    base: int = 0
+    prefix: str = ""
+    cap: int | None = None
+    tables: list[tuple[str, Table]] = dataclasses.field(default_factory=list)
+
+    def field(self, pos: int, size: int, kind: str, path: str) -> Field:
+        return Field(self.base + pos, size, self.prefix + kind, path)
+
+
+def _walk_table(
+    buf: Buffer, t: Table, tname: str, out: list[Field], depth: int, w: _Walk | None = None
+) -> None:
     if depth > 32:
         return
-    out.append(Field(t.pos, 4, "soffset", f"{t.path}(soffset)"))
-    out.append(Field(t.vtable, 2, "vtable", f"{t.path}(vtable size)"))
-    out.append(Field(t.vtable + 2, 2, "vtable", f"{t.path}(table size)"))
+    w = w or _Walk(SCHEMA)
+    w.tables.append((tname, t))
+    out.append(w.field(t.pos, 4, "soffset", f"{t.path}(soffset)"))
+    out.append(w.field(t.vtable, 2, "vtable", f"{t.path}(vtable size)"))
+    out.append(w.field(t.vtable + 2, 2, "vtable", f"{t.path}(table size)"))
     for k in range(t.nfields):
-        out.append(Field(t.vtable + 4 + 2 * k, 2, "vtable", f"{t.path}(vtable[{k}])"))
-    for slot, name, kind in SCHEMA[tname]:
+        out.append(w.field(t.vtable + 4 + 2 * k, 2, "vtable", f"{t.path}(vtable[{k}])"))
+    for slot, name, kind in w.schema[tname]:
         path = f"{t.path}.{name}" if t.path else name
         if isinstance(kind, str) and kind != "str":
             at = t._field(slot)
             if at:
-                out.append(Field(at, _WIDTH[kind], "scalar", path))
+                what = "float" if kind == "f32" else "scalar"
+                if name in _DEVICE_FIELDS:
+                    what = "device"
+                out.append(w.field(at, _WIDTH[kind], what, path))
             continue
         if kind == "str":
             at = t._field(slot)
             if at:
-                out.append(Field(at, 4, "offset", path))
+                out.append(w.field(at, 4, "offset", path))
                 target = at + buf.u32(at, path)
-                out.append(Field(target, 4, "len", f"{path}(len)"))
+                out.append(w.field(target, 4, "len", f"{path}(len)"))
             continue
         what = kind[0]
         if what == "union":
             at = t._field(slot)
             if at:
-                out.append(Field(at, 1, "tag", f"{path}_type"))
+                out.append(w.field(at, 1, "tag", f"{path}_type"))
             # the value is named by its type (values[3].tensor), as validation names it
-            code, child = t.union(slot, name, {c: _snake(n) for c, n in kind[1].items()})
+            code, child = t.union(
+                slot, name, {c: _LABELS.get(n) or _snake(n) for c, n in kind[1].items()}
+            )
             vat = t._field(slot + 1)
             if vat:
-                out.append(Field(vat, 4, "offset", path))
+                out.append(w.field(vat, 4, "offset", path))
             if child is not None and code in kind[1]:
-                _walk_table(buf, child, kind[1][code], out, depth + 1)
+                _walk_table(buf, child, kind[1][code], out, depth + 1, w)
             continue
         at = t._field(slot)
         if not at:
             continue
-        out.append(Field(at, 4, "offset", path))
+        out.append(w.field(at, 4, "offset", path))
         if what == "table":
             child = t.table(slot, name)
             assert child is not None
-            _walk_table(buf, child, kind[1], out, depth + 1)
+            _walk_table(buf, child, kind[1], out, depth + 1, w)
         elif what == "vec":
             width = _WIDTH[kind[1]]
             span = t.vector_span(slot, name, width)
             assert span is not None
             start, n = span
-            out.append(Field(start - 4, 4, "len", f"{path}(len)"))
-            for i in range(n):
-                out.append(Field(start + i * width, width, "item", f"{path}[{i}]"))
+            out.append(w.field(start - 4, 4, "len", f"{path}(len)"))
+            items = range(n)
+            if w.cap is not None and n > w.cap:
+                items = [*range(w.cap // 2), *range(n - w.cap // 2, n)]
+            item_kind = "float" if kind[1] == "f32" else "item"
+            for i in items:
+                out.append(w.field(start + i * width, width, item_kind, f"{path}[{i}]"))
         elif what == "tables":
             span = t.vector_span(slot, name, 4)
             assert span is not None
             start, n = span
-            out.append(Field(start - 4, 4, "len", f"{path}(len)"))
+            out.append(w.field(start - 4, 4, "len", f"{path}(len)"))
             for i in range(n):
                 item = start + 4 * i
-                out.append(Field(item, 4, "offset", f"{path}[{i}]"))
+                out.append(w.field(item, 4, "offset", f"{path}[{i}]"))
                 child = Table.at(buf, item + buf.u32(item, path), f"{path}[{i}]")
-                _walk_table(buf, child, kind[1], out, depth + 1)
+                _walk_table(buf, child, kind[1], out, depth + 1, w)
+
+
+@functools.cache
+def xnnpack_schema() -> dict[str, list[tuple[int, str, Any]]]:
+    """The XNNPACK payload's flatbuffer schema (``XNNGraph``), in :data:`SCHEMA`'s form;
+    node tables come from ptexec's decoder (one source of truth for slots and kinds)."""
+    from ptexec.delegates.xnnpack import schema as xs
+
+    quant = {
+        1: "PerChannelQuant",
+        2: "PerTensorQuant",
+        3: "PerTokenDynamicQuant",
+        4: "PerChannelGroupQuant",
+    }
+    out: dict[str, list[tuple[int, str, Any]]] = {
+        "XNNGraph": [
+            (0, "version", "str"),
+            (1, "xnodes", ("tables", "XNode")),
+            (2, "xvalues", ("tables", "XValue")),
+            (3, "num_externs", "u32"),
+            (4, "input_ids", ("vec", "u32")),
+            (5, "output_ids", ("vec", "u32")),
+            (6, "constant_buffer", ("tables", "XBuffer")),
+            (7, "mem_buffer_sizes", ("vec", "u32")),
+            (8, "constant_data", ("tables", "ConstantDataOffset")),
+        ],
+        "XNode": [
+            (
+                0,
+                "xnode_union",
+                ("union", {code: name for code, (name, _) in xs.NODE_TABLES.items()}),
+            ),
+            (2, "debug_handle", "u32"),
+            (3, "output_min_max", ("table", "OutputMinMax")),
+        ],
+        "OutputMinMax": [(0, "output_min", "f32"), (1, "output_max", "f32")],
+        "XValue": [
+            (0, "xvalue_union", ("union", {1: "XNNTensorValue", 2: "XNNQuantizedTensorValue"}))
+        ],
+        "XNNTensorValue": [
+            (0, "datatype", "u16"),
+            (1, "num_dims", "u32"),
+            (2, "dims", ("vec", "u32")),
+            (3, "constant_buffer_idx", "u32"),
+            (4, "external_id", "u32"),
+            (5, "flags", "u32"),
+            (6, "id_out", "u32"),
+            (7, "dq_datatype", "u16"),
+        ],
+        "XNNQuantizedTensorValue": [
+            (0, "tensor_value", ("table", "XNNTensorValue")),
+            (1, "quant_params", ("union", quant)),
+        ],
+        "PerChannelQuant": [
+            (0, "scale", ("vec", "f32")),
+            (1, "channel_dim", "i32"),
+            (2, "scale_buffer_idx", "u32"),
+            (3, "num_scales", "u32"),
+        ],
+        "PerTensorQuant": [(0, "scale", "f32"), (1, "zero_point", "i32")],
+        "PerTokenDynamicQuant": [(0, "num_nonbatch_dims", "i32")],
+        "PerChannelGroupQuant": [
+            (0, "scale", ("vec", "f32")),
+            (1, "channel_dim", "i32"),
+            (2, "group_size", "i32"),
+            (3, "scale_bf16", ("vec", "u16")),
+            (4, "scale_buffer_idx", "u32"),
+            (5, "num_scales", "u32"),
+        ],
+        "XBuffer": [(0, "storage", ("vec", "u8"))],
+        "ConstantDataOffset": [(0, "offset", "u64"), (1, "size", "u64"), (2, "named_key", "str")],
+    }
+    kinds = {"f32": "f32", "i32": "i32", "u32[]": ("vec", "u32")}
+    for name, fields in xs.NODE_TABLES.values():
+        out[name] = [(slot, f, kinds.get(k, "u32")) for slot, (f, k) in enumerate(fields)]
+    return out
 
 
 def field_map(data: bytes, kind: str = "pte") -> list[Field]:
-    """Every schema-named integer of a valid ``.pte`` (``kind="pte"``) or ``.ptd``."""
+    """Every schema-named integer of a valid ``.pte`` (``kind="pte"``) or ``.ptd``: the
+    program's (or data file's) flatbuffer and headers, every XNNPACK delegate payload's
+    header and graph (kinds with an ``x`` prefix), and sampled elements of constant data
+    (the program's constants, the payloads' constants and named data, a ``.ptd``'s tensors:
+    kinds ``fdata``, ``hdata``, ``idata`` by element type)."""
     out: list[Field] = [Field(0, 4, "offset", "root offset")]
     view = memoryview(data)
     if kind == "pte":
@@ -322,6 +464,7 @@ def field_map(data: bytes, kind: str = "pte") -> list[Field]:
             end = struct.unpack_from("<Q", data, 16)[0]
         buf = Buffer(view[:end])
         _walk_table(buf, buf.root(""), "Program", out, 0)
+        out += _pte_data_fields(data)
     else:
         out += [
             Field(12, 4, "header", "FH01.length"),
@@ -333,6 +476,153 @@ def field_map(data: bytes, kind: str = "pte") -> list[Field]:
         fb_off, fb_size = struct.unpack_from("<QQ", data, 16)
         buf = Buffer(view[: fb_off + fb_size])
         _walk_table(buf, buf.root("ptd"), "FlatTensor", out, 0)
+        from ptexec.format.ptd import read_ptd
+
+        for key, e in read_ptd(data).entries.items():
+            if e.layout is not None:
+                out += _data_fields(
+                    e.offset, e.size, _scalar_data(e.layout.scalar_type), f"ptd[{key}]"
+                )
+    return out
+
+
+DATA_SAMPLES = 16  # element fields per constant
+
+
+def _data_fields(start: int, size: int, what: tuple[str, int] | None, path: str) -> list[Field]:
+    """Up to :data:`DATA_SAMPLES` elements of a constant's bytes, spread over it."""
+    if what is None:
+        return []
+    kind, width = what
+    n = size // width
+    picks = (
+        sorted({i * (n - 1) // (DATA_SAMPLES - 1) for i in range(DATA_SAMPLES)}) if n > 0 else []
+    )
+    return [Field(start + i * width, width, kind, f"{path}[{i}]") for i in picks]
+
+
+def _scalar_data(code: int) -> tuple[str, int] | None:
+    """The data kind and element size of a program scalar type."""
+    from ptexec.format.scalar_type import SCALAR_TYPES
+
+    if code in (6,):
+        return ("fdata", 4)
+    if code in (5, 15):
+        return ("hdata", 2)
+    entry = SCALAR_TYPES.get(code)
+    return None if entry is None else ("idata", entry[1])
+
+
+_XNN_DATA = {
+    "fp32": ("fdata", 4),
+    "fp16": ("hdata", 2),
+    "bf16": ("hdata", 2),
+    "int32": ("idata", 4),
+    "qint32": ("idata", 4),
+    "qcint32": ("idata", 4),
+}
+
+
+def _pte_data_fields(data: bytes) -> list[Field]:
+    """Fields of a valid program's constants and of its XNNPACK payloads."""
+    from ptexec.format import program as p
+    from ptexec.format.pte import read_pte
+
+    pte = read_pte(data)
+    prog = pte.program
+    out: list[Field] = []
+    const = prog.constant_segment
+    seen: set[int] = set()
+    for i, plan in enumerate(prog.execution_plan):
+        for v in plan.values:
+            if isinstance(v, p.Tensor) and v.data_buffer_idx > 0 and v.data_buffer_idx not in seen:
+                seen.add(v.data_buffer_idx)
+                if const is not None and len(const.offsets) > v.data_buffer_idx:
+                    start = (
+                        pte.segments[const.segment_index].offset + const.offsets[v.data_buffer_idx]
+                    )
+                elif v.data_buffer_idx < len(prog.constant_buffer):
+                    start = prog.constant_buffer[v.data_buffer_idx].offset
+                else:
+                    continue
+                out += _data_fields(
+                    start, v.nbytes, _scalar_data(v.scalar_type), f"constant[{v.data_buffer_idx}]"
+                )
+        for j, d in enumerate(plan.delegates):
+            if d.id != "XnnpackBackend":
+                continue
+            ref = d.processed
+            if ref.location == p.DATA_INLINE:
+                start = prog.backend_delegate_data[ref.index].offset
+            else:
+                start = pte.segments[ref.index].offset
+            out += _payload_fields(
+                pte, start, pte.delegate_data(ref), f"execution_plan[{i}].delegates[{j}].payload"
+            )
+    return out
+
+
+def _payload_fields(pte: Any, start: int, view: memoryview, path: str) -> list[Field]:
+    """An XNNPACK payload's header, graph and constant data, as fields of the file."""
+    from ptexec.delegates.xnnpack import schema as xs
+
+    out: list[Field] = []
+    header = xs.read_header(view, path)
+    fb_off = 0
+    if header is not None:
+        out += [
+            Field(start + 8, 2, "xheader", f"{path}.header.length"),
+            Field(start + 10, 4, "xheader", f"{path}.header.flatbuffer_offset"),
+            Field(start + 14, 4, "xheader", f"{path}.header.flatbuffer_size"),
+            Field(start + 18, 4, "xheader", f"{path}.header.constant_data_offset"),
+            Field(start + 22, 8, "xheader", f"{path}.header.constant_data_size"),
+        ]
+        fb_off = header.flatbuffer_offset
+        fb = view[fb_off : fb_off + header.flatbuffer_size]
+    else:
+        fb = view
+    out.append(Field(start + fb_off, 4, "xoffset", f"{path}.root offset"))
+    buf = Buffer(fb)
+    _walk_table(
+        buf,
+        buf.root(path),
+        "XNNGraph",
+        out,
+        0,
+        _Walk(xnnpack_schema(), start + fb_off, "x", MAX_VECTOR_ITEMS),
+    )
+    payload = xs.decode_payload(view, path)
+    g = payload.graph
+    kinds: dict[int, tuple[str, int]] = {}
+    for v in g.values:
+        if v.is_constant:
+            kinds.setdefault(v.constant_buffer_idx, _XNN_DATA.get(v.dtype_name, ("idata", 1)))
+        q = v.quant
+        idx = getattr(q, "scale_buffer_idx", 0)
+        if idx:
+            kinds.setdefault(
+                idx, ("hdata", 2) if isinstance(q, xs.PerChannelGroupQuant) else ("fdata", 4)
+            )
+    named = {n.key: pte.segments[n.segment_index] for n in pte.program.named_data}
+    for idx, what in sorted(kinds.items()):
+        if g.constant_data:
+            if idx >= len(g.constant_data):
+                continue
+            e = g.constant_data[idx]
+            if e.named_key is not None:
+                seg = named.get(e.named_key)
+                if seg is None:
+                    continue  # in a .ptd
+                at, size = seg.offset, min(e.size, seg.size)
+            else:
+                at = start + (header.constant_data_offset if header is not None else 0) + e.offset
+                size = e.size
+        elif idx < len(g.constant_buffers):
+            b0, size = g.constant_buffers[idx]
+            at = start + fb_off + b0
+        else:
+            continue
+        out += _data_fields(at, size, what, f"{path}.constant_data[{idx}]")
     return out
 
 
@@ -442,7 +732,49 @@ _KIND_WEIGHT = {
     "soffset": 0.5,
     "vtable": 1,
     "header": 1,
+    "device": 4,
+    "float": 1.5,
+    # inside XNNPACK payloads
+    "xscalar": 6,
+    "xitem": 5,
+    "xoffset": 1.5,
+    "xlen": 1.5,
+    "xtag": 2,
+    "xsoffset": 0.3,
+    "xvtable": 0.7,
+    "xheader": 0.7,
+    "xfloat": 2.5,
+    "xdevice": 1,
+    # elements of constant data (the program's, the payloads', a .ptd's)
+    "fdata": 2,
+    "hdata": 1.5,
+    "idata": 1.5,
 }
+
+# float32 and 16-bit float bit patterns worth writing: NaN, infinities, -0, the largest and
+# smallest magnitudes, 1, -1, a large ordinary value
+_F32_PATTERNS = [
+    0x7FC00000,
+    0x7F800000,
+    0xFF800000,
+    0x80000000,
+    0x7F7FFFFF,
+    0x00000001,
+    0x3F800000,
+    0xBF800000,
+    0x501502F9,
+    0x00800000,
+]
+_F16_PATTERNS = [0x7E00, 0x7C00, 0xFC00, 0x8000, 0x7BFF, 0x0001, 0x3C00, 0xBC00, 0x7F80, 0xFF80]
+_DEVICE_CODES = [0, 1, 2, 3, 12, 0x7F, 0x80, 0xFF]
+
+
+def _pick_float(rng: random.Random, old: int, width: int) -> int:
+    if rng.random() < 0.7:
+        return rng.choice(_F32_PATTERNS if width == 4 else _F16_PATTERNS)
+    if rng.random() < 0.5:
+        return old ^ (1 << rng.randrange(8 * width))  # one bit of the value
+    return rng.getrandbits(8 * width)
 
 
 def _group(path: str) -> str:
@@ -469,13 +801,28 @@ class Mutator:
     def field_edit(self, rng: random.Random, current: bytes) -> Edit:
         kind = rng.choices(self.kinds, self.kind_weights)[0]
         f = rng.choice(self.by_kind[kind])
+        old = _read_int(current, f) if f.pos + f.size <= len(current) else 0
         if f.kind == "tag":
             v = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 255])
+        elif f.kind == "xtag":  # XNNPACK node and value union codes
+            v = rng.choice(
+                [0, 1, 2, 3, 4, 5, 7, 11, 13, 14, 18, 20, 32, 36, 38, 39, 47, 48, 120, 255]
+            )
+        elif f.kind in ("device", "xdevice"):
+            v = rng.choice(_DEVICE_CODES) if rng.random() < 0.8 else rng.getrandbits(8 * f.size)
+        elif f.kind in ("float", "xfloat", "fdata", "hdata") and f.size in (2, 4):
+            v = _pick_float(rng, old, f.size)
+        elif f.kind == "idata":  # an integer element: its type's extremes, or near its value
+            bits = 8 * f.size
+            v = rng.choice(
+                [0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1, old + 1, old - 1]
+            )
+            v &= (1 << bits) - 1
         else:
-            old = _read_int(current, f) if f.pos + f.size <= len(current) else 0
             group = self.by_group.get(_group(f.path), [])
             if len(set(group)) > 1 and rng.random() < 0.35:
                 v = rng.choice(group)  # a value that is valid for a field like this one
+                v &= (1 << (8 * f.size)) - 1
             else:
                 v = _pick_value(rng, old, f.size, self.by_width.get(f.size, ()))
         return ("set", f.pos, v.to_bytes(f.size, "little").hex())
@@ -534,43 +881,68 @@ class Seed:
     inputs: dict[str, list[Any]]  # first fixture call of each method
     pte_mutator: Mutator
     ptd_mutator: Mutator | None
+    # load options that let this machine run the fixture (device programs without their
+    # device run with device_map="cpu"), added to every case's own options
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+XNNPACK_PREFIX = "xnnpack-"  # seed names of the XNNPACK fixtures (tests/fixtures/xnnpack)
 
 
 def load_seeds(names: Sequence[str] | None = None) -> dict[str, Seed]:
-    """The fixtures as fuzz seeds (bytes, field maps, and one call's inputs per method)."""
+    """The fixtures as fuzz seeds (bytes, field maps, and one call's inputs per method):
+    tests/fixtures and, named ``xnnpack-NAME``, tests/fixtures/xnnpack."""
     import torch
 
-    manifest = json.loads((FIXTURES / "manifest.json").read_text())
     seeds: dict[str, Seed] = {}
-    for name in sorted(manifest):
-        if names and name not in names:
-            continue
-        entry = manifest[name]
-        pte = (FIXTURES / entry["pte"]).read_bytes()
-        ptd = (FIXTURES / entry["ptd"]).read_bytes() if entry.get("ptd") else None
-        calls = torch.load(FIXTURES / f"{name}.io.pt", weights_only=True)["calls"]
-        inputs: dict[str, list[Any]] = {}
-        for call in calls:
-            inputs.setdefault(call["method"], list(call["inputs"]))
-        seeds[name] = Seed(
-            name,
-            pte,
-            ptd,
-            tuple(entry["methods"]),
-            inputs,
-            Mutator(pte, field_map(pte, "pte")),
-            Mutator(ptd, field_map(ptd, "ptd")) if ptd is not None else None,
-        )
+    for folder, prefix in ((FIXTURES, ""), (FIXTURES / "xnnpack", XNNPACK_PREFIX)):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for base in sorted(manifest):
+            name = prefix + base
+            if names and name not in names:
+                continue
+            entry = manifest[base]
+            pte = (folder / entry["pte"]).read_bytes()
+            ptd = (folder / entry["ptd"]).read_bytes() if entry.get("ptd") else None
+            calls = torch.load(folder / f"{base}.io.pt", weights_only=True)["calls"]
+            inputs: dict[str, list[Any]] = {}
+            for call in calls:
+                inputs.setdefault(call.get("method", "forward"), list(call["inputs"]))
+            seeds[name] = Seed(
+                name,
+                pte,
+                ptd,
+                tuple(entry.get("methods", ("forward",))),
+                inputs,
+                Mutator(pte, field_map(pte, "pte")),
+                Mutator(ptd, field_map(ptd, "ptd")) if ptd is not None else None,
+                _machine_options(entry),
+            )
     return seeds
+
+
+def _machine_options(entry: dict[str, Any]) -> dict[str, Any]:
+    """Load options for a fixture that names devices (its stored inputs are CPU tensors):
+    ``device_map="cpu"`` where one of its devices is missing, else ``transfers="allow"``."""
+    devices = entry.get("devices") or []
+    if not devices:
+        return {}
+    import torch
+
+    have = torch.cuda.device_count()
+    missing = [d for d in devices if d.startswith("cuda") and int(d.partition(":")[2] or 0) >= have]
+    return {"device_map": "cpu"} if missing else {"transfers": "allow"}
 
 
 @dataclasses.dataclass
 class Case:
-    """A concrete case: the seed, the edits to its .pte and to its .ptd."""
+    """A concrete case: the seed, the edits to its .pte and to its .ptd, and the load
+    options (``xnnpack``: which runner runs XNNPACK payloads; absent: the default)."""
 
     seed: str
     pte_edits: list[Edit]
     ptd_edits: list[Edit]
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def files(self, seeds: dict[str, Seed]) -> tuple[bytes, bytes | None]:
         s = seeds[self.seed]
@@ -579,15 +951,23 @@ class Case:
         return pte, ptd
 
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "pte_edits": self.pte_edits, "ptd_edits": self.ptd_edits}
+        out = {"seed": self.seed, "pte_edits": self.pte_edits, "ptd_edits": self.ptd_edits}
+        if self.options:
+            out["options"] = self.options
+        return out
 
 
 def draw_case(seeds: dict[str, Seed], rng: random.Random) -> Case:
-    """One case: a fixture chosen by ``rng``, then edits to its .pte (or, sometimes, its .ptd)."""
+    """One case: a fixture chosen by ``rng``, then edits to its .pte (or, sometimes, its
+    .ptd). Half the XNNPACK fixtures' cases run with ``xnnpack="torch"`` (ptexec's own
+    runner), half with the default (ExecuTorch's backend where it is installed)."""
     s = seeds[rng.choice(sorted(seeds))]
+    options: dict[str, Any] = {}
+    if s.name.startswith(XNNPACK_PREFIX) and rng.random() < 0.5:
+        options = {"xnnpack": "torch"}
     if s.ptd_mutator is not None and rng.random() < 0.3:
-        return Case(s.name, [], s.ptd_mutator.draw(rng))
-    return Case(s.name, s.pte_mutator.draw(rng), [])
+        return Case(s.name, [], s.ptd_mutator.draw(rng), options)
+    return Case(s.name, s.pte_mutator.draw(rng), [], options)
 
 
 def case_rng(seed: int, index: int) -> random.Random:
@@ -603,7 +983,7 @@ class Outcome:
     """What a case did: ``status`` is ``ok`` (ran), ``error`` (a PtexecError),
     ``kernel_alloc`` (a PtexecError from a kernel whose hostile arguments made it ask the
     allocator for more than the cap: recorded and reported, not a failure of ptexec's
-    checks) or a finding kind (``escape``, ``alloc``, ``hang``, ``crash``)."""
+    checks) or a finding kind (``escape``, ``alloc``, ``hang``, ``crash``, ``output``)."""
 
     status: str
     stage: str  # load | load_method | call
@@ -613,7 +993,7 @@ class Outcome:
 
     @property
     def is_finding(self) -> bool:
-        return self.status in ("escape", "alloc", "hang", "crash")
+        return self.status in ("escape", "alloc", "hang", "crash", "output")
 
 
 _ALLOC_RE = re.compile(r"tried to allocate (\d+) bytes|can't allocate memory|out of memory", re.I)
@@ -687,17 +1067,55 @@ def _synth_inputs(meta: Any) -> list[Any] | None:
     return out
 
 
+class OutputMismatch(Exception):
+    """A call returned an output that contradicts its method's declared output."""
+
+
+def check_outputs(meta: Any, outputs: Sequence[Any]) -> None:
+    """Every tensor output has its declared dtype and rank, the declared sizes when they
+    are static, and sizes within the declared bounds when they are dynamic."""
+    import torch
+
+    from ptexec.tensor import TensorInfo
+
+    if len(outputs) != len(meta.outputs):
+        raise OutputMismatch(f"{len(outputs)} outputs, the method declares {len(meta.outputs)}")
+    for i, (got, info) in enumerate(zip(outputs, meta.outputs, strict=True)):
+        if not isinstance(info, TensorInfo):
+            continue
+        want = f"{str(info.dtype).removeprefix('torch.')}{list(info.sizes)} ({info.dynamism})"
+        if not isinstance(got, torch.Tensor):
+            raise OutputMismatch(f"output {i} is a {type(got).__name__}, declared {want}")
+        shape = tuple(got.shape)
+        what = (
+            f"output {i} is {str(got.dtype).removeprefix('torch.')}{list(shape)}, declared {want}"
+        )
+        if got.dtype != info.dtype or len(shape) != info.rank:
+            raise OutputMismatch(what)
+        if info.dynamism == "static" and shape != tuple(info.sizes):
+            raise OutputMismatch(what)
+        if info.dynamism == "dynamic_bound" and any(
+            a > b for a, b in zip(shape, info.sizes, strict=True)
+        ):
+            raise OutputMismatch(what)
+
+
 def run_files(
     pte: bytes,
     ptd: bytes | None,
     inputs: dict[str, list[Any]],
     cap: int = DEFAULT_CAP,
     max_instructions: int = DEFAULT_MAX_INSTRUCTIONS,
+    options: dict[str, Any] | None = None,
 ) -> Outcome:
-    """Load ``pte`` (with ``ptd``), load every method, call each once; classify the result."""
+    """Load ``pte`` (with ``ptd``), load every method (with load ``options``), call each
+    once and check what it returns against its declaration; classify the result (an output
+    that contradicts its declaration is an ``output`` finding)."""
     import torch
 
     import ptexec
+
+    options = options or {}
 
     # a program may write into the inputs it reads in place: every case gets its own copies
     inputs = {
@@ -711,19 +1129,21 @@ def run_files(
             prog = ptexec.load(pte, data_path=ptd)
             for name in prog.method_names:
                 stage = "load_method"
-                m = prog.load_method(name, max_planned_bytes=cap, max_instructions=max_instructions)
+                m = prog.load_method(
+                    name, max_planned_bytes=cap, max_instructions=max_instructions, **options
+                )
                 stage = "call"
                 args = inputs.get(name)
                 try:
                     if args is None:
                         raise ptexec.InputError("no fixture inputs")
-                    m.execute(args)
+                    check_outputs(m.meta, m.execute(args))
                 except ptexec.InputError:
                     args = synth_inputs(m.meta)
                     if args is None:
                         raise
                     try:
-                        m.execute(args)
+                        check_outputs(m.meta, m.execute(args))
                     except ptexec.ExecutionError:
                         # a failed call must leave the method sound: call it again
                         stage = "call again"
@@ -747,6 +1167,8 @@ def run_files(
         if alloc is not None:
             return Outcome("alloc", stage, f"{type(e).__name__} after {alloc}", elapsed)
         return Outcome("error", stage, f"{type(e).__name__}: {str(e)[:200]}", elapsed)
+    except OutputMismatch as e:
+        return Outcome("output", stage, str(e), time.perf_counter() - start)
     except Exception as e:
         return Outcome("escape", stage, _describe(e), time.perf_counter() - start)
 
@@ -847,10 +1269,12 @@ def guarded(
     meter: PeakMeter,
     cap: int = DEFAULT_CAP,
     slack: int = DEFAULT_SLACK,
+    options: dict[str, Any] | None = None,
 ) -> Outcome:
     """:func:`run_files` under both memory measures (peak growth and address-space cap)."""
+    run = functools.partial(run_files, pte, ptd, inputs, cap, options=options)
     with address_space_limit(2 * peak_limit(cap, slack)):
-        return measured(functools.partial(run_files, pte, ptd, inputs, cap), meter, cap, slack)
+        return measured(run, meter, cap, slack)
 
 
 # --------------------------------------------------------------------------------------
@@ -869,29 +1293,35 @@ def _worker(
 ) -> None:
     """Run cases ``indices`` in order; report progress (index, start time) and outcomes."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)  # torch's C++ warnings
-    import torch
+    os.dup2(devnull, 2)  # torch's and ExecuTorch's C++ messages
+    index = -1
+    try:
+        import torch
 
-    torch.set_num_threads(1)
-    seeds = load_seeds(fixtures)
-    meter = PeakMeter()
-    # warm up every seed once so imports and kernel caches are not counted
-    for s in seeds.values():
-        run_files(s.pte, s.ptd, s.inputs, cap)
-    counts: Counter[str] = Counter()
-    for index in indices:
-        case = draw_case(seeds, case_rng(seed, index))
-        pte, ptd = case.files(seeds)
-        s = seeds[case.seed]
-        progress[2 * wid] = index
-        progress[2 * wid + 1] = time.time()
-        outcome = guarded(pte, ptd, s.inputs, meter, cap, slack)
-        counts[f"{outcome.status}:{outcome.stage}"] += 1
-        if outcome.is_finding or outcome.status == "kernel_alloc":
-            results.put(("finding", wid, index, case.to_json(), dataclasses.asdict(outcome)))
-        if sum(counts.values()) >= 50:  # a crash loses at most the last 50 counts
-            results.put(("counts", wid, index, dict(counts), None))
-            counts.clear()
+        torch.set_num_threads(1)
+        seeds = load_seeds(fixtures)
+        meter = PeakMeter()
+        # warm up every seed once so imports and kernel caches are not counted
+        for s in seeds.values():
+            run_files(s.pte, s.ptd, s.inputs, cap, options=s.options)
+        counts: Counter[str] = Counter()
+        for index in indices:
+            case = draw_case(seeds, case_rng(seed, index))
+            pte, ptd = case.files(seeds)
+            s = seeds[case.seed]
+            progress[2 * wid] = index
+            progress[2 * wid + 1] = time.time()
+            outcome = guarded(pte, ptd, s.inputs, meter, cap, slack, {**s.options, **case.options})
+            counts[f"{outcome.status}:{outcome.stage}"] += 1
+            if outcome.is_finding or outcome.status == "kernel_alloc":
+                results.put(("finding", wid, index, case.to_json(), dataclasses.asdict(outcome)))
+            if sum(counts.values()) >= 50:  # a crash loses at most the last 50 counts
+                results.put(("counts", wid, index, dict(counts), None))
+                counts.clear()
+    except BaseException:
+        # the harness itself failed (not a case): say why before the process ends
+        results.put(("died", wid, index, _scrub(traceback.format_exc())[-3000:], None))
+        raise
     progress[2 * wid + 1] = 0.0
     results.put(("counts", wid, -1, dict(counts), None))
     results.put(("done", wid, -1, None, None))
@@ -976,6 +1406,8 @@ def fuzz(
                     record(outcome["status"], index, payload, outcome)
                 elif kind == "done":
                     done.add(w)
+                elif kind == "died":
+                    print(f"worker {w} failed at case {index}:\n{payload}", flush=True)
         now = time.time()
         for w, p in list(procs.items()):
             if w in done:
@@ -1064,6 +1496,7 @@ def save_finding(out: Path, entry: dict[str, Any]) -> Path:
         "fixture": case.seed,
         "pte_edits": case.pte_edits,
         "ptd_edits": case.ptd_edits,
+        **({"options": case.options} if case.options else {}),
         "found": f"{outcome['status']} at {outcome.get('stage', '?')}: {first[0] if first else ''}",
         "case": entry.get("index"),
         "seed": entry.get("seed"),
@@ -1102,9 +1535,10 @@ def corpus_files(path: Path) -> tuple[bytes, bytes | None, dict[str, list[Any]],
 
 
 def replay(path: Path, cap: int = DEFAULT_CAP, meter: PeakMeter | None = None) -> Outcome:
-    """Run one corpus entry under the memory measures."""
-    pte, ptd, inputs, _ = corpus_files(path)
-    return guarded(pte, ptd, inputs, meter or PeakMeter(), cap)
+    """Run one corpus entry (with the load options it names) under the memory measures."""
+    pte, ptd, inputs, meta = corpus_files(path)
+    options = {**_seed_cache()[meta["fixture"]].options, **meta.get("options", {})}
+    return guarded(pte, ptd, inputs, meter or PeakMeter(), cap, options=options)
 
 
 def minimize(case: Case, status: str, seeds: dict[str, Seed], cap: int = DEFAULT_CAP) -> Case:
@@ -1116,7 +1550,10 @@ def minimize(case: Case, status: str, seeds: dict[str, Seed], cap: int = DEFAULT
             edits = list(getattr(case, attr))
             trial = dataclasses.replace(case, **{attr: edits[:i] + edits[i + 1 :]})
             pte, ptd = trial.files(seeds)
-            if run_files(pte, ptd, s.inputs, cap).status == status:
+            if (
+                run_files(pte, ptd, s.inputs, cap, options={**s.options, **case.options}).status
+                == status
+            ):
                 case = trial
             else:
                 i += 1
@@ -1155,7 +1592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.show:
             print(json.dumps(case.to_json(), indent=1))
         pte, ptd = case.files(seeds)
-        o = run_files(pte, ptd, seeds[case.seed].inputs, args.cap)
+        s = seeds[case.seed]
+        o = run_files(pte, ptd, s.inputs, args.cap, options={**s.options, **case.options})
         print(f"{o.status} at {o.stage} ({o.seconds:.3f} s): {o.detail}")
         if o.is_finding:
             small = minimize(case, o.status, seeds, args.cap)

@@ -92,7 +92,8 @@ def test_corpus_entry(path: Path) -> None:
 def test_fuzz_bounded(name: str, rng) -> None:
     case = fl.draw_case({name: SEEDS[name]}, rng)
     pte, ptd = case.files(SEEDS)
-    _check(fl.guarded(pte, ptd, SEEDS[name].inputs, METER))
+    options = {**SEEDS[name].options, **case.options}
+    _check(fl.guarded(pte, ptd, SEEDS[name].inputs, METER, options=options))
 
 
 def test_fuzz_watchdog_run(tmp_path: Path) -> None:
@@ -149,6 +150,74 @@ def test_field_map_finds_schema_fields() -> None:
     by_path = {f.path: f for kind in fields.values() for f in kind}
     f = by_path["execution_plan[0].non_const_buffer_sizes(len)"]
     assert int.from_bytes(s.pte[f.pos : f.pos + 4], "little") == len(plan.non_const_buffer_sizes)
+
+
+def test_field_map_reaches_into_xnnpack_payloads() -> None:
+    """Payload fields are located where ptexec's own decoder reads them: a node parameter,
+    a value's dims, a clamp; constant data is sampled by element type."""
+    from ptexec.delegates.xnnpack.schema import decode_payload
+    from ptexec.format import program as p
+
+    s = SEEDS["xnnpack-op_pools"]
+    by_path = {f.path: f for kind in s.pte_mutator.by_kind.values() for f in kind}
+    prog = ptexec.load(s.pte)
+    plan = prog.pte.program.execution_plan[0]
+    payload = decode_payload(prog.pte.delegate_data(plan.delegates[0].processed))
+    base = "execution_plan[0].delegates[0].payload"
+    for node in payload.graph.nodes:
+        if node.type == "MaxPooling2d":
+            f = by_path[f"{base}.xnodes[{node.index}].max_pooling2d.pooling_width"]
+            assert f.kind == "xscalar"
+            assert int.from_bytes(s.pte[f.pos : f.pos + 4], "little") == node["pooling_width"]
+    for v in payload.graph.values:
+        for d, size in enumerate(v.dims):
+            f = by_path[f"{base}.xvalues[{v.index}].tensor_value.dims[{d}]"]
+            assert int.from_bytes(s.pte[f.pos : f.pos + 4], "little") == size
+    kinds = SEEDS["xnnpack-cnn_int8_static_pc"].pte_mutator.by_kind
+    assert {"xheader", "xtag", "xfloat", "fdata", "idata"} <= set(kinds)
+    assert any(isinstance(v, p.Tensor) for v in plan.values)
+
+
+def test_device_annotations_are_fields_of_their_own() -> None:
+    s = SEEDS["gpu_mlp"]
+    devices = s.pte_mutator.by_kind["device"]
+    assert any(f.path.endswith("extra_tensor_info.device_type") for f in devices)
+    assert any("non_const_buffer_device" in f.path for f in devices)
+    assert s.options in ({"device_map": "cpu"}, {"transfers": "allow"})
+
+
+def test_output_check_finds_contradicting_outputs() -> None:
+    import torch
+
+    from ptexec.device import CPU
+    from ptexec.tensor import TensorInfo
+
+    class Meta:
+        outputs = (
+            TensorInfo((4, 2), torch.float32, (0, 1), CPU),
+            TensorInfo((8, 3), torch.float32, (0, 1), CPU, dynamism="dynamic_bound"),
+        )
+
+    ok = [torch.zeros(4, 2), torch.zeros(5, 3)]
+    fl.check_outputs(Meta, ok)
+    for bad in (
+        [torch.zeros(3, 2), torch.zeros(5, 3)],  # static sizes differ
+        [torch.zeros(4, 2, dtype=torch.float16), torch.zeros(5, 3)],  # dtype
+        [torch.zeros(4, 2), torch.zeros(9, 3)],  # beyond the bound
+        [torch.zeros(4, 2), torch.zeros(15)],  # rank
+        [torch.zeros(4, 2)],  # count
+    ):
+        with pytest.raises(fl.OutputMismatch):
+            fl.check_outputs(Meta, bad)
+
+
+def test_xnnpack_cases_run_with_either_runner() -> None:
+    options = [
+        fl.draw_case(SEEDS, fl.case_rng(5, i)).options
+        for i in range(400)
+        if fl.draw_case(SEEDS, fl.case_rng(5, i)).seed.startswith(fl.XNNPACK_PREFIX)
+    ]
+    assert {} in options and {"xnnpack": "torch"} in options
 
 
 def test_cases_are_reproducible() -> None:
@@ -242,6 +311,92 @@ def test_planned_memory_cannot_grow(name: str) -> None:
     assert (v.untyped_storage().nbytes(), v.data_ptr()) == before  # nothing allocated
     call = fixture_calls(name)[0]
     assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance(name)) is None
+
+
+def test_sizes_whose_product_overflows_are_refused_at_load() -> None:
+    """[2^31 - 1, 2^31 - 1, 2^31 - 1, 0] holds no element, but torch forms the product of
+    its sizes (numel, strides) and overflows: a PteFormatError naming the sizes, before any
+    tensor is made."""
+    s = SEEDS["transformer"]
+    plan = ptexec.load(s.pte).pte.program.execution_plan[0]
+    k = next(
+        i
+        for i, v in enumerate(plan.values)
+        if type(v).__name__ == "Tensor" and len(v.sizes) >= 4  # type: ignore[union-attr]
+    )
+    edits = []
+    for d, value in enumerate([(1 << 31) - 1] * 3 + [0]):
+        path = f"execution_plan[0].values[{k}].tensor.sizes[{d}]"
+        (f,) = [f for f in s.pte_mutator.by_kind["item"] if f.path == path]
+        edits.append(("set", f.pos, value.to_bytes(4, "little").hex()))
+    with pytest.raises(ptexec.PteFormatError, match=rf"values\[{k}\]\.tensor\.sizes: .* exceeds"):
+        ptexec.load(fl.apply_edits(s.pte, edits))
+
+
+@pytest.mark.parametrize(
+    "entry, argument",
+    [("330df9e700", "weight_quant_min"), ("3c4628dcc6", "weight_quant_max")],
+)
+def test_embedding_bounds_that_are_not_ints_are_refused_at_load(entry: str, argument: str) -> None:
+    """A quantized embedding whose quant_min or quant_max literal is not an int (a Null, an
+    IntList) is an OperatorMissingError naming the argument, not a TypeError from the
+    load-time table."""
+    pte, ptd, _, _ = fl.corpus_files(CORPUS / f"escape-quant_embedding-{entry}.pte")
+    with pytest.raises(ptexec.OperatorMissingError, match=rf"argument '{argument}'"):
+        ptexec.load(pte, data_path=ptd).load_method()
+
+
+def _xnnpack_edit(name: str, path: str, raw: bytes) -> bytes:
+    s = SEEDS[fl.XNNPACK_PREFIX + name]
+    (f,) = [f for kind in s.pte_mutator.by_kind.values() for f in kind if f.path == path]
+    return fl.apply_edits(s.pte, [("set", f.pos, raw.hex())])
+
+
+@pytest.mark.parametrize("runner", ["torch", "executorch"])
+def test_nan_output_clamp_is_refused_at_load(runner: str) -> None:
+    import struct
+
+    s = SEEDS["xnnpack-dwnet_int8_static_pc"]
+    clamp = next(
+        f for f in s.pte_mutator.by_kind["xfloat"] if f.path.endswith("output_min_max.output_max")
+    )
+    data = fl.apply_edits(s.pte, [("set", clamp.pos, struct.pack("<f", float("nan")).hex())])
+    with pytest.raises(
+        ptexec.PteFormatError, match=r"output_min_max: output clamp .* not an interval"
+    ):
+        ptexec.load(data).load_method("forward", xnnpack=runner)
+
+
+def test_named_data_shorter_than_its_constant_is_refused_at_load() -> None:
+    """The program's segment holding an XNNPACK weight is cut short: the constant that
+    reads it is named, with both sizes."""
+    s = SEEDS["xnnpack-mlp_fp16"]
+    prog = ptexec.load(s.pte).pte.program
+    seg = prog.named_data[0].segment_index
+    (f,) = [f for f in s.pte_mutator.by_kind["scalar"] if f.path == f"segments[{seg}].size"]
+    data = fl.apply_edits(s.pte, [("set", f.pos, (8).to_bytes(8, "little").hex())])
+    for runner in ("torch", "executorch"):
+        with pytest.raises(ptexec.PteFormatError, match=r"holds 8 bytes, the value needs"):
+            ptexec.load(data).load_method("forward", xnnpack=runner)
+
+
+def test_payload_dims_that_contradict_the_program_stay_with_ptexec() -> None:
+    """An intermediate value's serialized dims made huge (XNNPACK would define it so):
+    ExecuTorch's backend is not given the payload; 'auto' runs it with ptexec's runner (which
+    computes shapes from the inputs), 'executorch' is a PteFormatError naming the dims."""
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    path = "execution_plan[0].delegates[0].payload.xvalues[3].tensor_value.dims[1]"
+    data = _xnnpack_edit("mlp", path, (0xFFFFFFFF).to_bytes(4, "little"))
+    call = SEEDS["xnnpack-mlp"].inputs["forward"]
+    m = ptexec.load(data).load_method("forward")
+    want = ptexec.load(SEEDS["xnnpack-mlp"].pte).load_method("forward", xnnpack="torch")
+    assert compare_outputs(m.execute(call), want.execute(call), 0, 0) is None
+    if executorch_unavailable() is None:
+        with pytest.raises(
+            ptexec.PteFormatError, match=r"xvalues\[3\]\.dims: .* the graph computes"
+        ):
+            ptexec.load(data).load_method("forward", xnnpack="executorch")
 
 
 # --------------------------------------------------------------------------------------

@@ -69,10 +69,18 @@ def test_fixtures_cover_every_recipe() -> None:
         assert entry["delegates"], f"{name}: nothing was delegated"
 
 
+RUNNERS = ["torch", "executorch"]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("name", NAMES)
-def test_matches_executorch_and_eager(name: str) -> None:
+def test_matches_executorch_and_eager(name: str, runner: str) -> None:
+    """Both XNNPACK runners (ptexec's torch code, ExecuTorch's XNNPACK backend inside
+    ptexec's method) against what ExecuTorch+XNNPACK and eager PyTorch returned."""
+    if runner == "executorch":
+        _et_runtime()
     entry = MANIFEST[name]
-    for i, (got, call) in enumerate(zip(_replay(name), _calls(name), strict=True)):
+    for i, (got, call) in enumerate(zip(_replay(name, xnnpack=runner), _calls(name), strict=True)):
         problem = compare_outputs(got, call["executorch"], *entry["tol_executorch"])
         assert problem is None, f"{name} call {i}: vs ExecuTorch+XNNPACK: {problem}"
         problem = compare_outputs(got, call["eager"], *entry["tol_eager"])
@@ -179,7 +187,7 @@ def test_coverage_table_knows_the_whole_schema() -> None:
 def test_float_weights_stay_in_the_file() -> None:
     """fp32 linear weights are used in place: views of the program's memory, not copies."""
     prog = ptexec.load(DIR / MANIFEST["mlp"]["pte"])
-    method = prog.load_method("forward")
+    method = prog.load_method("forward", xnnpack="torch")
     lo = torch.frombuffer(prog.pte.data, dtype=torch.uint8).data_ptr()
     hi = lo + len(prog.pte.data)
     runner = next(
@@ -218,7 +226,7 @@ def test_unknown_node_type_fails_at_load_naming_it() -> None:
 def test_schema_node_type_ptexec_cannot_run_fails_at_load_naming_it() -> None:
     prog = ptexec.load(_patched("op_abs", 0, 36))  # ScaledDotProductAttention
     with pytest.raises(BackendUnavailableError, match="ScaledDotProductAttention"):
-        prog.load_method("forward")
+        prog.load_method("forward", xnnpack="torch")
 
 
 def test_format_errors_name_the_place_in_the_payload() -> None:
@@ -291,7 +299,7 @@ def test_dynamic_linears_accumulate_in_int8_on_the_cpu() -> None:
         ("mlp_int4_pc", True),
         ("mlp_int4_group", False),
     ):
-        method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward")
+        method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward", xnnpack="torch")
         fn = next(
             f
             for st in method.state.chains[0].statements

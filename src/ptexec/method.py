@@ -24,7 +24,7 @@ from .engine.arguments import OutputMode
 from .engine.cuda_graph import CudaGraphRunner
 from .engine.fastcall import NOT_FAST, build_fast_call
 from .engine.hooks import Hooks
-from .engine.runner import BlockRunner, InstrumentedRunner, Runner
+from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
 from .engine.state import MethodState
 from .errors import PtexecError
 from .loader import (
@@ -66,7 +66,9 @@ class Method:
     where :mod:`ptexec.engine.dataflow` proves it safe), ``fast_path`` (default True: the
     common call runs as one generated function; False sends every call through the
     general path, which computes the same), ``cuda_graph`` (capture a static CUDA
-    method once and replay it) and ``compile`` (True, or a
+    method once and replay it), ``xnnpack`` (``"auto"``, ``"torch"`` or
+    ``"executorch"``: which runner runs XNNPACK payloads, see
+    :mod:`ptexec.delegates.xnnpack.backend`) and ``compile`` (True, or a
     :class:`ptexec.compile.CompileOptions`: run the method's straight-line regions as
     AOTInductor-compiled code, cached on disk; see :attr:`compile_report`).
 
@@ -100,12 +102,21 @@ class Method:
         optimize: bool = True,
         fast_path: bool = True,
         cuda_graph: bool = False,
+        xnnpack: str = "auto",
         compile: bool | CompileOptions = False,
     ) -> None:
+        if xnnpack not in ("auto", "torch", "executorch"):
+            raise ValueError(f"xnnpack must be 'auto', 'torch' or 'executorch', not {xnnpack!r}")
         self._program = program
         self._policy = Policy(transfers, layout)  # type: ignore[arg-type]
         self._output_mode: OutputMode = _output_mode(outputs)
-        options = LoadOptions(device_map, max_planned_bytes, max_instructions, optimize)
+        options = LoadOptions(
+            device_map,
+            max_planned_bytes,
+            max_instructions,
+            optimize,
+            backend_options={"xnnpack": xnnpack},
+        )
         state = load_state(program, plan_index, options)
         self._state = state
         self.name = state.name
@@ -244,7 +255,8 @@ class Method:
             policy = Policy(transfers or policy.transfers, layout or policy.layout)  # type: ignore[arg-type]
         mode = self._output_mode if outputs is None else _output_mode(outputs)
         state = self._state
-        with self._lock, torch.no_grad():  # inference: autograd must not touch the memory
+        # inference: autograd must not touch the memory (nor cost time)
+        with self._lock, torch.no_grad(), below_autograd():
             bound = arguments.check_inputs(state, inputs, policy, policy == _DEFAULT_POLICY)
             given = None
             if out is not None:

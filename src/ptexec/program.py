@@ -48,6 +48,15 @@ class _FileStamp:
             )
 
 
+def _private_memory(size: int) -> Any:
+    """``size`` bytes of memory of this process's own: anonymous and private (a child made
+    by fork gets a copy-on-write copy, never a shared view), page-aligned like a mapping."""
+    flags = getattr(_mmap, "MAP_PRIVATE", 0) | getattr(_mmap, "MAP_ANONYMOUS", 0)
+    if flags:
+        return _mmap.mmap(-1, size, flags=flags)
+    return bytearray(size)  # no such mapping here: still private, aligned as malloc aligns
+
+
 def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _FileStamp | None]:
     """The bytes of ``source`` as a writable memoryview, the object that owns them, and for
     a memory-mapped file its stamp.
@@ -71,7 +80,7 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
                 stamp = _FileStamp(path, f.fileno())
                 mapping = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_COPY)
                 return memoryview(mapping), mapping, stamp
-            private = _mmap.mmap(-1, size)  # anonymous memory: page-aligned, like a mapping
+            private = _private_memory(size)
             view = memoryview(private)
             got = f.readinto(view)
             if got != size or f.read(1):

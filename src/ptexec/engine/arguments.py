@@ -32,6 +32,7 @@ __all__ = [
     "check_inputs",
     "check_out",
     "collect",
+    "output_error",
     "release",
 ]
 
@@ -356,21 +357,50 @@ def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -
             actions[spec.index] = "direct"
 
 
+def output_error(state: MethodState, index: int) -> ExecutionError | None:
+    """Why output ``index`` as execution left it contradicts the program's declaration
+    (not a tensor; another dtype or rank; other sizes than static ones, or beyond a
+    bound): a kernel or delegate wrote what the program does not declare. None when it
+    is what the program declares."""
+    spec = state.outputs[index]
+    x = state.values[spec.slot]
+    info = spec.info
+    if not isinstance(x, torch.Tensor):
+        why = f"execution left a {type(x).__name__} there"
+    elif not isinstance(info, TensorInfo):
+        return None
+    elif x.dtype != info.dtype:
+        why = f"execution left a {dtype_name(x.dtype)} tensor there"
+    else:
+        problem = shape_error(info, tuple(x.shape))
+        if problem is None:
+            return None
+        why = f"execution left sizes {list(x.shape)} ({problem})"
+    declared = (
+        f"{dtype_name(info.dtype)}{list(info.sizes)} ({info.dynamism})"
+        if isinstance(info, TensorInfo)
+        else "a tensor"
+    )
+    return ExecutionError(
+        state.name,
+        -1,
+        "output",
+        f"output {index} (value {spec.slot}) is {declared} in the program, but {why}",
+    )
+
+
 def collect(
     state: MethodState, mode: OutputMode, out: list[torch.Tensor | None] | None
 ) -> list[Any]:
     """The call's outputs: copies (``"copy"``), views of the method's memory (``"view"``),
-    or the caller's ``out=`` tensors, filled."""
+    or the caller's ``out=`` tensors, filled; an output that contradicts the program's
+    declaration is an ExecutionError (:func:`output_error`)."""
     v = state.values
     for spec in state.outputs:
-        if spec.kind == "tensor" and not isinstance(v[spec.slot], torch.Tensor):
-            raise ExecutionError(
-                state.name,
-                -1,
-                "output",
-                f"output {spec.index} (value {spec.slot}) is a tensor in the program, but "
-                f"execution left a {type(v[spec.slot]).__name__} there",
-            )
+        if spec.kind == "tensor":
+            error = output_error(state, spec.index)
+            if error is not None:
+                raise error
     results: list[Any] = []
     for spec in state.outputs:
         x = v[spec.slot]

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from ..memory import resize_to
-from .runner import BlockRunner, Runner
+from ..tensor import TensorInfo
+from .arguments import output_error
+from .runner import BlockRunner, Runner, below_autograd_for
 from .state import MethodState
 
 __all__ = ["NOT_FAST", "build_fast_call"]
@@ -143,6 +145,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     lines.append("    rec.outputs[:] = NO_OUT")
     line_map: dict[int, int] = {}
     lines.append("    try:")
+    pad = "        "
+    guard = below_autograd_for(state)
+    if guard is not None:
+        env["_below"] = guard
+        lines.append("        with _below():")
+        pad += "    "
     if isinstance(runner, BlockRunner) and runner.straight_line:
         chain = state.chains[0]
         if len(chain.instructions) > state.max_instructions:
@@ -150,14 +158,42 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         for k, st in enumerate(chain.statements):  # straight-line: the instructions, inline
             for part in st.code.splitlines():
                 line_map[len(lines) + 1] = k
-                lines.append("        " + part)
+                lines.append(pad + part)
             env.update(st.env)
-        lines.append("        pass")
+        lines.append(pad + "pass")
     else:  # the runner: control flow, the instruction limit, its own error reports
         env["_run"] = runner.run
-        lines.append("        _run(v)")
+        lines.append(pad + "_run(v)")
     outs = []
+
+    def refuse(k: int) -> None:
+        error = output_error(state, k)
+        if error is not None:
+            raise error
+
+    env["_refuse"] = refuse
     for out in state.outputs:
+        if out.kind == "tensor":  # what execution left there is what the program declares
+            declared = out.info
+            x = f"v[{out.slot}]"
+            if isinstance(declared, TensorInfo) and declared.dynamism == "static":
+                env[f"O{out.index}"] = torch.Size(declared.sizes)
+                env[f"T{out.index}"] = declared.dtype
+                test = (
+                    f"type({x}) is not Tensor or {x}.shape != O{out.index} "
+                    f"or {x}.dtype is not T{out.index}"
+                )
+                lines.append(f"        if {test}: _refuse({out.index})")
+            elif isinstance(declared, TensorInfo):  # a bound (or none) on each dim, inline
+                env[f"T{out.index}"] = declared.dtype
+                rank = len(declared.sizes)
+                test = f"type({x}) is not Tensor or {x}.dtype is not T{out.index} or {x}.dim() != {rank}"
+                if declared.dynamism == "dynamic_bound" and rank:
+                    dims = " and ".join(
+                        f"{x}.shape[{d}] <= {b}" for d, b in enumerate(declared.sizes)
+                    )
+                    test += f" or not ({dims})"
+                lines.append(f"        if {test}: _refuse({out.index})")
         if out.kind == "tensor" and copy_outputs:
             outs.append(f"v[{out.slot}].clone()")
         else:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import PteFormatError
 from . import program as p
-from .scalar_type import is_known
+from .scalar_type import element_size, is_known
 
 MAX_RANK = 16
 KNOWN_DEVICE_TYPES = (p.DEVICE_CPU, p.DEVICE_CUDA)
@@ -177,9 +177,13 @@ def _check_tensor(
     rank = len(t.sizes)
     if rank > MAX_RANK:
         raise PteFormatError(f"{path}.sizes", f"rank {rank} exceeds {MAX_RANK}")
+    extent = 1  # the largest product of sizes torch forms for it (strides, numel, bytes)
     for d, s in enumerate(t.sizes):
         if s < 0:
             raise PteFormatError(f"{path}.sizes[{d}]", f"negative size {s}")
+        extent *= max(s, 1)
+    if extent * element_size(t.scalar_type) >= 1 << 63:
+        raise PteFormatError(f"{path}.sizes", f"{list(t.sizes)} exceeds what a tensor can hold")
     if len(t.dim_order) != rank:
         raise PteFormatError(
             f"{path}.dim_order", f"{len(t.dim_order)} entries for a rank-{rank} tensor"

@@ -40,7 +40,7 @@ from .registry import (
     register_namespace,
 )
 
-__all__ = ["resolve_overload", "schema_kernel", "torch_operator_names"]
+__all__ = ["Probe", "fastest_entry", "resolve_overload", "schema_kernel", "torch_operator_names"]
 
 
 def resolve_overload(qualified_name: str) -> Any:
@@ -131,27 +131,63 @@ def _meta_value(ctx: KernelContext, index: int) -> Any:
     return ctx.initial[index]
 
 
-def _kind(x: Any) -> Any:
-    if isinstance(x, list):
-        return ("list", tuple(_kind(i) for i in x))
-    if isinstance(x, torch.Tensor):
+def _kind(ctx: KernelContext, index: int) -> Any:
+    """What a probe cares about of value ``index``: the Python type of its stand-in
+    (:func:`_meta_value`), without making one."""
+    v = ctx.values[index]
+    if isinstance(v, p.Tensor):
         return "T"
-    return type(x).__name__
+    if isinstance(v, p.TensorList):
+        return ("list", tuple("T" for _ in v.items))
+    if isinstance(v, p.OptionalTensorList):
+        return (
+            "list",
+            tuple(
+                "NoneType" if i < 0 or isinstance(ctx.values[i], p.Null) else "T" for i in v.items
+            ),
+        )
+    if isinstance(v, p.IntList):
+        return ("list", tuple(type(ctx.initial[i]).__name__ for i in v.items))
+    if isinstance(v, p.Null):
+        return "NoneType"
+    return type(ctx.initial[index]).__name__
 
 
-def fastest_entry(overload: Any, pos: list[Any], kw: dict[str, Any]) -> Callable[..., Any] | None:
-    """torch's Python function that dispatches exactly ``overload`` for these arguments."""
-    schema = overload._schema
-    name = schema.name.split("::", 1)[1]
-    key = (
-        schema.name,
-        schema.overload_name,
-        tuple(_kind(x) for x in pos),
-        tuple(sorted(kw)),
-        tuple(_kind(x) for _, x in sorted(kw.items())),
-    )
+class Probe:
+    """The arguments of one call, as a probe needs them: their kinds (which decide the
+    overload torch dispatches) at once, their stand-in values only when a probe runs."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        self.ctx = ctx
+        self.pos: list[int] = []
+        self.kw: dict[str, int] = {}
+
+    def key(self, overload: Any) -> tuple[Any, ...]:
+        ctx = self.ctx
+        schema = overload._schema
+        return (
+            schema.name,
+            schema.overload_name,
+            tuple(_kind(ctx, i) for i in self.pos),
+            tuple(sorted(self.kw)),
+            tuple(_kind(ctx, i) for _, i in sorted(self.kw.items())),
+        )
+
+    def values(self) -> tuple[list[Any], dict[str, Any]]:
+        ctx = self.ctx
+        return [_meta_value(ctx, i) for i in self.pos], {
+            k: _meta_value(ctx, i) for k, i in self.kw.items()
+        }
+
+
+def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
+    """torch's Python function that dispatches exactly ``overload`` for these arguments
+    (proven once per overload and argument kinds in a process)."""
+    key = probe.key(overload)
     if key in _PROVEN:
         return _PROVEN[key]
+    pos, kw = probe.values()
+    name = overload._schema.name.split("::", 1)[1]
     found = None
     for ns in _PY_NAMESPACES:
         fn = getattr(ns, name, None)
@@ -430,6 +466,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
     out_args = {k for k in written if arguments[k].kwarg_only}
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
     functional = _functional_of(overload) if generated else None
+    # per argument, once: name, keyword-only, a ScalarType, its default
+    facts = [(a, a.name, a.kwarg_only, _is_scalar_type(a), _default(a)) for a in arguments]
 
     def factory(ctx: KernelContext) -> Emission:
         nargs = len(arguments)
@@ -448,41 +486,42 @@ def schema_kernel(overload: Any) -> KernelFactory:
         positional: list[str] = []
         keywords: list[str] = []
         in_keywords: list[str] = []  # keywords without the outs (for the functional op)
-        probe_pos: list[Any] = []
-        probe_kw: dict[str, Any] = {}
-        probe_in_kw: dict[str, Any] = {}
-        pending: list[tuple[str, Any]] = []  # positional defaults held back until needed
+        probe = Probe(ctx)
+        in_probe = Probe(ctx)
+        pending: list[tuple[str, int]] = []  # positional defaults held back until needed
         rendered: list[str] = []
-        for k, (arg, index) in enumerate(zip(arguments, args, strict=False)):
+        for k, (fact, index) in enumerate(zip(facts, args, strict=False)):
+            arg, arg_name, kwarg_only, scalar_type, default = fact
             value = ctx.values[index]
-            if _is_scalar_type(arg):
+            if scalar_type:
                 _check_scalar_type(name, arg, ctx, index)
             literal = ctx.is_literal(index)
             skip = False
             if literal and not isinstance(value, p.Tensor | p.TensorList | p.OptionalTensorList):
                 lit = None if isinstance(value, p.Null) else ctx.literal(index)
-                skip = _same(lit, _default(arg))
+                skip = _same(lit, default)
             text = ctx.expr(index)
             if isinstance(value, p.IntList) and literal:
                 text = repr(list(ctx.literal(index)))
             rendered.append(text)
-            meta = _meta_value(ctx, index)
-            if arg.kwarg_only:
+            if kwarg_only:
                 if not skip:
-                    keywords.append(f"{arg.name}={text}")
-                    probe_kw[arg.name] = meta
+                    keywords.append(f"{arg_name}={text}")
+                    probe.kw[arg_name] = index
                     if k not in out_args:
-                        in_keywords.append(f"{arg.name}={text}")
-                        probe_in_kw[arg.name] = meta
+                        in_keywords.append(f"{arg_name}={text}")
+                        in_probe.kw[arg_name] = index
             elif skip:
-                pending.append((text, meta))
+                pending.append((text, index))
             else:
-                for t, m in pending:
+                for t, i in pending:
                     positional.append(t)
-                    probe_pos.append(m)
+                    probe.pos.append(i)
+                    in_probe.pos.append(i)
                 pending.clear()
                 positional.append(text)
-                probe_pos.append(meta)
+                probe.pos.append(index)
+                in_probe.pos.append(index)
         mutates = tuple(i for k in written for i in ctx.tensors_of(args[k]))
         ret_slots = args[nargs:]
         if is_out or not returns or not ret_slots:
@@ -512,7 +551,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 and functional is not None
                 and all(isinstance(ctx.values[args[k]], p.Tensor) for k in out_args)
             ):
-                fast_f = fastest_entry(functional, probe_pos, probe_in_kw)
+                fast_f = fastest_entry(functional, in_probe)
                 ff = ctx.bind(
                     fast_f if fast_f is not None else getattr(functional, "_op", functional), "op"
                 )
@@ -528,11 +567,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
 
                     code, prune = stored(frozenset()), stored
             if code is None:
-                fast = fastest_entry(overload, probe_pos, probe_kw)
+                fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{fn}({', '.join(positional + keywords)})"
             return ctx.emit(code, mutates=mutates, alias=alias, outs=outs, pure=pure, prune=prune)
-        fast = fastest_entry(overload, probe_pos, probe_kw)
+        fast = fastest_entry(overload, probe)
         fn = ctx.bind(fast if fast is not None else generic, "op")
         callargs = ", ".join(positional + keywords)
         if len(returns) == 1:

@@ -808,6 +808,9 @@ def _prepared_table(ctx: KernelContext, nbit: int) -> torch.Tensor | None:
             return None
     if not (ctx.is_literal(qmin_i) and ctx.is_literal(qmax_i)):
         return None
+    qmin, qmax = ctx.literal(qmin_i), ctx.literal(qmax_i)
+    if type(qmin) is not int or type(qmax) is not int:
+        return None  # not ints: the per-call kernel's argument checks report it
     weight = ctx.initial[weight_i]
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return None
@@ -820,8 +823,8 @@ def _prepared_table(ctx: KernelContext, nbit: int) -> torch.Tensor | None:
             weight,
             ctx.initial[scales_i],
             zp,
-            int(ctx.literal(qmin_i)),
-            int(ctx.literal(qmax_i)),
+            qmin,
+            qmax,
             every,
             nbit,
         )

@@ -1,6 +1,28 @@
-"""The ``XnnpackBackend`` factory: one ``DelegateCall`` -> one statement calling a runner."""
+"""The ``XnnpackBackend`` factory: one ``DelegateCall`` -> one statement calling a runner.
+
+Two runners can run a payload. ptexec's own (:mod:`.runtime`) turns the graph into torch
+code and runs on any device. ExecuTorch's XNNPACK backend (:mod:`.executorch_runner`)
+runs it on the CPU with XNNPACK's kernels, when ``executorch`` is installed. The load
+option ``xnnpack`` chooses (``Program.load_method(..., xnnpack=...)``):
+
+- ``"torch"``: ptexec's runner;
+- ``"executorch"``: ExecuTorch's backend, or :class:`~ptexec.errors.BackendUnavailableError`
+  at load when it cannot run this delegate (not installed, a delegate off the CPU, an
+  unbound dynamic shape, a payload ExecuTorch refuses);
+- ``"auto"`` (the default): :data:`AUTO_RUNNER` where it can run, else ptexec's runner.
+
+Whichever runs, the payload is checked against the program at load the same way: every
+id, offset and size (:func:`.schema.validate_payload`), every external value against the
+call's argument tensor (position, rank, dtype), and the output shapes the graph computes
+from the program's static input shapes (:func:`.shapes.infer_dims`) against the output
+tensors the program declares; a contradiction is a
+:class:`~ptexec.errors.PteFormatError` naming the value. Outputs whose shapes depend on
+dynamic inputs are checked after each call (an :class:`~ptexec.errors.ExecutionError`).
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -9,10 +31,34 @@ from ...errors import BackendUnavailableError, PteFormatError
 from ...format import program as p
 from ...kernels.registry import Emission
 from .. import DelegateContext
+from . import schema as s
 from .runtime import ArgInfo, build_runner
 from .schema import decode_payload
+from .shapes import Dims, infer_dims
 
-__all__ = ["prepare"]
+__all__ = [
+    "AUTO_RUNNER",
+    "XNNPACK_RUNNERS",
+    "check_externals",
+    "check_output_shapes",
+    "choose_runner",
+    "prepare",
+    "serialized_dims_problem",
+]
+
+XNNPACK_RUNNERS = ("auto", "torch", "executorch")
+# what "auto" runs on the CPU when ExecuTorch can: see docs/xnnpack_runners.md
+AUTO_RUNNER = "executorch"
+
+# XNNPACK datatype of an external value -> the scalar types its tensor may have
+_EXTERNAL_TYPES: dict[str, tuple[int, ...]] = {
+    "fp32": (6,),
+    "fp16": (5,),
+    "bf16": (15,),
+    "qint8": (1,),
+    "quint8": (0,),
+    "int32": (3,),
+}
 
 
 def _device(ctx: DelegateContext) -> torch.device:
@@ -25,36 +71,264 @@ def _device(ctx: DelegateContext) -> torch.device:
     return torch.device("cpu")
 
 
-def _arg_infos(ctx: DelegateContext, where: str) -> list[ArgInfo | None]:
-    infos: list[ArgInfo | None] = []
+def _arg_tensors(ctx: DelegateContext, where: str) -> list[p.Tensor | None]:
+    """The program's description of each argument (None: not a tensor)."""
+    out: list[p.Tensor | None] = []
     for k, slot in enumerate(ctx.args):
         if not 0 <= slot < len(ctx.values):
             raise PteFormatError(f"{where}.args[{k}]", f"value index {slot} out of range")
         value = ctx.values[slot]
-        if isinstance(value, p.Tensor):
-            dtype = CODE_TO_DTYPE.get(value.scalar_type)
-            if dtype is None:
-                raise BackendUnavailableError(
-                    f"{where}: argument {k} has scalar type {value.scalar_type}"
-                )
-            infos.append(ArgInfo(dtype, tuple(value.dim_order)))
-        else:
+        out.append(value if isinstance(value, p.Tensor) else None)
+    return out
+
+
+def _arg_infos(tensors: list[p.Tensor | None], where: str) -> list[ArgInfo | None]:
+    infos: list[ArgInfo | None] = []
+    for k, t in enumerate(tensors):
+        if t is None:
             infos.append(None)
+            continue
+        dtype = CODE_TO_DTYPE.get(t.scalar_type)
+        if dtype is None:
+            raise BackendUnavailableError(f"{where}: argument {k} has scalar type {t.scalar_type}")
+        infos.append(
+            ArgInfo(
+                dtype,
+                tuple(t.dim_order),
+                tuple(t.sizes),
+                t.shape_dynamism == p.STATIC,
+                t.shape_dynamism == p.DYNAMIC_BOUND,
+            )
+        )
     return infos
 
 
-def prepare(ctx: DelegateContext) -> Emission:
-    """Decode, validate and compile the payload; emit ``_run(v[a], v[b], ...)``."""
+def _physical(t: p.Tensor) -> Dims:
+    """A tensor's sizes in its dim order: the dims XNNPACK sees."""
+    return tuple(t.sizes[d] for d in t.dim_order)
+
+
+def _describe(t: p.Tensor) -> str:
+    dtype = CODE_TO_DTYPE.get(t.scalar_type)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else f"type {t.scalar_type}"
+    return f"{name}{list(t.sizes)}"
+
+
+def check_externals(payload: s.XnnPayload, tensors: list[p.Tensor | None]) -> None:
+    """Every external value names a tensor argument of the call, of its rank and a dtype
+    its datatype allows."""
+    for v in payload.graph.values:
+        if not (v.is_input or v.is_output):
+            continue
+        where = f"{payload.path}.xvalues[{v.index}].external_id"
+        t = tensors[v.external_id] if v.external_id < len(tensors) else None
+        if t is None:
+            raise PteFormatError(
+                where,
+                f"external id {v.external_id} is not a tensor argument of the delegate call "
+                f"({len(tensors)} arguments)",
+            )
+        rank = len(t.sizes)
+        if rank != len(v.dims) and not (rank == 0 and v.dims in ((), (1,))):
+            raise PteFormatError(
+                where, f"the value has {len(v.dims)} dims {list(v.dims)}, its tensor has {rank}"
+            )
+        allowed = _EXTERNAL_TYPES.get(v.dtype_name)
+        if allowed is None:
+            raise BackendUnavailableError(f"{where}: an external {v.dtype_name} value")
+        if v.dtype_name == "fp32" and v.is_output and not v.is_input:
+            allowed = (6, 4)  # argmax indices: int64 tensors in ExecuTorch
+        if t.scalar_type not in allowed:
+            raise PteFormatError(where, f"a {v.dtype_name} value bound to a {_describe(t)} tensor")
+
+
+def check_output_shapes(payload: s.XnnPayload, tensors: list[p.Tensor | None]) -> None:
+    """The shapes the graph computes from the program's static inputs fit the output
+    tensors the program declares (exactly when static; within the bound of every dim when
+    dynamic). Outputs that depend on dynamic inputs are left to the call."""
+    known: dict[int, Dims | None] = {}
+    for v in payload.graph.values:
+        if v.is_input:
+            t = tensors[v.external_id]
+            assert t is not None  # check_externals ran
+            if t.shape_dynamism == p.STATIC:
+                known[v.id] = _physical(t) if t.sizes else tuple(v.dims)
+    dims = infer_dims(payload, known)
+    for v in payload.graph.values:
+        if not v.is_output or v.is_input:
+            continue
+        got = dims.get(v.id)
+        t = tensors[v.external_id]
+        assert t is not None
+        if got is None or t.shape_dynamism == p.DYNAMIC_UNBOUND:
+            continue
+        want = _physical(t)
+        where = f"{payload.path}.xvalues[{v.index}]"
+        what = f"external output {v.external_id}"
+        if not t.sizes:  # a 0-d tensor: one element in any XNNPACK dims
+            if math.prod(got) != 1:
+                raise PteFormatError(
+                    where, f"the graph computes dims {list(got)} for {what}, a 0-d {_describe(t)}"
+                )
+            continue
+        order = (
+            ""
+            if list(t.dim_order) == sorted(t.dim_order)
+            else f" (in dim order {list(t.dim_order)}: {list(want)})"
+        )
+        if len(got) != len(want):
+            ok = False
+        elif t.shape_dynamism == p.STATIC:
+            ok = got == want
+        else:
+            ok = all(a <= b for a, b in zip(got, want, strict=True))
+        if not ok:
+            kind = "declares" if t.shape_dynamism == p.STATIC else "bounds it by"
+            raise PteFormatError(
+                where,
+                f"the graph computes dims {list(got)} for {what}; the program {kind} "
+                f"{_describe(t)}{order}",
+            )
+
+
+def choose_runner(choice: str, device: str, unavailable: str | None, where: str = "") -> str:
+    """The runner for option ``choice`` on a delegate whose tensors are on ``device`` (a
+    torch device type), ``unavailable`` saying why ExecuTorch's backend cannot run here
+    (None: it can): ``"torch"`` or ``"executorch"``. ``"executorch"`` that cannot be
+    honoured raises BackendUnavailableError; ``"auto"`` then takes ptexec's runner, as it
+    does on every device but the CPU."""
+    if choice not in XNNPACK_RUNNERS:
+        raise ValueError(f"xnnpack must be one of {', '.join(XNNPACK_RUNNERS)}, not {choice!r}")
+    if choice == "torch" or (choice == "auto" and AUTO_RUNNER == "torch"):
+        return "torch"
+    reason = unavailable
+    if device != "cpu":
+        reason = (
+            f"ExecuTorch's XNNPACK backend runs on the CPU; this delegate's tensors are on {device}"
+        )
+    if reason is None:
+        return "executorch"
+    if choice == "executorch":
+        raise BackendUnavailableError(f"{where}: xnnpack='executorch': {reason}")
+    return "torch"
+
+
+def serialized_dims_problem(
+    payload: s.XnnPayload, tensors: list[p.Tensor | None]
+) -> PteFormatError | None:
+    """The first value whose serialized dims differ from the dims the graph computes from
+    the program's input tensors (their upper bounds, when dynamic), or None.
+
+    XNNPACK defines each value with its serialized dims and sizes its memory by them, so
+    dims that contradict the program (a hostile file's, say) are not handed to it.
+    ExecuTorch's exporter writes exactly the computed dims."""
+    known: dict[int, Dims | None] = {}
+    for v in payload.graph.values:
+        if v.is_input:
+            t = tensors[v.external_id]
+            assert t is not None  # check_externals ran
+            known[v.id] = _physical(t) if t.sizes else tuple(v.dims)
+    dims = infer_dims(payload, known)
+    for v in payload.graph.values:
+        if v.is_constant or v.is_input:
+            continue
+        got = dims.get(v.id)
+        if got is not None and tuple(v.dims) != got:
+            return PteFormatError(
+                f"{payload.path}.xvalues[{v.index}].dims",
+                f"{list(v.dims)}, but the graph computes {list(got)} from the program's inputs",
+            )
+    return None
+
+
+def _where(ctx: DelegateContext) -> str:
     method = ctx.method_name
-    where = (
+    if method:  # a program may name a method anything; paths name it legibly
+        method = method.replace("\0", "\\x00")
+    return (
         f"{method}.delegates[{ctx.delegate_index}]"
         if method
         else f"delegates[{ctx.delegate_index}]"
     )
+
+
+def prepare(ctx: DelegateContext) -> Emission:
+    """Decode, validate and prepare the payload with the chosen runner; emit
+    ``_run(v[a], v[b], ...)``."""
+    where = _where(ctx)
+    choice = ctx.options.get("xnnpack", "auto")
     payload = decode_payload(ctx.processed, f"{where}.payload")
-    runner = build_runner(payload, ctx.named_data, _arg_infos(ctx, where), _device(ctx))
+    tensors = _arg_tensors(ctx, where)
+    device = _device(ctx)
+    if choice != "torch":
+        from .executorch_runner import executorch_unavailable
+
+        unavailable = executorch_unavailable() if device.type == "cpu" else None
+        if choose_runner(choice, device.type, unavailable, where) == "executorch":
+            return _prepare_executorch(ctx, payload, tensors, where, strict=choice == "executorch")
+    check_externals(payload, tensors)
+    return _prepare_torch(ctx, payload, tensors, where, device)
+
+
+def _prepare_torch(
+    ctx: DelegateContext,
+    payload: s.XnnPayload,
+    tensors: list[p.Tensor | None],
+    where: str,
+    device: torch.device,
+) -> Emission:
+    """ptexec's runner (:mod:`.runtime`)."""
+    runner = build_runner(payload, ctx.named_data, _arg_infos(tensors, where), device)
+    check_output_shapes(payload, tensors)
     name = ctx.bind(runner.fn, "xnnpack")
     args = ", ".join(f"v[{ctx.args[k]}]" for k in runner.ext_ids)
     outs = tuple(ctx.args[k] for k in runner.output_ids)
     # the outputs are written in place (resized first) and never read
     return ctx.emit(f"{name}({args})", mutates=outs, outs=outs)
+
+
+def _prepare_executorch(
+    ctx: DelegateContext,
+    payload: s.XnnPayload,
+    tensors: list[p.Tensor | None],
+    where: str,
+    strict: bool,
+) -> Emission:
+    """ExecuTorch's XNNPACK backend, after ptexec's own checks of the payload. When it
+    cannot load the payload, ``strict`` raises; otherwise ptexec's runner takes over."""
+    from .executorch_runner import build_executorch_runner
+
+    if payload.graph.unknown_nodes:
+        index, code = payload.graph.unknown_nodes[0]
+        raise BackendUnavailableError(
+            f"XNNPACK payload {payload.path} uses unknown node type {code} (xnodes[{index}])"
+        )
+    s.validate_payload(payload, ctx.named_data)
+    check_externals(payload, tensors)
+    check_output_shapes(payload, tensors)
+    problem = serialized_dims_problem(payload, tensors)
+    if problem is not None:
+        if strict:
+            raise problem
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
+    bad = [k for k, t in enumerate(tensors) if t is None]
+    if bad:
+        if strict:
+            raise BackendUnavailableError(
+                f"{where}: xnnpack='executorch': argument {bad[0]} of the call is not a tensor"
+            )
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
+    args = [t for t in tensors if t is not None]
+    outputs = sorted({v.external_id for v in payload.graph.values if v.is_output})
+    try:
+        runner = build_executorch_runner(
+            payload, ctx.processed, args, ctx.compile_specs, ctx.named_data, outputs, where
+        )
+    except BackendUnavailableError:
+        if strict:
+            raise
+        return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
+    name = ctx.bind(runner.fn, "xnnpack")
+    outs = tuple(ctx.args[k] for k in outputs)
+    call = ", ".join(f"v[{slot}]" for slot in ctx.args)
+    return ctx.emit(f"{name}({call})", mutates=outs, outs=outs)

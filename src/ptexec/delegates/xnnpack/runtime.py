@@ -37,7 +37,7 @@ from ...errors import BackendUnavailableError, PteFormatError
 from ...memory import resize_to
 from . import schema as s
 
-__all__ = ["ArgInfo", "XnnRunner", "build_runner", "unsupported_node_types"]
+__all__ = ["ArgInfo", "OutputShapeError", "XnnRunner", "build_runner", "unsupported_node_types"]
 
 _FLOAT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _QSTATIC = {"qint8": (-128, 127), "quint8": (0, 255)}
@@ -108,10 +108,15 @@ _TINY_CONV_FLOPS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class ArgInfo:
-    """What the method says about one delegate argument tensor."""
+    """What the method says about one delegate argument tensor: its dtype, dim order and,
+    when known, its declared sizes (``sizes``) and whether they are exact (``static``) or
+    an upper bound on each dim (``bounded``)."""
 
     dtype: torch.dtype
     dim_order: tuple[int, ...]
+    sizes: tuple[int, ...] | None = None
+    static: bool = False
+    bounded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,11 +216,41 @@ def _qd_linear(
     return out.to(x.dtype).reshape(*x.shape[:-1], wt.shape[1])
 
 
-def _resize(x: torch.Tensor, phys: Sequence[int], order: tuple[int, ...]) -> None:
-    """Resize an output to the shape XNNPACK computed (``phys``, in dim order)."""
+class OutputShapeError(RuntimeError):
+    """The graph computed an output the program's output tensor cannot hold (the method
+    reports it as an :class:`~ptexec.errors.ExecutionError` of the delegate call)."""
+
+
+def _resize(
+    x: torch.Tensor,
+    phys: Sequence[int],
+    order: tuple[int, ...],
+    arg: ArgInfo | None = None,
+    k: int = -1,
+) -> None:
+    """Resize output ``x`` (delegate argument ``k``) to the shape XNNPACK computed
+    (``phys``, in dim order), if its declaration ``arg`` allows that shape: a static
+    output keeps its sizes, a bounded one stays within its bound in every dim, and the
+    rank is fixed."""
+    if len(phys) != len(order):
+        raise OutputShapeError(
+            f"delegate argument {k}: the graph computed {len(phys)} dims {list(phys)} for a "
+            f"{len(order)}-d output"
+        )
     logical = [0] * len(order)
     for j, d in enumerate(order):
         logical[d] = phys[j]
+    if arg is not None and arg.sizes is not None and (arg.static or arg.bounded):
+        declared = f"{str(arg.dtype).removeprefix('torch.')}{list(arg.sizes)}"
+        if arg.static:
+            raise OutputShapeError(
+                f"delegate argument {k}: the graph computed {logical}, the program declares {declared}"
+            )
+        if any(a > b for a, b in zip(logical, arg.sizes, strict=True)):
+            raise OutputShapeError(
+                f"delegate argument {k}: the graph computed {logical}, beyond the bound "
+                f"{declared} the program declares"
+            )
     try:
         resize_to(x, logical, order)
     except RuntimeError:
@@ -661,15 +696,16 @@ class _Gen:
             self.emit(f"{x}.copy_({src}.reshape(()))")
             return
         tmp = f"y{k}"
+        info = self.bind(a, "a")  # what the program declares: checked before resizing
         self.emit(f"{tmp} = {src}")
         if order == tuple(range(len(order))):
             self.emit(f"if {x}.shape != {tmp}.shape:")
-            self.emit(f"    _resize({x}, {tmp}.shape, {order!r})")
+            self.emit(f"    _resize({x}, {tmp}.shape, {order!r}, {info}, {k})")
             self.emit(f"{x}.copy_({tmp})")
         else:
             self.emit(f"{x}p = {x}.permute{order}")
             self.emit(f"if {x}p.shape != {tmp}.shape:")
-            self.emit(f"    _resize({x}, {tmp}.shape, {order!r})")
+            self.emit(f"    _resize({x}, {tmp}.shape, {order!r}, {info}, {k})")
             self.emit(f"    {x}p = {x}.permute{order}")
             self.emit(f"{x}p.copy_({tmp})")
 
@@ -1180,7 +1216,7 @@ def build_runner(
     kinds = sorted(
         {v.dtype_name for v in payload.graph.values if v.dtype_name in _UNSUPPORTED_TYPES}
     )
-    s.validate_payload(payload, named_data.keys())
+    s.validate_payload(payload, named_data)
     if kinds:
         raise BackendUnavailableError(
             f"XNNPACK payload {payload.path} uses datatype(s) ptexec cannot run: {', '.join(kinds)}"

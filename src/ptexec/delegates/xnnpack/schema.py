@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sized
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -455,7 +455,7 @@ class XnnPayload:
         base = self.flatbuffer_offset + start
         return self.data[base : base + size]
 
-    def constant_size(self, idx: int, named_data: Mapping[str, memoryview] | None = None) -> int:
+    def constant_size(self, idx: int, named_data: Mapping[str, Sized] | None = None) -> int:
         g = self.graph
         if g.constant_data:
             e = g.constant_data[idx]
@@ -705,11 +705,15 @@ def _nbytes(v: XnnValue) -> int:
     return v.numel * int(per)
 
 
-def validate_payload(payload: XnnPayload, named_keys: Collection[str] | None = None) -> None:
+def validate_payload(
+    payload: XnnPayload, named_keys: Collection[str] | Mapping[str, Sized] | None = None
+) -> None:
     """Check every id, offset and size of a decoded payload; raise PteFormatError on the first
-    defect. ``named_keys``: the program's named data keys (None skips that check)."""
+    defect. ``named_keys``: the program's named data keys (None skips that check), or the
+    named data itself (key -> bytes), whose sizes constants are then checked against too."""
     g = payload.graph
     path = payload.path
+    named = named_keys if isinstance(named_keys, Mapping) else None
     if g.num_externs > MAX_EXTERNS:
         raise PteFormatError(f"{path}.num_externs", f"{g.num_externs} exceeds {MAX_EXTERNS}")
     nconst = len(g.constant_data) if g.constant_data else len(g.constant_buffers)
@@ -742,6 +746,12 @@ def validate_payload(payload: XnnPayload, named_keys: Collection[str] | None = N
             raise PteFormatError(f"{where}.dims", f"{len(v.dims)} dims exceed {MAX_DIMS}")
         if v.flags & ~(FLAG_EXTERNAL_INPUT | FLAG_EXTERNAL_OUTPUT):
             raise PteFormatError(f"{where}.flags", f"unsupported flag bits {v.flags:#x}")
+        if not v.flags and v.external_id != INVALID_ID:
+            # XNNPACK's compiler makes any value with an external id external
+            raise PteFormatError(
+                f"{where}.external_id",
+                f"external id {v.external_id} on a value that is neither an input nor an output",
+            )
         if v.flags:
             if v.external_id >= g.num_externs:
                 raise PteFormatError(
@@ -759,9 +769,14 @@ def validate_payload(payload: XnnPayload, named_keys: Collection[str] | None = N
                     table[v.external_id] = v.index
         if v.is_constant:
             _check_constant(
-                payload, v.constant_buffer_idx, _nbytes(v), nconst, f"{where}.constant_buffer_idx"
+                payload,
+                v.constant_buffer_idx,
+                _nbytes(v),
+                nconst,
+                f"{where}.constant_buffer_idx",
+                named,
             )
-        _check_quant(payload, v, nconst, where)
+        _check_quant(payload, v, nconst, where, named)
     both = set(ext_in) & set(ext_out)
     if both:
         k = min(both)
@@ -769,17 +784,35 @@ def validate_payload(payload: XnnPayload, named_keys: Collection[str] | None = N
             f"{path}.xvalues[{ext_out[k]}].external_id",
             f"external id {k} is both an input and an output",
         )
-    for name, ids in (("input_ids", g.input_ids), ("output_ids", g.output_ids)):
+    for name, ids, flagged in (
+        ("input_ids", g.input_ids, {g.values[i].id for i in ext_in.values()}),
+        ("output_ids", g.output_ids, {g.values[i].id for i in ext_out.values()}),
+    ):
         for k, vid in enumerate(ids):
             if vid not in seen:
                 raise PteFormatError(f"{path}.{name}[{k}]", f"no value with id {vid}")
+        # XNNPACK's compiler takes the graph's inputs and outputs from these lists, ptexec
+        # from the values' flags: both must say the same
+        if len(set(ids)) != len(ids) or set(ids) != flagged:
+            raise PteFormatError(
+                f"{path}.{name}",
+                f"{sorted(ids)} are not the ids of the values flagged external "
+                f"{name.removesuffix('_ids')}s ({sorted(flagged)})",
+            )
     _check_nodes(payload, seen)
 
 
-def _check_constant(payload: XnnPayload, idx: int, need: int, nconst: int, where: str) -> None:
+def _check_constant(
+    payload: XnnPayload,
+    idx: int,
+    need: int,
+    nconst: int,
+    where: str,
+    named: Mapping[str, Sized] | None = None,
+) -> None:
     if idx >= nconst:
         raise PteFormatError(where, f"constant {idx} out of range ({nconst} constants)")
-    have = payload.constant_size(idx)
+    have = payload.constant_size(idx, named)
     if have < need:
         raise PteFormatError(
             where,
@@ -787,7 +820,13 @@ def _check_constant(payload: XnnPayload, idx: int, need: int, nconst: int, where
         )
 
 
-def _check_quant(payload: XnnPayload, v: XnnValue, nconst: int, where: str) -> None:
+def _check_quant(
+    payload: XnnPayload,
+    v: XnnValue,
+    nconst: int,
+    where: str,
+    named: Mapping[str, Sized] | None = None,
+) -> None:
     q = v.quant
     if q is None:
         return
@@ -817,7 +856,9 @@ def _check_quant(payload: XnnPayload, v: XnnValue, nconst: int, where: str) -> N
         if name not in ("qcint8", "qcint32", "qcint4"):
             raise PteFormatError(f"{where}.datatype", f"{name} with per-channel parameters")
         want = v.dims[q.channel_dim]
-        count = _scale_count(payload, q.scales, q.scale_buffer_idx, q.num_scales, 4, nconst, qwhere)
+        count = _scale_count(
+            payload, q.scales, q.scale_buffer_idx, q.num_scales, 4, nconst, qwhere, named
+        )
     else:
         if name != "qbint4":
             raise PteFormatError(f"{where}.datatype", f"{name} with block-wise parameters")
@@ -831,7 +872,9 @@ def _check_quant(payload: XnnPayload, v: XnnValue, nconst: int, where: str) -> N
                 f"{qwhere}.group_size", f"{q.group_size} does not divide {ic} input channels"
             )
         want = oc * (ic // q.group_size)
-        count = _scale_count(payload, q.scales, q.scale_buffer_idx, q.num_scales, 2, nconst, qwhere)
+        count = _scale_count(
+            payload, q.scales, q.scale_buffer_idx, q.num_scales, 2, nconst, qwhere, named
+        )
     if count != want:
         raise PteFormatError(qwhere, f"{count} scales, the value needs {want}")
 
@@ -844,9 +887,12 @@ def _scale_count(
     itemsize: int,
     nconst: int,
     where: str,
+    named: Mapping[str, Sized] | None = None,
 ) -> int:
     if buffer_idx:
-        _check_constant(payload, buffer_idx, num * itemsize, nconst, f"{where}.scale_buffer_idx")
+        _check_constant(
+            payload, buffer_idx, num * itemsize, nconst, f"{where}.scale_buffer_idx", named
+        )
         return num
     return len(inline)
 
@@ -884,6 +930,11 @@ def _check_nodes(payload: XnnPayload, ids: Mapping[int, int]) -> None:
             ready.add(vid)
         if not n.outputs:
             raise PteFormatError(f"{where}.{n.type}", "a node without an output")
+        if math.isnan(n.output_min) or math.isnan(n.output_max) or n.output_min > n.output_max:
+            raise PteFormatError(
+                f"{where}.output_min_max",
+                f"output clamp [{n.output_min}, {n.output_max}] is not an interval",
+            )
     for v in g.values:
         if v.is_output and not v.is_input and v.id not in written:
             raise PteFormatError(

@@ -1,0 +1,256 @@
+"""Run an XNNPACK payload with ExecuTorch's own XNNPACK backend (when ``executorch`` is installed).
+
+At load, the payload (its flatbuffer graph and constant data, and the named data its
+constants refer to) becomes a one-delegate program
+(:func:`ptexec.format.pte_write.one_delegate_program`) whose inputs are all the delegate
+call's tensors, outputs included, with no memory plan; ExecuTorch's runtime loads it
+(its pybindings' ``_load_program_from_buffer``), and ExecuTorch's XNNPACK backend
+compiles the graph as it would for the original file.
+
+A call hands the method's own tensors over: ExecuTorch shares the memory of unplanned
+inputs, so XNNPACK reads the inputs and writes the outputs in place, with no copies.
+``set_inputs`` runs only when a tensor's address (or a dynamic input's shape) differs
+from the last call's; otherwise a call is one ``execute``. A dynamic output is resized
+afterwards to the shape XNNPACK computed, read back through ``get_attribute`` (each such
+output carries a name in the written program). Before memory is handed over, every
+dynamic output is checked to hold its declared bound: XNNPACK may write that much.
+
+The written program keeps the payload's bytes and its named data alive (one copy, made
+at load); ExecuTorch's backend packs the weights at load as it does for any program.
+Threads: the method's lock serializes calls; ExecuTorch's XNNPACK uses ExecuTorch's
+thread pool (``portable_lib._unsafe_reset_threadpool`` sets its size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ...codegen import Sources
+from ...errors import BackendUnavailableError
+from ...format import program as p
+from ...format.pte_write import one_delegate_program
+from ...memory import resize_to
+from ...tensor import dim_order_strides
+from . import schema as s
+from .runtime import OutputShapeError
+
+__all__ = ["EtRunner", "build_executorch_runner", "executorch_unavailable"]
+
+BACKEND_ID = "XnnpackBackend"
+
+_MODULE: list[ModuleType | str | None] = [None]  # the pybindings module, or why not
+
+
+def _pybindings() -> ModuleType | str:
+    """ExecuTorch's pybindings (imported once), or the reason they cannot run XNNPACK."""
+    cached = _MODULE[0]
+    if cached is not None:
+        return cached
+    try:
+        # the extension itself: portable_lib re-exports it but imports the whole exporter
+        # (seconds) for a warning category
+        import executorch.extension.pybindings._C as module
+    except ImportError as e:
+        result: ModuleType | str = f"ExecuTorch's runtime is not installed ({e})"
+    else:
+        names = list(module._get_registered_backend_names())
+        result = (
+            module
+            if BACKEND_ID in names
+            else f"ExecuTorch's runtime here has no {BACKEND_ID} (it has {', '.join(names) or 'none'})"
+        )
+    _MODULE[0] = result
+    return result
+
+
+def executorch_unavailable() -> str | None:
+    """Why ExecuTorch's XNNPACK backend cannot be used here (None when it can)."""
+    m = _pybindings()
+    return m if isinstance(m, str) else None
+
+
+class EtRunner:
+    """A payload loaded by ExecuTorch: ``runner(*tensors)`` runs it on the delegate call's
+    tensors (all its arguments, in order) and writes the outputs in place."""
+
+    def __init__(self, fn: Callable[..., None], source: str, method: Any, program: Any) -> None:
+        self.fn = fn
+        self.source = source
+        self._method = method  # ExecuTorch's Method, and the program (and bytes) it needs
+        self._program = program
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        self.fn(*tensors)
+
+    def __repr__(self) -> str:
+        return "EtRunner(ExecuTorch XnnpackBackend)"
+
+
+class _Binder:
+    """Hands tensors to ExecuTorch's method; remembers what it handed over last."""
+
+    def __init__(self, method: Any, bounds: Sequence[tuple[int, int]]) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.method = method
+        self.bounds = bounds  # (argument, bytes) of each dynamic output
+
+    def bind(self, key: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
+        self.key = None
+        for k, need in self.bounds:
+            t = tensors[k]
+            room = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+            if room < need:
+                raise RuntimeError(
+                    f"delegate argument {k} (a dynamic output) holds {room} bytes; XNNPACK "
+                    f"may write its whole bound, {need} bytes"
+                )
+        self.method.set_inputs(tensors)
+        self.key = key
+
+
+class _Dense:
+    """Dense copies of inputs that are not laid out densely in their dim order (ExecuTorch
+    takes nothing else; ptexec's views, an expand say, may have other strides). Each
+    argument keeps its copy's memory from call to call while its shape stays, so the
+    address ExecuTorch holds stays too."""
+
+    def __init__(self, orders: Mapping[int, tuple[int, ...]]) -> None:
+        self.orders = orders
+        self.copies: dict[int, torch.Tensor] = {}
+
+    def __call__(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        b = self.copies.get(k)
+        if b is None or b.shape != x.shape or b.dtype != x.dtype:
+            b = torch.empty_strided(
+                x.shape, dim_order_strides(x.shape, self.orders[k]), dtype=x.dtype
+            )
+            self.copies[k] = b
+        return b.copy_(x)
+
+
+def _not_dense(k: int) -> RuntimeError:
+    return RuntimeError(f"delegate argument {k} (an output) is not dense in its dim order")
+
+
+def _resize_output(
+    x: torch.Tensor, y: torch.Tensor, order: tuple[int, ...], bound: tuple[int, ...], k: int
+) -> None:
+    """Give output ``x`` the shape ExecuTorch's tensor ``y`` (its alias) has after a call,
+    when that shape is within the output's declared ``bound`` in every dim (ExecuTorch
+    checks only the element count)."""
+    declared = f"{str(x.dtype).removeprefix('torch.')}{list(bound)}"
+    if y.data_ptr() != x.data_ptr():
+        raise RuntimeError(f"delegate argument {k}: ExecuTorch wrote elsewhere")
+    shape = tuple(y.shape)
+    if len(shape) != len(bound) or any(a > b for a, b in zip(shape, bound, strict=True)):
+        raise OutputShapeError(
+            f"delegate argument {k}: the graph computed {list(shape)}, beyond the bound "
+            f"{declared} the program declares"
+        )
+    resize_to(x, shape, order)
+
+
+def build_executorch_runner(
+    payload: s.XnnPayload,
+    processed: memoryview,
+    tensors: Sequence[p.Tensor],
+    compile_specs: Sequence[p.CompileSpec],
+    named_data: Mapping[str, memoryview],
+    outputs: Sequence[int],
+    where: str,
+) -> EtRunner:
+    """Load ``processed`` (the decoded and validated ``payload``) with ExecuTorch's XNNPACK
+    backend for a call whose arguments are ``tensors`` (``outputs``: the positions the
+    graph writes). Raises BackendUnavailableError when ExecuTorch cannot run it."""
+    module = _pybindings()
+    if isinstance(module, str):
+        raise BackendUnavailableError(f"{where}: {module}")
+    for k, t in enumerate(tensors):
+        if t.shape_dynamism == p.DYNAMIC_UNBOUND:
+            raise BackendUnavailableError(
+                f"{where}: argument {k} has an unbound dynamic shape, which ExecuTorch's "
+                "runtime does not accept"
+            )
+    keys = {e.named_key for e in payload.graph.constant_data if e.named_key is not None}
+    dynamic_out = [k for k in outputs if tensors[k].shape_dynamism != p.STATIC]
+    names = {k: f"ptexec_output_{k}" for k in dynamic_out}
+    data = one_delegate_program(
+        tensors,
+        BACKEND_ID,
+        processed,
+        compile_specs,
+        {key: named_data[key] for key in sorted(keys)},
+        names,
+    )
+    try:
+        program = module._load_program_from_buffer(data)
+        method = program.load_method("forward")
+    except RuntimeError as e:
+        raise BackendUnavailableError(
+            f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
+        ) from None
+    return _generate(method, (program, data), tensors, outputs, names, where)
+
+
+def _generate(
+    method: Any,
+    keep: Any,
+    tensors: Sequence[p.Tensor],
+    outputs: Sequence[int],
+    names: Mapping[int, str],
+    where: str,
+) -> EtRunner:
+    n = len(tensors)
+    args = [f"x{k}" for k in range(n)]
+    key = [f"x{k}.data_ptr()" for k in range(n)]
+    key += [
+        f"x{k}.shape"
+        for k, t in enumerate(tensors)
+        if t.shape_dynamism != p.STATIC and k not in outputs
+    ]
+    bounds = [(k, tensors[k].nbytes) for k in names]
+    binder = _Binder(method, bounds)
+    env: dict[str, Any] = {
+        "_binder": binder,
+        "_execute": method.execute,
+        "_get": method.get_attribute,
+        "_resize_output": _resize_output,
+        "_dense": _Dense({k: tuple(t.dim_order) for k, t in enumerate(tensors)}),
+        "_not_dense": _not_dense,
+        "_channels_last": torch.channels_last,
+        "_keep": keep,  # the program and the bytes it reads from live as long as the code
+    }
+    lines = []
+    for k, t in enumerate(tensors):
+        order = tuple(t.dim_order)
+        ident = order == tuple(range(len(order)))
+        if ident:
+            dense = f"x{k}.is_contiguous()"
+        elif order == (0, 2, 3, 1):
+            dense = f"x{k}.is_contiguous(memory_format=_channels_last)"
+        else:
+            dense = f"x{k}.permute({order!r}).is_contiguous()"
+        if k in outputs:
+            lines += [f"if not {dense}:", f"    raise _not_dense({k})"]
+        else:
+            lines += [f"if not {dense}:", f"    x{k} = _dense({k}, x{k})"]
+    lines += [
+        f"k = ({', '.join(key)},)",
+        "if k != _binder.key:",
+        f"    _binder.bind(k, [{', '.join(args)}])",
+        "_execute()",
+    ]
+    for k, name in names.items():
+        order = tuple(tensors[k].dim_order)
+        lines += [
+            f"y{k} = _get({name!r})",
+            f"if y{k}.shape != x{k}.shape:",
+            f"    _resize_output(x{k}, y{k}, {order!r}, {tuple(tensors[k].sizes)!r}, {k})",
+        ]
+    source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
+    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
+    return EtRunner(namespace["_xnnpack_et_run"], source, method, keep)

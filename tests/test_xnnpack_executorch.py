@@ -1,0 +1,294 @@
+"""ExecuTorch's XNNPACK backend inside ptexec's method (``load_method(xnnpack=...)``).
+
+The outputs of both runners are compared with ExecuTorch's over every XNNPACK fixture in
+tests/test_xnnpack.py; here: which runner an option picks, that ptexec's tensors are
+handed over without copies (ExecuTorch writes the method's own output memory), that the
+hand-over happens once while addresses stay, dynamic shapes, inputs ptexec keeps as strided
+views, the one-delegate program ptexec writes, and ptexec without ExecuTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import compare_outputs
+from ptexec.delegates.xnnpack import backend
+from ptexec.delegates.xnnpack.schema import decode_payload
+from ptexec.errors import BackendUnavailableError
+from ptexec.format import program as p
+from ptexec.format.pte import read_pte
+from ptexec.format.pte_write import one_delegate_program
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR = ROOT / "tests" / "fixtures" / "xnnpack"
+MANIFEST: dict[str, Any] = json.loads((DIR / "manifest.json").read_text())
+
+
+def _calls(name: str) -> list[dict[str, Any]]:
+    return torch.load(DIR / f"{name}.io.pt", weights_only=True)["calls"]  # type: ignore[no-any-return]
+
+
+def _method(name: str, **options: Any) -> ptexec.Method:
+    return ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward", **options)
+
+
+def _runners(method: ptexec.Method) -> dict[str, Any]:
+    """The XNNPACK runner functions a method's statements call, by name."""
+    found: dict[str, Any] = {}
+    for chain in method.state.chains:
+        for st in chain.statements:
+            for fn in st.env.values():
+                name = getattr(fn, "__name__", "")
+                if name.startswith("_xnnpack"):
+                    found.setdefault(name, fn)
+    return found
+
+
+@pytest.fixture(scope="module")
+def et() -> None:
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    reason = executorch_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+# -- which runner ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "choice, device, unavailable, want",
+    [
+        ("torch", "cpu", None, "torch"),
+        ("torch", "cuda", "not installed", "torch"),
+        ("executorch", "cpu", None, "executorch"),
+        ("executorch", "cpu", "not installed", BackendUnavailableError),
+        ("executorch", "cuda", None, BackendUnavailableError),
+        ("auto", "cpu", None, backend.AUTO_RUNNER),
+        ("auto", "cpu", "not installed", "torch"),
+        ("auto", "cuda", None, "torch"),  # CUDA keeps ptexec's runner
+        ("xla", "cpu", None, ValueError),
+    ],
+)
+def test_choose_runner(choice: str, device: str, unavailable: str | None, want: Any) -> None:
+    if isinstance(want, str):
+        assert backend.choose_runner(choice, device, unavailable) == want
+    else:
+        with pytest.raises(want):
+            backend.choose_runner(choice, device, unavailable, "forward.delegates[0]")
+
+
+def test_auto_runs_executorch_on_the_cpu(et: None) -> None:
+    assert backend.AUTO_RUNNER == "executorch"
+    assert set(_runners(_method("mlp"))) == {"_xnnpack_et_run"}
+    assert set(_runners(_method("mlp", xnnpack="torch"))) == {"_xnnpack_run"}
+    assert set(_runners(_method("mlp", xnnpack="executorch"))) == {"_xnnpack_et_run"}
+
+
+def test_unknown_option_value_is_refused() -> None:
+    with pytest.raises(ValueError, match="xnnpack"):
+        _method("mlp", xnnpack="xnn")
+
+
+@pytest.mark.cuda
+def test_cuda_keeps_the_torch_runner() -> None:
+    assert set(_runners(_method("mlp", device_map="cuda"))) == {"_xnnpack_run"}
+    with pytest.raises(BackendUnavailableError, match="runs on the CPU"):
+        _method("mlp", device_map="cuda", xnnpack="executorch")
+
+
+# -- tensors handed over, not copied --------------------------------------------------------
+
+
+def _delegate_args(method: ptexec.Method) -> tuple[int, ...]:
+    plan = method.state.plan
+    (call,) = [i for i in plan.chains[0].instructions if isinstance(i, p.DelegateCall)]
+    return call.args
+
+
+def test_executorch_writes_the_methods_own_memory(et: None) -> None:
+    """With outputs='view', the output is the method's planned tensor itself; ExecuTorch's
+    method holds exactly the addresses of the delegate call's tensors."""
+    m = _method("cnn", xnnpack="executorch", outputs="view")
+    call = _calls("cnn")[0]
+    (got,) = m.execute(call["inputs"])
+    assert compare_outputs([got], call["executorch"], *MANIFEST["cnn"]["tol_executorch"]) is None
+    args = _delegate_args(m)
+    values = m.values()
+    assert got.data_ptr() == values[m.state.outputs[0].slot].data_ptr()
+    binder = _runners(m)["_xnnpack_et_run"].__globals__["_binder"]
+    assert binder.key == tuple(values[a].data_ptr() for a in args)
+
+
+def test_tensors_are_handed_over_once_while_their_memory_stays(et: None) -> None:
+    """Planned tensors keep their addresses: ExecuTorch's set_inputs runs on the first call
+    only, also for inputs ptexec keeps as expanded views (copied to the same dense memory
+    each call)."""
+    for name in ("mlp", "op_bmm"):
+        m = _method(name, xnnpack="executorch")
+        binder = _runners(m)["_xnnpack_et_run"].__globals__["_binder"]
+        real = binder.bind
+        seen: list[int] = []
+        binder.bind = lambda key, ts, real=real, seen=seen: (seen.append(1), real(key, ts))
+        call = _calls(name)[0]
+        for _ in range(3):
+            got = m.execute(call["inputs"])
+            assert (
+                compare_outputs(got, call["executorch"], *MANIFEST[name]["tol_executorch"]) is None
+            )
+        assert len(seen) == 1, name
+
+
+def test_unplanned_inputs_are_shared_per_call(et: None) -> None:
+    """A program with unplanned inputs reads the caller's memory: a new caller tensor is a
+    new address, handed over again, and the results follow the inputs."""
+    m = _method("dynamic_mlp", xnnpack="executorch")
+    ref = _method("dynamic_mlp", xnnpack="torch")
+    for call in _calls("dynamic_mlp"):
+        (x,) = call["inputs"]
+        (got,) = m.execute([x])
+        (want,) = ref.execute([x])
+        assert got.shape == want.shape == (x.shape[0], 4)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_output_shapes_follow_each_call(et: None) -> None:
+    m = _method("dynamic_mlp_int8_dynamic_pc", xnnpack="executorch", outputs="view")
+    entry = MANIFEST["dynamic_mlp_int8_dynamic_pc"]
+    for call in _calls("dynamic_mlp_int8_dynamic_pc"):
+        got = m.execute(call["inputs"])
+        assert got[0].shape[0] == call["inputs"][0].shape[0]
+        assert compare_outputs(got, call["executorch"], *entry["tol_executorch"]) is None
+
+
+def test_executorch_without_its_backend_is_a_typed_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ptexec.delegates.xnnpack import executorch_runner
+
+    monkeypatch.setattr(
+        executorch_runner, "_pybindings", lambda: "ExecuTorch's runtime is not installed"
+    )
+    with pytest.raises(BackendUnavailableError, match=r"xnnpack='executorch'.*not installed"):
+        _method("mlp", xnnpack="executorch")
+    m = _method("mlp")  # auto: ptexec's runner
+    assert set(_runners(m)) == {"_xnnpack_run"}
+    call = _calls("mlp")[0]
+    assert compare_outputs(m.execute(call["inputs"]), call["executorch"], 1e-4, 1e-5) is None
+
+
+def test_ptexec_runs_xnnpack_programs_without_executorch_installed() -> None:
+    """In a process where ``import executorch`` fails, 'auto' runs ptexec's own runner and
+    'executorch' is a BackendUnavailableError."""
+    code = f"""
+import sys
+sys.modules["executorch"] = None  # import executorch -> ImportError
+import torch, ptexec
+from ptexec.errors import BackendUnavailableError
+prog = ptexec.load({str(DIR / "mlp.pte")!r})
+m = prog.load_method("forward")
+out, = m.execute([torch.ones(2, 8)])
+assert out.shape == (2, 4), out.shape
+try:
+    prog.load_method("forward", xnnpack="executorch")
+except BackendUnavailableError as e:
+    assert "not installed" in str(e), e
+else:
+    raise SystemExit("xnnpack='executorch' loaded without executorch")
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+# -- the one-delegate program ----------------------------------------------------------------
+
+
+def test_one_delegate_program_reads_back() -> None:
+    """ptexec's reader gives back what the writer was given: the tensors (unplanned), one
+    method taking them all, one DelegateCall over them, the payload and the named data."""
+    prog = ptexec.load(DIR / MANIFEST["mlp_int8_dynamic_pc"]["pte"])
+    plan = prog.pte.program.execution_plan[0]
+    (call,) = [i for i in plan.chains[0].instructions if isinstance(i, p.DelegateCall)]
+    tensors = [plan.values[a] for a in call.args]
+    assert all(isinstance(t, p.Tensor) for t in tensors)
+    delegate = plan.delegates[call.delegate_index]
+    payload = prog.pte.delegate_data(delegate.processed)
+    keys = {
+        e.named_key for e in decode_payload(payload).graph.constant_data if e.named_key is not None
+    }
+    assert keys, "the fixture's weights are named data"
+    named = {k: prog.named_data[k] for k in sorted(keys)}
+    data = one_delegate_program(
+        tensors,  # type: ignore[arg-type]
+        delegate.id,
+        payload,
+        delegate.compile_specs,
+        named,
+        {1: "out"},
+    )
+    back = read_pte(data)
+    bplan = back.program.execution_plan[0]
+    assert bplan.name == "forward"
+    n = len(tensors)
+    assert bplan.inputs == tuple(range(n)) and bplan.outputs == ()
+    for t, u in zip(tensors, bplan.values, strict=True):
+        assert isinstance(t, p.Tensor) and isinstance(u, p.Tensor)
+        assert (u.scalar_type, u.sizes, u.dim_order, u.shape_dynamism) == (
+            t.scalar_type,
+            t.sizes,
+            t.dim_order,
+            t.shape_dynamism,
+        )
+        assert u.allocation_info is None and u.data_buffer_idx == 0
+    u1 = bplan.values[1]
+    assert isinstance(u1, p.Tensor) and u1.extra_tensor_info is not None
+    assert u1.extra_tensor_info.fully_qualified_name == "out"
+    (bcall,) = bplan.chains[0].instructions
+    assert isinstance(bcall, p.DelegateCall) and bcall.args == tuple(range(n))
+    bdelegate = bplan.delegates[0]
+    assert bdelegate.id == delegate.id
+    assert bytes(back.delegate_data(bdelegate.processed)) == bytes(payload)
+    assert [(s.key, s.value) for s in bdelegate.compile_specs] == [
+        (s.key, s.value) for s in delegate.compile_specs
+    ]
+    assert {k: bytes(v) for k, v in back.named_data().items()} == {
+        k: bytes(v) for k, v in named.items()
+    }
+    for ref in back.segments:
+        assert ref.offset % 16 == 0  # XNNPACK reads constants in place
+
+
+def _single_delegate(name: str) -> bool:
+    plan = ptexec.load(DIR / MANIFEST[name]["pte"]).pte.program.execution_plan[0]
+    return all(isinstance(i, p.DelegateCall) for i in plan.chains[0].instructions)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(MANIFEST) if _single_delegate(n)])
+def test_bit_identical_to_executorch_on_one_delegate_programs(name: str, et: None) -> None:
+    """Where the whole program is XNNPACK delegate calls, ptexec with xnnpack='executorch'
+    returns exactly what ExecuTorch's runtime returns in the same process (the same
+    kernels on the same memory), dynamic shapes and quantized recipes included."""
+    from executorch.runtime import Runtime
+
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    m = _method(name, xnnpack="executorch")
+    for call in _calls(name):
+        got = m.execute(call["inputs"])
+        want = [x.clone() for x in em.execute(call["inputs"])]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            assert torch.equal(g, w), name
