@@ -142,9 +142,11 @@ def test_bad_input_is_refused_before_anything_runs() -> None:
     assert torch.equal(m(x)[0], m(x)[0])
 
 
-def test_dynamic_shapes_outside_the_compiled_sizes_run_interpreted() -> None:
-    """The exported graph allows batch 2..16; batch 1 runs the region's statements, every
-    batch agrees with the interpreter."""
+def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
+    """Every batch the program takes runs compiled (1 included: sizes are traced
+    size-obliviously); a size the compiled code was not made for (the program bounds its
+    feature dimension by 8, the graph needs exactly 8) runs the region's interpreted
+    statements, and so fails exactly as the interpreter does."""
     interpreted, compiled = load_pair("dynamic_mlp")
     i, c = interpreted["forward"], compiled["forward"]
     torch.manual_seed(0)
@@ -153,6 +155,16 @@ def test_dynamic_shapes_outside_the_compiled_sizes_run_interpreted() -> None:
         assert torch.allclose(i(x)[0], c(x)[0], atol=1e-5), batch
     with pytest.raises(ptexec.InputError):
         c(torch.randn(17, 8))
+    narrow = torch.randn(3, 5)
+    with pytest.raises(ExecutionError) as want:
+        i(narrow)
+    with pytest.raises(ExecutionError) as got:
+        c(narrow)
+    assert (got.value.instruction, got.value.operator) == (
+        want.value.instruction,
+        want.value.operator,
+    )
+    assert torch.allclose(i(torch.ones(4, 8))[0], c(torch.ones(4, 8))[0], atol=1e-5)
 
 
 def test_state_carries_over_and_is_shared_between_methods() -> None:
