@@ -341,21 +341,21 @@ def test_cache_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> No
     a, b = CacheEntry(tmp_path, "k" * 40), CacheEntry(tmp_path, "k" * 40)
     sa, sb = a.staging(), b.staging()
     assert a.read() is None
-    (sa / "package.pt2").write_bytes(b"A")
-    (sb / "package.pt2").write_bytes(b"B")
-    assert a.commit(sa, {"regions": [{"x": 1}]})
-    assert not b.commit(sb, {"regions": [{"x": 2}]})
+    (sa / "r0.so").write_bytes(b"A")
+    (sb / "r0.so").write_bytes(b"B")
+    assert a.commit(sa, {"regions": [{"file": "r0.so", "x": 1}]})
+    assert not b.commit(sb, {"regions": [{"file": "r0.so", "x": 2}]})
     manifest = b.read()
-    assert manifest is not None and manifest["regions"] == [{"x": 1}]
-    assert (a.path / "package.pt2").read_bytes() == b"A"
+    assert manifest is not None and manifest["regions"] == [{"file": "r0.so", "x": 1}]
+    assert (a.path / "r0.so").read_bytes() == b"A"
     assert [p.name for p in tmp_path.iterdir()] == ["k" * 40]  # no staging left behind
 
 
 def test_an_incomplete_entry_is_not_read(tmp_path: Path) -> None:
     entry = CacheEntry(tmp_path, "e" * 40)
     entry.path.mkdir()
-    (entry.path / "manifest.json").write_text('{"layout": 1, "regions": [{}]}')
-    assert entry.read() is None  # names regions but has no package
+    (entry.path / "manifest.json").write_text('{"layout": 1, "regions": [{"file": "r0.so"}]}')
+    assert entry.read() is None  # names a model file it does not have
     (entry.path / "manifest.json").write_text("{not json")
     assert entry.read() is None
 

@@ -1,10 +1,10 @@
 """AOTInductor: exported region graphs to one package of compiled models, and back.
 
-Each region becomes one model of the method's package (``r0``, ``r1``, ...), compiled for
-the region's device. A loaded model is called with a flat list of tensors and returns a
-flat list (the package loader's ``run``, which skips the pytree wrapping of
-``torch._inductor``'s Python wrapper). Models are loaded without their own thread
-synchronization: a method's lock already serializes its calls.
+Each region becomes one model (``r0``, ``r1``, ...), compiled for the region's device: on
+the CPU a shared library, loaded in place from the cache; on CUDA a model of the method's
+package. A loaded model is called with a flat list of tensors and returns a flat list
+(the runner's ``run``, which skips the pytree wrapping of ``torch._inductor``'s Python
+wrapper).
 
 :func:`find_compiler` looks for the C++ compiler AOTInductor will use (``CXX``, else
 ``g++``; ``clang++`` on macOS); without one nothing is compiled.
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_models", "find_compiler", "inductor_options", "load_model"]
+__all__ = ["compile_models", "find_compiler", "inductor_options", "load_model", "save_models"]
 
 
 def find_compiler() -> str | None:
@@ -100,10 +100,43 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def save_models(
+    files: Mapping[str, list[Any]], devices: Mapping[str, torch.device], directory: Path
+) -> dict[str, str]:
+    """Keep compiled models in ``directory``; model name -> its file there. A CPU model is
+    its shared library alone (loaded in place, no unpacking); CUDA models go into one
+    package (their kernels' binaries travel with them)."""
+    from torch._inductor.package import package_aoti  # type: ignore[attr-defined]
+
+    out: dict[str, str] = {}
+    packaged: dict[str, list[Any]] = {}
+    for name, produced in files.items():
+        if devices[name].type == "cpu":
+            library = [f for f in produced if isinstance(f, str) and f.endswith(".so")]
+            if len(library) != 1:
+                raise RuntimeError(f"AOTInductor made {len(library)} libraries for {name}")
+            shutil.copyfile(library[0], directory / f"{name}.so")
+            out[name] = f"{name}.so"
+        else:
+            packaged[name] = produced
+    if packaged:
+        package_aoti(str(directory / PACKAGE), packaged)
+        out.update({name: PACKAGE for name in packaged})
+    return out
+
+
+PACKAGE = "package.pt2"
+
+
 def load_model(
     path: Path, name: str, device: torch.device
 ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """Model ``name`` of the package at ``path``, as a function of a flat list of tensors."""
+    """Model ``name`` (a CPU model's library, or a model of a package) as a function of a
+    flat list of tensors."""
+    if path.suffix == ".so":
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+        cpu_run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = runner.run
+        return cpu_run
     index = device.index if device.type == "cuda" and device.index is not None else -1
     loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, True, 1, index)
     run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = loader.run

@@ -5,8 +5,8 @@ external data file's), the method, the device (with the CPU's instruction set, o
 GPU's compute capability: the code is built for this machine), the compile options, and
 the versions of torch, Python, ptexec (its version and a digest of its sources) and this
 cache's layout. An entry is a directory holding the
-package of compiled regions (``package.pt2``) and ``manifest.json`` (the regions, their
-guards, what fell back and why). It is assembled in a temporary directory next to its
+compiled regions (a shared library per CPU region, one package of the CUDA ones) and
+``manifest.json`` (the regions, their guards, their files, what fell back and why). It is assembled in a temporary directory next to its
 final place and renamed there in one step, so a reader sees a complete entry or none,
 and two processes compiling the same key cannot corrupt it (the second rename loses and
 its copy is dropped).
@@ -35,7 +35,6 @@ __all__ = ["CacheEntry", "cache_dir", "cache_key"]
 
 LAYOUT_VERSION = 1  # bump when what is stored, or how it is read, changes
 MANIFEST = "manifest.json"
-PACKAGE = "package.pt2"
 
 
 def cache_dir() -> Path:
@@ -114,10 +113,6 @@ class CacheEntry:
         self.key = key
         self.path = root / key
 
-    @property
-    def package(self) -> Path:
-        return self.path / PACKAGE
-
     def read(self) -> dict[str, Any] | None:
         """The manifest of a complete entry, or None (absent, or not readable as one)."""
         try:
@@ -127,7 +122,10 @@ class CacheEntry:
             return None
         if manifest.get("layout") != LAYOUT_VERSION:
             return None
-        if manifest.get("regions") and not self.package.is_file():
+        try:
+            if not all((self.path / r["file"]).is_file() for r in manifest.get("regions", [])):
+                return None  # a model file is missing: not an entry to load
+        except (KeyError, TypeError):
             return None
         return manifest
 

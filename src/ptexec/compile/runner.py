@@ -93,6 +93,7 @@ class _Compiled:
     model: Model
     guards: list[Guard]
     kinds: dict[int, str]  # slot -> Python kind of a returned scalar
+    file: str = ""  # where the model is, in the cache entry
 
 
 def _method_device(state: MethodState) -> torch.device:
@@ -119,6 +120,7 @@ def _region_json(c: _Compiled, model: str) -> dict[str, Any]:
         "guards": [g.to_json() for g in guards],
         "kinds": {str(k): v for k, v in c.kinds.items()},
         "model": model,
+        "file": c.file,
     }
 
 
@@ -193,10 +195,10 @@ class _Builder:
         compiled = []
         for data in stored:
             r = mine[(data["chain"], data["first"], data["last"])]
-            model = load_model(entry.package, data["model"], r.device)
+            model = load_model(entry.path / data["file"], data["model"], r.device)
             guards = [Guard.from_json(g) for g in data["guards"]]
             kinds = {int(k): v for k, v in data["kinds"].items()}
-            compiled.append(_Compiled(r, model, guards, kinds))
+            compiled.append(_Compiled(r, model, guards, kinds, data["file"]))
         self.compiled = compiled
         self.failed = [Fallback(f["chain"], f["first"], f["last"], f["reason"]) for f in failed]
         self.cache_hit = True
@@ -298,9 +300,7 @@ class _Builder:
     ) -> None:
         import tempfile
 
-        from torch._inductor.package import package_aoti  # type: ignore[attr-defined]
-
-        from .aoti import compile_models, load_model
+        from .aoti import compile_models, load_model, save_models
 
         files: dict[str, list[Any]] = {}
         n = len(self.regions)
@@ -316,15 +316,16 @@ class _Builder:
         if not files:
             return
         scratch = None if staging is not None else Path(tempfile.mkdtemp(prefix="ptexec-"))
-        path = (staging if staging is not None else scratch) / "package.pt2"  # type: ignore[operator]
+        directory = staging if staging is not None else scratch
+        assert directory is not None
         try:
-            package_aoti(str(path), files)
-            # a loaded model is extracted from the package: it stays valid when the
-            # package moves to its place in the cache (or, uncached, is deleted)
-            for name in files:
+            stored = save_models(files, {n: owners[n].device for n in files}, directory)
+            # a loaded model stays valid when its file moves to its place in the cache
+            # (a library stays mapped; a package is unpacked) or, uncached, is deleted
+            for name, filename in stored.items():
                 r = owners[name]
-                model = load_model(path, name, r.device)
-                self.compiled.append(_Compiled(r, model, *guards[name]))
+                model = load_model(directory / filename, name, r.device)
+                self.compiled.append(_Compiled(r, model, *guards[name], filename))
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -410,27 +411,30 @@ def _region_call(state: MethodState, compiled: _Compiled, k: int) -> Callable[[l
         )
 
     # the region's interpreted statements: for calls outside the compiled sizes
-    body: list[str] = ["def _interp(v):"]
-    body_lines: dict[int, int] = {}
-    interp_env: dict[str, Any] = {}
-    for i in range(first, last + 1):
-        st = chain.statements[i]
-        interp_env.update(st.env)
-        for part in st.code.splitlines():
-            body_lines[len(body) + 1] = i
-            body.append("    " + part)
-    body.append("    pass")
-    ns = state.sources.compile(
-        "\n".join(body) + "\n",
-        f"chain {region.chain} region {k} (interpreted)",
-        interp_env,
-        chain=region.chain,
-        lines=body_lines,
-    )
+    interp: Callable[[list[Any]], None] | None = None
+    if compiled.guards:
+        body: list[str] = ["def _interp(v):"]
+        body_lines: dict[int, int] = {}
+        interp_env: dict[str, Any] = {}
+        for i in range(first, last + 1):
+            st = chain.statements[i]
+            interp_env.update(st.env)
+            for part in st.code.splitlines():
+                body_lines[len(body) + 1] = i
+                body.append("    " + part)
+        body.append("    pass")
+        ns = state.sources.compile(
+            "\n".join(body) + "\n",
+            f"chain {region.chain} region {k} (interpreted)",
+            interp_env,
+            chain=region.chain,
+            lines=body_lines,
+        )
+        interp = ns["_interp"]
     env: dict[str, Any] = {
         "_run": compiled.model,
         "_fail": fail,
-        "_interp": ns["_interp"],
+        "_interp": interp,
         "_store": store_resizing,
         "_tensor": torch.tensor,
     }
