@@ -148,7 +148,7 @@ class _RegionModule(torch.nn.Module):
             self.rebuild.step(env, region.chain, i)
         results: dict[int, Any] = {}
         for s in region.stores:
-            if s.how in ("inplace", "copy", "replace"):
+            if s.how in ("inplace", "copy", "replace", "adopt"):
                 results[s.slot] = env[s.slot]
         originals = {id(t) for t in placeholder.values()}
 
@@ -165,11 +165,11 @@ class _RegionModule(torch.nn.Module):
             target.copy_(src)
         outputs: list[torch.Tensor] = []
         for s in region.stores:
-            if s.how not in ("copy", "replace"):
+            if s.how not in ("copy", "replace", "adopt"):
                 continue
             x = results[s.slot]
             if isinstance(x, torch.Tensor):
-                outputs.append(owned(x))
+                outputs.append(owned(x).contiguous() if s.how == "adopt" else owned(x))
             else:
                 kind = _kind_of(x)
                 self.scalar_kinds[s.slot] = kind

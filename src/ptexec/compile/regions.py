@@ -12,7 +12,7 @@ value anyone can observe after it: values read by an instruction outside the reg
 any chain), the method's inputs and outputs, state (a value read in the region before the
 region writes it: it carries over from the last call), and values in a buffer shared by
 the program's methods. Values only the region reads stay inside it and are never written.
-Each observable value is written back in one of four ways (:class:`Store`):
+Each observable value is written back in one of five ways (:class:`Store`):
 
 - ``"inplace"``: the compiled code writes the value's memory itself (a static-shaped value
   whose tensor the method owns for its whole life and whose memory overlaps no other
@@ -21,6 +21,8 @@ Each observable value is written back in one of four ways (:class:`Store`):
   tensor (resized first when its shape is dynamic), as an ``out=`` kernel would;
 - ``"replace"``: the table's slot takes the returned object (scalars, and the results of
   ops that return new tensors), as the interpreter's statement assigns it;
+- ``"adopt"``: the same for a method output of dynamic shape that nothing but the caller
+  reads (no copy into planned memory the caller would get a copy of anyway);
 - ``"statement"``: the interpreter's own statement runs after the compiled code, for moves
   and ``et_view`` (their result shares the source's object or memory).
 """
@@ -89,7 +91,7 @@ class Region:
 
     @property
     def outputs(self) -> list[int]:
-        return [s.slot for s in self.stores if s.how in ("copy", "replace")]
+        return [s.slot for s in self.stores if s.how in ("copy", "replace", "adopt")]
 
     @property
     def inplace(self) -> list[int]:
@@ -221,8 +223,23 @@ class _Planner:
         self.unplanned_outputs = {
             o.slot for o in state.outputs if o.kind == "tensor" and not o.planned
         }
-        # every slot an instruction gives a new object (moves, views, scalars, returns)
+        # every slot a statement gives a new object (moves, views, scalars, returns; the
+        # statements as loaded and as rewritten to run), and whose memory that object may be
         self.replaced: set[int] = set()
+        self.sources: dict[int, set[int]] = {}
+        plan = self.plan
+        for c, ch in enumerate(state.chains):
+            for i, ins in enumerate(ch.instructions):
+                for st in (ch.loaded[i], ch.statements[i]):
+                    mutates = set(st.mutates) if st.mutates is not None else set()
+                    for j in set(st.writes) - mutates:
+                        self.replaced.add(j)
+                        if isinstance(ins, p.MoveCall):
+                            from_ = {ins.move_from}
+                        else:
+                            refs = st.reads if st.reads is not None else p.instruction_values(ins)
+                            from_ = set(p.tensor_indices(plan.values, tuple(refs)))
+                        self.sources.setdefault(j, set()).update(from_ - {j})
         for chain in self.effects.replaces:
             for x in chain:
                 self.replaced.update(x)
@@ -450,29 +467,44 @@ class _Planner:
             return -1
         return None
 
+    def _memory(self, j: int) -> list[tuple[tuple[int, int, int], int]]:
+        """Every memory value ``j``'s object may be, with its size: its tensor at load and,
+        for a slot statements give new objects, what those may view (transitively)."""
+        out: list[tuple[tuple[int, int, int], int]] = []
+        todo, seen = [j], set()
+        while todo:
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            fp = _footprint(self.state.values[k])
+            value = self.plan.values[k]
+            if fp is not None and isinstance(value, p.Tensor):
+                out.append((fp, value.nbytes))
+            if k in self.replaced:
+                todo.extend(self.sources.get(k, ()))
+        return out
+
     def _inplace(self, region: Region, stores: list[Store]) -> list[Store]:
-        """``copy`` stores whose tensor the compiled code may write itself (module docstring)."""
+        """``copy`` stores whose tensor the compiled code may write itself, and dynamic
+        outputs whose slot may take the compiled code's result (module docstring)."""
         values = self.state.values
-        footprints: list[tuple[int, tuple[int, int, int] | None, int]] = []
-        for j in dict.fromkeys([*region.inputs, *(s.slot for s in stores)]):
-            value = self.plan.values[j]
-            nbytes = value.nbytes if isinstance(value, p.Tensor) else 0
-            footprints.append((j, _footprint(values[j]), nbytes))
-        unknown = any(
-            (j in self.replaced or j in self.unplanned_outputs) and fp is not None
-            for j, fp, _ in footprints
-        )
+        others = {
+            j: self._memory(j) for j in dict.fromkeys([*region.inputs, *(s.slot for s in stores)])
+        }
         out: list[Store] = []
         for s in stores:
             j = s.slot
             value = self.plan.values[j]
             fp = _footprint(values[j])
+            if self._adoptable(s, region):
+                out.append(Store(j, "adopt", s.instruction))
+                continue
             ok = (
                 s.how == "copy"
                 and isinstance(value, p.Tensor)
                 and value.shape_dynamism == p.STATIC
                 and fp is not None
-                and not unknown
                 and j not in self.replaced
                 and j not in self.unplanned_inputs
                 and j not in self.unplanned_outputs
@@ -480,12 +512,42 @@ class _Planner:
             )
             if ok:
                 assert isinstance(value, p.Tensor) and fp is not None
-                for k, other, nbytes in footprints:
-                    if k != j and other is not None and _overlap(fp, other, value.nbytes, nbytes):
-                        ok = False
-                        break
+                ok = not any(
+                    _overlap(fp, other, value.nbytes, nbytes)
+                    for k, memory in others.items()
+                    if k != j
+                    for other, nbytes in memory
+                )
             out.append(Store(j, "inplace", s.instruction) if ok else s)
         return out
+
+    def _adoptable(self, s: Store, region: Region) -> bool:
+        """A method output of dynamic shape that only the caller reads: its slot may take
+        the compiled code's result instead of a copy of it (the output is then a tensor of
+        its own, as a copy of the planned view would be)."""
+        j = s.slot
+        value = self.plan.values[j]
+        return (
+            s.how == "copy"
+            and isinstance(value, p.Tensor)
+            and value.shape_dynamism != p.STATIC
+            and value.allocation_info is not None
+            and value.allocation_info.memory_id not in self.shared_buffers
+            and value.dim_order == tuple(range(len(value.dim_order)))
+            and j in self.outputs
+            and j not in self.inputs
+            and j not in self.replaced
+            and all(
+                rc == region.chain and region.first <= ri <= region.last
+                for rc, ri in self.readers.get(j, ())
+            )
+            and not any(
+                self.ranges[a][0] == self.ranges[j][0]
+                and self.ranges[a][1] < self.ranges[j][2]
+                and self.ranges[j][1] < self.ranges[a][2]
+                for a in self.unwritten
+            )
+        )
 
 
 def plan_regions(

@@ -479,7 +479,7 @@ def _region_call(state: MethodState, compiled: _Compiled, k: int) -> Callable[[l
                 grow = value.shape_dynamism == p.DYNAMIC_UNBOUND
                 add(f"    _store(v[{j}], r[{n_out}], {order}, {grow})", s.instruction)
             n_out += 1
-        elif s.how == "replace":
+        elif s.how in ("replace", "adopt"):
             if isinstance(value, p.Tensor):
                 add(f"    v[{j}] = r[{n_out}]", s.instruction)
             else:
