@@ -228,7 +228,7 @@ class _Planner:
         self.replaced: set[int] = set()
         self.sources: dict[int, set[int]] = {}
         plan = self.plan
-        for c, ch in enumerate(state.chains):
+        for ch in state.chains:
             for i, ins in enumerate(ch.instructions):
                 for st in (ch.loaded[i], ch.statements[i]):
                     mutates = set(st.mutates) if st.mutates is not None else set()
