@@ -116,6 +116,11 @@ def save_models(
             if len(library) != 1:
                 raise RuntimeError(f"AOTInductor made {len(library)} libraries for {name}")
             shutil.copyfile(library[0], directory / f"{name}.so")
+            # the calls of ops without a C shim, run through the proxy executor: the
+            # runner reads them from the JSON file beside the library
+            calls = library[0][: -len(".so")] + ".json"
+            if os.path.isfile(calls):
+                shutil.copyfile(calls, directory / f"{name}.json")
             out[name] = f"{name}.so"
         else:
             packaged[name] = produced
