@@ -336,7 +336,7 @@ def allocations_per_call(case: Case, calls: int = 500) -> dict[str, Any]:
     growth = python_growth(calls + calls // 5) - python_growth(calls // 5)
     method.execute(inputs)
     fresh = sum(1 for i, ptr in storages().items() if first.get(i, ptr) != ptr)
-    planned = {b.data.untyped_storage().data_ptr() for b in method._buffers}
+    planned = {b.data.untyped_storage().data_ptr() for b in method.state.buffers}
     outputs = method.execute(inputs)
     outside = sum(
         1

@@ -389,3 +389,34 @@ def test_cuda_program_compiled_for_its_gpu(name: str) -> None:
     for m in compiled.values():
         assert m.compile_report is not None and m.compile_report.device.startswith("cuda")
     replay_both(name, interpreted, compiled)
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+
+def test_cli_compile_inspect_and_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from ptexec.cli import main
+
+    pte = str(fixture_paths("mlp")[0])
+    assert main(["compile", pte]) == 0
+    out = capsys.readouterr().out
+    assert "method 'forward'" in out and "compiled 5 of 5 instructions" in out
+    assert main(["inspect", pte, "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan" in out and "(from the cache)" in out
+    assert main(["run", pte, "--compile", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled 5 of 5 instructions" in out and "latency" in out
+
+
+def test_cli_compile_without_a_compiler_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptexec.cli import main
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "ptexec-no-such-compiler")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompileWarning)
+        assert main(["compile", str(fixture_paths("mlp")[0])]) == 1
+    assert "C++ compiler" in capsys.readouterr().out
