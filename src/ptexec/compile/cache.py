@@ -86,7 +86,7 @@ def cache_key(
 
     from .. import __version__
 
-    h = hashlib.blake2b(digest_size=20)
+    h = hashlib.sha256()
     for blob in blobs:
         h.update(len(blob).to_bytes(8, "little"))
         h.update(blob)
