@@ -17,8 +17,9 @@ in the interpreter (moves, views). A failure inside the compiled code is an
 :class:`~ptexec.errors.ExecutionError` naming the region's instruction range.
 
 Anything that goes wrong while compiling never fails the load: a region that cannot be
-traced runs interpreted (its reason in the report), and without a C++ compiler, or when
-compiling fails, the whole method runs interpreted with one warning.
+traced runs interpreted (its reason in the report); without a C++ compiler the whole
+method runs interpreted, and a region whose compile fails runs interpreted, with one
+:class:`~.report.CompileWarning` and nothing cached (the next load tries again).
 """
 
 from __future__ import annotations
@@ -270,6 +271,11 @@ class _Builder:
             progress.done("failed")
             return
         self.compile_seconds = time.perf_counter() - start
+        if any(f.reason.startswith(_COMPILE_FAILED) for f in self.failed):
+            # not kept: the next load tries again (the failure may be this machine's)
+            if entry is not None and staging is not None:
+                entry.discard(staging)
+            staging = None
         if entry is not None and staging is not None:
             manifest = {
                 "method": self.state.name,
