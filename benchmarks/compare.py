@@ -3,6 +3,16 @@
     python benchmarks/compare.py                 # everything, 1 and 2 threads
     python benchmarks/compare.py --quick         # fewer repetitions
     python benchmarks/compare.py --models mlp cnn --threads 1 --json out.json
+    python benchmarks/compare.py --threads 1 --xnnpack   # + the XNNPACK-lowered programs
+    python benchmarks/compare.py --no-compile    # without the compiled tier
+
+The compiled tier (``load_method(..., compile=True)``) gets its own columns: every program
+is compiled once into a fresh cache (and, unless ``--warm-inductor-cache``, with a fresh
+inductor cache: the compile time is what a first compile costs), its compile time is
+recorded, loading it again from the cache is timed against the interpreter's load, and
+its calls are interleaved with the others. With ``--xnnpack`` each model is also lowered
+with ``XnnpackPartitioner``: ExecuTorch+XNNPACK runs that file, and so does ptexec
+compiled (the delegate's graph traced with its neighbours).
 
 Every model is exported here with ExecuTorch's exporter (the test fixtures' builders plus
 a larger transformer stack and a MobileNet-like CNN), and the same ``.pte`` bytes are run
@@ -51,6 +61,13 @@ class Case:
     method: str = "forward"
     note: str = ""
     runners: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    exported: Any = None  # what was exported (for the XNNPACK lowering)
+    xnn_pte: bytes | None = None
+    compiled: dict[str, Any] = field(default_factory=dict)  # compile and load figures
+
+
+COMPILE = True  # set by --no-compile
+XNNPACK = False  # set by --xnnpack
 
 
 def _export(module: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any = None) -> bytes:
@@ -71,7 +88,9 @@ def _fixture_case(name: str, call_index: int = 0) -> Case:
     data = bytes(mf.to_executorch(built, False).buffer)
     method, args = built.calls[call_index]
     inputs = mf.flatten_values(list(args))
-    return Case(name, data, lambda: built.eager(method, args), inputs, method)
+    case = Case(name, data, lambda: built.eager(method, args), inputs, method)
+    case.exported = built.exported
+    return case
 
 
 def _module_case(
@@ -80,7 +99,23 @@ def _module_case(
     module = module.eval()
     with torch.no_grad():
         data = _export(module, inputs)
-    return Case(name, data, lambda: module(*inputs), list(inputs), note=note)
+        exported = torch.export.export(module, inputs) if XNNPACK else None
+    case = Case(name, data, lambda: module(*inputs), list(inputs), note=note)
+    case.exported = exported
+    return case
+
+
+def _lower_xnnpack(case: Case) -> bytes | None:
+    """The case's program lowered with ``XnnpackPartitioner`` (None when that fails)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    try:
+        edge = to_edge_transform_and_lower(case.exported, partitioner=[XnnpackPartitioner()])
+        return bytes(edge.to_executorch().buffer)
+    except Exception as e:  # a model the partitioner or exporter refuses: no column
+        print(f"{case.name}: XNNPACK lowering failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
 
 
 def build_cases(names: list[str]) -> list[Case]:
@@ -128,6 +163,17 @@ def _runners(case: Case) -> dict[str, Callable[[], Any]]:
             return case.eager()
 
     runners["eager"] = eager
+    if COMPILE:
+        compiled = ptexec.load(case.pte).load_method(case.method, compile=True)
+        runners["ptexec compiled"] = lambda: compiled.execute(inputs)
+    if XNNPACK and case.xnn_pte is not None:
+        from executorch.runtime import Runtime
+
+        xnn = Runtime.get().load_program(case.xnn_pte).load_method(case.method)
+        runners["executorch+xnnpack"] = lambda: xnn.execute(inputs)
+        if COMPILE:
+            xc = ptexec.load(case.xnn_pte).load_method(case.method, compile=True)
+            runners["ptexec compiled (xnnpack .pte)"] = lambda: xc.execute(inputs)
     return runners
 
 
@@ -160,6 +206,74 @@ def measure(case: Case, blocks: int, block_seconds: float) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+# ---- the compiled tier: compile time, load from the cache, agreement ------------------------------
+
+
+def _median_seconds(fn: Callable[[], Any], n: int = 5) -> float:
+    times = []
+    for _ in range(n):
+        gc.collect()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def compile_figures(case: Case, data: bytes, label: str) -> dict[str, Any]:
+    """Compile ``data`` (into the benchmark's fresh cache), then: the compile time, the
+    load time from the cache against the interpreter's, what the report says, and whether
+    the outputs agree with the interpreter's."""
+    t = time.perf_counter()
+    compiled = ptexec.load(data).load_method(case.method, compile=True)
+    first_load = time.perf_counter() - t
+    report = compiled.compile_report
+    assert report is not None
+    hit = _median_seconds(
+        lambda: ptexec.load(data).load_method(case.method, compile=True).compile_report
+    )
+    plain = _median_seconds(lambda: ptexec.load(data).load_method(case.method))
+    again = ptexec.load(data).load_method(case.method, compile=True).compile_report
+    want = ptexec.load(data).load_method(case.method).execute(case.inputs)
+    got = compiled.execute(case.inputs)
+    agree = all(
+        not isinstance(a, torch.Tensor)
+        or (
+            torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4)
+            if a.is_floating_point()
+            else torch.equal(a, b)
+        )
+        for a, b in zip(got, want, strict=True)
+    )
+    return {
+        "program": label,
+        "compile_s": report.compile_seconds,
+        "first_load_s": first_load,
+        "cache_hit": bool(again is not None and again.cache_hit),
+        "cache_hit_load_s": hit,
+        "interpreter_load_s": plain,
+        "load_ratio": hit / plain if plain else float("nan"),
+        "compiled_instructions": report.compiled_instructions,
+        "total_instructions": report.total_instructions,
+        "regions": len(report.regions),
+        "fallbacks": [list(f) for f in report.fallbacks],
+        "outputs_agree": agree,
+    }
+
+
+def prepare_compiled(cases: list[Case], progress: Callable[[str], None]) -> None:
+    for case in cases:
+        if XNNPACK and case.exported is not None:
+            progress(f"lowering {case.name} with XnnpackPartitioner ...")
+            case.xnn_pte = _lower_xnnpack(case)
+        if not COMPILE:
+            continue
+        progress(f"compiling {case.name} ...")
+        case.compiled["portable"] = compile_figures(case, case.pte, "portable")
+        if case.xnn_pte is not None:
+            progress(f"compiling {case.name} (XNNPACK-lowered) ...")
+            case.compiled["xnnpack"] = compile_figures(case, case.xnn_pte, "xnnpack")
+
+
 # ---- per-instruction overhead, allocations, load ------------------------------------------------
 
 
@@ -172,8 +286,18 @@ def instruction_overhead(blocks: int) -> dict[str, Any]:
     method = ptexec.load(data).load_method("forward")
     n = method.meta.num_instructions
     case = Case("many_small_ops", data, lambda: module(x), [x])
+    compiled: dict[str, Any] = {}
+    if COMPILE:
+        compiled = compile_figures(case, data, "portable")
     times = measure(case, blocks, 0.2)
-    return {"instructions": n, **{f"{k}_us_per_instruction": v / n * 1e6 for k, v in times.items()}}
+    out: dict[str, Any] = {
+        "instructions": n,
+        **{f"{k}_us_per_instruction": v / n * 1e6 for k, v in times.items()},
+    }
+    if compiled:
+        out["compile_s"] = compiled["compile_s"]
+        out["compiled_instructions"] = compiled["compiled_instructions"]
+    return out
 
 
 def allocations_per_call(case: Case, calls: int = 500) -> dict[str, Any]:
@@ -212,7 +336,7 @@ def allocations_per_call(case: Case, calls: int = 500) -> dict[str, Any]:
     growth = python_growth(calls + calls // 5) - python_growth(calls // 5)
     method.execute(inputs)
     fresh = sum(1 for i, ptr in storages().items() if first.get(i, ptr) != ptr)
-    planned = {b.data.untyped_storage().data_ptr() for b in method._buffers}
+    planned = {b.data.untyped_storage().data_ptr() for b in method.state.buffers}
     outputs = method.execute(inputs)
     outside = sum(
         1
@@ -324,6 +448,50 @@ def table(results: dict[str, dict[str, float]], notes: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _gmean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def compiled_table(results: dict[str, dict[str, float]], cases: list[Case]) -> str:
+    """The compiled tier against ExecuTorch (portable, and XNNPACK where lowered), with the
+    compile time and the cache-hit load time against the interpreter's load."""
+    head = (
+        "| model | ptexec | compiled | ExecuTorch | compiled / ExecuTorch | ExecuTorch+XNNPACK "
+        "| compiled (XNNPACK .pte) | compiled / ET+XNNPACK | compile | cache-hit load / "
+        "interpreter load |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    portable, xnn, loads = [], [], []
+    by_name = {c.name: c for c in cases}
+    for name, r in results.items():
+        pt, comp, et = r.get("ptexec"), r.get("ptexec compiled"), r.get("executorch.runtime")
+        ex, xc = r.get("executorch+xnnpack"), r.get("ptexec compiled (xnnpack .pte)")
+        if comp and et:
+            portable.append(comp / et)
+        if xc and ex:
+            xnn.append(xc / ex)
+        fig = by_name[name].compiled.get("portable", {})
+        compile_s = f"{fig['compile_s']:.1f} s" if fig else "-"
+        load = "-"
+        if fig:
+            loads.append(fig["load_ratio"])
+            load = (
+                f"{_fmt(fig['cache_hit_load_s'])} / {_fmt(fig['interpreter_load_s'])} = "
+                f"{fig['load_ratio']:.2f}"
+            )
+            if not fig["outputs_agree"]:
+                compile_s += " (outputs DIFFER)"
+        lines.append(
+            f"| {name} | {_fmt(pt)} | {_fmt(comp)} | {_fmt(et)} | {_ratio(comp, et)} | {_fmt(ex)} "
+            f"| {_fmt(xc)} | {_ratio(xc, ex)} | {compile_s} | {load} |"
+        )
+    lines.append(
+        f"| geometric mean | | | | {_gmean(portable):.2f} | | | "
+        f"{_gmean(xnn):.2f} | | {_gmean(loads):.2f} |"
+    )
+    return "\n".join(lines)
+
+
 ALL_MODELS = [
     "mlp",
     "cnn",
@@ -348,7 +516,22 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="3 blocks of 0.1 s")
     parser.add_argument("--skip-extras", action="store_true", help="only the model table")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results.json"))
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled tier")
+    parser.add_argument(
+        "--xnnpack", action="store_true", help="also lower each model with XnnpackPartitioner"
+    )
+    parser.add_argument(
+        "--warm-inductor-cache",
+        action="store_true",
+        help="keep torch's inductor cache (compile times then reuse earlier compiles)",
+    )
     args = parser.parse_args()
+    global COMPILE, XNNPACK
+    COMPILE, XNNPACK = not args.no_compile, args.xnnpack
+    scratch = Path(tempfile.mkdtemp(prefix="ptexec-bench-compile-"))
+    os.environ["PTEXEC_CACHE_DIR"] = str(scratch / "ptexec")  # every compile is a first one
+    if not args.warm_inductor_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
     if args.quick:
         args.blocks, args.block_seconds = 3, 0.1
     cache = Path(os.environ.get("PTEXEC_BENCH_CACHE", Path(tempfile.gettempdir()) / "ptexec-bench"))
@@ -359,6 +542,8 @@ def main() -> int:
 
     progress(f"exporting {len(args.models)} models with ExecuTorch ...")
     cases = build_cases(args.models)
+    torch.set_num_threads(1)
+    prepare_compiled(cases, progress)
     report: dict[str, Any] = {
         "torch": torch.__version__,
         "ptexec": ptexec.__version__,
@@ -376,6 +561,10 @@ def main() -> int:
         report["threads"][str(threads)] = results
         print(f"\n### {threads} thread(s)\n")
         print(table(results, notes))
+        if COMPILE or XNNPACK:
+            print(f"\n### the compiled tier, {threads} thread(s)\n")
+            print(compiled_table(results, cases))
+    report["compiled"] = {c.name: c.compiled for c in cases}
     torch.set_num_threads(1)
     if not args.skip_extras:
         progress("per-instruction overhead (1000 small ops) ...")

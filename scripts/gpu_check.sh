@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: run the tests marked `cuda` and the GPU benchmark, and
+# On a machine with an NVIDIA GPU: run the tests marked `cuda`, the GPU benchmark and the
+# compiled tier on CUDA (compiled vs eager CUDA vs the interpreter with CUDA graphs), and
 # write everything under $OUT (default ./gpu-results). Uses the machine's own PyTorch and
 # pytest (ptexec from this checkout via PYTHONPATH); installs nothing that needs a network.
 set -uo pipefail
@@ -20,5 +21,8 @@ PY
 tests_rc=${PIPESTATUS[0]}
 "$PY" benchmarks/gpu_bench.py --json "$OUT/gpu-bench.json" ${PTEXEC_GPU_MODELS:+--extra "$PTEXEC_GPU_MODELS"} 2>&1 | tee "$OUT/gpu-bench.txt"
 bench_rc=${PIPESTATUS[0]}
-echo "cuda tests rc=$tests_rc, benchmark rc=$bench_rc" | tee "$OUT/summary.txt"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+# the compiled tier: a cache of its own, so every figure includes a first compile
+PTEXEC_CACHE_DIR="$OUT/compile-cache" "$PY" benchmarks/gpu_compiled.py --json "$OUT/gpu-compiled.json" 2>&1 | tee "$OUT/gpu-compiled.txt"
+compiled_rc=${PIPESTATUS[0]}
+echo "cuda tests rc=$tests_rc, benchmark rc=$bench_rc, compiled rc=$compiled_rc" | tee "$OUT/summary.txt"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$compiled_rc" -eq 0 ]

@@ -1,5 +1,6 @@
 """The ``ptexec`` command: ``inspect`` a program, ``run`` a method, ``trace``/``profile`` a
-call, show a method's memory ``plan``, ``generate`` text with an exported LLM."""
+call, show a method's memory ``plan``, ``generate`` text with an exported LLM, ``compile``
+its methods (fill the cache)."""
 
 from __future__ import annotations
 
@@ -162,6 +163,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 print(f"    {d['id']}" + (f" ({specs})" if specs else ""))
                 for node, n in sorted(d.get("nodes", {}).items(), key=lambda kv: -kv[1]):
                     print(f"      {n:5d}  {node}")
+        if args.compile:
+            _print_compiled(prog, name, device_map)
     return 0
 
 
@@ -331,7 +334,9 @@ def _method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, l
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    method, inputs = _method_and_inputs(args)
+    method, inputs = _method_and_inputs(args, **_compile_option(args))
+    if method.compile_report is not None:
+        print("  " + method.compile_report.summary().replace("\n", "\n  "))
     outputs = method.execute(inputs)
     cuda = torch.cuda.is_available()
     for _ in range(min(args.repeat, 5)):  # warm-up calls, not timed
@@ -357,6 +362,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         torch.save(outputs, args.output)
         print(f"  outputs saved to {args.output}")
     return 0
+
+
+# ---- compile -----------------------------------------------------------------------------
+
+
+def _compile_option(args: argparse.Namespace) -> dict[str, Any]:
+    if not getattr(args, "compile", False):
+        return {}
+    from .compile import CompileOptions
+
+    return {"compile": CompileOptions(progress=None)}
+
+
+def _print_compiled(prog: Any, name: str, device_map: Any) -> Any:
+    """Load method ``name`` compiled (from the cache, or compiling it) and print the report."""
+    from .compile import CompileOptions
+
+    method = prog.load_method(name, device_map=device_map, compile=CompileOptions(progress=None))
+    report = method.compile_report
+    print("  " + report.summary().replace("\n", "\n  "))
+    return report
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile every method (or ``--method``) for ``--device``, filling the cache, so that
+    ``load_method(..., compile=True)`` later compiles nothing."""
+    prog = _load(args)
+    device_map = args.device or _device_map(args)
+    names = [args.method] if args.method else list(prog.method_names)
+    status = 0
+    for name in names:
+        print(f"method '{name}':")
+        report = _print_compiled(prog, name, device_map)
+        if report.warning and not report.compiled_instructions:
+            status = 1
+    return status
 
 
 # ---- trace, profile, plan ----------------------------------------------------------------
@@ -583,6 +624,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_inspect.add_argument(
         "--values", action="store_true", help="list every tensor with its device and memory"
     )
+    p_inspect.add_argument(
+        "--compile",
+        action="store_true",
+        help="also compile each method (or read it from the cache) and show what runs compiled",
+    )
     p_inspect.set_defaults(func=cmd_inspect)
 
     p_run = sub.add_parser(
@@ -597,7 +643,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p_run.add_argument("--output", help="save the outputs (torch.save) to this file")
+    p_run.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the compiled tier (compile=True); show its report",
+    )
     p_run.set_defaults(func=cmd_run)
+
+    p_compile = sub.add_parser(
+        "compile",
+        help="compile methods with AOTInductor into the cache (PTEXEC_CACHE_DIR); show the report",
+    )
+    common(p_compile)
+    p_compile.add_argument(
+        "--device", help="compile for this device (as --device-map: 'cpu', 'cuda:0', ...)"
+    )
+    p_compile.set_defaults(func=cmd_compile)
 
     def inputs(p: argparse.ArgumentParser) -> None:
         p.add_argument(

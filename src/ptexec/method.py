@@ -38,6 +38,7 @@ from .loader import (
 )
 
 if TYPE_CHECKING:
+    from .compile import CompileOptions, CompileReport
     from .profile import Profile
     from .program import Program
     from .trace import Trace
@@ -65,9 +66,11 @@ class Method:
     where :mod:`ptexec.engine.dataflow` proves it safe), ``fast_path`` (default True: the
     common call runs as one generated function; False sends every call through the
     general path, which computes the same), ``cuda_graph`` (capture a static CUDA
-    method once and replay it) and ``xnnpack`` (``"auto"``, ``"torch"`` or
+    method once and replay it), ``xnnpack`` (``"auto"``, ``"torch"`` or
     ``"executorch"``: which runner runs XNNPACK payloads, see
-    :mod:`ptexec.delegates.xnnpack.backend`).
+    :mod:`ptexec.delegates.xnnpack.backend`) and ``compile`` (True, or a
+    :class:`ptexec.compile.CompileOptions`: run the method's straight-line regions as
+    AOTInductor-compiled code, cached on disk; see :attr:`compile_report`).
 
     Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
     refuses, before allocating anything, a plan whose buffers (shared state included) add up
@@ -100,6 +103,7 @@ class Method:
         fast_path: bool = True,
         cuda_graph: bool = False,
         xnnpack: str = "auto",
+        compile: bool | CompileOptions = False,
     ) -> None:
         if xnnpack not in ("auto", "torch", "executorch"):
             raise ValueError(f"xnnpack must be 'auto', 'torch' or 'executorch', not {xnnpack!r}")
@@ -121,6 +125,12 @@ class Method:
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
         runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+        self._compile_report: CompileReport | None = None
+        if compile:
+            from .compile import compiled_runner
+
+            runner = compiled = compiled_runner(state, program, compile, cuda_graph)
+            self._compile_report = compiled.report
         self._runner = runner
         self._fast: Callable[[Sequence[Any]], Any] | None = None
         if fast_path and self._policy == _DEFAULT_POLICY:
@@ -142,6 +152,11 @@ class Method:
         """The loaded state (values table, buffers, specs, prepared chains), for tools;
         read it, do not modify it."""
         return self._state
+
+    @property
+    def compile_report(self) -> CompileReport | None:
+        """What runs compiled (``load_method(..., compile=True)``); None otherwise."""
+        return self._compile_report
 
     @property
     def last_call(self) -> CallRecord:

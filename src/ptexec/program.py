@@ -148,7 +148,7 @@ class Program:
         """Load method ``name``: allocate its planned buffers on their devices and prepare
         its instructions. Options: ``device_map``, ``transfers``, ``layout``, ``outputs``,
         ``max_planned_bytes``, ``max_instructions``, ``optimize``, ``fast_path``,
-        ``cuda_graph`` (see :class:`Method`). Each call
+        ``cuda_graph``, ``compile`` (see :class:`Method`). Each call
         returns a new Method with its own planned memory (state shared between methods
         stays shared). A program loaded with ``mmap=True`` whose file changed on disk is
         refused with :class:`~ptexec.errors.ProgramChangedError`."""

@@ -1,0 +1,148 @@
+"""AOTInductor: exported region graphs to one package of compiled models, and back.
+
+Each region becomes one model (``r0``, ``r1``, ...), compiled for the region's device: on
+the CPU a shared library, loaded in place from the cache; on CUDA a model of the method's
+package. A loaded model is called with a flat list of tensors and returns a flat list
+(the runner's ``run``, which skips the pytree wrapping of ``torch._inductor``'s Python
+wrapper).
+
+:func:`find_compiler` looks for the C++ compiler AOTInductor will use (``CXX``, else
+``g++``; ``clang++`` on macOS); without one nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["compile_models", "find_compiler", "inductor_options", "load_model", "save_models"]
+
+
+def find_compiler() -> str | None:
+    """The path of the C++ compiler AOTInductor would run, or None when there is none."""
+    name = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    return shutil.which(name)
+
+
+def inductor_options(device: torch.device, autotune: bool) -> dict[str, Any]:
+    """What AOTInductor is asked for. The method's constants are frozen into the code (the
+    compiler folds work on them and packs weights for its kernels); on the CPU, with
+    ``autotune``, each matrix product is timed as a generated C++ kernel against ATen's,
+    and the faster kept (a generated kernel for small products costs a fraction of a
+    library call's fixed overhead)."""
+    options: dict[str, Any] = {
+        "aot_inductor.package": True,
+        "freezing": True,
+        "autotune_num_choices_displayed": 0,
+    }
+    if autotune and device.type == "cpu":
+        options["max_autotune"] = True
+        options["max_autotune_gemm_backends"] = "CPP,ATEN"
+    return options
+
+
+def compile_models(
+    exported: Mapping[str, Any], device: torch.device, autotune: bool = True
+) -> dict[str, list[Any]]:
+    """AOTInductor's output files of every exported graph, by model name."""
+    from torch._inductor import aot_compile
+    from torch.fx.experimental import _config
+
+    shape_config: Any = _config  # its patch() is made at import
+
+    files: dict[str, list[Any]] = {}
+    for name, ep in exported.items():
+        args, kwargs = ep.example_inputs
+        # sizes are reasoned about as the graph was traced: a dynamic size may be 1
+        with _quiet(), shape_config.patch(backed_size_oblivious=True):
+            out = aot_compile(
+                ep.module(check_guards=False),
+                args,
+                kwargs,
+                options=inductor_options(device, autotune),
+            )
+        assert isinstance(out, list)
+        files[name] = out
+    return files
+
+
+class _Filtered:
+    """stderr without the autotuner's statistics (it writes them unconditionally)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Autotune Choices Stats:"):
+            return len(text)
+        return int(self.stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Compiling without torch's notes for its own developers (deprecation warnings from
+    inside the compiler, autotuning statistics)."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(_Filtered(sys.stderr)):
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def save_models(
+    files: Mapping[str, list[Any]], devices: Mapping[str, torch.device], directory: Path
+) -> dict[str, str]:
+    """Keep compiled models in ``directory``; model name -> its file there. A CPU model is
+    its shared library alone (loaded in place, no unpacking); CUDA models go into one
+    package (their kernels' binaries travel with them)."""
+    from torch._inductor.package import package_aoti  # type: ignore[attr-defined]
+
+    out: dict[str, str] = {}
+    packaged: dict[str, list[Any]] = {}
+    for name, produced in files.items():
+        if devices[name].type == "cpu":
+            library = [f for f in produced if isinstance(f, str) and f.endswith(".so")]
+            if len(library) != 1:
+                raise RuntimeError(f"AOTInductor made {len(library)} libraries for {name}")
+            shutil.copyfile(library[0], directory / f"{name}.so")
+            # the calls of ops without a C shim, run through the proxy executor: the
+            # runner reads them from the JSON file beside the library
+            calls = library[0][: -len(".so")] + ".json"
+            if os.path.isfile(calls):
+                shutil.copyfile(calls, directory / f"{name}.json")
+            out[name] = f"{name}.so"
+        else:
+            packaged[name] = produced
+    if packaged:
+        package_aoti(str(directory / PACKAGE), packaged)
+        out.update({name: PACKAGE for name in packaged})
+    return out
+
+
+PACKAGE = "package.pt2"
+
+
+def load_model(
+    path: Path, name: str, device: torch.device
+) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """Model ``name`` (a CPU model's library, or a model of a package) as a function of a
+    flat list of tensors."""
+    if path.suffix == ".so":
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+        cpu_run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = runner.run
+        return cpu_run
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), name, True, 1, index)
+    run: Callable[[list[torch.Tensor]], list[torch.Tensor]] = loader.run
+    return run

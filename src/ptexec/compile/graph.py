@@ -1,0 +1,352 @@
+"""One region as an exported torch graph, and the checks its compiled code needs.
+
+:func:`export_region` traces a region's instructions through their functional forms
+(:class:`~.functional.Rebuild`) with ``torch.export``. The graph takes the region's
+:attr:`~.regions.Region.graph_inputs` (tensors as the values table holds them, in the
+program's dim order, at their upper bounds for a dynamic shape; scalars as 0-d tensors),
+writes its ``inplace`` values into their input tensors and returns its ``copy`` and
+``replace`` values (scalars as 0-d tensors). The method's constants are buffers of the
+traced module, so that the compiled code embeds them.
+
+A dynamic dimension is traced as an automatic dimension bounded by the program
+(``Dim.AUTO(min=0, max=bound)``): ``torch.export`` keeps it symbolic where it can and
+specializes it where the computation requires a size. The compiled code is then valid only
+for the sizes the exported graph allows; :class:`Guard` says which (a dimension fixed to
+a value, a range, dimensions that must be equal, a size computed from others), and a call
+outside them runs the region interpreted (it gets the interpreter's result or error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..dtypes import CODE_TO_DTYPE
+from ..format import program as p
+from ..tensor import dim_order_strides
+from .functional import Env, Rebuild
+
+if TYPE_CHECKING:
+    from .regions import Region
+
+__all__ = ["Guard", "export_region", "scalar_kind"]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A check on the sizes of a region's graph inputs (module docstring): ``kind`` is
+    ``"eq"`` (input ``k`` dim ``d`` equals ``value``), ``"range"`` (``lo <= size <= hi``,
+    ``hi`` -1 for no upper bound), ``"same"`` (equals input ``k2`` dim ``d2``) or
+    ``"expr"`` (equals ``expr``, a Python expression over other inputs' sizes written
+    ``x{k}.shape[{d}]``)."""
+
+    kind: str
+    k: int
+    d: int
+    value: int = 0
+    lo: int = 0
+    hi: int = -1
+    k2: int = 0
+    d2: int = 0
+    expr: str = ""
+
+    def code(self) -> str:
+        size = f"x{self.k}.shape[{self.d}]"
+        if self.kind == "eq":
+            return f"{size} == {self.value}"
+        if self.kind == "range":
+            return f"{self.lo} <= {size}" + (f" <= {self.hi}" if self.hi >= 0 else "")
+        if self.kind == "same":
+            return f"{size} == x{self.k2}.shape[{self.d2}]"
+        return f"{size} == ({self.expr})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "k": self.k,
+            "d": self.d,
+            "value": self.value,
+            "lo": self.lo,
+            "hi": self.hi,
+            "k2": self.k2,
+            "d2": self.d2,
+            "expr": self.expr,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Guard:
+        return Guard(**data)
+
+
+def scalar_kind(value: p.EValue) -> str:
+    """How a scalar value enters a graph as a 0-d tensor: int, float, bool (by its type in
+    the program; a value computed at run time may differ, see :func:`export_region`)."""
+    if isinstance(value, p.Bool):
+        return "bool"
+    if isinstance(value, p.Double):
+        return "float"
+    return "int"
+
+
+_SCALAR_DTYPES = {"int": torch.int64, "float": torch.float64, "bool": torch.bool}
+
+
+class _RegionModule(torch.nn.Module):
+    def __init__(
+        self,
+        rebuild: Rebuild,
+        region: Region,
+        constants: dict[int, torch.Tensor],
+        scalar_kinds: dict[int, str],
+    ) -> None:
+        super().__init__()
+        self.rebuild = rebuild
+        self.region = region
+        self.constant_slots = sorted(constants)
+        for j, t in constants.items():
+            self.register_buffer(f"c{j}", t)
+        self.literals = rebuild.state.values
+        # slot -> the Python kind a traced scalar had (a dict of the caller's: tracing
+        # does not keep what the module itself records)
+        self.scalar_kinds = scalar_kinds
+
+    def _read(self, j: int) -> Any:
+        if j in self.constant_slots:
+            return getattr(self, f"c{j}")
+        return self.literals[j]
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        region = self.region
+        plan = self.rebuild.plan
+        env = Env(self._read)
+        slots = region.graph_inputs
+        placeholder: dict[int, torch.Tensor] = {}
+        scalars = set(region.scalar_inputs)
+        for j, x in zip(slots, xs, strict=True):
+            if j in scalars:
+                kind = scalar_kind(plan.values[j])
+                env[j] = x.item() if kind != "bool" else bool(x.item())
+            else:
+                env[j] = x
+                placeholder[j] = x
+        inplace = set(region.inplace)
+        env.frozen = {id(t) for j, t in placeholder.items() if j not in inplace}
+        aliases: dict[int, list[tuple[int, int]]] = {}
+        for i, j, k in region.aliases:
+            aliases.setdefault(i, []).append((j, k))
+        for i in range(region.first, region.last + 1):
+            for j, k in aliases.get(i, ()):
+                value = plan.values[j]
+                assert isinstance(value, p.Tensor)
+                env[j] = env[k].reshape(value.sizes)
+            self.rebuild.step(env, region.chain, i)
+        results: dict[int, Any] = {}
+        for s in region.stores:
+            if s.how in ("inplace", "copy", "replace", "adopt"):
+                results[s.slot] = env[s.slot]
+        originals = {id(t) for t in placeholder.values()}
+
+        def owned(t: Any) -> Any:
+            if isinstance(t, torch.Tensor) and (id(t) in originals or t._is_view()):
+                return t.clone()
+            return t
+
+        sources = {j: owned(results[j]) for j in inplace if results[j] is not placeholder.get(j)}
+        for j, src in sources.items():
+            target = placeholder[j]
+            if src.shape != target.shape:
+                src = src.reshape(target.shape)
+            target.copy_(src)
+        outputs: list[torch.Tensor] = []
+        for s in region.stores:
+            if s.how not in ("copy", "replace", "adopt"):
+                continue
+            x = results[s.slot]
+            if isinstance(x, torch.Tensor):
+                outputs.append(owned(x).contiguous() if s.how == "adopt" else owned(x))
+            else:
+                kind = _kind_of(x)
+                self.scalar_kinds[s.slot] = kind
+                outputs.append(torch.full((), x, dtype=_SCALAR_DTYPES[kind]))
+        return tuple(outputs)
+
+
+def _kind_of(x: Any) -> str:
+    if isinstance(x, bool | torch.SymBool):
+        return "bool"
+    if isinstance(x, float | torch.SymFloat):
+        return "float"
+    return "int"
+
+
+def _example(state: Any, j: int, device: torch.device) -> torch.Tensor:
+    """A tensor like value ``j`` at its largest (the traced input), in its dim order."""
+    value = state.plan.values[j]
+    assert isinstance(value, p.Tensor)
+    dtype = CODE_TO_DTYPE[value.scalar_type]
+    sizes = tuple(value.sizes)
+    held = state.values[j]
+    if isinstance(held, torch.Tensor) and value.shape_dynamism == p.DYNAMIC_UNBOUND:
+        sizes = tuple(held.shape) if held.numel() else sizes
+    strides = dim_order_strides(sizes, value.dim_order)
+    return torch.empty_strided(sizes, strides, dtype=dtype, device=device).zero_()
+
+
+def _dims(value: p.EValue, example: torch.Tensor) -> dict[int, Any] | None:
+    if not isinstance(value, p.Tensor) or value.shape_dynamism == p.STATIC:
+        return None
+    auto = torch.export.Dim.AUTO
+    dims: dict[int, Any] = {}
+    for d, bound in enumerate(example.shape):
+        if value.shape_dynamism == p.DYNAMIC_BOUND:
+            if bound > 1:
+                dims[d] = auto(min=0, max=int(bound))
+        else:
+            dims[d] = auto(min=0)
+    return dims or None
+
+
+def export_region(
+    rebuild: Rebuild, region: Region, device: torch.device
+) -> tuple[torch.export.ExportedProgram, list[Guard], dict[int, str]]:
+    """The exported graph of ``region``, the guards its compiled code needs, and the
+    Python kind (int, float, bool) of each scalar it returns, by slot."""
+    state = rebuild.state
+    plan = state.plan
+    constants: dict[int, torch.Tensor] = {}
+    for i in range(region.first, region.last + 1):
+        rebuild.prepare(region.chain, i)
+        ins = state.chains[region.chain].instructions[i]
+        for a in p.instruction_values(ins):
+            v = plan.values[a]
+            items = [a]
+            if isinstance(v, p.TensorList | p.OptionalTensorList):
+                items = [k for k in v.items if k >= 0]
+            for k in items:
+                vk = plan.values[k]
+                if isinstance(vk, p.Tensor) and vk.is_constant:
+                    t = state.values[k]
+                    constants[k] = t if t.device == device else t.to(device)
+    kinds: dict[int, str] = {}
+    module = _RegionModule(rebuild, region, constants, kinds)
+    examples: list[torch.Tensor] = []
+    dynamic: list[Any] = []
+    scalars = set(region.scalar_inputs)
+    for j in region.graph_inputs:
+        if j in scalars:
+            kind = scalar_kind(plan.values[j])
+            held = state.values[j]
+            initial = held if isinstance(held, int | float | bool) else 0
+            examples.append(torch.tensor(initial, dtype=_SCALAR_DTYPES[kind], device=device))
+            dynamic.append(None)
+            continue
+        x = _example(state, j, device)
+        examples.append(x)
+        dynamic.append(_dims(plan.values[j], x))
+    from torch.fx.experimental import _config
+
+    shape_config: Any = _config  # its patch() is made at import
+
+    with torch.no_grad(), _quiet(), shape_config.patch(backed_size_oblivious=True):
+        ep = torch.export.export(
+            module,
+            tuple(examples),
+            dynamic_shapes={"xs": tuple(dynamic)} if any(d is not None for d in dynamic) else None,
+            strict=False,
+        )
+    guards = _guards(ep, [plan.values[j] for j in region.graph_inputs], examples)
+    return ep, guards, dict(kinds)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Tracing without torch's logs of its own failures (a region that cannot be traced
+    is reported once, with its reason) and deprecation warnings from inside it."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _guards(
+    ep: torch.export.ExportedProgram, values: Sequence[p.EValue], examples: Sequence[torch.Tensor]
+) -> list[Guard]:
+    import sympy
+
+    sig = ep.graph_signature
+    user = list(sig.user_inputs)
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    ranges = ep.range_constraints
+    guards: list[Guard] = []
+    defined: dict[Any, tuple[int, int]] = {}
+    pending: list[tuple[int, int, Any]] = []
+    for k, (name, value, example) in enumerate(zip(user, values, examples, strict=True)):
+        if not isinstance(value, p.Tensor) or value.shape_dynamism == p.STATIC:
+            continue
+        fake = nodes[name].meta.get("val")
+        if fake is None:
+            continue
+        bound = tuple(example.shape)
+        for d, size in enumerate(fake.shape):
+            expr = size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            if expr.is_number:
+                guards.append(Guard("eq", k, d, value=int(expr)))
+            elif isinstance(expr, sympy.Symbol) and expr not in defined:
+                defined[expr] = (k, d)
+                vr = ranges.get(expr)
+                lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
+                hi = int(vr.upper) if vr is not None and vr.upper.is_finite else -1
+                top = bound[d] if value.shape_dynamism == p.DYNAMIC_BOUND else -1
+                if lo > 0 or (hi >= 0 and (top < 0 or hi < top)):
+                    guards.append(Guard("range", k, d, lo=lo, hi=hi))
+            elif isinstance(expr, sympy.Symbol):
+                k2, d2 = defined[expr]
+                guards.append(Guard("same", k, d, k2=k2, d2=d2))
+            else:
+                pending.append((k, d, expr))
+    for k, d, expr in pending:
+        missing = [s for s in expr.free_symbols if s not in defined]
+        if missing:
+            raise ValueError(f"input {k} dim {d} has size {expr}, which no input dimension defines")
+        text = _python(expr, defined)
+        guards.append(Guard("expr", k, d, expr=text))
+    return guards
+
+
+def _python(expr: Any, defined: dict[Any, tuple[int, int]]) -> str:
+    """``expr`` (sympy, over symbols that input dims define) as Python source."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, ModularIndexing
+
+    if isinstance(expr, sympy.Symbol):
+        k, d = defined[expr]
+        return f"x{k}.shape[{d}]"
+    if expr.is_Integer:
+        return str(int(expr))
+    args = [_python(a, defined) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(expr, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(expr, FloorDiv):
+        return f"({args[0]} // {args[1]})"
+    if isinstance(expr, Mod):
+        return f"({args[0]} % {args[1]})"
+    if isinstance(expr, ModularIndexing):
+        return f"(({args[0]} // {args[1]}) % {args[2]})"
+    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+        return f"({args[0]} ** {int(expr.args[1])})"
+    raise ValueError(f"cannot check a size of the form {expr}")

@@ -1,0 +1,596 @@
+"""Which instructions compile together, and how a compiled run meets the values table.
+
+A *region* is a run of consecutive instructions of one basic block (control flow enters
+it only at its first instruction) that all have a functional form
+(:meth:`~.functional.Rebuild.reason`) and touch tensors of one device. Jumps end regions
+and stay in the interpreter; so does anything without a functional form, and a region
+too small to gain from compiling (``min_instructions`` kernel calls or delegate calls).
+
+A compiled region reads its *inputs* (values it reads before writing them) from the
+values table and must leave in the table exactly what the interpreter would for every
+value anyone can observe after it: values read by an instruction outside the region (in
+any chain), the method's inputs and outputs, state (a value read in the region before the
+region writes it: it carries over from the last call), and values in a buffer shared by
+the program's methods. Values only the region reads stay inside it and are never written.
+Each observable value is written back in one of five ways (:class:`Store`):
+
+- ``"inplace"``: the compiled code writes the value's memory itself (a static-shaped value
+  whose tensor the method owns for its whole life and whose memory overlaps no other
+  tensor the region touches: no copy at all);
+- ``"copy"``: the compiled code returns the value and the runner copies it into the table's
+  tensor (resized first when its shape is dynamic), as an ``out=`` kernel would;
+- ``"replace"``: the table's slot takes the returned object (scalars, and the results of
+  ops that return new tensors), as the interpreter's statement assigns it;
+- ``"adopt"``: the same for a method output of dynamic shape that nothing but the caller
+  reads (no copy into planned memory the caller would get a copy of anyway);
+- ``"statement"``: the interpreter's own statement runs after the compiled code, for moves
+  and ``et_view`` (their result shares the source's object or memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..engine.blocks import basic_blocks
+from ..format import program as p
+from ..kernels.registry import Emission
+
+if TYPE_CHECKING:
+    from ..engine.state import MethodState
+    from .functional import Rebuild
+
+__all__ = ["Fallback", "Region", "Store", "plan_regions"]
+
+_ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Instructions ``first..last`` (inclusive) of ``chain`` run interpreted, and why."""
+
+    chain: int
+    first: int
+    last: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Store:
+    """How value ``slot`` gets its result after a region (module docstring): ``how`` is
+    ``inplace``, ``copy``, ``replace`` or ``statement``; ``instruction`` its last writer."""
+
+    slot: int
+    how: str
+    instruction: int
+
+
+@dataclass
+class Region:
+    """Instructions ``first..last`` of ``chain``, compiled together (module docstring).
+
+    ``inputs``: tensor values read from the table, in order (``inplace`` targets among
+    them or appended); ``scalar_inputs``: scalars an instruction outside the region
+    computes, passed as 0-d tensors; ``stores`` in the order they are applied;
+    ``outputs``: the values the compiled code returns, in order (``copy`` and ``replace``
+    stores); ``aliases``: ``(instruction, j, k)``, value ``j`` read by ``instruction``
+    is a second name for the bytes value ``k`` wrote earlier in the region (a view the
+    exporter planned at the same bytes, with no instruction of its own)."""
+
+    chain: int
+    first: int
+    last: int
+    device: torch.device
+    inputs: list[int] = field(default_factory=list)
+    scalar_inputs: list[int] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+    aliases: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[int]:
+        return [s.slot for s in self.stores if s.how in ("copy", "replace", "adopt")]
+
+    @property
+    def inplace(self) -> list[int]:
+        return [s.slot for s in self.stores if s.how == "inplace"]
+
+    @property
+    def graph_inputs(self) -> list[int]:
+        """Tensor inputs, then ``inplace`` targets not read, then the scalar inputs."""
+        extra = [j for j in self.inplace if j not in self.inputs]
+        return [*self.inputs, *extra, *self.scalar_inputs]
+
+    @property
+    def label(self) -> str:
+        return (
+            f"instructions {self.first}-{self.last}"
+            if self.last > self.first
+            else (f"instruction {self.first}")
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# what each instruction reads and writes (from the statements its kernels made)
+
+
+def _referenced(plan: p.ExecutionPlan, ins: p.Instruction) -> set[int]:
+    out: set[int] = set()
+    for a in p.instruction_values(ins):
+        v = plan.values[a]
+        out.add(a)
+        if isinstance(v, p.TensorList | p.OptionalTensorList | p.IntList):
+            out.update(i for i in v.items if i >= 0)
+    return out
+
+
+class _Effects:
+    """Reads and writes of every instruction of a method, by value."""
+
+    def __init__(self, state: MethodState) -> None:
+        plan = state.plan
+        self.reads: list[list[set[int]]] = []
+        self.writes: list[list[set[int]]] = []
+        self.replaces: list[list[set[int]]] = []
+        for chain in state.chains:
+            r_chain, w_chain, x_chain = [], [], []
+            for ins, st in zip(chain.instructions, chain.loaded, strict=True):
+                referenced = _referenced(plan, ins)
+                reads, writes, replaces = self._of(plan, ins, st, referenced)
+                r_chain.append(reads)
+                w_chain.append(writes)
+                x_chain.append(replaces)
+            self.reads.append(r_chain)
+            self.writes.append(w_chain)
+            self.replaces.append(x_chain)
+
+    @staticmethod
+    def _of(
+        plan: p.ExecutionPlan, ins: p.Instruction, st: Emission, referenced: set[int]
+    ) -> tuple[set[int], set[int], set[int]]:
+        if isinstance(ins, p.MoveCall):
+            return {ins.move_from}, {ins.move_to}, {ins.move_to}
+        if isinstance(ins, p.JumpFalseCall):
+            return {ins.cond_value_index}, set(), set()
+        if isinstance(ins, p.FreeCall):
+            return set(), set(), set()
+        tensors = {j for j in referenced if isinstance(plan.values[j], p.Tensor)}
+        mutates = set(st.mutates) if st.mutates is not None else tensors
+        writes = set(st.writes) | mutates | set(st.outs)
+        reads = set(st.reads) if st.reads is not None else referenced - set(st.outs)
+        # an in-place op's return slot is its mutated argument again: not a new object
+        replaces = set(st.writes) - mutates
+        # a slot given a new object is read only when it is an operand too (v7 = v7 + 1)
+        operands: set[int] = set()
+        if isinstance(ins, p.KernelCall) and ins.args:
+            for a in ins.args[:-1]:
+                operands.add(a)
+                item = plan.values[a]
+                if isinstance(item, p.TensorList | p.OptionalTensorList | p.IntList):
+                    operands.update(item.items)
+        return reads - set(st.outs) - (replaces - operands), writes, replaces
+
+
+# ---------------------------------------------------------------------------------------
+# memory: which tensors may share bytes
+
+
+def _footprint(t: Any) -> tuple[int, int, int] | None:
+    """(storage, first byte, end byte) of a tensor's memory, at the most it can hold."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    storage = t.untyped_storage()
+    start = int(t.storage_offset()) * t.element_size()
+    return (storage.data_ptr(), start, int(storage.nbytes()))
+
+
+def _overlap(a: tuple[int, int, int], b: tuple[int, int, int], a_bytes: int, b_bytes: int) -> bool:
+    if a[0] != b[0]:
+        return False
+    return a[1] < b[1] + b_bytes and b[1] < a[1] + a_bytes
+
+
+# ---------------------------------------------------------------------------------------
+# the plan
+
+
+class _Planner:
+    def __init__(
+        self,
+        state: MethodState,
+        rebuild: Rebuild,
+        shared_buffers: frozenset[int],
+        min_instructions: int,
+    ) -> None:
+        self.state = state
+        self.plan = state.plan
+        self.rebuild = rebuild
+        self.shared_buffers = shared_buffers
+        self.min_instructions = min_instructions
+        self.effects = _Effects(state)
+        for c, chain in enumerate(self.effects.reads):  # what the rebuilt code never reads
+            for i, reads in enumerate(chain):
+                ignored = rebuild.ignored(c, i)
+                if ignored:
+                    chain[i] = reads - ignored
+        self.inputs = set(self.plan.inputs)
+        self.outputs = set(self.plan.outputs)
+        self.unplanned_inputs = {
+            s.slot for s in state.inputs if s.kind == "tensor" and s.view is None
+        }
+        self.unplanned_outputs = {
+            o.slot for o in state.outputs if o.kind == "tensor" and not o.planned
+        }
+        # every slot a statement gives a new object (moves, views, scalars, returns; the
+        # statements as loaded and as rewritten to run), and whose memory that object may be
+        self.replaced: set[int] = set()
+        self.sources: dict[int, set[int]] = {}
+        plan = self.plan
+        for ch in state.chains:
+            for i, ins in enumerate(ch.instructions):
+                for st in (ch.loaded[i], ch.statements[i]):
+                    mutates = set(st.mutates) if st.mutates is not None else set()
+                    for j in set(st.writes) - mutates:
+                        self.replaced.add(j)
+                        if isinstance(ins, p.MoveCall):
+                            from_ = {ins.move_from}
+                        else:
+                            refs = st.reads if st.reads is not None else p.instruction_values(ins)
+                            from_ = set(p.tensor_indices(plan.values, tuple(refs)))
+                        self.sources.setdefault(j, set()).update(from_ - {j})
+        for chain in self.effects.replaces:
+            for x in chain:
+                self.replaced.update(x)
+        # where each planned value's bytes are, and the values no instruction writes
+        # (second names for bytes another value writes: the exporter's static views)
+        self.ranges: dict[int, tuple[int, int, int]] = {}
+        for j, v in enumerate(self.plan.values):
+            if isinstance(v, p.Tensor) and v.allocation_info is not None:
+                start = v.allocation_info.memory_offset
+                self.ranges[j] = (v.allocation_info.memory_id, start, start + v.nbytes)
+        written_anywhere: set[int] = set()
+        for chain in self.effects.writes:
+            for w in chain:
+                written_anywhere.update(w)
+        self.unwritten = {
+            j for j in self.ranges if j not in written_anywhere and j not in self.inputs
+        }
+        # readers of each value: (chain, instruction)
+        self.readers: dict[int, set[tuple[int, int]]] = {}
+        for c, chain in enumerate(self.effects.reads):
+            for i, reads in enumerate(chain):
+                for j in reads:
+                    self.readers.setdefault(j, set()).add((c, i))
+
+    # -- devices ------------------------------------------------------------------------
+    def device_of(self, j: int) -> torch.device | None:
+        t = self.state.values[j]
+        if isinstance(t, torch.Tensor):
+            return t.device
+        for spec in self.state.inputs:
+            if spec.slot == j and spec.torch_device is not None:
+                return spec.torch_device
+        return None
+
+    def instruction_device(self, c: int, i: int) -> torch.device | str | None:
+        """The one device an instruction's tensors are on ("mixed" for several)."""
+        found: set[torch.device] = set()
+        refs = self.effects.reads[c][i] | self.effects.writes[c][i]
+        for j in refs:
+            if isinstance(self.plan.values[j], p.Tensor):
+                d = self.device_of(j)
+                if d is not None:
+                    found.add(d)
+        if len(found) > 1:
+            return "mixed"
+        return next(iter(found)) if found else None
+
+    # -- candidate runs ------------------------------------------------------------------
+    def runs(self) -> tuple[list[tuple[int, int, int, torch.device]], list[Fallback]]:
+        """Runs of rebuildable instructions of one device inside basic blocks, and the
+        instructions left interpreted (with why)."""
+        runs: list[tuple[int, int, int, torch.device]] = []
+        fallbacks: list[Fallback] = []
+        for c, chain in enumerate(self.state.chains):
+            for start, end in basic_blocks(chain.instructions):
+                run_start: int | None = None
+                run_device: torch.device | None = None
+
+                def close(upto: int, c: int = c) -> None:
+                    nonlocal run_start, run_device
+                    if run_start is not None and upto >= run_start:
+                        runs.append((c, run_start, upto, run_device or torch.device("cpu")))
+                    run_start, run_device = None, None
+
+                for i in range(start, end):
+                    why = self.rebuild.reason(c, i)
+                    device = self.instruction_device(c, i)
+                    if why is None and device == "mixed":
+                        why = "tensors on several devices"
+                    if (
+                        why is None
+                        and isinstance(device, torch.device)
+                        and run_device is not None
+                        and device != run_device
+                    ):
+                        close(i - 1)
+                    if why is not None:
+                        close(i - 1)
+                        if not isinstance(chain.instructions[i], p.JumpFalseCall):
+                            fallbacks.append(Fallback(c, i, i, why))
+                        continue
+                    if run_start is None:
+                        run_start = i
+                    if isinstance(device, torch.device):
+                        run_device = device
+                close(end - 1)
+        return runs, fallbacks
+
+    def worth(self, c: int, first: int, last: int) -> bool:
+        ins = self.state.chains[c].instructions
+        work = 0
+        for i in range(first, last + 1):
+            if isinstance(ins[i], p.DelegateCall):
+                work += self.min_instructions  # a delegate's graph is worth compiling alone
+            elif isinstance(ins[i], p.KernelCall):
+                name = self.state.chains[c].names[i]
+                if not (name.startswith("executorch_prim::") or name.startswith("aten::sym_")):
+                    work += 1
+        return work >= self.min_instructions
+
+    # -- one region ------------------------------------------------------------------------
+    def observed(self, j: int, c: int, first: int, last: int) -> bool:
+        """Whether value ``j``, written in the region, can be seen after it."""
+        if j in self.inputs or j in self.outputs:
+            return True
+        value = self.plan.values[j]
+        if (
+            isinstance(value, p.Tensor)
+            and value.allocation_info is not None
+            and value.allocation_info.memory_id in self.shared_buffers
+        ):
+            return True
+        outside = any(rc != c or not first <= ri <= last for rc, ri in self.readers.get(j, ()))
+        if outside or j not in self.ranges:
+            return outside
+        # a second name for its bytes read elsewhere reads what it wrote
+        mid, start, end = self.ranges[j]
+        for a in self.unwritten:
+            am, astart, aend = self.ranges[a]
+            if (
+                am == mid
+                and astart < end
+                and start < aend
+                and any(rc != c or not first <= ri <= last for rc, ri in self.readers.get(a, ()))
+            ):
+                return True
+        return False
+
+    def region(self, c: int, first: int, last: int, device: torch.device) -> Region | int:
+        """The region of instructions ``first..last``, or the index of the first
+        instruction it cannot take (it then ends just before)."""
+        eff = self.effects
+        region = Region(c, first, last, device)
+        written: dict[int, int] = {}  # value -> its last writer in the region
+        kinds: dict[int, set[str]] = {}  # value -> how instructions write it
+        read_first: set[int] = set()  # read before the region writes it: state
+        inputs: dict[int, None] = {}
+        scalars: dict[int, None] = {}
+        chain = self.state.chains[c]
+        bytes_written: list[tuple[tuple[int, int, int], int]] = []  # (range, value), in order
+        aliases: list[tuple[int, int, int]] = []
+        for i in range(first, last + 1):
+            for j in sorted(eff.reads[c][i]):
+                if j in written:
+                    continue
+                if j in self.unwritten:
+                    source = self._written_bytes(j, bytes_written)
+                    if source is not None:
+                        if source < 0:
+                            return i if i > first else i + 1  # partly written: cannot follow
+                        aliases.append((i, j, source))
+                        continue
+                read_first.add(j)
+                value = self.plan.values[j]
+                if isinstance(value, p.Tensor):
+                    if not value.is_constant:
+                        inputs[j] = None
+                elif j in self.state.dynamic_scalars and j not in self.inputs:
+                    scalars[j] = None
+            for j in eff.writes[c][i]:
+                how = "replace" if j in eff.replaces[c][i] else "write"
+                kinds.setdefault(j, set()).add(how)
+                if len(kinds[j]) > 1 and i > first:
+                    return i  # replaced here and written in place there: split
+                written[j] = i
+                if j in self.ranges:
+                    bytes_written.append((self.ranges[j], j))
+        stores: list[Store] = []
+        post: list[Store] = []
+        observed = {j for j in written if self.observed(j, c, first, last) or j in read_first}
+        for j in sorted(observed, key=lambda j: written[j]):
+            i = written[j]
+            ins = chain.instructions[i]
+            value = self.plan.values[j]
+            if isinstance(ins, p.MoveCall) or chain.names[i] in _ET_VIEW:
+                post.append(Store(j, "statement", i))
+            elif "replace" in kinds[j] or not isinstance(value, p.Tensor):
+                stores.append(Store(j, "replace", i))
+            else:
+                stores.append(Store(j, "copy", i))
+        # a statement run afterwards reads the table: what it reads must be current there
+        for s in post:
+            for r in eff.reads[c][s.instruction]:
+                later = [k for k in range(s.instruction + 1, last + 1) if r in eff.writes[c][k]]
+                if later:
+                    return s.instruction if s.instruction > first else s.instruction + 1
+                if r in written and r not in observed:
+                    observed.add(r)
+                    value = self.plan.values[r]
+                    how = (
+                        "copy"
+                        if isinstance(value, p.Tensor) and "replace" not in kinds[r]
+                        else "replace"
+                    )
+                    if chain.names[written[r]] in _ET_VIEW or isinstance(
+                        chain.instructions[written[r]], p.MoveCall
+                    ):
+                        return written[r] if written[r] > first else written[r] + 1
+                    stores.append(Store(r, how, written[r]))
+        region.inputs = list(inputs)
+        region.scalar_inputs = list(scalars)
+        region.aliases = aliases
+        region.stores = self._inplace(region, stores) + post
+        return region
+
+    def _written_bytes(self, j: int, written: list[tuple[tuple[int, int, int], int]]) -> int | None:
+        """The value whose write in the region value ``j``'s bytes hold (a second name for
+        them), None when the region has not written them, -1 when it wrote only part."""
+        mid, start, end = self.ranges[j]
+        tj = self.plan.values[j]
+        for (m, s, e), k in reversed(written):
+            if m != mid or not (s < end and start < e):
+                continue
+            tk = self.plan.values[k]
+            if (
+                (s, e) == (start, end)
+                and isinstance(tj, p.Tensor)
+                and isinstance(tk, p.Tensor)
+                and tj.scalar_type == tk.scalar_type
+                and tj.numel == tk.numel
+                and tj.shape_dynamism == p.STATIC
+                and tk.shape_dynamism == p.STATIC
+            ):
+                return k
+            return -1
+        return None
+
+    def _memory(self, j: int) -> list[tuple[tuple[int, int, int], int]]:
+        """Every memory value ``j``'s object may be, with its size: its tensor at load and,
+        for a slot statements give new objects, what those may view (transitively)."""
+        out: list[tuple[tuple[int, int, int], int]] = []
+        todo, seen = [j], set()
+        while todo:
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            fp = _footprint(self.state.values[k])
+            value = self.plan.values[k]
+            if fp is not None and isinstance(value, p.Tensor):
+                out.append((fp, value.nbytes))
+            if k in self.replaced:
+                todo.extend(self.sources.get(k, ()))
+        return out
+
+    def _inplace(self, region: Region, stores: list[Store]) -> list[Store]:
+        """``copy`` stores whose tensor the compiled code may write itself, and dynamic
+        outputs whose slot may take the compiled code's result (module docstring)."""
+        values = self.state.values
+        others = {
+            j: self._memory(j) for j in dict.fromkeys([*region.inputs, *(s.slot for s in stores)])
+        }
+        out: list[Store] = []
+        for s in stores:
+            j = s.slot
+            value = self.plan.values[j]
+            fp = _footprint(values[j])
+            if self._adoptable(s, region):
+                out.append(Store(j, "adopt", s.instruction))
+                continue
+            ok = (
+                s.how == "copy"
+                and isinstance(value, p.Tensor)
+                and value.shape_dynamism == p.STATIC
+                and fp is not None
+                and j not in self.replaced
+                and j not in self.unplanned_inputs
+                and j not in self.unplanned_outputs
+                and value.nbytes > 0
+            )
+            if ok:
+                assert isinstance(value, p.Tensor) and fp is not None
+                ok = not any(
+                    _overlap(fp, other, value.nbytes, nbytes)
+                    for k, memory in others.items()
+                    if k != j
+                    for other, nbytes in memory
+                )
+            out.append(Store(j, "inplace", s.instruction) if ok else s)
+        return out
+
+    def _adoptable(self, s: Store, region: Region) -> bool:
+        """A method output of dynamic shape that only the caller reads: its slot may take
+        the compiled code's result instead of a copy of it (the output is then a tensor of
+        its own, as a copy of the planned view would be)."""
+        j = s.slot
+        value = self.plan.values[j]
+        return (
+            s.how == "copy"
+            and isinstance(value, p.Tensor)
+            and value.shape_dynamism != p.STATIC
+            and value.allocation_info is not None
+            and value.allocation_info.memory_id not in self.shared_buffers
+            and value.dim_order == tuple(range(len(value.dim_order)))
+            and j in self.outputs
+            and j not in self.inputs
+            and j not in self.replaced
+            and all(
+                rc == region.chain and region.first <= ri <= region.last
+                for rc, ri in self.readers.get(j, ())
+            )
+            and not any(
+                self.ranges[a][0] == self.ranges[j][0]
+                and self.ranges[a][1] < self.ranges[j][2]
+                and self.ranges[j][1] < self.ranges[a][2]
+                for a in self.unwritten
+            )
+        )
+
+
+def plan_regions(
+    state: MethodState,
+    rebuild: Rebuild,
+    shared_buffers: Iterable[int] = (),
+    min_instructions: int = 2,
+) -> tuple[list[Region], list[Fallback]]:
+    """The regions of ``state`` to compile, and the instructions left to the interpreter
+    with the reason (module docstring)."""
+    planner = _Planner(state, rebuild, frozenset(shared_buffers), min_instructions)
+    runs, fallbacks = planner.runs()
+    regions: list[Region] = []
+    pending = list(runs)
+    while pending:
+        c, first, last, device = pending.pop(0)
+        if not planner.worth(c, first, last):
+            fallbacks.append(Fallback(c, first, last, "too little work to gain from compiling"))
+            continue
+        found = planner.region(c, first, last, device)
+        if isinstance(found, int):
+            split = max(found, first + 1)
+            pending.insert(0, (c, split, last, device))
+            pending.insert(0, (c, first, split - 1, device))
+            continue
+        regions.append(found)
+    fallbacks.sort(key=lambda f: (f.chain, f.first))
+    return regions, fallbacks
+
+
+def interpreted_ranges(
+    lengths: Sequence[int], regions: Sequence[Region]
+) -> list[tuple[int, int, int]]:
+    """``(chain, first, last)`` of every run of instructions no region covers."""
+    covered = {(r.chain, i) for r in regions for i in range(r.first, r.last + 1)}
+    out: list[tuple[int, int, int]] = []
+    for c, n in enumerate(lengths):
+        start = None
+        for i in range(n + 1):
+            inside = i < n and (c, i) not in covered
+            if inside and start is None:
+                start = i
+            elif not inside and start is not None:
+                out.append((c, start, i - 1))
+                start = None
+    return out

@@ -1,0 +1,63 @@
+"""What compiling a method did: :class:`CompileReport` (``Method.compile_report``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CompileReport", "CompileWarning"]
+
+
+class CompileWarning(RuntimeWarning):
+    """Issued once by a load that compiled less than it tried to (no C++ compiler, a region
+    whose compile failed): the method runs, interpreted where it was not compiled."""
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """How a method loaded with ``compile=True`` runs.
+
+    ``compiled_instructions`` of ``total_instructions`` run as compiled code, in
+    ``regions`` (``(first, last)`` instruction ranges, inclusive); ``fallbacks`` lists the
+    instructions run interpreted as ``(first, last, reason)``; ``compile_seconds`` is the
+    time this load spent compiling (0 when the cache had everything); ``cache_hit`` says
+    whether the compiled code came from the cache; ``cache_path`` is its entry (None when
+    nothing was compiled); ``device`` is the device the code was compiled for; ``warning``
+    the one warning loading issued, if any (no C++ compiler, a failing compile)."""
+
+    compiled_instructions: int
+    total_instructions: int
+    fallbacks: tuple[tuple[int, int, str], ...]
+    compile_seconds: float
+    cache_hit: bool
+    regions: tuple[tuple[int, int], ...] = ()
+    device: str = "cpu"
+    cache_path: str | None = None
+    warning: str | None = None
+    chains: tuple[int, ...] = field(default=(), repr=False)  # the chain of each region
+
+    @property
+    def fully_compiled(self) -> bool:
+        return self.compiled_instructions == self.total_instructions
+
+    def summary(self) -> str:
+        """A few lines for people (``ptexec inspect --compile``, ``ptexec run --compile``)."""
+        lines = [
+            f"compiled {self.compiled_instructions} of {self.total_instructions} instructions "
+            f"in {len(self.regions)} region(s) for {self.device}"
+            + (
+                " (from the cache)"
+                if self.cache_hit
+                else (f", {self.compile_seconds:.1f} s" if self.compile_seconds else "")
+            )
+        ]
+        for first, last in self.regions:
+            span = f"{first}-{last}" if last > first else f"{first}"
+            lines.append(f"  compiled     {span}")
+        for first, last, reason in self.fallbacks:
+            span = f"{first}-{last}" if last > first else f"{first}"
+            lines.append(f"  interpreted  {span}: {reason}")
+        if self.warning:
+            lines.append(f"  warning: {self.warning}")
+        if self.cache_path:
+            lines.append(f"  cache: {self.cache_path}")
+        return "\n".join(lines)

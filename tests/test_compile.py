@@ -1,0 +1,423 @@
+"""The compiled tier (``load_method(..., compile=True)``): AOTInductor-compiled regions
+behind the interpreter's call envelope.
+
+AOTInductor compiles take seconds each, so the default run compiles a handful of small
+fixtures, chosen to cover what the tier must get right (plain graphs, state across calls
+and methods, dynamic shapes, control flow, integer ops, LLM and quantized custom ops, an
+XNNPACK delegate); every fixture runs compiled in ``test_compile_fixtures.py`` (marked
+``slow``). Each compiled method is checked call by call against the interpreter on its
+own copy of the program. The cache is one temporary directory per test session
+(``compile_util.session_cache_dir``): a second load in the session is a cache hit, and a
+test never sees an entry left by another run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from compile_util import (
+    assert_report_partitions,
+    load_pair,
+    replay_both,
+    replay_xnnpack,
+    session_cache_dir,
+    state_values,
+    xnnpack_pair,
+)
+from fixture_data import fixture_calls, fixture_paths
+from ptexec.compile import CompileOptions, CompileReport, CompileWarning
+from ptexec.compile.aoti import inductor_options
+from ptexec.compile.cache import CacheEntry, cache_dir, cache_key
+from ptexec.errors import ExecutionError, InstructionLimitError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the fixtures compiled in the default run (about ten small programs)
+COMPILED = [
+    "mlp",
+    "stateful",
+    "two_method_state",
+    "dynamic_mlp",
+    "int_ops",
+    "cond",
+    "llama_sdpa",
+    "quant_embedding",
+]
+
+
+@pytest.fixture(autouse=True)
+def _session_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(session_cache_dir()))
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiled_matches_the_interpreter(name: str) -> None:
+    interpreted, compiled = load_pair(name)
+    for m in compiled.values():
+        report = m.compile_report
+        assert isinstance(report, CompileReport)
+        assert report.compiled_instructions > 0, report.summary()
+        assert_report_partitions(report)
+    replay_both(name, interpreted, compiled)
+
+
+def test_xnnpack_delegate_compiled_with_its_neighbours() -> None:
+    plain, compiled = xnnpack_pair("mlp")
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled, report
+    replay_xnnpack("mlp", plain, compiled)
+
+
+def test_second_load_compiles_nothing() -> None:
+    _, first = load_pair("mlp")
+    _, again = load_pair("mlp")
+    report = again["forward"].compile_report
+    assert report is not None and report.cache_hit and report.compile_seconds == 0.0
+    assert report.cache_path is not None and Path(report.cache_path).parent == session_cache_dir()
+    assert report.regions == first["forward"].compile_report.regions  # type: ignore[union-attr]
+
+
+def test_the_cache_works_across_processes() -> None:
+    """Another process with the same cache directory loads the compiled code (no compile)."""
+    load_pair("mlp")
+    pte = fixture_paths("mlp")[0]
+    code = (
+        "import sys, torch, ptexec\n"
+        f"m = ptexec.load({str(pte)!r}).load_method('forward', compile=True)\n"
+        "r = m.compile_report\n"
+        "x = torch.ones(2, 8)\n"
+        "i = ptexec.load(sys.argv[1]).load_method('forward')\n"
+        "assert torch.allclose(m(x)[0], i(x)[0], atol=1e-5), 'outputs differ'\n"
+        "print(r.cache_hit, r.compile_seconds, r.compiled_instructions)\n"
+    )
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(pte)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.split()
+    assert out == ["True", "0.0", "5"]
+
+
+def test_outputs_views_out_and_records_as_the_interpreter() -> None:
+    interpreted, compiled = load_pair("mlp")
+    x = fixture_calls("mlp")[0]["inputs"][0]
+    i, c = interpreted["forward"], compiled["forward"]
+    (vi,) = i.execute([x], outputs="view")
+    (vc,) = c.execute([x], outputs="view")
+    assert torch.allclose(vi, vc, atol=1e-5)
+    out_i, out_c = torch.empty(2, 4), torch.empty(2, 4)
+    (ri,) = i.execute([x], out=[out_i])
+    (rc,) = c.execute([x], out=[out_c])
+    assert ri is out_i and rc is out_c and torch.allclose(out_i, out_c, atol=1e-5)
+    assert list(i.last_call.outputs) == list(c.last_call.outputs) == ["copy"]
+    # numpy input through the general path; then the fast path again
+    (yn,) = c.execute([x.numpy()])
+    (yf,) = c.execute([x])
+    assert torch.allclose(yn, yf) and torch.allclose(yf, i.execute([x])[0], atol=1e-5)
+
+
+def test_bad_input_is_refused_before_anything_runs() -> None:
+    _, compiled = load_pair("mlp")
+    m = compiled["forward"]
+    with pytest.raises(ptexec.InputError):
+        m.execute([torch.ones(3, 8)])
+    with pytest.raises(ptexec.InputError):
+        m.execute([torch.ones(2, 8, dtype=torch.float64)])
+    x = fixture_calls("mlp")[0]["inputs"][0]
+    assert torch.equal(m(x)[0], m(x)[0])
+
+
+def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
+    """Every batch the program takes runs compiled (1 included: sizes are traced
+    size-obliviously); a size the compiled code was not made for (the program bounds its
+    feature dimension by 8, the graph needs exactly 8) runs the region's interpreted
+    statements, and so fails exactly as the interpreter does."""
+    interpreted, compiled = load_pair("dynamic_mlp")
+    i, c = interpreted["forward"], compiled["forward"]
+    torch.manual_seed(0)
+    for batch in (1, 2, 7, 16, 1, 3):
+        x = torch.randn(batch, 8)
+        assert torch.allclose(i(x)[0], c(x)[0], atol=1e-5), batch
+    with pytest.raises(ptexec.InputError):
+        c(torch.randn(17, 8))
+    narrow = torch.randn(3, 5)
+    with pytest.raises(ExecutionError) as want:
+        i(narrow)
+    with pytest.raises(ExecutionError) as got:
+        c(narrow)
+    assert (got.value.instruction, got.value.operator) == (
+        want.value.instruction,
+        want.value.operator,
+    )
+    assert torch.allclose(i(torch.ones(4, 8))[0], c(torch.ones(4, 8))[0], atol=1e-5)
+
+
+def test_state_carries_over_and_is_shared_between_methods() -> None:
+    """The fixture's calls three times over on the same methods: state keeps advancing in
+    both, and stays equal."""
+    interpreted, compiled = load_pair("two_method_state")
+    for _ in range(3):
+        replay_both("two_method_state", interpreted, compiled)
+
+
+def test_a_failure_inside_a_region_names_its_instructions() -> None:
+    """An index out of range inside compiled code is an ExecutionError naming the region's
+    instruction range; the method works for the next call."""
+    interpreted, compiled = load_pair("quant_embedding")
+    i, c = interpreted["forward"], compiled["forward"]
+    call = fixture_calls("quant_embedding")[0]
+    bad = [x.clone() if isinstance(x, torch.Tensor) else x for x in call["inputs"]]
+    bad[0] = torch.full_like(bad[0], 10_000)
+    with pytest.raises(ExecutionError):
+        i.execute(bad)
+    with pytest.raises(ExecutionError) as caught:
+        c.execute(bad)
+    report = c.compile_report
+    assert report is not None
+    first, last = report.regions[0]
+    assert caught.value.instruction == first
+    assert f"instructions {first}-{last}" in str(caught.value) or f"instruction {first}" in str(
+        caught.value
+    )
+    good = [x.clone() if isinstance(x, torch.Tensor) else x for x in call["inputs"]]
+    assert torch.allclose(i.execute(good)[0], c.execute(good)[0], atol=1e-5)
+
+
+def test_instruction_limit_as_the_interpreter() -> None:
+    pte = fixture_paths("cond")[0]
+    interpreted = ptexec.load(pte).load_method("forward", max_instructions=3)
+    compiled = ptexec.load(pte).load_method("forward", max_instructions=3, compile=True)
+    x = fixture_calls("cond")[0]["inputs"]
+    with pytest.raises(InstructionLimitError) as a:
+        interpreted.execute(x)
+    with pytest.raises(InstructionLimitError) as b:
+        compiled.execute(x)
+    assert a.value.instruction == b.value.instruction
+
+
+def test_calls_from_threads_serialize() -> None:
+    interpreted, compiled = load_pair("stateful")
+    i, c = interpreted["forward"], compiled["forward"]
+    x = fixture_calls("stateful")[0]["inputs"]
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                c.execute(x)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for _ in range(80):
+        i.execute(x)
+    slots = state_values(i)
+    assert slots
+    for j in slots:
+        assert torch.allclose(i.state.values[j], c.state.values[j], atol=1e-4), j
+
+
+def test_tools_still_run_on_a_compiled_method() -> None:
+    """Traces and profiles are instrumented interpreted calls through the same envelope."""
+    interpreted, compiled = load_pair("mlp")
+    x = fixture_calls("mlp")[0]["inputs"]
+    trace = compiled["forward"].trace(x)
+    assert trace.outputs is not None
+    assert torch.allclose(trace.outputs[0], interpreted["forward"].execute(x)[0], atol=1e-5)
+
+
+def test_report_says_what_runs_where() -> None:
+    _, compiled = load_pair("cond")
+    report = compiled["forward"].compile_report
+    assert report is not None
+    assert_report_partitions(report)
+    reasons = {reason for _, _, reason in report.fallbacks}
+    assert "control flow" in reasons
+    assert report.compiled_instructions < report.total_instructions
+    text = report.summary()
+    assert "interpreted" in text and "compiled" in text
+
+
+# ---- without compiling ----------------------------------------------------------------
+
+
+def test_no_cpp_compiler_runs_interpreted_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))  # nothing cached: it must compile
+    monkeypatch.setenv("CXX", "ptexec-no-such-compiler")
+    pte = fixture_paths("mlp")[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = ptexec.load(pte).load_method("forward", compile=True)
+    ours = [w for w in caught if issubclass(w.category, CompileWarning)]
+    assert len(ours) == 1 and "C++ compiler" in str(ours[0].message)
+    report = m.compile_report
+    assert report is not None and report.compiled_instructions == 0 and report.warning
+    assert_report_partitions(report)
+    x = fixture_calls("mlp")[0]["inputs"]
+    want = ptexec.load(pte).load_method("forward").execute(x)
+    assert torch.equal(m.execute(x)[0], want[0])
+    assert not list(tmp_path.iterdir())  # a missing compiler is not cached
+
+
+def test_a_failing_compile_runs_interpreted_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import ptexec.compile.aoti as aoti
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the C++ compiler failed")
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(aoti, "compile_models", broken)
+    pte = fixture_paths("mlp")[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = ptexec.load(pte).load_method("forward", compile=True)
+    ours = [w for w in caught if issubclass(w.category, CompileWarning)]
+    assert len(ours) == 1 and "failed to compile" in str(ours[0].message)
+    report = m.compile_report
+    assert report is not None and report.compiled_instructions == 0
+    assert report.fallbacks and "the C++ compiler failed" in report.fallbacks[0][2]
+    assert not list(tmp_path.iterdir())  # not cached: the next load tries again
+    x = fixture_calls("mlp")[0]["inputs"]
+    want = ptexec.load(pte).load_method("forward").execute(x)
+    assert torch.equal(m.execute(x)[0], want[0])
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError):
+        CompileOptions(backend="jit")
+    pte = fixture_paths("mlp")[0]
+    with pytest.raises(ValueError):
+        ptexec.load(pte).load_method("forward", compile=True, cuda_graph=True)
+    assert ptexec.load(pte).load_method("forward").compile_report is None
+
+
+# ---- the cache ----------------------------------------------------------------------
+
+
+def test_cache_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("PTEXEC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert cache_dir() == tmp_path / "xdg" / "ptexec"
+
+
+def test_cache_key_depends_on_what_the_code_depends_on() -> None:
+    base = cache_key([b"program"], "forward", "cpu", {"a": 1})
+    assert base == cache_key([b"program"], "forward", "cpu", {"a": 1})
+    assert base != cache_key([b"programme"], "forward", "cpu", {"a": 1})
+    assert base != cache_key([b"program"], "decode", "cpu", {"a": 1})
+    assert base != cache_key([b"program"], "forward", "cpu", {"a": 2})
+    assert base != cache_key([b"prog", b"ram"], "forward", "cpu", {"a": 1})
+
+
+def test_cache_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> None:
+    """Two writers of one key: each assembles its entry apart; the first rename wins, the
+    second is dropped, and a reader only ever sees a complete entry."""
+    a, b = CacheEntry(tmp_path, "k" * 40), CacheEntry(tmp_path, "k" * 40)
+    sa, sb = a.staging(), b.staging()
+    assert a.read() is None
+    (sa / "r0.so").write_bytes(b"A")
+    (sb / "r0.so").write_bytes(b"B")
+    assert a.commit(sa, {"regions": [{"file": "r0.so", "x": 1}]})
+    assert not b.commit(sb, {"regions": [{"file": "r0.so", "x": 2}]})
+    manifest = b.read()
+    assert manifest is not None and manifest["regions"] == [{"file": "r0.so", "x": 1}]
+    assert (a.path / "r0.so").read_bytes() == b"A"
+    assert [p.name for p in tmp_path.iterdir()] == ["k" * 40]  # no staging left behind
+
+
+def test_an_incomplete_entry_is_not_read(tmp_path: Path) -> None:
+    entry = CacheEntry(tmp_path, "e" * 40)
+    entry.path.mkdir()
+    (entry.path / "manifest.json").write_text('{"layout": 1, "regions": [{"file": "r0.so"}]}')
+    assert entry.read() is None  # names a model file it does not have
+    (entry.path / "manifest.json").write_text("{not json")
+    assert entry.read() is None
+
+
+# ---- the CUDA path: its rules on the CPU, the real thing where there is a GPU --------------
+
+
+def test_cuda_regions_are_compiled_without_cpu_autotuning() -> None:
+    cpu = inductor_options(torch.device("cpu"), True)
+    cuda = inductor_options(torch.device("cuda", 0), True)
+    assert cpu["max_autotune"] and cpu["freezing"]
+    assert "max_autotune" not in cuda and cuda["freezing"]
+
+
+def test_regions_follow_the_device_of_their_tensors() -> None:
+    """A CUDA program mapped to the CPU compiles for the CPU; its device copies stay
+    interpreted (they cross devices where the program runs on a GPU)."""
+    pte = fixture_paths("h2d_copy")[0]
+    m = ptexec.load(pte).load_method(
+        "forward", device_map="cpu", compile=CompileOptions(backend="graph")
+    )
+    report = m.compile_report
+    assert report is not None and report.device == "cpu"
+    assert any("devices" in reason for _, _, reason in report.fallbacks)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gpu_mlp", "gpu_stateful", "gpu_dynamic_mlp"])
+def test_cuda_program_compiled_for_its_gpu(name: str) -> None:
+    interpreted, compiled = load_pair(name)
+    for m in compiled.values():
+        assert m.compile_report is not None and m.compile_report.device.startswith("cuda")
+    replay_both(name, interpreted, compiled)
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+
+def test_cli_compile_inspect_and_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from ptexec.cli import main
+
+    pte = str(fixture_paths("mlp")[0])
+    assert main(["compile", pte]) == 0
+    out = capsys.readouterr().out
+    assert "method 'forward'" in out and "compiled 5 of 5 instructions" in out
+    assert main(["inspect", pte, "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan" in out and "(from the cache)" in out
+    assert main(["run", pte, "--compile", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled 5 of 5 instructions" in out and "latency" in out
+
+
+def test_cli_compile_without_a_compiler_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptexec.cli import main
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "ptexec-no-such-compiler")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompileWarning)
+        assert main(["compile", str(fixture_paths("mlp")[0])]) == 1
+    assert "C++ compiler" in capsys.readouterr().out
