@@ -951,7 +951,11 @@ class Rebuild:
                 self.program.pte.delegate_data(delegate.processed), f"{where}.payload"
             )
             runner = build_runner(
-                payload, self.program.named_data, _arg_infos(self.plan, ins.args), self.device
+                payload,
+                self.program.named_data,
+                _arg_infos(self.plan, ins.args),
+                self.device,
+                traced=True,
             )
             found = _Delegate(runner.fn, runner.ext_ids, runner.output_ids)
             self._delegates[key] = found

@@ -303,10 +303,11 @@ def convert(x: torch.Tensor, mult: int, lo: float, hi: float) -> torch.Tensor:
 def lookup(x: torch.Tensor, table: torch.Tensor, offset: float) -> torch.Tensor:
     """A 256-entry table indexed by the input integers: ``table[x + offset]`` (for
     contiguous indices one ``index_select`` over them, 1.5x faster than advanced
-    indexing)."""
+    indexing; traced, always that: advanced indexing's shape function says contiguous
+    where its kernel follows the indices' layout)."""
     idx = torch.add(x, offset).to(torch.int64)
-    if idx.is_contiguous():
-        return torch.index_select(table, 0, idx.view(-1)).view(idx.shape)
+    if idx.is_contiguous() or torch.compiler.is_compiling():
+        return torch.index_select(table, 0, idx.reshape(-1)).view(idx.shape)
     return table[idx]
 
 
@@ -409,7 +410,8 @@ def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
     float32 reciprocal. A row of zeros gets multiplier 2.55e32 instead of XNNPACK's 1: the
     same zero point and the same values. The per-row arithmetic runs in Python floats for
     one row (a token being decoded) and in numpy float32 for more (cheaper than a dozen
-    torch operations on [rows, 1] tensors, and than a Python loop from two rows on)."""
+    torch operations on [rows, 1] tensors, and than a Python loop from two rows on); off
+    the CPU, and when traced, in torch float32 operations."""
     n = x.dim() - nonbatch
     xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
     if xf.dtype != torch.float32:
@@ -419,7 +421,9 @@ def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
         zeros = xf.new_zeros((rows, 1))
         return Rows(xf, zeros, zeros)
     mn, mx = torch.aminmax(xf, dim=1, keepdim=True)
-    on_cpu = xf.device.type == "cpu"
+    # host scalars and numpy only when running: a traced call (the compiled tier) takes
+    # the torch formulation, the same float32 arithmetic
+    on_cpu = xf.device.type == "cpu" and not torch.compiler.is_compiling()
     if rows == 1 and on_cpu:
         lo, hi = mn.item(), mx.item()
         mult, zp, scale = _row_params(lo, hi)

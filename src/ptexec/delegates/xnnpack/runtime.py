@@ -479,8 +479,10 @@ class _Gen:
         named_data: Mapping[str, memoryview],
         args: Sequence[ArgInfo | None],
         device: torch.device,
+        traced: bool = False,
     ) -> None:
         self.payload = payload
+        self.traced = traced
         self.g = payload.graph
         self.path = payload.path
         self.args = args
@@ -1307,7 +1309,11 @@ class _Gen:
         c.finish(f"{code}.permute(0, 2, 3, 1)")
 
     def _tiny_conv(self, n: s.XnnNode, groups: int, dil: tuple[int, int], dt: torch.dtype) -> bool:
-        if self.device.type != "cpu" or groups != 1 or dil != (1, 1) or dt != torch.float32:
+        # traced code takes conv2d: the direct kernel's shape function gives its output
+        # channels-last strides where the kernel writes NCHW memory
+        if self.traced or self.device.type != "cpu" or groups != 1 or dil != (1, 1):
+            return False
+        if dt != torch.float32:
             return False
         out = self.value(n.outputs[0]).dims
         k = int(n["kernel_height"] * n["kernel_width"] * n["group_input_channels"])
@@ -1734,9 +1740,12 @@ def build_runner(
     named_data: Mapping[str, memoryview],
     args: Sequence[ArgInfo | None],
     device: torch.device | str = "cpu",
+    traced: bool = False,
 ) -> XnnRunner:
     """Check that every node and datatype is supported, validate the payload and compile its
-    node list; ``args`` describes the delegate call's arguments (None: not a tensor)."""
+    node list; ``args`` describes the delegate call's arguments (None: not a tensor).
+    ``traced``: the code is to be traced (the compiled tier), so it uses only operations
+    whose shape functions give the strides their kernels produce."""
     bad = unsupported_node_types(payload)
     if bad:
         raise BackendUnavailableError(
@@ -1750,4 +1759,4 @@ def build_runner(
         raise BackendUnavailableError(
             f"XNNPACK payload {payload.path} uses datatype(s) ptexec cannot run: {', '.join(kinds)}"
         )
-    return _Gen(payload, named_data, args, torch.device(device)).build()
+    return _Gen(payload, named_data, args, torch.device(device), traced).build()
