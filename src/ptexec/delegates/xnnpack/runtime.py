@@ -272,6 +272,9 @@ def _avg_pool(
 
 
 _HELPERS: dict[str, Any] = {
+    # the repr of every float is a name here: a parameter may be infinite or NaN
+    "inf": math.inf,
+    "nan": math.nan,
     "torch": torch,
     "F": F,
     "_fq": _fq,

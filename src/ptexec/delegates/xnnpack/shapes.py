@@ -130,8 +130,12 @@ def _conv(n: s.XnnNode, ins: list[Dims]) -> list[Dims]:
 def _deconv(n: s.XnnNode, ins: list[Dims]) -> list[Dims]:
     x, w = _conv_io(n, ins)
     groups, gi, go = n["groups"], n["group_input_channels"], n["group_output_channels"]
-    if groups < 1 or w[0] != groups * go or w[3] != gi:
-        raise _Fail(f"filter dims {list(w)} for {groups} groups of {gi} -> {go} channels")
+    kh, kw = n["kernel_height"], n["kernel_width"]
+    if groups < 1 or w != (groups * go, kh, kw, gi):
+        raise _Fail(
+            f"filter dims {list(w)} do not match kernel {kh}x{kw}, {groups} groups of "
+            f"{gi} -> {go} channels"
+        )
     if x[3] != groups * gi:
         raise _Fail(f"input dims {list(x)}: {x[3]} channels, the filter takes {groups * gi}")
     if len(ins) > 2 and math.prod(ins[2]) != groups * go:
