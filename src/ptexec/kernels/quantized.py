@@ -523,7 +523,7 @@ def embedding_xbit(
     values = _unpack(rows, nbit)
     dim = values.shape[-1]
     groups = scales.shape[1] if scales.dim() == 2 else 1
-    if dim % groups:
+    if groups < 1 or dim % groups:
         raise ValueError(f"{what}: {groups} scale groups do not divide the embedding dim {dim}")
     lead = tuple(indices.shape)
     grouped = values.reshape(*lead, groups, dim // groups).to(torch.float32)
