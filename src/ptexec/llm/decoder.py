@@ -106,15 +106,7 @@ class TextDecoder:
         meta = program.method_meta(method, options.get("device_map"))
         self._check_layout(meta, method)
         options.setdefault("outputs", "view")  # logits are sampled before the next call
-        try:
-            self.method = program.load_method(method, **options)
-        except TypeError as e:
-            if "compile" in options and "compile" in str(e):
-                raise GenerationError(
-                    "compile=True needs ptexec's compiled tier (load_method(..., "
-                    "compile=True)), which this version of ptexec does not have"
-                ) from e
-            raise
+        self.method = program.load_method(method, **options)
         tokens = meta.inputs[0]
         self.device = tokens.device.to_torch()
         self.token_dtype = tokens.dtype
