@@ -183,7 +183,7 @@ def test_scalar_qparams_equal_the_vectorized_rule(qmin: int, qmax: int) -> None:
     ranges = torch.tensor(EDGE_ROWS, dtype=torch.float32)
     pairs = torch.cat([ranges, rand.sort(dim=1).values.float()])
     lo, hi = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
-    want_s, want_z = Q._scale_zero_point(lo, hi, qmin, qmax)
+    want_s, want_z = Q.scale_zero_point(lo, hi, qmin, qmax)
     for i, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
         s, z = Q._scale_zero_point_scalar(a, b, qmin, qmax)
         assert s == want_s[i].item() and z == want_z[i].item(), (a, b)

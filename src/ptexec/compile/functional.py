@@ -272,45 +272,13 @@ _DEVICE_COPY = ("et_copy::_h2d_copy.out", "et_copy::_d2h_copy.out")
 # trace-safe versions of the kernels that test data at run time
 
 
-def _scale_zero_point(
-    lo: torch.Tensor, hi: torch.Tensor, quant_min: int, quant_max: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:mod:`ptexec.kernels.quantized`'s scale and zero point, always taking the branch for
-    tiny scales through ``where`` (the kernel skips it when no scale is tiny)."""
-    small_scale = 6.103515625e-05  # float32(6.1e-5), ExecuTorch's SMALL_SCALE_THRESHOLD
-    lo = lo.clamp(max=0.0)
-    hi = hi.clamp(min=0.0)
-    span = quant_max - quant_min
-    lo_d = lo.to(torch.float64)
-    hi_d = hi.to(torch.float64)
-    scale = (hi_d - lo_d) / span
-    s32 = scale.to(torch.float32)
-    scale = scale.masked_fill((s32 == 0) | torch.isinf(torch.reciprocal(s32)), 0.1)
-    small = scale < small_scale
-    amplifier = small_scale / scale.to(torch.float32)
-    lo_zero, hi_zero = lo == 0, hi == 0
-    lo_floor = float(torch.tensor(-small_scale * span, dtype=torch.float32))
-    hi_floor = float(torch.tensor(small_scale * span, dtype=torch.float32))
-    lo_small = torch.where(lo_zero, lo, torch.where(hi_zero, lo_floor, lo * amplifier))
-    hi_small = torch.where(lo_zero, hi_floor, torch.where(hi_zero, hi, hi * amplifier))
-    lo_d = torch.where(small, lo_small, lo).to(torch.float64)
-    hi_d = torch.where(small, hi_small, hi).to(torch.float64)
-    scale = scale.masked_fill(small, small_scale)
-    lo_s = lo_d / scale
-    hi_s = hi_d / scale
-    from_min = (abs(quant_min) - lo_s.abs()) < (abs(quant_max) - hi_s.abs())
-    initial = torch.where(from_min, quant_min - lo_s, quant_max - hi_s)
-    zero_point = torch.round(initial.clamp(quant_min, quant_max).to(torch.float32))
-    return scale, zero_point.to(torch.int64)
-
-
 def _choose_qparams(
     x: torch.Tensor, quant_min: int, quant_max: int, eps: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if quant_min >= quant_max or x.dtype != torch.float32:
         return quantized.choose_qparams(x, quant_min, quant_max, eps, dtype)  # raises
     lo, hi = torch.aminmax(x.reshape(-1))
-    return _scale_zero_point(lo.reshape(1), hi.reshape(1), quant_min, quant_max)
+    return quantized.scale_zero_point(lo.reshape(1), hi.reshape(1), quant_min, quant_max)
 
 
 def _choose_qparams_per_token(
@@ -320,7 +288,7 @@ def _choose_qparams_per_token(
         return quantized.choose_qparams_per_token_asymmetric(x, dtype)  # raises
     rows = x.reshape(-1, x.shape[-1])
     lo, hi = torch.aminmax(rows, dim=-1)
-    scale, zp = _scale_zero_point(lo, hi, -128, 127)
+    scale, zp = quantized.scale_zero_point(lo, hi, -128, 127)
     shape = (*x.shape[:-1], 1)
     return scale.reshape(shape), zp.reshape(shape)
 

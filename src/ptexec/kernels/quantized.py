@@ -339,10 +339,11 @@ def dequantize_per_token(
 # choosing parameters
 
 
-def _scale_zero_point(
+def scale_zero_point(
     lo: torch.Tensor, hi: torch.Tensor, quant_min: int, quant_max: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale (float64) and zero point (int64) for float32 ranges ``[lo, hi]``, elementwise."""
+    """Scale (float64) and zero point (int64) for float32 ranges ``[lo, hi]``, elementwise
+    (traceable: traced, the branch for tiny scales is always taken, through ``where``)."""
     lo = lo.clamp(max=0.0)
     hi = hi.clamp(min=0.0)
     span = quant_max - quant_min
@@ -352,7 +353,8 @@ def _scale_zero_point(
     s32 = scale.to(torch.float32)
     scale = scale.masked_fill((s32 == 0) | torch.isinf(torch.reciprocal(s32)), 0.1)
     small = scale < _SMALL_SCALE
-    if lo.device.type != "cpu" or bool(small.any()):  # rare on the host: skip the work
+    # rare on the host: skip the work there (not when traced: no test of the data)
+    if lo.device.type != "cpu" or torch.compiler.is_compiling() or bool(small.any()):
         # a scale under the floor becomes the floor, and the range is stretched to match
         amplifier = _SMALL_SCALE / scale.to(torch.float32)
         lo_zero, hi_zero = lo == 0, hi == 0
@@ -378,7 +380,7 @@ def _scale_zero_point(
 def _scale_zero_point_scalar(
     lo: float, hi: float, quant_min: int, quant_max: int
 ) -> tuple[float, int]:
-    """:func:`_scale_zero_point` for one float32 range, with Python floats (doubles).
+    """:func:`scale_zero_point` for one float32 range, with Python floats (doubles).
 
     Each float32 step of the tensor version is a double operation rounded to float32
     (:func:`_f32`), which gives the same bits: a sum, product or quotient of two float32
@@ -428,7 +430,7 @@ def _choose_rows(
         scale = torch.tensor([sc for sc, _ in pairs], dtype=torch.float64)
         zp = torch.tensor([z for _, z in pairs], dtype=torch.int64)
         return scale, zp
-    return _scale_zero_point(lo, hi, quant_min, quant_max)
+    return scale_zero_point(lo, hi, quant_min, quant_max)
 
 
 def choose_qparams(
