@@ -293,17 +293,6 @@ def _choose_qparams_per_token(
     return scale.reshape(shape), zp.reshape(shape)
 
 
-def _unpack(weight: torch.Tensor, nbit: int) -> torch.Tensor:
-    w = weight.to(torch.int16)
-    if nbit == 8:
-        return w
-    if nbit == 4:
-        parts, offset = [w >> 4, w & 0x0F], 8
-    else:
-        parts, offset = [w & 3, (w >> 2) & 3, (w >> 4) & 3, (w >> 6) & 3], 2
-    return torch.stack(parts, dim=-1).reshape(*w.shape[:-1], -1) - offset
-
-
 def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
     """:func:`ptexec.kernels.quantized.embedding_xbit` without its host-side bounds check
     (the compiled gather checks its indices itself)."""
@@ -322,7 +311,7 @@ def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
                 weight, scales, zero_points, quant_min, quant_max, indices, nbit, dtype
             )  # raises the kernel's error
         index = indices.to(torch.int64)
-        values = _unpack(weight[index], nbit)
+        values = quantized.unpack(weight[index], nbit)
         dim = values.shape[-1]
         groups = scales.shape[1] if scales.dim() == 2 else 1
         lead = tuple(indices.shape)

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..engine.blocks import CompiledChain, compile_chain
+from ..engine.blocks import compile_chain
+from ..engine.runner import limit_error
 from ..engine.state import ChainState, MethodState
-from ..errors import ExecutionError, InstructionLimitError, LimitExceededError, PtexecError
+from ..errors import ExecutionError, LimitExceededError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Emission
@@ -509,18 +510,6 @@ def _region_call(state: MethodState, compiled: _Compiled, k: int) -> Callable[[l
     return fn
 
 
-def _limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int) -> Exception:
-    i = compiled.starts[b]
-    names = state.chains[chain].names
-    return InstructionLimitError(
-        state.name,
-        i if names else -1,
-        names[i] if names else "?",
-        f"executed more than {state.max_instructions} instructions; stopped (a malformed "
-        "jump may loop forever)",
-    )
-
-
 class CompiledRunner:
     """Compiled regions and interpreted statements, in the plain blocks' structure (module
     docstring). ``report`` says what was compiled."""
@@ -570,7 +559,7 @@ class CompiledRunner:
                 while b >= 0:
                     count += sizes[b]
                     if count > limit:
-                        raise _limit_error(state, c, compiled, b)
+                        raise limit_error(state, c, compiled, b)
                     b = blocks[b](v)
         except (LimitExceededError, ExecutionError):
             raise

@@ -73,7 +73,8 @@ class Runner(Protocol):
     def run(self, v: list[Any]) -> None: ...
 
 
-def _limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int) -> Exception:
+def limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int) -> Exception:
+    """The error of a call stopped by the instruction limit at block ``b`` of ``chain``."""
     i = compiled.starts[b]
     names = state.chains[chain].names
     return InstructionLimitError(
@@ -101,7 +102,7 @@ def run_chains(
             while b >= 0:
                 count += sizes[b]
                 if count > limit:
-                    raise _limit_error(state, c, compiled, b)
+                    raise limit_error(state, c, compiled, b)
                 b = blocks[b](v) if h is None else blocks[b](v, h)
     except (LimitExceededError, ExecutionError, StopCall):
         raise

@@ -471,8 +471,8 @@ def choose_qparams_per_token_asymmetric(
 # embeddings, matmuls, add
 
 
-def _unpack(weight: torch.Tensor, nbit: int) -> torch.Tensor:
-    """Signed values of packed ``nbit`` weights, one int16 per value."""
+def unpack(weight: torch.Tensor, nbit: int) -> torch.Tensor:
+    """Signed values of packed ``nbit`` weights, one int16 per value (traceable)."""
     w = weight.to(torch.int16)
     if nbit == 8:
         return w
@@ -522,7 +522,7 @@ def embedding_xbit(
             f"[{int(index.min())}, {int(index.max())}]"
         )
     rows = weight[index]
-    values = _unpack(rows, nbit)
+    values = unpack(rows, nbit)
     dim = values.shape[-1]
     groups = scales.shape[1] if scales.dim() == 2 else 1
     if groups < 1 or dim % groups:
