@@ -1,0 +1,104 @@
+"""ExecuTorch's SGD optimizer (``get_sgd_optimizer``), with ExecuTorch's semantics.
+
+ExecuTorch's C++ optimizer updates each named parameter that has a gradient of the same
+name, in place, in this order (``d_p`` is the gradient it was given):
+
+1. weight decay: ``d_p += weight_decay * p`` (written into the given gradient);
+2. momentum: the first step keeps a copy of ``d_p`` as the parameter's buffer; later steps
+   ``buf = momentum * buf + (1 - dampening) * d_p``. With Nesterov, ``d_p += momentum *
+   buf`` (again into the given gradient), otherwise ``d_p`` becomes ``buf``;
+3. ``p -= lr * d_p``.
+
+That is ``torch.optim.SGD``'s arithmetic (same order of operations, so the same floats),
+except that ExecuTorch writes weight decay and Nesterov into the caller's gradients;
+this class does too, so code that reads the gradients after a step sees what it would
+see under ExecuTorch. Gradients whose name is not a parameter are ignored, as there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..errors import InputError
+
+__all__ = ["ExecuTorchSGD", "get_sgd_optimizer"]
+
+
+class ExecuTorchSGD:
+    """SGD over named parameters (see the module docstring); create it with
+    :func:`get_sgd_optimizer`."""
+
+    def __init__(
+        self,
+        named_parameters: Mapping[str, torch.Tensor],
+        lr: float,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float = 0,
+        nesterov: bool = False,
+    ) -> None:
+        for key, value in named_parameters.items():
+            if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+                raise TypeError("named_parameters must map names (str) to tensors")
+        self.params = dict(named_parameters)
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.dampening = float(dampening)
+        self.weight_decay = float(weight_decay)
+        self.nesterov = bool(nesterov)
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def step(self, named_gradients: Mapping[str, torch.Tensor]) -> None:
+        """Update every parameter that has a gradient in ``named_gradients``, in place."""
+        checked = []
+        for name, p in self.params.items():
+            d_p = named_gradients.get(name)
+            if d_p is None:
+                continue
+            if (
+                not isinstance(d_p, torch.Tensor)
+                or d_p.shape != p.shape
+                or d_p.dtype != p.dtype
+                or d_p.device != p.device
+            ):
+                got = (
+                    f"{tuple(d_p.shape)} {d_p.dtype} on {d_p.device}"
+                    if isinstance(d_p, torch.Tensor)
+                    else type(d_p).__name__
+                )
+                raise InputError(
+                    f"gradient '{name}': expected {tuple(p.shape)} {p.dtype} on {p.device} "
+                    f"(its parameter), got {got}"
+                )
+            checked.append((name, p, d_p))
+        # every gradient is checked before any parameter changes
+        with torch.no_grad():
+            for name, p, d_p in checked:
+                if self.weight_decay != 0:
+                    d_p.add_(p, alpha=self.weight_decay)
+                if self.momentum != 0:
+                    buf = self._buffers.get(name)
+                    if buf is None:
+                        buf = self._buffers[name] = d_p.clone(memory_format=torch.contiguous_format)
+                    else:
+                        buf.mul_(self.momentum).add_(d_p, alpha=1 - self.dampening)
+                    if self.nesterov:
+                        d_p.add_(buf, alpha=self.momentum)
+                    else:
+                        d_p = buf
+                p.add_(d_p, alpha=-self.lr)
+
+
+def get_sgd_optimizer(
+    named_parameters: Mapping[str, torch.Tensor],
+    lr: float,
+    momentum: float = 0,
+    dampening: float = 0,
+    weight_decay: float = 0,
+    nesterov: bool = False,
+) -> ExecuTorchSGD:
+    """An SGD optimizer over ``named_parameters`` with ExecuTorch's semantics (module
+    docstring); ``step(named_gradients)`` updates them in place."""
+    return ExecuTorchSGD(named_parameters, lr, momentum, dampening, weight_decay, nesterov)
