@@ -9,10 +9,13 @@ name, in place, in this order (``d_p`` is the gradient it was given):
    buf`` (again into the given gradient), otherwise ``d_p`` becomes ``buf``;
 3. ``p -= lr * d_p``.
 
-That is ``torch.optim.SGD``'s arithmetic (same order of operations, so the same floats),
-except that ExecuTorch writes weight decay and Nesterov into the caller's gradients;
-this class does too, so code that reads the gradients after a step sees what it would
-see under ExecuTorch. Gradients whose name is not a parameter are ignored, as there.
+That is ``torch.optim.SGD``'s update. ExecuTorch's kernels compute each of these
+operations in float64 and round the result to the tensor's dtype; this class does the
+same, so its floats are ExecuTorch's bit for bit (checked against ExecuTorch's runtime;
+``torch.optim.SGD``'s fused arithmetic differs from both in the last bit). ExecuTorch
+writes weight decay and Nesterov into the caller's gradients; this class does too, so
+code that reads the gradients after a step sees what it would see there. Gradients whose
+name is not a parameter are ignored, as there.
 """
 
 from __future__ import annotations
@@ -77,19 +80,26 @@ class ExecuTorchSGD:
         with torch.no_grad():
             for name, p, d_p in checked:
                 if self.weight_decay != 0:
-                    d_p.add_(p, alpha=self.weight_decay)
+                    _axpy(d_p, d_p, p, self.weight_decay)
                 if self.momentum != 0:
                     buf = self._buffers.get(name)
                     if buf is None:
-                        buf = self._buffers[name] = d_p.clone(memory_format=torch.contiguous_format)
+                        buf = self._buffers[name] = d_p.clone(
+                            memory_format=torch.contiguous_format
+                        )
                     else:
-                        buf.mul_(self.momentum).add_(d_p, alpha=1 - self.dampening)
+                        buf.copy_(buf.double() * self.momentum)
+                        _axpy(buf, buf, d_p, 1 - self.dampening)
                     if self.nesterov:
-                        d_p.add_(buf, alpha=self.momentum)
+                        _axpy(d_p, d_p, buf, self.momentum)
                     else:
                         d_p = buf
-                p.add_(d_p, alpha=-self.lr)
+                _axpy(p, p, d_p, -self.lr)
 
+
+def _axpy(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
+    """``out = a + alpha * b``, computed in float64 and rounded once into ``out``."""
+    out.copy_(a.double() + alpha * b.double())
 
 def get_sgd_optimizer(
     named_parameters: Mapping[str, torch.Tensor],
