@@ -84,9 +84,7 @@ class ExecuTorchSGD:
                 if self.momentum != 0:
                     buf = self._buffers.get(name)
                     if buf is None:
-                        buf = self._buffers[name] = d_p.clone(
-                            memory_format=torch.contiguous_format
-                        )
+                        buf = self._buffers[name] = d_p.clone(memory_format=torch.contiguous_format)
                     else:
                         buf.copy_(buf.double() * self.momentum)
                         _axpy(buf, buf, d_p, 1 - self.dampening)
@@ -100,6 +98,7 @@ class ExecuTorchSGD:
 def _axpy(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
     """``out = a + alpha * b``, computed in float64 and rounded once into ``out``."""
     out.copy_(a.double() + alpha * b.double())
+
 
 def get_sgd_optimizer(
     named_parameters: Mapping[str, torch.Tensor],
