@@ -51,7 +51,8 @@ class ExecuTorchSGD:
         self.dampening = float(dampening)
         self.weight_decay = float(weight_decay)
         self.nesterov = bool(nesterov)
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, torch.Tensor] = {}  # momentum, by parameter name
+        self._work: dict[str, _Float64] = {}
 
     def step(self, named_gradients: Mapping[str, torch.Tensor]) -> None:
         """Update every parameter that has a gradient in ``named_gradients``, in place."""
@@ -79,25 +80,44 @@ class ExecuTorchSGD:
         # every gradient is checked before any parameter changes
         with torch.no_grad():
             for name, p, d_p in checked:
+                work = self._work.get(name)
+                if work is None:
+                    work = self._work[name] = _Float64(p)
                 if self.weight_decay != 0:
-                    _axpy(d_p, d_p, p, self.weight_decay)
+                    work.axpy(d_p, d_p, p, self.weight_decay)
                 if self.momentum != 0:
                     buf = self._buffers.get(name)
                     if buf is None:
                         buf = self._buffers[name] = d_p.clone(memory_format=torch.contiguous_format)
                     else:
-                        buf.copy_(buf.double() * self.momentum)
-                        _axpy(buf, buf, d_p, 1 - self.dampening)
+                        work.scale(buf, self.momentum)
+                        work.axpy(buf, buf, d_p, 1 - self.dampening)
                     if self.nesterov:
-                        _axpy(d_p, d_p, buf, self.momentum)
+                        work.axpy(d_p, d_p, buf, self.momentum)
                     else:
                         d_p = buf
-                _axpy(p, p, d_p, -self.lr)
+                work.axpy(p, p, d_p, -self.lr)
 
 
-def _axpy(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
-    """``out = a + alpha * b``, computed in float64 and rounded once into ``out``."""
-    out.copy_(a.double() + alpha * b.double())
+class _Float64:
+    """Two float64 tensors shaped like one parameter, made once: ExecuTorch's arithmetic
+    (each operation in float64, rounded into its output) without allocating per step."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.a = torch.empty(like.shape, dtype=torch.float64, device=like.device)
+        self.b = torch.empty_like(self.a)
+
+    def axpy(self, out: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float) -> None:
+        """``out = x + alpha * y``."""
+        self.a.copy_(x)
+        self.b.copy_(y).mul_(alpha)
+        out.copy_(self.a.add_(self.b))
+
+    def scale(self, out: torch.Tensor, alpha: float) -> None:
+        """``out = alpha * out``."""
+        out.copy_(self.a.copy_(out).mul_(alpha))
 
 
 def get_sgd_optimizer(
