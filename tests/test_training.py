@@ -345,6 +345,18 @@ def test_saved_ptd_has_the_trained_weights(tmp_path: Path) -> None:
         tm.pte_bytes()
 
 
+def test_executorchs_loaders_by_path_and_buffer() -> None:
+    x, y = example_inputs("mlp")
+    want = _module("mlp")(x, y)[0].detach()
+    by_path = T._load_for_executorch_for_training(str(FIX / "mlp_ext.pte"), FIX / "mlp_ext.ptd")
+    by_buffer = T._load_for_executorch_for_training_from_buffer(
+        memoryview((FIX / "mlp_ext.pte").read_bytes()), (FIX / "mlp_ext.ptd").read_bytes()
+    )
+    for tm in (by_path, by_buffer):
+        torch.testing.assert_close(tm.forward_backward("forward", (x, y))[0], want)
+        assert set(tm.named_gradients()) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+
+
 def test_state_dict_round_trips(tmp_path: Path) -> None:
     tm = T.load(FIX / "cnn.pte")
     _train_a_little(tm, "cnn")

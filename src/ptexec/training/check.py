@@ -70,10 +70,8 @@ def check_gradients(
         for name, p in zip(layout.names, layout.parameters, strict=True):
             named[name].copy_(p.to(named[name].device))
     reference.zero_grad(set_to_none=True)
-    ref_inputs = [
-        x.to(next(iter(named.values())).device) if isinstance(x, torch.Tensor) else x
-        for x in inputs
-    ]
+    device = next(iter(named.values())).device if named else torch.device("cpu")
+    ref_inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
     ref_loss = _loss(reference(*ref_inputs))
     ref_loss.backward()  # type: ignore[no-untyped-call]
 
