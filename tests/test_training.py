@@ -436,3 +436,18 @@ def test_training_on_cuda_equals_the_cpu() -> None:
     again = T.load(gpu.pte_bytes())
     for k, v in gpu.state_dict().items():
         torch.testing.assert_close(again.named_parameters()[k], v.cpu(), rtol=0, atol=0)
+
+
+@pytest.mark.slow  # tracing the regions takes ~20 s here
+def test_compiled_regions_read_what_the_optimizer_wrote() -> None:
+    """The compiled tier's bookkeeping (graph backend: no build) trains as the interpreter."""
+    from ptexec.compile import CompileOptions
+
+    plain = T.load(FIX / "mlp.pte")
+    compiled = T.load(FIX / "mlp.pte", compile=CompileOptions(backend="graph"))
+    batches = _batches("mlp", 10)
+    a = _ptexec_run(plain, _adamw, batches)
+    b = _ptexec_run(compiled, _adamw, batches)
+    assert a == b
+    for k, v in compiled.state_dict().items():
+        torch.testing.assert_close(v, plain.state_dict()[k], rtol=0, atol=0)
