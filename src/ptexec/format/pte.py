@@ -42,9 +42,14 @@ class PteFile:
 
     def mutable_initial_value(self, data_buffer_idx: int, nbytes: int) -> memoryview:
         """Initial bytes of a planned tensor (always ``mutable_data_segments[0]``)."""
-        sub = self.program.mutable_data_segments[0]
-        start = self.segments[sub.segment_index].offset + sub.offsets[data_buffer_idx]
+        start = self.mutable_initial_offset(data_buffer_idx)
         return self.data[start : start + nbytes]
+
+    def mutable_initial_offset(self, data_buffer_idx: int) -> int:
+        """Where in the file the initial bytes of a planned tensor start (writers that
+        replace a program's initial state write there)."""
+        sub = self.program.mutable_data_segments[0]
+        return self.segments[sub.segment_index].offset + sub.offsets[data_buffer_idx]
 
     def delegate_data(self, ref: p.BackendDelegateDataReference) -> memoryview:
         if ref.location == p.DATA_INLINE:

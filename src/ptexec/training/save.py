@@ -1,0 +1,105 @@
+"""Trained parameters written back into a program's files.
+
+A training program's parameters start from bytes in the file: the ``.pte``'s mutable data
+segment, or the ``.ptd`` for programs exported with ``external_mutable_weights``. Saving
+writes a copy of that file in which exactly those bytes are the current parameters and
+everything else (the program, its instructions, its constants, the other methods) is the
+original, byte for byte. The result is a valid program of the same shape, which
+ExecuTorch's runtime and ptexec load as they loaded the original; its parameters start
+where training stopped. Rewriting only the initial state, rather than re-serialising the
+program, keeps every field ptexec does not model exactly as ExecuTorch wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import StateError
+from ..format import program as p
+
+if TYPE_CHECKING:
+    from ..program import Program
+
+__all__ = ["parameter_bytes", "ptd_with", "pte_with", "write_atomically"]
+
+
+def parameter_bytes(t: torch.Tensor, dim_order: Sequence[int]) -> bytes:
+    """The bytes of ``t`` as a file holds them: elements in ``dim_order``, on the host."""
+    host = t.detach().permute(*dim_order).contiguous().cpu() if t.dim() else t.detach().cpu()
+    return host.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _tensor(program: Program, plan: p.ExecutionPlan, slot: int) -> p.Tensor:
+    value = plan.values[slot]
+    assert isinstance(value, p.Tensor)
+    return value
+
+
+def pte_with(
+    program: Program, updates: Sequence[tuple[p.ExecutionPlan, int, torch.Tensor]]
+) -> bytes:
+    """The program's ``.pte`` with each ``(plan, value slot, tensor)`` as that planned
+    tensor's initial value."""
+    pte = program.pte
+    data = bytearray(pte.data)
+    for plan, slot, t in updates:
+        value = _tensor(program, plan, slot)
+        if value.is_external or value.data_buffer_idx <= 0:
+            raise StateError(
+                f"method '{plan.name}': value {slot} starts from "
+                + (
+                    "the data file (.ptd); save that with save_ptd"
+                    if value.is_external
+                    else "no bytes in the program"
+                )
+            )
+        start = pte.mutable_initial_offset(value.data_buffer_idx)
+        raw = parameter_bytes(t, value.dim_order)
+        if len(raw) != value.nbytes:
+            raise StateError(f"method '{plan.name}': value {slot} has {value.nbytes} bytes")
+        data[start : start + len(raw)] = raw
+    return bytes(data)
+
+
+def ptd_with(
+    program: Program, updates: Sequence[tuple[p.ExecutionPlan, int, torch.Tensor]]
+) -> bytes:
+    """The program's ``.ptd`` with each external planned tensor's bytes replaced."""
+    ptd = program.ptd
+    if ptd is None:
+        raise StateError("the program was loaded without a data file (.ptd): nothing to save to")
+    data = bytearray(ptd.data)
+    for plan, slot, t in updates:
+        value = _tensor(program, plan, slot)
+        extra = value.extra_tensor_info
+        key = extra.fully_qualified_name if extra is not None else None
+        if not value.is_external or not key or key not in ptd.entries:
+            raise StateError(
+                f"method '{plan.name}': value {slot} does not start from the data file; "
+                "save the program with save_pte"
+            )
+        entry = ptd.entries[key]
+        raw = parameter_bytes(t, value.dim_order)
+        if len(raw) != value.nbytes or len(raw) > entry.size:
+            raise StateError(f"'{key}' takes {entry.size} bytes in the data file, not {len(raw)}")
+        data[entry.offset : entry.offset + len(raw)] = raw
+    return bytes(data)
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
