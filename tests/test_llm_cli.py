@@ -142,3 +142,28 @@ def test_example_inputs_of_other_programs() -> None:
     pte, _ = fixture_paths("mlp")
     prog = ptexec.load(pte)
     assert example_inputs(prog, prog.method_meta("forward")) is None
+
+
+def test_llm_programs_script_writes_the_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scripts/llm_programs.py writes the programs' tokenizer.json (with its config) once,
+    and generate runs with it."""
+    from ptexec.llm import load_tokenizer
+
+    pte = program("portable")
+    monkeypatch.setenv(llm_programs.CACHE_ENV, str(tmp_path))
+    path = llm_programs.tokenizer_path()
+    assert path.parent.parent == tmp_path and llm_programs.tokenizer_path() == path
+    assert (path.parent / "tokenizer_config.json").is_file()
+    tok = load_tokenizer(path)
+    model = llm_programs.TinyLlama()
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (
+        model.vocab_size,
+        model.bos_id,
+        model.eos_id,
+    )
+    argv = ["generate", str(pte), "--tokenizer", str(path), "--prompt", PROMPT,
+            "--max-new-tokens", "4", "--temperature", "0"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith(PROMPT)
