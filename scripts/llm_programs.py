@@ -2,7 +2,8 @@
 """Tiny Llama programs exported the way users export LLMs, cached on disk.
 
 Usage:
-    python scripts/llm_programs.py [VARIANT ...]      # export (or find) and print the paths
+    python scripts/llm_programs.py [VARIANT ...]      # export (or find) the programs and
+                                                      # the tokenizer; print their paths
     python scripts/llm_programs.py --list
 
 Each variant is a ``.pte`` made by ExecuTorch's own LLM exporter
@@ -40,7 +41,10 @@ once, and the result is renamed into place, so a reader never sees half a file.
 
 :func:`make_tokenizer` writes a Hugging Face ``tokenizer.json`` (a byte-level BPE trained in
 memory with the ``tokenizers`` library) whose vocabulary is exactly the model's, with the
-special tokens at the ids the programs name as BOS and EOS.
+special tokens at the ids the programs name as BOS and EOS; :func:`tokenizer_path` writes it
+once per machine beside the programs (in a directory of its own, with its
+``tokenizer_config.json``), so every printed program runs with
+``ptexec generate PROGRAM --tokenizer TOKENIZER --prompt ...``.
 """
 
 from __future__ import annotations
@@ -369,6 +373,31 @@ def make_tokenizer(path: str | os.PathLike[str], model: TinyLlama = TinyLlama())
     return out
 
 
+def tokenizer_path(model: TinyLlama = TinyLlama()) -> Path:
+    """The programs' ``tokenizer.json`` (see :func:`make_tokenizer`), written on first use
+    into a directory of the cache named by a digest of what it depends on."""
+    import tokenizers
+
+    spec = {
+        "model": asdict(model),
+        "special_tokens": SPECIAL_TOKENS,
+        "corpus": hashlib.sha256(CORPUS.encode()).hexdigest(),
+        "tokenizers": tokenizers.__version__,
+    }
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+    d = cache_dir()
+    target = d / f"tokenizer_{key}" / "tokenizer.json"
+    if target.exists():
+        return target
+    with _locked(d / f"tokenizer_{key}.lock"):
+        if target.exists():
+            return target
+        work = Path(tempfile.mkdtemp(dir=d))
+        make_tokenizer(work / "tokenizer.json", model)
+        os.replace(work, target.parent)  # the directory appears whole, or not at all
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", help=f"variants (default: all of {list(VARIANTS)})")
@@ -382,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in VARIANTS.items():
             print(f"{name:18} {v}")
         return 0
-    for name in args.variants or list(VARIANTS):
-        print(f"{name:18} {program_path(name)}")
+    paths = [program_path(name) for name in args.variants or list(VARIANTS)]
+    for name, path in zip(args.variants or list(VARIANTS), paths, strict=True):
+        print(f"{name:18} {path}")
+    tokenizer = tokenizer_path()
+    print(f"{'tokenizer':18} {tokenizer}")
+    print(f"try: ptexec generate {paths[0]} --tokenizer {tokenizer} --prompt 'Once upon a time'")
     return 0
 
 

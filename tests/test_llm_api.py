@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ptexec.llm as llm
-from ptexec.errors import TokenizerError
+from ptexec.errors import ConfigTypeError, ConfigValueError, PtexecError, TokenizerError
 from ptexec.llm import GenerationConfig, Sampler, TextStream, load_tokenizer
 
 # --------------------------------------------------------------------------------------
@@ -237,3 +237,105 @@ def test_unreadable_tokenizer(tmp_path: Path) -> None:
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="Hugging Face"):
         load_tokenizer(tmp_path / "broken.json")
+
+
+# --------------------------------------------------------------------------------------
+# every GenerationConfig field is checked when it is set
+
+
+_BAD_SETTINGS = [
+    ("temperature", float("nan"), ConfigValueError),
+    ("temperature", float("inf"), ConfigValueError),
+    ("temperature", -0.5, ConfigValueError),
+    ("temperature", "0.7", ConfigTypeError),
+    ("temperature", True, ConfigTypeError),
+    ("temperature", None, ConfigTypeError),
+    ("top_p", 0.0, ConfigValueError),
+    ("top_p", 1.5, ConfigValueError),
+    ("top_p", float("nan"), ConfigValueError),
+    ("top_p", "0.9", ConfigTypeError),
+    ("top_k", -1, ConfigValueError),
+    ("top_k", 2.0, ConfigTypeError),
+    ("top_k", False, ConfigTypeError),
+    ("max_new_tokens", 0, ConfigValueError),
+    ("max_new_tokens", -2, ConfigValueError),
+    ("max_new_tokens", 8.0, ConfigTypeError),
+    ("max_new_tokens", True, ConfigTypeError),
+    ("seq_len", 0, ConfigValueError),
+    ("seq_len", -5, ConfigValueError),
+    ("seq_len", "64", ConfigTypeError),
+    ("num_bos", -1, ConfigValueError),
+    ("num_eos", -1, ConfigValueError),
+    ("num_eos", 1.5, ConfigTypeError),
+    ("seed", -1, ConfigValueError),
+    ("seed", 2**64, ConfigValueError),
+    ("seed", 1.0, ConfigTypeError),
+    ("seed", "7", ConfigTypeError),
+    ("seed", True, ConfigTypeError),
+    ("echo", 1, ConfigTypeError),
+    ("echo", "yes", ConfigTypeError),
+    ("warming", None, ConfigTypeError),
+    ("ignore_eos", 0, ConfigTypeError),
+    ("stop", [""], ConfigValueError),
+    ("stop", "", ConfigValueError),
+    ("stop", [3], ConfigTypeError),
+    ("stop", b"\n", ConfigTypeError),
+    ("stop", 5, ConfigTypeError),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "error"), _BAD_SETTINGS)
+def test_config_rejects_bad_settings(field: str, value: object, error: type) -> None:
+    builtin = ValueError if error is ConfigValueError else TypeError
+    with pytest.raises(error) as info:
+        GenerationConfig(**{field: value})  # type: ignore[arg-type]
+    assert isinstance(info.value, builtin) and isinstance(info.value, PtexecError)
+    assert info.value.field == field and field in str(info.value)
+    config = GenerationConfig()
+    before = getattr(config, field)
+    with pytest.raises(error):
+        setattr(config, field, value)  # set later, as ExecuTorch's tests do
+    assert getattr(config, field) == before
+
+
+def test_config_accepts_and_normalises_good_settings() -> None:
+    import numpy as np
+
+    c = GenerationConfig(
+        temperature=np.float32(0.5), top_k=np.int64(4), seed=2**64 - 1, max_new_tokens=1, top_p=1
+    )
+    assert (c.temperature, c.top_k, c.seed, c.top_p) == (0.5, 4, 2**64 - 1, 1.0)
+    assert type(c.temperature) is float and type(c.top_k) is int
+    assert GenerationConfig(temperature=0, seq_len=1, stop=None).stop == ()
+    with pytest.raises(AttributeError):
+        c.max_tokens = 3  # type: ignore[attr-defined]  # a misspelt field is not kept
+
+
+def test_stop_string_is_one_stop_sequence() -> None:
+    assert GenerationConfig(stop="\n\n").stop == ("\n\n",)
+    assert GenerationConfig(stop=["\n\n", "END"]).stop == ("\n\n", "END")
+    assert GenerationConfig(stop=("a", "b")).stop == ("a", "b")
+    c = GenerationConfig()
+    c.stop = "\n\n"  # type: ignore[assignment]
+    assert c.stop == ("\n\n",)
+    from ptexec.llm.runner import _StopStrings
+
+    stops = _StopStrings(GenerationConfig(stop="\n\n").stop)
+    out = "".join(stops.feed(p) for p in ["one\n", "two\n", "\nthree"])
+    assert out == "one\ntwo" and stops.hit
+
+
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"temperature": float("nan")}, ConfigValueError),
+        ({"temperature": "0.7"}, ConfigTypeError),
+        ({"temperature": -1.0}, ConfigValueError),
+        ({"top_k": -3}, ConfigValueError),
+        ({"top_p": 2.0}, ConfigValueError),
+        ({"seed": -4}, ConfigValueError),
+    ],
+)
+def test_sampler_follows_the_config_rules(kw: dict[str, object], error: type) -> None:
+    with pytest.raises(error):
+        Sampler(**kw)  # type: ignore[arg-type]

@@ -75,3 +75,95 @@ def test_generate_compile_and_bad_tokenizer(
     bad.write_bytes(b"not a tokenizer")
     assert main(["generate", pte, "--tokenizer", str(bad), "--prompt", "a"]) == 1
     assert "TokenizerError: Failed to load tokenizer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--max-new-tokens", "0"], "ConfigValueError: max_new_tokens"),
+        (["--max-new-tokens", "-3"], "ConfigValueError: max_new_tokens"),
+        (["--temperature", "nan"], "ConfigValueError: temperature"),
+        (["--top-p", "0"], "ConfigValueError: top_p"),
+        (["--top-k", "-1"], "ConfigValueError: top_k"),
+        (["--seed", "-1"], "ConfigValueError: seed"),
+        (["--stop", ""], "ConfigValueError: stop"),
+        (["--prompt", " ".join([PROMPT] * 40)], "GenerationError: the prompt's"),
+        (["--bos", "500"], "GenerationError: num_bos 500"),
+    ],
+)
+def test_generate_refuses_before_printing(
+    extra: list[str], error: str, tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", str(program("portable")), "--tokenizer", str(tokenizer),
+            "--prompt", PROMPT, "--temperature", "0", *extra]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # not the prompt: nothing was generated
+    assert f"ptexec: {error}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_on_an_llm_takes_positions_within_the_context(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ptexec run`` on an LLM draws tokens from its vocabulary at positions from 0 (random
+    positions ran past the KV cache); its logits are ExecuTorch's on the same inputs."""
+    import torch
+
+    import ptexec
+    from ptexec.llm.decoder import example_inputs
+
+    pte = program("portable")
+    saved = tmp_path / "out.pt"
+    assert main(["run", str(pte), "--repeat", "1", "--seed", "3", "--output", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "of an LLM" in out and "ptexec generate" in out
+    prog = ptexec.load(pte)
+    inputs = example_inputs(prog, prog.method_meta("forward"), torch.Generator().manual_seed(3))
+    assert inputs is not None
+    tokens, pos = inputs
+    assert tokens.shape == (1, llm_programs.TinyLlama().max_seq_len - 1)
+    assert pos.tolist() == [0] and int(tokens.min()) >= 0 and int(tokens.max()) < 512
+    pytest.importorskip("executorch.runtime")
+    import executorch.kernels.quantized  # noqa: F401
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    want = Runtime.get().load_program(str(pte)).load_method("forward").execute(inputs)[0]
+    got = torch.load(saved, weights_only=True)[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_example_inputs_of_other_programs() -> None:
+    """Programs without the LLM metadata keep the generic random inputs."""
+    import ptexec
+    from fixture_data import fixture_paths
+    from ptexec.llm.decoder import example_inputs
+
+    pte, _ = fixture_paths("mlp")
+    prog = ptexec.load(pte)
+    assert example_inputs(prog, prog.method_meta("forward")) is None
+
+
+def test_llm_programs_script_writes_the_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scripts/llm_programs.py writes the programs' tokenizer.json (with its config) once,
+    and generate runs with it."""
+    from ptexec.llm import load_tokenizer
+
+    pte = program("portable")
+    monkeypatch.setenv(llm_programs.CACHE_ENV, str(tmp_path))
+    path = llm_programs.tokenizer_path()
+    assert path.parent.parent == tmp_path and llm_programs.tokenizer_path() == path
+    assert (path.parent / "tokenizer_config.json").is_file()
+    tok = load_tokenizer(path)
+    model = llm_programs.TinyLlama()
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (
+        model.vocab_size,
+        model.bos_id,
+        model.eos_id,
+    )
+    argv = ["generate", str(pte), "--tokenizer", str(path), "--prompt", PROMPT,
+            "--max-new-tokens", "4", "--temperature", "0"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith(PROMPT)

@@ -408,3 +408,126 @@ def test_compile_option(tokenizer: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert report is not None and report.compiled_instructions > 0, report
     want = _runner("portable", tokenizer).generate_text(PROMPT, GREEDY)
     assert r.generate_text(PROMPT, GREEDY) == want
+
+
+# --------------------------------------------------------------------------------------
+# a refused call changes nothing
+
+
+def test_refused_call_leaves_the_runner_as_fresh(
+    tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A prompt past the context, or a seq_len below the prompt, is refused before prefill
+    and before the prompt is echoed: the next generate equals a fresh runner's."""
+    fresh = _runner("portable", tokenizer)
+    want = fresh.generate_text(PROMPT, GREEDY)
+    n = len(fresh.tokenizer.encode(PROMPT))
+    r = TextLLMRunner(str(program("portable")), str(tokenizer))  # prints, as ExecuTorch's
+    pieces: list[str] = []
+    too_long = " ".join([PROMPT] * 40)
+    for prompt, config in [
+        (PROMPT, GenerationConfig(seq_len=n, temperature=0.0)),  # no room after the prompt
+        (PROMPT, GenerationConfig(seq_len=n - 2, temperature=0.0)),
+        (too_long, GenerationConfig(max_new_tokens=4, temperature=0.0)),
+        (PROMPT, GenerationConfig(num_bos=MODEL.max_context_len, temperature=0.0)),
+    ]:
+        with pytest.raises(GenerationError, match=r"context|seq_len"):
+            r.generate(prompt, config, token_callback=pieces.append)
+        assert r.pos == 0 and r.stats.num_prompt_tokens == 0
+    assert pieces == [] and capsys.readouterr().out == ""  # the prompt was not echoed
+    r.print_output = False
+    assert r.generate_text(PROMPT, GREEDY) == want
+    assert r.generated_tokens == fresh.generated_tokens
+
+
+def test_refused_continuation_keeps_the_context(tokenizer: Path) -> None:
+    """After a generate (or a prefill), a refused call keeps the context it had."""
+    config = GenerationConfig(max_new_tokens=6, temperature=0.0, echo=False)
+    ref = _runner("portable", tokenizer)
+    ref.generate(PROMPT, config)
+    ref.generate(" and then", config)
+    r = _runner("portable", tokenizer)
+    r.generate(PROMPT, config)
+    pos, stats = r.pos, r.stats.as_dict()
+    with pytest.raises(GenerationError, match="seq_len"):
+        r.generate(" and then", GenerationConfig(seq_len=pos, temperature=0.0))
+    assert r.pos == pos and r.stats.as_dict() == stats
+    r.generate(" and then", config)
+    assert r.generated_tokens == ref.generated_tokens
+    # a prefill's pending token survives a refused generate("")
+    want = _runner("portable", tokenizer).generate_text(PROMPT, GREEDY)
+    r.reset()
+    r.prefill(PROMPT, GREEDY)
+    with pytest.raises(GenerationError, match="seq_len"):
+        r.generate("", GenerationConfig(seq_len=r.pos, temperature=0.0))
+    assert r.generate_text("", GREEDY) == want
+
+
+def test_runner_temperature_override_is_checked(tokenizer: Path) -> None:
+    from ptexec.errors import ConfigValueError
+
+    with pytest.raises(ConfigValueError, match="temperature"):
+        _runner("portable", tokenizer, temperature=float("nan"))
+    r = _runner("portable", tokenizer, temperature=0.0)  # -1 (the default) defers to config
+    sampled = GenerationConfig(max_new_tokens=24, temperature=1.5, seed=1, echo=False)
+    assert r.generate_text(PROMPT, sampled) == _runner("portable", tokenizer).generate_text(
+        PROMPT, GREEDY
+    )
+
+
+def test_stop_string_given_as_str(tokenizer: Path) -> None:
+    """stop="ab" is the stop string "ab", not the characters "a" and "b"."""
+    r = _runner("portable", tokenizer)
+    full = r.generate_text(PROMPT, GREEDY)
+    # a two-character stop string whose characters both occur earlier in the text
+    at = next(i for i in range(4, len(full) - 1) if full[i] in full[:i] and full[i + 1] in full[:i])
+    stop = full[at : at + 2]
+    at = full.index(stop)
+    r.reset()
+    assert r.generate_text(PROMPT, GenerationConfig(**_greedy(), stop=stop)) == full[:at]
+
+
+def _greedy() -> dict[str, Any]:
+    return {"max_new_tokens": GREEDY.max_new_tokens, "temperature": 0.0, "echo": False}
+
+
+# --------------------------------------------------------------------------------------
+# the tokenizer's vocabulary against the program's
+
+
+def test_tokenizer_larger_than_the_program_is_refused(tmp_path: Path) -> None:
+    big = llm_programs.make_tokenizer(
+        tmp_path / "tokenizer.json", llm_programs.TinyLlama(vocab_size=MODEL.vocab_size + 40)
+    )
+    with pytest.raises(GenerationError, match=f"{MODEL.vocab_size + 40} ids"):
+        TextLLMRunner(str(program("portable")), str(big), print_output=False)
+
+
+def test_tokenizer_smaller_than_the_program_samples_only_its_ids(tmp_path: Path) -> None:
+    """Exports pad the logits past the tokenizer's ids; the padding is never sampled, so no
+    generated token lacks its text."""
+    size = MODEL.vocab_size - 112
+    small = llm_programs.make_tokenizer(
+        tmp_path / "tokenizer.json", llm_programs.TinyLlama(vocab_size=size)
+    )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a padding-sized gap does not warn
+        r = TextLLMRunner(str(program("portable")), str(small), print_output=False)
+    config = GenerationConfig(
+        max_new_tokens=80, temperature=50.0, seed=0, echo=False, ignore_eos=True
+    )  # nearly uniform over the program's 512 ids
+    text = r.generate_text(PROMPT, config)
+    assert len(r.generated_tokens) == 80
+    assert max(r.generated_tokens) < size
+    assert text == r.tokenizer.decode(r.generated_tokens, skip_special_tokens=True)
+
+
+def test_tokenizer_far_smaller_than_the_logits_warns() -> None:
+    from ptexec.llm.runner import _sample_width
+
+    assert _sample_width(512, 512) is None
+    assert _sample_width(151665, 151936) == 151665  # Qwen2.5's padding
+    with pytest.warns(RuntimeWarning, match="128256 ids and the tokenizer only 50257"):
+        assert _sample_width(50257, 128256) == 50257

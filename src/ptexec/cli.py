@@ -323,9 +323,19 @@ def _method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, l
     if args.input:
         inputs = _read_inputs(args.input)
     else:
+        from .llm.decoder import example_inputs
+
         gen = torch.Generator().manual_seed(args.seed)
-        inputs = [_random_input(info, gen) for info in method.meta.inputs]
-        print(f"method '{name}': {len(inputs)} random input(s) from the method's metadata")
+        llm_inputs = example_inputs(prog, method.meta, gen)
+        if llm_inputs is not None:  # random positions would run past the KV cache
+            inputs = llm_inputs
+            print(
+                f"method '{name}' of an LLM: random tokens at positions from 0 (for text: "
+                f"ptexec generate {args.file} --tokenizer tokenizer.json --prompt ...)"
+            )
+        else:
+            inputs = [_random_input(info, gen) for info in method.meta.inputs]
+            print(f"method '{name}': {len(inputs)} random input(s) from the method's metadata")
     for i, x in enumerate(inputs):
         print(f"  input {i}: {_summary(x)}")
     return method, inputs
@@ -523,6 +533,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Stream generated text to stdout; timings to stderr at the end."""
     from .llm import GenerationConfig, TextLLMRunner
 
+    # the settings are checked before the program loads; the runner checks the prompt and
+    # the budget before it prints anything
+    config = GenerationConfig(
+        echo=not args.no_echo,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        num_bos=args.bos,
+        stop=args.stop or (),
+        ignore_eos=args.ignore_eos,
+    )
     if args.threads:
         import torch
 
@@ -535,17 +558,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         device_map=device_map,
         compile=args.compile,
         print_output=False,
-    )
-    config = GenerationConfig(
-        echo=not args.no_echo,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        num_bos=args.bos,
-        stop=args.stop or (),
-        ignore_eos=args.ignore_eos,
     )
 
     def show(piece: str) -> None:

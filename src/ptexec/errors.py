@@ -16,6 +16,9 @@ from collections.abc import Sequence
 __all__ = [
     "BackendUnavailableError",
     "ColumnError",
+    "ConfigError",
+    "ConfigTypeError",
+    "ConfigValueError",
     "DeviceUnavailableError",
     "ExecutionError",
     "FileMissingError",
@@ -173,6 +176,26 @@ class TokenizerError(PtexecError, RuntimeError):
 class GenerationError(PtexecError, RuntimeError):
     """A text-generation request that the program cannot serve: not a generation program,
     a prompt past its context, or a step asked of the runner out of order."""
+
+
+class ConfigError(PtexecError, RuntimeError):
+    """A setting (a field of a configuration, an option of a call) that cannot be used;
+    ``field`` names it. Raised as :class:`ConfigTypeError` or :class:`ConfigValueError`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.field, str(self)))
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A setting of the wrong type (a string for a number, a bool for a count)."""
+
+
+class ConfigValueError(ConfigError, ValueError):
+    """A setting of the right type outside its range (a NaN temperature, a count of 0)."""
 
 
 class ColumnError(InputError):

@@ -13,15 +13,162 @@ the rates meaningless.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["GenerationConfig", "Stats"]
+from ..errors import ConfigTypeError, ConfigValueError
+
+__all__ = ["GenerationConfig", "Stats", "check_setting"]
+
+_SEED_END = 1 << 64  # torch's generators take seeds in [0, 2**64)
+
+
+def _kind(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _flag(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigTypeError(field, f"{field} must be True or False, got {_kind(value)}")
+    return value
+
+
+def _int(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigTypeError(field, f"{field} must be an int, got {_kind(value)}")
+    return int(value)
+
+
+def _real(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigTypeError(field, f"{field} must be a number, got {_kind(value)}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ConfigValueError(field, f"{field} must be finite, got {x}")
+    return x
+
+
+def _limit(field: str, value: Any) -> int:
+    n = _int(field, value)
+    if n != -1 and n < 1:
+        raise ConfigValueError(field, f"{field} must be -1 (no limit) or at least 1, got {n}")
+    return n
+
+
+def _count(field: str, value: Any) -> int:
+    n = _int(field, value)
+    if n < 0:
+        raise ConfigValueError(field, f"{field} must be >= 0, got {n}")
+    return n
+
+
+def _temperature(field: str, value: Any) -> float:
+    x = _real(field, value)
+    if x < 0:
+        raise ConfigValueError(field, f"{field} must be >= 0 (0 is greedy), got {x:g}")
+    return x
+
+
+def _top_p(field: str, value: Any) -> float:
+    x = _real(field, value)
+    if not 0.0 < x <= 1.0:
+        raise ConfigValueError(field, f"{field} must be in (0, 1] (1: off), got {x:g}")
+    return x
+
+
+def _seed(field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    n = _int(field, value)
+    if not 0 <= n < _SEED_END:
+        raise ConfigValueError(
+            field, f"{field} must be None (random) or an int in [0, 2**64), got {n}"
+        )
+    return n
+
+
+def _stop(field: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):  # one stop string, not its characters
+        value = (value,)
+    elif not isinstance(value, Iterable) or isinstance(value, bytes | bytearray):
+        raise ConfigTypeError(
+            field, f"{field} must be a string or a list of strings, got {_kind(value)}"
+        )
+    stops = tuple(value)
+    for s in stops:
+        if not isinstance(s, str):
+            raise ConfigTypeError(field, f"{field} strings must be str, got {_kind(s)}")
+        if not s:
+            raise ConfigValueError(field, f"{field} strings must not be empty")
+    return stops
+
+
+# Every field's rule, in one place: the setters, the runner and the sampler use these.
+_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "echo": _flag,
+    "max_new_tokens": _limit,
+    "warming": _flag,
+    "seq_len": _limit,
+    "temperature": _temperature,
+    "num_bos": _count,
+    "num_eos": _count,
+    "ignore_eos": _flag,
+    "top_p": _top_p,
+    "top_k": _count,
+    "seed": _seed,
+    "stop": _stop,
+}
+
+
+def check_setting(field: str, value: Any) -> Any:
+    """``value`` as the :class:`GenerationConfig` field ``field`` holds it (a str ``stop``
+    becomes a one-string tuple, numpy numbers become Python's); raises
+    :class:`~ptexec.errors.ConfigTypeError` or :class:`~ptexec.errors.ConfigValueError`
+    naming the field."""
+    return _RULES[field](field, value)
 
 
 class GenerationConfig:
-    """How one ``generate`` call runs (keyword arguments only, as in ExecuTorch)."""
+    """How one ``generate`` call runs (keyword arguments only, as in ExecuTorch).
+
+    Every field is checked when it is set, in the constructor or later
+    (``config.temperature = 0.5``): a wrong type raises
+    :class:`~ptexec.errors.ConfigTypeError` (a ``TypeError``), a value out of range
+    :class:`~ptexec.errors.ConfigValueError` (a ``ValueError``), each naming the field.
+    """
+
+    __slots__ = tuple(_RULES)
+
+    echo: bool
+    """Pass the prompt to the token callback before the generated text."""
+    max_new_tokens: int
+    """Most tokens to generate (-1: as many as the context allows; else at least 1)."""
+    warming: bool
+    """A warm-up run: nothing is printed."""
+    seq_len: int
+    """Most tokens in the context, prompt included (-1: the program's context)."""
+    temperature: float
+    """Sampling temperature, finite and >= 0; 0 is greedy."""
+    num_bos: int
+    """BOS tokens to put before the prompt."""
+    num_eos: int
+    """EOS tokens to put after the prompt."""
+    ignore_eos: bool
+    """Keep generating past an EOS token."""
+    top_p: float
+    """Nucleus sampling, in (0, 1]: sample from the most likely tokens holding this mass."""
+    top_k: int
+    """Sample from the ``top_k`` most likely tokens only (0: all)."""
+    seed: int | None
+    """Seed of the sampler's generator, in [0, 2**64) (None: a fresh random seed per call)."""
+    stop: tuple[str, ...]
+    """Stop strings: generation ends when the text contains one (it is not emitted). A
+    string is one stop string; a list or tuple holds several."""
 
     def __init__(
         self,
@@ -37,32 +184,24 @@ class GenerationConfig:
         top_p: float = 0.9,
         top_k: int = 0,
         seed: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Iterable[str] | None = (),
     ) -> None:
         self.echo = echo
-        """Pass the prompt to the token callback before the generated text."""
         self.max_new_tokens = max_new_tokens
-        """Most tokens to generate (-1: as many as the context allows)."""
         self.warming = warming
-        """A warm-up run: nothing is printed."""
         self.seq_len = seq_len
-        """Most tokens in the context, prompt included (-1: the program's context)."""
         self.temperature = temperature
-        """Sampling temperature; 0 is greedy."""
         self.num_bos = num_bos
-        """BOS tokens to put before the prompt."""
         self.num_eos = num_eos
-        """EOS tokens to put after the prompt."""
         self.ignore_eos = ignore_eos
-        """Keep generating past an EOS token."""
         self.top_p = top_p
-        """Nucleus sampling: sample from the most likely tokens holding this much mass."""
         self.top_k = top_k
-        """Sample from the ``top_k`` most likely tokens only (0: all)."""
         self.seed = seed
-        """Seed of the sampler's generator (None: a fresh random seed per call)."""
-        self.stop = tuple(stop)
-        """Stop strings: generation ends when the text contains one (it is not emitted)."""
+        self.stop = stop  # type: ignore[assignment]  # normalised to a tuple by the rule
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        rule = _RULES.get(name)
+        object.__setattr__(self, name, value if rule is None else rule(name, value))
 
     def resolve_max_new_tokens(self, max_context_len: int, num_tokens_occupied: int) -> int:
         """Tokens to generate when ``num_tokens_occupied`` context positions are in use:

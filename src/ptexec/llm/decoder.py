@@ -36,7 +36,7 @@ import torch
 
 from ..errors import GenerationError
 
-__all__ = ["LlmMetadata", "TextDecoder", "read_metadata"]
+__all__ = ["DecoderLayout", "LlmMetadata", "TextDecoder", "example_inputs", "read_metadata"]
 
 _DEFAULTS = {
     "get_max_seq_len": None,
@@ -93,44 +93,41 @@ def read_metadata(program: Any) -> LlmMetadata:
     return LlmMetadata(values, eos)
 
 
-class TextDecoder:
-    """Runs a generation program's ``forward``: prefill a prompt, decode one token.
+class DecoderLayout:
+    """How a generation program's ``forward`` is called, read from its metadata and its
+    method's inputs and outputs (no method is loaded).
 
-    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...). Raises
-    :class:`~ptexec.errors.GenerationError` when ``forward`` is not shaped like a
-    generation program.
+    Raises :class:`~ptexec.errors.GenerationError` when the method is not shaped like a
+    generation program or the program has no ``get_max_seq_len``.
     """
 
-    def __init__(self, program: Any, method: str = "forward", **options: Any) -> None:
-        self.metadata = read_metadata(program)
-        meta = program.method_meta(method, options.get("device_map"))
+    def __init__(self, metadata: LlmMetadata, meta: Any, method: str = "forward") -> None:
         self._check_layout(meta, method)
-        options.setdefault("outputs", "view")  # logits are sampled before the next call
-        self.method = program.load_method(method, **options)
         tokens = meta.inputs[0]
-        self.device = tokens.device.to_torch()
-        self.token_dtype = tokens.dtype
-        self.use_kv_cache = bool(self.metadata.get("use_kv_cache", True)) and len(meta.inputs) > 1
+        self.device: torch.device = tokens.device.to_torch()
+        self.token_dtype: torch.dtype = tokens.dtype
+        self.use_kv_cache = bool(metadata.get("use_kv_cache", True)) and len(meta.inputs) > 1
         dyn = tokens.dynamism != "static"
-        self.dynamic = bool(self.metadata.get("enable_dynamic_shape", dyn)) and dyn
+        self.dynamic = bool(metadata.get("enable_dynamic_shape", dyn)) and dyn
         self.max_chunk = int(tokens.sizes[1]) if self.dynamic else 1
         if not self.use_kv_cache:
             self.max_chunk = int(tokens.sizes[1])
-        max_seq = self.metadata.get("get_max_seq_len")
+        max_seq = metadata.get("get_max_seq_len")
         if max_seq is None:
             raise GenerationError(
-                f"the program has no get_max_seq_len method; its methods are "
-                f"{list(program.method_names)} (an LLM export writes it)"
+                f"the program has no get_max_seq_len method (an LLM export writes it); "
+                f"'{method}' cannot be driven as a generation program"
             )
         self.max_seq_len = int(max_seq)
-        self.max_context_len = int(self.metadata.get("get_max_context_len", self.max_seq_len))
+        self.max_context_len = int(metadata.get("get_max_context_len", self.max_seq_len))
+        self.vocab_size = int(meta.outputs[0].sizes[-1])
+        """The logits' width: the ids the program can produce."""
         self.pos_vector = False
         self.pos_dtype = torch.int64
         if self.use_kv_cache:
             pos = meta.inputs[1]
             self.pos_dtype = pos.dtype
             self.pos_vector = pos.dynamism != "static" or int(pos.sizes[0]) > 1
-        self.execution_ms = 0.0  # accumulated time in forward
 
     @staticmethod
     def _check_layout(meta: Any, method: str) -> None:
@@ -160,21 +157,71 @@ class TextDecoder:
                     f"'{method}' input 1 should be the position (int64[1] start position or "
                     f"int64[seq] cache positions); it is {pos}"
                 )
-        if not meta.outputs or not hasattr(meta.outputs[0], "sizes"):
-            raise GenerationError(f"'{method}' should return the logits first")
+        outs = meta.outputs
+        if not outs or not hasattr(outs[0], "sizes") or len(outs[0].sizes) not in (2, 3):
+            raise GenerationError(
+                f"'{method}' should return the logits, [1, vocab] or [1, seq, vocab], first"
+            )
+
+    def inputs(self, tokens: torch.Tensor, pos: int) -> list[torch.Tensor]:
+        """The call's inputs for ``tokens`` (``[1, n]``, on :attr:`device`) at positions
+        ``pos ..  pos + n - 1``: the tokens, then the position input the program takes."""
+        if not self.use_kv_cache:
+            return [tokens]
+        if self.pos_vector:
+            n = tokens.shape[1]
+            return [tokens, torch.arange(pos, pos + n, dtype=self.pos_dtype, device=self.device)]
+        return [tokens, torch.tensor([pos], dtype=self.pos_dtype, device=self.device)]
+
+
+def example_inputs(
+    program: Any, meta: Any, generator: torch.Generator | None = None
+) -> list[torch.Tensor] | None:
+    """Inputs the generation method ``meta`` describes can take, or None when ``program`` is
+    not a generation program: the most tokens one call takes (bounded by the context), drawn
+    uniformly from the vocabulary, at positions from 0 (a prefill of a fresh context)."""
+    if "get_max_seq_len" not in program.method_names:
+        return None
+    try:
+        layout = DecoderLayout(read_metadata(program), meta)
+    except GenerationError:
+        return None
+    n = max(1, min(layout.max_chunk, layout.max_context_len - 1))
+    ids = torch.randint(0, max(layout.vocab_size, 1), (1, n), generator=generator)
+    return layout.inputs(ids.to(layout.token_dtype).to(layout.device), 0)
+
+
+class TextDecoder:
+    """Runs a generation program's ``forward``: prefill a prompt, decode one token.
+
+    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...). Raises
+    :class:`~ptexec.errors.GenerationError` when ``forward`` is not shaped like a
+    generation program.
+    """
+
+    def __init__(self, program: Any, method: str = "forward", **options: Any) -> None:
+        self.metadata = read_metadata(program)
+        meta = program.method_meta(method, options.get("device_map"))
+        layout = DecoderLayout(self.metadata, meta, method)
+        self.layout = layout
+        options.setdefault("outputs", "view")  # logits are sampled before the next call
+        self.method = program.load_method(method, **options)
+        self.device = layout.device
+        self.token_dtype = layout.token_dtype
+        self.use_kv_cache = layout.use_kv_cache
+        self.dynamic = layout.dynamic
+        self.max_chunk = layout.max_chunk
+        self.max_seq_len = layout.max_seq_len
+        self.max_context_len = layout.max_context_len
+        self.vocab_size = layout.vocab_size
+        self.pos_vector = layout.pos_vector
+        self.pos_dtype = layout.pos_dtype
+        self.execution_ms = 0.0  # accumulated time in forward
 
     # -- running -----------------------------------------------------------------------
     def _call(self, tokens: Sequence[int], pos: int) -> torch.Tensor:
         t = torch.tensor([list(tokens)], dtype=self.token_dtype, device=self.device)
-        if not self.use_kv_cache:
-            inputs: list[Any] = [t]
-        elif self.pos_vector:
-            inputs = [
-                torch.arange(pos, pos + len(tokens), dtype=self.pos_dtype, device=self.device)
-            ]
-            inputs.insert(0, t)
-        else:
-            inputs = [t, torch.tensor([pos], dtype=self.pos_dtype, device=self.device)]
+        inputs = self.layout.inputs(t, pos)
         start = time.perf_counter()
         logits: torch.Tensor = self.method.execute(inputs)[0]
         self.execution_ms += (time.perf_counter() - start) * 1e3

@@ -2,8 +2,12 @@
 
 A generation, as ExecuTorch's runner does it:
 
-1. the prompt is encoded with ``config.num_bos`` BOS and ``config.num_eos`` EOS tokens;
-   with ``config.echo`` the prompt goes to the token callback first;
+1. the prompt is encoded with ``config.num_bos`` BOS and ``config.num_eos`` EOS tokens
+   and checked before anything runs, as ExecuTorch's runner checks it before prefill: it
+   has a token, fits the context after the runner's position, and leaves a budget
+   (``config.resolve_max_new_tokens(context, position + prompt)``) of at least one token.
+   A refused call changes nothing: the next call runs as on a fresh runner. Then, with
+   ``config.echo``, the prompt goes to the token callback;
 2. the prompt is prefilled at the runner's position (0 after a load or ``reset``; after a
    ``generate`` the next call continues the same context), and the first token is sampled
    from the prefill's logits;
@@ -16,9 +20,16 @@ EOS ids are the program's ``get_eos_ids`` when it has them, else the tokenizer's
 the program's ``get_bos_id``, else the tokenizer's. The runner prints the text to stdout as
 it goes, as ExecuTorch's does, unless ``config.warming`` or ``print_output=False``.
 
+The tokenizer must not have more ids than the program's logits (a
+:class:`~ptexec.errors.GenerationError` at construction: it is another model's). Fewer is
+what exports do (the logits are padded: Qwen2.5's 151936 for 151665 ids): the padding ids
+are never sampled, and a gap wider than padding explains warns.
+
 Where ptexec differs from ExecuTorch's runner, on purpose: a first token that is EOS ends
 the generation (ExecuTorch decodes past it); each ``generate`` starts its statistics afresh
-(load times kept); the statistics are float milliseconds.
+(load times kept); the statistics are float milliseconds; ``seq_len`` bounds the whole
+context (ExecuTorch's bounds one call once the context holds earlier calls; both agree on
+a fresh context).
 """
 
 from __future__ import annotations
@@ -27,11 +38,12 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import GenerationError
-from .config import GenerationConfig, Stats, _now_ms
+from .config import GenerationConfig, Stats, _now_ms, check_setting
 from .decoder import TextDecoder
 from .inputs import MultimodalInput
 from .sampling import Sampler
@@ -119,6 +131,9 @@ class _Runner:
         if self.bos_id != self.tokenizer.bos_id and self.bos_id >= 0:
             self.tokenizer.bos_id = self.bos_id  # the program's BOS is the one encoded
         self.vocab_size = int(md.get("get_vocab_size", self.tokenizer.vocab_size))
+        self._sample_width = _sample_width(self.tokenizer.vocab_size, self.decoder.vocab_size)
+        if temperature != -1.0:
+            check_setting("temperature", temperature)
         self.temperature = temperature
         self.print_output = print_output
         self.pos = 0
@@ -157,11 +172,24 @@ class _Runner:
     # -- the loop ---------------------------------------------------------------------------
     def _sampler(self, config: GenerationConfig) -> Sampler:
         temperature = config.temperature if self.temperature == -1.0 else self.temperature
-        return Sampler(max(0.0, temperature), config.top_p, config.top_k, config.seed)
+        return Sampler(temperature, config.top_p, config.top_k, config.seed)
+
+    def _sample(self, sampler: Sampler, logits: Any) -> int:
+        if self._sample_width is not None:  # ids past the tokenizer's are padding
+            logits = logits[..., : self._sample_width]
+        self.stats.on_sampling_begin()
+        token = sampler.sample(logits)
+        self.stats.on_sampling_end()
+        return token
 
     def _encode_inputs(
         self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
     ) -> list[int]:
+        if num_bos + num_eos >= self.max_context_len:
+            raise GenerationError(
+                f"num_bos {num_bos} + num_eos {num_eos} do not fit the context of "
+                f"{self.max_context_len} tokens"
+            )
         ids: list[int] = []
         for item in inputs:
             if item.is_text():
@@ -182,7 +210,9 @@ class _Runner:
                 )
         return ids
 
-    def _prefill_ids(self, ids: list[int], sampler: Sampler) -> int:
+    def _check_prompt(self, ids: list[int]) -> None:
+        """What ExecuTorch's runner checks of a prompt before prefill: at least one token,
+        and room after it in the context."""
         if not ids:
             raise GenerationError("Expected at least 1 prompt token")
         if self.pos + len(ids) >= self.max_context_len:
@@ -190,13 +220,36 @@ class _Runner:
                 f"the prompt's {len(ids)} tokens at position {self.pos} do not fit the "
                 f"context of {self.max_context_len} tokens (the program's max context length)"
             )
+
+    def _budget(self, config: GenerationConfig, ids: list[int] | None) -> int:
+        """The tokens this call generates, checked before anything runs (as ExecuTorch's
+        runner checks it before prefill): raises when the prompt does not fit or no token
+        may be generated after it."""
+        if ids is not None:
+            self._check_prompt(ids)
+        elif self._next_token is None:
+            raise GenerationError("an empty prompt needs a prior prefill() call")
+        occupied = self.pos + (len(ids) if ids is not None else 0)
+        budget = config.resolve_max_new_tokens(self.max_context_len, occupied)
+        if budget <= 0:
+            limit = (
+                f"seq_len {config.seq_len}"
+                if config.seq_len != -1 and config.seq_len < self.max_context_len
+                else f"the context of {self.max_context_len} tokens"
+            )
+            raise GenerationError(
+                f"no token can be generated: {occupied} tokens would be in the context "
+                f"(position {self.pos}, prompt {len(ids) if ids is not None else 0}), "
+                f"{limit} leaves no room for a new token"
+            )
+        return budget
+
+    def _prefill_ids(self, ids: list[int], sampler: Sampler) -> int:
+        self._check_prompt(ids)
         logits = self.decoder.prefill(ids, self.pos)
         self.pos += len(ids)
         self._history += ids
-        self.stats.on_sampling_begin()
-        token = sampler.sample(logits)
-        self.stats.on_sampling_end()
-        return token
+        return self._sample(sampler, logits)
 
     def _generate_ids(
         self,
@@ -207,6 +260,10 @@ class _Runner:
         stats_callback: StatsCallback | None,
     ) -> str:
         with self._lock:
+            # everything is checked before any state changes: a refused call leaves the
+            # context, the statistics and a pending prefill as they were
+            sampler = self._sampler(config)
+            budget = self._budget(config, ids)
             self._stop.clear()
             self.stats.reset()
             stats = self.stats
@@ -225,7 +282,6 @@ class _Runner:
                 if token_callback is not None:
                     token_callback(text)
 
-            sampler = self._sampler(config)
             start_pos = self.pos
             if ids is not None:
                 stats.token_encode_end_ms = _now_ms()
@@ -235,18 +291,11 @@ class _Runner:
                 cur = self._prefill_ids(ids, sampler)
                 num_prompt = len(ids)
             else:
-                if self._next_token is None:
-                    raise GenerationError("an empty prompt needs a prior prefill() call")
+                assert self._next_token is not None  # checked by _budget
                 cur = self._next_token
                 num_prompt = self.pos - start_pos
                 stats.token_encode_end_ms = stats.model_execution_start_ms = _now_ms()
             self._next_token = None
-            budget = config.resolve_max_new_tokens(self.max_context_len, self.pos)
-            if budget <= 0:
-                raise GenerationError(
-                    f"Max new tokens {budget} is less than or equal to 0 (position {self.pos}, "
-                    f"context {self.max_context_len}, {config!r})"
-                )
             stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
             self.generated_tokens = out_ids = [cur]
             stream = TextStream(self.tokenizer)
@@ -258,9 +307,7 @@ class _Runner:
                 logits = self.decoder.step(cur, self.pos, self._history)
                 self.pos += 1
                 self._history.append(cur)
-                stats.on_sampling_begin()
-                cur = sampler.sample(logits)
-                stats.on_sampling_end()
+                cur = self._sample(sampler, logits)
                 generated += 1
                 out_ids.append(cur)
                 ended = (cur in self.eos_ids) and not config.ignore_eos
@@ -393,6 +440,34 @@ class MultimodalRunner(_Runner):
             f"<ptexec.llm.MultimodalRunner context {self.max_context_len}, vocab "
             f"{self.vocab_size}, position {self.pos}>"
         )
+
+
+# Exports pad the logits past the tokenizer's ids by a few hundred at most (Qwen2.5 and
+# Qwen3: 151936 for 151665 and 151669 ids; Phi-3: 32064 for 32011); a wider gap is a
+# tokenizer of another model.
+_PADDING = 1024
+
+
+def _sample_width(tokenizer_vocab: int, logits_width: int) -> int | None:
+    """How many of the logits to sample from (None: all), or raise when the tokenizer cannot
+    be the program's."""
+    if tokenizer_vocab > logits_width:
+        raise GenerationError(
+            f"the tokenizer has {tokenizer_vocab} ids but the program's logits only "
+            f"{logits_width}: ids from {logits_width} on would reach past the program's "
+            "vocabulary (is the tokenizer the one this program was exported with?)"
+        )
+    if tokenizer_vocab == logits_width or tokenizer_vocab <= 0:
+        return None
+    if logits_width - tokenizer_vocab > _PADDING:
+        warnings.warn(
+            f"the program's logits have {logits_width} ids and the tokenizer only "
+            f"{tokenizer_vocab}: more than padding explains; the tokenizer is probably not "
+            "this program's (ids past the tokenizer's are never sampled)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return tokenizer_vocab
 
 
 def _hf_inputs(inputs: Any, image_token_id: int | None) -> list[MultimodalInput]:

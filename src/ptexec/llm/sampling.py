@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import torch
 
+from .config import check_setting
+
 __all__ = ["Sampler"]
 
 
 class Sampler:
     """Greedy or temperature / top-k / top-p sampling with a seed.
 
-    ``temperature <= 0`` is greedy (the first maximum). ``top_k <= 0`` and ``top_p >= 1``
-    disable those filters. ``seed=None`` draws from a nondeterministic seed.
+    ``temperature == 0`` is greedy (the first maximum). ``top_k == 0`` and ``top_p == 1``
+    disable those filters. ``seed=None`` draws from a nondeterministic seed. The settings
+    follow :class:`~ptexec.llm.GenerationConfig`'s rules (a NaN, infinite or negative
+    temperature, a ``top_p`` outside (0, 1], a negative ``top_k`` or a seed outside
+    [0, 2**64) raise :class:`~ptexec.errors.ConfigValueError`; a wrong type
+    :class:`~ptexec.errors.ConfigTypeError`).
     """
 
     def __init__(
@@ -30,14 +36,10 @@ class Sampler:
         top_k: int = 0,
         seed: int | None = None,
     ) -> None:
-        if temperature != temperature or temperature < 0:  # NaN or negative
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
-        self.seed = seed
+        self.temperature: float = check_setting("temperature", temperature)
+        self.top_p: float = check_setting("top_p", top_p)
+        self.top_k: int = check_setting("top_k", top_k)
+        self.seed: int | None = check_setting("seed", seed)
         self._generators: dict[torch.device, torch.Generator] = {}
 
     @property
@@ -51,7 +53,7 @@ class Sampler:
             if self.seed is None:
                 g.seed()
             else:
-                g.manual_seed(int(self.seed))
+                g.manual_seed(self.seed)
             self._generators[device] = g
         return g
 

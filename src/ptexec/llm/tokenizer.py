@@ -12,7 +12,7 @@
 
 Every tokenizer has the same small interface (:class:`Tokenizer`): ``encode(text, bos,
 eos)`` with counts of BOS/EOS tokens to add, ``decode(ids)`` of a whole sequence, and
-``bos_id``, ``eos_id``, ``vocab_size``. :class:`TextStream` turns a growing list of ids
+``bos_id``, ``eos_id``, ``vocab_size`` (one past the largest id). :class:`TextStream` turns a growing list of ids
 into text pieces for streaming, holding back bytes that do not yet form a whole character.
 """
 
@@ -85,10 +85,11 @@ class HuggingFaceTokenizer(Tokenizer):
             raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({e})") from e
         self._tok = tok
         bos, eos = _hf_special_ids(tok, path.parent / "tokenizer_config.json")
-        super().__init__(path, bos, eos, tok.get_vocab_size(with_added_tokens=True))
-        self._special = frozenset(
-            int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special
-        )
+        added = tok.get_added_tokens_decoder()
+        # the id range: added tokens may sit past the count (ids with gaps)
+        size = max([tok.get_vocab_size(with_added_tokens=True), *(int(i) + 1 for i in added)])
+        super().__init__(path, bos, eos, size)
+        self._special = frozenset(int(i) for i, t in added.items() if t.special)
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
