@@ -400,6 +400,46 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``ptexec cache list|verify|clear``: the compile cache's entries, checked, or removed."""
+    from datetime import datetime
+
+    from .compile.cache import Cache, cache_dir, max_bytes, root_status
+    from .errors import CacheEntryError
+
+    root = Path(args.dir).expanduser() if args.dir else cache_dir()
+    problem, writable = root_status(root)
+    if problem is not None:
+        print(f"compile cache {root}: not used: {problem}")
+        return 0 if args.action == "list" and not root.exists() else 1
+    cache = Cache(root, writable)
+    if args.action == "clear":
+        print(f"compile cache {root}: removed {cache.clear()} entries")
+        return 0
+    print(f"compile cache {root} ({'writable' if writable else 'read only'})")
+    damaged = 0
+    total = 0
+    entries = cache.entries()
+    for entry in entries:
+        size = entry.size()
+        total += size
+        used = datetime.fromtimestamp(entry.last_used()).strftime("%Y-%m-%d %H:%M")
+        try:
+            manifest = entry.verify()
+            what = f"'{manifest.method}', {len(manifest.regions)} region(s)"
+        except CacheEntryError as e:
+            damaged += 1
+            what = f"damaged: {e}"
+        print(f"  {entry.key[:16]}  {size / 1e6:9.2f} MB  used {used}  {what}")
+    for path in cache.leftovers():
+        print(f"  {path.name}: left by a compile that did not finish")
+    cap = max_bytes()
+    limit = f"of {cap / 1e9:.1f} GB" if cap else "(no size limit)"
+    noun = "entry" if len(entries) == 1 else "entries"
+    print(f"{len(entries)} {noun}, {total / 1e6:.2f} MB {limit}; {damaged} damaged")
+    return 1 if args.action == "verify" and damaged else 0
+
+
 # ---- trace, profile, plan ----------------------------------------------------------------
 
 
@@ -659,6 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", help="compile for this device (as --device-map: 'cpu', 'cuda:0', ...)"
     )
     p_compile.set_defaults(func=cmd_compile)
+
+    p_cache = sub.add_parser(
+        "cache", help="the compile cache: list its entries, verify them, or clear it"
+    )
+    p_cache.add_argument("action", choices=["list", "verify", "clear"])
+    p_cache.add_argument("--dir", help="the cache directory (default: PTEXEC_CACHE_DIR, ...)")
+    p_cache.set_defaults(func=cmd_cache)
 
     def inputs(p: argparse.ArgumentParser) -> None:
         p.add_argument(
