@@ -34,7 +34,7 @@ from ptexec.compile import CompileOptions, CompileWarning
 from ptexec.compile import cache as cache_mod
 from ptexec.compile.cache import LAYOUT_VERSION, MANIFEST, Cache, cache_key, open_cache
 from ptexec.compile.graph import BinOp, Guard, GuardError, Size
-from ptexec.compile.manifest import RegionRecord
+from ptexec.compile.manifest import Manifest, RegionRecord
 from ptexec.errors import CacheEntryError
 
 PTE = fixture_paths("mlp")[0]
@@ -651,3 +651,22 @@ def test_verify_names_what_is_wrong(root: Path, hostile_library: Path) -> None:
     (entry,) = cache.entries()
     with pytest.raises(CacheEntryError, match=r"regions\[0\].guards\[0\].*value must be an int"):
         entry.verify()
+
+
+def test_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> None:
+    """Two writers of one key: each assembles its entry apart; the first rename wins, the
+    second is dropped, and a reader only ever sees a complete entry."""
+    cache = open_cache(tmp_path)
+    assert cache is not None
+    a, b = cache.entry("k" * 64), cache.entry("k" * 64)
+    sa, sb = a.staging(), b.staging()
+    assert a.read() is None
+    (sa / "r0.so").write_bytes(b"A")
+    (sb / "r0.so").write_bytes(b"B")
+    manifest = Manifest("forward", (), (), 1.0)
+    assert a.commit(sa, manifest)
+    assert not b.commit(sb, manifest)
+    got = b.read()
+    assert got is not None and [n for n, _ in got.files] == ["r0.so"]
+    assert (a.path / "r0.so").read_bytes() == b"A"
+    assert [p.name for p in tmp_path.iterdir()] == ["k" * 64]  # no staging left behind
