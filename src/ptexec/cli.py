@@ -408,10 +408,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from .errors import CacheEntryError
 
     root = Path(args.dir).expanduser() if args.dir else cache_dir()
+    if not root.exists():
+        print(f"compile cache {root}: empty (the directory does not exist yet)")
+        return 0
     problem, writable = root_status(root)
     if problem is not None:
         print(f"compile cache {root}: not used: {problem}")
-        return 0 if args.action == "list" and not root.exists() else 1
+        return 1
     cache = Cache(root, writable)
     if args.action == "clear":
         print(f"compile cache {root}: removed {cache.clear()} entries")

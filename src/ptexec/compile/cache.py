@@ -25,7 +25,9 @@ used, what this user compiles is not kept. Entries are created with the root's r
 permissions, so such a shared cache is readable by those the administrator chose. A root
 that fails these rules is not used at all (:func:`open_cache` warns once and the load
 compiles in a private temporary directory); an entry that fails them is a miss (one
-warning; it is replaced when the cache is writable). No cache problem fails a load.
+warning; it is replaced when the cache is writable). No cache problem fails a load. (On
+Windows, where files have no POSIX owner, the per-user directory's own permissions are
+relied on.)
 
 **Housekeeping.** After each new entry, staging directories of compiles that died are
 removed and the least recently used entries (a hit marks its entry used) are evicted
@@ -160,7 +162,8 @@ def _machine(device: str) -> str:
     if device.startswith("cuda"):
         index = int(device.partition(":")[2] or 0)
         major, minor = torch.cuda.get_device_capability(index)
-        return f"cuda sm_{major}{minor} cuda {torch.version.cuda}"
+        # its CPU regions, if any, are built for this CPU
+        return f"cuda sm_{major}{minor} cuda {torch.version.cuda} {_cpu_target()}"
     capability = torch.backends.cpu.get_cpu_capability()
     return f"{platform.machine()} {capability} {_cpu_target()}"
 
@@ -305,6 +308,8 @@ def _move_aside(path: Path) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":  # a directory cannot be opened there; its entries are durable
+        return
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
