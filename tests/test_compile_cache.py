@@ -13,7 +13,10 @@ manifest, digests, rename, hits, eviction) runs for real, in a fraction of a sec
 
 from __future__ import annotations
 
+import copy
 import errno
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -78,12 +81,18 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return r
 
 
+@functools.cache
 def _key() -> str:
     return cache_key([ptexec.load(PTE).pte.data], "forward", "cpu", CompileOptions().key())
 
 
 def _records() -> list[dict[str, Any]]:
     """The region records ptexec plans for the program (what a planted manifest copies)."""
+    return copy.deepcopy(_planned())
+
+
+@functools.cache
+def _planned() -> list[dict[str, Any]]:
     from ptexec.compile.runner import _Builder
 
     state = ptexec.load(PTE).load_method("forward").state
@@ -106,8 +115,6 @@ def plant(
     for r in regions:
         shutil.copyfile(library, entry / r["file"])
         data = (entry / r["file"]).read_bytes()
-        import hashlib
-
         files[r["file"]] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     manifest = {
         "layout": LAYOUT_VERSION,
@@ -130,10 +137,16 @@ def load_compiled(monkeypatch: pytest.MonkeyPatch) -> tuple[ptexec.Method, list[
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = ptexec.load(PTE).load_method("forward", compile=True)
-    x = fixture_calls("mlp")[0]["inputs"]
-    want = ptexec.load(PTE).load_method("forward").execute(x)
-    assert torch.equal(m.execute(x)[0], want[0])
+    x, want = _reference()
+    assert torch.equal(m.execute(x)[0], want)
     return m, [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
+
+
+@functools.cache
+def _reference() -> tuple[list[Any], torch.Tensor]:
+    """The first stored call's inputs and the interpreter's output."""
+    x = fixture_calls("mlp")[0]["inputs"]
+    return x, ptexec.load(PTE).load_method("forward").execute(x)[0]
 
 
 def assert_refused(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
@@ -418,9 +431,8 @@ def _load(**kw: Any) -> tuple[ptexec.Method, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = ptexec.load(PTE).load_method("forward", compile=CompileOptions(**kw))
-    x = fixture_calls("mlp")[0]["inputs"]
-    want = ptexec.load(PTE).load_method("forward").execute(x)
-    assert torch.allclose(m.execute(x)[0], want[0], atol=1e-6)
+    x, want = _reference()
+    assert torch.allclose(m.execute(x)[0], want, atol=1e-6)
     return m, [str(w.message) for w in caught if issubclass(w.category, CompileWarning)]
 
 
@@ -434,8 +446,6 @@ def test_an_entry_is_published_with_digests_and_then_hit(
     entry = Path(report.cache_path)
     manifest = json.loads((entry / MANIFEST).read_text())
     data = (entry / "r0.so").read_bytes()
-    import hashlib
-
     assert manifest["files"] == {
         "r0.so": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     }

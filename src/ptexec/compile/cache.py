@@ -317,12 +317,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256(f: io.BufferedIOBase) -> str:
+def _sha256(f: io.BufferedIOBase, size: int) -> str:
+    if size <= 1 << 26:  # one read: the common library is a few MB
+        return hashlib.sha256(f.read()).hexdigest()
     h = hashlib.sha256()
-    buffer = bytearray(1 << 20)
-    view = memoryview(buffer)
-    while n := f.readinto(view):
-        h.update(view[:n])
+    while chunk := f.read(1 << 24):
+        h.update(chunk)
     return h.hexdigest()
 
 
@@ -495,7 +495,7 @@ class CacheEntry:
             )
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd, "rb") as f:
-            digest = _sha256(f)
+            digest = _sha256(f, st.st_size)
         if digest != record.sha256:
             raise CacheEntryError(f"{path} does not have the sha256 its manifest records")
 
@@ -555,7 +555,7 @@ class CacheEntry:
                     raise CacheEntryError(f"compiled output {path} cannot be kept")
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-                    digest = _sha256(f)
+                    digest = _sha256(f, os.fstat(f.fileno()).st_size)
                 files.append((name, FileRecord(os.path.getsize(path), digest)))
                 os.chmod(path, 0o600 | (share & 0o044))
             manifest = dataclasses.replace(manifest, files=tuple(files))

@@ -153,6 +153,8 @@ class _Builder:
 
     def _mismatch(self, manifest: Manifest) -> str | None:
         """Why a (well-formed) manifest is not the record of this method's regions."""
+        if manifest.method != self.state.name:
+            return f"it is the entry of method {manifest.method!r:.80}"
         mine = {(r.chain, r.first, r.last): r for r in self.regions}
         seen: set[tuple[int, int, int]] = {f.span for f in manifest.failed}
         plan = self.state.plan
