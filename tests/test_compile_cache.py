@@ -680,3 +680,32 @@ def test_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> None:
     assert got is not None and [n for n, _ in got.files] == ["r0.so"]
     assert (a.path / "r0.so").read_bytes() == b"A"
     assert [p.name for p in tmp_path.iterdir()] == ["k" * 64]  # no staging left behind
+
+
+def test_files_and_directory_are_synced_before_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("names synced files through /proc/self/fd")
+    cache = open_cache(tmp_path)
+    assert cache is not None
+    entry = cache.entry("s" * 64)
+    staging = entry.staging()
+    (staging / "r0.so").write_bytes(b"library")
+    events: list[str] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(a: Any, b: Any) -> None:
+        events.append("rename")
+        real_rename(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    assert entry.commit(staging, Manifest("forward", (), (), 1.0))
+    before = events[: events.index("rename")]
+    assert {"fsync r0.so", f"fsync {MANIFEST}", f"fsync {staging.name}"} <= set(before)
+    assert events[-1] == f"fsync {tmp_path.name}"  # the rename itself, made durable
