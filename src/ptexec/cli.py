@@ -433,13 +433,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
         except CacheEntryError as e:
             damaged += 1
             what = f"damaged: {e}"
-        print(f"  {entry.key[:16]}  {size / 1e6:9.2f} MB  used {used}  {what}")
+        print(f"  {entry.key[:16]}  {size / 2**20:9.2f} MiB  used {used}  {what}")
     for path in cache.leftovers():
         print(f"  {path.name}: left by a compile that did not finish")
     cap = max_bytes()
-    limit = f"of {cap / 1e9:.1f} GB" if cap else "(no size limit)"
+    limit = f"of {cap / 2**30:.1f} GiB (PTEXEC_CACHE_MAX_BYTES)" if cap else "(no size limit)"
     noun = "entry" if len(entries) == 1 else "entries"
-    print(f"{len(entries)} {noun}, {total / 1e6:.2f} MB {limit}; {damaged} damaged")
+    print(f"{len(entries)} {noun}, {total / 2**20:.2f} MiB {limit}; {damaged} damaged")
     return 1 if args.action == "verify" and damaged else 0
 
 
