@@ -162,7 +162,7 @@ class Guard:
         if kind == "eq":
             return Guard(kind, k, d, value=_int(data["value"], "guard value"))
         if kind == "range":
-            lo, hi = _int(data["lo"], "guard lo"), _int(data["hi"], "guard hi", -1)
+            lo, hi = _int(data["lo"], "guard lo", None), _int(data["hi"], "guard hi", -1)
             return Guard(kind, k, d, lo=lo, hi=hi)
         if kind == "same":
             return Guard(
