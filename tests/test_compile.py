@@ -37,7 +37,7 @@ from compile_util import (
 from fixture_data import fixture_calls, fixture_paths
 from ptexec.compile import CompileOptions, CompileReport, CompileWarning
 from ptexec.compile.aoti import inductor_options
-from ptexec.compile.cache import CacheEntry, cache_dir, cache_key
+from ptexec.compile.cache import cache_dir, cache_key
 from ptexec.errors import ExecutionError, InstructionLimitError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -334,31 +334,6 @@ def test_cache_key_depends_on_what_the_code_depends_on() -> None:
     assert base != cache_key([b"program"], "decode", "cpu", {"a": 1})
     assert base != cache_key([b"program"], "forward", "cpu", {"a": 2})
     assert base != cache_key([b"prog", b"ram"], "forward", "cpu", {"a": 1})
-
-
-def test_cache_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> None:
-    """Two writers of one key: each assembles its entry apart; the first rename wins, the
-    second is dropped, and a reader only ever sees a complete entry."""
-    a, b = CacheEntry(tmp_path, "k" * 40), CacheEntry(tmp_path, "k" * 40)
-    sa, sb = a.staging(), b.staging()
-    assert a.read() is None
-    (sa / "r0.so").write_bytes(b"A")
-    (sb / "r0.so").write_bytes(b"B")
-    assert a.commit(sa, {"regions": [{"file": "r0.so", "x": 1}]})
-    assert not b.commit(sb, {"regions": [{"file": "r0.so", "x": 2}]})
-    manifest = b.read()
-    assert manifest is not None and manifest["regions"] == [{"file": "r0.so", "x": 1}]
-    assert (a.path / "r0.so").read_bytes() == b"A"
-    assert [p.name for p in tmp_path.iterdir()] == ["k" * 40]  # no staging left behind
-
-
-def test_an_incomplete_entry_is_not_read(tmp_path: Path) -> None:
-    entry = CacheEntry(tmp_path, "e" * 40)
-    entry.path.mkdir()
-    (entry.path / "manifest.json").write_text('{"layout": 1, "regions": [{"file": "r0.so"}]}')
-    assert entry.read() is None  # names a model file it does not have
-    (entry.path / "manifest.json").write_text("{not json")
-    assert entry.read() is None
 
 
 # ---- the CUDA path: its rules on the CPU, the real thing where there is a GPU --------------

@@ -410,6 +410,49 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``ptexec cache list|verify|clear``: the compile cache's entries, checked, or removed."""
+    from datetime import datetime
+
+    from .compile.cache import Cache, cache_dir, max_bytes, root_status
+    from .errors import CacheEntryError
+
+    root = Path(args.dir).expanduser() if args.dir else cache_dir()
+    if not root.exists():
+        print(f"compile cache {root}: empty (the directory does not exist yet)")
+        return 0
+    problem, writable = root_status(root)
+    if problem is not None:
+        print(f"compile cache {root}: not used: {problem}")
+        return 1
+    cache = Cache(root, writable)
+    if args.action == "clear":
+        print(f"compile cache {root}: removed {cache.clear()} entries")
+        return 0
+    print(f"compile cache {root} ({'writable' if writable else 'read only'})")
+    damaged = 0
+    total = 0
+    entries = cache.entries()
+    for entry in entries:
+        size = entry.size()
+        total += size
+        used = datetime.fromtimestamp(entry.last_used()).strftime("%Y-%m-%d %H:%M")
+        try:
+            manifest = entry.verify()
+            what = f"'{manifest.method}', {len(manifest.regions)} region(s)"
+        except CacheEntryError as e:
+            damaged += 1
+            what = f"damaged: {e}"
+        print(f"  {entry.key[:16]}  {size / 2**20:9.2f} MiB  used {used}  {what}")
+    for path in cache.leftovers():
+        print(f"  {path.name}: left by a compile that did not finish")
+    cap = max_bytes()
+    limit = f"of {cap / 2**30:.1f} GiB (PTEXEC_CACHE_MAX_BYTES)" if cap else "(no size limit)"
+    noun = "entry" if len(entries) == 1 else "entries"
+    print(f"{len(entries)} {noun}, {total / 2**20:.2f} MiB {limit}; {damaged} damaged")
+    return 1 if args.action == "verify" and damaged else 0
+
+
 # ---- trace, profile, plan ----------------------------------------------------------------
 
 
@@ -671,6 +714,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", help="compile for this device (as --device-map: 'cpu', 'cuda:0', ...)"
     )
     p_compile.set_defaults(func=cmd_compile)
+
+    p_cache = sub.add_parser(
+        "cache", help="the compile cache: list its entries, verify them, or clear it"
+    )
+    p_cache.add_argument("action", choices=["list", "verify", "clear"])
+    p_cache.add_argument("--dir", help="the cache directory (default: PTEXEC_CACHE_DIR, ...)")
+    p_cache.set_defaults(func=cmd_cache)
 
     def inputs(p: argparse.ArgumentParser) -> None:
         p.add_argument(

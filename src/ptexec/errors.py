@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "BackendUnavailableError",
+    "CacheEntryError",
     "ColumnError",
     "ConfigError",
     "ConfigTypeError",
@@ -61,6 +62,11 @@ class PteFormatError(PtexecError, ValueError, RuntimeError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return (type(self), (self.path, self.detail))
+
+
+class CacheEntryError(PtexecError, ValueError, RuntimeError):
+    """A compile-cache entry that is damaged, not confined to its directory, or not
+    trusted (what, and where). Loading never raises it: such an entry is a miss."""
 
 
 class ProgramChangedError(PtexecError, RuntimeError):

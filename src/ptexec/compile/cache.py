@@ -1,40 +1,91 @@
-"""The on-disk cache of compiled methods: one directory per key, written atomically.
+"""The on-disk cache of compiled methods: one directory per key, trusted, checked, atomic.
 
-The key digests everything the compiled code depends on: the program's bytes (and its
-external data file's), the method, the device (with the CPU's instruction set, or the
-GPU's compute capability: the code is built for this machine), the compile options, and
-the versions of torch, Python, ptexec (its version and a digest of its sources) and this
-cache's layout. An entry is a directory holding the
-compiled regions (a shared library per CPU region, one package of the CUDA ones) and
-``manifest.json`` (the regions, their guards, their files, what fell back and why). It is assembled in a temporary directory next to its
-final place and renamed there in one step, so a reader sees a complete entry or none,
-and two processes compiling the same key cannot corrupt it (the second rename loses and
-its copy is dropped).
+**Key.** It digests everything the compiled code depends on: the program's bytes (and its
+external data file's), the method, the device and what the code is built for (on the CPU
+the instruction-set extensions ``-march=native`` resolves to, read from the CPU's feature
+flags, or the ``-march`` AOTInductor is configured with; on CUDA the GPU's compute
+capability), the compile options, and the versions of torch, Python, ptexec (its version
+and a digest of its sources) and this cache's layout.
 
-The directory is ``PTEXEC_CACHE_DIR`` when set, else ``ptexec`` under the user's cache
+**Entry.** A directory holding the compiled regions (a shared library per CPU region, one
+package of the CUDA ones) and ``manifest.json`` (:mod:`.manifest`: the regions, their
+guards, what fell back and why, and the size and sha256 of every file). It is assembled
+in a staging directory next to its final place, every file and the directory synced, and
+renamed there in one step, so a reader sees a complete entry or none, and two processes
+compiling one key cannot corrupt it (the second rename loses and its copy is dropped).
+
+**Trust.** Loading a library runs its code, so whoever can write to the cache must be the
+user who loads from it. The root is used only when it, and every directory above it, is
+owned by this user or by root and not writable by group or others (a sticky directory
+such as ``/tmp`` above it is fine); an entry and its files likewise, each a real directory
+or regular file (never a symbolic link), with exactly the files its manifest lists, each
+of its recorded size and digest, checked before anything is loaded. A root owned by root
+while this user is not (a cache an administrator filled) is read only: its entries are
+used, what this user compiles is not kept. Entries are created with the root's read
+permissions, so such a shared cache is readable by those the administrator chose. A root
+that fails these rules is not used at all (:func:`open_cache` warns once and the load
+compiles in a private temporary directory); an entry that fails them is a miss (one
+warning; it is replaced when the cache is writable). No cache problem fails a load. (On
+Windows, where files have no POSIX owner, the per-user directory's own permissions are
+relied on.)
+
+**Housekeeping.** After each new entry, staging directories of compiles that died are
+removed and the least recently used entries (a hit marks its entry used) are evicted
+while the cache holds more than ``PTEXEC_CACHE_MAX_BYTES`` (bytes, or with a ``K``, ``M``,
+``G`` suffix; 0 for no limit; default 10G). ``ptexec cache list|verify|clear`` shows,
+checks and empties it.
+
+The root is ``PTEXEC_CACHE_DIR`` when set, else ``ptexec`` under the user's cache
 directory (``XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS,
 ``LOCALAPPDATA`` on Windows).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
+import io
 import json
 import os
 import platform
+import re
 import shutil
+import socket
+import stat
 import sys
 import tempfile
+import time
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CacheEntry", "cache_dir", "cache_key"]
+from ..errors import CacheEntryError
+from .manifest import FileRecord, Manifest, parse, valid_name
+from .report import CompileWarning
 
-LAYOUT_VERSION = 1  # bump when what is stored, or how it is read, changes
+__all__ = [
+    "Cache",
+    "CacheEntry",
+    "cache_dir",
+    "cache_key",
+    "max_bytes",
+    "open_cache",
+    "root_status",
+    "warn_once",
+]
+
+LAYOUT_VERSION = 2  # bump when what is stored, or how it is read, changes
 MANIFEST = "manifest.json"
+DEFAULT_MAX_BYTES = 10 * 1024**3
+_MANIFEST_LIMIT = 16 * 1024**2
+_KEY = re.compile(r"[0-9a-f]{64}")
+_STAGING = ".staging-"
+_TRASH = ".trash-"
+_STALE_SECONDS = 24 * 3600  # a staging directory of another host, or older: its compile died
 
 
 def cache_dir() -> Path:
@@ -51,15 +102,70 @@ def cache_dir() -> Path:
     return base / "ptexec"
 
 
+_warned: set[str] = set()
+
+
+def warn_once(text: str, stacklevel: int = 2) -> None:
+    """One :class:`CompileWarning` per distinct text in a process."""
+    if text not in _warned:
+        _warned.add(text)
+        warnings.warn(text, CompileWarning, stacklevel=stacklevel + 1)
+
+
+def max_bytes() -> int:
+    """The size cap (``PTEXEC_CACHE_MAX_BYTES``; 0: none)."""
+    text = os.environ.get("PTEXEC_CACHE_MAX_BYTES", "").strip()
+    if not text:
+        return DEFAULT_MAX_BYTES
+    m = re.fullmatch(r"([0-9]+)\s*([kKmMgGtT]?)[bB]?", text)
+    if m is None:
+        warn_once(f"PTEXEC_CACHE_MAX_BYTES={text!r} is not a size (like 500M or 10G): using 10G")
+        return DEFAULT_MAX_BYTES
+    scale = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}[m.group(2).lower()]
+    return int(m.group(1)) * scale
+
+
+# ---- the key ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _cpu_features() -> str:
+    """The CPU's instruction-set feature flags (what ``-march=native`` builds for)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    flags = sorted(set(value.split()))
+                    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:32]
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_target() -> str:
+    """What AOTInductor's C++ compiler builds CPU code for: its configured ``-march``, else
+    this CPU's features (``-march=native``, its default)."""
+    config = sys.modules.get("torch._inductor.config")
+    cpp = getattr(config, "cpp", None)
+    march = getattr(cpp, "march", None) if cpp is not None else None
+    if march is None:
+        march = os.environ.get("TORCHINDUCTOR_CPP_MARCH")
+    if march and march != "native":
+        return f"march={march}"
+    return f"native features {_cpu_features()}"
+
+
 def _machine(device: str) -> str:
     import torch
 
     if device.startswith("cuda"):
         index = int(device.partition(":")[2] or 0)
         major, minor = torch.cuda.get_device_capability(index)
-        return f"cuda sm_{major}{minor} cuda {torch.version.cuda}"
+        # its CPU regions, if any, are built for this CPU
+        return f"cuda sm_{major}{minor} cuda {torch.version.cuda} {_cpu_target()}"
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{platform.machine()} {capability}"
+    return f"{platform.machine()} {capability} {_cpu_target()}"
 
 
 @functools.cache
@@ -105,51 +211,376 @@ def cache_key(
     return h.hexdigest()
 
 
+# ---- trust -----------------------------------------------------------------------------
+
+
+def _uid() -> int | None:
+    getuid = getattr(os, "getuid", None)
+    return int(getuid()) if getuid is not None else None  # None: no POSIX owners (Windows)
+
+
+def _who(owner: int, mode: int) -> str | None:
+    """Why a file of ``owner`` and ``mode`` may not be trusted, or None."""
+    me = _uid()
+    if me is None:
+        return None
+    if owner not in (me, 0):
+        return f"is owned by uid {owner}, not by this user (uid {me}) or root"
+    if mode & 0o022:
+        by = {0o022: "group and others", 0o020: "its group", 0o002: "others"}[mode & 0o022]
+        return f"is writable by {by} (mode {stat.S_IMODE(mode):04o})"
+    return None
+
+
+def _check(path: Path, st: os.stat_result, directory: bool) -> None:
+    """Raise :class:`CacheEntryError` unless ``path`` (lstat ``st``) is a trusted real
+    directory or regular file."""
+    if stat.S_ISLNK(st.st_mode):
+        raise CacheEntryError(f"{path} is a symbolic link")
+    if directory and not stat.S_ISDIR(st.st_mode):
+        raise CacheEntryError(f"{path} is not a directory")
+    if not directory and not stat.S_ISREG(st.st_mode):
+        raise CacheEntryError(f"{path} is not a regular file")
+    why = _who(st.st_uid, st.st_mode)
+    if why is not None:
+        raise CacheEntryError(f"{path} {why}")
+
+
+def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
+    """``(why root is not used, or None; whether this user writes into it)`` (module
+    docstring); ``create`` makes a missing root (mode 0700)."""
+    try:
+        try:
+            st = os.stat(root)
+        except FileNotFoundError:
+            if not create:
+                return f"{root} does not exist", False
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            st = os.stat(root)
+    except OSError as e:
+        return f"{root} cannot be used ({e.strerror or e})", False
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{root} is not a directory", False
+    why = _who(st.st_uid, st.st_mode)
+    if why is not None:
+        return f"{root} {why}", False
+    for parent in Path(os.path.realpath(root)).parents:
+        try:
+            pst = os.stat(parent)
+        except OSError as e:
+            return f"{parent} cannot be read ({e.strerror or e})", False
+        # others may create in a sticky directory (/tmp), not rename what is ours
+        sticky = pst.st_mode & stat.S_ISVTX
+        why = _who(pst.st_uid, pst.st_mode & ~0o022 if sticky else pst.st_mode)
+        if why is not None:
+            return f"{parent}, above the cache, {why}", False
+    me = _uid()
+    writable = (me is None or st.st_uid == me) and os.access(root, os.W_OK | os.X_OK)
+    return None, writable
+
+
+def open_cache(root: Path | None = None) -> Cache | None:
+    """The cache at ``root`` (default :func:`cache_dir`, made when missing), or None when
+    it may not be used (one warning says why)."""
+    root = cache_dir() if root is None else root
+    problem, writable = root_status(root, create=True)
+    if problem is not None:
+        warn_once(
+            f"the compile cache is not used: {problem}; compiled code goes to a private "
+            "temporary directory and is not kept",
+            stacklevel=3,
+        )
+        return None
+    return Cache(root, writable)
+
+
+# ---- the cache and its entries ---------------------------------------------------------
+
+
+def _move_aside(path: Path) -> None:
+    """Remove an entry: renamed first (readers never see half of one), then deleted."""
+    trash = path.parent / f"{_TRASH}{path.name[:16]}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":  # a directory cannot be opened there; its entries are durable
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(f: io.BufferedIOBase, size: int) -> str:
+    if size <= 1 << 26:  # one read: the common library is a few MB
+        return hashlib.sha256(f.read()).hexdigest()
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 24):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """A usable cache root (:func:`open_cache`); ``writable``: this user keeps new
+    entries in it (else it is read only)."""
+
+    root: Path
+    writable: bool
+
+    def entry(self, key: str) -> CacheEntry:
+        return CacheEntry(self, key)
+
+    def entries(self) -> list[CacheEntry]:
+        """Every entry directory (by name), least recently used first."""
+        try:
+            names = [n for n in os.listdir(self.root) if _KEY.fullmatch(n)]
+        except OSError:
+            return []
+        found = [self.entry(n) for n in names]
+        return sorted(found, key=lambda e: e.last_used())
+
+    def leftovers(self) -> list[Path]:
+        """Staging directories of compiles that died, and half-removed entries."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        now, host = time.time(), _host()
+        out = []
+        for name in names:
+            path = self.root / name
+            if name.startswith(_TRASH):
+                out.append(path)
+            elif name.startswith(_STAGING):
+                parts = name[len(_STAGING) :].split("-")
+                try:
+                    age = now - os.lstat(path).st_mtime
+                except OSError:
+                    continue
+                mine = len(parts) > 2 and parts[1] == host and parts[0].isdigit()
+                if age > _STALE_SECONDS or (mine and not _alive(int(parts[0]))):
+                    out.append(path)
+        return out
+
+    def housekeep(self, keep: str | None = None) -> list[str]:
+        """Remove leftovers, then evict least recently used entries (never ``keep``) while
+        the cache is over :func:`max_bytes`; the evicted keys."""
+        if not self.writable:
+            return []
+        for path in self.leftovers():
+            shutil.rmtree(path, ignore_errors=True)
+        cap = max_bytes()
+        if cap <= 0:
+            return []
+        entries = self.entries()
+        sizes = {e.key: e.size() for e in entries}
+        total = sum(sizes.values())
+        evicted = []
+        for e in entries:
+            if total <= cap:
+                break
+            if e.key == keep:
+                continue
+            _move_aside(e.path)
+            total -= sizes[e.key]
+            evicted.append(e.key)
+        return evicted
+
+    def clear(self) -> int:
+        """Remove every entry and leftover; how many entries were removed."""
+        if not self.writable:
+            raise PermissionError(f"the compile cache {self.root} is read only for this user")
+        entries = self.entries()
+        for e in entries:
+            _move_aside(e.path)
+        for path in self.leftovers():
+            shutil.rmtree(path, ignore_errors=True)
+        return len(entries)
+
+
 class CacheEntry:
-    """The entry of one key under ``root``."""
+    """The entry of one key (module docstring)."""
 
-    def __init__(self, root: Path, key: str) -> None:
-        self.root = root
+    def __init__(self, cache: Cache, key: str) -> None:
+        self.cache = cache
         self.key = key
-        self.path = root / key
+        self.path = cache.root / key
 
-    def read(self) -> dict[str, Any] | None:
-        """The manifest of a complete entry, or None (absent, or not readable as one)."""
+    # -- reading -----------------------------------------------------------------------
+    def read(self) -> Manifest | None:
+        """The manifest of a complete, trusted, intact entry; None when there is none. A
+        damaged or untrusted entry is :meth:`reject`-ed (one warning) and None."""
         try:
-            with open(self.path / MANIFEST, encoding="utf-8") as f:
-                manifest: dict[str, Any] = json.load(f)
-        except (OSError, ValueError):
+            os.lstat(self.path)
+        except FileNotFoundError:
             return None
-        if manifest.get("layout") != LAYOUT_VERSION:
-            return None
+        except OSError:
+            pass  # verify says what
         try:
-            if not all((self.path / r["file"]).is_file() for r in manifest.get("regions", [])):
-                return None  # a model file is missing: not an entry to load
-        except (KeyError, TypeError):
+            return self.verify()
+        except CacheEntryError as e:
+            self.reject(str(e))
             return None
+
+    def verify(self) -> Manifest:
+        """The entry's manifest, after checking the entry, its manifest and every file (owner,
+        mode, kind, the exact set of files, sizes and sha256); :class:`CacheEntryError`
+        says what is wrong."""
+        try:
+            _check(self.path, os.lstat(self.path), directory=True)
+            names = set(os.listdir(self.path))
+            manifest_path = self.path / MANIFEST
+            st = os.lstat(manifest_path)
+            _check(manifest_path, st, directory=False)
+            if st.st_size > _MANIFEST_LIMIT:
+                raise CacheEntryError(f"{manifest_path} is {st.st_size} bytes")
+            text = self._read_bytes(MANIFEST, st.st_size)
+            try:
+                data = json.loads(text)
+            except (ValueError, RecursionError) as e:
+                raise CacheEntryError(f"{manifest_path} is not JSON ({e})") from None
+            manifest = parse(data, LAYOUT_VERSION)
+            listed = {n for n, _ in manifest.files}
+            if names != listed | {MANIFEST}:
+                extra = sorted(names - listed - {MANIFEST})
+                missing = sorted(listed - names)
+                raise CacheEntryError(
+                    f"{self.path} holds files its manifest does not list ({extra}) "
+                    f"or lacks some it lists ({missing})"
+                )
+            for name, record in manifest.files:
+                self._verify_file(name, record)
+        except OSError as e:
+            raise CacheEntryError(f"{self.path} cannot be read ({e.strerror or e})") from None
         return manifest
 
+    def _read_bytes(self, name: str, size: int) -> bytes:
+        fd = os.open(self.path / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            with os.fdopen(fd, "rb") as f:
+                fd = -1
+                return f.read(size + 1)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _verify_file(self, name: str, record: FileRecord) -> None:
+        path = self.path / name
+        st = os.lstat(path)
+        _check(path, st, directory=False)
+        if st.st_size != record.size:
+            raise CacheEntryError(
+                f"{path} is {st.st_size} bytes, its manifest says {record.size} (truncated?)"
+            )
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            digest = _sha256(f, st.st_size)
+        if digest != record.sha256:
+            raise CacheEntryError(f"{path} does not have the sha256 its manifest records")
+
+    def reject(self, problem: str) -> None:
+        """Not use this entry (one warning), and remove it when the cache is writable (so
+        that the compile that follows replaces it)."""
+        what = "it is replaced" if self.cache.writable else "compiling again"
+        warn_once(f"the compile cache entry {self.path} is not used: {problem}; {what}", 3)
+        if self.cache.writable:
+            _move_aside(self.path)
+
+    def touch(self) -> None:
+        """Mark the entry used now (for least-recently-used eviction)."""
+        if self.cache.writable:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def last_used(self) -> float:
+        try:
+            return os.lstat(self.path).st_mtime
+        except OSError:
+            return 0.0
+
+    def size(self) -> int:
+        """Bytes its files take (0 when it cannot be read)."""
+        total = 0
+        try:
+            with os.scandir(self.path) as it:
+                for item in it:
+                    with contextlib.suppress(OSError):
+                        total += item.stat(follow_symlinks=False).st_size
+        except OSError:
+            return 0
+        return total
+
+    # -- writing -----------------------------------------------------------------------
     def staging(self) -> Path:
-        """A fresh directory to assemble the entry in, next to its final place."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """A fresh private directory to assemble the entry in, next to its final place."""
         return Path(
-            tempfile.mkdtemp(prefix=f".{self.key[:16]}-{uuid.uuid4().hex[:8]}-", dir=self.root)
+            tempfile.mkdtemp(
+                prefix=f"{_STAGING}{os.getpid()}-{_host()}-{self.key[:16]}-", dir=self.cache.root
+            )
         )
 
-    def commit(self, staging: Path, manifest: dict[str, Any]) -> bool:
-        """Write the manifest into ``staging`` and move it to its place in one rename;
-        False when another process got there first (its entry is kept, ours dropped)."""
-        manifest = {**manifest, "layout": LAYOUT_VERSION}
-        with open(staging / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+    def commit(self, staging: Path, manifest: Manifest) -> bool:
+        """Record every file of ``staging`` (size, sha256) in the manifest, write it, sync
+        the files and the directory and move it to its place in one rename; False when
+        another process got there first (its entry is kept, ours dropped). ``staging`` is
+        gone afterwards, whatever happens (an ``OSError``, e.g. a full disk, is raised)."""
+        try:
+            root_mode = stat.S_IMODE(os.stat(self.cache.root).st_mode)
+            share = root_mode & 0o055  # readers the root admits read the entry too
+            files = []
+            for name in sorted(os.listdir(staging)):
+                path = staging / name
+                if not valid_name(name) or name == MANIFEST or not path.is_file():
+                    raise CacheEntryError(f"compiled output {path} cannot be kept")
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+                    digest = _sha256(f, os.fstat(f.fileno()).st_size)
+                files.append((name, FileRecord(os.path.getsize(path), digest)))
+                os.chmod(path, 0o600 | (share & 0o044))
+            manifest = dataclasses.replace(manifest, files=tuple(files))
+            data = json.dumps(manifest.to_json(LAYOUT_VERSION), indent=1, sort_keys=True)
+            with open(staging / MANIFEST, "w", encoding="utf-8") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(staging / MANIFEST, 0o600 | (share & 0o044))
+            os.chmod(staging, 0o700 | share)
+            _fsync_dir(staging)
+        except BaseException:
+            self.discard(staging)
+            raise
         try:
             os.rename(staging, self.path)
-            return True
         except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-            return False
+            self.discard(staging)
+            if self.path.exists():
+                return False
+            raise
+        # the rename is done; a crash may lose the entry, never corrupt it
+        with contextlib.suppress(OSError):
+            _fsync_dir(self.cache.root)
+        return True
 
     def discard(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)

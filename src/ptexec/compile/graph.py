@@ -23,11 +23,12 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
 from ..dtypes import CODE_TO_DTYPE
+from ..errors import CacheEntryError
 from ..format import program as p
 from ..tensor import dim_order_strides
 from .functional import Env, Rebuild
@@ -35,7 +36,48 @@ from .functional import Env, Rebuild
 if TYPE_CHECKING:
     from .regions import Region
 
-__all__ = ["Guard", "export_region", "scalar_kind"]
+__all__ = ["BinOp", "Guard", "GuardError", "Size", "export_region", "scalar_kind"]
+
+
+@dataclass(frozen=True)
+class Size:
+    """The size of graph input ``k``'s dimension ``d`` (in a guard's expression)."""
+
+    k: int
+    d: int
+
+
+@dataclass(frozen=True)
+class BinOp:
+    """``left op right`` over sizes and integers; ``op`` one of :data:`OPERATORS`."""
+
+    op: str
+    left: SizeExpr
+    right: SizeExpr
+
+
+SizeExpr: TypeAlias = int | Size | BinOp
+OPERATORS = ("+", "-", "*", "//", "%")
+GUARD_KINDS = ("eq", "range", "same", "expr")
+_MAX_NODES = 256  # an expression a guard may hold (derived ones have a handful)
+_FIELDS = {
+    "eq": {"kind", "k", "d", "value"},
+    "range": {"kind", "k", "d", "lo", "hi"},
+    "same": {"kind", "k", "d", "k2", "d2"},
+    "expr": {"kind", "k", "d", "expr"},
+}
+
+
+class GuardError(CacheEntryError):
+    """A stored guard that is not one :class:`Guard` writes (what, and where in it)."""
+
+
+def _int(value: Any, what: str, lo: int | None = 0) -> int:
+    if type(value) is not int:  # a bool is not a size
+        raise GuardError(f"{what} must be an int, not {type(value).__name__}")
+    if lo is not None and value < lo:
+        raise GuardError(f"{what} must be at least {lo}, not {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -43,8 +85,11 @@ class Guard:
     """A check on the sizes of a region's graph inputs (module docstring): ``kind`` is
     ``"eq"`` (input ``k`` dim ``d`` equals ``value``), ``"range"`` (``lo <= size <= hi``,
     ``hi`` -1 for no upper bound), ``"same"`` (equals input ``k2`` dim ``d2``) or
-    ``"expr"`` (equals ``expr``, a Python expression over other inputs' sizes written
-    ``x{k}.shape[{d}]``)."""
+    ``"expr"`` (equals ``expr``, integers and other inputs' sizes under ``+ - * // %``).
+
+    A guard becomes Python source (:meth:`code`) that runs on every call, so it is data
+    with fixed types: :meth:`from_json` accepts exactly what :meth:`to_json` writes, and
+    :meth:`check` that every size it names exists."""
 
     kind: str
     k: int
@@ -54,34 +99,120 @@ class Guard:
     hi: int = -1
     k2: int = 0
     d2: int = 0
-    expr: str = ""
+    expr: SizeExpr = 0
 
     def code(self) -> str:
         size = f"x{self.k}.shape[{self.d}]"
         if self.kind == "eq":
-            return f"{size} == {self.value}"
+            return f"{size} == {int(self.value)}"
         if self.kind == "range":
-            return f"{self.lo} <= {size}" + (f" <= {self.hi}" if self.hi >= 0 else "")
+            text = f"{int(self.lo)} <= {size}"
+            return text + (f" <= {int(self.hi)}" if self.hi >= 0 else "")
         if self.kind == "same":
-            return f"{size} == x{self.k2}.shape[{self.d2}]"
-        return f"{size} == ({self.expr})"
+            return f"{size} == x{int(self.k2)}.shape[{int(self.d2)}]"
+        if self.kind == "expr":
+            return f"{size} == {_code(self.expr)}"
+        raise GuardError(f"unknown guard kind {self.kind!r}")
+
+    def sizes(self) -> list[Size]:
+        """Every input size the guard reads."""
+        out = [Size(self.k, self.d)]
+        if self.kind == "same":
+            out.append(Size(self.k2, self.d2))
+        elif self.kind == "expr":
+            out.extend(_refs(self.expr))
+        return out
+
+    def check(self, ranks: Sequence[int | None]) -> None:
+        """Raise :class:`GuardError` unless every size it reads is a dimension of a tensor
+        input (``ranks``: each graph input's rank, None for a scalar)."""
+        for s in self.sizes():
+            if s.k >= len(ranks) or ranks[s.k] is None:
+                raise GuardError(f"guard on x{self.k}: input {s.k} is not a tensor input")
+            rank = ranks[s.k]
+            assert rank is not None
+            if s.d >= rank:
+                raise GuardError(f"guard on x{self.k}: input {s.k} has no dimension {s.d}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "k": self.k,
-            "d": self.d,
-            "value": self.value,
-            "lo": self.lo,
-            "hi": self.hi,
-            "k2": self.k2,
-            "d2": self.d2,
-            "expr": self.expr,
-        }
+        data: dict[str, Any] = {"kind": self.kind, "k": self.k, "d": self.d}
+        if self.kind == "eq":
+            data["value"] = self.value
+        elif self.kind == "range":
+            data.update(lo=self.lo, hi=self.hi)
+        elif self.kind == "same":
+            data.update(k2=self.k2, d2=self.d2)
+        else:
+            data["expr"] = _expr_json(self.expr)
+        return data
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> Guard:
-        return Guard(**data)
+    def from_json(data: Any) -> Guard:
+        """The guard ``data`` describes, validated (:class:`GuardError` otherwise)."""
+        if not isinstance(data, dict):
+            raise GuardError(f"a guard must be an object, not {type(data).__name__}")
+        kind = data.get("kind")
+        if not isinstance(kind, str) or kind not in GUARD_KINDS:
+            raise GuardError(f"guard kind must be one of {', '.join(GUARD_KINDS)}, not {kind!r}")
+        if set(data) != _FIELDS[kind]:
+            raise GuardError(
+                f"a {kind!r} guard has the fields {sorted(_FIELDS[kind])}, not {sorted(data)}"
+            )
+        k, d = _int(data["k"], "guard k"), _int(data["d"], "guard d")
+        if kind == "eq":
+            return Guard(kind, k, d, value=_int(data["value"], "guard value"))
+        if kind == "range":
+            lo, hi = _int(data["lo"], "guard lo", None), _int(data["hi"], "guard hi", -1)
+            return Guard(kind, k, d, lo=lo, hi=hi)
+        if kind == "same":
+            return Guard(
+                kind, k, d, k2=_int(data["k2"], "guard k2"), d2=_int(data["d2"], "guard d2")
+            )
+        budget = [_MAX_NODES]
+        return Guard(kind, k, d, expr=_expr_from_json(data["expr"], budget))
+
+
+def _code(e: SizeExpr) -> str:
+    if isinstance(e, Size):
+        return f"x{int(e.k)}.shape[{int(e.d)}]"
+    if isinstance(e, BinOp):
+        if e.op not in OPERATORS:
+            raise GuardError(f"unknown operator {e.op!r}")
+        return f"({_code(e.left)} {e.op} {_code(e.right)})"
+    return f"({int(e)})"
+
+
+def _refs(e: SizeExpr) -> list[Size]:
+    if isinstance(e, Size):
+        return [e]
+    if isinstance(e, BinOp):
+        return [*_refs(e.left), *_refs(e.right)]
+    return []
+
+
+def _expr_json(e: SizeExpr) -> Any:
+    """An integer, ``["size", k, d]`` or ``[op, left, right]``."""
+    if isinstance(e, Size):
+        return ["size", e.k, e.d]
+    if isinstance(e, BinOp):
+        return [e.op, _expr_json(e.left), _expr_json(e.right)]
+    return e
+
+
+def _expr_from_json(data: Any, budget: list[int]) -> SizeExpr:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise GuardError(f"a guard expression has more than {_MAX_NODES} terms")
+    if type(data) is int:
+        return data
+    if not isinstance(data, list) or len(data) != 3:
+        raise GuardError(f"a guard term is an int or a list of 3, not {data!r:.80}")
+    head = data[0]
+    if head == "size":
+        return Size(_int(data[1], "size k"), _int(data[2], "size d"))
+    if not isinstance(head, str) or head not in OPERATORS:
+        raise GuardError(f"guard operator must be one of {' '.join(OPERATORS)}, not {head!r:.40}")
+    return BinOp(head, _expr_from_json(data[1], budget), _expr_from_json(data[2], budget))
 
 
 def scalar_kind(value: p.EValue) -> str:
@@ -321,32 +452,38 @@ def _guards(
         missing = [s for s in expr.free_symbols if s not in defined]
         if missing:
             raise ValueError(f"input {k} dim {d} has size {expr}, which no input dimension defines")
-        text = _python(expr, defined)
-        guards.append(Guard("expr", k, d, expr=text))
+        guards.append(Guard("expr", k, d, expr=_size_expr(expr, defined)))
     return guards
 
 
-def _python(expr: Any, defined: dict[Any, tuple[int, int]]) -> str:
-    """``expr`` (sympy, over symbols that input dims define) as Python source."""
+def _size_expr(expr: Any, defined: dict[Any, tuple[int, int]]) -> SizeExpr:
+    """``expr`` (sympy, over symbols that input dims define) as a guard expression."""
     import sympy
     from torch.utils._sympy.functions import FloorDiv, Mod, ModularIndexing
 
     if isinstance(expr, sympy.Symbol):
         k, d = defined[expr]
-        return f"x{k}.shape[{d}]"
+        return Size(k, d)
     if expr.is_Integer:
-        return str(int(expr))
-    args = [_python(a, defined) for a in expr.args]
+        return int(expr)
+    args = [_size_expr(a, defined) for a in expr.args]
+
+    def fold(op: str, terms: list[SizeExpr]) -> SizeExpr:
+        out = terms[0]
+        for t in terms[1:]:
+            out = BinOp(op, out, t)
+        return out
+
     if isinstance(expr, sympy.Add):
-        return "(" + " + ".join(args) + ")"
+        return fold("+", args)
     if isinstance(expr, sympy.Mul):
-        return "(" + " * ".join(args) + ")"
+        return fold("*", args)
     if isinstance(expr, FloorDiv):
-        return f"({args[0]} // {args[1]})"
+        return BinOp("//", args[0], args[1])
     if isinstance(expr, Mod):
-        return f"({args[0]} % {args[1]})"
+        return BinOp("%", args[0], args[1])
     if isinstance(expr, ModularIndexing):
-        return f"(({args[0]} // {args[1]}) % {args[2]})"
-    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
-        return f"({args[0]} ** {int(expr.args[1])})"
+        return BinOp("%", BinOp("//", args[0], args[1]), args[2])
+    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and 0 < int(expr.args[1]) <= 8:
+        return fold("*", [args[0]] * int(expr.args[1]))
     raise ValueError(f"cannot check a size of the form {expr}")

@@ -25,6 +25,7 @@ method runs interpreted, and a region whose compile fails runs interpreted, with
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -41,8 +42,9 @@ from ..errors import ExecutionError, LimitExceededError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Emission
-from .cache import CacheEntry, cache_dir, cache_key
-from .graph import Guard, scalar_kind
+from .cache import CacheEntry, cache_key, open_cache, warn_once
+from .graph import Guard, GuardError, scalar_kind
+from .manifest import FailedRecord, Manifest, RegionRecord
 from .progress import Progress
 from .regions import Fallback, Region, interpreted_ranges, plan_regions
 from .report import CompileReport, CompileWarning
@@ -65,7 +67,8 @@ class CompileOptions:
     and write the on-disk cache (:mod:`ptexec.compile.cache`); ``backend``: ``"aoti"``
     (AOTInductor, the compiled tier) or ``"graph"`` (the traced graphs run by torch, not
     compiled: to check the tier's rebuild and bookkeeping where compiling is too slow);
-    ``progress``: show progress on a terminal (None: when stderr is one); ``autotune``: on
+    ``progress``: show the progress of a compile on stderr (None or True: a live line
+    on a terminal, one line per step elsewhere; False: nothing); ``autotune``: on
     the CPU, time generated matrix-product kernels against ATen's and keep the faster
     (:func:`ptexec.compile.aoti.inductor_options`; longer compiles, faster calls)."""
 
@@ -108,37 +111,6 @@ def _method_device(state: MethodState) -> torch.device:
     return torch.device("cpu")
 
 
-def _region_json(c: _Compiled, model: str) -> dict[str, Any]:
-    r, guards = c.region, c.guards
-    return {
-        "chain": r.chain,
-        "first": r.first,
-        "last": r.last,
-        "device": str(r.device),
-        "inputs": r.inputs,
-        "scalar_inputs": r.scalar_inputs,
-        "stores": [[s.slot, s.how, s.instruction] for s in r.stores],
-        "aliases": [list(a) for a in r.aliases],
-        "guards": [g.to_json() for g in guards],
-        "kinds": {str(k): v for k, v in c.kinds.items()},
-        "model": model,
-        "file": c.file,
-    }
-
-
-def _same_region(r: Region, data: dict[str, Any]) -> bool:
-    return (
-        data["chain"] == r.chain
-        and data["first"] == r.first
-        and data["last"] == r.last
-        and data["device"] == str(r.device)
-        and data["inputs"] == r.inputs
-        and data["scalar_inputs"] == r.scalar_inputs
-        and [tuple(s) for s in data["stores"]] == [(s.slot, s.how, s.instruction) for s in r.stores]
-        and [tuple(a) for a in data["aliases"]] == r.aliases
-    )
-
-
 def _short(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip()
     first = text.splitlines()[0] if text else type(e).__name__
@@ -167,42 +139,68 @@ class _Builder:
         self.warning: str | None = None
 
     # -- the cache ---------------------------------------------------------------------
-    def entry(self) -> CacheEntry:
+    def entry(self) -> CacheEntry | None:
+        """This method's entry in the cache; None when the cache may not be used."""
+        cache = open_cache()
+        if cache is None:
+            return None
         pte = self.program.pte
         blobs: list[memoryview] = [pte.data]
         if self.program.ptd is not None:
             blobs.append(self.program.ptd.data)
         key = cache_key(blobs, self.state.name, str(self.device), self.options.key())
-        return CacheEntry(cache_dir(), key)
+        return cache.entry(key)
+
+    def _mismatch(self, manifest: Manifest) -> str | None:
+        """Why a (well-formed) manifest is not the record of this method's regions."""
+        if manifest.method != self.state.name:
+            return f"it is the entry of method {manifest.method!r:.80}"
+        mine = {(r.chain, r.first, r.last): r for r in self.regions}
+        seen: set[tuple[int, int, int]] = {f.span for f in manifest.failed}
+        plan = self.state.plan
+        for record in manifest.regions:
+            r = mine.get(record.span)
+            if r is None or not record.matches(r):
+                return f"region {record.span} is not one this method plans"
+            ranks = [
+                None if j in r.scalar_inputs else len(getattr(plan.values[j], "sizes", ()))
+                for j in r.graph_inputs
+            ]
+            try:
+                for g in record.guards:
+                    g.check(ranks)
+            except GuardError as e:
+                return str(e)
+            seen.add(record.span)
+        if seen != set(mine):
+            return "its regions are not the ones this method plans"
+        return None
 
     def from_cache(self, entry: CacheEntry) -> bool:
         manifest = entry.read()
         if manifest is None:
             return False
-        stored = manifest.get("regions", [])
-        failed = manifest.get("failed", [])
-        mine = {(r.chain, r.first, r.last): r for r in self.regions}
-        seen: set[tuple[int, int, int]] = set()
-        for data in failed:
-            seen.add((data["chain"], data["first"], data["last"]))
-        for data in stored:
-            r = mine.get((data["chain"], data["first"], data["last"]))
-            if r is None or not _same_region(r, data):
-                return False
-            seen.add((r.chain, r.first, r.last))
-        if seen != set(mine):
+        problem = self._mismatch(manifest)
+        if problem is not None:
+            entry.reject(problem)
             return False
         from .aoti import load_model
 
+        mine = {(r.chain, r.first, r.last): r for r in self.regions}
         compiled = []
-        for data in stored:
-            r = mine[(data["chain"], data["first"], data["last"])]
-            model = load_model(entry.path / data["file"], data["model"], r.device)
-            guards = [Guard.from_json(g) for g in data["guards"]]
-            kinds = {int(k): v for k, v in data["kinds"].items()}
-            compiled.append(_Compiled(r, model, guards, kinds, data["file"]))
+        try:
+            for record in manifest.regions:
+                r = mine[record.span]
+                model = load_model(entry.path / record.file, record.model, r.device)
+                compiled.append(
+                    _Compiled(r, model, list(record.guards), dict(record.kinds), record.file)
+                )
+        except Exception as e:  # e.g. evicted by another process between check and load
+            entry.reject(f"its code did not load ({_short(e)})")
+            return False
+        entry.touch()
         self.compiled = compiled
-        self.failed = [Fallback(f["chain"], f["first"], f["last"], f["reason"]) for f in failed]
+        self.failed = [Fallback(f.chain, f.first, f.last, f.reason) for f in manifest.failed]
         self.cache_hit = True
         self.cache_path = str(entry.path)
         return True
@@ -236,7 +234,13 @@ class _Builder:
                 self._all_interpreted(self.warning)
                 return
         start = time.perf_counter()
-        progress = Progress(f"'{self.state.name}'", enabled=options.progress)
+        with Progress(f"'{self.state.name}'", enabled=options.progress) as progress:
+            self._trace_and_compile(entry, progress, start)
+
+    def _trace_and_compile(
+        self, entry: CacheEntry | None, progress: Progress, start: float
+    ) -> None:
+        options = self.options
         exported: dict[str, Any] = {}
         guards: dict[str, tuple[list[Guard], dict[int, str]]] = {}
         owners: dict[str, Region] = {}
@@ -244,14 +248,16 @@ class _Builder:
 
         n = len(self.regions)
         for k, r in enumerate(self.regions):
-            progress.update(f"tracing region {k + 1}/{n} ({r.label})")
+            progress.start(f"tracing region {k + 1}/{n} ({r.label})")
             try:
                 ep, g, kinds = export_region(self.rebuild, r, r.device)
             except Exception as e:
                 self.failed.append(
                     Fallback(r.chain, r.first, r.last, f"not traceable: {_short(e)}")
                 )
+                progress.finish("not traceable")
                 continue
+            progress.finish("traced")
             name = f"r{k}"
             exported[name] = ep
             guards[name] = (g, kinds)
@@ -260,83 +266,128 @@ class _Builder:
             for name, ep in exported.items():
                 self.compiled.append(_Compiled(owners[name], _graph_model(ep), *guards[name]))
             self.compile_seconds = time.perf_counter() - start
+            progress.done(f"{len(self.compiled)} region(s) traced")
             return
-        staging = entry.staging() if entry is not None else None
         try:
-            self._compile(exported, guards, owners, staging, progress)
+            staging = self._compile(entry, exported, guards, owners, progress)
         except Exception as e:
-            if staging is not None and entry is not None:
-                entry.discard(staging)
             self.warning = f"compiling failed, the method runs interpreted: {_short(e)}"
             self._all_interpreted(self.warning)
             progress.done("failed")
             return
         self.compile_seconds = time.perf_counter() - start
-        if any(f.reason.startswith(_COMPILE_FAILED) for f in self.failed):
-            # not kept: the next load tries again (the failure may be this machine's)
-            if entry is not None and staging is not None:
+        if staging is not None and entry is not None:
+            if any(f.reason.startswith(_COMPILE_FAILED) for f in self.failed):
+                # not kept: the next load tries again (the failure may be this machine's)
                 entry.discard(staging)
-            staging = None
-        if entry is not None and staging is not None:
-            manifest = {
-                "method": self.state.name,
-                "regions": [
-                    _region_json(c, f"r{self.regions.index(c.region)}") for c in self.compiled
-                ],
-                "failed": [
-                    {"chain": f.chain, "first": f.first, "last": f.last, "reason": f.reason}
-                    for f in self.failed
-                ],
-                "compile_seconds": self.compile_seconds,
-            }
-            entry.commit(staging, manifest)  # False: another process's equal entry won
-            if entry.read() is not None:
-                self.cache_path = str(entry.path)
+            else:
+                self._keep(entry, staging)
         done = sum(c.region.last - c.region.first + 1 for c in self.compiled)
         progress.done(
             f"{done} instruction(s) in {len(self.compiled)} region(s), {self.compile_seconds:.1f} s"
         )
 
+    def _keep(self, entry: CacheEntry, staging: Path) -> None:
+        """Publish the compiled entry; a cache that cannot take it costs a warning, never
+        the load (the models are loaded already)."""
+        manifest = Manifest(
+            self.state.name,
+            tuple(
+                RegionRecord.of(
+                    c.region, c.guards, c.kinds, f"r{self.regions.index(c.region)}", c.file
+                )
+                for c in self.compiled
+            ),
+            tuple(FailedRecord(f.chain, f.first, f.last, f.reason) for f in self.failed),
+            self.compile_seconds,
+        )
+        try:
+            entry.commit(staging, manifest)  # False: another process's equal entry won
+            self.cache_path = str(entry.path)
+            entry.cache.housekeep(keep=entry.key)
+        except (OSError, PtexecError) as e:
+            warn_once(f"the compiled code of '{self.state.name}' is not kept in the cache: {e}", 6)
+            self.cache_path = None
+
     def _compile(
         self,
+        entry: CacheEntry | None,
         exported: dict[str, Any],
         guards: dict[str, tuple[list[Guard], dict[int, str]]],
         owners: dict[str, Region],
-        staging: Path | None,
         progress: Progress,
-    ) -> None:
-        import tempfile
-
+    ) -> Path | None:
+        """Compile and load every region; the staging directory holding their files, to be
+        kept (None: nothing to keep; they were loaded from a private temporary directory,
+        already removed: a loaded library stays mapped)."""
         from .aoti import compile_models, load_model, save_models
 
         files: dict[str, list[Any]] = {}
         n = len(self.regions)
         for name, ep in exported.items():
             r = owners[name]
-            progress.update(f"compiling region {self.regions.index(r) + 1}/{n} ({r.label})")
+            progress.start(f"compiling region {self.regions.index(r) + 1}/{n} ({r.label})")
             try:
                 files.update(compile_models({name: ep}, r.device, self.options.autotune))
             except Exception as e:
                 self.failed.append(
                     Fallback(r.chain, r.first, r.last, f"{_COMPILE_FAILED}: {_short(e)}")
                 )
+                progress.finish("failed")
+                continue
+            progress.finish("compiled")
         if not files:
-            return
-        scratch = None if staging is not None else Path(tempfile.mkdtemp(prefix="ptexec-"))
-        directory = staging if staging is not None else scratch
-        assert directory is not None
+            return None
+        devices = {n: owners[n].device for n in files}
+        staging = self._staging(entry)
+        scratch: Path | None = None
         try:
-            stored = save_models(files, {n: owners[n].device for n in files}, directory)
+            if staging is not None:
+                try:
+                    stored = save_models(files, devices, staging)
+                except OSError as e:  # a full disk, a cache gone read-only
+                    warn_once(f"the compile cache cannot take '{self.state.name}': {e}", 6)
+                    assert entry is not None
+                    entry.discard(staging)
+                    staging = None
+            if staging is None:
+                scratch = Path(tempfile.mkdtemp(prefix="ptexec-compile-"))
+                stored = save_models(files, devices, scratch)
+            directory = staging if staging is not None else scratch
+            assert directory is not None
             # a loaded model stays valid when its file moves to its place in the cache
             # (a library stays mapped; a package is unpacked) or, uncached, is deleted
             for name, filename in stored.items():
                 r = owners[name]
                 model = load_model(directory / filename, name, r.device)
                 self.compiled.append(_Compiled(r, model, *guards[name], filename))
+        except BaseException:
+            if staging is not None and entry is not None:
+                entry.discard(staging)
+            raise
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
         self.compiled.sort(key=lambda c: (c.region.chain, c.region.first))
+        return staging
+
+    def _staging(self, entry: CacheEntry | None) -> Path | None:
+        """Where to assemble the entry: None (a private temporary directory) when there is
+        no cache, it is read only, or it refuses a staging directory."""
+        if entry is None or not self.options.cache:
+            return None
+        if not entry.cache.writable:
+            warn_once(
+                f"the compile cache {entry.cache.root} is read only for this user: what this "
+                "load compiles is not kept",
+                7,
+            )
+            return None
+        try:
+            return entry.staging()
+        except OSError as e:
+            warn_once(f"the compile cache {entry.cache.root} cannot take new entries: {e}", 7)
+            return None
 
     def _all_interpreted(self, reason: str) -> None:
         self.compiled = []
