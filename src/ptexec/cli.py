@@ -73,7 +73,11 @@ def _save(obj: Any, path: str) -> None:
 
 
 def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    """``text`` on one line: its lines joined with "; " (with a space after a colon)."""
+    out = ""
+    for line in filter(None, (line.strip() for line in text.splitlines())):
+        out += (" " if out.endswith(":") else "; " if out else "") + line
+    return out
 
 
 def _failure(e: BaseException, args: argparse.Namespace) -> str:
