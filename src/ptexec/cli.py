@@ -376,12 +376,12 @@ def _read_inputs(paths: Sequence[str]) -> list[Any]:
             raise _input_error(path, _unreadable(e, path, head)) from e
         items = list(data) if isinstance(data, list | tuple) else [data]
         for item in items:
-            if not isinstance(item, torch.Tensor | bool | int | float):
+            if not (item is None or isinstance(item, torch.Tensor | bool | int | float)):
                 kind = "a list holding " if item is not data else ""
                 raise _input_error(
                     path,
-                    f"it holds {kind}a {type(item).__name__}; expected a tensor, a number, "
-                    "or a list or tuple of them",
+                    f"it holds {kind}a {type(item).__name__}; expected a tensor, a number "
+                    "(or None), or a list or tuple of them",
                 )
         inputs.extend(items)
     return inputs
