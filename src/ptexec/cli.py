@@ -13,7 +13,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -936,8 +936,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("ptexec: interrupted", file=sys.stderr)
             return 130
         except BrokenPipeError:  # the reader of stdout went away (ptexec inspect ... | head)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            # nothing more goes to it, not even what the interpreter flushes at exit (when
+            # stdout is a file at all)
+            with suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1
         except Exception as e:
             if debug:
