@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,211 @@ def test_errors_are_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str
     assert main(["run", str(fixture_paths("mlp")[0]), "--method", "nope"]) == 1
     assert "no method 'nope'" in capsys.readouterr().err
     assert main(["inspect", f"{tmp_path}/missing.pte"]) == 1
+
+
+# ---- failures: one line on stderr, a non-zero exit, never a traceback --------------------
+
+
+class _Planted:
+    """A pickle that would create ``marker`` when unpickled by a loader that runs code."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        import os
+
+        return (os.mkdir, (self.marker,))
+
+
+def _status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # a usage error: argparse exits
+        return int(e.code or 0)
+
+
+def _fails_in_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], *parts: str) -> str:
+    status = _status(argv)
+    err = capsys.readouterr().err
+    assert status != 0, argv
+    assert err.startswith("ptexec") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for part in parts:
+        assert part in err, (part, err)
+    return err
+
+
+def test_input_files_that_are_not_tensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pickle
+
+    import numpy as np
+    import torch
+
+    mlp = str(fixture_paths("mlp")[0])
+    marker = tmp_path / "planted"
+    files = {
+        "hostile.pt": pickle.dumps(_Planted(str(marker)), protocol=2),
+        "hostile4.pt": pickle.dumps(_Planted(str(marker)), protocol=4),
+        "empty.pt": b"",
+        "program.pt": fixture_paths("mlp")[0].read_bytes(),
+        "notes.pt": b"x = 1.5\n",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    torch.save({"w": torch.ones(2)}, tmp_path / "state.pt")
+    torch.save([torch.ones(2), {"k": 1}], tmp_path / "mixed.pt")
+    np.save(tmp_path / "objects.npy", np.array([{}, 1], dtype=object), allow_pickle=True)
+    (tmp_path / "empty.npy").write_bytes(b"")
+    expected = {
+        "hostile.pt": "Python objects other than tensors",
+        "hostile4.pt": "Python objects other than tensors",
+        "empty.pt": "the file is empty (0 bytes)",
+        "program.pt": "it is an ExecuTorch program (.pte)",
+        "notes.pt": "it is a text file",
+        "state.pt": "it holds a dict",
+        "mixed.pt": "it holds a list holding a dict",
+        "objects.npy": "not an array numpy reads safely",
+        "empty.npy": "the file is empty",
+    }
+    for name, why in expected.items():
+        path = str(tmp_path / name)
+        _fails_in_one_line(
+            capsys, ["run", mlp, "--input", path], f"InputError: input file {path}: ", why
+        )
+    assert not marker.exists()  # nothing in the files ran
+
+
+@pytest.mark.parametrize(
+    "argv, parts",
+    [
+        (["run", "{mlp}", "--output", "{tmp}"], ["argument --output: ", "is a directory"]),
+        (["run", "{mlp}", "--output", "{tmp}/no/y.pt"], ["{tmp}/no does not exist"]),
+        (["run", "{mlp}", "--output", "{mlp}/y.pt"], ["is not a directory"]),
+        (["trace", "{mlp}", "--save-tensors", "{tmp}/no/t.pt"], ["--save-tensors: "]),
+        (["trace", "{mlp}", "--json", "{tmp}/no/t.json"], ["--json: "]),
+        (["profile", "{mlp}", "--chrome-trace", "{tmp}/no/t.json"], ["--chrome-trace: "]),
+        (["plan", "{mlp}", "--out", "{tmp}/no/p.png"], ["--out: "]),
+        (["run", "{mlp}", "--repeat", "0"], ["--repeat: expected a positive integer, got 0"]),
+        (["run", "{mlp}", "--repeat", "-2"], ["--repeat: expected a positive integer, got -2"]),
+        (["profile", "{mlp}", "--repeat", "0"], ["--repeat: expected a positive integer"]),
+        (["profile", "{mlp}", "--warmup", "-1"], ["--warmup: expected an integer of 0 or more"]),
+        (["trace", "{mlp}", "--limit", "0"], ["--limit: "]),
+        (["run", "{mlp}", "--repeat", "many"], ["got 'many'"]),
+        (["inspect", "{tmp}/missing.pte"], ["FileNotFoundError: ", "No such file"]),
+        (["inspect", "{tmp}"], ["IsADirectoryError: {tmp}: Is a directory"]),
+        (["run", "{mlp}", "--data", "{tmp}"], ["IsADirectoryError: "]),
+        (["run", "{mlp}", "--input", "{tmp}/missing.pt"], ["FileNotFoundError: "]),
+        (["run", "{mlp}", "--method", "nope"], ["MethodNotFoundError: no method 'nope'"]),
+        (["run", "{mlp}", "--device-map", "cdua"], ["UnsupportedDeviceError: ", "'cdua'"]),
+        (["inspect", "{tmp}/empty.pte"], ["PteFormatError: ", "the file is empty"]),
+        (["inspect", "{tmp}/state.pte"], ["PteFormatError: ", "a PyTorch checkpoint"]),
+    ],
+)
+def test_failures_are_one_line(
+    argv: list[str], parts: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    (tmp_path / "empty.pte").write_bytes(b"")
+    torch.save({"w": torch.ones(2)}, tmp_path / "state.pte")
+    names = {"mlp": str(fixture_paths("mlp")[0]), "tmp": str(tmp_path)}
+    err = _fails_in_one_line(capsys, [a.format(**names) for a in argv])
+    for part in parts:
+        assert part.format(**names) in err, err
+    assert not list(tmp_path.glob("no*"))  # nothing written
+
+
+def test_outputs_are_checked_before_the_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad output path stops the command before anything runs."""
+    mlp = str(fixture_paths("mlp")[0])
+    assert _status(["trace", mlp, "--save-tensors", f"{tmp_path}/no/t.pt"]) == 2
+    assert capsys.readouterr().out == ""  # no trace was run and printed
+    assert main(["trace", mlp, "--save-tensors", f"{tmp_path}/t.pt"]) == 0
+    assert (tmp_path / "t.pt").stat().st_size > 0
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_missing_cuda_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's advice is its flag; a Python caller's is still device_map."""
+    import ptexec
+
+    gpu = str(fixture_paths("gpu_mlp")[0])
+    mlp = str(fixture_paths("mlp")[0])
+    for argv, hint in [
+        (["run", gpu], "run it on the CPU with --device-map cpu"),
+        (["run", mlp, "--device-map", "cuda"], "run it on the CPU with --device-map cpu"),
+        (["compile", mlp, "--device", "cuda"], "run it on the CPU with --device cpu"),
+    ]:
+        err = _fails_in_one_line(capsys, argv, "DeviceUnavailableError: ", "no CUDA device", hint)
+        assert "device_map=" not in err
+    with pytest.raises(ptexec.DeviceUnavailableError, match="device_map='cpu'") as info:
+        ptexec.load(gpu).load_method()
+    assert info.value.device == "cuda:0" and info.value.cuda_devices == 0
+
+
+def test_failure_advice_for_a_missing_gpu_index() -> None:
+    import argparse
+
+    from ptexec.cli import _failure
+    from ptexec.errors import DeviceUnavailableError
+
+    e = DeviceUnavailableError("needs cuda:3", "map it with device_map=...", "cuda:3", 2)
+    assert str(e) == "needs cuda:3; map it with device_map=..."
+    line = _failure(e, argparse.Namespace(device_map=None))
+    assert (
+        line
+        == "DeviceUnavailableError: needs cuda:3; run it on another GPU with --device-map cuda:3=cuda:0"
+    )
+    line = _failure(e, argparse.Namespace(device=None))
+    assert line.endswith("with --device cuda:0")
+
+
+def test_missing_compiler_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    mlp = str(fixture_paths("mlp")[0])
+    missing = str(tmp_path / "bin" / "g++")
+    monkeypatch.setenv("CXX", missing)
+    assert main(["run", mlp, "--compile", "--repeat", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("C++ compiler") == 1 and err == ""
+    assert f"CXX is '{missing}', which names no C++ compiler that exists" in out
+    assert "set CXX" not in out
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++ on it
+    assert main(["run", mlp, "--compile", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("C++ compiler") == 1 and "no C++ compiler found (install g++" in out
+
+
+def test_debug_shows_the_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PTEXEC_DEBUG", "1")
+    with pytest.raises(FileNotFoundError):
+        main(["inspect", str(tmp_path / "missing.pte")])
+
+
+def test_unexpected_failures_and_interrupts_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ptexec
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    mlp = str(fixture_paths("mlp")[0])
+    monkeypatch.setattr(ptexec, "load", broken)
+    _fails_in_one_line(capsys, ["inspect", mlp], "ZeroDivisionError: ", "PTEXEC_DEBUG=1")
+    monkeypatch.setattr(ptexec, "load", interrupted)
+    assert main(["inspect", mlp]) == 130
+    assert capsys.readouterr().err == "ptexec: interrupted\n"

@@ -167,9 +167,47 @@ def test_dim_order_must_be_a_permutation() -> None:
 
 
 def test_truncated_file() -> None:
+    """A file cut anywhere after its header says how long it should have been."""
     pte = read_pte(MLP)
-    with pytest.raises(PteFormatError, match="exceed the file"):
-        read_pte(MLP[: pte.segments[0].offset + 4])
+    assert pte.header is not None
+    for cut in (pte.segments[0].offset + 4, pte.header.program_size - 1, len(MLP) - 1, 20):
+        need = len(MLP) if cut >= 40 else 40  # the eh00 header itself ends at byte 40
+        with pytest.raises(
+            PteFormatError, match=rf"the file is truncated: needs {need} bytes, has {cut}$"
+        ):
+            read_pte(MLP[:cut])
+
+
+def test_truncated_file_without_segment_data_size() -> None:
+    """A 24-byte eh00 header (ExecuTorch reads those too) does not give the segment data's
+    size: the segments do."""
+    data = bytearray(MLP)
+    struct.pack_into("<I", data, 12, 24)  # the header length; the size field is ignored
+    read_pte(bytes(data))
+    end = max(s.offset + s.size for s in read_pte(MLP).segments)
+    with pytest.raises(PteFormatError, match=rf"truncated: needs {end} bytes, has {end - 3}$"):
+        read_pte(bytes(data[: end - 3]))
+
+
+def test_segment_past_the_end_of_a_complete_file() -> None:
+    """The header says the file is complete, a segment says otherwise: the segment is
+    named and the file is not called truncated."""
+    data = bytearray(MLP)
+    root = Buffer(bytes(data)).root()
+    segments = root.tables(4, "segments", lambda t: t) or ()
+    struct.pack_into("<Q", data, segments[0]._field(1), len(MLP))  # its size
+    with pytest.raises(PteFormatError, match=r"^segments\[0\]: bytes .* lie past the end"):
+        read_pte(bytes(data))
+
+
+def test_truncated_data_file() -> None:
+    _, ptd = fixture_paths("external")
+    assert ptd is not None
+    data = ptd.read_bytes()
+    for cut in (len(data) - 1, 30):
+        need = len(data) if cut >= 48 else 48
+        with pytest.raises(PteFormatError, match=rf"truncated: needs {need} bytes, has {cut}$"):
+            read_ptd(data[:cut])
 
 
 def test_operator_index_out_of_range() -> None:
@@ -240,3 +278,84 @@ def test_external_data_file() -> None:
         ptexec.load(pte).load_method("forward")
     with pytest.raises(PteFormatError, match="not an ExecuTorch data file"):
         read_ptd(MLP)
+
+
+def _foreign_files() -> dict[str, bytes]:
+    """The files people give a runtime instead of a program, made by their own writers."""
+    import io
+
+    class Add(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    def saved(write) -> bytes:
+        buf = io.BytesIO()
+        write(buf)
+        return buf.getvalue()
+
+    x = torch.ones(2)
+    _, ptd = fixture_paths("external")
+    assert ptd is not None
+    return {
+        "checkpoint": saved(lambda f: torch.save({"w": x}, f)),
+        "legacy checkpoint": saved(
+            lambda f: torch.save({"w": x}, f, _use_new_zipfile_serialization=False)
+        ),
+        "torch.export": saved(lambda f: torch.export.save(torch.export.export(Add(), (x,)), f)),
+        "torchscript": saved(lambda f: torch.jit.save(torch.jit.trace(Add(), x), f)),
+        "ptd": ptd.read_bytes(),
+        "empty": b"",
+        "text": b"name,value\nw,1.0\n",
+        "lfs": b"version https://git-lfs.github.com/spec/v1\noid sha256:0f\nsize 3024\n",
+        "html": b"<!DOCTYPE html>\n<html><head><title>model.pte</title></head></html>\n",
+    }
+
+
+FOREIGN = {
+    "checkpoint": r"a PyTorch checkpoint \(torch.save, a zip archive\); export the model with "
+    r"torch.export and ExecuTorch",
+    "legacy checkpoint": r"a PyTorch checkpoint \(torch.save, legacy format\); export",
+    "torch.export": r"a torch.export archive \(.pt2, torch.export.save\).* lower it with "
+    r"to_edge_transform_and_lower",
+    "torchscript": r"a TorchScript module \(torch.jit.save, a zip archive\); export",
+    "ptd": r"an ExecuTorch data file \(.ptd\).* give this file as its data \(data_path=",
+    "empty": r"the file is empty \(0 bytes\)",
+    "text": r"a text file \(it starts with 'name,value'\)",
+    "lfs": r"a Git LFS pointer.* \(git lfs pull",
+    "html": r"a web page \(HTML\)",
+}
+
+
+def test_foreign_files_are_named(tmp_path) -> None:
+    """Each is a PteFormatError that says what the file is and what to do, from bytes and
+    from a path alike."""
+    files = _foreign_files()
+    assert set(files) == set(FOREIGN)
+    for kind, data in files.items():
+        with pytest.raises(
+            PteFormatError, match=r"^header: not an ExecuTorch program: (it is|the file is) "
+        ):
+            read_pte(data)
+        with pytest.raises(PteFormatError, match=FOREIGN[kind]):
+            read_pte(data)
+        if data:
+            path = tmp_path / "model.pte"
+            path.write_bytes(data)
+            with pytest.raises(PteFormatError, match=FOREIGN[kind]):
+                ptexec.load(path)
+
+
+def test_a_program_given_as_data_file_is_named() -> None:
+    with pytest.raises(
+        PteFormatError, match=r"not an ExecuTorch data file \(.ptd\): it is an ExecuTorch program"
+    ):
+        read_ptd(MLP)
+
+
+def test_identify_never_raises() -> None:
+    from ptexec.format.identify import describe
+
+    for data in (b"PK\x03\x04", b"\x80", b"\x80\x02", b"\xff" * 600, b"\xe2\x82" * 300, b"\n\n"):
+        describe(data)  # returns a phrase or None, whatever the bytes
+    assert describe(b"\xff\xfe\x00\x01" * 10) is None
+    assert describe("é".encode() * 300) is not None  # a window that ends inside a character

@@ -77,6 +77,39 @@ def test_corpus_entry(path: Path) -> None:
     _check(fl.replay(path, meter=METER))
 
 
+def _with_segment_data_size_repaired(pte: bytes) -> bytes:
+    """``pte`` with its eh00 header's segment data size (bytes 32..39) what the file holds
+    after the segment base offset (bytes 24..31)."""
+    data = bytearray(pte)
+    base = int.from_bytes(data[24:32], "little")
+    data[32:40] = (len(data) - base).to_bytes(8, "little")
+    return bytes(data)
+
+
+SIZE_EDITED = [
+    p
+    for p in CORPUS_ENTRIES
+    if any(
+        e[0] == "set" and e[1] < 40 and e[1] + len(e[2]) // 2 > 32
+        for e in json.loads(p.with_suffix(".json").read_text())["pte_edits"]
+    )
+]
+
+
+@pytest.mark.parametrize("path", SIZE_EDITED, ids=lambda p: p.stem)
+def test_corpus_entry_past_the_size_check(path: Path) -> None:
+    """Entries whose edits also changed the header's segment data size are refused at load
+    now (the file must be as long as its header says, as ExecuTorch's runtime requires);
+    with that size repaired, the rest of their edits still reach what they once broke."""
+    pte, ptd, inputs, meta = fl.corpus_files(path)
+    with pytest.raises(ptexec.PteFormatError, match="extended_header: the file is truncated"):
+        ptexec.load(pte)
+    options = {**SEEDS[meta["fixture"]].options, **meta.get("options", {})}
+    repaired = _with_segment_data_size_repaired(pte)
+    ptexec.load(repaired)  # past the header
+    _check(fl.guarded(repaired, ptd, inputs, METER, options=options))
+
+
 # --------------------------------------------------------------------------------------
 # bounded in-process run (deterministic: hypothesis derandomized)
 
@@ -342,6 +375,7 @@ def test_embedding_bounds_that_are_not_ints_are_refused_at_load(entry: str, argu
     IntList) is an OperatorMissingError naming the argument, not a TypeError from the
     load-time table."""
     pte, ptd, _, _ = fl.corpus_files(CORPUS / f"escape-quant_embedding-{entry}.pte")
+    pte = _with_segment_data_size_repaired(pte)  # one of them also broke it
     with pytest.raises(ptexec.OperatorMissingError, match=rf"argument '{argument}'"):
         ptexec.load(pte, data_path=ptd).load_method()
 

@@ -6,15 +6,97 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["main"]
+
+DEBUG_VARIABLE = "PTEXEC_DEBUG"  # set to 1: failures show their traceback
+
+
+# ---- arguments and failures ------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (``ptexec run: argument --repeat: ...``), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _at_least(lowest: int, what: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _at_least(1, "a positive integer")
+_non_negative = _at_least(0, "an integer of 0 or more")
+
+
+def _output_file(text: str) -> str:
+    """An argument naming a file to write: refused at once (before the work that fills
+    it) when it is a directory or its directory is missing or not writable."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give the name of a file")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
+
+
+def _save(obj: Any, path: str) -> None:
+    """``torch.save`` into a file opened here, so that a failure is the OS's error."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: its lines joined with "; " (with a space after a colon)."""
+    out = ""
+    for line in filter(None, (line.strip() for line in text.splitlines())):
+        out += (" " if out.endswith(":") else "; " if out else "") + line
+    return out
+
+
+def _failure(e: BaseException, args: argparse.Namespace) -> str:
+    """The one line that reports ``e`` (without the ``ptexec:`` prefix)."""
+    from .errors import DeviceUnavailableError
+
+    if isinstance(e, DeviceUnavailableError) and e.hint:
+        # the library's advice names device_map=; here, the flag
+        flag = "--device" if hasattr(args, "device") else "--device-map"
+        if e.cuda_devices:
+            hint = f"run it on another GPU with {flag} " + (
+                "cuda:0" if flag == "--device" else f"{e.device}=cuda:0"
+            )
+        else:
+            hint = f"run it on the CPU with {flag} cpu"
+        return f"{type(e).__name__}: {_one_line(e.reason)}; {hint}"
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        return f"{type(e).__name__}: {e.filename}: {e.strerror}"
+    return f"{type(e).__name__}: {_one_line(str(e))}"
 
 
 def _size(n: int) -> str:
@@ -271,22 +353,94 @@ def _random_input(info: Any, generator: Any) -> Any:
 
 
 def _read_inputs(paths: Sequence[str]) -> list[Any]:
+    """The inputs in ``--input`` files: a ``.npy`` array, or a tensor, number or list of
+    them saved with ``torch.save``. Read without running anything from the file (numpy
+    without pickles, torch with ``weights_only``); a file that does not hold that is an
+    :class:`~ptexec.errors.InputError` saying what it holds."""
     import torch
 
     inputs: list[Any] = []
     for path in paths:
-        suffix = Path(path).suffix
-        if suffix == ".npy":
-            import numpy as np
-
-            inputs.append(torch.from_numpy(np.load(path)))
-        else:
-            data = torch.load(path, weights_only=True)
-            if isinstance(data, list | tuple):
-                inputs.extend(data)
-            else:
-                inputs.append(data)
+        with open(path, "rb") as f:  # a missing file, a directory: the OS's error
+            head = f.read(4096)
+        if not head:
+            raise _input_error(path, "the file is empty (0 bytes)")
+        if Path(path).suffix == ".npy":
+            inputs.append(_read_npy(path))
+            continue
+        try:
+            with warnings.catch_warnings():  # the refusal below says what is wrong
+                warnings.simplefilter("ignore")
+                data = torch.load(path, weights_only=True)
+        except Exception as e:  # whatever torch makes of hostile bytes: a refusal
+            raise _input_error(path, _unreadable(e, path, head)) from e
+        items = list(data) if isinstance(data, list | tuple) else [data]
+        for item in items:
+            if not (item is None or isinstance(item, torch.Tensor | bool | int | float)):
+                kind = "a list holding " if item is not data else ""
+                raise _input_error(
+                    path,
+                    f"it holds {kind}a {type(item).__name__}; expected a tensor, a number "
+                    "(or None), or a list or tuple of them",
+                )
+        inputs.extend(items)
     return inputs
+
+
+def _read_npy(path: str) -> Any:
+    import numpy as np
+    import torch
+
+    try:
+        array = np.load(path, allow_pickle=False)
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"it holds a {type(array).__name__}, not one array")
+        return torch.from_numpy(array)
+    except Exception as e:
+        raise _input_error(path, f"not an array numpy reads safely: {_one_line(str(e))}") from e
+
+
+def _input_error(path: str, message: str) -> Exception:
+    from .errors import InputError
+
+    return InputError(
+        f"input file {path}: {message} (save inputs with torch.save(tensor or list) or numpy.save)"
+    )
+
+
+def _unreadable(e: Exception, path: str, head: bytes) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a phrase."""
+    import mmap
+    import pickle
+
+    import torch
+
+    from .format.identify import describe
+
+    try:  # the whole file, for what a zip archive holds
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            what = describe(memoryview(m))
+    except (OSError, ValueError, BufferError):  # not a file that maps (a pipe, a device)
+        what = describe(head)
+    what = what.split(";")[0] if what is not None else None
+    torch_like = head.startswith(b"PK\x03\x04") or head.startswith(b"\x80")
+    text = str(e)
+    if what is not None and not torch_like:
+        return f"not a file torch.save wrote: {what}"
+    if isinstance(e, pickle.UnpicklingError) and text.startswith("Weights only load failed"):
+        # torch's first paragraph is advice to load unsafely, its last a link; between them
+        # is what it refused
+        body = text.partition("\n")[2].split("Check the documentation")[0]
+        detail = _one_line(body.rpartition("WeightsUnpickler error:")[2]).rstrip(".")
+        return (
+            "it holds Python objects other than tensors, which loading without running "
+            f"code refuses ({detail or 'no detail'})"
+        )
+    if "CUDA device" in text and not torch.cuda.is_available():
+        return "it holds CUDA tensors, and torch has no CUDA device here"
+    if what is not None and not what.startswith(("it is a PyTorch", "it is a Python pickle")):
+        return f"not a file torch.save wrote: {what}"
+    return f"torch.load cannot read it ({type(e).__name__}: {_one_line(text) or 'no detail'})"
 
 
 def _summary(x: Any) -> str:
@@ -344,7 +498,8 @@ def _method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, l
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    method, inputs = _method_and_inputs(args, **_compile_option(args))
+    with _report_has_warnings():
+        method, inputs = _method_and_inputs(args, **_compile_option(args))
     if method.compile_report is not None:
         print("  " + method.compile_report.summary().replace("\n", "\n  "))
     outputs = method.execute(inputs)
@@ -369,7 +524,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)"
         )
     if args.output:
-        torch.save(outputs, args.output)
+        _save(outputs, args.output)
         print(f"  outputs saved to {args.output}")
     return 0
 
@@ -389,7 +544,10 @@ def _print_compiled(prog: Any, name: str, device_map: Any) -> Any:
     """Load method ``name`` compiled (from the cache, or compiling it) and print the report."""
     from .compile import CompileOptions
 
-    method = prog.load_method(name, device_map=device_map, compile=CompileOptions(progress=None))
+    with _report_has_warnings():
+        method = prog.load_method(
+            name, device_map=device_map, compile=CompileOptions(progress=None)
+        )
     report = method.compile_report
     print("  " + report.summary().replace("\n", "\n  "))
     return report
@@ -485,8 +643,6 @@ class _Progress:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    import torch
-
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
     progress = _Progress("trace: {done} instructions run ({total} in the program)")
     try:
@@ -515,7 +671,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             json.dump(tr.to_dict(), f, indent=1, default=repr)
         print(f"  trace saved to {args.json}")
     if args.save_tensors:
-        torch.save(tr.tensors(), args.save_tensors)
+        _save(tr.tensors(), args.save_tensors)
         print(f"  tensors saved to {args.save_tensors}")
     return 2 if tr.stopped is not None else 0
 
@@ -657,7 +813,7 @@ def _add_generate(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ptexec",
         description="Run and inspect ExecuTorch programs (.pte) with PyTorch kernels.",
     )
@@ -694,10 +850,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", action="append", help="input file (.pt: a tensor or a list; .npy); repeatable"
     )
     p_run.add_argument(
-        "--repeat", type=int, default=20, help="timed calls after the first (default 20)"
+        "--repeat", type=_positive, default=20, help="timed calls after the first (default 20)"
     )
     p_run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p_run.add_argument("--output", help="save the outputs (torch.save) to this file")
+    p_run.add_argument(
+        "--output", type=_output_file, help="save the outputs (torch.save) to this file"
+    )
     p_run.add_argument(
         "--compile",
         action="store_true",
@@ -751,13 +909,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop at the first instruction that writes a NaN / an Inf / either (exit status 2)",
     )
     p_trace.add_argument("--reads", action="store_true", help="also summarise what each one read")
-    p_trace.add_argument("--limit", type=int, help="show at most this many instructions")
+    p_trace.add_argument("--limit", type=_positive, help="show at most this many instructions")
     p_trace.add_argument(
-        "--worst", type=int, default=5, help="largest errors to list (--reference)"
+        "--worst", type=_non_negative, default=5, help="largest errors to list (--reference)"
     )
-    p_trace.add_argument("--json", help="save the trace as JSON to this file")
+    p_trace.add_argument("--json", type=_output_file, help="save the trace as JSON to this file")
     p_trace.add_argument(
-        "--save-tensors", help="save every tensor written (torch.save) to this file"
+        "--save-tensors",
+        type=_output_file,
+        help="save every tensor written (torch.save) to this file",
     )
     p_trace.set_defaults(func=cmd_trace)
 
@@ -766,14 +926,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(p_profile)
     inputs(p_profile)
-    p_profile.add_argument("--repeat", type=int, default=10, help="timed calls (default 10)")
-    p_profile.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
+    p_profile.add_argument("--repeat", type=_positive, default=10, help="timed calls (default 10)")
+    p_profile.add_argument(
+        "--warmup", type=_non_negative, default=1, help="untimed calls first (default 1)"
+    )
     p_profile.add_argument(
         "--by", choices=["operator", "instruction", "both"], default="operator", help="table rows"
     )
-    p_profile.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+    p_profile.add_argument("--top", type=_positive, default=20, help="rows to show (default 20)")
     p_profile.add_argument(
-        "--chrome-trace", help="save a Chrome trace (JSON; Perfetto, chrome://tracing)"
+        "--chrome-trace",
+        type=_output_file,
+        help="save a Chrome trace (JSON; Perfetto, chrome://tracing)",
     )
     p_profile.set_defaults(func=cmd_profile)
 
@@ -782,28 +946,73 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(p_plan)
     p_plan.add_argument(
-        "--out", help="draw the plan to this file (.png, .svg, .pdf; needs matplotlib)"
+        "--out",
+        type=_output_file,
+        help="draw the plan to this file (.png, .svg, .pdf; needs matplotlib)",
     )
-    p_plan.add_argument("--top", type=int, default=10, help="largest tensors to list (default 10)")
+    p_plan.add_argument(
+        "--top", type=_positive, default=10, help="largest tensors to list (default 10)"
+    )
     p_plan.add_argument("--json", action="store_true", help="print JSON")
     p_plan.set_defaults(func=cmd_plan)
     _add_generate(sub)
     return parser
 
 
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    print(f"ptexec: warning: {_one_line(str(message))}", file=sys.stderr)
+
+
+@contextmanager
+def _report_has_warnings() -> Iterator[None]:
+    """Around a load whose compile report is printed: the report carries its warning."""
+    from .compile import CompileWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompileWarning)
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ptexec`` command. A failure is one line on stderr (``ptexec: <type>:
+    <what>``) and exit status 1 (2 for a usage error, 130 when interrupted);
+    ``PTEXEC_DEBUG=1`` shows its traceback instead."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .errors import PtexecError
+    debug = os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _show_warning
+        try:
+            return int(args.func(args))
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            print("ptexec: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # the reader of stdout went away (ptexec inspect ... | head)
+            # nothing more goes to it, not even what the interpreter flushes at exit (when
+            # stdout is a file at all)
+            with suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        except Exception as e:
+            if debug:
+                raise
+            from .errors import PtexecError
 
-    try:
-        return int(args.func(args))
-    except PtexecError as e:
-        print(f"ptexec: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError, TypeError) as e:
-        print(f"ptexec: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+            line = _failure(e, args)
+            if not isinstance(e, PtexecError | OSError | ValueError | TypeError):
+                line += f" ({DEBUG_VARIABLE}=1 shows where)"
+            print(f"ptexec: {line}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

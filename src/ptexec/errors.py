@@ -117,7 +117,24 @@ class UnsupportedDeviceError(PtexecError, ValueError, RuntimeError):
 
 
 class DeviceUnavailableError(PtexecError, RuntimeError):
-    """The program needs a device this machine does not have (e.g. CUDA without a GPU)."""
+    """The program needs a device this machine does not have (e.g. CUDA without a GPU).
+
+    The message is ``reason`` and then ``hint``, advice for a Python caller (a
+    ``device_map``); ``device`` is the device asked for and ``cuda_devices`` how many CUDA
+    devices torch sees, when known, so that another front end can give its own advice.
+    """
+
+    def __init__(
+        self, reason: str, hint: str = "", device: str = "", cuda_devices: int = 0
+    ) -> None:
+        self.reason = reason
+        self.hint = hint
+        self.device = device
+        self.cuda_devices = cuda_devices
+        super().__init__(f"{reason}; {hint}" if hint else reason)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, int]]:
+        return (type(self), (self.reason, self.hint, self.device, self.cuda_devices))
 
 
 class LimitExceededError(PtexecError, RuntimeError):

@@ -15,6 +15,7 @@ import torch
 
 from .errors import MethodNotFoundError, ProgramChangedError, PteFormatError
 from .format import program as p
+from .format.identify import describe
 from .format.ptd import PtdFile, read_ptd
 from .format.pte import PteFile, read_pte
 from .gcpause import paused
@@ -75,7 +76,7 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
-                raise PteFormatError("header", f"{what} {path} is empty")
+                raise PteFormatError("header", f"{what} {path}: {describe(b'')}")
             if mapped:
                 stamp = _FileStamp(path, f.fileno())
                 mapping = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_COPY)

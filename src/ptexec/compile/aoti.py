@@ -23,13 +23,35 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_models", "find_compiler", "inductor_options", "load_model", "save_models"]
+__all__ = [
+    "compile_models",
+    "find_compiler",
+    "inductor_options",
+    "load_model",
+    "missing_compiler",
+    "save_models",
+]
 
 
 def find_compiler() -> str | None:
     """The path of the C++ compiler AOTInductor would run, or None when there is none."""
     name = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
     return shutil.which(name)
+
+
+def missing_compiler() -> str | None:
+    """Why there is no C++ compiler to run, as a phrase; None when :func:`find_compiler`
+    finds one."""
+    if find_compiler() is not None:
+        return None
+    default = "clang++" if sys.platform == "darwin" else "g++"
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return (
+            f"CXX is {cxx!r}, which names no C++ compiler that exists here (point CXX at "
+            f"one, or unset it to use {default})"
+        )
+    return f"no C++ compiler found (install {default}, or set CXX to one)"
 
 
 def inductor_options(device: torch.device, autotune: bool) -> dict[str, Any]:

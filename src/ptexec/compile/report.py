@@ -56,8 +56,8 @@ class CompileReport:
         for first, last, reason in self.fallbacks:
             span = f"{first}-{last}" if last > first else f"{first}"
             lines.append(f"  interpreted  {span}: {reason}")
-        if self.warning:
-            lines.append(f"  warning: {self.warning}")
+        if self.warning and any(reason != self.warning for *_, reason in self.fallbacks):
+            lines.append(f"  warning: {self.warning}")  # unless every row above says it
         if self.cache_path:
             lines.append(f"  cache: {self.cache_path}")
         return "\n".join(lines)

@@ -225,12 +225,11 @@ class _Builder:
         if entry is not None and self.from_cache(entry):
             return
         if options.backend == "aoti":
-            from .aoti import find_compiler
+            from .aoti import missing_compiler
 
-            if find_compiler() is None:
-                self.warning = (
-                    "no C++ compiler found (set CXX, or install g++): the method runs interpreted"
-                )
+            problem = missing_compiler()
+            if problem is not None:
+                self.warning = f"{problem}: the method runs interpreted"
                 self._all_interpreted(self.warning)
                 return
         start = time.perf_counter()

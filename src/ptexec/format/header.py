@@ -6,6 +6,7 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import PteFormatError
+from .identify import describe
 
 PTE_IDENTIFIER = b"ET12"
 PTD_IDENTIFIER = b"FT01"
@@ -40,12 +41,20 @@ class PtdHeader:
     segment_data_size: int
 
 
+def truncated(path: str, need: int, have: int) -> PteFormatError:
+    """The error for a file that ends before what it describes does."""
+    return PteFormatError(path, f"the file is truncated: needs {need} bytes, has {have}")
+
+
 def _identifier(data: bytes | bytearray | memoryview, expected: bytes, what: str) -> None:
-    if len(data) < 8:
-        raise PteFormatError("header", f"{len(data)} bytes is too short for {what}")
-    ident = bytes(data[4:8])
+    ident = bytes(data[4:8]) if len(data) >= 8 else b""
     if ident == expected:
         return
+    found = describe(data)
+    if len(data) < 8:
+        if found is not None and len(data) == 0:
+            raise PteFormatError("header", f"not {what}: {found}")
+        raise PteFormatError("header", f"{len(data)} bytes is too short for {what}")
     prefix = expected[:2]
     if ident[:2] == prefix and ident[2:].isalnum():
         raise PteFormatError(
@@ -53,6 +62,8 @@ def _identifier(data: bytes | bytearray | memoryview, expected: bytes, what: str
             f"unsupported {what.removeprefix('an ')} version '{ident.decode('ascii')}'; ptexec reads "
             f"'{expected.decode('ascii')}' (ExecuTorch 0.4 to 1.5)",
         )
+    if found is not None:
+        raise PteFormatError("header", f"not {what}: {found}")
     raise PteFormatError(
         "header", f"not {what}: file identifier {ident!r}, expected {expected.decode('ascii')!r}"
     )
@@ -64,14 +75,14 @@ def read_pte_header(data: bytes | bytearray | memoryview) -> PteHeader | None:
     if bytes(data[HEADER_OFFSET : HEADER_OFFSET + 4]) != PTE_HEADER_MAGIC:
         return None
     if len(data) < HEADER_OFFSET + 8:
-        raise PteFormatError("extended_header", "truncated")
+        raise truncated("extended_header", HEADER_OFFSET + 8, len(data))
     length = _U32.unpack_from(data, HEADER_OFFSET + 4)[0]
     if length < PTE_HEADER_MIN_LENGTH:
         raise PteFormatError(
             "extended_header.length", f"{length} bytes, expected at least {PTE_HEADER_MIN_LENGTH}"
         )
     if len(data) < HEADER_OFFSET + length:
-        raise PteFormatError("extended_header", f"truncated ({len(data)} bytes in the file)")
+        raise truncated("extended_header", HEADER_OFFSET + length, len(data))
     program_size = _U64.unpack_from(data, HEADER_OFFSET + 8)[0]
     base = _U64.unpack_from(data, HEADER_OFFSET + 16)[0]
     seg_size = _U64.unpack_from(data, HEADER_OFFSET + 24)[0] if length >= 32 else None
@@ -82,7 +93,7 @@ def read_ptd_header(data: bytes | bytearray | memoryview) -> PtdHeader:
     """Check the ``FT01`` identifier and read the ``FH01`` header of a ``.ptd`` file."""
     _identifier(data, PTD_IDENTIFIER, "an ExecuTorch data file (.ptd)")
     if len(data) < HEADER_OFFSET + PTD_HEADER_MIN_LENGTH:
-        raise PteFormatError("ptd.header", f"truncated ({len(data)} bytes)")
+        raise truncated("ptd.header", HEADER_OFFSET + PTD_HEADER_MIN_LENGTH, len(data))
     if bytes(data[HEADER_OFFSET : HEADER_OFFSET + 4]) != PTD_HEADER_MAGIC:
         raise PteFormatError("ptd.header", f"missing {PTD_HEADER_MAGIC.decode()} header magic")
     length = _U32.unpack_from(data, HEADER_OFFSET + 4)[0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import PteFormatError
 from .flatbuf import Buffer, Table
-from .header import PtdHeader, read_ptd_header
+from .header import PtdHeader, read_ptd_header, truncated
 from .scalar_type import element_size, is_known
 from .validate import MAX_RANK
 
@@ -62,10 +62,9 @@ def read_ptd(data: Bytes) -> PtdFile:
     header = read_ptd_header(view)
     size = len(view)
     flat_end = header.flatbuffer_offset + header.flatbuffer_size
-    if flat_end > size:
-        raise PteFormatError(
-            "ptd.header.flatbuffer_size", f"flatbuffer ends at {flat_end}, file has {size} bytes"
-        )
+    need = max(flat_end, header.segment_base_offset + header.segment_data_size)
+    if need > size:
+        raise truncated("ptd.header", need, size)
     root = Buffer(view[:flat_end]).root("ptd")
     version = root.int_(0, "u32", "version")
     segs = (
@@ -78,7 +77,9 @@ def read_ptd(data: Bytes) -> PtdFile:
         start = base + off
         if start + n > size:
             raise PteFormatError(
-                f"ptd.segments[{i}]", f"bytes {start}..{start + n} exceed the file ({size} bytes)"
+                f"ptd.segments[{i}]",
+                f"bytes {start}..{start + n} lie past the end of the file ({size} bytes, as "
+                "long as its header says)",
             )
         spans.append((start, n))
 

@@ -8,7 +8,7 @@ from ..errors import PteFormatError
 from . import program as p
 from .decode import decode_program
 from .flatbuf import Buffer
-from .header import PteHeader, read_pte_header
+from .header import PteHeader, read_pte_header, truncated
 from .validate import validate_program
 
 Bytes = bytes | bytearray | memoryview
@@ -69,12 +69,21 @@ def read_pte(data: Bytes) -> PteFile:
     size = len(view)
     flat_end = size
     segments: list[p.DataRef] = []
+    complete = False  # whether the header says how long the file is (and it is that long)
     if header is not None:
-        if header.program_size > size or header.program_size < 8 + header.length:
+        if header.program_size < 8 + header.length:
             raise PteFormatError(
                 "extended_header.program_size",
-                f"{header.program_size} bytes does not fit the file ({size} bytes)",
+                f"{header.program_size} bytes cannot hold the headers ({8 + header.length} bytes)",
             )
+        # the file must hold the program and, when the header gives its size, the segment
+        # data (as ExecuTorch's runtime requires)
+        need = header.program_size
+        if header.segment_base_offset and header.segment_data_size is not None:
+            need = max(need, header.segment_base_offset + header.segment_data_size)
+            complete = True
+        if need > size:
+            raise truncated("extended_header", need, size)
         flat_end = header.program_size
     program = decode_program(Buffer(view[:flat_end]))
     if program.segments and (header is None or header.segment_base_offset == 0):
@@ -97,9 +106,13 @@ def read_pte(data: Bytes) -> PteFile:
         for i, seg in enumerate(program.segments):
             start = base + seg.offset
             if start + seg.size > size:
+                if not complete:  # no size in the header: the segment says how long it is
+                    end = max(base + s.offset + s.size for s in program.segments)
+                    raise truncated(f"segments[{i}]", end, size)
                 raise PteFormatError(
                     f"segments[{i}]",
-                    f"bytes {start}..{start + seg.size} exceed the file ({size} bytes)",
+                    f"bytes {start}..{start + seg.size} lie past the end of the file "
+                    f"({size} bytes, as long as its header says)",
                 )
             segments.append(p.DataRef(start, seg.size))
     validate_program(program, [s.size for s in segments])

@@ -64,15 +64,18 @@ def check_device_available(device: Device, method: str, what: str) -> None:
     if not torch.cuda.is_available():
         raise DeviceUnavailableError(
             f"method '{method}' needs memory on device {device} ({what}) but torch has no "
-            "CUDA device here; "
-            f"load it with device_map='cpu' (or {{'{device}': 'cpu'}}) to run it on the CPU"
+            "CUDA device here",
+            f"load it with device_map='cpu' (or {{'{device}': 'cpu'}}) to run it on the CPU",
+            str(device),
         )
     count = torch.cuda.device_count()
     if device.index >= count:
         raise DeviceUnavailableError(
             f"method '{method}' needs memory on device {device} ({what}) but this machine "
-            f"has {count} CUDA "
-            f"device(s); map it with device_map={{'{device}': 'cuda:0'}}"
+            f"has {count} CUDA device(s)",
+            f"map it with device_map={{'{device}': 'cuda:0'}}",
+            str(device),
+            count,
         )
 
 
