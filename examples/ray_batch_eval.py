@@ -1,6 +1,6 @@
 """Check an exported classifier against eager PyTorch over a whole dataset, on Ray Data.
 
-    pip install 'ptexec[ray,export]'
+    pip install '.[ray,export]' in ptexec's source tree
     python examples/ray_batch_eval.py                          # 200,000 rows; 1 and 2 actors
     python examples/ray_batch_eval.py --rows 2000000 --concurrency 8 16 --address auto
 
@@ -74,7 +74,9 @@ def export(model: torch.nn.Module, features: int, program_batch: int, path: str)
     try:
         from executorch.exir import to_edge
     except ImportError as e:
-        raise SystemExit(f"exporting needs ExecuTorch: pip install 'ptexec[export]' ({e})") from e
+        raise SystemExit(
+            f"exporting needs ExecuTorch: pip install '.[export]' in ptexec's source tree ({e})"
+        ) from e
     example = (torch.randn(min(4, program_batch), features),)
     batch = torch.export.Dim("batch", min=1, max=program_batch)
     exported = torch.export.export(model, example, dynamic_shapes={"x": {0: batch}})

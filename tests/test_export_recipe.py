@@ -449,7 +449,7 @@ def test_missing_exporter_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -
     for mod in [m for m in sys.modules if m == "executorch" or m.startswith("executorch.")]:
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, "executorch", None)
-    with pytest.raises(ImportError, match=r"pip install 'ptexec\[export\]'"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[export\]'"):
         ptexec.export.to_pte(_Tiny(), (torch.randn(1, 5),))
 
 

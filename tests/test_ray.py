@@ -4,7 +4,7 @@ The first part runs :class:`PteMapper` in this process, as each Ray actor does, 
 every mapping rule against eager PyTorch (the fixtures' recorded outputs) and against
 ptexec called row by row. The tests marked ``ray`` run the same on a local Ray cluster
 (``ray.init(num_cpus=2)``); they skip when Ray is not installed (``pip install
-'ptexec[ray]'``).
+'.[ray]'`` in ptexec's source tree).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Export needs no GPU. The file runs with ptexec on a CUDA machine as is, and anyw
 device, as ptexec's do: ExecuTorch's own runtime allocates the cuda buffer (with its CUDA
 allocator) but runs non-delegated instructions with host kernels.
 
-This module needs ExecuTorch's exporter (``pip install 'ptexec[export]'``); it imports
+This module needs ExecuTorch's exporter (``pip install '.[export]'`` in ptexec's source tree); it imports
 ``executorch`` only when a function here is called. The rest of ptexec never does.
 """
 
@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["check_device_plan", "planning_pass", "to_pte"]
 
-_INSTALL_HINT = "ptexec.export needs ExecuTorch's exporter: pip install 'ptexec[export]'"
+_INSTALL_HINT = (
+    "ptexec.export needs ExecuTorch's exporter: pip install '.[export]' in ptexec's source tree"
+)
 
 # ExecutorchBackendConfig fields the recipe sets itself.
 _OWNED_CONFIG = frozenset({"memory_planning_pass", "enable_non_cpu_memory_planning"})

@@ -237,7 +237,7 @@ class MemoryPlan:
             from matplotlib.figure import Figure
         except ImportError:
             raise ImportError(
-                "drawing the memory plan needs matplotlib: pip install 'ptexec[plot]'"
+                "drawing the memory plan needs matplotlib: pip install '.[plot]' in ptexec's source tree"
             ) from None
         _draw(self, path, title, dpi, Figure, FigureCanvasAgg)
 

@@ -11,7 +11,7 @@ A script written for ``executorch.extension.llm.runner`` switches by changing on
 The program is placed with ``device_map`` like any ptexec method (``TextLLMRunner(...,
 device_map="cuda")``); its logits stay on the device until sampled. Tokenizers (Hugging Face
 ``tokenizer.json``, tiktoken, SentencePiece, llama2.c) are detected from the file; install
-``ptexec[llm]`` for them.
+the ``llm`` extra (``pip install '.[llm]'`` in ptexec's source tree) for them.
 """
 
 from __future__ import annotations

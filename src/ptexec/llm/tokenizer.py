@@ -77,7 +77,7 @@ class HuggingFaceTokenizer(Tokenizer):
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise TokenizerError(
                 "reading a tokenizer.json needs the 'tokenizers' package "
-                "(pip install 'ptexec[llm]')"
+                "(pip install '.[llm]' in ptexec's source tree)"
             ) from e
         try:
             tok = HFTokenizer.from_file(str(path))
@@ -210,7 +210,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         raise TokenizerError(
             f"Failed to load tokenizer {p}: it is not a Hugging Face tokenizer.json, and "
             "tiktoken, SentencePiece and llama2.c tokenizers need 'pytorch-tokenizers' "
-            "(pip install 'ptexec[llm]')"
+            "(pip install '.[llm]' in ptexec's source tree)"
         ) from None
     if _sniff_tiktoken(p):
         impl = _llama3_tiktoken(pt)

@@ -1,4 +1,4 @@
-"""Batch inference over Ray Data datasets (``pip install 'ptexec[ray]'``).
+"""Batch inference over Ray Data datasets (``pip install '.[ray]'`` in ptexec's source tree).
 
     import ray, ptexec.ray
     ds = ray.data.read_parquet("s3://bucket/features/")
