@@ -1,0 +1,170 @@
+"""One thread setting (``ptexec.set_num_threads``) and ExecuTorch's thread pool.
+
+Anything that replaces ExecuTorch's pool runs in a subprocess: the pool is process-wide,
+and a program loaded by ExecuTorch's own runtime in the test process would keep the
+destroyed one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from ptexec import threads
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR = ROOT / "tests" / "fixtures" / "xnnpack"
+
+
+def _subprocess(code: str, timeout: float = 300) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter on this tree; its last line of output is JSON.
+    A hang is the failure this guards against: the timeout ends it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the subprocess hung (killed after {timeout} s): {e.stdout!r}")
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def et() -> None:
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    reason = executorch_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+# what the subprocesses share: a CNN whose convolutions XNNPACK parallelizes, loaded by
+# ptexec under xnnpack="auto", and a way to make the memory of a destroyed pool hold
+# something else (as anything allocating in the process would)
+_PRELUDE = f"""
+import json, torch, ptexec
+from ptexec import threads
+# ExecuTorch's pybindings; its portable_lib re-exports these very functions
+import executorch.extension.pybindings._C as et
+
+def spray():
+    return [bytes([1]) * n for n in range(64, 8192, 8) for _ in range(4)]
+
+calls = torch.load({str(DIR / "cnn.io.pt")!r}, weights_only=True)["calls"]
+inputs = calls[0]["inputs"]
+def load():
+    return ptexec.load({str(DIR / "cnn.pte")!r}).load_method("forward", xnnpack="auto")
+
+def held(m):  # the pool (address, size) each of m's ExecuTorch runners was loaded with
+    return [
+        (fn.__globals__["_at"], fn.__globals__["_n"])
+        for chain in m.state.chains
+        for st in chain.statements
+        for fn in st.env.values()
+        if getattr(fn, "__name__", "") == "_xnnpack_et_run"
+    ]
+"""
+
+
+def test_methods_survive_executorchs_pool_reset(et: None) -> None:
+    """ExecuTorch's ``_unsafe_reset_threadpool`` destroys the pool XNNPACK's runtimes were
+    made with. A ptexec method loaded before keeps giving the same outputs afterwards (it
+    hung before: XNNPACK waited on the destroyed pool's threads), also when resets bring a
+    destroyed pool's address back with another size, and with the memory reused."""
+    code = (
+        _PRELUDE
+        + """
+et._unsafe_reset_threadpool(2)  # XNNPACK's runtime is made with a pool of 2 threads
+m = load()
+(want,) = [y.clone() for y in m(*inputs)]
+results = []
+for n in (1, 3, 2, 1, 2, 1, 3):
+    et._unsafe_reset_threadpool(n)
+    junk = spray()
+    for _ in range(2):
+        (got,) = m(*inputs)
+    ok = held(m) == [threads.executorch_pool().key()]
+    results.append([n, et._threadpool_get_thread_count(), torch.equal(got, want), ok])
+print(json.dumps({"results": results}))
+"""
+    )
+    out = _subprocess(code)
+    assert out["results"] == [[n, n, True, True] for n in (1, 3, 2, 1, 2, 1, 3)]
+
+
+def test_one_setting_sets_torch_and_executorchs_pool(et: None) -> None:
+    """``ptexec.set_num_threads`` sets torch's threads and ExecuTorch's pool; a setting
+    made before ExecuTorch's runtime is in the process applies to its pool when ptexec
+    first loads a payload with it. ptexec's ``portable_lib._unsafe_reset_threadpool`` is
+    the same setting (0 changes nothing, as in ExecuTorch). Methods loaded before each
+    change keep their outputs."""
+    code = (
+        """
+import sys
+from ptexec import threads
+threads.set_num_threads(1)
+assert "executorch.extension.pybindings._C" not in sys.modules  # nothing to resize yet
+"""
+        + _PRELUDE
+        + """
+from ptexec import portable_lib as pl
+seen = {"before": [threads.get_num_threads()]}
+m = load()  # ptexec loads ExecuTorch's runtime: its pool takes the setting
+seen["loaded"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
+(want,) = [y.clone() for y in m(*inputs)]
+ptexec.set_num_threads(2)
+junk = spray()
+(got,) = m(*inputs)
+seen["set 2"] = [torch.get_num_threads(), et._threadpool_get_thread_count(),
+                 torch.equal(got, want), held(m) == [threads.executorch_pool().key()]]
+pl._unsafe_reset_threadpool(1)
+junk = spray()
+(got,) = m(*inputs)
+seen["portable_lib 1"] = [torch.get_num_threads(), pl._threadpool_get_thread_count(),
+                          et._threadpool_get_thread_count(), torch.equal(got, want)]
+pl._unsafe_reset_threadpool(0)
+seen["portable_lib 0"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
+print(json.dumps(seen))
+"""
+    )
+    out = _subprocess(code)
+    # before ExecuTorch's runtime is loaded, its pool is not asked (nor imported)
+    assert out["before"][0] == 1
+    assert out["loaded"] == [1, 1]
+    assert out["set 2"] == [2, 2, True, True]
+    assert out["portable_lib 1"] == [1, 1, 1, True]
+    assert out["portable_lib 0"] == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "n, error, match",
+    [
+        (0, ValueError, "1 or more, got 0"),
+        (-1, ValueError, "1 or more, got -1"),
+        (True, TypeError, "must be an int, got True"),
+        (2.0, TypeError, "must be an int, got float"),
+        ("2", TypeError, "must be an int, got str"),
+    ],
+)
+def test_a_bad_count_is_refused_before_anything_changes(
+    n: Any, error: type[Exception], match: str
+) -> None:
+    before = torch.get_num_threads()
+    with pytest.raises(error, match=match):
+        ptexec.set_num_threads(n)
+    assert torch.get_num_threads() == before == ptexec.get_num_threads()
+
+
+def test_the_setting_is_ptexecs_top_level_name() -> None:
+    assert ptexec.set_num_threads is threads.set_num_threads
+    assert ptexec.get_num_threads is threads.get_num_threads
