@@ -168,3 +168,91 @@ def test_a_bad_count_is_refused_before_anything_changes(
 def test_the_setting_is_ptexecs_top_level_name() -> None:
     assert ptexec.set_num_threads is threads.set_num_threads
     assert ptexec.get_num_threads is threads.get_num_threads
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def torch_threads() -> Any:
+    """Restore torch's thread count after a command set it (ExecuTorch's pool, if the
+    process has one, keeps the command's count: ptexec's methods follow it either way)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+MLP = str(ROOT / "tests" / "fixtures" / "mlp.pte")
+
+
+@pytest.mark.parametrize("command", ["run", "profile", "trace", "compile", "generate"])
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_cli_refuses_a_bad_thread_count_in_one_line(
+    command: str, n: str, capsys: pytest.CaptureFixture[str], torch_threads: None
+) -> None:
+    """Refused before anything is loaded (the file does not exist) or printed."""
+    from ptexec.cli import main
+
+    argv = [command, "missing.pte", f"--threads={n}"]
+    if command == "generate":
+        argv += ["--tokenizer", "missing.json", "--prompt", "hi"]
+    before = torch.get_num_threads()
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"ptexec: ValueError: --threads must be 1 or more, got {n}\n"
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "command, line",
+    [
+        (["run", "--repeat", "3"], "on 1 thread(s)"),
+        (["profile", "--repeat", "2"], "threads: 1"),
+        (["trace"], "threads: 1"),
+    ],
+)
+def test_cli_runs_on_the_threads_asked_and_says_so(
+    command: list[str],
+    line: str,
+    capsys: pytest.CaptureFixture[str],
+    torch_threads: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ptexec.cli import main
+
+    seen: list[int] = []
+    real = threads.set_num_threads
+    monkeypatch.setattr(threads, "set_num_threads", lambda n: (seen.append(n), real(n))[1])
+    torch.set_num_threads(2)
+    assert main([command[0], MLP, "--threads", "1", *command[1:]]) == 0
+    out = capsys.readouterr().out
+    assert line in out, out
+    assert seen == [1] and torch.get_num_threads() == 1
+    # without --threads: torch's count, made ptexec's setting (ExecuTorch's pool follows)
+    seen.clear()
+    assert main([command[0], MLP, *command[1:]]) == 0
+    assert line in capsys.readouterr().out
+    assert seen == [1]
+
+
+def test_cli_compile_says_its_threads(
+    capsys: pytest.CaptureFixture[str], torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ptexec compile --threads N`` sets the count before compiling (AOTInductor's CPU
+    code is made for the thread count of the compile) and says it; the compile itself is
+    tests/test_compile.py's."""
+    from types import SimpleNamespace
+
+    from ptexec import cli
+
+    counts: list[int] = []
+
+    def compiled(prog: Any, name: str, device_map: Any) -> Any:
+        counts.append(torch.get_num_threads())
+        return SimpleNamespace(warning=None, compiled_instructions=1)
+
+    monkeypatch.setattr(cli, "_print_compiled", compiled)
+    assert cli.main(["compile", MLP, "--threads", "1"]) == 0
+    assert capsys.readouterr().out.startswith("threads: 1\nmethod 'forward':")
+    assert counts == [1]
