@@ -103,23 +103,23 @@ print(json.dumps({"results": results}))
 
 
 def test_one_setting_sets_torch_and_executorchs_pool(et: None) -> None:
-    """``ptexec.set_num_threads`` sets torch's threads and ExecuTorch's pool; a setting
-    made before ExecuTorch's runtime is in the process applies to its pool when ptexec
-    first loads a payload with it. ptexec's ``portable_lib._unsafe_reset_threadpool`` is
-    the same setting (0 changes nothing, as in ExecuTorch). Methods loaded before each
-    change keep their outputs."""
+    """``ptexec.set_num_threads`` sets torch's threads and ExecuTorch's pool, at once (it
+    imports ExecuTorch's runtime to do so: a pool replaced later, when methods loaded by
+    ExecuTorch's own runtime might hold it, would break those). ptexec's
+    ``portable_lib._unsafe_reset_threadpool`` is the same setting (0 changes nothing, as
+    in ExecuTorch). Methods loaded before each change keep their outputs."""
     code = (
         """
 import sys
 from ptexec import threads
 threads.set_num_threads(1)
-assert "executorch.extension.pybindings._C" not in sys.modules  # nothing to resize yet
+assert "executorch.extension.pybindings._C" in sys.modules
 """
         + _PRELUDE
         + """
 from ptexec import portable_lib as pl
-seen = {"before": [threads.get_num_threads()]}
-m = load()  # ptexec loads ExecuTorch's runtime: its pool takes the setting
+seen = {"before": [threads.get_num_threads(), et._threadpool_get_thread_count()]}
+m = load()
 seen["loaded"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
 (want,) = [y.clone() for y in m(*inputs)]
 ptexec.set_num_threads(2)
@@ -134,16 +134,21 @@ seen["portable_lib 1"] = [torch.get_num_threads(), pl._threadpool_get_thread_cou
                           et._threadpool_get_thread_count(), torch.equal(got, want)]
 pl._unsafe_reset_threadpool(0)
 seen["portable_lib 0"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
+from ptexec import cli
+seen["cli same"] = cli._on_threads()
+torch.set_num_threads(3)  # behind ptexec's back: the command line says both counts
+seen["cli differ"] = cli._on_threads()
 print(json.dumps(seen))
 """
     )
     out = _subprocess(code)
-    # before ExecuTorch's runtime is loaded, its pool is not asked (nor imported)
-    assert out["before"][0] == 1
+    assert out["before"] == [1, 1]
     assert out["loaded"] == [1, 1]
     assert out["set 2"] == [2, 2, True, True]
     assert out["portable_lib 1"] == [1, 1, 1, True]
     assert out["portable_lib 0"] == [1, 1]
+    assert out["cli same"] == "on 1 thread"
+    assert out["cli differ"] == "on 3 threads (ExecuTorch's XNNPACK pool: 1)"
 
 
 @pytest.mark.parametrize(
@@ -174,9 +179,10 @@ def test_the_setting_is_ptexecs_top_level_name() -> None:
 
 
 @pytest.fixture
-def torch_threads() -> Any:
-    """Restore torch's thread count after a command set it (ExecuTorch's pool, if the
-    process has one, keeps the command's count: ptexec's methods follow it either way)."""
+def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Commands here set torch's threads only (restored after): ExecuTorch's pool is left
+    alone in the test process (the subprocess tests above replace it)."""
+    monkeypatch.setattr(threads, "executorch_pool", lambda module=None, load=False: None)
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -207,9 +213,9 @@ def test_cli_refuses_a_bad_thread_count_in_one_line(
 @pytest.mark.parametrize(
     "command, line",
     [
-        (["run", "--repeat", "3"], "on 1 thread(s)"),
-        (["profile", "--repeat", "2"], "threads: 1"),
-        (["trace"], "threads: 1"),
+        (["run", "--repeat", "3"], ") on 1 thread\n"),
+        (["profile", "--repeat", "2"], "\n  ran on 1 thread\n"),
+        (["trace"], "\n  ran on 1 thread\n"),
     ],
 )
 def test_cli_runs_on_the_threads_asked_and_says_so(
@@ -229,11 +235,12 @@ def test_cli_runs_on_the_threads_asked_and_says_so(
     out = capsys.readouterr().out
     assert line in out, out
     assert seen == [1] and torch.get_num_threads() == 1
-    # without --threads: torch's count, made ptexec's setting (ExecuTorch's pool follows)
+    # without --threads, nothing is set: the count is torch's
+    torch.set_num_threads(2)
     seen.clear()
     assert main([command[0], MLP, *command[1:]]) == 0
-    assert line in capsys.readouterr().out
-    assert seen == [1]
+    assert line.replace("1 thread", "2 threads") in capsys.readouterr().out
+    assert seen == []
 
 
 def test_cli_compile_says_its_threads(
@@ -254,5 +261,5 @@ def test_cli_compile_says_its_threads(
 
     monkeypatch.setattr(cli, "_print_compiled", compiled)
     assert cli.main(["compile", MLP, "--threads", "1"]) == 0
-    assert capsys.readouterr().out.startswith("threads: 1\nmethod 'forward':")
+    assert capsys.readouterr().out.startswith("compiling on 1 thread\nmethod 'forward':")
     assert counts == [1]

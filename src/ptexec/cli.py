@@ -44,16 +44,28 @@ def _device_map(args: argparse.Namespace) -> Any:
     return spec
 
 
-def _threads(args: argparse.Namespace) -> int:
-    """Apply ``--threads`` (default: torch's count) as ptexec's one thread setting, before
-    anything is loaded; return the count the command runs on."""
-    from .threads import get_num_threads, set_num_threads
+def _threads(args: argparse.Namespace) -> None:
+    """Apply ``--threads`` as ptexec's one thread setting, before anything is loaded."""
+    from .threads import set_num_threads
 
     n = args.threads
-    if n is not None and n < 1:
-        raise ValueError(f"--threads must be 1 or more, got {n}")
-    set_num_threads(get_num_threads() if n is None else n)
-    return get_num_threads()
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--threads must be 1 or more, got {n}")
+        set_num_threads(n)
+
+
+def _on_threads() -> str:
+    """How many threads ran: torch's, and ExecuTorch's XNNPACK pool where it has another
+    count (without ``--threads`` each keeps its default)."""
+    from .threads import executorch_pool, get_num_threads
+
+    n = get_num_threads()
+    text = f"on {n} thread{'s' if n != 1 else ''}"
+    pool = executorch_pool()
+    if pool is not None and pool.threads() != n:
+        text += f" (ExecuTorch's XNNPACK pool: {pool.threads()})"
+    return text
 
 
 def _add_threads(p: argparse.ArgumentParser) -> None:
@@ -354,7 +366,7 @@ def _method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, l
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    threads = _threads(args)
+    _threads(args)
     method, inputs = _method_and_inputs(args, **_compile_option(args))
     if method.compile_report is not None:
         print("  " + method.compile_report.summary().replace("\n", "\n  "))
@@ -378,7 +390,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         med = statistics.median(times)
         print(
             f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)"
-            f" on {threads} thread(s)"
+            f" {_on_threads()}"
         )
     if args.output:
         torch.save(outputs, args.output)
@@ -410,11 +422,11 @@ def _print_compiled(prog: Any, name: str, device_map: Any) -> Any:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile every method (or ``--method``) for ``--device``, filling the cache, so that
     ``load_method(..., compile=True)`` later compiles nothing."""
-    threads = _threads(args)
+    _threads(args)
     prog = _load(args)
     device_map = args.device or _device_map(args)
     names = [args.method] if args.method else list(prog.method_names)
-    print(f"threads: {threads}")
+    print(f"compiling {_on_threads()}")
     status = 0
     for name in names:
         print(f"method '{name}':")
@@ -458,7 +470,7 @@ class _Progress:
 def cmd_trace(args: argparse.Namespace) -> int:
     import torch
 
-    threads = _threads(args)
+    _threads(args)
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
     progress = _Progress("trace: {done} instructions run ({total} in the program)")
     try:
@@ -473,7 +485,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     print(tr.table(limit=args.limit))
-    print(f"  threads: {threads}")
+    print(f"  ran {_on_threads()}")
     if tr.outputs is not None:
         for i, y in enumerate(tr.outputs):
             print(f"  output {i}: {_summary(y)}")
@@ -494,7 +506,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    threads = _threads(args)
+    _threads(args)
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
     progress = _Progress("profile: call {done} of {total}")
     try:
@@ -506,7 +518,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if k:
             print()
         print(prof.table(by=table, top=args.top))
-    print(f"  threads: {threads}")
+    print(f"  ran {_on_threads()}")
     if args.chrome_trace:
         prof.save_chrome_trace(args.chrome_trace)
         print(
@@ -551,7 +563,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Stream generated text to stdout; timings to stderr at the end."""
     from .llm import GenerationConfig, TextLLMRunner
 
-    threads = _threads(args)
+    _threads(args)
     device_map = args.device if args.device else None
     runner = TextLLMRunner(
         args.file,
@@ -585,7 +597,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"load {load_ms:.1f} ms; prompt {stats.num_prompt_tokens} tokens, prefill "
         f"{stats.prefill_ms:.2f} ms; first token after {stats.time_to_first_token_ms:.2f} ms; "
         f"{stats.num_generated_tokens} tokens generated, {stats.tokens_per_second:.1f} tokens/s "
-        f"on {threads} thread(s)",
+        f"{_on_threads()}",
         file=sys.stderr,
     )
     if args.stats:

@@ -19,15 +19,16 @@ no per-method thread count: a method that set its own around each call would cha
 threads of every other method running meanwhile, and would replace ExecuTorch's pool (and
 reload every XNNPACK payload) on each call.
 
-ExecuTorch's pool is changed only by an explicit :func:`set_num_threads`: while nobody
+ExecuTorch's pool is changed only by an explicit :func:`set_num_threads`, at once
+(importing ExecuTorch's runtime if it is installed and not yet imported): while nobody
 asked, ptexec leaves it as ExecuTorch made it, because replacing it also breaks the
-XNNPACK methods a program loaded with ExecuTorch's own runtime holds. A setting made
-before ExecuTorch's runtime is first used applies to its pool when it is.
+XNNPACK methods loaded by ExecuTorch's own runtime, which nobody checks.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import operator
 import os
 import sys
@@ -46,7 +47,6 @@ _CURRENT = "_ZN10executorch9extension10threadpool15get_pthreadpoolEv"
 _SIZE = "pthreadpool_get_threads_count"
 
 _LOCK = threading.Lock()
-_REQUESTED: list[int | None] = [None]  # the count set_num_threads was last given
 
 
 def _count(n: Any, what: str) -> int:
@@ -129,40 +129,40 @@ def _accessors() -> tuple[Callable[[], int | None], Callable[[int | None], int]]
 _POOL: list[ExecuTorchPool | None] = [None]
 
 
-def executorch_pool(module: ModuleType | None = None) -> ExecuTorchPool | None:
-    """ExecuTorch's pool, once its runtime is loaded (``module``: its pybindings, when the
-    caller has just imported them); None while it is not. The first time it is seen, a
-    setting made before applies to it."""
+def executorch_pool(module: ModuleType | None = None, load: bool = False) -> ExecuTorchPool | None:
+    """ExecuTorch's pool, once its runtime is imported (``module``: its pybindings, when
+    the caller has just imported them; ``load``: import them if they are installed);
+    None while it is not."""
     pool = _POOL[0]
     if pool is not None:
         return pool
     if module is None:
         module = sys.modules.get(PYBINDINGS)
-        if module is None:
+    if module is None and load:
+        try:
+            module = importlib.import_module(PYBINDINGS)
+        except ImportError:
             return None
+    if module is None:
+        return None
     with _LOCK:
         if _POOL[0] is None:
-            pool = ExecuTorchPool(module)
-            if _REQUESTED[0] is not None:
-                pool.resize(_REQUESTED[0])
-            _POOL[0] = pool
+            _POOL[0] = ExecuTorchPool(module)
         return _POOL[0]
 
 
 def set_num_threads(n: int) -> None:
-    """Run kernels on ``n`` threads (1 or more): torch's intra-op threads and, once
-    ExecuTorch's runtime is in the process, ExecuTorch's thread pool, which XNNPACK
-    delegates use. Call it between calls: ptexec's methods load their XNNPACK payloads
-    again for the new pool at their next call."""
+    """Run kernels on ``n`` threads (1 or more): torch's intra-op threads and, where
+    ExecuTorch is installed, ExecuTorch's thread pool, which XNNPACK delegates use. Call
+    it between calls: ptexec's methods load their XNNPACK payloads again for the new pool
+    at their next call."""
     count = _count(n, "set_num_threads")
     import torch
 
+    pool = executorch_pool(load=True)
     with _LOCK:
         torch.set_num_threads(count)
-        _REQUESTED[0] = count
-    pool = executorch_pool()
-    if pool is not None:
-        with _LOCK:
+        if pool is not None:
             pool.resize(count)
 
 
