@@ -14,6 +14,10 @@ when it is not; whoever resets the pool (ptexec, ExecuTorch's own ``portable_lib
 benchmark script), ptexec's methods keep working. The check cannot cover a reset made
 while a call is running on another thread: change the setting between calls.
 
+A compiled method (``compile=True``) runs its compiled regions on the count set when it
+was loaded: AOTInductor's CPU code is made for one count (the cache keeps an entry per
+count), so load it again after a change.
+
 The setting is process-wide (torch's threads and ExecuTorch's pool are both), so there is
 no per-method thread count: a method that set its own around each call would change the
 threads of every other method running meanwhile, and would replace ExecuTorch's pool (and
