@@ -161,13 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.threads:
-        torch.set_num_threads(args.threads)
-        try:
-            from executorch.extension.pybindings import portable_lib
+        import ptexec
 
-            portable_lib._unsafe_reset_threadpool(args.threads)
-        except (ImportError, AttributeError):
-            pass
+        ptexec.set_num_threads(args.threads)  # torch's threads and ExecuTorch's pool
     rows = [bench(v, args.prompt, args.decode, args.blocks) for v in args.variants]
     print(
         f"prompt {args.prompt} tokens, {args.decode} decode steps, median of {args.blocks} "

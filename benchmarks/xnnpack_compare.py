@@ -67,6 +67,8 @@ if kind == "executorch":
         return Runtime.get().load_program(path).load_method("forward")
 else:
     import ptexec
+    if threads and hasattr(ptexec, "set_num_threads"):
+        ptexec.set_num_threads(threads)  # also ExecuTorch's pool, for runner "executorch"
     def load(path):
         prog = ptexec.load(path)
         try:

@@ -35,7 +35,7 @@ def test_generate_streams_the_greedy_text(
     )
     assert out == PROMPT + want + "\n"
     assert "prefill" in err and "first token after" in err and "tokens/s" in err
-    assert "16 tokens generated" in err
+    assert "16 tokens generated" in err and "tokens/s on 1 thread" in err
     stats = json.loads(err.strip().splitlines()[-1])
     assert stats["generated_tokens"] == 16
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .method import Method
     from .program import Program, load
     from .tensor import TensorInfo, describe
+    from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,8 @@ _LAZY = {
     "load": "program",
     "TensorInfo": "tensor",
     "describe": "tensor",
+    "get_num_threads": "threads",
+    "set_num_threads": "threads",
 }
 
 
@@ -96,5 +99,7 @@ __all__ = [
     "UnsupportedDeviceError",
     "describe",
     "errors",
+    "get_num_threads",
     "load",
+    "set_num_threads",
 ]

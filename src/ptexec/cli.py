@@ -126,6 +126,38 @@ def _device_map(args: argparse.Namespace) -> Any:
     return spec
 
 
+def _threads(args: argparse.Namespace) -> None:
+    """Apply ``--threads`` as ptexec's one thread setting, before anything is loaded."""
+    from .threads import set_num_threads
+
+    n = args.threads
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--threads must be 1 or more, got {n}")
+        set_num_threads(n)
+
+
+def _on_threads() -> str:
+    """How many threads ran: torch's, and ExecuTorch's XNNPACK pool where it has another
+    count (without ``--threads`` each keeps its default)."""
+    from .threads import executorch_pool, get_num_threads
+
+    n = get_num_threads()
+    text = f"on {n} thread{'s' if n != 1 else ''}"
+    pool = executorch_pool()
+    if pool is not None and pool.threads() != n:
+        text += f" (ExecuTorch's XNNPACK pool: {pool.threads()})"
+    return text
+
+
+def _add_threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="threads of torch's kernels and ExecuTorch's XNNPACK pool (default: torch's)",
+    )
+
+
 # ---- inspect ---------------------------------------------------------------------------
 
 
@@ -498,6 +530,7 @@ def _method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, l
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
+    _threads(args)
     with _report_has_warnings():
         method, inputs = _method_and_inputs(args, **_compile_option(args))
     if method.compile_report is not None:
@@ -522,6 +555,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         med = statistics.median(times)
         print(
             f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)"
+            f" {_on_threads()}"
         )
     if args.output:
         _save(outputs, args.output)
@@ -556,9 +590,11 @@ def _print_compiled(prog: Any, name: str, device_map: Any) -> Any:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile every method (or ``--method``) for ``--device``, filling the cache, so that
     ``load_method(..., compile=True)`` later compiles nothing."""
+    _threads(args)
     prog = _load(args)
     device_map = args.device or _device_map(args)
     names = [args.method] if args.method else list(prog.method_names)
+    print(f"compiling {_on_threads()}")
     status = 0
     for name in names:
         print(f"method '{name}':")
@@ -643,6 +679,8 @@ class _Progress:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+
+    _threads(args)
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
     progress = _Progress("trace: {done} instructions run ({total} in the program)")
     try:
@@ -657,6 +695,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     print(tr.table(limit=args.limit))
+    print(f"  ran {_on_threads()}")
     if tr.outputs is not None:
         for i, y in enumerate(tr.outputs):
             print(f"  output {i}: {_summary(y)}")
@@ -677,6 +716,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    _threads(args)
     method, inputs = _method_and_inputs(args, optimize=not args.no_optimize)
     progress = _Progress("profile: call {done} of {total}")
     try:
@@ -688,6 +728,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if k:
             print()
         print(prof.table(by=table, top=args.top))
+    print(f"  ran {_on_threads()}")
     if args.chrome_trace:
         prof.save_chrome_trace(args.chrome_trace)
         print(
@@ -745,10 +786,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or (),
         ignore_eos=args.ignore_eos,
     )
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _threads(args)
     device_map = args.device if args.device else None
     runner = TextLLMRunner(
         args.file,
@@ -770,7 +808,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(
         f"load {load_ms:.1f} ms; prompt {stats.num_prompt_tokens} tokens, prefill "
         f"{stats.prefill_ms:.2f} ms; first token after {stats.time_to_first_token_ms:.2f} ms; "
-        f"{stats.num_generated_tokens} tokens generated, {stats.tokens_per_second:.1f} tokens/s",
+        f"{stats.num_generated_tokens} tokens generated, {stats.tokens_per_second:.1f} tokens/s "
+        f"{_on_threads()}",
         file=sys.stderr,
     )
     if args.stats:
@@ -807,7 +846,7 @@ def _add_generate(sub: Any) -> None:
     p.add_argument(
         "--compile", action="store_true", help="run the program through ptexec's compiled tier"
     )
-    p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
+    _add_threads(p)
     p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
     p.set_defaults(func=cmd_generate)
 
@@ -861,6 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the compiled tier (compile=True); show its report",
     )
+    _add_threads(p_run)
     p_run.set_defaults(func=cmd_run)
 
     p_compile = sub.add_parser(
@@ -871,6 +911,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_compile.add_argument(
         "--device", help="compile for this device (as --device-map: 'cpu', 'cuda:0', ...)"
     )
+    _add_threads(p_compile)
     p_compile.set_defaults(func=cmd_compile)
 
     p_cache = sub.add_parser(
@@ -887,6 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="input file (.pt: a tensor or a list; .npy); repeatable",
         )
         p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        _add_threads(p)
         p.add_argument(
             "--no-optimize",
             action="store_true",

@@ -62,6 +62,7 @@ from .runtime import (
     write_etdump,
 )
 from .tensor import dim_order_strides
+from .threads import get_num_threads, set_num_threads
 
 __all__ = [
     "BundledModule",
@@ -542,12 +543,16 @@ def _is_available(backend_name: str) -> bool:
 
 
 def _unsafe_reset_threadpool(num_threads: int) -> None:
-    """Set the number of threads the kernels use (torch's intra-op threads)."""
-    torch.set_num_threads(int(num_threads))
+    """Set the number of threads the kernels use: :func:`ptexec.set_num_threads` (torch's
+    intra-op threads and ExecuTorch's pool, which XNNPACK delegates use). 0 changes
+    nothing, as in ExecuTorch."""
+    if num_threads == 0 and not isinstance(num_threads, bool):
+        return
+    set_num_threads(num_threads)
 
 
 def _threadpool_get_thread_count() -> int:
-    return int(torch.get_num_threads())
+    return get_num_threads()
 
 
 def _create_profile_block(name: str) -> None:

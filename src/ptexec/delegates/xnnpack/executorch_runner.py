@@ -18,7 +18,10 @@ dynamic output is checked to hold its declared bound: XNNPACK may write that muc
 The written program keeps the payload's bytes and its named data alive (one copy, made
 at load); ExecuTorch's backend packs the weights at load as it does for any program.
 Threads: the method's lock serializes calls; ExecuTorch's XNNPACK uses ExecuTorch's
-thread pool (``portable_lib._unsafe_reset_threadpool`` sets its size).
+thread pool, whose size :func:`ptexec.set_num_threads` sets. XNNPACK's runtime keeps the
+pool it was made with, and resetting the pool (from anywhere in the process) destroys that
+one, so each call first checks that the pool is still the one the payload was loaded with
+(:class:`ptexec.threads.ExecuTorchPool`), and loads the payload again when it is not.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ...format import program as p
 from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
+from ...threads import executorch_pool
 from . import schema as s
 from .runtime import OutputShapeError
 
@@ -77,11 +81,10 @@ class EtRunner:
     """A payload loaded by ExecuTorch: ``runner(*tensors)`` runs it on the delegate call's
     tensors (all its arguments, in order) and writes the outputs in place."""
 
-    def __init__(self, fn: Callable[..., None], source: str, method: Any, program: Any) -> None:
+    def __init__(self, fn: Callable[..., None], source: str, binder: _Binder) -> None:
         self.fn = fn
         self.source = source
-        self._method = method  # ExecuTorch's Method, and the program (and bytes) it needs
-        self._program = program
+        self._binder = binder  # ExecuTorch's method, and the program (and bytes) it needs
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
@@ -91,12 +94,55 @@ class EtRunner:
 
 
 class _Binder:
-    """Hands tensors to ExecuTorch's method; remembers what it handed over last."""
+    """ExecuTorch's program and method of one payload: hands tensors to the method and
+    remembers what it handed over last; loads the program again when ExecuTorch's thread
+    pool is no longer the one the method was made with.
 
-    def __init__(self, method: Any, bounds: Sequence[tuple[int, int]]) -> None:
+    ``held`` is that pool (address, size); ``namespace`` the generated code's globals,
+    whose ``_execute`` and ``_get`` are the current method's and ``_at`` and ``_n`` its
+    pool's address and size."""
+
+    def __init__(
+        self, module: ModuleType, data: bytes, bounds: Sequence[tuple[int, int]], where: str
+    ) -> None:
         self.key: tuple[Any, ...] | None = None
-        self.method = method
+        self.module = module
+        self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
         self.bounds = bounds  # (argument, bytes) of each dynamic output
+        self.where = where
+        pool = executorch_pool(module)
+        assert pool is not None  # the pybindings are loaded
+        self.pool = pool
+        self.held: tuple[int | None, int] = (None, 0)
+        self.namespace: dict[str, Any] = {}
+        self.program: Any = None
+        self.method: Any = None
+        self._load()
+
+    def _load(self) -> None:
+        self.key = None
+        program = self.module._load_program_from_buffer(self.data)
+        method = program.load_method("forward")
+        self.program, self.method = program, method
+        self.held = self.pool.key()  # the pool XNNPACK's runtime took as it loaded
+        self.attach(self.namespace)
+
+    def attach(self, namespace: dict[str, Any]) -> None:
+        """Make ``namespace`` (the generated code's globals) call the current method."""
+        self.namespace = namespace
+        namespace["_execute"] = self.method.execute
+        namespace["_get"] = self.method.get_attribute
+        namespace["_at"], namespace["_n"] = self.held
+
+    def reload(self) -> None:
+        """Load the program again, for the pool now current (the old one is destroyed)."""
+        try:
+            self._load()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload again "
+                f"after its thread pool changed ({e})"
+            ) from None
 
     def bind(self, key: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
         self.key = None
@@ -186,19 +232,18 @@ def build_executorch_runner(
         {key: named_data[key] for key in sorted(keys)},
         names,
     )
+    bounds = [(k, tensors[k].nbytes) for k in names]
     try:
-        program = module._load_program_from_buffer(data)
-        method = program.load_method("forward")
+        binder = _Binder(module, data, bounds, where)
     except RuntimeError as e:
         raise BackendUnavailableError(
             f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
         ) from None
-    return _generate(method, (program, data), tensors, outputs, names, where)
+    return _generate(binder, tensors, outputs, names, where)
 
 
 def _generate(
-    method: Any,
-    keep: Any,
+    binder: _Binder,
     tensors: Sequence[p.Tensor],
     outputs: Sequence[int],
     names: Mapping[int, str],
@@ -212,19 +257,21 @@ def _generate(
         for k, t in enumerate(tensors)
         if t.shape_dynamism != p.STATIC and k not in outputs
     ]
-    bounds = [(k, tensors[k].nbytes) for k in names]
-    binder = _Binder(method, bounds)
     env: dict[str, Any] = {
         "_binder": binder,
-        "_execute": method.execute,
-        "_get": method.get_attribute,
+        "_pool": binder.pool.current,
+        "_size": binder.pool.size,
         "_resize_output": _resize_output,
         "_dense": _Dense({k: tuple(t.dim_order) for k, t in enumerate(tensors)}),
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
-        "_keep": keep,  # the program and the bytes it reads from live as long as the code
     }
-    lines = []
+    # the pool first: the method may hold a destroyed one (its size is read only for the
+    # current address, which is alive)
+    lines = [
+        "if _pool() != _at or _size(_at) != _n:",
+        "    _binder.reload()",
+    ]
     for k, t in enumerate(tensors):
         order = tuple(t.dim_order)
         ident = order == tuple(range(len(order)))
@@ -253,4 +300,5 @@ def _generate(
         ]
     source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
     namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
-    return EtRunner(namespace["_xnnpack_et_run"], source, method, keep)
+    binder.attach(namespace)
+    return EtRunner(namespace["_xnnpack_et_run"], source, binder)

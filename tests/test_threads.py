@@ -1,0 +1,283 @@
+"""One thread setting (``ptexec.set_num_threads``) and ExecuTorch's thread pool.
+
+Anything that replaces ExecuTorch's pool runs in a subprocess: the pool is process-wide,
+and a program loaded by ExecuTorch's own runtime in the test process would keep the
+destroyed one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from ptexec import threads
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR = ROOT / "tests" / "fixtures" / "xnnpack"
+
+
+def _subprocess(code: str, timeout: float = 300) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter on this tree; its last line of output is JSON.
+    A hang is the failure this guards against: the timeout ends it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the subprocess hung (killed after {timeout} s): {e.stdout!r}")
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="module")
+def et() -> None:
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    reason = executorch_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+# what the subprocesses share: a CNN whose convolutions XNNPACK parallelizes, loaded by
+# ptexec under xnnpack="auto", and a way to make the memory of a destroyed pool hold
+# something else (as anything allocating in the process would)
+_PRELUDE = f"""
+import json, torch, ptexec
+from ptexec import threads
+# ExecuTorch's pybindings; its portable_lib re-exports these very functions
+import executorch.extension.pybindings._C as et
+
+def spray():
+    return [bytes([1]) * n for n in range(64, 8192, 8) for _ in range(4)]
+
+calls = torch.load({str(DIR / "cnn.io.pt")!r}, weights_only=True)["calls"]
+inputs = calls[0]["inputs"]
+def load():
+    return ptexec.load({str(DIR / "cnn.pte")!r}).load_method("forward", xnnpack="auto")
+
+def held(m):  # the pool (address, size) each of m's ExecuTorch runners was loaded with
+    return [
+        (fn.__globals__["_at"], fn.__globals__["_n"])
+        for chain in m.state.chains
+        for st in chain.statements
+        for fn in st.env.values()
+        if getattr(fn, "__name__", "") == "_xnnpack_et_run"
+    ]
+"""
+
+
+def test_methods_survive_executorchs_pool_reset(et: None) -> None:
+    """ExecuTorch's ``_unsafe_reset_threadpool`` destroys the pool XNNPACK's runtimes were
+    made with. A ptexec method loaded before keeps giving the same outputs afterwards (it
+    hung before: XNNPACK waited on the destroyed pool's threads), also when resets bring a
+    destroyed pool's address back with another size, and with the memory reused."""
+    code = (
+        _PRELUDE
+        + """
+et._unsafe_reset_threadpool(2)  # XNNPACK's runtime is made with a pool of 2 threads
+m = load()
+(want,) = [y.clone() for y in m(*inputs)]
+results = []
+for n in (1, 3, 2, 1, 2, 1, 3):
+    et._unsafe_reset_threadpool(n)
+    junk = spray()
+    for _ in range(2):
+        (got,) = m(*inputs)
+    ok = held(m) == [threads.executorch_pool().key()]
+    results.append([n, et._threadpool_get_thread_count(), torch.equal(got, want), ok])
+print(json.dumps({"results": results}))
+"""
+    )
+    out = _subprocess(code)
+    assert out["results"] == [[n, n, True, True] for n in (1, 3, 2, 1, 2, 1, 3)]
+
+
+def test_one_setting_sets_torch_and_executorchs_pool(et: None) -> None:
+    """``ptexec.set_num_threads`` sets torch's threads and ExecuTorch's pool, at once (it
+    imports ExecuTorch's runtime to do so: a pool replaced later, when methods loaded by
+    ExecuTorch's own runtime might hold it, would break those). ptexec's
+    ``portable_lib._unsafe_reset_threadpool`` is the same setting (0 changes nothing, as
+    in ExecuTorch). Methods loaded before each change keep their outputs."""
+    code = (
+        """
+import sys
+from ptexec import threads
+threads.set_num_threads(1)
+assert "executorch.extension.pybindings._C" in sys.modules
+"""
+        + _PRELUDE
+        + """
+from ptexec import portable_lib as pl
+seen = {"before": [threads.get_num_threads(), et._threadpool_get_thread_count()]}
+m = load()
+seen["loaded"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
+(want,) = [y.clone() for y in m(*inputs)]
+ptexec.set_num_threads(2)
+junk = spray()
+(got,) = m(*inputs)
+seen["set 2"] = [torch.get_num_threads(), et._threadpool_get_thread_count(),
+                 torch.equal(got, want), held(m) == [threads.executorch_pool().key()]]
+pl._unsafe_reset_threadpool(1)
+junk = spray()
+(got,) = m(*inputs)
+seen["portable_lib 1"] = [torch.get_num_threads(), pl._threadpool_get_thread_count(),
+                          et._threadpool_get_thread_count(), torch.equal(got, want)]
+pl._unsafe_reset_threadpool(0)
+seen["portable_lib 0"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
+from ptexec import cli
+seen["cli same"] = cli._on_threads()
+torch.set_num_threads(3)  # behind ptexec's back: the command line says both counts
+seen["cli differ"] = cli._on_threads()
+print(json.dumps(seen))
+"""
+    )
+    out = _subprocess(code)
+    assert out["before"] == [1, 1]
+    assert out["loaded"] == [1, 1]
+    assert out["set 2"] == [2, 2, True, True]
+    assert out["portable_lib 1"] == [1, 1, 1, True]
+    assert out["portable_lib 0"] == [1, 1]
+    assert out["cli same"] == "on 1 thread"
+    assert out["cli differ"] == "on 3 threads (ExecuTorch's XNNPACK pool: 1)"
+
+
+@pytest.mark.parametrize(
+    "n, error, match",
+    [
+        (0, ValueError, "1 or more, got 0"),
+        (-1, ValueError, "1 or more, got -1"),
+        (True, TypeError, "must be an int, got True"),
+        (2.0, TypeError, "must be an int, got float"),
+        ("2", TypeError, "must be an int, got str"),
+    ],
+)
+def test_a_bad_count_is_refused_before_anything_changes(
+    n: Any, error: type[Exception], match: str
+) -> None:
+    before = torch.get_num_threads()
+    with pytest.raises(error, match=match):
+        ptexec.set_num_threads(n)
+    assert torch.get_num_threads() == before == ptexec.get_num_threads()
+
+
+def test_the_setting_is_ptexecs_top_level_name() -> None:
+    assert ptexec.set_num_threads is threads.set_num_threads
+    assert ptexec.get_num_threads is threads.get_num_threads
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Commands here set torch's threads only (restored after): ExecuTorch's pool is left
+    alone in the test process (the subprocess tests above replace it)."""
+    monkeypatch.setattr(threads, "executorch_pool", lambda module=None, load=False: None)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+MLP = str(ROOT / "tests" / "fixtures" / "mlp.pte")
+
+
+@pytest.mark.parametrize("command", ["run", "profile", "trace", "compile", "generate"])
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_cli_refuses_a_bad_thread_count_in_one_line(
+    command: str, n: str, capsys: pytest.CaptureFixture[str], torch_threads: None
+) -> None:
+    """Refused before anything is loaded (the file does not exist) or printed."""
+    from ptexec.cli import main
+
+    argv = [command, "missing.pte", f"--threads={n}"]
+    if command == "generate":
+        argv += ["--tokenizer", "missing.json", "--prompt", "hi"]
+    before = torch.get_num_threads()
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"ptexec: ValueError: --threads must be 1 or more, got {n}\n"
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "command, line",
+    [
+        (["run", "--repeat", "3"], ") on 1 thread\n"),
+        (["profile", "--repeat", "2"], "\n  ran on 1 thread\n"),
+        (["trace"], "\n  ran on 1 thread\n"),
+    ],
+)
+def test_cli_runs_on_the_threads_asked_and_says_so(
+    command: list[str],
+    line: str,
+    capsys: pytest.CaptureFixture[str],
+    torch_threads: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ptexec.cli import main
+
+    seen: list[int] = []
+    real = threads.set_num_threads
+    monkeypatch.setattr(threads, "set_num_threads", lambda n: (seen.append(n), real(n))[1])
+    torch.set_num_threads(2)
+    assert main([command[0], MLP, "--threads", "1", *command[1:]]) == 0
+    out = capsys.readouterr().out
+    assert line in out, out
+    assert seen == [1] and torch.get_num_threads() == 1
+    # without --threads, nothing is set: the count is torch's
+    torch.set_num_threads(2)
+    seen.clear()
+    assert main([command[0], MLP, *command[1:]]) == 0
+    assert line.replace("1 thread", "2 threads") in capsys.readouterr().out
+    assert seen == []
+
+
+def test_cli_compile_says_its_threads(
+    capsys: pytest.CaptureFixture[str], torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ptexec compile --threads N`` sets the count before compiling (AOTInductor's CPU
+    code is made for the thread count of the compile) and says it; the compile itself is
+    tests/test_compile.py's."""
+    from types import SimpleNamespace
+
+    from ptexec import cli
+
+    counts: list[int] = []
+
+    def compiled(prog: Any, name: str, device_map: Any) -> Any:
+        counts.append(torch.get_num_threads())
+        return SimpleNamespace(warning=None, compiled_instructions=1)
+
+    monkeypatch.setattr(cli, "_print_compiled", compiled)
+    assert cli.main(["compile", MLP, "--threads", "1"]) == 0
+    assert capsys.readouterr().out.startswith("compiling on 1 thread\nmethod 'forward':")
+    assert counts == [1]
+
+
+def test_compiled_code_is_keyed_by_the_thread_count() -> None:
+    """AOTInductor's CPU code is made for the thread count of its compile: a method loaded
+    compiled at another count compiles (or finds) code for that count, not the other's."""
+    from ptexec.compile.runner import CompileOptions, _Builder
+
+    prog = ptexec.load(MLP)
+    state = prog.load_method("forward").state
+    before = torch.get_num_threads()
+    try:
+        keys = []
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            keys.append(_Builder(state, prog, CompileOptions()).entry().key)
+    finally:
+        torch.set_num_threads(before)
+    assert keys[0] != keys[1] and keys[0] == keys[2]
