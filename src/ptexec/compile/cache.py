@@ -3,9 +3,9 @@
 **Key.** It digests everything the compiled code depends on: the program's bytes (and its
 external data file's), the method, the device and what the code is built for (on the CPU
 the instruction-set extensions ``-march=native`` resolves to, read from the CPU's feature
-flags, or the ``-march`` AOTInductor is configured with; on CUDA the GPU's compute
-capability), the compile options, and the versions of torch, Python, ptexec (its version
-and a digest of its sources) and this cache's layout.
+flags, or the ``-march`` AOTInductor is configured with, and the thread count the code is
+made for; on CUDA the GPU's compute capability), the compile options, and the versions of
+torch, Python, ptexec (its version and a digest of its sources) and this cache's layout.
 
 **Entry.** A directory holding the compiled regions (a shared library per CPU region, one
 package of the CUDA ones) and ``manifest.json`` (:mod:`.manifest`: the regions, their
@@ -200,6 +200,9 @@ def cache_key(
         "method": method,
         "device": device,
         "machine": _machine(device),
+        # AOTInductor's CPU kernels are made for the thread count of the compile
+        # (``omp parallel num_threads(n)``): code for another count is another entry
+        "threads": torch.get_num_threads() if device.startswith("cpu") else None,
         "options": dict(options),
         "torch": torch.__version__,
         "ptexec": __version__,

@@ -148,12 +148,7 @@ class _Builder:
         blobs: list[memoryview] = [pte.data]
         if self.program.ptd is not None:
             blobs.append(self.program.ptd.data)
-        options = self.options.key()
-        if self.device.type == "cpu":
-            # AOTInductor's CPU kernels are made for the thread count of the compile
-            # (``omp parallel num_threads(n)``): code for another count is another entry
-            options["threads"] = torch.get_num_threads()
-        key = cache_key(blobs, self.state.name, str(self.device), options)
+        key = cache_key(blobs, self.state.name, str(self.device), self.options.key())
         return cache.entry(key)
 
     def _mismatch(self, manifest: Manifest) -> str | None:
