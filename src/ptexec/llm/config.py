@@ -38,6 +38,8 @@ class GenerationConfig:
         top_k: int = 0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        min_p: float = 0.0,
+        logits_processor: Any = None,
     ) -> None:
         self.echo = echo
         """Pass the prompt to the token callback before the generated text."""
@@ -63,6 +65,10 @@ class GenerationConfig:
         """Seed of the sampler's generator (None: a fresh random seed per call)."""
         self.stop = tuple(stop)
         """Stop strings: generation ends when the text contains one (it is not emitted)."""
+        self.min_p = min_p
+        """Min-p sampling: drop tokens less likely than ``min_p`` times the likeliest (0: off)."""
+        self.logits_processor = logits_processor
+        """A processor or a list of them (:mod:`ptexec.llm.logits`), run on the raw logits."""
 
     def resolve_max_new_tokens(self, max_context_len: int, num_tokens_occupied: int) -> int:
         """Tokens to generate when ``num_tokens_occupied`` context positions are in use:
