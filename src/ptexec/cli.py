@@ -628,18 +628,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    engine = Engine(
-        args.file,
-        args.tokenizer,
-        data_path=args.data,
-        model_name=args.model_name,
-        sessions=args.max_sessions,
-        max_queue=args.max_queue,
-        timeout=args.timeout,
-        device_map=args.device or None,
-        compile=args.compile,
-        chat_template=args.chat_template,
-    )
+    engine = None
+    if args.tokenizer:
+        engine = Engine(
+            args.file,
+            args.tokenizer,
+            data_path=args.data,
+            model_name=args.model_name,
+            sessions=args.max_sessions,
+            max_queue=args.max_queue,
+            timeout=args.timeout,
+            device_map=args.device or None,
+            compile=args.compile,
+            chat_template=args.chat_template,
+        )
+    programs = None
+    if args.programs or engine is None:  # every method at /v1/programs/{method}
+        from . import load
+        from .serve import ProgramService
+
+        program = engine.program if engine is not None else load(args.file, data_path=args.data)
+        device = {"device_map": args.device} if args.device else {}
+        programs = ProgramService(program, window=args.batch_window_ms / 1e3, **device)
     server = Server(
         engine,
         args.host,
@@ -647,8 +657,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
         log_level=args.log_level,
+        programs=programs,
     )
-    print(f"ptexec: serving '{engine.model_name}' at {server.url}/v1", file=sys.stderr, flush=True)
+    what = f"'{engine.model_name}'" if engine is not None else "the program's methods"
+    print(f"ptexec: serving {what} at {server.url}/v1", file=sys.stderr, flush=True)
     server.run()
     return 0
 
@@ -656,7 +668,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve an LLM program over OpenAI's HTTP API")
     p.add_argument("file", help="the .pte program (an LLM export)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json (chat template beside it)")
+    p.add_argument(
+        "--tokenizer", help="tokenizer.json, chat template beside it (without: methods only)"
+    )
+    p.add_argument("--programs", action="store_true", help="also serve /v1/programs/{method}")
+    p.add_argument(
+        "--batch-window-ms", type=float, default=2.0, help="micro-batching window of methods"
+    )
     p.add_argument("--data", help="external data file (.ptd) of the program")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")

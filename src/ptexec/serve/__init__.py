@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from .engine import Engine, Job, Result
 from .metrics import Metrics
+from .programs import ProgramService
 from .protocol import ApiError, Request, parse_request
 from .server import Server
 
-__all__ = ["ApiError", "Engine", "Job", "Metrics", "Request", "Result", "Server", "parse_request"]
+__all__ = [
+    "ApiError",
+    "Engine",
+    "Job",
+    "Metrics",
+    "ProgramService",
+    "Request",
+    "Result",
+    "Server",
+    "parse_request",
+]

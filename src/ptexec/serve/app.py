@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP application (Starlette): routes, streaming, errors.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (a JSON answer, or with
+Routes (the LLM ones when an :class:`~ptexec.serve.engine.Engine` is served, the program
+one when a :class:`~ptexec.serve.programs.ProgramService` is): ``POST /v1/chat/completions``, ``POST /v1/completions`` (a JSON answer, or with
 ``"stream": true`` server-sent events of OpenAI's chunks ending with ``data: [DONE]``),
 ``GET /v1/models``, ``GET /health`` (200 ready, 503 draining), ``GET /metrics``
-(Prometheus text). With an API key every route but ``/health`` needs ``Authorization:
+(Prometheus text), ``POST /v1/programs/{method}`` (any method, micro-batched). With an API key every route but ``/health`` needs ``Authorization:
 Bearer KEY``. Bodies past ``max_body_bytes`` are refused (413) before they are parsed.
 
 Errors are OpenAI's error object; an unexpected failure is logged here and answered as a
@@ -22,6 +23,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .engine import Engine, Job, Result
+from .metrics import Metrics
+from .programs import ProgramService, decode_inputs, encode_outputs
 from .protocol import ApiError, Request, parse_request
 
 __all__ = ["create_app"]
@@ -36,20 +39,33 @@ class _Disconnected(Exception):
 
 
 def create_app(
-    engine: Engine,
+    engine: Engine | None,
     *,
+    programs: ProgramService | None = None,
+    metrics: Metrics | None = None,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY,
     extra_routes: list[Any] | None = None,
 ) -> Any:
-    """The Starlette application serving ``engine``."""
+    """The Starlette application serving ``engine`` (the LLM routes; None: none) and
+    ``programs`` (``/v1/programs/{method}``; None: none)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request as HttpRequest
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    metrics = engine.metrics
+    if metrics is None:
+        metrics = engine.metrics if engine is not None else Metrics()
+    services: list[Any] = [s for s in (engine, programs) if s is not None]
+
+    def draining() -> bool:
+        return any(s.draining for s in services)
+
+    def llm() -> Engine:
+        if engine is None:
+            raise ApiError(404, "this server serves no LLM (it was started without a tokenizer)")
+        return engine
 
     def error(e: ApiError) -> Response:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -69,6 +85,13 @@ def create_app(
             )
 
     async def read_json(request: HttpRequest) -> Any:
+        body = await read_body(request)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON ({e})", param="body") from None
+
+    async def read_body(request: HttpRequest) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise ApiError(
@@ -83,10 +106,7 @@ def create_app(
                     413, f"the request body is over {max_body_bytes} bytes", code="too_large"
                 )
             chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the request body is not valid JSON ({e})", param="body") from None
+        return b"".join(chunks)
 
     def endpoint(
         name: str, handler: Callable[[HttpRequest], Awaitable[Response]], open_route: bool = False
@@ -110,6 +130,7 @@ def create_app(
 
     # -- completions -------------------------------------------------------------------
     async def completions(request: HttpRequest, chat: bool) -> Response:
+        engine = llm()
         if engine.draining:
             raise ApiError(503, "the server is shutting down", "server_error", code="draining")
         req = parse_request(await read_json(request), chat)
@@ -165,27 +186,38 @@ def create_app(
         return await completions(request, False)
 
     async def models(request: HttpRequest) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": engine.model_name,
-                        "object": "model",
-                        "created": engine.created,
-                        "owned_by": "ptexec",
-                        "max_model_len": engine.context,
-                    }
-                ],
-            }
-        )
+        data = []
+        if engine is not None:
+            data.append(
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "created": engine.created,
+                    "owned_by": "ptexec",
+                    "max_model_len": engine.context,
+                }
+            )
+        return JSONResponse({"object": "list", "data": data})
 
     async def health(request: HttpRequest) -> Response:
-        if engine.draining:
+        if draining():
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse(
-            {"status": "ready", "active_sessions": engine.active, "queued": engine.waiting}
-        )
+        state: dict[str, Any] = {"status": "ready"}
+        if engine is not None:
+            state.update(active_sessions=engine.active, queued=engine.waiting)
+        return JSONResponse(state)
+
+    async def run_program(request: HttpRequest) -> Response:
+        if programs is None:
+            raise ApiError(404, "this server serves no program methods")
+        name = request.path_params["method"]
+        infos = programs.infos(name)
+        body = await read_body(request)
+        kind = request.headers.get("content-type", "application/json")
+        arrays = decode_inputs(body, kind, infos)
+        outputs = await programs.call(name, arrays)
+        data, media = encode_outputs(outputs, kind.split(";")[0].strip().lower())
+        return Response(data, media_type=media)
 
     async def metrics_text(request: HttpRequest) -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -205,6 +237,7 @@ def create_app(
         Route("/v1/models", endpoint("models", models), methods=["GET"]),
         Route("/health", endpoint("health", health, open_route=True), methods=["GET"]),
         Route("/metrics", endpoint("metrics", metrics_text), methods=["GET"]),
+        Route("/v1/programs/{method}", endpoint("programs", run_program), methods=["POST"]),
         *(extra_routes or []),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -16,6 +16,7 @@ from typing import Any
 
 from .app import DEFAULT_MAX_BODY, create_app
 from .engine import Engine
+from .programs import ProgramService
 
 __all__ = ["Server"]
 
@@ -23,12 +24,13 @@ log = logging.getLogger("ptexec.serve")
 
 
 class Server:
-    """``engine`` served over HTTP on ``host:port`` (``port=0``: a free one, see
-    :attr:`port`). 127.0.0.1 unless told otherwise."""
+    """``engine`` (an LLM; None: none) and ``programs`` (program methods; None: none)
+    served over HTTP on ``host:port`` (``port=0``: a free one, see :attr:`port`).
+    127.0.0.1 unless told otherwise."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         host: str = "127.0.0.1",
         port: int = 8000,
         *,
@@ -37,13 +39,22 @@ class Server:
         drain_timeout: float = 30.0,
         log_level: str = "warning",
         extra_routes: list[Any] | None = None,
+        programs: ProgramService | None = None,
     ) -> None:
         import uvicorn
 
+        if engine is None and programs is None:
+            raise ValueError("a server needs an engine, program methods, or both")
         self.engine = engine
+        self.programs = programs
+        self.services: list[Any] = [s for s in (engine, programs) if s is not None]
         self.drain_timeout = drain_timeout
         self.app = create_app(
-            engine, api_key=api_key, max_body_bytes=max_body_bytes, extra_routes=extra_routes
+            engine,
+            programs=programs,
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            extra_routes=extra_routes,
         )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
@@ -76,7 +87,8 @@ class Server:
         try:
             await self._uvicorn.serve(sockets=[self._socket])
         finally:
-            self.engine.close()
+            for service in self.services:
+                service.close()
 
     def start(self, timeout: float = 30.0) -> Server:
         """Serve on a background thread; returns once the server accepts connections."""
@@ -133,13 +145,18 @@ class _Uvicorn(_uvicorn_server()):  # type: ignore[misc]
     def begin_drain(self) -> None:
         if self._draining_task is not None:
             return
-        engine = self._owner.engine
-        engine.draining = True
-        log.warning("ptexec serve: draining (%d running, %d queued)", engine.active, engine.waiting)
+        services = self._owner.services
+        for service in services:
+            service.draining = True
+        log.warning("ptexec serve: draining")
+
+        async def idle() -> None:
+            for service in services:
+                await service.wait_idle()
 
         async def drain() -> None:
             try:
-                await asyncio.wait_for(engine.wait_idle(), self._owner.drain_timeout)
+                await asyncio.wait_for(idle(), self._owner.drain_timeout)
             except asyncio.TimeoutError:
                 log.warning("ptexec serve: drain timed out; stopping the generations left")
             await asyncio.sleep(0.05)  # let the last answers' bytes go out
