@@ -116,3 +116,25 @@ def test_bad_inputs_get_errors_and_others_still_run(served: tuple[str, Any]) -> 
     assert r.status_code == 404 and r.json()["error"]["code"] == "method_not_found"
     r = httpx.post(url, json={"inputs": [np.ones((2, 8)).tolist()]}, timeout=60)
     assert r.status_code == 200 and json.loads(r.text)["outputs"][0]["shape"][0] == 2
+
+
+def test_a_method_without_row_inputs_runs_once_per_request() -> None:
+    """A constant method (no inputs: nothing to batch) of an LLM program, called directly."""
+    import ptexec
+    from llm_support import program
+    from ptexec.serve import ProgramService
+    from ptexec.serve.programs import decode_inputs, encode_outputs
+
+    prog = ptexec.load(program("portable"))
+    service = ProgramService(prog)
+    arrays = decode_inputs(b'{"inputs": []}', "application/json", service.infos("get_max_seq_len"))
+
+    async def twice() -> list[list[np.ndarray]]:
+        return list(await asyncio.gather(*(service.call("get_max_seq_len", arrays) for _ in "ab")))
+
+    for outputs in asyncio.run(twice()):
+        body, kind = encode_outputs(outputs, "application/json")
+        want = prog.load_method("get_max_seq_len").execute([])[0]
+        assert json.loads(body)["outputs"][0]["data"] == int(want) and kind == "application/json"
+    assert service.batches == 0
+    service.close()

@@ -150,10 +150,12 @@ class _MethodQueue:
         )
         self.columns = [f"input{i}" for i in range(len(self.inputs))]
         self.out_columns = default_outputs(len(self.outputs))
-        self.batcher = Batcher(
-            self._execute, self.inputs, self.outputs, self.columns, self.out_columns,
-            method=name, on_error="record", keep_columns=False,
-        )  # fmt: skip
+        self.batcher: Batcher | None = None
+        if self.batchable:  # a method without row inputs is called once per request
+            self.batcher = Batcher(
+                self._execute, self.inputs, self.outputs, self.columns, self.out_columns,
+                method=name, on_error="record", keep_columns=False,
+            )  # fmt: skip
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"ptexec-{name}")
         self.pending: list[_Pending] = []
         self.flush_task: asyncio.Task[None] | None = None
@@ -236,6 +238,7 @@ class _MethodQueue:
             else [row for p in batch for row in p.arrays[i]]
             for i, name in enumerate(self.columns)
         }
+        assert self.batcher is not None
         try:
             result = self.batcher(columns)
         except PtexecError as e:  # a problem of every row (shape, dtype)
