@@ -108,6 +108,27 @@ def _stop(field: str, value: Any) -> tuple[str, ...]:
     return stops
 
 
+def _min_p(field: str, value: Any) -> float:
+    x = _real(field, value)
+    if not 0.0 <= x <= 1.0:
+        raise ConfigValueError(field, f"{field} must be in [0, 1] (0: off), got {x:g}")
+    return x
+
+
+def _processors(field: str, value: Any) -> Any:
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigTypeError(
+            field, f"{field} must be a callable (input_ids, scores) -> scores or a list of them"
+        )
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not callable(item):
+            raise ConfigTypeError(field, f"{field}[{i}] must be callable, got {_kind(item)}")
+    return items
+
+
 # Every field's rule, in one place: the setters, the runner and the sampler use these.
 _RULES: dict[str, Callable[[str, Any], Any]] = {
     "echo": _flag,
@@ -122,6 +143,8 @@ _RULES: dict[str, Callable[[str, Any], Any]] = {
     "top_k": _count,
     "seed": _seed,
     "stop": _stop,
+    "min_p": _min_p,
+    "logits_processor": _processors,
 }
 
 
@@ -169,6 +192,12 @@ class GenerationConfig:
     stop: tuple[str, ...]
     """Stop strings: generation ends when the text contains one (it is not emitted). A
     string is one stop string; a list or tuple holds several."""
+    min_p: float
+    """Min-p sampling, in [0, 1]: drop tokens less likely than ``min_p`` times the
+    likeliest (0: off)."""
+    logits_processor: Any
+    """A processor or a list of them (:mod:`ptexec.llm.logits`), run on the raw logits
+    (None: none)."""
 
     def __init__(
         self,
@@ -185,6 +214,8 @@ class GenerationConfig:
         top_k: int = 0,
         seed: int | None = None,
         stop: str | Iterable[str] | None = (),
+        min_p: float = 0.0,
+        logits_processor: Any = None,
     ) -> None:
         self.echo = echo
         self.max_new_tokens = max_new_tokens
@@ -198,6 +229,8 @@ class GenerationConfig:
         self.top_k = top_k
         self.seed = seed
         self.stop = stop  # type: ignore[assignment]  # normalised to a tuple by the rule
+        self.min_p = min_p
+        self.logits_processor = logits_processor
 
     def __setattr__(self, name: str, value: Any) -> None:
         rule = _RULES.get(name)

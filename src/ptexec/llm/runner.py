@@ -40,14 +40,18 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GenerationError
 from .config import GenerationConfig, Stats, _now_ms, check_setting
 from .decoder import TextDecoder
 from .inputs import MultimodalInput
+from .logits import as_processors
 from .sampling import Sampler
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from ..program import Program
 
 __all__ = ["MultimodalRunner", "TextLLMRunner"]
 
@@ -95,8 +99,8 @@ class _Runner:
 
     def __init__(
         self,
-        model_path: str | os.PathLike[str],
-        tokenizer_path: str | os.PathLike[str],
+        model_path: str | os.PathLike[str] | Program,
+        tokenizer_path: str | os.PathLike[str] | Tokenizer,
         data_path: str | os.PathLike[str] | None = None,
         *,
         device_map: Any = None,
@@ -109,8 +113,18 @@ class _Runner:
 
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer_path)
-        program = ptexec.load(model_path, data_path=data_path)
+        # a loaded Program and Tokenizer may be given: runners over one program share its
+        # constants, each with its own planned memory (KV cache)
+        self.tokenizer: Tokenizer = (
+            tokenizer_path
+            if isinstance(tokenizer_path, Tokenizer)
+            else load_tokenizer(tokenizer_path)
+        )
+        program = (
+            model_path
+            if isinstance(model_path, ptexec.Program)
+            else ptexec.load(model_path, data_path=data_path)
+        )
         options: dict[str, Any] = {}
         if device_map is not None:
             options["device_map"] = device_map
@@ -128,6 +142,9 @@ class _Runner:
         """The ids that end a generation (settable)."""
         self.generated_tokens: list[int] = []
         """The ids the last generation produced, EOS included."""
+        self.finish_reason = ""
+        """Why the last generation ended: "stop" (EOS, a stop string), "length" (its token
+        budget) or "interrupted" (:meth:`stop`)."""
         if self.bos_id != self.tokenizer.bos_id and self.bos_id >= 0:
             self.tokenizer.bos_id = self.bos_id  # the program's BOS is the one encoded
         self.vocab_size = int(md.get("get_vocab_size", self.tokenizer.vocab_size))
@@ -172,7 +189,14 @@ class _Runner:
     # -- the loop ---------------------------------------------------------------------------
     def _sampler(self, config: GenerationConfig) -> Sampler:
         temperature = config.temperature if self.temperature == -1.0 else self.temperature
-        return Sampler(temperature, config.top_p, config.top_k, config.seed)
+        return Sampler(
+            temperature,
+            config.top_p,
+            config.top_k,
+            config.seed,
+            min_p=config.min_p,
+            processors=as_processors(config.logits_processor),
+        )
 
     def _sample(self, sampler: Sampler, logits: Any) -> int:
         if self._sample_width is not None:  # ids past the tokenizer's are padding
@@ -282,6 +306,7 @@ class _Runner:
                 if token_callback is not None:
                     token_callback(text)
 
+            sampler.begin([*self._history, *(ids or ())])
             start_pos = self.pos
             if ids is not None:
                 stats.token_encode_end_ms = _now_ms()
@@ -312,6 +337,10 @@ class _Runner:
                 out_ids.append(cur)
                 ended = (cur in self.eos_ids) and not config.ignore_eos
                 emit(stops.feed(stream.push(cur)))
+            done = ended or stops.hit
+            self.finish_reason = (
+                "stop" if done else "length" if generated >= budget else "interrupted"
+            )
             if not stops.hit:
                 emit(stops.feed(stream.flush()))
                 emit(stops.flush())

@@ -3,7 +3,10 @@
 :class:`Sampler` does greedy decoding (temperature 0), or samples from
 ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens and to the
 smallest set whose probability reaches ``top_p`` (nucleus sampling), with its own seeded
-generator so a seed reproduces a generation.
+generator so a seed reproduces a generation. Before that, logits processors
+(:mod:`ptexec.llm.logits`: penalties, grammar constraints, your own) change the raw logits,
+and min-p sampling drops tokens far less likely than the likeliest, as transformers orders
+them.
 
 The rule for devices: every step runs on the logits' device, and only the chosen id (one
 integer) leaves it. On CUDA the logits are never copied to the host.
@@ -11,9 +14,12 @@ integer) leaves it. On CUDA the logits are never copied to the host.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .config import check_setting
+from .logits import LogitsProcessor, min_p_filter
 
 __all__ = ["Sampler"]
 
@@ -22,10 +28,13 @@ class Sampler:
     """Greedy or temperature / top-k / top-p sampling with a seed.
 
     ``temperature == 0`` is greedy (the first maximum). ``top_k == 0`` and ``top_p == 1``
-    disable those filters. ``seed=None`` draws from a nondeterministic seed. The settings
-    follow :class:`~ptexec.llm.GenerationConfig`'s rules (a NaN, infinite or negative
-    temperature, a ``top_p`` outside (0, 1], a negative ``top_k`` or a seed outside
-    [0, 2**64) raise :class:`~ptexec.errors.ConfigValueError`; a wrong type
+    disable those filters; ``min_p`` in [0, 1] (0: off) applies after them. ``processors``
+    run on the raw logits first (see :mod:`ptexec.llm.logits`); they see the context given
+    to :meth:`begin` and every token sampled since. ``seed=None`` draws from a
+    nondeterministic seed. The settings follow :class:`~ptexec.llm.GenerationConfig`'s
+    rules (a NaN, infinite or negative temperature, a ``top_p`` outside (0, 1], a
+    ``min_p`` outside [0, 1], a negative ``top_k`` or a seed outside [0, 2**64) raise
+    :class:`~ptexec.errors.ConfigValueError`; a wrong type
     :class:`~ptexec.errors.ConfigTypeError`).
     """
 
@@ -35,16 +44,39 @@ class Sampler:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | None = None,
+        *,
+        min_p: float = 0.0,
+        processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         self.temperature: float = check_setting("temperature", temperature)
         self.top_p: float = check_setting("top_p", top_p)
         self.top_k: int = check_setting("top_k", top_k)
         self.seed: int | None = check_setting("seed", seed)
+        self.min_p: float = check_setting("min_p", min_p)
+        self.processors = tuple(processors)
+        self._context: list[int] = []
         self._generators: dict[torch.device, torch.Generator] = {}
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def begin(self, context: Sequence[int]) -> None:
+        """A generation starts after ``context`` (the ids in the model's context, prompt
+        included): processors see them, and those with a ``begin`` method are told."""
+        self._context = [int(t) for t in context]
+        for p in self.processors:
+            hook = getattr(p, "begin", None)
+            if callable(hook):
+                hook(list(self._context))
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The processors' scores for one row of logits (``[vocab]``, float32)."""
+        scores = logits.reshape(1, -1).float()
+        ids = torch.tensor([self._context], dtype=torch.int64, device=scores.device)
+        for p in self.processors:
+            scores = p(ids, scores)
+        return scores.reshape(-1)
 
     def _generator(self, device: torch.device) -> torch.Generator:
         g = self._generators.get(device)
@@ -77,14 +109,19 @@ class Sampler:
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
             probs = probs / probs.sum()
-        return probs
+        return min_p_filter(probs, self.min_p)
 
     def sample(self, logits: torch.Tensor) -> int:
         """The next token for ``logits`` (one row ``[vocab]``, or any shape with one row of
         the vocabulary last: the last row is used)."""
         row = logits.reshape(-1, logits.shape[-1])[-1]
+        if self.processors:
+            row = self.process(row)
         if self.greedy:
-            return int(row.argmax())
-        probs = self.distribution(row)
-        choice = torch.multinomial(probs, 1, generator=self._generator(probs.device))
-        return int(choice)
+            token = int(row.argmax())
+        else:
+            probs = self.distribution(row)
+            token = int(torch.multinomial(probs, 1, generator=self._generator(probs.device)))
+        if self.processors:
+            self._context.append(token)
+        return token

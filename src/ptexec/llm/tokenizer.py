@@ -100,6 +100,10 @@ class HuggingFaceTokenizer(Tokenizer):
     def is_special(self, token: int) -> bool:
         return token in self._special or super().is_special(token)
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what other libraries read)."""
+        return str(self._tok.to_str())
+
 
 def _hf_special_ids(tok: Any, config_path: Path) -> tuple[int, int]:
     def token_id(entry: Any) -> int | None:

@@ -1,0 +1,114 @@
+"""Logits processors: penalties and the hook for your own, on transformers' contract.
+
+A logits processor is any callable ``processor(input_ids, scores) -> scores``, the contract
+of transformers' ``LogitsProcessor``: ``input_ids`` is the context so far (``int64[1, seq]``,
+the prompt and every token generated since, on the logits' device) and ``scores`` the next
+token's raw logits (``float32[1, vocab]``); it returns the scores to sample from (it may
+change them in place). A transformers ``LogitsProcessor`` works as it is.
+
+Processors run in the order given, on the raw logits, before temperature, top-k, top-p and
+min-p (the order of transformers' processors and warpers). A processor that needs to know
+where the prompt ends (OpenAI's presence and frequency penalties count generated tokens only;
+a grammar starts matching after the prompt) has a ``begin(prompt)`` method, called with the
+context's ids when a generation starts.
+
+Greedy decoding takes the maximum of the processed scores, so penalties and constraints
+apply to it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+import torch
+
+__all__ = [
+    "LogitsProcessor",
+    "PresenceFrequencyPenalty",
+    "RepetitionPenalty",
+    "as_processors",
+    "min_p_filter",
+]
+
+LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(input_ids int64[1, seq], scores float32[1, vocab]) -> scores``."""
+
+Processors = Union[LogitsProcessor, Sequence[LogitsProcessor], None]  # noqa: UP007
+
+
+def as_processors(value: Processors) -> tuple[LogitsProcessor, ...]:
+    """``value`` as a tuple of processors (one callable, a sequence of them, or None).
+    Raises ``TypeError`` for anything that is not callable."""
+    if value is None:
+        return ()
+    items: Sequence[Any] = (value,) if callable(value) else value
+    out = tuple(items)
+    for i, p in enumerate(out):
+        if not callable(p):
+            raise TypeError(
+                f"logits_processor[{i}] must be callable (input_ids, scores) -> scores, "
+                f"got {type(p).__name__}"
+            )
+    return out
+
+
+class RepetitionPenalty:
+    """The CTRL repetition penalty (transformers' ``RepetitionPenaltyLogitsProcessor``):
+    every token already in the context has its logit divided by ``penalty`` when positive
+    and multiplied by it when negative. ``penalty`` > 1 discourages repetition; 1 is off."""
+
+    def __init__(self, penalty: float) -> None:
+        if not penalty > 0:  # also refuses NaN
+            raise ValueError(f"repetition penalty must be > 0, got {penalty}")
+        self.penalty = float(penalty)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.numel() == 0:
+            return scores
+        seen = torch.gather(scores, 1, input_ids)
+        seen = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        return scores.scatter(1, input_ids, seen)
+
+    def __repr__(self) -> str:
+        return f"RepetitionPenalty({self.penalty:g})"
+
+
+class PresenceFrequencyPenalty:
+    """OpenAI's presence and frequency penalties: the logit of each token generated ``c``
+    times so far drops by ``c * frequency + (c > 0) * presence``. Only generated tokens
+    count (not the prompt), as in OpenAI's API; both in [-2, 2] there, any float here."""
+
+    def __init__(self, presence: float = 0.0, frequency: float = 0.0) -> None:
+        for name, v in (("presence", presence), ("frequency", frequency)):
+            if v != v:
+                raise ValueError(f"{name} penalty must be a number, got {v}")
+        self.presence = float(presence)
+        self.frequency = float(frequency)
+        self._prompt_len = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A generation starts after ``prompt``: those tokens are not counted."""
+        self._prompt_len = len(prompt)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids[:, self._prompt_len :]
+        if generated.numel() == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, generated, torch.ones_like(generated, dtype=scores.dtype)
+        )
+        return scores - counts * self.frequency - (counts > 0).to(scores.dtype) * self.presence
+
+    def __repr__(self) -> str:
+        return f"PresenceFrequencyPenalty(presence={self.presence:g}, frequency={self.frequency:g})"
+
+
+def min_p_filter(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Min-p sampling on a probability vector: tokens less likely than ``min_p`` times the
+    likeliest are dropped and the rest renormalised (transformers' ``MinPLogitsWarper``,
+    which applies after temperature, top-k and top-p; the likeliest token always stays)."""
+    if min_p <= 0.0:
+        return probs
+    kept = probs.masked_fill(probs < min_p * probs.max(), 0.0)
+    return kept / kept.sum()

@@ -1,0 +1,129 @@
+"""``ptexec serve`` as a Ray Serve deployment: the same application, on replicas.
+
+Each replica is the server's application (:func:`ptexec.serve.app.create_app`) over its
+own :class:`~ptexec.serve.Engine` (a program loaded once per replica, ``sessions`` sessions)
+and, with ``programs=True``, its :class:`~ptexec.serve.ProgramService`. Ray Serve does the
+rest: the HTTP proxy, replicas, autoscaling, ``num_gpus`` per replica (a replica given a
+GPU places the program on it). Program methods are micro-batched inside each replica by the
+``ptexec.ray`` batching rules (the service's window), which is what ``@serve.batch`` would
+do, without a second copy of the rules.
+
+From Python::
+
+    from ray import serve
+    import ptexec.ray.serve as pserve
+
+    app = pserve.deployment(num_replicas=2).bind("llama.pte", "tokenizer.json", sessions=2)
+    serve.run(app, route_prefix="/")
+
+or from a config file (``serve run config.yaml``), with :func:`build_app` as the import
+path and the constructor's keywords as ``args``::
+
+    applications:
+      - name: llm
+        route_prefix: /
+        import_path: ptexec.ray.serve:build_app
+        args: {model: /models/llama.pte, tokenizer: /models/tokenizer.json, sessions: 2}
+        deployments:
+          - name: PtexecServer
+            num_replicas: 2          # or autoscaling_config: {min_replicas: 1, max_replicas: 4}
+            ray_actor_options: {num_cpus: 1, num_gpus: 0}
+
+Importing this module does not import Ray; :func:`deployment` and :func:`build_app` do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["build_app", "deployment"]
+
+_CLASS: Any = None
+
+
+class _Replica:
+    """One replica: the engine, the program methods and the application over them."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        *,
+        sessions: int = 1,
+        max_queue: int = 16,
+        timeout: float | None = None,
+        model_name: str | None = None,
+        chat_template: str | None = None,
+        data_path: str | None = None,
+        programs: bool = False,
+        batch_window_ms: float = 2.0,
+        api_key: str | None = None,
+        max_body_bytes: int = 1 << 20,
+        threads: int | None = None,
+        compile: bool = False,
+    ) -> None:
+        import torch
+
+        import ptexec
+        from ptexec.serve import Engine, ProgramService
+
+        if threads:
+            torch.set_num_threads(threads)
+        device_map = "cuda" if torch.cuda.is_available() else None  # a replica given a GPU
+        self.engine = None
+        if tokenizer is not None:
+            self.engine = Engine(
+                model, tokenizer, data_path=data_path, model_name=model_name,
+                sessions=sessions, max_queue=max_queue, timeout=timeout,
+                device_map=device_map, compile=compile, chat_template=chat_template,
+            )  # fmt: skip
+        self.programs = None
+        if programs or self.engine is None:
+            program = (
+                self.engine.program
+                if self.engine is not None
+                else ptexec.load(model, data_path=data_path)
+            )
+            options: dict[str, Any] = {"device_map": device_map} if device_map else {}
+            self.programs = ProgramService(program, window=batch_window_ms / 1e3, **options)
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from ptexec.serve.app import create_app
+
+        return create_app(
+            self.engine,
+            programs=self.programs,
+            api_key=self.api_key,
+            max_body_bytes=self.max_body_bytes,
+        )
+
+
+def _deployment_class() -> Any:
+    global _CLASS
+    if _CLASS is None:
+        from ray import serve
+
+        class PtexecServer(_Replica):
+            pass
+
+        _CLASS = serve.deployment(serve.ingress()(PtexecServer), name="PtexecServer")
+    return _CLASS
+
+
+def deployment(**options: Any) -> Any:
+    """The Ray Serve deployment (``options``: ``num_replicas``, ``autoscaling_config``,
+    ``ray_actor_options={"num_gpus": 1}``, ``max_ongoing_requests``, ...); ``.bind(model,
+    tokenizer, **keywords)`` takes the arguments of a replica (see the module docstring)."""
+    cls = _deployment_class()
+    return cls.options(**options) if options else cls
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """The application for ``serve run`` / a config file: ``args`` are a replica's
+    keywords (``model`` required)."""
+    keywords = dict(args)
+    model = keywords.pop("model")
+    tokenizer = keywords.pop("tokenizer", None)
+    return deployment().bind(model, tokenizer, **keywords)

@@ -1,0 +1,371 @@
+"""The OpenAI-compatible HTTP application (Starlette): routes, streaming, errors.
+
+Routes (the LLM ones when an :class:`~ptexec.serve.engine.Engine` is served, the program
+one when a :class:`~ptexec.serve.programs.ProgramService` is): ``POST /v1/chat/completions``, ``POST /v1/completions`` (a JSON answer, or with
+``"stream": true`` server-sent events of OpenAI's chunks ending with ``data: [DONE]``),
+``GET /v1/models``, ``GET /health`` (200 ready, 503 draining), ``GET /metrics``
+(Prometheus text), ``POST /v1/programs/{method}`` (any method, micro-batched). With an API key every route but ``/health`` needs ``Authorization:
+Bearer KEY``. Bodies past ``max_body_bytes`` are refused (413) before they are parsed.
+
+Errors are OpenAI's error object; an unexpected failure is logged here and answered as a
+bare 500, never with its message, a path or a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from .engine import Engine, Job, Result
+from .metrics import Metrics
+from .programs import ProgramService, decode_inputs, encode_outputs
+from .protocol import ApiError, Request, parse_request
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("ptexec.serve")
+
+DEFAULT_MAX_BODY = 1 << 20
+
+
+class _Disconnected(Exception):
+    """The client went away before its answer."""
+
+
+def create_app(
+    engine: Engine | None,
+    *,
+    programs: ProgramService | None = None,
+    metrics: Metrics | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+    extra_routes: list[Any] | None = None,
+) -> Any:
+    """The Starlette application serving ``engine`` (the LLM routes; None: none) and
+    ``programs`` (``/v1/programs/{method}``; None: none)."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    if metrics is None:
+        metrics = engine.metrics if engine is not None else Metrics()
+    services: list[Any] = [s for s in (engine, programs) if s is not None]
+
+    def draining() -> bool:
+        return any(s.draining for s in services)
+
+    def llm() -> Engine:
+        if engine is None:
+            raise ApiError(404, "this server serves no LLM (it was started without a tokenizer)")
+        return engine
+
+    def error(e: ApiError) -> Response:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    def authorize(request: HttpRequest) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), api_key.encode()
+        ):
+            raise ApiError(
+                401,
+                "Incorrect or missing API key (send 'Authorization: Bearer <key>')",
+                code="invalid_api_key",
+            )
+
+    async def read_json(request: HttpRequest) -> Any:
+        body = await read_body(request)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON ({e})", param="body") from None
+
+    async def read_body(request: HttpRequest) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise ApiError(
+                413, f"the request body is over {max_body_bytes} bytes", code="too_large"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise ApiError(
+                    413, f"the request body is over {max_body_bytes} bytes", code="too_large"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def endpoint(
+        name: str, handler: Callable[[HttpRequest], Awaitable[Response]], open_route: bool = False
+    ) -> Callable[[HttpRequest], Awaitable[Response]]:
+        async def run(request: HttpRequest) -> Response:
+            try:
+                if not open_route:
+                    authorize(request)
+                response = await handler(request)
+            except ApiError as e:
+                response = error(e)
+            except _Disconnected:
+                response = Response(status_code=499)
+            except Exception:
+                log.exception("ptexec serve: %s failed", name)
+                response = error(ApiError(500, "internal server error", "server_error"))
+            metrics.request(name, response.status_code)
+            return response
+
+        return run
+
+    # -- completions -------------------------------------------------------------------
+    async def completions(request: HttpRequest, chat: bool) -> Response:
+        engine = llm()
+        if engine.draining:
+            raise ApiError(503, "the server is shutting down", "server_error", code="draining")
+        req = parse_request(await read_json(request), chat)
+        job = engine.prepare(req)
+        await _start(engine, job, request)
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        if req.stream:
+            return StreamingResponse(
+                _events(engine, job, ident, created),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        pieces, result = await _collect(job, request)
+        _record(engine, job, result)
+        if job.timed_out:
+            raise ApiError(504, "the request timed out while generating", "timeout", code="timeout")
+        text = "".join(pieces)
+        if not chat and req.echo:
+            text = req.prompt + text
+        usage = _usage(result)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
+            obj = "text_completion"
+        return JSONResponse(
+            {
+                "id": ident,
+                "object": obj,
+                "created": created,
+                "model": engine.model_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def chat_completions(request: HttpRequest) -> Response:
+        return await completions(request, True)
+
+    async def text_completions(request: HttpRequest) -> Response:
+        return await completions(request, False)
+
+    async def models(request: HttpRequest) -> Response:
+        data = []
+        if engine is not None:
+            data.append(
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "created": engine.created,
+                    "owned_by": "ptexec",
+                    "max_model_len": engine.context,
+                }
+            )
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: HttpRequest) -> Response:
+        if draining():
+            return JSONResponse({"status": "draining"}, status_code=503)
+        state: dict[str, Any] = {"status": "ready"}
+        if engine is not None:
+            state.update(active_sessions=engine.active, queued=engine.waiting)
+        return JSONResponse(state)
+
+    async def run_program(request: HttpRequest) -> Response:
+        if programs is None:
+            raise ApiError(404, "this server serves no program methods")
+        name = request.path_params["method"]
+        infos = programs.infos(name)
+        body = await read_body(request)
+        kind = request.headers.get("content-type", "application/json")
+        arrays = decode_inputs(body, kind, infos)
+        outputs = await programs.call(name, arrays)
+        data, media = encode_outputs(outputs, kind.split(";")[0].strip().lower())
+        return Response(data, media_type=media)
+
+    async def metrics_text(request: HttpRequest) -> Response:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def http_error(request: HttpRequest, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = {404: "no such route", 405: "method not allowed"}.get(status, "error")
+        return error(ApiError(status, f"{message}: {request.method} {request.url.path}"))
+
+    routes = [
+        Route(
+            "/v1/chat/completions",
+            endpoint("chat_completions", chat_completions),
+            methods=["POST"],
+        ),
+        Route("/v1/completions", endpoint("completions", text_completions), methods=["POST"]),
+        Route("/v1/models", endpoint("models", models), methods=["GET"]),
+        Route("/health", endpoint("health", health, open_route=True), methods=["GET"]),
+        Route("/metrics", endpoint("metrics", metrics_text), methods=["GET"]),
+        Route("/v1/programs/{method}", endpoint("programs", run_program), methods=["POST"]),
+        *(extra_routes or []),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+async def _start(engine: Engine, job: Job, request: Any) -> None:
+    """Get the job a session, giving up when the client leaves while it waits."""
+    start = asyncio.ensure_future(engine.start(job))
+    while True:
+        done, _ = await asyncio.wait({start}, timeout=0.25)
+        if done:
+            start.result()
+            return
+        if await request.is_disconnected():
+            start.cancel()
+            job.cancel()
+            raise _Disconnected
+
+
+async def _collect(job: Job, request: Any) -> tuple[list[str], Result]:
+    pieces: list[str] = []
+    while True:
+        try:
+            item = await asyncio.wait_for(job.queue.get(), 0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+                raise _Disconnected from None
+            continue
+        if isinstance(item, str):
+            pieces.append(item)
+        elif isinstance(item, Result):
+            return pieces, item
+        else:
+            raise item
+
+
+def _usage(result: Result) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def _record(engine: Engine, job: Job, result: Result) -> None:
+    now = time.perf_counter()
+    first = job.first_piece
+    engine.metrics.generation(
+        None if first is None else first - job.created,
+        result.completion_tokens,
+        (now - first) if first is not None else 0.0,
+    )
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIterator[bytes]:
+    """The job's pieces as OpenAI chunks; cancels the job when the client goes away."""
+    req: Request = job.request
+    chat = req.chat
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    usage_field = {"usage": None} if req.include_usage else {}
+
+    def chunk(content: str | None, finish: str | None, role: bool = False) -> bytes:
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if content is not None:
+                delta["content"] = content
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+        return _sse(
+            {
+                "id": ident,
+                "object": obj,
+                "created": created,
+                "model": engine.model_name,
+                "choices": [choice],
+                **usage_field,
+            }
+        )
+
+    try:
+        if chat:
+            yield chunk("", None, role=True)
+        elif req.echo:
+            yield chunk(req.prompt, None)
+        while True:
+            item = await job.queue.get()
+            if isinstance(item, str):
+                yield chunk(item, None)
+                continue
+            if isinstance(item, Result):
+                _record(engine, job, item)
+                if job.timed_out:
+                    yield _sse(
+                        ApiError(
+                            504, "the request timed out while generating", "timeout", code="timeout"
+                        ).body()
+                    )
+                else:
+                    yield chunk(None if chat else "", item.finish_reason)
+                    if req.include_usage:
+                        yield _sse(
+                            {
+                                "id": ident,
+                                "object": obj,
+                                "created": created,
+                                "model": engine.model_name,
+                                "choices": [],
+                                "usage": _usage(item),
+                            }
+                        )
+            else:
+                log.error("ptexec serve: a generation failed", exc_info=item)
+                yield _sse(ApiError(500, "internal server error", "server_error").body())
+            yield b"data: [DONE]\n\n"
+            return
+    finally:
+        if not job.done:
+            job.cancel()

@@ -1,0 +1,349 @@
+"""The generation engine behind the server: one loaded program, a pool of sessions.
+
+The program is loaded once (its constants are memory-mapped once and shared); each session
+is a runner over it with its own loaded method, so its own planned memory and KV cache. A
+request takes a free session, or waits in a bounded queue (full: 429 with ``Retry-After``);
+it runs on the session's own thread, never on the event loop, and its text pieces come back
+to the loop through an ``asyncio.Queue``. Before each generation the session is reset (its
+position goes back to 0), so nothing of one request is in the context of the next.
+
+A job that is cancelled (its client went away, or its deadline passed) stops its runner
+after the current token, and its session goes back to the pool as soon as the runner
+returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import GenerationError
+from ..llm import GenerationConfig, MultimodalRunner, load_tokenizer, make_token_input
+from ..llm.chat import ChatTemplate, ChatTemplateError
+from ..llm.logits import LogitsProcessor, PresenceFrequencyPenalty, RepetitionPenalty
+from .metrics import Metrics
+from .protocol import ApiError, Request
+
+__all__ = ["Engine", "Job", "Result"]
+
+
+@dataclass
+class Result:
+    """How a generation ended."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Job:
+    """One request's generation: its prompt ids, its config, and the pieces it produced
+    (``queue`` holds ``str`` pieces, then one :class:`Result` or one exception)."""
+
+    def __init__(self, req: Request, ids: list[int], config: GenerationConfig) -> None:
+        self.request = req
+        self.ids = ids
+        self.config = config
+        self.queue: asyncio.Queue[str | Result | BaseException] = asyncio.Queue()
+        self.created = time.perf_counter()
+        self.first_piece: float | None = None
+        self.deadline: float | None = None
+        self.timed_out = False
+        self._cancelled = threading.Event()
+        self._runner: MultimodalRunner | None = None
+        self.done = False
+
+    def cancel(self) -> None:
+        """Stop the generation after the current token (any thread)."""
+        self._cancelled.set()
+        runner = self._runner
+        if runner is not None and not self.done:  # a finished job's session is another's
+            runner.stop()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+class Engine:
+    """Sessions over one program; see the module docstring.
+
+    ``sessions`` runners (each with its own memory); ``max_queue`` requests may wait beyond
+    them; ``timeout`` (seconds, None: none) bounds a request from arrival to its last token.
+    ``device_map`` and ``compile`` are the runner's options.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        tokenizer: str | os.PathLike[str],
+        *,
+        data_path: str | os.PathLike[str] | None = None,
+        model_name: str | None = None,
+        sessions: int = 1,
+        max_queue: int = 16,
+        timeout: float | None = None,
+        device_map: Any = None,
+        compile: bool = False,
+        chat_template: str | os.PathLike[str] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        import ptexec
+
+        if sessions < 1:
+            raise ValueError(f"sessions must be >= 1, got {sessions}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.model_name = model_name or Path(model).stem
+        self.program = ptexec.load(model, data_path=data_path)
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.template = ChatTemplate.for_tokenizer(tokenizer, chat_template)
+        self.runners = [
+            MultimodalRunner(
+                self.program,
+                self.tokenizer,
+                device_map=device_map,
+                compile=compile,
+                print_output=False,
+            )
+            for _ in range(sessions)
+        ]
+        first = self.runners[0]
+        self.context = first.max_context_len
+        self.vocab_size = first.vocab_size
+        self.eos_ids = first.eos_ids
+        self.max_queue = max_queue
+        self.timeout = timeout
+        self.metrics = metrics or Metrics()
+        self.created = int(time.time())
+        self.draining = False
+        self._free: list[MultimodalRunner] = list(self.runners)
+        self._waiters: deque[asyncio.Future[MultimodalRunner]] = deque()
+        self._executor = ThreadPoolExecutor(sessions, thread_name_prefix="ptexec-session")
+        self._vocabulary: Any = None
+        self._vocab_lock = threading.Lock()
+        self._idle = asyncio.Event()
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def active(self) -> int:
+        """Sessions generating now."""
+        return len(self.runners) - len(self._free)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a session."""
+        return len(self._waiters)
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0 and self.waiting == 0
+
+    def close(self) -> None:
+        """Stop every generation and the session threads."""
+        for runner in self.runners:
+            runner.stop()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- preparing a request ---------------------------------------------------------------
+    def prompt_text(self, req: Request) -> str:
+        """The prompt of a request: the chat template's rendering of its messages, or the
+        completion prompt as given."""
+        if not req.chat:
+            return req.prompt
+        if self.template is None:
+            raise ApiError(
+                400,
+                "this model has no chat template (tokenizer_config.json's chat_template or "
+                "the server's --chat-template); use /v1/completions",
+                param="messages",
+            )
+        try:
+            return self.template.render(req.messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), param="messages") from None
+
+    def prepare(self, req: Request) -> Job:
+        """The job of a validated request: prompt ids checked against the context, the
+        token budget, the sampler's settings and processors. Raises :class:`ApiError`."""
+        if req.model != self.model_name:
+            raise ApiError(
+                404,
+                f"The model '{req.model}' does not exist (this server serves '{self.model_name}')",
+                param="model",
+                code="model_not_found",
+            )
+        text = self.prompt_text(req)
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        room = self.context - len(ids)
+        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
+            asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.context} tokens; the prompt "
+                f"has {len(ids)} tokens{asked}",
+                param="messages" if req.chat else "prompt",
+                code="context_length_exceeded",
+            )
+        processors: list[LogitsProcessor] = []
+        if req.repetition_penalty != 1.0:
+            processors.append(RepetitionPenalty(req.repetition_penalty))
+        if req.presence_penalty or req.frequency_penalty:
+            processors.append(PresenceFrequencyPenalty(req.presence_penalty, req.frequency_penalty))
+        if req.response_format is not None:
+            processors.append(self._grammar(req.response_format))
+        config = GenerationConfig(
+            echo=False,
+            max_new_tokens=req.max_tokens if req.max_tokens is not None else room,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=max(0, req.top_k),
+            min_p=req.min_p,
+            seed=req.seed,
+            stop=req.stop,
+            ignore_eos=req.ignore_eos,
+            logits_processor=processors or None,
+        )
+        job = Job(req, ids, config)
+        if self.timeout is not None:
+            job.deadline = job.created + self.timeout
+        return job
+
+    def _grammar(self, response_format: dict[str, Any]) -> LogitsProcessor:
+        from ..llm.constrained import Grammar, GrammarError, Vocabulary
+
+        try:
+            with self._vocab_lock:
+                if self._vocabulary is None:
+                    self._vocabulary = Vocabulary.of(self.tokenizer, self.vocab_size, self.eos_ids)
+            if response_format["type"] == "json_object":
+                return Grammar.json_object(self._vocabulary)
+            schema = response_format["json_schema"].get("schema", {"type": "object"})
+            return Grammar.json_schema(self._vocabulary, schema)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param="response_format") from None
+        except GenerationError as e:
+            raise ApiError(
+                400,
+                f"structured output is not available: {e}",
+                "invalid_request_error",
+                "response_format",
+            ) from None
+
+    # -- sessions --------------------------------------------------------------------------
+    async def _acquire(self) -> MultimodalRunner:
+        if self._free:
+            return self._free.pop()
+        if len(self._waiters) >= self.max_queue:
+            raise ApiError(
+                429,
+                f"the server is busy: {len(self.runners)} sessions generating and "
+                f"{len(self._waiters)} requests queued",
+                type="rate_limit_error",
+                code="server_busy",
+                headers={"Retry-After": "1"},
+            )
+        fut: asyncio.Future[MultimodalRunner] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self.metrics.set_queue(self.waiting)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._release(fut.result())  # handed over just as the waiter left
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(fut)
+            raise
+        finally:
+            self.metrics.set_queue(self.waiting)
+
+    def _release(self, runner: MultimodalRunner) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(runner)
+                return
+        self._free.append(runner)
+        self.metrics.set_active(self.active)
+        if self.idle:
+            self._idle.set()
+
+    async def start(self, job: Job) -> None:
+        """Give ``job`` a session (waiting in the queue if need be) and start it on the
+        session's thread. Raises :class:`ApiError` (429 queue full, 504 timed out)."""
+        self._idle.clear()
+        try:
+            if job.deadline is not None:
+                left = job.deadline - time.perf_counter()
+                runner = await asyncio.wait_for(self._acquire(), max(left, 0.001))
+            else:
+                runner = await self._acquire()
+        except asyncio.TimeoutError:
+            if self.idle:
+                self._idle.set()
+            raise ApiError(
+                504, "the request timed out waiting for a session", "timeout", code="timeout"
+            ) from None
+        except ApiError:
+            if self.idle:
+                self._idle.set()
+            raise
+        job._runner = runner
+        self.metrics.set_active(self.active)
+        loop = asyncio.get_running_loop()
+        sink = _sink(loop, job)
+        fut = loop.run_in_executor(self._executor, _generate, runner, job, sink)
+
+        def finished(f: asyncio.Future[Result]) -> None:
+            job.done = True
+            self._release(runner)
+            try:
+                job.queue.put_nowait(f.result())
+            except BaseException as e:  # the job's failure goes to its reader
+                job.queue.put_nowait(e)
+
+        fut.add_done_callback(finished)
+
+    async def wait_idle(self) -> None:
+        """Return once no request is running or queued."""
+        while not self.idle:
+            self._idle.clear()
+            await self._idle.wait()
+
+
+def _sink(loop: asyncio.AbstractEventLoop, job: Job) -> Callable[[str], None]:
+    def sink(piece: str) -> None:
+        if job.first_piece is None:
+            job.first_piece = time.perf_counter()
+        if job.deadline is not None and time.perf_counter() > job.deadline:
+            job.timed_out = True
+            job.cancel()
+        elif job.cancelled:
+            job.cancel()
+        loop.call_soon_threadsafe(job.queue.put_nowait, piece)
+
+    return sink
+
+
+def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -> Result:
+    """Runs on the session's thread."""
+    if job.cancelled:
+        return Result("", "interrupted", len(job.ids), 0)
+    runner.reset()
+    text = runner.generate_text([make_token_input(job.ids)], job.config, token_callback=sink)
+    reason = runner.finish_reason
+    if job.cancelled and reason == "length":
+        reason = "interrupted"
+    return Result(text, reason, len(job.ids), runner.stats.num_generated_tokens)

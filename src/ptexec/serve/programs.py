@@ -1,0 +1,349 @@
+"""``POST /v1/programs/{method}``: any method of a program over HTTP, micro-batched.
+
+A request carries the method's inputs as the method takes them (dim 0 is the rows), as JSON
+(``{"inputs": [[...], {"data": [...], "dtype": "float32"}, ...]}``), as one ``.npy``
+(``Content-Type: application/x-npy``, a one-input method) or as safetensors
+(``application/x-safetensors``, tensors named by input index ``"0"``, ``"1"``, ...). The
+answer has the outputs in the same form (``.npy`` answers become safetensors when there is
+more than one output).
+
+Requests for one method that arrive within ``window`` seconds of each other are joined
+along dim 0 and run as one batch through :class:`ptexec.ray.Batcher`, the rules of
+``ptexec.ray``: a static dim 0 is filled by splitting and padding, a bounded one is used up
+to its bound, and rows are retried alone when a joined call fails, so one bad request
+fails alone. Each request gets back its own rows of every output. A method whose inputs
+have no rows (scalars, rank 0) runs once per request. Calls of a method run on a thread of
+its own, never on the event loop; nothing read from a request becomes code
+(``allow_pickle=False``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError, PtexecError
+from .protocol import ApiError
+
+__all__ = ["ProgramService", "decode_inputs", "encode_outputs"]
+
+_DTYPES = {
+    "float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64,
+    "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+}  # fmt: skip
+NPY = "application/x-npy"
+SAFETENSORS = "application/x-safetensors"
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def decode_inputs(body: bytes, content_type: str, infos: Sequence[Any]) -> list[np.ndarray]:
+    """The request's arrays, one per method input. Raises :class:`ApiError` (400)."""
+    kind = content_type.split(";")[0].strip().lower()
+    try:
+        if kind == NPY:
+            arrays = [np.load(io.BytesIO(body), allow_pickle=False)]
+        elif kind == SAFETENSORS:
+            from safetensors.numpy import load
+
+            named = load(body)
+            arrays = [named[str(i)] for i in range(len(named))]
+        else:
+            doc = json.loads(body)
+            raw = doc.get("inputs") if isinstance(doc, dict) else None
+            if not isinstance(raw, list):
+                raise ApiError(400, "the body must be {'inputs': [...]}", param="inputs")
+            if len(raw) != len(infos):
+                raise ApiError(
+                    400, f"the method takes {len(infos)} inputs, the request has {len(raw)}",
+                    param="inputs",
+                )  # fmt: skip
+            arrays = [
+                _json_array(item, info, i)
+                for i, (item, info) in enumerate(zip(raw, infos, strict=True))
+            ]
+    except ApiError:
+        raise
+    except KeyError as e:
+        raise ApiError(400, f"safetensors inputs are named 0, 1, ...: {e} is missing") from None
+    except Exception as e:
+        raise ApiError(
+            400, f"unreadable inputs ({type(e).__name__}: {e})", param="inputs"
+        ) from None
+    if len(arrays) != len(infos):
+        raise ApiError(
+            400,
+            f"the method takes {len(infos)} inputs, the request has {len(arrays)}",
+            param="inputs",
+        )
+    return arrays
+
+
+def _json_array(item: Any, info: Any, index: int) -> np.ndarray:
+    dtype: Any = None
+    data = item
+    if isinstance(item, dict):
+        data = item.get("data")
+        name = item.get("dtype")
+        if name is not None:
+            if name not in _DTYPES:
+                raise ApiError(400, f"inputs[{index}]: unknown dtype {name!r}", param="inputs")
+            dtype = _DTYPES[name]
+    if dtype is None and hasattr(info, "dtype"):
+        dtype = _numpy_dtype(info.dtype)
+    arr = np.asarray(data, dtype=dtype)
+    if arr.dtype == object:
+        raise ApiError(400, f"inputs[{index}] is not a regular array", param="inputs")
+    return arr
+
+
+def encode_outputs(outputs: Sequence[np.ndarray], kind: str) -> tuple[bytes, str]:
+    """The outputs as a body of the request's kind: (bytes, content type)."""
+    if kind == NPY and len(outputs) == 1:
+        buf = io.BytesIO()
+        np.save(buf, outputs[0], allow_pickle=False)
+        return buf.getvalue(), NPY
+    if kind in (NPY, SAFETENSORS):
+        from safetensors.numpy import save
+
+        return save({str(i): np.ascontiguousarray(o) for i, o in enumerate(outputs)}), SAFETENSORS
+    doc = {
+        "outputs": [
+            {"data": o.tolist(), "dtype": str(o.dtype), "shape": list(o.shape)} for o in outputs
+        ]
+    }
+    return json.dumps(doc).encode(), "application/json"
+
+
+class _Pending:
+    __slots__ = ("arrays", "future", "rows")
+
+    def __init__(self, arrays: list[np.ndarray], future: asyncio.Future[list[np.ndarray]]) -> None:
+        self.arrays = arrays
+        self.future = future
+        self.rows = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 0
+
+
+class _MethodQueue:
+    """One loaded method, its batcher, its thread and its pending requests."""
+
+    def __init__(self, service: ProgramService, name: str) -> None:
+        from ..ray.batching import Batcher, default_outputs
+
+        self.method = service.program.load_method(name, **service.load_options)
+        meta = self.method.meta
+        self.inputs = list(meta.inputs)
+        self.outputs = list(meta.outputs)
+        self.batchable = bool(self.inputs) and all(
+            hasattr(i, "sizes") and len(i.sizes) >= 1 for i in self.inputs
+        )
+        self.columns = [f"input{i}" for i in range(len(self.inputs))]
+        self.out_columns = default_outputs(len(self.outputs))
+        self.batcher: Batcher | None = None
+        if self.batchable:  # a method without row inputs is called once per request
+            self.batcher = Batcher(
+                self._execute, self.inputs, self.outputs, self.columns, self.out_columns,
+                method=name, on_error="record", keep_columns=False,
+            )  # fmt: skip
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"ptexec-{name}")
+        self.pending: list[_Pending] = []
+        self.flush_task: asyncio.Task[None] | None = None
+        self.window = service.window
+        self.max_rows = service.max_rows
+        self.service = service
+
+    def _execute(self, args: list[Any]) -> list[Any]:
+        return list(self.method.execute(args))
+
+    def submit(self, arrays: list[np.ndarray]) -> asyncio.Future[list[np.ndarray]]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[np.ndarray]] = loop.create_future()
+        if not self.batchable:
+            return loop.run_in_executor(self.executor, self._direct, arrays)
+        for i, (a, info) in enumerate(zip(arrays, self.inputs, strict=True)):
+            if a.ndim != len(info.sizes):
+                raise ApiError(
+                    400,
+                    f"input {i} has {a.ndim} dims; the method takes {len(info.sizes)} "
+                    f"({list(info.sizes)}, dim 0 the rows)",
+                    param="inputs",
+                )
+            if a.shape[0] != arrays[0].shape[0]:
+                raise ApiError(
+                    400, "every input needs the same number of rows (dim 0)", param="inputs"
+                )
+        if arrays[0].shape[0] == 0:
+            raise ApiError(400, "the inputs have no rows", param="inputs")
+        self.pending.append(_Pending(arrays, fut))
+        if sum(p.rows for p in self.pending) >= self.max_rows:
+            self._flush_now()
+        elif self.flush_task is None:
+            self.flush_task = asyncio.ensure_future(self._flush_later())
+        return fut
+
+    def _direct(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        try:
+            out = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        except (InputError, PtexecError) as e:
+            raise ApiError(400, str(e), param="inputs") from None
+        return [_to_numpy(o) for o in out]
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.window)
+        self.flush_task = None
+        self._flush_now()
+
+    def _flush_now(self) -> None:
+        if self.flush_task is not None:
+            self.flush_task.cancel()
+            self.flush_task = None
+        batch, self.pending = self.pending, []
+        if not batch:
+            return
+        loop = asyncio.get_running_loop()
+        run = loop.run_in_executor(self.executor, self._run_batch, batch)
+
+        def done(f: asyncio.Future[list[Any]]) -> None:
+            try:
+                results = f.result()
+            except BaseException as e:
+                results = [e] * len(batch)
+            for p, r in zip(batch, results, strict=True):
+                if p.future.done():
+                    continue
+                if isinstance(r, BaseException):
+                    p.future.set_exception(r)
+                else:
+                    p.future.set_result(r)
+
+        run.add_done_callback(done)
+
+    def _run_batch(self, batch: list[_Pending]) -> list[Any]:
+        """Runs on the method's thread: one Batcher call over the joined rows."""
+        start = time.perf_counter()
+        columns = {
+            name: np.concatenate([p.arrays[i] for p in batch])
+            if all(p.arrays[i].shape[1:] == batch[0].arrays[i].shape[1:] for p in batch)
+            else [row for p in batch for row in p.arrays[i]]
+            for i, name in enumerate(self.columns)
+        }
+        assert self.batcher is not None
+        try:
+            result = self.batcher(columns)
+        except PtexecError as e:  # a problem of every row (shape, dtype)
+            return [ApiError(400, str(e), param="inputs")] * len(batch)
+        errors = result.get("error")
+        out: list[Any] = []
+        offset = 0
+        for p in batch:
+            rows = slice(offset, offset + p.rows)
+            offset += p.rows
+            bad = [e for e in (errors[rows] if errors is not None else []) if e is not None]
+            if bad:
+                out.append(
+                    ApiError(400, f"the method refused the inputs: {bad[0]}", param="inputs")
+                )
+            else:
+                out.append([np.asarray(result[c][rows]) for c in self.out_columns])
+        self.service.metrics_batch(len(batch), offset, time.perf_counter() - start)
+        return out
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+class ProgramService:
+    """The methods of ``program`` served with micro-batching (see the module docstring).
+
+    ``window``: seconds a request waits for others to join its batch; ``max_rows``: a batch
+    is run at once when it reaches this many rows. ``load_options`` go to ``load_method``.
+    """
+
+    def __init__(
+        self,
+        program: Any,
+        *,
+        window: float = 0.002,
+        max_rows: int = 256,
+        methods: Sequence[str] | None = None,
+        **load_options: Any,
+    ) -> None:
+        self.program = program
+        self.window = float(window)
+        self.max_rows = int(max_rows)
+        self.load_options = load_options
+        self.allowed = tuple(methods) if methods is not None else tuple(program.method_names)
+        self.draining = False
+        self.batches = 0
+        self.batched_requests = 0
+        self._queues: dict[str, _MethodQueue] = {}
+        self._lock = threading.Lock()
+        self._running = 0
+        self._idle = asyncio.Event()
+
+    def _queue(self, name: str) -> _MethodQueue:
+        if name not in self.allowed:
+            raise ApiError(
+                404,
+                f"no method '{name}' (methods: {', '.join(self.allowed)})",
+                param="method",
+                code="method_not_found",
+            )
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = _MethodQueue(self, name)
+        return q
+
+    def infos(self, name: str) -> list[Any]:
+        return self._queue(name).inputs
+
+    async def call(self, name: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The outputs of method ``name`` on one request's inputs (joined with others)."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", "server_error", code="draining")
+        fut = self._queue(name).submit(arrays)
+        self._running += 1
+        try:
+            return await fut
+        finally:
+            self._running -= 1
+            self._changed()
+
+    def metrics_batch(self, requests: int, rows: int, seconds: float) -> None:
+        with self._lock:
+            self.batches += 1
+            self.batched_requests += requests
+
+    @property
+    def idle(self) -> bool:
+        return self._running == 0
+
+    def _changed(self) -> None:
+        if self.idle:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while not self.idle:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def close(self) -> None:
+        for q in self._queues.values():
+            q.close()

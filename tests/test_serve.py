@@ -1,0 +1,289 @@
+"""``ptexec serve`` with the official ``openai`` client on loopback: chat, completions,
+streaming, stop strings, seeds, structured output, usage, errors; greedy answers equal
+``ptexec generate`` with the same template."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from llm_support import PROMPT, program
+from ptexec.llm import GenerationConfig, TextLLMRunner
+from serve_support import TEMPLATE, running_server, tokenizer_folder
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+KEY = "sk-test-key"
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tokenizer_folder(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def server(tok: Path) -> Iterator[Any]:
+    torch.set_num_threads(1)
+    with running_server(tok, sessions=2, max_queue=8, api_key=KEY, max_body_bytes=20_000) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(tok: Path) -> TextLLMRunner:
+    return TextLLMRunner(str(program("portable")), str(tok), print_output=False)
+
+
+def greedy(runner: TextLLMRunner, prompt: str, n: int, stop: tuple[str, ...] = ()) -> str:
+    runner.reset()
+    config = GenerationConfig(max_new_tokens=n, temperature=0, echo=False, stop=stop)
+    return runner.generate_text(prompt, config)
+
+
+def test_chat_greedy_equals_generate_chat(
+    client: Any, tok: Path, reference: TextLLMRunner, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptexec.cli import main
+
+    r = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=12,
+        temperature=0,
+    )
+    text = r.choices[0].message.content
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    argv = ["generate", str(program("portable")), "--tokenizer", str(tok), "--prompt", PROMPT,
+            "--chat", "--max-new-tokens", "12", "--temperature", "0"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out == text + "\n"
+    rendered = "<|begin_of_text|>User: " + PROMPT + "\nAssistant:"
+    assert text == greedy(reference, rendered, 12)
+    ids = reference.tokenizer.encode(rendered)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.usage.completion_tokens == len(reference.generated_tokens)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.choices[0].finish_reason == ("stop" if reference.finish_reason == "stop" else "length")
+
+
+def test_completion_stop_strings_and_length(client: Any, reference: TextLLMRunner) -> None:
+    full = greedy(reference, PROMPT, 16)
+    r = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=0)
+    assert r.choices[0].text == full and r.object == "text_completion"
+    assert r.choices[0].finish_reason == (
+        "length" if reference.finish_reason == "length" else "stop"
+    )
+    stop = full[3:6]  # a stop string inside the greedy text
+    r = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop, "zzzz"]
+    )
+    assert r.choices[0].text == greedy(reference, PROMPT, 16, (stop, "zzzz"))
+    assert stop not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+    echoed = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=4, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == PROMPT + greedy(reference, PROMPT, 4)
+
+
+def test_streaming_chunks_join_to_the_answer_and_end_with_done(
+    client: Any, server: Any, reference: TextLLMRunner
+) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    whole = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=10, temperature=0
+    )
+    stream = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and not any(finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    # the raw event stream: OpenAI's framing, ending with [DONE]
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 5, "temperature": 0,
+            "stream": True}  # fmt: skip
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=body,
+        headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+    ) as r:  # fmt: skip
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    pieces = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(p["choices"][0]["text"] for p in pieces) == greedy(reference, PROMPT, 5)
+
+
+def test_seed_reproduces_sampling(client: Any) -> None:
+    def sample(seed: int) -> str:
+        r = client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=seed
+        )
+        return str(r.choices[0].text)
+
+    assert sample(11) == sample(11)
+    assert len({sample(s) for s in range(4)}) > 1
+
+
+def test_json_schema_response_validates(client: Any) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 10},
+            "rain": {"type": "boolean"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["city", "rain", "days"],
+        "additionalProperties": False,
+    }
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "Weather as JSON"}],
+            max_tokens=40,
+            temperature=1.0,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "weather", "schema": schema, "strict": True},
+            },
+        )
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "JSON"}], max_tokens=40,
+        temperature=0, response_format={"type": "json_object"},
+    )  # fmt: skip
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # cut by max_tokens: still a prefix of an object
+        assert r.choices[0].message.content.startswith("{")
+
+
+def _post(
+    server: Any, path: str, body: Any, key: str | None = KEY, raw: bytes | None = None
+) -> Any:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if raw is not None:
+        headers["Content-Type"] = "application/json"
+        return httpx.post(server.url + path, content=raw, headers=headers, timeout=60)
+    return httpx.post(server.url + path, json=body, headers=headers, timeout=60)
+
+
+def _error(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "Traceback" not in r.text and ".py" not in r.text
+    assert str(program("portable").parent) not in r.text  # no paths of this machine
+    return dict(err)
+
+
+def test_openai_style_errors(client: Any, server: Any) -> None:
+    chat = "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    _error(_post(server, chat, None, raw=b'{"model": "tiny-llama", "messages": ['), 400)
+    err = _error(_post(server, chat, {"model": "tiny-llama", "messages": msgs,
+                                      "temperature": "hot"}), 400)  # fmt: skip
+    assert err["param"] == "temperature"
+    assert _error(_post(server, chat, {"model": "x", "messages": msgs}), 404)["code"] == (
+        "model_not_found"
+    )
+    long_prompt = "robot " * 200  # past the 128-token context
+    err = _error(
+        _post(server, "/v1/completions", {"model": "tiny-llama", "prompt": long_prompt}), 400
+    )
+    assert err["code"] == "context_length_exceeded"
+    err = _error(_post(server, "/v1/completions",
+                       {"model": "tiny-llama", "prompt": "a", "max_tokens": 1000}), 400)  # fmt: skip
+    assert err["code"] == "context_length_exceeded"
+    _error(_post(server, chat, {"model": "tiny-llama", "messages": msgs, "n": 2}), 400)
+    _error(_post(server, chat, {"model": "tiny-llama", "messages": msgs}, key=None), 401)
+    _error(_post(server, chat, {"model": "tiny-llama", "messages": msgs}, key="wrong"), 401)
+    _error(_post(server, "/v1/completions", {"model": "tiny-llama", "prompt": "a" * 30_000}), 413)
+    _error(httpx.get(server.url + "/v2/nothing", timeout=10), 404)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=msgs)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "wizard", "content": "x"}]
+        )
+    # after all of that, the server still answers
+    r = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert r.choices[0].text
+
+
+def test_models_health_and_metrics(client: Any, server: Any) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-llama"]
+    health = httpx.get(server.url + "/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ready"
+    assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401
+    text = httpx.get(
+        server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+    ).text
+    assert 'ptexec_requests_total{endpoint="completions",status="200"}' in text
+    assert "ptexec_time_to_first_token_seconds_count" in text
+    assert "ptexec_tokens_per_second_bucket" in text and "ptexec_queue_depth 0" in text
+
+
+def test_chat_template_renders_as_transformers_does(tok: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate
+
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tok), bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>"
+    )
+    ours = ChatTemplate.for_tokenizer(tok)
+    assert ours is not None
+    chatml = (
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+        "{% if tools %}{{ tools | tojson(indent=2) }}{% endif %}"
+    )
+    conversations = [
+        [{"role": "user", "content": "Hello"}],
+        [
+            {"role": "system", "content": "  Terse.  "},
+            {"role": "user", "content": "Zwei Wörter & <b>"},
+            {"role": "assistant", "content": "Ja."},
+            {"role": "user", "content": "Noch?"},
+        ],
+    ]
+    for template in (TEMPLATE, chatml):
+        mine = ChatTemplate(template, ours.special_tokens)
+        for messages in conversations:
+            for gen in (True, False):
+                want = hf.apply_chat_template(
+                    messages, chat_template=template, tokenize=False, add_generation_prompt=gen
+                )
+                assert mine.render(messages, add_generation_prompt=gen) == want
+    tools = [{"type": "function", "function": {"name": "f", "description": "é"}}]
+    want = hf.apply_chat_template(
+        conversations[0], chat_template=chatml, tokenize=False, tools=tools
+    )
+    assert (
+        ChatTemplate(chatml).render(conversations[0], add_generation_prompt=False, tools=tools)
+        == want
+    )
+    from ptexec.llm.chat import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="unknown role"):
+        ours.render([{"role": "tool", "content": "x"}])
+    with pytest.raises(ChatTemplateError):  # the sandbox refuses Python internals
+        ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])

@@ -1,0 +1,163 @@
+"""The server under load and faults, on loopback, every loop bounded: concurrent streams
+mix nothing, a full queue answers 429, a client that leaves frees its session, a timeout
+answers 504, SIGTERM drains without losing a reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from llm_support import program
+from ptexec.llm import GenerationConfig, TextLLMRunner
+from serve_support import running_server, tokenizer_folder
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+WORDS = ["robot", "storm", "Mira", "map", "tower", "waves", "birds", "fox", "moon", "lamp"]
+PROMPTS = [f"The {a} and the {b}" for a in WORDS for b in WORDS[:4]][:32]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    return tokenizer_folder(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.slow  # about 20 s on two busy cores
+def test_32_concurrent_streams_on_4_sessions_equal_each_prompt_alone(tok: Path) -> None:
+    runner = TextLLMRunner(str(program("portable")), str(tok), print_output=False)
+    alone = {}
+    for p in PROMPTS:
+        runner.reset()
+        alone[p] = runner.generate_text(
+            p, GenerationConfig(max_new_tokens=8, temperature=0, echo=False)
+        )
+    assert len(set(alone.values())) > 8  # the prompts give different answers
+
+    async def load(url: str) -> dict[str, str]:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+        async def one(prompt: str) -> tuple[str, str]:
+            stream = await client.completions.create(
+                model="tiny-llama", prompt=prompt, max_tokens=8, temperature=0, stream=True
+            )
+            return prompt, "".join([c.choices[0].text async for c in stream])
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(p) for p in PROMPTS)), 120)
+        await client.close()
+        return dict(results)
+
+    with running_server(tok, sessions=4, max_queue=64) as server:
+        got = asyncio.run(load(server.url))
+        assert server.engine.idle
+    assert got == alone  # nothing lost, nothing mixed
+
+
+def test_full_queue_answers_429_with_retry_after_and_never_hangs(tok: Path) -> None:
+    async def burst(url: str) -> list[Any]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"model": "tiny-llama", "prompt": "The robot", "max_tokens": 40,
+                    "temperature": 0, "ignore_eos": True}  # fmt: skip
+            calls = [client.post(url + "/v1/completions", json=body) for _ in range(8)]
+            return list(await asyncio.wait_for(asyncio.gather(*calls), 120))
+
+    with running_server(tok, sessions=1, max_queue=1) as server:
+        answers = asyncio.run(burst(server.url))
+    codes = sorted(r.status_code for r in answers)
+    assert codes.count(200) >= 2 and set(codes) == {200, 429}
+    for r in answers:
+        if r.status_code == 429:
+            assert r.headers["retry-after"] == "1"
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        else:
+            assert r.json()["usage"]["completion_tokens"] == 40
+
+
+def test_disconnect_mid_stream_frees_the_session(tok: Path) -> None:
+    with running_server(tok, sessions=1, max_queue=0) as server:
+        body = {"model": "tiny-llama", "prompt": "The robot", "max_tokens": 120,
+                "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+        # the one session is free again (bounded wait): the next request is served, not 429
+        for _ in range(200):
+            if server.engine.idle:
+                break
+            time.sleep(0.02)
+        assert server.engine.idle
+        r2 = httpx.post(server.url + "/v1/completions", json={**body, "stream": False,
+                        "max_tokens": 3}, timeout=60)  # fmt: skip
+        assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] == 3
+        generated = server.engine.metrics.generated_tokens
+        assert generated < 120 + 3  # the abandoned generation stopped early
+
+
+def test_timeout_answers_504_and_the_server_goes_on(tok: Path) -> None:
+    with running_server(tok, sessions=1, max_queue=2, timeout=0.05) as server:
+        body = {"model": "tiny-llama", "prompt": "The robot", "max_tokens": 120,
+                "temperature": 0, "ignore_eos": True}  # fmt: skip
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert server.engine.idle
+        metrics = server.engine.metrics.render()
+        assert 'endpoint="completions",status="504"' in metrics
+
+
+@pytest.mark.slow  # a server process of its own: about 17 s
+def test_sigterm_drains_without_losing_a_reply(tok: Path, tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
+    code = "import sys; from ptexec.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", str(program("portable")), "--tokenizer",
+            str(tok), "--port", "0", "--max-sessions", "2", "--threads", "1",
+            "--model-name", "tiny-llama", "--log-level", "error"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # "ptexec: serving 'tiny-llama' at http://127.0.0.1:PORT/v1"
+        assert "serving 'tiny-llama' at http://127.0.0.1:" in line, line
+        url = line.strip().rsplit(" ", 1)[-1].removesuffix("/v1")
+
+        async def run() -> tuple[list[str], int, int]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                body = {"model": "tiny-llama", "prompt": "The storm", "max_tokens": 60,
+                        "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+
+                async def one() -> str:
+                    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                        assert r.status_code == 200
+                        return "\n".join([x async for x in r.aiter_lines() if x])
+
+                tasks = [asyncio.ensure_future(one()) for _ in range(4)]
+                await asyncio.sleep(0.3)  # the streams are running
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.1)
+                refused = (await client.get(url + "/health")).status_code
+                late = (await client.post(url + "/v1/completions", json={**body,
+                        "stream": False})).status_code  # fmt: skip
+                return list(await asyncio.wait_for(asyncio.gather(*tasks), 120)), refused, late
+
+        replies, health, late = asyncio.run(run())
+        assert health == 503 and late == 503
+        for reply in replies:
+            events = reply.splitlines()
+            assert events[-1] == "data: [DONE]"
+            finals = [json.loads(e[6:]) for e in events[:-1]][-1]
+            assert finals["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,140 @@
+"""``POST /v1/programs/{method}``: any method over HTTP, micro-batched by ptexec.ray's rules;
+every request's rows equal ExecuTorch's runtime on that request alone, in JSON, .npy and
+safetensors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="module", params=["dynamic_mlp", "mlp"])
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    import ptexec
+    from ptexec.serve import ProgramService, Server
+
+    name = request.param
+    service = ProgramService(ptexec.load(FIXTURES / f"{name}.pte"), window=0.02)
+    server = Server(None, "127.0.0.1", 0, programs=service).start()
+    try:
+        yield name, server
+    finally:
+        server.stop()
+
+
+def executorch_rows(name: str, rows: np.ndarray) -> np.ndarray:
+    """ExecuTorch's runtime on these rows alone (a static batch of 2 padded by repeating)."""
+    runtime = pytest.importorskip("executorch.runtime")
+    method = (
+        runtime.Runtime.get().load_program(str(FIXTURES / f"{name}.pte")).load_method("forward")
+    )
+    x = torch.from_numpy(rows)
+    if name == "mlp":
+        out = []
+        for i in range(0, len(x), 2):
+            chunk = x[i : i + 2]
+            padded = (
+                torch.cat([chunk, chunk[-1:].expand(2 - len(chunk), -1)])
+                if len(chunk) < 2
+                else chunk
+            )
+            out.append(method.execute([padded])[0][: len(chunk)])
+        return torch.cat(out).numpy()
+    return method.execute([x])[0].numpy()
+
+
+def test_concurrent_requests_are_batched_and_split_back(served: tuple[str, Any]) -> None:
+    name, server = served
+    rng = np.random.default_rng(0)
+    requests = [rng.standard_normal((1 + i % 3, 8)).astype(np.float32) for i in range(12)]
+
+    async def send() -> list[Any]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            url = server.url + "/v1/programs/forward"
+            calls = [client.post(url, json={"inputs": [x.tolist()]}) for x in requests]
+            return list(await asyncio.wait_for(asyncio.gather(*calls), 60))
+
+    answers = asyncio.run(send())
+    for x, r in zip(requests, answers, strict=True):
+        assert r.status_code == 200, r.text
+        out = r.json()["outputs"][0]
+        got = np.asarray(out["data"], dtype=out["dtype"])
+        assert got.shape[0] == x.shape[0]
+        np.testing.assert_allclose(got, executorch_rows(name, x), rtol=1e-5, atol=1e-6)
+    service = server.programs
+    assert service.batched_requests == len(requests)
+    assert service.batches < len(requests)  # requests within the window shared calls
+
+
+def test_npy_and_safetensors_bodies(served: tuple[str, Any]) -> None:
+    name, server = served
+    x = np.arange(24, dtype=np.float32).reshape(3, 8) / 10
+    buf = io.BytesIO()
+    np.save(buf, x)
+    r = httpx.post(
+        server.url + "/v1/programs/forward", content=buf.getvalue(),
+        headers={"Content-Type": "application/x-npy"}, timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-npy"
+    got = np.load(io.BytesIO(r.content), allow_pickle=False)
+    np.testing.assert_allclose(got, executorch_rows(name, x), rtol=1e-5, atol=1e-6)
+    from safetensors.numpy import load, save
+
+    r = httpx.post(
+        server.url + "/v1/programs/forward", content=save({"0": x}),
+        headers={"Content-Type": "application/x-safetensors"}, timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 200
+    np.testing.assert_allclose(load(r.content)["0"], executorch_rows(name, x), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_inputs_get_errors_and_others_still_run(served: tuple[str, Any]) -> None:
+    _, server = served
+    url = server.url + "/v1/programs/forward"
+    r = httpx.post(url, json={"inputs": [[1.0, 2.0]]}, timeout=60)  # rank 1, the method takes 2
+    assert r.status_code == 400 and "dims" in r.json()["error"]["message"]
+    r = httpx.post(url, json={"inputs": [np.zeros((2, 5)).tolist()]}, timeout=60)  # 5 columns
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url, json={"inputs": []}, timeout=60)
+    assert r.status_code == 400
+    r = httpx.post(url, content=b"\x93NUMPY garbage", headers={"Content-Type": "application/x-npy"})
+    assert r.status_code == 400
+    r = httpx.post(server.url + "/v1/programs/nothing", json={"inputs": []}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "method_not_found"
+    r = httpx.post(url, json={"inputs": [np.ones((2, 8)).tolist()]}, timeout=60)
+    assert r.status_code == 200 and json.loads(r.text)["outputs"][0]["shape"][0] == 2
+
+
+def test_a_method_without_row_inputs_runs_once_per_request() -> None:
+    """A constant method (no inputs: nothing to batch) of an LLM program, called directly."""
+    import ptexec
+    from llm_support import program
+    from ptexec.serve import ProgramService
+    from ptexec.serve.programs import decode_inputs, encode_outputs
+
+    prog = ptexec.load(program("portable"))
+    service = ProgramService(prog)
+    arrays = decode_inputs(b'{"inputs": []}', "application/json", service.infos("get_max_seq_len"))
+
+    async def twice() -> list[list[np.ndarray]]:
+        return list(await asyncio.gather(*(service.call("get_max_seq_len", arrays) for _ in "ab")))
+
+    for outputs in asyncio.run(twice()):
+        body, kind = encode_outputs(outputs, "application/json")
+        want = prog.load_method("get_max_seq_len").execute([])[0]
+        assert json.loads(body)["outputs"][0]["data"] == int(want) and kind == "application/json"
+    assert service.batches == 0
+    service.close()
