@@ -28,20 +28,25 @@ Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 ShareState = Literal["auto", "never"]
 
 
+def _stamp_key(st: os.stat_result) -> tuple[int, ...]:
+    # ctime is in the key because no caller can set it back: a same-size rewrite with
+    # the old mtime restored (os.utime, touch -r, rsync, tar) still moves it.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class _FileStamp:
     """What a memory-mapped file was when it was loaded, to notice it changing on disk."""
 
     def __init__(self, path: Path, fd: int) -> None:
-        st = os.fstat(fd)
         self.path = path
-        self.key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self.key = _stamp_key(os.fstat(fd))
 
     def check(self, what: str) -> None:
         try:
             st = os.stat(self.path)
         except OSError as e:
             raise ProgramChangedError(f"{what} {self.path} is gone ({e.strerror})") from None
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.key:
+        if _stamp_key(st) != self.key:
             raise ProgramChangedError(
                 f"{what} {self.path} changed on disk since it was loaded with mmap=True; "
                 "load it again (or load without mmap to keep a private copy)"
@@ -271,7 +276,12 @@ def load(
     reaches the program; ``mmap=True`` maps them instead (copy-on-write: loading reads
     only what it needs, constants are views of the file and resident memory grows with
     the pages used), for programs too large to copy, on the condition that the files stay
-    as they are while the program lives (``load_method`` refuses a file that changed).
+    as they are while the program lives (``load_method`` refuses a file whose device,
+    inode, size, mtime or ctime changed). A mapped file truncated by another process
+    kills this process with SIGBUS (not an exception) when a constant past the new end
+    is next read; so replace a mapped file by writing a new one and renaming it over the
+    old (the mapping keeps the old file), never rewrite it in place, and load without
+    ``mmap`` a file others may rewrite.
     Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file.
     """
     view, owner, stamp = _map(source, "program", mmap)
