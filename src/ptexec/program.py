@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import mmap as _mmap
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Mapping
@@ -13,7 +15,13 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .errors import MethodNotFoundError, ProgramChangedError, PteFormatError
+from .errors import (
+    FileMissingError,
+    FileUnreadableError,
+    MethodNotFoundError,
+    ProgramChangedError,
+    PteFormatError,
+)
 from .format import program as p
 from .format.ptd import PtdFile, read_ptd
 from .format.pte import PteFile, read_pte
@@ -62,6 +70,27 @@ def _private_memory(size: int) -> Any:
     return bytearray(size)  # no such mapping here: still private, aligned as malloc aligns
 
 
+def _open(path: Path, what: str) -> io.BufferedReader:
+    """``path`` opened for reading, or the typed error saying why it cannot be: missing,
+    a directory or other file that is not a regular one (a FIFO would block), no
+    permission."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            code = errno.EISDIR if path.is_dir() else errno.EINVAL
+            raise FileUnreadableError(code, f"the {what} is {kind}", str(path))
+        f = open(path, "rb")  # noqa: SIM115 (the caller closes it: a with block)
+    except FileNotFoundError as e:
+        raise FileMissingError(e.errno, f"no such {what}", str(path)) from None
+    except FileUnreadableError:
+        raise
+    except OSError as e:
+        raise FileUnreadableError(
+            e.errno, f"cannot read the {what}: {e.strerror}", str(path)
+        ) from None
+    return f
+
+
 def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _FileStamp | None]:
     """The bytes of ``source`` as a writable memoryview, the object that owns them, and for
     a memory-mapped file its stamp.
@@ -77,7 +106,7 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
-        with open(path, "rb") as f:
+        with _open(path, what) as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise PteFormatError("header", f"{what} {path} is empty")
@@ -282,9 +311,12 @@ def load(
     is next read; so replace a mapped file by writing a new one and renaming it over the
     old (the mapping keeps the old file), never rewrite it in place, and load without
     ``mmap`` a file others may rewrite.
-    Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file.
+    Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file,
+    :class:`~ptexec.errors.FileMissingError` for a path that is not there and
+    :class:`~ptexec.errors.FileUnreadableError` for one that cannot be read (a directory,
+    no permission), each also a ``RuntimeError`` and an ``OSError``.
     """
-    view, owner, stamp = _map(source, "program", mmap)
+    view, owner, stamp = _map(source, "program file", mmap)
     with paused():
         pte = read_pte(view)
         ptd = ptd_owner = ptd_stamp = None
