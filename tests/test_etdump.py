@@ -176,11 +176,40 @@ def test_a_full_debug_buffer_fails_the_call_and_records_nothing() -> None:
 def test_timings_only_without_a_debug_buffer(tmp_path: Path) -> None:
     program = Runtime.get().load_program(fixture_paths("mlp")[0], enable_etdump=True)
     program.load_method("forward").execute(fixture_calls("mlp")[0]["inputs"])
-    program.write_etdump_result_to_file(tmp_path / "m.etdp", tmp_path / "m.bin")
+    # as ExecuTorch: no buffer, no file; unlike it, not silently
+    with pytest.warns(UserWarning, match=r"no debug buffer written to .*debug_buffer_size=0"):
+        program.write_etdump_result_to_file(tmp_path / "m.etdp", tmp_path / "m.bin")
     dump = decode_etdump((tmp_path / "m.etdp").read_bytes())
     assert [r.name for r in dump.run_data] == ["Default", "Execute"]
     assert all(isinstance(e, ProfileEvent) for r in dump.run_data for e in r.events)
-    assert not (tmp_path / "m.bin").exists()  # as ExecuTorch: no buffer, no file
+    assert not (tmp_path / "m.bin").exists()
+
+
+def test_a_debug_buffer_size_is_a_whole_number_of_bytes() -> None:
+    """NaN, 1.5, 1.0 and True are refused (ExecuTorch's bindings refuse floats too), by
+    every loader, with or without ETDump; numpy integers are sizes."""
+    import numpy as np
+
+    from ptexec import portable_lib as pl
+
+    pte = fixture_paths("mlp")[0]
+    data = pte.read_bytes()
+    loaders = [
+        lambda size, on: Runtime.get().load_program(pte, enable_etdump=on, debug_buffer_size=size),
+        lambda size, on: pl._load_program(pte, enable_etdump=on, debug_buffer_size=size),
+        lambda size, on: pl._load_program_from_buffer(data, on, size),
+        lambda size, on: pl._load_for_executorch(pte, enable_etdump=on, debug_buffer_size=size),
+        lambda size, on: pl._load_for_executorch_from_buffer(data, None, on, size),
+        lambda size, on: ETDumpRecorder(size),
+    ]
+    for load, size, on in itertools.product(loaders, [float("nan"), 1.5, 1.0, True], [True, False]):
+        with pytest.raises(TypeError, match="debug_buffer_size must be an int"):
+            load(size, on)
+    for load in loaders:
+        with pytest.raises(ValueError, match=">= 0"):
+            load(-1, True)
+        load(np.int64(4096), True)
+    assert ETDumpRecorder(np.int32(64)).debug_buffer_size == 64
 
 
 def test_etdump_needs_enabling() -> None:

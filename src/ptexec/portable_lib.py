@@ -51,7 +51,7 @@ from .errors import (
     StateError,
     UnsupportedDeviceError,
 )
-from .etdump import ETDumpRecorder
+from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format.bundled import BundledProgram, BundledTensor, BundledValue, TestCase, read_bundled
 from .kernels.registry import operator_names
 from .runtime import (
@@ -347,7 +347,7 @@ class BundledModule:
         bytes)."""
         program = self.program_bytes()
         ptd = _taken_now(data_file)
-        recorder = ETDumpRecorder(debug_buffer_size) if enable_etdump else None
+        recorder = _recorder(enable_etdump, debug_buffer_size)
         return ExecuTorchModule(lambda: load_source(program, ptd), recorder)
 
     def case(self, method_name: str, testset_idx: int) -> TestCase:
@@ -456,6 +456,7 @@ def _taken_now(data: Any) -> Any:
 
 
 def _recorder(enable_etdump: bool, debug_buffer_size: int) -> ETDumpRecorder | None:
+    check_debug_buffer_size(debug_buffer_size)  # also without ETDump, as ExecuTorch's types do
     return ETDumpRecorder(debug_buffer_size) if enable_etdump else None
 
 

@@ -34,7 +34,7 @@ from .delegates import registered_backends
 from .device import schema_device
 from .dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE
 from .errors import MethodNotFoundError, StateError
-from .etdump import ETDumpRecorder
+from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format import program as _p
 from .format.scalar_type import scalar_type_name
 from .kernels.registry import operator_names
@@ -378,6 +378,7 @@ class Runtime:
         """Load a program from a path, bytes or a binary file object. ``enable_etdump``:
         record every call as an ETDump (``debug_buffer_size`` bytes for intermediate
         values; 0 records timings only)."""
+        check_debug_buffer_size(debug_buffer_size)
         program = load_source(data, data_path)
         recorder = ETDumpRecorder(debug_buffer_size) if enable_etdump else None
         return Program(program, recorder)
