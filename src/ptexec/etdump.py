@@ -192,6 +192,7 @@ class _Recorder(Hooks):
         self.sync = False
         self.t0 = 0
         self.start = 0
+        self.step: Step | None = None
 
     def begin(self, v: list[Any]) -> None:
         self.sync = any(isinstance(x, torch.Tensor) and x.is_cuda for x in v)
@@ -200,7 +201,17 @@ class _Recorder(Hooks):
         self.start = time.perf_counter_ns()
 
     def before(self, step: Step, v: list[Any]) -> None:
+        self.step = step
         self.t0 = time.perf_counter_ns()
+
+    def node(self, name: str, start: int, end: int) -> None:
+        # as ExecuTorch's XNNPACK backend logs its operators: no name, the node named by
+        # delegate_debug_id_str, the delegate call's chain and instruction, empty metadata
+        step = self.step
+        if step is not None:
+            self.events.append(
+                ProfileEvent(None, step.chain, step.index, start, end, -1, name, b"")
+            )
 
     def after(self, step: Step, v: list[Any], result: Any) -> None:
         if self.sync:
