@@ -48,7 +48,10 @@ def _execute_block(inspector: Any) -> Any:
 
 
 def _by_instruction(block: Any, skip: set[str]) -> dict[int, Any]:
-    return {e._instruction_id: e for e in block.events if e.name not in skip}
+    """The instructions' own rows (a delegate's per-node rows left out)."""
+    return {
+        e._instruction_id: e for e in block.events if e.name not in skip and not e.is_delegated_op
+    }
 
 
 _FRAMEWORK = {"Method::execute", "OPERATOR_CALL", "Method::init", "Program::load_method"}
@@ -76,8 +79,14 @@ def test_inspector_reads_ptexec_etdump_like_executorchs(name: str, tmp_path: Pat
     # the per-operator table is the trace's: one event per executed instruction, in order
     method = ptexec.load(pte).load_method("forward")
     trace = method.trace(io["inputs"], tensors=True)
-    names = [e.name for e in block.events if e.name != "Method::execute"]
+    names = [e.name for e in block.events if e.name != "Method::execute" and not e.is_delegated_op]
     assert names == ["DELEGATE_CALL" if r.kind == "delegate" else r.name for r in trace.records]
+    # under the default runner ExecuTorch's XNNPACK backend runs the delegates, and its own
+    # per-node events are taken: the same delegated rows as in ExecuTorch's ETDump
+    delegated = [(e.name, e._instruction_id) for e in block.events if e.is_delegated_op]
+    their_rows = _execute_block(theirs).events
+    assert delegated == [(e.name, e._instruction_id) for e in their_rows if e.is_delegated_op]
+    assert bool(delegated) == (name == "xnnpack")
     assert all(len(e.perf_data.raw) == 2 for e in block.events)  # both calls, one event
 
     # intermediate values: what the trace shows, instruction by instruction

@@ -3,8 +3,11 @@
 An :class:`ETDumpRecorder` runs calls of a method and records, per call, one ETDump run
 (``"Execute"``) with one profiling event per executed instruction (the operator's name
 as ptexec's trace shows it, ``DELEGATE_CALL`` for a delegate call, as ExecuTorch names
-it; start and end in nanoseconds of a monotonic clock), a ``Method::execute`` event
-around the instructions, and, when it has a debug buffer, one debug event per value each
+it; start and end in nanoseconds of a monotonic clock), inside a delegate call one event
+per node the delegate's runner reports (no name; the node in ``delegate_debug_id_str``,
+as ExecuTorch's XNNPACK backend logs its operators: see
+:meth:`~ptexec.engine.hooks.Hooks.node`), a ``Method::execute`` event around the
+instructions, and, when it has a debug buffer, one debug event per value each
 instruction wrote (the values ptexec's trace shows) and one per output of the call::
 
     from ptexec.etdump import ETDumpRecorder

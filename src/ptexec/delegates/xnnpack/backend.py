@@ -425,6 +425,12 @@ def _prepare_executorch(
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     name = ctx.bind(runner.fn, "xnnpack")
+    timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     outs = tuple(ctx.args[k] for k in outputs)
     call = ", ".join(f"v[{slot}]" for slot in ctx.args)
-    return ctx.emit(f"{name}({call})", mutates=outs, outs=outs)
+    return ctx.emit(
+        f"{name}({call})",
+        mutates=outs,
+        outs=outs,
+        instrumented=f"{timed}(h.node, {call})" if call else f"{timed}(h.node)",
+    )

@@ -17,12 +17,17 @@ dynamic output is checked to hold its declared bound: XNNPACK may write that muc
 
 The written program keeps the payload's bytes and its named data alive (one copy, made
 at load); ExecuTorch's backend packs the weights at load as it does for any program.
+Recorded calls (an ETDump) run through a second load of the payload with ExecuTorch's
+ETDump on, made on the first such call, and take the events its backend logs per node.
 Threads: the method's lock serializes calls; ExecuTorch's XNNPACK uses ExecuTorch's
 thread pool (``portable_lib._unsafe_reset_threadpool`` sets its size).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -32,6 +37,7 @@ import torch
 from ...codegen import Sources
 from ...errors import BackendUnavailableError
 from ...format import program as p
+from ...format.etdump import ProfileEvent, decode_etdump
 from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
@@ -75,16 +81,58 @@ def executorch_unavailable() -> str | None:
 
 class EtRunner:
     """A payload loaded by ExecuTorch: ``runner(*tensors)`` runs it on the delegate call's
-    tensors (all its arguments, in order) and writes the outputs in place."""
+    tensors (all its arguments, in order) and writes the outputs in place.
+    :meth:`run_nodes` runs it and reports the events ExecuTorch's backend logs per node."""
 
-    def __init__(self, fn: Callable[..., None], source: str, method: Any, program: Any) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., None],
+        source: str,
+        method: Any,
+        program: Any,
+        traced: Callable[[], tuple[Callable[..., None], Any]] | None = None,
+    ) -> None:
         self.fn = fn
         self.source = source
         self._method = method  # ExecuTorch's Method, and the program (and bytes) it needs
         self._program = program
+        self._make_traced = traced
+        self._traced: tuple[Callable[..., None], Any] | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
+
+    def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
+        """Run the payload as ``runner(*tensors)`` does, with ExecuTorch's backend, loaded
+        once more with ExecuTorch's ETDump on (on first use: the plain runner never pays
+        for it), and ``report(name, start, end)`` each node event the backend logged
+        (XNNPACK's operator names, ``Fully Connected (NC, F32) GEMM #1``), its times moved
+        to this process's clock, where the call began."""
+        if self._traced is None:
+            if self._make_traced is None:
+                self.fn(*tensors)
+                return
+            self._traced = self._make_traced()
+        fn, program = self._traced
+        start = time.perf_counter_ns()
+        fn(*tensors)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "delegate.etdp")
+            program.write_etdump_result_to_file(path, None)
+            with open(path, "rb") as f:
+                dump = decode_etdump(f.read())
+        runs = [r for r in dump.run_data if r.name == "Execute"]
+        if not runs:
+            return
+        events = [e for e in runs[-1].events if isinstance(e, ProfileEvent)]
+        nodes = [e for e in events if e.name is None and e.delegate_debug_id_str]
+        if not nodes:
+            return
+        origin = min(e.start_time for e in events)
+        for e in nodes:
+            name = e.delegate_debug_id_str
+            assert name is not None
+            report(name, start + e.start_time - origin, start + e.end_time - origin)
 
     def __repr__(self) -> str:
         return "EtRunner(ExecuTorch XnnpackBackend)"
@@ -193,7 +241,18 @@ def build_executorch_runner(
         raise BackendUnavailableError(
             f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
         ) from None
-    return _generate(method, (program, data), tensors, outputs, names, where)
+
+    def traced() -> tuple[Callable[..., None], Any]:
+        # the same payload loaded again with ExecuTorch's ETDump, for recorded calls
+        with_events = module._load_program_from_buffer(data, enable_etdump=True)
+        runner = _generate(
+            with_events.load_method("forward"), (with_events, data), tensors, outputs, names, where
+        )
+        return runner.fn, with_events
+
+    runner = _generate(method, (program, data), tensors, outputs, names, where)
+    runner._make_traced = traced
+    return runner
 
 
 def _generate(
