@@ -48,7 +48,10 @@ def _execute_block(inspector: Any) -> Any:
 
 
 def _by_instruction(block: Any, skip: set[str]) -> dict[int, Any]:
-    return {e._instruction_id: e for e in block.events if e.name not in skip}
+    """The instructions' own rows (a delegate's per-node rows left out)."""
+    return {
+        e._instruction_id: e for e in block.events if e.name not in skip and not e.is_delegated_op
+    }
 
 
 _FRAMEWORK = {"Method::execute", "OPERATOR_CALL", "Method::init", "Program::load_method"}
@@ -76,8 +79,14 @@ def test_inspector_reads_ptexec_etdump_like_executorchs(name: str, tmp_path: Pat
     # the per-operator table is the trace's: one event per executed instruction, in order
     method = ptexec.load(pte).load_method("forward")
     trace = method.trace(io["inputs"], tensors=True)
-    names = [e.name for e in block.events if e.name != "Method::execute"]
+    names = [e.name for e in block.events if e.name != "Method::execute" and not e.is_delegated_op]
     assert names == ["DELEGATE_CALL" if r.kind == "delegate" else r.name for r in trace.records]
+    # under the default runner ExecuTorch's XNNPACK backend runs the delegates, and its own
+    # per-node events are taken: the same delegated rows as in ExecuTorch's ETDump
+    delegated = [(e.name, e._instruction_id) for e in block.events if e.is_delegated_op]
+    their_rows = _execute_block(theirs).events
+    assert delegated == [(e.name, e._instruction_id) for e in their_rows if e.is_delegated_op]
+    assert bool(delegated) == (name == "xnnpack")
     assert all(len(e.perf_data.raw) == 2 for e in block.events)  # both calls, one event
 
     # intermediate values: what the trace shows, instruction by instruction
@@ -176,11 +185,40 @@ def test_a_full_debug_buffer_fails_the_call_and_records_nothing() -> None:
 def test_timings_only_without_a_debug_buffer(tmp_path: Path) -> None:
     program = Runtime.get().load_program(fixture_paths("mlp")[0], enable_etdump=True)
     program.load_method("forward").execute(fixture_calls("mlp")[0]["inputs"])
-    program.write_etdump_result_to_file(tmp_path / "m.etdp", tmp_path / "m.bin")
+    # as ExecuTorch: no buffer, no file; unlike it, not silently
+    with pytest.warns(UserWarning, match=r"no debug buffer written to .*debug_buffer_size=0"):
+        program.write_etdump_result_to_file(tmp_path / "m.etdp", tmp_path / "m.bin")
     dump = decode_etdump((tmp_path / "m.etdp").read_bytes())
     assert [r.name for r in dump.run_data] == ["Default", "Execute"]
     assert all(isinstance(e, ProfileEvent) for r in dump.run_data for e in r.events)
-    assert not (tmp_path / "m.bin").exists()  # as ExecuTorch: no buffer, no file
+    assert not (tmp_path / "m.bin").exists()
+
+
+def test_a_debug_buffer_size_is_a_whole_number_of_bytes() -> None:
+    """NaN, 1.5, 1.0 and True are refused (ExecuTorch's bindings refuse floats too), by
+    every loader, with or without ETDump; numpy integers are sizes."""
+    import numpy as np
+
+    from ptexec import portable_lib as pl
+
+    pte = fixture_paths("mlp")[0]
+    data = pte.read_bytes()
+    loaders = [
+        lambda size, on: Runtime.get().load_program(pte, enable_etdump=on, debug_buffer_size=size),
+        lambda size, on: pl._load_program(pte, enable_etdump=on, debug_buffer_size=size),
+        lambda size, on: pl._load_program_from_buffer(data, on, size),
+        lambda size, on: pl._load_for_executorch(pte, enable_etdump=on, debug_buffer_size=size),
+        lambda size, on: pl._load_for_executorch_from_buffer(data, None, on, size),
+        lambda size, on: ETDumpRecorder(size),
+    ]
+    for load, size, on in itertools.product(loaders, [float("nan"), 1.5, 1.0, True], [True, False]):
+        with pytest.raises(TypeError, match="debug_buffer_size must be an int"):
+            load(size, on)
+    for load in loaders:
+        with pytest.raises(ValueError, match=">= 0"):
+            load(-1, True)
+        load(np.int64(4096), True)
+    assert ETDumpRecorder(np.int32(64)).debug_buffer_size == 64
 
 
 def test_etdump_needs_enabling() -> None:
@@ -254,3 +292,83 @@ def test_cuda_values_reach_the_debug_buffer() -> None:
     n = y.numel() * y.element_size()
     got = torch.frombuffer(bytearray(rec.debug_buffer()[t.offset : t.offset + n]), dtype=y.dtype)
     assert torch.equal(got.view(t.sizes), y.cpu())
+
+
+def _node_events(dump: Any) -> dict[int, list[ProfileEvent]]:
+    """Per instruction of the Execute run, its delegate's per-node events (no name, the
+    node in delegate_debug_id_str), in order."""
+    (run,) = [r for r in dump.run_data if r.name == "Execute"]
+    found: dict[int, list[ProfileEvent]] = {}
+    for e in run.events:
+        if isinstance(e, ProfileEvent) and e.name is None:
+            found.setdefault(e.instruction_id, []).append(e)
+    return found
+
+
+def test_xnnpack_nodes_are_delegate_events_the_inspector_shows(tmp_path: Path) -> None:
+    """ptexec's XNNPACK runner reports each node it runs, as ExecuTorch's XNNPACK backend
+    does: an event per node inside its DELEGATE_CALL (same chain and instruction, named by
+    delegate_debug_id_str), as many per call and numbered as in ExecuTorch's own ETDump of
+    the same file, and the Inspector shows each as a delegated row."""
+    inspector_cls = _inspector()
+    from executorch.runtime import Runtime as ETRuntime
+
+    pte, etrecord = COMPAT / "xnnpack.pte", str(COMPAT / "xnnpack.etrecord")
+    io = _io("xnnpack")
+    method = ptexec.load(pte).load_method(xnnpack="torch")
+    rec = ETDumpRecorder(1 << 20)
+    got = rec.execute(method, io["inputs"])
+    assert compare_outputs(list(got), io["outputs"], 1e-5, 1e-5) is None
+    etdp, dbg = tmp_path / "ours.etdp", tmp_path / "ours.bin"
+    rec.write(etdp, dbg)
+    ours = _node_events(decode_etdump(etdp.read_bytes()))
+    et_etdp, _, _ = _dump(ETRuntime.get(), pte, io["inputs"], tmp_path, "executorch", calls=1)
+    theirs = _node_events(decode_etdump(et_etdp.read_bytes()))
+
+    assert sorted(ours) == sorted(theirs) and ours
+    for index, nodes in ours.items():
+        ordinals = [e.delegate_debug_id_str.rsplit("#", 1)[1] for e in nodes]  # type: ignore[union-attr]
+        assert ordinals == [e.delegate_debug_id_str.rsplit("#", 1)[1] for e in theirs[index]]  # type: ignore[union-attr]
+    assert [e.delegate_debug_id_str for e in ours[5]] == [
+        "Multiply #1",
+        "FullyConnected #1",
+        "Add #1",
+    ]  # XNNPACK's own names: "Multiply (ND) #1", "Fully Connected (NC, F32) GEMM #1", ...
+    (run,) = [r for r in decode_etdump(etdp.read_bytes()).run_data if r.name == "Execute"]
+    calls = {e.instruction_id: e for e in run.events if getattr(e, "name", 0) == "DELEGATE_CALL"}
+    for index, nodes in ours.items():
+        call = calls[index]
+        assert all(e.chain_index == call.chain_index == 0 for e in nodes)
+        assert all(call.start_time <= e.start_time <= e.end_time <= call.end_time for e in nodes)
+        assert all(
+            e.delegate_debug_id_int == -1 and e.delegate_debug_metadata == b"" for e in nodes
+        )
+
+    inspector = inspector_cls(etdump_path=str(etdp), debug_buffer_path=str(dbg), etrecord=etrecord)
+    rows = [e for e in _execute_block(inspector).events if e.is_delegated_op]
+    assert [r.name for r in rows] == [
+        e.delegate_debug_id_str for i in sorted(ours) for e in ours[i]
+    ]
+    assert {r.delegate_backend_name for r in rows} == {"XnnpackBackend"}
+    names = [e.name for e in _execute_block(inspector).events]
+    assert names.count("DELEGATE_CALL") == len(ours)  # the call's own row stays
+
+
+@pytest.mark.parametrize(
+    "name", ["cnn_int8_static_pc", "dwnet_int8_static_pt", "dynamic_mlp_int8_dynamic_pc"]
+)
+def test_xnnpack_nodes_timed_compute_what_execute_computes(name: str) -> None:
+    """The timed variant runs the very statements of the plain one (int8 graphs: table
+    lookups, per-token quantization): the same outputs, bit for bit, with an event per
+    node."""
+    pte = FIXTURES_DIR / "xnnpack" / f"{name}.pte"
+    call = torch.load(pte.with_suffix(".io.pt"), weights_only=True)["calls"][0]
+    method = ptexec.load(pte).load_method(xnnpack="torch")
+    plain = method.execute(call["inputs"])
+    rec = ETDumpRecorder()
+    recorded = rec.execute(method, call["inputs"])
+    assert all(torch.equal(a, b) for a, b in zip(plain, recorded, strict=True))
+    # and ExecuTorch's own runtime computes exactly these (recorded with the fixture)
+    assert all(torch.equal(a, b) for a, b in zip(recorded, call["executorch"], strict=True))
+    nodes = _node_events(rec.etdump())
+    assert nodes and all(all(e.delegate_debug_id_str for e in es) for es in nodes.values())

@@ -16,6 +16,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -317,6 +318,33 @@ def test_a_mapped_file_that_changed_is_refused_at_load_method(tmp_path: Path) ->
     with pytest.raises(ptexec.errors.ProgramChangedError, match="changed on disk"):
         prog.load_method()
     assert isinstance(ptexec.errors.ProgramChangedError("x"), RuntimeError)
+
+
+def test_a_same_size_rewrite_with_its_mtime_restored_is_refused(tmp_path: Path) -> None:
+    """Other bytes of the same size written in place, then the old mtime set back (as
+    ``touch -r``, rsync or tar do): the ctime still moved, so the mapped program refuses."""
+    path = tmp_path / "model.pte"
+    data = fixture_paths("mlp")[0].read_bytes()
+    path.write_bytes(data)
+    before = os.stat(path)
+    prog = ptexec.load(path, mmap=True)
+    prog.load_method()
+    other = data[:64] + bytes([0x3F]) * (len(data) - 64)
+    for _ in range(1000):  # ctime ticks with the kernel's clock: write until it moved
+        with open(path, "r+b") as f:
+            f.write(other)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        if os.stat(path).st_ctime_ns != before.st_ctime_ns:
+            break
+        time.sleep(0.001)
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+    with pytest.raises(ptexec.errors.ProgramChangedError, match="changed on disk"):
+        prog.load_method()
 
 
 def test_a_read_program_owns_its_memory(tmp_path: Path) -> None:

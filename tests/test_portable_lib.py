@@ -255,3 +255,103 @@ def test_module_from_a_bundle_and_bundled_inputs(tmp_path: Any) -> None:
     module.write_etdump_result_to_file(str(tmp_path / "b.etdp"), str(tmp_path / "b.bin"))
     runs = decode_etdump((tmp_path / "b.etdp").read_bytes()).run_data
     assert [r.bundled_input_index for r in runs if r.name == "Execute"] == [-1, 2]
+
+
+# ---- what the loaders take from the caller ---------------------------------------------
+
+
+def _writable_buffers(data: bytes) -> list[Any]:
+    return [bytearray(data), memoryview(bytearray(data))]
+
+
+def test_a_callers_writable_buffer_is_copied_by_every_loader() -> None:
+    """Zeroing the bytearray or memoryview a program was loaded from changes nothing, for
+    programs (read now), modules (read on first use) and their ``.ptd`` bytes; ExecuTorch's
+    own ``Runtime.load_program`` copies a bytearray too."""
+    from ptexec.runtime import Runtime
+
+    name = "external"
+    pte, ptd = (p.read_bytes() for p in fixture_paths(name)[:2])
+    call = fixture_calls(name)[0]
+    for buffer, data_map in zip(_writable_buffers(pte), _writable_buffers(ptd), strict=True):
+        module = pl._load_for_executorch_from_buffer(buffer, data_map)
+        for b in (buffer, data_map):
+            b[:] = bytes(len(b))  # before the module's first use
+        assert (
+            compare_outputs(module.forward(call["inputs"]), call["outputs"], *tolerance(name))
+            is None
+        )
+    mlp = fixture_paths("mlp")[0].read_bytes()
+    mcall = fixture_calls("mlp")[0]
+    for buffer in _writable_buffers(mlp):
+        programs = [pl._load_program_from_buffer(buffer)]
+        if isinstance(buffer, bytearray):
+            programs.append(Runtime.get().load_program(buffer))  # type: ignore[arg-type]
+        buffer[:] = bytes(len(buffer))
+        for program in programs:
+            method = program.load_method("forward")
+            run = method.call if isinstance(method, pl.ExecuTorchMethod) else method.execute
+            assert (
+                compare_outputs(run(mcall["inputs"]), mcall["outputs"], *tolerance("mlp")) is None
+            )
+
+
+def _loaders(ext: Any) -> dict[str, Any]:
+    import ptexec
+    from ptexec.runtime import Runtime
+
+    ext_bytes = ext.read_bytes()
+    return {
+        "ptexec.load": lambda p: ptexec.load(p),
+        "ptexec.load mmap": lambda p: ptexec.load(p, mmap=True),
+        "ptexec.load data_path": lambda p: ptexec.load(ext, data_path=p),
+        "Runtime.load_program": lambda p: Runtime.get().load_program(p),
+        "Runtime.load_program data_path": lambda p: Runtime.get().load_program(ext, data_path=p),
+        "_load_program": lambda p: pl._load_program(p),
+        "_load_program data_path": lambda p: pl._load_program(ext, data_path=p),
+        "_load_program_from_buffer data_path": lambda p: pl._load_program_from_buffer(
+            ext_bytes, data_path=p
+        ),
+        "_load_for_executorch": lambda p: pl._load_for_executorch(p).method_names(),
+        "_load_for_executorch data_path": lambda p: pl._load_for_executorch(ext, p).method_names(),
+    }
+
+
+@pytest.mark.parametrize("case", ["directory", "missing", "unreadable"])
+def test_every_loader_says_why_a_file_cannot_be_read(
+    case: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory, a missing path or a file without read permission: one typed ptexec
+    error from every loading entry point, a ``RuntimeError`` as ExecuTorch raises, and
+    still the ``OSError`` it was (errno, filename)."""
+    import errno
+
+    import ptexec.program
+    from ptexec.errors import FileMissingError, FileUnreadableError, PtexecError
+
+    path = tmp_path / "model.pte"
+    if case == "directory":
+        path.mkdir()
+        kind, code, words = FileUnreadableError, errno.EISDIR, "is a directory"
+        with pytest.raises(RuntimeError):  # ExecuTorch's runtime refuses it too
+            _et()._load_program(str(path))
+    elif case == "missing":
+        kind, code, words = FileMissingError, errno.ENOENT, "no such"
+    else:
+        path.write_bytes(fixture_paths("mlp")[0].read_bytes())
+        real_open = open
+
+        def no_permission(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(file) == str(path):  # as chmod 000 does, which root would not feel
+                raise PermissionError(errno.EACCES, "Permission denied", str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(ptexec.program, "open", no_permission, raising=False)
+        kind, code, words = FileUnreadableError, errno.EACCES, "Permission denied"
+    for name, load in _loaders(fixture_paths("external")[0]).items():
+        with pytest.raises(kind) as e:
+            load(path)
+        err = e.value
+        assert isinstance(err, PtexecError) and isinstance(err, RuntimeError), name
+        assert isinstance(err, OSError) and err.errno == code, name
+        assert err.filename == str(path) and words in str(err), name

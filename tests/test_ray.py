@@ -297,6 +297,54 @@ def test_bad_rows_recorded_and_the_rest_computed() -> None:
     assert mapper.stats.failed_rows == 2
 
 
+@pytest.mark.parametrize("name", ["mlp", "dynamic_mlp"])
+def test_a_batch_of_only_missing_rows_has_the_columns_of_a_good_one(name: str) -> None:
+    """Rows all None, or the NaN float array Ray makes of a block of null rows: every row
+    recorded as missing, outputs NaN in the shape a good batch's rows have (so that Ray can
+    concatenate the blocks), whether or not a good batch came first."""
+    good = rows_of(name)
+    want = eager(name)
+    missing = {
+        "None rows": [None] * 3,
+        "Ray's null block": np.full(3, np.nan, dtype=np.float32),
+    }
+    for first_good in (True, False):
+        for what, col in missing.items():
+            mapper = PteMapper(pte(name), inputs=["x"], outputs=["y"], on_error="record")
+            if first_good:
+                assert_rows_close(mapper({"x": good})["y"], want, name)
+            out = mapper({"x": col})
+            assert out["y"].shape == (3, *want.shape[1:]), (what, first_good)
+            assert out["y"].dtype == want.dtype and np.isnan(out["y"]).all()
+            assert all("no value (None)" in e for e in out["error"]), what
+            assert_rows_close(mapper({"x": good})["y"], want, name)  # and it carries on
+    raising = PteMapper(pte(name), inputs=["x"], outputs=["y"])
+    with pytest.raises(RowError, match=r"row 0: .*no value \(None\)"):
+        raising({"x": missing["Ray's null block"]})
+    # a rank-1 input takes a float column as data, NaN or not: no rows are missing there
+    scalar_rows = PteMapper(pte("dynamic_unbound"), inputs=["x"], outputs=[None, "c"])
+    assert np.isnan(scalar_rows({"x": np.full(6, np.nan, np.float32)})["c"]).all()
+
+
+def test_an_error_column_that_would_overwrite_a_column_is_refused() -> None:
+    ok = {"inputs": ["x"], "outputs": ["y"], "on_error": "record"}
+    for clash in (
+        {"error_column": "y"},
+        {"error_column": "x"},
+        {"error_column": "key", "id_column": "key"},
+        {"error_column": "key", "keep_columns": ["key"]},
+    ):
+        with pytest.raises(ColumnError, match=r"error_column .* is also") as e:
+            PteMapper(pte("mlp"), **{**ok, **clash})  # type: ignore[arg-type]
+        assert e.value.column == clash["error_column"]
+    assert "y" in PteMapper(pte("mlp"), inputs=["x"], outputs=["y"], error_column="y")(
+        {"x": rows_of("mlp")}
+    )  # without on_error="record" no error column is written
+    kept = PteMapper(pte("mlp"), **ok)  # type: ignore[arg-type]
+    with pytest.raises(ColumnError, match="a column 'error', which error_column would"):
+        kept({"x": rows_of("mlp"), "error": np.zeros(len(rows_of("mlp")))})
+
+
 def test_a_row_the_program_fails_on_is_found_by_running_rows_alone() -> None:
     """An embedding index out of range fails the whole call (ExecutionError); each row is
     then run alone, so only that row fails and its neighbour in the call still gets its
@@ -514,6 +562,41 @@ def test_ray_bad_rows_recorded(ray_cluster: Any) -> None:
     got = np.stack(out["y"].to_numpy()[good])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert np.isnan(np.stack(out["y"].to_numpy()[sorted(bad)])).all()
+
+
+@pytest.mark.ray
+def test_ray_blocks_of_null_rows_recorded_and_concatenated(ray_cluster: Any) -> None:
+    """Blocks whose rows are all null (Ray hands them over as NaN float arrays) and blocks
+    with some null rows: recorded, NaN rows of the good rows' shape, one dataset. (A batch
+    per block: Ray itself cannot concatenate a null block's input column with a tensor
+    one, before any mapper sees it.)"""
+    from ptexec.ray import map_program
+
+    x = np.random.default_rng(5).standard_normal((40, 8)).astype(np.float32)
+    null = set(range(10, 20)) | {25, 33}  # block 1 all null, blocks 2 and 3 partly
+    items = [{"id": i, "x": None if i in null else x[i]} for i in range(len(x))]
+    ds = ray_cluster.data.from_items(items, override_num_blocks=4)
+    mapped = map_program(
+        ds,
+        pte("mlp"),
+        inputs=["x"],
+        outputs=["y"],
+        keep_columns=["id"],
+        on_error="record",
+        batch_size=10,
+    )
+    out = frame_by_id(mapped)
+    assert list(out["id"]) == list(range(len(x)))
+    failed = {int(i) for i in out.loc[out["error"].notna(), "id"]}
+    assert failed == null
+    y = np.stack(out["y"].to_numpy())
+    assert y.shape == (len(x), 4) and np.isnan(y[sorted(null)]).all()
+    good = [i for i in range(len(x)) if i not in null]
+    np.testing.assert_allclose(y[good], single_process("mlp", x[good], 2), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ColumnError, match="error_column 'y' is also an output column"):
+        map_program(
+            ds, pte("mlp"), inputs=["x"], outputs=["y"], on_error="record", error_column="y"
+        )
 
 
 @pytest.mark.ray

@@ -23,6 +23,7 @@ __all__ = [
     "DeviceUnavailableError",
     "ExecutionError",
     "FileMissingError",
+    "FileUnreadableError",
     "GenerationError",
     "InputError",
     "InstructionLimitError",
@@ -86,6 +87,11 @@ class MethodNotFoundError(NotFoundError):
 
 class FileMissingError(PtexecError, FileNotFoundError, RuntimeError):
     """A program or data file that does not exist (``errno``, ``filename`` as the OS said)."""
+
+
+class FileUnreadableError(PtexecError, OSError, RuntimeError):
+    """A program or data file that is there but cannot be read: a directory, no
+    permission, an I/O error (``errno``, ``strerror``, ``filename`` as the OS said)."""
 
 
 class OperatorMissingError(PtexecError, RuntimeError):

@@ -3,8 +3,11 @@
 An :class:`ETDumpRecorder` runs calls of a method and records, per call, one ETDump run
 (``"Execute"``) with one profiling event per executed instruction (the operator's name
 as ptexec's trace shows it, ``DELEGATE_CALL`` for a delegate call, as ExecuTorch names
-it; start and end in nanoseconds of a monotonic clock), a ``Method::execute`` event
-around the instructions, and, when it has a debug buffer, one debug event per value each
+it; start and end in nanoseconds of a monotonic clock), inside a delegate call one event
+per node the delegate's runner reports (no name; the node in ``delegate_debug_id_str``,
+as ExecuTorch's XNNPACK backend logs its operators: see
+:meth:`~ptexec.engine.hooks.Hooks.node`), a ``Method::execute`` event around the
+instructions, and, when it has a debug buffer, one debug event per value each
 instruction wrote (the values ptexec's trace shows) and one per output of the call::
 
     from ptexec.etdump import ETDumpRecorder
@@ -32,9 +35,11 @@ ExecuTorch.
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,9 +65,21 @@ if TYPE_CHECKING:
     from .engine.state import MethodState
     from .method import Method
 
-__all__ = ["DEBUG_ALIGNMENT", "DebugBuffer", "ETDumpRecorder"]
+__all__ = ["DEBUG_ALIGNMENT", "DebugBuffer", "ETDumpRecorder", "check_debug_buffer_size"]
 
 DEBUG_ALIGNMENT = 64  # byte alignment of every tensor in the debug buffer
+
+
+def check_debug_buffer_size(size: Any) -> int:
+    """``size`` as a number of bytes, or the error saying why it is not one: an integer
+    (not a bool, not a float, even 1.0: a size is counted, not measured) and >= 0."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        raise TypeError(
+            f"debug_buffer_size must be an int number of bytes, not {type(size).__name__} {size!r}"
+        )
+    if size < 0:
+        raise ValueError(f"debug_buffer_size must be >= 0, got {size}")
+    return int(size)
 
 
 class DebugBuffer:
@@ -72,9 +89,7 @@ class DebugBuffer:
     bytes are assembled only then (:meth:`getvalue`)."""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"debug_buffer_size must be >= 0, got {capacity}")
-        self.capacity = capacity
+        self.capacity = check_debug_buffer_size(capacity)
         self._chunks: list[tuple[int, torch.Tensor]] = []  # (offset, contiguous host copy)
         self._end = 0
 
@@ -180,6 +195,7 @@ class _Recorder(Hooks):
         self.sync = False
         self.t0 = 0
         self.start = 0
+        self.step: Step | None = None
 
     def begin(self, v: list[Any]) -> None:
         self.sync = any(isinstance(x, torch.Tensor) and x.is_cuda for x in v)
@@ -188,7 +204,17 @@ class _Recorder(Hooks):
         self.start = time.perf_counter_ns()
 
     def before(self, step: Step, v: list[Any]) -> None:
+        self.step = step
         self.t0 = time.perf_counter_ns()
+
+    def node(self, name: str, start: int, end: int) -> None:
+        # as ExecuTorch's XNNPACK backend logs its operators: no name, the node named by
+        # delegate_debug_id_str, the delegate call's chain and instruction, empty metadata
+        step = self.step
+        if step is not None:
+            self.events.append(
+                ProfileEvent(None, step.chain, step.index, start, end, -1, name, b"")
+            )
 
     def after(self, step: Step, v: list[Any], result: Any) -> None:
         if self.sync:
@@ -302,7 +328,17 @@ class ETDumpRecorder:
         debug_buffer_path: str | os.PathLike[str] | None = None,
     ) -> None:
         """Write the ETDump (and, with a debug buffer, its bytes to ``debug_buffer_path``),
-        then clear what was recorded."""
+        then clear what was recorded. A ``debug_buffer_path`` without a debug buffer
+        (``debug_buffer_size=0``) writes no such file and warns: ExecuTorch's scripts pass
+        both paths whatever the size, and its runtime accepts that silently."""
+        if debug_buffer_path is not None and self._buffer.capacity == 0:
+            warnings.warn(
+                f"no debug buffer written to {os.fspath(debug_buffer_path)!r}: the program "
+                "was loaded with debug_buffer_size=0, so no values were recorded (load it "
+                "with enable_etdump=True and a debug_buffer_size in bytes to record them)",
+                UserWarning,
+                stacklevel=2,
+            )
         with self._lock:
             data = encode_etdump(ETDump(tuple(self._runs)))
             with open(etdump_path, "wb") as f:

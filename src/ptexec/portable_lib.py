@@ -8,7 +8,10 @@ Scripts written for ExecuTorch's older Python bindings switch by one import::
 
 Modules (``_load_for_executorch*``) read their program on first use, as ExecuTorch's do,
 and load each method once, lazily; programs (``_load_program*``) read and validate it at
-once and give a new method on every ``load_method``. ``clone_outputs=False`` returns
+once and give a new method on every ``load_method``. A ``bytearray`` or ``memoryview``
+given as a program or its ``.ptd`` is copied when the loader is called (ExecuTorch's
+bindings take only ``bytes``; a copy keeps the same guarantee: later changes to the
+caller's buffer cannot reach the program). ``clone_outputs=False`` returns
 views of the method's memory (valid until its next call), as ExecuTorch returns aliases.
 Devices follow ptexec's rules everywhere (a CUDA program's buffers live on its GPU,
 unplanned inputs are shared, outputs come back on their device); an input on a device
@@ -48,7 +51,7 @@ from .errors import (
     StateError,
     UnsupportedDeviceError,
 )
-from .etdump import ETDumpRecorder
+from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format.bundled import BundledProgram, BundledTensor, BundledValue, TestCase, read_bundled
 from .kernels.registry import operator_names
 from .runtime import (
@@ -344,8 +347,9 @@ class BundledModule:
         """A module running the bundle's program (``data_file``: its ``.ptd``, a path or
         bytes)."""
         program = self.program_bytes()
-        recorder = ETDumpRecorder(debug_buffer_size) if enable_etdump else None
-        return ExecuTorchModule(lambda: load_source(program, data_file), recorder)
+        ptd = _taken_now(data_file)
+        recorder = _recorder(enable_etdump, debug_buffer_size)
+        return ExecuTorchModule(lambda: load_source(program, ptd), recorder)
 
     def case(self, method_name: str, testset_idx: int) -> TestCase:
         suite = self._bundled.suite(method_name)
@@ -446,7 +450,14 @@ def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
 # ---- loaders ---------------------------------------------------------------------------
 
 
+def _taken_now(data: Any) -> Any:
+    """The bytes of a caller's writable buffer as they are now (a module reads its
+    program on first use, and the caller may change the buffer before that)."""
+    return bytes(data) if isinstance(data, bytearray | memoryview) else data
+
+
 def _recorder(enable_etdump: bool, debug_buffer_size: int) -> ETDumpRecorder | None:
+    check_debug_buffer_size(debug_buffer_size)  # also without ETDump, as ExecuTorch's types do
     return ETDumpRecorder(debug_buffer_size) if enable_etdump else None
 
 
@@ -471,10 +482,12 @@ def _load_for_executorch_from_buffer(
     debug_buffer_size: int = 0,
     program_verification: Verification = Verification.InternalConsistency,
 ) -> ExecuTorchModule:
-    """A module for the program in ``buffer`` (and its ``.ptd`` bytes)."""
-    data = bytes(buffer) if isinstance(buffer, memoryview) else buffer
+    """A module for the program in ``buffer`` (and its ``.ptd`` bytes), both copied now
+    when they are a ``bytearray`` or ``memoryview``: the module reads them on first use,
+    and a caller's later changes must not reach it."""
+    data, ptd = _taken_now(buffer), _taken_now(data_map_buffer)
     return ExecuTorchModule(
-        lambda: load_source(data, data_map_buffer), _recorder(enable_etdump, debug_buffer_size)
+        lambda: load_source(data, ptd), _recorder(enable_etdump, debug_buffer_size)
     )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import mmap as _mmap
 import os
+import stat
 import threading
 import warnings
 from collections.abc import Mapping
@@ -13,7 +15,13 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
-from .errors import MethodNotFoundError, ProgramChangedError, PteFormatError
+from .errors import (
+    FileMissingError,
+    FileUnreadableError,
+    MethodNotFoundError,
+    ProgramChangedError,
+    PteFormatError,
+)
 from .format import program as p
 from .format.identify import describe
 from .format.ptd import PtdFile, read_ptd
@@ -29,20 +37,25 @@ Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 ShareState = Literal["auto", "never"]
 
 
+def _stamp_key(st: os.stat_result) -> tuple[int, ...]:
+    # ctime is in the key because no caller can set it back: a same-size rewrite with
+    # the old mtime restored (os.utime, touch -r, rsync, tar) still moves it.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class _FileStamp:
     """What a memory-mapped file was when it was loaded, to notice it changing on disk."""
 
     def __init__(self, path: Path, fd: int) -> None:
-        st = os.fstat(fd)
         self.path = path
-        self.key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self.key = _stamp_key(os.fstat(fd))
 
     def check(self, what: str) -> None:
         try:
             st = os.stat(self.path)
         except OSError as e:
             raise ProgramChangedError(f"{what} {self.path} is gone ({e.strerror})") from None
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.key:
+        if _stamp_key(st) != self.key:
             raise ProgramChangedError(
                 f"{what} {self.path} changed on disk since it was loaded with mmap=True; "
                 "load it again (or load without mmap to keep a private copy)"
@@ -56,6 +69,27 @@ def _private_memory(size: int) -> Any:
     if flags:
         return _mmap.mmap(-1, size, flags=flags)
     return bytearray(size)  # no such mapping here: still private, aligned as malloc aligns
+
+
+def _open(path: Path, what: str) -> io.BufferedReader:
+    """``path`` opened for reading, or the typed error saying why it cannot be: missing,
+    a directory or other file that is not a regular one (a FIFO would block), no
+    permission."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            code = errno.EISDIR if path.is_dir() else errno.EINVAL
+            raise FileUnreadableError(code, f"the {what} is {kind}", str(path))
+        f = open(path, "rb")  # noqa: SIM115 (the caller closes it: a with block)
+    except FileNotFoundError as e:
+        raise FileMissingError(e.errno, f"no such {what}", str(path)) from None
+    except FileUnreadableError:
+        raise
+    except OSError as e:
+        raise FileUnreadableError(
+            e.errno, f"cannot read the {what}: {e.strerror}", str(path)
+        ) from None
+    return f
 
 
 def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _FileStamp | None]:
@@ -73,7 +107,7 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
-        with open(path, "rb") as f:
+        with _open(path, what) as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise PteFormatError("header", f"{what} {path}: {describe(b'')}")
@@ -272,10 +306,18 @@ def load(
     reaches the program; ``mmap=True`` maps them instead (copy-on-write: loading reads
     only what it needs, constants are views of the file and resident memory grows with
     the pages used), for programs too large to copy, on the condition that the files stay
-    as they are while the program lives (``load_method`` refuses a file that changed).
-    Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file.
+    as they are while the program lives (``load_method`` refuses a file whose device,
+    inode, size, mtime or ctime changed). A mapped file truncated by another process
+    kills this process with SIGBUS (not an exception) when a constant past the new end
+    is next read; so replace a mapped file by writing a new one and renaming it over the
+    old (the mapping keeps the old file), never rewrite it in place, and load without
+    ``mmap`` a file others may rewrite.
+    Raises :class:`~ptexec.errors.PteFormatError` for any defect in either file,
+    :class:`~ptexec.errors.FileMissingError` for a path that is not there and
+    :class:`~ptexec.errors.FileUnreadableError` for one that cannot be read (a directory,
+    no permission), each also a ``RuntimeError`` and an ``OSError``.
     """
-    view, owner, stamp = _map(source, "program", mmap)
+    view, owner, stamp = _map(source, "program file", mmap)
     with paused():
         pte = read_pte(view)
         ptd = ptd_owner = ptd_stamp = None

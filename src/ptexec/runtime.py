@@ -33,8 +33,8 @@ from . import program as _program
 from .delegates import registered_backends
 from .device import schema_device
 from .dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE
-from .errors import FileMissingError, MethodNotFoundError, StateError
-from .etdump import ETDumpRecorder
+from .errors import MethodNotFoundError, StateError
+from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format import program as _p
 from .format.scalar_type import scalar_type_name
 from .kernels.registry import operator_names
@@ -233,10 +233,12 @@ def load_method(
 
 def load_source(
     data: bytes | bytearray | BinaryIO | Path | str | os.PathLike[str] | memoryview,
-    data_path: str | os.PathLike[str] | bytes | bytearray | None = None,
+    data_path: str | os.PathLike[str] | bytes | bytearray | memoryview | None = None,
 ) -> _program.Program:
-    """:func:`ptexec.load`, with a missing file reported as a :class:`FileMissingError`
-    (both a ``FileNotFoundError`` and, as ExecuTorch's, a ``RuntimeError``)."""
+    """:func:`ptexec.load` as ExecuTorch's Python APIs load: a caller's writable buffer
+    (``bytearray``, ``memoryview``) is copied, never used in place, so changing it
+    afterwards cannot reach the program (ExecuTorch's ``Runtime.load_program`` copies a
+    bytearray too; :func:`ptexec.load` itself uses one in place, as it documents)."""
     if not isinstance(data, str | os.PathLike | bytes | bytearray | memoryview) and not hasattr(
         data, "read"
     ):
@@ -244,12 +246,14 @@ def load_source(
             "expected a program as bytes, bytearray, a path to a .pte file or a file-like "
             f"object, got {type(data).__name__}"
         )
-    try:
-        return _program.load(data, data_path=data_path)
-    except FileNotFoundError as e:
-        if isinstance(e, FileMissingError):
-            raise
-        raise FileMissingError(e.errno, e.strerror, e.filename) from None
+    return _program.load(private_bytes(data), data_path=private_bytes(data_path))
+
+
+def private_bytes(data: Any) -> Any:
+    """``data`` itself, or for a caller's writable buffer a private copy of its bytes."""
+    if isinstance(data, bytearray | memoryview):
+        return bytearray(data)
+    return data
 
 
 def write_etdump(
@@ -374,6 +378,7 @@ class Runtime:
         """Load a program from a path, bytes or a binary file object. ``enable_etdump``:
         record every call as an ETDump (``debug_buffer_size`` bytes for intermediate
         values; 0 records timings only)."""
+        check_debug_buffer_size(debug_buffer_size)
         program = load_source(data, data_path)
         recorder = ETDumpRecorder(debug_buffer_size) if enable_etdump else None
         return Program(program, recorder)

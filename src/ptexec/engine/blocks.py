@@ -92,7 +92,8 @@ def compile_chain(
                     lines.append(f"    return {nxt} if {st.code} else {target}")
                 tail = None
             else:
-                for part in st.code.splitlines():
+                code = st.instrumented if hooked and st.instrumented is not None else st.code
+                for part in code.splitlines():
                     lineno[len(lines) + 1] = i
                     lines.append("    " + part)
                 if hooked:

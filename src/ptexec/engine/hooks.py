@@ -80,6 +80,12 @@ class Hooks:
     def after(self, step: Step, v: list[Any], result: Any) -> None:
         """``step`` ran; ``result`` is a jump's condition (None for other instructions)."""
 
+    def node(self, name: str, start: int, end: int) -> None:
+        """A node of the delegate call now running (between its ``before`` and ``after``)
+        ran from ``start`` to ``end`` (:func:`time.perf_counter_ns`); ``name`` says which
+        (``FullyConnected #2``: its type, and its place among the nodes of that type).
+        Delegates whose runner knows its nodes report them; others report none."""
+
     def end(self, v: list[Any]) -> None:
         """The last instruction ran; the outputs are about to be collected."""
 

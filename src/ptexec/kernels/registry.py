@@ -71,6 +71,9 @@ class Emission:
     ``prune``: for a statement that can skip writing some of its ``outs``, the statement
     that does not write the given ones (used for outputs nothing reads, e.g. batch norm's
     saved statistics). ``reads`` None means unknown (nothing is proven of such a statement).
+    ``instrumented``: the statement the instrumented blocks run instead, when the
+    instruction has steps of its own to report (a delegate's nodes): the same work, also
+    calling the tool's hooks (``h``, see :meth:`ptexec.engine.hooks.Hooks.node`).
     """
 
     code: str
@@ -82,6 +85,7 @@ class Emission:
     pure: bool = False
     prune: Callable[[frozenset[int]], str] | None = None
     reads: tuple[int, ...] | None = None
+    instrumented: str | None = None
 
 
 class UnsupportedKernel(Exception):
@@ -149,9 +153,11 @@ class KernelContext:
         outs: Iterable[int] = (),
         pure: bool = False,
         prune: Callable[[frozenset[int]], str] | None = None,
+        instrumented: str | None = None,
     ) -> Emission:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
-        place (leave it None only when unknown), ``outs`` those of them it does not read."""
+        place (leave it None only when unknown), ``outs`` those of them it does not read;
+        ``instrumented``: see :class:`Emission`."""
         outs = tuple(outs)
         return Emission(
             code,
@@ -163,6 +169,7 @@ class KernelContext:
             pure,
             prune,
             self.reads(outs),
+            instrumented,
         )
 
     def referenced(self) -> tuple[int, ...]:

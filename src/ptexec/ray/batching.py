@@ -20,7 +20,12 @@ that fails while running (:class:`~ptexec.errors.ExecutionError`) is retried one
 time, so the rows that fail on their own are found and every other row still gets its
 outputs; those rows raise :class:`~ptexec.errors.RowError` or, with ``on_error="record"``,
 get an error message in the error column and fill values in the output columns (NaN for
-floating outputs, 0 or False otherwise, None in columns of varying shape).
+floating outputs, 0 or False otherwise, None in columns of varying shape). A missing row
+(None; a block of null rows reaches a mapper as a float array of NaN, one per row) is
+such a row; a batch of only missing rows says nothing of how rows reach the method, so
+it takes the way the batch before it took, or before any, the way the method's shapes
+allow (batched when every input and kept output carries the rows along dim 0), and its
+fill values have the shape a good batch's rows would have.
 
 Column problems that concern every row (a missing column, a shape or dtype that cannot fit
 the input, an output without the rows' dimension) raise
@@ -142,7 +147,17 @@ class Batcher:
             raise ValueError(f"pad must be 'auto' or 'always', not {pad!r}")
         if cast not in ("no", "same_kind", "unsafe"):
             raise ValueError(f"cast must be 'no', 'same_kind' or 'unsafe', not {cast!r}")
-        check_mapping(method, input_infos, output_infos, inputs, outputs)
+        check_mapping(
+            method,
+            input_infos,
+            output_infos,
+            inputs,
+            outputs,
+            on_error=on_error,
+            error_column=error_column,
+            id_column=id_column,
+            keep_columns=keep_columns,
+        )
         self._execute = execute
         self._method = method
         self._output_infos = tuple(output_infos)
@@ -162,6 +177,7 @@ class Batcher:
         self._constants = {s.index: _constant(s, method) for s in self._specs if s.column is None}
         self._columns = [s for s in self._specs if s.column is not None]
         self._chunking: tuple[int | None, bool] | None = None
+        self._mode: bool | None = None  # per row (True) or batched, as rows last said
         self.stats = BatchStats()
 
     # -- one batch -------------------------------------------------------------------------
@@ -172,6 +188,7 @@ class Batcher:
         ``on_error="record"``."""
         batch = _columns_of(data)
         n = _num_rows(batch)
+        self._missing_as_none(batch)
         per_row = self._per_row(batch)
         cols = [self._column(batch[s.column], s, n, per_row) for s in self._columns if s.column]
         self.stats.batches += 1
@@ -237,7 +254,50 @@ class Batcher:
                 f"{described}; every column must have the input's shape per row, or every "
                 "one the input's shape without dim 0",
             )
-        return next(iter(modes.values()), True)
+        if not modes:  # every row of every column is missing: the rows cannot say
+            return self._mode if self._mode is not None else self._mode_from_program()
+        self._mode = next(iter(modes.values()))
+        return self._mode
+
+    def _mode_from_program(self) -> bool:
+        """How rows reach the method when no row has said so yet: batched (False) when it
+        can take rows along dim 0 (every tensor input and kept output has a dim 0, and a
+        static output's dim 0 is the inputs' static one), else one call per row (True).
+        A batch of only missing rows then gets output columns shaped as a good batch's."""
+        rows: set[int] = set()
+        for spec in self._columns:
+            info = spec.info
+            if not isinstance(info, TensorInfo) or not info.sizes:
+                return True
+            if info.dynamism == "static":
+                rows.add(info.sizes[0])
+        for info, name in zip(self._output_infos, self._outputs, strict=True):
+            if name is None:
+                continue
+            if not isinstance(info, TensorInfo) or not info.sizes:
+                return True
+            if info.dynamism == "static" and rows and info.sizes[0] not in rows:
+                return True
+        return False
+
+    def _missing_as_none(self, batch: dict[str, Any]) -> None:
+        """Turn a column Ray made of a block of null rows back into missing rows: Ray
+        hands such a block over as a 1-d float array of NaN, a scalar per row, which
+        cannot be a row of an input of two or more dimensions in either mode."""
+        for spec in self._columns:
+            info, name = spec.info, spec.column
+            raw = batch.get(name) if name is not None else None
+            if (
+                name is not None
+                and isinstance(info, TensorInfo)
+                and len(info.sizes) >= 2
+                and isinstance(raw, np.ndarray)
+                and raw.ndim == 1
+                and raw.dtype.kind == "f"
+                and len(raw)
+                and bool(np.isnan(raw).all())
+            ):
+                batch[name] = np.full(len(raw), None, dtype=object)
 
     # -- columns -> tensors ----------------------------------------------------------------
     def _column(self, raw: Any, spec: _Input, n: int, per_row: bool) -> _Column:
@@ -491,6 +551,12 @@ class Batcher:
         for name in names:
             if name not in batch:
                 raise ColumnError(name, f"keep_columns names '{name}', which the batch lacks")
+            if self._on_error == "record" and name == self._error_column:
+                raise ColumnError(
+                    name,
+                    f"the batch has a column '{name}', which error_column would overwrite; "
+                    "give error_column another name or leave that column out of keep_columns",
+                )
             result[name] = _numpy_column(batch[name])
         for k, out in enumerate(self._outputs):
             if out is not None:
@@ -517,8 +583,14 @@ def check_mapping(
     output_infos: Sequence[ValueInfo],
     inputs: Sequence[Any],
     outputs: Sequence[str | None],
+    *,
+    on_error: OnError = "raise",
+    error_column: str = "error",
+    id_column: str | None = None,
+    keep_columns: bool | Sequence[str] = True,
 ) -> None:
-    """Raise :class:`ColumnError` unless ``inputs``/``outputs`` fit the method's counts."""
+    """Raise :class:`ColumnError` unless ``inputs``/``outputs`` fit the method's counts
+    and, under ``on_error="record"``, ``error_column`` names no column the mapping uses."""
     if isinstance(inputs, str) or isinstance(outputs, str):
         raise TypeError("inputs and outputs are lists of column names, not one string")
     if len(inputs) != len(input_infos):
@@ -543,6 +615,20 @@ def check_mapping(
     dup = sorted({o for o in named if named.count(o) > 1})
     if dup:
         raise ColumnError(dup[0], f"outputs names column '{dup[0]}' more than once")
+    if on_error == "record":
+        taken = {
+            "an output column": set(named),
+            "an input column": {src for src in inputs if isinstance(src, str)},
+            "the id column": {id_column} if id_column is not None else set(),
+            "a kept column": set() if isinstance(keep_columns, bool) else set(keep_columns),
+        }
+        for what, names in taken.items():
+            if error_column in names:
+                raise ColumnError(
+                    error_column,
+                    f"error_column '{error_column}' is also {what}: the errors would "
+                    "overwrite it; give error_column another name",
+                )
 
 
 def default_outputs(count: int) -> list[str]:
@@ -788,7 +874,10 @@ def _output_column(
         if not isinstance(info, TensorInfo):
             return np.full(n, None, dtype=object)
         rest = info.sizes if per_row else info.sizes[1:]
-        if info.dynamism != "static" and n:
+        # a bounded output batched: its rows are at most the bound's, which good rows
+        # of a method bounded only along dim 0 (the common case) have exactly
+        unbound = info.dynamism == "dynamic_unbound"
+        if n and (unbound or (per_row and info.dynamism != "static")):
             return np.full(n, None, dtype=object)
         dtype = torch.float32 if info.dtype == torch.bfloat16 else info.dtype
         return _to_numpy(torch.full((n, *rest), _fill(dtype), dtype=dtype))

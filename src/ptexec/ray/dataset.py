@@ -74,7 +74,14 @@ def map_program(
     program = load(_readable(path), data_path=_readable(data_path), share_state="never", mmap=True)
     meta = program.method_meta(method)
     names = default_outputs(len(meta.outputs)) if outputs is None else outputs
-    check_mapping(method, meta.inputs, meta.outputs, inputs, names)
+    check_mapping(
+        method,
+        meta.inputs,
+        meta.outputs,
+        inputs,
+        names,
+        **{k: options[k] for k in _MAPPING_OPTIONS if k in options},
+    )
     check_state(program, method, options.get("state", "refuse"))
     device = options.get("device", "auto")
     device_map = options.get("device_map")
@@ -114,6 +121,9 @@ def map_program(
         batch_format="numpy",
         **extra,
     )
+
+
+_MAPPING_OPTIONS = ("on_error", "error_column", "id_column", "keep_columns")
 
 
 def default_batch_size(meta: Any) -> int:

@@ -363,10 +363,17 @@ def _prepare_torch(
     runner = build_runner(payload, ctx.named_data, _arg_infos(tensors, where), device)
     check_output_shapes(payload, tensors)
     name = ctx.bind(runner.fn, "xnnpack")
+    timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     args = ", ".join(f"v[{ctx.args[k]}]" for k in runner.ext_ids)
     outs = tuple(ctx.args[k] for k in runner.output_ids)
-    # the outputs are written in place (resized first) and never read
-    return ctx.emit(f"{name}({args})", mutates=outs, outs=outs)
+    # the outputs are written in place (resized first) and never read; tools' instrumented
+    # blocks run the same statements timed per node, reported to their hooks
+    return ctx.emit(
+        f"{name}({args})",
+        mutates=outs,
+        outs=outs,
+        instrumented=f"{timed}(h.node, {args})" if args else f"{timed}(h.node)",
+    )
 
 
 def _prepare_executorch(
@@ -418,6 +425,12 @@ def _prepare_executorch(
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     name = ctx.bind(runner.fn, "xnnpack")
+    timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     outs = tuple(ctx.args[k] for k in outputs)
     call = ", ".join(f"v[{slot}]" for slot in ctx.args)
-    return ctx.emit(f"{name}({call})", mutates=outs, outs=outs)
+    return ctx.emit(
+        f"{name}({call})",
+        mutates=outs,
+        outs=outs,
+        instrumented=f"{timed}(h.node, {call})" if call else f"{timed}(h.node)",
+    )

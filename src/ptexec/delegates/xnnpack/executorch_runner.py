@@ -17,6 +17,8 @@ dynamic output is checked to hold its declared bound: XNNPACK may write that muc
 
 The written program keeps the payload's bytes and its named data alive (one copy, made
 at load); ExecuTorch's backend packs the weights at load as it does for any program.
+Recorded calls (an ETDump) run through a second load of the payload with ExecuTorch's
+ETDump on, made on the first such call, and take the events its backend logs per node.
 Threads: the method's lock serializes calls; ExecuTorch's XNNPACK uses ExecuTorch's
 thread pool, whose size :func:`ptexec.set_num_threads` sets. XNNPACK's runtime keeps the
 pool it was made with, and resetting the pool (from anywhere in the process) destroys that
@@ -26,6 +28,9 @@ one, so each call first checks that the pool is still the one the payload was lo
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -35,6 +40,7 @@ import torch
 from ...codegen import Sources
 from ...errors import BackendUnavailableError
 from ...format import program as p
+from ...format.etdump import ProfileEvent, decode_etdump
 from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
@@ -79,15 +85,57 @@ def executorch_unavailable() -> str | None:
 
 class EtRunner:
     """A payload loaded by ExecuTorch: ``runner(*tensors)`` runs it on the delegate call's
-    tensors (all its arguments, in order) and writes the outputs in place."""
+    tensors (all its arguments, in order) and writes the outputs in place.
+    :meth:`run_nodes` runs it and reports the events ExecuTorch's backend logs per node."""
 
-    def __init__(self, fn: Callable[..., None], source: str, binder: _Binder) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., None],
+        source: str,
+        binder: _Binder,
+        traced: Callable[[], tuple[Callable[..., None], _Binder]] | None = None,
+    ) -> None:
         self.fn = fn
         self.source = source
         self._binder = binder  # ExecuTorch's method, and the program (and bytes) it needs
+        self._make_traced = traced
+        self._traced: tuple[Callable[..., None], _Binder] | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
+
+    def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
+        """Run the payload as ``runner(*tensors)`` does, with ExecuTorch's backend, loaded
+        once more with ExecuTorch's ETDump on (on first use: the plain runner never pays
+        for it), and ``report(name, start, end)`` each node event the backend logged
+        (XNNPACK's operator names, ``Fully Connected (NC, F32) GEMM #1``), its times moved
+        to this process's clock, where the call began."""
+        if self._traced is None:
+            if self._make_traced is None:
+                self.fn(*tensors)
+                return
+            self._traced = self._make_traced()
+        fn, binder = self._traced
+        start = time.perf_counter_ns()
+        fn(*tensors)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "delegate.etdp")
+            # the binder's program of now: a pool change reloads it
+            binder.program.write_etdump_result_to_file(path, None)
+            with open(path, "rb") as f:
+                dump = decode_etdump(f.read())
+        runs = [r for r in dump.run_data if r.name == "Execute"]
+        if not runs:
+            return
+        events = [e for e in runs[-1].events if isinstance(e, ProfileEvent)]
+        nodes = [e for e in events if e.name is None and e.delegate_debug_id_str]
+        if not nodes:
+            return
+        origin = min(e.start_time for e in events)
+        for e in nodes:
+            name = e.delegate_debug_id_str
+            assert name is not None
+            report(name, start + e.start_time - origin, start + e.end_time - origin)
 
     def __repr__(self) -> str:
         return "EtRunner(ExecuTorch XnnpackBackend)"
@@ -103,10 +151,16 @@ class _Binder:
     pool's address and size."""
 
     def __init__(
-        self, module: ModuleType, data: bytes, bounds: Sequence[tuple[int, int]], where: str
+        self,
+        module: ModuleType,
+        data: bytes,
+        bounds: Sequence[tuple[int, int]],
+        where: str,
+        etdump: bool = False,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
         self.module = module
+        self.etdump = etdump  # loaded with ExecuTorch's ETDump on (recorded calls)
         self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
         self.bounds = bounds  # (argument, bytes) of each dynamic output
         self.where = where
@@ -121,7 +175,10 @@ class _Binder:
 
     def _load(self) -> None:
         self.key = None
-        program = self.module._load_program_from_buffer(self.data)
+        if self.etdump:
+            program = self.module._load_program_from_buffer(self.data, enable_etdump=True)
+        else:
+            program = self.module._load_program_from_buffer(self.data)
         method = program.load_method("forward")
         self.program, self.method = program, method
         self.held = self.pool.key()  # the pool XNNPACK's runtime took as it loaded
@@ -239,7 +296,15 @@ def build_executorch_runner(
         raise BackendUnavailableError(
             f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
         ) from None
-    return _generate(binder, tensors, outputs, names, where)
+
+    def traced() -> tuple[Callable[..., None], _Binder]:
+        # the same payload loaded again with ExecuTorch's ETDump, for recorded calls
+        with_events = _Binder(module, data, bounds, where, etdump=True)
+        return _generate(with_events, tensors, outputs, names, where).fn, with_events
+
+    runner = _generate(binder, tensors, outputs, names, where)
+    runner._make_traced = traced
+    return runner
 
 
 def _generate(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -295,6 +296,7 @@ _HELPERS: dict[str, Any] = {
     "_argmax_pool": _argmax_pool,
     "_max_pool": _max_pool,
     "_avg_pool": _avg_pool,
+    "_now": time.perf_counter_ns,  # the timed variant's clock (run_nodes)
 }
 
 
@@ -436,7 +438,8 @@ class Constants:
 
 class XnnRunner:
     """A prepared XNNPACK graph: ``runner(*tensors)`` runs it on the delegate's tensors
-    (in external-id order, inputs and outputs together) and writes the outputs in place."""
+    (in external-id order, inputs and outputs together) and writes the outputs in place.
+    :meth:`run_nodes` runs the same statements and reports each node's time."""
 
     def __init__(
         self,
@@ -445,18 +448,55 @@ class XnnRunner:
         ext_ids: tuple[int, ...],
         node_types: dict[str, int],
         output_ids: tuple[int, ...] = (),
+        timed: Callable[[], Callable[..., None]] | None = None,
     ) -> None:
         self.fn = fn
         self.source = source
         self.ext_ids = ext_ids  # the delegate call arguments it takes, in order
         self.output_ids = output_ids  # those of them it writes
         self.node_types = node_types
+        self._make_timed = timed
+        self._timed: Callable[..., None] | None = None
+
+    def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
+        """Run the graph as ``runner(*tensors)`` does, the same statements, calling
+        ``report(name, start, end)`` after each node (``FullyConnected #1``; a region of
+        int8 elementwise nodes run as one table lookup is one ``Lookup table (...)``).
+        The timed variant is generated on first use."""
+        fn = self._timed
+        if fn is None:
+            if self._make_timed is None:
+                self.fn(*tensors)
+                return
+            fn = self._timed = self._make_timed()
+        fn(report, *tensors)
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
 
     def __repr__(self) -> str:
         return f"XnnRunner({sum(self.node_types.values())} nodes, externals {list(self.ext_ids)})"
+
+
+def _timed_source(lines: Sequence[str], spans: Sequence[tuple[str, int, int]], params: str) -> str:
+    """The graph's statements again, each node's between two clock readings and followed
+    by ``_report(name, start, end)``; statements outside nodes (inputs, outputs) as they
+    are. A name (made of ptexec's own node type names) enters the code as its repr."""
+    out = [f"def _xnnpack_nodes(_report, {params}):" if params else "def _xnnpack_nodes(_report):"]
+    at = 0
+    for name, first, last in spans:
+        out += [f"    {line}" for line in lines[at:first]]
+        if first == last:  # a node that made no statement of its own (an alias)
+            out += ["    _t0 = _now()", f"    _report({name!r}, _t0, _t0)"]
+        else:
+            out.append("    _t0 = _now()")
+            out += [f"    {line}" for line in lines[first:last]]
+            out.append(f"    _report({name!r}, _t0, _now())")
+        at = last
+    out += [f"    {line}" for line in lines[at:]]
+    if len(out) == 1:
+        out.append("    pass")
+    return "\n".join(out) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -847,21 +887,41 @@ class _Gen:
             counts[node.type] = counts.get(node.type, 0) + 1
         nodes = _fuse_clamps(self.g)
         tables = _table_regions(self.g, nodes, self.rep)
+        spans: list[tuple[str, int, int]] = []  # (node name, its first line, past its last)
+        seen: dict[str, int] = {}
+
+        def named(kind: str) -> str:
+            seen[kind] = seen.get(kind, 0) + 1
+            return f"{kind} #{seen[kind]}"
+
         for i, node in enumerate(nodes):
+            first = len(self.lines)
             if i not in tables:
                 self.node(node)
+                spans.append((named(node.type), first, len(self.lines)))
                 continue
             region = tables[i]
             if region is not None:  # the last node of a region: one table lookup
                 self.table(region)
+                kinds = "+".join(n.type for n in region[2])
+                spans.append((named(f"Lookup table ({kinds})"), first, len(self.lines)))
         for v in outs:
             self.store_output(v)
         params = ", ".join(f"x{k}" for k in ext_ids)
         body = self.lines or ["pass"]
         source = f"def _xnnpack_run({params}):\n" + "".join(f"    {line}\n" for line in body)
-        namespace = Sources(f"xnnpack {self.path}").compile(source, "graph", self.env)
+        sources = Sources(f"xnnpack {self.path}")
+        namespace = sources.compile(source, "graph", self.env)
         out_ids = tuple(sorted(v.external_id for v in outs))
-        return XnnRunner(namespace["_xnnpack_run"], source, ext_ids, counts, out_ids)
+        timed = _timed_source(self.lines, spans, params)
+        return XnnRunner(
+            namespace["_xnnpack_run"],
+            source,
+            ext_ids,
+            counts,
+            out_ids,
+            lambda: sources.compile(timed, "graph, timed per node", self.env)["_xnnpack_nodes"],
+        )
 
     def node(self, n: s.XnnNode) -> None:
         self._node(n)
