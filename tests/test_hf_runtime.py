@@ -17,10 +17,9 @@ import torch
 
 import ptexec
 import ptexec.portable_lib as pl
+from fixture_data import fixture_calls, fixture_paths
 from ptexec.errors import InputError, PteFormatError
 from ptexec.runtime import Runtime
-
-from fixture_data import fixture_calls, fixture_paths
 
 # ---- set_output -------------------------------------------------------------------------
 
