@@ -12,16 +12,14 @@ Importing this package imports neither torch nor transformers.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .switch import is_active, use_as_executorch
 
 __all__ = ["is_active", "register", "use_as_executorch"]
 
 
-def register(**options: Any) -> None:
+def register() -> None:
     """Register ptexec as the runner of transformers' ``export_format="executorch"`` models
     in this process (see :func:`ptexec.hf.transformers_runner.register`)."""
     from .transformers_runner import register as _register
 
-    _register(**options)
+    _register()
