@@ -203,3 +203,17 @@ def test_switch_device_argument_sets_the_default() -> None:
     print(json.dumps({"device": default_device()}))
     """
     assert _python(code, env=env) == {"device": "cpu"}
+
+
+@pytest.mark.cuda
+def test_module_on_the_gpu_writes_into_a_gpu_output() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pte, _ = fixture_paths("mlp_unplanned")
+    call = fixture_calls("mlp_unplanned")[0]
+    module = pl._load_for_executorch(str(pte)).to("cuda")
+    out = torch.empty_like(call["outputs"][0], device="cuda")
+    module.set_output("forward", out, 0)
+    (y,) = module.forward([call["inputs"][0].cuda()])
+    assert y is out
+    torch.testing.assert_close(out.cpu(), call["outputs"][0], rtol=1e-4, atol=1e-5)
