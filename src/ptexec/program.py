@@ -258,7 +258,7 @@ def _shared_state_buffers(program: p.Program, share_state: ShareState) -> frozen
     return frozenset({2}) if len(sizes) == 1 else frozenset()
 
 
-DataSource = str | os.PathLike[str] | bytes | bytearray
+DataSource = str | os.PathLike[str] | bytes | bytearray | memoryview
 DataPath = DataSource | Sequence[DataSource] | None
 
 
@@ -309,12 +309,14 @@ def _read_data_file(source: DataSource, mapped: bool) -> _SharedData:
 def _data_sources(data_path: DataPath) -> list[DataSource]:
     if data_path is None:
         return []
-    if isinstance(data_path, str | os.PathLike | bytes | bytearray):
-        return [data_path]
+    if isinstance(data_path, str | os.PathLike | bytes | bytearray | memoryview) or hasattr(
+        data_path, "read"
+    ):
+        return [data_path]  # type: ignore[list-item]  # a binary file object, read as a source
     if isinstance(data_path, Sequence):
         sources: list[DataSource] = []
         for i, item in enumerate(data_path):
-            if not isinstance(item, str | os.PathLike | bytes | bytearray):
+            if not isinstance(item, str | os.PathLike | bytes | bytearray | memoryview):
                 raise TypeError(
                     f"data_path[{i}]: expected a path or bytes of a .ptd file, got "
                     f"{type(item).__name__}"
