@@ -146,6 +146,8 @@ def merge_ptd(files: tuple[PtdFile, ...]) -> DataFiles:
                 owner[key] = i
                 continue
             first = files[j]
+            if first is f:
+                continue  # the same file given twice
             if entry.layout != entries[key].layout or f.bytes_of(key) != first.bytes_of(key):
                 raise PteFormatError(
                     f"data file {i}, key {key!r}",
