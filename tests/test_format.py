@@ -275,7 +275,7 @@ def test_external_data_file() -> None:
     data = read_ptd(ptd.read_bytes())
     assert data.entries and all(e.layout is not None for e in data.entries.values())
     with pytest.raises(PteFormatError, match="data_path"):
-        ptexec.load(pte).load_method("forward")
+        ptexec.load(pte.read_bytes()).load_method("forward")  # bytes: no folder to look in
     with pytest.raises(PteFormatError, match="not an ExecuTorch data file"):
         read_ptd(MLP)
 

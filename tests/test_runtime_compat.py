@@ -158,7 +158,11 @@ def _cases():  # type: ignore[no-untyped-def]
             PteFormatError,
         ),
         "missing file": (lambda rt: rt.load_program("no_such_file.pte"), FileMissingError),
-        "missing .ptd": (lambda rt: _call(rt, ext, [torch.randn(2, 8)]), PteFormatError),
+        # from bytes: ptexec finds a .ptd beside a program loaded from a path
+        "missing .ptd": (
+            lambda rt: _call(rt, ext.read_bytes(), [torch.randn(2, 8)]),
+            PteFormatError,
+        ),
         "meta-device input": (
             lambda rt: _call(rt, mlp, [torch.empty(2, 8, device="meta")]),
             UnsupportedDeviceError,

@@ -12,6 +12,7 @@ so the format layer (``ptexec.format``) works without torch.
 from __future__ import annotations
 
 import importlib
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .accounting import CallRecord
     from .binding import Action, Policy
     from .device import CPU, Device, DeviceType
+    from .hf.switch import use_as_executorch
     from .loader import MethodMeta, ScalarInfo
     from .memory import BufferInfo
     from .method import Method
@@ -58,6 +60,7 @@ _LAZY = {
     "describe": "tensor",
     "get_num_threads": "threads",
     "set_num_threads": "threads",
+    "use_as_executorch": "hf.switch",
 }
 
 
@@ -102,4 +105,11 @@ __all__ = [
     "get_num_threads",
     "load",
     "set_num_threads",
+    "use_as_executorch",
 ]
+
+# ``PTEXEC_AS_EXECUTORCH=1``: ExecuTorch's runtime names resolve to ptexec's (ptexec.hf.switch)
+if _os.environ.get("PTEXEC_AS_EXECUTORCH"):
+    from .hf.switch import from_environment as _from_environment
+
+    _from_environment()

@@ -54,6 +54,7 @@ from .errors import (
 from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format.bundled import BundledProgram, BundledTensor, BundledValue, TestCase, read_bundled
 from .kernels.registry import operator_names
+from .loader import DeviceMapSpec
 from .runtime import (
     MethodMeta,
     TensorInfo,
@@ -62,6 +63,7 @@ from .runtime import (
     load_source,
     method_attributes,
     method_meta,
+    set_output,
     write_etdump,
 )
 from .tensor import dim_order_strides
@@ -89,10 +91,32 @@ __all__ = [
     "_reset_profile_results",
     "_threadpool_get_thread_count",
     "_unsafe_reset_threadpool",
+    "default_device",
+    "set_default_device",
 ]
 
 PathLike = str | os.PathLike[str]
 DataFile = PathLike | bytes | bytearray | None
+
+_default_device: list[DeviceMapSpec] = [None]
+
+
+def set_default_device(device: DeviceMapSpec) -> None:
+    """Where modules and programs loaded from now on place their methods, unless given a
+    ``device_map`` of their own: a device (``"cuda"``, ``"cuda:1"``), a ``{from: to}`` map
+    as :meth:`ptexec.Program.load_method` takes it, or None (the devices each program
+    names; the default). ExecuTorch's loaders have no such choice; code written for them
+    gets one through :func:`ptexec.use_as_executorch` ``(device=...)``."""
+    if device is not None:
+        from .loader.devices import DeviceMap
+
+        DeviceMap(device)  # a malformed spec fails here, not at the first call
+    _default_device[0] = device
+
+
+def default_device() -> DeviceMapSpec:
+    """The ``device_map`` that loaders use when given none (see :func:`set_default_device`)."""
+    return _default_device[0]
 
 
 def _as_list(inputs: Any) -> list[Any]:
@@ -117,6 +141,7 @@ class ExecuTorchMethod:
         self._inputs: list[Any] = []
         self._outputs: list[Any] | None = None
         self._bundled_index = -1
+        self._out: list[Any] | None = None
 
     def set_inputs(self, inputs: Sequence[Any]) -> None:
         """Give the next :meth:`execute` its inputs (checked then, as by
@@ -142,6 +167,8 @@ class ExecuTorchMethod:
             self._outputs = self._recorder.execute(
                 self._method, self._inputs, bundled_input_index=self._bundled_index
             )
+        elif self._out is not None:
+            self._outputs = self._method.execute(self._inputs, out=self._out)
         else:
             self._outputs = self._method.execute(self._inputs, outputs="view")
 
@@ -152,12 +179,16 @@ class ExecuTorchMethod:
             raise StateError(f"method '{self._method.name}' has no outputs: execute it first")
         if not clone_outputs:
             return list(self._outputs)
-        return [x.clone() if isinstance(x, torch.Tensor) else x for x in self._outputs]
+        out = self._out or ()
+        return [
+            x.clone() if isinstance(x, torch.Tensor) and not _given(out, k, x) else x
+            for k, x in enumerate(self._outputs)
+        ]
 
     def call(self, inputs: Any = (), clone_outputs: bool = True) -> list[Any]:
         """``set_inputs``, ``execute`` and ``get_outputs`` in one."""
         values = _as_list(inputs)
-        if self._recorder is None and clone_outputs:
+        if self._recorder is None and clone_outputs and self._out is None:
             self.set_inputs(values)
             self._outputs = None
             self._outputs = self._method.execute(values)
@@ -168,6 +199,12 @@ class ExecuTorchMethod:
 
     def __call__(self, inputs: Any = (), clone_outputs: bool = True) -> list[Any]:
         return self.call(inputs, clone_outputs)
+
+    def set_output(self, output: Any, index: int) -> None:
+        """Have every later execution write output ``index`` into the caller's tensor
+        ``output`` (as ExecuTorch's ``Module::set_output``), which the call then returns
+        as that output, with ``clone_outputs`` or not; None undoes it."""
+        self._out = set_output(self._method, self._out, output, index, self._recorder)
 
     def method_meta(self) -> MethodMeta:
         m = self._method
@@ -193,12 +230,23 @@ class ExecuTorchMethod:
         return self._method
 
 
+def _given(out: Sequence[Any], k: int, x: Any) -> bool:
+    return k < len(out) and out[k] is x
+
+
 class ExecuTorchProgram:
     """A loaded program: its methods by index and name; each ``load_method`` loads anew."""
 
-    def __init__(self, program: _program.Program, recorder: ETDumpRecorder | None = None) -> None:
+    def __init__(
+        self,
+        program: _program.Program,
+        recorder: ETDumpRecorder | None = None,
+        *,
+        device_map: DeviceMapSpec = None,
+    ) -> None:
         self._program = program
         self._recorder = recorder
+        self._device_map = device_map if device_map is not None else default_device()
 
     def num_methods(self) -> int:
         return len(self._program.method_names)
@@ -213,7 +261,8 @@ class ExecuTorchProgram:
 
     def load_method(self, method_name: str) -> ExecuTorchMethod:
         return ExecuTorchMethod(
-            load_method(self._program, method_name, self._recorder), self._recorder
+            load_method(self._program, method_name, self._recorder, self._device_map),
+            self._recorder,
         )
 
     def method_meta(self, method_name: str) -> MethodMeta:
@@ -237,11 +286,16 @@ class ExecuTorchModule:
     """A program and its methods, read on first use and loaded once each."""
 
     def __init__(
-        self, opener: Callable[[], _program.Program], recorder: ETDumpRecorder | None = None
+        self,
+        opener: Callable[[], _program.Program],
+        recorder: ETDumpRecorder | None = None,
+        *,
+        device_map: DeviceMapSpec = None,
     ) -> None:
         self._opener: Callable[[], _program.Program] | None = opener
         self._program: _program.Program | None = None
         self._recorder = recorder
+        self._device_map = device_map if device_map is not None else default_device()
         self._methods: dict[str, ExecuTorchMethod] = {}
         self._lock = threading.Lock()
 
@@ -264,7 +318,8 @@ class ExecuTorchModule:
             method = self._methods.get(method_name)
             if method is None:
                 method = ExecuTorchMethod(
-                    load_method(program, method_name, self._recorder), self._recorder
+                    load_method(program, method_name, self._recorder, self._device_map),
+                    self._recorder,
                 )
                 self._methods[method_name] = method
             return method
@@ -292,6 +347,25 @@ class ExecuTorchModule:
 
     def method_names(self) -> list[str]:
         return list(self.program.method_names)
+
+    @property
+    def device_map(self) -> DeviceMapSpec:
+        """Where this module places its methods (None: the devices the program names)."""
+        return self._device_map
+
+    def to(self, device: DeviceMapSpec) -> ExecuTorchModule:
+        """Place the module's methods with ``device`` (a ``device_map``) from now on: the
+        methods loaded so far are dropped and load again there on their next call (their
+        state, such as a KV cache, starts anew). Returns the module."""
+        with self._lock:
+            self._device_map = device
+            self._methods = {}
+        return self
+
+    def set_output(self, method_name: str, output: Any, index: int) -> None:
+        """Method ``method_name``'s output ``index`` is written into ``output`` from now on
+        (ExecuTorch's ``Module::set_output``; see :meth:`ExecuTorchMethod.set_output`)."""
+        self._get(method_name).set_output(output, index)
 
     def has_etdump(self) -> bool:
         return self._recorder is not None

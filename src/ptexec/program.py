@@ -9,7 +9,8 @@ import os
 import stat
 import threading
 import warnings
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -24,7 +25,7 @@ from .errors import (
 )
 from .format import program as p
 from .format.identify import describe
-from .format.ptd import PtdFile, read_ptd
+from .format.ptd import DataFiles, PtdFile, merge_ptd, read_ptd
 from .format.pte import PteFile, read_pte
 from .gcpause import paused
 from .loader import MethodMeta, method_meta
@@ -146,7 +147,7 @@ class Program:
         self,
         pte: PteFile,
         owner: Any,
-        ptd: PtdFile | None = None,
+        ptd: DataFiles | None = None,
         ptd_owner: Any = None,
         share_state: ShareState = "auto",
         stamps: tuple[_FileStamp | None, ...] = (),
@@ -292,17 +293,127 @@ def _shared_state_buffers(program: p.Program, share_state: ShareState) -> frozen
     return frozenset({2}) if len(sizes) == 1 else frozenset()
 
 
+DataSource = str | os.PathLike[str] | bytes | bytearray | memoryview
+DataPath = DataSource | Sequence[DataSource] | None
+
+
+class _SharedData:
+    """One data file read once, for every program loaded from it while any lives."""
+
+    def __init__(self, view: memoryview, owner: Any, stamp: _FileStamp | None, ptd: PtdFile):
+        self.view, self.owner, self.stamp, self.ptd = view, owner, stamp, ptd
+
+
+_shared_data: weakref.WeakValueDictionary[tuple[Any, ...], _SharedData] = (
+    weakref.WeakValueDictionary()
+)
+_shared_lock = threading.Lock()
+
+
+def _read_data_file(source: DataSource, mapped: bool) -> _SharedData:
+    """A data file, read and validated; a path already read (the same file, unchanged, read
+    the same way) by a program still alive is not read again (a LoRA adapter's foundation
+    weights shared by several programs live in memory once)."""
+    if not isinstance(source, str | os.PathLike):
+        view, owner, stamp = _map(source, "data file", mapped)
+        return _SharedData(view, owner, stamp, read_ptd(view))
+    path = Path(source)
+    try:
+        st = os.stat(path)
+        key: tuple[Any, ...] | None = (
+            os.path.realpath(path),
+            st.st_dev,
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            mapped,
+        )
+    except OSError:
+        key = None  # _map reports it
+    with _shared_lock:
+        found = _shared_data.get(key) if key is not None else None
+        if found is not None:
+            return found
+        view, owner, stamp = _map(source, "data file", mapped)
+        data = _SharedData(view, owner, stamp, read_ptd(view))
+        if key is not None:
+            _shared_data[key] = data
+        return data
+
+
+def _data_sources(data_path: DataPath) -> list[DataSource]:
+    if data_path is None:
+        return []
+    if isinstance(data_path, str | os.PathLike | bytes | bytearray | memoryview) or hasattr(
+        data_path, "read"
+    ):
+        return [data_path]  # type: ignore[list-item]  # a binary file object, read as a source
+    if isinstance(data_path, Sequence):
+        sources: list[DataSource] = []
+        for i, item in enumerate(data_path):
+            if not isinstance(item, str | os.PathLike | bytes | bytearray | memoryview):
+                raise TypeError(
+                    f"data_path[{i}]: expected a path or bytes of a .ptd file, got "
+                    f"{type(item).__name__}"
+                )
+            sources.append(item)
+        return sources
+    raise TypeError(
+        f"data_path: expected a path, bytes or a list of them, got {type(data_path).__name__}"
+    )
+
+
+def missing_external_keys(pte: PteFile) -> set[str]:
+    """The names of the program's external tensors that its own named data lacks: what
+    a data file must give."""
+    named = set(pte.named_data())
+    keys = set()
+    for plan in pte.program.execution_plan:
+        for value in plan.values:
+            if isinstance(value, p.Tensor) and value.is_external:
+                extra = value.extra_tensor_info
+                key = extra.fully_qualified_name if extra is not None else None
+                if key and key not in named:
+                    keys.add(key)
+    return keys
+
+
+def data_files_beside(path: Path, needed: set[str], mapped: bool) -> list[_SharedData]:
+    """The ``.ptd`` files in the program's folder that give ``needed`` keys, as exporters
+    save them (``model.pte`` next to ``model.ptd`` or ``<tag>.ptd``): ``<stem>.ptd``
+    first, then the others by name; each is read and validated, and only those holding a
+    needed key are kept, until every key is found."""
+    folder = path.parent
+    stem = folder / (path.stem + ".ptd")
+    others = sorted(q for q in folder.glob("*.ptd") if q != stem and q.is_file())
+    found: list[_SharedData] = []
+    left = set(needed)
+    for candidate in ([stem] if stem.is_file() else []) + others:
+        if not left:
+            break
+        data = _read_data_file(candidate, mapped)
+        if left & data.ptd.entries.keys():
+            found.append(data)
+            left -= data.ptd.entries.keys()
+    return found
+
+
 def load(
     source: Source,
     *,
-    data_path: str | os.PathLike[str] | bytes | bytearray | None = None,
+    data_path: DataPath = None,
     share_state: ShareState = "auto",
     mmap: bool = False,
 ) -> Program:
     """Load and validate an ExecuTorch program (a path, bytes, or a binary file object).
 
     ``data_path`` is the external data file (``.ptd``) of a program exported with external
-    constants. Files are read into private memory, so nothing done to them afterwards
+    constants, or a list of them: their named data is merged (a key in two files must have
+    the same bytes in both, else :class:`~ptexec.errors.PteFormatError`), and a file that a
+    live program already read is shared, not read again. Without ``data_path``, a program
+    loaded from a path that needs external tensors finds them in the ``.ptd`` files beside
+    it (``<stem>.ptd`` first), the way optimum-executorch saves them. Files are read into private memory, so nothing done to them afterwards
     reaches the program; ``mmap=True`` maps them instead (copy-on-write: loading reads
     only what it needs, constants are views of the file and resident memory grows with
     the pages used), for programs too large to copy, on the condition that the files stay
@@ -317,11 +428,16 @@ def load(
     :class:`~ptexec.errors.FileUnreadableError` for one that cannot be read (a directory,
     no permission), each also a ``RuntimeError`` and an ``OSError``.
     """
+    sources = _data_sources(data_path)
     view, owner, stamp = _map(source, "program file", mmap)
     with paused():
         pte = read_pte(view)
-        ptd = ptd_owner = ptd_stamp = None
-        if data_path is not None:
-            ptd_view, ptd_owner, ptd_stamp = _map(data_path, "data file", mmap)
-            ptd = read_ptd(ptd_view)
-        return Program(pte, owner, ptd, ptd_owner, share_state, (stamp, ptd_stamp))
+        files = [_read_data_file(s, mmap) for s in sources]
+        if not sources and isinstance(source, str | os.PathLike):
+            needed = missing_external_keys(pte)
+            if needed:
+                files = data_files_beside(Path(source), needed, mmap)
+        ptd = merge_ptd(tuple(f.ptd for f in files)) if files else None
+        return Program(
+            pte, owner, ptd, tuple(files), share_state, (stamp, *(f.stamp for f in files))
+        )

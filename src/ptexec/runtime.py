@@ -33,7 +33,8 @@ from . import program as _program
 from .delegates import registered_backends
 from .device import schema_device
 from .dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE
-from .errors import MethodNotFoundError, StateError
+from .engine.arguments import check_out
+from .errors import InputError, MethodNotFoundError, StateError
 from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format import program as _p
 from .format.scalar_type import scalar_type_name
@@ -217,15 +218,19 @@ def method_meta(program: _program.Program, name: str) -> MethodMeta:
 
 
 def load_method(
-    program: _program.Program, name: str, recorder: ETDumpRecorder | None
+    program: _program.Program,
+    name: str,
+    recorder: ETDumpRecorder | None,
+    device_map: Any = None,
 ) -> _method.Method:
-    """Load method ``name`` of ``program``; with a recorder, the load is recorded too."""
+    """Load method ``name`` of ``program`` (placed with ``device_map``); with a recorder,
+    the load is recorded too."""
     if recorder is None:
-        return program.load_method(name)
+        return program.load_method(name, device_map=device_map)
     start = time.perf_counter_ns()
     _plan(program, name)
     init = time.perf_counter_ns()
-    method = program.load_method(name)
+    method = program.load_method(name, device_map=device_map)
     done = time.perf_counter_ns()
     recorder.record_load(start, init, done, time.perf_counter_ns())
     return method
@@ -269,18 +274,65 @@ def write_etdump(
     recorder.write(etdump_path, debug_buffer_path)
 
 
+def set_output(
+    method: _method.Method,
+    out: list[Any] | None,
+    output: Any,
+    index: int,
+    recorder: ETDumpRecorder | None,
+) -> list[Any] | None:
+    """The ``out=`` list of a method after ``set_output(output, index)``, checked now as
+    :meth:`ptexec.Method.execute` checks ``out=`` (output ``index`` a tensor output, the
+    tensor of its dtype, device and shape); None when no output is set any more."""
+    n = len(method.meta.outputs)
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n:
+        raise InputError(
+            f"set_output: output index {index!r} out of range (method '{method.name}' has "
+            f"{n} output(s))"
+        )
+    if output is not None and recorder is not None:
+        raise StateError(
+            f"set_output on method '{method.name}': a method recording an ETDump returns "
+            "copies; load the program without enable_etdump to write outputs in place"
+        )
+    given = list(out) if out is not None else [None] * n
+    given[index] = output
+    if output is not None:
+        check_out(method.state, [output if k == index else None for k in range(n)])
+    return given if any(t is not None for t in given) else None
+
+
 class Method:
     """ExecuTorch-style method: ``execute(inputs)`` returns copies of the outputs."""
 
     def __init__(self, method: _method.Method, recorder: ETDumpRecorder | None = None) -> None:
         self._method = method
+        self._recorder = recorder
+        self._out: list[Any] | None = None
         self._call: Callable[[Sequence[Any]], Sequence[Any]] = (
             method.execute if recorder is None else functools.partial(recorder.execute, method)
         )
 
     def execute(self, inputs: Sequence[Any]) -> Sequence[Any]:
-        """Run the method; returns its outputs (copies)."""
+        """Run the method; returns its outputs (copies, except those given to
+        :meth:`set_output`, which are the caller's tensors)."""
         return self._call(inputs)
+
+    def set_output(self, output: Any, index: int) -> None:
+        """Have every later :meth:`execute` write output ``index`` into the caller's tensor
+        ``output`` and return it as that output (ExecuTorch's ``Module::set_output``):
+        an output the program leaves unplanned is computed in that memory, a planned one is
+        copied into it. The tensor must have the output's dtype, device and shape; None
+        undoes it."""
+        self._out = set_output(self._method, self._out, output, index, self._recorder)
+        out = self._out
+        self._call = (
+            functools.partial(self._method.execute, out=out)
+            if out is not None
+            else self._method.execute
+            if self._recorder is None
+            else functools.partial(self._recorder.execute, self._method)
+        )
 
     def __call__(self, inputs: Sequence[Any]) -> Sequence[Any]:
         return self._call(inputs)

@@ -147,7 +147,7 @@ class _Builder:
         pte = self.program.pte
         blobs: list[memoryview] = [pte.data]
         if self.program.ptd is not None:
-            blobs.append(self.program.ptd.data)
+            blobs.extend(f.data for f in self.program.ptd.files)
         key = cache_key(blobs, self.state.name, str(self.device), self.options.key())
         return cache.entry(key)
 

@@ -117,3 +117,43 @@ def read_ptd(data: Bytes) -> PtdFile:
                 raise PteFormatError(lpath, f"{layout.nbytes} bytes needed, segment {seg} has {n}")
         entries[key] = NamedTensor(key, start, n, layout)
     return PtdFile(view, header, version, entries)
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """Several ``.ptd`` files read as one: every key of every file, each from the file that
+    holds it. A key in two files is allowed only when both hold the same bytes (and the
+    same layout); ``entries`` then names the first."""
+
+    files: tuple[PtdFile, ...]
+    entries: dict[str, NamedTensor]
+    owner: dict[str, int]  # key -> index in files
+
+    def bytes_of(self, key: str) -> memoryview:
+        return self.files[self.owner[key]].bytes_of(key)
+
+
+def merge_ptd(files: tuple[PtdFile, ...]) -> DataFiles:
+    """The named data of ``files`` merged (see :class:`DataFiles`); a key that two files
+    give differently is the :class:`~ptexec.errors.PteFormatError`, naming both files by
+    their position."""
+    entries: dict[str, NamedTensor] = {}
+    owner: dict[str, int] = {}
+    for i, f in enumerate(files):
+        for key, entry in f.entries.items():
+            j = owner.get(key)
+            if j is None:
+                entries[key] = entry
+                owner[key] = i
+                continue
+            first = files[j]
+            if first is f:
+                continue  # the same file given twice
+            if entry.layout != entries[key].layout or f.bytes_of(key) != first.bytes_of(key):
+                raise PteFormatError(
+                    f"data file {i}, key {key!r}",
+                    f"data files {j} and {i} both hold {key!r} with different "
+                    f"{'layouts' if entry.layout != entries[key].layout else 'bytes'}; a key may be "
+                    "in several data files only with the same contents",
+                )
+    return DataFiles(files, entries, owner)
