@@ -70,20 +70,32 @@ def pte_with(
 def ptd_with(
     program: Program, updates: Sequence[tuple[p.ExecutionPlan, int, torch.Tensor]]
 ) -> bytes:
-    """The program's ``.ptd`` with each external planned tensor's bytes replaced."""
-    ptd = program.ptd
-    if ptd is None:
+    """The program's ``.ptd`` with each external planned tensor's bytes replaced (the one
+    data file that holds them all, where the program reads several)."""
+    merged = program.ptd
+    if merged is None:
         raise StateError("the program was loaded without a data file (.ptd): nothing to save to")
-    data = bytearray(ptd.data)
+    located: list[tuple[str, int, p.ExecutionPlan, int, torch.Tensor]] = []
     for plan, slot, t in updates:
         value = _tensor(program, plan, slot)
         extra = value.extra_tensor_info
         key = extra.fully_qualified_name if extra is not None else None
-        if not value.is_external or not key or key not in ptd.entries:
+        if not value.is_external or not key or key not in merged.entries:
             raise StateError(
                 f"method '{plan.name}': value {slot} does not start from the data file; "
                 "save the program with save_pte"
             )
+        located.append((key, merged.owner[key], plan, slot, t))
+    files = sorted({i for _, i, *_ in located})
+    if len(files) > 1:
+        raise StateError(
+            f"the trained parameters start from {len(files)} data files (positions "
+            f"{files}); save_ptd writes one: save the program with save_pte"
+        )
+    ptd = merged.files[files[0]] if files else merged.files[0]
+    data = bytearray(ptd.data)
+    for key, _, plan, slot, t in located:
+        value = _tensor(program, plan, slot)
         entry = ptd.entries[key]
         raw = parameter_bytes(t, value.dim_order)
         if len(raw) != value.nbytes or len(raw) > entry.size:
