@@ -38,7 +38,7 @@ def _outcome(fn: Any, *args: Any) -> Any:
 def _interpreted(name: str, operands: tuple[Any, ...]) -> Any:
     """The interpreter's statement for ``name`` on values table slots holding ``operands``."""
     n = len(operands)
-    values = tuple(_evalue(x) for x in operands) + (p.Int(0),)
+    values = (*tuple(_evalue(x) for x in operands), p.Int(0))
     table: list[Any] = [*operands, 0]
     ctx = KernelContext(name, 0, tuple(range(n + 1)), values, frozenset(range(n + 1)), table)
     factory = find_kernel(name)
@@ -55,7 +55,7 @@ def _interpreted(name: str, operands: tuple[Any, ...]) -> Any:
 def _compiled(name: str, operands: tuple[Any, ...]) -> Any:
     """The compiled tier's functional form of the same instruction, on an :class:`Env`."""
     n = len(operands)
-    values = tuple(_evalue(x) for x in operands) + (p.Int(0),)
+    values = (*tuple(_evalue(x) for x in operands), p.Int(0))
     plan = SimpleNamespace(values=values)
     chain = SimpleNamespace(instructions=[p.KernelCall(0, tuple(range(n + 1)))], names=[name])
     state: Any = SimpleNamespace(plan=plan, chains=[chain])
@@ -135,7 +135,7 @@ CASES: dict[str, tuple[list[Any], Any]] = {
     "executorch_prim::sym_int.Scalar": ([FLOATS], _to_int(torch.trunc)),
     "executorch_prim::ceil.Scalar": ([FLOATS], _to_int(torch.ceil)),
     "executorch_prim::trunc.Scalar": ([FLOATS], _to_int(torch.trunc)),
-    "executorch_prim::round.Scalar": ([FLOATS + [0.5, 1.5, -2.5]], _to_int(torch.round)),
+    "executorch_prim::round.Scalar": ([[*FLOATS, 0.5, 1.5, -2.5]], _to_int(torch.round)),
     "executorch_prim::sym_not.Scalar": ([BOOLS], lambda a: not a),
     "executorch_prim::sym_ite.Scalar": ([BOOLS, NUMBERS, INTS], lambda c, a, b: a if c else b),
 }
@@ -155,7 +155,7 @@ def _same(x: Any, y: Any) -> bool:
 def _combinations(sets: list[list[Any]]) -> list[tuple[Any, ...]]:
     combos: list[tuple[Any, ...]] = [()]
     for s in sets:
-        combos = [c + (x,) for c in combos for x in s]
+        combos = [(*c, x) for c in combos for x in s]
     return combos
 
 

@@ -216,8 +216,9 @@ def _choose_qparams_per_token(
 
 
 def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
-    """:func:`ptexec.kernels.quantized.embedding_xbit` without its host-side bounds check
-    (the compiled gather checks its indices itself)."""
+    """:func:`ptexec.kernels.quantized.embedding_xbit`: its checks that read no data, then
+    its body (the host-side bounds check is left out: the compiled gather checks its
+    indices itself)."""
 
     def embedding(
         weight: torch.Tensor,
@@ -228,21 +229,8 @@ def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
         indices: torch.Tensor,
         dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
-        if weight.dim() != 2 or scales.dim() not in (1, 2) or quant_min > quant_max:
-            return quantized.embedding_xbit(
-                weight, scales, zero_points, quant_min, quant_max, indices, nbit, dtype
-            )  # raises the kernel's error
-        index = indices.to(torch.int64)
-        values = quantized.unpack(weight[index], nbit)
-        dim = values.shape[-1]
-        groups = scales.shape[1] if scales.dim() == 2 else 1
-        lead = tuple(indices.shape)
-        grouped = values.reshape(*lead, groups, dim // groups).to(torch.float32)
-        s = scales[index].reshape(*lead, groups, 1).to(torch.float32)
-        if zero_points is not None:
-            grouped = grouped - zero_points[index].reshape(*lead, groups, 1).to(torch.float32)
-        result = (grouped * s).reshape(*lead, dim)
-        return result if dtype is None else result.to(dtype)
+        quantized.check_embedding(weight, scales, quant_min, quant_max, indices, nbit)
+        return quantized.embedding_rows(weight, scales, zero_points, indices, nbit, dtype)
 
     return embedding
 
