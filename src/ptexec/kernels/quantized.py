@@ -872,7 +872,7 @@ def _prepared_table(ctx: KernelContext, nbit: int) -> torch.Tensor | None:
 
 
 def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
-    what = f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
+    what = _embedding_name(nbit)
 
     def kernel(
         weight: torch.Tensor,
