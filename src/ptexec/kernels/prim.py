@@ -6,6 +6,10 @@ ExecuTorch's kernels: int op int -> int, anything with a float -> float, ``trued
 always float, ``floordiv.Scalar`` floors (Python semantics) while ``floordiv.int`` and
 ``mod.int`` truncate toward zero (C++ semantics), float division by zero gives +-inf (nan
 for 0/0), and ``round`` rounds half to even.
+
+Each op has one body (:data:`PRIM_OPS`): the interpreter runs it (or, for an operator
+expression, writes it inline), the compiled tier traces it, with ``traced=True`` where a
+symbolic operand needs torch's ``sym_*`` helpers.
 """
 
 from __future__ import annotations
