@@ -23,6 +23,10 @@ BOOLS = [True, False]
 
 
 def _evalue(x: Any) -> p.EValue:
+    if isinstance(x, torch.Tensor):
+        code = {torch.float32: 6, torch.int64: 4}[x.dtype]
+        dims = tuple(range(x.dim()))
+        return p.Tensor(code, 0, tuple(x.shape), dims, False, 0, None, 0, p.STATIC, None)
     if isinstance(x, bool):
         return p.Bool(x)
     return p.Int(x) if isinstance(x, int) else p.Double(x)
@@ -184,12 +188,15 @@ def test_true_division_by_a_float_zero_is_ieee_in_both_tiers() -> None:
 
 def test_size_ops_agree_across_tiers() -> None:
     t = torch.zeros(3, 5)
-    for name, operands in [
-        ("aten::sym_size.int", (t, 1)),
-        ("aten::sym_numel", (t,)),
-        ("aten::sym_storage_offset", (t,)),
-        ("aten::_local_scalar_dense", (torch.tensor([-0.0]),)),
+    for name, operands, want in [
+        ("aten::sym_size.int", (t, 1), 5),
+        ("aten::sym_size.int", (t, -2), 3),
+        ("aten::sym_numel", (t,), 15),
+        ("aten::sym_numel.default", (t,), 15),
+        ("aten::sym_storage_offset", (t,), 0),
+        ("aten::_local_scalar_dense", (torch.tensor([-0.0]),), -0.0),
+        ("aten::_local_scalar_dense.default", (torch.tensor([7]),), 7),
     ]:
-        got = _compiled(name, operands)
-        want = {"aten::sym_size.int": 5, "aten::sym_numel": 15}.get(name, 0)
-        assert _same(got, want) or (name.endswith("dense") and got == 0.0), (name, got)
+        interpreted = _interpreted(name, operands)
+        assert _same(interpreted, want), (name, interpreted)
+        assert _same(_compiled(name, operands), interpreted), name
