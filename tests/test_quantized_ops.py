@@ -481,6 +481,45 @@ def test_embedding_errors() -> None:
         Q.embedding_xbit(w, torch.ones(4), None, -128, 127, torch.tensor([0.0]), 8)
 
 
+def _compiled_embedding(weight: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> Any:
+    """``embedding_byte.out`` on these tensors through the compiled tier's functional form."""
+    from types import SimpleNamespace
+
+    from ptexec.compile.functional import Env, Rebuild
+
+    def desc(t: torch.Tensor) -> p.Tensor:
+        code = {torch.int8: 1, torch.int64: 4, torch.float32: 6}[t.dtype]
+        dims = tuple(range(t.dim()))
+        return p.Tensor(code, 0, tuple(t.shape), dims, False, 0, None, 0, p.STATIC, None)
+
+    out = torch.empty(0)
+    given = [weight, scales, None, -128, 127, ids, out]
+    values = (desc(weight), desc(scales), p.Null(), p.Int(-128), p.Int(127), desc(ids), desc(out))
+    name = "quantized_decomposed::embedding_byte.out"
+    chain = SimpleNamespace(instructions=[p.KernelCall(0, tuple(range(7)))], names=[name])
+    state: Any = SimpleNamespace(plan=SimpleNamespace(values=values), chains=[chain])
+    rebuild = Rebuild(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+    assert rebuild.reason(0, 0) is None
+    env = Env(lambda j: given[j])
+    rebuild.step(env, 0, 0)
+    return env[6]
+
+
+def test_compiled_embedding_checks_what_the_kernel_checks() -> None:
+    w = torch.arange(-12, 12, dtype=torch.int8).reshape(4, 6)
+    ids = torch.tensor([[3, 0], [1, 1]])
+    for scales in (torch.ones(4, 4), torch.ones(4, 0)):  # 4 groups (or none) in 6 columns
+        with pytest.raises(ValueError, match="scale groups do not divide the embedding dim 6"):
+            Q.embedding_xbit(w, scales, None, -128, 127, ids, 8)
+        with pytest.raises(ValueError, match="scale groups do not divide the embedding dim 6"):
+            _compiled_embedding(w, scales, ids)
+    with pytest.raises(ValueError, match="scales must be"):
+        _compiled_embedding(w, torch.ones(3), ids)
+    scales = torch.tensor([[0.5, 2.0], [1.0, 1.0], [0.25, 4.0], [3.0, 0.125]])
+    want = Q.embedding_xbit(w, scales, None, -128, 127, ids, 8)
+    assert torch.equal(_compiled_embedding(w, scales, ids), want)
+
+
 # --------------------------------------------------------------------------------------
 # mixed_mm / mixed_linear / add
 

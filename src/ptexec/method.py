@@ -262,11 +262,13 @@ class Method:
             if out is not None:
                 given = arguments.check_out(state, out)
                 arguments.check_aliasing(state, bound, given)
-            arguments.bind_inputs(state, bound)
-            runner.bind(state)
-            if given is not None:
-                arguments.bind_out(state, given, runner.direct_outputs)
             try:
+                # binding may fail part-way (a copy into planned memory, a runner's own
+                # binding): what it wrote is restored and released like a failed run's
+                arguments.bind_inputs(state, bound)
+                runner.bind(state)
+                if given is not None:
+                    arguments.bind_out(state, given, runner.direct_outputs)
                 runner.run(state.values)
                 return arguments.collect(state, mode, given)
             except BaseException:

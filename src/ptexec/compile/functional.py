@@ -12,9 +12,9 @@ integer or Python value it holds), so that tracing a run of instructions with
   ``full.out`` get the out tensor's dtype and device); a result of another dtype than the
   program's out tensor is converted to it, as writing into the out tensor would. In-place
   ATen ops (``copy_``) call their functional form and the result replaces the value;
-- ``executorch_prim::`` scalar ops and ``sym_size``/``sym_numel`` are Python arithmetic on
-  the (possibly symbolic) integers, with the interpreter's rules (:mod:`ptexec.kernels.prim`:
-  ``floordiv.int`` and ``mod.int`` truncate, ``floordiv.Scalar`` floors);
+- ``executorch_prim::`` scalar ops and ``sym_size``/``sym_numel`` run the interpreter's own
+  bodies (:data:`ptexec.kernels.prim.PRIM_OPS`, their traced form) on the (possibly
+  symbolic) values; ``sym_stride`` reads the program's dim order;
 - ``dim_order_ops::`` copies convert the dtype (the layout is the memory's business, kept
   when a value is written back); ``et_view`` is a reshape; ``et_copy`` a device move;
 - ``quantized_decomposed::`` and ``llama::`` ops call the functions the interpreter's
@@ -45,6 +45,7 @@ from ..format import program as p
 from ..kernels import llm, quantized
 from ..kernels.aten import resolve_overload
 from ..kernels.fixed_args import to_dtype
+from ..kernels.prim import PRIM_OPS
 from ..tensor import dim_order_strides
 
 if TYPE_CHECKING:
@@ -183,86 +184,7 @@ def _shares_memory(t: Any, m: torch.Tensor) -> bool:
     return base is mbase
 
 
-# ---------------------------------------------------------------------------------------
-# executorch_prim: integer and float arithmetic, possibly symbolic
-
-
-def _is_float(x: Any) -> bool:
-    return isinstance(x, float | torch.SymFloat)
-
-
-def _ieee_div(a: Any, b: Any) -> Any:
-    if isinstance(b, float | int) and b == 0:
-        if a == 0 or (isinstance(a, float) and math.isnan(a)):
-            return math.nan
-        return math.copysign(math.inf, float(a)) * math.copysign(1.0, float(b))
-    return a / b
-
-
-def _floordiv(a: Any, b: Any) -> Any:
-    if _is_float(a) or _is_float(b):
-        q = _ieee_div(float(a) if isinstance(a, int) else a, b)
-        return float(math.floor(q)) if isinstance(q, float) and math.isfinite(q) else q
-    return a // b
-
-
-def _trunc_div(a: Any, b: Any) -> Any:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-def _trunc_mod(a: Any, b: Any) -> Any:
-    return a - b * _trunc_div(a, b)
-
-
-def _sym_int(a: Any) -> Any:
-    return _torch.sym_int(a) if isinstance(a, torch.SymFloat) else int(a)
-
-
-def _sym_float(a: Any) -> Any:
-    return _torch.sym_float(a)
-
-
-def _not(a: Any) -> Any:
-    return _torch.sym_not(a) if isinstance(a, torch.SymBool) else not a
-
-
-def _ite(c: Any, a: Any, b: Any) -> Any:
-    return _torch.sym_ite(c, a, b) if isinstance(c, torch.SymBool) else (a if c else b)
-
-
-_PRIM: dict[str, Callable[..., Any]] = {
-    "executorch_prim::add.Scalar": lambda a, b: a + b,
-    "executorch_prim::sub.Scalar": lambda a, b: a - b,
-    "executorch_prim::mul.Scalar": lambda a, b: a * b,
-    "executorch_prim::floordiv.Scalar": _floordiv,
-    "executorch_prim::truediv.Scalar": lambda a, b: _ieee_div(a, b) if not _is_float(b) else a / b,
-    "executorch_prim::floordiv.int": _trunc_div,
-    "executorch_prim::mod.int": _trunc_mod,
-    "executorch_prim::mod.Scalar": _trunc_mod,
-    "executorch_prim::sym_max.Scalar": lambda a, b: _torch.sym_max(a, b),
-    "executorch_prim::sym_min.Scalar": lambda a, b: _torch.sym_min(a, b),
-    "executorch_prim::eq.Scalar": lambda a, b: a == b,
-    "executorch_prim::gt.Scalar": lambda a, b: a > b,
-    "executorch_prim::lt.Scalar": lambda a, b: a < b,
-    "executorch_prim::ge.Scalar": lambda a, b: a >= b,
-    "executorch_prim::le.Scalar": lambda a, b: a <= b,
-    "executorch_prim::neg.Scalar": lambda a: -a,
-    "executorch_prim::sym_not.Scalar": _not,
-    "executorch_prim::sym_float.Scalar": _sym_float,
-    "executorch_prim::sym_int.Scalar": _sym_int,
-    "executorch_prim::ceil.Scalar": math.ceil,
-    "executorch_prim::trunc.Scalar": math.trunc,
-    "executorch_prim::round.Scalar": round,
-    "executorch_prim::sym_ite.Scalar": _ite,
-    "aten::sym_numel": lambda x: x.numel(),
-    "aten::sym_numel.default": lambda x: x.numel(),
-    "aten::sym_storage_offset": lambda x: 0,
-    "aten::sym_storage_offset.default": lambda x: 0,
-    "aten::_local_scalar_dense": lambda x: x.item(),
-    "aten::_local_scalar_dense.default": lambda x: x.item(),
-}
-_SIZE_OPS = ("aten::sym_size.int", "aten::sym_stride.int")
+_STRIDE = "aten::sym_stride.int"  # from the program's dim order: a traced tensor has no memory
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 _DIM_ORDER_COPY = ("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
 _DEVICE_COPY = ("et_copy::_h2d_copy.out", "et_copy::_d2h_copy.out")
@@ -294,8 +216,9 @@ def _choose_qparams_per_token(
 
 
 def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
-    """:func:`ptexec.kernels.quantized.embedding_xbit` without its host-side bounds check
-    (the compiled gather checks its indices itself)."""
+    """:func:`ptexec.kernels.quantized.embedding_xbit`: its checks that read no data, then
+    its body (the host-side bounds check is left out: the compiled gather checks its
+    indices itself)."""
 
     def embedding(
         weight: torch.Tensor,
@@ -306,21 +229,8 @@ def _embedding(nbit: int) -> Callable[..., torch.Tensor]:
         indices: torch.Tensor,
         dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
-        if weight.dim() != 2 or scales.dim() not in (1, 2) or quant_min > quant_max:
-            return quantized.embedding_xbit(
-                weight, scales, zero_points, quant_min, quant_max, indices, nbit, dtype
-            )  # raises the kernel's error
-        index = indices.to(torch.int64)
-        values = quantized.unpack(weight[index], nbit)
-        dim = values.shape[-1]
-        groups = scales.shape[1] if scales.dim() == 2 else 1
-        lead = tuple(indices.shape)
-        grouped = values.reshape(*lead, groups, dim // groups).to(torch.float32)
-        s = scales[index].reshape(*lead, groups, 1).to(torch.float32)
-        if zero_points is not None:
-            grouped = grouped - zero_points[index].reshape(*lead, groups, 1).to(torch.float32)
-        result = (grouped * s).reshape(*lead, dim)
-        return result if dtype is None else result.to(dtype)
+        quantized.check_embedding(weight, scales, quant_min, quant_max, indices, nbit)
+        return quantized.embedding_rows(weight, scales, zero_points, indices, nbit, dtype)
 
     return embedding
 
@@ -642,7 +552,7 @@ class Rebuild:
                 return f"delegate '{delegate.id}' has no functional form"
             return None
         assert isinstance(ins, p.KernelCall)
-        if name in _PRIM or name in _SIZE_OPS or name in _ET_VIEW:
+        if name in PRIM_OPS or name == _STRIDE or name in _ET_VIEW:
             return None
         if name in _DIM_ORDER_COPY or name == "dim_order_ops::_empty_dim_order.out":
             return None
@@ -699,19 +609,19 @@ class Rebuild:
             return
         assert isinstance(ins, p.KernelCall)
         args = ins.args
-        if name in _PRIM:
+        prim = PRIM_OPS.get(name)
+        if prim is not None:
+            if len(args) != prim.arity + 1:
+                raise RebuildError(f"{name}: expected {prim.arity + 1} values, got {len(args)}")
             *operands, out = args
-            env[out] = _PRIM[name](*(self.read(env, a) for a in operands))
+            env[out] = prim.traced(*(self.read(env, a) for a in operands))
             return
-        if name in _SIZE_OPS:
+        if name == _STRIDE:
             x, dim, out = args
             t, d = self.read(env, x), self.read(env, dim)
-            if name == "aten::sym_size.int":
-                env[out] = t.size(d)
-            else:
-                value = self.plan.values[x]
-                order = value.dim_order if isinstance(value, p.Tensor) else range(t.dim())
-                env[out] = dim_order_strides(t.shape, order)[d]
+            value = self.plan.values[x]
+            order = value.dim_order if isinstance(value, p.Tensor) else range(t.dim())
+            env[out] = dim_order_strides(t.shape, order)[d]
             return
         if name in _ET_VIEW:
             src, sizes, out = args

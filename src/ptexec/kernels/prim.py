@@ -6,12 +6,20 @@ ExecuTorch's kernels: int op int -> int, anything with a float -> float, ``trued
 always float, ``floordiv.Scalar`` floors (Python semantics) while ``floordiv.int`` and
 ``mod.int`` truncate toward zero (C++ semantics), float division by zero gives +-inf (nan
 for 0/0), and ``round`` rounds half to even.
+
+Each op has one body (:data:`PRIM_OPS`): the interpreter runs it (or, for an operator
+expression, writes it inline), the compiled tier traces it, with ``traced=True`` where a
+symbolic operand needs torch's ``sym_*`` helpers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -19,7 +27,9 @@ import torch
 from ..format import program as p
 from .registry import Emission, KernelContext, UnsupportedKernel, register
 
-__all__: list[str] = []
+__all__ = ["PRIM_OPS", "PrimOp"]
+
+_torch: Any = torch  # symbolic-value helpers torch does not annotate
 
 
 def _arity(ctx: KernelContext, n: int) -> None:
@@ -29,113 +39,213 @@ def _arity(ctx: KernelContext, n: int) -> None:
         )
 
 
-def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelContext], Emission]:
-    def factory(ctx: KernelContext) -> Emission:
-        _arity(ctx, 3)
-        a, b, out = ctx.args
-        f = ctx.bind(fn, "f")
-        return ctx.emit(f"v[{out}] = {f}({ctx.expr(a)}, {ctx.expr(b)})", writes=(out,), mutates=())
+# ---------------------------------------------------------------------------------------
+# the scalar ops: one body each, for the interpreter and for a traced program
 
-    return factory
+_FLOATS = (float, torch.SymFloat)
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _unary(fn: Callable[[Any], Any]) -> Callable[[KernelContext], Emission]:
-    def factory(ctx: KernelContext) -> Emission:
-        _arity(ctx, 2)
-        a, out = ctx.args
-        f = ctx.bind(fn, "f")
-        return ctx.emit(f"v[{out}] = {f}({ctx.expr(a)})", writes=(out,), mutates=())
-
-    return factory
-
-
-def _inline(template: str, n: int) -> Callable[[KernelContext], Emission]:
-    """A prim op whose result is a Python expression of its operands ({0}, {1}, ...)."""
-
-    def factory(ctx: KernelContext) -> Emission:
-        _arity(ctx, n + 1)
-        # parenthesized: a literal operand must not merge with the template ("0.size(1)")
-        operands = [f"({ctx.expr(i)})" for i in ctx.args[:n]]
-        out = ctx.args[n]
-        return ctx.emit(f"v[{out}] = " + template.format(*operands), writes=(out,), mutates=())
-
-    return factory
-
-
-def _ieee_div(a: float, b: float) -> float:
-    """``a / b`` as IEEE 754 doubles: division by zero gives +-inf, or nan for 0/0."""
-    if b == 0.0:
-        if a == 0.0 or math.isnan(a):
-            return math.nan
-        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+def _ieee_div(a: Any, b: Any) -> Any:
+    """``a / b`` as IEEE 754 doubles: division by a zero gives +-inf, or nan for 0/0 and
+    nan/0 (``a / +-0.0`` equals ``a * +-inf`` for every ``a``)."""
+    if isinstance(b, float) and b == 0.0:
+        return a * math.copysign(math.inf, b)
     return a / b
 
 
-def _floordiv(a: Any, b: Any) -> Any:
-    if isinstance(a, float) or isinstance(b, float):
-        q = _ieee_div(float(a), float(b))
-        return float(math.floor(q)) if math.isfinite(q) else q
-    return a // b
-
-
-def _truediv(a: Any, b: Any) -> float:
+def _truediv(a: Any, b: Any, traced: bool = False) -> Any:
+    if traced:
+        return _ieee_div(_torch.sym_float(a), _torch.sym_float(b))
     return _ieee_div(float(a), float(b))
 
 
-def _trunc_div(a: int, b: int) -> int:
+def _floordiv(a: Any, b: Any, traced: bool = False) -> Any:
+    if isinstance(a, _FLOATS) or isinstance(b, _FLOATS):
+        q = _truediv(a, b, traced)
+        if isinstance(q, torch.SymFloat):
+            return _torch.sym_float(math.floor(q))
+        if not math.isfinite(q):
+            return q
+        r = float(math.floor(q))
+        return math.copysign(r, q) if r == 0.0 else r  # -0.0 stays -0.0, as floor keeps it
+    return a // b
+
+
+def _trunc_div(a: Any, b: Any) -> Any:
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b >= 0) else -q
 
 
-def _trunc_mod(a: int, b: int) -> int:
+def _trunc_mod(a: Any, b: Any) -> Any:
     return a - b * _trunc_div(a, b)
 
 
-def _sym_int(a: Any) -> int:
+def _sym_max(a: Any, b: Any, traced: bool = False) -> Any:
+    if traced and (isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC)):
+        return _torch.sym_max(a, b)
+    return max(a, b)
+
+
+def _sym_min(a: Any, b: Any, traced: bool = False) -> Any:
+    if traced and (isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC)):
+        return _torch.sym_min(a, b)
+    return min(a, b)
+
+
+def _sym_int(a: Any, traced: bool = False) -> Any:
+    if traced and isinstance(a, _SYMBOLIC):
+        return _torch.sym_int(a)
     return int(a)  # truncates floats, bool -> 0/1
 
 
-def _sym_float(a: Any) -> float:
+def _sym_float(a: Any, traced: bool = False) -> Any:
+    if traced and isinstance(a, _SYMBOLIC):
+        return _torch.sym_float(a)
     return float(a)
 
 
-def _round_even(a: float) -> int:
+def _round_even(a: Any) -> Any:
     return round(a)  # Python rounds half to even
 
 
-def _sym_not(a: Any) -> bool:
+def _sym_not(a: Any, traced: bool = False) -> Any:
+    if traced and isinstance(a, torch.SymBool):
+        return _torch.sym_not(a)
     return not a
 
 
-register("executorch_prim::add.Scalar")(_inline("{0} + {1}", 2))
-register("executorch_prim::sub.Scalar")(_inline("{0} - {1}", 2))
-register("executorch_prim::mul.Scalar")(_inline("{0} * {1}", 2))
-register("executorch_prim::floordiv.Scalar")(_binary(_floordiv))
-register("executorch_prim::truediv.Scalar")(_binary(_truediv))
-register("executorch_prim::floordiv.int")(_binary(_trunc_div))
-register("executorch_prim::mod.int", "executorch_prim::mod.Scalar")(_binary(_trunc_mod))
-register("executorch_prim::sym_max.Scalar")(_binary(max))
-register("executorch_prim::sym_min.Scalar")(_binary(min))
-register("executorch_prim::eq.Scalar")(_inline("{0} == {1}", 2))
-register("executorch_prim::gt.Scalar")(_inline("{0} > {1}", 2))
-register("executorch_prim::lt.Scalar")(_inline("{0} < {1}", 2))
-register("executorch_prim::ge.Scalar")(_inline("{0} >= {1}", 2))
-register("executorch_prim::le.Scalar")(_inline("{0} <= {1}", 2))
-register("executorch_prim::neg.Scalar")(_inline("-{0}", 1))
-register("executorch_prim::sym_not.Scalar")(_unary(_sym_not))
-register("executorch_prim::sym_float.Scalar")(_unary(_sym_float))
-register("executorch_prim::sym_int.Scalar")(_unary(_sym_int))
-register("executorch_prim::ceil.Scalar")(_unary(math.ceil))
-register("executorch_prim::trunc.Scalar")(_unary(math.trunc))
-register("executorch_prim::round.Scalar")(_unary(_round_even))
-register("executorch_prim::sym_ite.Scalar")(_inline("({1} if {0} else {2})", 3))
+def _ite(cond: Any, a: Any, b: Any, traced: bool = False) -> Any:
+    if traced and isinstance(cond, torch.SymBool):
+        return _torch.sym_ite(cond, a, b)
+    return a if cond else b
 
-# Symbolic size ops (ExecuTorch registers them as prim ops; these avoid a dispatcher call).
-register("aten::sym_size.int")(_inline("{0}.size({1})", 2))
-register("aten::sym_numel", "aten::sym_numel.default")(_inline("{0}.numel()", 1))
-register("aten::sym_stride.int")(_inline("{0}.stride({1})", 2))
-register("aten::sym_storage_offset", "aten::sym_storage_offset.default")(_inline("0", 1))
-register("aten::_local_scalar_dense", "aten::_local_scalar_dense.default")(_inline("{0}.item()", 1))
+
+def _size(t: torch.Tensor, dim: Any) -> Any:
+    return t.size(dim)
+
+
+def _numel(t: torch.Tensor) -> Any:
+    return t.numel()
+
+
+def _storage_offset(t: torch.Tensor) -> int:
+    return 0  # every program tensor starts its own memory
+
+
+def _item(t: torch.Tensor) -> Any:
+    return t.item()
+
+
+# the interpreter writes these bodies as Python source in its generated code (a call
+# costs more than the expression); each spelling is exactly its body
+_SPELLED: dict[Callable[..., Any], str] = {
+    operator.add: "{0} + {1}",
+    operator.sub: "{0} - {1}",
+    operator.mul: "{0} * {1}",
+    operator.eq: "{0} == {1}",
+    operator.gt: "{0} > {1}",
+    operator.lt: "{0} < {1}",
+    operator.ge: "{0} >= {1}",
+    operator.le: "{0} <= {1}",
+    operator.neg: "-{0}",
+    _ite: "({1} if {0} else {2})",
+    _size: "{0}.size({1})",
+    _numel: "{0}.numel()",
+    _storage_offset: "0",
+    _item: "{0}.item()",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PrimOp:
+    """A scalar op of ``arity`` operands: ``compute`` is its body on Python values (the
+    interpreter's), ``traced`` the same body on the values of a program being traced,
+    which may be torch's symbolic integers, floats and bools. On Python values the two
+    give the same result: the traced form takes torch's ``sym_*`` helpers only for a
+    symbolic operand."""
+
+    arity: int
+    compute: Callable[..., Any]
+    traced: Callable[..., Any]
+
+
+def _op(arity: int, body: Callable[..., Any], flagged: bool = False) -> PrimOp:
+    """``body`` as an op; ``flagged``: it takes ``traced=True`` for a traced program."""
+    return PrimOp(arity, body, partial(body, traced=True) if flagged else body)
+
+
+PRIM_OPS: Mapping[str, PrimOp] = MappingProxyType(
+    {
+        "executorch_prim::add.Scalar": _op(2, operator.add),
+        "executorch_prim::sub.Scalar": _op(2, operator.sub),
+        "executorch_prim::mul.Scalar": _op(2, operator.mul),
+        "executorch_prim::floordiv.Scalar": _op(2, _floordiv, flagged=True),
+        "executorch_prim::truediv.Scalar": _op(2, _truediv, flagged=True),
+        "executorch_prim::floordiv.int": _op(2, _trunc_div),
+        "executorch_prim::mod.int": _op(2, _trunc_mod),
+        "executorch_prim::mod.Scalar": _op(2, _trunc_mod),
+        "executorch_prim::sym_max.Scalar": _op(2, _sym_max, flagged=True),
+        "executorch_prim::sym_min.Scalar": _op(2, _sym_min, flagged=True),
+        "executorch_prim::eq.Scalar": _op(2, operator.eq),
+        "executorch_prim::gt.Scalar": _op(2, operator.gt),
+        "executorch_prim::lt.Scalar": _op(2, operator.lt),
+        "executorch_prim::ge.Scalar": _op(2, operator.ge),
+        "executorch_prim::le.Scalar": _op(2, operator.le),
+        "executorch_prim::neg.Scalar": _op(1, operator.neg),
+        "executorch_prim::sym_not.Scalar": _op(1, _sym_not, flagged=True),
+        "executorch_prim::sym_float.Scalar": _op(1, _sym_float, flagged=True),
+        "executorch_prim::sym_int.Scalar": _op(1, _sym_int, flagged=True),
+        "executorch_prim::ceil.Scalar": _op(1, math.ceil),
+        "executorch_prim::trunc.Scalar": _op(1, math.trunc),
+        "executorch_prim::round.Scalar": _op(1, _round_even),
+        "executorch_prim::sym_ite.Scalar": _op(3, _ite, flagged=True),
+        # symbolic size ops (ExecuTorch registers them as prim ops; no dispatcher call)
+        "aten::sym_size.int": _op(2, _size),
+        "aten::sym_numel": _op(1, _numel),
+        "aten::sym_numel.default": _op(1, _numel),
+        "aten::sym_storage_offset": _op(1, _storage_offset),
+        "aten::sym_storage_offset.default": _op(1, _storage_offset),
+        "aten::_local_scalar_dense": _op(1, _item),
+        "aten::_local_scalar_dense.default": _op(1, _item),
+    }
+)
+"""Every scalar op by name (operands first, the result into the last slot); the
+compiled tier traces ``traced``."""
+
+
+def _kernel(op: PrimOp) -> Callable[[KernelContext], Emission]:
+    def factory(ctx: KernelContext) -> Emission:
+        _arity(ctx, op.arity + 1)
+        out = ctx.args[op.arity]
+        spelled = _SPELLED.get(op.compute)
+        if spelled is not None:
+            # parenthesized: a literal operand must not merge with the template ("0.size(1)")
+            operands = [f"({ctx.expr(i)})" for i in ctx.args[: op.arity]]
+            return ctx.emit(f"v[{out}] = " + spelled.format(*operands), writes=(out,), mutates=())
+        f = ctx.bind(op.compute, "f")
+        call = ", ".join(ctx.expr(i) for i in ctx.args[: op.arity])
+        return ctx.emit(f"v[{out}] = {f}({call})", writes=(out,), mutates=())
+
+    return factory
+
+
+for _name, _prim in PRIM_OPS.items():
+    register(_name)(_kernel(_prim))
+del _name, _prim
+
+
+def _stride(ctx: KernelContext) -> Emission:
+    """``sym_stride.int``: the memory's stride (a traced program reads it from the
+    program's dim order instead, which only the program knows)."""
+    _arity(ctx, 3)
+    t, dim, out = ctx.args
+    return ctx.emit(
+        f"v[{out}] = ({ctx.expr(t)}).stride(({ctx.expr(dim)}))", writes=(out,), mutates=()
+    )
+
+
+register("aten::sym_stride.int")(_stride)
 
 
 def _view(src: torch.Tensor, sizes: list[int]) -> torch.Tensor:

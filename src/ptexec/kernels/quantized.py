@@ -42,11 +42,13 @@ from .fixed_args import Param, fixed_kernel
 from .registry import Emission, KernelContext, KernelFactory, register
 
 __all__ = [
+    "check_embedding",
     "choose_qparams",
     "choose_qparams_per_token_asymmetric",
     "dequantize_per_channel",
     "dequantize_per_tensor",
     "dequantize_per_token",
+    "embedding_rows",
     "embedding_xbit",
     "mixed_linear",
     "mixed_mm",
@@ -487,6 +489,64 @@ def unpack(weight: torch.Tensor, nbit: int) -> torch.Tensor:
     return torch.stack(parts, dim=-1).reshape(*w.shape[:-1], -1) - offset
 
 
+def _embedding_name(nbit: int) -> str:
+    return f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
+
+
+def check_embedding(
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    indices: torch.Tensor,
+    nbit: int,
+) -> None:
+    """The checks of :func:`embedding_xbit` that read no data (shapes, dtypes, the scale
+    groups): they hold for a traced program as for a run."""
+    what = _embedding_name(nbit)
+    if nbit not in (8, 4, 2):
+        raise ValueError(f"embedding: unsupported bit width {nbit}")
+    if weight.dim() != 2:
+        raise ValueError(f"{what}: weight must be 2-D, got {weight.dim()}-D")
+    if scales.dim() not in (1, 2) or scales.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"{what}: scales must be [{weight.shape[0]}] or [{weight.shape[0]}, groups], got "
+            f"{list(scales.shape)}"
+        )
+    if quant_min > quant_max:
+        raise ValueError(f"{what}: quant_min {quant_min} > quant_max {quant_max}")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64 or int32")
+    dim = weight.shape[1] * (8 // nbit)
+    groups = scales.shape[1] if scales.dim() == 2 else 1
+    if groups < 1 or dim % groups:
+        raise ValueError(f"{what}: {groups} scale groups do not divide the embedding dim {dim}")
+
+
+def embedding_rows(
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    indices: torch.Tensor,
+    nbit: int,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The computation of :func:`embedding_xbit` on arguments :func:`check_embedding`
+    accepted and indices in range (no check here reads data: it traces)."""
+    index = indices.to(torch.int64)
+    values = unpack(weight[index], nbit)
+    dim = values.shape[-1]
+    groups = scales.shape[1] if scales.dim() == 2 else 1
+    lead = tuple(indices.shape)
+    grouped = values.reshape(*lead, groups, dim // groups).to(torch.float32)
+    s = scales[index].reshape(*lead, groups, 1).to(torch.float32)
+    if zero_points is not None:
+        zp = zero_points[index].reshape(*lead, groups, 1).to(torch.float32)
+        grouped = grouped - zp
+    result = (grouped * s).reshape(*lead, dim)
+    return result if out_dtype is None else result.to(out_dtype)
+
+
 def embedding_xbit(
     weight: torch.Tensor,
     scales: torch.Tensor,
@@ -503,38 +563,14 @@ def embedding_xbit(
     uint8); ``scales`` is [rows] or [rows, groups]; the result is ``indices.shape + [dim]``,
     float32 unless ``out_dtype`` is given (the caller stores it into ``out``).
     """
-    what = f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
-    if weight.dim() != 2:
-        raise ValueError(f"{what}: weight must be 2-D, got {weight.dim()}-D")
-    if scales.dim() not in (1, 2) or scales.shape[0] != weight.shape[0]:
-        raise ValueError(
-            f"{what}: scales must be [{weight.shape[0]}] or [{weight.shape[0]}, groups], got "
-            f"{list(scales.shape)}"
-        )
-    if quant_min > quant_max:
-        raise ValueError(f"{what}: quant_min {quant_min} > quant_max {quant_max}")
-    if indices.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64 or int32")
+    check_embedding(weight, scales, quant_min, quant_max, indices, nbit)
     index = indices.to(torch.int64)
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= weight.shape[0]):
         raise IndexError(
-            f"{what}: index out of range [0, {weight.shape[0]}): got values in "
+            f"{_embedding_name(nbit)}: index out of range [0, {weight.shape[0]}): got values in "
             f"[{int(index.min())}, {int(index.max())}]"
         )
-    rows = weight[index]
-    values = unpack(rows, nbit)
-    dim = values.shape[-1]
-    groups = scales.shape[1] if scales.dim() == 2 else 1
-    if groups < 1 or dim % groups:
-        raise ValueError(f"{what}: {groups} scale groups do not divide the embedding dim {dim}")
-    lead = tuple(indices.shape)
-    grouped = values.reshape(*lead, groups, dim // groups).to(torch.float32)
-    s = scales[index].reshape(*lead, groups, 1).to(torch.float32)
-    if zero_points is not None:
-        zp = zero_points[index].reshape(*lead, groups, 1).to(torch.float32)
-        grouped = grouped - zp
-    result = (grouped * s).reshape(*lead, dim)
-    return result if out_dtype is None else result.to(out_dtype)
+    return embedding_rows(weight, scales, zero_points, indices, nbit, out_dtype)
 
 
 def _mixed_mm_weight(
@@ -836,7 +872,7 @@ def _prepared_table(ctx: KernelContext, nbit: int) -> torch.Tensor | None:
 
 
 def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
-    what = f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
+    what = _embedding_name(nbit)
 
     def kernel(
         weight: torch.Tensor,
