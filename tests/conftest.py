@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    """A test that sets torch's thread count (the CLI's ``--threads`` run in-process) does
+    not change it for the tests after it."""
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
 
 
 def executorch_runtime():  # type: ignore[no-untyped-def]

@@ -93,6 +93,8 @@ def test_the_cache_works_across_processes() -> None:
     pte = fixture_paths("mlp")[0]
     code = (
         "import sys, torch, ptexec\n"
+        # the same thread count: CPU code is compiled for one (it is part of the key)
+        f"torch.set_num_threads({torch.get_num_threads()})\n"
         f"m = ptexec.load({str(pte)!r}).load_method('forward', compile=True)\n"
         "r = m.compile_report\n"
         "x = torch.ones(2, 8)\n"

@@ -631,11 +631,14 @@ def test_the_key_follows_what_the_build_targets(monkeypatch: pytest.MonkeyPatch)
     other = cache_key([b"program"], "forward", "cpu", {})
     assert other != base
     monkeypatch.setenv("TORCHINDUCTOR_CPP_MARCH", "x86-64-v3")
-    if "torch._inductor.config" in sys.modules:
-        monkeypatch.setattr(sys.modules["torch._inductor.config"].cpp, "march", "x86-64-v3")
-    named = cache_key([b"program"], "forward", "cpu", {})
-    monkeypatch.setattr(cache_mod, "_cpu_features", lambda: "a third cpu")
-    assert cache_key([b"program"], "forward", "cpu", {}) == named != other
+    import torch._inductor.config as inductor_config
+
+    # the config's own patch: monkeypatch would delete the class attribute on undo, and
+    # every later compile in the process would fail
+    with inductor_config.patch({"cpp.march": "x86-64-v3"}):
+        named = cache_key([b"program"], "forward", "cpu", {})
+        monkeypatch.setattr(cache_mod, "_cpu_features", lambda: "a third cpu")
+        assert cache_key([b"program"], "forward", "cpu", {}) == named != other
 
 
 def test_the_cpu_features_are_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -169,7 +169,7 @@ def test_without_matplotlib_the_text_still_works(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     ((_, mp),) = _plans("mlp")
     assert "buffer 1" in mp.summary()
-    with pytest.raises(ImportError, match=r"ptexec\[plot\]"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[plot\]'"):
         mp.draw(tmp_path / "x.png")
     pte = str(fixture_paths("mlp")[0])
     assert main(["plan", pte]) == 0
