@@ -221,7 +221,7 @@ def test_missing_cuda_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None
 def test_failure_advice_for_a_missing_gpu_index() -> None:
     import argparse
 
-    from ptexec.cli import _failure
+    from ptexec.cli.common import failure as _failure
     from ptexec.errors import DeviceUnavailableError
 
     e = DeviceUnavailableError("needs cuda:3", "map it with device_map=...", "cuda:3", 2)

@@ -134,10 +134,10 @@ seen["portable_lib 1"] = [torch.get_num_threads(), pl._threadpool_get_thread_cou
                           et._threadpool_get_thread_count(), torch.equal(got, want)]
 pl._unsafe_reset_threadpool(0)
 seen["portable_lib 0"] = [torch.get_num_threads(), et._threadpool_get_thread_count()]
-from ptexec import cli
-seen["cli same"] = cli._on_threads()
+from ptexec.cli import common as cli
+seen["cli same"] = cli.threads_used()
 torch.set_num_threads(3)  # behind ptexec's back: the command line says both counts
-seen["cli differ"] = cli._on_threads()
+seen["cli differ"] = cli.threads_used()
 print(json.dumps(seen))
 """
     )
@@ -252,6 +252,7 @@ def test_cli_compile_says_its_threads(
     from types import SimpleNamespace
 
     from ptexec import cli
+    from ptexec.cli import compile as cli_compile
 
     counts: list[int] = []
 
@@ -259,7 +260,7 @@ def test_cli_compile_says_its_threads(
         counts.append(torch.get_num_threads())
         return SimpleNamespace(warning=None, compiled_instructions=1)
 
-    monkeypatch.setattr(cli, "_print_compiled", compiled)
+    monkeypatch.setattr(cli_compile, "print_compiled", compiled)
     assert cli.main(["compile", MLP, "--threads", "1"]) == 0
     assert capsys.readouterr().out.startswith("compiling on 1 thread\nmethod 'forward':")
     assert counts == [1]

@@ -508,11 +508,11 @@ def test_cli_trace_nan_hunt_and_tensors(tmp_path: Any, capsys: pytest.CaptureFix
 
 
 def test_cli_progress(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from ptexec import cli
+    from ptexec.cli import common as cli
 
     clock = iter([0.0, 0.5, 1.2, 1.3, 2.0, 2.1])
     monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
-    progress = cli._Progress("{done} of {total}")
+    progress = cli.Progress("{done} of {total}")
     for done in range(1, 6):
         progress(done, 10)
     progress.close()

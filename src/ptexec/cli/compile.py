@@ -1,0 +1,90 @@
+"""``ptexec compile`` (fill the compile cache) and ``ptexec cache`` (list, verify, clear)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .common import apply_threads, device_map_of, load_program, report_has_warnings, threads_used
+
+
+def compile_option(args: argparse.Namespace) -> dict[str, Any]:
+    if not getattr(args, "compile", False):
+        return {}
+    from ..compile import CompileOptions
+
+    return {"compile": CompileOptions(progress=None)}
+
+
+def print_compiled(prog: Any, name: str, device_map: Any) -> Any:
+    """Load method ``name`` compiled (from the cache, or compiling it) and print the report."""
+    from ..compile import CompileOptions
+
+    with report_has_warnings():
+        method = prog.load_method(
+            name, device_map=device_map, compile=CompileOptions(progress=None)
+        )
+    report = method.compile_report
+    print("  " + report.summary().replace("\n", "\n  "))
+    return report
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile every method (or ``--method``) for ``--device``, filling the cache, so that
+    ``load_method(..., compile=True)`` later compiles nothing."""
+    apply_threads(args)
+    prog = load_program(args)
+    device_map = args.device or device_map_of(args)
+    names = [args.method] if args.method else list(prog.method_names)
+    print(f"compiling {threads_used()}")
+    status = 0
+    for name in names:
+        print(f"method '{name}':")
+        report = print_compiled(prog, name, device_map)
+        if report.warning and not report.compiled_instructions:
+            status = 1
+    return status
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``ptexec cache list|verify|clear``: the compile cache's entries, checked, or removed."""
+    from datetime import datetime
+
+    from ..compile.cache import Cache, cache_dir, max_bytes, root_status
+    from ..errors import CacheEntryError
+
+    root = Path(args.dir).expanduser() if args.dir else cache_dir()
+    if not root.exists():
+        print(f"compile cache {root}: empty (the directory does not exist yet)")
+        return 0
+    problem, writable = root_status(root)
+    if problem is not None:
+        print(f"compile cache {root}: not used: {problem}")
+        return 1
+    cache = Cache(root, writable)
+    if args.action == "clear":
+        print(f"compile cache {root}: removed {cache.clear()} entries")
+        return 0
+    print(f"compile cache {root} ({'writable' if writable else 'read only'})")
+    damaged = 0
+    total = 0
+    entries = cache.entries()
+    for entry in entries:
+        size = entry.size()
+        total += size
+        used = datetime.fromtimestamp(entry.last_used()).strftime("%Y-%m-%d %H:%M")
+        try:
+            manifest = entry.verify()
+            what = f"'{manifest.method}', {len(manifest.regions)} region(s)"
+        except CacheEntryError as e:
+            damaged += 1
+            what = f"damaged: {e}"
+        print(f"  {entry.key[:16]}  {size / 2**20:9.2f} MiB  used {used}  {what}")
+    for path in cache.leftovers():
+        print(f"  {path.name}: left by a compile that did not finish")
+    cap = max_bytes()
+    limit = f"of {cap / 2**30:.1f} GiB (PTEXEC_CACHE_MAX_BYTES)" if cap else "(no size limit)"
+    noun = "entry" if len(entries) == 1 else "entries"
+    print(f"{len(entries)} {noun}, {total / 2**20:.2f} MiB {limit}; {damaged} damaged")
+    return 1 if args.action == "verify" and damaged else 0

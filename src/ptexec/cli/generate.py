@@ -1,0 +1,104 @@
+"""``ptexec generate``: text from an exported LLM."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .common import add_threads, apply_threads, threads_used
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Stream generated text to stdout; timings to stderr at the end."""
+    from ..llm import GenerationConfig, TextLLMRunner
+
+    # the settings are checked before the program loads; the runner checks the prompt and
+    # the budget before it prints anything
+    config = GenerationConfig(
+        echo=not args.no_echo,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        num_bos=args.bos,
+        stop=args.stop or (),
+        ignore_eos=args.ignore_eos,
+    )
+    apply_threads(args)
+    device_map = args.device if args.device else None
+    runner = TextLLMRunner(
+        args.file,
+        args.tokenizer,
+        args.data,
+        device_map=device_map,
+        compile=args.compile,
+        print_output=False,
+    )
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    prompt = args.prompt
+    if args.chat:  # the prompt is the user's message, rendered by the model's chat template
+        from ..llm.chat import ChatTemplate
+
+        template = ChatTemplate.for_tokenizer(args.tokenizer, args.chat_template)
+        if template is None:
+            print("ptexec: --chat needs a chat template (tokenizer_config.json or "
+                  "--chat-template)", file=sys.stderr)  # fmt: skip
+            return 1
+        prompt = template.render([{"role": "user", "content": prompt}])
+        config.echo = False
+    runner.generate(prompt, config, token_callback=show)
+    sys.stdout.write("\n")
+    stats = runner.stats
+    load_ms = stats.model_load_end_ms - stats.model_load_start_ms
+    print(
+        f"load {load_ms:.1f} ms; prompt {stats.num_prompt_tokens} tokens, prefill "
+        f"{stats.prefill_ms:.2f} ms; first token after {stats.time_to_first_token_ms:.2f} ms; "
+        f"{stats.num_generated_tokens} tokens generated, {stats.tokens_per_second:.1f} tokens/s "
+        f"{threads_used()}",
+        file=sys.stderr,
+    )
+    if args.stats:
+        print(stats.to_json_string(), file=sys.stderr)
+    return 0
+
+
+def add_generate(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text with an exported LLM (KV-cache .pte) and its tokenizer"
+    )
+    p.add_argument("file", help="the .pte program (an LLM export)")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="tokenizer.json (Hugging Face), tiktoken, SentencePiece or llama2.c file",
+    )
+    p.add_argument("--prompt", required=True, help="the prompt")
+    p.add_argument("--data", help="external data file (.ptd) of the program")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=128, help="most tokens to generate (-1: context)"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy"
+    )
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--seed", type=int, help="seed of the sampler (default: random)")
+    p.add_argument("--bos", type=int, default=0, help="BOS tokens to put before the prompt")
+    p.add_argument("--stop", action="append", help="stop string; repeatable")
+    p.add_argument("--ignore-eos", action="store_true", help="generate past EOS tokens")
+    p.add_argument("--no-echo", action="store_true", help="do not print the prompt first")
+    p.add_argument("--device", help="run the program on this device (cpu, cuda, cuda:1)")
+    p.add_argument(
+        "--compile", action="store_true", help="run the program through ptexec's compiled tier"
+    )
+    add_threads(p)
+    p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
+    p.add_argument("--chat", action="store_true", help="the prompt is a user message (template)")
+    p.add_argument("--chat-template", help="a Jinja chat template file (with --chat)")
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,234 @@
+"""``ptexec inspect`` (methods, values, delegates) and ``ptexec plan`` (the memory plan)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .common import device_map_of, load_program, size_text
+from .compile import print_compiled
+
+
+def _value_line(i: int, info: Any) -> str:
+    from ..loader import ScalarInfo
+
+    if isinstance(info, ScalarInfo):
+        return f"    {i}: {info.kind} (traced value {info.value!r})"
+    dims = ", ".join(str(s) for s in info.sizes)
+    dyn = "" if info.dynamism == "static" else f", {info.dynamism.replace('_', ' ')}"
+    planned = "planned" if info.is_memory_planned else "unplanned (caller's memory)"
+    return (
+        f"    {i}: {str(info.dtype).removeprefix('torch.')}[{dims}] {info.layout} "
+        f"on {info.device}, {planned}{dyn}"
+    )
+
+
+def method_report(prog: Any, name: str, device_map: Any) -> dict[str, Any]:
+    from ..device import schema_device
+    from ..format import program as p
+
+    meta = prog.method_meta(name, device_map=device_map)
+    plan = next(pl for pl in prog.pte.program.execution_plan if pl.name == name)
+    ops: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            kinds[type(ins).__name__] += 1
+            if isinstance(ins, p.KernelCall):
+                ops[plan.operators[ins.op_index].qualified_name] += 1
+    devices: Counter[str] = Counter()
+    for value in plan.values:
+        if isinstance(value, p.Tensor):
+            devices[str(schema_device(*value.device))] += 1
+    delegates = []
+    for d in plan.delegates:
+        entry: dict[str, Any] = {
+            "id": d.id,
+            "compile_specs": {s.key: _spec_text(s.value) for s in d.compile_specs},
+        }
+        nodes = _delegate_nodes(prog, d)
+        if nodes is not None:
+            entry["nodes"] = nodes
+        delegates.append(entry)
+    return {
+        "meta": meta,
+        "operators": ops,
+        "instructions": kinds,
+        "tensor_devices": devices,
+        "delegates": delegates,
+    }
+
+
+def _spec_text(value: bytes) -> str:
+    try:
+        text = value.decode("utf-8")
+        if text.isprintable():
+            return text
+    except UnicodeDecodeError:
+        pass
+    return value.hex() if len(value) <= 16 else f"{len(value)} bytes"
+
+
+def _delegate_nodes(prog: Any, delegate: Any) -> dict[str, int] | None:
+    """Node types and counts of a delegate payload, when its backend can describe it."""
+    from ..delegates import describe_payload
+
+    try:
+        return describe_payload(delegate.id, prog.pte.delegate_data(delegate.processed))
+    except Exception:  # a payload the describer cannot read: inspect still reports the rest
+        return None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    prog = load_program(args)
+    pte = prog.pte
+    device_map = device_map_of(args)
+    names = [args.method] if args.method else list(prog.method_names)
+    reports = {name: method_report(prog, name, device_map) for name in names}
+    if args.json:
+        print(json.dumps(json_report(prog, reports), indent=2))
+        return 0
+    header = "extended header, " if pte.header is not None else ""
+    print(
+        f"{args.file}: ExecuTorch program, {size_text(len(pte.data))}, {header}"
+        f"{len(pte.segments)} segment(s), {len(prog.method_names)} method(s)"
+    )
+    if prog.ptd is not None:
+        print(f"  external data: {args.data} ({len(prog.ptd.entries)} tensors)")
+    for name, rep in reports.items():
+        meta = rep["meta"]
+        print(f"\nmethod '{name}': {meta.num_instructions} instructions")
+        print("  inputs:")
+        for i, info in enumerate(meta.inputs):
+            print(_value_line(i, info))
+        print("  outputs:")
+        for i, info in enumerate(meta.outputs):
+            print(_value_line(i, info))
+        print(f"  memory plan: {size_text(meta.planned_bytes)}")
+        for b in meta.buffers:
+            print(f"    {b}")
+        print(
+            "  tensors by device: "
+            + ", ".join(f"{d}: {n}" for d, n in sorted(rep["tensor_devices"].items()))
+        )
+        if args.values:
+            _print_values(prog, name)
+        kinds = rep["instructions"]
+        print("  instructions: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+        print(f"  operators ({len(rep['operators'])}):")
+        for op, n in rep["operators"].most_common():
+            print(f"    {n:5d}  {op}")
+        if rep["delegates"]:
+            print("  delegates:")
+            for d in rep["delegates"]:
+                specs = ", ".join(f"{k}={v}" for k, v in d["compile_specs"].items())
+                print(f"    {d['id']}" + (f" ({specs})" if specs else ""))
+                for node, n in sorted(d.get("nodes", {}).items(), key=lambda kv: -kv[1]):
+                    print(f"      {n:5d}  {node}")
+        if args.compile:
+            print_compiled(prog, name, device_map)
+    return 0
+
+
+def _print_values(prog: Any, name: str) -> None:
+    """Every tensor value of a method: its type, layout, device label and where its
+    memory comes from."""
+    from ..device import schema_device
+    from ..format import program as p
+    from ..format.scalar_type import scalar_type_name
+    from ..tensor import layout_name
+
+    plan = next(pl for pl in prog.pte.program.execution_plan if pl.name == name)
+    inputs = {slot: i for i, slot in enumerate(plan.inputs)}
+    outputs = {slot: i for i, slot in enumerate(plan.outputs)}
+    print("  tensors:")
+    for j, t in enumerate(plan.values):
+        if not isinstance(t, p.Tensor):
+            continue
+        dims = ", ".join(str(s) for s in t.sizes)
+        if t.allocation_info is not None:
+            where = f"buffer {t.allocation_info.memory_id} at {t.allocation_info.memory_offset}"
+        elif t.is_external:
+            where = "external data"
+        elif t.is_constant:
+            where = "constant"
+        else:
+            where = "unplanned"
+        roles = [f"input {inputs[j]}"] if j in inputs else []
+        roles += [f"output {outputs[j]}"] if j in outputs else []
+        dyn = "" if t.shape_dynamism == p.STATIC else f" {p.DYNAMISM_NAMES[t.shape_dynamism]}"
+        print(
+            f"    v{j:<5} {scalar_type_name(t.scalar_type)}[{dims}] {layout_name(t.dim_order)}{dyn}"
+            f" on {schema_device(*t.device)}, {where}" + (f" ({', '.join(roles)})" if roles else "")
+        )
+
+
+def json_report(prog: Any, reports: dict[str, Any]) -> dict[str, Any]:
+    from ..loader import ScalarInfo
+
+    def value(info: Any) -> dict[str, Any]:
+        if isinstance(info, ScalarInfo):
+            return {"kind": info.kind, "value": info.value}
+        return {
+            "kind": "tensor",
+            "dtype": str(info.dtype).removeprefix("torch."),
+            "sizes": list(info.sizes),
+            "dim_order": list(info.dim_order) if info.dim_order is not None else None,
+            "device": str(info.device),
+            "is_memory_planned": info.is_memory_planned,
+            "dynamism": info.dynamism,
+            "nbytes": info.nbytes,
+        }
+
+    methods = {}
+    for name, rep in reports.items():
+        meta = rep["meta"]
+        methods[name] = {
+            "inputs": [value(i) for i in meta.inputs],
+            "outputs": [value(o) for o in meta.outputs],
+            "buffers": [
+                {
+                    "index": b.index,
+                    "size": b.size,
+                    "device": str(b.device),
+                    "device_source": b.device_source,
+                    "shared": b.shared,
+                }
+                for b in meta.buffers
+            ],
+            "instructions": dict(rep["instructions"]),
+            "operators": dict(rep["operators"]),
+            "tensor_devices": dict(rep["tensor_devices"]),
+            "delegates": rep["delegates"],
+        }
+    return {"methods": methods, "segments": len(prog.pte.segments), "size": len(prog.pte.data)}
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..plan import memory_plan
+
+    prog = load_program(args)
+    names = [args.method] if args.method else list(prog.method_names)
+    plans = [memory_plan(prog, name, device_map=device_map_of(args)) for name in names]
+    if args.json:
+        print(json.dumps([mp.to_dict() for mp in plans], indent=1))
+    else:
+        for k, mp in enumerate(plans):
+            if k:
+                print()
+            print(mp.summary(top=args.top))
+    if args.out:
+        out = Path(args.out)
+        for mp in plans:
+            path = out if len(plans) == 1 else out.with_name(f"{out.stem}.{mp.method}{out.suffix}")
+            try:
+                mp.draw(path)
+            except ImportError as e:
+                print(f"ptexec: {e}", file=sys.stderr)
+                return 1
+            print(f"  picture saved to {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,107 @@
+"""``ptexec run``, ``trace`` and ``profile``: call a method and show what happened."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from .common import Progress, apply_threads, report_has_warnings, save, threads_used
+from .compile import compile_option
+from .inputs import method_and_inputs, summary
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    apply_threads(args)
+    with report_has_warnings():
+        method, inputs = method_and_inputs(args, **compile_option(args))
+    if method.compile_report is not None:
+        print("  " + method.compile_report.summary().replace("\n", "\n  "))
+    outputs = method.execute(inputs)
+    cuda = torch.cuda.is_available()
+    for _ in range(min(args.repeat, 5)):  # warm-up calls, not timed
+        method.execute(inputs)
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        method.execute(inputs)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    for i, y in enumerate(outputs):
+        print(f"  output {i}: {summary(y)}")
+    rec = method.last_call
+    copied = ", ".join(f"{k} {v}" for k, v in rec.bytes_copied.items() if v) or "none"
+    print(f"  inputs bound: {', '.join(rec.inputs) or 'none'}; bytes copied: {copied}")
+    if times:
+        med = statistics.median(times)
+        print(
+            f"  latency: median {med * 1e3:.3f} ms over {len(times)} call(s) (min {min(times) * 1e3:.3f} ms)"
+            f" {threads_used()}"
+        )
+    if args.output:
+        save(outputs, args.output)
+        print(f"  outputs saved to {args.output}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+
+    apply_threads(args)
+    method, inputs = method_and_inputs(args, optimize=not args.no_optimize)
+    progress = Progress("trace: {done} instructions run ({total} in the program)")
+    try:
+        tr = method.trace(
+            inputs,
+            tensors=bool(args.save_tensors),
+            reference=args.reference,
+            stop_on=args.stop_on,
+            reads=args.reads,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    print(tr.table(limit=args.limit))
+    print(f"  ran {threads_used()}")
+    if tr.outputs is not None:
+        for i, y in enumerate(tr.outputs):
+            print(f"  output {i}: {summary(y)}")
+    if args.reference and tr.records:
+        worst = tr.worst(args.worst)
+        if worst:
+            print("largest errors against the float64 reference:")
+            for r in worst:
+                print(f"  instruction {r.index} {r.name}: {r.error}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(tr.to_dict(), f, indent=1, default=repr)
+        print(f"  trace saved to {args.json}")
+    if args.save_tensors:
+        save(tr.tensors(), args.save_tensors)
+        print(f"  tensors saved to {args.save_tensors}")
+    return 2 if tr.stopped is not None else 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    apply_threads(args)
+    method, inputs = method_and_inputs(args, optimize=not args.no_optimize)
+    progress = Progress("profile: call {done} of {total}")
+    try:
+        prof = method.profile(inputs, repeat=args.repeat, warmup=args.warmup, progress=progress)
+    finally:
+        progress.close()
+    by = ["operator", "instruction"] if args.by == "both" else [args.by]
+    for k, table in enumerate(by):
+        if k:
+            print()
+        print(prof.table(by=table, top=args.top))
+    print(f"  ran {threads_used()}")
+    if args.chrome_trace:
+        prof.save_chrome_trace(args.chrome_trace)
+        print(
+            f"  Chrome trace saved to {args.chrome_trace} (open it in Perfetto or chrome://tracing)"
+        )
+    return 0

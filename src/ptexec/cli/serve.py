@@ -1,0 +1,82 @@
+"""``ptexec serve``: an OpenAI-compatible HTTP server over exported programs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve an LLM program over OpenAI's HTTP API until SIGTERM drains it."""
+    try:
+        from ..serve import Engine, Server
+    except ImportError as e:
+        print(f"ptexec: serving needs {e.name} (pip install 'ptexec[serve]')", file=sys.stderr)
+        return 1
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    engine = None
+    if args.tokenizer:
+        engine = Engine(
+            args.file,
+            args.tokenizer,
+            data_path=args.data,
+            model_name=args.model_name,
+            sessions=args.max_sessions,
+            max_queue=args.max_queue,
+            timeout=args.timeout,
+            device_map=args.device or None,
+            compile=args.compile,
+            chat_template=args.chat_template,
+        )
+    programs = None
+    if args.programs or engine is None:  # every method at /v1/programs/{method}
+        from .. import load
+        from ..serve import ProgramService
+
+        program = engine.program if engine is not None else load(args.file, data_path=args.data)
+        device = {"device_map": args.device} if args.device else {}
+        programs = ProgramService(program, window=args.batch_window_ms / 1e3, **device)
+    server = Server(
+        engine,
+        args.host,
+        args.port,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        log_level=args.log_level,
+        programs=programs,
+    )
+    what = f"'{engine.model_name}'" if engine is not None else "the program's methods"
+    print(f"ptexec: serving {what} at {server.url}/v1", file=sys.stderr, flush=True)
+    server.run()
+    return 0
+
+
+def add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve an LLM program over OpenAI's HTTP API")
+    p.add_argument("file", help="the .pte program (an LLM export)")
+    p.add_argument(
+        "--tokenizer", help="tokenizer.json, chat template beside it (without: methods only)"
+    )
+    p.add_argument("--programs", action="store_true", help="also serve /v1/programs/{method}")
+    p.add_argument(
+        "--batch-window-ms", type=float, default=2.0, help="micro-batching window of methods"
+    )
+    p.add_argument("--data", help="external data file (.ptd) of the program")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
+    p.add_argument("--model-name", help="the model id clients send (default: the file's stem)")
+    p.add_argument("--max-sessions", type=int, default=1, help="concurrent generations")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond them")
+    p.add_argument("--timeout", type=float, help="seconds a request may take (default: none)")
+    p.add_argument("--device", help="run the program on this device (cpu, cuda, cuda:1)")
+    p.add_argument("--compile", action="store_true", help="use ptexec's compiled tier")
+    p.add_argument("--chat-template", help="a Jinja chat template file")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.set_defaults(func=cmd_serve)
