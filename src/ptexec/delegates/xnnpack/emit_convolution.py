@@ -121,6 +121,7 @@ def _qd_conv(
 
 
 def _at_least_one(a: int, b: int) -> tuple[int, int]:
+    """A stride or dilation pair as XNNPACK reads it: 0 means 1."""
     return (max(a, 1), max(b, 1))
 
 

@@ -132,7 +132,7 @@ def convert(g: GraphEmitter, n: s.XnnNode) -> None:
             raise BackendUnavailableError(
                 f"XNNPACK Convert from {src.dtype_name} to qdint8 is not supported"
             )
-        g.reps[dst.id] = Carried("qd", ri.dtype)
+        g.carried_as[dst.id] = Carried("qd", ri.dtype)
         # quantized where it is first needed, once per source: a linear with int8
         # weights or a convolution reads the integers and never the float values
         g.pending_qd[dst.id] = (g.as_float(src.id), q.num_nonbatch_dims)

@@ -55,11 +55,11 @@ class GraphEmitter:
         self.lines: list[str] = []
         self.env: dict[str, Any] = dict(HELPERS)
         self.expr: dict[int, str] = {}
-        self.reps: dict[int, Carried] = {}
+        self.carried_as: dict[int, Carried] = {}
         # per-token quantized values not computed yet: value -> (float source, nonbatch dims)
         self.pending_qd: dict[int, tuple[str, int]] = {}
-        self.qd_done: dict[tuple[str, int], str] = {}  # (float source, nonbatch) -> rows
-        self.qd_vals: dict[tuple[str, int], str] = {}  # ... -> their dequantized values
+        self.qd_rows_made: dict[tuple[str, int], str] = {}  # (float source, nonbatch) -> rows
+        self.qd_values_made: dict[tuple[str, int], str] = {}  # ... -> their dequantized values
         self.dequantized: dict[int, str] = {}  # static quantized value -> its dequantized values
         self.shapes: dict[int, tuple[int, ...]] = {}  # dims computed from the input's
         # expressions of NHWC values whose memory is NCHW (the partitioner's transpose of a
@@ -87,7 +87,7 @@ class GraphEmitter:
     def value(self, vid: int) -> s.XnnValue:
         return self.graph.by_id[vid]
 
-    # -- representations ---------------------------------------------------------------
+    # -- how values are carried -----------------------------------------------------------
     def carried_form(self, v: s.XnnValue) -> Carried:
         name = v.dtype_name
         if name in FLOAT_DTYPES:
@@ -119,10 +119,10 @@ class GraphEmitter:
         raise BackendUnavailableError(f"XNNPACK values of datatype {name} are not supported")
 
     def carried(self, vid: int) -> Carried:
-        r = self.reps.get(vid)
+        r = self.carried_as.get(vid)
         if r is None:
             r = self.carried_form(self.value(vid))
-            self.reps[vid] = r
+            self.carried_as[vid] = r
         return r
 
     def as_float(self, vid: int, dtype: torch.dtype | None = None) -> str:
@@ -145,9 +145,9 @@ class GraphEmitter:
         e = self.expr.get(vid)
         if e is None and vid in self.pending_qd:
             src = self.pending_qd[vid][0]
-            e = self.qd_vals.get(self.pending_qd[vid])
+            e = self.qd_values_made.get(self.pending_qd[vid])
             if e is None:  # once per source, whichever Convert made the value
-                e = self.qd_vals[self.pending_qd[vid]] = f"t{vid}"
+                e = self.qd_values_made[self.pending_qd[vid]] = f"t{vid}"
                 self.emit(f"{e} = _qd_values({self.qd_rows(vid)}, {src}.shape, {src}.dtype)")
             self.expr[vid] = e
         if e is None:  # validation guarantees order; this is a defect of ours
@@ -171,9 +171,9 @@ class GraphEmitter:
         """The per-row quantization (q, zero point, scale) of a per-token quantized value,
         computed once for each distinct float source, whichever Convert made it."""
         src, k = self.pending_qd[vid]
-        name = self.qd_done.get((src, k))
+        name = self.qd_rows_made.get((src, k))
         if name is None:
-            name = self.qd_done[(src, k)] = f"qr{len(self.qd_done)}"
+            name = self.qd_rows_made[(src, k)] = f"qr{len(self.qd_rows_made)}"
             self.emit(f"{name} = _qd8({src}, {k})")
         return name
 
@@ -355,7 +355,7 @@ class GraphEmitter:
                     f"dynamic quantization of an input to {s.DATATYPES.get(v.dq_datatype)} is not supported"
                 )
             # an older payload's input quantized per token as it enters: like a Convert
-            self.reps[v.id] = Carried("qd", FLOAT_DTYPES.get(v.dtype_name, torch.float32))
+            self.carried_as[v.id] = Carried("qd", FLOAT_DTYPES.get(v.dtype_name, torch.float32))
             self.emit(f"f{v.id} = {x}")
             self.pending_qd[v.id] = (f"f{v.id}", 1)
             return
