@@ -7,7 +7,8 @@ Each side runs in a worker process of its own (``PYTHONPATH`` set to that side's
 one thread each. The parent asks the two workers for blocks of calls in alternation, in a
 shuffled order per round, so that whatever else the machine is doing weighs on both alike;
 each figure is the median over the blocks of the per-call time. Inputs are the first call
-recorded in the fixture's ``.io.pt`` file when there is one, else random ones from the
+recorded in the fixture's ``.io.pt`` file when there is one (a call without a ``method`` is
+``forward``'s), else random ones from the
 method's metadata. Prints one row per program: A, B and B/A.
 """
 
@@ -35,7 +36,7 @@ def inputs_for(path, method):
     if io.exists():
         calls = torch.load(io, weights_only=False)["calls"]
         for c in calls:
-            if c["method"] == method:
+            if c.get("method", "forward") == method:  # XNNPACK fixtures: forward only
                 return list(c["inputs"])
     meta = ptexec.load(path).method_meta(method)
     out = []

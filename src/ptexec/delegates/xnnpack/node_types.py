@@ -1,6 +1,6 @@
 """The XNNPACK node types ptexec's torch runner runs, and how its passes group them.
 
-No torch: the lists are read by tools that only decode payloads.
+The module itself imports no torch (as :mod:`.schema`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ OTHER = frozenset(
 )
 SUPPORTED_NODE_TYPES = frozenset(UNARY) | frozenset(BINARY) | OTHER
 
-# nodes whose handlers apply the node's output bounds (min/max) to their result
+# nodes whose emitters apply the node's output bounds (min/max) to their result (a Clamp
+# after one of them can join it: passes.fuse_clamps)
 APPLIES_OUTPUT_BOUNDS = frozenset(
     {
         "Conv2d",
