@@ -1,12 +1,14 @@
 """Two checkouts of ptexec, side by side, on the same programs: is a change faster or slower?
 
     python benchmarks/ab.py --a ../old/src --b src tests/fixtures/mlp.pte tests/fixtures/cond.pte
+    python benchmarks/ab.py --a ../old/src --b src --option xnnpack=torch tests/fixtures/xnnpack/cnn.pte
 
 Each side runs in a worker process of its own (``PYTHONPATH`` set to that side's ``src``),
 one thread each. The parent asks the two workers for blocks of calls in alternation, in a
 shuffled order per round, so that whatever else the machine is doing weighs on both alike;
 each figure is the median over the blocks of the per-call time. Inputs are the first call
-recorded in the fixture's ``.io.pt`` file when there is one, else random ones from the
+recorded in the fixture's ``.io.pt`` file when there is one (a call without a ``method`` is
+``forward``'s), else random ones from the
 method's metadata. Prints one row per program: A, B and B/A.
 """
 
@@ -34,7 +36,7 @@ def inputs_for(path, method):
     if io.exists():
         calls = torch.load(io, weights_only=False)["calls"]
         for c in calls:
-            if c["method"] == method:
+            if c.get("method", "forward") == method:  # XNNPACK fixtures: forward only
                 return list(c["inputs"])
     meta = ptexec.load(path).method_meta(method)
     out = []
@@ -55,7 +57,7 @@ for line in sys.stdin:
     if key not in methods:
         t0 = time.perf_counter()
         prog = ptexec.load(req["path"])
-        m = prog.load_method(req["method"])
+        m = prog.load_method(req["method"], **req["options"])
         load = time.perf_counter() - t0
         xs = inputs_for(req["path"], req["method"])
         for _ in range(20):
@@ -82,9 +84,10 @@ class _Side:
             text=True,
         )
 
-    def block(self, path: str, method: str, calls: int) -> dict[str, Any]:
+    def block(self, path: str, method: str, calls: int, options: dict[str, str]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"path": path, "method": method, "calls": calls}) + "\n")
+        request = {"path": path, "method": method, "calls": calls, "options": options}
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -110,21 +113,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default="forward")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--block-seconds", type=float, default=0.1)
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a load_method option, as a string (xnnpack=torch); repeatable",
+    )
     args = parser.parse_args(argv)
+    options: dict[str, str] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--option {item!r}: expected KEY=VALUE")
+        options[key] = value
     sides = {"A": _Side(args.a), "B": _Side(args.b)}
     rng = random.Random(0)
     print(f"{'program':<28} {'A':>10} {'B':>10} {'B/A':>6}")
     try:
         for path in args.programs:
-            first = sides["A"].block(path, args.method, 50)
-            sides["B"].block(path, args.method, 50)
+            first = sides["A"].block(path, args.method, 50, options)
+            sides["B"].block(path, args.method, 50, options)
             calls = max(1, int(args.block_seconds / max(first["per_call"], 1e-7)))
             times: dict[str, list[float]] = {"A": [], "B": []}
             for _ in range(args.rounds):
                 order = ["A", "B"]
                 rng.shuffle(order)
                 for name in order:
-                    times[name].append(sides[name].block(path, args.method, calls)["per_call"])
+                    times[name].append(
+                        sides[name].block(path, args.method, calls, options)["per_call"]
+                    )
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             print(f"{Path(path).stem:<28} {_us(a):>10} {_us(b):>10} {b / a:>6.2f}", flush=True)
     finally:

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from ptexec.delegates.xnnpack import quant as qa  # noqa: E402
-from ptexec.delegates.xnnpack import runtime as rt  # noqa: E402
+from ptexec.delegates.xnnpack import thresholds  # noqa: E402
 
 
 def _bench(
@@ -92,7 +92,7 @@ def linear(clock: Callable[[], float]) -> None:
             "int8pack(w-only)": lambda: torch._weight_int8pack_mm(x, w, ws),
             "F.linear": lambda: F.linear(x, wf, b),
         }
-        choice = "float32" if exact and w.numel() < rt._INT_MM_WEIGHTS else "int_mm"
+        choice = "float32" if exact and w.numel() < thresholds.INT_MM_WEIGHTS else "int_mm"
         _row(f"{m}x{k} @ {k}x{n}", _bench(fns, clock), choice)
 
 
@@ -153,7 +153,7 @@ def conv(clock: Callable[[], float]) -> None:
         if groups == 1:
             fns["slow_conv2d"] = lambda: slow(x_cl.contiguous(), wt, (k, k), b, (s, s), (p, p))
         flops = 2 * nb * oc * (h // s) * (w // s) * k * k * (c // groups)
-        tiny = groups == 1 and flops < rt._TINY_CONV_FLOPS
+        tiny = groups == 1 and flops < thresholds.TINY_CONV_FLOPS
         _row(
             f"{(nb, c, h, w)} {oc} k{k} s{s} g{groups}",
             _bench(fns, clock),
@@ -202,7 +202,7 @@ def pool(clock: Callable[[], float]) -> None:
             "avg NCHW": lambda: F.avg_pool2d(xh.permute(0, 3, 1, 2), k, s, p),
             "avg copy+CL": lambda: F.avg_pool2d(xh.contiguous().permute(0, 3, 1, 2), k, s, p),
         }
-        choice = "copy+CL" if xh.numel() >= rt._CL_POOL_ELEMENTS else "NCHW"
+        choice = "copy+CL" if xh.numel() >= thresholds.CL_POOL_ELEMENTS else "NCHW"
         _row(f"{shape} k{k} s{s}", _bench(fns, clock), choice)
 
 

@@ -375,6 +375,37 @@ def test_int8_elementwise_regions_become_tables() -> None:
     assert tables >= 20, (tables, floats)
 
 
+def test_lookup_tables_are_generated_code_forgotten_with_their_runner() -> None:
+    """The code a table region runs at load is compiled like the graph's: a file name of
+    its own naming the payload, its lines in linecache, gone when the method is freed."""
+    import gc
+    import linecache
+
+    name = "mobilenet_v3_small_int8_static_pc"
+    method = ptexec.load(DIR / MANIFEST[name]["pte"]).load_method("forward", xnnpack="torch")
+    fns = [
+        f
+        for st in method.state.chains[0].statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_run"
+    ]
+    files = [n for f in fns for n in f.__globals__["__ptexec_sources__"].filenames]
+    tables = [n for n in files if n.endswith(" lookup table>")]
+    assert tables and all(".payload lookup table>" in n for n in tables), files
+    assert len(set(files)) == len(files)
+    for n in tables:
+        assert "def _lut_fn(_lut_x):" in "".join(linecache.cache[n][2])
+    del method, fns
+    gc.collect()
+    assert not [n for n in files if n in linecache.cache]
+
+
+def test_every_supported_node_type_has_an_emitter() -> None:
+    from ptexec.delegates.xnnpack.runtime import EMITTERS, SUPPORTED_NODE_TYPES
+
+    assert set(EMITTERS) == SUPPORTED_NODE_TYPES
+
+
 def test_clamps_join_the_requantization_of_their_producer() -> None:
     """A relu6 Clamp after an int8 convolution becomes the convolution's output bounds."""
     assert MANIFEST["mobilenet_v2_int8_static_pc"]["node_types"]["Clamp"] == 35

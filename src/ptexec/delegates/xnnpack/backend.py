@@ -33,7 +33,8 @@ from ...format import program as p
 from ...kernels.registry import Emission
 from .. import DelegateContext
 from . import schema as s
-from .runtime import ArgInfo, Constants, build_runner
+from .constants import Constants
+from .runtime import ArgInfo, build_runner
 from .schema import decode_payload
 from .shapes import Dims, infer_dims
 

@@ -1,0 +1,112 @@
+"""The XNNPACK node types ptexec's torch runner runs, and how its passes group them.
+
+The module itself imports no torch (as :mod:`.schema`).
+"""
+
+from __future__ import annotations
+
+from . import schema as s
+
+__all__ = [
+    "APPLIES_OUTPUT_BOUNDS",
+    "BINARY",
+    "ELEMENTWISE",
+    "OTHER",
+    "SUPPORTED_NODE_TYPES",
+    "UNARY",
+    "unsupported_node_types",
+]
+
+# unary nodes: type -> template over the input expression {x}
+UNARY: dict[str, str] = {
+    "Abs": "torch.abs({x})",
+    "Negate": "torch.neg({x})",
+    "Floor": "torch.floor({x})",
+    "Ceiling": "torch.ceil({x})",
+    "SquareRoot": "torch.sqrt({x})",
+    "ReciprocalSquareRoot": "torch.rsqrt({x})",
+    "Square": "torch.square({x})",
+    "Log": "torch.log({x})",
+    "Exp": "torch.exp({x})",
+    "Sin": "torch.sin({x})",
+    "Cos": "torch.cos({x})",
+    "Tanh": "torch.tanh({x})",
+    "Sigmoid": "torch.sigmoid({x})",
+    "Gelu": "F.gelu({x})",
+    "Hardswish": "F.hardswish({x})",
+    "Softmax": "torch.softmax({x}, -1)",
+}
+BINARY: dict[str, str] = {
+    "Add": "torch.add({a}, {b})",
+    "Subtract": "torch.sub({a}, {b})",
+    "Multiply": "torch.mul({a}, {b})",
+    "Div": "torch.div({a}, {b})",
+    "Minimum": "torch.minimum({a}, {b})",
+    "Maximum": "torch.maximum({a}, {b})",
+}
+OTHER = frozenset(
+    {
+        "Clamp",
+        "LeakyReLU",
+        "ELU",
+        "PReLU",
+        "FullyConnected",
+        "BatchMatrixMultiply",
+        "Conv2d",
+        "DepthwiseConv2d",
+        "ConvTranspose2d",
+        "MaxPooling2d",
+        "AvgPooling2d",
+        "GlobalAvgPooling2d",
+        "ArgMaxPooling2d",
+        "StaticTranspose",
+        "StaticReshape",
+        "StaticSlice",
+        "StaticConstantPad",
+        "StaticResizeBilinear2D",
+        "Concatenate2",
+        "Concatenate3",
+        "Concatenate4",
+        "Concatenate5",
+        "Copy",
+        "Convert",
+    }
+)
+SUPPORTED_NODE_TYPES = frozenset(UNARY) | frozenset(BINARY) | OTHER
+
+# nodes whose emitters apply the node's output bounds (min/max) to their result (a Clamp
+# after one of them can join it: passes.fuse_clamps)
+APPLIES_OUTPUT_BOUNDS = frozenset(
+    {
+        "Conv2d",
+        "DepthwiseConv2d",
+        "ConvTranspose2d",
+        "FullyConnected",
+        "Add",
+        "Subtract",
+        "Multiply",
+        "MaxPooling2d",
+        "AvgPooling2d",
+        "GlobalAvgPooling2d",
+    }
+)
+
+
+# element-by-element nodes a table region may contain (Softmax reads whole rows)
+ELEMENTWISE = (
+    (frozenset(UNARY) - {"Softmax"})
+    | frozenset(BINARY)
+    | {
+        "Convert",
+        "Clamp",
+        "LeakyReLU",
+        "ELU",
+    }
+)
+
+
+def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
+    """Node types (and unknown type codes) of a payload that this runtime cannot run."""
+    bad = sorted({n.type for n in payload.graph.nodes if n.type not in SUPPORTED_NODE_TYPES})
+    bad += sorted({f"unknown node type {code}" for _, code in payload.graph.unknown_nodes})
+    return bad
