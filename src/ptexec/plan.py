@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .engine.effects import file_effects
+from .effects import file_effects
 from .format import program as p
 from .format.scalar_type import scalar_type_name
 

@@ -27,11 +27,11 @@ import torch
 
 from .codegen import Sources
 from .dtypes import CODE_TO_DTYPE
+from .effects import effects
 from .engine.blocks import compile_statement
-from .engine.effects import effects
 from .engine.hooks import Step, steps_of
-from .engine.state import MethodState
 from .format import program as p
+from .loader.state import Kept, MethodState
 from .memory import BufferInfo, allocate, resize_to, strided_view
 
 __all__ = ["Shadow", "shadow_of"]
@@ -221,10 +221,5 @@ class Shadow:
         return True
 
 
-def shadow_of(state: MethodState) -> Shadow:
-    """The :class:`Shadow` of a method (made once, kept with its state)."""
-    shadow = state.caches.get("float64 reference")
-    if shadow is None:
-        shadow = state.caches["float64 reference"] = Shadow(state)
-    assert isinstance(shadow, Shadow)
-    return shadow
+shadow_of = Kept(Shadow)
+"""``shadow_of(state)``: the :class:`Shadow` of a method (made once per method)."""

@@ -37,10 +37,10 @@ import torch
 
 from ..engine.blocks import basic_blocks
 from ..format import program as p
-from ..kernels.registry import Emission
+from ..kernels.registry import Statement
 
 if TYPE_CHECKING:
-    from ..engine.state import MethodState
+    from ..loader.state import MethodState
     from .functional import Rebuild
 
 __all__ = ["Fallback", "Region", "Store", "plan_regions"]
@@ -148,7 +148,7 @@ class _Effects:
 
     @staticmethod
     def _of(
-        plan: p.ExecutionPlan, ins: p.Instruction, st: Emission, referenced: set[int]
+        plan: p.ExecutionPlan, ins: p.Instruction, st: Statement, referenced: set[int]
     ) -> tuple[set[int], set[int], set[int]]:
         if isinstance(ins, p.MoveCall):
             return {ins.move_from}, {ins.move_to}, {ins.move_to}

@@ -20,9 +20,10 @@ import torch
 from ..binding import Action, Policy, decide, fits_layout, shape_error
 from ..dtypes import dtype_name
 from ..errors import ExecutionError, InputError, PtexecError
+from ..loader.specs import InputSpec
+from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
-from .state import InputSpec, MethodState
 
 __all__ = [
     "Bound",

@@ -24,8 +24,8 @@ from typing import Any
 
 from ..codegen import Sources
 from ..format import program as p
+from ..loader.state import ChainState
 from .hooks import Step
-from .state import ChainState
 
 __all__ = ["CompiledChain", "basic_blocks", "compile_chain", "compile_statement"]
 

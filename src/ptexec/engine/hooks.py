@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from ..effects import effects
 from ..format import program as p
-from ..kernels.registry import Emission
-from .effects import effects
-from .state import ChainState, MethodState
+from ..kernels.registry import Statement
+from ..loader.state import ChainState, Kept, MethodState
 
 __all__ = ["Hooks", "Step", "StopCall", "steps_of"]
 
@@ -59,8 +59,8 @@ class Step:
     writes: tuple[int, ...]
     tensor_args: tuple[int, ...]
     note: str | None
-    statement: Emission
-    loaded: Emission
+    statement: Statement
+    loaded: Statement
 
     @property
     def is_copy(self) -> bool:
@@ -103,7 +103,7 @@ def _kind(ins: p.Instruction) -> str:
 
 
 def _note(
-    values: list[Any], executed: Emission, loaded: Emission, writes: tuple[int, ...]
+    values: list[Any], executed: Statement, loaded: Statement, writes: tuple[int, ...]
 ) -> str | None:
     if executed is loaded:
         return None
@@ -153,8 +153,10 @@ def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
     return out
 
 
-def steps_of(state: MethodState) -> list[list[Step]]:
-    """The :class:`Step` of every instruction, per chain (made once per method)."""
-    if state.steps is None:
-        state.steps = [_chain_steps(state, chain) for chain in state.chains]
-    return state.steps
+def _steps(state: MethodState) -> list[list[Step]]:
+    return [_chain_steps(state, chain) for chain in state.chains]
+
+
+steps_of = Kept(_steps)
+"""``steps_of(state)``: the :class:`Step` of every instruction, per chain (made once per
+method)."""

@@ -1,7 +1,7 @@
 """The kernel registry: ``'ns::op.overload'`` -> a factory that prepares one instruction.
 
 A factory runs once, at method load, with a :class:`KernelContext` describing the
-instruction's arguments. It returns an :class:`Emission`: one Python statement that runs
+instruction's arguments. It returns an :class:`Statement`: one Python statement that runs
 the instruction, with the names it uses. The method compiles its instructions' statements
 into straight-line functions, so the hot path is plain Python calling torch, with every
 lookup done at load.
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Alias",
-    "Emission",
     "KernelContext",
     "KernelFactory",
+    "Statement",
     "UnsupportedKernel",
     "find_kernel",
     "operator_names",
@@ -56,7 +56,7 @@ class Alias:
 
 
 @dataclass(frozen=True)
-class Emission:
+class Statement:
     """One statement of Python that runs an instruction, and the names it refers to.
 
     ``writes``: value slots the statement replaces (assigns a new object to).
@@ -154,12 +154,12 @@ class KernelContext:
         pure: bool = False,
         prune: Callable[[frozenset[int]], str] | None = None,
         instrumented: str | None = None,
-    ) -> Emission:
+    ) -> Statement:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read;
-        ``instrumented``: see :class:`Emission`."""
+        ``instrumented``: see :class:`Statement`."""
         outs = tuple(outs)
-        return Emission(
+        return Statement(
             code,
             dict(self.env),
             tuple(writes),
@@ -260,7 +260,7 @@ class KernelContext:
         return self.bind(obj)
 
 
-KernelFactory = Callable[[KernelContext], Emission]
+KernelFactory = Callable[[KernelContext], Statement]
 
 _KERNELS: dict[str, KernelFactory] = {}
 _NAMESPACES: dict[str, Callable[[str], KernelFactory | None]] = {}

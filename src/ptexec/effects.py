@@ -2,7 +2,7 @@
 
 Two views of the same question:
 
-- :func:`effects` of a prepared statement (an :class:`~ptexec.kernels.registry.Emission`):
+- :func:`effects` of a prepared statement (an :class:`~ptexec.kernels.registry.Statement`):
   the tensor values whose content it reads, those whose memory it writes in place, and
   the slots it replaces with new objects. The load-time rewrites (:mod:`.dataflow`), traces
   and the float64 reference use it.
@@ -18,10 +18,10 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..format import program as p
+from .format import program as p
 
 if TYPE_CHECKING:
-    from ..kernels.registry import Emission
+    from .kernels.registry import Statement
 
 __all__ = ["Effects", "effects", "file_effects", "tensor_items"]
 
@@ -54,7 +54,7 @@ def tensor_items(values: tuple[p.EValue, ...], index: int) -> list[int]:
     return []
 
 
-def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Emission) -> Effects:
+def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> Effects:
     """The effects of ``st``, the statement that runs ``ins``. A statement that does
     nothing (``pass``: work done at load) has none. ``st.mutates`` None means the kernel
     did not say, read as "every tensor argument"."""
