@@ -27,7 +27,7 @@ import torch
 
 from .codegen import Sources
 from .dtypes import CODE_TO_DTYPE
-from .effects import effects
+from .effects import byte_range, effects
 from .engine.blocks import compile_statement
 from .engine.hooks import Step, steps_of
 from .format import program as p
@@ -110,9 +110,9 @@ class Shadow:
         read before anything writes any of their bytes, in program order."""
         region: dict[int, tuple[int, int, int]] = {}
         for j, t in enumerate(self.plan.values):
-            if isinstance(t, p.Tensor) and t.allocation_info is not None:
-                a = t.allocation_info
-                region[j] = (a.memory_id, a.memory_offset, a.memory_offset + t.nbytes)
+            found = byte_range(t)
+            if found is not None:
+                region[j] = found
         written: list[tuple[int, int, int]] = []
         live: set[int] = set()
         seen: set[int] = set()

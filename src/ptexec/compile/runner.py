@@ -41,7 +41,7 @@ from ..errors import ExecutionError, LimitExceededError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
-from ..loader.state import ChainState, MethodState
+from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, warn_once
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
@@ -584,7 +584,7 @@ class CompiledRunner:
                 statements[i] = Statement("pass", mutates=())
         chains = []
         for c in state.chains:
-            rewritten = ChainState(
+            rewritten = PreparedChain(
                 c.index,
                 c.instructions,
                 c.names,

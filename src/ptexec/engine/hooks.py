@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from ..effects import effects
+from ..effects import effects, kind
 from ..format import program as p
 from ..kernels.registry import Statement
-from ..loader.state import ChainState, Kept, MethodState
+from ..loader.state import Kept, MethodState, PreparedChain
 
 __all__ = ["Hooks", "Step", "StopCall", "steps_of"]
 
@@ -90,18 +90,6 @@ class Hooks:
         """The last instruction ran; the outputs are about to be collected."""
 
 
-def _kind(ins: p.Instruction) -> str:
-    if isinstance(ins, p.KernelCall):
-        return "kernel"
-    if isinstance(ins, p.DelegateCall):
-        return "delegate"
-    if isinstance(ins, p.MoveCall):
-        return "move"
-    if isinstance(ins, p.FreeCall):
-        return "free"
-    return "jump_false"
-
-
 def _note(
     values: list[Any], executed: Statement, loaded: Statement, writes: tuple[int, ...]
 ) -> str | None:
@@ -124,7 +112,7 @@ def _note(
     return "folded at load"
 
 
-def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
+def _chain_steps(state: MethodState, chain: PreparedChain) -> list[Step]:
     values = state.plan.values
     out = []
     for i, ins in enumerate(chain.instructions):
@@ -136,7 +124,7 @@ def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
             Step(
                 chain=chain.index,
                 index=i,
-                kind=_kind(ins),
+                kind=kind(ins),
                 name=chain.names[i],
                 frame=chain.frame(i),
                 destination=ins.destination_instruction

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..effects import referenced, tensor_items
 from ..format import program as p
 
 if TYPE_CHECKING:
@@ -176,22 +177,7 @@ class KernelContext:
         """Every value the instruction's statement can read from ``v``: its tensor
         arguments (the items of tensor lists too) and the scalars among its arguments (or
         their int lists' items) that an instruction computes."""
-        found: dict[int, None] = {}
-        for a in self.args:
-            v = self.values[a]
-            if isinstance(v, p.Tensor):
-                found[a] = None
-            elif isinstance(v, p.TensorList | p.OptionalTensorList):
-                for i in v.items:
-                    if i >= 0 and isinstance(self.values[i], p.Tensor):
-                        found[i] = None
-            elif isinstance(v, p.IntList):
-                for i in v.items:
-                    if i in self.dynamic:
-                        found[i] = None
-            elif a in self.dynamic:
-                found[a] = None
-        return tuple(found)
+        return referenced(self.values, self.args, self.dynamic)
 
     def reads(self, outs: Iterable[int] = ()) -> tuple[int, ...]:
         """:meth:`referenced`, less the values in ``outs`` (written, not read)."""
@@ -200,12 +186,7 @@ class KernelContext:
 
     def tensors_of(self, index: int) -> tuple[int, ...]:
         """The tensor values behind value ``index`` (itself, or a list's items)."""
-        v = self.values[index]
-        if isinstance(v, p.Tensor):
-            return (index,)
-        if isinstance(v, p.TensorList | p.OptionalTensorList):
-            return tuple(i for i in v.items if i >= 0 and isinstance(self.values[i], p.Tensor))
-        return ()
+        return tuple(tensor_items(self.values, index))
 
     # ---- values ----------------------------------------------------------------------
     def value(self, index: int) -> p.EValue:

@@ -27,7 +27,7 @@ from .devices import DeviceMap, DeviceMapSpec, buffer_infos, check_device_availa
 from .instructions import InstructionPreparer, dynamic_scalars
 from .meta import MethodMeta, ScalarInfo, plan_meta, scalar_kind, tensor_info
 from .specs import io_specs
-from .state import ChainState, MethodState
+from .state import MethodState, PreparedChain
 from .values import build_values
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         record,
         options.backend_options,
     )
-    chains: list[ChainState] = []
+    chains: list[PreparedChain] = []
     for c, chain in enumerate(plan.chains):
         prepared = [preparer.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
         names = [name for name, _ in prepared]
@@ -141,7 +141,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         if not preparer.missing and options.optimize:
             statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT)
         chains.append(
-            ChainState(
+            PreparedChain(
                 c,
                 chain.instructions,
                 tuple(names),

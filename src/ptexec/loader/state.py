@@ -34,13 +34,13 @@ from ..memory import PlannedBuffer
 from .meta import MethodMeta
 from .specs import InputSpec, OutputSpec
 
-__all__ = ["ChainState", "Kept", "MethodState"]
+__all__ = ["Kept", "MethodState", "PreparedChain"]
 
 T = TypeVar("T")
 
 
 @dataclass(eq=False)
-class ChainState:
+class PreparedChain:
     """One chain of the plan, prepared: per instruction its name (``aten::add.out``,
     ``delegate:<id>``, ``move``, ...), the statement that runs it (after the load-time
     rewrites) and the statement as its kernel made it."""
@@ -85,7 +85,7 @@ class MethodState:
     buffers: list[PlannedBuffer]
     inputs: list[InputSpec]
     outputs: list[OutputSpec]
-    chains: list[ChainState]
+    chains: list[PreparedChain]
     dynamic_scalars: frozenset[int]
     meta: MethodMeta
     max_instructions: int
