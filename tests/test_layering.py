@@ -208,3 +208,32 @@ def test_layers_import_downward() -> None:
                 if any(w == f"ptexec.{a}" or w.startswith(f"ptexec.{a}.") for a in above):
                     bad.append(f"{module} imports {w}")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_built_in_backends_are_registered_in_one_place() -> None:
+    """ptexec's own backends are registered in delegates/__init__.py and nowhere else."""
+    modules = _modules()
+    known = set(modules)
+    calls = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        ours = name.startswith("ptexec.delegates")  # the registry's own package
+        for node in _runtime_imports(tree):
+            if isinstance(node, ast.ImportFrom) and any(
+                a.name == "register_backend" for a in node.names
+            ):
+                ours |= any(
+                    t.startswith("ptexec.delegates") for t in _targets(name, path, node, known)
+                )
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ours:
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if called == "register_backend":
+                    calls.append(name)
+    assert set(calls) == {"ptexec.delegates"}, calls
+
+    from ptexec.delegates import describe_payload, registered_backends
+
+    assert "XnnpackBackend" in registered_backends()
+    assert describe_payload("NoSuchBackend", memoryview(b"")) is None

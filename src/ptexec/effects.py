@@ -11,7 +11,8 @@ definition the loader, the engine, the tools, the compiled tier and the memory p
 - :func:`file_effects` of an instruction as the file describes it, without loading
   anything (ExecuTorch's conventions: a kernel writes its last argument, and any argument
   it is given twice; a delegate writes the tensors it is first to touch). The memory plan
-  (:mod:`ptexec.plan`) uses it, for programs this machine may not be able to load.
+  (:mod:`ptexec.plan`) uses it, for programs this machine may not be able to load;
+  :func:`dynamic_scalars` is the scalars' side of the same conventions.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "KINDS",
     "Effects",
     "byte_range",
+    "dynamic_scalars",
     "effects",
     "file_effects",
     "kind",
@@ -170,6 +172,23 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
         inputs = tuple(sorted(j for j in declared if j not in skip))
     written = tuple(dict.fromkeys((*st.writes, *writes)))
     return Effects(reads, writes, replaces, written, inputs)
+
+
+def dynamic_scalars(plan: p.ExecutionPlan) -> frozenset[int]:
+    """Scalar values that an instruction may replace, by the file's conventions (a kernel
+    writes its last argument, a move its destination, a delegate any of its arguments), so
+    that statements read them at run time instead of rendering them as literals."""
+    dyn: set[int] = set()
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            if isinstance(ins, p.KernelCall) and ins.args:
+                dyn.add(ins.args[-1])
+            elif isinstance(ins, p.MoveCall):
+                dyn.add(ins.move_to)
+            elif isinstance(ins, p.DelegateCall):
+                dyn.update(ins.args)
+    scalars = (p.Int, p.Double, p.Bool, p.Null, p.String)
+    return frozenset(i for i in dyn if isinstance(plan.values[i], scalars))
 
 
 def file_effects(

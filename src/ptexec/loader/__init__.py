@@ -18,13 +18,13 @@ from .. import kernels as _kernels  # noqa: F401  (registers the kernels)
 from ..accounting import CallRecord
 from ..codegen import Sources
 from ..device import Device
-from ..effects import effects
+from ..effects import dynamic_scalars, effects
 from ..errors import LimitExceededError, OperatorMissingError
 from ..format import program as p
 from ..memory import BufferInfo, PlannedBuffer, allocate
 from .dataflow import rewrite_chain
 from .devices import DeviceMap, DeviceMapSpec, buffer_infos, check_device_available
-from .instructions import InstructionPreparer, dynamic_scalars
+from .instructions import InstructionPreparer
 from .meta import MethodMeta, ScalarInfo, plan_meta, scalar_kind, tensor_info
 from .specs import io_specs
 from .state import MethodState, PreparedChain

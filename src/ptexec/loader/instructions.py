@@ -22,7 +22,7 @@ from ..kernels.registry import KernelContext, Statement, UnsupportedKernel, find
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["InstructionPreparer", "dynamic_scalars", "truth"]
+__all__ = ["InstructionPreparer", "truth"]
 
 
 def truth(x: Any) -> bool:
@@ -32,21 +32,6 @@ def truth(x: Any) -> bool:
     if isinstance(x, torch.Tensor):
         return bool(x.all()) if x.numel() != 1 else bool(x)
     raise TypeError(f"a jump condition must be a bool or a bool tensor, got {type(x).__name__}")
-
-
-def dynamic_scalars(plan: p.ExecutionPlan) -> frozenset[int]:
-    """Scalar values that an instruction may replace (so they are read at run time)."""
-    dyn: set[int] = set()
-    for chain in plan.chains:
-        for ins in chain.instructions:
-            if isinstance(ins, p.KernelCall) and ins.args:
-                dyn.add(ins.args[-1])
-            elif isinstance(ins, p.MoveCall):
-                dyn.add(ins.move_to)
-            elif isinstance(ins, p.DelegateCall):
-                dyn.update(ins.args)
-    scalars = (p.Int, p.Double, p.Bool, p.Null, p.String)
-    return frozenset(i for i in dyn if isinstance(plan.values[i], scalars))
 
 
 class InstructionPreparer:
