@@ -30,7 +30,7 @@ from fixture_data import (
     tolerance,
 )
 from ptexec.compile import CompileOptions, CompileWarning
-from ptexec.engine.effects import file_effects
+from ptexec.effects import file_effects
 from ptexec.format import program as p
 
 XNNPACK_DIR = Path(__file__).resolve().parent / "fixtures" / "xnnpack"

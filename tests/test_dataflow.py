@@ -109,9 +109,9 @@ def _same_weights(data: bytes) -> torch.nn.Module:
 
 # ---- the analysis on hand-made plans ------------------------------------------------------
 
-from ptexec.engine.dataflow import rewrite_chain  # noqa: E402
 from ptexec.format import program as p  # noqa: E402
-from ptexec.kernels.registry import Alias, Emission  # noqa: E402
+from ptexec.kernels.registry import Alias, Statement  # noqa: E402
+from ptexec.loader.dataflow import rewrite_chain  # noqa: E402
 
 
 def _tensor(offset: int | None, numel: int = 16, sizes: tuple[int, ...] | None = None) -> p.Tensor:
@@ -121,8 +121,8 @@ def _tensor(offset: int | None, numel: int = 16, sizes: tuple[int, ...] | None =
 
 
 def _run(
-    values: list[p.EValue], calls: list[tuple[int, ...]], statements: list[Emission]
-) -> list[Emission]:
+    values: list[p.EValue], calls: list[tuple[int, ...]], statements: list[Statement]
+) -> list[Statement]:
     plan = p.ExecutionPlan(
         "f", None, tuple(values), (), (len(values) - 1,), (), (), (), (0, 1024), None
     )
@@ -131,8 +131,8 @@ def _run(
     return rewrite_chain(plan, chain, statements, ["aten::op"] * len(calls), initial, 1 << 20)
 
 
-def _copy(src: int, dst: int) -> Emission:
-    return Emission(
+def _copy(src: int, dst: int) -> Statement:
+    return Statement(
         f"copy(v[{src}], v[{dst}])",
         {},
         (),
@@ -142,9 +142,9 @@ def _copy(src: int, dst: int) -> Emission:
     )
 
 
-def _op(reads: tuple[int, ...], out: int) -> Emission:
+def _op(reads: tuple[int, ...], out: int) -> Statement:
     args = ", ".join(f"v[{r}]" for r in reads)
-    return Emission(f"op({args}, v[{out}])", {}, (), (out,), None, (out,))
+    return Statement(f"op({args}, v[{out}])", {}, (), (out,), None, (out,))
 
 
 def test_a_view_is_refused_when_its_source_bytes_are_reused() -> None:

@@ -28,6 +28,7 @@ from .errors import (
     PtexecError,
     UnsupportedDeviceError,
 )
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .accounting import CallRecord
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from .tensor import TensorInfo, describe
     from .threads import get_num_threads, set_num_threads
 
-__version__ = "0.1.0"
 
 _LAZY = {
     "CallRecord": "accounting",

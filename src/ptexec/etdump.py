@@ -60,9 +60,9 @@ from .format.etdump import (
     Value,
     encode_etdump,
 )
+from .loader.state import Kept, MethodState
 
 if TYPE_CHECKING:
-    from .engine.state import MethodState
     from .method import Method
 
 __all__ = ["DEBUG_ALIGNMENT", "DebugBuffer", "ETDumpRecorder", "check_debug_buffer_size"]
@@ -176,11 +176,7 @@ def _groups(
     return groups
 
 
-def _layout(state: MethodState) -> _Layout:
-    layout = state.caches.get("etdump")
-    if not isinstance(layout, _Layout):
-        layout = state.caches["etdump"] = _Layout(state)
-    return layout
+_layout = Kept(_Layout)  # made once per method
 
 
 class _Recorder(Hooks):

@@ -25,7 +25,6 @@ from .engine.cuda_graph import CudaGraphRunner
 from .engine.fastcall import NOT_FAST, build_fast_call
 from .engine.hooks import Hooks
 from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
-from .engine.state import MethodState
 from .errors import PtexecError
 from .loader import (
     DEFAULT_MAX_INSTRUCTIONS,
@@ -36,6 +35,7 @@ from .loader import (
     ScalarInfo,
     load_state,
 )
+from .loader.state import MethodState
 
 if TYPE_CHECKING:
     from .compile import CompileOptions, CompileReport
@@ -63,7 +63,7 @@ class Method:
     call on this method, from any thread). Load-only options: ``device_map``,
     ``max_planned_bytes``, ``max_instructions``, ``optimize`` (default True: copies that
     are views in eager PyTorch run as views, and work on constants alone runs once at load,
-    where :mod:`ptexec.engine.dataflow` proves it safe), ``fast_path`` (default True: the
+    where :mod:`ptexec.loader.dataflow` proves it safe), ``fast_path`` (default True: the
     common call runs as one generated function; False sends every call through the
     general path, which computes the same), ``cuda_graph`` (capture a static CUDA
     method once and replay it), ``xnnpack`` (``"auto"``, ``"torch"`` or

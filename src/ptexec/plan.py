@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .engine.effects import file_effects
+from .effects import byte_range, file_effects
 from .format import program as p
 from .format.scalar_type import scalar_type_name
 
@@ -299,13 +299,14 @@ def memory_plan(program: Program, method: str = "forward", *, device_map: Any = 
     for j, t in enumerate(values):
         if not isinstance(t, p.Tensor):
             continue
-        a = t.allocation_info
-        if a is None:
+        found = byte_range(t)
+        if found is None:
             if not t.is_constant:
                 why = "input" if j in inputs else "output" if j in outputs else "intermediate"
                 unplanned.append((j, f"{_dtype_name(t.scalar_type)}{list(t.sizes)}", why))
             continue
-        groups.setdefault((a.memory_id, a.memory_offset, t.nbytes), []).append(j)
+        buffer, start, stop = found
+        groups.setdefault((buffer, start, stop - start), []).append(j)
     buffers = {b.index: BufferPlan(b.index, b.size, b.device) for b in meta.buffers}
     for j in first:  # a value alive across a loop lives through all of it
         for lo, hi in loops:

@@ -27,11 +27,11 @@ import torch
 
 from .codegen import Sources
 from .dtypes import CODE_TO_DTYPE
+from .effects import byte_range, effects
 from .engine.blocks import compile_statement
-from .engine.effects import effects
 from .engine.hooks import Step, steps_of
-from .engine.state import MethodState
 from .format import program as p
+from .loader.state import Kept, MethodState
 from .memory import BufferInfo, allocate, resize_to, strided_view
 
 __all__ = ["Shadow", "shadow_of"]
@@ -110,9 +110,9 @@ class Shadow:
         read before anything writes any of their bytes, in program order."""
         region: dict[int, tuple[int, int, int]] = {}
         for j, t in enumerate(self.plan.values):
-            if isinstance(t, p.Tensor) and t.allocation_info is not None:
-                a = t.allocation_info
-                region[j] = (a.memory_id, a.memory_offset, a.memory_offset + t.nbytes)
+            found = byte_range(t)
+            if found is not None:
+                region[j] = found
         written: list[tuple[int, int, int]] = []
         live: set[int] = set()
         seen: set[int] = set()
@@ -221,10 +221,5 @@ class Shadow:
         return True
 
 
-def shadow_of(state: MethodState) -> Shadow:
-    """The :class:`Shadow` of a method (made once, kept with its state)."""
-    shadow = state.caches.get("float64 reference")
-    if shadow is None:
-        shadow = state.caches["float64 reference"] = Shadow(state)
-    assert isinstance(shadow, Shadow)
-    return shadow
+shadow_of = Kept(Shadow)
+"""``shadow_of(state)``: the :class:`Shadow` of a method (made once per method)."""

@@ -11,7 +11,7 @@ exactly what ``execute`` computes, with the same validation, binding, errors and
     tr = method.trace([x], stop_on="nan")      # stop at the first NaN; tr.stopped says where
     print(tr)                                  # a table
 
-Instructions that the load-time rewrites (:mod:`ptexec.engine.dataflow`) made free still
+Instructions that the load-time rewrites (:mod:`ptexec.loader.dataflow`) made free still
 show, marked ``folded at load`` or ``view made at load``, with the values they hold. Load
 with ``optimize=False`` to trace the program exactly as the file says. The float64
 reference is :mod:`ptexec.shadow`.

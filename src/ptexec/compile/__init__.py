@@ -19,7 +19,7 @@ from .report import CompileReport, CompileWarning
 from .runner import CompiledRunner, CompileOptions
 
 if TYPE_CHECKING:
-    from ..engine.state import MethodState
+    from ..loader.state import MethodState
     from ..program import Program
 
 __all__ = [

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CacheEntryError
+from ..version import __version__
 from .manifest import FileRecord, Manifest, parse, valid_name
 from .report import CompileWarning
 
@@ -189,8 +190,6 @@ def cache_key(
 ) -> str:
     """The key of a compiled method (module docstring)."""
     import torch
-
-    from .. import __version__
 
     h = hashlib.sha256()
     for blob in blobs:

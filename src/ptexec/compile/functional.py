@@ -49,7 +49,7 @@ from ..kernels.prim import PRIM_OPS
 from ..tensor import dim_order_strides
 
 if TYPE_CHECKING:
-    from ..engine.state import MethodState
+    from ..loader.state import MethodState
     from ..program import Program
 
 __all__ = ["Env", "Rebuild", "RebuildError"]

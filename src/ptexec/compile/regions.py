@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..effects import NOTHING, byte_range, effects, kind
 from ..engine.blocks import basic_blocks
 from ..format import program as p
-from ..kernels.registry import Emission
 
 if TYPE_CHECKING:
-    from ..engine.state import MethodState
+    from ..loader.state import MethodState
     from .functional import Rebuild
 
 __all__ = ["Fallback", "Region", "Store", "plan_regions"]
@@ -116,61 +116,28 @@ class Region:
 # what each instruction reads and writes (from the statements its kernels made)
 
 
-def _referenced(plan: p.ExecutionPlan, ins: p.Instruction) -> set[int]:
-    out: set[int] = set()
-    for a in p.instruction_values(ins):
-        v = plan.values[a]
-        out.add(a)
-        if isinstance(v, p.TensorList | p.OptionalTensorList | p.IntList):
-            out.update(i for i in v.items if i >= 0)
-    return out
-
-
 class _Effects:
-    """Reads and writes of every instruction of a method, by value."""
+    """Per instruction of a method, by value: what its compiled form takes from the table
+    (:attr:`~ptexec.effects.Effects.inputs`), every value it changes and the slots it
+    gives new objects (:func:`ptexec.effects.effects` of the statement its kernel made).
+    A free does nothing in compiled code (its functional form is empty), so it has no
+    effects here."""
 
     def __init__(self, state: MethodState) -> None:
-        plan = state.plan
+        values = state.plan.values
         self.reads: list[list[set[int]]] = []
         self.writes: list[list[set[int]]] = []
         self.replaces: list[list[set[int]]] = []
         for chain in state.chains:
             r_chain, w_chain, x_chain = [], [], []
             for ins, st in zip(chain.instructions, chain.loaded, strict=True):
-                referenced = _referenced(plan, ins)
-                reads, writes, replaces = self._of(plan, ins, st, referenced)
-                r_chain.append(reads)
-                w_chain.append(writes)
-                x_chain.append(replaces)
+                e = NOTHING if kind(ins) == "free" else effects(values, ins, st)
+                r_chain.append(set(e.inputs))
+                w_chain.append(set(e.written))
+                x_chain.append(set(e.replaces))
             self.reads.append(r_chain)
             self.writes.append(w_chain)
             self.replaces.append(x_chain)
-
-    @staticmethod
-    def _of(
-        plan: p.ExecutionPlan, ins: p.Instruction, st: Emission, referenced: set[int]
-    ) -> tuple[set[int], set[int], set[int]]:
-        if isinstance(ins, p.MoveCall):
-            return {ins.move_from}, {ins.move_to}, {ins.move_to}
-        if isinstance(ins, p.JumpFalseCall):
-            return {ins.cond_value_index}, set(), set()
-        if isinstance(ins, p.FreeCall):
-            return set(), set(), set()
-        tensors = {j for j in referenced if isinstance(plan.values[j], p.Tensor)}
-        mutates = set(st.mutates) if st.mutates is not None else tensors
-        writes = set(st.writes) | mutates | set(st.outs)
-        reads = set(st.reads) if st.reads is not None else referenced - set(st.outs)
-        # an in-place op's return slot is its mutated argument again: not a new object
-        replaces = set(st.writes) - mutates
-        # a slot given a new object is read only when it is an operand too (v7 = v7 + 1)
-        operands: set[int] = set()
-        if isinstance(ins, p.KernelCall) and ins.args:
-            for a in ins.args[:-1]:
-                operands.add(a)
-                item = plan.values[a]
-                if isinstance(item, p.TensorList | p.OptionalTensorList | p.IntList):
-                    operands.update(item.items)
-        return reads - set(st.outs) - (replaces - operands), writes, replaces
 
 
 # ---------------------------------------------------------------------------------------
@@ -231,10 +198,10 @@ class _Planner:
         for ch in state.chains:
             for i, ins in enumerate(ch.instructions):
                 for st in (ch.loaded[i], ch.statements[i]):
-                    mutates = set(st.mutates) if st.mutates is not None else set()
-                    for j in set(st.writes) - mutates:
+                    for j in effects(plan.values, ins, st).replaces:
                         self.replaced.add(j)
-                        if isinstance(ins, p.MoveCall):
+                        if kind(ins) == "move":
+                            assert isinstance(ins, p.MoveCall)
                             from_ = {ins.move_from}
                         else:
                             refs = st.reads if st.reads is not None else p.instruction_values(ins)
@@ -247,9 +214,9 @@ class _Planner:
         # (second names for bytes another value writes: the exporter's static views)
         self.ranges: dict[int, tuple[int, int, int]] = {}
         for j, v in enumerate(self.plan.values):
-            if isinstance(v, p.Tensor) and v.allocation_info is not None:
-                start = v.allocation_info.memory_offset
-                self.ranges[j] = (v.allocation_info.memory_id, start, start + v.nbytes)
+            found = byte_range(v)
+            if found is not None:
+                self.ranges[j] = found
         written_anywhere: set[int] = set()
         for chain in self.effects.writes:
             for w in chain:

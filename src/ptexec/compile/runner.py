@@ -37,11 +37,11 @@ import torch
 
 from ..engine.blocks import compile_chain
 from ..engine.runner import limit_error
-from ..engine.state import ChainState, MethodState
 from ..errors import ExecutionError, LimitExceededError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
-from ..kernels.registry import Emission
+from ..kernels.registry import Statement
+from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, warn_once
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
@@ -574,17 +574,17 @@ class CompiledRunner:
         builder = _Builder(state, program, options)
         builder.build()
         self.report = builder.report()
-        by_chain: dict[int, list[Emission]] = {c.index: list(c.statements) for c in state.chains}
+        by_chain: dict[int, list[Statement]] = {c.index: list(c.statements) for c in state.chains}
         for k, compiled in enumerate(builder.compiled):
             r = compiled.region
             call = _region_call(state, compiled, k)
             statements = by_chain[r.chain]
-            statements[r.first] = Emission(f"_R{k}(v)", {f"_R{k}": call})
+            statements[r.first] = Statement(f"_R{k}(v)", {f"_R{k}": call})
             for i in range(r.first + 1, r.last + 1):
-                statements[i] = Emission("pass", mutates=())
+                statements[i] = Statement("pass", mutates=())
         chains = []
         for c in state.chains:
-            rewritten = ChainState(
+            rewritten = PreparedChain(
                 c.index,
                 c.instructions,
                 c.names,

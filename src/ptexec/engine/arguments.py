@@ -20,12 +20,13 @@ import torch
 from ..binding import Action, Policy, decide, fits_layout, shape_error
 from ..dtypes import dtype_name
 from ..errors import ExecutionError, InputError, PtexecError
+from ..loader.specs import InputSpec
+from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
-from .state import InputSpec, MethodState
 
 __all__ = [
-    "Bound",
+    "BoundInputs",
     "OutputMode",
     "bind_inputs",
     "bind_out",
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 OutputMode = Literal["copy", "view"]
-Bound = list[tuple[Action | None, Any]]  # per input: the action and the tensor (or value)
+BoundInputs = list[tuple[Action | None, Any]]  # per input: the action and the tensor (or value)
 
 try:  # numpy's bool is not a Python bool (nor an int)
     from numpy import bool_ as _NP_BOOL
@@ -62,13 +63,13 @@ def _where(state: MethodState, i: int) -> str:
 
 def check_inputs(
     state: MethodState, inputs: Sequence[Any], policy: Policy, default_policy: bool
-) -> Bound:
+) -> BoundInputs:
     """Validate every input; return (action, tensor-or-value) per input. Writes nothing.
     ``default_policy``: ``policy`` is the default one (the common case is checked first)."""
     specs = state.inputs
     if len(inputs) != len(specs):
         raise InputError(f"'{state.name}' takes {len(specs)} input(s), got {len(inputs)}")
-    bound: Bound = []
+    bound: BoundInputs = []
     for i, (spec, x) in enumerate(zip(specs, inputs, strict=True)):
         if spec.kind != "tensor":
             _check_scalar(state, i, spec, x)
@@ -169,7 +170,7 @@ def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
         )
 
 
-def bind_inputs(state: MethodState, bound: Bound) -> None:
+def bind_inputs(state: MethodState, bound: BoundInputs) -> None:
     """Put the validated inputs into the values table and record what each one took."""
     v = state.values
     rec = state.record
@@ -318,7 +319,7 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa < eb and sb < ea
 
 
-def check_aliasing(state: MethodState, bound: Bound, out: list[torch.Tensor | None]) -> None:
+def check_aliasing(state: MethodState, bound: BoundInputs, out: list[torch.Tensor | None]) -> None:
     """Refuse ``out=`` tensors whose memory overlaps an input's or another ``out=`` tensor's:
     the method may read an input after writing an output, and two outputs in one memory
     overwrite each other. Memory ranges are compared (elements interleaved in one range

@@ -24,8 +24,8 @@ from typing import Any
 
 from ..codegen import Sources
 from ..format import program as p
+from ..loader.state import PreparedChain
 from .hooks import Step
-from .state import ChainState
 
 __all__ = ["CompiledChain", "basic_blocks", "compile_chain", "compile_statement"]
 
@@ -53,7 +53,7 @@ def basic_blocks(instructions: Sequence[p.Instruction]) -> list[tuple[int, int]]
 
 
 def compile_chain(
-    chain: ChainState, sources: Sources, steps: Sequence[Step] | None = None
+    chain: PreparedChain, sources: Sources, steps: Sequence[Step] | None = None
 ) -> CompiledChain:
     """The block functions of ``chain``; instrumented when ``steps`` (the chain's
     :class:`Step` list) is given."""

@@ -26,8 +26,8 @@ import torch
 
 from ..errors import ExecutionError
 from ..format import program as p
+from ..loader.state import MethodState
 from .runner import BlockRunner
-from .state import MethodState
 
 __all__ = ["CudaGraphRunner", "check_capturable"]
 

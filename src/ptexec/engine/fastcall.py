@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import TensorInfo
 from .arguments import output_error
 from .runner import BlockRunner, Runner, below_autograd_for
-from .state import MethodState
 
 __all__ = ["NOT_FAST", "build_fast_call"]
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from ..effects import effects, kind
 from ..format import program as p
-from ..kernels.registry import Emission
-from .effects import effects
-from .state import ChainState, MethodState
+from ..kernels.registry import Statement
+from ..loader.state import Kept, MethodState, PreparedChain
 
 __all__ = ["Hooks", "Step", "StopCall", "steps_of"]
 
@@ -59,8 +59,8 @@ class Step:
     writes: tuple[int, ...]
     tensor_args: tuple[int, ...]
     note: str | None
-    statement: Emission
-    loaded: Emission
+    statement: Statement
+    loaded: Statement
 
     @property
     def is_copy(self) -> bool:
@@ -90,20 +90,8 @@ class Hooks:
         """The last instruction ran; the outputs are about to be collected."""
 
 
-def _kind(ins: p.Instruction) -> str:
-    if isinstance(ins, p.KernelCall):
-        return "kernel"
-    if isinstance(ins, p.DelegateCall):
-        return "delegate"
-    if isinstance(ins, p.MoveCall):
-        return "move"
-    if isinstance(ins, p.FreeCall):
-        return "free"
-    return "jump_false"
-
-
 def _note(
-    values: list[Any], executed: Emission, loaded: Emission, writes: tuple[int, ...]
+    values: list[Any], executed: Statement, loaded: Statement, writes: tuple[int, ...]
 ) -> str | None:
     if executed is loaded:
         return None
@@ -124,7 +112,7 @@ def _note(
     return "folded at load"
 
 
-def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
+def _chain_steps(state: MethodState, chain: PreparedChain) -> list[Step]:
     values = state.plan.values
     out = []
     for i, ins in enumerate(chain.instructions):
@@ -136,7 +124,7 @@ def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
             Step(
                 chain=chain.index,
                 index=i,
-                kind=_kind(ins),
+                kind=kind(ins),
                 name=chain.names[i],
                 frame=chain.frame(i),
                 destination=ins.destination_instruction
@@ -153,8 +141,10 @@ def _chain_steps(state: MethodState, chain: ChainState) -> list[Step]:
     return out
 
 
-def steps_of(state: MethodState) -> list[list[Step]]:
-    """The :class:`Step` of every instruction, per chain (made once per method)."""
-    if state.steps is None:
-        state.steps = [_chain_steps(state, chain) for chain in state.chains]
-    return state.steps
+def _steps(state: MethodState) -> list[list[Step]]:
+    return [_chain_steps(state, chain) for chain in state.chains]
+
+
+steps_of = Kept(_steps)
+"""``steps_of(state)``: the :class:`Step` of every instruction, per chain (made once per
+method)."""

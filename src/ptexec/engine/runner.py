@@ -27,9 +27,9 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import ExecutionError, InstructionLimitError, LimitExceededError, PtexecError
+from ..loader.state import Kept, MethodState
 from .blocks import CompiledChain, compile_chain
 from .hooks import Hooks, StopCall, steps_of
-from .state import MethodState
 
 __all__ = [
     "BlockRunner",
@@ -150,12 +150,14 @@ class BlockRunner:
         return len(chains) == 1 and not chains[0].has_jumps
 
 
-def instrumented_chains(state: MethodState) -> list[CompiledChain]:
-    """The instrumented blocks of ``state`` (compiled on first use, kept with the method)."""
-    if state.instrumented is None:
-        steps = steps_of(state)
-        state.instrumented = [compile_chain(c, state.sources, steps[c.index]) for c in state.chains]
-    return state.instrumented
+def _instrumented(state: MethodState) -> list[CompiledChain]:
+    steps = steps_of(state)
+    return [compile_chain(c, state.sources, steps[c.index]) for c in state.chains]
+
+
+instrumented_chains = Kept(_instrumented)
+"""``instrumented_chains(state)``: the instrumented blocks of a method (compiled on first
+use)."""
 
 
 class InstrumentedRunner:

@@ -7,6 +7,6 @@ quantized and LLM custom ops (:mod:`.quantized`, :mod:`.llm`).
 """
 
 from . import aten, device_copy, dim_order, llm, prim, quantized  # noqa: F401  (registration)
-from .registry import Emission, KernelContext, UnsupportedKernel, find_kernel, register
+from .registry import KernelContext, Statement, UnsupportedKernel, find_kernel, register
 
-__all__ = ["Emission", "KernelContext", "UnsupportedKernel", "find_kernel", "register"]
+__all__ = ["KernelContext", "Statement", "UnsupportedKernel", "find_kernel", "register"]

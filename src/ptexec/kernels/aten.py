@@ -33,9 +33,9 @@ from ..format import program as p
 from .checks import check_arguments
 from .registry import (
     Alias,
-    Emission,
     KernelContext,
     KernelFactory,
+    Statement,
     UnsupportedKernel,
     register_namespace,
 )
@@ -302,7 +302,7 @@ _SAME_PRECISION = {
 }
 
 
-def _scalar_as_tensor(ctx: KernelContext, name: str) -> Emission | None:
+def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
     from ..dtypes import CODE_TO_DTYPE
 
     fn = _SCALAR_OPS.get(name)
@@ -469,7 +469,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
     # per argument, once: name, keyword-only, a ScalarType, its default
     facts = [(a, a.name, a.kwarg_only, _is_scalar_type(a), _default(a)) for a in arguments]
 
-    def factory(ctx: KernelContext) -> Emission:
+    def factory(ctx: KernelContext) -> Statement:
         nargs = len(arguments)
         args = ctx.args
         if name in _SCALAR_OPS and len(args) == nargs + 1:

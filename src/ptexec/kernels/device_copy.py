@@ -13,7 +13,7 @@ import torch
 
 from ..format import program as p
 from ..memory import resize_to
-from .registry import Emission, KernelContext, UnsupportedKernel, register
+from .registry import KernelContext, Statement, UnsupportedKernel, register
 
 __all__: list[str] = []
 
@@ -28,7 +28,7 @@ def _device_copy(
 
 
 @register("et_copy::_h2d_copy.out", "et_copy::_d2h_copy.out")
-def _et_copy(ctx: KernelContext) -> Emission:
+def _et_copy(ctx: KernelContext) -> Statement:
     # (Tensor self, *, Tensor(a!) out) -> out
     if len(ctx.args) not in (2, 3):
         raise UnsupportedKernel(

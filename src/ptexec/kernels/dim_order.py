@@ -13,7 +13,7 @@ import torch
 
 from ..format import program as p
 from ..memory import resize_to
-from .registry import Alias, Emission, KernelContext, UnsupportedKernel, register
+from .registry import Alias, KernelContext, Statement, UnsupportedKernel, register
 
 __all__: list[str] = []
 
@@ -28,7 +28,7 @@ def _copy_resizing(src: torch.Tensor, out: torch.Tensor, dim_order: Sequence[int
     out.copy_(src)
 
 
-def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
+def _copy_statement(ctx: KernelContext, src: int, out: int) -> Statement:
     out_value = ctx.values[out]
     if not isinstance(out_value, p.Tensor):
         raise UnsupportedKernel(f"{ctx.op_name}: output value {out} is not a tensor")
@@ -48,17 +48,17 @@ def _copy_emission(ctx: KernelContext, src: int, out: int) -> Emission:
 
 
 @register("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
-def _to_dim_order_copy(ctx: KernelContext) -> Emission:
+def _to_dim_order_copy(ctx: KernelContext) -> Statement:
     # (self, *, non_blocking=False, dim_order=None, out) -> out
     if len(ctx.args) not in (4, 5):
         raise UnsupportedKernel(
             f"{ctx.op_name}: expected 5 values, the program passes {len(ctx.args)}"
         )
-    return _copy_emission(ctx, ctx.args[0], ctx.args[3])
+    return _copy_statement(ctx, ctx.args[0], ctx.args[3])
 
 
 @register("dim_order_ops::_empty_dim_order.out")
-def _empty_dim_order(ctx: KernelContext) -> Emission:
+def _empty_dim_order(ctx: KernelContext) -> Statement:
     # (int[] size, *, int[]? dim_order=None, Tensor(a!) out) -> out
     if len(ctx.args) not in (3, 4):
         raise UnsupportedKernel(

@@ -26,7 +26,7 @@ from ..format import program as p
 from ..format.scalar_type import scalar_type_name
 from ..memory import resize_to
 from ..tensor import dim_order_from_strides
-from .registry import Emission, KernelContext, KernelFactory, UnsupportedKernel
+from .registry import KernelContext, KernelFactory, Statement, UnsupportedKernel
 
 __all__ = ["Param", "fixed_kernel", "store", "to_dtype"]
 
@@ -155,7 +155,7 @@ def fixed_kernel(
     """A factory calling ``fn(*params)`` and storing its result(s) into the ``outs`` out
     tensors that follow the parameters (``outs=0``: ``fn`` works in place, the single out
     tensor is left as it is). ``mutates`` names the tensor parameters ``fn`` writes in place
-    (a cache); the emission declares them and the outs, for the method's dataflow rewrites,
+    (a cache); the statement declares them and the outs, for the method's dataflow rewrites,
     and marks the kernel pure (foldable at load on fixed arguments) when it writes only its
     outs."""
     params = tuple(params)
@@ -167,7 +167,7 @@ def fixed_kernel(
     mutated_positions = [names.index(m) for m in mutates]
     pure = outs > 0 and not mutates
 
-    def factory(ctx: KernelContext) -> Emission:
+    def factory(ctx: KernelContext) -> Statement:
         expected = len(params) + stored + 1
         if len(ctx.args) != expected:
             raise UnsupportedKernel(

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..format import program as p
-from .registry import Emission, KernelContext, UnsupportedKernel, register
+from .registry import KernelContext, Statement, UnsupportedKernel, register
 
 __all__ = ["PRIM_OPS", "PrimOp"]
 
@@ -214,8 +214,8 @@ PRIM_OPS: Mapping[str, PrimOp] = MappingProxyType(
 compiled tier traces ``traced``."""
 
 
-def _kernel(op: PrimOp) -> Callable[[KernelContext], Emission]:
-    def factory(ctx: KernelContext) -> Emission:
+def _kernel(op: PrimOp) -> Callable[[KernelContext], Statement]:
+    def factory(ctx: KernelContext) -> Statement:
         _arity(ctx, op.arity + 1)
         out = ctx.args[op.arity]
         spelled = _SPELLED.get(op.compute)
@@ -235,7 +235,7 @@ for _name, _prim in PRIM_OPS.items():
 del _name, _prim
 
 
-def _stride(ctx: KernelContext) -> Emission:
+def _stride(ctx: KernelContext) -> Statement:
     """``sym_stride.int``: the memory's stride (a traced program reads it from the
     program's dim order instead, which only the program knows)."""
     _arity(ctx, 3)
@@ -257,7 +257,7 @@ def _view(src: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 
 @register("executorch_prim::et_view.default", "executorch_prim::et_view")
-def _et_view(ctx: KernelContext) -> Emission:
+def _et_view(ctx: KernelContext) -> Statement:
     """``out`` aliases ``self`` with new sizes (one -1 inferred), no copy."""
     _arity(ctx, 3)
     src, sizes, out = ctx.args
@@ -282,7 +282,7 @@ def _copy_index(copy_to: torch.Tensor, copy_from: torch.Tensor, index: int) -> N
 
 
 @register("executorch_prim::et_copy_index.tensor", "executorch_prim::et_copy_index")
-def _et_copy_index(ctx: KernelContext) -> Emission:
+def _et_copy_index(ctx: KernelContext) -> Statement:
     """Row ``index`` of ``copy_to`` (resized to ``index + 1`` rows) gets ``copy_from``
     (used by ``map`` and ``scan`` to stack per-iteration results)."""
     if len(ctx.args) not in (3, 4):

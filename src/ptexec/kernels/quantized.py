@@ -39,7 +39,7 @@ import torch
 
 from ..format import program as p
 from .fixed_args import Param, fixed_kernel
-from .registry import Emission, KernelContext, KernelFactory, register
+from .registry import KernelContext, KernelFactory, Statement, register
 
 __all__ = [
     "check_embedding",
@@ -890,7 +890,7 @@ def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
     params = (*_EMB, _T("dtype", "dtype?")) if with_dtype else _EMB
     per_call = fixed_kernel(kernel, params)
 
-    def factory(ctx: KernelContext) -> Emission:
+    def factory(ctx: KernelContext) -> Statement:
         table = _prepared_table(ctx, nbit) if len(ctx.args) == len(params) + 2 else None
         if table is None:
             return per_call(ctx)
@@ -946,7 +946,7 @@ def _weight_prepared_at_load(
     ``general`` runs every call."""
     per_call = fixed_kernel(general, params)
 
-    def factory(ctx: KernelContext) -> Emission:
+    def factory(ctx: KernelContext) -> Statement:
         consts = _constant_tensors(ctx, (1, 2, 3)) if len(ctx.args) == len(params) + 2 else None
         if consts is None or consts[0] is None or consts[1] is None:
             return per_call(ctx)

@@ -1,7 +1,7 @@
 """The kernel registry: ``'ns::op.overload'`` -> a factory that prepares one instruction.
 
 A factory runs once, at method load, with a :class:`KernelContext` describing the
-instruction's arguments. It returns an :class:`Emission`: one Python statement that runs
+instruction's arguments. It returns an :class:`Statement`: one Python statement that runs
 the instruction, with the names it uses. The method compiles its instructions' statements
 into straight-line functions, so the hot path is plain Python calling torch, with every
 lookup done at load.
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..effects import referenced, tensor_items
 from ..format import program as p
 
 if TYPE_CHECKING:
@@ -26,9 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Alias",
-    "Emission",
     "KernelContext",
     "KernelFactory",
+    "Statement",
     "UnsupportedKernel",
     "find_kernel",
     "operator_names",
@@ -56,7 +57,7 @@ class Alias:
 
 
 @dataclass(frozen=True)
-class Emission:
+class Statement:
     """One statement of Python that runs an instruction, and the names it refers to.
 
     ``writes``: value slots the statement replaces (assigns a new object to).
@@ -154,12 +155,12 @@ class KernelContext:
         pure: bool = False,
         prune: Callable[[frozenset[int]], str] | None = None,
         instrumented: str | None = None,
-    ) -> Emission:
+    ) -> Statement:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read;
-        ``instrumented``: see :class:`Emission`."""
+        ``instrumented``: see :class:`Statement`."""
         outs = tuple(outs)
-        return Emission(
+        return Statement(
             code,
             dict(self.env),
             tuple(writes),
@@ -176,22 +177,7 @@ class KernelContext:
         """Every value the instruction's statement can read from ``v``: its tensor
         arguments (the items of tensor lists too) and the scalars among its arguments (or
         their int lists' items) that an instruction computes."""
-        found: dict[int, None] = {}
-        for a in self.args:
-            v = self.values[a]
-            if isinstance(v, p.Tensor):
-                found[a] = None
-            elif isinstance(v, p.TensorList | p.OptionalTensorList):
-                for i in v.items:
-                    if i >= 0 and isinstance(self.values[i], p.Tensor):
-                        found[i] = None
-            elif isinstance(v, p.IntList):
-                for i in v.items:
-                    if i in self.dynamic:
-                        found[i] = None
-            elif a in self.dynamic:
-                found[a] = None
-        return tuple(found)
+        return referenced(self.values, self.args, self.dynamic)
 
     def reads(self, outs: Iterable[int] = ()) -> tuple[int, ...]:
         """:meth:`referenced`, less the values in ``outs`` (written, not read)."""
@@ -200,12 +186,7 @@ class KernelContext:
 
     def tensors_of(self, index: int) -> tuple[int, ...]:
         """The tensor values behind value ``index`` (itself, or a list's items)."""
-        v = self.values[index]
-        if isinstance(v, p.Tensor):
-            return (index,)
-        if isinstance(v, p.TensorList | p.OptionalTensorList):
-            return tuple(i for i in v.items if i >= 0 and isinstance(self.values[i], p.Tensor))
-        return ()
+        return tuple(tensor_items(self.values, index))
 
     # ---- values ----------------------------------------------------------------------
     def value(self, index: int) -> p.EValue:
@@ -260,7 +241,7 @@ class KernelContext:
         return self.bind(obj)
 
 
-KernelFactory = Callable[[KernelContext], Emission]
+KernelFactory = Callable[[KernelContext], Statement]
 
 _KERNELS: dict[str, KernelFactory] = {}
 _NAMESPACES: dict[str, Callable[[str], KernelFactory | None]] = {}

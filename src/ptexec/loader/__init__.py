@@ -1,9 +1,10 @@
-"""Loading a method: from its execution plan to a :class:`~ptexec.engine.state.MethodState`.
+"""Loading a method: from its execution plan to a :class:`~.state.MethodState`.
 
 :func:`load_state` does all the work a method needs once: places and allocates its
 planned buffers (:mod:`.devices`), builds its values table (:mod:`.values`), describes its
-inputs and outputs, prepares every instruction as a statement (:mod:`.instructions`) and,
-with ``optimize``, rewrites what the plan proves safe (:mod:`ptexec.engine.dataflow`).
+inputs and outputs (:mod:`.specs`), prepares every instruction as a statement
+(:mod:`.instructions`) and, with ``optimize``, rewrites what the plan proves safe
+(:mod:`.dataflow`).
 Nothing here runs a call; nothing here knows :class:`ptexec.Method`.
 """
 
@@ -17,16 +18,19 @@ from .. import kernels as _kernels  # noqa: F401  (registers the kernels)
 from ..accounting import CallRecord
 from ..codegen import Sources
 from ..device import Device
+from ..effects import dynamic_scalars, effects
 from ..errors import LimitExceededError, OperatorMissingError
 from ..format import program as p
 from ..memory import BufferInfo, PlannedBuffer, allocate
+from .dataflow import rewrite_chain
 from .devices import DeviceMap, DeviceMapSpec, buffer_infos, check_device_available
-from .instructions import InstructionPreparer, dynamic_scalars
+from .instructions import InstructionPreparer
 from .meta import MethodMeta, ScalarInfo, plan_meta, scalar_kind, tensor_info
+from .specs import io_specs
+from .state import MethodState, PreparedChain
 from .values import build_values
 
 if TYPE_CHECKING:
-    from ..engine.state import MethodState
     from ..program import Program
 
 __all__ = [
@@ -108,11 +112,6 @@ def _devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> list[Device | None]:
 
 def load_state(program: Program, plan_index: int, options: LoadOptions) -> MethodState:
     """Load method ``plan_index`` of ``program`` (see the module docstring)."""
-    from ..engine.dataflow import rewrite_chain
-    from ..engine.effects import effects
-    from ..engine.state import ChainState, MethodState
-    from .specs import io_specs
-
     plan = program.pte.program.execution_plan[plan_index]
     path = f"execution_plan[{plan_index}]"
     dmap = DeviceMap(options.device_map)
@@ -133,7 +132,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         record,
         options.backend_options,
     )
-    chains: list[ChainState] = []
+    chains: list[PreparedChain] = []
     for c, chain in enumerate(plan.chains):
         prepared = [preparer.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
         names = [name for name, _ in prepared]
@@ -142,7 +141,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         if not preparer.missing and options.optimize:
             statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT)
         chains.append(
-            ChainState(
+            PreparedChain(
                 c,
                 chain.instructions,
                 tuple(names),

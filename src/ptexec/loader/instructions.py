@@ -1,4 +1,4 @@
-"""Every instruction of a plan as one prepared statement (an :class:`Emission`).
+"""Every instruction of a plan as one prepared statement (an :class:`Statement`).
 
 Kernel calls go to the factory the kernel registry finds for their operator, delegate
 calls to their backend's factory; moves, frees and jumps are written here. Operators with
@@ -17,12 +17,12 @@ from ..delegates import DelegateContext, find_backend, registered_backends
 from ..device import Device
 from ..errors import BackendUnavailableError, PteFormatError
 from ..format import program as p
-from ..kernels.registry import Emission, KernelContext, UnsupportedKernel, find_kernel
+from ..kernels.registry import KernelContext, Statement, UnsupportedKernel, find_kernel
 
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["InstructionPreparer", "dynamic_scalars", "truth"]
+__all__ = ["InstructionPreparer", "truth"]
 
 
 def truth(x: Any) -> bool:
@@ -32,21 +32,6 @@ def truth(x: Any) -> bool:
     if isinstance(x, torch.Tensor):
         return bool(x.all()) if x.numel() != 1 else bool(x)
     raise TypeError(f"a jump condition must be a bool or a bool tensor, got {type(x).__name__}")
-
-
-def dynamic_scalars(plan: p.ExecutionPlan) -> frozenset[int]:
-    """Scalar values that an instruction may replace (so they are read at run time)."""
-    dyn: set[int] = set()
-    for chain in plan.chains:
-        for ins in chain.instructions:
-            if isinstance(ins, p.KernelCall) and ins.args:
-                dyn.add(ins.args[-1])
-            elif isinstance(ins, p.MoveCall):
-                dyn.add(ins.move_to)
-            elif isinstance(ins, p.DelegateCall):
-                dyn.update(ins.args)
-    scalars = (p.Int, p.Double, p.Bool, p.Null, p.String)
-    return frozenset(i for i in dyn if isinstance(plan.values[i], scalars))
 
 
 class InstructionPreparer:
@@ -85,7 +70,7 @@ class InstructionPreparer:
             options=self.options,
         )
 
-    def prepare(self, ins: p.Instruction, i: int, c: int) -> tuple[str, Emission]:
+    def prepare(self, ins: p.Instruction, i: int, c: int) -> tuple[str, Statement]:
         """(name, statement) of instruction ``i`` of chain ``c``."""
         plan = self.plan
         where = f"{self.path}.chains[{c}].instructions[{i}]"
@@ -94,7 +79,7 @@ class InstructionPreparer:
             factory = find_kernel(name)
             if factory is None:
                 self.missing.append(name)
-                return name, Emission("pass")
+                return name, Statement("pass")
             ctx = self._context(
                 KernelContext, op_name=name, instruction=i, args=ins.args, where=where
             )
@@ -102,7 +87,7 @@ class InstructionPreparer:
                 return name, factory(ctx)
             except UnsupportedKernel as e:
                 self.missing.append(f"{name} ({e})")
-                return name, Emission("pass")
+                return name, Statement("pass")
         if isinstance(ins, p.DelegateCall):
             delegate = plan.delegates[ins.delegate_index]
             backend = find_backend(delegate.id)
@@ -127,7 +112,7 @@ class InstructionPreparer:
             except UnsupportedKernel as e:
                 raise BackendUnavailableError(f"backend '{delegate.id}': {e}") from None
         if isinstance(ins, p.MoveCall):
-            return "move", Emission(
+            return "move", Statement(
                 f"v[{ins.move_to}] = v[{ins.move_from}]",
                 writes=(ins.move_to,),
                 mutates=(),
@@ -139,8 +124,8 @@ class InstructionPreparer:
                 value.allocation_info is not None or value.is_constant
             ):
                 # the plan's (or the file's) memory is not the method's to free
-                return "free", Emission("pass", mutates=())
-            return "free", Emission(f"v[{ins.value_index}].set_()", mutates=(ins.value_index,))
+                return "free", Statement("pass", mutates=())
+            return "free", Statement(f"v[{ins.value_index}].set_()", mutates=(ins.value_index,))
         if isinstance(ins, p.JumpFalseCall):
             cond = ins.cond_value_index
             value = plan.values[cond]
@@ -154,5 +139,5 @@ class InstructionPreparer:
                 expr = f"bool(v[{cond}])"  # one element: true when it is
             else:
                 expr = f"_truth(v[{cond}])"
-            return "jump_false", Emission(expr, {"_truth": truth}, mutates=(), reads=(cond,))
+            return "jump_false", Statement(expr, {"_truth": truth}, mutates=(), reads=(cond,))
         raise PteFormatError(where, "unknown instruction")

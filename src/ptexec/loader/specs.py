@@ -4,13 +4,67 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.state import InputSpec, OutputSpec
+import torch
+
+from ..device import CPU, Device
 from ..errors import PteFormatError
 from ..format import program as p
+from ..tensor import TensorInfo
 from .devices import DeviceMap
-from .meta import ScalarInfo, scalar_kind, tensor_info
+from .meta import ScalarInfo, ValueInfo, scalar_kind, tensor_info
 
-__all__ = ["io_specs"]
+__all__ = ["InputSpec", "OutputSpec", "io_specs"]
+
+
+class InputSpec:
+    """How input ``index`` (value ``slot``) is bound: its description, and for a tensor the
+    planned view it is copied into (None: the caller's memory is used in place)."""
+
+    __slots__ = (
+        "device",
+        "dim_order",
+        "dtype",
+        "fast_shape",
+        "index",
+        "info",
+        "kind",
+        "scalar",
+        "scratch",
+        "slot",
+        "torch_device",
+        "view",
+        "written",
+    )
+
+    def __init__(self, index: int, slot: int) -> None:
+        self.index = index
+        self.slot = slot
+        self.kind = "tensor"  # or the scalar kind: int, float, bool, str, none
+        self.written = False  # an instruction writes the input's memory in place
+        self.info: TensorInfo | None = None
+        self.scalar: Any = None  # the traced value of a scalar input
+        self.view: torch.Tensor | None = None  # planned view (planned inputs)
+        self.scratch: torch.Tensor | None = None  # reused copy target (unplanned, converted)
+        self.dtype: torch.dtype | None = None
+        self.fast_shape: tuple[int, ...] | None = None  # exact static shape, if any
+        self.torch_device: torch.device | None = None
+        self.device: Device = CPU
+        self.dim_order: tuple[int, ...] = ()
+
+
+class OutputSpec:
+    """Output ``index`` (value ``slot``): its description, whether the program plans its
+    memory, and the memory the method gives an unplanned one between calls."""
+
+    __slots__ = ("default", "index", "info", "kind", "planned", "slot")
+
+    def __init__(self, index: int, slot: int) -> None:
+        self.index = index
+        self.slot = slot
+        self.kind = "tensor"
+        self.info: ValueInfo | None = None
+        self.planned = False
+        self.default: torch.Tensor | None = None
 
 
 def io_specs(

@@ -1,26 +1,27 @@
 """The XNNPACK delegate: run ``XnnpackBackend`` payloads with torch.
 
-Importing this package registers the backend; the torch half (:mod:`.runtime`) is imported
-when a method with an XNNPACK delegate is loaded. :func:`describe_payload` (node type ->
-count) needs no torch.
+:mod:`ptexec.delegates` registers it under :data:`BACKEND_ID`. :func:`prepare` imports the
+torch half (:mod:`.backend`, :mod:`.runtime`) when a method with an XNNPACK delegate is
+loaded; :func:`describe_payload` (node type -> count) needs no torch.
 """
 
 from __future__ import annotations
 
-from ...kernels.registry import Emission
-from .. import DelegateContext, register_backend, register_describer
+from typing import TYPE_CHECKING
+
 from .schema import describe_payload
 
-__all__ = ["BACKEND_ID", "describe_payload"]
+if TYPE_CHECKING:
+    from ...kernels.registry import Statement
+    from ..registry import DelegateContext
+
+__all__ = ["BACKEND_ID", "describe_payload", "prepare"]
 
 BACKEND_ID = "XnnpackBackend"
 
 
-register_describer(BACKEND_ID)(describe_payload)
+def prepare(ctx: DelegateContext) -> Statement:
+    """The statement that runs one XNNPACK ``DelegateCall`` (see :mod:`.backend`)."""
+    from .backend import prepare as prepare_payload  # torch code, loaded on first use
 
-
-@register_backend(BACKEND_ID)
-def _prepare(ctx: DelegateContext) -> Emission:
-    from .backend import prepare
-
-    return prepare(ctx)
+    return prepare_payload(ctx)

@@ -30,8 +30,8 @@ import torch
 from ...dtypes import CODE_TO_DTYPE
 from ...errors import BackendUnavailableError, PteFormatError
 from ...format import program as p
-from ...kernels.registry import Emission
-from .. import DelegateContext
+from ...kernels.registry import Statement
+from ..registry import DelegateContext
 from . import schema as s
 from .constants import Constants
 from .runtime import ArgInfo, build_runner
@@ -335,7 +335,7 @@ def _where(ctx: DelegateContext) -> str:
     )
 
 
-def prepare(ctx: DelegateContext) -> Emission:
+def prepare(ctx: DelegateContext) -> Statement:
     """Decode, validate and prepare the payload with the chosen runner; emit
     ``_run(v[a], v[b], ...)``."""
     where = _where(ctx)
@@ -359,7 +359,7 @@ def _prepare_torch(
     tensors: list[p.Tensor | None],
     where: str,
     device: torch.device,
-) -> Emission:
+) -> Statement:
     """ptexec's runner (:mod:`.runtime`)."""
     runner = build_runner(payload, ctx.named_data, _arg_infos(tensors, where), device)
     check_output_shapes(payload, tensors)
@@ -383,7 +383,7 @@ def _prepare_executorch(
     tensors: list[p.Tensor | None],
     where: str,
     strict: bool,
-) -> Emission:
+) -> Statement:
     """ExecuTorch's XNNPACK backend, after ptexec's own checks of the payload. When it
     cannot load the payload, ``strict`` raises; otherwise ptexec's runner takes over."""
     from .executorch_runner import build_executorch_runner

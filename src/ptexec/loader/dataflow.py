@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
+from ..effects import byte_range, effects, kind, tensor_items
 from ..format import program as p
-from ..kernels.registry import Emission
-from .effects import effects
+from ..kernels.registry import Statement
 
 __all__ = ["rewrite_chain"]
 
@@ -104,7 +104,7 @@ class _Ranges:
             last = entry
 
 
-class _Chain:
+class _ChainAccesses:
     """Reads and memory writes of each instruction, kept current as the chain is rewritten.
 
     The rewrites only ever remove writes (an instruction folded or turned into a view writes
@@ -113,7 +113,7 @@ class _Chain:
     superset of the current facts; every query checks its hits against them."""
 
     def __init__(
-        self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Emission], et_views: set[int]
+        self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Statement], et_views: set[int]
     ) -> None:
         self.et_views = et_views
         self.values = plan.values
@@ -135,8 +135,9 @@ class _Chain:
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
             e = effects(self.values, ins, st)
             reads = set(e.reads)
-            if isinstance(ins, p.MoveCall):  # the moved-to slot is kept as read too
-                reads.update(p.tensor_indices(self.values, (ins.move_to,)))
+            if kind(ins) == "move":  # the moved-to slot is kept as read too
+                assert isinstance(ins, p.MoveCall)
+                reads.update(tensor_items(self.values, ins.move_to))
             self.reads.append(reads)
             for r in reads:
                 self.readers_of.setdefault(r, []).append(k)
@@ -171,10 +172,9 @@ class _Chain:
         """Where value ``index``'s bytes are, as the plan lays them out."""
         if index in self.fixed:
             return ("fixed", index)
-        t = self.values[index]
-        if isinstance(t, p.Tensor) and t.allocation_info is not None:
-            start = t.allocation_info.memory_offset
-            return ("planned", t.allocation_info.memory_id, start, start + t.nbytes)
+        found = byte_range(self.values[index])
+        if found is not None:
+            return ("planned", *found)
         if index in self.inputs:
             return ("input", index)
         return ("own", index)
@@ -273,13 +273,15 @@ class _Chain:
         return last, live, redirects
 
 
-def _redirect(c: _Chain, target: int, w: int) -> str:
+def _redirect(c: _ChainAccesses, target: int, w: int) -> str:
     tw = c.values[w]
     assert isinstance(tw, p.Tensor)
     return f"v[{w}] = v[{target}].reshape({list(tw.sizes)})"
 
 
-def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int]) -> Emission | None:
+def _fold(
+    c: _ChainAccesses, i: int, st: Statement, values: list[Any], budget: list[int]
+) -> Statement | None:
     """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
     if not st.pure or not st.outs or st.mutates is None or set(st.mutates) != set(st.outs):
         return None
@@ -324,10 +326,10 @@ def _fold(c: _Chain, i: int, st: Emission, values: list[Any], budget: list[int])
         c.fixed.add(o)
         c.fixed.update(redirects)
     c.writes[i] = []
-    return Emission("pass", {}, (), ())
+    return Statement("pass", {}, (), ())
 
 
-def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | None:
+def _elide(c: _ChainAccesses, i: int, st: Statement, values: list[Any]) -> Statement | None:
     """Run copy instruction ``i`` as a view when the conditions hold; None otherwise."""
     alias = st.alias
     if alias is None or not all(c.may_replace(i, t) for t in alias.targets):
@@ -364,13 +366,13 @@ def _elide(c: _Chain, i: int, st: Emission, values: list[Any]) -> Emission | Non
             pass  # it fails on constants (a malformed program): each call runs it, and fails
         else:
             c.fixed |= live_all
-            return Emission("pass", {}, (), ())
-    return Emission(
+            return Statement("pass", {}, (), ())
+    return Statement(
         code, alias.env, tuple(sorted(live_all - {alias.source})), (), reads=alias.reads
     )
 
 
-def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
+def _prune(c: _ChainAccesses, i: int, st: Statement) -> Statement | None:
     """Drop the writes of outputs nothing reads (under conditions 1 and 2)."""
     if st.prune is None:
         return None
@@ -385,7 +387,7 @@ def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
         return None
     c.writes[i] = [c.region(o) for o in st.outs if o not in dead]
     kept = tuple(o for o in st.outs if o not in dead)
-    return Emission(
+    return Statement(
         st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads
     )
 
@@ -393,17 +395,19 @@ def _prune(c: _Chain, i: int, st: Emission) -> Emission | None:
 def rewrite_chain(
     plan: p.ExecutionPlan,
     chain: p.Chain,
-    statements: list[Emission],
+    statements: list[Statement],
     names: Sequence[str],
     values: list[Any],
     fold_limit: int,
-) -> list[Emission]:
+) -> list[Statement]:
     """``statements`` with copies turned into views and constant work done now (see the
     module docstring). ``values`` is the method's values table; folded results and views
     of constants are stored into it. At most ``fold_limit`` bytes of results are folded."""
     if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
         return statements
-    c = _Chain(plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW})
+    c = _ChainAccesses(
+        plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}
+    )
     budget = [fold_limit]
     result = list(statements)
     for i, st in enumerate(statements):

@@ -11,86 +11,36 @@ The values table ``values`` is the method's memory at run time: ``values[j]`` is
 instruction or a call fills in). Planned tensors are views of ``buffers``; constants are
 views of the program file; unplanned inputs are the caller's tensors during a call and None
 between calls.
+
+What other modules build once per method (the steps hooks see, instrumented blocks, an
+ETDump layout, the float64 reference) is theirs: each declares a :class:`Kept`, and the
+state only holds what it made, so that it lives and dies with the method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from ..accounting import CallRecord
 from ..codegen import Sources
-from ..device import CPU, Device
 from ..errors import ExecutionError
 from ..format import program as p
-from ..kernels.registry import Emission
-from ..loader.meta import MethodMeta, ValueInfo
+from ..kernels.registry import Statement
 from ..memory import PlannedBuffer
-from ..tensor import TensorInfo
+from .meta import MethodMeta
+from .specs import InputSpec, OutputSpec
 
-if TYPE_CHECKING:
-    from .blocks import CompiledChain
-    from .hooks import Step
+__all__ = ["Kept", "MethodState", "PreparedChain"]
 
-__all__ = ["ChainState", "InputSpec", "MethodState", "OutputSpec"]
-
-
-class InputSpec:
-    """How input ``index`` (value ``slot``) is bound: its description, and for a tensor the
-    planned view it is copied into (None: the caller's memory is used in place)."""
-
-    __slots__ = (
-        "device",
-        "dim_order",
-        "dtype",
-        "fast_shape",
-        "index",
-        "info",
-        "kind",
-        "scalar",
-        "scratch",
-        "slot",
-        "torch_device",
-        "view",
-        "written",
-    )
-
-    def __init__(self, index: int, slot: int) -> None:
-        self.index = index
-        self.slot = slot
-        self.kind = "tensor"  # or the scalar kind: int, float, bool, str, none
-        self.written = False  # an instruction writes the input's memory in place
-        self.info: TensorInfo | None = None
-        self.scalar: Any = None  # the traced value of a scalar input
-        self.view: torch.Tensor | None = None  # planned view (planned inputs)
-        self.scratch: torch.Tensor | None = None  # reused copy target (unplanned, converted)
-        self.dtype: torch.dtype | None = None
-        self.fast_shape: tuple[int, ...] | None = None  # exact static shape, if any
-        self.torch_device: torch.device | None = None
-        self.device: Device = CPU
-        self.dim_order: tuple[int, ...] = ()
-
-
-class OutputSpec:
-    """Output ``index`` (value ``slot``): its description, whether the program plans its
-    memory, and the memory the method gives an unplanned one between calls."""
-
-    __slots__ = ("default", "index", "info", "kind", "planned", "slot")
-
-    def __init__(self, index: int, slot: int) -> None:
-        self.index = index
-        self.slot = slot
-        self.kind = "tensor"
-        self.info: ValueInfo | None = None
-        self.planned = False
-        self.default: torch.Tensor | None = None
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
-class ChainState:
+class PreparedChain:
     """One chain of the plan, prepared: per instruction its name (``aten::add.out``,
     ``delegate:<id>``, ``move``, ...), the statement that runs it (after the load-time
     rewrites) and the statement as its kernel made it."""
@@ -98,8 +48,8 @@ class ChainState:
     index: int
     instructions: tuple[p.Instruction, ...]
     names: tuple[str, ...]
-    statements: tuple[Emission, ...]
-    loaded: tuple[Emission, ...]
+    statements: tuple[Statement, ...]
+    loaded: tuple[Statement, ...]
     stacktrace: tuple[tuple[p.Frame, ...] | None, ...] | None
 
     @property
@@ -135,7 +85,7 @@ class MethodState:
     buffers: list[PlannedBuffer]
     inputs: list[InputSpec]
     outputs: list[OutputSpec]
-    chains: list[ChainState]
+    chains: list[PreparedChain]
     dynamic_scalars: frozenset[int]
     meta: MethodMeta
     max_instructions: int
@@ -144,10 +94,7 @@ class MethodState:
     owned: list[tuple[torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=list
     )
-    # made on first use by the tools' machinery (never by a plain call)
-    steps: list[list[Step]] | None = None
-    instrumented: list[CompiledChain] | None = None
-    caches: dict[str, Any] = field(default_factory=dict)  # what tools build once per method
+    kept: dict[Kept[Any], Any] = field(default_factory=dict)  # see Kept; never read here
 
     @property
     def shared_slots(self) -> list[int]:
@@ -192,3 +139,22 @@ class MethodState:
 
     def output_slots(self) -> Sequence[int]:
         return [o.slot for o in self.outputs]
+
+
+class Kept(Generic[T]):
+    """Something a module builds once per method, from its state, on first use: calling
+    ``kept(state)`` returns it. The module owns the :class:`Kept` (its key) and the type;
+    the state holds the object in ``kept`` and knows nothing of it. Being held by the state
+    (not by a weak mapping elsewhere), it is freed together with the method, generated code
+    and all."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[MethodState], T]) -> None:
+        self.make = make
+
+    def __call__(self, state: MethodState) -> T:
+        found = state.kept.get(self)
+        if found is None:
+            found = state.kept[self] = self.make(state)
+        return found

@@ -1,0 +1,101 @@
+"""The backend registry: the id a program's ``BackendDelegate`` names -> its backend.
+
+A backend prepares each ``DelegateCall`` at method load (decoding and validating its
+payload, building its torch steps) and returns a
+:class:`~ptexec.kernels.registry.Statement`, exactly as a kernel does. A program that names
+a backend with no registration fails at load with
+:class:`~ptexec.errors.BackendUnavailableError` naming the id. ptexec's own backends are
+registered in :mod:`ptexec.delegates`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..format import program as p
+from ..kernels.registry import KernelContext, Statement
+
+__all__ = [
+    "Backend",
+    "BackendFactory",
+    "DelegateContext",
+    "PayloadDescriber",
+    "describe_payload",
+    "find_backend",
+    "register_backend",
+    "registered_backends",
+]
+
+
+class DelegateContext(KernelContext):
+    """A :class:`KernelContext` plus the delegate's payload and compile specs.
+
+    ``processed`` is the delegate's data (a zero-copy view of the file), ``compile_specs``
+    its key -> bytes options, ``named_data`` the program's (and external file's) named blobs.
+    """
+
+    def __init__(
+        self,
+        backend_id: str,
+        delegate_index: int,
+        processed: memoryview,
+        compile_specs: tuple[p.CompileSpec, ...],
+        named_data: Mapping[str, memoryview],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(op_name=f"delegate:{backend_id}", **kwargs)
+        self.backend_id = backend_id
+        self.delegate_index = delegate_index
+        self.processed = processed
+        self.compile_specs = compile_specs
+        self.named_data = named_data
+
+    def compile_spec(self, key: str) -> bytes | None:
+        for spec in self.compile_specs:
+            if spec.key == key:
+                return spec.value
+        return None
+
+
+BackendFactory = Callable[[DelegateContext], Statement]
+PayloadDescriber = Callable[[memoryview], dict[str, int]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered backend: ``prepare`` makes the statement of each of its
+    ``DelegateCall``s at method load; ``describe``, when given, summarises a payload as node
+    type -> count without loading anything."""
+
+    backend_id: str
+    prepare: BackendFactory
+    describe: PayloadDescriber | None = None
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(
+    backend_id: str, prepare: BackendFactory, describe: PayloadDescriber | None = None
+) -> None:
+    """Register backend ``backend_id`` (replacing an earlier registration of that id)."""
+    _BACKENDS[backend_id] = Backend(backend_id, prepare, describe)
+
+
+def find_backend(backend_id: str) -> BackendFactory | None:
+    """The factory that prepares ``backend_id``'s calls (None: no such backend)."""
+    backend = _BACKENDS.get(backend_id)
+    return None if backend is None else backend.prepare
+
+
+def registered_backends() -> list[str]:
+    """The ids of every registered backend, sorted."""
+    return sorted(_BACKENDS)
+
+
+def describe_payload(backend_id: str, data: memoryview) -> dict[str, int] | None:
+    """Node types and counts of a delegate payload (None when its backend has no describer)."""
+    backend = _BACKENDS.get(backend_id)
+    return None if backend is None or backend.describe is None else backend.describe(data)
