@@ -257,3 +257,34 @@ def test_a_failing_compile_leaves_it_interpreted_with_one_warning(
     x = fixture_calls("mlp")[0]["inputs"]
     assert torch.equal(m.execute(_clone(x))[0], want[0][0])
     assert _leftovers(tmp_path / "cache") == []
+
+
+# ---- the server ------------------------------------------------------------------------
+
+
+def test_server_sessions_share_one_compile_and_health_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    httpx = pytest.importorskip("httpx")
+    from serve_support import running_server, tokenizer_folder
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / "cache"))  # empty: it compiles
+    tok = tokenizer_folder(tmp_path)
+    with running_server(tok, compile="background", sessions=2) as server:
+        engine = server.engine
+        jobs = [r.decoder.method.background_compile for r in engine.runners]
+        assert all(j is not None for j in jobs)
+        pids = {j.pid for j in jobs}  # type: ignore[union-attr]
+        assert len(pids) == 1 and None not in pids  # one child for both sessions
+        health = httpx.get(server.url + "/health", timeout=30).json()
+        assert health["compile"] == "pending"
+        r = httpx.post(
+            server.url + "/v1/completions",
+            json={"model": "tiny-llama", "prompt": "Once", "max_tokens": 3, "temperature": 0},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        (pid,) = pids
+    for j in jobs:
+        j.cancel()  # type: ignore[union-attr]
+    assert _not_running(pid)

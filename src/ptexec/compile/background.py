@@ -493,7 +493,11 @@ def _child_main() -> int:
         builder = RegionBuilder(method.state, prog, options)
         entry = builder.entry()
         if entry is None or entry.key != request["key"]:
-            return answer(False, "the program's files changed on disk since they were loaded")
+            return answer(
+                False,
+                "the cache key here is not the loading process's: the program's files, "
+                "ptexec's sources or the compile settings changed since it was loaded",
+            )
         builder.build()
         report = builder.report()
         if builder.cache_path is None:
