@@ -468,7 +468,8 @@ def _child_main() -> int:
         os.nice(_NICE)
 
     def answer(ok: bool, reason: str) -> int:
-        os.write(result, (json.dumps({"ok": ok, "reason": reason}) + "\n").encode())
+        with contextlib.suppress(OSError):  # a detached child's parent may be gone
+            os.write(result, (json.dumps({"ok": ok, "reason": reason}) + "\n").encode())
         return 0 if ok else 1
 
     try:
