@@ -160,10 +160,10 @@ class _Child:
         self.ok, reason = self._result(out, code)
         self.reason = self.reason or reason
         self._cleanup()
+        _forget(self)
         with self.lock:
             waiters = list(self.waiters)
-        _forget(self)
-        self.finished.set()
+            self.finished.set()
         for w in waiters:
             w.child_finished(self)
 
@@ -197,8 +197,13 @@ class _Child:
         self.cache.remove_leftovers()  # what a child that died had staged
 
     def add(self, waiter: BackgroundCompile) -> None:
+        """``waiter`` is told when the child finishes (at once if it has)."""
         with self.lock:
-            self.waiters.append(waiter)
+            done = self.finished.is_set()
+            if not done:
+                self.waiters.append(waiter)
+        if done:
+            waiter.child_finished(self)
 
     def remove(self, waiter: BackgroundCompile) -> None:
         """``waiter`` no longer waits; the last one to go ends the child (unless it was
@@ -270,6 +275,7 @@ class BackgroundCompile:
         self._program = program
         self._status = PENDING
         self._done = threading.Event()
+        self._lock = threading.Lock()  # who finishes the job: cancel or the child's end
         self._child: _Child | None = None
         self._install = weakref.WeakMethod(install)
         self.report: CompileReport | None = None
@@ -296,10 +302,10 @@ class BackgroundCompile:
     def cancel(self) -> None:
         """Stop waiting; the method stays interpreted. The child ends when no other
         method waits for it."""
-        child, self._child = self._child, None
-        if child is not None:
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None:  # else it has finished, or is finishing (child_finished)
             child.remove(self)
-        if not self._done.is_set():
             self._fail("cancelled", warn=False)
 
     def detach(self) -> None:
@@ -334,9 +340,10 @@ class BackgroundCompile:
             )
 
     def child_finished(self, child: _Child) -> None:
-        if self._child is not child or self._done.is_set():
-            return
-        self._child = None
+        with self._lock:
+            if self._child is not child:  # cancelled
+                return
+            self._child = None
         if not child.ok:
             self._fail(child.reason, warn=child.reason != "cancelled")
             return
@@ -420,7 +427,7 @@ def _join_child(
     assert entry is not None
     with _children_lock:
         child = _children.get(entry.key)
-        if child is None:
+        if child is None or child.cancelled:  # a child being ended is no use
             files, scratch = _program_files(program)
             message = {
                 "files": files,
@@ -444,7 +451,7 @@ def _join_child(
                 raise
             _children[entry.key] = child
         job._child = child
-        child.add(job)
+    child.add(job)  # outside the registry's lock: a finished child calls back at once
 
 
 # ---------------------------------------------------------------------------------------
