@@ -171,11 +171,11 @@ def test_two_threads_call_across_the_swap() -> None:
 
     problems: list[str] = []
     seen: list[tuple[str, str]] = []  # (status before the call, after it)
-    stop = threading.Event()
+    abort = threading.Event()  # the compile failed: no swap to wait for
 
     def caller() -> None:
-        after_swap = 0
-        while after_swap < 20:
+        after_swap = 0  # each thread calls on until it has made 20 calls after the swap
+        while after_swap < 20 and not abort.is_set():
             for k, call in enumerate(calls):
                 before = m.compile_status
                 got = m.execute(_clone(call["inputs"]))
@@ -185,18 +185,19 @@ def test_two_threads_call_across_the_swap() -> None:
                     problems.append(f"call {k} ({before}): {problem}")
                 if before == "compiled":
                     after_swap += 1
-            if stop.is_set():
-                return
 
     threads = [threading.Thread(target=caller) for _ in range(2)]
     for t in threads:
         t.start()
+    compiled = False
     try:
-        assert m.wait_compiled(_WAIT), m.compile_status
+        compiled = m.wait_compiled(_WAIT)
     finally:
-        stop.set()
+        if not compiled:
+            abort.set()
         for t in threads:
             t.join()
+    assert compiled, m.compile_status
     assert problems == []
     assert any(b == "pending" for b, _ in seen) and any(b == "compiled" for b, _ in seen)
     report = m.compile_report
