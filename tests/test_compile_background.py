@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import warnings
@@ -135,6 +136,23 @@ def test_first_call_is_answered_while_compiling_and_dropping_ends_the_child(
         os.waitpid(pid, os.WNOHANG)  # reaped already
     assert _leftovers(tmp_path) == []
     assert [n for n in os.listdir(tmp_path) if len(n) == 64] == []
+
+
+def test_a_detached_compile_outlives_its_method(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    m = _background("mlp")
+    job = m.background_compile
+    assert job is not None and job.pid is not None
+    pid = job.pid
+    job.detach()
+    del m, job
+    gc.collect()
+    try:
+        assert not _not_running(pid)  # dropping the method did not end it
+    finally:
+        os.killpg(pid, signal.SIGTERM)  # not needed here: end it (it is reaped by its thread)
 
 
 def test_program_from_bytes_is_written_for_the_child(
