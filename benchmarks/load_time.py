@@ -87,11 +87,12 @@ def _programs(steps: list[int], llm: bool) -> dict[str, bytes]:
         name: (ROOT / "tests" / "fixtures" / f"{name}.pte").read_bytes()
         for name in ("mlp", "transformer", "llama_sdpa_kv")
     }
+    programs["xnnpack cnn"] = (ROOT / "tests" / "fixtures" / "xnnpack" / "cnn.pte").read_bytes()
     if llm:
         try:
             import llm_programs
 
-            for variant in ("portable", "xnnpack"):
+            for variant in ("portable", "xnnpack", "xnnpack_8da4w"):
                 programs[f"llama {variant}"] = Path(llm_programs.program_path(variant)).read_bytes()
         except Exception as e:  # the LLM exporter needs more than this benchmark
             print(f"(no LLM programs: {type(e).__name__}: {e})", file=sys.stderr)

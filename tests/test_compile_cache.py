@@ -93,10 +93,10 @@ def _records() -> list[dict[str, Any]]:
 
 @functools.cache
 def _planned() -> list[dict[str, Any]]:
-    from ptexec.compile.runner import _Builder
+    from ptexec.compile.runner import RegionBuilder
 
     state = ptexec.load(PTE).load_method("forward").state
-    builder = _Builder(state, ptexec.load(PTE), CompileOptions())
+    builder = RegionBuilder(state, ptexec.load(PTE), CompileOptions())
     return [
         RegionRecord.of(r, [], {}, f"r{k}", f"r{k}.so").to_json()
         for k, r in enumerate(builder.regions)

@@ -269,7 +269,7 @@ def test_cli_compile_says_its_threads(
 def test_compiled_code_is_keyed_by_the_thread_count() -> None:
     """AOTInductor's CPU code is made for the thread count of its compile: a method loaded
     compiled at another count compiles (or finds) code for that count, not the other's."""
-    from ptexec.compile.runner import CompileOptions, _Builder
+    from ptexec.compile.runner import CompileOptions, RegionBuilder
 
     prog = ptexec.load(MLP)
     state = prog.load_method("forward").state
@@ -278,7 +278,7 @@ def test_compiled_code_is_keyed_by_the_thread_count() -> None:
         keys = []
         for n in (1, 2, 1):
             torch.set_num_threads(n)
-            keys.append(_Builder(state, prog, CompileOptions()).entry().key)
+            keys.append(RegionBuilder(state, prog, CompileOptions()).entry().key)
     finally:
         torch.set_num_threads(before)
     assert keys[0] != keys[1] and keys[0] == keys[2]

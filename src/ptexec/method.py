@@ -12,6 +12,7 @@ default options) takes a generated fast path that does the same in one function.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,8 @@ from .loader import (
 from .loader.state import MethodState
 
 if TYPE_CHECKING:
-    from .compile import CompileOptions, CompileReport
+    from .compile import CompiledRunner, CompileOptions, CompileReport
+    from .compile.background import BackgroundCompile
     from .profile import Profile
     from .program import Program
     from .trace import Trace
@@ -70,7 +72,10 @@ class Method:
     ``"executorch"``: which runner runs XNNPACK payloads, see
     :mod:`ptexec.delegates.xnnpack.backend`) and ``compile`` (True, or a
     :class:`ptexec.compile.CompileOptions`: run the method's straight-line regions as
-    AOTInductor-compiled code, cached on disk; see :attr:`compile_report`).
+    AOTInductor-compiled code, cached on disk; see :attr:`compile_report`;
+    ``"background"``: run interpreted at once while another process compiles, and switch
+    to the compiled code between calls when it is ready, see :attr:`compile_status`,
+    :meth:`wait_compiled` and :mod:`ptexec.compile.background`).
 
     Limits: ``max_planned_bytes`` (default :data:`DEFAULT_MAX_PLANNED_BYTES`, 16 GiB): loading
     refuses, before allocating anything, a plan whose buffers (shared state included) add up
@@ -103,7 +108,7 @@ class Method:
         fast_path: bool = True,
         cuda_graph: bool = False,
         xnnpack: str = "auto",
-        compile: bool | CompileOptions = False,
+        compile: bool | str | CompileOptions = False,
     ) -> None:
         if xnnpack not in ("auto", "torch", "executorch"):
             raise ValueError(f"xnnpack must be 'auto', 'torch' or 'executorch', not {xnnpack!r}")
@@ -124,19 +129,31 @@ class Method:
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
+        background = _background_options(compile, cuda_graph)
         runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
         self._compile_report: CompileReport | None = None
-        if compile:
+        self._background: BackgroundCompile | None = None
+        if compile and background is None:
             from .compile import compiled_runner
 
-            runner = compiled = compiled_runner(state, program, compile, cuda_graph)
+            runner = compiled = compiled_runner(state, program, compile, cuda_graph)  # type: ignore[arg-type]
             self._compile_report = compiled.report
         self._runner = runner
+        self._fast_path = fast_path and self._policy == _DEFAULT_POLICY
         self._fast: Callable[[Sequence[Any]], Any] | None = None
-        if fast_path and self._policy == _DEFAULT_POLICY:
+        if self._fast_path:
             self._fast = build_fast_call(state, runner, self._output_mode == "copy")
         if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
             runner.prepare()  # else the fast path compiled the statements, and the blocks wait
+        if background is not None:
+            from .compile import background as bg
+
+            request = bg.LoadRequest(
+                self.name, device_map, optimize, xnnpack, max_planned_bytes, max_instructions
+            )
+            job = bg.start(state, program, background, request, self._install_compiled)
+            self._background = job
+            weakref.finalize(self, job.cancel)  # dropping the method ends its compile
 
     # -- description ---------------------------------------------------------------------
     @property
@@ -155,8 +172,51 @@ class Method:
 
     @property
     def compile_report(self) -> CompileReport | None:
-        """What runs compiled (``load_method(..., compile=True)``); None otherwise."""
-        return self._compile_report
+        """What runs compiled (``load_method(..., compile=True)``); None otherwise, and
+        while a background compile is pending (a failed one: its report, nothing compiled)."""
+        report = self._compile_report
+        if report is None and self._background is not None:
+            return self._background.report
+        return report
+
+    @property
+    def compile_status(self) -> str:
+        """How the method runs now: ``"interpreted"`` (loaded without ``compile``),
+        ``"compiled"``, ``"pending"`` (``compile="background"``: interpreted until the
+        compile finishes) or ``"failed: <why>"`` (it runs interpreted)."""
+        job = self._background
+        if job is not None:
+            return job.status
+        report = self._compile_report
+        if report is None:
+            return "interpreted"
+        if report.warning and not report.compiled_instructions:
+            return f"failed: {report.warning}"
+        return "compiled"
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds) for a background compile to finish; whether
+        the method runs compiled now. Returns at once without one."""
+        job = self._background
+        if job is None:
+            return self.compile_status == "compiled"
+        return job.wait(timeout)
+
+    @property
+    def background_compile(self) -> BackgroundCompile | None:
+        """The background compile (``compile="background"``): status, process id,
+        ``wait``, ``cancel``, ``detach``; None otherwise."""
+        return self._background
+
+    def _install_compiled(self, runner: CompiledRunner) -> None:
+        """Switch to the compiled runner (a background compile finished): between calls,
+        under the call lock, runner and fast call together."""
+        fast = build_fast_call(self._state, runner, self._output_mode == "copy")
+        with self._lock:
+            self._runner = runner
+            if self._fast_path:
+                self._fast = fast
+            self._compile_report = runner.report
 
     @property
     def last_call(self) -> CallRecord:
@@ -197,9 +257,8 @@ class Method:
         and leaves the method's state as it was.
         """
         kind = type(inputs)
-        fast = self._fast
         if (
-            fast is not None
+            self._fast is not None
             and (kind is list or kind is tuple)
             and outputs is None
             and out is None
@@ -207,8 +266,9 @@ class Method:
             and layout is None
         ):
             with self._lock:
+                fast = self._fast  # read under the lock: a background compile swaps it
                 try:
-                    result = fast(inputs)
+                    result = fast(inputs) if fast is not None else NOT_FAST
                 except Exception as e:
                     self._state.restore()
                     if isinstance(e, PtexecError):
@@ -216,7 +276,7 @@ class Method:
                     raise self._state.execution_error(e) from e
             if result is not NOT_FAST:
                 return result  # type: ignore[no-any-return]
-        return self._call(inputs, self._runner, outputs, out, transfers, layout)
+        return self._call(inputs, None, outputs, out, transfers, layout)
 
     def run_with(
         self,
@@ -237,13 +297,14 @@ class Method:
     def _call(
         self,
         inputs: Sequence[Any],
-        runner: Runner,
+        runner: Runner | None,
         outputs: OutputMode | None,
         out: Sequence[Any] | None,
         transfers: str | None,
         layout: str | None,
     ) -> list[Any]:
-        """The call envelope (module docstring)."""
+        """The call envelope (module docstring); ``runner`` None: the method's own, read
+        under the lock (a background compile swaps it between calls)."""
         if (
             type(inputs) is not list
             and type(inputs) is not tuple
@@ -257,6 +318,8 @@ class Method:
         state = self._state
         # inference: autograd must not touch the memory (nor cost time)
         with self._lock, torch.no_grad(), below_autograd():
+            if runner is None:
+                runner = self._runner
             bound = arguments.check_inputs(state, inputs, policy, policy == _DEFAULT_POLICY)
             given = None
             if out is not None:
@@ -291,6 +354,24 @@ class Method:
         from .profile import profile
 
         return profile(self, inputs, **options)
+
+
+def _background_options(compile: Any, cuda_graph: bool) -> CompileOptions | None:
+    """The options of a background compile (``compile="background"`` or a
+    ``CompileOptions(background=True)``); None for any other ``compile``."""
+    if isinstance(compile, str):
+        if compile != "background":
+            raise ValueError(
+                f"compile must be a bool, 'background' or a CompileOptions, not {compile!r}"
+            )
+        from .compile import CompileOptions
+
+        compile = CompileOptions(background=True, progress=False)
+    if not getattr(compile, "background", False):
+        return None
+    if cuda_graph:
+        raise ValueError("compile and cuda_graph cannot be combined: choose one runner")
+    return compile  # type: ignore[no-any-return]
 
 
 def _output_mode(mode: Any) -> OutputMode:

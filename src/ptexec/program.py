@@ -151,8 +151,12 @@ class Program:
         ptd_owner: Any = None,
         share_state: ShareState = "auto",
         stamps: tuple[_FileStamp | None, ...] = (),
+        paths: tuple[Path | None, ...] = (),
     ) -> None:
         self.pte = pte
+        # where the program's file and its data files were read from (None: bytes), for
+        # a compile in another process (ptexec.compile.background)
+        self.paths = paths
         self.ptd = ptd
         self._owners = (owner, ptd_owner)
         self._stamps = tuple(s for s in stamps if s is not None)
@@ -300,8 +304,16 @@ DataPath = DataSource | Sequence[DataSource] | None
 class _SharedData:
     """One data file read once, for every program loaded from it while any lives."""
 
-    def __init__(self, view: memoryview, owner: Any, stamp: _FileStamp | None, ptd: PtdFile):
+    def __init__(
+        self,
+        view: memoryview,
+        owner: Any,
+        stamp: _FileStamp | None,
+        ptd: PtdFile,
+        path: Path | None = None,
+    ) -> None:
         self.view, self.owner, self.stamp, self.ptd = view, owner, stamp, ptd
+        self.path = path
 
 
 _shared_data: weakref.WeakValueDictionary[tuple[Any, ...], _SharedData] = (
@@ -336,7 +348,7 @@ def _read_data_file(source: DataSource, mapped: bool) -> _SharedData:
         if found is not None:
             return found
         view, owner, stamp = _map(source, "data file", mapped)
-        data = _SharedData(view, owner, stamp, read_ptd(view))
+        data = _SharedData(view, owner, stamp, read_ptd(view), Path(os.path.realpath(path)))
         if key is not None:
             _shared_data[key] = data
         return data
@@ -438,6 +450,13 @@ def load(
             if needed:
                 files = data_files_beside(Path(source), needed, mmap)
         ptd = merge_ptd(tuple(f.ptd for f in files)) if files else None
+        where = Path(os.path.realpath(source)) if isinstance(source, str | os.PathLike) else None
         return Program(
-            pte, owner, ptd, tuple(files), share_state, (stamp, *(f.stamp for f in files))
+            pte,
+            owner,
+            ptd,
+            tuple(files),
+            share_state,
+            (stamp, *(f.stamp for f in files)),
+            (where, *(f.path for f in files)),
         )

@@ -33,7 +33,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         args.tokenizer,
         args.data,
         device_map=device_map,
-        compile=args.compile,
+        compile="background" if args.compile else False,
         print_output=False,
     )
 
@@ -65,7 +65,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     if args.stats:
         print(stats.to_json_string(), file=sys.stderr)
+    if args.compile:
+        _say_compile(runner.decoder.method)
     return 0
+
+
+def _say_compile(method: Any) -> None:
+    """What ``--compile`` did: the compiled code ran, or it is still compiling (left to
+    finish into the cache on its own, so that the next run starts compiled), or failed."""
+    status = method.compile_status
+    job = method.background_compile
+    if status == "pending" and job is not None and job.pid is not None:
+        job.detach()
+        print(
+            f"compile: still compiling (process {job.pid}), left to finish into the "
+            "cache; the next run starts compiled",
+            file=sys.stderr,
+        )
+    else:
+        print(f"compile: {status}", file=sys.stderr)
 
 
 def add_generate(sub: Any) -> None:
@@ -95,7 +113,10 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--no-echo", action="store_true", help="do not print the prompt first")
     p.add_argument("--device", help="run the program on this device (cpu, cuda, cuda:1)")
     p.add_argument(
-        "--compile", action="store_true", help="run the program through ptexec's compiled tier"
+        "--compile",
+        action="store_true",
+        help="ptexec's compiled tier: generate at once, interpreted, switching to the "
+        "compiled code when another process has compiled it into the cache",
     )
     add_threads(p)
     p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")

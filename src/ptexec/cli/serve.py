@@ -29,7 +29,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             timeout=args.timeout,
             device_map=args.device or None,
-            compile=args.compile,
+            compile="background" if args.compile else False,
             chat_template=args.chat_template,
         )
     programs = None
@@ -38,8 +38,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..serve import ProgramService
 
         program = engine.program if engine is not None else load(args.file, data_path=args.data)
-        device = {"device_map": args.device} if args.device else {}
-        programs = ProgramService(program, window=args.batch_window_ms / 1e3, **device)
+        options: dict[str, Any] = {"device_map": args.device} if args.device else {}
+        if args.compile:
+            options["compile"] = "background"
+        programs = ProgramService(program, window=args.batch_window_ms / 1e3, **options)
     server = Server(
         engine,
         args.host,
@@ -73,7 +75,12 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond them")
     p.add_argument("--timeout", type=float, help="seconds a request may take (default: none)")
     p.add_argument("--device", help="run the program on this device (cpu, cuda, cuda:1)")
-    p.add_argument("--compile", action="store_true", help="use ptexec's compiled tier")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="use ptexec's compiled tier: serve at once, interpreted, and switch to the "
+        "compiled code when a compile in another process has filled the cache",
+    )
     p.add_argument("--chat-template", help="a Jinja chat template file")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")

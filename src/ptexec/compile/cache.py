@@ -385,13 +385,18 @@ class Cache:
                     out.append(path)
         return out
 
+    def remove_leftovers(self) -> None:
+        """Remove what :meth:`leftovers` finds (when this user writes the cache)."""
+        if self.writable:
+            for path in self.leftovers():
+                shutil.rmtree(path, ignore_errors=True)
+
     def housekeep(self, keep: str | None = None) -> list[str]:
         """Remove leftovers, then evict least recently used entries (never ``keep``) while
         the cache is over :func:`max_bytes`; the evicted keys."""
         if not self.writable:
             return []
-        for path in self.leftovers():
-            shutil.rmtree(path, ignore_errors=True)
+        self.remove_leftovers()
         cap = max_bytes()
         if cap <= 0:
             return []

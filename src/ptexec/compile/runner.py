@@ -52,7 +52,7 @@ from .report import CompileReport, CompileWarning
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["CompileOptions", "CompiledRunner"]
+__all__ = ["CompileOptions", "CompiledRunner", "RegionBuilder"]
 
 Model = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 _COMPILE_FAILED = "compile failed"
@@ -70,19 +70,28 @@ class CompileOptions:
     ``progress``: show the progress of a compile on stderr (None or True: a live line
     on a terminal, one line per step elsewhere; False: nothing); ``autotune``: on
     the CPU, time generated matrix-product kernels against ATen's and keep the faster
-    (:func:`ptexec.compile.aoti.inductor_options`; longer compiles, faster calls)."""
+    (:func:`ptexec.compile.aoti.inductor_options`; longer compiles, faster calls);
+    ``background``: the method runs interpreted at once while another process compiles
+    its regions into the cache, and switches to them between calls when they are ready
+    (:mod:`ptexec.compile.background`; ``compile="background"`` is these defaults)."""
 
     min_instructions: int = 2
     cache: bool = True
     backend: str = "aoti"
     progress: bool | None = None
     autotune: bool = True
+    background: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in ("aoti", "graph"):
             raise ValueError(f"backend must be 'aoti' or 'graph', not {self.backend!r}")
         if isinstance(self.min_instructions, bool) or not isinstance(self.min_instructions, int):
             raise ValueError(f"min_instructions must be an int, not {self.min_instructions!r}")
+        if self.background and (self.backend != "aoti" or not self.cache):
+            raise ValueError(
+                "background compiles hand their code over through the cache: they need "
+                "backend='aoti' and cache=True"
+            )
 
     def key(self) -> dict[str, Any]:
         return {
@@ -117,8 +126,10 @@ def _short(e: BaseException) -> str:
     return first if len(first) <= 300 else first[:297] + "..."
 
 
-class _Builder:
-    """Finds or makes the compiled code of a method's regions."""
+class RegionBuilder:
+    """Finds or makes the compiled code of a method's regions. The regions are planned
+    when it is made, on the values table as loading left it (plan it before the method's
+    first call: a call replaces some slots' tensors)."""
 
     def __init__(self, state: MethodState, program: Program, options: CompileOptions) -> None:
         from .functional import Rebuild
@@ -137,10 +148,17 @@ class _Builder:
         self.cache_hit = False
         self.cache_path: str | None = None
         self.warning: str | None = None
+        self._entry: tuple[CacheEntry | None] | None = None
 
     # -- the cache ---------------------------------------------------------------------
     def entry(self) -> CacheEntry | None:
-        """This method's entry in the cache; None when the cache may not be used."""
+        """This method's entry in the cache; None when the cache may not be used. Its key
+        is fixed by the first call (the thread count and machine at that time)."""
+        if self._entry is None:
+            self._entry = (self._find_entry(),)
+        return self._entry[0]
+
+    def _find_entry(self) -> CacheEntry | None:
         cache = open_cache()
         if cache is None:
             return None
@@ -204,6 +222,14 @@ class _Builder:
         self.cache_hit = True
         self.cache_path = str(entry.path)
         return True
+
+    def load_cached(self) -> bool:
+        """Take every region's code from the cache, compiling nothing; whether that
+        worked (True too when there is nothing to compile)."""
+        if not self.regions:
+            return True
+        entry = self.entry()
+        return entry is not None and self.from_cache(entry)
 
     # -- compiling ---------------------------------------------------------------------
     def build(self) -> None:
@@ -567,12 +593,16 @@ class CompiledRunner:
     direct_outputs = True
 
     def __init__(
-        self, state: MethodState, program: Program, options: CompileOptions | None = None
+        self,
+        state: MethodState,
+        program: Program,
+        options: CompileOptions | None = None,
+        builder: RegionBuilder | None = None,
     ) -> None:
-        options = options or CompileOptions()
         self.state = state
-        builder = _Builder(state, program, options)
-        builder.build()
+        if builder is None:  # else the builder has its code already (load_cached)
+            builder = RegionBuilder(state, program, options or CompileOptions())
+            builder.build()
         self.report = builder.report()
         by_chain: dict[int, list[Statement]] = {c.index: list(c.statements) for c in state.chains}
         for k, compiled in enumerate(builder.compiled):

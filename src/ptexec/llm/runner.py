@@ -104,7 +104,7 @@ class _Runner:
         data_path: str | os.PathLike[str] | None = None,
         *,
         device_map: Any = None,
-        compile: bool = False,
+        compile: bool | str = False,
         temperature: float = -1.0,
         print_output: bool = True,
         method: str = "forward",
@@ -129,7 +129,7 @@ class _Runner:
         if device_map is not None:
             options["device_map"] = device_map
         if compile:
-            options["compile"] = True
+            options["compile"] = compile  # True, or "background"
         self.decoder = TextDecoder(program, method, **options)
         self.program = program
         self.stats.model_load_end_ms = _now_ms()
@@ -369,7 +369,8 @@ class TextLLMRunner(_Runner):
 
     ``model_path``/``tokenizer_path``/``data_path`` as in ExecuTorch. ptexec options:
     ``device_map`` (placement of the program, e.g. ``"cuda"``), ``compile`` (the compiled
-    tier), ``temperature`` (overrides the config's when not -1), ``print_output``.
+    tier: True, or ``"background"`` to start interpreted while it compiles),
+    ``temperature`` (overrides the config's when not -1), ``print_output``.
     """
 
     def generate(

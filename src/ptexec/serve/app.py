@@ -204,7 +204,11 @@ def create_app(
             return JSONResponse({"status": "draining"}, status_code=503)
         state: dict[str, Any] = {"status": "ready"}
         if engine is not None:
-            state.update(active_sessions=engine.active, queued=engine.waiting)
+            state.update(
+                active_sessions=engine.active,
+                queued=engine.waiting,
+                compile=engine.compile_status,
+            )
         return JSONResponse(state)
 
     async def run_program(request: HttpRequest) -> Response:

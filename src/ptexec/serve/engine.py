@@ -80,7 +80,9 @@ class Engine:
 
     ``sessions`` runners (each with its own memory); ``max_queue`` requests may wait beyond
     them; ``timeout`` (seconds, None: none) bounds a request from arrival to its last token.
-    ``device_map`` and ``compile`` are the runner's options.
+    ``device_map`` and ``compile`` are the runner's options (``compile="background"``:
+    the sessions answer at once, interpreted, and run compiled once a compile in another
+    process is done; sessions of one program share that compile).
     """
 
     def __init__(
@@ -94,7 +96,7 @@ class Engine:
         max_queue: int = 16,
         timeout: float | None = None,
         device_map: Any = None,
-        compile: bool = False,
+        compile: bool | str = False,
         chat_template: str | os.PathLike[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -135,6 +137,17 @@ class Engine:
         self._idle = asyncio.Event()
 
     # -- state -----------------------------------------------------------------------------
+    @property
+    def compile_status(self) -> str:
+        """How the sessions run (:attr:`ptexec.Method.compile_status`): ``"interpreted"``,
+        ``"pending"``, ``"compiled"`` or ``"failed: ..."``; sessions that differ (some
+        swapped already) show the least advanced."""
+        statuses: list[str] = [r.decoder.method.compile_status for r in self.runners]
+        for status in statuses:
+            if status != "compiled":
+                return status
+        return statuses[0]
+
     @property
     def active(self) -> int:
         """Sessions generating now."""
