@@ -6,7 +6,7 @@ returns a method that runs interpreted at once. Its regions are planned at load,
 
 - when the cache has their code already, it is loaded at once (the method starts
   compiled: no process is started);
-- else a child Python process (``python -m ptexec.compile.background``, started by
+- else a child Python process (``python -m ptexec.compile.background_child``, started by
   ``subprocess``: a new interpreter, never a fork of this one, whose torch threads a fork
   would leave in an undefined state) loads the same program and method with the same load
   options and thread count, checks that its cache key is the parent's (a program file
@@ -55,7 +55,7 @@ from .report import CompileReport, CompileWarning
 from .runner import CompiledRunner, CompileOptions, RegionBuilder
 
 if TYPE_CHECKING:
-    from ..engine.state import MethodState
+    from ..loader.state import MethodState
     from ..program import Program
 
 __all__ = ["BackgroundCompile", "LoadRequest", "start"]
@@ -66,7 +66,7 @@ FAILED = "failed"
 _RESULT_LIMIT = 64 * 1024
 _STDERR_TAIL = 2000
 _KILL_WAIT_SECONDS = 5.0
-_NICE = 10
+NICE = 10  # the child's niceness
 
 Install = Callable[[CompiledRunner], None]
 
@@ -132,7 +132,7 @@ class _Child:
         here = str(Path(__file__).resolve().parent.parent.parent)  # the ptexec the child runs
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ptexec.compile.background"],
+            [sys.executable, "-m", "ptexec.compile.background_child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -452,72 +452,3 @@ def _join_child(
             _children[entry.key] = child
         job._child = child
     child.add(job)  # outside the registry's lock: a finished child calls back at once
-
-
-# ---------------------------------------------------------------------------------------
-# the child
-
-
-def _watch_stdin() -> None:
-    """End this process when its parent closes our stdin without detaching it."""
-    for line in sys.stdin.buffer:
-        if line.strip() == b"detach":
-            return
-    os._exit(3)
-
-
-def _child_main() -> int:
-    result = os.dup(1)
-    os.dup2(2, 1)  # whatever torch or a compiler prints goes to stderr, not the result
-    line = sys.stdin.buffer.readline()
-    threading.Thread(target=_watch_stdin, daemon=True).start()
-    with contextlib.suppress(OSError, AttributeError):
-        os.nice(_NICE)
-
-    def answer(ok: bool, reason: str) -> int:
-        with contextlib.suppress(OSError):  # a detached child's parent may be gone
-            os.write(result, (json.dumps({"ok": ok, "reason": reason}) + "\n").encode())
-        return 0 if ok else 1
-
-    try:
-        request = json.loads(line)
-        torch.set_num_threads(int(request["threads"]))
-        import ptexec
-
-        files = [str(f) for f in request["files"]]
-        prog = ptexec.load(
-            files[0],
-            data_path=files[1:] or None,
-            share_state=request["share_state"],
-            mmap=True,
-        )
-        method = prog.load_method(str(request["method"]), fast_path=False, **request["load"])
-        opts = request["options"]
-        options = CompileOptions(
-            min_instructions=int(opts["min_instructions"]),
-            autotune=bool(opts["autotune"]),
-            progress=False,
-        )
-        builder = RegionBuilder(method.state, prog, options)
-        entry = builder.entry()
-        if entry is None or entry.key != request["key"]:
-            return answer(
-                False,
-                "the cache key here is not the loading process's: the program's files, "
-                "ptexec's sources or the compile settings changed since it was loaded",
-            )
-        builder.build()
-        report = builder.report()
-        if builder.cache_path is None:
-            return answer(False, report.warning or "nothing was kept in the compile cache")
-        if report.warning:  # some regions failed: nothing was kept (the next load tries)
-            return answer(False, report.warning)
-        return answer(True, "")
-    except Exception as e:
-        return answer(False, f"{type(e).__name__}: {e}")
-
-
-if __name__ == "__main__":
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CompileWarning)
-        sys.exit(_child_main())
