@@ -43,6 +43,7 @@ __all__ = [
     "register_signature",
     "store",
     "to_dtype",
+    "traced_indices",
 ]
 
 # Argument kinds: a tensor, an optional tensor, int, float, optional float, bool,
@@ -263,3 +264,10 @@ def register_signature(
     e.g. one preparing constant weights at load, else :meth:`Signature.factory`)."""
     _SIGNATURES[name] = signature
     register(name)(factory if factory is not None else signature.factory())
+
+
+def traced_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
+    """``indices`` with each negative one replaced by ``size``, for a traced kernel that
+    cannot check them on the host: indexing wraps a negative index where a kernel refuses
+    it, and refuses one past the end (in eager torch and in compiled code alike)."""
+    return torch.where(indices < 0, size, indices)

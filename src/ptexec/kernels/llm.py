@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .fixed_args import Param, Signature, register_signature
+from .fixed_args import Param, Signature, register_signature, traced_indices
 
 _torch: Any = torch  # symbolic-value helpers torch does not annotate
 
@@ -106,7 +106,7 @@ def update_cache_with_indices(
     traced: bool = False,
 ) -> None:
     """``cache[b, indices[b, s]] = value[b, s]`` for every batch ``b`` and row ``s``
-    (``traced``: the indices' range is not checked on the host)."""
+    (``traced``: the indices' range is not checked on the host; the write refuses them)."""
     what = "update_cache_with_indices"
     _check_cache_args(what, value, cache)
     if indices.dim() != 2 or tuple(indices.shape) != tuple(value.shape[:2]):
@@ -115,7 +115,9 @@ def update_cache_with_indices(
         )
     if indices.dtype != torch.int64:
         raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64")
-    if not traced and indices.numel():
+    if traced:
+        indices = traced_indices(indices, cache.shape[1])
+    elif indices.numel():  # host side: reads the indices
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0 or hi >= cache.shape[1]:
             raise IndexError(f"{what}: index out of range [0, {cache.shape[1]}): got [{lo}, {hi}]")

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..format import program as p
-from .fixed_args import Param, Signature, fixed_kernel, register_signature
+from .fixed_args import Param, Signature, fixed_kernel, register_signature, traced_indices
 from .registry import Emission, KernelContext, KernelFactory
 
 __all__ = [
@@ -356,7 +356,10 @@ def scale_zero_point(
     # rare on the host: skip the work there (not when traced: no test of the data)
     if traced or lo.device.type != "cpu" or bool(small.any()):
         # a scale under the floor becomes the floor, and the range is stretched to match
-        amplifier = _SMALL_SCALE / scale.to(torch.float32)
+        # the float32 quotient, correctly rounded (through float64, a tensor division:
+        # ``number / tensor`` multiplies by the reciprocal, one rounding too many)
+        floor = torch.full_like(scale, _SMALL_SCALE)
+        amplifier = (floor / scale.to(torch.float32).to(torch.float64)).to(torch.float32)
         lo_zero, hi_zero = lo == 0, hi == 0
         lo_small = torch.where(
             lo_zero,
@@ -573,10 +576,12 @@ def embedding_xbit(
     ``weight`` is [rows, dim] (8-bit: uint8/int8 values) or [rows, dim * nbit / 8] (packed
     uint8); ``scales`` is [rows] or [rows, groups]; the result is ``indices.shape + [dim]``,
     float32 unless ``out_dtype`` is given (the caller stores it into ``out``). ``traced``:
-    the indices' range is not checked on the host (the compiled gather checks it).
+    the indices' range is not checked on the host; the gather refuses them.
     """
     _check_embedding(weight, scales, quant_min, quant_max, indices, nbit)
-    if not traced and indices.numel():  # host side: reads the indices
+    if traced:
+        indices = traced_indices(indices, weight.shape[0])
+    elif indices.numel():  # host side: reads the indices
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0 or hi >= weight.shape[0]:
             raise IndexError(
