@@ -1,7 +1,7 @@
 """One region as an exported torch graph, and the checks its compiled code needs.
 
 :func:`export_region` traces a region's instructions through their functional forms
-(:class:`~.functional.Rebuild`) with ``torch.export``. The graph takes the region's
+(:class:`~.functional.FunctionalForms`) with ``torch.export``. The graph takes the region's
 :attr:`~.regions.Region.graph_inputs` (tensors as the values table holds them, in the
 program's dim order, at their upper bounds for a dynamic shape; scalars as 0-d tensors),
 writes its ``inplace`` values into their input tensors and returns its ``copy`` and
@@ -31,7 +31,7 @@ from ..dtypes import CODE_TO_DTYPE
 from ..errors import CacheEntryError
 from ..format import program as p
 from ..tensor import dim_order_strides
-from .functional import Env, Rebuild
+from .functional import Env, FunctionalForms
 
 if TYPE_CHECKING:
     from .regions import Region
@@ -231,7 +231,7 @@ _SCALAR_DTYPES = {"int": torch.int64, "float": torch.float64, "bool": torch.bool
 class _RegionModule(torch.nn.Module):
     def __init__(
         self,
-        rebuild: Rebuild,
+        rebuild: FunctionalForms,
         region: Region,
         constants: dict[int, torch.Tensor],
         scalar_kinds: dict[int, str],
@@ -344,7 +344,7 @@ def _dims(value: p.EValue, example: torch.Tensor) -> dict[int, Any] | None:
 
 
 def export_region(
-    rebuild: Rebuild, region: Region, device: torch.device
+    rebuild: FunctionalForms, region: Region, device: torch.device
 ) -> tuple[torch.export.ExportedProgram, list[Guard], dict[int, str]]:
     """The exported graph of ``region``, the guards its compiled code needs, and the
     Python kind (int, float, bool) of each scalar it returns, by slot."""

@@ -10,13 +10,20 @@ the return slot (the single ``out`` again, or a TensorList of several outs).
 A kernel function takes the rendered arguments and returns its result tensor(s); the
 statement stores each result into its ``out`` tensor, resizing it first when the program
 allows (see :func:`store`). Kernels that only mutate an argument return nothing.
+
+Each such operator's :class:`Signature` (its function and argument layout) is in one table,
+:data:`SIGNATURES`: the interpreter's statement is made from it, and the compiled tier calls
+the same function on traced values (``traced=True`` for a kernel whose run-time checks read
+tensor data, which a traced program cannot).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -26,9 +33,18 @@ from ..format import program as p
 from ..format.scalar_type import scalar_type_name
 from ..memory import resize_to
 from ..tensor import dim_order_from_strides
-from .registry import KernelContext, KernelFactory, Statement, UnsupportedKernel
+from .registry import KernelContext, KernelFactory, Statement, UnsupportedKernel, register
 
-__all__ = ["Param", "fixed_kernel", "store", "to_dtype"]
+__all__ = [
+    "SIGNATURES",
+    "Param",
+    "Signature",
+    "fixed_kernel",
+    "register_signature",
+    "store",
+    "to_dtype",
+    "traced_indices",
+]
 
 # Argument kinds: a tensor, an optional tensor, int, float, optional float, bool,
 # ScalarType, optional ScalarType.
@@ -197,3 +213,61 @@ def fixed_kernel(
         raise ValueError(f"fixed_kernel supports at most 2 outs, not {outs}")
 
     return factory
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A custom operator's kernel function and its argument layout (outs excluded).
+
+    ``fn`` takes the ``params`` in order (a ``dtype`` kind as a torch dtype) and returns
+    its ``outs`` results (``outs=0``: it only updates the ``mutates`` parameters in place).
+    ``flagged``: ``fn`` also takes ``traced=True``, for a program being traced: it then
+    leaves out the checks that read tensor data (a traced tensor has none) and computes
+    what it would have sliced on the host with shapes that do not depend on data."""
+
+    fn: Callable[..., Any]
+    params: tuple[Param, ...]
+    outs: int = 1
+    mutates: tuple[str, ...] = ()
+    flagged: bool = False
+    traced: Callable[..., Any] = field(init=False, repr=False, compare=False)
+    dtype_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    mutated_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [prm.name for prm in self.params]
+        unknown = [m for m in self.mutates if m not in names]
+        if unknown:
+            raise ValueError(f"Signature: mutated parameters {unknown} are not among {names}")
+        traced = partial(self.fn, traced=True) if self.flagged else self.fn
+        object.__setattr__(self, "traced", traced)
+        dtypes = tuple(k for k, prm in enumerate(self.params) if prm.kind.startswith("dtype"))
+        object.__setattr__(self, "dtype_positions", dtypes)
+        mutated = tuple(names.index(m) for m in self.mutates)
+        object.__setattr__(self, "mutated_positions", mutated)
+
+    def factory(self) -> KernelFactory:
+        """The interpreter's factory: a statement calling :attr:`fn` (see :func:`fixed_kernel`)."""
+        return fixed_kernel(self.fn, self.params, self.outs, self.mutates)
+
+
+_SIGNATURES: dict[str, Signature] = {}
+SIGNATURES: Mapping[str, Signature] = MappingProxyType(_SIGNATURES)
+"""Every custom operator with a fixed argument layout, by qualified name (filled as the
+kernel modules register them)."""
+
+
+def register_signature(
+    name: str, signature: Signature, factory: KernelFactory | None = None
+) -> None:
+    """Register operator ``name``: its signature, and its interpreter factory (``factory``,
+    e.g. one preparing constant weights at load, else :meth:`Signature.factory`)."""
+    _SIGNATURES[name] = signature
+    register(name)(factory if factory is not None else signature.factory())
+
+
+def traced_indices(indices: torch.Tensor, size: int) -> torch.Tensor:
+    """``indices`` with each negative one replaced by ``size``, for a traced kernel that
+    cannot check them on the host: indexing wraps a negative index where a kernel refuses
+    it, and refuses one past the end (in eager torch and in compiled code alike)."""
+    return torch.where(indices < 0, size, indices)

@@ -27,12 +27,14 @@ Reduced-precision inputs are computed in float32 and converted to the output's d
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .fixed_args import Param, fixed_kernel
-from .registry import register
+from .fixed_args import Param, Signature, register_signature, traced_indices
+
+_torch: Any = torch  # symbolic-value helpers torch does not annotate
 
 __all__ = [
     "custom_quantized_sdpa",
@@ -73,24 +75,38 @@ def _same_bits(value: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
     return value if value.dtype == cache.dtype else value.contiguous().view(cache.dtype)
 
 
-def update_cache(value: torch.Tensor, cache: torch.Tensor, start_pos: int) -> None:
+def update_cache(
+    value: torch.Tensor, cache: torch.Tensor, start_pos: int, *, traced: bool = False
+) -> None:
     """``cache[:, start_pos : start_pos + value.size(1)] = value``, in place (one copy into
-    the cache's rows, nothing else allocated)."""
+    the cache's rows, nothing else allocated). ``traced``: ``start_pos`` may be symbolic,
+    its range is asserted in the traced program instead of checked here."""
     _check_cache_args("update_cache", value, cache)
-    start = int(start_pos)
     seq = value.shape[1]
-    rows = cache.shape[1]
-    if not 0 <= start < rows or start + seq > rows:
-        raise ValueError(
-            f"update_cache: rows [{start}, {start + seq}) do not fit a cache of {rows} rows"
-        )
-    cache.narrow(1, start, seq).copy_(_same_bits(value, cache))
+    if traced:
+        _torch._check(start_pos >= 0)
+        _torch._check(start_pos + seq <= cache.shape[1])
+    else:  # host side: the rows, as numbers
+        start_pos = int(start_pos)
+        rows = cache.shape[1]
+        if not 0 <= start_pos < rows or start_pos + seq > rows:
+            raise ValueError(
+                f"update_cache: rows [{start_pos}, {start_pos + seq}) do not fit a cache of "
+                f"{rows} rows"
+            )
+    cache.narrow(1, start_pos, seq).copy_(_same_bits(value, cache))
 
 
 def update_cache_with_indices(
-    value: torch.Tensor, cache: torch.Tensor, start_pos: int, indices: torch.Tensor
+    value: torch.Tensor,
+    cache: torch.Tensor,
+    start_pos: int,
+    indices: torch.Tensor,
+    *,
+    traced: bool = False,
 ) -> None:
-    """``cache[b, indices[b, s]] = value[b, s]`` for every batch ``b`` and row ``s``."""
+    """``cache[b, indices[b, s]] = value[b, s]`` for every batch ``b`` and row ``s``
+    (``traced``: the indices' range is not checked on the host; the write refuses them)."""
     what = "update_cache_with_indices"
     _check_cache_args(what, value, cache)
     if indices.dim() != 2 or tuple(indices.shape) != tuple(value.shape[:2]):
@@ -99,12 +115,61 @@ def update_cache_with_indices(
         )
     if indices.dtype != torch.int64:
         raise ValueError(f"{what}: indices have dtype {indices.dtype}, expected int64")
-    if indices.numel():
+    if traced:
+        indices = traced_indices(indices, cache.shape[1])
+    elif indices.numel():  # host side: reads the indices
         lo, hi = int(indices.min()), int(indices.max())
         if lo < 0 or hi >= cache.shape[1]:
             raise IndexError(f"{what}: index out of range [0, {cache.shape[1]}): got [{lo}, {hi}]")
     batch = torch.arange(value.shape[0], device=cache.device)[:, None]
-    cache[batch, indices.to(cache.device)] = _same_bits(value, cache)
+    cache.index_put_((batch, indices.to(cache.device)), _same_bits(value, cache))
+
+
+def _check_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    what: str,
+) -> None:
+    """The checks of :func:`_attention` (shapes and flags, no data)."""
+    if attn_mask is not None and is_causal:
+        raise ValueError(f"{what}: attn_mask and is_causal cannot both be set")
+    if q.shape[-1] != k.shape[-1] or k.shape[-1] != v.shape[-1]:
+        raise ValueError(f"{what}: q, k and v must have the same head size")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"{what}: {heads} query heads cannot share {kv_heads} key/value heads")
+    if (
+        attn_mask is not None
+        and attn_mask.numel()
+        and (attn_mask.dim() != 2 or tuple(attn_mask.shape) != (q.shape[2], k.shape[2]))
+    ):
+        raise ValueError(
+            f"{what}: attn_mask must be [{q.shape[2]}, {k.shape[2]}], got {list(attn_mask.shape)}"
+        )
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    factor: float,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    repeat_heads: bool = False,
+) -> torch.Tensor:
+    """One call of scaled-dot-product attention; grouped key/value heads read in place
+    (``enable_gqa``), or ``repeat_heads``: repeated to the query's heads first."""
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and repeat_heads:
+        reps = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(reps, dim=1), v.repeat_interleave(reps, dim=1)
+        gqa = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=factor, enable_gqa=gqa
+    )
 
 
 def _attention(
@@ -117,50 +182,51 @@ def _attention(
     scale: float | None,
     q_len: int,
     what: str,
+    masked: bool = False,
 ) -> torch.Tensor:
-    """Attention over ``[batch, heads, seq, dim]`` float tensors with ExecuTorch's key range.
+    """Attention over ``[batch, heads, seq, dim]`` float tensors with ExecuTorch's key range
+    (the first ``start_pos + q_len`` cached rows, unless a mask covers the whole cache).
 
-    One call of scaled-dot-product attention on views of the caches: grouped key/value heads
-    are read in place (``enable_gqa``, no repeated copies), and no mask is made where the
-    causal rule hides nothing (a single query row at the end of the keys) or where it is
-    torch's own (``is_causal`` from position 0); an explicit mask only for several rows
-    after position 0.
+    On the host: one call of scaled-dot-product attention on views of the caches, the
+    rows past the key range sliced off; no mask is made where the causal rule hides
+    nothing (a single query row at the end of the keys) or where it is torch's own
+    (``is_causal`` from position 0); an explicit mask only for several rows after
+    position 0. ``masked`` (a traced program, ``start_pos`` possibly symbolic): the keys
+    past the range are masked instead of sliced, so that shapes stay those of the cache,
+    and grouped key/value heads are repeated to the query's (one attention over equal head
+    counts: the compiled code does not depend on how a compiler lowers ``enable_gqa``).
     """
-    if attn_mask is not None and is_causal:
-        raise ValueError(f"{what}: attn_mask and is_causal cannot both be set")
-    if q.shape[-1] != k.shape[-1] or k.shape[-1] != v.shape[-1]:
-        raise ValueError(f"{what}: q, k and v must have the same head size")
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"{what}: {heads} query heads cannot share {kv_heads} key/value heads")
-    start = int(start_pos)
+    _check_attention(q, k, v, attn_mask, is_causal, what)
     factor = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    gqa = heads != kv_heads
     if attn_mask is not None and attn_mask.numel():
-        if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (q.shape[2], k.shape[2]):
-            raise ValueError(
-                f"{what}: attn_mask must be [{q.shape[2]}, {k.shape[2]}], got {list(attn_mask.shape)}"
-            )
         mask = attn_mask.to(q.device, torch.float32)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=factor, enable_gqa=gqa)
+        return _sdpa(q, k, v, factor, mask, repeat_heads=masked)
+    if masked:
+        if attn_mask is not None:  # an empty mask: every cached row is a key
+            return _sdpa(q, k, v, factor, repeat_heads=True)
+        kv_len = k.shape[2]
+        _torch._check(start_pos + q_len <= kv_len)
+        cols = torch.arange(kv_len, device=q.device)[None, :]
+        rows = torch.arange(q.shape[2], device=q.device)[:, None] + start_pos
+        keys = cols <= rows if is_causal else (cols < start_pos + q_len).expand(q.shape[2], -1)
+        return _sdpa(q, k, v, factor, keys, repeat_heads=True)
+    start = int(start_pos)
     if attn_mask is None:
-        keys = start + q_len
-        if keys > k.shape[2]:
+        keys_end = start + q_len
+        if keys_end > k.shape[2]:
             raise ValueError(
                 f"{what}: start_pos {start_pos} + {q_len} query rows exceed the {k.shape[2]} "
                 "cached rows"
             )
-        k, v = k[:, :, :keys], v[:, :, :keys]
+        k, v = k[:, :, :keys_end], v[:, :, :keys_end]
     kv_len = k.shape[2]
     if not is_causal or kv_len <= start + 1:  # row 0 (position start) already sees every key
-        return F.scaled_dot_product_attention(q, k, v, scale=factor, enable_gqa=gqa)
+        return _sdpa(q, k, v, factor)
     if start == 0:  # row i sees keys <= i: torch's causal rule
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=factor, enable_gqa=gqa)
+        return _sdpa(q, k, v, factor, causal=True)
     rows = torch.arange(q.shape[2], device=q.device)[:, None] + start
     cols = torch.arange(kv_len, device=q.device)[None, :]
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=cols <= rows, scale=factor, enable_gqa=gqa
-    )
+    return _sdpa(q, k, v, factor, cols <= rows)
 
 
 def _float(t: torch.Tensor) -> torch.Tensor:
@@ -176,8 +242,11 @@ def custom_sdpa(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
+    *,
+    traced: bool = False,
 ) -> torch.Tensor:
-    """Attention of ``q`` [B, S, H, D] over the caches [B, S_max, H_kv, D]; shape of ``q``."""
+    """Attention of ``q`` [B, S, H, D] over the caches [B, S_max, H_kv, D]; shape of ``q``
+    (``traced``: keys past the range masked, not sliced; see :func:`_attention`)."""
     what = "custom_sdpa"
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(f"{what}: q, k and v must be 4-D [batch, seq, heads, head_dim]")
@@ -195,6 +264,7 @@ def custom_sdpa(
         scale,
         q.shape[1],
         what,
+        masked=traced,
     )
     return out.transpose(1, 2)
 
@@ -211,23 +281,25 @@ def sdpa_with_kv_cache(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
+    *,
+    traced: bool = False,
 ) -> torch.Tensor:
     """Write ``k``/``v`` into the caches at ``start_pos``, then :func:`custom_sdpa`."""
     what = "sdpa_with_kv_cache"
-    start = int(start_pos)
-    for cache in (k_cache, v_cache):
-        if (
-            cache.dim() != 4
-            or not 0 <= start < cache.shape[1]
-            or start + int(seq_len) > cache.shape[1]
-        ):
-            raise ValueError(
-                f"{what}: rows [{start}, {start + int(seq_len)}) do not fit a cache of shape "
-                f"{list(cache.shape)}"
-            )
-    update_cache(k, k_cache, start)
-    update_cache(v, v_cache, start)
-    return custom_sdpa(q, k_cache, v_cache, start, attn_mask, dropout_p, is_causal, scale)
+    if not traced:  # host side: the rows, as numbers
+        start_pos = int(start_pos)
+        end = start_pos + int(seq_len)
+        for cache in (k_cache, v_cache):
+            if cache.dim() != 4 or not 0 <= start_pos < cache.shape[1] or end > cache.shape[1]:
+                raise ValueError(
+                    f"{what}: rows [{start_pos}, {end}) do not fit a cache of shape "
+                    f"{list(cache.shape)}"
+                )
+    update_cache(k, k_cache, start_pos, traced=traced)
+    update_cache(v, v_cache, start_pos, traced=traced)
+    return custom_sdpa(
+        q, k_cache, v_cache, start_pos, attn_mask, dropout_p, is_causal, scale, traced=traced
+    )
 
 
 def _dequantize_rows(
@@ -265,9 +337,13 @@ def custom_quantized_sdpa(
     v_zero_points: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     is_seq_at_dim_2: bool = False,
+    *,
+    traced: bool = False,
 ) -> torch.Tensor:
     """:func:`custom_sdpa` over int8 q/k/v with per-row quantization parameters (or float
-    q/k/v, then the parameters are unused); the result is float32 (the out's dtype)."""
+    q/k/v, then the parameters are unused); the result is float32 (the out's dtype).
+    On the host only the cached rows in the key range are dequantized; ``traced``: all of
+    them, the keys past the range masked."""
     what = "custom_quantized_sdpa"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"{what}: q, k and v must be 4-D")
@@ -280,7 +356,7 @@ def custom_quantized_sdpa(
         if is_seq_at_dim_2:
             q_len = q.shape[2]
         seq_dim = 2 if is_seq_at_dim_2 else 1
-        keys = int(start_pos) + q_len
+        keys = -1 if traced else int(start_pos) + q_len  # host side: a number
         if attn_mask is None and 0 <= keys < k.shape[seq_dim]:
             # only the first start_pos + q_len cached rows are read: dequantize those
             k, v = k.narrow(seq_dim, 0, keys), v.narrow(seq_dim, 0, keys)
@@ -299,7 +375,7 @@ def custom_quantized_sdpa(
         qf, kf, vf = _float(q), _float(k), _float(v)
     if not is_seq_at_dim_2:
         qf, kf, vf = qf.transpose(1, 2), kf.transpose(1, 2), vf.transpose(1, 2)
-    out = _attention(qf, kf, vf, start_pos, attn_mask, is_causal, scale, q_len, what)
+    out = _attention(qf, kf, vf, start_pos, attn_mask, is_causal, scale, q_len, what, traced)
     return out if is_seq_at_dim_2 else out.transpose(1, 2)
 
 
@@ -314,27 +390,37 @@ _SDPA_TAIL = (
     _P("is_causal", "bool"),
     _P("scale", "float?"),
 )
-register("llama::update_cache.out")(
-    fixed_kernel(
+register_signature(
+    "llama::update_cache.out",
+    Signature(
         update_cache,
         (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int")),
         outs=0,
         mutates=("cache",),
-    )
+        flagged=True,
+    ),
 )
-register("llama::update_cache_with_indices.out")(
-    fixed_kernel(
+register_signature(
+    "llama::update_cache_with_indices.out",
+    Signature(
         update_cache_with_indices,
         (_P("value", "T"), _P("cache", "T"), _P("start_pos", "int"), _P("indices", "T")),
         outs=0,
         mutates=("cache",),
-    )
+        flagged=True,
+    ),
 )
-register("llama::custom_sdpa.out")(
-    fixed_kernel(custom_sdpa, (_P("query", "T"), _P("key", "T"), _P("value", "T"), *_SDPA_TAIL))
+register_signature(
+    "llama::custom_sdpa.out",
+    Signature(
+        custom_sdpa,
+        (_P("query", "T"), _P("key", "T"), _P("value", "T"), *_SDPA_TAIL),
+        flagged=True,
+    ),
 )
-register("llama::sdpa_with_kv_cache.out")(
-    fixed_kernel(
+register_signature(
+    "llama::sdpa_with_kv_cache.out",
+    Signature(
         sdpa_with_kv_cache,
         (
             _P("query", "T"),
@@ -347,10 +433,12 @@ register("llama::sdpa_with_kv_cache.out")(
             *_SDPA_TAIL[1:],
         ),
         mutates=("key_cache", "value_cache"),
-    )
+        flagged=True,
+    ),
 )
-register("llama::custom_quantized_sdpa.out")(
-    fixed_kernel(
+register_signature(
+    "llama::custom_quantized_sdpa.out",
+    Signature(
         custom_quantized_sdpa,
         (
             _P("query", "T"),
@@ -365,5 +453,6 @@ register("llama::custom_quantized_sdpa.out")(
             _P("v_scales", "T?"),
             _P("is_seq_at_dim_2", "bool"),
         ),
-    )
+        flagged=True,
+    ),
 )

@@ -38,17 +38,15 @@ from typing import Any
 import torch
 
 from ..format import program as p
-from .fixed_args import Param, fixed_kernel
-from .registry import KernelContext, KernelFactory, Statement, register
+from .fixed_args import Param, Signature, fixed_kernel, register_signature, traced_indices
+from .registry import KernelContext, KernelFactory, Statement
 
 __all__ = [
-    "check_embedding",
     "choose_qparams",
     "choose_qparams_per_token_asymmetric",
     "dequantize_per_channel",
     "dequantize_per_tensor",
     "dequantize_per_token",
-    "embedding_rows",
     "embedding_xbit",
     "mixed_linear",
     "mixed_mm",
@@ -70,7 +68,7 @@ _FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16
 
 
 @lru_cache(maxsize=4096)
-def _f32(x: float) -> float:
+def _round_to_float32(x: float) -> float:
     """``x`` rounded to float32 (as a C++ ``static_cast<float>`` does; overflow gives inf)."""
     try:
         return float(struct.unpack("f", struct.pack("f", x))[0])
@@ -78,7 +76,7 @@ def _f32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
-_SMALL_SCALE = _f32(6.1e-5)  # ExecuTorch's SMALL_SCALE_THRESHOLD (a float)
+_SMALL_SCALE = _round_to_float32(6.1e-5)  # ExecuTorch's SMALL_SCALE_THRESHOLD (a float)
 
 
 @lru_cache(maxsize=4096)
@@ -211,7 +209,7 @@ def dequantize_per_tensor(
         s: torch.Tensor | float = scale.reshape(()).to(q.device, torch.float32)
         zp: torch.Tensor | int = zero_point.reshape(()).to(q.device, torch.int32)  # type: ignore[union-attr]
     else:
-        s = _f32(float(scale))
+        s = _round_to_float32(float(scale))
         zp = int(zero_point)
     result = _centered(q, zp) * s
     return result if out_dtype is None else result.to(out_dtype)
@@ -342,10 +340,10 @@ def dequantize_per_token(
 
 
 def scale_zero_point(
-    lo: torch.Tensor, hi: torch.Tensor, quant_min: int, quant_max: int
+    lo: torch.Tensor, hi: torch.Tensor, quant_min: int, quant_max: int, *, traced: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale (float64) and zero point (int64) for float32 ranges ``[lo, hi]``, elementwise
-    (traceable: traced, the branch for tiny scales is always taken, through ``where``)."""
+    (``traced``: the branch for tiny scales is always taken, through ``where``)."""
     lo = lo.clamp(max=0.0)
     hi = hi.clamp(min=0.0)
     span = quant_max - quant_min
@@ -356,15 +354,22 @@ def scale_zero_point(
     scale = scale.masked_fill((s32 == 0) | torch.isinf(torch.reciprocal(s32)), 0.1)
     small = scale < _SMALL_SCALE
     # rare on the host: skip the work there (not when traced: no test of the data)
-    if lo.device.type != "cpu" or torch.compiler.is_compiling() or bool(small.any()):
+    if traced or lo.device.type != "cpu" or bool(small.any()):
         # a scale under the floor becomes the floor, and the range is stretched to match
-        amplifier = _SMALL_SCALE / scale.to(torch.float32)
+        # the float32 quotient, correctly rounded (through float64, a tensor division:
+        # ``number / tensor`` multiplies by the reciprocal, one rounding too many)
+        floor = torch.full_like(scale, _SMALL_SCALE)
+        amplifier = (floor / scale.to(torch.float32).to(torch.float64)).to(torch.float32)
         lo_zero, hi_zero = lo == 0, hi == 0
         lo_small = torch.where(
-            lo_zero, lo, torch.where(hi_zero, _f32(-_SMALL_SCALE * span), lo * amplifier)
+            lo_zero,
+            lo,
+            torch.where(hi_zero, _round_to_float32(-_SMALL_SCALE * span), lo * amplifier),
         )
         hi_small = torch.where(
-            lo_zero, _f32(_SMALL_SCALE * span), torch.where(hi_zero, hi, hi * amplifier)
+            lo_zero,
+            _round_to_float32(_SMALL_SCALE * span),
+            torch.where(hi_zero, hi, hi * amplifier),
         )
         lo_d = torch.where(small, lo_small, lo).to(torch.float64)
         hi_d = torch.where(small, hi_small, hi).to(torch.float64)
@@ -385,24 +390,24 @@ def _scale_zero_point_scalar(
     """:func:`scale_zero_point` for one float32 range, with Python floats (doubles).
 
     Each float32 step of the tensor version is a double operation rounded to float32
-    (:func:`_f32`), which gives the same bits: a sum, product or quotient of two float32
+    (:func:`_round_to_float32`), which gives the same bits: a sum, product or quotient of two float32
     values rounded first to double then to float32 equals the correctly rounded float32
     result (double has more than twice float32's precision)."""
     lo = min(lo, 0.0)
     hi = max(hi, 0.0)
     span = quant_max - quant_min
     scale = (hi - lo) / span
-    s32 = _f32(scale)
-    if s32 == 0.0 or math.isinf(_f32(1.0 / s32)):
+    s32 = _round_to_float32(scale)
+    if s32 == 0.0 or math.isinf(_round_to_float32(1.0 / s32)):
         scale = 0.1
     if scale < _SMALL_SCALE:
-        amplifier = _f32(_SMALL_SCALE / _f32(scale))
+        amplifier = _round_to_float32(_SMALL_SCALE / _round_to_float32(scale))
         if lo == 0.0:
-            hi = _f32(_SMALL_SCALE * span)
+            hi = _round_to_float32(_SMALL_SCALE * span)
         elif hi == 0.0:
-            lo = _f32(-_SMALL_SCALE * span)
+            lo = _round_to_float32(-_SMALL_SCALE * span)
         else:
-            lo, hi = _f32(lo * amplifier), _f32(hi * amplifier)
+            lo, hi = _round_to_float32(lo * amplifier), _round_to_float32(hi * amplifier)
         scale = _SMALL_SCALE
     lo_s = lo / scale
     hi_s = hi / scale
@@ -410,7 +415,7 @@ def _scale_zero_point_scalar(
         initial = quant_min - lo_s
     else:
         initial = quant_max - hi_s
-    return scale, round(_f32(min(max(initial, quant_min), quant_max)))
+    return scale, round(_round_to_float32(min(max(initial, quant_min), quant_max)))
 
 
 # Up to this many rows, parameters are chosen with Python floats on the host (a handful of
@@ -420,11 +425,12 @@ _SCALAR_ROWS = 64
 
 
 def _choose_rows(
-    rows: torch.Tensor, quant_min: int, quant_max: int
+    rows: torch.Tensor, quant_min: int, quant_max: int, traced: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales (float64) and zero points (int64) of each row of a 2-D float32 tensor."""
+    """Scales (float64) and zero points (int64) of each row of a 2-D float32 tensor
+    (``traced``: always the vectorized path, which reads no data on the host)."""
     lo, hi = torch.aminmax(rows, dim=-1)
-    if rows.device.type == "cpu" and rows.shape[0] <= _SCALAR_ROWS:
+    if not traced and rows.device.type == "cpu" and rows.shape[0] <= _SCALAR_ROWS:
         pairs = [
             _scale_zero_point_scalar(a, b, quant_min, quant_max)
             for a, b in zip(lo.tolist(), hi.tolist(), strict=True)
@@ -432,11 +438,17 @@ def _choose_rows(
         scale = torch.tensor([sc for sc, _ in pairs], dtype=torch.float64)
         zp = torch.tensor([z for _, z in pairs], dtype=torch.int64)
         return scale, zp
-    return scale_zero_point(lo, hi, quant_min, quant_max)
+    return scale_zero_point(lo, hi, quant_min, quant_max, traced=traced)
 
 
 def choose_qparams(
-    x: torch.Tensor, quant_min: int, quant_max: int, eps: float, dtype: torch.dtype
+    x: torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+    eps: float,
+    dtype: torch.dtype,
+    *,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor (scale [1] float64, zero_point [1] int64) covering ``x``'s range."""
     what = "choose_qparams"
@@ -446,11 +458,11 @@ def choose_qparams(
         raise ValueError(f"{what}: input has dtype {x.dtype}, expected float32")
     if x.numel() == 0:
         raise ValueError(f"{what}: input is empty")
-    return _choose_rows(x.reshape(1, -1), quant_min, quant_max)
+    return _choose_rows(x.reshape(1, -1), quant_min, quant_max, traced)
 
 
 def choose_qparams_per_token_asymmetric(
-    x: torch.Tensor, dtype: torch.dtype
+    x: torch.Tensor, dtype: torch.dtype, *, traced: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (of the last dimension) scales and zero points for int8's range, each of
     shape ``x.shape[:-1] + (1,)``."""
@@ -465,7 +477,7 @@ def choose_qparams_per_token_asymmetric(
         return torch.empty(shape, dtype=torch.float64, device=x.device), torch.empty(
             shape, dtype=torch.int64, device=x.device
         )
-    scale, zp = _choose_rows(rows, -128, 127)
+    scale, zp = _choose_rows(rows, -128, 127, traced)
     return scale.reshape(shape), zp.reshape(shape)
 
 
@@ -493,7 +505,7 @@ def _embedding_name(nbit: int) -> str:
     return f"embedding_{'byte' if nbit == 8 else f'{nbit}bit'}"
 
 
-def check_embedding(
+def _check_embedding(
     weight: torch.Tensor,
     scales: torch.Tensor,
     quant_min: int,
@@ -502,7 +514,7 @@ def check_embedding(
     nbit: int,
 ) -> None:
     """The checks of :func:`embedding_xbit` that read no data (shapes, dtypes, the scale
-    groups): they hold for a traced program as for a run."""
+    groups): a traced program makes them too."""
     what = _embedding_name(nbit)
     if nbit not in (8, 4, 2):
         raise ValueError(f"embedding: unsupported bit width {nbit}")
@@ -523,7 +535,7 @@ def check_embedding(
         raise ValueError(f"{what}: {groups} scale groups do not divide the embedding dim {dim}")
 
 
-def embedding_rows(
+def _embedding_rows(
     weight: torch.Tensor,
     scales: torch.Tensor,
     zero_points: torch.Tensor | None,
@@ -531,8 +543,8 @@ def embedding_rows(
     nbit: int,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The computation of :func:`embedding_xbit` on arguments :func:`check_embedding`
-    accepted and indices in range (no check here reads data: it traces)."""
+    """The computation of :func:`embedding_xbit` on arguments :func:`_check_embedding`
+    accepted and indices in range."""
     index = indices.to(torch.int64)
     values = unpack(weight[index], nbit)
     dim = values.shape[-1]
@@ -556,21 +568,27 @@ def embedding_xbit(
     indices: torch.Tensor,
     nbit: int,
     out_dtype: torch.dtype | None = None,
+    *,
+    traced: bool = False,
 ) -> torch.Tensor:
     """Rows ``indices`` of a quantized table, dequantized per row or per group of columns.
 
     ``weight`` is [rows, dim] (8-bit: uint8/int8 values) or [rows, dim * nbit / 8] (packed
     uint8); ``scales`` is [rows] or [rows, groups]; the result is ``indices.shape + [dim]``,
-    float32 unless ``out_dtype`` is given (the caller stores it into ``out``).
+    float32 unless ``out_dtype`` is given (the caller stores it into ``out``). ``traced``:
+    the indices' range is not checked on the host; the gather refuses them.
     """
-    check_embedding(weight, scales, quant_min, quant_max, indices, nbit)
-    index = indices.to(torch.int64)
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= weight.shape[0]):
-        raise IndexError(
-            f"{_embedding_name(nbit)}: index out of range [0, {weight.shape[0]}): got values in "
-            f"[{int(index.min())}, {int(index.max())}]"
-        )
-    return embedding_rows(weight, scales, zero_points, indices, nbit, out_dtype)
+    _check_embedding(weight, scales, quant_min, quant_max, indices, nbit)
+    if traced:
+        indices = traced_indices(indices, weight.shape[0])
+    elif indices.numel():  # host side: reads the indices
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= weight.shape[0]:
+            raise IndexError(
+                f"{_embedding_name(nbit)}: index out of range [0, {weight.shape[0]}): got "
+                f"values in [{lo}, {hi}]"
+            )
+    return _embedding_rows(weight, scales, zero_points, indices, nbit, out_dtype)
 
 
 def _mixed_mm_weight(
@@ -695,9 +713,9 @@ def quantized_add(
 
     def dq(q: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
         # (q - zp) * (double)(float)scale, rounded to float32
-        return ((q.to(torch.int64) - int(zp)).to(torch.float64) * _f32(float(scale))).to(
-            torch.float32
-        )
+        return (
+            (q.to(torch.int64) - int(zp)).to(torch.float64) * _round_to_float32(float(scale))
+        ).to(torch.float32)
 
     total = dq(a, a_scale, a_zero_point) + dq(b, b_scale, b_zero_point)
     inv = _inv_scale(float(out_scale))
@@ -734,18 +752,22 @@ _EMB = (
     _T("indices", "T"),
 )
 
-register("quantized_decomposed::quantize_per_tensor.out")(fixed_kernel(quantize_per_tensor, _QPT))
-register("quantized_decomposed::quantize_per_tensor.Tensor_out")(
-    fixed_kernel(quantize_per_tensor, _QPT_TENSOR)
+_Q = "quantized_decomposed::"
+register_signature(f"{_Q}quantize_per_tensor.out", Signature(quantize_per_tensor, _QPT))
+register_signature(
+    f"{_Q}quantize_per_tensor.Tensor_out", Signature(quantize_per_tensor, _QPT_TENSOR)
 )
-register("quantized_decomposed::dequantize_per_tensor.out")(
-    fixed_kernel(dequantize_per_tensor, (*_QPT, _T("out_dtype", "dtype?")))
+register_signature(
+    f"{_Q}dequantize_per_tensor.out",
+    Signature(dequantize_per_tensor, (*_QPT, _T("out_dtype", "dtype?"))),
 )
-register("quantized_decomposed::dequantize_per_tensor.Tensor_out")(
-    fixed_kernel(dequantize_per_tensor, (*_QPT_TENSOR, _T("out_dtype", "dtype?")))
+register_signature(
+    f"{_Q}dequantize_per_tensor.Tensor_out",
+    Signature(dequantize_per_tensor, (*_QPT_TENSOR, _T("out_dtype", "dtype?"))),
 )
-register("quantized_decomposed::quantize_per_channel.out")(
-    fixed_kernel(
+register_signature(
+    f"{_Q}quantize_per_channel.out",
+    Signature(
         quantize_per_channel,
         (
             _T("input", "T"),
@@ -756,10 +778,11 @@ register("quantized_decomposed::quantize_per_channel.out")(
             _T("quant_max", "int"),
             _T("dtype", "dtype"),
         ),
-    )
+    ),
 )
-register("quantized_decomposed::dequantize_per_channel.out")(
-    fixed_kernel(
+register_signature(
+    f"{_Q}dequantize_per_channel.out",
+    Signature(
         dequantize_per_channel,
         (
             _T("input", "T"),
@@ -771,7 +794,7 @@ register("quantized_decomposed::dequantize_per_channel.out")(
             _T("dtype", "dtype"),
             _T("out_dtype", "dtype?"),
         ),
-    )
+    ),
 )
 _PER_TOKEN = (
     _T("input", "T"),
@@ -781,14 +804,14 @@ _PER_TOKEN = (
     _T("quant_max", "int"),
     _T("dtype", "dtype"),
 )
-register("quantized_decomposed::quantize_per_token.out")(
-    fixed_kernel(quantize_per_token, _PER_TOKEN)
+register_signature(f"{_Q}quantize_per_token.out", Signature(quantize_per_token, _PER_TOKEN))
+register_signature(
+    f"{_Q}dequantize_per_token.out",
+    Signature(dequantize_per_token, (*_PER_TOKEN, _T("output_dtype", "dtype"))),
 )
-register("quantized_decomposed::dequantize_per_token.out")(
-    fixed_kernel(dequantize_per_token, (*_PER_TOKEN, _T("output_dtype", "dtype")))
-)
-register("quantized_decomposed::choose_qparams.Tensor_out")(
-    fixed_kernel(
+register_signature(
+    f"{_Q}choose_qparams.Tensor_out",
+    Signature(
         choose_qparams,
         (
             _T("input", "T"),
@@ -798,14 +821,18 @@ register("quantized_decomposed::choose_qparams.Tensor_out")(
             _T("dtype", "dtype"),
         ),
         outs=2,
-    )
+        flagged=True,
+    ),
 )
-register("quantized_decomposed::choose_qparams_per_token_asymmetric.out")(
-    fixed_kernel(
-        choose_qparams_per_token_asymmetric, (_T("input", "T"), _T("dtype", "dtype")), outs=2
-    )
+register_signature(
+    f"{_Q}choose_qparams_per_token_asymmetric.out",
+    Signature(
+        choose_qparams_per_token_asymmetric,
+        (_T("input", "T"), _T("dtype", "dtype")),
+        outs=2,
+        flagged=True,
+    ),
 )
-
 
 # A table whose dequantized form is at most this many bytes is dequantized once at load, so
 # a lookup is one row gather; larger tables (a real LLM's vocabulary) stay packed.
@@ -871,8 +898,8 @@ def _prepared_table(ctx: KernelContext, nbit: int) -> torch.Tensor | None:
     return table.contiguous()
 
 
-def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
-    what = _embedding_name(nbit)
+def _embedding_signature(nbit: int, with_dtype: bool) -> Signature:
+    """``embedding_{byte,4bit,2bit}`` (``.dtype_out`` with the output dtype argument)."""
 
     def kernel(
         weight: torch.Tensor,
@@ -882,13 +909,23 @@ def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
         quant_max: int,
         indices: torch.Tensor,
         dtype: torch.dtype | None = None,
+        *,
+        traced: bool = False,
     ) -> torch.Tensor:
         return embedding_xbit(
-            weight, scales, zero_points, quant_min, quant_max, indices, nbit, dtype
+            weight, scales, zero_points, quant_min, quant_max, indices, nbit, dtype, traced=traced
         )
 
     params = (*_EMB, _T("dtype", "dtype?")) if with_dtype else _EMB
-    per_call = fixed_kernel(kernel, params)
+    return Signature(kernel, params, flagged=True)
+
+
+def _embedding_factory(signature: Signature, nbit: int) -> KernelFactory:
+    """The interpreter's factory: one row gather from the table dequantized at load
+    (:func:`_prepared_table`), else the kernel on every call."""
+    what = _embedding_name(nbit)
+    params = signature.params
+    per_call = signature.factory()
 
     def factory(ctx: KernelContext) -> Statement:
         table = _prepared_table(ctx, nbit) if len(ctx.args) == len(params) + 2 else None
@@ -913,8 +950,9 @@ def _embedding(nbit: int, with_dtype: bool) -> KernelFactory:
 
 
 for _name, _nbit in (("embedding_byte", 8), ("embedding_4bit", 4), ("embedding_2bit", 2)):
-    register(f"quantized_decomposed::{_name}.out")(_embedding(_nbit, False))
-    register(f"quantized_decomposed::{_name}.dtype_out")(_embedding(_nbit, True))
+    for _suffix, _with_dtype in ((".out", False), (".dtype_out", True)):
+        _sig = _embedding_signature(_nbit, _with_dtype)
+        register_signature(f"{_Q}{_name}{_suffix}", _sig, _embedding_factory(_sig, _nbit))
 
 
 def _constant_tensors(
@@ -935,16 +973,16 @@ def _constant_tensors(
 
 
 def _weight_prepared_at_load(
-    params: tuple[Param, ...],
-    general: Callable[..., torch.Tensor],
+    signature: Signature,
     prepare: Callable[..., torch.Tensor],
     apply: Callable[[torch.Tensor, torch.Tensor, tuple[Any, ...]], torch.Tensor],
 ) -> KernelFactory:
     """A factory for a matmul whose weight arguments (params 1..3: weight, scales, zero
     points) are dequantized once at load when they are constants; ``apply(x, w, rest)``
     then runs each call. Otherwise (or when the weight is invalid: the call reports it)
-    ``general`` runs every call."""
-    per_call = fixed_kernel(general, params)
+    the signature's function runs every call."""
+    params = signature.params
+    per_call = signature.factory()
 
     def factory(ctx: KernelContext) -> Statement:
         consts = _constant_tensors(ctx, (1, 2, 3)) if len(ctx.args) == len(params) + 2 else None
@@ -963,36 +1001,36 @@ def _weight_prepared_at_load(
     return factory
 
 
-register("quantized_decomposed::mixed_mm.out")(
-    _weight_prepared_at_load(
-        (
-            _T("input", "T"),
-            _T("weight", "T"),
-            _T("weight_scales", "T"),
-            _T("weight_zero_points", "T?"),
-        ),
-        mixed_mm,
-        _mixed_mm_weight,
-        lambda x, w, rest: _mixed_mm_apply(x, w),
-    )
+_MIXED_MM = Signature(
+    mixed_mm,
+    (_T("input", "T"), _T("weight", "T"), _T("weight_scales", "T"), _T("weight_zero_points", "T?")),
 )
-register("quantized_decomposed::mixed_linear.out")(
+register_signature(
+    f"{_Q}mixed_mm.out",
+    _MIXED_MM,
+    _weight_prepared_at_load(_MIXED_MM, _mixed_mm_weight, lambda x, w, rest: _mixed_mm_apply(x, w)),
+)
+_MIXED_LINEAR = Signature(
+    mixed_linear,
+    (
+        _T("input", "T"),
+        _T("weight", "T"),
+        _T("weight_scales", "T"),
+        _T("weight_zero_points", "T?"),
+        _T("dtype", "dtype?"),
+    ),
+)
+register_signature(
+    f"{_Q}mixed_linear.out",
+    _MIXED_LINEAR,
     _weight_prepared_at_load(
-        (
-            _T("input", "T"),
-            _T("weight", "T"),
-            _T("weight_scales", "T"),
-            _T("weight_zero_points", "T?"),
-            _T("dtype", "dtype?"),
-        ),
-        mixed_linear,
-        _mixed_linear_weight,
-        lambda x, w, rest: _mixed_linear_apply(x, w, rest[0]),
-    )
+        _MIXED_LINEAR, _mixed_linear_weight, lambda x, w, rest: _mixed_linear_apply(x, w, rest[0])
+    ),
 )
 _ADD_SIDE = ("scale", "float"), ("zero_point", "int"), ("quant_min", "int"), ("quant_max", "int")
-register("quantized_decomposed::add.out")(
-    fixed_kernel(
+register_signature(
+    f"{_Q}add.out",
+    Signature(
         quantized_add,
         (
             _T("a", "T"),
@@ -1001,5 +1039,5 @@ register("quantized_decomposed::add.out")(
             *(_T(f"b_{n}", k) for n, k in _ADD_SIDE),
             *(_T(f"out_{n}", k) for n, k in _ADD_SIDE),
         ),
-    )
+    ),
 )

@@ -471,7 +471,7 @@ class XnnPayload:
 
 
 # -- decoding ---------------------------------------------------------------------------
-def _f32(t: Table, slot: int, name: str, default: float = 0.0) -> float:
+def _read_float32(t: Table, slot: int, name: str, default: float = 0.0) -> float:
     at = t._field(slot)
     if not at:
         return default
@@ -479,7 +479,7 @@ def _f32(t: Table, slot: int, name: str, default: float = 0.0) -> float:
     return float(_F32.unpack_from(t.buf.data, at)[0])
 
 
-def _f32_vector(t: Table, slot: int, name: str) -> tuple[float, ...]:
+def _read_float32_vector(t: Table, slot: int, name: str) -> tuple[float, ...]:
     span = t.vector_span(slot, name, 4)
     if span is None:
         return ()
@@ -526,18 +526,20 @@ def _decode_quant(t: Table, path: str) -> Quant:
         )
     if code == 1:
         return PerChannelQuant(
-            scales=_f32_vector(q, 0, "scale"),
+            scales=_read_float32_vector(q, 0, "scale"),
             channel_dim=q.int_(1, "i32", "channel_dim"),
             scale_buffer_idx=q.int_(2, "u32", "scale_buffer_idx"),
             num_scales=q.int_(3, "u32", "num_scales"),
         )
     if code == 2:
-        return PerTensorQuant(scale=_f32(q, 0, "scale"), zero_point=q.int_(1, "i32", "zero_point"))
+        return PerTensorQuant(
+            scale=_read_float32(q, 0, "scale"), zero_point=q.int_(1, "i32", "zero_point")
+        )
     if code == 3:
         return PerTokenDynamicQuant(num_nonbatch_dims=q.int_(0, "i32", "num_nonbatch_dims"))
     if code == 4:
         return PerChannelGroupQuant(
-            scales=_f32_vector(q, 0, "scale"),
+            scales=_read_float32_vector(q, 0, "scale"),
             channel_dim=q.int_(1, "i32", "channel_dim"),
             group_size=q.int_(2, "i32", "group_size"),
             scale_buffer_idx=q.int_(4, "u32", "scale_buffer_idx"),
@@ -584,8 +586,8 @@ def _decode_node(t: Table, index: int, unknown: list[tuple[int, int]]) -> XnnNod
     mm = t.table(3, "output_min_max")
     lo, hi = -math.inf, math.inf
     if mm is not None:
-        lo = _f32(mm, 0, "output_min", 0.0)
-        hi = _f32(mm, 1, "output_max", 0.0)
+        lo = _read_float32(mm, 0, "output_min", 0.0)
+        hi = _read_float32(mm, 1, "output_max", 0.0)
     spec = NODE_TABLES.get(code)
     if spec is None:
         unknown.append((index, code))
@@ -598,7 +600,7 @@ def _decode_node(t: Table, index: int, unknown: list[tuple[int, int]]) -> XnnNod
     outputs: list[int] = []
     for slot, (fname, kind) in enumerate(fields):
         if kind == "f32":
-            attrs[fname] = _f32(body, slot, fname)
+            attrs[fname] = _read_float32(body, slot, fname)
         elif kind == "u32[]":
             attrs[fname] = _u32s(body, slot, fname) or ()
         elif kind == "i32":
