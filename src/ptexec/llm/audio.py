@@ -239,11 +239,11 @@ def resample(
         return samples
     g = math.gcd(orig_rate, new_rate)
     up, down = new_rate // g, orig_rate // g
-    flat = samples.reshape(-1, samples.shape[-1])
-    n = flat.shape[-1]
-    out_len = -(-n * up // down)
+    n = samples.shape[-1]
     if n == 0:
         return samples.new_zeros((*samples.shape[:-1], 0))
+    flat = samples.reshape(-1, n)
+    out_len = -(-n * up // down)
     h, half = _kernels(up, down, zeros, rolloff, beta)
     h = h.to(device=samples.device, dtype=torch.float32)
     frames = -(-out_len // up)  # strided positions k

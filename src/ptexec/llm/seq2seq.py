@@ -122,10 +122,11 @@ def _forced_from(gen: Mapping[str, Any], language: str | None, task: str | None,
         if (
             not isinstance(pair, list | tuple)
             or len(pair) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+            or not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in pair)
+            or pair[0] is None
         ):
             raise GenerationError(f"forced_decoder_ids holds [position, id] pairs, got {pair!r}")
-        if pair[1] is not None:
+        if pair[1] is not None:  # Whisper's configs leave the language open: None
             forced[int(pair[0])] = int(pair[1])
     langs = gen.get("lang_to_id") or {}
     tasks = gen.get("task_to_id") or {}
@@ -190,15 +191,10 @@ def split_segments(
     for t in tokens:
         if t >= timestamp_begin:
             time_s = offset + (t - timestamp_begin) * precision
-            if start is None:
-                start = time_s
-            else:
-                if text:
-                    out.append((start, time_s, text))
-                    text = []
-                    start = None
-                else:
-                    start = time_s  # consecutive timestamps: the later one opens
+            if text:
+                out.append((start if start is not None else offset, time_s, text))
+                text = []
+            start = time_s  # the next segment starts here (a later timestamp replaces it)
         else:
             text.append(int(t))
     if text:
