@@ -19,10 +19,26 @@ model's), so the eager model is the reference for the same weights:
                          i64[1])`` with self- and cross-attention caches, ``sampler``
                          and the metadata methods (``decoder_start_token_id``, ...)
 ``whisper_xnnpack``      the same model, recipe ``xnnpack``
+``t5_portable``          a tiny random ``T5ForConditionalGeneration`` in the same layout
+                         (``encoder(ids i64[1, 48])``, ``text_decoder(ids i64[1, 1],
+                         hidden f32[1, 48, d], cache_position i64[1])``), made from
+                         optimum-executorch's own wrapper modules and lowered as its
+                         ``portable`` recipe lowers them, with a static encoder length
+                         (see below)
 ``preprocessor``         ExecuTorch's ``WhisperAudioProcessor`` (80 mel bins, 16 kHz, up to
                          60 s of audio) exported by its own ``export_processor`` (XNNPACK):
                          ``forward(waveform f32[n]) -> f32[1, 80, 3000 * chunks]``
 =======================  ==================================================================
+
+Why T5 is not exported by ``main_export``: optimum-executorch 1.1.0 (with transformers
+5.0.0rc1) exports T5's encoder with a dynamic length, but the decoder's cross-attention cache
+is a static cache of ``max_seq_len`` positions (T5's config has no ``max_source_positions``),
+so the cross-attention scores have ``max_seq_len`` columns while the encoder mask has the
+dynamic length, and the export fails ("The size of tensor a (32) must match the size of
+tensor b (s96)"). No configuration value makes the two agree for a dynamic length; with the
+encoder's length fixed to the cache's, the shapes agree and the attention is exact (every
+cached cross-attention position is a real encoder position), so ``t5_portable`` is exported
+that way and takes exactly ``MAX_SEQ_LEN`` input ids.
 
 Directories live under ``$PTEXEC_LLM_CACHE`` (default ``<temp dir>/ptexec-llm-<uid>``, shared
 with ``llm_programs.py``), named by a digest of the configuration, the recipe and the
@@ -78,9 +94,24 @@ WHISPER = {
     "begin_suppress_tokens": None,
 }
 
+T5 = {
+    "vocab_size": VOCAB,
+    "d_model": 32,
+    "d_kv": 8,
+    "d_ff": 64,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 4,
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+    "eos_token_id": EOS_ID,
+    "relative_attention_num_buckets": 8,
+}
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "whisper_portable": {"kind": "whisper", "recipe": "portable"},
     "whisper_xnnpack": {"kind": "whisper", "recipe": "xnnpack"},
+    "t5_portable": {"kind": "t5"},
     "preprocessor": {"kind": "preprocessor", "max_audio_len": 60},
 }
 
@@ -106,6 +137,8 @@ def cache_key(variant: str) -> str:
         "max_seq_len": MAX_SEQ_LEN,
         "versions": _versions(),
     }
+    if VARIANTS[variant]["kind"] == "t5":  # the other variants' keys stay as they were
+        spec["t5"] = T5
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -180,8 +213,58 @@ def _checkpoint(work: Path) -> Path:
     return ck
 
 
+def _export_t5(work: Path) -> None:
+    import torch
+    import transformers as t
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from optimum.executorch.passes.remove_padding_idx_embedding_pass import (
+        RemovePaddingIdxEmbeddingPass,
+    )
+    from optimum.exporters.executorch.integrations import (
+        Seq2SeqLMDecoderExportableModuleWithStaticCache,
+        Seq2SeqLMEncoderExportableModule,
+    )
+    from optimum.exporters.executorch.utils import save_config_to_constant_methods
+
+    torch.manual_seed(0)
+    model = t.T5ForConditionalGeneration(t.T5Config(**T5)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(work)
+    gen = {"decoder_start_token_id": 0, "eos_token_id": EOS_ID, "pad_token_id": 0}
+    (work / "generation_config.json").write_text(json.dumps(gen, indent=1))
+    spec = llm_programs.TinyLlama(vocab_size=VOCAB, bos_id=START_ID, eos_id=EOS_ID)
+    llm_programs.make_tokenizer(work / "tokenizer.json", spec)
+    ids = torch.ones((1, MAX_SEQ_LEN), dtype=torch.long)
+    with torch.no_grad():
+        encoder = Seq2SeqLMEncoderExportableModule(model.get_encoder()).eval()
+        ep_encoder = torch.export.export(encoder, (ids,), strict=True)
+        hidden = ep_encoder.module()(ids)
+        decoder = Seq2SeqLMDecoderExportableModuleWithStaticCache(
+            model, max_static_cache_length=MAX_SEQ_LEN, batch_size=1
+        ).eval()
+        example = (torch.tensor([[0]]), hidden, torch.tensor([0]))
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+            ep_decoder = torch.export.export(decoder, example, strict=True)
+    metadata = save_config_to_constant_methods(model.config, get_max_seq_len=MAX_SEQ_LEN)
+    program = to_edge_transform_and_lower(
+        {"encoder": ep_encoder, "text_decoder": ep_decoder},
+        partitioner=[],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+        constant_methods=metadata,
+        transform_passes=[RemovePaddingIdxEmbeddingPass()],
+    ).to_executorch()
+    with open(work / "model.pte", "wb") as f:
+        program.write_to_file(f)
+
+
 def _export_child(variant: str, work: Path) -> None:
     spec = VARIANTS[variant]
+    if spec["kind"] == "t5":
+        _export_t5(work)
+        return
     if spec["kind"] == "preprocessor":
         from executorch.extension.audio.mel_spectrogram import export_processor
 
