@@ -199,6 +199,10 @@ def test_forced_tokens_from_generation_configs() -> None:
     assert _forced_from(whisper, None, None, False) == {1: 50359, 2: 50363}
     with pytest.raises(Exception, match="language"):
         _forced_from(whisper, "xx", None, False)
+    # no language or task tables: the forced tokens stay, the no-timestamps token follows them
+    plain_ts = {"forced_decoder_ids": [[1, 10], [2, 11]], "no_timestamps_token_id": 99}
+    assert _forced_from(plain_ts, None, None, False) == {1: 10, 2: 11, 3: 99}
+    assert _forced_from(plain_ts, None, None, True) == {1: 10, 2: 11}
     assert DecoderPrompt.of(50258, {1: 50259, 2: 50359}).prefix() == [50258, 50259, 50359]
     with pytest.raises(Exception, match="positions"):
         DecoderPrompt.of(1, {2: 5})

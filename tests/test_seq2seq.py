@@ -34,6 +34,7 @@ from ptexec.errors import GenerationError  # noqa: E402
 from ptexec.llm import DecoderPrompt, GenerationConfig, Seq2SeqRunner  # noqa: E402
 from ptexec.llm.audio import ProcessorFeatures, ProgramFeatures, load_audio, windows  # noqa: E402
 from ptexec.llm.logits import RepetitionPenalty  # noqa: E402
+from ptexec.llm.seq2seq import split_segments  # noqa: E402
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 
@@ -207,6 +208,26 @@ def test_transcribe_long_audio_in_windows(
     assert result.segments == []  # this vocabulary has no timestamp tokens
 
 
+def test_timestamps_become_segments(tmp_path: Path, folders: dict[str, Path], eager: Any) -> None:
+    """Ids from 200 on stand for timestamp tokens (``no_timestamps_token_id`` 199): the
+    model emits some, and each window's segments are timed from its start."""
+    folder = folders["whisper_portable"]
+    gen = {**seq2seq_programs.generation_config(), "no_timestamps_token_id": 199}
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, timestamps=True)
+    assert runner.prompt.prefix() == [1, 10, 11] and runner.timestamp_begin == 200
+    wav = tmp_path / "speech.wav"
+    _write_wav(wav, 35.0, 16000)
+    result = runner.transcribe(wav, ProcessorFeatures(folder), GREEDY)
+    assert any(t >= 200 for ids in result.tokens for t in ids)
+    want = []
+    for ids, start, end in zip(result.tokens, (0.0, 30.0), (30.0, 35.0), strict=True):
+        for s, e, toks in split_segments(ids, 200, start):
+            want.append((s, end if e < 0 else e, runner.decode(toks)))
+    assert [(s.start, s.end, s.text) for s in result.segments] == want and want
+    no_ts = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
+    assert no_ts.prompt.prefix() == [1, 10, 11, 199]
+
+
 def test_preprocessor_program_features(folders: dict[str, Path]) -> None:
     program = ProgramFeatures(folders["preprocessor"] / "model.pte")
     assert program.sampling_rate == 16000 and program.max_samples == 60 * 16000
@@ -269,3 +290,64 @@ def test_cuda_tokens_equal_the_eager_model(folders: dict[str, Path], eager: Any)
     torch.testing.assert_close(
         features.cpu(), ProgramFeatures(folders["preprocessor"] / "model.pte")(samples)
     )
+
+
+def _t5(folders: dict[str, Path]) -> tuple[Seq2SeqRunner, Any]:
+    folder = folders["t5_portable"]
+    runner = Seq2SeqRunner(folder / "model.pte", folder)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
+    return runner, model
+
+
+def _t5_eager(model: Any, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            decoder_input_ids=torch.tensor([[0]]),
+            max_new_tokens=n,
+            do_sample=False,
+        )
+    return [int(t) for t in out[0, 1:]]
+
+
+def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> None:
+    runner, model = _t5(folders)
+    assert runner.takes_tokens and runner.prompt == DecoderPrompt(0)
+    length = seq2seq_programs.MAX_SEQ_LEN  # the encoder's fixed length (see the script)
+    outs = []
+    for seed in (0, 1):
+        ids = torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed))
+        got = runner.generate(ids.tolist(), GREEDY)
+        assert got == _t5_eager(model, ids.tolist(), GREEDY.max_new_tokens), seed
+        outs.append(got)
+    assert outs[0] != outs[1]
+    with pytest.raises(GenerationError, match="exactly"):
+        runner.generate([5, 6, 7], GREEDY)
+
+
+def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
+    from ptexec.cli import main
+
+    runner, model = _t5(folders)
+    assert runner.tokenizer is not None
+    # a prompt of exactly the encoder's length with the EOS token after it
+    words = seq2seq_programs.llm_programs.CORPUS
+    want_len = seq2seq_programs.MAX_SEQ_LEN - 1
+    prompt = next(
+        (words[:n] for n in range(40, 400) if len(runner.tokenizer.encode(words[:n])) == want_len),
+        None,
+    )
+    assert prompt is not None
+    config = GenerationConfig(temperature=0.0, max_new_tokens=8, num_eos=1)
+    text = runner.generate_text(prompt, config)
+    ids = runner.tokenizer.encode(prompt, 0, 1)
+    assert runner.generated_tokens == _t5_eager(model, ids, 8)
+    assert text == runner.decode(runner.generated_tokens)
+    out = io.StringIO()
+    folder = folders["t5_portable"]
+    with redirect_stdout(out):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", "8"])  # fmt: skip
+    assert code == 0
+    assert out.getvalue() == text + "\n"

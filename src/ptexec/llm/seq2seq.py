@@ -152,6 +152,8 @@ def _forced_from(gen: Mapping[str, Any], language: str | None, task: str | None,
         known = set(tasks.values())
         kept = [v for v in forced.values() if int(v) in known]
         seq.append(int(kept[0]) if kept else int(tasks.get("transcribe", next(iter(known)))))
+    if not langs and not tasks:  # no tables: the forced tokens as they are
+        seq = [v for _, v in sorted(forced.items()) if v != no_ts]
     if no_ts is not None and not timestamps:
         seq.append(int(no_ts))
     return {i + 1: t for i, t in enumerate(seq)}
