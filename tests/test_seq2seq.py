@@ -323,6 +323,15 @@ def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> Non
     assert outs[0] != outs[1]
     with pytest.raises(GenerationError, match="exactly"):
         runner.generate([5, 6, 7], GREEDY)
+    with pytest.raises(GenerationError, match="vocabulary"):
+        runner.generate([300] * length, GREEDY)
+    # optimum-executorch's own loop on ExecuTorch's runtime (it echoes the start token)
+    optimum = pytest.importorskip("optimum.executorch")
+    et = optimum.ExecuTorchModelForSeq2SeqLM.from_pretrained(str(folders["t5_portable"]))
+    ids = torch.randint(3, 256, (1, length), generator=torch.Generator().manual_seed(0))
+    theirs = [int(t) for t in et.generate(ids, max_seq_len=10)]
+    assert theirs[0] == 0
+    assert outs[0][: len(theirs) - 1] == theirs[1:]
 
 
 def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:

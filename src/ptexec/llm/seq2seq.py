@@ -426,6 +426,13 @@ class Seq2SeqRunner:
         fits = len(shape) == len(bounds) and all(
             (s == b) if static else (s <= b) for s, b in zip(shape, bounds, strict=True)
         )
+        if not info.dtype.is_floating_point and x.numel():
+            low, high = int(x.min()), int(x.max())
+            if low < 0 or high >= self.vocab_size:
+                raise GenerationError(
+                    f"token id {low if low < 0 else high} is outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
         if not fits or x.numel() == 0:
             need = "exactly" if static else "at most"
             raise GenerationError(f"the encoder takes {need} {bounds} ({info.dtype}); got {shape}")
