@@ -2,11 +2,12 @@
 """Encoder-decoder decode speed: ptexec's Seq2SeqRunner vs the eager model vs optimum's loop.
 
 Usage:
-    python benchmarks/seq2seq.py [--variants whisper_portable whisper_xnnpack]
+    python benchmarks/seq2seq.py [--variants whisper_portable whisper_xnnpack t5_portable]
                                  [--decode 24] [--blocks 5] [--threads 1]
 
 The programs are the tiny Whisper exports of ``scripts/seq2seq_programs.py``
-(optimum-executorch, portable and XNNPACK recipes). Each runtime encodes one input once
+(optimum-executorch, portable and XNNPACK recipes) and its tiny T5 (built from
+optimum-executorch's modules, encoder of 48 ids). Each runtime encodes one input once
 and then decodes ``--decode`` tokens greedily, one decoder call a token, from the start
 token (EOS ignored, so every runtime does the same number of steps):
 
@@ -14,7 +15,7 @@ token (EOS ignored, so every runtime does the same number of steps):
   after the first token, sampling included);
 * ``eager``: the Hugging Face model, ``model(encoder_outputs=..., decoder_input_ids=...,
   past_key_values=...)`` one token a call with its dynamic cache, argmax in between;
-* ``optimum``: ``ExecuTorchModelForSpeechSeq2Seq.forward`` with the encoder output given
+* ``optimum``: ``ExecuTorchModelForSpeechSeq2Seq.forward`` (``...ForSeq2SeqLM`` for T5) with the encoder output given
   (the step of optimum's own ``generate`` loop) on ExecuTorch's runtime, argmax between.
 
 Runtimes alternate in blocks (``--blocks``, median of blocks) on ``--threads`` threads.
@@ -63,11 +64,16 @@ def ptexec_run(folder: Path, features: torch.Tensor) -> Run:
 def eager_run(folder: Path, features: torch.Tensor, start: int) -> Run:
     import transformers
 
-    model = transformers.WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    cls = (
+        transformers.T5ForConditionalGeneration
+        if features.dtype == torch.int64
+        else transformers.WhisperForConditionalGeneration
+    )
+    model = cls.from_pretrained(folder).eval()
 
     def run(n: int) -> tuple[float, list[int]]:
         with torch.no_grad():
-            hidden = model.model.encoder(features).last_hidden_state
+            hidden = model.get_encoder()(features).last_hidden_state
             cache = transformers.EncoderDecoderCache(
                 transformers.DynamicCache(), transformers.DynamicCache()
             )
@@ -90,9 +96,14 @@ def eager_run(folder: Path, features: torch.Tensor, start: int) -> Run:
 
 
 def optimum_run(folder: Path, features: torch.Tensor, start: int) -> Run:
-    from optimum.executorch import ExecuTorchModelForSpeechSeq2Seq
+    from optimum.executorch import ExecuTorchModelForSeq2SeqLM, ExecuTorchModelForSpeechSeq2Seq
 
-    model = ExecuTorchModelForSpeechSeq2Seq.from_pretrained(str(folder))
+    cls = (
+        ExecuTorchModelForSeq2SeqLM
+        if features.dtype == torch.int64
+        else ExecuTorchModelForSpeechSeq2Seq
+    )
+    model = cls.from_pretrained(str(folder))
 
     def run(n: int) -> tuple[float, list[int]]:
         ids, cur, hidden, first = [], start, None, 0.0
@@ -111,8 +122,14 @@ def optimum_run(folder: Path, features: torch.Tensor, start: int) -> Run:
 
 def bench(variant: str, decode: int, blocks: int) -> dict[str, Any]:
     folder = seq2seq_programs.program_dir(variant)
-    features = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(0))
-    start = seq2seq_programs.START_ID
+    g = torch.Generator().manual_seed(0)
+    if seq2seq_programs.VARIANTS[variant]["kind"] == "t5":
+        features = torch.randint(3, seq2seq_programs.VOCAB, (1, seq2seq_programs.MAX_SEQ_LEN),
+                                 generator=g)  # fmt: skip
+        start = int(seq2seq_programs.T5["decoder_start_token_id"])
+    else:
+        features = torch.randn(1, 80, 3000, generator=g)
+        start = seq2seq_programs.START_ID
     runs = {
         "ptexec": ptexec_run(folder, features),
         "eager": eager_run(folder, features, start),
@@ -132,7 +149,9 @@ def bench(variant: str, decode: int, blocks: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", nargs="*", default=["whisper_portable", "whisper_xnnpack"])
+    parser.add_argument(
+        "--variants", nargs="*", default=["whisper_portable", "whisper_xnnpack", "t5_portable"]
+    )
     parser.add_argument("--decode", type=int, default=24, help="tokens per block (default 24)")
     parser.add_argument("--blocks", type=int, default=5, help="interleaved blocks (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="threads (0: defaults)")
