@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "AudioFormatError",
     "BackendUnavailableError",
     "CacheEntryError",
     "ColumnError",
@@ -200,6 +201,11 @@ class InstructionLimitError(LimitExceededError, ExecutionError):
 
 class TokenizerError(PtexecError, RuntimeError):
     """A tokenizer file that no supported format reads, or text or ids it cannot convert."""
+
+
+class AudioFormatError(PtexecError, ValueError, RuntimeError):
+    """Audio that cannot be read or used: a malformed or unsupported file, samples of the
+    wrong shape, more samples than a preprocessor program takes."""
 
 
 class GenerationError(PtexecError, RuntimeError):

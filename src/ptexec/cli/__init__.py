@@ -1,6 +1,6 @@
 """The ``ptexec`` command: ``inspect`` a program, ``run`` a method, ``trace``/``profile`` a
 call, show a method's memory ``plan``, ``generate`` text with an exported LLM, ``compile``
-its methods (fill the cache)."""
+its methods (fill the cache), ``transcribe`` speech."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from .generate import add_generate
 from .inspect import cmd_inspect, cmd_plan
 from .run import cmd_profile, cmd_run, cmd_trace
 from .serve import add_serve
+from .transcribe import add_transcribe
 
 __all__ = ["main"]
 
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_plan.set_defaults(func=cmd_plan)
     add_generate(sub)
     add_serve(sub)
+    add_transcribe(sub)
     return parser
 
 

@@ -28,8 +28,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     apply_threads(args)
     device_map = args.device if args.device else None
+    import ptexec
+
+    program = ptexec.load(args.file, data_path=args.data)
+    if _is_seq2seq(program):
+        return _generate_seq2seq(program, args, config, device_map)
     runner = TextLLMRunner(
-        args.file,
+        program,
         args.tokenizer,
         args.data,
         device_map=device_map,
@@ -86,9 +91,55 @@ def _say_compile(method: Any) -> None:
         print(f"compile: {status}", file=sys.stderr)
 
 
+def _is_seq2seq(program: Any) -> bool:
+    from ..llm.seq2seq import DECODER, ENCODER
+
+    names = set(program.method_names)
+    return ENCODER in names and DECODER in names
+
+
+def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, device_map: Any) -> int:
+    """Text in, text out with an encoder-decoder program (T5-style: the encoder takes ids)."""
+    from pathlib import Path
+
+    from ..llm import Seq2SeqRunner
+
+    runner = Seq2SeqRunner(
+        program,
+        args.tokenizer,
+        generation_config=Path(args.file).parent,
+        device_map=device_map,
+        compile="background" if args.compile else False,
+    )
+    if not runner.takes_tokens:
+        print("ptexec: this encoder takes audio features; use ptexec transcribe",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    config.echo = False
+    config.num_eos = args.eos
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    runner.generate_text(args.prompt, config, show)
+    sys.stdout.write("\n")
+    stats = runner.stats
+    print(
+        f"encoder input {stats.num_prompt_tokens} positions; {stats.num_generated_tokens} "
+        f"tokens generated, {stats.tokens_per_second:.1f} tokens/s {threads_used()}",
+        file=sys.stderr,
+    )
+    if args.stats:
+        print(stats.to_json_string(), file=sys.stderr)
+    return 0
+
+
 def add_generate(sub: Any) -> None:
     p = sub.add_parser(
-        "generate", help="generate text with an exported LLM (KV-cache .pte) and its tokenizer"
+        "generate",
+        help="generate text with an exported LLM (KV-cache .pte) or encoder-decoder (T5-style) "
+        "program and its tokenizer",
     )
     p.add_argument("file", help="the .pte program (an LLM export)")
     p.add_argument(
@@ -108,6 +159,9 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
     p.add_argument("--seed", type=int, help="seed of the sampler (default: random)")
     p.add_argument("--bos", type=int, default=0, help="BOS tokens to put before the prompt")
+    p.add_argument(
+        "--eos", type=int, default=1, help="EOS tokens after the prompt (seq2seq programs; 1)"
+    )
     p.add_argument("--stop", action="append", help="stop string; repeatable")
     p.add_argument("--ignore-eos", action="store_true", help="generate past EOS tokens")
     p.add_argument("--no-echo", action="store_true", help="do not print the prompt first")

@@ -32,10 +32,12 @@ from .inputs import (
 )
 from .runner import MultimodalRunner, TextLLMRunner
 from .sampling import Sampler
+from .seq2seq import DecoderPrompt, Segment, Seq2SeqRunner, Transcription
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
 
 __all__ = [
     "Audio",
+    "DecoderPrompt",
     "GenerationConfig",
     "GenerationError",
     "Image",
@@ -44,12 +46,15 @@ __all__ = [
     "MultimodalRunner",
     "RawAudio",
     "Sampler",
+    "Segment",
+    "Seq2SeqRunner",
     "Stats",
     "TextDecoder",
     "TextLLMRunner",
     "TextStream",
     "Tokenizer",
     "TokenizerError",
+    "Transcription",
     "load_tokenizer",
     "make_audio_input",
     "make_image_input",

@@ -1,0 +1,153 @@
+"""``ptexec transcribe``: speech to text with an exported encoder-decoder (Whisper) program."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import add_threads, apply_threads, threads_used
+
+
+def _beside(model: str, name: str, *dirs: str | None) -> Path | None:
+    """``name`` in the first of ``dirs`` (then the model's directory) that holds it."""
+    for d in (*dirs, str(Path(model).parent)):
+        if d and (Path(d) / name).exists():
+            return Path(d) / name
+    return None
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    """Stream the transcription to stdout (or print JSON); timings to stderr."""
+    from ..llm import GenerationConfig, Seq2SeqRunner
+    from ..llm.audio import FeatureExtractor, ProcessorFeatures, ProgramFeatures
+
+    config = GenerationConfig(
+        echo=False,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    apply_threads(args)
+    device_map = args.device if args.device else None
+    tokenizer = args.tokenizer or _beside(args.model, "tokenizer.json", args.processor)
+    if tokenizer is None:
+        print("ptexec: transcribe needs a tokenizer (--tokenizer, or tokenizer.json in the "
+              "processor or model directory)", file=sys.stderr)  # fmt: skip
+        return 1
+    generation = args.generation_config or _beside(
+        args.model, "generation_config.json", args.processor
+    )
+    features: FeatureExtractor
+    if args.preprocessor:
+        features = ProgramFeatures(
+            args.preprocessor, sampling_rate=args.sampling_rate, device_map=device_map
+        )
+    else:
+        processor = args.processor or (
+            str(Path(args.model).parent)
+            if _beside(args.model, "preprocessor_config.json") is not None
+            else None
+        )
+        if processor is None:
+            print("ptexec: transcribe needs features: --preprocessor P.pte or --processor DIR "
+                  "(a directory with preprocessor_config.json)", file=sys.stderr)  # fmt: skip
+            return 1
+        features = ProcessorFeatures(processor)
+    runner = Seq2SeqRunner(
+        args.model,
+        tokenizer,
+        args.data,
+        generation_config=generation,
+        decoder_start_token_id=args.decoder_start_token_id,
+        language=args.language,
+        task=args.task,
+        timestamps=args.timestamps,
+        device_map=device_map,
+        compile="background" if args.compile else False,
+    )
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    result = runner.transcribe(
+        args.audio, features, config, None if args.json else show, window_seconds=args.window
+    )
+    if args.json:
+        out: dict[str, Any] = {
+            "text": result.text,
+            "tokens": result.tokens,
+            "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments],
+        }
+        print(json.dumps(out))
+    else:
+        sys.stdout.write("\n")
+        for s in result.segments:
+            print(f"[{s.start:7.2f} -> {s.end:7.2f}] {s.text.strip()}")
+    stats = runner.stats
+    load_ms = stats.model_load_end_ms - stats.model_load_start_ms
+    print(
+        f"load {load_ms:.1f} ms; {len(result.tokens)} window(s); last window: encoder and "
+        f"prompt {stats.prefill_ms:.2f} ms, {stats.num_generated_tokens} tokens, "
+        f"{stats.tokens_per_second:.1f} tokens/s {threads_used()}",
+        file=sys.stderr,
+    )
+    if args.stats:
+        print(stats.to_json_string(), file=sys.stderr)
+    return 0
+
+
+def add_transcribe(sub: Any) -> None:
+    p = sub.add_parser(
+        "transcribe",
+        help="speech to text with an exported encoder-decoder program (Whisper: encoder + "
+        "text_decoder)",
+    )
+    p.add_argument("audio", help="the audio file (WAV; other formats with soundfile)")
+    p.add_argument("--model", required=True, help="the .pte program (encoder, text_decoder)")
+    p.add_argument("--data", help="external data file (.ptd) of the program")
+    feats = p.add_mutually_exclusive_group()
+    feats.add_argument("--preprocessor", help="a preprocessor .pte (waveform -> log-mel features)")
+    feats.add_argument(
+        "--processor",
+        help="a Hugging Face processor directory (preprocessor_config.json; also where the "
+        "tokenizer and generation config are looked for)",
+    )
+    p.add_argument(
+        "--sampling-rate",
+        type=int,
+        default=16000,
+        help="the preprocessor program's sample rate (default 16000)",
+    )
+    p.add_argument("--tokenizer", help="tokenizer.json (default: beside the processor / model)")
+    p.add_argument(
+        "--generation-config",
+        help="generation_config.json or its directory (default: beside the processor / model)",
+    )
+    p.add_argument("--decoder-start-token-id", type=int, help="the decoder's first token")
+    p.add_argument("--language", help="Whisper language (en, <|fr|>, ...)")
+    p.add_argument("--task", help="Whisper task (transcribe, translate)")
+    p.add_argument("--timestamps", action="store_true", help="ask for timestamp tokens")
+    p.add_argument("--window", type=float, default=30.0, help="seconds per window (default 30)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=-1, help="most tokens per window (-1: the cache)"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--seed", type=int, help="seed of the sampler (default: random)")
+    p.add_argument("--device", help="run the programs on this device (cpu, cuda, cuda:1)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="ptexec's compiled tier: transcribe at once, interpreted, switching to the compiled code when another process has compiled it into the cache",
+    )
+    p.add_argument("--json", action="store_true", help="print text, tokens and segments as JSON")
+    p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
+    add_threads(p)
+    p.set_defaults(func=cmd_transcribe)

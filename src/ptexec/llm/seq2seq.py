@@ -1,0 +1,631 @@
+"""``Seq2SeqRunner``: encoder-decoder generation and speech recognition.
+
+The program layout is the one optimum-executorch writes for Whisper
+(``ExecuTorchModelForSpeechSeq2Seq``) and T5 (``ExecuTorchModelForSeq2SeqLM``) and
+ExecuTorch's C++ ASR runner reads:
+
+==========================  ==========================================================
+``encoder``                 the encoder's input (log-mel features ``f32[1, mels, frames]``
+                            for speech; token ids ``i64[1, seq]`` for text) -> hidden
+                            states ``[1, source, d]``
+``text_decoder``            ``(ids i64[1, 1], hidden [1, source, d], cache_position
+                            i64[1])`` -> logits ``[1, 1, vocab]``; the self-attention and
+                            cross-attention caches are the method's own buffers
+``decoder_start_token_id``  the first decoder token (optional, as the other metadata:
+                            ``get_max_seq_len`` bounds the decoder's positions,
+                            ``get_eos_id``/``get_eos_ids`` end a generation)
+``sampler``                 an exported argmax (unused: ptexec samples the logits itself)
+==========================  ==========================================================
+
+A generation encodes once, then feeds the decoder one token a call: the start token at
+position 0, then the forced tokens (Whisper's language, task and no-timestamps tokens, from
+the model's ``generation_config.json`` or arguments), then each sampled token, until EOS,
+the token budget or :meth:`Seq2SeqRunner.stop`. Sampling, logits processors and statistics
+are the text runner's (:class:`~ptexec.llm.Sampler`, :mod:`ptexec.llm.logits`,
+:class:`~ptexec.llm.Stats`); processors see the decoder's tokens. Stop strings are not
+supported here (a config with ``stop`` raises).
+
+:meth:`Seq2SeqRunner.transcribe` takes audio (a file or samples), resamples it to the
+feature extractor's rate, cuts it into 30 s windows, and transcribes each; with timestamp
+tokens in the output (Whisper without ``<|notimestamps|>``) it returns timed segments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigValueError, GenerationError
+from .audio import FeatureExtractor, load_audio, windows
+from .config import GenerationConfig, Stats, _now_ms
+from .decoder import read_metadata
+from .logits import as_processors
+from .sampling import Sampler
+from .tokenizer import TextStream, Tokenizer, load_tokenizer
+
+__all__ = ["DecoderPrompt", "Segment", "Seq2SeqRunner", "Transcription", "split_segments"]
+
+ENCODER = "encoder"
+DECODER = "text_decoder"
+
+TokenCallback = Callable[[str], None]
+StatsCallback = Callable[[Stats], None]
+
+
+@dataclass(frozen=True)
+class DecoderPrompt:
+    """The decoder's first tokens: ``start`` at position 0, then the ``forced`` tokens at
+    positions 1, 2, ... (Whisper's language and task tokens); sampling starts after them."""
+
+    start: int
+    forced: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, start: int, forced: Mapping[int, int]) -> DecoderPrompt:
+        """From forced ``{position: id}``; the positions must be 1, 2, ... without a gap
+        (what generation configs write)."""
+        if sorted(forced) != list(range(1, len(forced) + 1)):
+            raise GenerationError(
+                f"forced decoder tokens must fill positions 1, 2, ... after the start token; "
+                f"got positions {sorted(forced)}"
+            )
+        return cls(int(start), tuple(int(forced[i]) for i in range(1, len(forced) + 1)))
+
+    def prefix(self) -> list[int]:
+        """The start token and the forced tokens."""
+        return [self.start, *self.forced]
+
+
+def _read_json(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    if p.is_dir():
+        p = p / "generation_config.json"
+    if not p.is_file():
+        return {}
+    try:
+        value = json.loads(p.read_text())
+    except ValueError as e:
+        raise GenerationError(f"{p}: not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise GenerationError(f"{p}: a generation config is a JSON object")
+    return value
+
+
+def _ids(value: Any, what: str) -> list[int]:
+    items = value if isinstance(value, list | tuple) else [value]
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise GenerationError(f"{what} must be token ids, got {v!r}")
+        out.append(v)
+    return out
+
+
+def _forced_from(gen: Mapping[str, Any], language: str | None, task: str | None,
+                 timestamps: bool) -> dict[int, int]:  # fmt: skip
+    """Forced tokens from a generation config: ``forced_decoder_ids`` ([position, id]
+    pairs), with Whisper's language / task / no-timestamps tokens replaced or added when
+    the config has ``lang_to_id`` / ``task_to_id`` / ``no_timestamps_token_id``."""
+    forced: dict[int, int] = {}
+    for pair in gen.get("forced_decoder_ids") or ():
+        if (
+            not isinstance(pair, list | tuple)
+            or len(pair) != 2
+            or not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in pair)
+            or pair[0] is None
+        ):
+            raise GenerationError(f"forced_decoder_ids holds [position, id] pairs, got {pair!r}")
+        if pair[1] is not None:  # Whisper's configs leave the language open: None
+            forced[int(pair[0])] = int(pair[1])
+    langs = gen.get("lang_to_id") or {}
+    tasks = gen.get("task_to_id") or {}
+    no_ts = gen.get("no_timestamps_token_id")
+    if not (langs or tasks or no_ts is not None):
+        if language or task:
+            raise GenerationError("the generation config names no languages or tasks")
+        return forced
+    # Whisper: <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
+    seq: list[int] = []
+    if language:
+        key = language if language.startswith("<|") else f"<|{language}|>"
+        if key not in langs:
+            raise GenerationError(f"language {language!r} is not one of the model's")
+        seq.append(int(langs[key]))
+    elif forced.get(1) is not None and int(forced[1]) in set(langs.values()):
+        seq.append(int(forced[1]))
+    if task:
+        if task not in tasks:
+            raise GenerationError(f"task {task!r} is not one of {sorted(tasks)}")
+        seq.append(int(tasks[task]))
+    elif tasks:
+        known = set(tasks.values())
+        kept = [v for v in forced.values() if int(v) in known]
+        seq.append(int(kept[0]) if kept else int(tasks.get("transcribe", next(iter(known)))))
+    if not langs and not tasks:  # no tables: the forced tokens as they are
+        seq = [v for _, v in sorted(forced.items()) if v != no_ts]
+    if no_ts is not None and not timestamps:
+        seq.append(int(no_ts))
+    return {i + 1: t for i, t in enumerate(seq)}
+
+
+@dataclass
+class Segment:
+    """A timed piece of a transcription (seconds from the start of the audio)."""
+
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class Transcription:
+    """What :meth:`Seq2SeqRunner.transcribe` returns."""
+
+    text: str
+    tokens: list[list[int]]
+    """The generated ids of each 30 s window."""
+    segments: list[Segment]
+    """Timed segments (empty when the model emitted no timestamp tokens)."""
+
+
+def split_segments(
+    tokens: Sequence[int], timestamp_begin: int, offset: float = 0.0, precision: float = 0.02
+) -> list[tuple[float, float, list[int]]]:
+    """Timed segments of Whisper output: text between a pair of timestamp tokens (ids from
+    ``timestamp_begin``, each ``precision`` seconds apart) is one segment; text after the
+    last timestamp ends where the window ends (``end`` is then -1). ``offset`` is the
+    window's start."""
+    out: list[tuple[float, float, list[int]]] = []
+    start: float | None = None
+    text: list[int] = []
+    for t in tokens:
+        if t >= timestamp_begin:
+            time_s = offset + (t - timestamp_begin) * precision
+            if text:
+                out.append((start if start is not None else offset, time_s, text))
+                text = []
+            start = time_s  # the next segment starts here (a later timestamp replaces it)
+        else:
+            text.append(int(t))
+    if text:
+        out.append((start if start is not None else offset, -1.0, text))
+    return out
+
+
+class _Decoder:
+    """The two methods, their input layout and reusable input tensors."""
+
+    def __init__(self, program: Any, options: dict[str, Any]) -> None:
+        names = set(program.method_names)
+        missing = [m for m in (ENCODER, DECODER) if m not in names]
+        if missing:
+            raise GenerationError(
+                f"a seq2seq program has methods '{ENCODER}' and '{DECODER}'; this one lacks "
+                f"{missing} (it has {sorted(names)})"
+            )
+        device_map = options.get("device_map")
+        emeta = program.method_meta(ENCODER, device_map)
+        dmeta = program.method_meta(DECODER, device_map)
+        ins = dmeta.inputs
+        if (
+            len(ins) != 3
+            or not hasattr(ins[0], "sizes")
+            or ins[0].dtype not in (torch.int64, torch.int32)
+            or list(ins[0].sizes) != [1, 1]
+            or ins[2].dtype not in (torch.int64, torch.int32)
+        ):
+            raise GenerationError(
+                f"'{DECODER}' should take (ids int64[1, 1], encoder hidden states, "
+                f"cache_position int64[1]); it takes {list(ins)}"
+            )
+        if not emeta.inputs or not hasattr(emeta.inputs[0], "sizes"):
+            raise GenerationError(f"'{ENCODER}' should take one tensor; it takes {emeta.inputs}")
+        self.encoder_input = emeta.inputs[0]
+        self.encoder = program.load_method(ENCODER, **options)
+        self.decoder = program.load_method(DECODER, **{"outputs": "view", **options})
+        self.vocab_size = int(dmeta.outputs[0].sizes[-1])
+        dev = ins[0].device.to_torch()
+        self.device = dev
+        self._ids = torch.zeros((1, 1), dtype=ins[0].dtype, device=dev)
+        self._pos = torch.zeros((1,), dtype=ins[2].dtype, device=ins[2].device.to_torch())
+        self.hidden_device = ins[1].device.to_torch()
+        self.execution_ms = 0.0
+
+    @property
+    def takes_tokens(self) -> bool:
+        return not self.encoder_input.dtype.is_floating_point
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        info = self.encoder_input
+        x = x.to(device=info.device.to_torch(), dtype=info.dtype)
+        if x.dim() == len(info.sizes) - 1:
+            x = x.unsqueeze(0)
+        start = time.perf_counter()
+        out: torch.Tensor = self.encoder.execute([x])[0]
+        self.execution_ms += (time.perf_counter() - start) * 1e3
+        return out.to(self.hidden_device)
+
+    def step(self, token: int, pos: int, hidden: torch.Tensor) -> torch.Tensor:
+        self._ids.fill_(token)
+        self._pos.fill_(pos)
+        start = time.perf_counter()
+        logits: torch.Tensor = self.decoder.execute([self._ids, hidden, self._pos])[0]
+        self.execution_ms += (time.perf_counter() - start) * 1e3
+        return logits.reshape(-1, logits.shape[-1])[-1]
+
+
+def _constant(program: Any, name: str) -> Any:
+    if name not in program.method_names or program.method_meta(name).inputs:
+        return None
+    values = program.load_method(name).execute([])
+    if len(values) != 1:
+        return None
+    v = values[0]
+    return v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+
+
+class Seq2SeqRunner:
+    """Generate with an encoder-decoder program (``encoder`` + ``text_decoder``).
+
+    ``tokenizer_path`` (a file, a directory, a :class:`~ptexec.llm.Tokenizer` or None:
+    ids only). ``generation_config`` is a ``generation_config.json`` (or its directory)
+    or a dict; absent, the program's directory is looked in. The decoder's start token is
+    ``decoder_start_token_id`` if given, else the generation config's, else the program's
+    ``decoder_start_token_id`` method, else the tokenizer's BOS; forced tokens are
+    ``forced_decoder_ids`` ({position: id} or [position, id] pairs) if given, else the
+    generation config's (with ``language``/``task``/``timestamps`` choosing Whisper's
+    tokens); EOS ids are ``eos_ids``, else the generation config's, else the program's, else
+    the tokenizer's. ``device_map`` places the program (``"cuda"``); ``compile`` runs the
+    compiled tier (``True``: compiled at load; ``"background"``: interpreted at once, compiled
+    in another process and switched to between calls).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | Any,
+        tokenizer_path: str | os.PathLike[str] | Tokenizer | None = None,
+        data_path: str | os.PathLike[str] | None = None,
+        *,
+        generation_config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        decoder_start_token_id: int | None = None,
+        forced_decoder_ids: Mapping[int, int] | Sequence[Sequence[int]] | None = None,
+        eos_ids: Sequence[int] | None = None,
+        language: str | None = None,
+        task: str | None = None,
+        timestamps: bool = False,
+        device_map: Any = None,
+        compile: bool | str = False,
+        print_output: bool = False,
+    ) -> None:
+        import ptexec
+
+        self.stats = Stats()
+        self.stats.model_load_start_ms = _now_ms()
+        if isinstance(model_path, ptexec.Program):
+            program = model_path
+            where: Path | None = None
+        else:
+            program = ptexec.load(model_path, data_path=data_path)
+            where = Path(model_path).parent
+        self.program = program
+        options: dict[str, Any] = {}
+        if device_map is not None:
+            options["device_map"] = device_map
+        if compile:
+            options["compile"] = compile
+        self._model = _Decoder(program, options)
+        self.tokenizer: Tokenizer | None = (
+            tokenizer_path
+            if isinstance(tokenizer_path, Tokenizer) or tokenizer_path is None
+            else load_tokenizer(tokenizer_path)
+        )
+        if generation_config is None and where is not None:
+            generation_config = where
+        gen = (
+            dict(generation_config)
+            if isinstance(generation_config, Mapping)
+            else _read_json(generation_config)
+        )
+        self.generation_config = gen
+        md = read_metadata(program)
+        self.max_seq_len = int(md.get("get_max_seq_len", 0)) or None
+        start = decoder_start_token_id
+        if start is None and gen.get("decoder_start_token_id") is not None:
+            start = _ids(gen["decoder_start_token_id"], "decoder_start_token_id")[0]
+        if start is None:
+            value = _constant(program, "decoder_start_token_id")
+            start = int(value) if value is not None else None
+        if start is None and self.tokenizer is not None and self.tokenizer.bos_id >= 0:
+            start = self.tokenizer.bos_id
+        if start is None:
+            raise GenerationError(
+                "no decoder start token: give decoder_start_token_id, a generation config "
+                "naming it, or a program with a decoder_start_token_id method"
+            )
+        if forced_decoder_ids is not None:
+            pairs = (
+                forced_decoder_ids.items()
+                if isinstance(forced_decoder_ids, Mapping)
+                else forced_decoder_ids
+            )
+            forced = {int(p): int(t) for p, t in pairs}
+        else:
+            forced = _forced_from(gen, language, task, timestamps)
+        self.prompt = DecoderPrompt.of(int(start), forced)
+        if eos_ids is not None:
+            eos = list(eos_ids)
+        elif gen.get("eos_token_id") is not None:
+            eos = _ids(gen["eos_token_id"], "eos_token_id")
+        elif md.eos_ids is not None:
+            eos = list(md.eos_ids)
+        elif self.tokenizer is not None:
+            eos = [self.tokenizer.eos_id]
+        else:
+            eos = []
+        self.eos_ids: frozenset[int] = frozenset(int(e) for e in eos)
+        """The ids that end a generation (settable)."""
+        no_ts = gen.get("no_timestamps_token_id")
+        self.timestamp_begin: int | None = int(no_ts) + 1 if isinstance(no_ts, int) else None
+        """The first timestamp token (Whisper), or None."""
+        self.vocab_size = self._model.vocab_size
+        self._width: int | None = None
+        if self.tokenizer is not None:
+            tv = self.tokenizer.vocab_size
+            if tv > self.vocab_size:
+                raise GenerationError(
+                    f"the tokenizer has {tv} ids but the program's logits only "
+                    f"{self.vocab_size} (is it this program's tokenizer?)"
+                )
+            if 0 < tv < self.vocab_size:
+                self._width = tv  # ids past the tokenizer's are padding, never sampled
+        self.print_output = print_output
+        self.generated_tokens: list[int] = []
+        """The ids the last generation produced (EOS included)."""
+        self.finish_reason = ""
+        """Why the last generation ended: "stop" (EOS), "length" or "interrupted"."""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.stats.model_load_end_ms = _now_ms()
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def takes_tokens(self) -> bool:
+        """Whether the encoder takes token ids (T5) rather than features (Whisper)."""
+        return self._model.takes_tokens
+
+    @property
+    def encoder_input(self) -> Any:
+        """The encoder input's description (``TensorInfo``)."""
+        return self._model.encoder_input
+
+    def stop(self) -> None:
+        """Stop the generation in progress after the current token (any thread)."""
+        self._stop.set()
+
+    # -- generation -------------------------------------------------------------------------
+    def encode(self, inputs: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """The encoder's hidden states for ``inputs`` (features, or ids for a text encoder)."""
+        x = inputs if isinstance(inputs, torch.Tensor) else torch.tensor([list(inputs)])
+        info = self._model.encoder_input
+        if x.dim() == len(info.sizes) - 1:
+            x = x.unsqueeze(0)
+        bounds = list(info.sizes)
+        static = info.dynamism == "static"
+        shape = list(x.shape)
+        fits = len(shape) == len(bounds) and all(
+            (s == b) if static else (s <= b) for s, b in zip(shape, bounds, strict=True)
+        )
+        if not info.dtype.is_floating_point and x.numel():
+            low, high = int(x.min()), int(x.max())
+            if low < 0 or high >= self.vocab_size:
+                raise GenerationError(
+                    f"token id {low if low < 0 else high} is outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+        if not fits or x.numel() == 0:
+            need = "exactly" if static else "at most"
+            raise GenerationError(f"the encoder takes {need} {bounds} ({info.dtype}); got {shape}")
+        return self._model.encode(x)
+
+    def _budget(self, config: GenerationConfig, prompt: list[int]) -> int:
+        if self.max_seq_len is None:
+            return config.max_new_tokens if config.max_new_tokens > 0 else 256
+        budget = config.resolve_max_new_tokens(self.max_seq_len, len(prompt) - 1)
+        if budget <= 0:
+            raise GenerationError(
+                f"no token can be generated: the decoder prompt has {len(prompt)} tokens and "
+                f"the decoder's cache {self.max_seq_len} positions"
+            )
+        return budget
+
+    def generate(
+        self,
+        inputs: torch.Tensor | Sequence[int],
+        config: GenerationConfig | None = None,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+        *,
+        prompt: DecoderPrompt | None = None,
+    ) -> list[int]:
+        """Encode ``inputs`` once and decode: the generated ids (after the decoder prompt,
+        EOS included when sampled). Each token's text goes to ``token_callback`` (with a
+        tokenizer)."""
+        config = config or GenerationConfig(temperature=0.0)
+        if config.stop:
+            raise ConfigValueError("stop", "stop strings are not supported by Seq2SeqRunner")
+        with self._lock:
+            sampler = Sampler(
+                config.temperature,
+                config.top_p,
+                config.top_k,
+                config.seed,
+                min_p=config.min_p,
+                processors=as_processors(config.logits_processor),
+            )
+            dp = prompt or self.prompt
+            prefix = dp.prefix()
+            budget = self._budget(config, prefix)
+            self._stop.clear()
+            stats = self.stats
+            stats.reset()
+            stats.inference_start_ms = stats.token_encode_end_ms = _now_ms()
+            self._model.execution_ms = 0.0
+            stats.model_execution_start_ms = _now_ms()
+            hidden = self.encode(inputs)
+            stats.num_prompt_tokens = int(hidden.shape[1]) if hidden.dim() >= 2 else 0
+            printing = self.print_output and not config.warming
+            stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
+
+            def emit(token: int) -> None:
+                if stream is None:
+                    return
+                piece = stream.push(token)
+                if piece:
+                    if printing:
+                        sys.stdout.write(piece)
+                        sys.stdout.flush()
+                    if token_callback is not None:
+                        token_callback(piece)
+
+            sampler.begin(prefix)
+            out: list[int] = []
+            self.generated_tokens = out
+            pos = 0
+            # the prompt: every token but the last is fed without sampling
+            for t in prefix[:-1]:
+                self._model.step(t, pos, hidden)
+                pos += 1
+            stats.prompt_eval_end_ms = _now_ms()
+            cur = prefix[-1]
+            ended = False
+            limit = self.max_seq_len
+            while len(out) < budget and not ended and not self._stop.is_set():
+                if limit is not None and pos >= limit:
+                    break
+                logits = self._model.step(cur, pos, hidden)
+                pos += 1
+                if self._width is not None:
+                    logits = logits[: self._width]
+                stats.on_sampling_begin()
+                nxt = sampler.sample(logits)
+                stats.on_sampling_end()
+                if not out:
+                    stats.first_token_ms = _now_ms()
+                out.append(nxt)
+                ended = nxt in self.eos_ids and not config.ignore_eos
+                emit(nxt)
+                cur = nxt
+            if stream is not None:
+                tail = stream.flush()
+                if tail:
+                    if printing:
+                        sys.stdout.write(tail)
+                    if token_callback is not None:
+                        token_callback(tail)
+            self.finish_reason = (
+                "stop" if ended else "interrupted" if self._stop.is_set() else "length"
+            )
+            stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
+            stats.aggregate_model_execution_time_ms = self._model.execution_ms
+            stats.num_generated_tokens = len(out)
+            if printing:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            if stats_callback is not None:
+                stats_callback(stats)
+            return out
+
+    def _need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise GenerationError("text in or out needs a tokenizer (tokenizer_path)")
+        return self.tokenizer
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of generated ids (special tokens dropped)."""
+        return self._need_tokenizer().decode(list(ids), skip_special_tokens=True)
+
+    def generate_text(
+        self,
+        text: str,
+        config: GenerationConfig | None = None,
+        token_callback: TokenCallback | None = None,
+        stats_callback: StatsCallback | None = None,
+    ) -> str:
+        """Text in, text out (a text encoder, e.g. T5): ``text`` is tokenized with
+        ``config.num_bos`` BOS and ``config.num_eos`` EOS tokens (T5 ends its input with
+        EOS: ``num_eos=1``), encoded and decoded."""
+        if not self.takes_tokens:
+            raise GenerationError(
+                "this program's encoder takes features, not text (use transcribe or generate)"
+            )
+        config = config or GenerationConfig(temperature=0.0)
+        tok = self._need_tokenizer()
+        ids = tok.encode(text, config.num_bos, config.num_eos)
+        if not ids:
+            raise GenerationError("Expected at least 1 prompt token")
+        out = self.generate(ids, config, token_callback, stats_callback)
+        return self.decode(out)
+
+    def transcribe(
+        self,
+        audio: str | os.PathLike[str] | torch.Tensor,
+        features: FeatureExtractor,
+        config: GenerationConfig | None = None,
+        token_callback: TokenCallback | None = None,
+        *,
+        sampling_rate: int | None = None,
+        window_seconds: float = 30.0,
+        prompt: DecoderPrompt | None = None,
+    ) -> Transcription:
+        """Transcribe an audio file (or mono samples at ``sampling_rate``, default the
+        extractor's): resampled to the extractor's rate, in consecutive windows of
+        ``window_seconds``, each encoded and decoded on its own. Stats are the last
+        window's."""
+        rate = features.sampling_rate
+        if isinstance(audio, torch.Tensor):
+            from .audio import resample, to_mono
+
+            samples = to_mono(audio)
+            if sampling_rate is not None and sampling_rate != rate:
+                samples = resample(samples, sampling_rate, rate)
+        else:
+            samples, _ = load_audio(audio, rate)
+        texts: list[str] = []
+        all_tokens: list[list[int]] = []
+        segments: list[Segment] = []
+        for start, window in windows(samples, rate, window_seconds):
+            ids = self.generate(features(window), config, token_callback, prompt=prompt)
+            all_tokens.append(ids)
+            if self.tokenizer is None:
+                continue
+            if self.timestamp_begin is not None and any(t >= self.timestamp_begin for t in ids):
+                end_of_window = start + window.shape[-1] / rate
+                for s, e, toks in split_segments(ids, self.timestamp_begin, start):
+                    segments.append(
+                        Segment(s, end_of_window if e < 0 else e, self.decode(toks), toks)
+                    )
+            texts.append(self.decode([t for t in ids if self._is_text(t)]))
+        text = " ".join(t.strip() for t in texts if t.strip())
+        return Transcription(text, all_tokens, segments)
+
+    def _is_text(self, token: int) -> bool:
+        return self.timestamp_begin is None or token < self.timestamp_begin
+
+    def __repr__(self) -> str:
+        kind = "text" if self.takes_tokens else "features"
+        return (
+            f"<ptexec.llm.Seq2SeqRunner encoder of {kind} {list(self.encoder_input.sizes)}, "
+            f"vocab {self.vocab_size}, decoder cache {self.max_seq_len}>"
+        )

@@ -1,0 +1,208 @@
+"""Audio for speech models: the WAV reader (every format, against the standard library's
+``wave`` writer and hand-written files), the resampler (against sines and scipy), windows,
+Whisper timestamps and forced tokens from generation configs. No program is exported."""
+
+from __future__ import annotations
+
+import math
+import struct
+import wave
+from pathlib import Path
+
+import pytest
+import torch
+
+from ptexec.errors import AudioFormatError
+from ptexec.llm.audio import load_audio, read_wav, resample, to_mono, windows
+from ptexec.llm.seq2seq import DecoderPrompt, _forced_from, split_segments
+
+
+def _signal(n: int, channels: int) -> torch.Tensor:
+    t = torch.arange(n, dtype=torch.float64) / 8000
+    rows = [0.8 * torch.sin(2 * math.pi * (300 + 200 * c) * t) for c in range(channels)]
+    return torch.stack(rows)
+
+
+def _write_std(path: Path, x: torch.Tensor, width: int, rate: int = 8000) -> torch.Tensor:
+    """Write with the standard library's ``wave``; return the exact values written."""
+    full = float(1 << (8 * width - 1))
+    q = torch.clamp(torch.round(x * full), -full, full - 1).to(torch.int64)
+    frames = q.t().reshape(-1).tolist()
+    if width == 1:
+        data = bytes(v + 128 for v in frames)
+    else:
+        data = b"".join(v.to_bytes(width, "little", signed=True) for v in frames)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(x.shape[0])
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(data)
+    return (q.double() / full).float()
+
+
+def _write_float(path: Path, x: torch.Tensor, bits: int, extensible: bool = False) -> None:
+    channels = x.shape[0]
+    width = bits // 8
+    fmt = "<f" if bits == 32 else "<d"
+    data = b"".join(struct.pack(fmt, float(v)) for v in x.t().reshape(-1).tolist())
+    if extensible:
+        guid = struct.pack("<H", 3) + b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+        body = struct.pack("<HHIIHH", 0xFFFE, channels, 8000, 8000 * width * channels,
+                           width * channels, bits)  # fmt: skip
+        body += struct.pack("<HHI", 22, bits, 0) + guid
+    else:
+        body = struct.pack("<HHIIHH", 3, channels, 8000, 8000 * width * channels,
+                           width * channels, bits)  # fmt: skip
+    chunks = b"fmt " + struct.pack("<I", len(body)) + body
+    chunks += b"LIST" + struct.pack("<I", 3) + b"abc\x00"  # an odd-sized chunk, padded
+    chunks += b"data" + struct.pack("<I", len(data)) + data
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_pcm_wav_reads_the_values_written(tmp_path: Path, width: int, channels: int) -> None:
+    x = _signal(400, channels)
+    want = _write_std(tmp_path / "a.wav", x, width)
+    got, rate = read_wav(tmp_path / "a.wav")
+    assert rate == 8000 and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    mono, _ = load_audio(tmp_path / "a.wav")
+    torch.testing.assert_close(mono, want.mean(dim=0))
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+@pytest.mark.parametrize("extensible", [False, True])
+def test_float_wav(tmp_path: Path, bits: int, extensible: bool) -> None:
+    x = _signal(300, 2)
+    _write_float(tmp_path / "f.wav", x, bits, extensible)
+    got, rate = read_wav(tmp_path / "f.wav")
+    assert rate == 8000 and list(got.shape) == [2, 300]
+    torch.testing.assert_close(got, x.float(), rtol=0, atol=1e-7)
+
+
+def test_malformed_wav_files_raise_the_audio_error(tmp_path: Path) -> None:
+    x = _signal(100, 1)
+    _write_std(tmp_path / "ok.wav", x, 2)
+    good = (tmp_path / "ok.wav").read_bytes()
+    cases = {
+        "not_wav": b"hello world, not audio at all",
+        "short": good[:10],
+        "adpcm": good[:20] + struct.pack("<H", 2) + good[22:],
+        "align": good[:32] + struct.pack("<H", 7) + good[34:],
+        "no_data": good[:36],
+        "bad_fmt_size": good[:12] + b"fmt " + struct.pack("<I", 1 << 30) + good[20:],
+    }
+    for name, data in cases.items():
+        (tmp_path / f"{name}.wav").write_bytes(data)
+        with pytest.raises(AudioFormatError):
+            read_wav(tmp_path / f"{name}.wav")
+    # a file that is not WAV goes to soundfile; what it cannot read is the same error
+    with pytest.raises(AudioFormatError, match="soundfile"):
+        load_audio(tmp_path / "not_wav.wav")
+
+
+def test_to_mono_averages_channels() -> None:
+    x = torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, 1.0]])
+    torch.testing.assert_close(to_mono(x), torch.tensor([0.5, 0.5, 0.0]))
+    row = x[0]
+    assert to_mono(row) is row
+    with pytest.raises(AudioFormatError):
+        to_mono(torch.zeros(1, 2, 3))
+
+
+def _tones(rate: int, seconds: float, freqs: tuple[float, ...]) -> torch.Tensor:
+    t = torch.arange(int(rate * seconds), dtype=torch.float64) / rate
+    return sum(0.4 * torch.sin(2 * math.pi * f * t) for f in freqs).float()  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("orig", "new"), [(44100, 16000), (48000, 16000), (22050, 16000), (8000, 16000)]
+)
+def test_resample_gives_the_sine_at_the_new_rate(orig: int, new: int) -> None:
+    freqs = (440.0, 3000.0)
+    y = resample(_tones(orig, 0.5, freqs), orig, new)
+    assert y.numel() == math.ceil(orig * 0.5 * new / orig)
+    want = _tones(new, y.numel() / new, freqs)[: y.numel()]
+    edge = new // 20  # the filter's reach past the ends is zeros
+    err = (y - want)[edge:-edge].abs().max().item()
+    assert err < 2e-3, err
+
+
+def test_resample_removes_what_the_new_rate_cannot_hold() -> None:
+    x = _tones(44100, 0.5, (11000.0,))  # above 16 kHz's Nyquist frequency
+    y = resample(x, 44100, 16000)
+    assert y[800:-800].pow(2).mean().sqrt().item() < 1e-3
+
+
+def test_resample_agrees_with_scipy() -> None:
+    signal = pytest.importorskip("scipy.signal")
+    x = _tones(44100, 0.5, (200.0, 1234.0, 5000.0))
+    for orig, new in ((44100, 16000), (16000, 24000)):
+        g = math.gcd(orig, new)
+        y = resample(x, orig, new)
+        ref = torch.from_numpy(signal.resample_poly(x.double().numpy(), new // g, orig // g))
+        n = min(y.numel(), ref.numel())
+        err = (y[:n].double() - ref[:n])[n // 20 : -n // 20].abs().max().item()
+        assert err < 5e-3, (orig, new, err)
+
+
+def test_resample_keeps_channels_and_edge_cases() -> None:
+    x = torch.stack([_tones(8000, 0.1, (300.0,)), _tones(8000, 0.1, (500.0,))])
+    y = resample(x, 8000, 16000)
+    assert list(y.shape) == [2, 1600]
+    torch.testing.assert_close(y[1], resample(x[1], 8000, 16000))
+    assert resample(x, 8000, 8000) is x
+    assert resample(torch.zeros(0), 8000, 16000).numel() == 0
+    with pytest.raises(ValueError):
+        resample(x, 0, 16000)
+
+
+@pytest.mark.cuda
+def test_resample_on_cuda_equals_cpu() -> None:
+    x = _tones(44100, 0.3, (440.0, 2000.0))
+    y = resample(x.cuda(), 44100, 16000)
+    assert y.is_cuda
+    torch.testing.assert_close(y.cpu(), resample(x, 44100, 16000), rtol=1e-4, atol=1e-5)
+
+
+def test_windows_of_long_audio() -> None:
+    x = torch.arange(16000 * 65, dtype=torch.float32)
+    ws = windows(x, 16000)
+    assert [s for s, _ in ws] == [0.0, 30.0, 60.0]
+    assert [w.numel() for _, w in ws] == [480000, 480000, 80000]
+    assert torch.equal(torch.cat([w for _, w in ws]), x)
+    assert len(windows(torch.zeros(0), 16000)) == 1
+    with pytest.raises(ValueError):
+        windows(x, 16000, 0.0)
+
+
+def test_timestamp_segments() -> None:
+    tb = 100  # <|0.00|>
+    tokens = [tb + 0, 5, 6, tb + 50, tb + 50, 7, tb + 120, 8, 9]
+    got = split_segments(tokens, tb, offset=30.0)
+    assert got == [(30.0, 31.0, [5, 6]), (31.0, 32.4, [7]), (32.4, -1.0, [8, 9])]
+    assert split_segments([5, 6], tb) == [(0.0, -1.0, [5, 6])]
+
+
+def test_forced_tokens_from_generation_configs() -> None:
+    plain = {"forced_decoder_ids": [[1, 10], [2, 11]]}
+    assert _forced_from(plain, None, None, False) == {1: 10, 2: 11}
+    whisper = {
+        "forced_decoder_ids": [[1, None], [2, 50359]],
+        "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265},
+        "task_to_id": {"transcribe": 50359, "translate": 50358},
+        "no_timestamps_token_id": 50363,
+    }
+    assert _forced_from(whisper, "fr", None, False) == {1: 50265, 2: 50359, 3: 50363}
+    assert _forced_from(whisper, "<|en|>", "translate", True) == {1: 50259, 2: 50358}
+    assert _forced_from(whisper, None, None, False) == {1: 50359, 2: 50363}
+    with pytest.raises(Exception, match="language"):
+        _forced_from(whisper, "xx", None, False)
+    # no language or task tables: the forced tokens stay, the no-timestamps token follows them
+    plain_ts = {"forced_decoder_ids": [[1, 10], [2, 11]], "no_timestamps_token_id": 99}
+    assert _forced_from(plain_ts, None, None, False) == {1: 10, 2: 11, 3: 99}
+    assert _forced_from(plain_ts, None, None, True) == {1: 10, 2: 11}
+    assert DecoderPrompt.of(50258, {1: 50259, 2: 50359}).prefix() == [50258, 50259, 50359]
+    with pytest.raises(Exception, match="positions"):
+        DecoderPrompt.of(1, {2: 5})

@@ -1,0 +1,362 @@
+"""``Seq2SeqRunner`` and ``ptexec transcribe`` on tiny Whisper programs exported by
+optimum-executorch (``scripts/seq2seq_programs.py``: portable and XNNPACK recipes, and
+ExecuTorch's ``WhisperAudioProcessor`` as the preprocessor program).
+
+References: the same checkpoint's eager Hugging Face ``generate`` (greedy, the same decoder
+prompt), optimum-executorch's own loop on ExecuTorch's runtime, and the Hugging Face feature
+extractor. The programs are exported once per machine (minutes), so the module is ``slow``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+import wave
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("optimum.exporters.executorch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import seq2seq_programs  # noqa: E402
+
+from ptexec.errors import GenerationError  # noqa: E402
+from ptexec.llm import DecoderPrompt, GenerationConfig, Seq2SeqRunner  # noqa: E402
+from ptexec.llm.audio import ProcessorFeatures, ProgramFeatures, load_audio, windows  # noqa: E402
+from ptexec.llm.logits import RepetitionPenalty  # noqa: E402
+from ptexec.llm.seq2seq import split_segments  # noqa: E402
+
+GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def folders() -> dict[str, Path]:
+    return {v: seq2seq_programs.program_dir(v) for v in seq2seq_programs.VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def runners(folders: dict[str, Path]) -> dict[str, Seq2SeqRunner]:
+    return {
+        v: Seq2SeqRunner(folders[v] / "model.pte", folders[v])
+        for v in ("whisper_portable", "whisper_xnnpack")
+    }
+
+
+@pytest.fixture(scope="module")
+def eager(folders: dict[str, Path]) -> Any:
+    return transformers.WhisperForConditionalGeneration.from_pretrained(
+        folders["whisper_portable"]
+    ).eval()
+
+
+def _features(seed: int) -> torch.Tensor:
+    return torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(seed))
+
+
+def _eager_greedy(model: Any, features: torch.Tensor, prefix: list[int], n: int,
+                  **options: Any) -> list[int]:  # fmt: skip
+    with torch.no_grad():
+        out = transformers.GenerationMixin.generate(
+            model,
+            input_features=features,
+            decoder_input_ids=torch.tensor([prefix]),
+            max_new_tokens=n,
+            do_sample=False,
+            **options,
+        )
+    return [int(t) for t in out[0, len(prefix) :]]
+
+
+@pytest.mark.parametrize("variant", ["whisper_portable", "whisper_xnnpack"])
+def test_greedy_tokens_equal_the_eager_model(
+    runners: dict[str, Seq2SeqRunner], eager: Any, variant: str
+) -> None:
+    runner = runners[variant]
+    # start and forced tokens come from the checkpoint's generation_config.json
+    assert runner.prompt == DecoderPrompt(1, (10, 11))
+    assert runner.eos_ids == {seq2seq_programs.EOS_ID}
+    for seed in (0, 1):
+        x = _features(seed)
+        got = runner.generate(x, GREEDY)
+        want = _eager_greedy(eager, x, runner.prompt.prefix(), GREEDY.max_new_tokens)
+        assert got == want, (variant, seed)
+        assert len(set(got)) > 1  # not a constant: the tokens depend on the input
+    assert _eager_greedy(eager, _features(0), [1, 10, 11], 12) != _eager_greedy(
+        eager, _features(1), [1, 10, 11], 12
+    )
+
+
+def test_tokens_equal_optimums_loop_on_executorch(
+    folders: dict[str, Path], runners: dict[str, Seq2SeqRunner]
+) -> None:
+    optimum = pytest.importorskip("optimum.executorch")
+    folder = folders["whisper_portable"]
+    model = optimum.ExecuTorchModelForSpeechSeq2Seq.from_pretrained(str(folder))
+    assert type(model.model).__module__.startswith("executorch.")
+    x = _features(2)
+    theirs = model.generate(x, max_seq_len=12)  # from the start token alone
+    ours = runners["whisper_portable"].generate(
+        x, GenerationConfig(temperature=0.0, max_new_tokens=len(theirs)), prompt=DecoderPrompt(1)
+    )
+    assert ours == [int(t) for t in theirs]
+
+
+def test_streaming_text_and_stats(runners: dict[str, Seq2SeqRunner]) -> None:
+    runner = runners["whisper_portable"]
+    pieces: list[str] = []
+    seen: list[Any] = []
+    ids = runner.generate(_features(0), GREEDY, pieces.append, seen.append)
+    assert "".join(pieces) == runner.decode(ids) and pieces
+    stats = runner.stats
+    assert seen == [stats]
+    assert stats.num_generated_tokens == len(ids) == len(runner.generated_tokens)
+    assert stats.num_prompt_tokens == 1500  # the encoder's output positions
+    assert stats.prompt_eval_end_ms >= stats.inference_start_ms > 0
+    assert stats.inference_end_ms >= stats.first_token_ms >= stats.prompt_eval_end_ms
+    assert stats.aggregate_model_execution_time_ms > 0
+    assert runner.finish_reason in ("stop", "length")
+
+
+def test_repetition_penalty_equals_transformers(
+    runners: dict[str, Seq2SeqRunner], eager: Any
+) -> None:
+    runner = runners["whisper_portable"]
+    x = _features(0)
+    config = GenerationConfig(
+        temperature=0.0, max_new_tokens=12, logits_processor=RepetitionPenalty(1.8)
+    )
+    got = runner.generate(x, config)
+    want = _eager_greedy(eager, x, runner.prompt.prefix(), 12, repetition_penalty=1.8)
+    assert got == want
+    assert got != runner.generate(x, GREEDY)
+
+
+def test_sampling_is_seeded(runners: dict[str, Seq2SeqRunner]) -> None:
+    runner = runners["whisper_portable"]
+    x = _features(3)
+    runs = [
+        runner.generate(x, GenerationConfig(temperature=1.0, top_p=1.0, seed=s, max_new_tokens=10))
+        for s in (7, 7, 8)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    assert all(0 <= t < runner.vocab_size for r in runs for t in r)
+
+
+def test_forced_and_start_tokens_from_arguments(folders: dict[str, Path], eager: Any) -> None:
+    folder = folders["whisper_portable"]
+    runner = Seq2SeqRunner(
+        folder / "model.pte",
+        folder,
+        decoder_start_token_id=3,
+        forced_decoder_ids=[(1, 20)],
+        eos_ids=[5],
+    )
+    assert runner.prompt.prefix() == [3, 20] and runner.eos_ids == {5}
+    x = _features(4)
+    assert runner.generate(x, GREEDY) == _eager_greedy(eager, x, [3, 20], 12, eos_token_id=5)
+    # without a generation config, the program's decoder_start_token_id method
+    bare = Seq2SeqRunner(folder / "model.pte", folder, generation_config={})
+    assert bare.prompt == DecoderPrompt(1)
+
+
+def _write_wav(path: Path, seconds: float, rate: int) -> None:
+    """Stereo 16-bit PCM: two chirps and noise (the stdlib's writer)."""
+    n = int(seconds * rate)
+    t = torch.arange(n, dtype=torch.float64) / rate
+    g = torch.Generator().manual_seed(0)
+    left = 0.3 * torch.sin(2 * math.pi * (200 + 40 * t) * t) + 0.05 * torch.randn(n, generator=g,
+                                                                              dtype=torch.float64)  # fmt: skip
+    right = 0.3 * torch.sin(2 * math.pi * (900 - 10 * t) * t)
+    q = torch.round(torch.stack([left, right], dim=1).clamp(-1, 1) * 32767).to(torch.int16)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(q.numpy().tobytes())
+
+
+def test_transcribe_long_audio_in_windows(
+    tmp_path: Path, folders: dict[str, Path], runners: dict[str, Seq2SeqRunner], eager: Any
+) -> None:
+    folder = folders["whisper_portable"]
+    runner = runners["whisper_portable"]
+    wav = tmp_path / "speech.wav"
+    _write_wav(wav, 40.0, 22050)
+    features = ProcessorFeatures(folder)
+    config = GenerationConfig(temperature=0.0, max_new_tokens=6)
+    result = runner.transcribe(wav, features, config)
+    assert len(result.tokens) == 2  # 30 s + 10 s
+    samples, rate = load_audio(wav, 16000)
+    assert rate == 16000 and samples.numel() == math.ceil(40.0 * 22050 * 16000 / 22050)
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    for (start, window), got in zip(windows(samples, 16000), result.tokens, strict=True):
+        x = extractor(window.numpy(), sampling_rate=16000, return_tensors="pt").input_features
+        assert got == _eager_greedy(eager, x, runner.prompt.prefix(), 6), start
+    texts = [runner.decode(t).strip() for t in result.tokens]
+    assert result.text == " ".join(t for t in texts if t)
+    assert result.segments == []  # this vocabulary has no timestamp tokens
+
+
+def test_timestamps_become_segments(tmp_path: Path, folders: dict[str, Path], eager: Any) -> None:
+    """Ids from 200 on stand for timestamp tokens (``no_timestamps_token_id`` 199): the
+    model emits some, and each window's segments are timed from its start."""
+    folder = folders["whisper_portable"]
+    gen = {**seq2seq_programs.generation_config(), "no_timestamps_token_id": 199}
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, timestamps=True)
+    assert runner.prompt.prefix() == [1, 10, 11] and runner.timestamp_begin == 200
+    wav = tmp_path / "speech.wav"
+    _write_wav(wav, 35.0, 16000)
+    result = runner.transcribe(wav, ProcessorFeatures(folder), GREEDY)
+    assert any(t >= 200 for ids in result.tokens for t in ids)
+    want = []
+    for ids, start, end in zip(result.tokens, (0.0, 30.0), (30.0, 35.0), strict=True):
+        for s, e, toks in split_segments(ids, 200, start):
+            want.append((s, end if e < 0 else e, runner.decode(toks)))
+    assert [(s.start, s.end, s.text) for s in result.segments] == want and want
+    no_ts = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
+    assert no_ts.prompt.prefix() == [1, 10, 11, 199]
+
+
+def test_preprocessor_program_features(folders: dict[str, Path]) -> None:
+    program = ProgramFeatures(folders["preprocessor"] / "model.pte")
+    assert program.sampling_rate == 16000 and program.max_samples == 60 * 16000
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folders["whisper_portable"])
+    g = torch.Generator().manual_seed(0)
+    for seconds in (3.0, 30.0):
+        x = 0.2 * torch.randn(int(seconds * 16000), generator=g)
+        got = program(x)
+        want = extractor(x.numpy(), sampling_rate=16000, return_tensors="pt").input_features
+        assert got.shape == want.shape == (1, 80, 3000)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_cli_transcribe(tmp_path: Path, folders: dict[str, Path],
+                        runners: dict[str, Seq2SeqRunner]) -> None:  # fmt: skip
+    from ptexec.cli import main
+
+    folder = folders["whisper_portable"]
+    wav = tmp_path / "a.wav"
+    _write_wav(wav, 5.0, 16000)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["transcribe", str(wav), "--model", str(folder / "model.pte"),
+                     "--preprocessor", str(folders["preprocessor"] / "model.pte"),
+                     "--max-new-tokens", "6", "--json"])  # fmt: skip
+    assert code == 0
+    got = json.loads(out.getvalue())
+    samples, _ = load_audio(wav, 16000)
+    want = runners["whisper_portable"].generate(
+        ProgramFeatures(folders["preprocessor"] / "model.pte")(samples),
+        GenerationConfig(temperature=0.0, max_new_tokens=6),
+    )
+    assert got["tokens"] == [want]
+    assert got["text"] == runners["whisper_portable"].decode(want).strip()
+
+
+def test_refusals(folders: dict[str, Path], runners: dict[str, Seq2SeqRunner]) -> None:
+    with pytest.raises(GenerationError, match="encoder"):
+        Seq2SeqRunner(folders["preprocessor"] / "model.pte", decoder_start_token_id=1)
+    runner = runners["whisper_portable"]
+    with pytest.raises(GenerationError, match="exactly"):
+        runner.generate(torch.zeros(1, 80, 100), GREEDY)
+    with pytest.raises(GenerationError, match="features"):
+        runner.generate_text("hello", GREEDY)
+    with pytest.raises(Exception, match="stop"):
+        runner.generate(_features(0), GenerationConfig(temperature=0.0, stop="x"))
+
+
+@pytest.mark.cuda
+def test_cuda_tokens_equal_the_eager_model(folders: dict[str, Path], eager: Any) -> None:
+    folder = folders["whisper_portable"]
+    runner = Seq2SeqRunner(folder / "model.pte", folder, device_map="cuda")
+    x = _features(0)
+    got = runner.generate(x, GREEDY)
+    assert got == _eager_greedy(eager, x, runner.prompt.prefix(), GREEDY.max_new_tokens)
+    program = ProgramFeatures(folders["preprocessor"] / "model.pte", device_map="cuda")
+    samples = 0.2 * torch.randn(16000 * 2, generator=torch.Generator().manual_seed(0))
+    features = program(samples)
+    assert features.is_cuda
+    torch.testing.assert_close(
+        features.cpu(), ProgramFeatures(folders["preprocessor"] / "model.pte")(samples)
+    )
+
+
+def _t5(folders: dict[str, Path]) -> tuple[Seq2SeqRunner, Any]:
+    folder = folders["t5_portable"]
+    runner = Seq2SeqRunner(folder / "model.pte", folder)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
+    return runner, model
+
+
+def _t5_eager(model: Any, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            decoder_input_ids=torch.tensor([[0]]),
+            max_new_tokens=n,
+            do_sample=False,
+        )
+    return [int(t) for t in out[0, 1:]]
+
+
+def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> None:
+    runner, model = _t5(folders)
+    assert runner.takes_tokens and runner.prompt == DecoderPrompt(0)
+    length = seq2seq_programs.MAX_SEQ_LEN  # the encoder's fixed length (see the script)
+    outs = []
+    for seed in (0, 1):
+        ids = torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed))
+        got = runner.generate(ids.tolist(), GREEDY)
+        assert got == _t5_eager(model, ids.tolist(), GREEDY.max_new_tokens), seed
+        outs.append(got)
+    assert outs[0] != outs[1]
+    with pytest.raises(GenerationError, match="exactly"):
+        runner.generate([5, 6, 7], GREEDY)
+    with pytest.raises(GenerationError, match="vocabulary"):
+        runner.generate([300] * length, GREEDY)
+    # optimum-executorch's own loop on ExecuTorch's runtime (it echoes the start token)
+    optimum = pytest.importorskip("optimum.executorch")
+    et = optimum.ExecuTorchModelForSeq2SeqLM.from_pretrained(str(folders["t5_portable"]))
+    ids = torch.randint(3, 256, (1, length), generator=torch.Generator().manual_seed(0))
+    theirs = [int(t) for t in et.generate(ids, max_seq_len=10)]
+    assert theirs[0] == 0
+    assert outs[0][: len(theirs) - 1] == theirs[1:]
+
+
+def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
+    from ptexec.cli import main
+
+    runner, model = _t5(folders)
+    assert runner.tokenizer is not None
+    # a prompt of exactly the encoder's length with the EOS token after it
+    words = seq2seq_programs.llm_programs.CORPUS
+    want_len = seq2seq_programs.MAX_SEQ_LEN - 1
+    prompt = next(
+        (words[:n] for n in range(40, 400) if len(runner.tokenizer.encode(words[:n])) == want_len),
+        None,
+    )
+    assert prompt is not None
+    config = GenerationConfig(temperature=0.0, max_new_tokens=8, num_eos=1)
+    text = runner.generate_text(prompt, config)
+    ids = runner.tokenizer.encode(prompt, 0, 1)
+    assert runner.generated_tokens == _t5_eager(model, ids, 8)
+    assert text == runner.decode(runner.generated_tokens)
+    out = io.StringIO()
+    folder = folders["t5_portable"]
+    with redirect_stdout(out):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", "8"])  # fmt: skip
+    assert code == 0
+    assert out.getvalue() == text + "\n"
