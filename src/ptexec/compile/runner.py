@@ -566,7 +566,8 @@ class CompiledRunner:
             call, fallback = _region_call(state, compiled, k)
             self._regions.append((compiled, call, fallback))
             statements = by_chain[r.chain]
-            statements[r.first] = Emission(f"_R{k}(v)", {f"_R{k}": call})
+            note = f"instructions {r.first}-{r.last}, compiled"
+            statements[r.first] = Emission(f"_R{k}(v)  # {note}", {f"_R{k}": call})
             for i in range(r.first + 1, r.last + 1):
                 statements[i] = Emission("pass", mutates=())
         chains = []
