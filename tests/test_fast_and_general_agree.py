@@ -127,8 +127,8 @@ def test_scalar_inputs_and_the_tolerance(monkeypatch: pytest.MonkeyPatch) -> Non
         ([x, f + 0.9 * tol, i, b], "ok", True),  # within the tolerance
         ([x, f - 0.9 * tol, i, b], "ok", True),
         ([x, f + 1.1 * tol, i, b], "error", False),  # outside it
-        ([x, np.float32(f), i, b], "ok", True),  # numpy's scalars count as Python's
-        ([x, f, np.int64(i), np.bool_(b)], "ok", True),
+        ([x, np.float32(f), i, b], "ok", False),  # numpy's scalars count as Python's
+        ([x, f, np.int64(i), np.bool_(b)], "ok", False),
         ([x, f, 4, b], "error", False),
         ([x, f, True, b], "error", False),  # a bool is not an int
         ([x, f, float(i), b], "error", False),
@@ -206,6 +206,28 @@ def test_shape_test_is_shape_error() -> None:
             for sizes in itertools.product(range(5), repeat=rank):
                 want = shape_error(info, sizes) is None
                 assert ok(torch.Size(sizes)) is want, (info, sizes)
+
+
+def test_scalar_test_is_scalar_fits() -> None:
+    sources = Sources("test")
+    values: list[Any] = [0.5, 0.50005, 0.4999, 0.51, 3, 4, 3.0, True, False, None, "a", "b"]
+    values += [np.float32(0.5), np.int64(3), np.bool_(True), -0.0, float("nan"), float("inf")]
+    for kind, traced in [
+        ("float", 0.5),
+        ("float", -1e6),
+        ("float", 0.0),
+        ("int", 3),
+        ("bool", True),
+        ("bool", False),
+        ("none", None),
+        ("str", "a"),
+    ]:
+        test = arguments.scalar_test(kind, traced, "x", "w")
+        ok = sources.compile(f"def ok(x):\n    return {test}\n", "scalar", {"w": traced})["ok"]
+        for x in [*values, traced + 1e-4 if kind == "float" else traced]:
+            fits = arguments.scalar_fits(kind, traced, x)
+            own_type = type(x) is type(traced) or (kind == "none")
+            assert ok(x) is (fits and own_type), (kind, traced, x)
 
 
 def test_common_action_is_what_decide_returns() -> None:

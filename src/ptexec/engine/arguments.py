@@ -32,10 +32,12 @@ __all__ = [
     "check_inputs",
     "check_out",
     "collect",
+    "float_tolerance",
     "output_checks",
     "output_error",
     "release",
     "scalar_fits",
+    "scalar_test",
 ]
 
 OutputMode = Literal["copy", "view"]
@@ -139,10 +141,16 @@ def _judge(
     return action, t
 
 
+def float_tolerance(traced: float) -> float:
+    """How far a float input may be from the value the program was traced with
+    (ExecuTorch's rule: 1e-4 plus 1e-5 of the traced value)."""
+    return 1e-4 + 1e-5 * abs(traced)
+
+
 def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
     """Whether ``x`` may be passed for a scalar input of ``kind`` traced with the value
-    ``traced``: the same value of the same kind (a float within ExecuTorch's tolerance,
-    1e-4 plus 1e-5 of the traced value; numpy's scalars count as Python's)."""
+    ``traced``: the same value of the same kind (a float within :func:`float_tolerance`;
+    numpy's scalars count as Python's)."""
     if kind == "float":
         if type(x) is not float and (
             not isinstance(x, numbers.Real) or isinstance(x, bool | _NP_BOOL)
@@ -150,7 +158,7 @@ def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
             return False
         got: float = x if type(x) is float else float(x)
         want: float = traced
-        return abs(got - want) <= 1e-4 + 1e-5 * abs(want)
+        return abs(got - want) <= float_tolerance(want)
     if kind == "int":
         if type(x) is not int and (
             not isinstance(x, numbers.Integral) or isinstance(x, bool | _NP_BOOL)
@@ -164,6 +172,22 @@ def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
     if kind == "str":
         return isinstance(x, str) and x == traced
     return False
+
+
+def scalar_test(kind: str, traced: Any, x: str, w: str) -> str:
+    """:func:`scalar_fits`'s rule for a value of the kind's own Python type, as a Python
+    expression for generated code (``x``: the value's source, ``w``: the traced value's):
+    true exactly when ``x`` has that type and fits; a value of another type that fits
+    (numpy's scalars) makes it false, and is for :func:`scalar_fits` to judge."""
+    if kind == "float":
+        return f"type({x}) is float and abs({x} - {w}) <= {float_tolerance(traced)!r}"
+    if kind in ("int", "str"):
+        return f"type({x}) is {kind} and {x} == {w}"
+    if kind == "bool":
+        return f"{x} is {w}"
+    if kind == "none":
+        return f"{x} is None"
+    return "False"
 
 
 def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:

@@ -14,6 +14,13 @@ the general path's rules would (the placement decision's ``COPY`` and ``SHARE``)
 fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
 the statements inlined when the runner is the plain blocks of one straight-line chain.
 Failures propagate raw: the envelope restores the method and reports them.
+
+It restates no rule: the copy-or-share decision is
+:func:`ptexec.binding.common_action`'s, and the scalar, shape and output checks are
+rendered by :func:`~.arguments.scalar_test`, :func:`ptexec.binding.shape_test` and
+:func:`~.arguments.output_checks`, the generated forms of :func:`~.arguments.scalar_fits`,
+:func:`~ptexec.binding.shape_error` and :func:`~.arguments.output_error`, defined beside
+them.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import torch
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
 from ..memory import resize_to
-from .arguments import output_checks, output_error, scalar_fits
+from .arguments import output_checks, output_error, scalar_test
 from .runner import BlockRunner, Runner, below_autograd_for
 from .state import MethodState
 
@@ -50,7 +57,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     code = Code()
     env = code.env
     env.update(NOT_FAST=NOT_FAST, Tensor=torch.Tensor, strided=torch.strided)
-    env.update(v=state.values, rec=state.record, resize_to=resize_to, _fits=scalar_fits)
+    env.update(v=state.values, rec=state.record, resize_to=resize_to)
     checks: list[str] = []
     binds: list[str] = []
     actions: list[str] = []
@@ -60,9 +67,10 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     for spec in state.inputs:
         i = spec.index
         x = f"x{i}"
-        if spec.kind != "tensor":  # the general path's own rule, called
+        if spec.kind != "tensor":  # the general path's rule, for the value's own type
             env[f"w{i}"] = spec.scalar
-            checks.append(f"if not _fits({spec.kind!r}, w{i}, {x}): return NOT_FAST")
+            test = scalar_test(spec.kind, spec.scalar, x, f"w{i}")
+            checks.append(f"if not ({test}): return NOT_FAST")
             actions.append("value")
             continue
         info = spec.info
