@@ -38,7 +38,7 @@ class CompiledChain:
     blocks: tuple[Callable[..., int], ...]
     sizes: tuple[int, ...]
     starts: tuple[int, ...]
-    ends: tuple[int, ...] = ()  # where each block's instructions end (exclusive)
+    ends: tuple[int, ...]  # where each block's instructions end (exclusive)
 
 
 def basic_blocks(instructions: Sequence[p.Instruction]) -> list[tuple[int, int]]:
