@@ -34,7 +34,15 @@ from typing import Literal
 from .errors import InputError
 from .tensor import TensorInfo, dim_order_strides, layout_name
 
-__all__ = ["Action", "Policy", "decide", "fits_layout", "shape_error"]
+__all__ = [
+    "Action",
+    "Policy",
+    "common_action",
+    "decide",
+    "fits_layout",
+    "shape_error",
+    "shape_test",
+]
 
 Transfers = Literal["allow", "forbid", "auto"]
 Layout = Literal["strict", "convert"]
@@ -96,6 +104,32 @@ def shape_error(expected: TensorInfo, sizes: tuple[int, ...]) -> str | None:
         if over:
             bound = list(expected.sizes)
             return f"dimension {over[0]} exceeds the upper bound {bound}"
+    return None
+
+
+def shape_test(expected: TensorInfo, shape: str) -> str:
+    """:func:`shape_error`'s rule as a Python expression for generated code: true exactly
+    when ``shape_error(expected, sizes)`` is None, ``shape`` being the source of an
+    expression whose value is the sizes (a ``torch.Size`` or a tuple)."""
+    rank = len(expected.sizes)
+    if expected.dynamism == "static":
+        return f"{shape} == {tuple(expected.sizes)!r}"
+    test = f"len({shape}) == {rank}"
+    if expected.dynamism == "dynamic_bound":
+        test += "".join(f" and {shape}[{d}] <= {b}" for d, b in enumerate(expected.sizes))
+    return test
+
+
+def common_action(expected: TensorInfo, contiguous: bool) -> Action | None:
+    """What :func:`decide` returns, under any policy, for a tensor with elements, dense,
+    of exactly ``expected``'s dtype and sizes and on its device (``contiguous``: whether
+    it is contiguous): ``COPY`` when the input is planned, ``SHARE`` when it is not and
+    its dim order is the identity and the tensor is contiguous; None when only
+    :func:`decide` can tell (other layouts)."""
+    if expected.is_memory_planned:
+        return Action.COPY
+    if contiguous and expected.dim_order == tuple(range(len(expected.sizes))):
+        return Action.SHARE
     return None
 
 

@@ -7,18 +7,25 @@ name (so a traceback names the method, the chain and the block), is registered w
 lines to the instructions they run (so a failure names its instruction). When the owner of
 a :class:`Sources` is freed, its entries leave :mod:`linecache`: loading and freeing
 methods in a loop leaves nothing behind.
+
+Generators write their source with :class:`Code`: lines appended one by one, each
+optionally tagged with the instruction it runs, rendered into the text and the line map
+that :meth:`Sources.compile` takes. A :class:`Sources` keeps each piece's text, so the code
+a method runs can be shown (:meth:`Sources.piece`, :meth:`Piece.listing`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import linecache
 import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Sources"]
+__all__ = ["Code", "Piece", "Sources"]
 
 _NAMES = itertools.count()
 
@@ -26,6 +33,81 @@ _NAMES = itertools.count()
 def _forget(filenames: list[str]) -> None:
     for name in filenames:
         linecache.cache.pop(name, None)
+
+
+class Code:
+    """Python source being written: lines appended in order, each optionally tagged with
+    the instruction (of one chain) it runs, and the names the source uses (``env``).
+
+    ``add(text, at)`` appends every line of ``text`` at the current indentation, tagged
+    with instruction ``at`` (None: not an instruction's line); ``with code.indented():``
+    indents what is added inside it. :meth:`compile` compiles the text through
+    :class:`Sources` with its line map, so a failure on a tagged line names that
+    instruction."""
+
+    def __init__(self, chain: int = 0) -> None:
+        self.chain = chain
+        self.env: dict[str, Any] = {}
+        self._lines: list[str] = []
+        self._tags: dict[int, int] = {}
+        self._pad = ""
+
+    def add(self, text: str, at: int | None = None) -> None:
+        """Append each line of ``text`` (nothing for an empty text)."""
+        for part in text.splitlines():
+            self._lines.append(self._pad + part)
+            if at is not None:
+                self._tags[len(self._lines)] = at
+
+    @contextlib.contextmanager
+    def indented(self) -> Iterator[None]:
+        """Indent what is added in the ``with`` block by one level."""
+        pad = self._pad
+        self._pad = pad + "    "
+        try:
+            yield
+        finally:
+            self._pad = pad
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+    @property
+    def line_map(self) -> dict[int, int]:
+        """1-based line -> the instruction it runs."""
+        return dict(self._tags)
+
+    def compile(self, sources: Sources, what: str) -> dict[str, Any]:
+        """Compile and run the text in a namespace made from :attr:`env`; return it."""
+        return sources.compile(self.text, what, self.env, chain=self.chain, lines=self._tags)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One compiled piece of generated code: what it is, its text, the chain its tagged
+    lines belong to and its line map."""
+
+    what: str
+    text: str
+    chain: int
+    lines: Mapping[int, int]
+
+    def listing(self, names: Sequence[str] = ()) -> str:
+        """The text with a comment before each run of lines of one instruction
+        (``# instruction 3: aten::add.out``, the name from ``names`` when it has one);
+        it compiles as the text does."""
+        out: list[str] = []
+        last = None
+        for n, line in enumerate(self.text.splitlines(), 1):
+            at = self.lines.get(n)
+            if at is not None and at != last:
+                pad = line[: len(line) - len(line.lstrip())]
+                name = f": {names[at]}" if 0 <= at < len(names) else ""
+                out.append(f"{pad}# instruction {at}{name}")
+            last = at
+            out.append(line)
+        return "\n".join(out) + "\n"
 
 
 class Sources:
@@ -40,6 +122,7 @@ class Sources:
         self.label = label.replace("\0", "\\x00")
         self._files: list[str] = []
         self._lines: dict[str, tuple[int, Mapping[int, int]]] = {}
+        self._pieces: dict[str, Piece] = {}
         self._finalizer = weakref.finalize(self, _forget, self._files)
 
     def compile(
@@ -64,7 +147,21 @@ class Sources:
         self._files.append(filename)
         if lines:
             self._lines[filename] = (chain, lines)
+        self._pieces[filename] = Piece(what, source, chain, dict(lines or {}))
         return namespace
+
+    def piece(self, fn: Any) -> Piece | None:
+        """The piece that defined function ``fn`` (None when this owner did not)."""
+        code = getattr(fn, "__code__", None)
+        return None if code is None else self._pieces.get(code.co_filename)
+
+    def listing(self, fn: Any, names: Sequence[str] = ()) -> str:
+        """The source of the generated function ``fn``, instructions named
+        (:meth:`Piece.listing`); a comment saying so when this owner did not generate it."""
+        piece = self.piece(fn)
+        if piece is None:
+            return f"# {getattr(fn, '__qualname__', type(fn).__name__)}: not generated code\n"
+        return piece.listing(names)
 
     def locate(self, tb: types.TracebackType | None) -> tuple[int, int] | None:
         """The innermost ``(chain, instruction)`` of this owner's code in traceback ``tb``."""

@@ -231,6 +231,28 @@ class Method:
         """The method's values table (tensors, scalars), for inspection; do not modify."""
         return self._state.values
 
+    def source(self) -> str:
+        """The generated Python this method runs, for reading (as torch.fx's
+        ``print_readable``): the fast call, when the method has one, then what its runner
+        runs (every chain's basic blocks; with ``compile=True`` also each compiled
+        region's call, the spans it covers named). Each piece comes under a header saying
+        which chain, block or region it is, and each instruction's lines under a comment
+        naming the instruction; every piece compiles as printed."""
+        state = self._state
+        parts = [f"# '{self.name}': the generated code it runs"]
+        fast = self._fast
+        if fast is not None:
+            inline = isinstance(self._runner, BlockRunner) and self._runner.straight_line
+            how = "the instructions of chain 0 inline" if inline else "the runner below (_run(v))"
+            names = state.chains[0].names if state.chains else ()
+            parts.append(
+                "# the fast call: common calls (inputs as the program expects, default "
+                f"options) run this, and it runs {how}; other calls validate and bind in "
+                "the general path, then run the code below\n" + state.sources.listing(fast, names)
+            )
+        parts.append(self._runner.source())
+        return "\n".join(parts)
+
     def __repr__(self) -> str:
         s = self._state
         return f"<ptexec.Method '{self.name}': {len(s.inputs)} inputs, {len(s.outputs)} outputs>"

@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also compile each method (or read it from the cache) and show what runs compiled",
     )
+    p_inspect.add_argument(
+        "--code",
+        action="store_true",
+        help="print the generated Python each method runs (its fast call and blocks; "
+        "with --compile, its compiled regions)",
+    )
     p_inspect.set_defaults(func=cmd_inspect)
 
     p_run = sub.add_parser(

@@ -90,7 +90,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     names = [args.method] if args.method else list(prog.method_names)
     reports = {name: method_report(prog, name, device_map) for name in names}
     if args.json:
-        print(json.dumps(json_report(prog, reports), indent=2))
+        report = json_report(prog, reports)
+        if args.code:
+            for name in names:
+                report["methods"][name]["code"] = method_code(prog, name, device_map, args.compile)
+        print(json.dumps(report, indent=2))
         return 0
     header = "extended header, " if pte.header is not None else ""
     print(
@@ -131,7 +135,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     print(f"      {n:5d}  {node}")
         if args.compile:
             print_compiled(prog, name, device_map)
+        if args.code:
+            print("  generated code:\n")
+            print(method_code(prog, name, device_map, args.compile))
     return 0
+
+
+def method_code(prog: Any, name: str, device_map: Any, compiled: bool) -> str:
+    """The generated Python method ``name`` runs (:meth:`ptexec.Method.source`), loaded
+    compiled (from the cache, or compiling it) when ``compiled``."""
+    from ..compile import CompileOptions
+
+    options = CompileOptions(progress=False) if compiled else False
+    return str(prog.load_method(name, device_map=device_map, compile=options).source())
 
 
 def _print_values(prog: Any, name: str) -> None:

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..engine.blocks import compile_chain
-from ..engine.runner import limit_error
-from ..errors import ExecutionError, LimitExceededError, PtexecError
+from ..codegen import Code
+from ..engine.blocks import chain_listing, compile_chain
+from ..engine.runner import run_chains
+from ..errors import ExecutionError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
@@ -474,7 +475,12 @@ def _graph_model(ep: Any) -> Model:
 # the region's call, and the blocks around it
 
 
-def _region_call(state: MethodState, compiled: _Compiled, k: int) -> Callable[[list[Any]], None]:
+_Call = Callable[[list[Any]], None]
+
+
+def _region_call(state: MethodState, compiled: _Compiled, k: int) -> tuple[_Call, _Call | None]:
+    """The region's call, and the interpreted statements it runs outside the sizes its
+    code was compiled for (None: it has no such sizes)."""
     region = compiled.region
     chain = state.chains[region.chain]
     plan = state.plan
@@ -494,96 +500,74 @@ def _region_call(state: MethodState, compiled: _Compiled, k: int) -> Callable[[l
         )
 
     # the region's interpreted statements: for calls outside the compiled sizes
-    interp: Callable[[list[Any]], None] | None = None
+    interp: _Call | None = None
     if compiled.guards:
-        body: list[str] = ["def _interp(v):"]
-        body_lines: dict[int, int] = {}
-        interp_env: dict[str, Any] = {}
-        for i in range(first, last + 1):
-            st = chain.statements[i]
-            interp_env.update(st.env)
-            for part in st.code.splitlines():
-                body_lines[len(body) + 1] = i
-                body.append("    " + part)
-        body.append("    pass")
-        ns = state.sources.compile(
-            "\n".join(body) + "\n",
-            f"chain {region.chain} region {k} (interpreted)",
-            interp_env,
-            chain=region.chain,
-            lines=body_lines,
-        )
-        interp = ns["_interp"]
-    env: dict[str, Any] = {
-        "_run": compiled.model,
-        "_fail": fail,
-        "_interp": interp,
-        "_store": store_resizing,
-        "_tensor": torch.tensor,
-    }
-    lines = ["def _region(v):"]
-    lineno: dict[int, int] = {}
-
-    def add(text: str, instruction: int) -> None:
-        lineno[len(lines) + 1] = instruction
-        lines.append(text)
-
-    scalars = set(region.scalar_inputs)
-    xs = []
-    for n, j in enumerate(region.graph_inputs):
-        if j in scalars:
-            dtype = {"int": "torch.int64", "float": "torch.float64", "bool": "torch.bool"}[
-                scalar_kind(plan.values[j])
-            ]
-            env["torch"] = torch
-            add(f"    x{n} = _tensor(v[{j}], dtype={dtype})", first)
-        else:
-            add(f"    x{n} = v[{j}]", first)
-        xs.append(f"x{n}")
-    if compiled.guards:
-        checks = " and ".join(g.code() for g in compiled.guards)
-        add(f"    if not ({checks}):", first)
-        add("        return _interp(v)", first)
-    add("    try:", first)
-    add(f"        r = _run([{', '.join(xs)}])", first)
-    add("    except Exception as e:", first)
-    add("        raise _fail(e) from e", first)
-    n_out = 0
-    for s in region.stores:
-        j = s.slot
-        value = plan.values[j]
-        if s.how == "copy":
-            assert isinstance(value, p.Tensor)
-            if value.shape_dynamism == p.STATIC:
-                add(f"    v[{j}].copy_(r[{n_out}])", s.instruction)
-            else:
-                order = f"_o{j}"
-                env[order] = tuple(value.dim_order)
-                grow = value.shape_dynamism == p.DYNAMIC_UNBOUND
-                add(f"    _store(v[{j}], r[{n_out}], {order}, {grow})", s.instruction)
-            n_out += 1
-        elif s.how in ("replace", "adopt"):
-            if isinstance(value, p.Tensor):
-                add(f"    v[{j}] = r[{n_out}]", s.instruction)
-            else:
-                convert = compiled.kinds.get(j, scalar_kind(value))
-                add(f"    v[{j}] = {convert}(r[{n_out}])", s.instruction)
-            n_out += 1
-        elif s.how == "statement":
-            st = chain.statements[s.instruction]
-            env.update(st.env)
-            for part in st.code.splitlines():
-                add("    " + part, s.instruction)
-    add("    return None", last)
-    namespace = state.sources.compile(
-        "\n".join(lines) + "\n",
-        f"chain {region.chain} region {k}",
-        env,
-        chain=region.chain,
-        lines=lineno,
+        body = Code(region.chain)
+        body.add("def _interp(v):")
+        with body.indented():
+            for i in range(first, last + 1):
+                st = chain.statements[i]
+                body.env.update(st.env)
+                body.add(st.code, i)
+            body.add("pass")
+        interp = body.compile(state.sources, f"chain {region.chain} region {k} (interpreted)")[
+            "_interp"
+        ]
+    code = Code(region.chain)
+    env = code.env
+    env.update(
+        _run=compiled.model, _fail=fail, _interp=interp, _store=store_resizing, _tensor=torch.tensor
     )
-    fn: Callable[[list[Any]], None] = namespace["_region"]
-    return fn
+    code.add("def _region(v):")
+    with code.indented():
+        scalars = set(region.scalar_inputs)
+        xs = []
+        for n, j in enumerate(region.graph_inputs):
+            if j in scalars:
+                dtype = {"int": "torch.int64", "float": "torch.float64", "bool": "torch.bool"}[
+                    scalar_kind(plan.values[j])
+                ]
+                env["torch"] = torch
+                code.add(f"x{n} = _tensor(v[{j}], dtype={dtype})", first)
+            else:
+                code.add(f"x{n} = v[{j}]", first)
+            xs.append(f"x{n}")
+        if compiled.guards:
+            checks = " and ".join(g.code() for g in compiled.guards)
+            code.add(f"if not ({checks}):", first)
+            code.add("    return _interp(v)", first)
+        code.add("try:", first)
+        code.add(f"    r = _run([{', '.join(xs)}])", first)
+        code.add("except Exception as e:", first)
+        code.add("    raise _fail(e) from e", first)
+        n_out = 0
+        for s in region.stores:
+            j = s.slot
+            value = plan.values[j]
+            if s.how == "copy":
+                assert isinstance(value, p.Tensor)
+                if value.shape_dynamism == p.STATIC:
+                    code.add(f"v[{j}].copy_(r[{n_out}])", s.instruction)
+                else:
+                    order = f"_o{j}"
+                    env[order] = tuple(value.dim_order)
+                    grow = value.shape_dynamism == p.DYNAMIC_UNBOUND
+                    code.add(f"_store(v[{j}], r[{n_out}], {order}, {grow})", s.instruction)
+                n_out += 1
+            elif s.how in ("replace", "adopt"):
+                if isinstance(value, p.Tensor):
+                    code.add(f"v[{j}] = r[{n_out}]", s.instruction)
+                else:
+                    convert = compiled.kinds.get(j, scalar_kind(value))
+                    code.add(f"v[{j}] = {convert}(r[{n_out}])", s.instruction)
+                n_out += 1
+            elif s.how == "statement":
+                st = chain.statements[s.instruction]
+                env.update(st.env)
+                code.add(st.code, s.instruction)
+        code.add("return None", last)
+    fn: _Call = code.compile(state.sources, f"chain {region.chain} region {k}")["_region"]
+    return fn, interp
 
 
 class CompiledRunner:
@@ -604,12 +588,17 @@ class CompiledRunner:
             builder = RegionBuilder(state, program, options or CompileOptions())
             builder.build()
         self.report = builder.report()
+        aoti = builder.options.backend == "aoti"
+        self._backend = "AOTInductor" if aoti else "its traced graph, by torch"
+        self._regions: list[tuple[_Compiled, _Call, _Call | None]] = []
         by_chain: dict[int, list[Statement]] = {c.index: list(c.statements) for c in state.chains}
         for k, compiled in enumerate(builder.compiled):
             r = compiled.region
-            call = _region_call(state, compiled, k)
+            call, fallback = _region_call(state, compiled, k)
+            self._regions.append((compiled, call, fallback))
             statements = by_chain[r.chain]
-            statements[r.first] = Statement(f"_R{k}(v)", {f"_R{k}": call})
+            note = f"instructions {r.first}-{r.last}, compiled"
+            statements[r.first] = Statement(f"_R{k}(v)  # {note}", {f"_R{k}": call})
             for i in range(r.first + 1, r.last + 1):
                 statements[i] = Statement("pass", mutates=())
         chains = []
@@ -629,19 +618,28 @@ class CompiledRunner:
         pass
 
     def run(self, v: list[Any]) -> None:
-        state = self.state
-        limit = state.max_instructions
-        count = 0
-        try:
-            for c, compiled in enumerate(self.chains):
-                blocks, sizes = compiled.blocks, compiled.sizes
-                b = 0
-                while b >= 0:
-                    count += sizes[b]
-                    if count > limit:
-                        raise limit_error(state, c, compiled, b)
-                    b = blocks[b](v)
-        except (LimitExceededError, ExecutionError):
-            raise
-        except Exception as e:
-            raise state.execution_error(e) from e
+        run_chains(self.state, self.chains, v, None)
+
+    def source(self) -> str:
+        """The generated code this runner runs: each compiled region's call (and the
+        interpreted statements it falls back to outside its compiled sizes), then the
+        blocks, in which a region's first instruction calls it and its others are empty."""
+        parts = []
+        for k, (compiled, call, fallback) in enumerate(self._regions):
+            r = compiled.region
+            parts.append(
+                f"# chain {r.chain} region {k}: instructions {r.first}-{r.last} run compiled "
+                f"({self._backend}), called as _R{k}(v)\n"
+                + self.state.sources.listing(call, self.state.chains[r.chain].names)
+            )
+            if fallback is not None:
+                parts.append(
+                    f"# chain {r.chain} region {k}, interpreted: outside the sizes it was "
+                    "compiled for\n"
+                    + self.state.sources.listing(fallback, self.state.chains[r.chain].names)
+                )
+        parts.extend(
+            chain_listing(c, compiled, self.state.sources)
+            for c, compiled in zip(self.state.chains, self.chains, strict=True)
+        )
+        return "\n".join(parts)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..binding import Action, Policy, decide, fits_layout, shape_error
+from ..binding import Action, Policy, common_action, decide, fits_layout, shape_error, shape_test
 from ..dtypes import dtype_name
 from ..errors import ExecutionError, InputError, PtexecError
 from ..loader.specs import InputSpec
@@ -33,8 +33,12 @@ __all__ = [
     "check_inputs",
     "check_out",
     "collect",
+    "float_tolerance",
+    "output_checks",
     "output_error",
     "release",
+    "scalar_fits",
+    "scalar_test",
 ]
 
 OutputMode = Literal["copy", "view"]
@@ -85,15 +89,10 @@ def check_inputs(
             and x.device == spec.torch_device
             and x.layout is torch.strided
         ):
-            if spec.view is not None:
-                bound.append((Action.COPY, x))
-                continue
-            if (
-                default_policy
-                and spec.dim_order == tuple(range(len(spec.dim_order)))
-                and x.is_contiguous()
-            ):
-                bound.append((Action.SHARE, x))
+            assert spec.info is not None
+            action = common_action(spec.info, x.is_contiguous())
+            if action is Action.COPY or (action is Action.SHARE and default_policy):
+                bound.append((action, x))
                 continue
         bound.append(_judge(state, i, spec, x, policy))
     return bound
@@ -143,30 +142,60 @@ def _judge(
     return action, t
 
 
-def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
-    want = spec.scalar
-    kind = spec.kind
-    ok: bool
+def float_tolerance(traced: float) -> float:
+    """How far a float input may be from the value the program was traced with
+    (ExecuTorch's rule: 1e-4 plus 1e-5 of the traced value)."""
+    return 1e-4 + 1e-5 * abs(traced)
+
+
+def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
+    """Whether ``x`` may be passed for a scalar input of ``kind`` traced with the value
+    ``traced``: the same value of the same kind (a float within :func:`float_tolerance`;
+    numpy's scalars count as Python's)."""
+    if kind == "float":
+        if type(x) is not float and (
+            not isinstance(x, numbers.Real) or isinstance(x, bool | _NP_BOOL)
+        ):
+            return False
+        got: float = x if type(x) is float else float(x)
+        want: float = traced
+        return abs(got - want) <= float_tolerance(want)
+    if kind == "int":
+        if type(x) is not int and (
+            not isinstance(x, numbers.Integral) or isinstance(x, bool | _NP_BOOL)
+        ):
+            return False
+        return bool(x == traced)
+    if kind == "bool":
+        return isinstance(x, bool | _NP_BOOL) and bool(x) == traced
     if kind == "none":
-        ok = x is None
-    elif kind == "bool":
-        ok = isinstance(x, bool | _NP_BOOL) and bool(x) == want
-    elif kind == "int":
-        ok = isinstance(x, numbers.Integral) and not isinstance(x, bool | _NP_BOOL) and x == want
-    elif kind == "float":
-        ok = (
-            isinstance(x, numbers.Real)
-            and not isinstance(x, bool | _NP_BOOL)
-            and abs(float(x) - want) <= 1e-4 + 1e-5 * abs(want)
-        )
-    elif kind == "str":
-        ok = isinstance(x, str) and x == want
-    else:
-        ok = False
-    if not ok:
+        return x is None
+    if kind == "str":
+        return isinstance(x, str) and x == traced
+    return False
+
+
+def scalar_test(kind: str, traced: Any, x: str, w: str) -> str:
+    """:func:`scalar_fits`'s rule for a value of the kind's own Python type, as a Python
+    expression for generated code (``x``: the value's source, ``w``: the traced value's):
+    true exactly when ``x`` has that type and fits; a value of another type that fits
+    (numpy's scalars) makes it false, and is for :func:`scalar_fits` to judge."""
+    if kind == "float":
+        return f"type({x}) is float and abs({x} - {w}) <= {float_tolerance(traced)!r}"
+    if kind in ("int", "str"):
+        return f"type({x}) is {kind} and {x} == {w}"
+    if kind == "bool":
+        return f"{x} is {w}"
+    if kind == "none":
+        return f"{x} is None"
+    return "False"
+
+
+def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
+    if not scalar_fits(spec.kind, spec.scalar, x):
         raise InputError(
-            f"{_where(state, i)}: the program was traced with {kind} {want!r} and cannot take "
-            f"another value; got {type(x).__name__} {x!r}"
+            f"{_where(state, i)}: the program was traced with {spec.kind} {spec.scalar!r} and "
+            f"cannot take another value; got {type(x).__name__} {x!r}"
         )
 
 
@@ -388,6 +417,28 @@ def output_error(state: MethodState, index: int) -> ExecutionError | None:
         "output",
         f"output {index} (value {spec.slot}) is {declared} in the program, but {why}",
     )
+
+
+def output_checks(
+    state: MethodState, index: int, x: str, refuse: str, env: dict[str, Any]
+) -> list[str]:
+    """:func:`output_error`'s rule as lines of generated code: they call ``refuse(index)``
+    where ``output_error(state, index)`` may find a problem, and only there (``x``: the
+    source of the output's value; names the lines use are added to ``env``)."""
+    info = state.outputs[index].info
+    if not isinstance(info, TensorInfo):
+        return []
+    env["Tensor"] = torch.Tensor
+    env[f"T{index}"] = info.dtype
+    test = f"type({x}) is not Tensor or {x}.dtype is not T{index}"
+    if info.dynamism == "static":
+        return [f"if {test} or not ({shape_test(info, f'{x}.shape')}): {refuse}({index})"]
+    shape = f"_s{index}"
+    return [
+        f"if {test}: {refuse}({index})",
+        f"{shape} = {x}.shape",
+        f"if not ({shape_test(info, shape)}): {refuse}({index})",
+    ]
 
 
 def collect(

@@ -22,22 +22,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..codegen import Sources
+from ..codegen import Code, Sources
 from ..format import program as p
 from ..loader.state import PreparedChain
 from .hooks import Step
 
-__all__ = ["CompiledChain", "basic_blocks", "compile_chain", "compile_statement"]
+__all__ = ["CompiledChain", "basic_blocks", "chain_listing", "compile_chain", "compile_statement"]
 
 
 @dataclass(frozen=True, slots=True)
 class CompiledChain:
     """A chain's block functions, with the number of instructions in each and where it
-    starts (for the instruction limit)."""
+    starts (for the instruction limit) and ends."""
 
     blocks: tuple[Callable[..., int], ...]
     sizes: tuple[int, ...]
     starts: tuple[int, ...]
+    ends: tuple[int, ...]  # where each block's instructions end (exclusive)
 
 
 def basic_blocks(instructions: Sequence[p.Instruction]) -> list[tuple[int, int]]:
@@ -64,50 +65,56 @@ def compile_chain(
     hooked = steps is not None
     funcs: list[Callable[..., int]] = []
     for k, (start, end) in enumerate(spans):
-        if start >= n:  # an empty chain
-            funcs.append((lambda v, h: -1) if hooked else (lambda v: -1))
-            continue
-        lines = ["def _block(v, h):" if hooked else "def _block(v):"]
-        env: dict[str, Any] = {}
-        lineno: dict[int, int] = {}
+        code = Code(chain.index)
+        code.add("def _block(v, h):" if hooked else "def _block(v):")
         nxt = block_of.get(end, -1) if end < n else -1
-        tail: str | None = f"    return {nxt}"
-        for i in range(start, end):
-            st = chain.statements[i]
-            env.update(st.env)
-            if hooked:
-                assert steps is not None
-                env[f"_S{i}"] = steps[i]
-                lines.append(f"    h.before(_S{i}, v)")
-            jump = ins[i]
-            if isinstance(jump, p.JumpFalseCall):
-                dest = jump.destination_instruction
-                target = block_of.get(dest, -1) if dest < n else -1
-                lineno[len(lines) + 1] = i
+        with code.indented():
+            ends_in_jump = False
+            for i in range(start, min(end, n)):
+                st = chain.statements[i]
+                code.env.update(st.env)
                 if hooked:
-                    lines.append(f"    _c = {st.code}")
-                    lines.append(f"    h.after(_S{i}, v, _c)")
-                    lines.append(f"    return {nxt} if _c else {target}")
+                    assert steps is not None
+                    code.env[f"_S{i}"] = steps[i]
+                    code.add(f"h.before(_S{i}, v)")
+                jump = ins[i]
+                if isinstance(jump, p.JumpFalseCall):
+                    dest = jump.destination_instruction
+                    target = block_of.get(dest, -1) if dest < n else -1
+                    if hooked:
+                        code.add(f"_c = {st.code}", i)
+                        code.add(f"h.after(_S{i}, v, _c)")
+                        code.add(f"return {nxt} if _c else {target}")
+                    else:
+                        code.add(f"return {nxt} if {st.code} else {target}", i)
+                    ends_in_jump = True
                 else:
-                    lines.append(f"    return {nxt} if {st.code} else {target}")
-                tail = None
-            else:
-                code = st.instrumented if hooked and st.instrumented is not None else st.code
-                for part in code.splitlines():
-                    lineno[len(lines) + 1] = i
-                    lines.append("    " + part)
-                if hooked:
-                    lines.append(f"    h.after(_S{i}, v, None)")
-        if tail is not None:
-            lines.append(tail)
+                    body = st.instrumented if hooked and st.instrumented is not None else st.code
+                    code.add(body, i)
+                    if hooked:
+                        code.add(f"h.after(_S{i}, v, None)")
+            if not ends_in_jump:
+                code.add(f"return {nxt}")
         what = f"chain {chain.index} block {k}" + (" (instrumented)" if hooked else "")
-        namespace = sources.compile(
-            "\n".join(lines) + "\n", what, env, chain=chain.index, lines=lineno
-        )
-        funcs.append(namespace["_block"])
+        funcs.append(code.compile(sources, what)["_block"])
     return CompiledChain(
-        tuple(funcs), tuple(max(e - s, 1) for s, e in spans), tuple(s for s, _ in spans)
+        tuple(funcs),
+        tuple(max(e - s, 1) for s, e in spans),
+        tuple(s for s, _ in spans),
+        tuple(e for _, e in spans),
     )
+
+
+def chain_listing(state: PreparedChain, compiled: CompiledChain, sources: Sources) -> str:
+    """The source of ``compiled``'s blocks (chain ``state``), each under a header saying
+    which block it is and which instructions it runs, instructions named."""
+    parts = []
+    for k, fn in enumerate(compiled.blocks):
+        start, end = compiled.starts[k], compiled.ends[k]
+        span = f"instructions {start}-{end - 1}" if end > start else "no instructions"
+        text = sources.listing(fn, state.names)
+        parts.append(f"# chain {state.index} block {k}: {span}\n{text}")
+    return "\n".join(parts)
 
 
 def compile_statement(
@@ -115,9 +122,11 @@ def compile_statement(
 ) -> Callable[[list[Any]], Any]:
     """One statement as a function of the values table (returning a jump's condition), for
     tools that run a statement on a table of their own (the float64 reference)."""
-    body = [f"    return {st.code}"] if jump else ["    " + x for x in st.code.splitlines()]
-    namespace = sources.compile(
-        "def _step(v):\n" + "\n".join(body or ["    pass"]) + "\n", what, st.env
-    )
-    fn: Callable[[list[Any]], Any] = namespace["_step"]
+    code = Code()
+    code.env.update(st.env)
+    code.add("def _step(v):")
+    with code.indented():
+        code.add(f"return {st.code}" if jump else st.code)
+        code.add("pass")
+    fn: Callable[[list[Any]], Any] = code.compile(sources, what)["_step"]
     return fn

@@ -105,6 +105,13 @@ class CudaGraphRunner:
                 self.state.name, -1, "cuda_graph", f"{type(e).__name__}: {e}"
             ) from e
 
+    def source(self) -> str:
+        """The blocks, captured at the first call and replayed after."""
+        return (
+            "# captured once as a CUDA graph at the first call, replayed on every call after\n"
+            + self.blocks.source()
+        )
+
     def _capture(self, v: list[Any]) -> None:
         buffers = self.state.buffers
         saved = [b.data.clone() for b in buffers]

@@ -14,18 +14,27 @@ the general path's rules would (the placement decision's ``COPY`` and ``SHARE``)
 fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
 the statements inlined when the runner is the plain blocks of one straight-line chain.
 Failures propagate raw: the envelope restores the method and reports them.
+
+It restates no rule: the copy-or-share decision is
+:func:`ptexec.binding.common_action`'s, and the scalar, shape and output checks are
+rendered by :func:`~.arguments.scalar_test`, :func:`ptexec.binding.shape_test` and
+:func:`~.arguments.output_checks`, the generated forms of :func:`~.arguments.scalar_fits`,
+:func:`~ptexec.binding.shape_error` and :func:`~.arguments.output_error`, defined beside
+them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
+from ..binding import Action, common_action, shape_test
+from ..codegen import Code
 from ..loader.state import MethodState
 from ..memory import resize_to
-from ..tensor import TensorInfo
-from .arguments import output_error
+from .arguments import output_checks, output_error, scalar_test
 from .runner import BlockRunner, Runner, below_autograd_for
 
 __all__ = ["NOT_FAST", "build_fast_call"]
@@ -45,14 +54,10 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     the caller's to rule out). ``copy_outputs``: the outputs are returned as copies."""
     if not runner.direct_outputs:
         return None  # a runner that binds inputs itself (a CUDA graph): the general path
-    env: dict[str, Any] = {
-        "NOT_FAST": NOT_FAST,
-        "Tensor": torch.Tensor,
-        "strided": torch.strided,
-        "v": state.values,
-        "rec": state.record,
-        "resize_to": resize_to,
-    }
+    code = Code()
+    env = code.env
+    env.update(NOT_FAST=NOT_FAST, Tensor=torch.Tensor, strided=torch.strided)
+    env.update(v=state.values, rec=state.record, resize_to=resize_to)
     checks: list[str] = []
     binds: list[str] = []
     actions: list[str] = []
@@ -62,21 +67,10 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     for spec in state.inputs:
         i = spec.index
         x = f"x{i}"
-        if spec.kind != "tensor":
+        if spec.kind != "tensor":  # the general path's rule, for the value's own type
             env[f"w{i}"] = spec.scalar
-            if spec.kind == "int":
-                checks.append(f"if type({x}) is not int or {x} != w{i}: return NOT_FAST")
-            elif spec.kind == "bool":
-                checks.append(f"if {x} is not w{i}: return NOT_FAST")
-            elif spec.kind == "none":
-                checks.append(f"if {x} is not None: return NOT_FAST")
-            elif spec.kind == "str":
-                checks.append(f"if type({x}) is not str or {x} != w{i}: return NOT_FAST")
-            else:  # float: within ExecuTorch's tolerance of the traced value
-                tol = 1e-4 + 1e-5 * abs(float(spec.scalar))
-                checks.append(
-                    f"if type({x}) is not float or not abs({x} - w{i}) <= {tol!r}: return NOT_FAST"
-                )
+            test = scalar_test(spec.kind, spec.scalar, x, f"w{i}")
+            checks.append(f"if not ({test}): return NOT_FAST")
             actions.append("value")
             continue
         info = spec.info
@@ -91,116 +85,99 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             f"if type({x}) is not Tensor or {x}.dtype is not d{i} or {where} "
             f"or {x}.requires_grad or {x}.layout is not strided: return NOT_FAST"
         )
-        identity = spec.dim_order == tuple(range(len(spec.dim_order)))
         if info.dynamism == "static":
             if 0 in info.sizes:
                 return None  # empty inputs bind as EMPTY: the general path
-            env[f"s{i}"] = torch.Size(info.sizes)
-            checks.append(f"if {x}.shape != s{i}: return NOT_FAST")
-        elif info.dynamism == "dynamic_bound":
-            bound = info.sizes
-            dims = " or ".join(f"not 0 < {x}s[{d}] <= {b}" for d, b in enumerate(bound))
+            checks.append(f"if not ({shape_test(info, f'{x}.shape')}): return NOT_FAST")
+        elif info.dynamism == "dynamic_bound":  # with elements: else EMPTY, the general path
             checks.append(f"{x}s = {x}.shape")
-            checks.append(
-                f"if len({x}s) != {len(bound)}"
-                + (f" or {dims}" if dims else "")
-                + ": return NOT_FAST"
-            )
+            checks.append(f"if not ({shape_test(info, f'{x}s')}) or 0 in {x}s: return NOT_FAST")
         else:
             return None  # unbounded inputs: the general path
-        if spec.view is not None:
+        # the placement decision for such a tensor, as the general path takes it
+        action = common_action(info, True)
+        if action is None:
+            return None  # other layouts: the general path decides
+        if common_action(info, False) is not action:
+            checks.append(f"if not {x}.is_contiguous(): return NOT_FAST")
+        if action is Action.COPY:
+            assert spec.view is not None
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
             if info.dynamism != "static":
                 binds.append(f"if V{i}.shape != {x}s: resize_to(V{i}, {x}s, o{i})")
             binds.append(f"V{i}.copy_({x})")
             copied.append(info.nbytes if info.dynamism == "static" else f"{x}.nbytes")
-            actions.append("copy")
         else:
-            if not identity:
-                return None  # other layouts: the general path decides
-            checks.append(f"if not {x}.is_contiguous(): return NOT_FAST")
             binds.append(f"v[{spec.slot}] = {x}.detach()")
             shared.append(spec.slot)
-            actions.append("share")
+        actions.append(action.value)
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
         return None  # planned inputs on a device: counted per call by the general path
     total = " + ".join(str(c) for c in copied) or "0"
     env["ACTIONS"] = actions
     env["NO_OUT"] = [""] * len(state.outputs)
-    lines = ["def _fast(inputs):"]
-    lines.append(f"    if len(inputs) != {n}: return NOT_FAST")
-    if n:
-        lines.append("    " + ", ".join(f"x{i}" for i in range(n)) + ", = inputs")
-    if checks:  # a tensor torch cannot describe (a nested one, say): the general path says so
-        lines.append("    try:")
-        lines.extend("        " + c for c in checks)
-        lines.append("    except Exception:")
-        lines.append("        return NOT_FAST")
-    lines.extend("    " + b for b in binds)
-    lines.append(f"    rec.h2h = {total}")
-    lines.append("    rec.h2d = rec.d2h = rec.d2d = 0")
-    lines.append("    rec.inputs[:] = ACTIONS")
-    lines.append("    rec.outputs[:] = NO_OUT")
-    line_map: dict[int, int] = {}
-    lines.append("    try:")
-    pad = "        "
+    code.add("def _fast(inputs):")
+    with code.indented():
+        code.add(f"if len(inputs) != {n}: return NOT_FAST")
+        if n:
+            code.add(", ".join(f"x{i}" for i in range(n)) + ", = inputs")
+        if checks:  # a tensor torch cannot describe (a nested one, say): the general path says so
+            code.add("try:")
+            with code.indented():
+                code.add("\n".join(checks))
+            code.add("except Exception:")
+            code.add("    return NOT_FAST")
+        code.add("\n".join(binds))
+        code.add(f"rec.h2h = {total}")
+        code.add("rec.h2d = rec.d2h = rec.d2d = 0")
+        code.add("rec.inputs[:] = ACTIONS")
+        code.add("rec.outputs[:] = NO_OUT")
+        code.add("try:")
+        with code.indented():
+            if not _run_into(code, state, runner):
+                return None
+            outs = []
+
+            def refuse(k: int) -> None:
+                error = output_error(state, k)
+                if error is not None:
+                    raise error
+
+            env["_refuse"] = refuse
+            for out in state.outputs:
+                x = f"v[{out.slot}]"
+                if out.kind == "tensor":  # what execution left there is what the program declares
+                    code.add("\n".join(output_checks(state, out.index, x, "_refuse", env)))
+                outs.append(f"{x}.clone()" if out.kind == "tensor" and copy_outputs else x)
+            code.add(f"return [{', '.join(outs)}]")
+        code.add("finally:")
+        with code.indented():
+            code.add("\n".join(f"v[{slot}] = None" for slot in shared))
+            code.add("pass")
+    return code.compile(state.sources, "call")["_fast"]
+
+
+def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
+    """Add the lines that run the method's instructions: inlined when the runner is the
+    plain blocks of one straight-line chain, else a call of the runner (control flow, the
+    instruction limit, its own error reports). False: the fast path cannot run them."""
     guard = below_autograd_for(state)
-    if guard is not None:
-        env["_below"] = guard
-        lines.append("        with _below():")
-        pad += "    "
-    if isinstance(runner, BlockRunner) and runner.straight_line:
-        chain = state.chains[0]
-        if len(chain.instructions) > state.max_instructions:
-            return None
-        for k, st in enumerate(chain.statements):  # straight-line: the instructions, inline
-            for part in st.code.splitlines():
-                line_map[len(lines) + 1] = k
-                lines.append(pad + part)
-            env.update(st.env)
-        lines.append(pad + "pass")
-    else:  # the runner: control flow, the instruction limit, its own error reports
-        env["_run"] = runner.run
-        lines.append(pad + "_run(v)")
-    outs = []
-
-    def refuse(k: int) -> None:
-        error = output_error(state, k)
-        if error is not None:
-            raise error
-
-    env["_refuse"] = refuse
-    for out in state.outputs:
-        if out.kind == "tensor":  # what execution left there is what the program declares
-            declared = out.info
-            x = f"v[{out.slot}]"
-            if isinstance(declared, TensorInfo) and declared.dynamism == "static":
-                env[f"O{out.index}"] = torch.Size(declared.sizes)
-                env[f"T{out.index}"] = declared.dtype
-                test = (
-                    f"type({x}) is not Tensor or {x}.shape != O{out.index} "
-                    f"or {x}.dtype is not T{out.index}"
-                )
-                lines.append(f"        if {test}: _refuse({out.index})")
-            elif isinstance(declared, TensorInfo):  # a bound (or none) on each dim, inline
-                env[f"T{out.index}"] = declared.dtype
-                rank = len(declared.sizes)
-                test = f"type({x}) is not Tensor or {x}.dtype is not T{out.index} or {x}.dim() != {rank}"
-                if declared.dynamism == "dynamic_bound" and rank:
-                    dims = " and ".join(
-                        f"{x}.shape[{d}] <= {b}" for d, b in enumerate(declared.sizes)
-                    )
-                    test += f" or not ({dims})"
-                lines.append(f"        if {test}: _refuse({out.index})")
-        if out.kind == "tensor" and copy_outputs:
-            outs.append(f"v[{out.slot}].clone()")
+    with contextlib.ExitStack() as stack:
+        if guard is not None:
+            code.env["_below"] = guard
+            code.add("with _below():")
+            stack.enter_context(code.indented())
+        if isinstance(runner, BlockRunner) and runner.straight_line:
+            chain = state.chains[0]
+            if len(chain.instructions) > state.max_instructions:
+                return False
+            for k, st in enumerate(chain.statements):
+                code.add(st.code, k)
+                code.env.update(st.env)
+            code.add("pass")
         else:
-            outs.append(f"v[{out.slot}]")
-    lines.append(f"        return [{', '.join(outs)}]")
-    lines.append("    finally:")
-    lines.extend(f"        v[{slot}] = None" for slot in shared)
-    lines.append("        pass")
-    namespace = state.sources.compile("\n".join(lines) + "\n", "call", env, lines=line_map)
-    return namespace["_fast"]
+            code.env["_run"] = runner.run
+            code.add("_run(v)")
+    return True

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ExecutionError, InstructionLimitError, LimitExceededError, PtexecError
 from ..loader.state import Kept, MethodState
-from .blocks import CompiledChain, compile_chain
+from .blocks import CompiledChain, chain_listing, compile_chain
 from .hooks import Hooks, StopCall, steps_of
 
 __all__ = [
@@ -71,6 +71,10 @@ class Runner(Protocol):
     def bind(self, state: MethodState) -> None: ...
 
     def run(self, v: list[Any]) -> None: ...
+
+    def source(self) -> str:
+        """The generated Python it runs, piece by piece under headers (for people)."""
+        ...
 
 
 def limit_error(state: MethodState, chain: int, compiled: CompiledChain, b: int) -> Exception:
@@ -116,6 +120,13 @@ def run_chains(
         raise state.execution_error(e) from e
 
 
+def _listing(state: MethodState, chains: list[CompiledChain]) -> str:
+    return "\n".join(
+        chain_listing(c, compiled, state.sources)
+        for c, compiled in zip(state.chains, chains, strict=True)
+    )
+
+
 class BlockRunner:
     """The plain compiled blocks of every chain (compiled at the first run: a method whose
     common calls run its statements inlined in the fast path may never need them)."""
@@ -142,6 +153,10 @@ class BlockRunner:
 
     def run(self, v: list[Any]) -> None:
         run_chains(self.state, self.chains, v, None)
+
+    def source(self) -> str:
+        """Every chain's blocks (compiled now if they were not yet)."""
+        return _listing(self.state, self.chains)
 
     @property
     def straight_line(self) -> bool:
@@ -173,6 +188,9 @@ class InstrumentedRunner:
 
     def bind(self, state: MethodState) -> None:
         pass
+
+    def source(self) -> str:
+        return _listing(self.state, self.chains)
 
     def run(self, v: list[Any]) -> None:
         h = self.hooks

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ..codegen import Sources
 from ..effects import byte_range, effects, kind, tensor_items
 from ..format import program as p
 from ..kernels.registry import Statement
@@ -280,7 +281,7 @@ def _redirect(c: _ChainAccesses, target: int, w: int) -> str:
 
 
 def _fold(
-    c: _ChainAccesses, i: int, st: Statement, values: list[Any], budget: list[int]
+    c: _ChainAccesses, i: int, st: Statement, values: list[Any], budget: list[int], sources: Sources
 ) -> Statement | None:
     """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
     if not st.pure or not st.outs or st.mutates is None or set(st.mutates) != set(st.outs):
@@ -311,10 +312,12 @@ def _fold(
     env = dict(st.env)
     env["v"] = values
     try:
-        exec(st.code, env)
+        sources.compile(st.code, f"instruction {i}, folded at load", env)
         for o, redirects in plans:
             for w in redirects:
-                exec(_redirect(c, o, w), {"v": values})
+                sources.compile(
+                    _redirect(c, o, w), f"instruction {i}, folded at load", {"v": values}
+                )
     except Exception:
         # it fails on constants (a malformed program): leave it to each call, where the
         # failure is an ExecutionError naming the instruction
@@ -329,7 +332,9 @@ def _fold(
     return Statement("pass", {}, (), ())
 
 
-def _elide(c: _ChainAccesses, i: int, st: Statement, values: list[Any]) -> Statement | None:
+def _elide(
+    c: _ChainAccesses, i: int, st: Statement, values: list[Any], sources: Sources
+) -> Statement | None:
     """Run copy instruction ``i`` as a view when the conditions hold; None otherwise."""
     alias = st.alias
     if alias is None or not all(c.may_replace(i, t) for t in alias.targets):
@@ -361,7 +366,7 @@ def _elide(c: _ChainAccesses, i: int, st: Statement, values: list[Any]) -> State
         env = dict(alias.env)
         env["v"] = values
         try:
-            exec(code, env)  # a view of constant memory: once, now
+            sources.compile(code, f"instruction {i}, a view made at load", env)  # once, now
         except Exception:
             pass  # it fails on constants (a malformed program): each call runs it, and fails
         else:
@@ -409,6 +414,7 @@ def rewrite_chain(
         plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}
     )
     budget = [fold_limit]
+    sources = Sources(plan.name)  # what runs once, here (forgotten on return)
     result = list(statements)
     for i, st in enumerate(statements):
         if i in c.et_views:
@@ -417,9 +423,9 @@ def rewrite_chain(
             c.root[ins.args[-1]] = ins.args[0]  # out aliases self
             continue
         # a view costs no memory, so a copy of constants becomes a view before it is folded
-        rewritten = _elide(c, i, st, values)
+        rewritten = _elide(c, i, st, values, sources)
         if rewritten is None:
-            rewritten = _fold(c, i, st, values, budget)
+            rewritten = _fold(c, i, st, values, budget, sources)
         if rewritten is None:
             rewritten = _prune(c, i, st)
         if rewritten is not None:

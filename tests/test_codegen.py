@@ -1,0 +1,159 @@
+"""Generated code: one source builder, every piece through ``Sources``, and shown to people.
+
+:class:`ptexec.codegen.Code` writes the source of the blocks, the fast call and the
+compiled regions; :meth:`ptexec.Method.source` and ``ptexec inspect --code`` show it. The
+listing must be the code that runs (what was compiled, as :mod:`linecache` holds it), name
+every instruction under its block, compile, and failures must still name their
+instruction.
+"""
+
+from __future__ import annotations
+
+import gc
+import linecache
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptexec
+from ptexec.cli import main
+from ptexec.codegen import Code, Sources
+from ptexec.compile import CompileOptions
+from ptexec.engine.blocks import basic_blocks
+from ptexec.format import program as p
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _plan(m: ptexec.Method) -> p.ExecutionPlan:
+    return m.state.plan
+
+
+def _strip(listing: str) -> str:
+    """The listing without the comments naming instructions: the code as compiled."""
+    return "".join(
+        line for line in listing.splitlines(True) if not line.lstrip().startswith("# instruction ")
+    )
+
+
+def test_code_builds_text_and_line_map_and_names_failures() -> None:
+    code = Code(chain=2)
+    code.add("def f(v):")
+    with code.indented():
+        code.add("a = v[0]\nb = a + 1", 7)  # two lines of instruction 7
+        code.add("c = b", None)
+        code.add("", 9)  # nothing
+        code.add("return 1 // v[1]", 8)
+    assert code.text == "def f(v):\n    a = v[0]\n    b = a + 1\n    c = b\n    return 1 // v[1]\n"
+    assert code.line_map == {2: 7, 3: 7, 5: 8}
+    sources = Sources("test")
+    f = sources.compile(code.text, "piece", chain=2, lines=code.line_map)["f"]
+    with pytest.raises(ZeroDivisionError) as info:
+        f([1, 0])
+    assert sources.locate(info.value.__traceback__) == (2, 8)
+    assert sources.listing(f, ["x"] * 10) == (
+        "def f(v):\n    # instruction 7: x\n    a = v[0]\n    b = a + 1\n    c = b\n"
+        "    # instruction 8: x\n    return 1 // v[1]\n"
+    )
+    assert "not generated" in sources.listing(len)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cond", "scalar_io"])
+def test_source_lists_the_fast_call_and_every_block(name: str) -> None:
+    m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+    text = m.source()
+    compile(text, "<listing>", "exec")  # every piece compiles as printed
+    assert text.count("def _fast(inputs):") == 1
+    plan = _plan(m)
+    for c, chain in enumerate(plan.chains):
+        spans = basic_blocks(chain.instructions)
+        for k, (start, end) in enumerate(spans):
+            assert f"# chain {c} block {k}: instructions {start}-{end - 1}\n" in text
+        for i, ins in enumerate(chain.instructions):
+            if isinstance(ins, p.KernelCall):
+                op = plan.operators[ins.op_index]
+                qualified = op.name + (f".{op.overload}" if op.overload else "")
+                assert f"# instruction {i}: {qualified}\n" in text
+            else:
+                assert f"# instruction {i}: " in text
+    # what linecache holds for each piece (the text that was compiled) is in the listing
+    code = _strip(text)
+    shown = 0
+    for filename in m.state.sources.filenames:
+        if " block " in filename or filename.endswith(" call>"):
+            assert "".join(linecache.getlines(filename)) in code, filename
+            shown += 1
+    assert shown == 1 + sum(len(basic_blocks(c.instructions)) for c in plan.chains)
+
+
+def test_failures_still_name_their_instruction() -> None:
+    """``cond``'s first branch adds into value 10 (instruction 4, ``aten::add.out``): an
+    int tensor there cannot take the float sum, on every path."""
+    x, y = torch.ones(3, 4), torch.ones(3, 4)
+    options: list[dict[str, object]] = [
+        {},
+        {"fast_path": False},
+        {"compile": CompileOptions(backend="graph", progress=False, min_instructions=99)},
+    ]
+    for kwargs in options:
+        m = ptexec.load(FIX / "cond.pte").load_method("forward", **kwargs)  # type: ignore[arg-type]
+        m.state.values[10] = torch.zeros(3, 4, dtype=torch.int32)
+        with pytest.raises(ptexec.ExecutionError) as info:
+            m(x, y)
+        assert (info.value.instruction, info.value.operator) == (4, "aten::add.out"), kwargs
+
+
+def test_source_says_what_runs_compiled() -> None:
+    m = ptexec.load(FIX / "cond.pte").load_method(
+        "forward", compile=CompileOptions(backend="graph", progress=False)
+    )
+    report = m.compile_report
+    assert report is not None and report.regions
+    text = m.source()
+    compile(text, "<listing>", "exec")
+    for k, (first, last) in enumerate(report.regions):
+        assert f"# chain 0 region {k}: instructions {first}-{last} run compiled" in text
+        assert f"_R{k}(v)  # instructions {first}-{last}, compiled" in text
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    plain = ptexec.load(FIX / "cond.pte").load_method("forward")
+    assert torch.allclose(m(x, y)[0], plain(x, y)[0])
+
+
+def test_inspect_code_prints_the_source(capsys: pytest.CaptureFixture[str]) -> None:
+    pte = str(FIX / "mlp.pte")
+    assert main(["inspect", pte, "--code", "--method", "forward"]) == 0
+    out = capsys.readouterr().out
+    m = ptexec.load(pte).load_method("forward")
+    assert m.source() in out
+    assert "method 'forward'" in out and "generated code" in out
+    assert main(["inspect", pte, "--code", "--json"]) == 0
+    assert '"code": "# \'forward\': the generated code it runs' in capsys.readouterr().out
+    assert main(["inspect", pte]) == 0
+    assert "def _fast" not in capsys.readouterr().out
+
+
+def test_load_time_work_goes_through_sources_and_is_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the dataflow rewrites run once at load (``mlp``'s weight transposes become
+    views made at load) is compiled through Sources, and forgotten once loaded."""
+    seen: list[str] = []
+    compile_ = Sources.compile
+
+    def watched(self: Sources, source: str, what: str, *args: object, **kwargs: object) -> object:
+        seen.append(what)
+        return compile_(self, source, what, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Sources, "compile", watched)
+    before = {k for k in linecache.cache if k.startswith("<ptexec")}
+    m = ptexec.load(FIX / "mlp.pte").load_method("forward")
+    assert [w for w in seen if w.endswith("at load")] == [
+        "instruction 0, a view made at load",
+        "instruction 3, a view made at load",
+    ]
+    new = {k for k in linecache.cache if k.startswith("<ptexec")} - before
+    assert new == set(m.state.sources.filenames)
+    del m
+    gc.collect()
+    assert not {k for k in linecache.cache if k.startswith("<ptexec")} - before

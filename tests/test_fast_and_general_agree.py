@@ -1,0 +1,299 @@
+"""The fast call and the general path apply the same rules: same results, same errors.
+
+The fast call (:mod:`ptexec.engine.fastcall`) takes its scalar rule, its copy-or-share
+decision and its shape and output checks from :mod:`ptexec.binding` and
+:mod:`ptexec.engine.arguments`. Here the same good, edge and bad inputs go through a
+method with the fast path and one without, and the results, the call records and the
+errors (type and message) must be the same; the rules' generated-code forms are checked
+against their functions on grids of cases.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import ptexec
+from ptexec.binding import Action, Policy, common_action, decide, shape_error, shape_test
+from ptexec.codegen import Code, Sources
+from ptexec.device import CPU
+from ptexec.engine import arguments
+from ptexec.tensor import TensorInfo, dim_order_strides
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _inputs(name: str) -> list[Any]:
+    calls = torch.load(FIX / f"{name}.io.pt", weights_only=False)["calls"]
+    return list(calls[0]["inputs"])
+
+
+def _outcome(m: ptexec.Method, inputs: Any) -> tuple[str, Any, Any]:
+    try:
+        result = m.execute(inputs)
+    except Exception as e:
+        return ("error", type(e), str(e))
+    rec = m.last_call
+    return ("ok", result, (list(rec.inputs), rec.h2h, rec.h2d, rec.d2h, rec.d2d))
+
+
+def _same(a: tuple[str, Any, Any], b: tuple[str, Any, Any]) -> None:
+    assert a[0] == b[0], (a, b)
+    if a[0] == "error":
+        assert a[1:] == b[1:]
+        return
+    assert a[2] == b[2]
+    assert len(a[1]) == len(b[1])
+    for x, y in zip(a[1], b[1], strict=True):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        else:
+            assert type(x) is type(y) and x == y
+
+
+def _run_both(
+    name: str, inputs: list[Any], monkeypatch: pytest.MonkeyPatch, patch: Any = None
+) -> tuple[tuple[str, Any, Any], bool]:
+    """The outcome with the fast path and without (they must agree), and whether the fast
+    path covered the call (the general path's validation did not run)."""
+    general_ran = []
+    check = arguments.check_inputs
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        general_ran.append(True)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(arguments, "check_inputs", watched)
+    outcomes = []
+    for fast in (True, False):
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward", fast_path=fast)
+        if patch is not None:
+            patch(m)
+        general_ran.clear()
+        outcomes.append(_outcome(m, inputs))
+        covered = not general_ran
+        if fast:
+            fast_covered = covered
+        else:
+            assert not covered
+    _same(outcomes[0], outcomes[1])
+    return outcomes[0], fast_covered
+
+
+def test_planned_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    (x,) = _inputs("mlp")
+    cases: list[tuple[list[Any], str, bool]] = [  # inputs, outcome, taken by the fast path
+        ([x], "ok", True),
+        ([x.t().contiguous().t()], "ok", True),  # another layout: copied into the plan's
+        ([x.double()], "error", False),  # wrong dtype
+        ([x[:1]], "error", False),  # wrong shape
+        ([x.clone().requires_grad_()], "ok", False),
+        ([x.numpy()], "ok", False),
+        ([x, x], "error", False),
+        ([], "error", False),
+    ]
+    for inputs, kind, fast in cases:
+        outcome, covered = _run_both("mlp", inputs, monkeypatch)
+        assert outcome[0] == kind, (inputs, outcome)
+        assert covered is fast, inputs
+        if kind == "ok":
+            assert outcome[2][0] == ["copy"]
+
+
+def test_shared_and_refused_unplanned_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    (x,) = _inputs("mlp_unplanned")
+    outcome, covered = _run_both("mlp_unplanned", [x], monkeypatch)
+    assert outcome[0] == "ok" and outcome[2][0] == ["share"] and outcome[2][1] == 0
+    assert covered
+    strided = x.t().contiguous().t()  # the right sizes in another layout: not shared
+    outcome, covered = _run_both("mlp_unplanned", [strided], monkeypatch)
+    assert outcome[0] == "error" and outcome[1] is ptexec.InputError
+    assert "laid out" in outcome[2] and not covered
+    outcome, covered = _run_both("mlp_unplanned", [x.to(torch.float16)], monkeypatch)
+    assert outcome[0] == "error" and "(dtype)" in outcome[2] and not covered
+
+
+def test_scalar_inputs_and_the_tolerance(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, f, i, b = _inputs("scalar_io")
+    assert (f, i, b) == (0.5, 3, True)
+    tol = 1e-4 + 1e-5 * 0.5
+    cases: list[tuple[list[Any], str, bool]] = [
+        ([x, f, i, b], "ok", True),
+        ([x, f + 0.9 * tol, i, b], "ok", True),  # within the tolerance
+        ([x, f - 0.9 * tol, i, b], "ok", True),
+        ([x, f + 1.1 * tol, i, b], "error", False),  # outside it
+        ([x, np.float32(f), i, b], "ok", False),  # numpy's scalars count as Python's
+        ([x, f, np.int64(i), np.bool_(b)], "ok", False),
+        ([x, f, 4, b], "error", False),
+        ([x, f, True, b], "error", False),  # a bool is not an int
+        ([x, f, float(i), b], "error", False),
+        ([x, f, i, 1], "error", False),  # an int is not a bool
+        ([x, 1, i, b], "error", False),
+        ([x, None, i, b], "error", False),
+        ([x[:0], f, i, b], "ok", False),  # no elements: bound as EMPTY
+        ([torch.zeros(9, 3), f, i, b], "error", False),  # beyond the bound
+    ]
+    for inputs, kind, fast in cases:
+        outcome, covered = _run_both("scalar_io", inputs, monkeypatch)
+        assert outcome[0] == kind, (inputs[1:], outcome)
+        assert covered is fast, inputs[1:]
+        if kind == "error":
+            assert outcome[1] is ptexec.InputError
+
+
+def test_an_output_the_program_does_not_declare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both branches of ``cond`` write their result with ``out=`` into a planned tensor
+    that a ``move`` makes the output; given float64 tensors there instead, the kernels
+    write float64 (ATen casts into ``out``), and both paths refuse the output alike."""
+
+    def patch(m: ptexec.Method) -> None:
+        v = m.state.values
+        for slot in (10, 15):
+            assert isinstance(v[slot], torch.Tensor) and v[slot].shape == (3, 4)
+            v[slot] = torch.zeros(3, 4, dtype=torch.float64)
+
+    outcome, covered = _run_both("cond", _inputs("cond"), monkeypatch, patch)
+    assert outcome[0] == "error" and outcome[1] is ptexec.ExecutionError, outcome
+    assert "output 0" in outcome[2] and "float64" in outcome[2]
+    assert covered
+
+
+def test_out_tensors_are_checked_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    (x,) = _inputs("mlp")
+    for out in ([torch.empty(2, 4, dtype=torch.float64)], [torch.empty(3, 4)], [None, None]):
+        results = []
+        for fast in (True, False):
+            m = ptexec.load(FIX / "mlp.pte").load_method("forward", fast_path=fast)
+            with pytest.raises(ptexec.InputError) as info:
+                m.execute([x], out=out)
+            results.append(str(info.value))
+        assert results[0] == results[1]
+
+
+# --------------------------------------------------------------------------------------
+# the rules' generated forms against their functions
+
+
+def _infos() -> list[TensorInfo]:
+    found = []
+    for dynamism in ("static", "dynamic_bound", "dynamic_unbound"):
+        for sizes in ((), (3,), (2, 3)):
+            order = tuple(range(len(sizes)))
+            found.append(
+                TensorInfo(
+                    sizes,
+                    torch.float32,
+                    order,
+                    CPU,
+                    dim_order_strides(sizes, order),
+                    False,
+                    dynamism,
+                )
+            )
+    return found
+
+
+def test_shape_test_is_shape_error() -> None:
+    sources = Sources("test")
+    for info in _infos():
+        ok = sources.compile(f"def ok(s):\n    return {shape_test(info, 's')}\n", "shape")["ok"]
+        for rank in range(4):
+            for sizes in itertools.product(range(5), repeat=rank):
+                want = shape_error(info, sizes) is None
+                assert ok(torch.Size(sizes)) is want, (info, sizes)
+
+
+def test_scalar_test_is_scalar_fits() -> None:
+    sources = Sources("test")
+    values: list[Any] = [0.5, 0.50005, 0.4999, 0.51, 3, 4, 3.0, True, False, None, "a", "b"]
+    values += [np.float32(0.5), np.int64(3), np.bool_(True), -0.0, float("nan"), float("inf")]
+    for kind, traced in [
+        ("float", 0.5),
+        ("float", -1e6),
+        ("float", 0.0),
+        ("int", 3),
+        ("bool", True),
+        ("bool", False),
+        ("none", None),
+        ("str", "a"),
+    ]:
+        test = arguments.scalar_test(kind, traced, "x", "w")
+        ok = sources.compile(f"def ok(x):\n    return {test}\n", "scalar", {"w": traced})["ok"]
+        for x in [*values, traced + 1e-4 if kind == "float" else traced]:
+            fits = arguments.scalar_fits(kind, traced, x)
+            own_type = type(x) is type(traced) or (kind == "none")
+            assert ok(x) is (fits and own_type), (kind, traced, x)
+
+
+def test_common_action_is_what_decide_returns() -> None:
+    policies = [
+        Policy(t, lay) for t in ("auto", "allow", "forbid") for lay in ("strict", "convert")
+    ]
+    sizes = (2, 3, 4)
+    for planned, order in itertools.product((True, False), itertools.permutations(range(3))):
+        expected = TensorInfo(
+            sizes, torch.float32, order, CPU, dim_order_strides(sizes, order), planned, "static"
+        )
+        for got_order in itertools.permutations(range(3)):
+            strides = dim_order_strides(sizes, got_order)
+            got = TensorInfo(sizes, torch.float32, got_order, CPU, strides)
+            contiguous = torch.empty_strided(sizes, strides).is_contiguous()
+            action = common_action(expected, contiguous)
+            if action is None:
+                continue
+            for policy in policies:
+                assert decide(expected, got, policy) is action, (expected, got, policy)
+        assert common_action(expected, True) in (Action.COPY, Action.SHARE) or order != (0, 1, 2)
+
+
+def test_output_checks_are_output_error() -> None:
+    for name in ("mlp", "scalar_io"):  # a static output and one with a bound
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        state = m.state
+        spec = state.outputs[0]
+        assert isinstance(spec.info, TensorInfo)
+        code = Code()
+        code.add("def check(v):")
+        with code.indented():
+            code.add(
+                "\n".join(arguments.output_checks(state, 0, f"v[{spec.slot}]", "_no", code.env))
+            )
+            code.add("return True")
+
+        def no(k: int) -> None:
+            raise LookupError(k)
+
+        code.env["_no"] = no
+        check = code.compile(Sources("test"), "output check")["check"]
+        sizes = spec.info.sizes
+        values: list[Any] = [
+            torch.zeros(sizes),
+            torch.zeros(sizes, dtype=torch.float64),
+            torch.zeros(*sizes, 1),
+            torch.zeros(sizes[0] + 1, sizes[1]),
+            torch.zeros(1, sizes[1]),
+            torch.zeros(0, sizes[1]),
+            torch.zeros(()),
+            3,
+            None,
+        ]
+        for value in values:
+            table = list(state.values)
+            table[spec.slot] = value
+            saved = state.values[spec.slot]
+            state.values[spec.slot] = value
+            try:
+                refused = arguments.output_error(state, 0) is not None
+            finally:
+                state.values[spec.slot] = saved
+            try:
+                check(table)
+                generated = False
+            except LookupError:
+                generated = True
+            assert generated is refused, (name, value)
