@@ -255,11 +255,10 @@ def make_checkpoint(name: str, out: Path) -> None:
 
 def _export(name: str, work: Path) -> None:
     import httpx
-    import torch
-    from PIL import Image
-
     import optimum.exporters.executorch.integrations as integrations
+    import torch
     from optimum.exporters.executorch import main_export
+    from PIL import Image
 
     checkpoint = work / "checkpoint"
     make_checkpoint(name, checkpoint)

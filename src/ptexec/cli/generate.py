@@ -1,4 +1,4 @@
-"""``ptexec generate``: text from an exported LLM."""
+"""``ptexec generate``: text from an exported LLM, with images and audio for multimodal ones."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..errors import GenerationError
 from .common import add_threads, apply_threads, threads_used
 
 
@@ -28,14 +29,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     apply_threads(args)
     device_map = args.device if args.device else None
-    runner = TextLLMRunner(
-        args.file,
-        args.tokenizer,
-        args.data,
-        device_map=device_map,
-        compile=args.compile,
-        print_output=False,
-    )
+    media = bool(args.image or args.audio)
+    if media:
+        from ..llm import MultimodalRunner
+
+        runner: Any = MultimodalRunner(
+            args.file,
+            args.tokenizer,
+            args.data,
+            processor=args.processor,
+            device_map=device_map,
+            compile=args.compile,
+            print_output=False,
+        )
+    else:
+        runner = TextLLMRunner(
+            args.file,
+            args.tokenizer,
+            args.data,
+            device_map=device_map,
+            compile=args.compile,
+            print_output=False,
+        )
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
@@ -52,7 +67,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             return 1
         prompt = template.render([{"role": "user", "content": prompt}])
         config.echo = False
-    runner.generate(prompt, config, token_callback=show)
+    if media:
+        runner.generate(_media_inputs(args, prompt), config, token_callback=show)
+    else:
+        runner.generate(prompt, config, token_callback=show)
     sys.stdout.write("\n")
     stats = runner.stats
     load_ms = stats.model_load_end_ms - stats.model_load_start_ms
@@ -66,6 +84,48 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stats:
         print(stats.to_json_string(), file=sys.stderr)
     return 0
+
+
+def _media_inputs(args: argparse.Namespace, prompt: str) -> list[Any]:
+    """The prompt with its images and audio: the media first, then the text (a prompt that
+    holds the model's placeholder, e.g. ``<image>``, gets the media there instead)."""
+    from ..llm import make_audio_input, make_image_input, make_text_input, read_image
+    from ..llm.multimodal import audio_features
+
+    items = [make_image_input(read_image(f)) for f in args.image or ()]
+    for f in args.audio or ():
+        if not args.processor:
+            raise GenerationError("--audio needs --processor (the model's feature extractor)")
+        samples, rate = _read_wav(f)
+        items.append(make_audio_input(audio_features(samples, rate, args.processor)))
+    return [*items, make_text_input(prompt)]
+
+
+def _read_wav(path: str) -> tuple[Any, int]:
+    """Mono float samples (-1..1) and the rate of a PCM WAV file (8, 16 or 32-bit)."""
+    import wave
+
+    import torch
+
+    try:
+        with wave.open(path, "rb") as w:
+            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except FileNotFoundError:
+        raise GenerationError(f"{path}: no such audio file") from None
+    except (wave.Error, EOFError) as e:
+        raise GenerationError(f"{path}: not a PCM WAV file ({e})") from e
+    kinds = {
+        1: (torch.uint8, 128.0, 128.0),
+        2: (torch.int16, 0.0, 32768.0),
+        4: (torch.int32, 0.0, 2.0**31),
+    }
+    if width not in kinds:
+        raise GenerationError(f"{path}: {8 * width}-bit samples; 8, 16 or 32-bit PCM expected")
+    dtype, offset, scale = kinds[width]
+    data = torch.frombuffer(bytearray(frames), dtype=dtype).float()
+    samples = ((data - offset) / scale).reshape(-1, channels).mean(dim=1)
+    return samples, rate
 
 
 def add_generate(sub: Any) -> None:
@@ -101,4 +161,15 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
     p.add_argument("--chat", action="store_true", help="the prompt is a user message (template)")
     p.add_argument("--chat-template", help="a Jinja chat template file (with --chat)")
+    p.add_argument(
+        "--image", action="append", help="an image file for a multimodal program; repeatable"
+    )
+    p.add_argument(
+        "--audio", action="append", help="a WAV file for an audio-text program; repeatable"
+    )
+    p.add_argument(
+        "--processor",
+        help="the model's Hugging Face processor or checkpoint directory (image preprocessing, "
+        "audio feature extractor)",
+    )
     p.set_defaults(func=cmd_generate)
