@@ -193,7 +193,7 @@ class _Runner:
 
     @property
     def max_context_len(self) -> int:
-        return self.decoder.max_context_len
+        return int(self.decoder.max_context_len)
 
     # -- the loop ---------------------------------------------------------------------------
     def _sampler(self, config: GenerationConfig) -> Sampler:
