@@ -4,7 +4,8 @@
 RGB pixels. :class:`ImagePreprocessor` turns pixels into what a vision encoder takes, with
 the settings of a Hugging Face ``preprocessor_config.json`` (or the ``image_processor``
 entry of a ``processor_config.json``): resize (``size``: ``height``/``width``,
-``shortest_edge``, or one number), center crop (``crop_size``), rescale
+``shortest_edge``, or one number: the shortest edge when a center crop follows, else a
+square), center crop (``crop_size``), rescale
 (``rescale_factor``, 1/255 by default) and normalise (``image_mean``, ``image_std``), each
 switched by its ``do_*`` flag, as transformers' image processors read them. The resize is
 torch's antialiased bilinear or bicubic interpolation (``resample`` 2 or 3, Pillow's
@@ -92,9 +93,15 @@ class ImagePreprocessor:
         c = dict(config or {})
         self.target = target
         self.do_resize = bool(c.get("do_resize", True))
-        self.size = _pair(c["size"], "size") if c.get("size") is not None else target
         self.do_center_crop = bool(c.get("do_center_crop", False)) and "crop_size" in c
         self.crop_size = _pair(c["crop_size"], "crop_size") if self.do_center_crop else None
+        size = c.get("size")
+        if isinstance(size, int) and not isinstance(size, bool) and self.do_center_crop:
+            # one number before a center crop is the shortest edge (CLIP's convention;
+            # exporters flatten {"shortest_edge": n} to n in a program's metadata)
+            self.size: tuple[int, int] | int | None = int(size)
+        else:
+            self.size = _pair(size, "size") if size is not None else target
         self.do_rescale = bool(c.get("do_rescale", True))
         self.rescale_factor = float(c.get("rescale_factor", 1 / 255))
         self.do_normalize = bool(c.get("do_normalize", True))

@@ -423,7 +423,7 @@ def audio_features(
 # -- the runner --------------------------------------------------------------------------
 
 
-def hf_inputs(inputs: Any, image_token_id: int | None = None) -> list[MultimodalInput]:
+def hf_inputs(inputs: Any) -> list[MultimodalInput]:
     """A Hugging Face processor's output (``input_ids`` with ``pixel_values`` or
     ``input_features``) as runner inputs: the ids (placeholders kept, the runner fills
     them), then the image or audio features. A list of inputs is returned as it is."""
@@ -589,13 +589,20 @@ class MultimodalRunner(_Runner):
         return d.encode("audio", feats.to(dtype=spec.dtype, device=spec.device.to_torch()))
 
     def _encode_multimodal(
-        self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
+        self,
+        inputs: Sequence[MultimodalInput],
+        num_bos: int,
+        num_eos: int,
+        image_token_id: int | None = None,
     ) -> tuple[list[int], list[Media]]:
         """The prompt's ids (placeholders at the media rows) and its media (see the module
-        docstring's rule)."""
+        docstring's rule); ``image_token_id`` replaces the program's image placeholder."""
         if not self.multimodal:
             return self._encode_inputs(inputs, num_bos, num_eos), []
         d = self.decoder
+        marks = {k: d.placeholder(k) for k in ("image", "audio")}
+        if image_token_id is not None:
+            marks["image"] = int(image_token_id)
         parts: list[tuple[str, Any]] = []  # ("ids", list[int]) | ("image"/"audio", rows)
         text_items = []
         for item in inputs:
@@ -611,7 +618,7 @@ class MultimodalRunner(_Runner):
         fill: dict[str, list[torch.Tensor]] = {}
         for kind in ("image", "audio"):
             media = [v for k, v in parts if k == kind]
-            token = d.placeholder(kind)
+            token = marks[kind]
             runs = (
                 sum(len(_runs(v, token)) for k, v in parts if k == "ids")
                 if token is not None
@@ -630,7 +637,7 @@ class MultimodalRunner(_Runner):
         for kind, value in parts:
             if kind == "ids":
                 at = 0
-                for start, end, which in _all_runs(value, {k: d.placeholder(k) for k in fill}):
+                for start, end, which in _all_runs(value, {k: marks[k] for k in fill}):
                     ids += value[at:start]
                     rows = fill[which].pop(0)
                     if end - start not in (1, int(rows.shape[0])):
@@ -644,7 +651,7 @@ class MultimodalRunner(_Runner):
                     at = end
                 ids += value[at:]
             else:
-                token = d.placeholder(kind)
+                token = marks[kind]
                 out_media.append((len(ids), value))
                 ids += [token if token is not None else 0] * int(value.shape[0])
         return ids, out_media
@@ -668,14 +675,23 @@ class MultimodalRunner(_Runner):
         stats_callback: StatsCallback | None = None,
     ) -> str:
         """Generate after the inputs and return the generated text."""
+        return self._generate(list(inputs), config, token_callback, stats_callback)
+
+    def _generate(
+        self,
+        items: list[MultimodalInput],
+        config: GenerationConfig | None,
+        token_callback: TokenCallback | None,
+        stats_callback: StatsCallback | None,
+        image_token_id: int | None = None,
+    ) -> str:
         config = config or GenerationConfig()
-        items = list(inputs)
         with self._lock:
             started = _now_ms()
             if self.multimodal:
                 self.decoder.encoder_ms = 0.0
             ids, media = (
-                self._encode_multimodal(items, config.num_bos, config.num_eos)
+                self._encode_multimodal(items, config.num_bos, config.num_eos, image_token_id)
                 if items
                 else (None, [])
             )
@@ -699,14 +715,15 @@ class MultimodalRunner(_Runner):
         image_token_id: int | None = None,
     ) -> None:
         """Generate from a Hugging Face processor's output (``input_ids`` with
-        ``pixel_values`` or ``input_features``) or a list of inputs."""
-        self.generate(hf_inputs(inputs, image_token_id), config, token_callback, stats_callback)
+        ``pixel_values`` or ``input_features``) or a list of inputs. ``image_token_id``, when
+        given, is the image placeholder id (else the program's)."""
+        self._generate(hf_inputs(inputs), config, token_callback, stats_callback, image_token_id)
 
     def generate_text_hf(
         self, inputs: Any, config: GenerationConfig, image_token_id: int | None = None
     ) -> str:
         """:meth:`generate_hf`, returning the text."""
-        return self.generate_text(hf_inputs(inputs, image_token_id), config)
+        return self._generate(hf_inputs(inputs), config, None, None, image_token_id)
 
     def __repr__(self) -> str:
         kinds = [k for k in ("image", "audio") if self.multimodal and self.decoder.has(k)]
