@@ -405,7 +405,8 @@ def audio_features(
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise GenerationError("audio features need transformers' feature extractors") from e
     try:
-        fe = AutoFeatureExtractor.from_pretrained(str(processor))
+        auto: Any = AutoFeatureExtractor
+        fe = auto.from_pretrained(str(processor))
     except Exception as e:
         raise GenerationError(f"{processor}: no Hugging Face feature extractor ({e})") from e
     rate = int(getattr(fe, "sampling_rate", sampling_rate))
@@ -512,7 +513,7 @@ class MultimodalRunner(_Runner):
         sizes = tuple(int(s) for s in spec.sizes)
         if len(sizes) not in (3, 4):
             raise GenerationError(f"the vision encoder takes {sizes}; expected [1, C, H, W]")
-        target = sizes[-2:]
+        target = (sizes[-2], sizes[-1])
         pixels = image.to_tensor()
         if spec.dtype == torch.uint8:
             if not image.is_uint8() or tuple(pixels.shape[-2:]) != target:
@@ -534,7 +535,8 @@ class MultimodalRunner(_Runner):
         x = x.to(dtype=spec.dtype, device=spec.device.to_torch())
         if len(sizes) == 4:
             x = x.unsqueeze(0)
-        return d.encode("image", x)
+        rows: torch.Tensor = d.encode("image", x)
+        return rows
 
     def _preprocessor(self, target: tuple[int, int]) -> ImagePreprocessor:
         if self._images is None:
@@ -586,7 +588,10 @@ class MultimodalRunner(_Runner):
                 f"the audio encoder takes {'at most ' if spec.dynamism != 'static' else ''}"
                 f"{sizes[0]} feature windows; got {feats.shape[0]}"
             )
-        return d.encode("audio", feats.to(dtype=spec.dtype, device=spec.device.to_torch()))
+        rows: torch.Tensor = d.encode(
+            "audio", feats.to(dtype=spec.dtype, device=spec.device.to_torch())
+        )
+        return rows
 
     def _encode_multimodal(
         self,
