@@ -1,4 +1,4 @@
-"""``ptexec generate``: text from an exported LLM."""
+"""``ptexec generate``: text from an exported LLM, with images and audio for multimodal ones."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..errors import GenerationError
 from .common import add_threads, apply_threads, threads_used
 
 
@@ -31,16 +32,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import ptexec
 
     program = ptexec.load(args.file, data_path=args.data)
-    if _is_seq2seq(program):
+    compile_mode = "background" if args.compile else False
+    media = bool(args.image or args.audio)
+    if not media and _is_seq2seq(program):
         return _generate_seq2seq(program, args, config, device_map)
-    runner = TextLLMRunner(
-        program,
-        args.tokenizer,
-        args.data,
-        device_map=device_map,
-        compile="background" if args.compile else False,
-        print_output=False,
-    )
+    if media:
+        from ..llm import MultimodalRunner
+
+        runner: Any = MultimodalRunner(
+            program,
+            args.tokenizer,
+            args.data,
+            processor=args.processor,
+            device_map=device_map,
+            compile=compile_mode,
+            print_output=False,
+        )
+    else:
+        runner = TextLLMRunner(
+            program,
+            args.tokenizer,
+            args.data,
+            device_map=device_map,
+            compile=compile_mode,
+            print_output=False,
+        )
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
@@ -57,7 +73,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             return 1
         prompt = template.render([{"role": "user", "content": prompt}])
         config.echo = False
-    runner.generate(prompt, config, token_callback=show)
+    if media:
+        runner.generate(_media_inputs(args, prompt), config, token_callback=show)
+    else:
+        runner.generate(prompt, config, token_callback=show)
     sys.stdout.write("\n")
     stats = runner.stats
     load_ms = stats.model_load_end_ms - stats.model_load_start_ms
@@ -135,6 +154,22 @@ def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, devic
     return 0
 
 
+def _media_inputs(args: argparse.Namespace, prompt: str) -> list[Any]:
+    """The prompt with its images and audio: the media first, then the text (a prompt that
+    holds the model's placeholder, e.g. ``<image>``, gets the media there instead)."""
+    from ..llm import make_audio_input, make_image_input, make_text_input, read_image
+    from ..llm.audio import load_audio
+    from ..llm.multimodal import audio_features
+
+    items = [make_image_input(read_image(f)) for f in args.image or ()]
+    for f in args.audio or ():
+        if not args.processor:
+            raise GenerationError("--audio needs --processor (the model's feature extractor)")
+        samples, rate = load_audio(f)  # WAV (or what soundfile reads), to mono
+        items.append(make_audio_input(audio_features(samples, rate, args.processor)))
+    return [*items, make_text_input(prompt)]
+
+
 def add_generate(sub: Any) -> None:
     p = sub.add_parser(
         "generate",
@@ -176,4 +211,15 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
     p.add_argument("--chat", action="store_true", help="the prompt is a user message (template)")
     p.add_argument("--chat-template", help="a Jinja chat template file (with --chat)")
+    p.add_argument(
+        "--image", action="append", help="an image file for a multimodal program; repeatable"
+    )
+    p.add_argument(
+        "--audio", action="append", help="a WAV file for an audio-text program; repeatable"
+    )
+    p.add_argument(
+        "--processor",
+        help="the model's Hugging Face processor or checkpoint directory (image preprocessing, "
+        "audio feature extractor)",
+    )
     p.set_defaults(func=cmd_generate)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..errors import GenerationError, TokenizerError
 from .config import GenerationConfig, Stats
 from .decoder import LlmMetadata, TextDecoder, read_metadata
+from .image import ImagePreprocessor, read_image
 from .inputs import (
     Audio,
     Image,
@@ -30,7 +31,8 @@ from .inputs import (
     make_text_input,
     make_token_input,
 )
-from .runner import MultimodalRunner, TextLLMRunner
+from .multimodal import MultimodalDecoder, MultimodalMethods, MultimodalRunner, audio_features
+from .runner import TextLLMRunner
 from .sampling import Sampler
 from .seq2seq import DecoderPrompt, Segment, Seq2SeqRunner, Transcription
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
@@ -41,8 +43,11 @@ __all__ = [
     "GenerationConfig",
     "GenerationError",
     "Image",
+    "ImagePreprocessor",
     "LlmMetadata",
+    "MultimodalDecoder",
     "MultimodalInput",
+    "MultimodalMethods",
     "MultimodalRunner",
     "RawAudio",
     "Sampler",
@@ -55,11 +60,13 @@ __all__ = [
     "Tokenizer",
     "TokenizerError",
     "Transcription",
+    "audio_features",
     "load_tokenizer",
     "make_audio_input",
     "make_image_input",
     "make_raw_audio_input",
     "make_text_input",
     "make_token_input",
+    "read_image",
     "read_metadata",
 ]

@@ -36,7 +36,14 @@ import torch
 
 from ..errors import GenerationError
 
-__all__ = ["DecoderLayout", "LlmMetadata", "TextDecoder", "example_inputs", "read_metadata"]
+__all__ = [
+    "DecoderLayout",
+    "LlmMetadata",
+    "TextDecoder",
+    "constant_outputs",
+    "example_inputs",
+    "read_metadata",
+]
 
 _DEFAULTS = {
     "get_max_seq_len": None,
@@ -65,7 +72,8 @@ class LlmMetadata:
         return f"LlmMetadata({self.values}, eos_ids={self.eos_ids})"
 
 
-def _constant_outputs(program: Any, name: str) -> list[Any]:
+def constant_outputs(program: Any, name: str) -> list[Any]:
+    """The values a metadata method (no inputs) of ``program`` returns."""
     meta = program.method_meta(name)
     outs = meta.outputs
     if meta.num_instructions == 0 and all(hasattr(o, "kind") for o in outs):
@@ -82,13 +90,13 @@ def read_metadata(program: Any) -> LlmMetadata:
     for name in extra:
         if name in _EOS_METHODS or program.method_meta(name).inputs:
             continue  # metadata methods take no inputs
-        outs = _constant_outputs(program, name)
+        outs = constant_outputs(program, name)
         if len(outs) == 1 and isinstance(outs[0], bool | int | float):
             values[name] = outs[0]
     eos: tuple[int, ...] | None = None
     for name in _EOS_METHODS:
         if name in names:
-            eos = tuple(int(v) for v in _constant_outputs(program, name))
+            eos = tuple(int(v) for v in constant_outputs(program, name))
             break
     return LlmMetadata(values, eos)
 

@@ -1,4 +1,5 @@
-"""``TextLLMRunner`` and ``MultimodalRunner``: ExecuTorch's runner API on ptexec.
+"""``TextLLMRunner``: ExecuTorch's runner API on ptexec, and the loop every runner shares
+(``MultimodalRunner`` in :mod:`ptexec.llm.multimodal` drives it with images and audio).
 
 A generation, as ExecuTorch's runner does it:
 
@@ -53,7 +54,7 @@ from .tokenizer import TextStream, Tokenizer, load_tokenizer
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["MultimodalRunner", "TextLLMRunner"]
+__all__ = ["TextLLMRunner"]
 
 log = logging.getLogger("ptexec.llm")
 
@@ -130,7 +131,7 @@ class _Runner:
             options["device_map"] = device_map
         if compile:
             options["compile"] = compile  # True, or "background"
-        self.decoder = TextDecoder(program, method, **options)
+        self.decoder: Any = self._load_decoder(program, method, options)
         self.program = program
         self.stats.model_load_end_ms = _now_ms()
         md = self.decoder.metadata
@@ -157,7 +158,15 @@ class _Runner:
         self._history: list[int] = []  # tokens in the context (for programs without a cache)
         self._next_token: int | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a runner may encode inputs under it first
+
+    def _load_decoder(self, program: Any, method: str, options: dict[str, Any]) -> Any:
+        """The object that runs the program (a :class:`TextDecoder` here)."""
+        return TextDecoder(program, method, **options)
+
+    def _extra_execution_ms(self) -> float:
+        """Model time of a generation spent outside the decoder (encoders); 0 here."""
+        return 0.0
 
     # -- ExecuTorch's API -----------------------------------------------------------------
     def stop(self) -> None:
@@ -184,7 +193,7 @@ class _Runner:
 
     @property
     def max_context_len(self) -> int:
-        return self.decoder.max_context_len
+        return int(self.decoder.max_context_len)
 
     # -- the loop ---------------------------------------------------------------------------
     def _sampler(self, config: GenerationConfig) -> Sampler:
@@ -209,30 +218,37 @@ class _Runner:
     def _encode_inputs(
         self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
     ) -> list[int]:
+        return [t for ids in self._encode_each(inputs, num_bos, num_eos) for t in ids]
+
+    def _encode_each(
+        self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
+    ) -> list[list[int]]:
+        """The ids of each text or token input (BOS/EOS on the first text), checked."""
         if num_bos + num_eos >= self.max_context_len:
             raise GenerationError(
                 f"num_bos {num_bos} + num_eos {num_eos} do not fit the context of "
                 f"{self.max_context_len} tokens"
             )
-        ids: list[int] = []
+        each: list[list[int]] = []
         for item in inputs:
             if item.is_text():
                 text = item.get_text() or ""
-                ids += self.tokenizer.encode(text, num_bos, num_eos)
+                each.append(self.tokenizer.encode(text, num_bos, num_eos))
                 num_bos = num_eos = 0
             elif item.is_tokens():
-                ids += item.get_tokens() or []
+                each.append(item.get_tokens() or [])
             else:
                 raise GenerationError(
-                    f"{item.type} inputs need an encoder this runtime does not run; ptexec's "
-                    "runners take text and token inputs"
+                    f"{item.type} inputs need a multimodal program (an encoder method and "
+                    "a decoder taking embeddings); this one has a text decoder only"
                 )
-        for t in ids:
-            if not 0 <= t < max(self.vocab_size, 1):
-                raise GenerationError(
-                    f"token id {t} is outside the vocabulary [0, {self.vocab_size})"
-                )
-        return ids
+        for ids in each:
+            for t in ids:
+                if not 0 <= t < max(self.vocab_size, 1):
+                    raise GenerationError(
+                        f"token id {t} is outside the vocabulary [0, {self.vocab_size})"
+                    )
+        return each
 
     def _check_prompt(self, ids: list[int]) -> None:
         """What ExecuTorch's runner checks of a prompt before prefill: at least one token,
@@ -268,9 +284,13 @@ class _Runner:
             )
         return budget
 
-    def _prefill_ids(self, ids: list[int], sampler: Sampler) -> int:
+    def _prefill_ids(self, ids: list[int], sampler: Sampler, media: Sequence[Any] = ()) -> int:
         self._check_prompt(ids)
-        logits = self.decoder.prefill(ids, self.pos)
+        logits = (
+            self.decoder.prefill(ids, self.pos, media)
+            if media
+            else self.decoder.prefill(ids, self.pos)
+        )
         self.pos += len(ids)
         self._history += ids
         return self._sample(sampler, logits)
@@ -282,7 +302,12 @@ class _Runner:
         config: GenerationConfig,
         token_callback: TokenCallback | None,
         stats_callback: StatsCallback | None,
+        media: Sequence[Any] = (),
+        started_ms: float | None = None,
     ) -> str:
+        """The loop. ``media`` (embedding rows and their prompt offsets) go to the
+        decoder's prefill with ``ids``; ``started_ms`` is when the call began (encoding
+        the inputs), if before this."""
         with self._lock:
             # everything is checked before any state changes: a refused call leaves the
             # context, the statistics and a pending prefill as they were
@@ -291,7 +316,7 @@ class _Runner:
             self._stop.clear()
             self.stats.reset()
             stats = self.stats
-            stats.inference_start_ms = _now_ms()
+            stats.inference_start_ms = started_ms if started_ms is not None else _now_ms()
             self.decoder.execution_ms = 0.0
             printing = self.print_output and not config.warming
             pieces: list[str] = []
@@ -313,7 +338,7 @@ class _Runner:
                 if config.echo and prompt_text:
                     emit(prompt_text)
                 stats.model_execution_start_ms = _now_ms()
-                cur = self._prefill_ids(ids, sampler)
+                cur = self._prefill_ids(ids, sampler, media)
                 num_prompt = len(ids)
             else:
                 assert self._next_token is not None  # checked by _budget
@@ -345,7 +370,9 @@ class _Runner:
                 emit(stops.feed(stream.flush()))
                 emit(stops.flush())
             stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
-            stats.aggregate_model_execution_time_ms = self.decoder.execution_ms
+            stats.aggregate_model_execution_time_ms = (
+                self.decoder.execution_ms + self._extra_execution_ms()
+            )
             stats.num_prompt_tokens = num_prompt
             stats.num_generated_tokens = generated
             if printing:
@@ -414,64 +441,6 @@ class TextLLMRunner(_Runner):
         )
 
 
-class MultimodalRunner(_Runner):
-    """ExecuTorch's multimodal runner API, for text and token inputs (images and audio need
-    encoders this runtime does not run: they raise :class:`~ptexec.errors.GenerationError`)."""
-
-    def generate(
-        self,
-        inputs: Sequence[MultimodalInput],
-        config: GenerationConfig,
-        token_callback: TokenCallback | None = None,
-        stats_callback: StatsCallback | None = None,
-    ) -> None:
-        """Generate after the inputs, in order."""
-        self.generate_text(inputs, config, token_callback, stats_callback)
-
-    def generate_text(
-        self,
-        inputs: Sequence[MultimodalInput],
-        config: GenerationConfig | None = None,
-        token_callback: TokenCallback | None = None,
-        stats_callback: StatsCallback | None = None,
-    ) -> str:
-        """Generate after the inputs and return the generated text."""
-        config = config or GenerationConfig()
-        items = list(inputs)
-        ids = self._encode_inputs(items, config.num_bos, config.num_eos) if items else None
-        prompt = "".join(i.get_text() or "" for i in items if i.is_text())
-        return self._generate_ids(ids, prompt, config, token_callback, stats_callback)
-
-    def prefill(self, inputs: Sequence[MultimodalInput]) -> None:
-        """Evaluate the inputs into the context without generating."""
-        with self._lock:
-            ids = self._encode_inputs(list(inputs), 0, 0)
-            self._next_token = self._prefill_ids(ids, self._sampler(GenerationConfig()))
-
-    def generate_hf(
-        self,
-        inputs: Any,
-        config: GenerationConfig,
-        token_callback: TokenCallback | None = None,
-        stats_callback: StatsCallback | None = None,
-        image_token_id: int | None = None,
-    ) -> None:
-        """Generate from a Hugging Face processor's output (``input_ids``) or a list of inputs."""
-        self.generate(_hf_inputs(inputs, image_token_id), config, token_callback, stats_callback)
-
-    def generate_text_hf(
-        self, inputs: Any, config: GenerationConfig, image_token_id: int | None = None
-    ) -> str:
-        """:meth:`generate_hf`, returning the text."""
-        return self.generate_text(_hf_inputs(inputs, image_token_id), config)
-
-    def __repr__(self) -> str:
-        return (
-            f"<ptexec.llm.MultimodalRunner context {self.max_context_len}, vocab "
-            f"{self.vocab_size}, position {self.pos}>"
-        )
-
-
 # Exports pad the logits past the tokenizer's ids by a few hundred at most (Qwen2.5 and
 # Qwen3: 151936 for 151665 and 151669 ids; Phi-3: 32064 for 32011); a wider gap is a
 # tokenizer of another model.
@@ -498,30 +467,3 @@ def _sample_width(tokenizer_vocab: int, logits_width: int) -> int | None:
             stacklevel=3,
         )
     return tokenizer_vocab
-
-
-def _hf_inputs(inputs: Any, image_token_id: int | None) -> list[MultimodalInput]:
-    from .inputs import make_token_input
-
-    if isinstance(inputs, list) and all(isinstance(i, MultimodalInput) for i in inputs):
-        return inputs
-    try:
-        ids = inputs["input_ids"]
-    except (KeyError, TypeError, IndexError):
-        raise GenerationError(
-            "inputs must be a list of MultimodalInput or a Hugging Face processor output "
-            "with 'input_ids'"
-        ) from None
-    if "pixel_values" in inputs:
-        raise GenerationError(
-            "image inputs (pixel_values) need a vision encoder this runtime does not run"
-        )
-    if hasattr(ids, "dim"):
-        if ids.dim() == 2:
-            if ids.shape[0] != 1:
-                raise GenerationError(
-                    "Expected 'input_ids' with batch size 1 when 2D (shape (1, L))"
-                )
-            ids = ids[0]
-        ids = ids.tolist()
-    return [make_token_input([int(i) for i in ids])]

@@ -1,0 +1,189 @@
+"""Images for a vision encoder: reading a file, resizing and normalising in torch.
+
+:func:`read_image` reads a file (PNG, JPEG, ... through Pillow) as ``uint8 [3, H, W]``
+RGB pixels. :class:`ImagePreprocessor` turns pixels into what a vision encoder takes, with
+the settings of a Hugging Face ``preprocessor_config.json`` (or the ``image_processor``
+entry of a ``processor_config.json``): resize (``size``: ``height``/``width``,
+``shortest_edge``, or one number: the shortest edge when a center crop follows, else a
+square), center crop (``crop_size``), rescale
+(``rescale_factor``, 1/255 by default) and normalise (``image_mean``, ``image_std``), each
+switched by its ``do_*`` flag, as transformers' image processors read them. The resize is
+torch's antialiased bilinear or bicubic interpolation (``resample`` 2 or 3, Pillow's
+numbering), so resized pixels are close to, not equal to, Pillow's; an image already at the
+encoder's size is only rescaled and normalised, and equals the Hugging Face processor's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import GenerationError
+
+__all__ = ["ImagePreprocessor", "read_image"]
+
+# Pillow's resampling filters by number, as preprocessor configs name them
+_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
+def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
+    """The image file at ``path`` as ``uint8 [3, H, W]`` RGB pixels (needs Pillow).
+
+    Raises :class:`~ptexec.errors.GenerationError` when the file is missing or is no image."""
+    try:
+        from PIL import Image as PILImage
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise GenerationError("reading an image file needs Pillow (pip install pillow)") from e
+    p = Path(path)
+    try:
+        with PILImage.open(p) as im:
+            rgb = im.convert("RGB")
+            w, h = rgb.size
+            data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+    except FileNotFoundError:
+        raise GenerationError(f"{p}: no such image file") from None
+    except Exception as e:  # Pillow raises several types for a file it cannot read
+        raise GenerationError(f"{p}: not an image Pillow can read ({e})") from e
+    return data.reshape(h, w, 3).permute(2, 0, 1).contiguous()
+
+
+def _pair(value: Any, field: str) -> tuple[int, int] | int:
+    """A ``size``/``crop_size`` entry as (height, width), or an int shortest edge."""
+    if isinstance(value, bool):
+        raise GenerationError(f"preprocessor {field} must be a size, got {value!r}")
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, Mapping):
+        if "height" in value and "width" in value:
+            return (int(value["height"]), int(value["width"]))
+        if "shortest_edge" in value:
+            return int(value["shortest_edge"])
+    if isinstance(value, Sequence) and len(value) == 2 and not isinstance(value, str):
+        return (int(value[0]), int(value[1]))
+    raise GenerationError(
+        f"preprocessor {field} must be an int, [height, width], {{height, width}} or "
+        f"{{shortest_edge}}, got {value!r}"
+    )
+
+
+def _triple(value: Any, field: str) -> tuple[float, float, float]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (float(value),) * 3
+    if isinstance(value, Sequence) and len(value) == 3 and not isinstance(value, str):
+        return tuple(float(v) for v in value)  # type: ignore[return-value]
+    raise GenerationError(f"preprocessor {field} must be a number or 3 numbers, got {value!r}")
+
+
+class ImagePreprocessor:
+    """Resize, crop, rescale and normalise pixels for a vision encoder.
+
+    ``config`` holds a preprocessor config's fields (see the module docstring);
+    ``target`` (height, width), when given, is the encoder's input size: the result always
+    has it (a config without a size resizes straight to it).
+    """
+
+    def __init__(
+        self, config: Mapping[str, Any] | None = None, target: tuple[int, int] | None = None
+    ) -> None:
+        c = dict(config or {})
+        self.target = target
+        self.do_resize = bool(c.get("do_resize", True))
+        self.do_center_crop = bool(c.get("do_center_crop", False)) and "crop_size" in c
+        self.crop_size = _pair(c["crop_size"], "crop_size") if self.do_center_crop else None
+        size = c.get("size")
+        if isinstance(size, int) and not isinstance(size, bool) and self.do_center_crop:
+            # one number before a center crop is the shortest edge (CLIP's convention;
+            # exporters flatten {"shortest_edge": n} to n in a program's metadata)
+            self.size: tuple[int, int] | int | None = int(size)
+        else:
+            self.size = _pair(size, "size") if size is not None else target
+        self.do_rescale = bool(c.get("do_rescale", True))
+        self.rescale_factor = float(c.get("rescale_factor", 1 / 255))
+        self.do_normalize = bool(c.get("do_normalize", True))
+        self.mean = _triple(c.get("image_mean", 0.5), "image_mean")
+        self.std = _triple(c.get("image_std", 0.5), "image_std")
+        resample = c.get("resample", 3)
+        self.mode = _MODES.get(int(resample), "bicubic") if isinstance(resample, int) else "bicubic"
+
+    @classmethod
+    def from_dir(
+        cls, path: str | os.PathLike[str], target: tuple[int, int] | None = None
+    ) -> ImagePreprocessor:
+        """The settings of ``preprocessor_config.json`` in the directory ``path``, else the
+        ``image_processor`` entry of its ``processor_config.json``."""
+        d = Path(path)
+        for name, key in (
+            ("preprocessor_config.json", None),
+            ("processor_config.json", "image_processor"),
+        ):
+            f = d / name
+            if f.is_file():
+                try:
+                    data = json.loads(f.read_text())
+                except (OSError, ValueError) as e:
+                    raise GenerationError(f"{f}: not a JSON preprocessor config ({e})") from e
+                if key is not None:
+                    data = data.get(key) if isinstance(data, dict) else None
+                if isinstance(data, dict):
+                    return cls(data, target)
+        raise GenerationError(
+            f"{d}: no preprocessor_config.json (or processor_config.json with an "
+            "image_processor entry)"
+        )
+
+    def _resize(self, x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        if tuple(x.shape[-2:]) == size:
+            return x
+        antialias = self.mode != "nearest"
+        return torch.nn.functional.interpolate(
+            x.unsqueeze(0),
+            size=size,
+            mode=self.mode,
+            antialias=antialias,
+            align_corners=None if self.mode == "nearest" else False,
+        )[0]
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``pixels`` (``[C, H, W]``, uint8 0..255 or float on that scale; an alpha channel
+        is dropped) as the encoder's float32 ``[3, H', W']`` input."""
+        if pixels.dim() != 3 or pixels.shape[0] not in (1, 3, 4):
+            raise GenerationError(
+                f"image pixels must be [C, H, W] with 1, 3 or 4 channels, got {list(pixels.shape)}"
+            )
+        x = pixels[:3].float() if pixels.shape[0] != 1 else pixels.float().expand(3, -1, -1)
+        h, w = int(x.shape[1]), int(x.shape[2])
+        if self.do_resize and self.size is not None:
+            if isinstance(self.size, int):  # shortest edge, aspect ratio kept
+                short, long = (h, w) if h <= w else (w, h)
+                new_long = int(self.size * long / short)
+                size = (self.size, new_long) if h <= w else (new_long, self.size)
+            else:
+                size = self.size
+            x = self._resize(x, size)
+            if x.dtype.is_floating_point and pixels.dtype == torch.uint8:
+                x = x.round().clamp(0, 255)  # resized as an image, as Pillow does
+        if self.crop_size is not None:
+            ch, cw = self.crop_size if isinstance(self.crop_size, tuple) else (self.crop_size,) * 2
+            top = max(0, (int(x.shape[1]) - ch) // 2)
+            left = max(0, (int(x.shape[2]) - cw) // 2)
+            x = x[:, top : top + ch, left : left + cw]
+        if self.target is not None and tuple(x.shape[-2:]) != self.target:
+            x = self._resize(x, self.target)
+        if self.do_rescale:
+            x = x * self.rescale_factor
+        if self.do_normalize:
+            mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(3, 1, 1)
+            std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(3, 1, 1)
+            x = (x - mean) / std
+        return x.contiguous()
+
+    def __repr__(self) -> str:
+        return (
+            f"ImagePreprocessor(size={self.size}, crop={self.crop_size}, mode={self.mode}, "
+            f"mean={self.mean}, std={self.std})"
+        )

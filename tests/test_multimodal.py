@@ -1,0 +1,475 @@
+"""Images and audio into an LLM: ``MultimodalRunner`` against the eager Hugging Face model.
+
+The programs are tiny random LLaVA (image-text) and Voxtral (audio-text) models exported by
+optimum-executorch (``multimodal_models.py``: cached per machine, minutes to export on two
+cores, so those tests are ``slow``). References: the same checkpoint's eager ``generate``
+(greedy, and with a repetition penalty) on the same processor output, and optimum's own
+generation loop on ExecuTorch's runtime over the same program. The preprocessing and input
+tests run without a program, against transformers' image processor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ptexec.errors import GenerationError
+from ptexec.llm import (
+    GenerationConfig,
+    ImagePreprocessor,
+    MultimodalMethods,
+    MultimodalRunner,
+    make_audio_input,
+    make_image_input,
+    make_text_input,
+    make_token_input,
+    read_image,
+)
+from ptexec.llm.logits import RepetitionPenalty
+from ptexec.llm.multimodal import hf_inputs
+
+transformers = pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import multimodal_models as mm  # noqa: E402
+
+N = 12  # tokens generated per comparison
+
+
+def _pixels(seed: int, h: int, w: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
+
+
+def _pil(pixels: torch.Tensor) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
+
+
+# ---- without a program ------------------------------------------------------------------
+
+
+def _clip(**kw: Any) -> Any:
+    return transformers.CLIPImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, **kw
+    )
+
+
+def test_preprocessing_equals_transformers_at_the_encoders_size(tmp_path: Path) -> None:
+    hf = _clip()
+    hf.save_pretrained(tmp_path)
+    ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    for seed in range(3):
+        px = _pixels(seed, 32, 32)
+        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+
+
+def test_resizing_is_close_to_transformers(tmp_path: Path) -> None:
+    """Pillow's bicubic and torch's antialiased bicubic differ by rounding, not more."""
+    hf = _clip()
+    hf.save_pretrained(tmp_path)
+    ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    # a smooth image (a gradient): resampling filters agree on it up to rounding
+    y = torch.linspace(0, 255, 48).view(1, 48, 1)
+    x = torch.linspace(0, 255, 64).view(1, 1, 64)
+    px = torch.cat([y.expand(1, 48, 64), x.expand(1, 48, 64), (y + x).expand(1, 48, 64) / 2])
+    px = px.round().to(torch.uint8)
+    want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+    got = ours(px)
+    assert got.shape == want.shape == (3, 32, 32)
+    assert (got - want).abs().max() < 0.1  # within about 6 of 255 levels (std 0.27)
+
+
+def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor": {
+                    "size": {"height": 8, "width": 4},
+                    "image_mean": 0.0,
+                    "image_std": 1.0,
+                }
+            }
+        )
+    )
+    p = ImagePreprocessor.from_dir(tmp_path)
+    out = p(torch.full((3, 16, 8), 255, dtype=torch.uint8))
+    assert out.shape == (3, 8, 4)
+    torch.testing.assert_close(out, torch.ones(3, 8, 4))
+    with pytest.raises(GenerationError, match="size"):
+        ImagePreprocessor({"size": "big"})
+    with pytest.raises(GenerationError, match="no preprocessor_config"):
+        ImagePreprocessor.from_dir(tmp_path / "missing")
+
+
+def test_read_image_gives_rgb_pixels(tmp_path: Path) -> None:
+    px = _pixels(4, 5, 7)
+    _pil(px).save(tmp_path / "x.png")
+    assert torch.equal(read_image(tmp_path / "x.png"), px)
+    (tmp_path / "bad.png").write_text("no image")
+    with pytest.raises(GenerationError, match="not an image"):
+        read_image(tmp_path / "bad.png")
+
+
+def test_method_conventions() -> None:
+    et = MultimodalMethods.find(
+        ["text_decoder", "token_embedding", "vision_encoder", "get_max_seq_len"]
+    )
+    assert et is not None and (et.embedding, et.decoder, et.decode, et.vision, et.audio) == (
+        "token_embedding",
+        "text_decoder",
+        "text_decoder",
+        "vision_encoder",
+        None,
+    )
+    old = MultimodalMethods.find(["decoder", "token_embeddings", "image_encoder"])
+    assert old is not None and (old.embedding, old.decoder, old.vision) == (
+        "token_embeddings",
+        "decoder",
+        "image_encoder",
+    )
+    gemma = MultimodalMethods.find(["embed_text", "prefill", "decode", "vision_encoder"])
+    assert gemma is not None and (gemma.decoder, gemma.decode) == ("prefill", "decode")
+    assert MultimodalMethods.find(["forward", "get_max_seq_len"]) is None
+
+
+def test_hf_processor_output_becomes_ids_then_pixels() -> None:
+    ids = torch.tensor([[1, 5, 3, 3, 3, 6]])
+    pixels = torch.rand(1, 3, 4, 4)
+    items = hf_inputs({"input_ids": ids, "pixel_values": pixels})
+    assert [i.type for i in items] == ["tokens", "image"]
+    assert items[0].get_tokens() == [1, 5, 3, 3, 3, 6]
+    image = items[1].get_image()
+    assert image is not None and image.is_float()
+    torch.testing.assert_close(image.to_tensor(), pixels[0])
+    feats = torch.rand(2, 16, 20)
+    items = hf_inputs({"input_ids": ids, "input_features": feats})
+    assert [i.type for i in items] == ["tokens", "audio"]
+    with pytest.raises(GenerationError, match="input_ids"):
+        hf_inputs({"pixel_values": pixels})
+
+
+# ---- the exported models ------------------------------------------------------------------
+
+
+def _model(name: str) -> Path:
+    """The exported model's directory (skips without optimum-executorch)."""
+    pytest.importorskip("optimum.exporters.executorch")
+    return mm.model_dir(name)
+
+
+@pytest.fixture(scope="module")
+def llava() -> Path:
+    return _model("llava")
+
+
+def _runner(d: Path, **kw: Any) -> MultimodalRunner:
+    ck = d / "checkpoint"
+    return MultimodalRunner(
+        str(d / "model.pte"), str(ck / "tokenizer.json"), processor=ck, print_output=False, **kw
+    )
+
+
+def _greedy(**kw: Any) -> GenerationConfig:
+    return GenerationConfig(temperature=0.0, max_new_tokens=N, echo=False, **kw)
+
+
+def _eager_image(d: Path, pixels: torch.Tensor, **generate: Any) -> tuple[Any, list[int]]:
+    ck = d / "checkpoint"
+    processor = transformers.AutoProcessor.from_pretrained(ck)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
+    inputs = processor(text=mm.PROMPTS["image"], images=_pil(pixels), return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            pixel_values=inputs["pixel_values"],
+            max_new_tokens=N,
+            do_sample=False,
+            **generate,
+        )
+    return inputs, out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llava", "llava_portable"])
+def test_image_prompt_gives_the_eager_models_greedy_tokens(name: str) -> None:
+    d = _model(name)
+    runner = _runner(d)
+    assert runner.multimodal and runner.decoder.has("image")
+    for seed in (0, 1):
+        inputs, want = _eager_image(d, _pixels(seed, 40, 30))
+        assert len(set(want)) > 2  # the image matters and the model does not repeat one id
+        text = runner.generate_text_hf(inputs, _greedy())
+        assert runner.generated_tokens == want
+        assert text == runner.tokenizer.decode(want, skip_special_tokens=True)
+        runner.reset()
+
+
+@pytest.mark.slow
+def test_image_placements_all_give_the_same_tokens(llava: Path) -> None:
+    """A processor's expanded placeholders, one placeholder in the text, and ExecuTorch's
+    [text, image, text] list with uint8 pixels preprocessed by ptexec (32x32: no resize)."""
+    px = _pixels(7, 32, 32)
+    inputs, want = _eager_image(llava, px)
+    runner = _runner(llava)
+    before, after = mm.PROMPTS["image"].split("<image>")
+    ways = [
+        hf_inputs(inputs),
+        [make_text_input(mm.PROMPTS["image"]), make_image_input(px)],
+        [make_text_input(before), make_image_input(px), make_text_input(after)],
+        [make_text_input(before), make_image_input(px.permute(1, 2, 0)), make_text_input(after)],
+    ]
+    for items in ways:
+        runner.generate(items, _greedy())
+        assert runner.generated_tokens == want
+        assert runner.stats.num_prompt_tokens == inputs["input_ids"].shape[1]
+        runner.reset()
+
+
+@pytest.mark.slow
+def test_preprocessing_from_the_programs_metadata(llava: Path) -> None:
+    """optimum-executorch copies preprocessor_config.json into the program's metadata: a
+    runner without a processor directory preprocesses the same (a 32x32 image: exact)."""
+    px = _pixels(8, 32, 32)
+    _, want = _eager_image(llava, px)
+    bare = MultimodalRunner(
+        str(llava / "model.pte"), str(llava / "checkpoint" / "tokenizer.json"), print_output=False
+    )
+    assert bare.decoder.image_settings()["image_mean"] == pytest.approx(
+        [0.48145466, 0.4578275, 0.40821073]
+    )
+    bare.generate([make_text_input(mm.PROMPTS["image"]), make_image_input(px)], _greedy())
+    assert bare.generated_tokens == want
+
+
+@pytest.mark.slow
+def test_repetition_penalty_equals_transformers_with_the_image_in_the_context(
+    llava: Path,
+) -> None:
+    """Processors see the placeholder ids at the image rows, as transformers' input_ids."""
+    inputs, want = _eager_image(llava, _pixels(3, 40, 30), repetition_penalty=1.5)
+    runner = _runner(llava)
+    runner.generate_hf(inputs, _greedy(logits_processor=RepetitionPenalty(1.5)))
+    assert runner.generated_tokens == want
+
+
+@pytest.mark.slow
+def test_sampling_streaming_stats_and_continuing(llava: Path) -> None:
+    px = _pixels(5, 32, 32)
+    runner = _runner(llava)
+    items = [make_text_input(mm.PROMPTS["image"]), make_image_input(px)]
+    runs = []
+    for _ in range(2):
+        pieces: list[str] = []
+        seen: list[Any] = []
+        cfg = GenerationConfig(temperature=1.0, top_k=20, seed=11, max_new_tokens=N, echo=False)
+        text = runner.generate_text(items, cfg, pieces.append, seen.append)
+        assert "".join(pieces) == text
+        runs.append(list(runner.generated_tokens))
+        stats = seen[0]
+        assert stats.num_prompt_tokens == 16 + len(runner.tokenizer.encode(mm.PROMPTS["image"])) - 1
+        assert stats.num_generated_tokens == len(runner.generated_tokens)
+        assert stats.aggregate_model_execution_time_ms > 0
+        runner.reset()
+    assert runs[0] == runs[1]  # one seed, one generation
+    # a generation continues the context: an empty prompt after prefill()
+    runner = _runner(llava, temperature=0.0)
+    runner.prefill(items)
+    runner.generate([], _greedy())
+    _, want = _eager_image(llava, px)
+    assert runner.generated_tokens == want
+
+
+@pytest.mark.slow
+def test_refusals_name_the_problem(llava: Path) -> None:
+    runner = _runner(llava)
+    px = _pixels(1, 32, 32)
+    with pytest.raises(GenerationError, match="placeholder"):
+        runner.generate([make_text_input("<image> and <image>"), make_image_input(px)], _greedy())
+    with pytest.raises(GenerationError, match="no audio encoder"):
+        runner.generate([make_audio_input(torch.zeros(1, 16, 200))], _greedy())
+    with pytest.raises(GenerationError, match="preprocessed pixel values"):
+        runner.generate([make_image_input(torch.rand(3, 20, 20))], _greedy())
+    with pytest.raises(GenerationError, match="placeholders cannot hold"):
+        runner.generate([make_token_input([1, 3, 3, 5]), make_image_input(px)], _greedy())
+    runner.generate([make_text_input(mm.PROMPTS["image"]), make_image_input(px)], _greedy())
+    assert len(runner.generated_tokens) > 1  # nothing refused changed the runner
+
+
+@pytest.mark.slow
+def test_optimum_loop_on_executorch_gives_the_same_tokens(llava: Path, tmp_path: Path) -> None:
+    """optimum-executorch's ExecuTorchModelForMultiModalToText runs the program on
+    ExecuTorch's runtime with its own greedy loop."""
+    from optimum.executorch import ExecuTorchModelForMultiModalToText
+
+    shutil.copy(llava / "checkpoint" / "config.json", tmp_path / "config.json")
+    (tmp_path / "model.pte").symlink_to(llava / "model.pte")
+    inputs, want = _eager_image(llava, _pixels(2, 40, 30))
+    et = ExecuTorchModelForMultiModalToText.from_pretrained(str(tmp_path))
+    et.tokenizer = transformers.AutoTokenizer.from_pretrained(llava / "checkpoint")
+    prompt = inputs["input_ids"]
+    got = et.generate(
+        prompt,
+        echo=True,  # its loop returns every generated token then
+        max_seq_len=prompt.shape[1] + N,
+        multimodal_features=inputs["pixel_values"],
+    )
+    runner = _runner(llava)
+    runner.generate_hf(inputs, GenerationConfig(temperature=0.0, echo=False, max_new_tokens=N - 1))
+    assert got[: len(runner.generated_tokens)] == runner.generated_tokens == want[: N - 1]
+
+
+@pytest.mark.slow
+def test_cli_generates_from_an_image_file(llava: Path, tmp_path: Path, capsys: Any) -> None:
+    from ptexec.cli import main
+
+    px = _pixels(6, 32, 32)
+    _pil(px).save(tmp_path / "cat.png")
+    _, want = _eager_image(llava, px)
+    ck = llava / "checkpoint"
+    rc = main(
+        [
+            "generate",
+            str(llava / "model.pte"),
+            "--tokenizer",
+            str(ck / "tokenizer.json"),
+            "--processor",
+            str(ck),
+            "--image",
+            str(tmp_path / "cat.png"),
+            "--prompt",
+            mm.PROMPTS["image"],
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            str(N),
+            "--no-echo",
+        ]
+    )
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    from ptexec.llm import load_tokenizer
+
+    assert out.out.rstrip("\n") == load_tokenizer(ck / "tokenizer.json").decode(
+        want, skip_special_tokens=True
+    )
+
+
+# ---- audio --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def voxtral() -> Path:
+    return _model("voxtral")
+
+
+def _wave(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(32000) / 16000
+    return 0.3 * torch.sin(2 * torch.pi * (200 + 300 * seed) * t) + 0.05 * torch.randn(
+        32000, generator=g
+    )
+
+
+def _eager_audio(d: Path, features: torch.Tensor, rows: int) -> tuple[list[int], list[int]]:
+    ck = d / "checkpoint"
+    tok = transformers.AutoTokenizer.from_pretrained(ck)
+    model = transformers.VoxtralForConditionalGeneration.from_pretrained(ck).eval()
+    before, after = mm.PROMPTS["audio"].split("<audio>")
+    ids = (
+        tok.encode(before, add_special_tokens=False)
+        + [mm.AUDIO] * rows
+        + tok.encode(after, add_special_tokens=False)
+    )
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            input_features=features,
+            max_new_tokens=N,
+            do_sample=False,
+        )
+    return ids, out[0, len(ids) :].tolist()
+
+
+@pytest.mark.slow
+def test_audio_prompt_gives_the_eager_models_greedy_tokens(voxtral: Path) -> None:
+    from ptexec.llm import audio_features
+
+    ck = voxtral / "checkpoint"
+    runner = _runner(voxtral)
+    assert runner.decoder.has("audio")
+    for seed in (0, 1):
+        feats = audio_features(_wave(seed), 16000, ck)
+        assert feats.shape == (1, 16, 200)
+        ids, want = _eager_audio(voxtral, feats, 25)
+        assert len(set(want)) > 2
+        # one placeholder in the text, widened to the encoder's 25 rows
+        runner.generate([make_text_input(mm.PROMPTS["audio"]), make_audio_input(feats)], _greedy())
+        assert runner.generated_tokens == want
+        runner.reset()
+        # the expanded ids (what a processor writes), and raw samples through the extractor
+        raw = make_audio_input(feats)
+        runner.generate([make_token_input(ids), raw], _greedy())
+        assert runner.generated_tokens == want
+        runner.reset()
+        samples = _wave(seed).reshape(1, 1, -1).contiguous()
+        from ptexec.llm import make_raw_audio_input
+
+        runner.generate([make_token_input(ids), make_raw_audio_input(samples)], _greedy())
+        assert runner.generated_tokens == want
+        runner.reset()
+
+
+@pytest.mark.slow
+def test_cli_generates_from_a_wav_file(voxtral: Path, tmp_path: Path, capsys: Any) -> None:
+    import wave
+
+    from ptexec.cli import main
+    from ptexec.llm import audio_features, load_tokenizer
+
+    samples = _wave(2)
+    pcm = (samples.clamp(-1, 1) * 32767).round().to(torch.int16)
+    with wave.open(str(tmp_path / "a.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.numpy().tobytes())
+    ck = voxtral / "checkpoint"
+    feats = audio_features(pcm.float() / 32768, 16000, ck)
+    _, want = _eager_audio(voxtral, feats, 25)
+    rc = main(
+        ["generate", str(voxtral / "model.pte"), "--tokenizer", str(ck / "tokenizer.json"),
+         "--processor", str(ck), "--audio", str(tmp_path / "a.wav"), "--prompt",
+         mm.PROMPTS["audio"], "--temperature", "0", "--max-new-tokens", str(N), "--no-echo"]
+    )  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert out.out.rstrip("\n") == load_tokenizer(ck / "tokenizer.json").decode(
+        want, skip_special_tokens=True
+    )
+
+
+# ---- CUDA ----------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llava_portable", "llava"])
+def test_image_prompt_on_cuda_gives_the_cpus_tokens(name: str) -> None:
+    d = _model(name)
+    inputs, want = _eager_image(d, _pixels(0, 40, 30))
+    runner = _runner(d, device_map="cuda")
+    assert runner.decoder.device.type == "cuda"
+    runner.generate_hf(inputs, _greedy())
+    assert runner.generated_tokens == want
