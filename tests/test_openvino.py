@@ -25,7 +25,7 @@ ov = pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 pytest.importorskip("executorch.backends.openvino.partitioner")
 
-from openvino_models import Lowered, models  # noqa: E402
+from openvino_models import Lowered, lower, models  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +220,35 @@ def test_inspect_names_the_backend_and_its_layers(
     assert "OpenvinoBackend" in out
     assert "Convolution" in out
     assert main(["run", str(path), "--repeat", "2"]) == 0
+
+
+@pytest.mark.slow  # a few minutes on 2 cores: run with -m openvino
+@pytest.mark.parametrize(
+    ("net", "shape"),
+    [
+        ("MobileNetV2", (1, 3, 48, 48)),
+        ("MobileNetV3Small", (1, 3, 48, 48)),
+        ("DeiT", (1, 3, 32, 32)),
+        ("TinyYOLO", (1, 3, 48, 48)),
+    ],
+)
+def test_real_networks(net: str, shape: tuple[int, ...]) -> None:
+    """The reduced real networks of the XNNPACK fixtures (scripts/make_xnnpack_fixtures.py),
+    in float32, lowered to OpenVINO."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import make_xnnpack_fixtures as mk
+
+    torch.manual_seed(0)
+    model = getattr(mk, net)().eval()
+    x = torch.randn(shape)
+    low = lower(net, model, (x,))
+    got = ptexec.load(low.pte).load_method().execute([x])
+    want = _eager(low, (x,))
+    for a, b in zip(got, want, strict=True):
+        # bfloat16 through a whole network: compared against the output's scale
+        scale = float(b.abs().max())
+        rtol, _ = _tolerance()
+        assert float((a - b).abs().max()) <= max(4 * rtol, 1e-4) * max(scale, 1.0), net

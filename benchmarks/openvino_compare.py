@@ -2,7 +2,7 @@
 """OpenVINO-lowered programs on ptexec against the same models lowered to XNNPACK.
 
 Usage:
-    python benchmarks/openvino.py [--rounds 15] [--block-ms 50] [--threads 1]
+    python benchmarks/openvino_compare.py [--rounds 15] [--block-ms 50] [--threads 1]
 
 Each model (a MobileNet-style CNN on 3x96x96, a transformer stack, a 3-layer 1024-wide MLP,
 the small MLP of the tests) is exported three ways with ExecuTorch's exporter:
