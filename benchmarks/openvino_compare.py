@@ -47,7 +47,7 @@ def _mlp1024() -> nn.Module:
 def _cases() -> list[tuple[str, Callable[[], nn.Module], tuple[torch.Tensor, ...]]]:
     return [
         ("mobilenet_like", MobileNetLike, (torch.randn(1, 3, 96, 96),)),
-        ("transformer", TransformerStack, (torch.randn(1, 32, 128),)),
+        ("transformer", TransformerStack, (torch.randn(1, 32, 256),)),
         ("mlp1024", _mlp1024, (torch.randn(8, 1024),)),
         ("mlp_small", MLP, (torch.randn(2, 8),)),
     ]
