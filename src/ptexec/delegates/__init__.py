@@ -8,7 +8,7 @@ without torch. Other code registers its own with :func:`register_backend` the sa
 
 from __future__ import annotations
 
-from . import xnnpack
+from . import openvino, xnnpack
 from .registry import (
     Backend,
     BackendFactory,
@@ -32,4 +32,5 @@ __all__ = [
 ]
 
 # ptexec's built-in backends: id, how its calls are prepared, how its payload is described
+register_backend(openvino.BACKEND_ID, openvino.prepare, openvino.describe_payload)
 register_backend(xnnpack.BACKEND_ID, xnnpack.prepare, xnnpack.describe_payload)
