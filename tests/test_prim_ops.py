@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from ptexec.compile.functional import Env, Rebuild
+from ptexec.compile.functional import Env, FunctionalForms
 from ptexec.format import program as p
 from ptexec.kernels.prim import PRIM_OPS
 from ptexec.kernels.registry import KernelContext, find_kernel
@@ -63,7 +63,7 @@ def _compiled(name: str, operands: tuple[Any, ...]) -> Any:
     plan = SimpleNamespace(values=values)
     chain = SimpleNamespace(instructions=[p.KernelCall(0, tuple(range(n + 1)))], names=[name])
     state: Any = SimpleNamespace(plan=plan, chains=[chain])
-    rebuild = Rebuild(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+    rebuild = FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
     assert rebuild.reason(0, 0) is None
     env = Env(lambda j: operands[j])
 

@@ -485,7 +485,7 @@ def _compiled_embedding(weight: torch.Tensor, scales: torch.Tensor, ids: torch.T
     """``embedding_byte.out`` on these tensors through the compiled tier's functional form."""
     from types import SimpleNamespace
 
-    from ptexec.compile.functional import Env, Rebuild
+    from ptexec.compile.functional import Env, FunctionalForms
 
     def desc(t: torch.Tensor) -> p.Tensor:
         code = {torch.int8: 1, torch.int64: 4, torch.float32: 6}[t.dtype]
@@ -498,7 +498,7 @@ def _compiled_embedding(weight: torch.Tensor, scales: torch.Tensor, ids: torch.T
     name = "quantized_decomposed::embedding_byte.out"
     chain = SimpleNamespace(instructions=[p.KernelCall(0, tuple(range(7)))], names=[name])
     state: Any = SimpleNamespace(plan=SimpleNamespace(values=values), chains=[chain])
-    rebuild = Rebuild(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+    rebuild = FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
     assert rebuild.reason(0, 0) is None
     env = Env(lambda j: given[j])
     rebuild.step(env, 0, 0)

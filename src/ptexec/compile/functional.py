@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ..loader.state import MethodState
     from ..program import Program
 
-__all__ = ["Env", "FunctionalForms", "NoFunctionalForm", "Rebuild", "RebuildError"]
+__all__ = ["Env", "FunctionalForms", "NoFunctionalForm"]
 
 
 def _shares_memory(t: Any, m: torch.Tensor) -> bool:
@@ -324,5 +324,3 @@ class FunctionalForms:
 
 
 # the names the compiled tier's other modules know these by
-Rebuild = FunctionalForms
-RebuildError = NoFunctionalForm

@@ -2,7 +2,7 @@
 
 A *region* is a run of consecutive instructions of one basic block (control flow enters
 it only at its first instruction) that all have a functional form
-(:meth:`~.functional.Rebuild.reason`) and touch tensors of one device. Jumps end regions
+(:meth:`~.functional.FunctionalForms.reason`) and touch tensors of one device. Jumps end regions
 and stay in the interpreter; so does anything without a functional form, and a region
 too small to gain from compiling (``min_instructions`` kernel calls or delegate calls).
 
@@ -41,7 +41,7 @@ from ..format import program as p
 
 if TYPE_CHECKING:
     from ..loader.state import MethodState
-    from .functional import Rebuild
+    from .functional import FunctionalForms
 
 __all__ = ["Fallback", "Region", "Store", "plan_regions"]
 
@@ -167,7 +167,7 @@ class _Planner:
     def __init__(
         self,
         state: MethodState,
-        rebuild: Rebuild,
+        rebuild: FunctionalForms,
         shared_buffers: frozenset[int],
         min_instructions: int,
     ) -> None:
@@ -519,7 +519,7 @@ class _Planner:
 
 def plan_regions(
     state: MethodState,
-    rebuild: Rebuild,
+    rebuild: FunctionalForms,
     shared_buffers: Iterable[int] = (),
     min_instructions: int = 2,
 ) -> tuple[list[Region], list[Fallback]]:

@@ -133,13 +133,13 @@ class RegionBuilder:
     first call: a call replaces some slots' tensors)."""
 
     def __init__(self, state: MethodState, program: Program, options: CompileOptions) -> None:
-        from .functional import Rebuild
+        from .functional import FunctionalForms
 
         self.state = state
         self.program = program
         self.options = options
         self.device = _method_device(state)
-        self.rebuild = Rebuild(state, program, self.device)
+        self.rebuild = FunctionalForms(state, program, self.device)
         self.regions, self.fallbacks = plan_regions(
             state, self.rebuild, program.shared_buffer_indices, options.min_instructions
         )
