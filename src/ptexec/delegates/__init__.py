@@ -102,4 +102,5 @@ def describe_payload(backend_id: str, data: memoryview) -> dict[str, int] | None
 
 # Built-in backends register themselves on import (their torch code loads when a method
 # that uses them is prepared).
+from . import vulkan as _vulkan  # noqa: E402,F401
 from . import xnnpack as _xnnpack  # noqa: E402,F401
