@@ -616,6 +616,7 @@ class _Builder:
 
     def build(self) -> VulkanRunner:
         self.inputs()
+        self.spans.append(("inputs", 0, len(self.lines)))
         counts: dict[str, int] = {}
         for op in self.g.chain:
             counts[op.name] = counts.get(op.name, 0) + 1
