@@ -89,11 +89,18 @@ def _quantize(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
 
 
 def _ops_by_flatc(buffer: bytes) -> list[dict[str, int]]:
-    """Each Vulkan delegate's op names and counts, decoded by ExecuTorch's own tools."""
+    """Each Vulkan delegate's op names and counts, decoded by ``flatc`` with the wheel's
+    ``schema.fbs`` (ExecuTorch's own reading; its JSON may hold bare ``inf``/``nan``
+    doubles, which are read as numbers here)."""
+    import importlib.resources
+    import re
+    import tempfile
+
+    import executorch.backends.vulkan.serialization as vk_serialization
     from executorch.backends.vulkan.serialization.vulkan_graph_serialize import (
         extract_vk_flatbuffer,
-        flatbuffer_to_vk_graph,
     )
+    from executorch.exir._serialize._flatbuffer import _flatc_decompile
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     pte = deserialize_pte_binary(buffer)
@@ -104,8 +111,15 @@ def _ops_by_flatc(buffer: bytes) -> list[dict[str, int]]:
             if d.id != "VulkanBackend":
                 continue
             data = program.backend_delegate_data[d.processed.index].data
-            graph = flatbuffer_to_vk_graph(extract_vk_flatbuffer(data))
-            out.append(dict(sorted(Counter(c.name for c in graph.chain).items())))
+            with tempfile.TemporaryDirectory() as tmp:
+                schema = Path(tmp) / "schema.fbs"
+                schema.write_bytes(importlib.resources.read_binary(vk_serialization, "schema.fbs"))
+                (Path(tmp) / "schema.bin").write_bytes(extract_vk_flatbuffer(data))
+                _flatc_decompile(tmp, str(schema), str(Path(tmp) / "schema.bin"), ["--raw-binary"])
+                text = (Path(tmp) / "schema.json").read_text()
+            text = re.sub(r"(?<=[:\[,\s])-?(inf|nan)\b", "0", text)
+            graph = json.loads(text)
+            out.append(dict(sorted(Counter(c["name"] for c in graph["chain"]).items())))
     return out
 
 

@@ -247,3 +247,37 @@ def test_a_failing_call_is_an_execution_error() -> None:
     assert method(x)[0].shape == (2, 4)
     with pytest.raises((ExecutionError, ptexec.InputError)):
         method(x.to(torch.int64))
+
+
+# -- the compiled tier -------------------------------------------------------------------
+
+
+def _compiled(name: str, backend: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from ptexec.compile import CompileOptions
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    options = CompileOptions(backend=backend) if backend else True
+    return ptexec.load(FIXTURES / MANIFEST[name]["pte"]).load_method("forward", compile=options)
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_fixture_traced_by_the_compiled_tier(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The payload's torch code traced into the compiled tier's graph gives eager's values."""
+    method = _compiled(name, "graph", tmp_path, monkeypatch)
+    report = method.compile_report
+    assert report is not None and report.fully_compiled, report
+    for call in _calls(name):
+        for got, want in zip(method(*call["inputs"]), call["eager"], strict=True):
+            _close(got, want, MANIFEST[name]["tol_eager"])
+
+
+@pytest.mark.slow
+def test_fixture_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    method = _compiled("cnn", None, tmp_path, monkeypatch)
+    report = method.compile_report
+    assert report is not None and report.fully_compiled, report
+    for call in _calls("cnn"):
+        for got, want in zip(method(*call["inputs"]), call["eager"], strict=True):
+            _close(got, want, MANIFEST["cnn"]["tol_eager"])

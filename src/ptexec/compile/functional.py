@@ -25,6 +25,7 @@ integer or Python value it holds), so that tracing a run of instructions with
 - an XNNPACK delegate runs the torch code its payload was compiled to
   (:mod:`ptexec.delegates.xnnpack.runtime`), traced like everything else, so that fusion
   crosses the delegate's boundary; its outputs are taken from where the code writes them.
+  A Vulkan delegate the same way (:mod:`ptexec.delegates.vulkan.runtime`).
 
 :meth:`Rebuild.reason` says why an instruction cannot be rebuilt (then it is interpreted).
 """
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..delegates.vulkan.backend import runner_for as vulkan_runner_for
 from ..delegates.xnnpack.runtime import ArgInfo, build_runner
 from ..delegates.xnnpack.schema import decode_payload
 from ..dtypes import CODE_TO_DTYPE
@@ -548,7 +550,7 @@ class Rebuild:
             return None
         if isinstance(ins, p.DelegateCall):
             delegate = self.plan.delegates[ins.delegate_index]
-            if delegate.id != "XnnpackBackend":
+            if delegate.id not in ("XnnpackBackend", "VulkanBackend"):
                 return f"delegate '{delegate.id}' has no functional form"
             return None
         assert isinstance(ins, p.KernelCall)
@@ -814,6 +816,19 @@ class Rebuild:
         if found is None:
             delegate = self.plan.delegates[ins.delegate_index]
             where = f"{self.plan.name}.delegates[{ins.delegate_index}]"
+            data = self.program.pte.delegate_data(delegate.processed)
+            if delegate.id == "VulkanBackend":
+                vk = vulkan_runner_for(
+                    data,
+                    self.program.named_data,
+                    self.plan.values,
+                    ins.args,
+                    where,
+                    self.device,
+                    traced=True,
+                )
+                found = self._delegates[key] = _Delegate(vk.fn, vk.ext_ids, vk.output_ids)
+                return found
             payload = decode_payload(
                 self.program.pte.delegate_data(delegate.processed), f"{where}.payload"
             )

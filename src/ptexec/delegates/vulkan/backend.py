@@ -69,10 +69,12 @@ def runner_for(
     args: Sequence[int],
     where: str,
     device: torch.device,
+    traced: bool = False,
 ) -> VulkanRunner:
-    """Decode, validate and compile one delegate's payload."""
+    """Decode, validate and compile one delegate's payload (``traced``: for the compiled
+    tier, :func:`.runtime.build_runner`)."""
     payload = decode_payload(data, f"{where}.payload")
-    return build_runner(payload, named_data, arg_infos(values, args, where), device)
+    return build_runner(payload, named_data, arg_infos(values, args, where), device, traced)
 
 
 def _where(ctx: DelegateContext) -> str:

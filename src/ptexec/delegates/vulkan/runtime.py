@@ -247,6 +247,15 @@ class _Builder:
         self.expr: dict[int, str] = {}
         self.meta: dict[int, Any] = {}  # value id -> its meta tensor / int (None: unknown)
         self.static = all(a is None or a.static or a.scalar for a in args)
+        # values something reads: the others (the unused extra outputs of batch norm,
+        # whose dims the exporter writes as 0) are not checked
+        self.used = set(self.g.output_ids)
+        for op in self.g.chain:
+            for vid in op.args[:-1]:
+                self.used.add(vid)
+                value = self.g.values[vid]
+                if value.kind == "value_list":
+                    self.used.update(int(i) for i in value.items)
         self._n = 0
 
     # -- helpers -------------------------------------------------------------------------
@@ -565,7 +574,8 @@ class _Builder:
         name = self.expr[vid] = f"t{vid}"
         if isinstance(meta, torch.Tensor):
             got = tuple(int(d) for d in meta.shape)
-            if (self.static and got != t.dims) or len(got) != len(t.dims):
+            wrong = (self.static and got != t.dims) or len(got) != len(t.dims)
+            if wrong and vid in self.used:
                 raise self.fail(
                     op,
                     f"computes dims {list(got)} for value {vid}, the payload says {list(t.dims)}",
@@ -658,9 +668,19 @@ def build_runner(
     named_data: Mapping[str, memoryview],
     args: Sequence[ArgInfo | None],
     device: torch.device | str = "cpu",
+    traced: bool = False,
 ) -> VulkanRunner:
     """Validate the payload against the delegate call's arguments (``args``, None: not a
-    tensor or integer) and compile its chain for ``device``."""
+    tensor or integer) and compile its chain for ``device``; ``traced``: the code is to be
+    traced by the compiled tier (outputs are not resized)."""
     s.validate_payload(payload, named_data)
     with torch.no_grad():
-        return _Builder(payload, named_data, args, torch.device(device)).build()
+        builder = _Builder(payload, named_data, args, torch.device(device))
+        if traced:  # the compiled tier collects outputs where the code writes them
+            builder.env["_resize"] = _no_resize
+        return builder.build()
+
+
+def _no_resize(*_: Any) -> None:
+    """Stands for :func:`_resize` while the code is traced (the compiled tier checks and
+    sizes its outputs itself)."""
