@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
 
-import vulkan_suite as vs  # noqa: E402
+import vulkan_suite as vs
 
 SAMPLE = [
     ("test_add", "test_add_f32_bcast_first", "vulkan"),

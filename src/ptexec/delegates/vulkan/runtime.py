@@ -554,6 +554,9 @@ class _Builder:
                     op, f"computes {len(results)} outputs, the payload names {len(items)}"
                 )
             for j, vid in enumerate(items):
+                if vid not in self.used:  # an extra output nothing reads (pool indices)
+                    self.meta[vid] = None if results is None else results[j]
+                    continue
                 self._assign(op, vid, f"{r}[{j}]", None if results is None else results[j])
             return
         if isinstance(meta, tuple):
