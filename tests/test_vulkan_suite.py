@@ -16,7 +16,7 @@ import vulkan_suite as vs
 SAMPLE = [
     ("test_add", "test_add_f32_bcast_first", "vulkan"),
     ("test_linear", "test_linear_unbatched", "vulkan_static_int8_per_channel"),
-    ("test_conv2d", "test_conv2d_basic", "vulkan"),
+    ("test_relu", "test_relu_f32_multi_dim", "vulkan"),
 ]
 
 
