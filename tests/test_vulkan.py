@@ -274,7 +274,12 @@ def test_fixture_traced_by_the_compiled_tier(
 
 
 @pytest.mark.slow
-def test_fixture_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fixture_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    from compile_util import skip_slow_unless_asked
+
+    skip_slow_unless_asked(request)
     method = _compiled("cnn", None, tmp_path, monkeypatch)
     report = method.compile_report
     assert report is not None and report.fully_compiled, report

@@ -36,7 +36,10 @@ def test_sample_case_matches_eager(module: str, name: str, flow: str) -> None:
 
 
 @pytest.mark.slow
-def test_whole_suite() -> None:
+def test_whole_suite(request: pytest.FixtureRequest) -> None:
+    from compile_util import skip_slow_unless_asked
+
+    skip_slow_unless_asked(request)  # exports every case of the suite: run with -m slow
     results = list(vs.run_all())
     low = vs.lowered(results)
     assert low
