@@ -1,7 +1,7 @@
-"""An XNNPACK delegate call as traced torch code.
+"""An XNNPACK or Vulkan delegate call as traced torch code.
 
 The delegate's payload is compiled to torch code (:mod:`ptexec.delegates.xnnpack.runtime`,
-``traced=True``), which is traced like every other instruction, so that fusion crosses the
+:mod:`ptexec.delegates.vulkan.runtime`; ``traced=True``), which is traced like every other instruction, so that fusion crosses the
 delegate's boundary. That code writes its outputs into tensors it is given; traced, each
 output is a :class:`_Sink` that keeps what the code writes, in the output's logical dims.
 """
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..delegates.vulkan.backend import runner_for as vulkan_runner_for
 from ..delegates.xnnpack.runtime import ArgInfo, build_runner
 from ..delegates.xnnpack.schema import decode_payload
 from ..dtypes import CODE_TO_DTYPE
@@ -83,7 +84,7 @@ def _arg_infos(plan: p.ExecutionPlan, args: tuple[int, ...]) -> list[ArgInfo | N
 
 
 class DelegateCode:
-    """The torch code of one XNNPACK delegate call, and which of its arguments are
+    """The torch code of one XNNPACK or Vulkan delegate call, and which of its arguments are
     external values (``ext_ids``) and outputs (``out_ids``)."""
 
     def __init__(self, fn: Callable[..., None], ext_ids: tuple[int, ...], out_ids: tuple[int, ...]):
@@ -102,7 +103,13 @@ class DelegateCode:
         """The code of delegate call ``ins`` (decodes its payload, loads its weights)."""
         delegate = plan.delegates[ins.delegate_index]
         where = f"{plan.name}.delegates[{ins.delegate_index}]"
-        payload = decode_payload(program.pte.delegate_data(delegate.processed), f"{where}.payload")
+        data = program.pte.delegate_data(delegate.processed)
+        if delegate.id == "VulkanBackend":
+            vk = vulkan_runner_for(
+                data, program.named_data, plan.values, ins.args, where, device, traced=True
+            )
+            return cls(vk.fn, vk.ext_ids, vk.output_ids)
+        payload = decode_payload(data, f"{where}.payload")
         runner = build_runner(
             payload, program.named_data, _arg_infos(plan, ins.args), device, traced=True
         )

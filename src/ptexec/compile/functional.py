@@ -24,7 +24,8 @@ the kernels' and torch's own:
   checks that read data and masks what it slices on the host; an op that updates a cache
   in place updates the value it is given (a compiled region's state is then written in
   place) or a copy;
-- an XNNPACK delegate runs the torch code its payload was compiled to (:mod:`.delegate_code`).
+- an XNNPACK or Vulkan delegate runs the torch code its payload was compiled to
+  (:mod:`.delegate_code`).
 
 :meth:`FunctionalForms.reason` says why an instruction has no functional form (then it is
 interpreted).
@@ -89,7 +90,7 @@ class FunctionalForms:
             return None
         if isinstance(ins, p.DelegateCall):
             delegate = self.plan.delegates[ins.delegate_index]
-            if delegate.id != "XnnpackBackend":
+            if delegate.id not in ("XnnpackBackend", "VulkanBackend"):
                 return f"delegate '{delegate.id}' has no functional form"
             return None
         assert isinstance(ins, p.KernelCall)

@@ -8,7 +8,7 @@ without torch. Other code registers its own with :func:`register_backend` the sa
 
 from __future__ import annotations
 
-from . import openvino, xnnpack
+from . import openvino, vulkan, xnnpack
 from .registry import (
     Backend,
     BackendFactory,
@@ -33,4 +33,5 @@ __all__ = [
 
 # ptexec's built-in backends: id, how its calls are prepared, how its payload is described
 register_backend(openvino.BACKEND_ID, openvino.prepare, openvino.describe_payload)
+register_backend(vulkan.BACKEND_ID, vulkan.prepare, vulkan.describe_payload)
 register_backend(xnnpack.BACKEND_ID, xnnpack.prepare, xnnpack.describe_payload)

@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""Run ExecuTorch's backend operator test suite through its ``vulkan`` flows on ptexec.
+
+Every case is lowered with the flow's exporter and run with ptexec on the CPU, compared
+with eager PyTorch (tests/vulkan_suite.py). Prints one line per case that is not a
+match, then the counts, and writes every result as JSON (``--json``).
+
+    python scripts/vulkan_suite.py [--flow vulkan] [--select add] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from vulkan_suite import FLOWS, lowered, run_all, summary  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--flow", action="append", choices=FLOWS, help="default: both")
+    ap.add_argument("--select", help="only test modules whose name contains this")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    flows = tuple(args.flow or FLOWS)
+    results = []
+    start = time.perf_counter()
+    for r in run_all(flows, args.select, args.device):
+        results.append(r)
+        if r.status != "match":
+            print(f"{r.status:13} {r.flow:32} {r.case}  {r.detail}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps([dataclasses.asdict(x) for x in results], indent=1))
+    counts = summary(results)
+    low = lowered(results)
+    matched = sum(r.status == "match" for r in low)
+    print(f"{len(results)} cases in {time.perf_counter() - start:.0f} s: {counts}")
+    for flow in flows:
+        fl = [r for r in low if r.flow == flow]
+        ok = sum(r.status == "match" for r in fl)
+        print(f"  {flow}: {ok}/{len(fl)} Vulkan-lowered cases match eager")
+    print(
+        f"lowered: {matched}/{len(low)} match"
+        + (f" ({100 * matched / len(low):.1f}%)" if low else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
