@@ -158,8 +158,9 @@ def _check_port(port: Any, t: p.Tensor, what: str, where: str) -> torch.dtype:
 class OpenvinoCall:
     """One delegate call: ``call(*tensors)`` with the call's inputs, then its outputs.
 
-    OpenVINO's tensor views of the arguments are made again only when an argument's memory
-    or shape changes (a planned tensor keeps both from call to call)."""
+    OpenVINO's tensor views of the arguments are made, and handed to the request, again only
+    when an argument's memory or shape changes (a planned tensor keeps both from call to
+    call; the request keeps what it was given)."""
 
     def __init__(self, ov: Any, compiled: Any, inputs: int, static_outputs: Sequence[bool]):
         self._ov = ov
@@ -169,6 +170,7 @@ class OpenvinoCall:
         self._views: list[tuple[tuple[int, tuple[int, ...]], Any] | None] = [None] * (
             inputs + len(static_outputs)
         )
+        self._given: list[Any] = [None] * (inputs + len(static_outputs))  # what the request has
 
     def _view(self, k: int, t: torch.Tensor) -> Any:
         key = (t.data_ptr(), tuple(t.shape))
@@ -190,11 +192,18 @@ class OpenvinoCall:
     def __call__(self, *tensors: torch.Tensor) -> None:
         request = self._request
         n = self._inputs
+        given = self._given
         for k in range(n):
-            request.set_input_tensor(k, self._view(k, tensors[k]))
+            view = self._view(k, tensors[k])
+            if view is not given[k]:
+                request.set_input_tensor(k, view)
+                given[k] = view
         for j, static in enumerate(self._static):
             if static:
-                request.set_output_tensor(j, self._view(n + j, tensors[n + j]))
+                view = self._view(n + j, tensors[n + j])
+                if view is not given[n + j]:
+                    request.set_output_tensor(j, view)
+                    given[n + j] = view
         request.infer()
         for j, static in enumerate(self._static):
             if not static:
