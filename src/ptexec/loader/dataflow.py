@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ..codegen import Sources
-from ..effects import byte_range, effects, kind, tensor_items
+from ..effects import Effects, byte_range, effects, kind, tensor_items
 from ..format import program as p
 from ..kernels.registry import Statement
 
@@ -65,6 +65,10 @@ def _covers(a: Region, b: Region) -> bool:
     if a[0] == "planned" and b[0] == "planned":
         return bool(a[1] == b[1] and a[2] <= b[2] and b[3] <= a[3])
     return a == b and a[0] != "fixed"
+
+
+def _first(entry: tuple[int, int, int, int]) -> int:
+    return entry[0]
 
 
 class _Ranges:
@@ -94,10 +98,13 @@ class _Ranges:
         for b in self._span(mem, start, end):
             entries = self.buckets.get((mem, b))
             if entries:
-                at = bisect.bisect_right(entries, lo, key=lambda e: e[0])
-                streams.append(itertools.islice(entries, at, None))
+                at = bisect.bisect_right(entries, lo, key=_first)
+                if at < len(entries):
+                    streams.append(itertools.islice(entries, at, None))
+        if not streams:
+            return
         last = None
-        for entry in heapq.merge(*streams):
+        for entry in streams[0] if len(streams) == 1 else heapq.merge(*streams):
             if entry[0] >= hi:
                 return
             if entry != last and entry[1] < end and start < entry[2]:
@@ -114,7 +121,12 @@ class _ChainAccesses:
     superset of the current facts; every query checks its hits against them."""
 
     def __init__(
-        self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Statement], et_views: set[int]
+        self,
+        plan: p.ExecutionPlan,
+        chain: p.Chain,
+        statements: list[Statement],
+        et_views: set[int],
+        known: Sequence[Effects] | None = None,
     ) -> None:
         self.et_views = et_views
         self.values = plan.values
@@ -125,6 +137,7 @@ class _ChainAccesses:
         self.writes: list[list[Region]] = []
         self.writers: dict[int, set[int]] = {}
         self.root: dict[int, int] = {}
+        self._planned: dict[int, tuple[int, int, int] | None] = {}  # byte_range, once
         self.fixed: set[int] = set()  # values whose memory is constant: the file's, or folded
         for j, v in enumerate(self.values):
             if isinstance(v, p.Tensor) and v.is_constant:
@@ -134,7 +147,7 @@ class _ChainAccesses:
         self.write_ranges = _Ranges(plan.non_const_buffer_sizes)
         self.other_writes: dict[Region, list[int]] = {}
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
-            e = effects(self.values, ins, st)
+            e = effects(self.values, ins, st) if known is None else known[k]
             reads = set(e.reads)
             if kind(ins) == "move":  # the moved-to slot is kept as read too
                 assert isinstance(ins, p.MoveCall)
@@ -173,7 +186,10 @@ class _ChainAccesses:
         """Where value ``index``'s bytes are, as the plan lays them out."""
         if index in self.fixed:
             return ("fixed", index)
-        found = byte_range(self.values[index])
+        if index in self._planned:
+            found = self._planned[index]
+        else:
+            found = self._planned[index] = byte_range(self.values[index])
         if found is not None:
             return ("planned", *found)
         if index in self.inputs:
@@ -404,14 +420,16 @@ def rewrite_chain(
     names: Sequence[str],
     values: list[Any],
     fold_limit: int,
+    known: Sequence[Effects] | None = None,
 ) -> list[Statement]:
     """``statements`` with copies turned into views and constant work done now (see the
     module docstring). ``values`` is the method's values table; folded results and views
-    of constants are stored into it. At most ``fold_limit`` bytes of results are folded."""
+    of constants are stored into it. At most ``fold_limit`` bytes of results are folded.
+    ``known``: the effects of ``statements``, when the caller has them already."""
     if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
         return statements
     c = _ChainAccesses(
-        plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}
+        plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}, known
     )
     budget = [fold_limit]
     sources = Sources(plan.name)  # what runs once, here (forgotten on return)
