@@ -194,11 +194,15 @@ def _ptexec_load(data: bytes, method: str) -> Any:
 
 def _forget_loads() -> None:
     """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
-    from ptexec.codegen import clear_compiled
-    from ptexec.format.pte import clear_decoded
+    from ptexec import codegen
+    from ptexec.format import pte
+    from ptexec.loader import dataflow
 
-    clear_decoded()
-    clear_compiled()
+    for module, name in ((pte, "clear_decoded"), (codegen, "clear_compiled")):
+        clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
+        if clear is not None:
+            clear()
+    getattr(dataflow, "_recipes", {}).clear()
 
 
 def main(argv: list[str] | None = None) -> int:
