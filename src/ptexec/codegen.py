@@ -12,6 +12,13 @@ Generators write their source with :class:`Code`: lines appended one by one, eac
 optionally tagged with the instruction it runs, rendered into the text and the line map
 that :meth:`Sources.compile` takes. A :class:`Sources` keeps each piece's text, so the code
 a method runs can be shown (:meth:`Sources.piece`, :meth:`Piece.listing`).
+
+Compiling the text is a large part of loading a method, and the same text comes back
+often (a program loaded again, methods of the same shape, one block repeated): compiled
+code objects are kept in a bounded in-process cache keyed by the text (at most
+:data:`COMPILED_TEXTS` texts, :data:`COMPILED_CHARS` characters in all, least recently
+used first out). The text is generated here, never read from disk, and a hit gives the
+code object that compiling the same text gives, renamed to the piece's own file name.
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import linecache
+import threading
 import types
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +37,41 @@ from typing import Any
 __all__ = ["Code", "Piece", "Sources"]
 
 _NAMES = itertools.count()
+
+COMPILED_TEXTS = 512  # generated texts whose code objects are kept
+COMPILED_CHARS = 16 << 20  # their total length
+_compiled: OrderedDict[str, types.CodeType] = OrderedDict()
+_compiled_chars = 0
+_compiled_lock = threading.Lock()
+_PLACEHOLDER = "<ptexec generated>"
+
+
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` and every code object nested in it, with file name ``filename``."""
+    consts = tuple(
+        _renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _compile(source: str, filename: str) -> types.CodeType:
+    """``compile(source, filename, "exec")`` through the cache (module docstring)."""
+    global _compiled_chars
+    with _compiled_lock:
+        code = _compiled.get(source)
+        if code is not None:
+            _compiled.move_to_end(source)
+    if code is None:
+        code = compile(source, _PLACEHOLDER, "exec")
+        if len(source) <= COMPILED_CHARS // 4:
+            with _compiled_lock:
+                if source not in _compiled:
+                    _compiled[source] = code
+                    _compiled_chars += len(source)
+                while len(_compiled) > COMPILED_TEXTS or _compiled_chars > COMPILED_CHARS:
+                    old, _ = _compiled.popitem(last=False)
+                    _compiled_chars -= len(old)
+    return _renamed(code, filename)
 
 
 def _forget(filenames: list[str]) -> None:
@@ -139,7 +183,7 @@ class Sources:
         ``what`` says which piece it is (``"chain 0 block 2"``); ``lines`` maps a 1-based
         line of ``source`` to the instruction of ``chain`` it runs."""
         filename = f"<ptexec #{next(_NAMES)} {self.label} {what}>"
-        code = compile(source, filename, "exec")
+        code = _compile(source, filename)
         namespace: dict[str, Any] = dict(env or {})
         namespace["__ptexec_sources__"] = self  # the code keeps its sources registered
         exec(code, namespace)
@@ -182,3 +226,11 @@ class Sources:
     def close(self) -> None:
         """Forget every source now (also done when this object is freed)."""
         self._finalizer()
+
+
+def clear_compiled() -> None:
+    """Forget every cached code object (see the module docstring)."""
+    global _compiled_chars
+    with _compiled_lock:
+        _compiled.clear()
+        _compiled_chars = 0

@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 KINDS = ("kernel", "delegate", "move", "free", "jump_false")
+# isinstance against a tuple (not an ``X | Y`` made on every call): these run per value
+_TENSOR_LISTS = (p.TensorList, p.OptionalTensorList)
+_LISTS = (p.TensorList, p.OptionalTensorList, p.IntList)
 
 
 def kind(ins: p.Instruction) -> str:
@@ -89,7 +92,7 @@ def tensor_items(values: tuple[p.EValue, ...], index: int) -> list[int]:
     v = values[index]
     if isinstance(v, p.Tensor):
         return [index]
-    if isinstance(v, p.TensorList | p.OptionalTensorList):
+    if isinstance(v, _TENSOR_LISTS):
         return [i for i in v.items if i >= 0 and isinstance(values[i], p.Tensor)]
     return []
 
@@ -106,7 +109,7 @@ def referenced(
         v = values[a]
         if isinstance(v, p.Tensor):
             found[a] = None
-        elif isinstance(v, p.TensorList | p.OptionalTensorList):
+        elif isinstance(v, _TENSOR_LISTS):
             for i in v.items:
                 if i >= 0 and isinstance(values[i], p.Tensor):
                     found[i] = None
@@ -126,7 +129,7 @@ def _all_referenced(values: tuple[p.EValue, ...], ins: p.Instruction) -> set[int
     for a in p.instruction_values(ins):
         out.add(a)
         v = values[a]
-        if isinstance(v, p.TensorList | p.OptionalTensorList | p.IntList):
+        if isinstance(v, _LISTS):
             out.update(i for i in v.items if i >= 0)
     return out
 
@@ -166,7 +169,7 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
             for a in ins.args[:-1]:
                 operands.add(a)
                 item = values[a]
-                if isinstance(item, p.TensorList | p.OptionalTensorList | p.IntList):
+                if isinstance(item, _LISTS):
                     operands.update(item.items)
         skip = outs | (set(replaces) - operands)
         inputs = tuple(sorted(j for j in declared if j not in skip))

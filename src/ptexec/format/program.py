@@ -245,7 +245,7 @@ Instruction = KernelCall | DelegateCall | MoveCall | JumpFalseCall | FreeCall
 
 def instruction_values(ins: Instruction) -> tuple[int, ...]:
     """The value indices an instruction refers to, in order."""
-    if isinstance(ins, KernelCall | DelegateCall):
+    if isinstance(ins, (KernelCall, DelegateCall)):
         return ins.args
     if isinstance(ins, MoveCall):
         return (ins.move_from, ins.move_to)
@@ -261,7 +261,7 @@ def tensor_indices(values: tuple[EValue, ...], indices: tuple[int, ...]) -> tupl
         v = values[a]
         if isinstance(v, Tensor):
             out[a] = None
-        elif isinstance(v, TensorList | OptionalTensorList):
+        elif isinstance(v, (TensorList, OptionalTensorList)):
             for i in v.items:
                 if i >= 0 and isinstance(values[i], Tensor):
                     out[i] = None

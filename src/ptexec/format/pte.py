@@ -1,7 +1,23 @@
-"""A whole ``.pte`` file: header, program description and zero-copy access to its data."""
+"""A whole ``.pte`` file: header, program description and zero-copy access to its data.
+
+Decoding and validating the program description is the larger part of reading a file, and
+a process often reads one file many times (a method loaded per worker, a program loaded
+again after it was freed). So the validated description is kept in a small in-process
+cache keyed by the SHA-256 of the flatbuffer bytes and the sizes of the file's segments:
+the same bytes decode to the same frozen dataclasses, and the same description with the
+same segment sizes passes the same checks, so a hit skips work that would give an equal
+result. Only descriptions that passed every check are kept (a defective file is decoded
+and refused again each time); the entries hold plain frozen data (offsets and sizes, no
+view of the file), so they keep no file's memory alive; the cache holds at most
+:data:`DECODED_PROGRAMS` descriptions, least recently used first out. Nothing is kept
+on disk.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..errors import PteFormatError
@@ -12,6 +28,37 @@ from .header import PteHeader, read_pte_header, truncated
 from .validate import validate_program
 
 Bytes = bytes | bytearray | memoryview
+
+DECODED_PROGRAMS = 32  # validated program descriptions kept in the process
+DECODED_MAX_BYTES = 64 << 20  # a larger flatbuffer is decoded each time (hashing costs)
+_Key = tuple[bytes, tuple[int, ...]]
+_decoded: OrderedDict[_Key, p.Program] = OrderedDict()
+_decoded_lock = threading.Lock()
+
+
+def _cached(key: _Key | None) -> p.Program | None:
+    if key is None:
+        return None
+    with _decoded_lock:
+        program = _decoded.get(key)
+        if program is not None:
+            _decoded.move_to_end(key)
+        return program
+
+
+def _keep(key: _Key | None, program: p.Program) -> None:
+    if key is None:
+        return
+    with _decoded_lock:
+        _decoded[key] = program
+        while len(_decoded) > DECODED_PROGRAMS:
+            _decoded.popitem(last=False)
+
+
+def clear_decoded() -> None:
+    """Forget every cached program description (see the module docstring)."""
+    with _decoded_lock:
+        _decoded.clear()
 
 
 @dataclass(frozen=True)
@@ -85,7 +132,13 @@ def read_pte(data: Bytes) -> PteFile:
         if need > size:
             raise truncated("extended_header", need, size)
         flat_end = header.program_size
-    program = decode_program(Buffer(view[:flat_end]))
+    flat = view[:flat_end]
+    digest = hashlib.sha256(flat).digest() if flat_end <= DECODED_MAX_BYTES else None
+    # the segment table is part of the flatbuffer: the same bytes give the same ranges,
+    # so the file's size is the one other thing the checks below depend on
+    key = None if digest is None else (digest, (size,))
+    known = _cached(key)
+    program = known if known is not None else decode_program(Buffer(flat))
     if program.segments and (header is None or header.segment_base_offset == 0):
         # no segment data in the file: only empty segments can be described
         for i, seg in enumerate(program.segments):
@@ -115,5 +168,7 @@ def read_pte(data: Bytes) -> PteFile:
                     f"({size} bytes, as long as its header says)",
                 )
             segments.append(p.DataRef(start, seg.size))
-    validate_program(program, [s.size for s in segments])
+    if known is None:
+        validate_program(program, [s.size for s in segments])
+        _keep(key, program)
     return PteFile(view, header, program, tuple(segments))

@@ -7,11 +7,19 @@ delegate's outputs included), one ``DelegateCall`` over all of them and no outpu
 payload and the named data it reads are segments of the file (after the empty constant
 segment ExecuTorch's runtime expects; an ``eh00`` header says where), as ExecuTorch's
 exporter writes them. Imports no torch.
+
+The flatbuffer part of such a program depends only on the tensors' descriptions, the
+backend, the compile specs, the names and sizes of the segments, never on their bytes; a
+program's delegates are often alike (one per layer), and a program is often loaded again,
+so the written flatbuffers are kept in a small in-process cache keyed by all of those
+(:data:`WRITTEN_FLATBUFFERS` of them, least recently used first out).
 """
 
 from __future__ import annotations
 
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from . import program as p
@@ -26,6 +34,10 @@ _HEADER_LENGTH = 32  # eh00, length, program size, segment base offset, segment 
 _KERNEL_TENSOR = 5  # KernelTypes.Tensor
 _INSTRUCTION_DELEGATE = 2  # InstructionArguments.DelegateCall
 _SEGMENT = 1  # DataLocation.SEGMENT
+
+WRITTEN_FLATBUFFERS = 256
+_written: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
+_written_lock = threading.Lock()
 
 
 def _tensor(t: p.Tensor, name: str | None) -> Table:
@@ -65,16 +77,56 @@ def one_delegate_program(
     names = names or {}
     # segment 0: the (empty) constant segment ExecuTorch's runtime requires, then the payload
     blobs: list[bytes | bytearray | memoryview] = [b"", payload]
-    named: list[Table] = []
-    for key, data in (named_data or {}).items():
-        named.append(Table().ref(0, String(key)).scalar(1, "u32", len(blobs)))
-        blobs.append(data)
+    keys = tuple((named_data or {}).keys())
+    blobs.extend((named_data or {}).values())
     offsets = []
     size = 0
     for b in blobs:
         size = _align(size, SEGMENT_ALIGN)
         offsets.append(size)
         size += len(b)
+    key = (
+        tuple(tensors),
+        backend_id,
+        tuple(compile_specs),
+        keys,
+        tuple(len(b) for b in blobs),
+        tuple(sorted(names.items())),
+        method,
+    )
+    with _written_lock:
+        flat = _written.get(key)
+        if flat is not None:
+            _written.move_to_end(key)
+    if flat is None:
+        flat = _flatbuffer(tensors, backend_id, compile_specs, keys, offsets, blobs, names, method)
+        with _written_lock:
+            _written[key] = flat
+            while len(_written) > WRITTEN_FLATBUFFERS:
+                _written.popitem(last=False)
+    base = _align(len(flat), SEGMENT_ALIGN)
+    parts: list[bytes | bytearray | memoryview] = [flat]
+    end = len(flat)
+    for off, b in zip(offsets, blobs, strict=True):
+        parts += [bytes(base + off - end), b]
+        end = base + off + len(b)
+    return b"".join(parts)  # the one copy of the payload
+
+
+def _flatbuffer(
+    tensors: Sequence[p.Tensor],
+    backend_id: str,
+    compile_specs: Sequence[p.CompileSpec],
+    keys: Sequence[str],
+    offsets: Sequence[int],
+    blobs: Sequence[bytes | bytearray | memoryview],
+    names: Mapping[int, str],
+    method: str,
+) -> bytes:
+    """The flatbuffer of :func:`one_delegate_program` (its header filled in)."""
+    # named data k is segment k + 2 (after the constant segment and the payload)
+    named = [Table().ref(0, String(key)).scalar(1, "u32", k + 2) for k, key in enumerate(keys)]
+    size = offsets[-1] + len(blobs[-1])
     n = len(tensors)
     call = Table().scalar(0, "i32", 0).ref(1, Vector("i32", range(n)))
     plan = (
@@ -146,9 +198,4 @@ def one_delegate_program(
     flat = finish(program, PTE_IDENTIFIER, reserve=_HEADER_LENGTH)
     base = _align(len(flat), SEGMENT_ALIGN)
     struct.pack_into("<4sIQQQ", flat, 8, PTE_HEADER_MAGIC, _HEADER_LENGTH, len(flat), base, size)
-    parts: list[bytes | bytearray | memoryview] = [flat]
-    end = len(flat)
-    for off, b in zip(offsets, blobs, strict=True):
-        parts += [bytes(base + off - end), b]
-        end = base + off + len(b)
-    return b"".join(parts)  # the one copy of the payload
+    return bytes(flat)

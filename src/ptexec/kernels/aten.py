@@ -448,6 +448,9 @@ def _check_scalar_type(name: str, arg: Any, ctx: KernelContext, index: int) -> N
     )
 
 
+_TENSORISH = (p.Tensor, p.TensorList, p.OptionalTensorList)  # a tuple: checked per argument
+
+
 def schema_kernel(overload: Any) -> KernelFactory:
     """A factory calling ``overload`` (an OpOverload) with schema-mapped arguments."""
     schema = overload._schema
@@ -497,7 +500,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 _check_scalar_type(name, arg, ctx, index)
             literal = ctx.is_literal(index)
             skip = False
-            if literal and not isinstance(value, p.Tensor | p.TensorList | p.OptionalTensorList):
+            if literal and not isinstance(value, _TENSORISH):
                 lit = None if isinstance(value, p.Null) else ctx.literal(index)
                 skip = _same(lit, default)
             text = ctx.expr(index)

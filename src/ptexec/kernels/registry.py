@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ..accounting import CallRecord
     from ..device import Device
 
+_TENSORISH = (p.Tensor, p.TensorList, p.OptionalTensorList)  # a tuple: checked per value
+
 __all__ = [
     "Alias",
     "KernelContext",
@@ -195,7 +197,7 @@ class KernelContext:
     def is_literal(self, index: int) -> bool:
         """A scalar/list value whose content is fixed for the life of the method."""
         v = self.values[index]
-        if isinstance(v, p.Tensor | p.TensorList | p.OptionalTensorList):
+        if isinstance(v, _TENSORISH):
             return False
         if isinstance(v, p.IntList):
             return index not in self.dynamic and all(i not in self.dynamic for i in v.items)

@@ -133,13 +133,22 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         options.backend_options,
     )
     chains: list[PreparedChain] = []
+    written: set[int] = set()
     for c, chain in enumerate(plan.chains):
         prepared = [preparer.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
         names = [name for name, _ in prepared]
         loaded = [st for _, st in prepared]
         statements = loaded
-        if not preparer.missing and options.optimize:
-            statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT)
+        if preparer.missing:
+            continue
+        known = [
+            effects(plan.values, ins, st)
+            for ins, st in zip(chain.instructions, loaded, strict=True)
+        ]
+        for e in known:
+            written.update(e.writes)
+        if options.optimize:
+            statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT, known)
         chains.append(
             PreparedChain(
                 c,
@@ -153,12 +162,6 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     if preparer.missing:
         missing = preparer.missing
         raise OperatorMissingError(plan.name, sorted(set(missing), key=missing.index))
-    written = {
-        w
-        for chain in chains
-        for ins, st in zip(chain.instructions, chain.loaded, strict=True)
-        for w in effects(plan.values, ins, st).writes
-    }
     for spec in inputs:
         spec.written = spec.slot in written
     state = MethodState(

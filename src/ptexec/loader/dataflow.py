@@ -35,13 +35,15 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from ..codegen import Sources
-from ..effects import byte_range, effects, kind, tensor_items
+from ..effects import Effects, byte_range, effects, kind, tensor_items
 from ..format import program as p
 from ..kernels.registry import Statement
 
@@ -65,6 +67,10 @@ def _covers(a: Region, b: Region) -> bool:
     if a[0] == "planned" and b[0] == "planned":
         return bool(a[1] == b[1] and a[2] <= b[2] and b[3] <= a[3])
     return a == b and a[0] != "fixed"
+
+
+def _first(entry: tuple[int, int, int, int]) -> int:
+    return entry[0]
 
 
 class _Ranges:
@@ -94,10 +100,13 @@ class _Ranges:
         for b in self._span(mem, start, end):
             entries = self.buckets.get((mem, b))
             if entries:
-                at = bisect.bisect_right(entries, lo, key=lambda e: e[0])
-                streams.append(itertools.islice(entries, at, None))
+                at = bisect.bisect_right(entries, lo, key=_first)
+                if at < len(entries):
+                    streams.append(itertools.islice(entries, at, None))
+        if not streams:
+            return
         last = None
-        for entry in heapq.merge(*streams):
+        for entry in streams[0] if len(streams) == 1 else heapq.merge(*streams):
             if entry[0] >= hi:
                 return
             if entry != last and entry[1] < end and start < entry[2]:
@@ -114,7 +123,12 @@ class _ChainAccesses:
     superset of the current facts; every query checks its hits against them."""
 
     def __init__(
-        self, plan: p.ExecutionPlan, chain: p.Chain, statements: list[Statement], et_views: set[int]
+        self,
+        plan: p.ExecutionPlan,
+        chain: p.Chain,
+        statements: list[Statement],
+        et_views: set[int],
+        known: Sequence[Effects] | None = None,
     ) -> None:
         self.et_views = et_views
         self.values = plan.values
@@ -125,6 +139,7 @@ class _ChainAccesses:
         self.writes: list[list[Region]] = []
         self.writers: dict[int, set[int]] = {}
         self.root: dict[int, int] = {}
+        self._planned: dict[int, tuple[int, int, int] | None] = {}  # byte_range, once
         self.fixed: set[int] = set()  # values whose memory is constant: the file's, or folded
         for j, v in enumerate(self.values):
             if isinstance(v, p.Tensor) and v.is_constant:
@@ -134,7 +149,7 @@ class _ChainAccesses:
         self.write_ranges = _Ranges(plan.non_const_buffer_sizes)
         self.other_writes: dict[Region, list[int]] = {}
         for k, (ins, st) in enumerate(zip(chain.instructions, statements, strict=True)):
-            e = effects(self.values, ins, st)
+            e = effects(self.values, ins, st) if known is None else known[k]
             reads = set(e.reads)
             if kind(ins) == "move":  # the moved-to slot is kept as read too
                 assert isinstance(ins, p.MoveCall)
@@ -173,7 +188,10 @@ class _ChainAccesses:
         """Where value ``index``'s bytes are, as the plan lays them out."""
         if index in self.fixed:
             return ("fixed", index)
-        found = byte_range(self.values[index])
+        if index in self._planned:
+            found = self._planned[index]
+        else:
+            found = self._planned[index] = byte_range(self.values[index])
         if found is not None:
             return ("planned", *found)
         if index in self.inputs:
@@ -281,7 +299,13 @@ def _redirect(c: _ChainAccesses, target: int, w: int) -> str:
 
 
 def _fold(
-    c: _ChainAccesses, i: int, st: Statement, values: list[Any], budget: list[int], sources: Sources
+    c: _ChainAccesses,
+    i: int,
+    st: Statement,
+    values: list[Any],
+    budget: list[int],
+    sources: Sources,
+    log: _Log,
 ) -> Statement | None:
     """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
     if not st.pure or not st.outs or st.mutates is None or set(st.mutates) != set(st.outs):
@@ -290,7 +314,7 @@ def _fold(
         return None  # a tensor computed per call, or a scalar an instruction writes
     outs = st.outs
     nbytes = 0
-    plans: list[tuple[int, list[int]]] = []
+    plans: list[tuple[int, str, list[int]]] = []
     for o in outs:
         if not c.may_replace(i, o):
             return None
@@ -300,12 +324,37 @@ def _fold(
         t = c.values[o]
         assert isinstance(t, p.Tensor)
         nbytes += t.nbytes
-        plans.append((o, found[2]))
+        redirects = found[2]
+        plans.append((o, "\n".join(_redirect(c, o, w) for w in redirects), redirects))
     if nbytes > budget[0]:
         return None
-    touched = [o for o in outs] + [w for _, redirects in plans for w in redirects]
+    folded = tuple((o, code) for o, code, _ in plans)
+    touched = [*outs, *(w for _, _, redirects in plans for w in redirects)]
+    if not _run_fold(i, st, folded, touched, values, sources):
+        log.ok = False  # the outcome depends on the constants: not a recipe for others
+        return None
+    log.steps.append(("fold", i, (folded, tuple(touched))))
+    budget[0] -= nbytes
+    for o, _, redirects in plans:
+        c.fixed.add(o)
+        c.fixed.update(redirects)
+    c.writes[i] = []
+    return Statement("pass", {}, (), ())
+
+
+def _run_fold(
+    i: int,
+    st: Statement,
+    folded: Sequence[tuple[int, str]],
+    touched: Sequence[int],
+    values: list[Any],
+    sources: Sources,
+) -> bool:
+    """Run ``st`` now into memory of its own for each out, then each out's redirects
+    (``folded``: (out, redirect code)); False, with ``touched`` slots as they were, when it
+    fails on the constants (a malformed program: each call runs it, and fails)."""
     saved = [(k, values[k]) for k in touched]
-    for o in outs:  # memory of its own: the plan hands the planned bytes to later tensors
+    for o, _ in folded:  # memory of its own: the plan hands the planned bytes to later tensors
         planned = values[o]
         assert isinstance(planned, torch.Tensor)
         values[o] = torch.empty_like(planned)
@@ -313,27 +362,18 @@ def _fold(
     env["v"] = values
     try:
         sources.compile(st.code, f"instruction {i}, folded at load", env)
-        for o, redirects in plans:
-            for w in redirects:
-                sources.compile(
-                    _redirect(c, o, w), f"instruction {i}, folded at load", {"v": values}
-                )
+        for _, code in folded:
+            if code:
+                sources.compile(code, f"instruction {i}, folded at load", {"v": values})
     except Exception:
-        # it fails on constants (a malformed program): leave it to each call, where the
-        # failure is an ExecutionError naming the instruction
         for k, planned in saved:
             values[k] = planned
-        return None
-    budget[0] -= nbytes
-    for o, redirects in plans:
-        c.fixed.add(o)
-        c.fixed.update(redirects)
-    c.writes[i] = []
-    return Statement("pass", {}, (), ())
+        return False
+    return True
 
 
 def _elide(
-    c: _ChainAccesses, i: int, st: Statement, values: list[Any], sources: Sources
+    c: _ChainAccesses, i: int, st: Statement, values: list[Any], sources: Sources, log: _Log
 ) -> Statement | None:
     """Run copy instruction ``i`` as a view when the conditions hold; None otherwise."""
     alias = st.alias
@@ -358,26 +398,35 @@ def _elide(
             c.root[t] = alias.source
     c.writes[i] = []
     code = "\n".join(lines)
+    writes = tuple(sorted(live_all - {alias.source}))
     if (
         source_region[0] == "fixed"
         and alias.reads is not None
         and set(alias.reads) <= {alias.source}
     ):
-        env = dict(alias.env)
-        env["v"] = values
-        try:
-            sources.compile(code, f"instruction {i}, a view made at load", env)  # once, now
-        except Exception:
-            pass  # it fails on constants (a malformed program): each call runs it, and fails
-        else:
+        if _view_now(i, st, code, values, sources):
+            log.steps.append(("view", i, code))
             c.fixed |= live_all
             return Statement("pass", {}, (), ())
-    return Statement(
-        code, alias.env, tuple(sorted(live_all - {alias.source})), (), reads=alias.reads
-    )
+        log.ok = False  # the outcome depends on the constants: not a recipe for others
+    log.steps.append(("elide", i, (code, writes)))
+    return Statement(code, alias.env, writes, (), reads=alias.reads)
 
 
-def _prune(c: _ChainAccesses, i: int, st: Statement) -> Statement | None:
+def _view_now(i: int, st: Statement, code: str, values: list[Any], sources: Sources) -> bool:
+    """Make the views of constants ``code`` makes, once, now; False when it fails on the
+    constants (a malformed program: each call runs it, and fails)."""
+    assert st.alias is not None
+    env = dict(st.alias.env)
+    env["v"] = values
+    try:
+        sources.compile(code, f"instruction {i}, a view made at load", env)
+    except Exception:
+        return False
+    return True
+
+
+def _prune(c: _ChainAccesses, i: int, st: Statement, log: _Log) -> Statement | None:
     """Drop the writes of outputs nothing reads (under conditions 1 and 2)."""
     if st.prune is None:
         return None
@@ -391,10 +440,14 @@ def _prune(c: _ChainAccesses, i: int, st: Statement) -> Statement | None:
     if not dead:
         return None
     c.writes[i] = [c.region(o) for o in st.outs if o not in dead]
+    log.steps.append(("prune", i, frozenset(dead)))
+    return _pruned(st, frozenset(dead))
+
+
+def _pruned(st: Statement, dead: frozenset[int]) -> Statement:
+    assert st.prune is not None
     kept = tuple(o for o in st.outs if o not in dead)
-    return Statement(
-        st.prune(frozenset(dead)), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads
-    )
+    return Statement(st.prune(dead), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads)
 
 
 def rewrite_chain(
@@ -404,17 +457,29 @@ def rewrite_chain(
     names: Sequence[str],
     values: list[Any],
     fold_limit: int,
+    known: Sequence[Effects] | None = None,
 ) -> list[Statement]:
     """``statements`` with copies turned into views and constant work done now (see the
     module docstring). ``values`` is the method's values table; folded results and views
-    of constants are stored into it. At most ``fold_limit`` bytes of results are folded."""
+    of constants are stored into it. At most ``fold_limit`` bytes of results are folded.
+    ``known``: the effects of ``statements``, when the caller has them already."""
     if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
         return statements
+    sources = Sources(plan.name)  # what runs once, here (forgotten on return)
+    key = (id(plan), id(chain), fold_limit, tuple(names), tuple(map(_signature, statements)))
+    with _recipes_lock:
+        known_recipe = _recipes.get(key)
+        if known_recipe is not None:
+            _recipes.move_to_end(key)
+    if known_recipe is not None and known_recipe[0] is plan:
+        replayed = _replay(known_recipe[1], statements, values, sources)
+        if replayed is not None:
+            return replayed
     c = _ChainAccesses(
-        plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}
+        plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}, known
     )
     budget = [fold_limit]
-    sources = Sources(plan.name)  # what runs once, here (forgotten on return)
+    log = _Log()
     result = list(statements)
     for i, st in enumerate(statements):
         if i in c.et_views:
@@ -423,11 +488,101 @@ def rewrite_chain(
             c.root[ins.args[-1]] = ins.args[0]  # out aliases self
             continue
         # a view costs no memory, so a copy of constants becomes a view before it is folded
-        rewritten = _elide(c, i, st, values, sources)
+        rewritten = _elide(c, i, st, values, sources, log)
         if rewritten is None:
-            rewritten = _fold(c, i, st, values, budget, sources)
+            rewritten = _fold(c, i, st, values, budget, sources, log)
         if rewritten is None:
-            rewritten = _prune(c, i, st)
+            rewritten = _prune(c, i, st, log)
         if rewritten is not None:
             result[i] = rewritten
+    if log.ok:
+        with _recipes_lock:
+            _recipes[key] = (plan, tuple(log.steps))  # the plan kept alive: its id stays its
+            while len(_recipes) > RECIPES:
+                _recipes.popitem(last=False)
     return result
+
+
+# -- recipes: what the analysis decided, for the same chain loaded again ----------------
+#
+# The analysis is a function of the plan, the chain, the statements' facts (code, what
+# they read and write, their alias and prune forms) and the fold budget; only running
+# folds and views of constants at load depends on the constants' bytes, and a chain
+# where one of those failed is not recorded. So a chain of a plan met before (the decoded
+# plan is shared by the loads of one file, see ptexec.format.pte) with statements of the
+# same facts replays the recorded decisions on its own statements and values: the same
+# rewrites, the same folds run on its own constants. If a fold or a view fails on them,
+# every slot the replay touched is put back and the analysis runs in full.
+
+RECIPES = 64
+_Step = tuple[str, int, Any]
+_recipes: OrderedDict[tuple[Any, ...], tuple[p.ExecutionPlan, tuple[_Step, ...]]] = OrderedDict()
+_recipes_lock = threading.Lock()
+
+
+class _Log:
+    """The decisions of one analysis, in order; ``ok`` False when one depended on the
+    constants' bytes (a fold or a view that failed on them)."""
+
+    def __init__(self) -> None:
+        self.steps: list[_Step] = []
+        self.ok = True
+
+
+def _signature(st: Statement) -> tuple[Any, ...]:
+    """The facts of ``st`` the analysis reads."""
+    a = st.alias
+    return (
+        st.code,
+        st.writes,
+        st.mutates,
+        st.outs,
+        st.pure,
+        st.reads,
+        st.prune is not None,
+        None if a is None else (a.code, a.source, a.targets, a.reads),
+    )
+
+
+def _replay(
+    steps: Sequence[_Step], statements: Sequence[Statement], values: list[Any], sources: Sources
+) -> list[Statement] | None:
+    """``statements`` rewritten as ``steps`` say; None (``values`` as they were) when a
+    fold or a view fails on this method's constants."""
+    result = list(statements)
+    saved: list[tuple[int, Any]] = []
+    for what, i, detail in steps:
+        st = statements[i]
+        if what == "fold":
+            folded, touched = detail
+            saved.extend((k, values[k]) for k in touched)
+            if not _run_fold(i, st, folded, touched, values, sources):
+                break
+            result[i] = Statement("pass", {}, (), ())
+        elif what == "view":
+            assert st.alias is not None
+            saved.extend((k, values[k]) for k in (*st.alias.targets, *_assigned(detail)))
+            if not _view_now(i, st, detail, values, sources):
+                break
+            result[i] = Statement("pass", {}, (), ())
+        elif what == "elide":
+            assert st.alias is not None
+            code, writes = detail
+            result[i] = Statement(code, st.alias.env, writes, (), reads=st.alias.reads)
+        else:
+            result[i] = _pruned(st, detail)
+    else:
+        return result
+    for k, value in reversed(saved):
+        values[k] = value
+    return None
+
+
+def _assigned(code: str) -> list[int]:
+    """The slots ``v[k] = ...`` lines of ``code`` assign."""
+    out = []
+    for line in code.splitlines():
+        head = line.split(" = ", 1)[0].strip()
+        if head.startswith("v[") and head.endswith("]") and head[2:-1].isdigit():
+            out.append(int(head[2:-1]))
+    return out

@@ -25,6 +25,7 @@ class DeviceMap:
         self.target: Device | None = None
         self.exact: dict[Device, Device] = {}
         self.by_type: dict[DeviceType, Device] = {}
+        self._labels: dict[tuple[int, int], Device] = {}  # a program's label -> the device
         if spec is None:
             return
         if isinstance(spec, Mapping):
@@ -50,7 +51,11 @@ class DeviceMap:
 
     def label(self, t: p.Tensor) -> Device:
         """The device of program tensor ``t`` after mapping."""
-        return self(schema_device(*t.device))
+        key = t.device
+        hit = self._labels.get(key)
+        if hit is None:
+            hit = self._labels[key] = self(schema_device(*key))
+        return hit
 
     @property
     def is_identity(self) -> bool:

@@ -18,8 +18,11 @@ the caller's prefix (``...delegates[0].payload``) and continues into the graph.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sized
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -646,6 +649,15 @@ def _decode_buffer(t: Table) -> tuple[int, int]:
     return (0, 0) if span is None else span
 
 
+# A program's payloads are often alike (one per layer) and a program is often loaded again:
+# decoded graphs (plain frozen data, no view of the bytes) are kept by the SHA-256 of their
+# flatbuffer; only graphs that decoded without error are kept.
+DECODED_GRAPHS = 256
+DECODED_GRAPH_BYTES = 16 << 20  # a larger graph is decoded each time (hashing costs)
+_graphs: OrderedDict[bytes, XnnGraph] = OrderedDict()
+_graphs_lock = threading.Lock()
+
+
 def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") -> XnnPayload:
     """Decode a payload (header, graph, constant table); bounds-checked but not validated."""
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
@@ -665,6 +677,24 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
             f"{path}.identifier",
             f"{ident!r} is not an XNNPACK graph identifier (expected XN00 or XN01)",
         )
+    digest = hashlib.sha256(fb).digest() if len(fb) <= DECODED_GRAPH_BYTES else None
+    if digest is not None:
+        with _graphs_lock:
+            known = _graphs.get(digest)
+            if known is not None:
+                _graphs.move_to_end(digest)
+        if known is not None:
+            return XnnPayload(view, header, known, fb_off, path)
+    graph = _decode_graph(fb, ident, path)
+    if digest is not None:
+        with _graphs_lock:
+            _graphs[digest] = graph
+            while len(_graphs) > DECODED_GRAPHS:
+                _graphs.popitem(last=False)
+    return XnnPayload(view, header, graph, fb_off, path)
+
+
+def _decode_graph(fb: memoryview, ident: bytes, path: str) -> XnnGraph:
     buf = Buffer(fb)
     root = buf.root(path)
     unknown: list[tuple[int, int]] = []
@@ -676,7 +706,7 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
         n = _decode_node(t, i, unknown)
         if n is not None:
             nodes.append(n)
-    graph = XnnGraph(
+    return XnnGraph(
         version=root.string(0, "version") or "",
         identifier=ident.decode("ascii"),
         nodes=tuple(nodes),
@@ -689,7 +719,6 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
         unknown_nodes=tuple(unknown),
         by_id=MappingProxyType({v.id: v for v in decoded_values}),
     )
-    return XnnPayload(view, header, graph, fb_off, path)
 
 
 # -- validation -------------------------------------------------------------------------

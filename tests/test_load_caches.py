@@ -1,0 +1,158 @@
+"""Loading the same bytes again reuses work, never results that could differ.
+
+- the validated program description is shared by loads of the same bytes; other bytes
+  (one byte changed) are decoded afresh, and a defective file is refused every time;
+- compiled generated code is reused by text, and each piece keeps its own file name (so a
+  failure still names its instruction);
+- a chain's dataflow decisions are replayed for the same plan: the same statements, the
+  same outputs as a load that analysed it afresh, the folds run on the new method's own
+  constants;
+- a one-delegate program written from the cache is byte for byte the one written afresh.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+from ptexec import codegen
+from ptexec.errors import PteFormatError
+from ptexec.format import program as p
+from ptexec.format import pte as pte_module
+from ptexec.format import pte_write
+from ptexec.format.pte import read_pte
+from ptexec.loader import dataflow
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _forget() -> None:
+    pte_module.clear_decoded()
+    codegen.clear_compiled()
+    dataflow._recipes.clear()
+
+
+def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:
+    return [
+        (st.code, st.writes, st.outs, st.reads, st.mutates)
+        for chain in m.state.chains
+        for st in chain.statements
+    ]
+
+
+def test_the_same_bytes_share_one_validated_description() -> None:
+    data = (FIX / "mlp.pte").read_bytes()
+    _forget()
+    first = read_pte(data)
+    again = read_pte(bytearray(data))
+    assert again.program is first.program
+    # another file with the same layout but one byte of the flatbuffer changed (the method
+    # name) is decoded on its own
+    name = data.index(b"forward")
+    other = bytearray(data)
+    other[name] = ord("g")
+    changed = read_pte(other)
+    assert changed.program is not first.program
+    assert changed.program.execution_plan[0].name == "gorward"
+
+
+def test_a_description_that_fails_validation_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = (FIX / "mlp.pte").read_bytes()
+    _forget()
+
+    def refuse(*args: object) -> None:
+        raise PteFormatError("execution_plan[0]", "refused for the test")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pte_module, "validate_program", refuse)
+        for _ in range(2):  # checked, and refused, each time
+            with pytest.raises(PteFormatError):
+                read_pte(data)
+    assert len(pte_module._decoded) == 0
+    first = read_pte(data)
+    assert read_pte(data).program is first.program
+
+
+def test_cached_code_keeps_each_piece_its_own_file_name() -> None:
+    _forget()
+    source = "def f(x):\n    def g():\n        return 1 / x\n    return g()\n"
+    a = codegen.Sources("a").compile(source, "piece", {}, lines={3: 7})
+    b = codegen.Sources("b").compile(source, "piece", {}, lines={3: 7})
+    fa, fb = a["f"], b["f"]
+    assert fa.__code__.co_filename != fb.__code__.co_filename
+    assert fa(2) == fb(2) == 0.5
+    inner = [c for c in fb.__code__.co_consts if hasattr(c, "co_filename")]
+    assert inner and inner[0].co_filename == fb.__code__.co_filename
+    with pytest.raises(ZeroDivisionError) as info:
+        fb(0)
+    assert b["__ptexec_sources__"].locate(info.tb) == (0, 7)
+
+
+@pytest.mark.parametrize("name", ["transformer", "mlp", "cnn", "llama_sdpa_kv"])
+def test_a_chain_loaded_again_gets_the_same_statements_and_outputs(name: str) -> None:
+    pte, data = fixture_paths(name)
+    _forget()
+    fresh = ptexec.load(pte, data_path=data).load_method()
+    replays = []
+    replay = dataflow._replay
+
+    def counted(*args: object) -> object:
+        out = replay(*args)  # type: ignore[arg-type]
+        replays.append(out is not None)
+        return out
+
+    dataflow._replay = counted  # type: ignore[assignment]
+    try:
+        again = ptexec.load(pte, data_path=data).load_method()
+    finally:
+        dataflow._replay = replay
+    assert replays and all(replays)
+    assert _statements(again) == _statements(fresh)
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        for m in (fresh, again):
+            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+            assert problem is None, problem
+
+
+def test_a_replayed_fold_runs_on_the_new_constants() -> None:
+    """Two loads of one file from different bytes objects share the decisions, each
+    method its own values: a folded result of one is not the other's tensor."""
+    pte, _ = fixture_paths("transformer")
+    data = pte.read_bytes()
+    _forget()
+    a = ptexec.load(data).load_method()
+    b = ptexec.load(bytearray(data)).load_method()
+    shared = [
+        k
+        for k, (x, y) in enumerate(zip(a.state.values, b.state.values, strict=True))
+        if isinstance(x, torch.Tensor) and x is y
+    ]
+    assert shared == []
+
+
+def test_a_cached_one_delegate_flatbuffer_is_the_same_bytes() -> None:
+    t = p.Tensor(6, 0, (2, 3), (0, 1), False, 0, None, 0, p.STATIC, None)
+    specs = (p.CompileSpec("k", b"\x01"),)
+    args = ([t, t], "SomeBackend", b"payload bytes", specs, {"w": b"1234"}, {1: "out"})
+    pte_write._written.clear()
+    first = pte_write.one_delegate_program(*args)
+    assert len(pte_write._written) == 1
+    again = pte_write.one_delegate_program(*args)
+    assert again == first
+    # other payload bytes of the same length: the same flatbuffer, the new payload
+    other = pte_write.one_delegate_program(
+        [t, t], "SomeBackend", b"PAYLOAD BYTES", specs, {"w": b"1234"}, {1: "out"}
+    )
+    assert len(pte_write._written) == 1 and other != first
+    assert other.replace(b"PAYLOAD BYTES", b"payload bytes") == first
+    back = read_pte(other)
+    assert bytes(back.segment(1)) == b"PAYLOAD BYTES"
