@@ -17,9 +17,11 @@ Suites:
 
 * ``optimum``: optimum-executorch's ``tests/models/test_modeling_*.py`` (every file there
   is about ExecuTorch);
-* ``transformers``: the ExecuTorch files of transformers' ``tests/exporters/``
-  (``test_executorch*.py`` but MLX's, which needs Apple's backend) and any other file named
-  with ``--transformers-files``.
+* ``transformers``: transformers' ``tests/test_executorch.py`` and the ExecuTorch files of
+  its ``tests/exporters/`` (``test_executorch*.py`` but MLX's, which needs Apple's backend),
+  those present, and any other file named with ``--transformers-files``. A PyPI sdist of
+  transformers (``pip download --no-deps --no-binary :all: transformers==VERSION``) holds
+  only the top-level tests: unpacked, it is a directory this takes.
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ RUNTIMES = ("executorch", "ptexec")
 #: the weights are random, not the Hub's, so only tests that check structure can pass).
 TINY_STAND_INS = {
     "optimum-internal-testing/tiny-random-llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=256,
+        ),
+    ),
+    # transformers' tests/test_executorch.py (its torch.export wrappers against eager)
+    "hf-internal-testing/tiny-random-LlamaForCausalLM": (
         "LlamaConfig",
         "LlamaForCausalLM",
         dict(
@@ -89,15 +105,21 @@ def optimum_files(root: Path) -> list[str]:
 
 
 def transformers_files(root: Path, extra: list[str]) -> list[str]:
-    """transformers' ExecuTorch test files, relative to ``root``."""
-    found = [
+    """transformers' ExecuTorch test files, relative to ``root``: the top-level
+    ``tests/test_executorch.py`` (the only one a PyPI sdist of transformers carries) and
+    ``tests/exporters/test_executorch*.py`` but MLX's (a repository checkout)."""
+    found = [root / "tests" / "test_executorch.py"]
+    found += [
         f
         for f in sorted((root / "tests" / "exporters").glob("test_executorch*.py"))
         if "mlx" not in f.name
     ]
-    files = [str(f.relative_to(root)) for f in found] + list(extra)
+    files = [str(f.relative_to(root)) for f in found if f.is_file()]
+    files += [f for f in extra if f not in files]
     if not files:
-        raise SystemExit(f"no tests/exporters/test_executorch*.py under {root}")
+        raise SystemExit(
+            f"no tests/test_executorch.py or tests/exporters/test_executorch*.py under {root}"
+        )
     return files
 
 

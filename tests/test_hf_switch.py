@@ -217,3 +217,38 @@ def test_module_on_the_gpu_writes_into_a_gpu_output() -> None:
     (y,) = module.forward([call["inputs"][0].cuda()])
     assert y is out
     torch.testing.assert_close(out.cpu(), call["outputs"][0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_default_device_cuda_runs_portable_lib_programs_on_the_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pte, _ = fixture_paths("mlp")
+    call = fixture_calls("mlp")[0]
+    try:
+        pl.set_default_device("cuda")  # what use_as_executorch(device="cuda") sets
+        module = pl._load_for_executorch(str(pte))
+        assert module.device_map == "cuda"
+        (y,) = module.forward([call["inputs"][0].cuda()])
+        assert y.is_cuda
+        torch.testing.assert_close(y.cpu(), call["outputs"][0], rtol=1e-4, atol=1e-5)
+    finally:
+        pl.set_default_device(None)
+
+
+@pytest.mark.cuda
+@_fresh_interpreter
+def test_switch_device_variable_cuda_places_loaded_programs_on_the_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pte, _ = fixture_paths("mlp")
+    call = fixture_calls("mlp")[0]
+    env = {"PTEXEC_AS_EXECUTORCH": "1", "PTEXEC_AS_EXECUTORCH_DEVICE": "cuda"}
+    code = f"""
+    import json, torch, ptexec
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    module = _load_for_executorch({str(pte)!r})
+    (y,) = module.forward([torch.zeros({tuple(call["inputs"][0].shape)!r}).cuda()])
+    print(json.dumps({{"device_map": module.device_map, "cuda": y.is_cuda}}))
+    """
+    assert _python(code, env=env) == {"device_map": "cuda", "cuda": True}
