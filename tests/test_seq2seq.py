@@ -39,9 +39,17 @@ from ptexec.llm.seq2seq import split_segments  # noqa: E402
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 
 
+class _Folders(dict[str, Path]):
+    """Each variant's directory, exported when a test first asks for it."""
+
+    def __missing__(self, variant: str) -> Path:
+        self[variant] = path = seq2seq_programs.program_dir(variant)
+        return path
+
+
 @pytest.fixture(scope="module")
 def folders() -> dict[str, Path]:
-    return {v: seq2seq_programs.program_dir(v) for v in seq2seq_programs.VARIANTS}
+    return _Folders()
 
 
 @pytest.fixture(scope="module")
@@ -292,9 +300,10 @@ def test_cuda_tokens_equal_the_eager_model(folders: dict[str, Path], eager: Any)
     )
 
 
-def _t5(folders: dict[str, Path]) -> tuple[Seq2SeqRunner, Any]:
-    folder = folders["t5_portable"]
-    runner = Seq2SeqRunner(folder / "model.pte", folder)
+def _t5(folders: dict[str, Path], variant: str = "t5_portable",
+        **options: Any) -> tuple[Seq2SeqRunner, Any]:  # fmt: skip
+    folder = folders[variant]
+    runner = Seq2SeqRunner(folder / "model.pte", folder, **options)
     model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
     return runner, model
 
@@ -310,8 +319,14 @@ def _t5_eager(model: Any, ids: list[int], n: int) -> list[int]:
     return [int(t) for t in out[0, 1:]]
 
 
-def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> None:
-    runner, model = _t5(folders)
+@pytest.mark.parametrize(
+    ("variant", "xnnpack"),
+    [("t5_portable", "auto"), ("t5_xnnpack", "auto"), ("t5_xnnpack", "torch")],
+)
+def test_t5_greedy_tokens_equal_the_eager_model(
+    folders: dict[str, Path], variant: str, xnnpack: str
+) -> None:
+    runner, model = _t5(folders, variant, xnnpack=xnnpack)
     assert runner.takes_tokens and runner.prompt == DecoderPrompt(0)
     length = seq2seq_programs.MAX_SEQ_LEN  # the encoder's fixed length (see the script)
     outs = []
@@ -327,7 +342,7 @@ def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> Non
         runner.generate([300] * length, GREEDY)
     # optimum-executorch's own loop on ExecuTorch's runtime (it echoes the start token)
     optimum = pytest.importorskip("optimum.executorch")
-    et = optimum.ExecuTorchModelForSeq2SeqLM.from_pretrained(str(folders["t5_portable"]))
+    et = optimum.ExecuTorchModelForSeq2SeqLM.from_pretrained(str(folders[variant]))
     ids = torch.randint(3, 256, (1, length), generator=torch.Generator().manual_seed(0))
     theirs = [int(t) for t in et.generate(ids, max_seq_len=10)]
     assert theirs[0] == 0
