@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import sys
 import wave
 from contextlib import redirect_stdout
@@ -375,3 +376,70 @@ def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
                      "--max-new-tokens", "8"])  # fmt: skip
     assert code == 0
     assert out.getvalue() == text + "\n"
+
+
+# short enough to close within the tiny decoder's 48 positions
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "pet": {"enum": ["cat", "dog", "none"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["pet", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("variant", ["t5_portable", "whisper_portable"])
+def test_json_schema_generations_validate_on_50_seeds(
+    folders: dict[str, Path], variant: str
+) -> None:
+    # random weights make any token plausible: only the grammar's mask keeps the text valid
+    jsonschema = pytest.importorskip("jsonschema")
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    folder = folders[variant]
+    runner = Seq2SeqRunner(folder / "model.pte", folder)
+    assert runner.tokenizer is not None
+    vocab = Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids)
+    grammar = Grammar.json_schema(vocab, SCHEMA)
+    x: Any = (
+        list(range(3, 3 + seq2seq_programs.MAX_SEQ_LEN)) if runner.takes_tokens else _features(0)
+    )
+    outputs = set()
+    for seed in range(50):
+        config = GenerationConfig(
+            temperature=1.0, top_p=1.0, seed=seed, max_new_tokens=40, logits_processor=grammar
+        )
+        ids = runner.generate(x, config)
+        text = runner.decode(ids)
+        assert runner.finish_reason == "stop", (seed, text)
+        assert ids[-1] in runner.eos_ids
+        jsonschema.validate(json.loads(text), SCHEMA)
+        outputs.add(text)
+    assert len(outputs) > 25  # sampled, not one answer
+    regex = Grammar.regex(vocab, r"(cat|dog) [0-9]{1,2}")
+    for seed in range(5):
+        config = GenerationConfig(temperature=1.0, seed=seed, logits_processor=regex)
+        text = runner.decode(runner.generate(x, config))
+        assert re.fullmatch(r"(cat|dog) [0-9]{1,2}", text), text
+
+
+def test_min_p_equals_transformers_warpers(runners: dict[str, Seq2SeqRunner]) -> None:
+    """min_p samples what transformers' temperature and min-p warpers (run as processors)
+    leave, with the same seed."""
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    runner = runners["whisper_portable"]
+    x = _features(5)
+    warpers = [tp.TemperatureLogitsWarper(0.8), tp.MinPLogitsWarper(0.2)]
+    for seed in range(3):
+        ours = runner.generate(
+            x, GenerationConfig(temperature=0.8, top_p=1.0, min_p=0.2, seed=seed, ignore_eos=True)
+        )
+        theirs = runner.generate(
+            x,
+            GenerationConfig(
+                temperature=1.0, top_p=1.0, seed=seed, ignore_eos=True, logits_processor=warpers
+            ),
+        )
+        assert ours == theirs, seed

@@ -113,6 +113,7 @@ class _Runner:
     ) -> None:
         import ptexec
 
+        options = load_options(device_map, compile, xnnpack)  # checked before loading
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
         # a loaded Program and Tokenizer may be given: runners over one program share its
@@ -127,7 +128,6 @@ class _Runner:
             if isinstance(model_path, ptexec.Program)
             else ptexec.load(model_path, data_path=data_path)
         )
-        options = load_options(device_map, compile, xnnpack)
         self.decoder: Any = self._load_decoder(program, method, options)
         self.program = program
         self.stats.model_load_end_ms = _now_ms()

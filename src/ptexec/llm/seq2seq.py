@@ -313,6 +313,7 @@ class Seq2SeqRunner:
     ) -> None:
         import ptexec
 
+        options = load_options(device_map, compile, xnnpack)  # checked before loading
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
         if isinstance(model_path, ptexec.Program):
@@ -322,7 +323,6 @@ class Seq2SeqRunner:
             program = ptexec.load(model_path, data_path=data_path)
             where = Path(model_path).parent
         self.program = program
-        options = load_options(device_map, compile, xnnpack)
         self._model = _Decoder(program, options)
         self.tokenizer: Tokenizer | None = (
             tokenizer_path
