@@ -555,3 +555,45 @@ def test_image_prompt_on_cuda_gives_the_cpus_tokens(name: str) -> None:
     assert runner.decoder.device.type == "cuda"
     runner.generate_hf(inputs, _greedy())
     assert runner.generated_tokens == want
+
+
+@pytest.mark.slow
+def test_cuda_without_a_gpu_is_refused_at_load(llava: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from ptexec.errors import DeviceUnavailableError
+
+    with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
+        _runner(llava, device_map="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_audio_prompt_on_cuda_gives_the_eager_models_tokens() -> None:
+    from ptexec.llm import audio_features
+
+    d = _model("voxtral")
+    feats = audio_features(_wave(0), 16000, d / "checkpoint")
+    _, want = _eager_audio(d, feats, 25)
+    runner = _runner(d, device_map="cuda")
+    runner.generate([make_text_input(mm.PROMPTS["audio"]), make_audio_input(feats)], _greedy())
+    assert runner.generated_tokens == want
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cuda_min_p_and_penalty_with_the_image_in_the_context() -> None:
+    """Processors and min-p run on the logits' device: the penalised greedy tokens are the
+    eager model's, and a seeded min-p generation is one generation."""
+    d = _model("llava_portable")
+    inputs, want = _eager_image(d, _pixels(3, 40, 30), repetition_penalty=1.5)
+    runner = _runner(d, device_map="cuda")
+    runner.generate_hf(inputs, _greedy(logits_processor=RepetitionPenalty(1.5)))
+    assert runner.generated_tokens == want
+    runs = []
+    for _ in range(2):
+        runner.reset()
+        runner.generate_hf(inputs, GenerationConfig(temperature=0.8, min_p=0.2, seed=1,
+                                                    max_new_tokens=N, echo=False))  # fmt: skip
+        runs.append(list(runner.generated_tokens))
+    assert runs[0] == runs[1]

@@ -443,3 +443,49 @@ def test_min_p_equals_transformers_warpers(runners: dict[str, Seq2SeqRunner]) ->
             ),
         )
         assert ours == theirs, seed
+
+
+def test_cuda_without_a_gpu_is_refused_at_load(folders: dict[str, Path]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from ptexec.errors import DeviceUnavailableError
+
+    folder = folders["t5_portable"]
+    with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
+        Seq2SeqRunner(folder / "model.pte", folder, device_map="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["t5_portable", "t5_xnnpack"])
+def test_cuda_t5_tokens_equal_the_eager_model(folders: dict[str, Path], variant: str) -> None:
+    """On CUDA the XNNPACK payloads run with ptexec's runner (ExecuTorch's backend is
+    CPU-only: asking for it is refused at load); logits stay on the GPU."""
+    from ptexec.errors import BackendUnavailableError
+
+    runner, model = _t5(folders, variant, device_map="cuda")
+    ids = torch.randint(3, 256, (seq2seq_programs.MAX_SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
+    assert runner.generate(ids, GREEDY) == _t5_eager(model, ids, GREEDY.max_new_tokens)
+    assert runner.encode(ids).is_cuda
+    if variant == "t5_xnnpack":
+        with pytest.raises(BackendUnavailableError, match="CPU"):
+            _t5(folders, variant, device_map="cuda", xnnpack="executorch")
+
+
+@pytest.mark.cuda
+def test_cuda_constrained_generations_validate(folders: dict[str, Path]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    runner, _ = _t5(folders, device_map="cuda")
+    assert runner.tokenizer is not None
+    grammar = Grammar.json_schema(
+        Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids), SCHEMA
+    )
+    x = list(range(3, 3 + seq2seq_programs.MAX_SEQ_LEN))
+    for seed in range(10):
+        config = GenerationConfig(
+            temperature=1.0, seed=seed, max_new_tokens=40, logits_processor=grammar
+        )
+        text = runner.decode(runner.generate(x, config))
+        jsonschema.validate(json.loads(text), SCHEMA)
