@@ -217,3 +217,18 @@ def test_load_options_are_one_rule_checked_before_loading(tmp_path: Path) -> Non
     for make in (TextLLMRunner, MultimodalRunner, Seq2SeqRunner):
         with pytest.raises(GenerationError, match="xnnpack must be one of"):
             make(missing, tmp_path / "tokenizer.json", xnnpack="xla")
+
+
+def test_a_grammar_the_tokenizer_cannot_write_is_an_error(runner: MultimodalRunner) -> None:
+    from ptexec.errors import GenerationError
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    vocab = Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids)
+    grammar = Grammar.regex(vocab, "\u00e9\u00e9")  # no token of this vocabulary has it
+    runner.reset()
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=0, logits_processor=grammar)
+    with pytest.raises(GenerationError, match="does not continue the grammar"):
+        runner.generate_text([make_token_input([1, 5, 6])], config)
+    runner.reset()  # the runner works after the error
+    runner.generate_text([make_token_input([1, 5, 6])], GenerationConfig(max_new_tokens=2))
+    assert 1 <= len(runner.generated_tokens) <= 2
