@@ -489,3 +489,26 @@ def test_cuda_constrained_generations_validate(folders: dict[str, Path]) -> None
         )
         text = runner.decode(runner.generate(x, config))
         jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize("choice", ["torch", "executorch"])
+def test_generate_cli_xnnpack_choice(folders: dict[str, Path], choice: str) -> None:
+    from ptexec.cli import main
+
+    runner, _ = _t5(folders, "t5_xnnpack")
+    assert runner.tokenizer is not None
+    prompt = seq2seq_programs.llm_programs.CORPUS
+    ids = runner.tokenizer.encode(prompt, 0, 1)[: seq2seq_programs.MAX_SEQ_LEN - 1]
+    prompt = runner.tokenizer.decode(ids)
+    assert len(runner.tokenizer.encode(prompt, 0, 1)) == seq2seq_programs.MAX_SEQ_LEN
+    want = runner.generate_text(
+        prompt, GenerationConfig(temperature=0.0, max_new_tokens=6, num_eos=1)
+    )
+    folder = folders["t5_xnnpack"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", "6", "--xnnpack", choice])  # fmt: skip
+    assert code == 0
+    assert out.getvalue() == want + "\n"
