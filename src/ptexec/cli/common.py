@@ -151,12 +151,14 @@ def add_threads(p: argparse.ArgumentParser) -> None:
 
 
 def add_xnnpack(p: argparse.ArgumentParser) -> None:
+    # checked by the runners' one rule (ptexec.llm.decoder.load_options)
     p.add_argument(
         "--xnnpack",
-        choices=("auto", "torch", "executorch"),
         default="auto",
+        metavar="RUNNER",
         help="which runner runs the program's XNNPACK payloads: auto (ExecuTorch's XNNPACK "
-        "backend on the CPU where it can, else ptexec's), torch (ptexec's), executorch",
+        "backend on the CPU where it can, else ptexec's; the default), torch (ptexec's), "
+        "executorch",
     )
 
 

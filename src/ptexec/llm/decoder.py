@@ -57,8 +57,6 @@ _DEFAULTS = {
 }
 _EOS_METHODS = ("get_eos_ids", "get_eos_id")
 
-XNNPACK_CHOICES = ("auto", "torch", "executorch")
-
 
 def load_options(
     device_map: Any = None, compile: Any = False, xnnpack: str = "auto"
@@ -69,9 +67,11 @@ def load_options(
     ExecuTorch's XNNPACK backend on the CPU where it can run them, else ptexec's; ``"torch"``
     ptexec's; ``"executorch"`` ExecuTorch's or an error at load). ``xnnpack`` is checked
     here, before anything loads."""
-    if xnnpack not in XNNPACK_CHOICES:
+    from ..delegates.xnnpack.backend import XNNPACK_RUNNERS
+
+    if xnnpack not in XNNPACK_RUNNERS:
         raise GenerationError(
-            f"xnnpack must be one of {', '.join(XNNPACK_CHOICES)}, not {xnnpack!r}"
+            f"xnnpack must be one of {', '.join(XNNPACK_RUNNERS)}, not {xnnpack!r}"
         )
     options: dict[str, Any] = {"xnnpack": xnnpack}
     if device_map is not None:
