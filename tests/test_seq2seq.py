@@ -390,8 +390,8 @@ SCHEMA = {
 }
 
 
-@pytest.mark.parametrize("variant", ["t5_portable", "whisper_portable"])
-def test_json_schema_generations_validate_on_50_seeds(
+@pytest.mark.parametrize("variant", ["t5_portable", "whisper_xnnpack"])
+def test_json_schema_generations_validate_on_seeded_samples(
     folders: dict[str, Path], variant: str
 ) -> None:
     # random weights make any token plausible: only the grammar's mask keeps the text valid
@@ -406,8 +406,11 @@ def test_json_schema_generations_validate_on_50_seeds(
     x: Any = (
         list(range(3, 3 + seq2seq_programs.MAX_SEQ_LEN)) if runner.takes_tokens else _features(0)
     )
+    # 50 seeds on T5 (the runner's check); 10 on Whisper (the same loop after an audio
+    # encoder, whose 50 encodes would add a minute on two cores)
+    seeds = 50 if runner.takes_tokens else 10
     outputs = set()
-    for seed in range(50):
+    for seed in range(seeds):
         config = GenerationConfig(
             temperature=1.0, top_p=1.0, seed=seed, max_new_tokens=40, logits_processor=grammar
         )
@@ -417,7 +420,7 @@ def test_json_schema_generations_validate_on_50_seeds(
         assert ids[-1] in runner.eos_ids
         jsonschema.validate(json.loads(text), SCHEMA)
         outputs.add(text)
-    assert len(outputs) > 25  # sampled, not one answer
+    assert len(outputs) > seeds // 2  # sampled, not one answer
     regex = Grammar.regex(vocab, r"(cat|dog) [0-9]{1,2}")
     for seed in range(5):
         config = GenerationConfig(temperature=1.0, seed=seed, logits_processor=regex)
