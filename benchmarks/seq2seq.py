@@ -2,12 +2,13 @@
 """Encoder-decoder decode speed: ptexec's Seq2SeqRunner vs the eager model vs optimum's loop.
 
 Usage:
-    python benchmarks/seq2seq.py [--variants whisper_portable whisper_xnnpack t5_portable]
+    python benchmarks/seq2seq.py [--variants whisper_portable whisper_xnnpack t5_portable t5_xnnpack]
                                  [--decode 24] [--blocks 5] [--threads 1]
 
 The programs are the tiny Whisper exports of ``scripts/seq2seq_programs.py``
 (optimum-executorch, portable and XNNPACK recipes) and its tiny T5 (built from
-optimum-executorch's modules, encoder of 48 ids). Each runtime encodes one input once
+optimum-executorch's modules, encoder of 48 ids; portable and lowered with XNNPACK's
+partitioner). Each runtime encodes one input once
 and then decodes ``--decode`` tokens greedily, one decoder call a token, from the start
 token (EOS ignored, so every runtime does the same number of steps):
 
@@ -150,7 +151,9 @@ def bench(variant: str, decode: int, blocks: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--variants", nargs="*", default=["whisper_portable", "whisper_xnnpack", "t5_portable"]
+        "--variants",
+        nargs="*",
+        default=["whisper_portable", "whisper_xnnpack", "t5_portable", "t5_xnnpack"],
     )
     parser.add_argument("--decode", type=int, default=24, help="tokens per block (default 24)")
     parser.add_argument("--blocks", type=int, default=5, help="interleaved blocks (default 5)")

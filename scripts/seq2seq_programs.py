@@ -25,6 +25,8 @@ model's), so the eager model is the reference for the same weights:
                          optimum-executorch's own wrapper modules and lowered as its
                          ``portable`` recipe lowers them, with a static encoder length
                          (see below)
+``t5_xnnpack``           the same T5 lowered with ``XnnpackPartitioner`` (optimum's
+                         ``xnnpack`` recipe's partitioner; static encoder length as above)
 ``preprocessor``         ExecuTorch's ``WhisperAudioProcessor`` (80 mel bins, 16 kHz, up to
                          60 s of audio) exported by its own ``export_processor`` (XNNPACK):
                          ``forward(waveform f32[n]) -> f32[1, 80, 3000 * chunks]``
@@ -112,6 +114,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "whisper_portable": {"kind": "whisper", "recipe": "portable"},
     "whisper_xnnpack": {"kind": "whisper", "recipe": "xnnpack"},
     "t5_portable": {"kind": "t5"},
+    "t5_xnnpack": {"kind": "t5", "recipe": "xnnpack"},
     "preprocessor": {"kind": "preprocessor", "max_audio_len": 60},
 }
 
@@ -213,7 +216,7 @@ def _checkpoint(work: Path) -> Path:
     return ck
 
 
-def _export_t5(work: Path) -> None:
+def _export_t5(work: Path, recipe: str = "portable") -> None:
     import torch
     import transformers as t
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
@@ -249,9 +252,14 @@ def _export_t5(work: Path) -> None:
         with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
             ep_decoder = torch.export.export(decoder, example, strict=True)
     metadata = save_config_to_constant_methods(model.config, get_max_seq_len=MAX_SEQ_LEN)
+    partitioner: list[Any] = []
+    if recipe == "xnnpack":  # as optimum's xnnpack recipe lowers: XNNPACK's partitioner
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
     program = to_edge_transform_and_lower(
         {"encoder": ep_encoder, "text_decoder": ep_decoder},
-        partitioner=[],
+        partitioner=partitioner,
         compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
         constant_methods=metadata,
         transform_passes=[RemovePaddingIdxEmbeddingPass()],
@@ -263,7 +271,7 @@ def _export_t5(work: Path) -> None:
 def _export_child(variant: str, work: Path) -> None:
     spec = VARIANTS[variant]
     if spec["kind"] == "t5":
-        _export_t5(work)
+        _export_t5(work, spec.get("recipe", "portable"))
         return
     if spec["kind"] == "preprocessor":
         from executorch.extension.audio.mel_spectrogram import export_processor

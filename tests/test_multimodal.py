@@ -264,6 +264,88 @@ def test_repetition_penalty_equals_transformers_with_the_image_in_the_context(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("xnnpack", ["torch", "executorch"])
+def test_xnnpack_runner_choice_gives_the_same_tokens(llava: Path, xnnpack: str) -> None:
+    """The load option reaches every method: ptexec's runner and ExecuTorch's XNNPACK
+    backend (which refuses at load when it cannot run a payload) give the eager tokens."""
+    inputs, want = _eager_image(llava, _pixels(4, 40, 30))
+    runner = _runner(llava, xnnpack=xnnpack)
+    runner.generate_hf(inputs, _greedy())
+    assert runner.generated_tokens == want
+
+
+@pytest.mark.slow
+def test_min_p_equals_transformers_warpers_with_the_image_in_the_context(llava: Path) -> None:
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    inputs, _ = _eager_image(llava, _pixels(6, 40, 30))
+    runner = _runner(llava)
+    warpers = [tp.TemperatureLogitsWarper(0.8), tp.MinPLogitsWarper(0.2)]
+    for seed in range(3):
+        runs = []
+        for config in (
+            GenerationConfig(temperature=0.8, top_p=1.0, min_p=0.2, seed=seed),
+            GenerationConfig(temperature=1.0, top_p=1.0, seed=seed, logits_processor=warpers),
+        ):
+            config.max_new_tokens, config.echo, config.ignore_eos = N, False, True
+            runner.reset()
+            runner.generate_hf(inputs, config)
+            runs.append(list(runner.generated_tokens))
+        assert runs[0] == runs[1], seed
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pet": {"enum": ["cat", "dog", "none"]},
+    },
+    "required": ["name", "age", "pet"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.slow
+def test_json_schema_generations_validate_on_50_seeds_after_an_image(
+    llava: Path, tmp_path: Path
+) -> None:
+    """Random weights make any token plausible: only the grammar's mask keeps the text
+    valid (the grammar starts after the image rows and the prompt). The checkpoint's
+    tokenizer has no '{', '"' or digits (trained on a few sentences), so the runner reads
+    the ids through a tokenizer of the same width that has them: the prompt is the
+    processor's ids, and the grammar and the text use the runner's tokenizer."""
+    import json
+    import sys
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import llm_programs
+
+    spec = llm_programs.TinyLlama(vocab_size=mm.VOCAB, bos_id=mm.BOS, eos_id=mm.EOS)
+    tok = llm_programs.make_tokenizer(tmp_path / "tokenizer.json", spec)
+    runner = MultimodalRunner(
+        str(llava / "model.pte"), str(tok), processor=llava / "checkpoint", print_output=False
+    )
+    vocab = Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids)
+    grammar = Grammar.json_schema(vocab, SCHEMA)
+    inputs, _ = _eager_image(llava, _pixels(9, 32, 32))
+    outputs = set()
+    for seed in range(50):
+        runner.reset()
+        config = GenerationConfig(
+            temperature=1.0, top_p=1.0, seed=seed, max_new_tokens=64, echo=False,
+            logits_processor=grammar,
+        )  # fmt: skip
+        text = runner.generate_text_hf(inputs, config)
+        assert runner.finish_reason == "stop", (seed, text)
+        jsonschema.validate(json.loads(text), SCHEMA)
+        outputs.add(text)
+    assert len(outputs) > 40  # sampled, not one answer
+
+
+@pytest.mark.slow
 def test_sampling_streaming_stats_and_continuing(llava: Path) -> None:
     px = _pixels(5, 32, 32)
     runner = _runner(llava)
@@ -473,3 +555,45 @@ def test_image_prompt_on_cuda_gives_the_cpus_tokens(name: str) -> None:
     assert runner.decoder.device.type == "cuda"
     runner.generate_hf(inputs, _greedy())
     assert runner.generated_tokens == want
+
+
+@pytest.mark.slow
+def test_cuda_without_a_gpu_is_refused_at_load(llava: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from ptexec.errors import DeviceUnavailableError
+
+    with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
+        _runner(llava, device_map="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_audio_prompt_on_cuda_gives_the_eager_models_tokens() -> None:
+    from ptexec.llm import audio_features
+
+    d = _model("voxtral")
+    feats = audio_features(_wave(0), 16000, d / "checkpoint")
+    _, want = _eager_audio(d, feats, 25)
+    runner = _runner(d, device_map="cuda")
+    runner.generate([make_text_input(mm.PROMPTS["audio"]), make_audio_input(feats)], _greedy())
+    assert runner.generated_tokens == want
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cuda_min_p_and_penalty_with_the_image_in_the_context() -> None:
+    """Processors and min-p run on the logits' device: the penalised greedy tokens are the
+    eager model's, and a seeded min-p generation is one generation."""
+    d = _model("llava_portable")
+    inputs, want = _eager_image(d, _pixels(3, 40, 30), repetition_penalty=1.5)
+    runner = _runner(d, device_map="cuda")
+    runner.generate_hf(inputs, _greedy(logits_processor=RepetitionPenalty(1.5)))
+    assert runner.generated_tokens == want
+    runs = []
+    for _ in range(2):
+        runner.reset()
+        runner.generate_hf(inputs, GenerationConfig(temperature=0.8, min_p=0.2, seed=1,
+                                                    max_new_tokens=N, echo=False))  # fmt: skip
+        runs.append(list(runner.generated_tokens))
+    assert runs[0] == runs[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import sys
 import wave
 from contextlib import redirect_stdout
@@ -39,9 +40,17 @@ from ptexec.llm.seq2seq import split_segments  # noqa: E402
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 
 
+class _Folders(dict[str, Path]):
+    """Each variant's directory, exported when a test first asks for it."""
+
+    def __missing__(self, variant: str) -> Path:
+        self[variant] = path = seq2seq_programs.program_dir(variant)
+        return path
+
+
 @pytest.fixture(scope="module")
 def folders() -> dict[str, Path]:
-    return {v: seq2seq_programs.program_dir(v) for v in seq2seq_programs.VARIANTS}
+    return _Folders()
 
 
 @pytest.fixture(scope="module")
@@ -292,9 +301,10 @@ def test_cuda_tokens_equal_the_eager_model(folders: dict[str, Path], eager: Any)
     )
 
 
-def _t5(folders: dict[str, Path]) -> tuple[Seq2SeqRunner, Any]:
-    folder = folders["t5_portable"]
-    runner = Seq2SeqRunner(folder / "model.pte", folder)
+def _t5(folders: dict[str, Path], variant: str = "t5_portable",
+        **options: Any) -> tuple[Seq2SeqRunner, Any]:  # fmt: skip
+    folder = folders[variant]
+    runner = Seq2SeqRunner(folder / "model.pte", folder, **options)
     model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
     return runner, model
 
@@ -310,8 +320,14 @@ def _t5_eager(model: Any, ids: list[int], n: int) -> list[int]:
     return [int(t) for t in out[0, 1:]]
 
 
-def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> None:
-    runner, model = _t5(folders)
+@pytest.mark.parametrize(
+    ("variant", "xnnpack"),
+    [("t5_portable", "auto"), ("t5_xnnpack", "auto"), ("t5_xnnpack", "torch")],
+)
+def test_t5_greedy_tokens_equal_the_eager_model(
+    folders: dict[str, Path], variant: str, xnnpack: str
+) -> None:
+    runner, model = _t5(folders, variant, xnnpack=xnnpack)
     assert runner.takes_tokens and runner.prompt == DecoderPrompt(0)
     length = seq2seq_programs.MAX_SEQ_LEN  # the encoder's fixed length (see the script)
     outs = []
@@ -327,7 +343,7 @@ def test_t5_greedy_tokens_equal_the_eager_model(folders: dict[str, Path]) -> Non
         runner.generate([300] * length, GREEDY)
     # optimum-executorch's own loop on ExecuTorch's runtime (it echoes the start token)
     optimum = pytest.importorskip("optimum.executorch")
-    et = optimum.ExecuTorchModelForSeq2SeqLM.from_pretrained(str(folders["t5_portable"]))
+    et = optimum.ExecuTorchModelForSeq2SeqLM.from_pretrained(str(folders[variant]))
     ids = torch.randint(3, 256, (1, length), generator=torch.Generator().manual_seed(0))
     theirs = [int(t) for t in et.generate(ids, max_seq_len=10)]
     assert theirs[0] == 0
@@ -360,3 +376,142 @@ def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
                      "--max-new-tokens", "8"])  # fmt: skip
     assert code == 0
     assert out.getvalue() == text + "\n"
+
+
+# short enough to close within the tiny decoder's 48 positions
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "pet": {"enum": ["cat", "dog", "none"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["pet", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("variant", ["t5_portable", "whisper_xnnpack"])
+def test_json_schema_generations_validate_on_seeded_samples(
+    folders: dict[str, Path], variant: str
+) -> None:
+    # random weights make any token plausible: only the grammar's mask keeps the text valid
+    jsonschema = pytest.importorskip("jsonschema")
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    folder = folders[variant]
+    runner = Seq2SeqRunner(folder / "model.pte", folder)
+    assert runner.tokenizer is not None
+    vocab = Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids)
+    grammar = Grammar.json_schema(vocab, SCHEMA)
+    x: Any = (
+        list(range(3, 3 + seq2seq_programs.MAX_SEQ_LEN)) if runner.takes_tokens else _features(0)
+    )
+    # 50 seeds on T5 (the runner's check); 10 on Whisper (the same loop after an audio
+    # encoder, whose 50 encodes would add a minute on two cores)
+    seeds = 50 if runner.takes_tokens else 10
+    outputs = set()
+    for seed in range(seeds):
+        config = GenerationConfig(
+            temperature=1.0, top_p=1.0, seed=seed, max_new_tokens=40, logits_processor=grammar
+        )
+        ids = runner.generate(x, config)
+        text = runner.decode(ids)
+        assert runner.finish_reason == "stop", (seed, text)
+        assert ids[-1] in runner.eos_ids
+        jsonschema.validate(json.loads(text), SCHEMA)
+        outputs.add(text)
+    assert len(outputs) > seeds // 2  # sampled, not one answer
+    regex = Grammar.regex(vocab, r"(cat|dog) [0-9]{1,2}")
+    for seed in range(5):
+        config = GenerationConfig(temperature=1.0, seed=seed, logits_processor=regex)
+        text = runner.decode(runner.generate(x, config))
+        assert re.fullmatch(r"(cat|dog) [0-9]{1,2}", text), text
+
+
+def test_min_p_equals_transformers_warpers(runners: dict[str, Seq2SeqRunner]) -> None:
+    """min_p samples what transformers' temperature and min-p warpers (run as processors)
+    leave, with the same seed."""
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    runner = runners["whisper_portable"]
+    x = _features(5)
+    warpers = [tp.TemperatureLogitsWarper(0.8), tp.MinPLogitsWarper(0.2)]
+    for seed in range(3):
+        ours = runner.generate(
+            x, GenerationConfig(temperature=0.8, top_p=1.0, min_p=0.2, seed=seed, ignore_eos=True)
+        )
+        theirs = runner.generate(
+            x,
+            GenerationConfig(
+                temperature=1.0, top_p=1.0, seed=seed, ignore_eos=True, logits_processor=warpers
+            ),
+        )
+        assert ours == theirs, seed
+
+
+def test_cuda_without_a_gpu_is_refused_at_load(folders: dict[str, Path]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from ptexec.errors import DeviceUnavailableError
+
+    folder = folders["t5_portable"]
+    with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
+        Seq2SeqRunner(folder / "model.pte", folder, device_map="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["t5_portable", "t5_xnnpack"])
+def test_cuda_t5_tokens_equal_the_eager_model(folders: dict[str, Path], variant: str) -> None:
+    """On CUDA the XNNPACK payloads run with ptexec's runner (ExecuTorch's backend is
+    CPU-only: asking for it is refused at load); logits stay on the GPU."""
+    from ptexec.errors import BackendUnavailableError
+
+    runner, model = _t5(folders, variant, device_map="cuda")
+    ids = torch.randint(3, 256, (seq2seq_programs.MAX_SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
+    assert runner.generate(ids, GREEDY) == _t5_eager(model, ids, GREEDY.max_new_tokens)
+    assert runner.encode(ids).is_cuda
+    if variant == "t5_xnnpack":
+        with pytest.raises(BackendUnavailableError, match="CPU"):
+            _t5(folders, variant, device_map="cuda", xnnpack="executorch")
+
+
+@pytest.mark.cuda
+def test_cuda_constrained_generations_validate(folders: dict[str, Path]) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    runner, _ = _t5(folders, device_map="cuda")
+    assert runner.tokenizer is not None
+    grammar = Grammar.json_schema(
+        Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids), SCHEMA
+    )
+    x = list(range(3, 3 + seq2seq_programs.MAX_SEQ_LEN))
+    for seed in range(10):
+        config = GenerationConfig(
+            temperature=1.0, seed=seed, max_new_tokens=40, logits_processor=grammar
+        )
+        text = runner.decode(runner.generate(x, config))
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize("choice", ["torch", "executorch"])
+def test_generate_cli_xnnpack_choice(folders: dict[str, Path], choice: str) -> None:
+    from ptexec.cli import main
+
+    runner, _ = _t5(folders, "t5_xnnpack")
+    assert runner.tokenizer is not None
+    prompt = seq2seq_programs.llm_programs.CORPUS
+    ids = runner.tokenizer.encode(prompt, 0, 1)[: seq2seq_programs.MAX_SEQ_LEN - 1]
+    prompt = runner.tokenizer.decode(ids)
+    assert len(runner.tokenizer.encode(prompt, 0, 1)) == seq2seq_programs.MAX_SEQ_LEN
+    want = runner.generate_text(
+        prompt, GenerationConfig(temperature=0.0, max_new_tokens=6, num_eos=1)
+    )
+    folder = folders["t5_xnnpack"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", "6", "--xnnpack", choice])  # fmt: skip
+    assert code == 0
+    assert out.getvalue() == want + "\n"

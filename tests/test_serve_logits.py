@@ -179,3 +179,56 @@ def test_regex_and_invalid_grammars(runner: MultimodalRunner, tmp_path: Path) ->
         Grammar.json_schema(vocab, "{not json")
     with pytest.raises(GrammarError):
         Grammar.regex(vocab, "(unclosed")
+
+
+def test_min_p_in_the_loop_equals_transformers_warpers(runner: MultimodalRunner) -> None:
+    """min_p in the text runner samples what transformers' temperature and min-p warpers
+    (run as processors) leave, with the same seed."""
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    ids = runner.tokenizer.encode(PROMPT)
+    warpers = [tp.TemperatureLogitsWarper(0.8), tp.MinPLogitsWarper(0.2)]
+    for seed in range(3):
+        runs = []
+        for config in (
+            GenerationConfig(temperature=0.8, top_p=1.0, min_p=0.2, seed=seed),
+            GenerationConfig(temperature=1.0, top_p=1.0, seed=seed, logits_processor=warpers),
+        ):
+            config.max_new_tokens, config.echo, config.ignore_eos = 12, False, True
+            runner.reset()
+            runner.generate_text([make_token_input(ids)], config)
+            runs.append(list(runner.generated_tokens))
+        assert runs[0] == runs[1], seed
+
+
+def test_load_options_are_one_rule_checked_before_loading(tmp_path: Path) -> None:
+    """Every runner takes the same load options (device_map, compile, xnnpack); a bad
+    xnnpack choice is refused before the program is read."""
+    from ptexec.errors import GenerationError
+    from ptexec.llm import Seq2SeqRunner, TextLLMRunner
+    from ptexec.llm.decoder import load_options
+
+    assert load_options() == {"xnnpack": "auto"}
+    assert load_options("cuda", "background", "torch") == {
+        "xnnpack": "torch",
+        "device_map": "cuda",
+        "compile": "background",
+    }
+    missing = tmp_path / "missing.pte"
+    for make in (TextLLMRunner, MultimodalRunner, Seq2SeqRunner):
+        with pytest.raises(GenerationError, match="xnnpack must be one of"):
+            make(missing, tmp_path / "tokenizer.json", xnnpack="xla")
+
+
+def test_a_grammar_the_tokenizer_cannot_write_is_an_error(runner: MultimodalRunner) -> None:
+    from ptexec.errors import GenerationError
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    vocab = Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids)
+    grammar = Grammar.regex(vocab, "\u00e9\u00e9")  # no token of this vocabulary has it
+    runner.reset()
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=0, logits_processor=grammar)
+    with pytest.raises(GenerationError, match="does not continue the grammar"):
+        runner.generate_text([make_token_input([1, 5, 6])], config)
+    runner.reset()  # the runner works after the error
+    runner.generate_text([make_token_input([1, 5, 6])], GenerationConfig(max_new_tokens=2))
+    assert 1 <= len(runner.generated_tokens) <= 2

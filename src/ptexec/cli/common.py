@@ -150,6 +150,18 @@ def add_threads(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_xnnpack(p: argparse.ArgumentParser) -> None:
+    # checked by the runners' one rule (ptexec.llm.decoder.load_options)
+    p.add_argument(
+        "--xnnpack",
+        default="auto",
+        metavar="RUNNER",
+        help="which runner runs the program's XNNPACK payloads: auto (ExecuTorch's XNNPACK "
+        "backend on the CPU where it can, else ptexec's; the default), torch (ptexec's), "
+        "executorch",
+    )
+
+
 class Progress:
     """Progress of a long run on stderr: nothing for the first second, then a line at most
     every half second (rewritten in place on a terminal)."""

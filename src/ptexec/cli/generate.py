@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import GenerationError
-from .common import add_threads, apply_threads, threads_used
+from .common import add_threads, add_xnnpack, apply_threads, threads_used
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -46,6 +46,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             processor=args.processor,
             device_map=device_map,
             compile=compile_mode,
+            xnnpack=args.xnnpack,
             print_output=False,
         )
     else:
@@ -55,6 +56,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             args.data,
             device_map=device_map,
             compile=compile_mode,
+            xnnpack=args.xnnpack,
             print_output=False,
         )
 
@@ -129,6 +131,7 @@ def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, devic
         generation_config=Path(args.file).parent,
         device_map=device_map,
         compile="background" if args.compile else False,
+        xnnpack=args.xnnpack,
     )
     if not runner.takes_tokens:
         print("ptexec: this encoder takes audio features; use ptexec transcribe",
@@ -207,6 +210,7 @@ def add_generate(sub: Any) -> None:
         help="ptexec's compiled tier: generate at once, interpreted, switching to the "
         "compiled code when another process has compiled it into the cache",
     )
+    add_xnnpack(p)
     add_threads(p)
     p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
     p.add_argument("--chat", action="store_true", help="the prompt is a user message (template)")

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from .common import add_xnnpack
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve an LLM program over OpenAI's HTTP API until SIGTERM drains it."""
@@ -30,6 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             device_map=args.device or None,
             compile="background" if args.compile else False,
+            xnnpack=args.xnnpack,
             chat_template=args.chat_template,
         )
     programs = None
@@ -38,9 +41,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..serve import ProgramService
 
         program = engine.program if engine is not None else load(args.file, data_path=args.data)
-        options: dict[str, Any] = {"device_map": args.device} if args.device else {}
-        if args.compile:
-            options["compile"] = "background"
+        from ..llm.decoder import load_options
+
+        compile_mode = "background" if args.compile else False
+        options = load_options(args.device or None, compile_mode, args.xnnpack)
         programs = ProgramService(program, window=args.batch_window_ms / 1e3, **options)
     server = Server(
         engine,
@@ -84,6 +88,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--chat-template", help="a Jinja chat template file")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    add_xnnpack(p)
     p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.set_defaults(func=cmd_serve)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import add_threads, apply_threads, threads_used
+from .common import add_threads, add_xnnpack, apply_threads, threads_used
 
 
 def _beside(model: str, name: str, *dirs: str | None) -> Path | None:
@@ -45,7 +45,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     features: FeatureExtractor
     if args.preprocessor:
         features = ProgramFeatures(
-            args.preprocessor, sampling_rate=args.sampling_rate, device_map=device_map
+            args.preprocessor,
+            sampling_rate=args.sampling_rate,
+            device_map=device_map,
+            xnnpack=args.xnnpack,
         )
     else:
         processor = args.processor or (
@@ -69,6 +72,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         timestamps=args.timestamps,
         device_map=device_map,
         compile="background" if args.compile else False,
+        xnnpack=args.xnnpack,
     )
 
     def show(piece: str) -> None:
@@ -149,5 +153,6 @@ def add_transcribe(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print text, tokens and segments as JSON")
     p.add_argument("--stats", action="store_true", help="also print the statistics as JSON")
+    add_xnnpack(p)
     add_threads(p)
     p.set_defaults(func=cmd_transcribe)

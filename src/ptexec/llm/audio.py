@@ -282,7 +282,8 @@ class FeatureExtractor(Protocol):
 class ProgramFeatures:
     """Features from a preprocessor program (ExecuTorch's ``WhisperAudioProcessor``
     export: ``forward(waveform f32[n]) -> f32[1, mel bins, frames]``). The program does not
-    record its rate: ``sampling_rate`` says it (Whisper's 16 kHz by default)."""
+    record its rate: ``sampling_rate`` says it (Whisper's 16 kHz by default). ``device_map``
+    and ``xnnpack`` are the runners' load options (:func:`~ptexec.llm.decoder.load_options`)."""
 
     def __init__(
         self,
@@ -291,14 +292,14 @@ class ProgramFeatures:
         sampling_rate: int = 16000,
         method: str = "forward",
         device_map: Any = None,
+        xnnpack: str = "auto",
     ) -> None:
         import ptexec
 
+        from .decoder import load_options
+
         self.program = program if isinstance(program, ptexec.Program) else ptexec.load(program)
-        options: dict[str, Any] = {}
-        if device_map is not None:
-            options["device_map"] = device_map
-        self.method = self.program.load_method(method, **options)
+        self.method = self.program.load_method(method, **load_options(device_map, False, xnnpack))
         info: Any = self.method.meta.inputs[0]
         if not hasattr(info, "sizes") or len(info.sizes) != 1 or not info.dtype.is_floating_point:
             raise AudioFormatError(

@@ -42,6 +42,7 @@ __all__ = [
     "TextDecoder",
     "constant_outputs",
     "example_inputs",
+    "load_options",
     "read_metadata",
 ]
 
@@ -55,6 +56,29 @@ _DEFAULTS = {
     "enable_dynamic_shape": None,
 }
 _EOS_METHODS = ("get_eos_ids", "get_eos_id")
+
+
+def load_options(
+    device_map: Any = None, compile: Any = False, xnnpack: str = "auto"
+) -> dict[str, Any]:
+    """The ``load_method`` options every runner (text, multimodal, seq2seq) loads its
+    methods with: ``device_map`` (placement), ``compile`` (True, or ``"background"``) and
+    ``xnnpack`` (which runner runs XNNPACK payloads: ``"auto"``, the default, is
+    ExecuTorch's XNNPACK backend on the CPU where it can run them, else ptexec's; ``"torch"``
+    ptexec's; ``"executorch"`` ExecuTorch's or an error at load). ``xnnpack`` is checked
+    here, before anything loads."""
+    from ..delegates.xnnpack.backend import XNNPACK_RUNNERS
+
+    if xnnpack not in XNNPACK_RUNNERS:
+        raise GenerationError(
+            f"xnnpack must be one of {', '.join(XNNPACK_RUNNERS)}, not {xnnpack!r}"
+        )
+    options: dict[str, Any] = {"xnnpack": xnnpack}
+    if device_map is not None:
+        options["device_map"] = device_map
+    if compile:
+        options["compile"] = compile
+    return options
 
 
 class LlmMetadata:

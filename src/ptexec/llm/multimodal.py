@@ -468,8 +468,8 @@ class MultimodalRunner(_Runner):
 
     ``model_path``/``tokenizer_path``/``data_path`` as in ExecuTorch. ptexec options:
     ``processor`` (a Hugging Face processor or checkpoint directory: image preprocessing
-    settings and the audio feature extractor), ``device_map``, ``compile``,
-    ``temperature``, ``print_output``. A program without multimodal methods (a text LLM's
+    settings and the audio feature extractor), ``device_map``, ``compile``, ``xnnpack``,
+    ``temperature``, ``print_output`` (the text runner's). A program without multimodal methods (a text LLM's
     ``forward``) runs as :class:`~ptexec.llm.TextLLMRunner` runs it, for text and token
     inputs.
     """

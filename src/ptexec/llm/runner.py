@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import GenerationError
 from .config import GenerationConfig, Stats, _now_ms, check_setting
-from .decoder import TextDecoder
+from .decoder import TextDecoder, load_options
 from .inputs import MultimodalInput
 from .logits import as_processors
 from .sampling import Sampler
@@ -106,12 +106,14 @@ class _Runner:
         *,
         device_map: Any = None,
         compile: bool | str = False,
+        xnnpack: str = "auto",
         temperature: float = -1.0,
         print_output: bool = True,
         method: str = "forward",
     ) -> None:
         import ptexec
 
+        options = load_options(device_map, compile, xnnpack)  # checked before loading
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
         # a loaded Program and Tokenizer may be given: runners over one program share its
@@ -126,11 +128,6 @@ class _Runner:
             if isinstance(model_path, ptexec.Program)
             else ptexec.load(model_path, data_path=data_path)
         )
-        options: dict[str, Any] = {}
-        if device_map is not None:
-            options["device_map"] = device_map
-        if compile:
-            options["compile"] = compile  # True, or "background"
         self.decoder: Any = self._load_decoder(program, method, options)
         self.program = program
         self.stats.model_load_end_ms = _now_ms()
@@ -396,7 +393,8 @@ class TextLLMRunner(_Runner):
 
     ``model_path``/``tokenizer_path``/``data_path`` as in ExecuTorch. ptexec options:
     ``device_map`` (placement of the program, e.g. ``"cuda"``), ``compile`` (the compiled
-    tier: True, or ``"background"`` to start interpreted while it compiles),
+    tier: True, or ``"background"`` to start interpreted while it compiles), ``xnnpack``
+    (which runner runs XNNPACK payloads, see :func:`~ptexec.llm.decoder.load_options`),
     ``temperature`` (overrides the config's when not -1), ``print_output``.
     """
 

@@ -47,7 +47,7 @@ import torch
 from ..errors import ConfigValueError, GenerationError
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
-from .decoder import read_metadata
+from .decoder import load_options, read_metadata
 from .logits import as_processors
 from .sampling import Sampler
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
@@ -289,7 +289,8 @@ class Seq2SeqRunner:
     tokens); EOS ids are ``eos_ids``, else the generation config's, else the program's, else
     the tokenizer's. ``device_map`` places the program (``"cuda"``); ``compile`` runs the
     compiled tier (``True``: compiled at load; ``"background"``: interpreted at once, compiled
-    in another process and switched to between calls).
+    in another process and switched to between calls); ``xnnpack`` chooses the runner of
+    XNNPACK payloads (:func:`~ptexec.llm.decoder.load_options`, as the text runner's).
     """
 
     def __init__(
@@ -307,10 +308,12 @@ class Seq2SeqRunner:
         timestamps: bool = False,
         device_map: Any = None,
         compile: bool | str = False,
+        xnnpack: str = "auto",
         print_output: bool = False,
     ) -> None:
         import ptexec
 
+        options = load_options(device_map, compile, xnnpack)  # checked before loading
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
         if isinstance(model_path, ptexec.Program):
@@ -320,11 +323,6 @@ class Seq2SeqRunner:
             program = ptexec.load(model_path, data_path=data_path)
             where = Path(model_path).parent
         self.program = program
-        options: dict[str, Any] = {}
-        if device_map is not None:
-            options["device_map"] = device_map
-        if compile:
-            options["compile"] = compile
         self._model = _Decoder(program, options)
         self.tokenizer: Tokenizer | None = (
             tokenizer_path

@@ -80,7 +80,7 @@ class Engine:
 
     ``sessions`` runners (each with its own memory); ``max_queue`` requests may wait beyond
     them; ``timeout`` (seconds, None: none) bounds a request from arrival to its last token.
-    ``device_map`` and ``compile`` are the runner's options (``compile="background"``:
+    ``device_map``, ``compile`` and ``xnnpack`` are the runner's options (``compile="background"``:
     the sessions answer at once, interpreted, and run compiled once a compile in another
     process is done; sessions of one program share that compile).
     """
@@ -97,6 +97,7 @@ class Engine:
         timeout: float | None = None,
         device_map: Any = None,
         compile: bool | str = False,
+        xnnpack: str = "auto",
         chat_template: str | os.PathLike[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -116,6 +117,7 @@ class Engine:
                 self.tokenizer,
                 device_map=device_map,
                 compile=compile,
+                xnnpack=xnnpack,
                 print_output=False,
             )
             for _ in range(sessions)
