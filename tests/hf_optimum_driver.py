@@ -34,7 +34,9 @@ def run(kind: str, folder: str) -> dict[str, Any]:
         result["runtime"] = type(model.model).__module__
     elif kind == "seq2seq":
         model = ExecuTorchModelForSeq2SeqLM.from_pretrained(folder)
-        ids = torch.tensor([[7, 12, 30, 4, 1]], dtype=torch.long)
+        # the encoder's declared length (a program exported with a fixed one takes exactly it)
+        length = model.model.method_meta("encoder").input_tensor_meta(0).sizes()[-1]
+        ids = torch.randint(3, 100, (1, length), generator=g)
         result["tokens"] = model.generate(ids, max_seq_len=12)
         result["runtime"] = type(model.model).__module__
     elif kind == "speech":
