@@ -3,7 +3,8 @@
 
 Usage:
     python benchmarks/xnnpack_compare.py [--only NAME ...] [--no-fixtures] [--no-models]
-                                         [--baseline SRC] [--no-et-runner] [--rounds 15]
+                                         [--baseline SRC] [--baseline-runner torch|executorch]
+                                         [--no-et-runner] [--rounds 15]
                                          [--block-ms 20] [--clock cpu|wall] [--threads N]
 
 For every XNNPACK fixture (tests/fixtures/xnnpack) and, unless --no-models, a few larger
@@ -14,8 +15,9 @@ their static int8 fixtures), the same ``.pte`` is run by ptexec with each XNNPAC
 (``torch``: ptexec's torch code, ``xnnpack="torch"``; ``et-runner``: ExecuTorch's XNNPACK
 backend inside ptexec's method, ``xnnpack="executorch"``, unless --no-et-runner), by
 ExecuTorch's runtime (``executorch.runtime``, whose pybindings include the XNNPACK
-backend), and with ``--baseline SRC`` by a second ptexec (another checkout's ``src``, its
-torch runner): before and after a change, in one run.
+backend), and with ``--baseline SRC`` by a second ptexec (another checkout's ``src``, with
+the runner ``--baseline-runner`` names, ``torch`` by default): before and after a change,
+in one run.
 
 Each runtime runs in a worker process of its own; the parent asks them for blocks of calls
 in a shuffled order per round, so that whatever else the machine does weighs on all alike,
@@ -237,6 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--no-models", action="store_true")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout's src")
+    ap.add_argument(
+        "--baseline-runner",
+        choices=("torch", "executorch"),
+        default="torch",
+        help="the baseline's XNNPACK runner",
+    )
     ap.add_argument("--no-et-runner", action="store_true", help='skip xnnpack="executorch"')
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block-ms", type=float, default=20.0)
@@ -260,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [c for c in cases if c[0] in args.only]
     workers = {"torch": _Worker("ptexec", ROOT / "src", args.threads, args.clock)}
     if args.baseline is not None:
-        workers["baseline"] = _Worker("ptexec", args.baseline, args.threads, args.clock)
+        workers["baseline"] = _Worker(
+            "ptexec", args.baseline, args.threads, args.clock, args.baseline_runner
+        )
     if not args.no_et_runner:
         workers["et-runner"] = _Worker(
             "ptexec", ROOT / "src", args.threads, args.clock, "executorch"

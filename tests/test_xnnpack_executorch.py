@@ -170,6 +170,39 @@ def test_dynamic_output_shapes_follow_each_call(et: None) -> None:
         assert compare_outputs(got, call["executorch"], *entry["tol_executorch"]) is None
 
 
+def test_dynamic_output_shapes_are_read_once_per_binding(et: None) -> None:
+    """ExecuTorch's get_attribute (the shape XNNPACK computed) runs after the first call of
+    each hand-over only; an output resized elsewhere since is read again."""
+    name = "dynamic_mlp_int8_dynamic_pc"
+    m = _method(name, xnnpack="executorch", outputs="view")
+    ref = _method(name, xnnpack="torch")
+    fn = _runners(m)["_xnnpack_et_run"]
+    real = fn.__globals__["_get"]
+    reads: list[str] = []
+
+    def counted(attr: str) -> Any:
+        reads.append(attr)
+        return real(attr)
+
+    fn.__globals__["_get"] = counted
+    features = _calls(name)[0]["inputs"][0].shape[1:]
+    small, large = (torch.randn(n, *features) for n in (3, 7))
+    expected_reads = 0
+    # a new shape is a new hand-over; the same tensor again is not
+    for x, new in ((small, True), (small, False), (large, True), (large, False)):
+        (got,) = m.execute([x])
+        (want,) = ref.execute([x])
+        expected_reads += 1 if new else 0
+        assert got.shape == want.shape == (x.shape[0], *want.shape[1:])
+        assert compare_outputs([got], [want], *MANIFEST[name]["tol_executorch"]) is None
+        assert len(reads) == expected_reads
+    got.resize_(1, got.shape[1])  # same memory, another shape: read again
+    (again,) = m.execute([x])
+    assert len(reads) == expected_reads + 1
+    assert again.shape == (x.shape[0], got.shape[1])
+    assert compare_outputs([again], [want], *MANIFEST[name]["tol_executorch"]) is None
+
+
 def test_executorch_without_its_backend_is_a_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -12,7 +12,10 @@ inputs, so XNNPACK reads the inputs and writes the outputs in place, with no cop
 ``set_inputs`` runs only when a tensor's address (or a dynamic input's shape) differs
 from the last call's; otherwise a call is one ``execute``. A dynamic output is resized
 afterwards to the shape XNNPACK computed, read back through ``get_attribute`` (each such
-output carries a name in the written program). Before memory is handed over, every
+output carries a name in the written program) after the first call of each binding: the
+shapes XNNPACK computes depend only on the shapes of the inputs ExecuTorch holds, so while
+the binding stays, the next calls reuse the shapes read (``get_attribute`` costs about what
+a small graph's ``execute`` does). Before memory is handed over, every
 dynamic output is checked to hold its declared bound: XNNPACK may write that much.
 
 The written program keeps the payload's bytes and its named data alive (one copy, made
@@ -148,7 +151,9 @@ class _Binder:
 
     ``held`` is that pool (address, size); ``namespace`` the generated code's globals,
     whose ``_execute`` and ``_get`` are the current method's and ``_at`` and ``_n`` its
-    pool's address and size."""
+    pool's address and size. ``key`` is the binding handed over last (None: none);
+    ``known`` is that same object once the dynamic outputs' shapes were read back and
+    accepted for it (the generated code keeps them in its ``_shapes``)."""
 
     def __init__(
         self,
@@ -159,6 +164,7 @@ class _Binder:
         etdump: bool = False,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
+        self.known: tuple[Any, ...] | None = None
         self.module = module
         self.etdump = etdump  # loaded with ExecuTorch's ETDump on (recorded calls)
         self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
@@ -356,13 +362,23 @@ def _generate(
         f"    _binder.bind(k, [{', '.join(args)}])",
         "_execute()",
     ]
-    for k, name in names.items():
-        order = tuple(tensors[k].dim_order)
+    if names:
+        # the shapes read after the binding's first call hold while it stays (a new binding
+        # or a reload replaces the key object); an output resized since is read again
+        same = " and ".join(f"x{k}.shape == _shapes[{i}]" for i, k in enumerate(names))
+        lines += [f"if _binder.known is not _binder.key or not ({same}):"]
+        for k, name in names.items():
+            order = tuple(tensors[k].dim_order)
+            lines += [
+                f"    y{k} = _get({name!r})",
+                f"    if y{k}.shape != x{k}.shape:",
+                f"        _resize_output(x{k}, y{k}, {order!r}, {tuple(tensors[k].sizes)!r}, {k})",
+            ]
         lines += [
-            f"y{k} = _get({name!r})",
-            f"if y{k}.shape != x{k}.shape:",
-            f"    _resize_output(x{k}, y{k}, {order!r}, {tuple(tensors[k].sizes)!r}, {k})",
+            f"    _shapes[:] = ({''.join(f'x{k}.shape, ' for k in names)})",
+            "    _binder.known = _binder.key",
         ]
+        env["_shapes"] = [None] * len(names)
     source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
     namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
     binder.attach(namespace)
