@@ -115,11 +115,9 @@ class DelegateCode:
         )
         return cls(runner.fn, runner.ext_ids, runner.output_ids)
 
-    def run(
-        self, env: Env, ins: p.DelegateCall, cast: Callable[[torch.Tensor, int], torch.Tensor]
-    ) -> None:
-        """Run the code on ``env``'s values; each output replaces its value (as ``cast``
-        makes it: the dtype of the value it replaces)."""
+    def outputs(self, args: Callable[[int], Any]) -> dict[int, torch.Tensor]:
+        """Run the code on the call's arguments (``args(k)``: argument ``k``); its
+        outputs, by argument position."""
         sinks: dict[int, _Sink] = {}
         call: list[Any] = []
         for k in self.ext_ids:
@@ -127,10 +125,20 @@ class DelegateCode:
                 sinks[k] = _Sink()
                 call.append(sinks[k])
             else:
-                call.append(env[ins.args[k]])
+                call.append(args(k))
         self.fn(*call)
+        out: dict[int, torch.Tensor] = {}
         for k, sink in sinks.items():
             if sink.value is None:
                 raise NoFunctionalForm(f"delegate output {k} was not written")
+            out[k] = sink.value
+        return out
+
+    def run(
+        self, env: Env, ins: p.DelegateCall, cast: Callable[[torch.Tensor, int], torch.Tensor]
+    ) -> None:
+        """Run the code on ``env``'s values; each output replaces its value (as ``cast``
+        makes it: the dtype of the value it replaces)."""
+        for k, value in self.outputs(lambda k: env[ins.args[k]]).items():
             slot = ins.args[k]
-            env[slot] = cast(sink.value, slot)
+            env[slot] = cast(value, slot)

@@ -45,6 +45,7 @@ from ..kernels.prim import PRIM_OPS
 from ..tensor import dim_order_strides
 from .delegate_code import DelegateCode
 from .env import Env, NoFunctionalForm
+from .external import ExternalCall, external_call, register
 from .overloads import call_overload, functional_overload, view_overload, writes
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ _STRIDE = "aten::sym_stride.int"  # from the program's dim order: a traced tenso
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 _DIM_ORDER_COPY = ("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
 _DEVICE_COPY = ("et_copy::_h2d_copy.out", "et_copy::_d2h_copy.out")
+EXTERNAL = "runs with XNNPACK's kernels (ExecuTorch's XNNPACK backend), between compiled regions"
 
 
 class FunctionalForms:
@@ -78,6 +80,8 @@ class FunctionalForms:
         self.program = program
         self.device = device
         self._delegates: dict[tuple[int, int], DelegateCode] = {}
+        self._externals: dict[tuple[int, int], ExternalCall] = {}
+        self._register_externals()
 
     # -- which instructions have one -------------------------------------------------------
     def reason(self, chain: int, i: int) -> str | None:
@@ -92,6 +96,8 @@ class FunctionalForms:
             delegate = self.plan.delegates[ins.delegate_index]
             if delegate.id not in ("XnnpackBackend", "VulkanBackend"):
                 return f"delegate '{delegate.id}' has no functional form"
+            if self.external(chain, i) and (chain, i) not in self._externals:
+                return EXTERNAL
             return None
         assert isinstance(ins, p.KernelCall)
         if name in PRIM_OPS or name == _STRIDE or name in _ET_VIEW:
@@ -112,6 +118,40 @@ class FunctionalForms:
             return f"{name} draws random numbers"
         return None
 
+    def external(self, chain: int, i: int) -> bool:
+        """Instruction ``i`` of ``chain`` is a delegate call a library outside torch runs
+        (ExecuTorch's XNNPACK backend, as the method was loaded): it keeps that library's
+        kernels, as one opaque call of the compiled graph (:mod:`.external`), or, when it
+        cannot be one, runs between compiled regions; never traced into torch operations."""
+        return self.state.chains[chain].loaded[i].external is not None
+
+    def externals(self) -> list[tuple[int, int, str]]:
+        """Every (chain, instruction, how) :meth:`external` holds for (``how``: ``"call"``
+        in the graph or ``"between"`` regions): what the compiled code of the method
+        depends on besides its program and options (the cache's key)."""
+        return [
+            (c, i, "call" if (c, i) in self._externals else "between")
+            for c, chain in enumerate(self.state.chains)
+            for i in range(len(chain.instructions))
+            if self.external(c, i)
+        ]
+
+    def external_calls(self) -> list[ExternalCall]:
+        """The opaque calls of the method's compiled graphs: whoever runs the compiled
+        code keeps them (the registry holds them weakly)."""
+        return list(self._externals.values())
+
+    def _register_externals(self) -> None:
+        for c, chain in enumerate(self.state.chains):
+            for i, st in enumerate(chain.loaded):
+                ins = chain.instructions[i]
+                if st.external is None or not isinstance(ins, p.DelegateCall):
+                    continue
+                call = ExternalCall.of(st.external, self.plan.values, ins.args)  # type: ignore[arg-type]
+                if call is not None:
+                    register(call)
+                    self._externals[(c, i)] = call
+
     def ignored(self, chain: int, i: int) -> frozenset[int]:
         """Arguments of instruction ``i`` its functional form never reads (the placeholder
         ``out`` of a kernel that only updates a cache in place, say)."""
@@ -127,8 +167,23 @@ class FunctionalForms:
         """Build what instruction ``i`` needs at trace time (a delegate's torch code, with
         its weights): before tracing, where it deals with real tensors."""
         ins = self.state.chains[chain].instructions[i]
-        if isinstance(ins, p.DelegateCall):
+        if not isinstance(ins, p.DelegateCall):
+            return
+        call = self._externals.get((chain, i))
+        if call is None:
             self._delegate_code(chain, i, ins)
+        elif any(o.dynamic for o in call.outputs) and call.shapes is None:
+            # the symbolic shapes of dynamic outputs: ptexec's torch code, traced only
+            code = DelegateCode.build(self.plan, self.program, ins, self.device)
+            positions = call.inputs
+            outs = [o.position for o in call.outputs]
+
+            def shapes(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+                given = dict(zip(positions, inputs, strict=True))
+                computed = code.outputs(given.__getitem__)
+                return [computed[k] for k in outs]
+
+            call.shapes = shapes
 
     # -- running one instruction ------------------------------------------------------------
     def step(self, env: Env, chain: int, i: int) -> None:
@@ -321,7 +376,14 @@ class FunctionalForms:
         return found
 
     def _delegate(self, env: Env, chain: int, i: int, ins: p.DelegateCall) -> None:
-        self._delegate_code(chain, i, ins).run(env, ins, self._cast)
+        call = self._externals.get((chain, i))
+        if call is None:
+            self._delegate_code(chain, i, ins).run(env, ins, self._cast)
+            return
+        outs = external_call(call.key, [env[ins.args[k]] for k in call.inputs])
+        for o, x in zip(call.outputs, outs, strict=True):
+            slot = ins.args[o.position]
+            env[slot] = self._cast(x, slot)
 
 
 # the names the compiled tier's other modules know these by

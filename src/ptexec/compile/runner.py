@@ -167,7 +167,11 @@ class RegionBuilder:
         blobs: list[memoryview] = [pte.data]
         if self.program.ptd is not None:
             blobs.extend(f.data for f in self.program.ptd.files)
-        key = cache_key(blobs, self.state.name, str(self.device), self.options.key())
+        options = self.options.key()
+        externals = self.rebuild.externals()
+        if externals:  # other code than a traced delegate's
+            options["external"] = [list(x) for x in externals]
+        key = cache_key(blobs, self.state.name, str(self.device), options)
         return cache.entry(key)
 
     def _mismatch(self, manifest: Manifest) -> str | None:
@@ -588,6 +592,10 @@ class CompiledRunner:
             builder = RegionBuilder(state, program, options or CompileOptions())
             builder.build()
         self.report = builder.report()
+        # the delegate calls the compiled code makes through ptexec::external_call
+        self._externals = builder.rebuild.external_calls()
+        for ext in self._externals:
+            ext.shapes = None  # only tracing needs them (with ptexec's torch code)
         aoti = builder.options.backend == "aoti"
         self._backend = "AOTInductor" if aoti else "its traced graph, by torch"
         self._regions: list[tuple[_Compiled, _Call, _Call | None]] = []
