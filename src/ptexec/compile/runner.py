@@ -451,6 +451,13 @@ class RegionBuilder:
         total = state.instruction_count()
         count = sum(x.region.last - x.region.first + 1 for x in compiled)
         devices = sorted({str(x.region.device) for x in compiled}) or [str(self.device)]
+        opaque = {(c, i) for c, i, how in self.rebuild.externals() if how == "call"}
+        calls = tuple(
+            i
+            for x in compiled
+            for i in range(x.region.first, x.region.last + 1)
+            if (x.region.chain, i) in opaque
+        )
         return CompileReport(
             compiled_instructions=count,
             total_instructions=total,
@@ -462,6 +469,7 @@ class RegionBuilder:
             cache_path=self.cache_path,
             warning=self.warning,
             chains=tuple(x.region.chain for x in compiled),
+            xnnpack_calls=calls,
         )
 
 
