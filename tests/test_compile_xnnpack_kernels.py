@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+
+import ptexec
 from compile_util import (
     XNNPACK,
     XNNPACK_DIR,
@@ -25,8 +27,6 @@ from compile_util import (
     skip_slow_unless_asked,
     xnnpack_pair,
 )
-
-import ptexec
 from ptexec.compile import CompileOptions
 from ptexec.compile.external import ExternalCall
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
@@ -144,7 +144,6 @@ def test_delegates_are_opaque_calls_compiled(name: str, monkeypatch: pytest.Monk
 
 def _llm(variant: str, options: CompileOptions | None, monkeypatch: pytest.MonkeyPatch) -> None:
     from llm_support import executorch_greedy, program
-
     from ptexec.llm import TextDecoder
 
     pte = program(variant)
