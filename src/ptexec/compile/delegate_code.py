@@ -2,7 +2,9 @@
 
 The delegate's payload is compiled to torch code (:mod:`ptexec.delegates.xnnpack.runtime`,
 :mod:`ptexec.delegates.vulkan.runtime`; ``traced=True``), which is traced like every other instruction, so that fusion crosses the
-delegate's boundary. That code writes its outputs into tensors it is given; traced, each
+delegate's boundary (a delegate run by ExecuTorch's XNNPACK backend is an opaque call
+instead, :mod:`.external`; its torch code then only gives dynamic outputs their traced
+shapes). That code writes its outputs into tensors it is given; traced, each
 output is a :class:`_Sink` that keeps what the code writes, in the output's logical dims.
 """
 

@@ -25,7 +25,10 @@ the kernels' and torch's own:
   in place updates the value it is given (a compiled region's state is then written in
   place) or a copy;
 - an XNNPACK or Vulkan delegate runs the torch code its payload was compiled to
-  (:mod:`.delegate_code`).
+  (:mod:`.delegate_code`), except an XNNPACK delegate the method runs with ExecuTorch's
+  XNNPACK backend (``xnnpack="auto"`` with ExecuTorch installed, or ``"executorch"``):
+  that one is a single opaque call, ``ptexec::external_call`` (:mod:`.external`), which
+  keeps XNNPACK's kernels.
 
 :meth:`FunctionalForms.reason` says why an instruction has no functional form (then it is
 interpreted).
