@@ -15,10 +15,14 @@ one-delegate program the runner loaded (the payload, the named data it reads, it
 tensors' dtypes, sizes and dim orders). A compiled library holds only the key; the
 method registers its runner under that key when it is loaded (:func:`register`), before
 any of its compiled code can run, and the registry holds runners weakly, so a dropped
-method leaves nothing behind. Methods that load the same delegate share a key; any of
-their runners computes the same outputs, and each runner is used by one call at a time.
+method leaves nothing behind. Methods that load the same delegate share a key: while a
+method's compiled code runs, the thread finds that method's own calls first (:func:`use`),
+so each method uses its own runner and memory; the registry serves tracing, and is used
+by one call at a time.
 
-The op's outputs are new tensors, dense in the program's dim order of each output. A
+The op's outputs are dense in the program's dim order of each output, and are the same
+memory from call to call (the delegate's, as its planned outputs are when interpreted:
+ExecuTorch then keeps the addresses it was handed, and a call is one ``execute``). A
 dynamic output is allocated at its declared bound and given the shape XNNPACK computed.
 At trace time the output shapes come from the program (static outputs) or from ptexec's
 torch code of the payload run on the traced inputs (dynamic outputs: the shapes are
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,7 +42,7 @@ import torch
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 
-__all__ = ["ExternalCall", "ExternalRunner", "OutputSpec", "external_call", "register"]
+__all__ = ["ExternalCall", "ExternalRunner", "OutputSpec", "external_call", "register", "use"]
 
 
 class ExternalRunner(Protocol):
@@ -78,7 +82,8 @@ def _dense(
 class ExternalCall:
     """One delegate call run by an outside library's ``runner`` (called with all the
     call's argument tensors in order, writing the outputs in place): ``inputs`` are the
-    positions of the arguments it reads, ``outputs`` those it writes."""
+    positions of the arguments it reads (``orders``: their dim orders), ``outputs``
+    those it writes."""
 
     def __init__(
         self,
@@ -86,6 +91,7 @@ class ExternalCall:
         runner: Callable[..., None],
         count: int,
         outputs: Sequence[OutputSpec],
+        orders: Sequence[Sequence[int]],
     ) -> None:
         self.key = key
         self.runner = runner
@@ -94,6 +100,16 @@ class ExternalCall:
         written = {o.position for o in self.outputs}
         self.inputs = tuple(k for k in range(count) if k not in written)
         self.lock = threading.Lock()
+        # the outputs, written by every call: the delegate's own memory, as the planned
+        # memory it writes when interpreted (ExecuTorch keeps the addresses it was given,
+        # so a call with the addresses of the last one is one execute)
+        self._outs: list[torch.Tensor] | None = None
+        # small inputs are copied into memory of their own, for the same reason (the
+        # compiled code's intermediates may be anywhere from call to call)
+        self.orders = tuple(tuple(int(d) for d in o) for o in orders)  # the inputs' dim orders
+        if len(self.orders) != len(self.inputs):
+            raise ValueError(f"{len(self.orders)} dim orders for {len(self.inputs)} inputs")
+        self._stage: list[torch.Tensor | None] = [None] * len(self.inputs)
         # while tracing: the torch code that gives dynamic outputs their symbolic shapes
         self.shapes: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
 
@@ -117,11 +133,15 @@ class ExternalCall:
                     v.shape_dynamism != p.STATIC,
                 )
             )
-        for j in args:
+        orders: list[tuple[int, ...]] = []
+        written = set(runner.outputs)
+        for k, j in enumerate(args):
             v = values[j]
             if not isinstance(v, p.Tensor) or v.scalar_type not in CODE_TO_DTYPE:
                 return None
-        return cls(runner.digest(), runner, len(args), specs)
+            if k not in written:
+                orders.append(tuple(v.dim_order))
+        return cls(runner.digest(), runner, len(args), specs, orders)
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run the call on ``inputs`` (the tensors at :attr:`inputs`): its outputs."""
@@ -129,15 +149,24 @@ class ExternalCall:
             raise RuntimeError(
                 f"external call {self.key[:12]}: {len(inputs)} inputs, expected {len(self.inputs)}"
             )
-        outs = [_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs]
-        args: list[torch.Tensor | None] = [None] * self.count
-        for k, x in zip(self.inputs, inputs, strict=True):
-            args[k] = x
-        for o, t in zip(self.outputs, outs, strict=True):
-            args[o.position] = t
         with self.lock:
+            outs = self._outs
+            if outs is None:
+                outs = [_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs]
+                self._outs = outs
+            args: list[torch.Tensor | None] = [None] * self.count
+            stage = self._stage
+            for j, (k, x) in enumerate(zip(self.inputs, inputs, strict=True)):
+                if x.nbytes <= _STAGE_BYTES:  # a copy costs less than a new address
+                    b = stage[j]
+                    if b is None or b.shape != x.shape or b.dtype != x.dtype:
+                        b = stage[j] = _dense(x.shape, self.orders[j], x.dtype)
+                    x = b.copy_(x)
+                args[k] = x
+            for o, t in zip(self.outputs, outs, strict=True):
+                args[o.position] = t
             self.runner(*args)
-        return outs
+            return list(outs)
 
     def fake(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The outputs' metadata for traced ``inputs``."""
@@ -155,6 +184,8 @@ class ExternalCall:
         ]
 
 
+_STAGE_BYTES = 256 * 1024  # inputs up to this size are copied into memory of their own
+
 _REGISTRY: dict[str, list[weakref.ref[ExternalCall]]] = {}
 _REGISTRY_LOCK = threading.Lock()
 
@@ -167,7 +198,23 @@ def register(call: ExternalCall) -> None:
         _REGISTRY[call.key] = alive
 
 
+_CURRENT = threading.local()  # the calls of the method running on this thread
+
+
+def use(calls: Mapping[str, ExternalCall] | None) -> Mapping[str, ExternalCall] | None:
+    """Make the compiled code this thread runs next find ``calls`` first (the running
+    method's own, with their own memory); returns what was there before."""
+    before: Mapping[str, ExternalCall] | None = getattr(_CURRENT, "calls", None)
+    _CURRENT.calls = calls
+    return before
+
+
 def _find(key: str) -> ExternalCall:
+    calls: Mapping[str, ExternalCall] | None = getattr(_CURRENT, "calls", None)
+    if calls is not None:
+        found = calls.get(key)
+        if found is not None:
+            return found
     with _REGISTRY_LOCK:
         refs = _REGISTRY.get(key, [])
         for r in reversed(refs):

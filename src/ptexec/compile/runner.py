@@ -44,6 +44,7 @@ from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, warn_once
+from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
 from .progress import Progress
@@ -601,8 +602,8 @@ class CompiledRunner:
             builder.build()
         self.report = builder.report()
         # the delegate calls the compiled code makes through ptexec::external_call
-        self._externals = builder.rebuild.external_calls()
-        for ext in self._externals:
+        self._externals = {c.key: c for c in builder.rebuild.external_calls()}
+        for ext in self._externals.values():
             ext.shapes = None  # only tracing needs them (with ptexec's torch code)
         aoti = builder.options.backend == "aoti"
         self._backend = "AOTInductor" if aoti else "its traced graph, by torch"
@@ -634,7 +635,14 @@ class CompiledRunner:
         pass
 
     def run(self, v: list[Any]) -> None:
-        run_chains(self.state, self.chains, v, None)
+        if not self._externals:
+            run_chains(self.state, self.chains, v, None)
+            return
+        before = use_external(self._externals)  # this method's delegate runners
+        try:
+            run_chains(self.state, self.chains, v, None)
+        finally:
+            use_external(before)
 
     def source(self) -> str:
         """The generated code this runner runs: each compiled region's call (and the
