@@ -27,7 +27,7 @@ from compile_util import (
     skip_slow_unless_asked,
     xnnpack_pair,
 )
-from ptexec.compile import CompileOptions
+from ptexec.compile import CompileOptions, external
 from ptexec.compile.external import ExternalCall
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
 
@@ -45,6 +45,13 @@ pytestmark = pytest.mark.skipif(
 def _setup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     skip_slow_unless_asked(request)
     monkeypatch.setenv("PTEXEC_CACHE_DIR", str(session_cache_dir()))
+
+
+@pytest.fixture
+def every_delegate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every XNNPACK delegate an opaque call, whatever its work (the fixtures' and tiny
+    LLMs' matrices are below the rule's threshold)."""
+    monkeypatch.setattr(external, "MIN_WEIGHT_BYTES", 0)
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -86,11 +93,22 @@ def _check_mixed(name: str, options: CompileOptions, monkeypatch: pytest.MonkeyP
     assert len(seen) >= len(delegates)
 
 
+@pytest.mark.usefixtures("every_delegate")
 @pytest.mark.parametrize("name", MIXED + DYNAMIC)
 def test_delegates_are_opaque_calls_in_the_traced_graph(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _check_mixed(name, GRAPH, monkeypatch)
+
+
+def test_the_rule_keeps_convolutions_and_traces_small_matrices() -> None:
+    """By default a payload with a convolution is an opaque call; one with a megabyte of
+    weights or less and no convolution is traced (its torch code fuses)."""
+    _, conv = xnnpack_pair(DYNAMIC[0], GRAPH, xnnpack="auto")
+    assert conv.compile_report is not None and conv.compile_report.xnnpack_calls
+    _, small = xnnpack_pair("transformer", GRAPH, xnnpack="auto")
+    report = small.compile_report
+    assert report is not None and report.fully_compiled and report.xnnpack_calls == ()
 
 
 @pytest.mark.parametrize("name", ALONE)
@@ -114,6 +132,7 @@ def test_opaque_call_without_a_loaded_method_fails_clearly() -> None:
         torch.ops.ptexec.external_call("0" * 64, [torch.zeros(1)])
 
 
+@pytest.mark.usefixtures("every_delegate")
 def test_cache_hit_registers_the_calls_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second load takes the compiled graph from the cache; its opaque calls find the
     second method's runners (the first method is gone)."""
@@ -134,6 +153,7 @@ def test_cache_hit_registers_the_calls_first(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("every_delegate")
 @pytest.mark.parametrize("name", MIXED + DYNAMIC)
 def test_delegates_are_opaque_calls_compiled(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _check_mixed(name, CompileOptions(), monkeypatch)
@@ -164,12 +184,14 @@ def _llm(variant: str, options: CompileOptions | None, monkeypatch: pytest.Monke
     assert got == executorch_greedy(pte, prompt, 16, dynamic=True)
 
 
+@pytest.mark.usefixtures("every_delegate")
 @pytest.mark.parametrize("variant", ["xnnpack", "xnnpack_8da4w"])
 def test_llm_traced_with_xnnpack_kernels(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _llm(variant, GRAPH, monkeypatch)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("every_delegate")
 @pytest.mark.parametrize("variant", ["xnnpack", "xnnpack_8da4w"])
 def test_llm_compiled_with_xnnpack_kernels(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _llm(variant, None, monkeypatch)

@@ -39,10 +39,19 @@ from typing import Protocol
 
 import torch
 
+from ..delegates.xnnpack import schema as s
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 
-__all__ = ["ExternalCall", "ExternalRunner", "OutputSpec", "external_call", "register", "use"]
+__all__ = [
+    "ExternalCall",
+    "ExternalRunner",
+    "OutputSpec",
+    "external_call",
+    "register",
+    "use",
+    "worth_a_call",
+]
 
 
 class ExternalRunner(Protocol):
@@ -182,6 +191,29 @@ class ExternalCall:
             _dense(list(t.shape) if o.dynamic else o.sizes, o.dim_order, o.dtype)
             for o, t in zip(self.outputs, computed, strict=True)
         ]
+
+
+_CONVOLUTIONS = frozenset({"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"})
+MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay for a call
+
+
+def worth_a_call(payload: s.XnnPayload) -> bool:
+    """Whether XNNPACK's kernels pay for an opaque call of ``payload`` (else its torch
+    code is traced, and compiled with the region). An opaque call costs tens of
+    microseconds of Python (the op's dispatch, the runner's checks, ExecuTorch's call)
+    before any work, where a traced small matrix product costs a few. So: a payload
+    with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x, and
+    a convolution's work grows with its image), or one whose constants (weights) hold
+    at least :data:`MIN_WEIGHT_BYTES` (a matrix product streams its weights once per
+    call: a megabyte is tens of microseconds, where XNNPACK's int4/int8 kernels read
+    2-8x fewer bytes than the dequantized float weights of the traced graph)."""
+    if any(n.type in _CONVOLUTIONS for n in payload.graph.nodes):
+        return True
+    weights = 0.0
+    for v in payload.graph.values:
+        if v.is_constant:
+            weights += v.numel * s.DATATYPES.get(v.datatype, ("", 4))[1]
+    return weights >= MIN_WEIGHT_BYTES
 
 
 _STAGE_BYTES = 256 * 1024  # inputs up to this size are copied into memory of their own

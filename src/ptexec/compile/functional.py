@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..delegates.xnnpack.schema import decode_payload
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 from ..kernels.aten import resolve_overload
@@ -48,7 +49,7 @@ from ..kernels.prim import PRIM_OPS
 from ..tensor import dim_order_strides
 from .delegate_code import DelegateCode
 from .env import Env, NoFunctionalForm
-from .external import ExternalCall, external_call, register
+from .external import ExternalCall, external_call, register, worth_a_call
 from .overloads import call_overload, functional_overload, view_overload, writes
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class FunctionalForms:
         self.device = device
         self._delegates: dict[tuple[int, int], DelegateCode] = {}
         self._externals: dict[tuple[int, int], ExternalCall] = {}
+        self._external_how: dict[tuple[int, int], str] = {}
         self._register_externals()
 
     # -- which instructions have one -------------------------------------------------------
@@ -99,7 +101,7 @@ class FunctionalForms:
             delegate = self.plan.delegates[ins.delegate_index]
             if delegate.id not in ("XnnpackBackend", "VulkanBackend"):
                 return f"delegate '{delegate.id}' has no functional form"
-            if self.external(chain, i) and (chain, i) not in self._externals:
+            if self._external_how.get((chain, i)) == "between":
                 return EXTERNAL
             return None
         assert isinstance(ins, p.KernelCall)
@@ -124,20 +126,21 @@ class FunctionalForms:
     def external(self, chain: int, i: int) -> bool:
         """Instruction ``i`` of ``chain`` is a delegate call a library outside torch runs
         (ExecuTorch's XNNPACK backend, as the method was loaded): it keeps that library's
-        kernels, as one opaque call of the compiled graph (:mod:`.external`), or, when it
-        cannot be one, runs between compiled regions; never traced into torch operations."""
+        kernels as one opaque call of the compiled graph (:mod:`.external`) where they pay
+        for the call (:func:`.external.worth_a_call`), runs between compiled regions when
+        it cannot be one, and is otherwise traced as ptexec's torch code."""
         return self.state.chains[chain].loaded[i].external is not None
+
+    def opaque(self, chain: int, i: int) -> bool:
+        """Instruction ``i`` of ``chain`` is an opaque call of the compiled graph."""
+        return (chain, i) in self._externals
 
     def externals(self) -> list[tuple[int, int, str]]:
         """Every (chain, instruction, how) :meth:`external` holds for (``how``: ``"call"``
-        in the graph or ``"between"`` regions): what the compiled code of the method
-        depends on besides its program and options (the cache's key)."""
-        return [
-            (c, i, "call" if (c, i) in self._externals else "between")
-            for c, chain in enumerate(self.state.chains)
-            for i in range(len(chain.instructions))
-            if self.external(c, i)
-        ]
+        in the graph, ``"traced"`` as torch code, or ``"between"`` regions): what the
+        compiled code of the method depends on besides its program and options (the
+        cache's key)."""
+        return [(c, i, how) for (c, i), how in sorted(self._external_how.items())]
 
     def external_calls(self) -> list[ExternalCall]:
         """The opaque calls of the method's compiled graphs: whoever runs the compiled
@@ -150,10 +153,19 @@ class FunctionalForms:
                 ins = chain.instructions[i]
                 if st.external is None or not isinstance(ins, p.DelegateCall):
                     continue
+                delegate = self.plan.delegates[ins.delegate_index]
+                where = f"{self.plan.name}.delegates[{ins.delegate_index}].payload"
+                payload = decode_payload(self.program.pte.delegate_data(delegate.processed), where)
+                if not worth_a_call(payload):
+                    self._external_how[(c, i)] = "traced"
+                    continue
                 call = ExternalCall.of(st.external, self.plan.values, ins.args)  # type: ignore[arg-type]
-                if call is not None:
-                    register(call)
-                    self._externals[(c, i)] = call
+                if call is None:
+                    self._external_how[(c, i)] = "between"
+                    continue
+                register(call)
+                self._externals[(c, i)] = call
+                self._external_how[(c, i)] = "call"
 
     def ignored(self, chain: int, i: int) -> frozenset[int]:
         """Arguments of instruction ``i`` its functional form never reads (the placeholder

@@ -300,7 +300,7 @@ class _Planner:
         work = 0
         for i in range(first, last + 1):
             if isinstance(ins[i], p.DelegateCall):
-                if not self.rebuild.external(c, i):  # an opaque call gains nothing alone
+                if not self.rebuild.opaque(c, i):  # an opaque call gains nothing alone
                     work += self.min_instructions  # a delegate's graph is worth compiling alone
             elif isinstance(ins[i], p.KernelCall):
                 name = self.state.chains[c].names[i]
@@ -534,7 +534,7 @@ def plan_regions(
         c, first, last, device = pending.pop(0)
         if not planner.worth(c, first, last):
             why = "too little work to gain from compiling"
-            if any(rebuild.external(c, i) for i in range(first, last + 1)):
+            if any(rebuild.opaque(c, i) for i in range(first, last + 1)):
                 why += "; XNNPACK's kernels run it (ExecuTorch's XNNPACK backend)"
             fallbacks.append(Fallback(c, first, last, why))
             continue
