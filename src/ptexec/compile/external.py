@@ -2,7 +2,8 @@
 
 A delegate call that the interpreter runs with ExecuTorch's XNNPACK backend (the method's
 statement carries the backend's runner, :attr:`ptexec.kernels.registry.Statement.external`)
-is not traced into torch operations: the region's graph calls
+and whose kernels pay for a call (:func:`worth_a_call`) is not traced into torch
+operations: the region's graph calls
 ``torch.ops.ptexec.external_call(key, inputs)``, a custom op whose implementation hands
 the inputs to that runner, which runs XNNPACK's own kernels on them, and returns the
 outputs. The portable instructions around it are still traced, fused and compiled with
