@@ -136,13 +136,18 @@ def state_values(method: ptexec.Method) -> list[int]:
 
 
 def xnnpack_pair(
-    name: str, options: CompileOptions | None = None
+    name: str, options: CompileOptions | None = None, xnnpack: str = "torch"
 ) -> tuple[ptexec.Method, ptexec.Method]:
+    """An XNNPACK fixture interpreted (``xnnpack="auto"``) and compiled with ``xnnpack``:
+    by default ptexec's torch runner, whose code is traced into the compiled graph
+    (``"auto"`` keeps ExecuTorch's XNNPACK kernels as opaque calls)."""
     path = XNNPACK_DIR / XNNPACK[name]["pte"]
     plain = ptexec.load(path).load_method("forward")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompileWarning)
-        compiled = ptexec.load(path).load_method("forward", compile=options or True)
+        compiled = ptexec.load(path).load_method(
+            "forward", compile=options or True, xnnpack=xnnpack
+        )
     return plain, compiled
 
 

@@ -2,7 +2,9 @@
 
 The delegate's payload is compiled to torch code (:mod:`ptexec.delegates.xnnpack.runtime`,
 :mod:`ptexec.delegates.vulkan.runtime`; ``traced=True``), which is traced like every other instruction, so that fusion crosses the
-delegate's boundary. That code writes its outputs into tensors it is given; traced, each
+delegate's boundary (a delegate run by ExecuTorch's XNNPACK backend is an opaque call
+instead, :mod:`.external`; its torch code then only gives dynamic outputs their traced
+shapes). That code writes its outputs into tensors it is given; traced, each
 output is a :class:`_Sink` that keeps what the code writes, in the output's logical dims.
 """
 
@@ -115,11 +117,9 @@ class DelegateCode:
         )
         return cls(runner.fn, runner.ext_ids, runner.output_ids)
 
-    def run(
-        self, env: Env, ins: p.DelegateCall, cast: Callable[[torch.Tensor, int], torch.Tensor]
-    ) -> None:
-        """Run the code on ``env``'s values; each output replaces its value (as ``cast``
-        makes it: the dtype of the value it replaces)."""
+    def outputs(self, args: Callable[[int], Any]) -> dict[int, torch.Tensor]:
+        """Run the code on the call's arguments (``args(k)``: argument ``k``); its
+        outputs, by argument position."""
         sinks: dict[int, _Sink] = {}
         call: list[Any] = []
         for k in self.ext_ids:
@@ -127,10 +127,20 @@ class DelegateCode:
                 sinks[k] = _Sink()
                 call.append(sinks[k])
             else:
-                call.append(env[ins.args[k]])
+                call.append(args(k))
         self.fn(*call)
+        out: dict[int, torch.Tensor] = {}
         for k, sink in sinks.items():
             if sink.value is None:
                 raise NoFunctionalForm(f"delegate output {k} was not written")
+            out[k] = sink.value
+        return out
+
+    def run(
+        self, env: Env, ins: p.DelegateCall, cast: Callable[[torch.Tensor, int], torch.Tensor]
+    ) -> None:
+        """Run the code on ``env``'s values; each output replaces its value (as ``cast``
+        makes it: the dtype of the value it replaces)."""
+        for k, value in self.outputs(lambda k: env[ins.args[k]]).items():
             slot = ins.args[k]
-            env[slot] = cast(sink.value, slot)
+            env[slot] = cast(value, slot)

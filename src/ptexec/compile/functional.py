@@ -25,7 +25,10 @@ the kernels' and torch's own:
   in place updates the value it is given (a compiled region's state is then written in
   place) or a copy;
 - an XNNPACK or Vulkan delegate runs the torch code its payload was compiled to
-  (:mod:`.delegate_code`).
+  (:mod:`.delegate_code`), except an XNNPACK delegate the method runs with ExecuTorch's
+  XNNPACK backend (``xnnpack="auto"`` with ExecuTorch installed, or ``"executorch"``):
+  that one is a single opaque call, ``ptexec::external_call`` (:mod:`.external`), which
+  keeps XNNPACK's kernels.
 
 :meth:`FunctionalForms.reason` says why an instruction has no functional form (then it is
 interpreted).
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..delegates.xnnpack.schema import decode_payload
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 from ..kernels.aten import resolve_overload
@@ -45,6 +49,7 @@ from ..kernels.prim import PRIM_OPS
 from ..tensor import dim_order_strides
 from .delegate_code import DelegateCode
 from .env import Env, NoFunctionalForm
+from .external import ExternalCall, external_call, register, worth_a_call
 from .overloads import call_overload, functional_overload, view_overload, writes
 
 if TYPE_CHECKING:
@@ -67,6 +72,7 @@ _STRIDE = "aten::sym_stride.int"  # from the program's dim order: a traced tenso
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 _DIM_ORDER_COPY = ("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
 _DEVICE_COPY = ("et_copy::_h2d_copy.out", "et_copy::_d2h_copy.out")
+EXTERNAL = "runs with XNNPACK's kernels (ExecuTorch's XNNPACK backend), between compiled regions"
 
 
 class FunctionalForms:
@@ -78,6 +84,9 @@ class FunctionalForms:
         self.program = program
         self.device = device
         self._delegates: dict[tuple[int, int], DelegateCode] = {}
+        self._externals: dict[tuple[int, int], ExternalCall] = {}
+        self._external_how: dict[tuple[int, int], str] = {}
+        self._register_externals()
 
     # -- which instructions have one -------------------------------------------------------
     def reason(self, chain: int, i: int) -> str | None:
@@ -92,6 +101,8 @@ class FunctionalForms:
             delegate = self.plan.delegates[ins.delegate_index]
             if delegate.id not in ("XnnpackBackend", "VulkanBackend"):
                 return f"delegate '{delegate.id}' has no functional form"
+            if self._external_how.get((chain, i)) == "between":
+                return EXTERNAL
             return None
         assert isinstance(ins, p.KernelCall)
         if name in PRIM_OPS or name == _STRIDE or name in _ET_VIEW:
@@ -112,6 +123,50 @@ class FunctionalForms:
             return f"{name} draws random numbers"
         return None
 
+    def external(self, chain: int, i: int) -> bool:
+        """Instruction ``i`` of ``chain`` is a delegate call a library outside torch runs
+        (ExecuTorch's XNNPACK backend, as the method was loaded): it keeps that library's
+        kernels as one opaque call of the compiled graph (:mod:`.external`) where they pay
+        for the call (:func:`.external.worth_a_call`), runs between compiled regions when
+        it cannot be one, and is otherwise traced as ptexec's torch code."""
+        return self.state.chains[chain].loaded[i].external is not None
+
+    def opaque(self, chain: int, i: int) -> bool:
+        """Instruction ``i`` of ``chain`` is an opaque call of the compiled graph."""
+        return (chain, i) in self._externals
+
+    def externals(self) -> list[tuple[int, int, str]]:
+        """Every (chain, instruction, how) :meth:`external` holds for (``how``: ``"call"``
+        in the graph, ``"traced"`` as torch code, or ``"between"`` regions): what the
+        compiled code of the method depends on besides its program and options (the
+        cache's key)."""
+        return [(c, i, how) for (c, i), how in sorted(self._external_how.items())]
+
+    def external_calls(self) -> list[ExternalCall]:
+        """The opaque calls of the method's compiled graphs: whoever runs the compiled
+        code keeps them (the registry holds them weakly)."""
+        return list(self._externals.values())
+
+    def _register_externals(self) -> None:
+        for c, chain in enumerate(self.state.chains):
+            for i, st in enumerate(chain.loaded):
+                ins = chain.instructions[i]
+                if st.external is None or not isinstance(ins, p.DelegateCall):
+                    continue
+                delegate = self.plan.delegates[ins.delegate_index]
+                where = f"{self.plan.name}.delegates[{ins.delegate_index}].payload"
+                payload = decode_payload(self.program.pte.delegate_data(delegate.processed), where)
+                if not worth_a_call(payload):
+                    self._external_how[(c, i)] = "traced"
+                    continue
+                call = ExternalCall.of(st.external, self.plan.values, ins.args)  # type: ignore[arg-type]
+                if call is None:
+                    self._external_how[(c, i)] = "between"
+                    continue
+                register(call)
+                self._externals[(c, i)] = call
+                self._external_how[(c, i)] = "call"
+
     def ignored(self, chain: int, i: int) -> frozenset[int]:
         """Arguments of instruction ``i`` its functional form never reads (the placeholder
         ``out`` of a kernel that only updates a cache in place, say)."""
@@ -127,8 +182,23 @@ class FunctionalForms:
         """Build what instruction ``i`` needs at trace time (a delegate's torch code, with
         its weights): before tracing, where it deals with real tensors."""
         ins = self.state.chains[chain].instructions[i]
-        if isinstance(ins, p.DelegateCall):
+        if not isinstance(ins, p.DelegateCall):
+            return
+        call = self._externals.get((chain, i))
+        if call is None:
             self._delegate_code(chain, i, ins)
+        elif any(o.dynamic for o in call.outputs) and call.shapes is None:
+            # the symbolic shapes of dynamic outputs: ptexec's torch code, traced only
+            code = DelegateCode.build(self.plan, self.program, ins, self.device)
+            positions = call.inputs
+            outs = [o.position for o in call.outputs]
+
+            def shapes(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+                given = dict(zip(positions, inputs, strict=True))
+                computed = code.outputs(given.__getitem__)
+                return [computed[k] for k in outs]
+
+            call.shapes = shapes
 
     # -- running one instruction ------------------------------------------------------------
     def step(self, env: Env, chain: int, i: int) -> None:
@@ -321,7 +391,14 @@ class FunctionalForms:
         return found
 
     def _delegate(self, env: Env, chain: int, i: int, ins: p.DelegateCall) -> None:
-        self._delegate_code(chain, i, ins).run(env, ins, self._cast)
+        call = self._externals.get((chain, i))
+        if call is None:
+            self._delegate_code(chain, i, ins).run(env, ins, self._cast)
+            return
+        outs = external_call(call.key, [env[ins.args[k]] for k in call.inputs])
+        for o, x in zip(call.outputs, outs, strict=True):
+            slot = ins.args[o.position]
+            env[slot] = self._cast(x, slot)
 
 
 # the names the compiled tier's other modules know these by

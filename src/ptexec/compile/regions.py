@@ -300,7 +300,8 @@ class _Planner:
         work = 0
         for i in range(first, last + 1):
             if isinstance(ins[i], p.DelegateCall):
-                work += self.min_instructions  # a delegate's graph is worth compiling alone
+                if not self.rebuild.opaque(c, i):  # an opaque call gains nothing alone
+                    work += self.min_instructions  # a delegate's graph is worth compiling alone
             elif isinstance(ins[i], p.KernelCall):
                 name = self.state.chains[c].names[i]
                 if not (name.startswith("executorch_prim::") or name.startswith("aten::sym_")):
@@ -532,7 +533,10 @@ def plan_regions(
     while pending:
         c, first, last, device = pending.pop(0)
         if not planner.worth(c, first, last):
-            fallbacks.append(Fallback(c, first, last, "too little work to gain from compiling"))
+            why = "too little work to gain from compiling"
+            if any(rebuild.opaque(c, i) for i in range(first, last + 1)):
+                why += "; XNNPACK's kernels run it (ExecuTorch's XNNPACK backend)"
+            fallbacks.append(Fallback(c, first, last, why))
             continue
         found = planner.region(c, first, last, device)
         if isinstance(found, int):

@@ -22,7 +22,10 @@ class CompileReport:
     time this load spent compiling (0 when the cache had everything); ``cache_hit`` says
     whether the compiled code came from the cache; ``cache_path`` is its entry (None when
     nothing was compiled); ``device`` is the device the code was compiled for; ``warning``
-    the one warning loading issued, if any (no C++ compiler, a failing compile)."""
+    the one warning loading issued, if any (no C++ compiler, a failing compile);
+    ``xnnpack_calls`` the delegate calls inside compiled regions that run with XNNPACK's
+    own kernels (ExecuTorch's XNNPACK backend, one opaque call of the compiled code)
+    rather than as torch operations."""
 
     compiled_instructions: int
     total_instructions: int
@@ -34,6 +37,7 @@ class CompileReport:
     cache_path: str | None = None
     warning: str | None = None
     chains: tuple[int, ...] = field(default=(), repr=False)  # the chain of each region
+    xnnpack_calls: tuple[int, ...] = ()
 
     @property
     def fully_compiled(self) -> bool:
@@ -52,7 +56,9 @@ class CompileReport:
         ]
         for first, last in self.regions:
             span = f"{first}-{last}" if last > first else f"{first}"
-            lines.append(f"  compiled     {span}")
+            inside = [i for i in self.xnnpack_calls if first <= i <= last]
+            kernels = f" ({len(inside)} XNNPACK call(s) with XNNPACK's kernels)" if inside else ""
+            lines.append(f"  compiled     {span}{kernels}")
         for first, last, reason in self.fallbacks:
             span = f"{first}-{last}" if last > first else f"{first}"
             lines.append(f"  interpreted  {span}: {reason}")

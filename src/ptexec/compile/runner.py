@@ -44,6 +44,7 @@ from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, warn_once
+from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
 from .progress import Progress
@@ -167,7 +168,11 @@ class RegionBuilder:
         blobs: list[memoryview] = [pte.data]
         if self.program.ptd is not None:
             blobs.extend(f.data for f in self.program.ptd.files)
-        key = cache_key(blobs, self.state.name, str(self.device), self.options.key())
+        options = self.options.key()
+        externals = self.rebuild.externals()
+        if externals:  # other code than a traced delegate's
+            options["external"] = [list(x) for x in externals]
+        key = cache_key(blobs, self.state.name, str(self.device), options)
         return cache.entry(key)
 
     def _mismatch(self, manifest: Manifest) -> str | None:
@@ -447,6 +452,13 @@ class RegionBuilder:
         total = state.instruction_count()
         count = sum(x.region.last - x.region.first + 1 for x in compiled)
         devices = sorted({str(x.region.device) for x in compiled}) or [str(self.device)]
+        opaque = {(c, i) for c, i, how in self.rebuild.externals() if how == "call"}
+        calls = tuple(
+            i
+            for x in compiled
+            for i in range(x.region.first, x.region.last + 1)
+            if (x.region.chain, i) in opaque
+        )
         return CompileReport(
             compiled_instructions=count,
             total_instructions=total,
@@ -458,6 +470,7 @@ class RegionBuilder:
             cache_path=self.cache_path,
             warning=self.warning,
             chains=tuple(x.region.chain for x in compiled),
+            xnnpack_calls=calls,
         )
 
 
@@ -588,6 +601,10 @@ class CompiledRunner:
             builder = RegionBuilder(state, program, options or CompileOptions())
             builder.build()
         self.report = builder.report()
+        # the delegate calls the compiled code makes through ptexec::external_call
+        self._externals = {c.key: c for c in builder.rebuild.external_calls()}
+        for ext in self._externals.values():
+            ext.shapes = None  # only tracing needs them (with ptexec's torch code)
         aoti = builder.options.backend == "aoti"
         self._backend = "AOTInductor" if aoti else "its traced graph, by torch"
         self._regions: list[tuple[_Compiled, _Call, _Call | None]] = []
@@ -618,7 +635,14 @@ class CompiledRunner:
         pass
 
     def run(self, v: list[Any]) -> None:
-        run_chains(self.state, self.chains, v, None)
+        if not self._externals:
+            run_chains(self.state, self.chains, v, None)
+            return
+        before = use_external(self._externals)  # this method's delegate runners
+        try:
+            run_chains(self.state, self.chains, v, None)
+        finally:
+            use_external(before)
 
     def source(self) -> str:
         """The generated code this runner runs: each compiled region's call (and the

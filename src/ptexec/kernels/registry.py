@@ -77,6 +77,10 @@ class Statement:
     ``instrumented``: the statement the instrumented blocks run instead, when the
     instruction has steps of its own to report (a delegate's nodes): the same work, also
     calling the tool's hooks (``h``, see :meth:`ptexec.engine.hooks.Hooks.node`).
+    ``external``: for an instruction a library outside torch runs (ExecuTorch's XNNPACK
+    backend), that library's runner: callable with the values of all the instruction's
+    arguments, in order, writing its ``outs`` in place. The compiled tier keeps such an
+    instruction as one call instead of tracing it into torch operations.
     """
 
     code: str
@@ -89,6 +93,7 @@ class Statement:
     prune: Callable[[frozenset[int]], str] | None = None
     reads: tuple[int, ...] | None = None
     instrumented: str | None = None
+    external: Callable[..., None] | None = None
 
 
 class UnsupportedKernel(Exception):
@@ -157,10 +162,11 @@ class KernelContext:
         pure: bool = False,
         prune: Callable[[frozenset[int]], str] | None = None,
         instrumented: str | None = None,
+        external: Callable[..., None] | None = None,
     ) -> Statement:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read;
-        ``instrumented``: see :class:`Statement`."""
+        ``instrumented`` and ``external``: see :class:`Statement`."""
         outs = tuple(outs)
         return Statement(
             code,
@@ -173,6 +179,7 @@ class KernelContext:
             prune,
             self.reads(outs),
             instrumented,
+            external,
         )
 
     def referenced(self) -> tuple[int, ...]:

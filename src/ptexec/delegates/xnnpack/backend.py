@@ -434,4 +434,5 @@ def _prepare_executorch(
         mutates=outs,
         outs=outs,
         instrumented=f"{timed}(h.node, {call})" if call else f"{timed}(h.node)",
+        external=runner,
     )

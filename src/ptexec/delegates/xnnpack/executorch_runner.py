@@ -31,6 +31,7 @@ one, so each call first checks that the pool is still the one the payload was lo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -103,6 +104,15 @@ class EtRunner:
         self._binder = binder  # ExecuTorch's method, and the program (and bytes) it needs
         self._make_traced = traced
         self._traced: tuple[Callable[..., None], _Binder] | None = None
+        self.outputs: tuple[int, ...] = ()  # the arguments the payload writes
+        self._digest: str | None = None
+
+    def digest(self) -> str:
+        """sha256 of the one-delegate program ExecuTorch loaded (the payload, the named
+        data it reads, the call's tensors): what the runner computes, in any process."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self._binder.data).hexdigest()
+        return self._digest
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
@@ -310,6 +320,7 @@ def build_executorch_runner(
 
     runner = _generate(binder, tensors, outputs, names, where)
     runner._make_traced = traced
+    runner.outputs = tuple(outputs)
     return runner
 
 

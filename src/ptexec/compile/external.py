@@ -1,0 +1,280 @@
+"""Delegate calls a library outside torch runs, as one opaque op of a compiled graph.
+
+A delegate call that the interpreter runs with ExecuTorch's XNNPACK backend (the method's
+statement carries the backend's runner, :attr:`ptexec.kernels.registry.Statement.external`)
+and whose kernels pay for a call (:func:`worth_a_call`) is not traced into torch
+operations: the region's graph calls
+``torch.ops.ptexec.external_call(key, inputs)``, a custom op whose implementation hands
+the inputs to that runner, which runs XNNPACK's own kernels on them, and returns the
+outputs. The portable instructions around it are still traced, fused and compiled with
+the rest of the region. AOTInductor calls the op through its proxy executor (the calls
+are listed in the JSON file beside a CPU library), which reaches this process's Python
+implementation through torch's dispatcher; the ``graph`` backend calls it directly.
+
+``key`` names what the call computes, stable across processes: a digest of the
+one-delegate program the runner loaded (the payload, the named data it reads, its
+tensors' dtypes, sizes and dim orders). A compiled library holds only the key; the
+method registers its runner under that key when it is loaded (:func:`register`), before
+any of its compiled code can run, and the registry holds runners weakly, so a dropped
+method leaves nothing behind. Methods that load the same delegate share a key: while a
+method's compiled code runs, the thread finds that method's own calls first (:func:`use`),
+so each method uses its own runner and memory; the registry serves tracing, and is used
+by one call at a time.
+
+The op's outputs are dense in the program's dim order of each output, and are the same
+memory from call to call (the delegate's, as its planned outputs are when interpreted:
+ExecuTorch then keeps the addresses it was handed, and a call is one ``execute``). A
+dynamic output is allocated at its declared bound and given the shape XNNPACK computed.
+At trace time the output shapes come from the program (static outputs) or from ptexec's
+torch code of the payload run on the traced inputs (dynamic outputs: the shapes are
+symbolic expressions of the inputs'); that code is built only to trace, never to run.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..delegates.xnnpack import schema as s
+from ..dtypes import CODE_TO_DTYPE
+from ..format import program as p
+
+__all__ = [
+    "ExternalCall",
+    "ExternalRunner",
+    "OutputSpec",
+    "external_call",
+    "register",
+    "use",
+    "worth_a_call",
+]
+
+
+class ExternalRunner(Protocol):
+    """What the interpreter's statement carries (:class:`~ptexec.delegates.xnnpack.
+    executorch_runner.EtRunner`): callable on the call's arguments, the positions it
+    writes, and a digest of what it computes."""
+
+    outputs: tuple[int, ...]
+
+    def __call__(self, *tensors: torch.Tensor) -> None: ...
+
+    def digest(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Argument ``position`` of the call, an output: its dtype, dim order and (upper
+    bound) sizes, and whether its shape is dynamic."""
+
+    position: int
+    dtype: torch.dtype
+    dim_order: tuple[int, ...]
+    sizes: tuple[int, ...]
+    dynamic: bool
+
+
+def _dense(
+    sizes: Sequence[int | torch.SymInt], order: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """A new tensor of ``sizes``, dense in ``order`` (what the runner writes)."""
+    inverse = [0] * len(order)
+    for j, d in enumerate(order):
+        inverse[d] = j
+    return torch.empty([sizes[d] for d in order], dtype=dtype).permute(inverse)
+
+
+class ExternalCall:
+    """One delegate call run by an outside library's ``runner`` (called with all the
+    call's argument tensors in order, writing the outputs in place): ``inputs`` are the
+    positions of the arguments it reads (``orders``: their dim orders), ``outputs``
+    those it writes."""
+
+    def __init__(
+        self,
+        key: str,
+        runner: Callable[..., None],
+        count: int,
+        outputs: Sequence[OutputSpec],
+        orders: Sequence[Sequence[int]],
+    ) -> None:
+        self.key = key
+        self.runner = runner
+        self.count = count
+        self.outputs = tuple(outputs)
+        written = {o.position for o in self.outputs}
+        self.inputs = tuple(k for k in range(count) if k not in written)
+        self.lock = threading.Lock()
+        # the outputs, written by every call: the delegate's own memory, as the planned
+        # memory it writes when interpreted (ExecuTorch keeps the addresses it was given,
+        # so a call with the addresses of the last one is one execute)
+        self._outs: list[torch.Tensor] | None = None
+        # small inputs are copied into memory of their own, for the same reason (the
+        # compiled code's intermediates may be anywhere from call to call)
+        self.orders = tuple(tuple(int(d) for d in o) for o in orders)  # the inputs' dim orders
+        if len(self.orders) != len(self.inputs):
+            raise ValueError(f"{len(self.orders)} dim orders for {len(self.inputs)} inputs")
+        self._stage: list[torch.Tensor | None] = [None] * len(self.inputs)
+        # while tracing: the torch code that gives dynamic outputs their symbolic shapes
+        self.shapes: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
+
+    @classmethod
+    def of(
+        cls, runner: ExternalRunner, values: Sequence[p.EValue], args: Sequence[int]
+    ) -> ExternalCall | None:
+        """The call of ``runner`` on arguments ``args`` (value indices), or None when an
+        argument is not a tensor of a dtype torch has (such a call stays interpreted)."""
+        specs: list[OutputSpec] = []
+        for k in runner.outputs:
+            v = values[args[k]]
+            if not isinstance(v, p.Tensor) or v.scalar_type not in CODE_TO_DTYPE:
+                return None
+            specs.append(
+                OutputSpec(
+                    k,
+                    CODE_TO_DTYPE[v.scalar_type],
+                    tuple(v.dim_order),
+                    tuple(v.sizes),
+                    v.shape_dynamism != p.STATIC,
+                )
+            )
+        orders: list[tuple[int, ...]] = []
+        written = set(runner.outputs)
+        for k, j in enumerate(args):
+            v = values[j]
+            if not isinstance(v, p.Tensor) or v.scalar_type not in CODE_TO_DTYPE:
+                return None
+            if k not in written:
+                orders.append(tuple(v.dim_order))
+        return cls(runner.digest(), runner, len(args), specs, orders)
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the call on ``inputs`` (the tensors at :attr:`inputs`): its outputs."""
+        if len(inputs) != len(self.inputs):
+            raise RuntimeError(
+                f"external call {self.key[:12]}: {len(inputs)} inputs, expected {len(self.inputs)}"
+            )
+        with self.lock:
+            outs = self._outs
+            if outs is None:
+                outs = [_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs]
+                self._outs = outs
+            args: list[torch.Tensor | None] = [None] * self.count
+            stage = self._stage
+            for j, (k, x) in enumerate(zip(self.inputs, inputs, strict=True)):
+                if x.nbytes <= _STAGE_BYTES:  # a copy costs less than a new address
+                    b = stage[j]
+                    if b is None or b.shape != x.shape or b.dtype != x.dtype:
+                        b = stage[j] = _dense(x.shape, self.orders[j], x.dtype)
+                    x = b.copy_(x)
+                args[k] = x
+            for o, t in zip(self.outputs, outs, strict=True):
+                args[o.position] = t
+            self.runner(*args)
+            return list(outs)
+
+    def fake(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The outputs' metadata for traced ``inputs``."""
+        if not any(o.dynamic for o in self.outputs):
+            return [_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs]
+        if self.shapes is None:
+            raise RuntimeError(
+                f"external call {self.key[:12]}: a dynamic output's shape is known only "
+                "while the method's regions are traced"
+            )
+        computed = self.shapes(list(inputs))
+        return [
+            _dense(list(t.shape) if o.dynamic else o.sizes, o.dim_order, o.dtype)
+            for o, t in zip(self.outputs, computed, strict=True)
+        ]
+
+
+_CONVOLUTIONS = frozenset({"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"})
+MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay for a call
+
+
+def worth_a_call(payload: s.XnnPayload) -> bool:
+    """Whether XNNPACK's kernels pay for an opaque call of ``payload`` (else its torch
+    code is traced, and compiled with the region). An opaque call costs tens of
+    microseconds of Python (the op's dispatch, the runner's checks, ExecuTorch's call)
+    before any work, where a traced small matrix product costs a few. So: a payload
+    with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x, and
+    a convolution's work grows with its image), or one whose constants (weights) hold
+    at least :data:`MIN_WEIGHT_BYTES` (a matrix product streams its weights once per
+    call: a megabyte is tens of microseconds, where XNNPACK's int4/int8 kernels read
+    2-8x fewer bytes than the dequantized float weights of the traced graph)."""
+    if any(n.type in _CONVOLUTIONS for n in payload.graph.nodes):
+        return True
+    weights = 0.0
+    for v in payload.graph.values:
+        if v.is_constant:
+            weights += v.numel * s.DATATYPES.get(v.datatype, ("", 4))[1]
+    return weights >= MIN_WEIGHT_BYTES
+
+
+_STAGE_BYTES = 256 * 1024  # inputs up to this size are copied into memory of their own
+
+_REGISTRY: dict[str, list[weakref.ref[ExternalCall]]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register(call: ExternalCall) -> None:
+    """Make ``call`` answer its key (held weakly: the method that made it keeps it)."""
+    with _REGISTRY_LOCK:
+        alive = [r for r in _REGISTRY.get(call.key, []) if r() is not None]
+        alive.append(weakref.ref(call))
+        _REGISTRY[call.key] = alive
+
+
+_CURRENT = threading.local()  # the calls of the method running on this thread
+
+
+def use(calls: Mapping[str, ExternalCall] | None) -> Mapping[str, ExternalCall] | None:
+    """Make the compiled code this thread runs next find ``calls`` first (the running
+    method's own, with their own memory); returns what was there before."""
+    before: Mapping[str, ExternalCall] | None = getattr(_CURRENT, "calls", None)
+    _CURRENT.calls = calls
+    return before
+
+
+def _find(key: str) -> ExternalCall:
+    calls: Mapping[str, ExternalCall] | None = getattr(_CURRENT, "calls", None)
+    if calls is not None:
+        found = calls.get(key)
+        if found is not None:
+            return found
+    with _REGISTRY_LOCK:
+        refs = _REGISTRY.get(key, [])
+        for r in reversed(refs):
+            found = r()
+            if found is not None:
+                return found
+        _REGISTRY.pop(key, None)
+    raise RuntimeError(
+        f"no loaded method runs the delegate call {key[:12]}... (its runner was not registered)"
+    )
+
+
+# the op, defined once per process: a plain library kernel (torch.library.custom_op's
+# wrapper costs several times more per call, and a decode step makes dozens of calls)
+_LIB = torch.library.Library("ptexec", "FRAGMENT")  # type: ignore[no-untyped-call]
+_LIB.define("external_call(str key, Tensor[] inputs) -> Tensor[]")  # type: ignore[no-untyped-call]
+
+
+def _external_call(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return _find(key).run(inputs)
+
+
+def _external_call_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return _find(key).fake(inputs)
+
+
+_LIB.impl("external_call", _external_call, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+torch.library.register_fake("ptexec::external_call", _external_call_fake, lib=_LIB)
+external_call = torch.ops.ptexec.external_call.default
+"""Run the delegate call registered as ``key`` on ``inputs``; its outputs."""

@@ -1,0 +1,201 @@
+"""XNNPACK delegates inside compiled regions keep XNNPACK's kernels.
+
+Under ``xnnpack="auto"`` with ExecuTorch installed, the interpreter runs an XNNPACK
+delegate with ExecuTorch's XNNPACK backend; compiled, the delegate stays one opaque call
+(``ptexec::external_call``) of the region's graph, and the portable instructions around
+it are compiled. Checked against the interpreter (the same XNNPACK kernels: equal
+outputs, bit for bit, on these fixtures) and, for the LLMs, ExecuTorch's own greedy
+tokens. Default run: the ``graph`` backend, plus one small AOTInductor compile; the rest
+with AOTInductor under ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from compile_util import (
+    XNNPACK,
+    XNNPACK_DIR,
+    _clone,
+    assert_report_partitions,
+    replay_xnnpack,
+    session_cache_dir,
+    skip_slow_unless_asked,
+    xnnpack_pair,
+)
+from ptexec.compile import CompileOptions, external
+from ptexec.compile.external import ExternalCall
+from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+GRAPH = CompileOptions(backend="graph")
+MIXED = ["transformer", "transformer_int8_dynamic_int4w_pc", "op_attention"]
+DYNAMIC = ["dynconv_padmodes_int8_dynamic_pc"]
+ALONE = ["cnn", "cnn_int8_static_pc"]
+
+pytestmark = pytest.mark.skipif(
+    executorch_unavailable() is not None, reason="needs ExecuTorch's XNNPACK backend"
+)
+
+
+@pytest.fixture(autouse=True)
+def _setup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_slow_unless_asked(request)
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(session_cache_dir()))
+
+
+@pytest.fixture
+def every_delegate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every XNNPACK delegate an opaque call, whatever its work (the fixtures' and tiny
+    LLMs' matrices are below the rule's threshold)."""
+    monkeypatch.setattr(external, "MIN_WEIGHT_BYTES", 0)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of every opaque call made from now on."""
+    seen: list[str] = []
+    run = ExternalCall.run
+
+    def counted(self: ExternalCall, inputs: Any) -> list[torch.Tensor]:
+        seen.append(self.key)
+        return run(self, inputs)
+
+    monkeypatch.setattr(ExternalCall, "run", counted)
+    return seen
+
+
+def _replay_equal(name: str, plain: ptexec.Method, compiled: ptexec.Method) -> None:
+    calls = torch.load(XNNPACK_DIR / f"{name}.io.pt", weights_only=True)["calls"]
+    for k, call in enumerate(calls):
+        want = plain.execute(_clone(call["inputs"]))
+        got = compiled.execute(_clone(call["inputs"]))
+        for j, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(a, b), f"{name} call {k} output {j}"
+
+
+def _check_mixed(name: str, options: CompileOptions, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain, compiled = xnnpack_pair(name, options, xnnpack="auto")
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled, report
+    assert_report_partitions(report)
+    delegates = [
+        i
+        for i, ins in enumerate(compiled.state.chains[0].instructions)
+        if type(ins).__name__ == "DelegateCall"
+    ]
+    assert list(report.xnnpack_calls) == delegates
+    assert "XNNPACK call(s) with XNNPACK's kernels" in report.summary()
+    seen = _counting(monkeypatch)
+    if options.backend == "graph":  # the interpreter's kernels around XNNPACK's: equal
+        _replay_equal(name, plain, compiled)
+    else:  # AOTInductor fuses the float math around the calls: the fixture's tolerance
+        replay_xnnpack(name, plain, compiled)
+    assert len(seen) >= len(delegates)
+
+
+@pytest.mark.usefixtures("every_delegate")
+@pytest.mark.parametrize("name", MIXED + DYNAMIC)
+def test_delegates_are_opaque_calls_in_the_traced_graph(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _check_mixed(name, GRAPH, monkeypatch)
+
+
+def test_the_rule_keeps_convolutions_and_traces_small_matrices() -> None:
+    """By default a payload with a convolution is an opaque call; one with a megabyte of
+    weights or less and no convolution is traced (its torch code fuses)."""
+    _, conv = xnnpack_pair(DYNAMIC[0], GRAPH, xnnpack="auto")
+    assert conv.compile_report is not None and conv.compile_report.xnnpack_calls
+    _, small = xnnpack_pair("transformer", GRAPH, xnnpack="auto")
+    report = small.compile_report
+    assert report is not None and report.fully_compiled and report.xnnpack_calls == ()
+
+
+@pytest.mark.parametrize("name", ALONE)
+def test_a_delegate_alone_runs_interpreted_with_xnnpack(name: str) -> None:
+    plain, compiled = xnnpack_pair(name, GRAPH, xnnpack="auto")
+    report = compiled.compile_report
+    assert report is not None and report.compiled_instructions == 0
+    assert all("XNNPACK's kernels run it" in why for *_, why in report.fallbacks), report
+    _replay_equal(name, plain, compiled)
+
+
+def test_torch_runner_is_still_traced() -> None:
+    """``xnnpack="torch"``: the payload's torch code is traced, no opaque call."""
+    _, compiled = xnnpack_pair("transformer", GRAPH, xnnpack="torch")
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled and report.xnnpack_calls == ()
+
+
+def test_opaque_call_without_a_loaded_method_fails_clearly() -> None:
+    with pytest.raises(RuntimeError, match="no loaded method runs the delegate call"):
+        torch.ops.ptexec.external_call("0" * 64, [torch.zeros(1)])
+
+
+@pytest.mark.usefixtures("every_delegate")
+def test_cache_hit_registers_the_calls_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second load takes the compiled graph from the cache; its opaque calls find the
+    second method's runners (the first method is gone)."""
+    name = "op_attention"
+    path = XNNPACK_DIR / XNNPACK[name]["pte"]
+    options = CompileOptions(min_instructions=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = ptexec.load(path).load_method("forward", compile=options)
+    assert first.compile_report is not None and first.compile_report.xnnpack_calls
+    del first
+    plain, again = xnnpack_pair(name, options, xnnpack="auto")
+    report = again.compile_report
+    assert report is not None and report.cache_hit and report.xnnpack_calls
+    seen = _counting(monkeypatch)
+    _replay_equal(name, plain, again)
+    assert seen
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("every_delegate")
+@pytest.mark.parametrize("name", MIXED + DYNAMIC)
+def test_delegates_are_opaque_calls_compiled(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_mixed(name, CompileOptions(), monkeypatch)
+
+
+# ---- LLMs: greedy tokens equal ExecuTorch's ---------------------------------------------
+
+
+def _llm(variant: str, options: CompileOptions | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_support import executorch_greedy, program
+    from ptexec.llm import TextDecoder
+
+    pte = program(variant)
+    prompt = [1, 17, 42, 99, 7, 300, 5]
+    d = TextDecoder(ptexec.load(pte), compile=options or True)
+    report = d.method.compile_report
+    assert report is not None and report.fully_compiled, report
+    assert report.xnnpack_calls
+    seen = _counting(monkeypatch)
+    logits = d.prefill(prompt, 0)
+    got = [int(logits.argmax())]
+    pos = len(prompt)
+    while len(got) < 16:
+        logits = d.step(got[-1], pos)
+        pos += 1
+        got.append(int(logits.argmax()))
+    assert len(seen) >= 16 * len(report.xnnpack_calls)
+    assert got == executorch_greedy(pte, prompt, 16, dynamic=True)
+
+
+@pytest.mark.usefixtures("every_delegate")
+@pytest.mark.parametrize("variant", ["xnnpack", "xnnpack_8da4w"])
+def test_llm_traced_with_xnnpack_kernels(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _llm(variant, GRAPH, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("every_delegate")
+@pytest.mark.parametrize("variant", ["xnnpack", "xnnpack_8da4w"])
+def test_llm_compiled_with_xnnpack_kernels(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _llm(variant, None, monkeypatch)
