@@ -6,6 +6,11 @@ with eager PyTorch (tests/vulkan_suite.py). Prints one line per case that is not
 match, then the counts, and writes every result as JSON (``--json``).
 
     python scripts/vulkan_suite.py [--flow vulkan] [--select add] [--json out.json]
+        [--seed 0] [--resume]
+
+``--resume`` keeps the results already in ``--json`` and runs only the cases missing there;
+``--seed`` shuffles each test module's cases (the modules stay round-robin), so that a run
+cut short is a seeded random sample covering every module.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from vulkan_suite import FLOWS, lowered, run_all, summary  # noqa: E402
+from vulkan_suite import FLOWS, Result, case_of, lowered, run_all, summary  # noqa: E402
 
 
 def main() -> int:
@@ -29,11 +34,19 @@ def main() -> int:
     ap.add_argument("--select", help="only test modules whose name contains this")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--seed", type=int, help="shuffle each module's cases with this seed")
+    ap.add_argument("--resume", action="store_true", help="skip the cases --json has")
     args = ap.parse_args()
     flows = tuple(args.flow or FLOWS)
-    results = []
+    results: list[Result] = []
+    if args.resume and args.json and args.json.exists():
+        results = [Result(**x) for x in json.loads(args.json.read_text())]
+        if results:  # the last case may have been cut short: run it again
+            last = (case_of(results[-1]), results[-1].flow)
+            results = [r for r in results if (case_of(r), r.flow) != last]
+    done = frozenset((case_of(r), r.flow) for r in results)
     start = time.perf_counter()
-    for r in run_all(flows, args.select, args.device):
+    for r in run_all(flows, args.select, args.device, args.seed, done):
         results.append(r)
         if r.status != "match":
             print(f"{r.status:13} {r.flow:32} {r.case}  {r.detail}", flush=True)
