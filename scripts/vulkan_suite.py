@@ -37,8 +37,9 @@ def report(files: list[Path]) -> str:
     flows = sorted({r.flow for r in results}, key=lambda f: (len(f), f))
     lines = [
         "| flow | suite cases run | programs | export error | not lowered | skipped "
-        "| Vulkan-lowered | match | mismatch | ptexec error | match % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Vulkan-lowered | of them, delegates with no op | match | mismatch | ptexec error "
+        "| match % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for flow in flows:
         fr = [r for r in results if r.flow == flow]
@@ -49,7 +50,8 @@ def report(files: list[Path]) -> str:
         lines.append(
             f"| `{flow}` | {len({case_of(r) for r in fr})} | {len(fr)} "
             f"| {c.get('export_error', 0)} | {c.get('not_lowered', 0)} | {c.get('skipped', 0)} "
-            f"| {len(low)} | {ok} | {c.get('mismatch', 0)} | {c.get('ptexec_error', 0)} | {pct} |"
+            f"| {len(low)} | {sum(not r.ops for r in low)} | {ok} | {c.get('mismatch', 0)} "
+            f"| {c.get('ptexec_error', 0)} | {pct} |"
         )
     lines += [
         "",

@@ -62,7 +62,7 @@ def test_payload_ops_match_executorchs_reading(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MANIFEST))
 def test_fixture_matches_eager_on_cuda(name: str) -> None:
     entry = MANIFEST[name]
-    method = ptexec.load(FIXTURES / entry["pte"], device_map="cuda").load_method("forward")
+    method = ptexec.load(FIXTURES / entry["pte"]).load_method("forward", device_map="cuda")
     for call in _calls(name):
         outs = method(*[x.cuda() for x in call["inputs"]])
         for got, want in zip(outs, call["eager"], strict=True):
@@ -295,8 +295,8 @@ def _compiled(
 
     monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
     options = CompileOptions(backend=backend) if backend else True
-    prog = ptexec.load(FIXTURES / MANIFEST[name]["pte"], device_map=device_map)
-    return prog.load_method("forward", compile=options)
+    prog = ptexec.load(FIXTURES / MANIFEST[name]["pte"])
+    return prog.load_method("forward", compile=options, device_map=device_map)
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST))

@@ -149,7 +149,10 @@ def lower(model: torch.nn.Module, inputs: tuple[Any, ...], flow: str) -> tuple[b
 
 
 def _clone(x: Any) -> Any:
-    return x.clone() if isinstance(x, torch.Tensor) else x
+    """A copy of ``x`` with every tensor in it cloned (inputs nest: a tuple of indices)."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x
+    )
 
 
 def _flat(x: Any) -> list[Any]:
@@ -207,8 +210,10 @@ def run_program(data: bytes, inputs: tuple[Any, ...], device: str = "cpu") -> li
         f.write(data)
         f.flush()
         device_map = None if device == "cpu" else device
-        method = ptexec.load(f.name, device_map=device_map).load_method("forward")
-        args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        method = ptexec.load(f.name).load_method("forward", device_map=device_map)
+        # the program takes the inputs flattened, as ExecuTorch's runtime does
+        leaves = torch.utils._pytree.tree_leaves(inputs)
+        args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in leaves]
         out = method(*args)
         want = torch.device(device).type
         for o in out:
