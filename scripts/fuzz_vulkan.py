@@ -7,7 +7,10 @@ scripts/fuzz_loader.py (``draw_case``, ``guarded``). Prints the outcome counts a
 finding (an exception other than a ptexec error escaping, an output that contradicts its
 declaration, an allocation past the cap); cases slower than ``--slow`` seconds are listed.
 
-    python scripts/fuzz_vulkan.py --cases 100000 [--seed 0] [--json summary.json]
+    python scripts/fuzz_vulkan.py --cases 100000 [--seed 0] [--start 0] [--json summary.json]
+
+Case ``i`` is drawn from ``(seed, i)`` alone, so runs over disjoint ``--start``/``--cases``
+ranges of one seed (in parallel, or one after another) add up to one longer run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start", type=int, default=0, help="the first case's index")
     ap.add_argument("--slow", type=float, default=2.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -37,7 +41,7 @@ def main() -> int:
     findings: list[dict] = []
     slow: list[dict] = []
     start = time.perf_counter()
-    for i in range(args.cases):
+    for n, i in enumerate(range(args.start, args.start + args.cases)):
         case = fl.draw_case(seeds, fl.case_rng(args.seed, i))
         pte, ptd = case.files(seeds)
         outcome = fl.guarded(pte, ptd, seeds[case.seed].inputs, tv.METER)
@@ -55,12 +59,14 @@ def main() -> int:
             print(f"FINDING {i}: {outcome.status} at {outcome.stage}: {outcome.detail}", flush=True)
         if outcome.seconds > args.slow:
             slow.append({"index": i, "seed": case.seed, "seconds": outcome.seconds})
-        if (i + 1) % 1000 == 0 or i + 1 == args.cases:
+        if (n + 1) % 1000 == 0 or n + 1 == args.cases:
             elapsed = time.perf_counter() - start
-            print(f"{i + 1} cases, {elapsed:.0f} s: {dict(counts)}", flush=True)
+            print(f"{n + 1} cases, {elapsed:.0f} s: {dict(counts)}", flush=True)
             if args.json:
                 summary = {
-                    "cases": i + 1,
+                    "seed": args.seed,
+                    "start": args.start,
+                    "cases": n + 1,
                     "seconds": elapsed,
                     "counts": dict(counts),
                     "findings": findings,

@@ -45,6 +45,8 @@ def test_inspect_shows_the_backend_and_who_made_the_payload(
     out = capsys.readouterr().out
     assert "OpenvinoBackend" in out
     assert f"a compiled model of OpenVINO {made}" in out
+    assert "run by OpenVINO's runtime" in out
+    assert "does not run: any of it: the openvino package is not installed" in out
 
 
 def test_the_payload_description_is_read_without_openvino() -> None:

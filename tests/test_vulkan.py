@@ -62,7 +62,7 @@ def test_payload_ops_match_executorchs_reading(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(MANIFEST))
 def test_fixture_matches_eager_on_cuda(name: str) -> None:
     entry = MANIFEST[name]
-    method = ptexec.load(FIXTURES / entry["pte"], device_map="cuda").load_method("forward")
+    method = ptexec.load(FIXTURES / entry["pte"]).load_method("forward", device_map="cuda")
     for call in _calls(name):
         outs = method(*[x.cuda() for x in call["inputs"]])
         for got, want in zip(outs, call["eager"], strict=True):
@@ -88,6 +88,38 @@ def test_inspect_names_vulkan_ops(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "VulkanBackend" in out
     assert "aten.max_pool2d_with_indices.default" in out
+    assert "run by ptexec's ATen runner" in out
+    assert "runs all of it (7 node/op types)" in out
+
+
+def _renamed(tmp_path: Path, old: bytes, new: bytes) -> Path:
+    """cnn.pte with one string of the file (an op or backend name) replaced in place."""
+    assert len(old) == len(new)
+    data = (FIXTURES / "cnn.pte").read_bytes()
+    assert data.count(old) == 1
+    path = tmp_path / "renamed.pte"
+    path.write_bytes(data.replace(old, new))
+    return path
+
+
+def test_inspect_names_what_does_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptexec.cli import main
+
+    # an op of the Vulkan registry that ptexec refuses: inspect and load agree
+    path = _renamed(tmp_path, b"aten.view_copy.default", b"et_vk.q8ta_add.default")
+    assert main(["inspect", "--json", str(path)]) == 0
+    entry = json.loads(capsys.readouterr().out)["methods"]["forward"]["delegates"][0]
+    assert entry["not_run"] == ["et_vk.q8ta_add.default (int8-activation add)"]
+    assert main(["inspect", str(path)]) == 0
+    assert "does not run: et_vk.q8ta_add.default (int8-activation add)" in capsys.readouterr().out
+    with pytest.raises(BackendUnavailableError, match="q8ta_add"):
+        ptexec.load(path).load_method("forward")
+    # a backend ptexec does not have
+    path = _renamed(tmp_path, b"VulkanBackend", b"VulkanBackenX")
+    assert main(["inspect", str(path)]) == 0
+    assert "not run: ptexec has no backend of this id" in capsys.readouterr().out
 
 
 def test_a_call_with_a_wrong_shape_is_refused() -> None:
@@ -252,12 +284,19 @@ def test_a_failing_call_is_an_execution_error() -> None:
 # -- the compiled tier -------------------------------------------------------------------
 
 
-def _compiled(name: str, backend: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _compiled(
+    name: str,
+    backend: str | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    device_map: str | None = None,
+):
     from ptexec.compile import CompileOptions
 
     monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
     options = CompileOptions(backend=backend) if backend else True
-    return ptexec.load(FIXTURES / MANIFEST[name]["pte"]).load_method("forward", compile=options)
+    prog = ptexec.load(FIXTURES / MANIFEST[name]["pte"])
+    return prog.load_method("forward", compile=options, device_map=device_map)
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST))
@@ -271,6 +310,24 @@ def test_fixture_traced_by_the_compiled_tier(
     for call in _calls(name):
         for got, want in zip(method(*call["inputs"]), call["eager"], strict=True):
             _close(got, want, MANIFEST[name]["tol_eager"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_fixture_traced_by_the_compiled_tier_on_cuda(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA, the payload's torch code traced into the compiled tier's graph runs on the
+    GPU and gives eager's values."""
+    method = _compiled(name, "graph", tmp_path, monkeypatch, device_map="cuda")
+    report = method.compile_report
+    assert report is not None and report.fully_compiled, report
+    for call in _calls(name):
+        outs = method(*[x.cuda() for x in call["inputs"]])
+        for got, want in zip(outs, call["eager"], strict=True):
+            assert got.device.type == "cuda"
+            _close(got.cpu(), want, MANIFEST[name]["tol_eager"])
 
 
 @pytest.mark.slow

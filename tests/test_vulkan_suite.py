@@ -8,6 +8,7 @@ cases must match) is marked slow, and is also ``python scripts/vulkan_suite.py``
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
 
@@ -33,6 +34,17 @@ def test_sample_case_matches_eager(module: str, name: str, flow: str) -> None:
     assert results
     for r in results:
         assert r.status == "match", f"{r.case} ({r.flow}): {r.status} {r.detail}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("module", "name", "flow"), SAMPLE)
+def test_sample_case_matches_eager_on_cuda(module: str, name: str, flow: str) -> None:
+    """The same cases with the program's tensors on the GPU: the payload runs there."""
+    results = vs.run_case(_case(module, name), flow, device="cuda")
+    assert results
+    for r in results:
+        assert r.status == "match", f"{r.case} ({r.flow}, cuda): {r.status} {r.detail}"
 
 
 @pytest.mark.slow

@@ -132,6 +132,9 @@ def test_inspect_shows_node_types(capsys: pytest.CaptureFixture[str]) -> None:
     assert "XnnpackBackend" in out
     for node, count in MANIFEST["cnn_int8_static_pc"]["node_types"].items():
         assert re.search(rf"\b{count}\s+{node}\b", out), (node, out)
+    assert "run by ExecuTorch's XNNPACK kernels where installed (CPU), else ptexec's" in out
+    kinds = len(MANIFEST["cnn_int8_static_pc"]["node_types"])
+    assert f"runs all of it ({kinds} node/op types)" in out
 
 
 # -- coverage --------------------------------------------------------------------------

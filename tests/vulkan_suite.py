@@ -17,10 +17,12 @@ exporter failed); the Vulkan-lowered cases are those that are neither of the las
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import itertools
 import pkgutil
+import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -116,11 +118,26 @@ def _quantize(model: torch.nn.Module, inputs: tuple[Any, ...]) -> torch.nn.Modul
     return convert_pt2e(prepared)  # type: ignore[return-value]
 
 
+def _cache_pattern_graphs() -> None:
+    """Build the Vulkan backend's fusion pattern graphs (rotary embeddings and the like) once.
+
+    The partitioner and the preprocessor export every pattern graph again on each call
+    (most of a small case's lowering time); they only match against them, so the graphs of
+    the first call serve every later one and the lowering is unchanged."""
+    from executorch.backends.vulkan.patterns import fusable_patterns
+
+    for entry in fusable_patterns.values():
+        fn = entry.get_graphs_fn
+        if fn is not None and not hasattr(fn, "cache_info"):
+            entry.get_graphs_fn = functools.cache(fn)
+
+
 def lower(model: torch.nn.Module, inputs: tuple[Any, ...], flow: str) -> tuple[bytes, Any]:
     """The program's bytes and the eager reference outputs for ``flow``."""
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    _cache_pattern_graphs()
     model = model.eval()
     if flow != "vulkan":
         model = _quantize(model, inputs)
@@ -132,7 +149,10 @@ def lower(model: torch.nn.Module, inputs: tuple[Any, ...], flow: str) -> tuple[b
 
 
 def _clone(x: Any) -> Any:
-    return x.clone() if isinstance(x, torch.Tensor) else x
+    """A copy of ``x`` with every tensor in it cloned (inputs nest: a tuple of indices)."""
+    return torch.utils._pytree.tree_map(
+        lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x
+    )
 
 
 def _flat(x: Any) -> list[Any]:
@@ -189,9 +209,16 @@ def run_program(data: bytes, inputs: tuple[Any, ...], device: str = "cpu") -> li
     with tempfile.NamedTemporaryFile(suffix=".pte") as f:
         f.write(data)
         f.flush()
-        method = ptexec.load(f.name).load_method("forward")
-        args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        device_map = None if device == "cpu" else device
+        method = ptexec.load(f.name).load_method("forward", device_map=device_map)
+        # the program takes the inputs flattened, as ExecuTorch's runtime does
+        leaves = torch.utils._pytree.tree_leaves(inputs)
+        args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in leaves]
         out = method(*args)
+        want = torch.device(device).type
+        for o in out:
+            if isinstance(o, torch.Tensor) and o.device.type != want:
+                raise RuntimeError(f"an output is on {o.device}, not {device}")
         return [o.cpu() if isinstance(o, torch.Tensor) else o for o in out]
 
 
@@ -269,19 +296,35 @@ def run_case(case: Case, flow: str, device: str = "cpu") -> list[Result]:
 
 
 def run_all(
-    flows: tuple[str, ...] = FLOWS, select: str | None = None, device: str = "cpu"
+    flows: tuple[str, ...] = FLOWS,
+    select: str | None = None,
+    device: str = "cpu",
+    seed: int | None = None,
+    done: frozenset[tuple[str, str]] = frozenset(),
 ) -> Iterator[Result]:
     """Every case, round-robin over the test modules (each module's first case, then each
-    one's second, ...), so that a run cut short has covered the most ops."""
+    one's second, ...), so that a run cut short has covered the most ops. With ``seed``,
+    each module's cases are shuffled first (a run cut short is then a seeded random sample
+    stratified by module). ``(case id, flow)`` pairs in ``done`` are skipped (a resumed run)."""
     by_module: dict[str, list[Case]] = {}
     for case in discover(select):
         by_module.setdefault(case.module, []).append(case)
+    if seed is not None:
+        rng = random.Random(seed)
+        for cases in by_module.values():
+            rng.shuffle(cases)
     for row in itertools.zip_longest(*by_module.values()):
         for case in row:
             if case is None:
                 continue
             for flow in flows:
-                yield from run_case(case, flow, device)
+                if (case.id, flow) not in done:
+                    yield from run_case(case, flow, device)
+
+
+def case_of(result: Result) -> str:
+    """The suite case a result belongs to (a case lowering several models gives ``id#n``)."""
+    return result.case.split("#", 1)[0]
 
 
 def summary(results: list[Result]) -> dict[str, int]:

@@ -53,6 +53,7 @@ def method_report(prog: Any, name: str, device_map: Any) -> dict[str, Any]:
         nodes = _delegate_nodes(prog, d)
         if nodes is not None:
             entry["nodes"] = nodes
+        entry.update(_delegate_coverage(prog, d))
         delegates.append(entry)
     return {
         "meta": meta,
@@ -81,6 +82,36 @@ def _delegate_nodes(prog: Any, delegate: Any) -> dict[str, int] | None:
         return describe_payload(delegate.id, prog.pte.delegate_data(delegate.processed))
     except Exception:  # a payload the describer cannot read: inspect still reports the rest
         return None
+
+
+def _delegate_coverage(prog: Any, delegate: Any) -> dict[str, Any]:
+    """What runs a delegate (``runner``) and what of its payload ptexec does not run
+    (``not_run``: [] for all of it runs; absent when the backend cannot tell)."""
+    from ..delegates import backend_runner, payload_gaps
+
+    out: dict[str, Any] = {"runner": backend_runner(delegate.id)}
+    try:
+        gaps = payload_gaps(delegate.id, prog.pte.delegate_data(delegate.processed))
+    except Exception as e:  # a payload the checker cannot read: loading it will say more
+        gaps = [f"the payload does not decode ({type(e).__name__})"]
+    if gaps is not None:
+        out["not_run"] = gaps
+    return out
+
+
+def _coverage_line(d: dict[str, Any]) -> str:
+    if d["runner"] is None:
+        return "not run: ptexec has no backend of this id"
+    gaps = d.get("not_run")
+    if gaps is None:
+        what = "whether all of it runs shows at load"
+    elif gaps:
+        what = "does not run: " + "; ".join(gaps)
+    elif "nodes" in d:
+        what = f"runs all of it ({len(d['nodes'])} node/op types)"
+    else:
+        what = "runs all of it"
+    return f"run by {d['runner']}; {what}"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -131,6 +162,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             for d in rep["delegates"]:
                 specs = ", ".join(f"{k}={v}" for k, v in d["compile_specs"].items())
                 print(f"    {d['id']}" + (f" ({specs})" if specs else ""))
+                print(f"      {_coverage_line(d)}")
                 for node, n in sorted(d.get("nodes", {}).items(), key=lambda kv: -kv[1]):
                     print(f"      {n:5d}  {node}")
         if args.compile:

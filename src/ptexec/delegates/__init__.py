@@ -13,9 +13,12 @@ from .registry import (
     Backend,
     BackendFactory,
     DelegateContext,
+    PayloadChecker,
     PayloadDescriber,
+    backend_runner,
     describe_payload,
     find_backend,
+    payload_gaps,
     register_backend,
     registered_backends,
 )
@@ -24,14 +27,23 @@ __all__ = [
     "Backend",
     "BackendFactory",
     "DelegateContext",
+    "PayloadChecker",
     "PayloadDescriber",
+    "backend_runner",
     "describe_payload",
     "find_backend",
+    "payload_gaps",
     "register_backend",
     "registered_backends",
 ]
 
-# ptexec's built-in backends: id, how its calls are prepared, how its payload is described
-register_backend(openvino.BACKEND_ID, openvino.prepare, openvino.describe_payload)
-register_backend(vulkan.BACKEND_ID, vulkan.prepare, vulkan.describe_payload)
-register_backend(xnnpack.BACKEND_ID, xnnpack.prepare, xnnpack.describe_payload)
+# ptexec's built-in backends: id, how its calls are prepared, how its payload is described,
+# what of a payload it does not run, and what runs it
+for _backend in (openvino, vulkan, xnnpack):
+    register_backend(
+        _backend.BACKEND_ID,
+        _backend.prepare,
+        _backend.describe_payload,
+        _backend.payload_gaps,
+        _backend.RUNNER,
+    )

@@ -21,9 +21,12 @@ __all__ = [
     "Backend",
     "BackendFactory",
     "DelegateContext",
+    "PayloadChecker",
     "PayloadDescriber",
+    "backend_runner",
     "describe_payload",
     "find_backend",
+    "payload_gaps",
     "register_backend",
     "registered_backends",
 ]
@@ -61,27 +64,36 @@ class DelegateContext(KernelContext):
 
 BackendFactory = Callable[[DelegateContext], Statement]
 PayloadDescriber = Callable[[memoryview], dict[str, int]]
+PayloadChecker = Callable[[memoryview], list[str]]
 
 
 @dataclass(frozen=True)
 class Backend:
     """A registered backend: ``prepare`` makes the statement of each of its
     ``DelegateCall``s at method load; ``describe``, when given, summarises a payload as node
-    type -> count without loading anything."""
+    type -> count without loading anything; ``check``, when given, lists what of a payload
+    ptexec does not run (empty: all of it), also without loading; ``runner`` says in a few
+    words what runs the payload."""
 
     backend_id: str
     prepare: BackendFactory
     describe: PayloadDescriber | None = None
+    check: PayloadChecker | None = None
+    runner: str = ""
 
 
 _BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(
-    backend_id: str, prepare: BackendFactory, describe: PayloadDescriber | None = None
+    backend_id: str,
+    prepare: BackendFactory,
+    describe: PayloadDescriber | None = None,
+    check: PayloadChecker | None = None,
+    runner: str = "",
 ) -> None:
     """Register backend ``backend_id`` (replacing an earlier registration of that id)."""
-    _BACKENDS[backend_id] = Backend(backend_id, prepare, describe)
+    _BACKENDS[backend_id] = Backend(backend_id, prepare, describe, check, runner)
 
 
 def find_backend(backend_id: str) -> BackendFactory | None:
@@ -99,3 +111,18 @@ def describe_payload(backend_id: str, data: memoryview) -> dict[str, int] | None
     """Node types and counts of a delegate payload (None when its backend has no describer)."""
     backend = _BACKENDS.get(backend_id)
     return None if backend is None or backend.describe is None else backend.describe(data)
+
+
+def backend_runner(backend_id: str) -> str | None:
+    """What runs ``backend_id``'s payloads, in a few words (None: no such backend)."""
+    backend = _BACKENDS.get(backend_id)
+    return None if backend is None else backend.runner or backend_id
+
+
+def payload_gaps(backend_id: str, data: memoryview) -> list[str] | None:
+    """What of a delegate payload ptexec does not run ([]: all of it; None: its backend
+    cannot tell without loading it). A backend with no registration runs none of it."""
+    backend = _BACKENDS.get(backend_id)
+    if backend is None:
+        return [f"no backend registered for {backend_id}"]
+    return None if backend.check is None else backend.check(data)

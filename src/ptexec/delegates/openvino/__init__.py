@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .blob import describe_payload
+from .blob import describe_payload, payload_gaps
 
 if TYPE_CHECKING:
     from ...kernels.registry import Statement
     from ..registry import DelegateContext
 
-__all__ = ["BACKEND_ID", "describe_payload", "prepare"]
+__all__ = ["BACKEND_ID", "RUNNER", "describe_payload", "payload_gaps", "prepare"]
 
 BACKEND_ID = "OpenvinoBackend"
+RUNNER = "OpenVINO's runtime (the openvino package), on the device the blob was compiled for"
 
 
 def prepare(ctx: DelegateContext) -> Statement:

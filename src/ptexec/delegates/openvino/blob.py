@@ -10,11 +10,12 @@ program's tensors (:mod:`.runner`).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["BlobInfo", "blob_info", "describe_payload"]
+__all__ = ["BlobInfo", "blob_info", "describe_payload", "payload_gaps"]
 
 _SCAN = 512  # the description sits in the first bytes of the CPU plugin's export
 
@@ -62,3 +63,11 @@ def describe_payload(data: memoryview) -> dict[str, int]:
         if kind not in ("Input", "Output", "Parameter", "Result", "Const"):
             counts[kind] += 1
     return dict(counts)
+
+
+def payload_gaps(data: memoryview) -> list[str]:
+    """[] when the ``openvino`` package (which runs the whole compiled model) is installed;
+    else that it is missing. Whether OpenVINO accepts the payload shows when it is loaded."""
+    if importlib.util.find_spec("openvino") is None:
+        return ["any of it: the openvino package is not installed (pip install 'ptexec[openvino]')"]
+    return []

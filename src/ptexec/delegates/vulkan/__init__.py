@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .schema import describe_payload
+from .schema import describe_payload, payload_gaps
 
 if TYPE_CHECKING:
     from ...kernels.registry import Statement
     from ..registry import DelegateContext
 
-__all__ = ["BACKEND_ID", "describe_payload", "prepare"]
+__all__ = ["BACKEND_ID", "RUNNER", "describe_payload", "payload_gaps", "prepare"]
 
 BACKEND_ID = "VulkanBackend"
+RUNNER = "ptexec's ATen runner (each op of the payload as its ATen op)"
 
 
 def prepare(ctx: DelegateContext) -> Statement:

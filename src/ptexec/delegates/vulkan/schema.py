@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ...errors import BackendUnavailableError, PteFormatError
 from ...format.flatbuf import Buffer, Table
-from .ops import OPS
+from .ops import OPS, UNSUPPORTED
 
 __all__ = [
     "DATATYPES",
@@ -471,3 +471,11 @@ def describe_payload(data: bytes | bytearray | memoryview) -> dict[str, int]:
         key = op.name if op.name in OPS else f"unknown({op.name})"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def payload_gaps(data: bytes | bytearray | memoryview) -> list[str]:
+    """The ops of a Vulkan payload that ptexec does not run, each once, with what it is
+    where ExecuTorch's op registry says ([]: ptexec runs every op)."""
+    payload = decode_payload(data)
+    missing = sorted({op.name for op in payload.graph.chain if op.name not in OPS})
+    return [f"{name} ({UNSUPPORTED[name]})" if name in UNSUPPORTED else name for name in missing]

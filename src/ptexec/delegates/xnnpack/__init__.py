@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .node_types import payload_gaps
 from .schema import describe_payload
 
 if TYPE_CHECKING:
     from ...kernels.registry import Statement
     from ..registry import DelegateContext
 
-__all__ = ["BACKEND_ID", "describe_payload", "prepare"]
+__all__ = ["BACKEND_ID", "RUNNER", "describe_payload", "payload_gaps", "prepare"]
 
 BACKEND_ID = "XnnpackBackend"
+RUNNER = (
+    "ExecuTorch's XNNPACK kernels where installed (CPU), else ptexec's torch runner"
+    " (the load option xnnpack chooses)"
+)
 
 
 def prepare(ctx: DelegateContext) -> Statement:

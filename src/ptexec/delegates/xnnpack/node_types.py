@@ -14,6 +14,7 @@ __all__ = [
     "OTHER",
     "SUPPORTED_NODE_TYPES",
     "UNARY",
+    "payload_gaps",
     "unsupported_node_types",
 ]
 
@@ -110,3 +111,9 @@ def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
     bad = sorted({n.type for n in payload.graph.nodes if n.type not in SUPPORTED_NODE_TYPES})
     bad += sorted({f"unknown node type {code}" for _, code in payload.graph.unknown_nodes})
     return bad
+
+
+def payload_gaps(data: bytes | bytearray | memoryview) -> list[str]:
+    """The node types of an XNNPACK payload that ptexec's torch runner does not run
+    ([]: all of them); ExecuTorch's XNNPACK kernels, where installed, run them on the CPU."""
+    return unsupported_node_types(s.decode_payload(data))
