@@ -156,6 +156,53 @@ def test_cache_hit_registers_the_calls_first(monkeypatch: pytest.MonkeyPatch) ->
     assert seen
 
 
+class _TwiceShared(torch.nn.Module):
+    """One linear layer applied twice, a portable cumulative sum between (XNNPACK does not
+    take it), both results returned: the first call's output is still read after the
+    second call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.lin(x)
+        return y, self.lin(torch.cumsum(torch.cumsum(y, -1), 0))
+
+
+@pytest.mark.usefixtures("every_delegate")
+def test_two_calls_of_the_same_delegate_keep_their_own_outputs(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two delegate calls whose one-delegate programs are the same bytes (here made so:
+    every runner says the same digest) are two opaque calls, each with its own output
+    memory: the second does not overwrite the first's output while the graph holds it."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from ptexec.delegates.xnnpack.executorch_runner import EtRunner
+
+    torch.manual_seed(0)
+    model = _TwiceShared().eval()
+    x = torch.randn(2, 8)
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model, (x,)), partitioner=[XnnpackPartitioner()]
+    ).to_executorch()
+    path = tmp_path / "twice.pte"
+    path.write_bytes(lowered.buffer)
+    monkeypatch.setattr(EtRunner, "digest", lambda self: "same" * 16)
+    compiled = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 2
+    seen = _counting(monkeypatch)
+    want = model(x)
+    for _ in range(2):
+        got = compiled.execute([x])
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert len(seen) == 4 and len(set(seen)) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("every_delegate")
 @pytest.mark.parametrize("name", MIXED + DYNAMIC)

@@ -11,9 +11,12 @@ the rest of the region. AOTInductor calls the op through its proxy executor (the
 are listed in the JSON file beside a CPU library), which reaches this process's Python
 implementation through torch's dispatcher; the ``graph`` backend calls it directly.
 
-``key`` names what the call computes, stable across processes: a digest of the
+``key`` names what the call computes and where, stable across processes: a digest of the
 one-delegate program the runner loaded (the payload, the named data it reads, its
-tensors' dtypes, sizes and dim orders). A compiled library holds only the key; the
+tensors' dtypes, sizes and dim orders) and the call's place in the method (chain and
+instruction). The place matters: two calls of one delegate (the same bytes: a layer
+applied twice) each keep their own output memory, so the first call's outputs are not
+overwritten by the second while the graph still reads them. A compiled library holds only the key; the
 method registers its runner under that key when it is loaded (:func:`register`), before
 any of its compiled code can run, and the registry holds runners weakly, so a dropped
 method leaves nothing behind. Methods that load the same delegate share a key: while a
@@ -125,10 +128,15 @@ class ExternalCall:
 
     @classmethod
     def of(
-        cls, runner: ExternalRunner, values: Sequence[p.EValue], args: Sequence[int]
+        cls,
+        runner: ExternalRunner,
+        values: Sequence[p.EValue],
+        args: Sequence[int],
+        site: tuple[int, int],
     ) -> ExternalCall | None:
-        """The call of ``runner`` on arguments ``args`` (value indices), or None when an
-        argument is not a tensor of a dtype torch has (such a call stays interpreted)."""
+        """The call of ``runner`` on arguments ``args`` (value indices) at ``site`` (chain,
+        instruction), or None when an argument is not a tensor of a dtype torch has (such
+        a call stays interpreted)."""
         specs: list[OutputSpec] = []
         for k in runner.outputs:
             v = values[args[k]]
@@ -151,7 +159,8 @@ class ExternalCall:
                 return None
             if k not in written:
                 orders.append(tuple(v.dim_order))
-        return cls(runner.digest(), runner, len(args), specs, orders)
+        key = f"{runner.digest()}-{int(site[0])}-{int(site[1])}"
+        return cls(key, runner, len(args), specs, orders)
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run the call on ``inputs`` (the tensors at :attr:`inputs`): its outputs."""

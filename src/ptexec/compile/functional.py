@@ -159,7 +159,7 @@ class FunctionalForms:
                 if not worth_a_call(payload):
                     self._external_how[(c, i)] = "traced"
                     continue
-                call = ExternalCall.of(st.external, self.plan.values, ins.args)  # type: ignore[arg-type]
+                call = ExternalCall.of(st.external, self.plan.values, ins.args, (c, i))  # type: ignore[arg-type]
                 if call is None:
                     self._external_how[(c, i)] = "between"
                     continue
