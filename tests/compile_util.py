@@ -14,8 +14,10 @@ import json
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +32,7 @@ from fixture_data import (
     tolerance,
 )
 from ptexec.compile import CompileOptions, CompileWarning
+from ptexec.compile.functional import FunctionalForms
 from ptexec.effects import file_effects
 from ptexec.format import program as p
 
@@ -176,3 +179,16 @@ def assert_report_partitions(report: Any) -> None:
     assert report.compiled_instructions == sum(b - a + 1 for a, b in report.regions)
     if all(c == 0 for c in report.chains):  # one chain: indices are unique
         assert sorted(covered) == list(range(report.total_instructions))
+
+
+def one_kernel_forms(values: Sequence[p.EValue], args: Sequence[int], name: str) -> FunctionalForms:
+    """The compiled tier's functional forms of a method that is one kernel call ``name`` on
+    value indices ``args`` (what :class:`FunctionalForms` reads of a loaded method: the
+    instruction, its operator name, the values, and that no outside library runs it)."""
+    chain = SimpleNamespace(
+        instructions=[p.KernelCall(0, tuple(args))],
+        names=[name],
+        loaded=[SimpleNamespace(external=None)],
+    )
+    state: Any = SimpleNamespace(plan=SimpleNamespace(values=tuple(values)), chains=[chain])
+    return FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]

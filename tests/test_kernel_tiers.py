@@ -7,13 +7,13 @@ refuse the same arguments. The reference for each kernel's numbers is in its own
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from ptexec.compile.functional import Env, FunctionalForms
+from compile_util import one_kernel_forms
+from ptexec.compile.functional import Env
 from ptexec.dtypes import DTYPE_TO_CODE
 from ptexec.format import program as p
 from ptexec.kernels.fixed_args import SIGNATURES
@@ -102,9 +102,7 @@ def _compiled(
 ) -> Any:
     """The compiled tier's functional form of the same instruction, run on an :class:`Env`."""
     values, table, call_args, slots = _instruction(name, _cloned(args), frozenset(), out_dtypes)
-    chain = SimpleNamespace(instructions=[p.KernelCall(0, call_args)], names=[name])
-    state: Any = SimpleNamespace(plan=SimpleNamespace(values=values), chains=[chain])
-    forms = FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+    forms = one_kernel_forms(values, call_args, name)
     assert forms.reason(0, 0) is None
     sig = SIGNATURES[name]
     env = Env(lambda j: table[j])
@@ -354,9 +352,7 @@ class _Traced(torch.nn.Module):
             name, args, frozenset(), (torch.float32,)
         )
         self.start = start
-        chain = SimpleNamespace(instructions=[p.KernelCall(0, self.call_args)], names=[name])
-        state: Any = SimpleNamespace(plan=SimpleNamespace(values=self.values), chains=[chain])
-        self.forms = FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+        self.forms = one_kernel_forms(self.values, self.call_args, name)
 
     def forward(self, pos: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         env = Env(lambda j: self.table[j])

@@ -4,13 +4,13 @@ functional form give the same result, and both match float64/int64 tensor arithm
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from ptexec.compile.functional import Env, FunctionalForms
+from compile_util import one_kernel_forms
+from ptexec.compile.functional import Env
 from ptexec.format import program as p
 from ptexec.kernels.prim import PRIM_OPS
 from ptexec.kernels.registry import KernelContext, find_kernel
@@ -60,10 +60,7 @@ def _compiled(name: str, operands: tuple[Any, ...]) -> Any:
     """The compiled tier's functional form of the same instruction, on an :class:`Env`."""
     n = len(operands)
     values = (*tuple(_evalue(x) for x in operands), p.Int(0))
-    plan = SimpleNamespace(values=values)
-    chain = SimpleNamespace(instructions=[p.KernelCall(0, tuple(range(n + 1)))], names=[name])
-    state: Any = SimpleNamespace(plan=plan, chains=[chain])
-    rebuild = FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+    rebuild = one_kernel_forms(values, range(n + 1), name)
     assert rebuild.reason(0, 0) is None
     env = Env(lambda j: operands[j])
 

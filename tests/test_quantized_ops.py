@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import ptexec
+from compile_util import one_kernel_forms
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
 from ptexec.format import program as p
 from ptexec.kernels import quantized as Q
@@ -483,9 +484,7 @@ def test_embedding_errors() -> None:
 
 def _compiled_embedding(weight: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> Any:
     """``embedding_byte.out`` on these tensors through the compiled tier's functional form."""
-    from types import SimpleNamespace
-
-    from ptexec.compile.functional import Env, FunctionalForms
+    from ptexec.compile.functional import Env
 
     def desc(t: torch.Tensor) -> p.Tensor:
         code = {torch.int8: 1, torch.int64: 4, torch.float32: 6}[t.dtype]
@@ -496,9 +495,7 @@ def _compiled_embedding(weight: torch.Tensor, scales: torch.Tensor, ids: torch.T
     given = [weight, scales, None, -128, 127, ids, out]
     values = (desc(weight), desc(scales), p.Null(), p.Int(-128), p.Int(127), desc(ids), desc(out))
     name = "quantized_decomposed::embedding_byte.out"
-    chain = SimpleNamespace(instructions=[p.KernelCall(0, tuple(range(7)))], names=[name])
-    state: Any = SimpleNamespace(plan=SimpleNamespace(values=values), chains=[chain])
-    rebuild = FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+    rebuild = one_kernel_forms(values, range(7), name)
     assert rebuild.reason(0, 0) is None
     env = Env(lambda j: given[j])
     rebuild.step(env, 0, 0)
