@@ -128,6 +128,28 @@ def test_a_call_with_a_wrong_shape_is_refused() -> None:
         method(torch.randn(3, 8))
 
 
+def test_a_call_with_an_input_the_serializer_left_out_is_refused(tmp_path: Path) -> None:
+    """A circular-padded convolution lowers to a delegate whose call passes an
+    uninitialized tensor no op reads; ExecuTorch's Vulkan serializer leaves it out of the
+    graph's inputs, so the call has one argument more than the graph. Which argument is
+    which input cannot be told (ExecuTorch's Vulkan runtime would take the first by
+    position, the uninitialized one): refused at load, saying why."""
+    pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    model = torch.nn.Conv1d(3, 6, 3, padding=1, padding_mode="circular").eval()
+    x = torch.randn(4, 3, 50)
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model, (x,)), partitioner=[VulkanPartitioner()]
+    ).to_executorch()
+    path = tmp_path / "circular.pte"
+    path.write_bytes(lowered.buffer)
+    program = ptexec.load(path)
+    with pytest.raises(PteFormatError, match="leaves out a call input that no op reads"):
+        program.load_method("forward")
+
+
 def test_timed_ops_report_each_op() -> None:
     method = ptexec.load(FIXTURES / "mlp.pte").load_method("forward")
     x = _calls("mlp")[0]["inputs"][0]

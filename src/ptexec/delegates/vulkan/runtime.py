@@ -401,7 +401,9 @@ class _Builder:
             raise PteFormatError(
                 f"{self.p.path}.input_ids",
                 f"{n_in} inputs and {n_out} outputs, but the delegate call has "
-                f"{len(self.args)} arguments",
+                f"{len(self.args)} arguments (ExecuTorch's Vulkan serializer leaves out a "
+                "call input that no op reads, and then which argument is which input cannot "
+                "be told; ExecuTorch's Vulkan runtime would take them by position)",
             )
         for k, vid in enumerate(g.input_ids):
             a = self.args[k]
