@@ -132,16 +132,23 @@ def test_sigterm_drains_without_losing_a_reply(tok: Path, tmp_path: Path) -> Non
 
         async def run() -> tuple[list[str], int, int]:
             async with httpx.AsyncClient(timeout=60) as client:
-                body = {"model": "tiny-llama", "prompt": "The storm", "max_tokens": 60,
+                # long replies (most of the 128-token context): still running after the signal
+                body = {"model": "tiny-llama", "prompt": "The storm", "max_tokens": 110,
                         "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+                streaming = asyncio.Event()
 
                 async def one() -> str:
                     async with client.stream("POST", url + "/v1/completions", json=body) as r:
                         assert r.status_code == 200
-                        return "\n".join([x async for x in r.aiter_lines() if x])
+                        lines = []
+                        async for x in r.aiter_lines():
+                            streaming.set()
+                            if x:
+                                lines.append(x)
+                        return "\n".join(lines)
 
                 tasks = [asyncio.ensure_future(one()) for _ in range(4)]
-                await asyncio.sleep(0.3)  # the streams are running
+                await asyncio.wait_for(streaming.wait(), 60)  # a reply is being streamed
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.1)
                 refused = (await client.get(url + "/health")).status_code
