@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -46,6 +47,26 @@ def registered() -> Any:
         yield
     finally:
         auto.EXPORT_BACKENDS["executorch"] = saved
+
+
+def test_register_replaces_quietly_and_leaves_other_warnings(
+    registered: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replacing ExecuTorch's runner is what register() is for: transformers' overwrite
+    note is not logged, the runner is ptexec's, and the logger keeps no filter after."""
+    from ptexec.hf.transformers_runner import PtexecModelRunner
+
+    logger = logging.getLogger(auto.__name__)
+    logger.propagate, was = True, logger.propagate
+    try:
+        with caplog.at_level(logging.WARNING, logger=auto.__name__):
+            ptexec.hf.register()
+            logger.warning("another note")
+    finally:
+        logger.propagate = was
+    assert [r.getMessage() for r in caplog.records] == ["another note"]
+    assert auto.EXPORT_BACKENDS["executorch"].runner is PtexecModelRunner
+    assert not logger.filters
 
 
 _MAX_CACHE = 16  # the static KV cache of the generation exports

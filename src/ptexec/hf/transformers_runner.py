@@ -23,6 +23,7 @@ Nothing changes for a process that does not call :func:`register`.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -160,5 +161,21 @@ class PtexecExecutorchExporter(ExecutorchExporter):  # type: ignore[misc]
 
 def register() -> None:
     """Run transformers' ``export_format="executorch"`` models on ptexec in this process:
-    ``ExportedModel.from_pretrained(dir)`` reads with ptexec and ``.to(device)`` runs there."""
-    register_backend(PtexecExecutorchExporter, PtexecModelRunner)
+    ``ExportedModel.from_pretrained(dir)`` reads with ptexec and ``.to(device)`` runs there.
+
+    Replacing ExecuTorch's registration is the point, so transformers' "already registered
+    and will be overwritten" warning is left out for this call (and only that message)."""
+    logger = logging.getLogger(register_backend.__module__)
+    replacing = _DropOverwriteWarning()
+    logger.addFilter(replacing)
+    try:
+        register_backend(PtexecExecutorchExporter, PtexecModelRunner)
+    finally:
+        logger.removeFilter(replacing)
+
+
+class _DropOverwriteWarning(logging.Filter):
+    """Drops transformers' note that a registered export format is being replaced."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "will be overwritten" not in record.getMessage()
