@@ -18,7 +18,7 @@ the binding stays, the next calls reuse the shapes read (``get_attribute`` costs
 a small graph's ``execute`` does). Before memory is handed over, every
 dynamic output is checked to hold its declared bound: XNNPACK may write that much.
 Each pybindings call redirects C++'s streams to Python's, importing ``sys`` from C;
-:func:`_settle_sys_spec` (once, as the pybindings are imported) spares that import the
+:func:`_settle_sys_spec` (as each payload is loaded) spares that import the
 exception CPython 3.11 raises and clears on every call, half of a small call's cost.
 
 The written program keeps the payload's bytes and its named data alive (one copy, made
@@ -83,8 +83,6 @@ def _pybindings() -> ModuleType | str:
             if BACKEND_ID in names
             else f"ExecuTorch's runtime here has no {BACKEND_ID} (it has {', '.join(names) or 'none'})"
         )
-    if not isinstance(result, str):
-        _settle_sys_spec()
     _MODULE[0] = result
     return result
 
@@ -318,6 +316,7 @@ def build_executorch_runner(
     module = _pybindings()
     if isinstance(module, str):
         raise BackendUnavailableError(f"{where}: {module}")
+    _settle_sys_spec()  # each load: importlib.reload(sys) gives sys a new spec
     for k, t in enumerate(tensors):
         if t.shape_dynamism == p.DYNAMIC_UNBOUND:
             raise BackendUnavailableError(
