@@ -203,6 +203,14 @@ def test_dynamic_output_shapes_are_read_once_per_binding(et: None) -> None:
     assert compare_outputs([again], [want], *MANIFEST[name]["tol_executorch"]) is None
 
 
+def test_sys_spec_is_settled_once_executorch_is_loaded(et: None) -> None:
+    """ExecuTorch's pybindings import ``sys`` from C on every call; its spec carries
+    ``_initializing`` (False) as every importlib-made module's does, so that import does
+    not raise and clear an AttributeError each time."""
+    _method("mlp", xnnpack="executorch")
+    assert getattr(sys.__spec__, "_initializing", None) is False
+
+
 def test_executorch_without_its_backend_is_a_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

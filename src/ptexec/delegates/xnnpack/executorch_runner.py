@@ -17,6 +17,9 @@ shapes XNNPACK computes depend only on the shapes of the inputs ExecuTorch holds
 the binding stays, the next calls reuse the shapes read (``get_attribute`` costs about what
 a small graph's ``execute`` does). Before memory is handed over, every
 dynamic output is checked to hold its declared bound: XNNPACK may write that much.
+Each pybindings call redirects C++'s streams to Python's, importing ``sys`` from C;
+:func:`_settle_sys_spec` (as each payload is loaded) spares that import the
+exception CPython 3.11 raises and clears on every call, half of a small call's cost.
 
 The written program keeps the payload's bytes and its named data alive (one copy, made
 at load); ExecuTorch's backend packs the weights at load as it does for any program.
@@ -31,8 +34,11 @@ one, so each call first checks that the pool is still the one the payload was lo
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -79,6 +85,24 @@ def _pybindings() -> ModuleType | str:
         )
     _MODULE[0] = result
     return result
+
+
+def _settle_sys_spec() -> None:
+    """Give ``sys.__spec__`` the ``_initializing = False`` every module imported through
+    importlib carries (``sys`` is set up before importlib, and lacks it).
+
+    Each call into ExecuTorch's pybindings redirects C++'s ``cout`` and ``cerr`` to
+    Python's, which imports ``sys`` from C; CPython 3.11 asks the module's spec whether it
+    is still initializing, and a spec without the attribute answers through an
+    AttributeError raised and cleared, about half of what such a call costs (``execute``
+    of a small graph included). With the attribute the answer is the same, False, at the
+    cost of a lookup; later versions look it up without raising, so nothing changes
+    there."""
+    spec = getattr(sys, "__spec__", None)
+    if spec is None or hasattr(spec, "_initializing"):
+        return
+    with contextlib.suppress(AttributeError, TypeError):  # a spec that takes none: leave it
+        spec._initializing = False
 
 
 def executorch_unavailable() -> str | None:
@@ -161,9 +185,10 @@ class _Binder:
 
     ``held`` is that pool (address, size); ``namespace`` the generated code's globals,
     whose ``_execute`` and ``_get`` are the current method's and ``_at`` and ``_n`` its
-    pool's address and size. ``key`` is the binding handed over last (None: none);
-    ``known`` is that same object once the dynamic outputs' shapes were read back and
-    accepted for it (the generated code keeps them in its ``_shapes``)."""
+    pool's address and size (``_atp``: the address as a ctypes pointer). ``key`` is the
+    binding handed over last (None: none); ``known`` is that same object once the dynamic
+    outputs' shapes were read back and accepted for it (the generated code keeps them in
+    its ``_shapes``)."""
 
     def __init__(
         self,
@@ -206,6 +231,9 @@ class _Binder:
         namespace["_execute"] = self.method.execute
         namespace["_get"] = self.method.get_attribute
         namespace["_at"], namespace["_n"] = self.held
+        # the address as ctypes' own pointer object: the size accessor takes it as is,
+        # where a Python int is converted on every call
+        namespace["_atp"] = ctypes.c_void_p(self.held[0])
 
     def reload(self) -> None:
         """Load the program again, for the pool now current (the old one is destroyed)."""
@@ -288,6 +316,7 @@ def build_executorch_runner(
     module = _pybindings()
     if isinstance(module, str):
         raise BackendUnavailableError(f"{where}: {module}")
+    _settle_sys_spec()  # each load: importlib.reload(sys) gives sys a new spec
     for k, t in enumerate(tensors):
         if t.shape_dynamism == p.DYNAMIC_UNBOUND:
             raise BackendUnavailableError(
@@ -351,7 +380,7 @@ def _generate(
     # the pool first: the method may hold a destroyed one (its size is read only for the
     # current address, which is alive)
     lines = [
-        "if _pool() != _at or _size(_at) != _n:",
+        "if _pool() != _at or _size(_atp) != _n:",
         "    _binder.reload()",
     ]
     for k, t in enumerate(tensors):
