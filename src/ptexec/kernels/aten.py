@@ -99,10 +99,15 @@ class _FirstOp(TorchDispatchMode):
         raise _Dispatched
 
 
-_PY_NAMESPACES: tuple[Any, ...] = tuple(
-    getattr(torch._C, ns)
-    for ns in ("_VariableFunctions", "_nn", "_special", "_linalg", "_fft")
-    if hasattr(torch._C, ns)
+# torch's functions, then its tensor methods (in-place ops such as ``copy_`` have no
+# function), called unbound: ``TensorBase.copy_(self, src)``
+_PY_NAMESPACES: tuple[Any, ...] = (
+    *(
+        getattr(torch._C, ns)
+        for ns in ("_VariableFunctions", "_nn", "_special", "_linalg", "_fft")
+        if hasattr(torch._C, ns)
+    ),
+    torch._C.TensorBase,
 )
 _PROVEN: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
 
@@ -157,27 +162,32 @@ class Probe:
     """The arguments of one call, as a probe needs them: their kinds (which decide the
     overload torch dispatches) at once, their stand-in values only when a probe runs."""
 
-    def __init__(self, ctx: KernelContext) -> None:
+    def __init__(self, ctx: KernelContext, given: Mapping[int, Any] | None = None) -> None:
         self.ctx = ctx
         self.pos: list[int] = []
         self.kw: dict[str, int] = {}
+        self.given = given if given is not None else {}  # values passed as these objects
+
+    def _kind(self, i: int) -> Any:
+        found = self.given.get(i, _MISSING)
+        return _kind(self.ctx, i) if found is _MISSING else type(found).__name__
+
+    def _value(self, i: int) -> Any:
+        found = self.given.get(i, _MISSING)
+        return _meta_value(self.ctx, i) if found is _MISSING else found
 
     def key(self, overload: Any) -> tuple[Any, ...]:
-        ctx = self.ctx
         schema = overload._schema
         return (
             schema.name,
             schema.overload_name,
-            tuple(_kind(ctx, i) for i in self.pos),
+            tuple(self._kind(i) for i in self.pos),
             tuple(sorted(self.kw)),
-            tuple(_kind(ctx, i) for _, i in sorted(self.kw.items())),
+            tuple(self._kind(i) for _, i in sorted(self.kw.items())),
         )
 
     def values(self) -> tuple[list[Any], dict[str, Any]]:
-        ctx = self.ctx
-        return [_meta_value(ctx, i) for i in self.pos], {
-            k: _meta_value(ctx, i) for k, i in self.kw.items()
-        }
+        return [self._value(i) for i in self.pos], {k: self._value(i) for k, i in self.kw.items()}
 
 
 def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
@@ -191,7 +201,7 @@ def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
     found = None
     for ns in _PY_NAMESPACES:
         fn = getattr(ns, name, None)
-        if fn is None:
+        if fn is None or (ns is torch._C.TensorBase and not (pos and type(pos[0]) is torch.Tensor)):
             continue
         mode = _FirstOp()
         try:
@@ -282,6 +292,12 @@ _SCALAR_OPS = {
     "aten::le.Scalar_out": torch.le,
     "aten::gt.Scalar_out": torch.gt,
     "aten::ge.Scalar_out": torch.ge,
+    "aten::remainder.Scalar_out": torch.remainder,
+    "aten::fmod.Scalar_out": torch.fmod,
+    "aten::floor_divide.Scalar_out": torch.floor_divide,
+    "aten::bitwise_and.Scalar_out": torch.bitwise_and,
+    "aten::bitwise_or.Scalar_out": torch.bitwise_or,
+    "aten::bitwise_xor.Scalar_out": torch.bitwise_xor,
 }
 _COMPARISONS = {
     "aten::eq.Scalar_out",
@@ -335,6 +351,10 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
         return None  # a float scalar promotes an integer tensor: keep torch's scalar path
     if name == "aten::div.Scalar_out" and not dtype.is_floating_point:
         return None
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            return None  # a 0-d tensor of self's dtype cannot hold it: torch's scalar path
     scalar = torch.tensor(value, dtype=dtype)
     f, s = ctx.bind(fn, "op"), ctx.bind(scalar, "s")
     outs = (out,)
@@ -410,6 +430,28 @@ def _store_all(outs: tuple[torch.Tensor | None, ...], results: tuple[torch.Tenso
 
 _CLAMP_MIN = torch.clamp_min
 
+# ``*_like.out(self, ...)``: a tensor of self's sizes and dtype filled with one value, copied
+# into ``out`` -- ``out.fill_(value)`` when ``out`` already has those sizes and that dtype
+# (the copy then changes nothing); the value's position among the arguments, or the value
+_FILLS: dict[str, int | str] = {
+    "aten::full_like.out": 1,
+    "aten::zeros_like.out": "0",
+    "aten::ones_like.out": "1",
+}
+
+
+def _fills_in_place(ctx: KernelContext, out: int) -> bool:
+    """Whether ``out`` of a ``*_like`` op has its ``self``'s sizes and dtype for good."""
+    self_, o = ctx.values[ctx.args[0]], ctx.values[out]
+    return (
+        isinstance(self_, p.Tensor)
+        and isinstance(o, p.Tensor)
+        and self_.shape_dynamism == p.STATIC
+        and o.shape_dynamism == p.STATIC
+        and tuple(self_.sizes) == tuple(o.sizes)
+        and self_.scalar_type == o.scalar_type
+    )
+
 
 def _gathers_rows(ctx: KernelContext, out: int) -> bool:
     """embedding(weight, indices) is index_select(weight, 0, indices) when the weight is a
@@ -431,6 +473,21 @@ def _gathers_rows(ctx: KernelContext, out: int) -> bool:
 def _is_scalar_type(arg: Any) -> bool:
     """Whether a schema argument is a ``ScalarType`` (or ``ScalarType?``)."""
     return "ScalarType" in str(getattr(arg, "real_type", arg.type))
+
+
+def _is_memory_format(arg: Any) -> bool:
+    """Whether a schema argument is a ``MemoryFormat`` (or ``MemoryFormat?``)."""
+    return "MemoryFormat" in str(getattr(arg, "real_type", arg.type))
+
+
+# c10::MemoryFormat's codes (a program stores the code): torch's Python functions take only
+# the objects, the generic entry point either
+_MEMORY_FORMATS = {
+    0: torch.contiguous_format,
+    1: torch.preserve_format,
+    2: torch.channels_last,
+    3: torch.channels_last_3d,
+}
 
 
 def _check_scalar_type(name: str, arg: Any, ctx: KernelContext, index: int) -> None:
@@ -469,8 +526,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
     out_args = {k for k in written if arguments[k].kwarg_only}
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
     functional = _functional_of(overload) if generated else None
-    # per argument, once: name, keyword-only, a ScalarType, its default
-    facts = [(a, a.name, a.kwarg_only, _is_scalar_type(a), _default(a)) for a in arguments]
+    # per argument, once: name, keyword-only, a ScalarType, a MemoryFormat, its default
+    facts = [
+        (a, a.name, a.kwarg_only, _is_scalar_type(a), _is_memory_format(a), _default(a))
+        for a in arguments
+    ]
 
     def factory(ctx: KernelContext) -> Statement:
         nargs = len(arguments)
@@ -489,12 +549,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
         positional: list[str] = []
         keywords: list[str] = []
         in_keywords: list[str] = []  # keywords without the outs (for the functional op)
-        probe = Probe(ctx)
-        in_probe = Probe(ctx)
+        given: dict[int, Any] = {}  # memory formats, as torch's objects
+        probe = Probe(ctx, given)
+        in_probe = Probe(ctx, given)
         pending: list[tuple[str, int]] = []  # positional defaults held back until needed
         rendered: list[str] = []
         for k, (fact, index) in enumerate(zip(facts, args, strict=False)):
-            arg, arg_name, kwarg_only, scalar_type, default = fact
+            arg, arg_name, kwarg_only, scalar_type, memory_format, default = fact
             value = ctx.values[index]
             if scalar_type:
                 _check_scalar_type(name, arg, ctx, index)
@@ -506,6 +567,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
             text = ctx.expr(index)
             if isinstance(value, p.IntList) and literal:
                 text = repr(list(ctx.literal(index)))
+            elif memory_format and literal and isinstance(value, p.Int) and not skip:
+                fmt = _MEMORY_FORMATS.get(ctx.literal(index))
+                if fmt is not None:
+                    given[index] = fmt
+                    text = ctx.bind(fmt, "mf")
             rendered.append(text)
             if kwarg_only:
                 if not skip:
@@ -541,6 +607,10 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
+            elif name in _FILLS and single and _fills_in_place(ctx, outs[0]):
+                fill = _FILLS[name]
+                filler = rendered[fill] if isinstance(fill, int) else fill
+                code = f"v[{outs[0]}].fill_({filler})"
             elif name == "aten::embedding.out" and single and _gathers_rows(ctx, outs[0]):
                 # embedding's forward is a row gather: straight into out, no temporary
                 f = ctx.bind(torch.index_select, "op")
@@ -563,8 +633,18 @@ def schema_kernel(overload: Any) -> KernelFactory:
                     code = _copy_code(ctx, outs[0], call, {})
                 else:
                     store = ctx.bind(_store_all, "store")
+                    # one result left (the others pruned): copied without a loop
+                    one = {o: _copy_code(ctx, o, f"{call}[{k}]", {}) for k, o in enumerate(outs)}
 
-                    def stored(dead: frozenset[int], store: str = store, call: str = call) -> str:
+                    def stored(
+                        dead: frozenset[int],
+                        store: str = store,
+                        call: str = call,
+                        one: dict[int, str] = one,
+                    ) -> str:
+                        live = [o for o in outs if o not in dead]
+                        if len(live) == 1:
+                            return one[live[0]]
                         targets = ", ".join("None" if o in dead else f"v[{o}]" for o in outs)
                         return f"{store}(({targets},), {call})"
 
