@@ -430,9 +430,10 @@ def _store_all(outs: tuple[torch.Tensor | None, ...], results: tuple[torch.Tenso
 
 _CLAMP_MIN = torch.clamp_min
 
-# ``*_like.out(self, ...)``: a tensor of self's sizes and dtype filled with one value, copied
-# into ``out`` -- ``out.fill_(value)`` when ``out`` already has those sizes and that dtype
-# (the copy then changes nothing); the value's position among the arguments, or the value
+# ``*_like.out(self, ..., memory_format, out)``: a tensor of self's sizes in out's dtype
+# filled with one value, copied into ``out`` -- ``out.fill_(value)`` when ``out`` already
+# has those sizes (the copy then changes nothing); the value's position among the
+# arguments, or the value
 _FILLS: dict[str, int | str] = {
     "aten::full_like.out": 1,
     "aten::zeros_like.out": "0",
@@ -440,16 +441,21 @@ _FILLS: dict[str, int | str] = {
 }
 
 
-def _fills_in_place(ctx: KernelContext, out: int) -> bool:
-    """Whether ``out`` of a ``*_like`` op has its ``self``'s sizes and dtype for good."""
+def _fills_in_place(ctx: KernelContext, out: int, fmt: int) -> bool:
+    """Whether ``out`` of a ``*_like`` op has its ``self``'s sizes for good and the memory
+    format asked for (value ``fmt``) is one every tensor has (the op refuses a channels-last
+    one for a tensor of another rank). The op makes its tensor in ``out``'s dtype."""
     self_, o = ctx.values[ctx.args[0]], ctx.values[out]
+    if not isinstance(ctx.values[fmt], p.Null) and not (
+        ctx.is_literal(fmt) and ctx.literal(fmt) in (0, 1)
+    ):
+        return False
     return (
         isinstance(self_, p.Tensor)
         and isinstance(o, p.Tensor)
         and self_.shape_dynamism == p.STATIC
         and o.shape_dynamism == p.STATIC
         and tuple(self_.sizes) == tuple(o.sizes)
-        and self_.scalar_type == o.scalar_type
     )
 
 
@@ -607,7 +613,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
-            elif name in _FILLS and single and _fills_in_place(ctx, outs[0]):
+            elif name in _FILLS and single and _fills_in_place(ctx, outs[0], args[nargs - 2]):
                 fill = _FILLS[name]
                 filler = rendered[fill] if isinstance(fill, int) else fill
                 code = f"v[{outs[0]}].fill_({filler})"
