@@ -40,7 +40,14 @@ from .registry import (
     register_namespace,
 )
 
-__all__ = ["Probe", "fastest_entry", "resolve_overload", "schema_kernel", "torch_operator_names"]
+__all__ = [
+    "Probe",
+    "fastest_entry",
+    "resolve_overload",
+    "schema_kernel",
+    "spread",
+    "torch_operator_names",
+]
 
 
 def resolve_overload(qualified_name: str) -> Any:
@@ -220,12 +227,21 @@ def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
 
 # ---- view forms of copies --------------------------------------------------------------------
 
+
+def spread(sizes: str) -> str:
+    """A rendered int list as the arguments of a method taking ``*sizes``: torch parses
+    ``x.permute(1, 0)`` faster than ``x.permute([1, 0])`` (an empty list stays a list)."""
+    if sizes.startswith("[") and sizes.endswith("]") and sizes[1:-1].strip():
+        return sizes[1:-1]
+    return sizes
+
+
 # qualified name -> how the view reads the rendered arguments (self first)
 _VIEWS: dict[str, Callable[[list[str]], str]] = {
-    "aten::permute_copy.out": lambda a: f"{a[0]}.permute({a[1]})",
-    "aten::view_copy.out": lambda a: f"{a[0]}.reshape({a[1]})",
-    "aten::_unsafe_view.out": lambda a: f"{a[0]}.reshape({a[1]})",
-    "aten::expand_copy.out": lambda a: f"{a[0]}.expand({a[1]})",
+    "aten::permute_copy.out": lambda a: f"{a[0]}.permute({spread(a[1])})",
+    "aten::view_copy.out": lambda a: f"{a[0]}.reshape({spread(a[1])})",
+    "aten::_unsafe_view.out": lambda a: f"{a[0]}.reshape({spread(a[1])})",
+    "aten::expand_copy.out": lambda a: f"{a[0]}.expand({spread(a[1])})",
     "aten::t_copy.out": lambda a: f"{a[0]}.t()",
     "aten::transpose_copy.int_out": lambda a: f"{a[0]}.transpose({a[1]}, {a[2]})",
     "aten::unsqueeze_copy.out": lambda a: f"{a[0]}.unsqueeze({a[1]})",
@@ -572,7 +588,12 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 skip = _same(lit, default)
             text = ctx.expr(index)
             if isinstance(value, p.IntList) and literal:
-                text = repr(list(ctx.literal(index)))
+                items = list(ctx.literal(index))
+                text = repr(items)
+                if len(items) == 1 and getattr(arg, "N", None) == 1 and not skip:
+                    # an ``int[1]`` (sum's dims, say) takes the int itself, parsed faster
+                    given[index] = items[0]
+                    text = repr(items[0])
             elif memory_format and literal and isinstance(value, p.Int) and not skip:
                 fmt = _MEMORY_FORMATS.get(ctx.literal(index))
                 if fmt is not None:
