@@ -489,6 +489,16 @@ def _gathers_rows(ctx: KernelContext, out: int) -> bool:
     )
 
 
+def _gather_width(ctx: KernelContext) -> str | None:
+    """For embedding as a row gather: the table's width when it is fixed. (The indices
+    are flattened with ``reshape``: the load-time rewrites may have made them a view of
+    any strides.)"""
+    w = ctx.values[ctx.args[0]]
+    if isinstance(w, p.Tensor) and w.shape_dynamism == p.STATIC:
+        return str(w.sizes[1])
+    return None
+
+
 # ---- the factory -----------------------------------------------------------------------------
 
 
@@ -642,7 +652,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 # embedding's forward is a row gather: straight into out, no temporary
                 f = ctx.bind(torch.index_select, "op")
                 w, ids, o = rendered[0], rendered[1], outs[0]
-                code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {w}.size(1)))"
+                width = _gather_width(ctx) or f"{w}.size(1)"
+                code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {width}))"
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
                 view = alias.code.split(" = ", 1)[1]
                 code = _copy_code(ctx, outs[0], view, alias.env)
