@@ -20,7 +20,7 @@ import ptexec
 from ptexec.cli import main
 from ptexec.codegen import Code, Sources
 from ptexec.compile import CompileOptions
-from ptexec.engine.blocks import basic_blocks
+from ptexec.engine.blocks import basic_blocks, forward_only
 from ptexec.format import program as p
 
 FIX = Path(__file__).parent / "fixtures"
@@ -59,17 +59,31 @@ def test_code_builds_text_and_line_map_and_names_failures() -> None:
     assert "not generated" in sources.listing(len)
 
 
+@pytest.mark.parametrize("limited", [False, True], ids=["one function", "blocks"])
 @pytest.mark.parametrize("name", ["mlp", "cond", "scalar_io"])
-def test_source_lists_the_fast_call_and_every_block(name: str) -> None:
-    m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+def test_source_lists_the_fast_call_and_every_block(name: str, limited: bool) -> None:
+    """Every jump goes forward in these: each chain's blocks run as one function, unless
+    the instruction limit is below the instruction count (then each block is a function,
+    and the runner counts)."""
+    prog = ptexec.load(FIX / f"{name}.pte")
+    n = prog.load_method("forward").state.instruction_count()
+    m = prog.load_method("forward", max_instructions=n - 1 if limited else n)
     text = m.source()
     compile(text, "<listing>", "exec")  # every piece compiles as printed
-    assert text.count("def _fast(inputs):") == 1
+    # (a straight-line chain past the limit is not inlined into a fast call)
+    fast = text.count("def _fast(inputs):")
+    assert fast == 1 or (limited and fast == 0)
     plan = _plan(m)
+    assert all(forward_only(c) for c in m.state.chains)
     for c, chain in enumerate(plan.chains):
         spans = basic_blocks(chain.instructions)
-        for k, (start, end) in enumerate(spans):
-            assert f"# chain {c} block {k}: instructions {start}-{end - 1}\n" in text
+        if limited:
+            for k, (start, end) in enumerate(spans):
+                assert f"# chain {c} block {k}: instructions {start}-{end - 1}\n" in text
+        else:
+            assert f"# chain {c}: its blocks in one function (every jump goes forward)\n" in text
+            for k in range(1, len(spans)):
+                assert f"    if b == {k}:\n" in text
         for i, ins in enumerate(chain.instructions):
             if isinstance(ins, p.KernelCall):
                 op = plan.operators[ins.op_index]
@@ -81,10 +95,11 @@ def test_source_lists_the_fast_call_and_every_block(name: str) -> None:
     code = _strip(text)
     shown = 0
     for filename in m.state.sources.filenames:
-        if " block " in filename or filename.endswith(" call>"):
+        if filename.endswith((" in one function>", " call>")) or " block " in filename:
             assert "".join(linecache.getlines(filename)) in code, filename
             shown += 1
-    assert shown == 1 + sum(len(basic_blocks(c.instructions)) for c in plan.chains)
+    pieces = sum(len(basic_blocks(c.instructions)) for c in plan.chains)
+    assert shown == fast + (pieces if limited else len(plan.chains))
 
 
 def test_failures_still_name_their_instruction() -> None:

@@ -162,7 +162,7 @@ def test_a_second_value_at_the_same_bytes_is_redirected() -> None:
     # W (value 2) is the emitter's static view of D (same bytes, other shape)
     values = [_tensor(0), _tensor(64), _tensor(64, sizes=(4, 4)), _tensor(128)]
     out = _run(values, [(0, 1), (2, 3)], [_copy(0, 1), _op((2,), 3)])
-    assert out[0].code == "v[1] = view(v[0])\nv[2] = v[1].reshape([4, 4])"
+    assert out[0].code == "v[1] = view(v[0])\nv[2] = v[1].reshape(4, 4)"
 
 
 def test_a_partial_reader_of_the_bytes_keeps_the_copy() -> None:

@@ -18,6 +18,7 @@ same objects. Every line that runs a statement maps back to its instruction (thr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,15 @@ from ..format import program as p
 from ..loader.state import PreparedChain
 from .hooks import Step
 
-__all__ = ["CompiledChain", "basic_blocks", "chain_listing", "compile_chain", "compile_statement"]
+__all__ = [
+    "CompiledChain",
+    "basic_blocks",
+    "chain_listing",
+    "compile_chain",
+    "compile_forward",
+    "compile_statement",
+    "forward_only",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +112,60 @@ def compile_chain(
         tuple(s for s, _ in spans),
         tuple(e for _, e in spans),
     )
+
+
+def forward_only(chain: PreparedChain) -> bool:
+    """Every jump of ``chain`` goes forward: a call runs each instruction at most once."""
+    return all(
+        ins.destination_instruction > i
+        for i, ins in enumerate(chain.instructions)
+        if isinstance(ins, p.JumpFalseCall)
+    )
+
+
+def compile_forward(chain: PreparedChain, sources: Sources) -> Callable[[list[Any]], None]:
+    """The plain blocks of a :func:`forward_only` chain as one function of the values
+    table, each block under ``if b == k:`` in order (a jump only ever selects a later
+    block, so one pass runs them all); no per-block call and nothing to count:
+
+        def _chain(v):
+            torch.add(v[1], v[2], out=v[3])          # block 0
+            b = 1 if bool(v[3]) else 2
+            if b == 1:
+                ...
+    """
+    ins = chain.instructions
+    n = len(ins)
+    spans = basic_blocks(ins)
+    block_of = {s: k for k, (s, _) in enumerate(spans)}
+    code = Code(chain.index)
+    code.add("def _chain(v):")
+    with code.indented():
+        for k, (start, end) in enumerate(spans):
+            nxt = block_of.get(end, -1) if end < n else -1
+            with contextlib.ExitStack() as stack:
+                if k:
+                    code.add(f"if b == {k}:")
+                    stack.enter_context(code.indented())
+                jumped = False
+                for i in range(start, min(end, n)):
+                    st = chain.statements[i]
+                    code.env.update(st.env)
+                    jump = ins[i]
+                    if isinstance(jump, p.JumpFalseCall):
+                        dest = jump.destination_instruction
+                        target = block_of.get(dest, -1) if dest < n else -1
+                        code.add(f"b = {nxt} if {st.code} else {target}", i)
+                        jumped = True
+                    else:
+                        code.add(st.code, i)
+                if not jumped:
+                    code.add(f"b = {nxt}")
+        code.add("return None")
+    fn: Callable[[list[Any]], None] = code.compile(sources, f"chain {chain.index} in one function")[
+        "_chain"
+    ]
+    return fn
 
 
 def chain_listing(state: PreparedChain, compiled: CompiledChain, sources: Sources) -> str:

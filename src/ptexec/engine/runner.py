@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ExecutionError, InstructionLimitError, LimitExceededError, PtexecError
 from ..loader.state import Kept, MethodState
-from .blocks import CompiledChain, chain_listing, compile_chain
+from .blocks import CompiledChain, chain_listing, compile_chain, compile_forward, forward_only
 from .hooks import Hooks, StopCall, steps_of
 
 __all__ = [
@@ -129,13 +129,23 @@ def _listing(state: MethodState, chains: list[CompiledChain]) -> str:
 
 class BlockRunner:
     """The plain compiled blocks of every chain (compiled at the first run: a method whose
-    common calls run its statements inlined in the fast path may never need them)."""
+    common calls run its statements inlined in the fast path may never need them).
+
+    When every jump of every chain goes forward (``torch.cond``'s branches) and all the
+    instructions together are within the limit, no call can run past it: each chain then
+    runs as one function (:func:`~.blocks.compile_forward`), without a call per block or
+    counting."""
 
     direct_outputs = True
 
     def __init__(self, state: MethodState) -> None:
         self.state = state
         self._chains: list[CompiledChain] | None = None
+        self._forward: list[Callable[[list[Any]], None]] | None = None
+        chains = state.chains
+        self.forward = state.instruction_count() <= state.max_instructions and all(
+            forward_only(c) for c in chains
+        )
 
     @property
     def chains(self) -> list[CompiledChain]:
@@ -143,20 +153,45 @@ class BlockRunner:
             self._chains = [compile_chain(c, self.state.sources) for c in self.state.chains]
         return self._chains
 
+    def _functions(self) -> list[Callable[[list[Any]], None]]:
+        if self._forward is None:
+            self._forward = [compile_forward(c, self.state.sources) for c in self.state.chains]
+        return self._forward
+
     def prepare(self) -> None:
         """Compile the blocks now (a generated statement that does not compile fails at
         load, not at a call)."""
-        _ = self.chains
+        if self.forward:
+            self._functions()
+        else:
+            _ = self.chains
 
     def bind(self, state: MethodState) -> None:
         pass
 
     def run(self, v: list[Any]) -> None:
-        run_chains(self.state, self.chains, v, None)
+        if not self.forward:
+            run_chains(self.state, self.chains, v, None)
+            return
+        functions = self._forward if self._forward is not None else self._functions()
+        try:
+            for fn in functions:
+                fn(v)
+        except (LimitExceededError, ExecutionError):
+            raise
+        except Exception as e:
+            raise self.state.execution_error(e) from e
 
     def source(self) -> str:
-        """Every chain's blocks (compiled now if they were not yet)."""
-        return _listing(self.state, self.chains)
+        """Every chain's blocks, or its one function (compiled now if not yet)."""
+        if not self.forward:
+            return _listing(self.state, self.chains)
+        state = self.state
+        return "\n".join(
+            f"# chain {c.index}: its blocks in one function (every jump goes forward)\n"
+            + state.sources.listing(fn, c.names)
+            for c, fn in zip(state.chains, self._functions(), strict=True)
+        )
 
     @property
     def straight_line(self) -> bool:

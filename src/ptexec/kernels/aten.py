@@ -40,7 +40,14 @@ from .registry import (
     register_namespace,
 )
 
-__all__ = ["Probe", "fastest_entry", "resolve_overload", "schema_kernel", "torch_operator_names"]
+__all__ = [
+    "Probe",
+    "fastest_entry",
+    "resolve_overload",
+    "schema_kernel",
+    "spread",
+    "torch_operator_names",
+]
 
 
 def resolve_overload(qualified_name: str) -> Any:
@@ -99,10 +106,15 @@ class _FirstOp(TorchDispatchMode):
         raise _Dispatched
 
 
-_PY_NAMESPACES: tuple[Any, ...] = tuple(
-    getattr(torch._C, ns)
-    for ns in ("_VariableFunctions", "_nn", "_special", "_linalg", "_fft")
-    if hasattr(torch._C, ns)
+# torch's functions, then its tensor methods (in-place ops such as ``copy_`` have no
+# function), called unbound: ``TensorBase.copy_(self, src)``
+_PY_NAMESPACES: tuple[Any, ...] = (
+    *(
+        getattr(torch._C, ns)
+        for ns in ("_VariableFunctions", "_nn", "_special", "_linalg", "_fft")
+        if hasattr(torch._C, ns)
+    ),
+    torch._C.TensorBase,
 )
 _PROVEN: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
 
@@ -157,27 +169,32 @@ class Probe:
     """The arguments of one call, as a probe needs them: their kinds (which decide the
     overload torch dispatches) at once, their stand-in values only when a probe runs."""
 
-    def __init__(self, ctx: KernelContext) -> None:
+    def __init__(self, ctx: KernelContext, given: Mapping[int, Any] | None = None) -> None:
         self.ctx = ctx
         self.pos: list[int] = []
         self.kw: dict[str, int] = {}
+        self.given = given if given is not None else {}  # values passed as these objects
+
+    def _kind(self, i: int) -> Any:
+        found = self.given.get(i, _MISSING)
+        return _kind(self.ctx, i) if found is _MISSING else type(found).__name__
+
+    def _value(self, i: int) -> Any:
+        found = self.given.get(i, _MISSING)
+        return _meta_value(self.ctx, i) if found is _MISSING else found
 
     def key(self, overload: Any) -> tuple[Any, ...]:
-        ctx = self.ctx
         schema = overload._schema
         return (
             schema.name,
             schema.overload_name,
-            tuple(_kind(ctx, i) for i in self.pos),
+            tuple(self._kind(i) for i in self.pos),
             tuple(sorted(self.kw)),
-            tuple(_kind(ctx, i) for _, i in sorted(self.kw.items())),
+            tuple(self._kind(i) for _, i in sorted(self.kw.items())),
         )
 
     def values(self) -> tuple[list[Any], dict[str, Any]]:
-        ctx = self.ctx
-        return [_meta_value(ctx, i) for i in self.pos], {
-            k: _meta_value(ctx, i) for k, i in self.kw.items()
-        }
+        return [self._value(i) for i in self.pos], {k: self._value(i) for k, i in self.kw.items()}
 
 
 def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
@@ -191,7 +208,7 @@ def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
     found = None
     for ns in _PY_NAMESPACES:
         fn = getattr(ns, name, None)
-        if fn is None:
+        if fn is None or (ns is torch._C.TensorBase and not (pos and type(pos[0]) is torch.Tensor)):
             continue
         mode = _FirstOp()
         try:
@@ -210,12 +227,21 @@ def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
 
 # ---- view forms of copies --------------------------------------------------------------------
 
+
+def spread(sizes: str) -> str:
+    """A rendered int list as the arguments of a method taking ``*sizes``: torch parses
+    ``x.permute(1, 0)`` faster than ``x.permute([1, 0])`` (an empty list stays a list)."""
+    if sizes.startswith("[") and sizes.endswith("]") and sizes[1:-1].strip():
+        return sizes[1:-1]
+    return sizes
+
+
 # qualified name -> how the view reads the rendered arguments (self first)
 _VIEWS: dict[str, Callable[[list[str]], str]] = {
-    "aten::permute_copy.out": lambda a: f"{a[0]}.permute({a[1]})",
-    "aten::view_copy.out": lambda a: f"{a[0]}.reshape({a[1]})",
-    "aten::_unsafe_view.out": lambda a: f"{a[0]}.reshape({a[1]})",
-    "aten::expand_copy.out": lambda a: f"{a[0]}.expand({a[1]})",
+    "aten::permute_copy.out": lambda a: f"{a[0]}.permute({spread(a[1])})",
+    "aten::view_copy.out": lambda a: f"{a[0]}.reshape({spread(a[1])})",
+    "aten::_unsafe_view.out": lambda a: f"{a[0]}.reshape({spread(a[1])})",
+    "aten::expand_copy.out": lambda a: f"{a[0]}.expand({spread(a[1])})",
     "aten::t_copy.out": lambda a: f"{a[0]}.t()",
     "aten::transpose_copy.int_out": lambda a: f"{a[0]}.transpose({a[1]}, {a[2]})",
     "aten::unsqueeze_copy.out": lambda a: f"{a[0]}.unsqueeze({a[1]})",
@@ -282,6 +308,12 @@ _SCALAR_OPS = {
     "aten::le.Scalar_out": torch.le,
     "aten::gt.Scalar_out": torch.gt,
     "aten::ge.Scalar_out": torch.ge,
+    "aten::remainder.Scalar_out": torch.remainder,
+    "aten::fmod.Scalar_out": torch.fmod,
+    "aten::floor_divide.Scalar_out": torch.floor_divide,
+    "aten::bitwise_and.Scalar_out": torch.bitwise_and,
+    "aten::bitwise_or.Scalar_out": torch.bitwise_or,
+    "aten::bitwise_xor.Scalar_out": torch.bitwise_xor,
 }
 _COMPARISONS = {
     "aten::eq.Scalar_out",
@@ -335,6 +367,10 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
         return None  # a float scalar promotes an integer tensor: keep torch's scalar path
     if name == "aten::div.Scalar_out" and not dtype.is_floating_point:
         return None
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            return None  # a 0-d tensor of self's dtype cannot hold it: torch's scalar path
     scalar = torch.tensor(value, dtype=dtype)
     f, s = ctx.bind(fn, "op"), ctx.bind(scalar, "s")
     outs = (out,)
@@ -410,6 +446,34 @@ def _store_all(outs: tuple[torch.Tensor | None, ...], results: tuple[torch.Tenso
 
 _CLAMP_MIN = torch.clamp_min
 
+# ``*_like.out(self, ..., memory_format, out)``: a tensor of self's sizes in out's dtype
+# filled with one value, copied into ``out`` -- ``out.fill_(value)`` when ``out`` already
+# has those sizes (the copy then changes nothing); the value's position among the
+# arguments, or the value
+_FILLS: dict[str, int | str] = {
+    "aten::full_like.out": 1,
+    "aten::zeros_like.out": "0",
+    "aten::ones_like.out": "1",
+}
+
+
+def _fills_in_place(ctx: KernelContext, out: int, fmt: int) -> bool:
+    """Whether ``out`` of a ``*_like`` op has its ``self``'s sizes for good and the memory
+    format asked for (value ``fmt``) is one every tensor has (the op refuses a channels-last
+    one for a tensor of another rank). The op makes its tensor in ``out``'s dtype."""
+    self_, o = ctx.values[ctx.args[0]], ctx.values[out]
+    if not isinstance(ctx.values[fmt], p.Null) and not (
+        ctx.is_literal(fmt) and ctx.literal(fmt) in (0, 1)
+    ):
+        return False
+    return (
+        isinstance(self_, p.Tensor)
+        and isinstance(o, p.Tensor)
+        and self_.shape_dynamism == p.STATIC
+        and o.shape_dynamism == p.STATIC
+        and tuple(self_.sizes) == tuple(o.sizes)
+    )
+
 
 def _gathers_rows(ctx: KernelContext, out: int) -> bool:
     """embedding(weight, indices) is index_select(weight, 0, indices) when the weight is a
@@ -425,12 +489,37 @@ def _gathers_rows(ctx: KernelContext, out: int) -> bool:
     )
 
 
+def _gather_width(ctx: KernelContext) -> str | None:
+    """For embedding as a row gather: the table's width when it is fixed. (The indices
+    are flattened with ``reshape``: the load-time rewrites may have made them a view of
+    any strides.)"""
+    w = ctx.values[ctx.args[0]]
+    if isinstance(w, p.Tensor) and w.shape_dynamism == p.STATIC:
+        return str(w.sizes[1])
+    return None
+
+
 # ---- the factory -----------------------------------------------------------------------------
 
 
 def _is_scalar_type(arg: Any) -> bool:
     """Whether a schema argument is a ``ScalarType`` (or ``ScalarType?``)."""
     return "ScalarType" in str(getattr(arg, "real_type", arg.type))
+
+
+def _is_memory_format(arg: Any) -> bool:
+    """Whether a schema argument is a ``MemoryFormat`` (or ``MemoryFormat?``)."""
+    return "MemoryFormat" in str(getattr(arg, "real_type", arg.type))
+
+
+# c10::MemoryFormat's codes (a program stores the code): torch's Python functions take only
+# the objects, the generic entry point either
+_MEMORY_FORMATS = {
+    0: torch.contiguous_format,
+    1: torch.preserve_format,
+    2: torch.channels_last,
+    3: torch.channels_last_3d,
+}
 
 
 def _check_scalar_type(name: str, arg: Any, ctx: KernelContext, index: int) -> None:
@@ -469,8 +558,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
     out_args = {k for k in written if arguments[k].kwarg_only}
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
     functional = _functional_of(overload) if generated else None
-    # per argument, once: name, keyword-only, a ScalarType, its default
-    facts = [(a, a.name, a.kwarg_only, _is_scalar_type(a), _default(a)) for a in arguments]
+    # per argument, once: name, keyword-only, a ScalarType, a MemoryFormat, its default
+    facts = [
+        (a, a.name, a.kwarg_only, _is_scalar_type(a), _is_memory_format(a), _default(a))
+        for a in arguments
+    ]
 
     def factory(ctx: KernelContext) -> Statement:
         nargs = len(arguments)
@@ -489,12 +581,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
         positional: list[str] = []
         keywords: list[str] = []
         in_keywords: list[str] = []  # keywords without the outs (for the functional op)
-        probe = Probe(ctx)
-        in_probe = Probe(ctx)
+        given: dict[int, Any] = {}  # memory formats, as torch's objects
+        probe = Probe(ctx, given)
+        in_probe = Probe(ctx, given)
         pending: list[tuple[str, int]] = []  # positional defaults held back until needed
         rendered: list[str] = []
         for k, (fact, index) in enumerate(zip(facts, args, strict=False)):
-            arg, arg_name, kwarg_only, scalar_type, default = fact
+            arg, arg_name, kwarg_only, scalar_type, memory_format, default = fact
             value = ctx.values[index]
             if scalar_type:
                 _check_scalar_type(name, arg, ctx, index)
@@ -505,7 +598,17 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 skip = _same(lit, default)
             text = ctx.expr(index)
             if isinstance(value, p.IntList) and literal:
-                text = repr(list(ctx.literal(index)))
+                items = list(ctx.literal(index))
+                text = repr(items)
+                if len(items) == 1 and getattr(arg, "N", None) == 1 and not skip:
+                    # an ``int[1]`` (sum's dims, say) takes the int itself, parsed faster
+                    given[index] = items[0]
+                    text = repr(items[0])
+            elif memory_format and literal and isinstance(value, p.Int) and not skip:
+                fmt = _MEMORY_FORMATS.get(ctx.literal(index))
+                if fmt is not None:
+                    given[index] = fmt
+                    text = ctx.bind(fmt, "mf")
             rendered.append(text)
             if kwarg_only:
                 if not skip:
@@ -541,11 +644,16 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
+            elif name in _FILLS and single and _fills_in_place(ctx, outs[0], args[nargs - 2]):
+                fill = _FILLS[name]
+                filler = rendered[fill] if isinstance(fill, int) else fill
+                code = f"v[{outs[0]}].fill_({filler})"
             elif name == "aten::embedding.out" and single and _gathers_rows(ctx, outs[0]):
                 # embedding's forward is a row gather: straight into out, no temporary
                 f = ctx.bind(torch.index_select, "op")
                 w, ids, o = rendered[0], rendered[1], outs[0]
-                code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {w}.size(1)))"
+                width = _gather_width(ctx) or f"{w}.size(1)"
+                code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {width}))"
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
                 view = alias.code.split(" = ", 1)[1]
                 code = _copy_code(ctx, outs[0], view, alias.env)
@@ -563,8 +671,18 @@ def schema_kernel(overload: Any) -> KernelFactory:
                     code = _copy_code(ctx, outs[0], call, {})
                 else:
                     store = ctx.bind(_store_all, "store")
+                    # one result left (the others pruned): copied without a loop
+                    one = {o: _copy_code(ctx, o, f"{call}[{k}]", {}) for k, o in enumerate(outs)}
 
-                    def stored(dead: frozenset[int], store: str = store, call: str = call) -> str:
+                    def stored(
+                        dead: frozenset[int],
+                        store: str = store,
+                        call: str = call,
+                        one: dict[int, str] = one,
+                    ) -> str:
+                        live = [o for o in outs if o not in dead]
+                        if len(live) == 1:
+                            return one[live[0]]
                         targets = ", ".join("None" if o in dead else f"v[{o}]" for o in outs)
                         return f"{store}(({targets},), {call})"
 

@@ -295,7 +295,8 @@ class _ChainAccesses:
 def _redirect(c: _ChainAccesses, target: int, w: int) -> str:
     tw = c.values[w]
     assert isinstance(tw, p.Tensor)
-    return f"v[{w}] = v[{target}].reshape({list(tw.sizes)})"
+    sizes = ", ".join(map(str, tw.sizes)) or "()"  # torch parses separate ints faster
+    return f"v[{w}] = v[{target}].reshape({sizes})"
 
 
 def _fold(

@@ -1,0 +1,197 @@
+"""The cheaper forms ATen statements take (a scalar as a 0-d tensor, a tensor method for an
+in-place op, ``out.fill_`` for ``*_like``, one live result of a multi-output op copied
+directly): each statement, run on a values table, gives what the operator itself gives,
+bit for bit, on edge values. The op's own ``torch.ops`` overload is the reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ptexec.dtypes import DTYPE_TO_CODE
+from ptexec.format import program as p
+from ptexec.kernels.registry import KernelContext, Statement, find_kernel
+
+
+def _desc(x: Any) -> p.EValue:
+    if isinstance(x, torch.Tensor):
+        return p.Tensor(
+            DTYPE_TO_CODE[x.dtype],
+            0,
+            tuple(x.shape),
+            tuple(range(x.dim())),
+            False,
+            0,
+            None,
+            0,
+            p.STATIC,
+            None,
+        )
+    if x is None:
+        return p.Null()
+    if isinstance(x, bool):
+        return p.Bool(x)
+    if isinstance(x, int):
+        return p.Int(x)
+    return p.Double(x)
+
+
+def _statement(name: str, args: list[Any], outs: int = 1) -> tuple[Statement, list[Any]]:
+    """The statement for ``name`` called with ``args`` (every schema argument, its ``outs``
+    outs last), then the return slot (the out again, or a list of the outs); and its
+    values table."""
+    table = list(args)
+    values = [_desc(x) for x in table]
+    n = len(table)
+    ret = n - 1
+    if outs > 1:
+        ret = n
+        table.append(None)
+        values.append(p.TensorList(tuple(range(n - outs, n))))
+    ctx = KernelContext(name, 0, (*range(n), ret), tuple(values), frozenset(), table)
+    factory = find_kernel(name)
+    assert factory is not None
+    return factory(ctx), table
+
+
+def _run(st: Statement, table: list[Any]) -> None:
+    exec(st.code, {**st.env, "v": table})
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.is_floating_point:
+        return torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(
+            a.isnan(), b.isnan()
+        )
+    return torch.equal(a, b)
+
+
+def _operands(dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point:
+        special = [0.0, -0.0, 5.0, -5.0, 7.5, float("inf"), -float("inf"), float("nan")]
+        return torch.cat(
+            [torch.randn(64, generator=torch.Generator().manual_seed(0)) * 9, torch.tensor(special)]
+        ).to(dtype)
+    info = torch.iinfo(dtype)
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(info.min, info.max, (64,), dtype=torch.int64, generator=gen).to(dtype)
+
+
+SCALAR_OPS = ["remainder", "fmod", "floor_divide", "bitwise_and", "bitwise_or", "bitwise_xor"]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+]
+
+
+@pytest.mark.parametrize("op", SCALAR_OPS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_scalar_operand_as_a_tensor_computes_what_the_scalar_op_does(
+    op: str, dtype: torch.dtype
+) -> None:
+    if op.startswith("bitwise") and dtype.is_floating_point:
+        pytest.skip("bitwise ops take integers")
+    overload = getattr(torch.ops.aten, op).Scalar_out
+    scalars: list[Any] = [5, 3, 2, 7] if dtype == torch.uint8 else [5, -3, 1, 7]
+    if dtype.is_floating_point:
+        scalars += [2.5, -0.7, 1e-3, float("inf")]
+    for s in scalars:
+        x = _operands(dtype)
+        st, table = _statement(f"aten::{op}.Scalar_out", [x, s, torch.empty_like(x)])
+        assert any(isinstance(c, torch.Tensor) and c.dim() == 0 for c in st.env.values())
+        _run(st, table)
+        want = overload(x, s, out=torch.empty_like(x))
+        assert _same(table[-1], want), f"{op} {dtype} {s}"
+
+
+def test_a_scalar_out_of_the_dtypes_range_keeps_the_scalar_path() -> None:
+    x = torch.tensor([1, -2, 100], dtype=torch.int8)
+    for name, s in (("add", 300), ("remainder", 300), ("bitwise_and", -129)):
+        args: list[Any] = (
+            [x, s, 1, torch.empty_like(x)] if name == "add" else [x, s, torch.empty_like(x)]
+        )
+        st, table = _statement(f"aten::{name}.Scalar_out", args)  # loads (did not: overflow)
+        _run(st, table)
+        ref = getattr(torch.ops.aten, name).Scalar_out
+        want = (
+            ref(x, s, 1, out=torch.empty_like(x))
+            if name == "add"
+            else ref(x, s, out=torch.empty_like(x))
+        )
+        assert torch.equal(table[-1], want)
+
+
+def test_an_in_place_copy_runs_as_the_tensor_method() -> None:
+    dst, src = torch.zeros(2, 3), torch.arange(6.0).reshape(2, 3)
+    table: list[Any] = [dst, src, False, None]
+    values = (_desc(dst), _desc(src), p.Bool(False), _desc(dst))
+    ctx = KernelContext("aten::copy_", 0, (0, 1, 2, 3), values, frozenset(), table)
+    factory = find_kernel("aten::copy_")
+    assert factory is not None
+    st = factory(ctx)
+    assert torch._C.TensorBase.copy_ in st.env.values()
+    _run(st, table)
+    assert table[3] is dst and torch.equal(dst, src)
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("aten::full_like.out", [2.5, 1]),
+        ("aten::full_like.out", [7, None]),
+        ("aten::full_like.out", [True, 0]),
+        ("aten::zeros_like.out", [None]),
+        ("aten::ones_like.out", [0]),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool], ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_a_like_op_fills_its_out(
+    name: str, extra: list[Any], dtype: torch.dtype, out_dtype: torch.dtype
+) -> None:
+    x = torch.zeros(2, 3, dtype=dtype)
+    out = torch.full((2, 3), 3, dtype=out_dtype)
+    st, table = _statement(name, [x, *extra, out])
+    assert ".fill_(" in st.code
+    _run(st, table)
+    overload = getattr(torch.ops.aten, name.split("::")[1].split(".")[0]).out
+    fmt = {None: None, 0: torch.contiguous_format, 1: torch.preserve_format}[extra[-1]]
+    want = overload(x, *extra[:-1], memory_format=fmt, out=torch.empty(2, 3, dtype=out_dtype))
+    assert _same(out, want)
+
+
+def test_a_channels_last_like_op_still_refuses_a_matrix() -> None:
+    x = torch.zeros(2, 3)
+    st, table = _statement("aten::ones_like.out", [x, 2, torch.empty(2, 3)])
+    assert ".fill_(" not in st.code
+    with pytest.raises(RuntimeError):
+        _run(st, table)
+
+
+def test_a_like_op_of_other_sizes_is_not_a_fill() -> None:
+    x = torch.zeros(2, 3, dtype=torch.int32)
+    out = torch.empty(3, 2)
+    st, _ = _statement("aten::full_like.out", [x, 2.5, None, out])
+    assert ".fill_(" not in st.code
+
+
+def test_one_live_result_of_layer_norm_is_copied_straight() -> None:
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1))
+    w, b = torch.randn(4), torch.randn(4)
+    outs = [torch.empty(2, 3, 4), torch.empty(2, 3, 1), torch.empty(2, 3, 1)]
+    st, table = _statement("aten::native_layer_norm.out", [x, [4], w, b, 1e-5, *outs], outs=3)
+    assert st.prune is not None
+    pruned = st.prune(frozenset({6, 7}))
+    assert "[0]" in pruned and "store" not in pruned.split("(")[0]
+    exec(pruned, {**st.env, "v": table})
+    want = torch.ops.aten.native_layer_norm.default(x, [4], w, b, 1e-5)[0]
+    assert torch.equal(table[5], want)
