@@ -45,6 +45,7 @@ from ...codegen import Sources
 from ...errors import BackendUnavailableError
 from ...format import program as p
 from ...format.etdump import ProfileEvent, decode_etdump
+from ...format.lru import Lru
 from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
@@ -324,6 +325,11 @@ def build_executorch_runner(
     return runner
 
 
+# the generated source depends only on the call's tensors, outputs and names; a program's
+# delegates are often alike, and a program is often loaded again
+_sources: Lru[str] = Lru(4096, 32 << 20)
+
+
 def _generate(
     binder: _Binder,
     tensors: Sequence[p.Tensor],
@@ -331,14 +337,11 @@ def _generate(
     names: Mapping[int, str],
     where: str,
 ) -> EtRunner:
-    n = len(tensors)
-    args = [f"x{k}" for k in range(n)]
-    key = [f"x{k}.data_ptr()" for k in range(n)]
-    key += [
-        f"x{k}.shape"
-        for k, t in enumerate(tensors)
-        if t.shape_dynamism != p.STATIC and k not in outputs
-    ]
+    key = (tuple(tensors), tuple(outputs), tuple(names.items()))
+    source = _sources.get(key)
+    if source is None:
+        source = _source(tensors, outputs, names)
+        _sources.put(key, source, len(source))
     env: dict[str, Any] = {
         "_binder": binder,
         "_pool": binder.pool.current,
@@ -348,6 +351,23 @@ def _generate(
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
     }
+    if names:
+        env["_shapes"] = [None] * len(names)
+    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
+    binder.attach(namespace)
+    return EtRunner(namespace["_xnnpack_et_run"], source, binder)
+
+
+def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[int, str]) -> str:
+    """The text of the runner function for a call on ``tensors``."""
+    n = len(tensors)
+    args = [f"x{k}" for k in range(n)]
+    key = [f"x{k}.data_ptr()" for k in range(n)]
+    key += [
+        f"x{k}.shape"
+        for k, t in enumerate(tensors)
+        if t.shape_dynamism != p.STATIC and k not in outputs
+    ]
     # the pool first: the method may hold a destroyed one (its size is read only for the
     # current address, which is alive)
     lines = [
@@ -389,8 +409,4 @@ def _generate(
             f"    _shapes[:] = ({''.join(f'x{k}.shape, ' for k in names)})",
             "    _binder.known = _binder.key",
         ]
-        env["_shapes"] = [None] * len(names)
-    source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
-    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
-    binder.attach(namespace)
-    return EtRunner(namespace["_xnnpack_et_run"], source, binder)
+    return f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)

@@ -1,0 +1,64 @@
+"""A small thread-safe least-recently-used cache, bounded by entries and by bytes.
+
+The in-process caches that repeated loads reuse (decoded XNNPACK graphs, written
+one-delegate flatbuffers, load-time verdicts) hold one entry per delegate of a program; a
+program can have hundreds of delegates, and a cache bounded by fewer entries than a
+program has would evict each entry just before the next load asks for it. So each cache
+holds many entries and is bounded by the bytes its values stand for as well. Imports no
+torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["Lru"]
+
+V = TypeVar("V")
+
+
+class Lru(Generic[V]):
+    """At most ``entries`` values whose costs (bytes, as the caller counts them) sum to at
+    most ``budget``; the least recently used go first. A value costing more than the
+    budget is not kept."""
+
+    def __init__(self, entries: int, budget: int) -> None:
+        self.entries = entries
+        self.budget = budget
+        self._items: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._cost = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> V | None:
+        """The value kept for ``key`` (now the most recently used), or None."""
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: Hashable, value: V, cost: int = 0) -> None:
+        """Keep ``value`` for ``key``, evicting the least recently used beyond the bounds."""
+        if cost > self.budget:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._cost -= old[1]
+            self._items[key] = (value, cost)
+            self._cost += cost
+            while len(self._items) > self.entries or self._cost > self.budget:
+                _, (_, c) = self._items.popitem(last=False)
+                self._cost -= c
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._cost = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
