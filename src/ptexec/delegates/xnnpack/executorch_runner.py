@@ -53,7 +53,7 @@ from ...threads import executorch_pool
 from . import schema as s
 from .runtime import OutputShapeError
 
-__all__ = ["EtRunner", "build_executorch_runner", "executorch_unavailable"]
+__all__ = ["EtRunner", "build_executorch_runner", "clear_sources", "executorch_unavailable"]
 
 BACKEND_ID = "XnnpackBackend"
 
@@ -328,6 +328,11 @@ def build_executorch_runner(
 # the generated source depends only on the call's tensors, outputs and names; a program's
 # delegates are often alike, and a program is often loaded again
 _sources: Lru[str] = Lru(4096, 32 << 20)
+
+
+def clear_sources() -> None:
+    """Forget the generated runner sources."""
+    _sources.clear()
 
 
 def _generate(
