@@ -15,9 +15,28 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["Lru"]
+__all__ = ["Key", "Lru"]
 
 V = TypeVar("V")
+
+
+class Key:
+    """A tuple as a cache key, hashed once (the tuples these caches are keyed by hold many
+    frozen descriptions, whose hashes Python computes afresh on every dictionary use)."""
+
+    __slots__ = ("_hash", "items")
+
+    def __init__(self, *items: object) -> None:
+        self.items = items
+        self._hash = hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and (
+            self is other or (self._hash == other._hash and self.items == other.items)
+        )
 
 
 class Lru(Generic[V]):
@@ -54,6 +73,11 @@ class Lru(Generic[V]):
             while len(self._items) > self.entries or self._cost > self.budget:
                 _, (_, c) = self._items.popitem(last=False)
                 self._cost -= c
+
+    def values(self) -> list[V]:
+        """The values kept now, least recently used first."""
+        with self._lock:
+            return [v for v, _ in self._items.values()]
 
     def clear(self) -> None:
         with self._lock:

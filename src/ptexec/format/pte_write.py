@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from . import program as p
 from .flatbuf_write import String, Table, TableVector, Vector, finish
 from .header import PTE_HEADER_MAGIC, PTE_IDENTIFIER
-from .lru import Lru
+from .lru import Key, Lru
 
 __all__ = ["SEGMENT_ALIGN", "clear_written", "one_delegate_program"]
 
@@ -90,7 +90,7 @@ def one_delegate_program(
         size = _align(size, SEGMENT_ALIGN)
         offsets.append(size)
         size += len(b)
-    key = (
+    key = Key(
         tuple(tensors),
         backend_id,
         tuple(compile_specs),

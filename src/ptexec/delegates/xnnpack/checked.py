@@ -24,7 +24,7 @@ import hashlib
 from collections.abc import Hashable, Mapping, Sequence
 
 from ...format import program as p
-from ...format.lru import Lru
+from ...format.lru import Key, Lru
 from . import schema as s
 
 __all__ = ["clear_checked", "scales", "scales_key", "structure_key", "structures"]
@@ -61,7 +61,7 @@ def structure_key(
     if payload.digest is None:
         return None
     region = payload.header.constant_data_size if payload.header is not None else 0
-    return (payload.digest, region, _named_sizes(payload, named_data), tuple(tensors))
+    return Key(payload.digest, region, _named_sizes(payload, named_data), tuple(tensors))
 
 
 def scales_key(
@@ -77,4 +77,4 @@ def scales_key(
             raw = payload.constant_bytes(q.scale_buffer_idx, named_data)
             h.update(len(raw).to_bytes(8, "little"))
             h.update(raw)
-    return (structure, h.digest())
+    return Key(structure, h.digest())

@@ -45,7 +45,7 @@ from ...codegen import Sources
 from ...errors import BackendUnavailableError
 from ...format import program as p
 from ...format.etdump import ProfileEvent, decode_etdump
-from ...format.lru import Lru
+from ...format.lru import Key, Lru
 from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
@@ -342,7 +342,7 @@ def _generate(
     names: Mapping[int, str],
     where: str,
 ) -> EtRunner:
-    key = (tuple(tensors), tuple(outputs), tuple(names.items()))
+    key = Key(tuple(tensors), tuple(outputs), tuple(names.items()))
     source = _sources.get(key)
     if source is None:
         source = _source(tensors, outputs, names)
