@@ -9,7 +9,7 @@ thread; each figure is the median over the rounds. The unrolled LSTM programs (a
 applied ``steps`` times, as an exported recurrent model is) show how load time grows with
 the number of instructions: it should grow linearly. "first" loads bytes this process has
 not decoded before (the in-process caches of validated program descriptions, compiled
-generated code, dataflow decisions, decoded XNNPACK graphs, their checks and the
+generated code, dataflow decisions, kernel statements, decoded XNNPACK graphs, their checks and the
 one-delegate programs written for ExecuTorch are emptied before each such load); "again" loads the same bytes once more,
 as a second worker or a reload does. Exports are cached on disk
 (``$PTEXEC_BENCH_CACHE``, default a folder in the temporary directory).
@@ -200,12 +200,12 @@ def _ptexec_load(data: bytes, method: str) -> Any:
 
 def _forget_loads() -> None:
     """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
+    import importlib
+
     from ptexec import codegen
     from ptexec.delegates.xnnpack import executorch_runner, schema
     from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow
-
-    import importlib
+    from ptexec.loader import dataflow, instructions
 
     try:
         checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
@@ -218,13 +218,15 @@ def _forget_loads() -> None:
         (pte_write, "clear_written"),
         (checked, "clear_checked"),
         (executorch_runner, "clear_sources"),
+        (instructions, "clear_kept_statements"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:
             clear()
     for module, name in (
         (dataflow, "_recipes"),
-        (schema, "_graphs"),  # (older checkouts: a plain dict)
+        (schema, "_graphs"),  # (older checkouts: plain dicts)
+        (pte_write, "_written"),
     ):
         getattr(module, name, {}).clear()
 
