@@ -6,7 +6,7 @@ no kernel are collected, so that loading reports all of them at once.
 
 A kernel's statement is kept for loading the same plan again (the decoded plan is shared
 by the loads of the same bytes, :mod:`ptexec.format.pte`) when it is a function of what
-the key holds alone: the plan, the instruction, the devices of its arguments and the
+the key holds alone: the plan, the instruction, the devices of the plan's values and the
 load options. So it is kept only when its factory read no value of the method's values
 table but the plan's scalars (no tensor: a constant's bytes may differ under the same
 plan), and its names are bound to nothing a method owns: torch's operators, functions
@@ -45,6 +45,7 @@ _SHARED = (*_PLAIN, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 def clear_kept_statements() -> None:
     """Forget the kept kernel statements."""
     _kept.clear()
+    _placements.clear()
 
 
 class _Watched(list[Any]):
@@ -78,6 +79,23 @@ class _Watched(list[Any]):
     def __setitem__(self, index: Any, value: Any) -> None:
         self.tainted = True
         self.table[index] = value
+
+
+# the devices of a plan's values and the load options, interned: the key of every kept
+# statement of a method holds the one object, compared by identity on a hit
+_placements: Lru[Key] = Lru(256, 0)
+
+
+def _placement(devices: Sequence[Device | None], options: Mapping[str, Any]) -> Key | None:
+    try:
+        key = Key(tuple(devices), tuple(sorted(options.items())))
+    except TypeError:  # an option value that cannot be hashed
+        return None
+    known = _placements.get(key)
+    if known is None:
+        _placements.put(key, key)
+        known = key
+    return known
 
 
 def _shareable(obj: Any) -> bool:
@@ -132,6 +150,7 @@ class InstructionPreparer:
         self.record = record
         self.options = options
         self.missing: list[str] = []
+        self._placement = _placement(devices, options)
 
     def _context(self, kind: type[KernelContext], **kwargs: Any) -> Any:
         return kind(
@@ -145,24 +164,11 @@ class InstructionPreparer:
             options=self.options,
         )
 
-    def _key(self, ins: p.KernelCall, i: int, c: int) -> Key | None:
+    def _key(self, i: int, c: int) -> Key | None:
         """The key of a kernel's statement (None: the options cannot be a key)."""
-        devices = self.devices
-        values = self.plan.values
-        placed: list[object] = []
-        for a in ins.args:
-            if 0 <= a < len(devices):
-                placed.append(devices[a])
-                v = values[a]
-                if isinstance(v, p.TensorList | p.OptionalTensorList):
-                    placed.append(
-                        tuple(devices[j] if 0 <= j < len(devices) else None for j in v.items)
-                    )
-        try:
-            options = tuple(sorted(self.options.items()))
-            return Key(id(self.plan), c, i, options, tuple(placed))
-        except TypeError:  # an option value that cannot be hashed
+        if self._placement is None:
             return None
+        return Key(id(self.plan), c, i, self._placement)
 
     def prepare(self, ins: p.Instruction, i: int, c: int) -> tuple[str, Statement]:
         """(name, statement) of instruction ``i`` of chain ``c``."""
@@ -174,7 +180,7 @@ class InstructionPreparer:
             if factory is None:
                 self.missing.append(name)
                 return name, Statement("pass")
-            key = self._key(ins, i, c)
+            key = self._key(i, c)
             if key is not None:
                 hit = _kept.get(key)
                 if hit is not None and hit[0] is plan:
