@@ -9,7 +9,8 @@ thread; each figure is the median over the rounds. The unrolled LSTM programs (a
 applied ``steps`` times, as an exported recurrent model is) show how load time grows with
 the number of instructions: it should grow linearly. "first" loads bytes this process has
 not decoded before (the in-process caches of validated program descriptions, compiled
-generated code, dataflow decisions, kernel statements, decoded XNNPACK graphs, their checks and the
+generated code, dataflow decisions, kernel statements, buffer placements, decoded XNNPACK
+graphs, their checks and the
 one-delegate programs written for ExecuTorch are emptied before each such load); "again" loads the same bytes once more,
 as a second worker or a reload does. Exports are cached on disk
 (``$PTEXEC_BENCH_CACHE``, default a folder in the temporary directory).
@@ -205,7 +206,7 @@ def _forget_loads() -> None:
     from ptexec import codegen
     from ptexec.delegates.xnnpack import executorch_runner, schema
     from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow, instructions
+    from ptexec.loader import dataflow, devices, instructions
 
     try:
         checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
@@ -219,6 +220,7 @@ def _forget_loads() -> None:
         (checked, "clear_checked"),
         (executorch_runner, "clear_sources"),
         (instructions, "clear_kept_statements"),
+        (devices, "clear_placements"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:

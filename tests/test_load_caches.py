@@ -29,6 +29,7 @@ from ptexec.format import pte as pte_module
 from ptexec.format import pte_write
 from ptexec.format.pte import read_pte
 from ptexec.loader import dataflow
+from ptexec.loader import devices as loader_devices
 from ptexec.loader import instructions as loader_instructions
 
 FIX = Path(__file__).parent / "fixtures"
@@ -39,6 +40,7 @@ def _forget() -> None:
     codegen.clear_compiled()
     dataflow._recipes.clear()
     loader_instructions.clear_kept_statements()
+    loader_devices.clear_placements()
 
 
 def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:

@@ -24,6 +24,7 @@ import torch
 from ..accounting import CallRecord
 from ..delegates import DelegateContext, find_backend, registered_backends
 from ..device import Device
+from ..effects import Effects, effects
 from ..errors import BackendUnavailableError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key, Lru
@@ -45,6 +46,7 @@ _SHARED = (*_PLAIN, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 def clear_kept_statements() -> None:
     """Forget the kept kernel statements."""
     _kept.clear()
+    _effects.clear()
     _placements.clear()
 
 
@@ -80,6 +82,9 @@ class _Watched(list[Any]):
         self.tainted = True
         self.table[index] = value
 
+
+# the effects of kept statements
+_effects: Lru[tuple[Statement, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
 
 # the devices of a plan's values and the load options, interned: the key of every kept
 # statement of a method holds the one object, compared by identity on a hit
@@ -151,6 +156,7 @@ class InstructionPreparer:
         self.options = options
         self.missing: list[str] = []
         self._placement = _placement(devices, options)
+        self._shared: set[int] = set()  # ids of the kept statements this method uses
 
     def _context(self, kind: type[KernelContext], **kwargs: Any) -> Any:
         return kind(
@@ -170,6 +176,19 @@ class InstructionPreparer:
             return None
         return Key(id(self.plan), c, i, self._placement)
 
+    def effects(self, ins: p.Instruction, st: Statement) -> Effects:
+        """:func:`ptexec.effects.effects` of ``st`` (running ``ins``), kept with a kept
+        statement (a pure function of the two, both frozen)."""
+        if id(st) not in self._shared:
+            return effects(self.plan.values, ins, st)
+        key = Key(id(st))
+        hit = _effects.get(key)
+        if hit is not None and hit[0] is st and hit[1] is ins:
+            return hit[2]
+        found = effects(self.plan.values, ins, st)
+        _effects.put(key, (st, ins, found))
+        return found
+
     def prepare(self, ins: p.Instruction, i: int, c: int) -> tuple[str, Statement]:
         """(name, statement) of instruction ``i`` of chain ``c``."""
         plan = self.plan
@@ -184,6 +203,7 @@ class InstructionPreparer:
             if key is not None:
                 hit = _kept.get(key)
                 if hit is not None and hit[0] is plan:
+                    self._shared.add(id(hit[1]))
                     return name, hit[1]
             watched = _Watched(self.values)
             ctx = self._context(
@@ -197,6 +217,7 @@ class InstructionPreparer:
                 return name, Statement("pass")
             if key is not None and not watched.tainted and _keepable(st):
                 _kept.put(key, (plan, st))  # the plan kept alive: its id stays its own
+                self._shared.add(id(st))
             return name, st
         if isinstance(ins, p.DelegateCall):
             delegate = plan.delegates[ins.delegate_index]
