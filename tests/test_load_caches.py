@@ -169,7 +169,7 @@ def test_kept_statements_own_nothing_of_a_method() -> None:
     pte, data = fixture_paths("transformer")
     _forget()
     first = ptexec.load(pte, data_path=data).load_method()
-    kept = [st for _, st in loader_instructions._kept.values()]  # (plan, statement)
+    kept = [st for _, _, st in loader_instructions._kept.values()]  # (plan, factory, statement)
     assert kept
     for st in kept:
         assert not any(isinstance(o, torch.Tensor) for o in st.env.values()), st.code

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["InstructionPreparer", "clear_kept_statements", "truth"]
 
 KEPT_STATEMENTS = 1 << 15
-_kept: Lru[tuple[p.ExecutionPlan, Statement]] = Lru(KEPT_STATEMENTS, 0)
+# (plan, the factory that made it, statement): a kernel registered since is asked afresh
+_kept: Lru[tuple[p.ExecutionPlan, Any, Statement]] = Lru(KEPT_STATEMENTS, 0)
 _PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format)
 
 
@@ -202,9 +203,9 @@ class InstructionPreparer:
             key = self._key(i, c)
             if key is not None:
                 hit = _kept.get(key)
-                if hit is not None and hit[0] is plan:
-                    self._shared.add(id(hit[1]))
-                    return name, hit[1]
+                if hit is not None and hit[0] is plan and hit[1] is factory:
+                    self._shared.add(id(hit[2]))
+                    return name, hit[2]
             watched = _Watched(self.values)
             ctx = self._context(
                 KernelContext, op_name=name, instruction=i, args=ins.args, where=where
@@ -216,7 +217,7 @@ class InstructionPreparer:
                 self.missing.append(f"{name} ({e})")
                 return name, Statement("pass")
             if key is not None and not watched.tainted and _keepable(st):
-                _kept.put(key, (plan, st))  # the plan kept alive: its id stays its own
+                _kept.put(key, (plan, factory, st))  # the plan kept alive: its id stays its own
                 self._shared.add(id(st))
             return name, st
         if isinstance(ins, p.DelegateCall):
