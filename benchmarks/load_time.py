@@ -8,8 +8,10 @@ Each program is loaded from bytes by both runtimes, alternately, in one process,
 thread; each figure is the median over the rounds. The unrolled LSTM programs (a cell
 applied ``steps`` times, as an exported recurrent model is) show how load time grows with
 the number of instructions: it should grow linearly. "first" loads bytes this process has
-not decoded before (the in-process caches of validated program descriptions and compiled
-generated code are emptied before each such load); "again" loads the same bytes once more,
+not decoded before (the in-process caches of validated program descriptions, compiled
+generated code, dataflow decisions, kernel statements, buffer placements, decoded XNNPACK
+graphs, their checks and the
+one-delegate programs written for ExecuTorch are emptied before each such load); "again" loads the same bytes once more,
 as a second worker or a reload does. Exports are cached on disk
 (``$PTEXEC_BENCH_CACHE``, default a folder in the temporary directory).
 """
@@ -97,6 +99,11 @@ def _programs(steps: list[int], llm: bool) -> dict[str, bytes]:
 
             for variant in ("portable", "xnnpack", "xnnpack_8da4w"):
                 programs[f"llama {variant}"] = Path(llm_programs.program_path(variant)).read_bytes()
+            # as many layers (and XNNPACK delegates: ten a layer) as SmolLM2-135M, tiny weights
+            deep = llm_programs.TinyLlama(n_layers=30)
+            programs["llama 8da4w x30"] = Path(
+                llm_programs.program_path("xnnpack_8da4w", deep)
+            ).read_bytes()
         except Exception as e:  # the LLM exporter needs more than this benchmark
             print(f"(no LLM programs: {type(e).__name__}: {e})", file=sys.stderr)
     for n in steps:
@@ -194,15 +201,36 @@ def _ptexec_load(data: bytes, method: str) -> Any:
 
 def _forget_loads() -> None:
     """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
-    from ptexec import codegen
-    from ptexec.format import pte
-    from ptexec.loader import dataflow
+    import importlib
 
-    for module, name in ((pte, "clear_decoded"), (codegen, "clear_compiled")):
+    from ptexec import codegen
+    from ptexec.delegates.xnnpack import executorch_runner, schema
+    from ptexec.format import pte, pte_write
+    from ptexec.loader import dataflow, devices, instructions
+
+    try:
+        checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
+    except ImportError:  # (older checkouts, for side-by-side runs)
+        checked = None
+    for module, name in (
+        (pte, "clear_decoded"),
+        (codegen, "clear_compiled"),
+        (schema, "clear_decoded_graphs"),
+        (pte_write, "clear_written"),
+        (checked, "clear_checked"),
+        (executorch_runner, "clear_sources"),
+        (instructions, "clear_kept_statements"),
+        (devices, "clear_placements"),
+    ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:
             clear()
-    getattr(dataflow, "_recipes", {}).clear()
+    for module, name in (
+        (dataflow, "_recipes"),
+        (schema, "_graphs"),  # (older checkouts: plain dicts)
+        (pte_write, "_written"),
+    ):
+        getattr(module, name, {}).clear()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,10 @@
 - a chain's dataflow decisions are replayed for the same plan: the same statements, the
   same outputs as a load that analysed it afresh, the folds run on the new method's own
   constants;
-- a one-delegate program written from the cache is byte for byte the one written afresh.
+- a one-delegate program written from the cache is byte for byte the one written afresh;
+- a kernel's statement is kept for the same plan only when it owns nothing of a method
+  (no tensor, no call record) and its factory read no tensor of the values table: two
+  loads sharing statements still keep their own state.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from ptexec.format import pte as pte_module
 from ptexec.format import pte_write
 from ptexec.format.pte import read_pte
 from ptexec.loader import dataflow
+from ptexec.loader import devices as loader_devices
+from ptexec.loader import instructions as loader_instructions
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -34,6 +39,8 @@ def _forget() -> None:
     pte_module.clear_decoded()
     codegen.clear_compiled()
     dataflow._recipes.clear()
+    loader_instructions.clear_kept_statements()
+    loader_devices.clear_placements()
 
 
 def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:
@@ -156,3 +163,66 @@ def test_a_cached_one_delegate_flatbuffer_is_the_same_bytes() -> None:
     assert other.replace(b"PAYLOAD BYTES", b"payload bytes") == first
     back = read_pte(other)
     assert bytes(back.segment(1)) == b"PAYLOAD BYTES"
+
+
+def test_kept_statements_own_nothing_of_a_method() -> None:
+    pte, data = fixture_paths("transformer")
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    kept = [st for _, _, st in loader_instructions._kept.values()]  # (plan, factory, statement)
+    assert kept
+    for st in kept:
+        assert not any(isinstance(o, torch.Tensor) for o in st.env.values()), st.code
+    again = ptexec.load(pte, data_path=data).load_method()
+    shared = {id(st) for chain in again.state.chains for st in chain.loaded} & {
+        id(st) for chain in first.state.chains for st in chain.loaded
+    }
+    assert len(shared) == len(kept)
+
+
+def test_a_statement_whose_factory_read_a_tensor_is_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A factory that reads a tensor of the values table (a constant's bytes may differ
+    under the same plan) is asked again on the next load."""
+    pte, data = fixture_paths("mlp")
+    find = loader_instructions.find_kernel
+    asked: list[str] = []
+
+    def reading(name: str) -> object:
+        factory = find(name)
+        if factory is None:
+            return None
+
+        def wrapped(ctx: object) -> object:
+            asked.append(name)
+            for a in ctx.args:  # type: ignore[attr-defined]
+                ctx.initial[a]  # type: ignore[attr-defined]  # a tensor read, for the test
+            return factory(ctx)  # type: ignore[arg-type]
+
+        return wrapped
+
+    _forget()
+    monkeypatch.setattr(loader_instructions, "find_kernel", reading)
+    ptexec.load(pte, data_path=data).load_method()
+    n = len(asked)
+    assert n and len(loader_instructions._kept) == 0
+    ptexec.load(pte, data_path=data).load_method()
+    assert len(asked) == 2 * n
+
+
+def test_two_loads_sharing_statements_keep_their_own_state() -> None:
+    """A program with a KV cache: the second load's first call gives what the first load's
+    first call gave, however often the first was called in between."""
+    pte, data = fixture_paths("llama_sdpa_kv")
+    _forget()
+    a = ptexec.load(pte, data_path=data).load_method()
+    calls = [c for c in fixture_calls("llama_sdpa_kv") if c.get("method", "forward") == "forward"]
+    first = [t.clone() for t in a.execute(list(calls[0]["inputs"]))]
+    for call in calls[1:]:
+        a.execute(list(call["inputs"]))
+    b = ptexec.load(pte, data_path=data).load_method()
+    assert len(loader_instructions._kept) > 0
+    again = b.execute(list(calls[0]["inputs"]))
+    for x, y in zip(first, again, strict=True):
+        assert torch.equal(x, y)

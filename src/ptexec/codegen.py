@@ -38,7 +38,7 @@ __all__ = ["Code", "Piece", "Sources"]
 
 _NAMES = itertools.count()
 
-COMPILED_TEXTS = 512  # generated texts whose code objects are kept
+COMPILED_TEXTS = 4096  # generated texts whose code objects are kept
 COMPILED_CHARS = 16 << 20  # their total length
 _compiled: OrderedDict[str, types.CodeType] = OrderedDict()
 _compiled_chars = 0

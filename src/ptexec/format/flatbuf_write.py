@@ -19,6 +19,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections import deque
@@ -114,7 +115,10 @@ class _Layout(NamedTuple):
     phase: int
 
 
-def _layout(scalars: Sequence[tuple[int, str]], refs: Sequence[int]) -> _Layout:
+@functools.lru_cache(maxsize=1024)
+def _layout(scalars: tuple[tuple[int, str], ...], refs: tuple[int, ...]) -> _Layout:
+    """The layout of every table of one shape (a pure function of it: kept for all
+    buffers, as writing one-delegate programs writes the same few shapes again and again)."""
     slots = [s for s, _ in scalars] + list(refs)
     if len(set(slots)) != len(slots):
         raise ValueError(f"a field set twice in slots {sorted(slots)}")
@@ -160,7 +164,6 @@ class _Writer:
         self.buf = bytearray(header)
         self.pending: deque[tuple[int, Table | Vector | TableVector | String]] = deque()
         self.vtables: dict[bytes, int] = {}  # vtable bytes -> position of its one copy
-        self.layouts: dict[tuple[tuple[tuple[int, str], ...], tuple[int, ...]], _Layout] = {}
 
     def pad_to(self, align: int, ahead: int = 0) -> None:
         """Pad so that position ``len + ahead`` is a multiple of ``align``."""
@@ -200,9 +203,7 @@ class _Writer:
     def _table(self, t: Table) -> int:
         scalars, refs = t.scalars, t.refs
         shape = (tuple([(slot, kv[0]) for slot, kv in scalars.items()]), tuple(refs))
-        layout = self.layouts.get(shape)
-        if layout is None:
-            layout = self.layouts[shape] = _layout(*shape)
+        layout = _layout(*shape)
         buf = self.buf
         vt_at = self.vtables.get(layout.vtable)
         if vt_at is None:

@@ -11,22 +11,22 @@ exporter writes them. Imports no torch.
 The flatbuffer part of such a program depends only on the tensors' descriptions, the
 backend, the compile specs, the names and sizes of the segments, never on their bytes; a
 program's delegates are often alike (one per layer), and a program is often loaded again,
-so the written flatbuffers are kept in a small in-process cache keyed by all of those
-(:data:`WRITTEN_FLATBUFFERS` of them, least recently used first out).
+so the written flatbuffers are kept in an in-process cache keyed by all of those (up to
+:data:`WRITTEN_FLATBUFFERS` of them and :data:`WRITTEN_BYTES` bytes, least recently used
+first out: more than a large program has delegates).
 """
 
 from __future__ import annotations
 
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from . import program as p
 from .flatbuf_write import String, Table, TableVector, Vector, finish
 from .header import PTE_HEADER_MAGIC, PTE_IDENTIFIER
+from .lru import Key, Lru
 
-__all__ = ["SEGMENT_ALIGN", "one_delegate_program"]
+__all__ = ["SEGMENT_ALIGN", "clear_written", "one_delegate_program"]
 
 SEGMENT_ALIGN = 128  # as ExecuTorch's serializer aligns segments
 _HEADER_LENGTH = 32  # eh00, length, program size, segment base offset, segment data size
@@ -35,9 +35,14 @@ _KERNEL_TENSOR = 5  # KernelTypes.Tensor
 _INSTRUCTION_DELEGATE = 2  # InstructionArguments.DelegateCall
 _SEGMENT = 1  # DataLocation.SEGMENT
 
-WRITTEN_FLATBUFFERS = 256
-_written: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
-_written_lock = threading.Lock()
+WRITTEN_FLATBUFFERS = 4096
+WRITTEN_BYTES = 32 << 20
+_written: Lru[bytes] = Lru(WRITTEN_FLATBUFFERS, WRITTEN_BYTES)
+
+
+def clear_written() -> None:
+    """Forget the written flatbuffers."""
+    _written.clear()
 
 
 def _tensor(t: p.Tensor, name: str | None) -> Table:
@@ -85,7 +90,7 @@ def one_delegate_program(
         size = _align(size, SEGMENT_ALIGN)
         offsets.append(size)
         size += len(b)
-    key = (
+    key = Key(
         tuple(tensors),
         backend_id,
         tuple(compile_specs),
@@ -94,16 +99,10 @@ def one_delegate_program(
         tuple(sorted(names.items())),
         method,
     )
-    with _written_lock:
-        flat = _written.get(key)
-        if flat is not None:
-            _written.move_to_end(key)
+    flat = _written.get(key)
     if flat is None:
         flat = _flatbuffer(tensors, backend_id, compile_specs, keys, offsets, blobs, names, method)
-        with _written_lock:
-            _written[key] = flat
-            while len(_written) > WRITTEN_FLATBUFFERS:
-                _written.popitem(last=False)
+        _written.put(key, flat, len(flat))
     base = _align(len(flat), SEGMENT_ALIGN)
     parts: list[bytes | bytearray | memoryview] = [flat]
     end = len(flat)

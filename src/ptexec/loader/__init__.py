@@ -17,13 +17,18 @@ from typing import TYPE_CHECKING, Any
 from .. import kernels as _kernels  # noqa: F401  (registers the kernels)
 from ..accounting import CallRecord
 from ..codegen import Sources
-from ..device import Device
-from ..effects import dynamic_scalars, effects
+from ..effects import dynamic_scalars
 from ..errors import LimitExceededError, OperatorMissingError
 from ..format import program as p
 from ..memory import BufferInfo, PlannedBuffer, allocate
 from .dataflow import rewrite_chain
-from .devices import DeviceMap, DeviceMapSpec, buffer_infos, check_device_available
+from .devices import (
+    DeviceMap,
+    DeviceMapSpec,
+    buffer_infos,
+    check_device_available,
+    value_devices,
+)
 from .instructions import InstructionPreparer
 from .meta import MethodMeta, ScalarInfo, plan_meta, scalar_kind, tensor_info
 from .specs import io_specs
@@ -106,10 +111,6 @@ def _allocate(
     return buffers, fresh
 
 
-def _devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> list[Device | None]:
-    return [dmap.label(v) if isinstance(v, p.Tensor) else None for v in plan.values]
-
-
 def load_state(program: Program, plan_index: int, options: LoadOptions) -> MethodState:
     """Load method ``plan_index`` of ``program`` (see the module docstring)."""
     plan = program.pte.program.execution_plan[plan_index]
@@ -128,7 +129,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         path,
         values,
         dynamic,
-        _devices(plan, dmap),
+        value_devices(plan, dmap),
         record,
         options.backend_options,
     )
@@ -142,8 +143,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         if preparer.missing:
             continue
         known = [
-            effects(plan.values, ins, st)
-            for ins, st in zip(chain.instructions, loaded, strict=True)
+            preparer.effects(ins, st) for ins, st in zip(chain.instructions, loaded, strict=True)
         ]
         for e in known:
             written.update(e.writes)

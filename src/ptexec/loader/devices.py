@@ -10,9 +10,17 @@ import torch
 from ..device import CPU, Device, DeviceType, parse_device, schema_device
 from ..errors import DeviceUnavailableError, PteFormatError
 from ..format import program as p
+from ..format.lru import Key, Lru
 from ..memory import BufferInfo
 
-__all__ = ["DeviceMap", "DeviceMapSpec", "buffer_infos", "check_device_available"]
+__all__ = [
+    "DeviceMap",
+    "DeviceMapSpec",
+    "buffer_infos",
+    "check_device_available",
+    "clear_placements",
+    "value_devices",
+]
 
 DeviceMapSpec = None | str | torch.device | Device | Mapping[Any, Any]
 
@@ -58,6 +66,11 @@ class DeviceMap:
         return hit
 
     @property
+    def key(self) -> Key:
+        """What the mapping is (equal for maps that map every device alike)."""
+        return Key(self.target, frozenset(self.exact.items()), frozenset(self.by_type.items()))
+
+    @property
     def is_identity(self) -> bool:
         return self.target is None and not self.exact and not self.by_type
 
@@ -84,13 +97,49 @@ def check_device_available(device: Device, method: str, what: str) -> None:
         )
 
 
+# a plan's buffers and its values' devices under one map: pure functions of the decoded
+# plan (shared by the loads of the same bytes) and the map, kept for loading it again
+_infos: Lru[tuple[p.ExecutionPlan, tuple[BufferInfo, ...]]] = Lru(256, 0)
+_labels: Lru[tuple[p.ExecutionPlan, tuple[Device | None, ...]]] = Lru(256, 0)
+
+
+def clear_placements() -> None:
+    """Forget the kept buffer placements and value devices."""
+    _infos.clear()
+    _labels.clear()
+
+
+def value_devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> list[Device | None]:
+    """The device of each value of ``plan`` under ``dmap`` (None: not a tensor)."""
+    key = Key(id(plan), dmap.key)
+    hit = _labels.get(key)
+    if hit is not None and hit[0] is plan:
+        return list(hit[1])
+    found = [dmap.label(v) if isinstance(v, p.Tensor) else None for v in plan.values]
+    _labels.put(key, (plan, tuple(found)))  # the plan kept alive: its id stays its own
+    return found
+
+
 def buffer_infos(
     plan: p.ExecutionPlan, dmap: DeviceMap, shared: frozenset[int], path: str
 ) -> list[BufferInfo]:
     """Each planned buffer with its size and device: its ``non_const_buffer_device`` entry,
     else the CPU; a buffer without an entry whose tensors all name one other device
     (legacy tagging) is placed there. Tensors that disagree with their buffer, or with
-    each other, are a :class:`PteFormatError`."""
+    each other, are a :class:`PteFormatError` (found on every load: only placements that
+    passed are kept)."""
+    key = Key(id(plan), dmap.key, shared, path)
+    hit = _infos.get(key)
+    if hit is not None and hit[0] is plan:
+        return list(hit[1])
+    infos = _buffer_infos(plan, dmap, shared, path)
+    _infos.put(key, (plan, tuple(infos)))
+    return infos
+
+
+def _buffer_infos(
+    plan: p.ExecutionPlan, dmap: DeviceMap, shared: frozenset[int], path: str
+) -> list[BufferInfo]:
     sizes = plan.non_const_buffer_sizes
     listed = {e.buffer_idx for e in plan.non_const_buffer_device or ()}
     labels: dict[int, set[Device]] = {}

@@ -3,10 +3,19 @@
 Kernel calls go to the factory the kernel registry finds for their operator, delegate
 calls to their backend's factory; moves, frees and jumps are written here. Operators with
 no kernel are collected, so that loading reports all of them at once.
+
+A kernel's statement is kept for loading the same plan again (the decoded plan is shared
+by the loads of the same bytes, :mod:`ptexec.format.pte`) when it is a function of what
+the key holds alone: the plan, the instruction, the devices of the plan's values and the
+load options. So it is kept only when its factory read no value of the method's values
+table but the plan's scalars (no tensor: a constant's bytes may differ under the same
+plan), and its names are bound to nothing a method owns: torch's operators, functions
+without closures, and plain scalars (no tensor, no call record, no prune form).
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,14 +24,104 @@ import torch
 from ..accounting import CallRecord
 from ..delegates import DelegateContext, find_backend, registered_backends
 from ..device import Device
+from ..effects import Effects, effects
 from ..errors import BackendUnavailableError, PteFormatError
 from ..format import program as p
+from ..format.lru import Key, Lru
 from ..kernels.registry import KernelContext, Statement, UnsupportedKernel, find_kernel
 
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["InstructionPreparer", "truth"]
+__all__ = ["InstructionPreparer", "clear_kept_statements", "truth"]
+
+KEPT_STATEMENTS = 1 << 15
+# (plan, the factory that made it, statement): a kernel registered since is asked afresh
+_kept: Lru[tuple[p.ExecutionPlan, Any, Statement]] = Lru(KEPT_STATEMENTS, 0)
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format)
+
+
+_SHARED = (*_PLAIN, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+
+
+def clear_kept_statements() -> None:
+    """Forget the kept kernel statements."""
+    _kept.clear()
+    _effects.clear()
+    _placements.clear()
+
+
+class _Watched(list[Any]):
+    """The values table as a factory sees it, noting whether it read anything but a plain
+    scalar."""
+
+    __slots__ = ("table", "tainted")
+
+    def __init__(self, table: list[Any]) -> None:
+        super().__init__()
+        self.table = table
+        self.tainted = False
+
+    def __getitem__(self, index: Any) -> Any:
+        got = self.table[index]
+        if not isinstance(got, _PLAIN):
+            self.tainted = True
+        return got
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __iter__(self) -> Any:
+        self.tainted = True
+        return iter(self.table)
+
+    def __contains__(self, value: object) -> bool:
+        self.tainted = True
+        return value in self.table
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.tainted = True
+        self.table[index] = value
+
+
+# the effects of kept statements
+_effects: Lru[tuple[Statement, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
+
+# the devices of a plan's values and the load options, interned: the key of every kept
+# statement of a method holds the one object, compared by identity on a hit
+_placements: Lru[Key] = Lru(256, 0)
+
+
+def _placement(devices: Sequence[Device | None], options: Mapping[str, Any]) -> Key | None:
+    try:
+        key = Key(tuple(devices), tuple(sorted(options.items())))
+    except TypeError:  # an option value that cannot be hashed
+        return None
+    known = _placements.get(key)
+    if known is None:
+        _placements.put(key, key)
+        known = key
+    return known
+
+
+def _shareable(obj: Any) -> bool:
+    """Whether a bound name's object belongs to no method (safe in two methods at once)."""
+    if isinstance(obj, _SHARED):
+        return True
+    if isinstance(obj, types.BuiltinFunctionType):
+        owner = getattr(obj, "__self__", None)
+        return owner is None or isinstance(owner, types.ModuleType | type)
+    if isinstance(obj, types.FunctionType):
+        return obj.__closure__ is None and all(_shareable(d) for d in obj.__defaults__ or ())
+    return False
+
+
+def _keepable(st: Statement) -> bool:
+    if st.prune is not None or st.external is not None or st.instrumented is not None:
+        return False
+    if st.alias is not None and not all(_shareable(o) for o in st.alias.env.values()):
+        return False
+    return all(_shareable(o) for o in st.env.values())
 
 
 def truth(x: Any) -> bool:
@@ -57,6 +156,8 @@ class InstructionPreparer:
         self.record = record
         self.options = options
         self.missing: list[str] = []
+        self._placement = _placement(devices, options)
+        self._shared: set[int] = set()  # ids of the kept statements this method uses
 
     def _context(self, kind: type[KernelContext], **kwargs: Any) -> Any:
         return kind(
@@ -70,6 +171,25 @@ class InstructionPreparer:
             options=self.options,
         )
 
+    def _key(self, i: int, c: int) -> Key | None:
+        """The key of a kernel's statement (None: the options cannot be a key)."""
+        if self._placement is None:
+            return None
+        return Key(id(self.plan), c, i, self._placement)
+
+    def effects(self, ins: p.Instruction, st: Statement) -> Effects:
+        """:func:`ptexec.effects.effects` of ``st`` (running ``ins``), kept with a kept
+        statement (a pure function of the two, both frozen)."""
+        if id(st) not in self._shared:
+            return effects(self.plan.values, ins, st)
+        key = Key(id(st))
+        hit = _effects.get(key)
+        if hit is not None and hit[0] is st and hit[1] is ins:
+            return hit[2]
+        found = effects(self.plan.values, ins, st)
+        _effects.put(key, (st, ins, found))
+        return found
+
     def prepare(self, ins: p.Instruction, i: int, c: int) -> tuple[str, Statement]:
         """(name, statement) of instruction ``i`` of chain ``c``."""
         plan = self.plan
@@ -80,14 +200,26 @@ class InstructionPreparer:
             if factory is None:
                 self.missing.append(name)
                 return name, Statement("pass")
+            key = self._key(i, c)
+            if key is not None:
+                hit = _kept.get(key)
+                if hit is not None and hit[0] is plan and hit[1] is factory:
+                    self._shared.add(id(hit[2]))
+                    return name, hit[2]
+            watched = _Watched(self.values)
             ctx = self._context(
                 KernelContext, op_name=name, instruction=i, args=ins.args, where=where
             )
+            ctx.initial = watched
             try:
-                return name, factory(ctx)
+                st = factory(ctx)
             except UnsupportedKernel as e:
                 self.missing.append(f"{name} ({e})")
                 return name, Statement("pass")
+            if key is not None and not watched.tainted and _keepable(st):
+                _kept.put(key, (plan, factory, st))  # the plan kept alive: its id stays its own
+                self._shared.add(id(st))
+            return name, st
         if isinstance(ins, p.DelegateCall):
             delegate = plan.delegates[ins.delegate_index]
             backend = find_backend(delegate.id)

@@ -32,7 +32,9 @@ from ...errors import BackendUnavailableError, PteFormatError
 from ...format import program as p
 from ...kernels.registry import Statement
 from ..registry import DelegateContext
+from . import checked
 from . import schema as s
+from .checked import scales_key, structure_key
 from .constants import Constants
 from .runtime import ArgInfo, build_runner
 from .schema import decode_payload
@@ -377,6 +379,33 @@ def _prepare_torch(
     )
 
 
+def _checked(
+    payload: s.XnnPayload, named_data: Mapping[str, memoryview], tensors: list[p.Tensor | None]
+) -> tuple[PteFormatError | None, str | None]:
+    """Check ``payload`` against the call before ExecuTorch's backend gets it: raise on a
+    defect; return the serialized dims problem (None: none) and, when there is none, why
+    XNNPACK would refuse its quantization (None: it would not). Verdicts for the same graph,
+    sizes, tensors and scales are kept (:mod:`.checked`); a defect or a dims problem is
+    found afresh each time."""
+    key = structure_key(payload, named_data, tensors)
+    if key is None or checked.structures.get(key) is None:
+        s.validate_payload(payload, named_data)
+        check_externals(payload, tensors)
+        check_output_shapes(payload, tensors)
+        problem = serialized_dims_problem(payload, tensors)
+        if problem is not None:
+            return problem, None  # (not kept: it names this delegate's path)
+        if key is not None:
+            checked.structures.put(key, True)
+    qkey = scales_key(key, payload, named_data) if key is not None else None
+    refused = checked.scales.get(qkey) if qkey is not None else None
+    if refused is None:
+        refused = (quantization_problem(payload, named_data),)
+        if qkey is not None:
+            checked.scales.put(qkey, refused)
+    return None, refused[0]
+
+
 def _prepare_executorch(
     ctx: DelegateContext,
     payload: s.XnnPayload,
@@ -393,15 +422,11 @@ def _prepare_executorch(
         raise BackendUnavailableError(
             f"XNNPACK payload {payload.path} uses unknown node type {code} (xnodes[{index}])"
         )
-    s.validate_payload(payload, ctx.named_data)
-    check_externals(payload, tensors)
-    check_output_shapes(payload, tensors)
-    problem = serialized_dims_problem(payload, tensors)
+    problem, refused = _checked(payload, ctx.named_data, tensors)
     if problem is not None:
         if strict:
             raise problem
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
-    refused = quantization_problem(payload, ctx.named_data)
     if refused is not None:
         if strict:
             raise BackendUnavailableError(

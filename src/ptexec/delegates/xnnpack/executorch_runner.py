@@ -51,6 +51,7 @@ from ...codegen import Sources
 from ...errors import BackendUnavailableError
 from ...format import program as p
 from ...format.etdump import ProfileEvent, decode_etdump
+from ...format.lru import Key, Lru
 from ...format.pte_write import one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
@@ -58,7 +59,7 @@ from ...threads import executorch_pool
 from . import schema as s
 from .runtime import OutputShapeError
 
-__all__ = ["EtRunner", "build_executorch_runner", "executorch_unavailable"]
+__all__ = ["EtRunner", "build_executorch_runner", "clear_sources", "executorch_unavailable"]
 
 BACKEND_ID = "XnnpackBackend"
 
@@ -353,6 +354,16 @@ def build_executorch_runner(
     return runner
 
 
+# the generated source depends only on the call's tensors, outputs and names; a program's
+# delegates are often alike, and a program is often loaded again
+_sources: Lru[str] = Lru(4096, 32 << 20)
+
+
+def clear_sources() -> None:
+    """Forget the generated runner sources."""
+    _sources.clear()
+
+
 def _generate(
     binder: _Binder,
     tensors: Sequence[p.Tensor],
@@ -360,14 +371,11 @@ def _generate(
     names: Mapping[int, str],
     where: str,
 ) -> EtRunner:
-    n = len(tensors)
-    args = [f"x{k}" for k in range(n)]
-    key = [f"x{k}.data_ptr()" for k in range(n)]
-    key += [
-        f"x{k}.shape"
-        for k, t in enumerate(tensors)
-        if t.shape_dynamism != p.STATIC and k not in outputs
-    ]
+    key = Key(tuple(tensors), tuple(outputs), tuple(names.items()))
+    source = _sources.get(key)
+    if source is None:
+        source = _source(tensors, outputs, names)
+        _sources.put(key, source, len(source))
     env: dict[str, Any] = {
         "_binder": binder,
         "_pool": binder.pool.current,
@@ -377,6 +385,23 @@ def _generate(
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
     }
+    if names:
+        env["_shapes"] = [None] * len(names)
+    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
+    binder.attach(namespace)
+    return EtRunner(namespace["_xnnpack_et_run"], source, binder)
+
+
+def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[int, str]) -> str:
+    """The text of the runner function for a call on ``tensors``."""
+    n = len(tensors)
+    args = [f"x{k}" for k in range(n)]
+    key = [f"x{k}.data_ptr()" for k in range(n)]
+    key += [
+        f"x{k}.shape"
+        for k, t in enumerate(tensors)
+        if t.shape_dynamism != p.STATIC and k not in outputs
+    ]
     # the pool first: the method may hold a destroyed one (its size is read only for the
     # current address, which is alive)
     lines = [
@@ -418,8 +443,4 @@ def _generate(
             f"    _shapes[:] = ({''.join(f'x{k}.shape, ' for k in names)})",
             "    _binder.known = _binder.key",
         ]
-        env["_shapes"] = [None] * len(names)
-    source = f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
-    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
-    binder.attach(namespace)
-    return EtRunner(namespace["_xnnpack_et_run"], source, binder)
+    return f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)

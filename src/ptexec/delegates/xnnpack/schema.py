@@ -21,8 +21,6 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sized
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -30,6 +28,7 @@ from typing import Any
 
 from ...errors import PteFormatError
 from ...format.flatbuf import Buffer, Table
+from ...format.lru import Lru
 
 __all__ = [
     "DATATYPES",
@@ -45,6 +44,7 @@ __all__ = [
     "XnnNode",
     "XnnPayload",
     "XnnValue",
+    "clear_decoded_graphs",
     "decode_payload",
     "describe_payload",
     "validate_payload",
@@ -439,6 +439,9 @@ class XnnPayload:
     graph: XnnGraph
     flatbuffer_offset: int
     path: str
+    # SHA-256 of the graph's flatbuffer (None: too large to hash at load); what the graph,
+    # its constant buffers included, is
+    digest: bytes | None = None
 
     def constant_region(self) -> memoryview:
         h = self.header
@@ -651,11 +654,18 @@ def _decode_buffer(t: Table) -> tuple[int, int]:
 
 # A program's payloads are often alike (one per layer) and a program is often loaded again:
 # decoded graphs (plain frozen data, no view of the bytes) are kept by the SHA-256 of their
-# flatbuffer; only graphs that decoded without error are kept.
-DECODED_GRAPHS = 256
+# flatbuffer; only graphs that decoded without error are kept. The cache holds more graphs
+# than a large program has delegates (an LLM has ten per layer), bounded by their
+# flatbuffers' bytes.
+DECODED_GRAPHS = 4096
+DECODED_GRAPHS_BYTES = 32 << 20
 DECODED_GRAPH_BYTES = 16 << 20  # a larger graph is decoded each time (hashing costs)
-_graphs: OrderedDict[bytes, XnnGraph] = OrderedDict()
-_graphs_lock = threading.Lock()
+_graphs: Lru[XnnGraph] = Lru(DECODED_GRAPHS, DECODED_GRAPHS_BYTES)
+
+
+def clear_decoded_graphs() -> None:
+    """Forget the decoded graphs (the next load of any payload decodes it again)."""
+    _graphs.clear()
 
 
 def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") -> XnnPayload:
@@ -679,19 +689,13 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
         )
     digest = hashlib.sha256(fb).digest() if len(fb) <= DECODED_GRAPH_BYTES else None
     if digest is not None:
-        with _graphs_lock:
-            known = _graphs.get(digest)
-            if known is not None:
-                _graphs.move_to_end(digest)
+        known = _graphs.get(digest)
         if known is not None:
-            return XnnPayload(view, header, known, fb_off, path)
+            return XnnPayload(view, header, known, fb_off, path, digest)
     graph = _decode_graph(fb, ident, path)
     if digest is not None:
-        with _graphs_lock:
-            _graphs[digest] = graph
-            while len(_graphs) > DECODED_GRAPHS:
-                _graphs.popitem(last=False)
-    return XnnPayload(view, header, graph, fb_off, path)
+        _graphs.put(digest, graph, len(fb))
+    return XnnPayload(view, header, graph, fb_off, path, digest)
 
 
 def _decode_graph(fb: memoryview, ident: bytes, path: str) -> XnnGraph:
