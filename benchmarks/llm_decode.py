@@ -135,6 +135,9 @@ def bench(
     runtimes: dict[str, Step] = {"ptexec": ptexec_step(pte)}  # type: ignore[dict-item]
     compiled = ptexec_step(pte, compile=True) if compiled_too else None
     if compiled is not None:
+        took = compiled.setup_s  # type: ignore[attr-defined]
+        print(f"{variant}: compiled decoder made in {took:.1f} s", file=sys.stderr, flush=True)
+    if compiled is not None:
         runtimes["ptexec compiled"] = compiled
     hf = llm_programs.VARIANTS[variant].exporter == "optimum"
     runtimes["ExecuTorch"] = executorch_step(pte, cache_positions=hf)
@@ -157,6 +160,10 @@ def bench(
         "compiled": compiled is not None,
         "compile_s": getattr(compiled, "setup_s", None),
     }
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.variants
     ]
     print(
-        f"model {args.model}, prompt {args.prompt} tokens, {args.decode} decode steps, median of {args.blocks} "
-        f"blocks, {torch.get_num_threads()} thread(s)"
+        f"model {args.model}, prompt {args.prompt} tokens, {args.decode} decode steps, "
+        f"median of {args.blocks} blocks, {torch.get_num_threads()} thread(s)"
     )
     header = (
         f"{'program':16} {'ptexec tok/s':>13} {'compiled tok/s':>15} {'ExecuTorch tok/s':>17} "
@@ -206,13 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     for r in rows:
         tps, pf = r["tokens_per_s"], r["prefill_ms"]
-        comp_tps = f"{tps['ptexec compiled']:.0f}" if r["compiled"] else "n/a"
+        comp_tps = _rate(tps["ptexec compiled"]) if r["compiled"] else "n/a"
         comp_pf = f"{pf['ptexec compiled']:.2f} ms" if r["compiled"] else "n/a"
         same = ", ".join(
             f"{k}: {'yes' if v else 'NO'}" for k, v in r["same_tokens"].items() if k != "ExecuTorch"
         )
         print(
-            f"{r['variant']:16} {tps['ptexec']:13.0f} {comp_tps:>15} {tps['ExecuTorch']:17.0f} "
+            f"{r['variant']:16} {_rate(tps['ptexec']):>13} {comp_tps:>15} "
+            f"{_rate(tps['ExecuTorch']):>17} "
             f"{tps['ptexec'] / tps['ExecuTorch']:7.2f} {pf['ptexec']:12.2f} ms {comp_pf:>17} "
             f"{pf['ExecuTorch']:8.2f} ms {pf['ptexec'] / pf['ExecuTorch']:7.2f}  {same}"
         )

@@ -87,7 +87,11 @@ def _lstm(steps: int) -> bytes:
 
 
 def _programs(
-    steps: list[int], llm: bool, llm_model: str = "tiny", only_llm: bool = False
+    steps: list[int],
+    llm: bool,
+    llm_model: str = "tiny",
+    only_llm: bool = False,
+    variants: tuple[str, ...] = ("portable", "xnnpack", "xnnpack_8da4w"),
 ) -> dict[str, bytes]:
     programs: dict[str, bytes] = {}
     if not only_llm:
@@ -103,7 +107,7 @@ def _programs(
 
             model = llm_programs.MODELS[llm_model]
             prefix = "llama" if llm_model == "tiny" else llm_model
-            for variant in ("portable", "xnnpack", "xnnpack_8da4w"):
+            for variant in variants:
                 path = llm_programs.program_path(variant, model)
                 programs[f"{prefix} {variant}"] = Path(path).read_bytes()
         except Exception as e:  # the LLM exporter needs more than this benchmark
@@ -227,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--llm-only", action="store_true", help="only the LLM programs")
     parser.add_argument(
+        "--llm-variants",
+        nargs="*",
+        default=["portable", "xnnpack", "xnnpack_8da4w"],
+        help="the LLM programs (scripts/llm_programs.py VARIANTS)",
+    )
+    parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time with this process's CPU clock (steadier on a machine others load)",
@@ -238,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     clock = time.process_time if args.cpu_time else time.perf_counter
     et = _executorch_loader()
-    programs = _programs(args.steps, not args.no_llm, args.llm_model, args.llm_only)
+    programs = _programs(
+        args.steps, not args.no_llm, args.llm_model, args.llm_only, tuple(args.llm_variants)
+    )
     print(
         f"{'program':<20} {'instructions':>12} {'first':>10} {'again':>10} {'ExecuTorch':>11} "
         f"{'ratio':>6} {'again':>6}"
