@@ -4,6 +4,7 @@
 Usage:
     python benchmarks/llm_decode.py [--variants portable xnnpack xnnpack_8da4w]
                                     [--prompt 32] [--decode 64] [--blocks 7] [--threads 1]
+                                    [--model tiny|smollm2-135m] [--no-compiled]
 
 The programs are tiny Llamas exported with ExecuTorch's LLM exporter
 (``scripts/llm_programs.py``: KV cache, custom SDPA, a seeded checkpoint; portable,
@@ -12,7 +13,10 @@ prefill ``--prompt`` tokens from position 0 (one call on a dynamic program), the
 ``--decode`` steps of one token each (feeding back the argmax). ptexec runs through
 ``ptexec.llm.TextDecoder`` (what ``TextLLMRunner`` uses); ExecuTorch through
 ``executorch.runtime`` with its LLM custom ops loaded. The column "ptexec compiled" uses
-``load_method(..., compile=True)`` where this ptexec has it, and is skipped otherwise.
+``load_method(..., compile=True)`` where this ptexec has it, and is skipped otherwise (or
+with ``--no-compiled``); the time that compile took (a cold compile cache compiles, a warm
+one loads the library) is printed. ``--model`` picks the model shape
+(``llm_programs.MODELS``: the tiny default, or ``smollm2-135m``, SmolLM2-135M's shape).
 
 Runtimes alternate in blocks within one process (``--blocks``, median of blocks); all run
 on ``--threads`` threads (default 1: torch's and XNNPACK's thread pools would otherwise
@@ -43,10 +47,13 @@ Step = Callable[[list[int], int], torch.Tensor]
 
 
 def ptexec_step(pte: Path, compile: bool = False) -> Step | None:
+    """A step function of ptexec's ``TextDecoder`` on ``pte`` (``None``: this ptexec cannot
+    compile the program); ``step.setup_s`` is how long the decoder took to make."""
     import ptexec
     from ptexec.errors import GenerationError
     from ptexec.llm import TextDecoder
 
+    t0 = time.perf_counter()
     try:
         decoder = TextDecoder(ptexec.load(pte), compile=True) if compile else None
     except GenerationError:
@@ -59,6 +66,7 @@ def ptexec_step(pte: Path, compile: bool = False) -> Step | None:
         return d.prefill(tokens, pos) if len(tokens) > 1 else d.step(tokens[0], pos)
 
     step.dynamic = d.dynamic  # type: ignore[attr-defined]
+    step.setup_s = time.perf_counter() - t0  # type: ignore[attr-defined]
     return step
 
 
@@ -113,12 +121,22 @@ def run_once(
     return t1 - t0, (t3 - t2) / decode, tokens
 
 
-def bench(variant: str, prompt_len: int, decode: int, blocks: int) -> dict[str, Any]:
-    pte = llm_programs.program_path(variant)
+def bench(
+    variant: str,
+    prompt_len: int,
+    decode: int,
+    blocks: int,
+    model: llm_programs.TinyLlama | None = None,
+    compiled_too: bool = True,
+) -> dict[str, Any]:
+    pte = llm_programs.program_path(variant, model or llm_programs.MODELS["tiny"])
     dynamic = llm_programs.VARIANTS[variant].dynamic
     prompt = [(11 * i + 5) % 500 + 3 for i in range(prompt_len)]
     runtimes: dict[str, Step] = {"ptexec": ptexec_step(pte)}  # type: ignore[dict-item]
-    compiled = ptexec_step(pte, compile=True)
+    compiled = ptexec_step(pte, compile=True) if compiled_too else None
+    if compiled is not None:
+        took = compiled.setup_s  # type: ignore[attr-defined]
+        print(f"{variant}: compiled decoder made in {took:.1f} s", file=sys.stderr, flush=True)
     if compiled is not None:
         runtimes["ptexec compiled"] = compiled
     hf = llm_programs.VARIANTS[variant].exporter == "optimum"
@@ -140,7 +158,12 @@ def bench(variant: str, prompt_len: int, decode: int, blocks: int) -> dict[str, 
         "tokens_per_s": {k: 1.0 / statistics.median(v) for k, v in per_token.items()},
         "same_tokens": {k: tokens[k] == tokens["ExecuTorch"] for k in runtimes},
         "compiled": compiled is not None,
+        "compile_s": getattr(compiled, "setup_s", None),
     }
+
+
+def _rate(tokens_per_s: float) -> str:
+    return f"{tokens_per_s:.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=7, help="interleaved blocks (default 7)")
     parser.add_argument("--threads", type=int, default=1, help="threads (0: defaults)")
     parser.add_argument(
+        "--model",
+        default="tiny",
+        choices=list(llm_programs.MODELS),
+        help="model shape (default tiny; smollm2-135m: SmolLM2-135M's shape, random weights)",
+    )
+    parser.add_argument(
+        "--no-compiled", action="store_true", help="skip ptexec compiled (no compile)"
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also print ptexec's operator table for one decode step of each program",
@@ -164,10 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         import ptexec
 
         ptexec.set_num_threads(args.threads)  # torch's threads and ExecuTorch's pool
-    rows = [bench(v, args.prompt, args.decode, args.blocks) for v in args.variants]
+    model = llm_programs.MODELS[args.model]
+    rows = [
+        bench(v, args.prompt, args.decode, args.blocks, model, not args.no_compiled)
+        for v in args.variants
+    ]
     print(
-        f"prompt {args.prompt} tokens, {args.decode} decode steps, median of {args.blocks} "
-        f"blocks, {torch.get_num_threads()} thread(s)"
+        f"model {args.model}, prompt {args.prompt} tokens, {args.decode} decode steps, "
+        f"median of {args.blocks} blocks, {torch.get_num_threads()} thread(s)"
     )
     header = (
         f"{'program':16} {'ptexec tok/s':>13} {'compiled tok/s':>15} {'ExecuTorch tok/s':>17} "
@@ -177,21 +213,27 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     for r in rows:
         tps, pf = r["tokens_per_s"], r["prefill_ms"]
-        comp_tps = f"{tps['ptexec compiled']:.0f}" if r["compiled"] else "n/a"
+        comp_tps = _rate(tps["ptexec compiled"]) if r["compiled"] else "n/a"
         comp_pf = f"{pf['ptexec compiled']:.2f} ms" if r["compiled"] else "n/a"
         same = ", ".join(
             f"{k}: {'yes' if v else 'NO'}" for k, v in r["same_tokens"].items() if k != "ExecuTorch"
         )
         print(
-            f"{r['variant']:16} {tps['ptexec']:13.0f} {comp_tps:>15} {tps['ExecuTorch']:17.0f} "
+            f"{r['variant']:16} {_rate(tps['ptexec']):>13} {comp_tps:>15} "
+            f"{_rate(tps['ExecuTorch']):>17} "
             f"{tps['ptexec'] / tps['ExecuTorch']:7.2f} {pf['ptexec']:12.2f} ms {comp_pf:>17} "
             f"{pf['ExecuTorch']:8.2f} ms {pf['ptexec'] / pf['ExecuTorch']:7.2f}  {same}"
         )
     if args.profile:
         for v in args.variants:
             print(f"\n{v}: one decode step at position {args.prompt + 8}")
-            print(profile_step(llm_programs.program_path(v), args.prompt))
-    if not rows[0]["compiled"]:
+            print(profile_step(llm_programs.program_path(v, model), args.prompt))
+    for r in rows:
+        if r["compile_s"] is not None:
+            print(f"{r['variant']}: compiled decoder made in {r['compile_s']:.1f} s")
+    if args.no_compiled:
+        print("ptexec compiled: skipped (--no-compiled)")
+    elif not rows[0]["compiled"]:
         print("ptexec compiled: skipped (this ptexec has no load_method(..., compile=True))")
     return 0
 

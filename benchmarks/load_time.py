@@ -3,6 +3,7 @@
     python benchmarks/load_time.py                     # fixtures, LLM programs, long LSTMs
     python benchmarks/load_time.py --steps 25 100 300  # LSTM lengths (instructions grow ~14x)
     python benchmarks/load_time.py --big               # a ~200 MB program: read vs mmap=True
+    python benchmarks/load_time.py --llm-model smollm2-135m --llm-only  # SmolLM2-135M's shape
 
 Each program is loaded from bytes by both runtimes, alternately, in one process, one
 thread; each figure is the median over the rounds. The unrolled LSTM programs (a cell
@@ -87,26 +88,40 @@ def _lstm(steps: int) -> bytes:
     return _cached(f"lstm{steps}", make)
 
 
-def _programs(steps: list[int], llm: bool) -> dict[str, bytes]:
-    programs = {
-        name: (ROOT / "tests" / "fixtures" / f"{name}.pte").read_bytes()
-        for name in ("mlp", "transformer", "llama_sdpa_kv")
-    }
-    programs["xnnpack cnn"] = (ROOT / "tests" / "fixtures" / "xnnpack" / "cnn.pte").read_bytes()
+def _programs(
+    steps: list[int],
+    llm: bool,
+    llm_model: str = "tiny",
+    only_llm: bool = False,
+    variants: tuple[str, ...] = ("portable", "xnnpack", "xnnpack_8da4w"),
+) -> dict[str, bytes]:
+    programs: dict[str, bytes] = {}
+    if not only_llm:
+        programs = {
+            name: (ROOT / "tests" / "fixtures" / f"{name}.pte").read_bytes()
+            for name in ("mlp", "transformer", "llama_sdpa_kv")
+        }
+        xnn = ROOT / "tests" / "fixtures" / "xnnpack" / "cnn.pte"
+        programs["xnnpack cnn"] = xnn.read_bytes()
     if llm:
         try:
             import llm_programs
 
-            for variant in ("portable", "xnnpack", "xnnpack_8da4w"):
-                programs[f"llama {variant}"] = Path(llm_programs.program_path(variant)).read_bytes()
-            # as many layers (and XNNPACK delegates: ten a layer) as SmolLM2-135M, tiny weights
-            deep = llm_programs.TinyLlama(n_layers=30)
-            programs["llama 8da4w x30"] = Path(
-                llm_programs.program_path("xnnpack_8da4w", deep)
-            ).read_bytes()
+            model = llm_programs.MODELS[llm_model]
+            prefix = "llama" if llm_model == "tiny" else llm_model
+            for variant in variants:
+                path = llm_programs.program_path(variant, model)
+                programs[f"{prefix} {variant}"] = Path(path).read_bytes()
+            if llm_model == "tiny" and not only_llm:
+                # as many layers (and XNNPACK delegates: ten a layer) as SmolLM2-135M, tiny
+                # weights
+                deep = llm_programs.TinyLlama(n_layers=30)
+                programs["llama 8da4w x30"] = Path(
+                    llm_programs.program_path("xnnpack_8da4w", deep)
+                ).read_bytes()
         except Exception as e:  # the LLM exporter needs more than this benchmark
             print(f"(no LLM programs: {type(e).__name__}: {e})", file=sys.stderr)
-    for n in steps:
+    for n in [] if only_llm else steps:
         programs[f"lstm x{n}"] = _lstm(n)
     return programs
 
@@ -240,6 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-llm", action="store_true", help="skip the exported LLM programs")
     parser.add_argument("--big", action="store_true", help="only the ~200 MB program")
     parser.add_argument(
+        "--llm-model",
+        default="tiny",
+        help="shape of the LLM programs (scripts/llm_programs.py MODELS; default tiny)",
+    )
+    parser.add_argument("--llm-only", action="store_true", help="only the LLM programs")
+    parser.add_argument(
+        "--llm-variants",
+        nargs="*",
+        default=["portable", "xnnpack", "xnnpack_8da4w"],
+        help="the LLM programs (scripts/llm_programs.py VARIANTS)",
+    )
+    parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time with this process's CPU clock (steadier on a machine others load)",
@@ -251,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     clock = time.process_time if args.cpu_time else time.perf_counter
     et = _executorch_loader()
-    programs = _programs(args.steps, not args.no_llm)
+    programs = _programs(
+        args.steps, not args.no_llm, args.llm_model, args.llm_only, tuple(args.llm_variants)
+    )
     print(
         f"{'program':<20} {'instructions':>12} {'first':>10} {'again':>10} {'ExecuTorch':>11} "
         f"{'ratio':>6} {'again':>6}"

@@ -111,6 +111,22 @@ class Variant:
     exporter: str = "executorch"  # or "optimum": Hugging Face's optimum-executorch
 
 
+# Named model shapes (``--model``). "tiny" is the default everywhere; "smollm2-135m" has the
+# shape of SmolLM2-135M (random seeded weights, untied embeddings, ExecuTorch's default RoPE).
+MODELS: dict[str, TinyLlama] = {
+    "tiny": TinyLlama(),
+    "smollm2-135m": TinyLlama(
+        dim=576,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        vocab_size=49152,
+        hidden_dim=1536,
+        max_seq_len=512,
+        max_context_len=512,
+    ),
+}
+
 _DEFAULT = asdict(Variant())
 
 VARIANTS: dict[str, Variant] = {
@@ -342,7 +358,9 @@ def _export_llama(model: TinyLlama, variant: Variant, work: Path) -> None:
 def make_tokenizer(path: str | os.PathLike[str], model: TinyLlama = TinyLlama()) -> Path:
     """Write a byte-level BPE ``tokenizer.json`` with exactly ``model.vocab_size`` tokens
     (the special tokens first: ``<unk>``, BOS, EOS) and a ``tokenizer_config.json`` beside
-    it naming BOS and EOS, as a Hugging Face checkpoint directory has them.
+    it naming BOS and EOS, as a Hugging Face checkpoint directory has them. Past the few
+    hundred tokens the corpus trains, the vocabulary is filled with added tokens
+    ``<|fill_ID|>``.
 
     The alphabet is the corpus's characters (ASCII), not all 256 bytes, so every token is
     whole text: ExecuTorch's runner bindings pass each piece to a Python callback as
@@ -358,6 +376,11 @@ def make_tokenizer(path: str | os.PathLike[str], model: TinyLlama = TinyLlama())
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    # The corpus yields a few hundred merges; a larger vocabulary (a real model's) is filled
+    # up with plain added tokens of whole text, after the trained ones.
+    trained = tok.get_vocab_size()
+    if trained < model.vocab_size:
+        tok.add_tokens([f"<|fill_{i}|>" for i in range(trained, model.vocab_size)])
     if tok.get_vocab_size() != model.vocab_size:
         raise RuntimeError(
             f"the trained tokenizer has {tok.get_vocab_size()} tokens, expected {model.vocab_size}"
@@ -402,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", help=f"variants (default: all of {list(VARIANTS)})")
     parser.add_argument("--list", action="store_true", help="list the variants")
+    parser.add_argument(
+        "--model", default="tiny", choices=list(MODELS), help="model shape (default tiny)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -411,10 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in VARIANTS.items():
             print(f"{name:18} {v}")
         return 0
-    paths = [program_path(name) for name in args.variants or list(VARIANTS)]
+    model = MODELS[args.model]
+    paths = [program_path(name, model) for name in args.variants or list(VARIANTS)]
     for name, path in zip(args.variants or list(VARIANTS), paths, strict=True):
         print(f"{name:18} {path}")
-    tokenizer = tokenizer_path()
+    tokenizer = tokenizer_path(model)
     print(f"{'tokenizer':18} {tokenizer}")
     print(f"try: ptexec generate {paths[0]} --tokenizer {tokenizer} --prompt 'Once upon a time'")
     return 0

@@ -172,3 +172,16 @@ def test_llm_programs_script_writes_the_tokenizer(
             "--max-new-tokens", "4", "--temperature", "0"]  # fmt: skip
     assert main(argv) == 0
     assert capsys.readouterr().out.startswith(PROMPT)
+
+
+def test_tokenizer_for_a_real_vocabulary_size_is_filled(tmp_path: Path) -> None:
+    """A vocabulary larger than the corpus trains (SmolLM2-135M's 49152) is filled with
+    whole-text added tokens after the trained ones, which text encodes to."""
+    from ptexec.llm import load_tokenizer
+
+    model = llm_programs.MODELS["smollm2-135m"]
+    big = load_tokenizer(llm_programs.make_tokenizer(tmp_path / "tokenizer.json", model))
+    assert (big.vocab_size, big.bos_id, big.eos_id) == (49152, model.bos_id, model.eos_id)
+    ids = big.encode(PROMPT)
+    assert big.decode(ids) == PROMPT and max(ids) < 1000
+    assert big.decode([model.vocab_size - 1]) == f"<|fill_{model.vocab_size - 1}|>"
