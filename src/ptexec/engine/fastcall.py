@@ -49,6 +49,9 @@ class _NotFast:
 
 NOT_FAST: Any = _NotFast()
 
+# clones of a list of tensors in one call, each as ``Tensor.clone`` makes it
+_CLONE_ALL: Any = getattr(torch, "_foreach_clone", None)
+
 
 def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> Any:
     """The function for the common calls of the method (it takes the list of inputs), or
@@ -173,7 +176,16 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     # what execution left there is what the program declares
                     code.add("\n".join(output_checks(state, out.index, x, "_refuse", env)))
                 outs.append(f"{x}.clone()" if out.kind == "tensor" and copy_outputs else x)
-            code.add(f"return [{', '.join(outs)}]")
+            tensors = all(out.kind == "tensor" for out in state.outputs)
+            if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
+                # one call for every copy (torch's own loop: a Python call per output
+                # costs about as much as a small copy)
+                env["_clone_all"] = _CLONE_ALL
+                code.add(
+                    f"return list(_clone_all([{', '.join(o[: -len('.clone()')] for o in outs)}]))"
+                )
+            else:
+                code.add(f"return [{', '.join(outs)}]")
         code.add("finally:")
         with code.indented():
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
