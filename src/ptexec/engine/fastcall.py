@@ -118,7 +118,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             if info.dynamism != "static":
                 binds.append(f"    if V{i}.shape != {x}s: resize_to(V{i}, {x}s, o{i})")
             binds.append(f"    V{i}.copy_({x})")
-            binds.append(f"    rec.h2h += {x}.nbytes")
+            binds.append(f"    rec.{'h2h' if device.is_cpu else 'd2d'} += {x}.nbytes")
             binds.append(f"    rec.inputs[{i}] = 'copy'")
             restored.append((spec.slot, f"V{i}"))
             action = Action.SHARE
