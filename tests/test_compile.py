@@ -201,13 +201,16 @@ def test_read_in_place_refuses_what_the_general_path_refuses() -> None:
 def test_read_in_place_with_control_flow_and_reused_input_bytes() -> None:
     """With jumps, inputs whose bytes no other value shares are read in place; where the
     memory plan reuses an input's bytes for a later value, the input still is when that
-    value is written before it is read (checked against the interpreter, call by call)."""
-    for name, want in (("cond", (0, 1)), ("int_ops", (0, 1, 2)), ("dynamic_mlp", (0,))):
+    value is written before it is read (checked against the interpreter, call by call).
+    Not where the compiled code returns tensors into slots (one could be a view of the
+    input): the dynamic output the caller alone reads."""
+    for name, want in (("cond", (0, 1)), ("int_ops", (0, 1, 2)), ("dynamic_mlp", ())):
         interpreted, compiled = load_pair(name)
         report = compiled["forward"].compile_report
         assert report is not None and report.read_in_place == want, name
         replay_both(name, interpreted, compiled)
-        assert set(compiled["forward"].last_call.inputs) == {"share"}, name
+        expected = {"share"} if want else {"copy"}
+        assert set(compiled["forward"].last_call.inputs) == expected, name
 
 
 def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:

@@ -681,11 +681,23 @@ class CompiledRunner:
         for k, compiled in enumerate(builder.compiled):
             r = compiled.region
             call, fallback, body = _region_call(state, compiled, k, self._externals or None)
-            if r.chain == 0:
+            # not a region whose code returns tensors into slots (one may be the input
+            # itself, or a view of it), nor the statements run after the compiled code (a
+            # move or a view would hand the caller's tensor itself to another slot)
+            returns = any(
+                st.how in ("replace", "adopt") and isinstance(state.plan.values[st.slot], p.Tensor)
+                for st in r.stores
+            )
+            if r.chain == 0 and not returns:
+                after = {st.instruction for st in r.stores if st.how == "statement"}
                 readers.update(
                     i
                     for i in range(r.first, r.last + 1)
-                    if fallback is None or isinstance(state.chains[0].instructions[i], p.KernelCall)
+                    if i not in after
+                    and (
+                        fallback is None
+                        or isinstance(state.chains[0].instructions[i], p.KernelCall)
+                    )
                 )
             self._regions.append((compiled, call, fallback))
             statements = by_chain[r.chain]
