@@ -681,11 +681,13 @@ class CompiledRunner:
         for k, compiled in enumerate(builder.compiled):
             r = compiled.region
             call, fallback, body = _region_call(state, compiled, k, self._externals or None)
-            # not a region whose code returns tensors into slots (one may be the input
-            # itself, or a view of it), nor the statements run after the compiled code (a
-            # move or a view would hand the caller's tensor itself to another slot)
+            # not a region whose code returns tensors into slots others read (one may be
+            # the input itself, or a view of it, and a later read would see the caller's
+            # memory; an adopted output only the caller reads, as a copy, is fine), nor
+            # the statements run after the compiled code (a move or a view would hand the
+            # caller's tensor itself to another slot)
             returns = any(
-                st.how in ("replace", "adopt") and isinstance(state.plan.values[st.slot], p.Tensor)
+                st.how == "replace" and isinstance(state.plan.values[st.slot], p.Tensor)
                 for st in r.stores
             )
             if r.chain == 0 and not returns:
