@@ -2,6 +2,7 @@
 
     python benchmarks/ab.py --a ../old/src --b src tests/fixtures/mlp.pte tests/fixtures/cond.pte
     python benchmarks/ab.py --a ../old/src --b src --option xnnpack=torch tests/fixtures/xnnpack/cnn.pte
+    python benchmarks/ab.py --a ../old/src --b src --option compile=True tests/fixtures/mlp.pte
 
 Each side runs in a worker process of its own (``PYTHONPATH`` set to that side's ``src``),
 one thread each. The parent asks the two workers for blocks of calls in alternation, in a
@@ -84,7 +85,7 @@ class _Side:
             text=True,
         )
 
-    def block(self, path: str, method: str, calls: int, options: dict[str, str]) -> dict[str, Any]:
+    def block(self, path: str, method: str, calls: int, options: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         request = {"path": path, "method": method, "calls": calls, "options": options}
         self.proc.stdin.write(json.dumps(request) + "\n")
@@ -99,6 +100,16 @@ class _Side:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait()
+
+
+def _option_value(text: str) -> Any:
+    """An option's value: ``True``, ``False`` and integers as such, else the string."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _us(seconds: float) -> str:
@@ -118,15 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a load_method option, as a string (xnnpack=torch); repeatable",
+        help="a load_method option (xnnpack=torch, compile=True; True, False and integers "
+        "are read as such); repeatable",
     )
     args = parser.parse_args(argv)
-    options: dict[str, str] = {}
+    options: dict[str, Any] = {}
     for item in args.option:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--option {item!r}: expected KEY=VALUE")
-        options[key] = value
+        options[key] = _option_value(value)
     sides = {"A": _Side(args.a), "B": _Side(args.b)}
     rng = random.Random(0)
     print(f"{'program':<28} {'A':>10} {'B':>10} {'B/A':>6}")

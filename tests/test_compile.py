@@ -144,6 +144,74 @@ def test_bad_input_is_refused_before_anything_runs() -> None:
     assert torch.equal(m(x)[0], m(x)[0])
 
 
+def test_inputs_only_compiled_code_reads_are_read_in_place() -> None:
+    """A planned input that only compiled code reads (and whose bytes nothing else reads
+    first) is passed to it as the caller's tensor when that is dense: no copy into
+    planned memory, recorded as shared; the planned view is back in the table after the
+    call; any other layout is copied as before, with the same result."""
+    interpreted, compiled = load_pair("mlp")
+    i, c = interpreted["forward"], compiled["forward"]
+    report = c.compile_report
+    assert report is not None and report.read_in_place == (0,)
+    assert "read in place" in report.summary()
+    slot = c.state.inputs[0].slot
+    view = c.state.values[slot]
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    (got,) = c(x)
+    assert torch.allclose(got, i(x)[0], atol=1e-5)
+    assert list(c.last_call.inputs) == ["share"] and c.last_call.copies == 0
+    assert c.state.values[slot] is view  # the caller's tensor is not kept
+    x.add_(1.0)  # the returned output is the caller's own
+    assert torch.allclose(got, i(x - 1.0)[0], atol=1e-5)
+    strided = torch.randn(8, 2).t()  # not dense: copied into the planned view
+    assert torch.allclose(c(strided)[0], i(strided)[0], atol=1e-5)
+    assert list(c.last_call.inputs) == ["copy"] and c.last_call.h2h == 64
+    assert list(i.last_call.inputs) == ["copy"]
+
+
+def test_read_in_place_refuses_what_the_general_path_refuses() -> None:
+    """Inputs the fast call does not take go to the general path, which refuses them with
+    the interpreter's own errors; the method works for the next good call."""
+    interpreted, compiled = load_pair("mlp")
+    i, c = interpreted["forward"], compiled["forward"]
+    x = torch.randn(2, 8)
+    bad: list[Any] = [
+        torch.ones(3, 8),
+        torch.ones(2, 8, dtype=torch.float64),
+        torch.ones(2, 8, dtype=torch.int64),
+        torch.ones(2, 8, 1),
+        torch.ones(2, 8, device="meta"),
+    ]
+    for b in bad:
+        with pytest.raises(Exception) as want:
+            i.execute([b])
+        with pytest.raises(Exception) as got:
+            c.execute([b])
+        assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+        assert torch.allclose(c(x)[0], i(x)[0], atol=1e-5)
+    with pytest.raises(ptexec.InputError):
+        c.execute([x, x])
+    grad = torch.randn(2, 8, requires_grad=True)  # the general path: no autograd, same values
+    (out,) = c(grad)
+    assert not out.requires_grad and torch.allclose(out, i(grad.detach())[0], atol=1e-5)
+    assert list(c.last_call.inputs) == ["copy"]
+
+
+def test_read_in_place_with_control_flow_and_reused_input_bytes() -> None:
+    """With jumps, inputs whose bytes no other value shares are read in place; where the
+    memory plan reuses an input's bytes for a later value, the input still is when that
+    value is written before it is read (checked against the interpreter, call by call).
+    A dynamic output the caller alone reads takes the compiled code's result (and is
+    copied for the caller): the input still is read in place."""
+    for name, want in (("cond", (0, 1)), ("int_ops", (0, 1, 2)), ("dynamic_mlp", (0,))):
+        interpreted, compiled = load_pair(name)
+        report = compiled["forward"].compile_report
+        assert report is not None and report.read_in_place == want, name
+        replay_both(name, interpreted, compiled)
+        assert set(compiled["forward"].last_call.inputs) == {"share"}, name
+
+
 def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
     """Every batch the program takes runs compiled (1 included: sizes are traced
     size-obliviously); a size the compiled code was not made for (the program bounds its

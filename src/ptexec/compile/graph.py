@@ -101,17 +101,18 @@ class Guard:
     d2: int = 0
     expr: SizeExpr = 0
 
-    def code(self) -> str:
-        size = f"x{self.k}.shape[{self.d}]"
+    def code(self, name: str = "x") -> str:
+        """The check as a Python expression over the inputs ``{name}0``, ``{name}1``, ..."""
+        size = f"{name}{self.k}.shape[{self.d}]"
         if self.kind == "eq":
             return f"{size} == {int(self.value)}"
         if self.kind == "range":
             text = f"{int(self.lo)} <= {size}"
             return text + (f" <= {int(self.hi)}" if self.hi >= 0 else "")
         if self.kind == "same":
-            return f"{size} == x{int(self.k2)}.shape[{int(self.d2)}]"
+            return f"{size} == {name}{int(self.k2)}.shape[{int(self.d2)}]"
         if self.kind == "expr":
-            return f"{size} == {_code(self.expr)}"
+            return f"{size} == {_code(self.expr, name)}"
         raise GuardError(f"unknown guard kind {self.kind!r}")
 
     def sizes(self) -> list[Size]:
@@ -172,13 +173,13 @@ class Guard:
         return Guard(kind, k, d, expr=_expr_from_json(data["expr"], budget))
 
 
-def _code(e: SizeExpr) -> str:
+def _code(e: SizeExpr, name: str = "x") -> str:
     if isinstance(e, Size):
-        return f"x{int(e.k)}.shape[{int(e.d)}]"
+        return f"{name}{int(e.k)}.shape[{int(e.d)}]"
     if isinstance(e, BinOp):
         if e.op not in OPERATORS:
             raise GuardError(f"unknown operator {e.op!r}")
-        return f"({_code(e.left)} {e.op} {_code(e.right)})"
+        return f"({_code(e.left, name)} {e.op} {_code(e.right, name)})"
     return f"({int(e)})"
 
 

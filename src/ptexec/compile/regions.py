@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..loader.state import MethodState
     from .functional import FunctionalForms
 
-__all__ = ["Fallback", "Region", "Store", "plan_regions"]
+__all__ = ["Fallback", "Region", "Store", "caller_readable", "plan_regions"]
 
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 
@@ -565,3 +565,76 @@ def interpreted_ranges(
                 out.append((c, start, i - 1))
                 start = None
     return out
+
+
+def caller_readable(
+    state: MethodState, readers: Iterable[int], shared_buffers: Iterable[int] = ()
+) -> frozenset[int]:
+    """The planned method inputs (their slots) whose caller's tensor may stand in for the
+    planned view: copying it in first would change nothing anyone can observe.
+
+    That holds for an input that only ``readers`` read (instructions of chain 0 whose
+    code reads the values table's slot at each call: compiled code, and the kernel
+    statements a guarded region falls back to), that nothing writes or gives a new object, that is no method
+    output and not in a buffer the program's methods share, of the default dim order,
+    and whose planned bytes no other value reads before an instruction writes them (a
+    second name for them, a view of the input made at load, an output left unwritten):
+    the memory plan reuses an input's bytes for values computed after it, which write
+    them before they read them. That order is the order of the instructions in a
+    straight-line chain; with jumps, no other value may share the input's bytes at all.
+    Methods of more than one chain get nothing."""
+    if len(state.chains) != 1:
+        return frozenset()
+    chain = state.chains[0]
+    straight = not chain.has_jumps
+    values = state.plan.values
+    compiled = set(readers)
+    outputs = set(state.plan.outputs)
+    shared = frozenset(shared_buffers)
+    forms = []  # per form of the statements (as loaded, as rewritten): per instruction
+    for statements in (chain.loaded, chain.statements):
+        form = []
+        for ins, st in zip(chain.instructions, statements, strict=True):
+            e = NOTHING if kind(ins) == "free" else effects(values, ins, st)
+            form.append((set(e.reads) | set(e.inputs), set(e.written) | set(e.replaces)))
+        forms.append(form)
+    unsafe: set[int] = set()  # read (by an instruction or the caller) before written
+    for form in forms:
+        seen: set[int] = set()
+        for reads, writes in form:
+            unsafe.update(reads - seen)
+            seen.update(reads, writes)
+        unsafe.update(outputs - seen)
+    out: set[int] = set()
+    for spec in state.inputs:
+        j = spec.slot
+        value = values[j]
+        if (
+            spec.kind != "tensor"
+            or spec.view is None
+            or not isinstance(value, p.Tensor)
+            or value.allocation_info is None
+            or value.allocation_info.memory_id in shared
+            or value.dim_order != tuple(range(len(value.dim_order)))
+            or j in outputs
+            or any(
+                j in w or (j in r and i not in compiled)
+                for form in forms
+                for i, (r, w) in enumerate(form)
+            )
+        ):
+            continue
+        fp = _footprint(state.values[j])
+        if fp is None:
+            continue
+        clash = False
+        for k, other in enumerate(values):
+            if k == j or (straight and k not in unsafe) or not isinstance(other, p.Tensor):
+                continue
+            fk = _footprint(state.values[k])
+            if fk is not None and _overlap(fp, fk, value.nbytes, other.nbytes):
+                clash = True
+                break
+        if not clash:
+            out.add(j)
+    return frozenset(out)

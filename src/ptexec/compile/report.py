@@ -25,7 +25,10 @@ class CompileReport:
     the one warning loading issued, if any (no C++ compiler, a failing compile);
     ``xnnpack_calls`` the delegate calls inside compiled regions that run with XNNPACK's
     own kernels (ExecuTorch's XNNPACK backend, one opaque call of the compiled code)
-    rather than as torch operations."""
+    rather than as torch operations; ``read_in_place`` the method's planned inputs (by
+    index) that only compiled code reads, so that a common call passes the caller's
+    tensor, when it is dense, rather than copying it into planned memory first (its
+    ``last_call`` action is then ``"share"``; :func:`ptexec.compile.regions.caller_readable`)."""
 
     compiled_instructions: int
     total_instructions: int
@@ -38,6 +41,7 @@ class CompileReport:
     warning: str | None = None
     chains: tuple[int, ...] = field(default=(), repr=False)  # the chain of each region
     xnnpack_calls: tuple[int, ...] = ()
+    read_in_place: tuple[int, ...] = ()
 
     @property
     def fully_compiled(self) -> bool:
@@ -62,6 +66,9 @@ class CompileReport:
         for first, last, reason in self.fallbacks:
             span = f"{first}-{last}" if last > first else f"{first}"
             lines.append(f"  interpreted  {span}: {reason}")
+        if self.read_in_place:
+            listed = ", ".join(str(i) for i in self.read_in_place)
+            lines.append(f"  input(s) {listed} read in place (no copy into planned memory)")
         if self.warning and any(reason != self.warning for *_, reason in self.fallbacks):
             lines.append(f"  warning: {self.warning}")  # unless every row above says it
         if self.cache_path:

@@ -24,18 +24,20 @@ method runs interpreted, and a region whose compile fails runs interpreted, with
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..codegen import Code
+from ..effects import effects, kind
 from ..engine.blocks import chain_listing, compile_chain
 from ..engine.runner import run_chains
 from ..errors import ExecutionError, PtexecError
@@ -44,11 +46,12 @@ from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, warn_once
+from .external import ExternalCall
 from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
 from .progress import Progress
-from .regions import Fallback, Region, interpreted_ranges, plan_regions
+from .regions import Fallback, Region, caller_readable, interpreted_ranges, plan_regions
 from .report import CompileReport, CompileWarning
 
 if TYPE_CHECKING:
@@ -491,9 +494,17 @@ def _graph_model(ep: Any) -> Model:
 _Call = Callable[[list[Any]], None]
 
 
-def _region_call(state: MethodState, compiled: _Compiled, k: int) -> tuple[_Call, _Call | None]:
-    """The region's call, and the interpreted statements it runs outside the sizes its
-    code was compiled for (None: it has no such sizes)."""
+def _region_call(
+    state: MethodState,
+    compiled: _Compiled,
+    k: int,
+    externals: dict[str, ExternalCall] | None = None,
+) -> tuple[_Call, _Call | None, Statement]:
+    """The region's call, the interpreted statements it runs outside the sizes its code
+    was compiled for (None: it has no such sizes), and the call's body as a statement to
+    inline in its place (its names end in ``k``: regions inlined together do not clash).
+    ``externals``: the delegate calls the method's compiled code makes
+    (:mod:`.external`), made current around the compiled call."""
     region = compiled.region
     chain = state.chains[region.chain]
     plan = state.plan
@@ -526,61 +537,116 @@ def _region_call(state: MethodState, compiled: _Compiled, k: int) -> tuple[_Call
         interp = body.compile(state.sources, f"chain {region.chain} region {k} (interpreted)")[
             "_interp"
         ]
-    code = Code(region.chain)
+    code = Code(region.chain)  # the body, at the indentation of a statement
     env = code.env
     env.update(
-        _run=compiled.model, _fail=fail, _interp=interp, _store=store_resizing, _tensor=torch.tensor
+        {f"_M{k}": compiled.model, f"_F{k}": fail, f"_I{k}": interp},
+        _store=store_resizing,
+        _tensor=torch.tensor,
     )
-    code.add("def _region(v):")
-    with code.indented():
-        scalars = set(region.scalar_inputs)
-        xs = []
-        for n, j in enumerate(region.graph_inputs):
-            if j in scalars:
-                dtype = {"int": "torch.int64", "float": "torch.float64", "bool": "torch.bool"}[
-                    scalar_kind(plan.values[j])
-                ]
-                env["torch"] = torch
-                code.add(f"x{n} = _tensor(v[{j}], dtype={dtype})", first)
-            else:
-                code.add(f"x{n} = v[{j}]", first)
-            xs.append(f"x{n}")
+    scalars = set(region.scalar_inputs)
+    xs = []
+    for n, j in enumerate(region.graph_inputs):
+        x = f"_a{k}_{n}"
+        if j in scalars:
+            dtype = {"int": "torch.int64", "float": "torch.float64", "bool": "torch.bool"}[
+                scalar_kind(plan.values[j])
+            ]
+            env["torch"] = torch
+            code.add(f"{x} = _tensor(v[{j}], dtype={dtype})", first)
+        else:
+            code.add(f"{x} = v[{j}]", first)
+        xs.append(x)
+    guarded = contextlib.ExitStack()
+    with guarded:
         if compiled.guards:
-            checks = " and ".join(g.code() for g in compiled.guards)
+            checks = " and ".join(g.code(f"_a{k}_") for g in compiled.guards)
             code.add(f"if not ({checks}):", first)
-            code.add("    return _interp(v)", first)
+            code.add(f"    _I{k}(v)", first)
+            code.add("else:", first)
+            guarded.enter_context(code.indented())
+        if externals:
+            env[f"_X{k}"] = externals
+            env["_use"] = use_external
+            code.add(f"_b{k} = _use(_X{k})", first)
         code.add("try:", first)
-        code.add(f"    r = _run([{', '.join(xs)}])", first)
+        code.add(f"    _r{k} = _M{k}([{', '.join(xs)}])", first)
         code.add("except Exception as e:", first)
-        code.add("    raise _fail(e) from e", first)
+        code.add(f"    raise _F{k}(e) from e", first)
+        if externals:
+            code.add("finally:", first)
+            code.add(f"    _use(_b{k})", first)
         n_out = 0
         for s in region.stores:
             j = s.slot
             value = plan.values[j]
+            r = f"_r{k}[{n_out}]"
             if s.how == "copy":
                 assert isinstance(value, p.Tensor)
                 if value.shape_dynamism == p.STATIC:
-                    code.add(f"v[{j}].copy_(r[{n_out}])", s.instruction)
+                    code.add(f"v[{j}].copy_({r})", s.instruction)
                 else:
                     order = f"_o{j}"
                     env[order] = tuple(value.dim_order)
                     grow = value.shape_dynamism == p.DYNAMIC_UNBOUND
-                    code.add(f"_store(v[{j}], r[{n_out}], {order}, {grow})", s.instruction)
+                    code.add(f"_store(v[{j}], {r}, {order}, {grow})", s.instruction)
                 n_out += 1
             elif s.how in ("replace", "adopt"):
                 if isinstance(value, p.Tensor):
-                    code.add(f"v[{j}] = r[{n_out}]", s.instruction)
+                    code.add(f"v[{j}] = {r}", s.instruction)
                 else:
                     convert = compiled.kinds.get(j, scalar_kind(value))
-                    code.add(f"v[{j}] = {convert}(r[{n_out}])", s.instruction)
+                    code.add(f"v[{j}] = {convert}({r})", s.instruction)
                 n_out += 1
             elif s.how == "statement":
                 st = chain.statements[s.instruction]
                 env.update(st.env)
                 code.add(st.code, s.instruction)
-        code.add("return None", last)
-    fn: _Call = code.compile(state.sources, f"chain {region.chain} region {k}")["_region"]
-    return fn, interp
+    inline = Statement(code.text, dict(env))
+    call = Code(region.chain)
+    call.env.update(env)
+    call.add("def _region(v):")
+    with call.indented():
+        for line in code.text.splitlines():
+            call.add(line, first)
+        call.add("return None", last)
+    fn: _Call = call.compile(state.sources, f"chain {region.chain} region {k}")["_region"]
+    return fn, interp, inline
+
+
+def _fixed_outputs(state: MethodState, unguarded: list[_Compiled]) -> frozenset[int]:
+    """The method's static tensor outputs that one region without guards writes in place
+    (an ``inplace`` store) and no other instruction writes or replaces."""
+    values = state.plan.values
+    owner: dict[int, tuple[int, int, int]] = {}  # slot -> (chain, first, last) of its region
+    for c in unguarded:
+        r = c.region
+        for store in r.stores:
+            if store.how == "inplace":
+                owner[store.slot] = (r.chain, r.first, r.last)
+    found: set[int] = set()
+    for out in state.outputs:
+        j = out.slot
+        value = values[j]
+        if (
+            out.kind != "tensor"
+            or j not in owner
+            or not isinstance(value, p.Tensor)
+            or value.shape_dynamism != p.STATIC
+        ):
+            continue
+        chain, first, last = owner[j]
+        written = False
+        for ch in state.chains:
+            for i, ins in enumerate(ch.instructions):
+                if ch.index == chain and first <= i <= last:
+                    continue
+                for st in (ch.loaded[i], ch.statements[i]):
+                    if kind(ins) != "free" and j in effects(values, ins, st).written:
+                        written = True
+        if not written:
+            found.add(j)
+    return frozenset(found)
 
 
 class CompiledRunner:
@@ -609,15 +675,39 @@ class CompiledRunner:
         self._backend = "AOTInductor" if aoti else "its traced graph, by torch"
         self._regions: list[tuple[_Compiled, _Call, _Call | None]] = []
         by_chain: dict[int, list[Statement]] = {c.index: list(c.statements) for c in state.chains}
+        # the same with each region's body in place of its call, for the fast call to inline
+        inlined: dict[int, list[Statement]] = {c.index: list(c.statements) for c in state.chains}
+        readers: set[int] = set()  # instructions whose code reads the table at each call
         for k, compiled in enumerate(builder.compiled):
             r = compiled.region
-            call, fallback = _region_call(state, compiled, k)
+            call, fallback, body = _region_call(state, compiled, k, self._externals or None)
+            # not a region whose code returns tensors into slots others read (one may be
+            # the input itself, or a view of it, and a later read would see the caller's
+            # memory; an adopted output only the caller reads, as a copy, is fine), nor
+            # the statements run after the compiled code (a move or a view would hand the
+            # caller's tensor itself to another slot)
+            returns = any(
+                st.how == "replace" and isinstance(state.plan.values[st.slot], p.Tensor)
+                for st in r.stores
+            )
+            if r.chain == 0 and not returns:
+                after = {st.instruction for st in r.stores if st.how == "statement"}
+                readers.update(
+                    i
+                    for i in range(r.first, r.last + 1)
+                    if i not in after
+                    and (
+                        fallback is None
+                        or isinstance(state.chains[0].instructions[i], p.KernelCall)
+                    )
+                )
             self._regions.append((compiled, call, fallback))
             statements = by_chain[r.chain]
             note = f"instructions {r.first}-{r.last}, compiled"
             statements[r.first] = Statement(f"_R{k}(v)  # {note}", {f"_R{k}": call})
+            inlined[r.chain][r.first] = body
             for i in range(r.first + 1, r.last + 1):
-                statements[i] = Statement("pass", mutates=())
+                statements[i] = inlined[r.chain][i] = Statement("pass", mutates=())
         chains = []
         for c in state.chains:
             rewritten = PreparedChain(
@@ -630,19 +720,34 @@ class CompiledRunner:
             )
             chains.append(compile_chain(rewritten, state.sources))
         self.chains = chains
+        self._inlined = inlined
+        self.readable_inputs = caller_readable(state, readers, program.shared_buffer_indices)
+        """Planned inputs (their slots) whose caller's tensor the compiled code may read in
+        place of the planned view (:func:`~.regions.caller_readable`): the fast call
+        passes such an input when it is dense in the program's dim order."""
+        self.fixed_outputs = _fixed_outputs(state, [c for c, _, f in self._regions if f is None])
+        """Output slots whose tensor only compiled code writes, in place (the planned view
+        of a static output): its dtype and shape cannot change, and the fast call does not
+        check them."""
+        self.report = replace(
+            self.report,
+            read_in_place=tuple(s.index for s in state.inputs if s.slot in self.readable_inputs),
+        )
 
     def bind(self, state: MethodState) -> None:
         pass
 
     def run(self, v: list[Any]) -> None:
-        if not self._externals:
-            run_chains(self.state, self.chains, v, None)
-            return
-        before = use_external(self._externals)  # this method's delegate runners
-        try:
-            run_chains(self.state, self.chains, v, None)
-        finally:
-            use_external(before)
+        run_chains(self.state, self.chains, v, None)
+
+    def inline(self) -> tuple[Statement, ...] | None:
+        """The statements of the method's one straight-line chain, each compiled region's
+        call written out in its first instruction's place, for a caller to run in place of
+        :meth:`run`; None with jumps or more chains."""
+        chains = self.state.chains
+        if len(chains) != 1 or chains[0].has_jumps:
+            return None
+        return tuple(self._inlined[chains[0].index])
 
     def source(self) -> str:
         """The generated code this runner runs: each compiled region's call (and the

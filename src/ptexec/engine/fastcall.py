@@ -26,18 +26,20 @@ them.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
+from ..kernels.registry import Statement
 from ..loader.state import MethodState
 from ..memory import resize_to
 from .arguments import output_checks, output_error, scalar_test
 from .runner import BlockRunner, Runner, below_autograd_for
 
-__all__ = ["NOT_FAST", "build_fast_call"]
+__all__ = ["NOT_FAST", "build_fast_call", "inline_statements"]
 
 
 class _NotFast:
@@ -46,6 +48,9 @@ class _NotFast:
 
 
 NOT_FAST: Any = _NotFast()
+
+# clones of a list of tensors in one call, each as ``Tensor.clone`` makes it
+_CLONE_ALL: Any = getattr(torch, "_foreach_clone", None)
 
 
 def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> Any:
@@ -62,7 +67,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     binds: list[str] = []
     actions: list[str] = []
     copied = []  # (static nbytes | expression) per planned input
-    shared: list[int] = []
+    restored: list[tuple[int, str]] = []  # (slot, what it holds between calls)
+    # planned inputs the runner's code only reads (see the module docstring)
+    readable: frozenset[int] = getattr(runner, "readable_inputs", frozenset())
     n = len(state.inputs)
     for spec in state.inputs:
         i = spec.index
@@ -100,7 +107,22 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             return None  # other layouts: the general path decides
         if common_action(info, False) is not action:
             checks.append(f"if not {x}.is_contiguous(): return NOT_FAST")
-        if action is Action.COPY:
+        if action is Action.COPY and spec.slot in readable:
+            # the runner's code only reads it: the caller's tensor stands in for the
+            # planned view when it is dense in the program's (default) dim order
+            assert spec.view is not None
+            env[f"V{i}"] = spec.view
+            env[f"o{i}"] = spec.dim_order
+            binds.append(f"if {x}.is_contiguous(): v[{spec.slot}] = {x}")
+            binds.append("else:")
+            if info.dynamism != "static":
+                binds.append(f"    if V{i}.shape != {x}s: resize_to(V{i}, {x}s, o{i})")
+            binds.append(f"    V{i}.copy_({x})")
+            binds.append(f"    rec.{'h2h' if device.is_cpu else 'd2d'} += {x}.nbytes")
+            binds.append(f"    rec.inputs[{i}] = 'copy'")
+            restored.append((spec.slot, f"V{i}"))
+            action = Action.SHARE
+        elif action is Action.COPY:
             assert spec.view is not None
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
@@ -109,8 +131,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             binds.append(f"V{i}.copy_({x})")
             copied.append(info.nbytes if info.dynamism == "static" else f"{x}.nbytes")
         else:
-            binds.append(f"v[{spec.slot}] = {x}.detach()")
-            shared.append(spec.slot)
+            binds.append(f"v[{spec.slot}] = {x}")  # it requires no grad (checked)
+            restored.append((spec.slot, "None"))
         actions.append(action.value)
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
@@ -129,13 +151,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 code.add("\n".join(checks))
             code.add("except Exception:")
             code.add("    return NOT_FAST")
-        code.add("\n".join(binds))
         code.add(f"rec.h2h = {total}")
         code.add("rec.h2d = rec.d2h = rec.d2d = 0")
         code.add("rec.inputs[:] = ACTIONS")
         code.add("rec.outputs[:] = NO_OUT")
         code.add("try:")
         with code.indented():
+            code.add("\n".join(binds))
             if not _run_into(code, state, runner):
                 return None
             outs = []
@@ -146,15 +168,27 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     raise error
 
             env["_refuse"] = refuse
+            # slots whose tensor the runner guarantees (written in place only): unchecked
+            fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
             for out in state.outputs:
                 x = f"v[{out.slot}]"
-                if out.kind == "tensor":  # what execution left there is what the program declares
+                if out.kind == "tensor" and out.slot not in fixed:
+                    # what execution left there is what the program declares
                     code.add("\n".join(output_checks(state, out.index, x, "_refuse", env)))
                 outs.append(f"{x}.clone()" if out.kind == "tensor" and copy_outputs else x)
-            code.add(f"return [{', '.join(outs)}]")
+            tensors = all(out.kind == "tensor" for out in state.outputs)
+            if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
+                # one call for every copy (torch's own loop: a Python call per output
+                # costs about as much as a small copy)
+                env["_clone_all"] = _CLONE_ALL
+                code.add(
+                    f"return list(_clone_all([{', '.join(o[: -len('.clone()')] for o in outs)}]))"
+                )
+            else:
+                code.add(f"return [{', '.join(outs)}]")
         code.add("finally:")
         with code.indented():
-            code.add("\n".join(f"v[{slot}] = None" for slot in shared))
+            code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
             code.add("pass")
     return code.compile(state.sources, "call")["_fast"]
 
@@ -169,11 +203,11 @@ def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
             code.env["_below"] = guard
             code.add("with _below():")
             stack.enter_context(code.indented())
-        if isinstance(runner, BlockRunner) and runner.straight_line:
-            chain = state.chains[0]
-            if len(chain.instructions) > state.max_instructions:
+        statements = inline_statements(state, runner)
+        if statements is not None:
+            if len(statements) > state.max_instructions:
                 return False
-            for k, st in enumerate(chain.statements):
+            for k, st in enumerate(statements):
                 code.add(st.code, k)
                 code.env.update(st.env)
             code.add("pass")
@@ -181,3 +215,13 @@ def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
             code.env["_run"] = runner.run
             code.add("_run(v)")
     return True
+
+
+def inline_statements(state: MethodState, runner: Runner) -> Sequence[Statement] | None:
+    """The statements to inline for ``runner``: the plain blocks' one straight-line chain,
+    or what a runner offers as its ``inline()`` (the compiled tier's chain, each region
+    one call); None: call its ``run``."""
+    if isinstance(runner, BlockRunner):
+        return state.chains[0].statements if runner.straight_line else None
+    offer = getattr(runner, "inline", None)
+    return offer() if offer is not None else None

@@ -249,11 +249,22 @@ class TextDecoder:
         self.pos_vector = layout.pos_vector
         self.pos_dtype = layout.pos_dtype
         self.execution_ms = 0.0  # accumulated time in forward
+        # a one-token call's inputs, refilled before each such call (making two small
+        # tensors costs more than a decode step's envelope); one decoder, one caller
+        self._one: list[torch.Tensor] | None = None
+        if self.use_kv_cache:
+            token = torch.zeros((1, 1), dtype=self.token_dtype, device=self.device)
+            self._one = layout.inputs(token, 0)
 
     # -- running -----------------------------------------------------------------------
     def _call(self, tokens: Sequence[int], pos: int) -> torch.Tensor:
-        t = torch.tensor([list(tokens)], dtype=self.token_dtype, device=self.device)
-        inputs = self.layout.inputs(t, pos)
+        inputs = self._one
+        if inputs is not None and len(tokens) == 1:
+            inputs[0].fill_(tokens[0])
+            inputs[1].fill_(pos)
+        else:
+            t = torch.tensor([list(tokens)], dtype=self.token_dtype, device=self.device)
+            inputs = self.layout.inputs(t, pos)
         start = time.perf_counter()
         logits: torch.Tensor = self.method.execute(inputs)[0]
         self.execution_ms += (time.perf_counter() - start) * 1e3
