@@ -170,6 +170,34 @@ def test_inputs_only_compiled_code_reads_are_read_in_place() -> None:
     assert list(i.last_call.inputs) == ["copy"]
 
 
+def test_an_input_in_the_methods_own_memory_is_copied_not_read_in_place() -> None:
+    """A caller's tensor over the method's planned memory (made from an output view) is
+    copied in first, as the interpreter does: read in place, the run would overwrite it
+    while reading it. The result is the interpreter's on the same values."""
+    interpreted, compiled = load_pair("mlp")
+    i, c = interpreted["forward"], compiled["forward"]
+    torch.manual_seed(1)
+    (view,) = c.execute([torch.randn(2, 8)], outputs="view")
+    storage = view.untyped_storage()
+    planned = c.state.values[c.state.inputs[0].slot]  # its own view: torch refuses that copy
+    start = (planned.data_ptr() - storage.data_ptr()) // 4
+    tried = 0
+    for offset in range(0, storage.nbytes() // 4 - 16 + 1, 4):
+        if start - 16 < offset < start + 16:
+            continue
+        tried += 1
+        alias = torch.empty(0).set_(storage, offset, (2, 8), (8, 1))
+        alias.copy_(torch.randn(2, 8))
+        want = i(alias.clone())[0]
+        (got,) = c(alias)
+        assert list(c.last_call.inputs) == ["copy"], offset
+        assert torch.allclose(got, want, atol=1e-5), offset
+    assert tried
+    x = torch.randn(2, 8)  # a tensor of its own is still read in place
+    assert torch.allclose(c(x)[0], i(x)[0], atol=1e-5)
+    assert list(c.last_call.inputs) == ["share"]
+
+
 def test_read_in_place_refuses_what_the_general_path_refuses() -> None:
     """Inputs the fast call does not take go to the general path, which refuses them with
     the interpreter's own errors; the method works for the next good call."""

@@ -113,7 +113,10 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             assert spec.view is not None
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
-            binds.append(f"if {x}.is_contiguous(): v[{spec.slot}] = {x}")
+            where_x, apart = _apart(state, i)
+            if where_x:
+                binds.append(where_x)
+            binds.append(f"if {x}.is_contiguous(){apart}: v[{spec.slot}] = {x}")
             binds.append("else:")
             if info.dynamism != "static":
                 binds.append(f"    if V{i}.shape != {x}s: resize_to(V{i}, {x}s, o{i})")
@@ -191,6 +194,33 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
             code.add("pass")
     return code.compile(state.sources, "call")["_fast"]
+
+
+def _apart(state: MethodState, i: int) -> tuple[str, str]:
+    """(the line that reads input ``i``'s address range, the `` and ...`` conditions) that
+    the dense tensor ``x{i}`` shares no byte with the method's planned buffers on its
+    device (a view of an earlier call's output, say, which the run may overwrite while it
+    reads it) nor with another tensor input of the call on that device (one the program
+    may write): only then may the caller's tensor stand in for the planned view. The
+    buffers' address ranges are fixed at load (their memory never moves or grows)."""
+    spec = state.inputs[i]
+    device = spec.device.to_torch()
+    ranges = [
+        (b.data.data_ptr(), b.data.data_ptr() + b.data.nbytes)
+        for b in state.buffers
+        if b.data.nbytes and b.data.device == device
+    ]
+    others = [
+        s.index
+        for s in state.inputs
+        if s.index != i and s.kind == "tensor" and s.device == spec.device
+    ]
+    if not ranges and not others:
+        return "", ""
+    p, q = f"p{i}", f"q{i}"
+    conds = [f"({q} <= {start} or {p} >= {end})" for start, end in ranges]
+    conds += [f"({q} <= x{j}.data_ptr() or {p} >= x{j}.data_ptr() + x{j}.nbytes)" for j in others]
+    return f"{p} = x{i}.data_ptr(); {q} = {p} + x{i}.nbytes", "".join(f" and {c}" for c in conds)
 
 
 def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
