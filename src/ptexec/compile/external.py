@@ -214,16 +214,25 @@ def worth_a_call(payload: s.XnnPayload) -> bool:
     before any work, where a traced small matrix product costs a few. So: a payload
     with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x, and
     a convolution's work grows with its image), or one whose constants (weights) hold
-    at least :data:`MIN_WEIGHT_BYTES` (a matrix product streams its weights once per
-    call: a megabyte is tens of microseconds, where XNNPACK's int4/int8 kernels read
-    2-8x fewer bytes than the dequantized float weights of the traced graph)."""
+    at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a matrix product
+    streams its weights once per call: a megabyte is tens of microseconds, where
+    XNNPACK's int4/int8 kernels read 2-8x fewer bytes than the dequantized float
+    weights of the traced graph)."""
     if any(n.type in _CONVOLUTIONS for n in payload.graph.nodes):
         return True
+    return traced_weight_bytes(payload) >= MIN_WEIGHT_BYTES
+
+
+def traced_weight_bytes(payload: s.XnnPayload) -> float:
+    """The bytes of ``payload``'s constants as its traced torch code reads them per call:
+    quantized weights dequantized to float32 (4 bytes an element, however few the
+    payload stores), others at their own size."""
     weights = 0.0
     for v in payload.graph.values:
         if v.is_constant:
-            weights += v.numel * s.DATATYPES.get(v.datatype, ("", 4))[1]
-    return weights >= MIN_WEIGHT_BYTES
+            name, size = s.DATATYPES.get(v.datatype, ("", 4))
+            weights += v.numel * (4 if name.startswith("q") else size)
+    return weights
 
 
 _STAGE_BYTES = 256 * 1024  # inputs up to this size are copied into memory of their own
