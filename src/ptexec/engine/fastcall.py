@@ -134,7 +134,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             binds.append(f"V{i}.copy_({x})")
             copied.append(info.nbytes if info.dynamism == "static" else f"{x}.nbytes")
         else:
-            binds.append(f"v[{spec.slot}] = {x}")  # it requires no grad (checked)
+            # an alias of its own: a program that resizes the slot (an out= kernel writing
+            # a larger result) changes the alias, never the caller's tensor
+            binds.append(f"v[{spec.slot}] = {x}.detach()")
             restored.append((spec.slot, "None"))
         actions.append(action.value)
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
