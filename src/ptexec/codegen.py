@@ -26,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import linecache
-import threading
 import types
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .format.lru import Lru
 
 __all__ = ["Code", "Piece", "Sources"]
 
@@ -40,9 +40,7 @@ _NAMES = itertools.count()
 
 COMPILED_TEXTS = 4096  # generated texts whose code objects are kept
 COMPILED_CHARS = 16 << 20  # their total length
-_compiled: OrderedDict[str, types.CodeType] = OrderedDict()
-_compiled_chars = 0
-_compiled_lock = threading.Lock()
+_compiled: Lru[types.CodeType] = Lru(COMPILED_TEXTS, COMPILED_CHARS)
 _PLACEHOLDER = "<ptexec generated>"
 
 
@@ -56,21 +54,11 @@ def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
 
 def _compile(source: str, filename: str) -> types.CodeType:
     """``compile(source, filename, "exec")`` through the cache (module docstring)."""
-    global _compiled_chars
-    with _compiled_lock:
-        code = _compiled.get(source)
-        if code is not None:
-            _compiled.move_to_end(source)
+    code = _compiled.get(source)
     if code is None:
         code = compile(source, _PLACEHOLDER, "exec")
         if len(source) <= COMPILED_CHARS // 4:
-            with _compiled_lock:
-                if source not in _compiled:
-                    _compiled[source] = code
-                    _compiled_chars += len(source)
-                while len(_compiled) > COMPILED_TEXTS or _compiled_chars > COMPILED_CHARS:
-                    old, _ = _compiled.popitem(last=False)
-                    _compiled_chars -= len(old)
+            _compiled.put(source, code, len(source))
     return _renamed(code, filename)
 
 
@@ -230,7 +218,4 @@ class Sources:
 
 def clear_compiled() -> None:
     """Forget every cached code object (see the module docstring)."""
-    global _compiled_chars
-    with _compiled_lock:
-        _compiled.clear()
-        _compiled_chars = 0
+    _compiled.clear()

@@ -16,8 +16,6 @@ on disk.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..errors import PteFormatError
@@ -25,6 +23,7 @@ from . import program as p
 from .decode import decode_program
 from .flatbuf import Buffer
 from .header import PteHeader, read_pte_header, truncated
+from .lru import Lru
 from .validate import validate_program
 
 Bytes = bytes | bytearray | memoryview
@@ -32,33 +31,21 @@ Bytes = bytes | bytearray | memoryview
 DECODED_PROGRAMS = 32  # validated program descriptions kept in the process
 DECODED_MAX_BYTES = 64 << 20  # a larger flatbuffer is decoded each time (hashing costs)
 _Key = tuple[bytes, tuple[int, ...]]
-_decoded: OrderedDict[_Key, p.Program] = OrderedDict()
-_decoded_lock = threading.Lock()
+_decoded: Lru[p.Program] = Lru(DECODED_PROGRAMS, 0)
 
 
 def _cached(key: _Key | None) -> p.Program | None:
-    if key is None:
-        return None
-    with _decoded_lock:
-        program = _decoded.get(key)
-        if program is not None:
-            _decoded.move_to_end(key)
-        return program
+    return None if key is None else _decoded.get(key)
 
 
 def _keep(key: _Key | None, program: p.Program) -> None:
-    if key is None:
-        return
-    with _decoded_lock:
-        _decoded[key] = program
-        while len(_decoded) > DECODED_PROGRAMS:
-            _decoded.popitem(last=False)
+    if key is not None:
+        _decoded.put(key, program)
 
 
 def clear_decoded() -> None:
     """Forget every cached program description (see the module docstring)."""
-    with _decoded_lock:
-        _decoded.clear()
+    _decoded.clear()
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -45,6 +43,7 @@ import torch
 from ..codegen import Sources
 from ..effects import Effects, byte_range, effects, kind, tensor_items
 from ..format import program as p
+from ..format.lru import Lru
 from ..kernels.registry import Statement
 
 __all__ = ["rewrite_chain"]
@@ -468,10 +467,7 @@ def rewrite_chain(
         return statements
     sources = Sources(plan.name)  # what runs once, here (forgotten on return)
     key = (id(plan), id(chain), fold_limit, tuple(names), tuple(map(_signature, statements)))
-    with _recipes_lock:
-        known_recipe = _recipes.get(key)
-        if known_recipe is not None:
-            _recipes.move_to_end(key)
+    known_recipe = _recipes.get(key)
     if known_recipe is not None and known_recipe[0] is plan:
         replayed = _replay(known_recipe[1], statements, values, sources)
         if replayed is not None:
@@ -497,10 +493,7 @@ def rewrite_chain(
         if rewritten is not None:
             result[i] = rewritten
     if log.ok:
-        with _recipes_lock:
-            _recipes[key] = (plan, tuple(log.steps))  # the plan kept alive: its id stays its
-            while len(_recipes) > RECIPES:
-                _recipes.popitem(last=False)
+        _recipes.put(key, (plan, tuple(log.steps)))  # the plan kept alive: its id stays its
     return result
 
 
@@ -517,8 +510,7 @@ def rewrite_chain(
 
 RECIPES = 64
 _Step = tuple[str, int, Any]
-_recipes: OrderedDict[tuple[Any, ...], tuple[p.ExecutionPlan, tuple[_Step, ...]]] = OrderedDict()
-_recipes_lock = threading.Lock()
+_recipes: Lru[tuple[p.ExecutionPlan, tuple[_Step, ...]]] = Lru(RECIPES, 0)
 
 
 class _Log:
