@@ -181,9 +181,27 @@ def test_custom_sdpa_ignores_rows_past_the_query() -> None:
     poisoned_k, poisoned_v = k.clone(), v.clone()
     poisoned_k[:, 5:] = 1e4
     poisoned_v[:, 5:] = float("nan")
+    poisoned_k[:, 6:] = float("inf")
     for causal in (False, True):
-        got = L.custom_sdpa(q, poisoned_k, poisoned_v, 3, None, 0.0, causal)
         want = ref_attention(q, k, v, 3, causal=causal)
+        for traced in (False, True):  # traced: the compiled tier's form (keys masked)
+            got = L.custom_sdpa(q, poisoned_k, poisoned_v, 3, None, 0.0, causal, traced=traced)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_custom_quantized_sdpa_ignores_rows_past_the_query() -> None:
+    """The int8 caches' scales past the key range are never read either (NaN there)."""
+    q, qs, qz = _quantize_rows(_rand(1, 2, 2, 8, seed=22))
+    k, ks, kz = _quantize_rows(_rand(1, 6, 2, 8, seed=23))
+    v, vs, vz = _quantize_rows(_rand(1, 6, 2, 8, seed=24))
+    deq = [((t.float() - z.float()) * s) for t, s, z in ((q, qs, qz), (k, ks, kz), (v, vs, vz))]
+    want = ref_attention(*deq, 3, causal=True)
+    ks, vs = ks.clone(), vs.clone()
+    ks[:, 5:], vs[:, 5:] = float("nan"), float("inf")
+    for traced in (False, True):
+        got = L.custom_quantized_sdpa(
+            q, k, v, 3, None, 0.0, True, None, qz, qs, kz, ks, vz, vs, traced=traced
+        )
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 

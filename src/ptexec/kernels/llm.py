@@ -207,8 +207,13 @@ def _attention(
         kv_len = k.shape[2]
         _torch._check(start_pos + q_len <= kv_len)
         cols = torch.arange(kv_len, device=q.device)[None, :]
+        in_range = cols < start_pos + q_len
+        # rows past the range are zeros, not what the cache holds there: a masked key still
+        # meets its value in a product (0 * NaN is NaN), and the host never reads those rows
+        k = torch.where(in_range[0, :, None], k, 0.0)
+        v = torch.where(in_range[0, :, None], v, 0.0)
         rows = torch.arange(q.shape[2], device=q.device)[:, None] + start_pos
-        keys = cols <= rows if is_causal else (cols < start_pos + q_len).expand(q.shape[2], -1)
+        keys = cols <= rows if is_causal else in_range.expand(q.shape[2], -1)
         return _sdpa(q, k, v, factor, keys, repeat_heads=True)
     start = int(start_pos)
     if attn_mask is None:
