@@ -179,12 +179,8 @@ def test_an_input_in_the_methods_own_memory_is_copied_not_read_in_place() -> Non
     torch.manual_seed(1)
     (view,) = c.execute([torch.randn(2, 8)], outputs="view")
     storage = view.untyped_storage()
-    planned = c.state.values[c.state.inputs[0].slot]  # its own view: torch refuses that copy
-    start = (planned.data_ptr() - storage.data_ptr()) // 4
     tried = 0
-    for offset in range(0, storage.nbytes() // 4 - 16 + 1, 4):
-        if start - 16 < offset < start + 16:
-            continue
+    for offset in range(0, storage.nbytes() // 4 - 16 + 1):  # its own planned view too
         tried += 1
         alias = torch.empty(0).set_(storage, offset, (2, 8), (8, 1))
         alias.copy_(torch.randn(2, 8))

@@ -112,6 +112,37 @@ def test_out_that_cannot_grow_for_a_dynamic_output_is_refused() -> None:
     )
 
 
+@pytest.mark.parametrize("unplanned", [False, True])
+@pytest.mark.parametrize("layout", ["default", "convert"])  # the fast path and the general one
+def test_inputs_in_the_methods_own_memory_are_read_before_it_is_written(
+    unplanned: bool, layout: str
+) -> None:
+    """Views of an earlier call's outputs (``outputs="view"``), passed back in: wherever they
+    lie in the method's planned memory, the outputs are those of the same values in memory
+    of their own (copying one input into its planned view, or the run, may overwrite the
+    other before it is read)."""
+    x0, y0 = _inputs()
+    m = ptexec.load(export_program(_Two(), (x0, y0), unplanned=unplanned)).load_method()
+    options = {} if layout == "default" else {"layout": layout}
+    a, _ = m.execute([x0, y0], outputs="view")
+    memory = a.untyped_storage()
+    floats = memory.nbytes() // 4
+    assert floats >= 24  # the method's planned memory holds at least the outputs
+    g = torch.Generator().manual_seed(5)
+    for offset in range(0, floats - 24 + 1):
+        for other in range(0, floats - 24 + 1, 5):
+            x = torch.empty(0).set_(memory, offset, (4, 6))
+            y = torch.empty(0).set_(memory, other, (4, 6))
+            x.copy_(torch.randn(4, 6, generator=g))
+            if other != offset:
+                y.copy_(torch.randn(4, 6, generator=g))
+            want = (y * 2.0, x + y)  # eager, on copies made now
+            got = m.execute([x, y], **options)
+            torch.testing.assert_close(got[0], want[0])
+            torch.testing.assert_close(got[1], want[1])
+    _check_still_works(m)
+
+
 class _Mutates(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x.mul_(2.0)

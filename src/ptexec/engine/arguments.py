@@ -36,6 +36,8 @@ __all__ = [
     "float_tolerance",
     "output_checks",
     "output_error",
+    "output_memory",
+    "planned_ranges",
     "release",
     "scalar_fits",
     "scalar_test",
@@ -199,12 +201,58 @@ def _check_scalar(state: MethodState, i: int, spec: InputSpec, x: Any) -> None:
         )
 
 
+def planned_ranges(state: MethodState, device: torch.device) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` of the method's planned buffers on ``device``. They
+    are fixed at load: a buffer's memory never moves or grows."""
+    return [
+        (b.data.data_ptr(), b.data.data_ptr() + b.data.nbytes)
+        for b in state.buffers
+        if b.data.nbytes and b.data.device == device
+    ]
+
+
+def output_memory(state: MethodState, device: torch.device) -> list[torch.Tensor]:
+    """The tensors whose memory the method gives its unplanned outputs on ``device``
+    between calls (a call may grow it: read its range at the call)."""
+    return [
+        o.default
+        for o in state.unplanned_outputs
+        if o.default is not None and o.default.device == device
+    ]
+
+
+def _in_method_memory(state: MethodState, x: torch.Tensor) -> bool:
+    """Whether ``x`` shares a byte with memory the method writes: its planned buffers and
+    its unplanned outputs' memory."""
+    if x.numel() == 0:
+        return False
+    start, end = _span(x)
+    ranges = planned_ranges(state, x.device)
+    for d in output_memory(state, x.device):
+        memory = d.untyped_storage()
+        ranges.append((memory.data_ptr(), memory.data_ptr() + memory.nbytes()))
+    return any(start < e and s < end for s, e in ranges)
+
+
 def bind_inputs(state: MethodState, bound: BoundInputs) -> None:
-    """Put the validated inputs into the values table and record what each one took."""
+    """Put the validated inputs into the values table and record what each one took.
+
+    A caller's tensor in memory the method writes (a view of an earlier call's output,
+    say) is read once, before anything is written: copying another input into its planned
+    view, or the run itself, may overwrite it."""
     v = state.values
     rec = state.record
     rec.reset()
     actions = rec.inputs
+    bound = [
+        (action, x.clone())
+        if action is not None
+        and action is not Action.EMPTY
+        and isinstance(x, torch.Tensor)
+        and _in_method_memory(state, x)
+        else (action, x)
+        for action, x in bound
+    ]
     for spec, (action, x) in zip(state.inputs, bound, strict=True):
         if action is None:
             actions[spec.index] = "value"

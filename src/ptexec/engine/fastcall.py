@@ -36,7 +36,13 @@ from ..codegen import Code
 from ..kernels.registry import Statement
 from ..loader.state import MethodState
 from ..memory import resize_to
-from .arguments import output_checks, output_error, scalar_test
+from .arguments import (
+    output_checks,
+    output_error,
+    output_memory,
+    planned_ranges,
+    scalar_test,
+)
 from .runner import BlockRunner, Runner, below_autograd_for
 
 __all__ = ["NOT_FAST", "build_fast_call", "inline_statements"]
@@ -70,6 +76,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     restored: list[tuple[int, str]] = []  # (slot, what it holds between calls)
     # planned inputs the runner's code only reads (see the module docstring)
     readable: frozenset[int] = getattr(runner, "readable_inputs", frozenset())
+    outputs_memory: dict[int, int] = {}  # id of an unplanned output's memory -> its number
+    outputs_read: list[str] = []
     n = len(state.inputs)
     for spec in state.inputs:
         i = spec.index
@@ -92,6 +100,23 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             f"if type({x}) is not Tensor or {x}.dtype is not d{i} or {where} "
             f"or {x}.requires_grad or {x}.layout is not strided: return NOT_FAST"
         )
+        # a tensor in memory the method writes: the general path reads it first
+        apart = [
+            f"(q{i} <= {start} or p{i} >= {end})"
+            for start, end in planned_ranges(state, device.to_torch())
+        ]
+        for d in output_memory(state, device.to_torch()):
+            k = outputs_memory.setdefault(id(d), len(outputs_memory))
+            if k == len(outputs_read):  # read once a call, before the inputs' checks
+                env[f"U{k}"] = d
+                outputs_read.append(
+                    f"u{k} = U{k}.untyped_storage(); b{k} = u{k}.data_ptr(); "
+                    f"e{k} = b{k} + u{k}.nbytes()"
+                )
+            apart.append(f"(q{i} <= b{k} or p{i} >= e{k})")
+        if apart:
+            checks.append(f"p{i} = {x}.data_ptr(); q{i} = p{i} + {x}.nbytes")
+            checks.append(f"if not ({' and '.join(apart)}): return NOT_FAST")
         if info.dynamism == "static":
             if 0 in info.sizes:
                 return None  # empty inputs bind as EMPTY: the general path
@@ -113,9 +138,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             assert spec.view is not None
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
-            where_x, apart = _apart(state, i)
-            if where_x:
-                binds.append(where_x)
+            apart = _apart(state, i)
             binds.append(f"if {x}.is_contiguous(){apart}: v[{spec.slot}] = {x}")
             binds.append("else:")
             if info.dynamism != "static":
@@ -153,7 +176,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         if checks:  # a tensor torch cannot describe (a nested one, say): the general path says so
             code.add("try:")
             with code.indented():
-                code.add("\n".join(checks))
+                code.add("\n".join(outputs_read + checks))
             code.add("except Exception:")
             code.add("    return NOT_FAST")
         code.add(f"rec.h2h = {total}")
@@ -198,31 +221,20 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     return code.compile(state.sources, "call")["_fast"]
 
 
-def _apart(state: MethodState, i: int) -> tuple[str, str]:
-    """(the line that reads input ``i``'s address range, the `` and ...`` conditions) that
-    the dense tensor ``x{i}`` shares no byte with the method's planned buffers on its
-    device (a view of an earlier call's output, say, which the run may overwrite while it
-    reads it) nor with another tensor input of the call on that device (one the program
-    may write): only then may the caller's tensor stand in for the planned view. The
-    buffers' address ranges are fixed at load (their memory never moves or grows)."""
+def _apart(state: MethodState, i: int) -> str:
+    """The `` and ...`` conditions that the dense tensor ``x{i}`` shares no byte with another
+    tensor input of the call on its device (one the program may write): only then, and
+    apart from the planned buffers (checked for every input), may the caller's tensor
+    stand in for the planned view."""
     spec = state.inputs[i]
-    device = spec.device.to_torch()
-    ranges = [
-        (b.data.data_ptr(), b.data.data_ptr() + b.data.nbytes)
-        for b in state.buffers
-        if b.data.nbytes and b.data.device == device
-    ]
     others = [
         s.index
         for s in state.inputs
         if s.index != i and s.kind == "tensor" and s.device == spec.device
     ]
-    if not ranges and not others:
-        return "", ""
     p, q = f"p{i}", f"q{i}"
-    conds = [f"({q} <= {start} or {p} >= {end})" for start, end in ranges]
-    conds += [f"({q} <= x{j}.data_ptr() or {p} >= x{j}.data_ptr() + x{j}.nbytes)" for j in others]
-    return f"{p} = x{i}.data_ptr(); {q} = {p} + x{i}.nbytes", "".join(f" and {c}" for c in conds)
+    conds = [f"({q} <= x{j}.data_ptr() or {p} >= x{j}.data_ptr() + x{j}.nbytes)" for j in others]
+    return "".join(f" and {c}" for c in conds)
 
 
 def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
