@@ -138,8 +138,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             assert spec.view is not None
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
-            apart = _apart(state, i)
-            binds.append(f"if {x}.is_contiguous(){apart}: v[{spec.slot}] = {x}")
+            others = _apart(state, i)
+            binds.append(f"if {x}.is_contiguous(){others}: v[{spec.slot}] = {x}")
             binds.append("else:")
             if info.dynamism != "static":
                 binds.append(f"    if V{i}.shape != {x}s: resize_to(V{i}, {x}s, o{i})")
