@@ -81,6 +81,17 @@ def test_an_out_tensor_over_an_input_view_is_refused(two: bytes) -> None:
         m.execute([x, y], out=[big[4:8], None])
 
 
+@pytest.mark.parametrize("unplanned", [False, True])
+def test_an_out_tensor_in_the_methods_own_memory_is_refused(unplanned: bool) -> None:
+    x, y = _inputs()
+    m = ptexec.load(export_program(_Two(), (x, y), unplanned=unplanned)).load_method()
+    a, b = m.execute([x, y], outputs="view")
+    for given in ([a, None], [None, b], [None, a]):
+        with pytest.raises(ptexec.InputError, match="the method's own memory"):
+            m.execute([x, y], out=given)
+    _check_still_works(m)
+
+
 def test_out_with_elements_sharing_memory_is_refused() -> None:
     m = ptexec.load(fixture_paths("mlp")[0]).load_method()  # planned output float32[2, 4]
     x = fixture_calls("mlp")[0]["inputs"]

@@ -397,9 +397,9 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def check_aliasing(state: MethodState, bound: BoundInputs, out: list[torch.Tensor | None]) -> None:
-    """Refuse ``out=`` tensors whose memory overlaps an input's or another ``out=`` tensor's:
-    the method may read an input after writing an output, and two outputs in one memory
-    overwrite each other. Memory ranges are compared (elements interleaved in one range
+    """Refuse ``out=`` tensors whose memory overlaps an input's, another ``out=`` tensor's or
+    the method's own: the method may read an input after writing an output, two outputs in
+    one memory overwrite each other, and the run writes its own memory. Memory ranges are compared (elements interleaved in one range
     count as overlapping)."""
     taken: list[tuple[str, torch.Tensor]] = [
         (f"input {spec.index}", x)
@@ -409,6 +409,12 @@ def check_aliasing(state: MethodState, bound: BoundInputs, out: list[torch.Tenso
     for k, t in enumerate(out):
         if t is None:
             continue
+        if _in_method_memory(state, t):
+            raise InputError(
+                f"out[{k}] of '{state.name}' lies in the method's own memory (a view of an "
+                "earlier call's output?), which the call overwrites; give outputs memory of "
+                "their own"
+            )
         for what, other in taken:
             if _shares_memory(t, other):
                 raise InputError(
