@@ -38,8 +38,7 @@ import torch
 
 from ..codegen import Code
 from ..effects import effects, kind
-from ..engine.blocks import chain_listing, compile_chain
-from ..engine.runner import run_chains
+from ..engine.runner import BlockRunner
 from ..errors import ExecutionError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
@@ -718,8 +717,10 @@ class CompiledRunner:
                 c.loaded,
                 c.stacktrace,
             )
-            chains.append(compile_chain(rewritten, state.sources))
-        self.chains = chains
+            chains.append(rewritten)
+        # run as the interpreter runs its own chains (forward-only ones as one function)
+        self._blocks = BlockRunner(state, chains)
+        self._blocks.prepare()
         self._inlined = inlined
         self.readable_inputs = caller_readable(state, readers, program.shared_buffer_indices)
         """Planned inputs (their slots) whose caller's tensor the compiled code may read in
@@ -738,7 +739,7 @@ class CompiledRunner:
         pass
 
     def run(self, v: list[Any]) -> None:
-        run_chains(self.state, self.chains, v, None)
+        self._blocks.run(v)
 
     def inline(self) -> tuple[Statement, ...] | None:
         """The statements of the method's one straight-line chain, each compiled region's
@@ -767,8 +768,5 @@ class CompiledRunner:
                     "compiled for\n"
                     + self.state.sources.listing(fallback, self.state.chains[r.chain].names)
                 )
-        parts.extend(
-            chain_listing(c, compiled, self.state.sources)
-            for c, compiled in zip(self.state.chains, self.chains, strict=True)
-        )
+        parts.append(self._blocks.source())
         return "\n".join(parts)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import ExecutionError, InstructionLimitError, LimitExceededError, PtexecError
-from ..loader.state import Kept, MethodState
+from ..loader.state import Kept, MethodState, PreparedChain
 from .blocks import CompiledChain, chain_listing, compile_chain, compile_forward, forward_only
 from .hooks import Hooks, StopCall, steps_of
 
@@ -120,10 +120,12 @@ def run_chains(
         raise state.execution_error(e) from e
 
 
-def _listing(state: MethodState, chains: list[CompiledChain]) -> str:
+def _listing(
+    state: MethodState, chains: list[CompiledChain], prepared: list[PreparedChain] | None = None
+) -> str:
     return "\n".join(
         chain_listing(c, compiled, state.sources)
-        for c, compiled in zip(state.chains, chains, strict=True)
+        for c, compiled in zip(prepared or state.chains, chains, strict=True)
     )
 
 
@@ -138,24 +140,26 @@ class BlockRunner:
 
     direct_outputs = True
 
-    def __init__(self, state: MethodState) -> None:
+    def __init__(self, state: MethodState, chains: list[PreparedChain] | None = None) -> None:
+        """``chains``: the method's own (``state.chains``) unless another runner rewrote
+        some statements (the compiled tier: a region's call in its first instruction)."""
         self.state = state
+        self._prepared = state.chains if chains is None else chains
         self._chains: list[CompiledChain] | None = None
         self._forward: list[Callable[[list[Any]], None]] | None = None
-        chains = state.chains
         self.forward = state.instruction_count() <= state.max_instructions and all(
-            forward_only(c) for c in chains
+            forward_only(c) for c in self._prepared
         )
 
     @property
     def chains(self) -> list[CompiledChain]:
         if self._chains is None:
-            self._chains = [compile_chain(c, self.state.sources) for c in self.state.chains]
+            self._chains = [compile_chain(c, self.state.sources) for c in self._prepared]
         return self._chains
 
     def _functions(self) -> list[Callable[[list[Any]], None]]:
         if self._forward is None:
-            self._forward = [compile_forward(c, self.state.sources) for c in self.state.chains]
+            self._forward = [compile_forward(c, self.state.sources) for c in self._prepared]
         return self._forward
 
     def prepare(self) -> None:
@@ -184,19 +188,19 @@ class BlockRunner:
 
     def source(self) -> str:
         """Every chain's blocks, or its one function (compiled now if not yet)."""
-        if not self.forward:
-            return _listing(self.state, self.chains)
         state = self.state
+        if not self.forward:
+            return _listing(state, self.chains, self._prepared)
         return "\n".join(
             f"# chain {c.index}: its blocks in one function (every jump goes forward)\n"
             + state.sources.listing(fn, c.names)
-            for c, fn in zip(state.chains, self._functions(), strict=True)
+            for c, fn in zip(self._prepared, self._functions(), strict=True)
         )
 
     @property
     def straight_line(self) -> bool:
         """One chain without jumps: its statements can be inlined into a caller."""
-        chains = self.state.chains
+        chains = self._prepared
         return len(chains) == 1 and not chains[0].has_jumps
 
 
