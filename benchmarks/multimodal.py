@@ -40,7 +40,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.append(str(ROOT / "src"))  # after PYTHONPATH: another tree may be measured
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import multimodal_models as mm  # noqa: E402

@@ -31,7 +31,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.append(str(ROOT / "src"))  # after PYTHONPATH: another tree may be measured
 
 import llm_programs  # noqa: E402
 
