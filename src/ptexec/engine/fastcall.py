@@ -12,7 +12,8 @@ cover, and :meth:`ptexec.Method.execute` then takes its general path, which vali
 binds and reports errors exactly as always. For the calls it covers, it binds exactly as
 the general path's rules would (the placement decision's ``COPY`` and ``SHARE``), and
 fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
-the statements inlined when the runner is the plain blocks of one straight-line chain.
+the statements inlined when the runner is the plain blocks of one chain that is
+straight-line or whose jumps all go forward.
 Failures propagate raw: the envelope restores the method and reports them.
 
 It restates no rule: the copy-or-share decision is
@@ -37,9 +38,10 @@ from ..kernels.registry import Statement
 from ..loader.state import MethodState
 from ..memory import resize_to
 from .arguments import output_checks, output_error, scalar_test
+from .blocks import forward_lines
 from .runner import BlockRunner, Runner, below_autograd_for
 
-__all__ = ["NOT_FAST", "build_fast_call", "inline_statements"]
+__all__ = ["NOT_FAST", "build_fast_call", "inline_statements", "runs_inline"]
 
 
 class _NotFast:
@@ -161,8 +163,14 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         code.add("rec.inputs[:] = ACTIONS")
         code.add("rec.outputs[:] = NO_OUT")
         code.add("try:")
-        with code.indented():
+        with code.indented(), contextlib.ExitStack() as guarded:
             code.add("\n".join(binds))
+            guard = below_autograd_for(state)
+            if guard is not None:
+                # the outputs' checks and copies too: a copy below autograd costs less
+                env["_below"] = guard
+                code.add("with _below():")
+                guarded.enter_context(code.indented())
             if not _run_into(code, state, runner):
                 return None
             outs = []
@@ -191,6 +199,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 )
             else:
                 code.add(f"return [{', '.join(outs)}]")
+            guarded.close()
         code.add("finally:")
         with code.indented():
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
@@ -227,26 +236,35 @@ def _apart(state: MethodState, i: int) -> tuple[str, str]:
 
 def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
-    plain blocks of one straight-line chain, else a call of the runner (control flow, the
-    instruction limit, its own error reports). False: the fast path cannot run them."""
-    guard = below_autograd_for(state)
-    with contextlib.ExitStack() as stack:
-        if guard is not None:
-            code.env["_below"] = guard
-            code.add("with _below():")
-            stack.enter_context(code.indented())
-        statements = inline_statements(state, runner)
-        if statements is not None:
-            if len(statements) > state.max_instructions:
-                return False
-            for k, st in enumerate(statements):
-                code.add(st.code, k)
-                code.env.update(st.env)
-            code.add("pass")
-        else:
-            code.env["_run"] = runner.run
-            code.add("_run(v)")
+    plain blocks of one straight-line chain, or of one chain whose jumps all go forward
+    (its one function's lines, :func:`~.blocks.forward_lines`), else a call of the runner
+    (other control flow, the instruction limit, its own error reports). False: the fast
+    path cannot run them."""
+    statements = inline_statements(state, runner)
+    if statements is not None:
+        if len(statements) > state.max_instructions:
+            return False
+        for k, st in enumerate(statements):
+            code.add(st.code, k)
+            code.env.update(st.env)
+    elif _forward_inline(state, runner):
+        forward_lines(state.chains[0], code)
+    else:
+        code.env["_run"] = runner.run
+        code.add("_run(v)")
+        return True
+    code.add("pass")
     return True
+
+
+def _forward_inline(state: MethodState, runner: Runner) -> bool:
+    return isinstance(runner, BlockRunner) and runner.forward and len(state.chains) == 1
+
+
+def runs_inline(state: MethodState, runner: Runner) -> bool:
+    """The fast call runs the instructions of chain 0 in its own lines (no call of the
+    runner)."""
+    return inline_statements(state, runner) is not None or _forward_inline(state, runner)
 
 
 def inline_statements(state: MethodState, runner: Runner) -> Sequence[Statement] | None:
