@@ -37,7 +37,8 @@ from ..codegen import Code
 from ..kernels.registry import Statement
 from ..loader.state import MethodState
 from ..memory import resize_to
-from .arguments import output_checks, output_error, scalar_test
+from ..effects import effects
+from .arguments import held_outputs, output_checks, output_error, scalar_test
 from .blocks import forward_lines
 from .runner import BlockRunner, Runner, below_autograd_for
 
@@ -183,11 +184,14 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             env["_refuse"] = refuse
             # slots whose tensor the runner guarantees (written in place only): unchecked
             fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
+            # outputs that stay the tensor loading made: only their sizes can be wrong
+            held = held_outputs(state, _replaced(state, runner))
             for out in state.outputs:
                 x = f"v[{out.slot}]"
                 if out.kind == "tensor" and out.slot not in fixed:
                     # what execution left there is what the program declares
-                    code.add("\n".join(output_checks(state, out.index, x, "_refuse", env)))
+                    lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
+                    code.add("\n".join(lines))
                 outs.append(f"{x}.clone()" if out.kind == "tensor" and copy_outputs else x)
             tensors = all(out.kind == "tensor" for out in state.outputs)
             if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
@@ -255,6 +259,20 @@ def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
         return True
     code.add("pass")
     return True
+
+
+def _replaced(state: MethodState, runner: Runner) -> frozenset[int] | None:
+    """The slots an instruction of the plain blocks may give a new object (their
+    statements' effects), or None (every slot) for another runner."""
+    if not isinstance(runner, BlockRunner):
+        return None
+    values = state.plan.values
+    return frozenset(
+        k
+        for chain in state.chains
+        for ins, st in zip(chain.instructions, chain.statements, strict=True)
+        for k in effects(values, ins, st).replaces
+    )
 
 
 def _forward_inline(state: MethodState, runner: Runner) -> bool:
