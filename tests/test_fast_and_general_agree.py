@@ -319,3 +319,19 @@ def test_held_outputs() -> None:
         }
         assert arguments.held_outputs(m.state, frozenset(replaced)) == held, name
         assert arguments.held_outputs(m.state, None) == frozenset()
+
+
+def test_views_skip_their_bookkeeping_only_where_the_caller_gets_copies() -> None:
+    """The fast call's guard skips views' and in-place writes' bookkeeping (version
+    counts) only where nothing it makes or writes reaches the caller; values agree."""
+    from ptexec.engine.runner import below_autograd_for
+
+    m = ptexec.load(FIX / "transformer.pte").load_method("forward")
+    views = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", None)
+    if views is not None:
+        assert below_autograd_for(m.state, True) is views
+        assert below_autograd_for(m.state, False) is torch._C._AutoDispatchBelowAutograd
+    (x,) = _inputs("transformer")
+    general = ptexec.load(FIX / "transformer.pte").load_method("forward", fast_path=False)
+    for _ in range(2):
+        assert torch.equal(m.execute([x])[0], general.execute([x])[0])

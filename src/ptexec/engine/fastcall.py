@@ -34,10 +34,10 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
+from ..effects import effects
 from ..kernels.registry import Statement
 from ..loader.state import MethodState
 from ..memory import resize_to
-from ..effects import effects
 from .arguments import held_outputs, output_checks, output_error, scalar_test
 from .blocks import forward_lines
 from .runner import BlockRunner, Runner, below_autograd_for
@@ -71,6 +71,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     actions: list[str] = []
     copied = []  # (static nbytes | expression) per planned input
     restored: list[tuple[int, str]] = []  # (slot, what it holds between calls)
+    aliased = False  # the instructions may write a caller's tensor (through an alias)
     # planned inputs the runner's code only reads (see the module docstring)
     readable: frozenset[int] = getattr(runner, "readable_inputs", frozenset())
     n = len(state.inputs)
@@ -141,6 +142,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             # a larger result) changes the alias, never the caller's tensor
             binds.append(f"v[{spec.slot}] = {x}.detach()")
             restored.append((spec.slot, "None"))
+            aliased = True
         actions.append(action.value)
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
@@ -166,7 +168,10 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         code.add("try:")
         with code.indented(), contextlib.ExitStack() as guarded:
             code.add("\n".join(binds))
-            guard = below_autograd_for(state)
+            tensors = all(out.kind == "tensor" for out in state.outputs)
+            # skipping views' bookkeeping skips the version counts of what the program
+            # writes in place too: only where no caller's tensor is written or returned
+            guard = below_autograd_for(state, copy_outputs and tensors and not aliased)
             if guard is not None:
                 # the outputs' checks and copies too: a copy below autograd costs less
                 env["_below"] = guard
