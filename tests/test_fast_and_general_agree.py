@@ -22,6 +22,7 @@ import ptexec
 from ptexec.binding import Action, Policy, common_action, decide, shape_error, shape_test
 from ptexec.codegen import Code, Sources
 from ptexec.device import CPU
+from ptexec.effects import effects
 from ptexec.engine import arguments
 from ptexec.tensor import TensorInfo, dim_order_strides
 
@@ -257,19 +258,20 @@ def test_output_checks_are_output_error() -> None:
         state = m.state
         spec = state.outputs[0]
         assert isinstance(spec.info, TensorInfo)
-        code = Code()
-        code.add("def check(v):")
-        with code.indented():
-            code.add(
-                "\n".join(arguments.output_checks(state, 0, f"v[{spec.slot}]", "_no", code.env))
-            )
-            code.add("return True")
 
         def no(k: int) -> None:
             raise LookupError(k)
 
-        code.env["_no"] = no
-        check = code.compile(Sources("test"), "output check")["check"]
+        checks = []
+        for held in (False, True):  # held: the program's dtype is known, the sizes checked
+            code = Code()
+            code.add("def check(v):")
+            with code.indented():
+                lines = arguments.output_checks(state, 0, f"v[{spec.slot}]", "_no", code.env, held)
+                code.add("\n".join(lines))
+                code.add("return True")
+            code.env["_no"] = no
+            checks.append(code.compile(Sources("test"), "output check")["check"])
         sizes = spec.info.sizes
         values: list[Any] = [
             torch.zeros(sizes),
@@ -291,9 +293,45 @@ def test_output_checks_are_output_error() -> None:
                 refused = arguments.output_error(state, 0) is not None
             finally:
                 state.values[spec.slot] = saved
-            try:
-                check(table)
-                generated = False
-            except LookupError:
-                generated = True
-            assert generated is refused, (name, value)
+            for held, check in enumerate(checks):
+                if held and not (
+                    isinstance(value, torch.Tensor) and value.dtype == spec.info.dtype
+                ):
+                    continue  # a held output is always a tensor of the program's dtype
+                try:
+                    check(table)
+                    generated = False
+                except LookupError:
+                    generated = True
+                assert generated is refused, (name, value, held)
+
+
+def test_held_outputs() -> None:
+    """A planned output that no instruction gives a new object is held (its sizes alone
+    checked); ``cond``'s output, which a ``move`` makes, is not."""
+    for name, held in (("mlp", {0}), ("int_ops", set(range(9))), ("cond", set())):
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        replaced = {
+            k
+            for chain in m.state.chains
+            for ins, st in zip(chain.instructions, chain.statements, strict=True)
+            for k in effects(m.state.plan.values, ins, st).replaces
+        }
+        assert arguments.held_outputs(m.state, frozenset(replaced)) == held, name
+        assert arguments.held_outputs(m.state, None) == frozenset()
+
+
+def test_views_skip_their_bookkeeping_only_where_the_caller_gets_copies() -> None:
+    """The fast call's guard skips views' and in-place writes' bookkeeping (version
+    counts) only where nothing it makes or writes reaches the caller; values agree."""
+    from ptexec.engine.runner import below_autograd_for
+
+    m = ptexec.load(FIX / "transformer.pte").load_method("forward")
+    views = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", None)
+    if views is not None:
+        assert below_autograd_for(m.state, True) is views
+        assert below_autograd_for(m.state, False) is torch._C._AutoDispatchBelowAutograd
+    (x,) = _inputs("transformer")
+    general = ptexec.load(FIX / "transformer.pte").load_method("forward", fast_path=False)
+    for _ in range(2):
+        assert torch.equal(m.execute([x])[0], general.execute([x])[0])

@@ -23,7 +23,7 @@ from .binding import Policy
 from .engine import arguments
 from .engine.arguments import OutputMode
 from .engine.cuda_graph import CudaGraphRunner
-from .engine.fastcall import NOT_FAST, build_fast_call, inline_statements
+from .engine.fastcall import NOT_FAST, build_fast_call, runs_inline
 from .engine.hooks import Hooks
 from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
 from .errors import PtexecError
@@ -242,7 +242,7 @@ class Method:
         parts = [f"# '{self.name}': the generated code it runs"]
         fast = self._fast
         if fast is not None:
-            inline = inline_statements(state, self._runner) is not None
+            inline = runs_inline(state, self._runner)
             how = "the instructions of chain 0 inline" if inline else "the runner below (_run(v))"
             names = state.chains[0].names if state.chains else ()
             parts.append(

@@ -721,6 +721,12 @@ class CompiledRunner:
         # run as the interpreter runs its own chains (forward-only ones as one function)
         self._blocks = BlockRunner(state, chains)
         self._blocks.prepare()
+        self.forward_chain: PreparedChain | None = None
+        """The one chain whose jumps all go forward, each region's code in its first
+        instruction's place, for the fast call to run in its own lines; or None."""
+        forward = self._blocks.forward_chain
+        if forward is not None:
+            self.forward_chain = replace(forward, statements=tuple(inlined[forward.index]))
         self._inlined = inlined
         self.readable_inputs = caller_readable(state, readers, program.shared_buffer_indices)
         """Planned inputs (their slots) whose caller's tensor the compiled code may read in

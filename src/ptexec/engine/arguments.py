@@ -34,6 +34,7 @@ __all__ = [
     "check_out",
     "collect",
     "float_tolerance",
+    "held_outputs",
     "output_checks",
     "output_error",
     "output_memory",
@@ -473,12 +474,44 @@ def output_error(state: MethodState, index: int) -> ExecutionError | None:
     )
 
 
+def held_outputs(state: MethodState, replaced: frozenset[int] | None) -> frozenset[int]:
+    """The outputs whose slot holds, through every call, the tensor of the program's dtype
+    that loading put there: planned outputs, in no input's slot, in none of ``replaced``
+    (the slots something run by the call may give a new object; None: any slot). A
+    tensor's dtype never changes in place, so :func:`output_error` can find only its
+    sizes wrong."""
+    if replaced is None:
+        return frozenset()
+    inputs = {spec.slot for spec in state.inputs}
+    held = set()
+    for spec in state.outputs:
+        x = state.values[spec.slot]
+        info = spec.info
+        if (
+            spec.kind == "tensor"
+            and spec.planned
+            and spec.slot not in inputs
+            and spec.slot not in replaced
+            and isinstance(info, TensorInfo)
+            and type(x) is torch.Tensor
+            and x.dtype == info.dtype
+        ):
+            held.add(spec.index)
+    return frozenset(held)
+
+
 def output_checks(
-    state: MethodState, index: int, x: str, refuse: str, env: dict[str, Any]
+    state: MethodState,
+    index: int,
+    x: str,
+    refuse: str,
+    env: dict[str, Any],
+    held: bool = False,
 ) -> list[str]:
     """:func:`output_error`'s rule as lines of generated code: they call ``refuse(index)``
     where ``output_error(state, index)`` may find a problem, and only there (``x``: the
-    source of the output's value; names the lines use are added to ``env``)."""
+    source of the output's value; names the lines use are added to ``env``; ``held``: the
+    output is one of :func:`held_outputs`, whose sizes alone are checked)."""
     info = state.outputs[index].info
     if not isinstance(info, TensorInfo):
         return []
@@ -486,10 +519,12 @@ def output_checks(
     env[f"T{index}"] = info.dtype
     test = f"type({x}) is not Tensor or {x}.dtype is not T{index}"
     if info.dynamism == "static":
+        if held:
+            return [f"if not ({shape_test(info, f'{x}.shape')}): {refuse}({index})"]
         return [f"if {test} or not ({shape_test(info, f'{x}.shape')}): {refuse}({index})"]
     shape = f"_s{index}"
     return [
-        f"if {test}: {refuse}({index})",
+        *([] if held else [f"if {test}: {refuse}({index})"]),
         f"{shape} = {x}.shape",
         f"if not ({shape_test(info, shape)}): {refuse}({index})",
     ]

@@ -35,6 +35,7 @@ __all__ = [
     "compile_chain",
     "compile_forward",
     "compile_statement",
+    "forward_lines",
     "forward_only",
 ]
 
@@ -134,38 +135,45 @@ def compile_forward(chain: PreparedChain, sources: Sources) -> Callable[[list[An
             if b == 1:
                 ...
     """
-    ins = chain.instructions
-    n = len(ins)
-    spans = basic_blocks(ins)
-    block_of = {s: k for k, (s, _) in enumerate(spans)}
     code = Code(chain.index)
     code.add("def _chain(v):")
     with code.indented():
-        for k, (start, end) in enumerate(spans):
-            nxt = block_of.get(end, -1) if end < n else -1
-            with contextlib.ExitStack() as stack:
-                if k:
-                    code.add(f"if b == {k}:")
-                    stack.enter_context(code.indented())
-                jumped = False
-                for i in range(start, min(end, n)):
-                    st = chain.statements[i]
-                    code.env.update(st.env)
-                    jump = ins[i]
-                    if isinstance(jump, p.JumpFalseCall):
-                        dest = jump.destination_instruction
-                        target = block_of.get(dest, -1) if dest < n else -1
-                        code.add(f"b = {nxt} if {st.code} else {target}", i)
-                        jumped = True
-                    else:
-                        code.add(st.code, i)
-                if not jumped:
-                    code.add(f"b = {nxt}")
+        forward_lines(chain, code)
         code.add("return None")
     fn: Callable[[list[Any]], None] = code.compile(sources, f"chain {chain.index} in one function")[
         "_chain"
     ]
     return fn
+
+
+def forward_lines(chain: PreparedChain, code: Code) -> None:
+    """Add the body of :func:`compile_forward`'s function to ``code`` at its indentation,
+    each line tagged with its instruction: the blocks under ``if b == k:`` in order (``b``
+    a local of the function the lines are in)."""
+    ins = chain.instructions
+    n = len(ins)
+    spans = basic_blocks(ins)
+    block_of = {s: k for k, (s, _) in enumerate(spans)}
+    for k, (start, end) in enumerate(spans):
+        nxt = block_of.get(end, -1) if end < n else -1
+        with contextlib.ExitStack() as stack:
+            if k:
+                code.add(f"if b == {k}:")
+                stack.enter_context(code.indented())
+            jumped = False
+            for i in range(start, min(end, n)):
+                st = chain.statements[i]
+                code.env.update(st.env)
+                jump = ins[i]
+                if isinstance(jump, p.JumpFalseCall):
+                    dest = jump.destination_instruction
+                    target = block_of.get(dest, -1) if dest < n else -1
+                    code.add(f"b = {nxt} if {st.code} else {target}", i)
+                    jumped = True
+                else:
+                    code.add(st.code, i)
+            if not jumped:
+                code.add(f"b = {nxt}")
 
 
 def chain_listing(state: PreparedChain, compiled: CompiledChain, sources: Sources) -> str:

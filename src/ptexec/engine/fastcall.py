@@ -12,7 +12,8 @@ cover, and :meth:`ptexec.Method.execute` then takes its general path, which vali
 binds and reports errors exactly as always. For the calls it covers, it binds exactly as
 the general path's rules would (the placement decision's ``COPY`` and ``SHARE``), and
 fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
-the statements inlined when the runner is the plain blocks of one straight-line chain.
+the statements inlined when the runner is the plain blocks of one chain that is
+straight-line or whose jumps all go forward.
 Failures propagate raw: the envelope restores the method and reports them.
 
 It restates no rule: the copy-or-share decision is
@@ -33,19 +34,22 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
+from ..effects import effects
 from ..kernels.registry import Statement
-from ..loader.state import MethodState
+from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
 from .arguments import (
+    held_outputs,
     output_checks,
     output_error,
     output_memory,
     planned_ranges,
     scalar_test,
 )
+from .blocks import forward_lines
 from .runner import BlockRunner, Runner, below_autograd_for
 
-__all__ = ["NOT_FAST", "build_fast_call", "inline_statements"]
+__all__ = ["NOT_FAST", "build_fast_call", "inline_statements", "runs_inline"]
 
 
 class _NotFast:
@@ -74,10 +78,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     actions: list[str] = []
     copied = []  # (static nbytes | expression) per planned input
     restored: list[tuple[int, str]] = []  # (slot, what it holds between calls)
+    aliased = False  # the instructions may write a caller's tensor (through an alias)
     # planned inputs the runner's code only reads (see the module docstring)
     readable: frozenset[int] = getattr(runner, "readable_inputs", frozenset())
     outputs_memory: dict[int, int] = {}  # id of an unplanned output's memory -> its number
     outputs_read: list[str] = []
+    buffer_names: dict[int, int] = {}  # a planned buffer's address -> its number
     n = len(state.inputs)
     for spec in state.inputs:
         i = spec.index
@@ -101,10 +107,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             f"or {x}.requires_grad or {x}.layout is not strided: return NOT_FAST"
         )
         # a tensor in memory the method writes: the general path reads it first
-        apart = [
-            f"(q{i} <= {start} or p{i} >= {end})"
-            for start, end in planned_ranges(state, device.to_torch())
-        ]
+        # (the buffers' addresses are globals: the text stays the same for every load)
+        apart = []
+        for start, end in planned_ranges(state, device.to_torch()):
+            j = buffer_names.setdefault(start, len(buffer_names))
+            env[f"S{j}"], env[f"E{j}"] = start, end
+            apart.append(f"(q{i} <= S{j} or p{i} >= E{j})")
         for d in output_memory(state, device.to_torch()):
             k = outputs_memory.setdefault(id(d), len(outputs_memory))
             if k == len(outputs_read):  # read once a call, before the inputs' checks
@@ -161,6 +169,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             # a larger result) changes the alias, never the caller's tensor
             binds.append(f"v[{spec.slot}] = {x}.detach()")
             restored.append((spec.slot, "None"))
+            aliased = True
         actions.append(action.value)
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
@@ -184,8 +193,17 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         code.add("rec.inputs[:] = ACTIONS")
         code.add("rec.outputs[:] = NO_OUT")
         code.add("try:")
-        with code.indented():
+        with code.indented(), contextlib.ExitStack() as guarded:
             code.add("\n".join(binds))
+            tensors = all(out.kind == "tensor" for out in state.outputs)
+            # skipping views' bookkeeping skips the version counts of what the program
+            # writes in place too: only where no caller's tensor is written or returned
+            guard = below_autograd_for(state, copy_outputs and tensors and not aliased)
+            if guard is not None:
+                # the outputs' checks and copies too: a copy below autograd costs less
+                env["_below"] = guard
+                code.add("with _below():")
+                guarded.enter_context(code.indented())
             if not _run_into(code, state, runner):
                 return None
             outs = []
@@ -198,11 +216,14 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             env["_refuse"] = refuse
             # slots whose tensor the runner guarantees (written in place only): unchecked
             fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
+            # outputs that stay the tensor loading made: only their sizes can be wrong
+            held = held_outputs(state, _replaced(state, runner))
             for out in state.outputs:
                 x = f"v[{out.slot}]"
                 if out.kind == "tensor" and out.slot not in fixed:
                     # what execution left there is what the program declares
-                    code.add("\n".join(output_checks(state, out.index, x, "_refuse", env)))
+                    lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
+                    code.add("\n".join(lines))
                 outs.append(f"{x}.clone()" if out.kind == "tensor" and copy_outputs else x)
             tensors = all(out.kind == "tensor" for out in state.outputs)
             if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
@@ -214,6 +235,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 )
             else:
                 code.add(f"return [{', '.join(outs)}]")
+            guarded.close()
         code.add("finally:")
         with code.indented():
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
@@ -239,26 +261,52 @@ def _apart(state: MethodState, i: int) -> str:
 
 def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
-    plain blocks of one straight-line chain, else a call of the runner (control flow, the
-    instruction limit, its own error reports). False: the fast path cannot run them."""
-    guard = below_autograd_for(state)
-    with contextlib.ExitStack() as stack:
-        if guard is not None:
-            code.env["_below"] = guard
-            code.add("with _below():")
-            stack.enter_context(code.indented())
-        statements = inline_statements(state, runner)
-        if statements is not None:
-            if len(statements) > state.max_instructions:
-                return False
-            for k, st in enumerate(statements):
-                code.add(st.code, k)
-                code.env.update(st.env)
-            code.add("pass")
-        else:
-            code.env["_run"] = runner.run
-            code.add("_run(v)")
+    plain blocks of one straight-line chain, or of one chain whose jumps all go forward
+    (its one function's lines, :func:`~.blocks.forward_lines`), else a call of the runner
+    (other control flow, the instruction limit, its own error reports). False: the fast
+    path cannot run them."""
+    statements = inline_statements(state, runner)
+    if statements is not None:
+        if len(statements) > state.max_instructions:
+            return False
+        for k, st in enumerate(statements):
+            code.add(st.code, k)
+            code.env.update(st.env)
+    elif (chain := _forward_chain(runner)) is not None:
+        forward_lines(chain, code)
+    else:
+        code.env["_run"] = runner.run
+        code.add("_run(v)")
+        return True
+    code.add("pass")
     return True
+
+
+def _replaced(state: MethodState, runner: Runner) -> frozenset[int] | None:
+    """The slots an instruction of the plain blocks may give a new object (their
+    statements' effects), or None (every slot) for another runner."""
+    if not isinstance(runner, BlockRunner):
+        return None
+    values = state.plan.values
+    return frozenset(
+        k
+        for chain in state.chains
+        for ins, st in zip(chain.instructions, chain.statements, strict=True)
+        for k in effects(values, ins, st).replaces
+    )
+
+
+def _forward_chain(runner: Runner) -> PreparedChain | None:
+    """The runner's one chain whose jumps all go forward, with what each instruction runs
+    (a compiled region's code in its first instruction's place), or None."""
+    chain: PreparedChain | None = getattr(runner, "forward_chain", None)
+    return chain
+
+
+def runs_inline(state: MethodState, runner: Runner) -> bool:
+    """The fast call runs the instructions of chain 0 in its own lines (no call of the
+    runner)."""
+    return inline_statements(state, runner) is not None or _forward_chain(runner) is not None
 
 
 def inline_statements(state: MethodState, runner: Runner) -> Sequence[Statement] | None:

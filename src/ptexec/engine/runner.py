@@ -48,6 +48,15 @@ _BELOW_AUTOGRAD: Callable[[], ContextManager[Any]] | None = getattr(
     torch._C, "_AutoDispatchBelowAutograd", None
 )
 BELOW_AUTOGRAD_FROM = 8  # instructions
+# For the fast call's instructions and output copies: below ADInplaceOrView as well, so
+# that views (``reshape``, ``permute``, ``expand``, ``split``: a copy made a view) also
+# skip the bookkeeping autograd would need of them, about 0.3 us each. The kernels are the
+# same; a view made there is not marked as one (no shared version counter, no ``_base``)
+# and a tensor written in place there keeps its version count, which only autograd reads:
+# used where the caller is handed copies alone and no tensor of the caller is written.
+_BELOW_VIEWS: Callable[[], ContextManager[Any]] | None = getattr(
+    torch._C, "_AutoDispatchBelowADInplaceOrView", _BELOW_AUTOGRAD
+)
 
 
 def below_autograd() -> ContextManager[Any]:
@@ -56,11 +65,17 @@ def below_autograd() -> ContextManager[Any]:
     return _BELOW_AUTOGRAD() if _BELOW_AUTOGRAD is not None else contextlib.nullcontext()
 
 
-def below_autograd_for(state: MethodState) -> Callable[[], ContextManager[Any]] | None:
-    """The guard for the calls of ``state``, or None when it would cost more than it saves."""
-    if _BELOW_AUTOGRAD is None or state.instruction_count() < BELOW_AUTOGRAD_FROM:
+def below_autograd_for(
+    state: MethodState, copies_out: bool = False
+) -> Callable[[], ContextManager[Any]] | None:
+    """The guard for the fast calls of ``state`` (their instructions and output copies),
+    or None when it would cost more than it saves. ``copies_out``: the caller is handed
+    copies alone and none of its tensors is written, so views and in-place writes may
+    skip their bookkeeping."""
+    guard = _BELOW_VIEWS if copies_out else _BELOW_AUTOGRAD
+    if guard is None or state.instruction_count() < BELOW_AUTOGRAD_FROM:
         return None
-    return _BELOW_AUTOGRAD
+    return guard
 
 
 class Runner(Protocol):
@@ -196,6 +211,12 @@ class BlockRunner:
             + state.sources.listing(fn, c.names)
             for c, fn in zip(self._prepared, self._functions(), strict=True)
         )
+
+    @property
+    def forward_chain(self) -> PreparedChain | None:
+        """The one chain, when its jumps all go forward within the limit: a caller may run
+        its lines (:func:`~.blocks.forward_lines`) in place of :meth:`run`."""
+        return self._prepared[0] if self.forward and len(self._prepared) == 1 else None
 
     @property
     def straight_line(self) -> bool:
