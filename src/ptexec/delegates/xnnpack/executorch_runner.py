@@ -281,11 +281,23 @@ class _Dense:
     """Dense copies of inputs that are not laid out densely in their dim order (ExecuTorch
     takes nothing else; ptexec's views, an expand say, may have other strides). Each
     argument keeps its copy's memory from call to call while its shape stays, so the
-    address ExecuTorch holds stays too."""
+    address ExecuTorch holds stays too.
+
+    The generated code copies into argument ``k``'s copy itself, without calling here,
+    while the input has the copy's shape and dtype: its globals ``_d{k}``, ``_s{k}`` and
+    ``_t{k}`` are that copy, its shape and its dtype (``_s{k}`` None before the first)."""
 
     def __init__(self, orders: Mapping[int, tuple[int, ...]]) -> None:
         self.orders = orders
         self.copies: dict[int, torch.Tensor] = {}
+        self.namespace: dict[str, Any] = {}
+
+    def names(self) -> dict[str, Any]:
+        """The generated code's initial globals for each argument's copy."""
+        out: dict[str, Any] = {}
+        for k in self.orders:
+            out[f"_d{k}"] = out[f"_s{k}"] = out[f"_t{k}"] = None
+        return out
 
     def __call__(self, k: int, x: torch.Tensor) -> torch.Tensor:
         b = self.copies.get(k)
@@ -294,6 +306,8 @@ class _Dense:
                 x.shape, dim_order_strides(x.shape, self.orders[k]), dtype=x.dtype
             )
             self.copies[k] = b
+            ns = self.namespace
+            ns[f"_d{k}"], ns[f"_s{k}"], ns[f"_t{k}"] = b, b.shape, b.dtype
         return b.copy_(x)
 
 
@@ -393,18 +407,22 @@ def _generate(
     if source is None:
         source = _source(tensors, outputs, names)
         _sources.put(key, source, len(source))
+    inputs = [k for k in range(len(tensors)) if k not in outputs]
+    dense = _Dense({k: tuple(tensors[k].dim_order) for k in inputs})
     env: dict[str, Any] = {
+        **dense.names(),
         "_binder": binder,
         "_pool": binder.pool.current,
         "_size": binder.pool.size,
         "_resize_output": _resize_output,
-        "_dense": _Dense({k: tuple(t.dim_order) for k, t in enumerate(tensors)}),
+        "_dense": dense,
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
     }
     if names:
         env["_shapes"] = [None] * len(names)
     namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
+    dense.namespace = namespace
     binder.attach(namespace)
     return EtRunner(namespace["_xnnpack_et_run"], source, binder)
 
@@ -437,7 +455,12 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
         if k in outputs:
             lines += [f"if not {dense}:", f"    raise _not_dense({k})"]
         else:
-            lines += [f"if not {dense}:", f"    x{k} = _dense({k}, x{k})"]
+            # the copy of the last call's shape and dtype, else a new one (see _Dense)
+            same = f"x{k}.shape == _s{k} and x{k}.dtype is _t{k}"
+            lines += [
+                f"if not {dense}:",
+                f"    x{k} = _d{k}.copy_(x{k}) if {same} else _dense({k}, x{k})",
+            ]
     # each part against the binding's own, stopping at the first that differs (the key is
     # built only to hand over)
     same = " or ".join(f"{e} != _key[{i}]" for i, e in enumerate(key))
