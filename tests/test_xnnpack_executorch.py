@@ -26,7 +26,7 @@ from ptexec.delegates.xnnpack.schema import decode_payload
 from ptexec.errors import BackendUnavailableError
 from ptexec.format import program as p
 from ptexec.format.pte import read_pte
-from ptexec.format.pte_write import one_delegate_program
+from ptexec.format.pte_write import DelegateCallSpec, delegate_program, one_delegate_program
 
 ROOT = Path(__file__).resolve().parent.parent
 DIR = ROOT / "tests" / "fixtures" / "xnnpack"
@@ -315,6 +315,66 @@ def test_one_delegate_program_reads_back() -> None:
 def _single_delegate(name: str) -> bool:
     plan = ptexec.load(DIR / MANIFEST[name]["pte"]).pte.program.execution_plan[0]
     return all(isinstance(i, p.DelegateCall) for i in plan.chains[0].instructions)
+
+
+def test_a_delegate_program_names_only_its_tensors() -> None:
+    t = p.Tensor(6, 0, (2,), (0,), False, 0, None, 0, p.STATIC, None)
+    with pytest.raises(ValueError, match="at least one call"):
+        delegate_program([t], [])
+    with pytest.raises(ValueError, match="beyond 1"):
+        delegate_program([t], [DelegateCallSpec("XnnpackBackend", b"", (), (0, 1))])
+
+
+def test_consecutive_delegate_calls_as_one_written_program(et: None) -> None:
+    """Two consecutive XNNPACK calls (the second reads what the first writes) written as one
+    program over the union of their tensors, every one an unplanned input: ExecuTorch's
+    runtime runs both in one execute() and writes exactly what it writes running the
+    original file."""
+    from executorch.extension.pybindings import _C
+    from executorch.runtime import Runtime
+
+    from ptexec.dtypes import CODE_TO_DTYPE
+    from ptexec.tensor import dim_order_strides
+
+    name = "dynconv_int8_dynamic_pc"
+    prog = ptexec.load(DIR / MANIFEST[name]["pte"])
+    plan = prog.pte.program.execution_plan[0]
+    calls = list(plan.chains[0].instructions)
+    assert len(calls) == 2 and all(isinstance(c, p.DelegateCall) for c in calls)
+    slots: list[int] = []
+    specs = []
+    named: dict[str, Any] = {}
+    for c in calls:
+        assert isinstance(c, p.DelegateCall)
+        slots += [a for a in c.args if a not in slots]
+        delegate = plan.delegates[c.delegate_index]
+        payload = prog.pte.delegate_data(delegate.processed)
+        for e in decode_payload(payload).graph.constant_data:
+            if e.named_key is not None:
+                named[e.named_key] = prog.named_data[e.named_key]
+        args = tuple(slots.index(a) for a in c.args)
+        specs.append(DelegateCallSpec(delegate.id, payload, delegate.compile_specs, args))
+    assert set(calls[0].args) & set(calls[1].args), "the second call reads the first's output"
+    tensors = [plan.values[s] for s in slots]
+    data = delegate_program(tensors, specs, {k: named[k] for k in sorted(named)})  # type: ignore[arg-type]
+    method = _C._load_program_from_buffer(data).load_method("forward")
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    for call in _calls(name):
+        (x,) = call["inputs"]
+        values: dict[int, torch.Tensor] = {}
+        for s, t in zip(slots, tensors, strict=True):
+            assert isinstance(t, p.Tensor)
+            strides = dim_order_strides(tuple(t.sizes), tuple(t.dim_order))
+            values[s] = torch.empty_strided(t.sizes, strides, dtype=CODE_TO_DTYPE[t.scalar_type])
+            values[s].fill_(7)
+        values[plan.inputs[0]].copy_(x)
+        method.set_inputs([values[s] for s in slots])
+        method.execute()
+        want = [w.clone() for w in em.execute([x])]
+        got = [values[s] for s in plan.outputs]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and torch.equal(g, w)
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(MANIFEST) if _single_delegate(n)])

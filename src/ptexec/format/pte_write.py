@@ -6,7 +6,9 @@ tensors, every one an unplanned input of the method (the caller provides all mem
 delegate's outputs included), one ``DelegateCall`` over all of them and no outputs. The
 payload and the named data it reads are segments of the file (after the empty constant
 segment ExecuTorch's runtime expects; an ``eh00`` header says where), as ExecuTorch's
-exporter writes them. Imports no torch.
+exporter writes them. :func:`delegate_program` writes the same with several
+``DelegateCall``s in order, each over some of the tensors (a run of consecutive calls, the
+tensors one writes and the next reads included). Imports no torch.
 
 The flatbuffer part of such a program depends only on the tensors' descriptions, the
 backend, the compile specs, the names and sizes of the segments, never on their bytes; a
@@ -20,13 +22,21 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from . import program as p
 from .flatbuf_write import String, Table, TableVector, Vector, finish
 from .header import PTE_HEADER_MAGIC, PTE_IDENTIFIER
 from .lru import Key, Lru
 
-__all__ = ["SEGMENT_ALIGN", "clear_written", "one_delegate_program"]
+__all__ = [
+    "SEGMENT_ALIGN",
+    "DelegateCallSpec",
+    "clear_written",
+    "delegate_program",
+    "one_delegate_program",
+]
 
 SEGMENT_ALIGN = 128  # as ExecuTorch's serializer aligns segments
 _HEADER_LENGTH = 32  # eh00, length, program size, segment base offset, segment data size
@@ -79,9 +89,41 @@ def one_delegate_program(
     tensors a fully qualified name (index -> name), by which ExecuTorch's
     ``Method.get_attribute`` finds them after a call.
     """
+    call = DelegateCallSpec(backend_id, payload, tuple(compile_specs), tuple(range(len(tensors))))
+    return delegate_program(tensors, [call], named_data, names, method)
+
+
+@dataclass(frozen=True)
+class DelegateCallSpec:
+    """One ``DelegateCall`` of :func:`delegate_program`: its backend, payload, compile
+    specs and arguments (indices into the program's tensors)."""
+
+    backend_id: str
+    payload: bytes | bytearray | memoryview
+    compile_specs: tuple[p.CompileSpec, ...]
+    args: tuple[int, ...]
+
+
+def delegate_program(
+    tensors: Sequence[p.Tensor],
+    calls: Sequence[DelegateCallSpec],
+    named_data: Mapping[str, bytes | bytearray | memoryview] | None = None,
+    names: Mapping[int, str] | None = None,
+    method: str = "forward",
+) -> bytes:
+    """The bytes of a program whose method ``method`` takes ``tensors`` as its inputs, in
+    order (as :func:`one_delegate_program`), and runs ``calls`` in order, delegate ``k``
+    being call ``k``'s backend and payload (segment ``k + 1``). A tensor one call writes
+    and a later one reads is an input like the others: the caller provides its memory."""
+    if not calls:
+        raise ValueError("a delegate program needs at least one call")
+    n = len(tensors)
+    for c in calls:
+        if any(not 0 <= a < n for a in c.args):
+            raise ValueError(f"a call's arguments {list(c.args)} name tensors beyond {n}")
     names = names or {}
-    # segment 0: the (empty) constant segment ExecuTorch's runtime requires, then the payload
-    blobs: list[bytes | bytearray | memoryview] = [b"", payload]
+    # segment 0: the (empty) constant segment ExecuTorch's runtime requires, then the payloads
+    blobs: list[bytes | bytearray | memoryview] = [b""] + [c.payload for c in calls]
     keys = tuple((named_data or {}).keys())
     blobs.extend((named_data or {}).values())
     offsets = []
@@ -90,10 +132,15 @@ def one_delegate_program(
         size = _align(size, SEGMENT_ALIGN)
         offsets.append(size)
         size += len(b)
+    shape = tuple((c.backend_id, c.compile_specs, c.args) for c in calls)
+    if len(calls) == 1 and calls[0].args == tuple(range(n)):
+        # the one-delegate program's key, as it always was
+        shape_key: Any = (calls[0].backend_id, calls[0].compile_specs)
+    else:
+        shape_key = ("calls", shape)
     key = Key(
         tuple(tensors),
-        backend_id,
-        tuple(compile_specs),
+        *shape_key,
         keys,
         tuple(len(b) for b in blobs),
         tuple(sorted(names.items())),
@@ -101,7 +148,7 @@ def one_delegate_program(
     )
     flat = _written.get(key)
     if flat is None:
-        flat = _flatbuffer(tensors, backend_id, compile_specs, keys, offsets, blobs, names, method)
+        flat = _flatbuffer(tensors, calls, keys, offsets, blobs, names, method)
         _written.put(key, flat, len(flat))
     base = _align(len(flat), SEGMENT_ALIGN)
     parts: list[bytes | bytearray | memoryview] = [flat]
@@ -109,25 +156,45 @@ def one_delegate_program(
     for off, b in zip(offsets, blobs, strict=True):
         parts += [bytes(base + off - end), b]
         end = base + off + len(b)
-    return b"".join(parts)  # the one copy of the payload
+    return b"".join(parts)  # the one copy of each payload
 
 
 def _flatbuffer(
     tensors: Sequence[p.Tensor],
-    backend_id: str,
-    compile_specs: Sequence[p.CompileSpec],
+    calls: Sequence[DelegateCallSpec],
     keys: Sequence[str],
     offsets: Sequence[int],
     blobs: Sequence[bytes | bytearray | memoryview],
     names: Mapping[int, str],
     method: str,
 ) -> bytes:
-    """The flatbuffer of :func:`one_delegate_program` (its header filled in)."""
-    # named data k is segment k + 2 (after the constant segment and the payload)
-    named = [Table().ref(0, String(key)).scalar(1, "u32", k + 2) for k, key in enumerate(keys)]
+    """The flatbuffer of :func:`delegate_program` (its header filled in)."""
+    # named data k is segment k + 1 + len(calls) (after the constant segment and payloads)
+    first = 1 + len(calls)
+    named = [Table().ref(0, String(key)).scalar(1, "u32", k + first) for k, key in enumerate(keys)]
     size = offsets[-1] + len(blobs[-1])
     n = len(tensors)
-    call = Table().scalar(0, "i32", 0).ref(1, Vector("i32", range(n)))
+    instructions = [
+        Table()
+        .scalar(0, "u8", _INSTRUCTION_DELEGATE)
+        .ref(1, Table().scalar(0, "i32", k).ref(1, Vector("i32", c.args)))
+        for k, c in enumerate(calls)
+    ]
+    delegates = [
+        Table()
+        .ref(0, String(c.backend_id))
+        .ref(1, Table().scalar(0, "i8", _SEGMENT).scalar(1, "u32", k + 1))
+        .ref(
+            2,
+            TableVector(
+                [
+                    Table().ref(0, String(s.key)).ref(1, Vector("u8", raw=s.value))
+                    for s in c.compile_specs
+                ]
+            ),
+        )
+        for k, c in enumerate(calls)
+    ]
     plan = (
         Table()
         .ref(0, String(method))
@@ -149,33 +216,12 @@ def _flatbuffer(
                     Table()
                     .ref(0, Vector("i32", range(n)))
                     .ref(1, Vector("i32", ()))
-                    .ref(
-                        2,
-                        TableVector([Table().scalar(0, "u8", _INSTRUCTION_DELEGATE).ref(1, call)]),
-                    )
+                    .ref(2, TableVector(instructions))
                 ]
             ),
         )
         .ref(6, TableVector([]))
-        .ref(
-            7,
-            TableVector(
-                [
-                    Table()
-                    .ref(0, String(backend_id))
-                    .ref(1, Table().scalar(0, "i8", _SEGMENT).scalar(1, "u32", 1))
-                    .ref(
-                        2,
-                        TableVector(
-                            [
-                                Table().ref(0, String(s.key)).ref(1, Vector("u8", raw=s.value))
-                                for s in compile_specs
-                            ]
-                        ),
-                    )
-                ]
-            ),
-        )
+        .ref(7, TableVector(delegates))
         .ref(8, Vector("i64", (0,)))
     )
     program = (

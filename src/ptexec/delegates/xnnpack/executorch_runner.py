@@ -179,6 +179,17 @@ class EtRunner:
         return "EtRunner(ExecuTorch XnnpackBackend)"
 
 
+class _Unbound:
+    """The generated code's ``_key`` while nothing is handed over: every item is None,
+    unequal to any address or shape."""
+
+    def __getitem__(self, index: int) -> None:
+        return None
+
+
+_UNBOUND = _Unbound()
+
+
 class _Binder:
     """ExecuTorch's program and method of one payload: hands tensors to the method and
     remembers what it handed over last; loads the program again when ExecuTorch's thread
@@ -187,9 +198,10 @@ class _Binder:
     ``held`` is that pool (address, size); ``namespace`` the generated code's globals,
     whose ``_execute`` and ``_get`` are the current method's and ``_at`` and ``_n`` its
     pool's address and size (``_atp``: the address as a ctypes pointer). ``key`` is the
-    binding handed over last (None: none); ``known`` is that same object once the dynamic
-    outputs' shapes were read back and accepted for it (the generated code keeps them in
-    its ``_shapes``)."""
+    binding handed over last (None: none), also the generated code's ``_key`` (there
+    :data:`_UNBOUND` for none, which equals no address or shape); the generated code's
+    ``_known`` is that same object once the dynamic outputs' shapes were read back and
+    accepted for it (it keeps them in its ``_shapes``)."""
 
     def __init__(
         self,
@@ -200,7 +212,7 @@ class _Binder:
         etdump: bool = False,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
-        self.known: tuple[Any, ...] | None = None
+        self.namespace: dict[str, Any] = {}
         self.module = module
         self.etdump = etdump  # loaded with ExecuTorch's ETDump on (recorded calls)
         self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
@@ -210,13 +222,16 @@ class _Binder:
         assert pool is not None  # the pybindings are loaded
         self.pool = pool
         self.held: tuple[int | None, int] = (None, 0)
-        self.namespace: dict[str, Any] = {}
         self.program: Any = None
         self.method: Any = None
         self._load()
 
+    def _set_key(self, key: tuple[Any, ...] | None) -> None:
+        self.key = key
+        self.namespace["_key"] = _UNBOUND if key is None else key
+
     def _load(self) -> None:
-        self.key = None
+        self._set_key(None)
         if self.etdump:
             program = self.module._load_program_from_buffer(self.data, enable_etdump=True)
         else:
@@ -235,6 +250,8 @@ class _Binder:
         # the address as ctypes' own pointer object: the size accessor takes it as is,
         # where a Python int is converted on every call
         namespace["_atp"] = ctypes.c_void_p(self.held[0])
+        namespace["_key"] = _UNBOUND if self.key is None else self.key
+        namespace.setdefault("_known", None)
 
     def reload(self) -> None:
         """Load the program again, for the pool now current (the old one is destroyed)."""
@@ -247,7 +264,7 @@ class _Binder:
             ) from None
 
     def bind(self, key: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
-        self.key = None
+        self._set_key(None)
         for k, need in self.bounds:
             t = tensors[k]
             room = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
@@ -257,18 +274,30 @@ class _Binder:
                     f"may write its whole bound, {need} bytes"
                 )
         self.method.set_inputs(tensors)
-        self.key = key
+        self._set_key(key)
 
 
 class _Dense:
     """Dense copies of inputs that are not laid out densely in their dim order (ExecuTorch
     takes nothing else; ptexec's views, an expand say, may have other strides). Each
     argument keeps its copy's memory from call to call while its shape stays, so the
-    address ExecuTorch holds stays too."""
+    address ExecuTorch holds stays too.
+
+    The generated code copies into argument ``k``'s copy itself, without calling here,
+    while the input has the copy's shape and dtype: its globals ``_d{k}``, ``_s{k}`` and
+    ``_t{k}`` are that copy, its shape and its dtype (``_s{k}`` None before the first)."""
 
     def __init__(self, orders: Mapping[int, tuple[int, ...]]) -> None:
         self.orders = orders
         self.copies: dict[int, torch.Tensor] = {}
+        self.namespace: dict[str, Any] = {}
+
+    def names(self) -> dict[str, Any]:
+        """The generated code's initial globals for each argument's copy."""
+        out: dict[str, Any] = {}
+        for k in self.orders:
+            out[f"_d{k}"] = out[f"_s{k}"] = out[f"_t{k}"] = None
+        return out
 
     def __call__(self, k: int, x: torch.Tensor) -> torch.Tensor:
         b = self.copies.get(k)
@@ -277,6 +306,8 @@ class _Dense:
                 x.shape, dim_order_strides(x.shape, self.orders[k]), dtype=x.dtype
             )
             self.copies[k] = b
+            ns = self.namespace
+            ns[f"_d{k}"], ns[f"_s{k}"], ns[f"_t{k}"] = b, b.shape, b.dtype
         return b.copy_(x)
 
 
@@ -376,18 +407,22 @@ def _generate(
     if source is None:
         source = _source(tensors, outputs, names)
         _sources.put(key, source, len(source))
+    inputs = [k for k in range(len(tensors)) if k not in outputs]
+    dense = _Dense({k: tuple(tensors[k].dim_order) for k in inputs})
     env: dict[str, Any] = {
+        **dense.names(),
         "_binder": binder,
         "_pool": binder.pool.current,
         "_size": binder.pool.size,
         "_resize_output": _resize_output,
-        "_dense": _Dense({k: tuple(t.dim_order) for k, t in enumerate(tensors)}),
+        "_dense": dense,
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
     }
     if names:
         env["_shapes"] = [None] * len(names)
     namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
+    dense.namespace = namespace
     binder.attach(namespace)
     return EtRunner(namespace["_xnnpack_et_run"], source, binder)
 
@@ -420,18 +455,25 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
         if k in outputs:
             lines += [f"if not {dense}:", f"    raise _not_dense({k})"]
         else:
-            lines += [f"if not {dense}:", f"    x{k} = _dense({k}, x{k})"]
+            # the copy of the last call's shape and dtype, else a new one (see _Dense)
+            same = f"x{k}.shape == _s{k} and x{k}.dtype is _t{k}"
+            lines += [
+                f"if not {dense}:",
+                f"    x{k} = _d{k}.copy_(x{k}) if {same} else _dense({k}, x{k})",
+            ]
+    # each part against the binding's own, stopping at the first that differs (the key is
+    # built only to hand over)
+    same = " or ".join(f"{e} != _key[{i}]" for i, e in enumerate(key))
     lines += [
-        f"k = ({', '.join(key)},)",
-        "if k != _binder.key:",
-        f"    _binder.bind(k, [{', '.join(args)}])",
+        f"if {same}:",
+        f"    _binder.bind(({', '.join(key)},), [{', '.join(args)}])",
         "_execute()",
     ]
     if names:
         # the shapes read after the binding's first call hold while it stays (a new binding
         # or a reload replaces the key object); an output resized since is read again
         same = " and ".join(f"x{k}.shape == _shapes[{i}]" for i, k in enumerate(names))
-        lines += [f"if _binder.known is not _binder.key or not ({same}):"]
+        lines += [f"if _known is not _key or not ({same}):"]
         for k, name in names.items():
             order = tuple(tensors[k].dim_order)
             lines += [
@@ -441,6 +483,7 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
             ]
         lines += [
             f"    _shapes[:] = ({''.join(f'x{k}.shape, ' for k in names)})",
-            "    _binder.known = _binder.key",
+            "    _known = _key",
         ]
+        lines.insert(0, "global _known")
     return f"def _xnnpack_et_run({', '.join(args)}):\n" + "".join(f"    {x}\n" for x in lines)
