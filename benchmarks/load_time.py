@@ -221,7 +221,7 @@ def _forget_loads() -> None:
     from ptexec import codegen
     from ptexec.delegates.xnnpack import executorch_runner, schema
     from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow, devices, instructions
+    from ptexec.loader import dataflow, devices, instructions, values
 
     try:
         checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
@@ -236,6 +236,7 @@ def _forget_loads() -> None:
         (executorch_runner, "clear_sources"),
         (instructions, "clear_kept_statements"),
         (devices, "clear_placements"),
+        (values, "clear_recipes"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:

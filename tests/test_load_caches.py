@@ -31,6 +31,7 @@ from ptexec.format.pte import read_pte
 from ptexec.loader import dataflow
 from ptexec.loader import devices as loader_devices
 from ptexec.loader import instructions as loader_instructions
+from ptexec.loader import values as loader_values
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -41,6 +42,7 @@ def _forget() -> None:
     dataflow._recipes.clear()
     loader_instructions.clear_kept_statements()
     loader_devices.clear_placements()
+    loader_values.clear_recipes()
 
 
 def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:
@@ -226,3 +228,53 @@ def test_two_loads_sharing_statements_keep_their_own_state() -> None:
     again = b.execute(list(calls[0]["inputs"]))
     for x, y in zip(first, again, strict=True):
         assert torch.equal(x, y)
+
+
+def _geometry(m: ptexec.Method) -> list[object]:
+    return [
+        (
+            k,
+            x.dtype,
+            x.device,
+            tuple(x.shape),
+            x.stride(),
+            x.storage_offset(),
+            x.untyped_storage().nbytes(),
+        )
+        if isinstance(x, torch.Tensor)
+        else (k, x)
+        for k, x in enumerate(m.state.values)
+    ]
+
+
+@pytest.mark.parametrize("name", ["mutable_init", "transformer", "stateful", "external"])
+def test_a_values_table_made_again_is_the_one_made_afresh(name: str) -> None:
+    """The second load of a plan makes its values table from what the first recorded: the
+    same tensors over memory of its own, the initial state copied in, its own constants."""
+    pte, data = fixture_paths(name)
+    _forget()
+    fresh = ptexec.load(pte, data_path=data).load_method()
+    assert len(loader_values._recipes) == 1
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert _geometry(again) == _geometry(fresh)
+    for x, y in zip(fresh.state.buffers, again.state.buffers, strict=True):
+        assert x.data.data_ptr() != y.data.data_ptr()
+        assert torch.equal(x.data, y.data)  # initial state included
+    # every planned tensor is a view of the new load's own buffer
+    mine = {
+        b.data.data_ptr(): a.data.data_ptr()
+        for b, a in zip(fresh.state.buffers, again.state.buffers, strict=True)
+    }
+    views = 0
+    for x, y in zip(fresh.state.values, again.state.values, strict=True):
+        if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in mine:
+            assert y.untyped_storage().data_ptr() == mine[x.untyped_storage().data_ptr()]
+            views += 1
+    assert views
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        for m in (fresh, again):
+            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+            assert problem is None, problem
