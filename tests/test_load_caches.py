@@ -278,3 +278,44 @@ def test_a_values_table_made_again_is_the_one_made_afresh(name: str) -> None:
         for m in (fresh, again):
             problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
             assert problem is None, problem
+
+
+def test_a_kept_chain_is_the_chain_prepared_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain whose every statement is kept is taken whole on the next load: the same
+    statements and effects as preparing it afresh; a kernel registered since (another
+    factory for one of its operators) has the chain prepared afresh."""
+    pte, data = fixture_paths("mlp")
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    assert len(loader_instructions._chains) == 1
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert _statements(again) == _statements(first)
+    assert [id(st) for st in again.state.chains[0].loaded] == [
+        id(st) for st in first.state.chains[0].loaded
+    ]
+    loader_instructions.clear_kept_statements()
+    afresh = ptexec.load(pte, data_path=data).load_method()
+    assert _statements(afresh) == _statements(first)
+
+    find = loader_instructions.find_kernel
+    asked: list[str] = []
+
+    def other(name: str) -> object:
+        factory = find(name)
+        if factory is None:
+            return None
+
+        def wrapped(ctx: object) -> object:
+            asked.append(name)
+            return factory(ctx)  # type: ignore[arg-type]
+
+        return wrapped
+
+    monkeypatch.setattr(loader_instructions, "find_kernel", other)
+    replaced = ptexec.load(pte, data_path=data).load_method()
+    assert asked and _statements(replaced) == _statements(first)
+    call = fixture_calls("mlp")[0]
+    rtol, atol = tolerance("mlp")
+    for m in (first, again, replaced):
+        problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+        assert problem is None, problem

@@ -49,6 +49,7 @@ def clear_kept_statements() -> None:
     _kept.clear()
     _effects.clear()
     _placements.clear()
+    _chains.clear()
 
 
 class _Watched(list[Any]):
@@ -90,6 +91,20 @@ _effects: Lru[tuple[Statement, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0
 # the devices of a plan's values and the load options, interned: the key of every kept
 # statement of a method holds the one object, compared by identity on a hit
 _placements: Lru[Key] = Lru(256, 0)
+
+
+# whole chains whose every statement is kept (a kernel's) or written here from the plan
+# alone (moves, frees, jumps): (plan, each instruction's factory or None, names,
+# statements, effects); a hit still asks the registry for each factory
+_chains: Lru[
+    tuple[
+        p.ExecutionPlan,
+        tuple[Any, ...],
+        tuple[str, ...],
+        tuple[Statement, ...],
+        tuple[Effects, ...],
+    ]
+] = Lru(1024, 0)
 
 
 def _placement(devices: Sequence[Device | None], options: Mapping[str, Any]) -> Key | None:
@@ -176,6 +191,51 @@ class InstructionPreparer:
         if self._placement is None:
             return None
         return Key(id(self.plan), c, i, self._placement)
+
+    def kept_chain(
+        self, c: int
+    ) -> tuple[tuple[str, ...], tuple[Statement, ...], tuple[Effects, ...]] | None:
+        """(names, statements, effects) of chain ``c`` as kept by :meth:`keep_chain` for
+        this plan and placement, when each kernel still has the factory that made its
+        statement; None otherwise."""
+        key = self._key(-1, c)
+        if key is None:
+            return None
+        hit = _chains.get(key)
+        if hit is None or hit[0] is not self.plan:
+            return None
+        _, factories, names, statements, found = hit
+        for name, factory in zip(names, factories, strict=True):
+            if factory is not None and find_kernel(name) is not factory:
+                return None
+        return names, statements, found
+
+    def keep_chain(
+        self,
+        c: int,
+        names: Sequence[str],
+        statements: Sequence[Statement],
+        found: Sequence[Effects],
+    ) -> None:
+        """Keep chain ``c``'s prepared statements and their effects for :meth:`kept_chain`
+        when every one is a kept kernel statement or one written here from the plan."""
+        key = self._key(-1, c)
+        if key is None or self.missing:
+            return
+        factories: list[Any] = []
+        chain = self.plan.chains[c]
+        for ins, name, st in zip(chain.instructions, names, statements, strict=True):
+            if isinstance(ins, p.KernelCall):
+                if id(st) not in self._shared:
+                    return
+                factories.append(find_kernel(name))
+            elif isinstance(ins, p.MoveCall | p.FreeCall | p.JumpFalseCall):
+                factories.append(None)
+            else:
+                return
+        _chains.put(
+            key, (self.plan, tuple(factories), tuple(names), tuple(statements), tuple(found))
+        )
 
     def effects(self, ins: p.Instruction, st: Statement) -> Effects:
         """:func:`ptexec.effects.effects` of ``st`` (running ``ins``), kept with a kept
