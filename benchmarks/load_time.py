@@ -218,7 +218,7 @@ def _forget_loads() -> None:
     """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
     import importlib
 
-    from ptexec import codegen
+    from ptexec import codegen, effects
     from ptexec.delegates.xnnpack import executorch_runner, schema
     from ptexec.format import pte, pte_write
     from ptexec.loader import dataflow, devices, instructions, values
@@ -237,6 +237,7 @@ def _forget_loads() -> None:
         (instructions, "clear_kept_statements"),
         (devices, "clear_placements"),
         (values, "clear_recipes"),
+        (effects, "clear_dynamic_scalars"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:

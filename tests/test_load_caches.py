@@ -22,7 +22,7 @@ import torch
 
 import ptexec
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
-from ptexec import codegen
+from ptexec import codegen, effects
 from ptexec.errors import PteFormatError
 from ptexec.format import program as p
 from ptexec.format import pte as pte_module
@@ -43,6 +43,7 @@ def _forget() -> None:
     loader_instructions.clear_kept_statements()
     loader_devices.clear_placements()
     loader_values.clear_recipes()
+    effects.clear_dynamic_scalars()
 
 
 def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:

@@ -239,9 +239,11 @@ def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
         if statements is not None:
             if len(statements) > state.max_instructions:
                 return False
+            env = code.env
             for k, st in enumerate(statements):
                 code.add(st.code, k)
-                code.env.update(st.env)
+                if st.env:
+                    env.update(st.env)
             code.add("pass")
         else:
             code.env["_run"] = runner.run

@@ -405,7 +405,7 @@ def _elide(
         and set(alias.reads) <= {alias.source}
     ):
         if _view_now(i, st, code, values, sources):
-            log.steps.append(("view", i, code))
+            log.steps.append(("view", i, (code, tuple(_assigned(code)))))
             c.fixed |= live_all
             return Statement("pass", {}, (), ())
         log.ok = False  # the outcome depends on the constants: not a recipe for others
@@ -554,8 +554,9 @@ def _replay(
             result[i] = Statement("pass", {}, (), ())
         elif what == "view":
             assert st.alias is not None
-            saved.extend((k, values[k]) for k in (*st.alias.targets, *_assigned(detail)))
-            if not _view_now(i, st, detail, values, sources):
+            code, assigned = detail
+            saved.extend((k, values[k]) for k in (*st.alias.targets, *assigned))
+            if not _view_now(i, st, code, values, sources):
                 break
             result[i] = Statement("pass", {}, (), ())
         elif what == "elide":
