@@ -320,3 +320,38 @@ def test_a_kept_chain_is_the_chain_prepared_afresh(monkeypatch: pytest.MonkeyPat
     for m in (first, again, replaced):
         problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
         assert problem is None, problem
+
+
+@pytest.mark.parametrize("name", ["transformer", "llama_sdpa_kv"])
+def test_a_partly_kept_chain_prepares_only_what_was_not_kept(name: str) -> None:
+    """A chain with statements that are not kept (their factory read a constant) takes
+    the kept ones and the effects from the kept chain and prepares the others again: the
+    same statements and outputs as a load that prepared it all."""
+    pte, data = fixture_paths(name)
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    held = [st for *_, statements, _ in loader_instructions._chains.values() for st in statements]
+    assert None in held and any(st is not None for st in held)
+    prepared: list[int] = []
+    prepare = loader_instructions.InstructionPreparer.prepare
+
+    def counted(self: object, ins: object, i: int, c: int) -> object:
+        prepared.append(i)
+        return prepare(self, ins, i, c)  # type: ignore[arg-type]
+
+    loader_instructions.InstructionPreparer.prepare = counted  # type: ignore[assignment,method-assign]
+    try:
+        again = ptexec.load(pte, data_path=data).load_method()
+    finally:
+        loader_instructions.InstructionPreparer.prepare = prepare  # type: ignore[method-assign]
+    assert len(prepared) == held.count(None)
+    assert _statements(again) == _statements(first)
+    for a, b in zip(first.state.chains, again.state.chains, strict=True):
+        assert a.names == b.names
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        for m in (first, again):
+            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+            assert problem is None, problem

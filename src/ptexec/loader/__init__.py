@@ -136,20 +136,9 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     chains: list[PreparedChain] = []
     written: set[int] = set()
     for c, chain in enumerate(plan.chains):
-        kept = preparer.kept_chain(c)
-        if kept is not None:
-            names, loaded, known = list(kept[0]), list(kept[1]), list(kept[2])
-        else:
-            prepared = [preparer.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
-            names = [name for name, _ in prepared]
-            loaded = [st for _, st in prepared]
-            if preparer.missing:
-                continue
-            known = [
-                preparer.effects(ins, st)
-                for ins, st in zip(chain.instructions, loaded, strict=True)
-            ]
-            preparer.keep_chain(c, names, loaded, known)
+        names, loaded, known = preparer.prepare_chain(c)
+        if known is None:
+            continue
         statements = loaded
         for e in known:
             written.update(e.writes)
