@@ -244,6 +244,7 @@ def _forget_loads() -> None:
             clear()
     for module, name in (
         (dataflow, "_recipes"),
+        (dataflow, "_keys"),
         (schema, "_graphs"),  # (older checkouts: plain dicts)
         (pte_write, "_written"),
     ):

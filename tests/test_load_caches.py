@@ -40,6 +40,7 @@ def _forget() -> None:
     pte_module.clear_decoded()
     codegen.clear_compiled()
     dataflow._recipes.clear()
+    dataflow._keys.clear()
     loader_instructions.clear_kept_statements()
     loader_devices.clear_placements()
     loader_values.clear_recipes()
@@ -355,3 +356,35 @@ def test_a_partly_kept_chain_prepares_only_what_was_not_kept(name: str) -> None:
         for m in (first, again):
             problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
             assert problem is None, problem
+
+
+def test_a_chain_of_the_same_statements_reuses_its_recipe_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Statements taken again as the same objects (kept) have the same facts: their key is
+    not computed again; new statement objects have their facts read afresh."""
+    pte, data = fixture_paths("mlp")
+    _forget()
+    signed: list[object] = []
+    signature = dataflow._signature
+
+    def counted(st: object) -> object:
+        signed.append(st)
+        return signature(st)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dataflow, "_signature", counted)
+    first = ptexec.load(pte, data_path=data).load_method()
+    n = len(signed)
+    assert n == len(first.state.chains[0].loaded)
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert len(signed) == n  # the same statements: the key kept
+    assert _statements(again) == _statements(first)
+    loader_instructions.clear_kept_statements()  # new statement objects, same facts
+    afresh = ptexec.load(pte, data_path=data).load_method()
+    assert len(signed) == 2 * n
+    assert _statements(afresh) == _statements(first)
+    call = fixture_calls("mlp")[0]
+    rtol, atol = tolerance("mlp")
+    for m in (first, again, afresh):
+        problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+        assert problem is None, problem
