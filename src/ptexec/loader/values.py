@@ -10,7 +10,7 @@ tuples of their items. Unplanned inputs and the lists a kernel renders per use a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -61,8 +61,7 @@ def _from_bytes(
     return raw.view(dtype).as_strided(t.sizes, strides)
 
 
-@dataclass(frozen=True, slots=True)
-class _Planned:
+class _Planned(NamedTuple):
     """How to make planned tensor ``slot``: a view of buffer ``memory_id`` at element
     ``offset``; ``init``: its initial state is read from the file when the buffer is new."""
 
@@ -268,21 +267,21 @@ def _replay(
     values = list(recipe.template)
     empty = torch.empty
     for t in recipe.tensors:
-        if type(t) is int:
+        if isinstance(t, int):
             value = plan.values[t]
             assert isinstance(value, p.Tensor)
             tpath = f"{path}.values[{t}].tensor"
             values[t] = unplanned.make(t, value, tensor_dtype(value, tpath), tpath)
             continue
-        assert isinstance(t, _Planned)
-        storage, device = storages[t.memory_id]
-        view = empty(0, dtype=t.dtype, device=device)
-        view.set_(storage, t.offset, t.sizes, t.strides)
-        if t.init and t.memory_id in fresh:
-            value = plan.values[t.slot]
+        slot, memory_id, offset, dtype, sizes, strides, init = t
+        storage, device = storages[memory_id]
+        view = empty(0, dtype=dtype, device=device)
+        view.set_(storage, offset, sizes, strides)
+        if init and memory_id in fresh:
+            value = plan.values[slot]
             assert isinstance(value, p.Tensor)
-            _initialise(program, value, view, t.dtype, f"{path}.values[{t.slot}].tensor")
-        values[t.slot] = view
+            _initialise(program, value, view, dtype, f"{path}.values[{slot}].tensor")
+        values[slot] = view
     for j, items in recipe.int_lists:
         values[j] = tuple(values[i] for i in items)
     return values
