@@ -218,10 +218,10 @@ def _forget_loads() -> None:
     """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
     import importlib
 
-    from ptexec import codegen
+    from ptexec import codegen, effects
     from ptexec.delegates.xnnpack import executorch_runner, schema
     from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow, devices, instructions
+    from ptexec.loader import dataflow, devices, instructions, values
 
     try:
         checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
@@ -236,12 +236,15 @@ def _forget_loads() -> None:
         (executorch_runner, "clear_sources"),
         (instructions, "clear_kept_statements"),
         (devices, "clear_placements"),
+        (values, "clear_recipes"),
+        (effects, "clear_dynamic_scalars"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:
             clear()
     for module, name in (
         (dataflow, "_recipes"),
+        (dataflow, "_keys"),
         (schema, "_graphs"),  # (older checkouts: plain dicts)
         (pte_write, "_written"),
     ):

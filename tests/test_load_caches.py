@@ -22,7 +22,7 @@ import torch
 
 import ptexec
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
-from ptexec import codegen
+from ptexec import codegen, effects
 from ptexec.errors import PteFormatError
 from ptexec.format import program as p
 from ptexec.format import pte as pte_module
@@ -31,6 +31,7 @@ from ptexec.format.pte import read_pte
 from ptexec.loader import dataflow
 from ptexec.loader import devices as loader_devices
 from ptexec.loader import instructions as loader_instructions
+from ptexec.loader import values as loader_values
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -39,8 +40,11 @@ def _forget() -> None:
     pte_module.clear_decoded()
     codegen.clear_compiled()
     dataflow._recipes.clear()
+    dataflow._keys.clear()
     loader_instructions.clear_kept_statements()
     loader_devices.clear_placements()
+    loader_values.clear_recipes()
+    effects.clear_dynamic_scalars()
 
 
 def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:
@@ -226,3 +230,161 @@ def test_two_loads_sharing_statements_keep_their_own_state() -> None:
     again = b.execute(list(calls[0]["inputs"]))
     for x, y in zip(first, again, strict=True):
         assert torch.equal(x, y)
+
+
+def _geometry(m: ptexec.Method) -> list[object]:
+    return [
+        (
+            k,
+            x.dtype,
+            x.device,
+            tuple(x.shape),
+            x.stride(),
+            x.storage_offset(),
+            x.untyped_storage().nbytes(),
+        )
+        if isinstance(x, torch.Tensor)
+        else (k, x)
+        for k, x in enumerate(m.state.values)
+    ]
+
+
+@pytest.mark.parametrize("name", ["mutable_init", "transformer", "stateful", "external"])
+def test_a_values_table_made_again_is_the_one_made_afresh(name: str) -> None:
+    """The second load of a plan makes its values table from what the first recorded: the
+    same tensors over memory of its own, the initial state copied in, its own constants."""
+    pte, data = fixture_paths(name)
+    _forget()
+    fresh = ptexec.load(pte, data_path=data).load_method()
+    assert len(loader_values._recipes) == 1
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert _geometry(again) == _geometry(fresh)
+    for x, y in zip(fresh.state.buffers, again.state.buffers, strict=True):
+        assert x.data.data_ptr() != y.data.data_ptr()
+        assert torch.equal(x.data, y.data)  # initial state included
+    # every planned tensor is a view of the new load's own buffer
+    mine = {
+        b.data.data_ptr(): a.data.data_ptr()
+        for b, a in zip(fresh.state.buffers, again.state.buffers, strict=True)
+    }
+    views = 0
+    for x, y in zip(fresh.state.values, again.state.values, strict=True):
+        if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in mine:
+            assert y.untyped_storage().data_ptr() == mine[x.untyped_storage().data_ptr()]
+            views += 1
+    assert views
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        for m in (fresh, again):
+            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+            assert problem is None, problem
+
+
+def test_a_kept_chain_is_the_chain_prepared_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain whose every statement is kept is taken whole on the next load: the same
+    statements and effects as preparing it afresh; a kernel registered since (another
+    factory for one of its operators) has the chain prepared afresh."""
+    pte, data = fixture_paths("mlp")
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    assert len(loader_instructions._chains) == 1
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert _statements(again) == _statements(first)
+    assert [id(st) for st in again.state.chains[0].loaded] == [
+        id(st) for st in first.state.chains[0].loaded
+    ]
+    loader_instructions.clear_kept_statements()
+    afresh = ptexec.load(pte, data_path=data).load_method()
+    assert _statements(afresh) == _statements(first)
+
+    find = loader_instructions.find_kernel
+    asked: list[str] = []
+
+    def other(name: str) -> object:
+        factory = find(name)
+        if factory is None:
+            return None
+
+        def wrapped(ctx: object) -> object:
+            asked.append(name)
+            return factory(ctx)  # type: ignore[arg-type]
+
+        return wrapped
+
+    monkeypatch.setattr(loader_instructions, "find_kernel", other)
+    replaced = ptexec.load(pte, data_path=data).load_method()
+    assert asked and _statements(replaced) == _statements(first)
+    call = fixture_calls("mlp")[0]
+    rtol, atol = tolerance("mlp")
+    for m in (first, again, replaced):
+        problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+        assert problem is None, problem
+
+
+@pytest.mark.parametrize("name", ["transformer", "llama_sdpa_kv"])
+def test_a_partly_kept_chain_prepares_only_what_was_not_kept(name: str) -> None:
+    """A chain with statements that are not kept (their factory read a constant) takes
+    the kept ones and the effects from the kept chain and prepares the others again: the
+    same statements and outputs as a load that prepared it all."""
+    pte, data = fixture_paths(name)
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    held = [st for *_, statements, _ in loader_instructions._chains.values() for st in statements]
+    assert None in held and any(st is not None for st in held)
+    prepared: list[int] = []
+    prepare = loader_instructions.InstructionPreparer.prepare
+
+    def counted(self: object, ins: object, i: int, c: int) -> object:
+        prepared.append(i)
+        return prepare(self, ins, i, c)  # type: ignore[arg-type]
+
+    loader_instructions.InstructionPreparer.prepare = counted  # type: ignore[assignment,method-assign]
+    try:
+        again = ptexec.load(pte, data_path=data).load_method()
+    finally:
+        loader_instructions.InstructionPreparer.prepare = prepare  # type: ignore[method-assign]
+    assert len(prepared) == held.count(None)
+    assert _statements(again) == _statements(first)
+    for a, b in zip(first.state.chains, again.state.chains, strict=True):
+        assert a.names == b.names
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        for m in (first, again):
+            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+            assert problem is None, problem
+
+
+def test_a_chain_of_the_same_statements_reuses_its_recipe_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Statements taken again as the same objects (kept) have the same facts: their key is
+    not computed again; new statement objects have their facts read afresh."""
+    pte, data = fixture_paths("mlp")
+    _forget()
+    signed: list[object] = []
+    signature = dataflow._signature
+
+    def counted(st: object) -> object:
+        signed.append(st)
+        return signature(st)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dataflow, "_signature", counted)
+    first = ptexec.load(pte, data_path=data).load_method()
+    n = len(signed)
+    assert n == len(first.state.chains[0].loaded)
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert len(signed) == n  # the same statements: the key kept
+    assert _statements(again) == _statements(first)
+    loader_instructions.clear_kept_statements()  # new statement objects, same facts
+    afresh = ptexec.load(pte, data_path=data).load_method()
+    assert len(signed) == 2 * n
+    assert _statements(afresh) == _statements(first)
+    call = fixture_calls("mlp")[0]
+    rtol, atol = tolerance("mlp")
+    for m in (first, again, afresh):
+        problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+        assert problem is None, problem

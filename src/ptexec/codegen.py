@@ -86,6 +86,11 @@ class Code:
 
     def add(self, text: str, at: int | None = None) -> None:
         """Append each line of ``text`` (nothing for an empty text)."""
+        if text and text.isprintable():  # one line (most are): no line break of any kind
+            self._lines.append(self._pad + text)
+            if at is not None:
+                self._tags[len(self._lines)] = at
+            return
         for part in text.splitlines():
             self._lines.append(self._pad + part)
             if at is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .format import program as p
+from .format.lru import Lru
 
 if TYPE_CHECKING:
     from .kernels.registry import Statement
@@ -30,6 +31,7 @@ __all__ = [
     "KINDS",
     "Effects",
     "byte_range",
+    "clear_dynamic_scalars",
     "dynamic_scalars",
     "effects",
     "file_effects",
@@ -177,10 +179,28 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
     return Effects(reads, writes, replaces, written, inputs)
 
 
+# by the decoded plan (shared by the loads of the same bytes): a pure function of it
+_dynamic: Lru[tuple[p.ExecutionPlan, frozenset[int]]] = Lru(256, 0)
+
+
+def clear_dynamic_scalars() -> None:
+    """Forget the kept :func:`dynamic_scalars` of plans."""
+    _dynamic.clear()
+
+
 def dynamic_scalars(plan: p.ExecutionPlan) -> frozenset[int]:
     """Scalar values that an instruction may replace, by the file's conventions (a kernel
     writes its last argument, a move its destination, a delegate any of its arguments), so
     that statements read them at run time instead of rendering them as literals."""
+    hit = _dynamic.get(id(plan))
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    found = _dynamic_scalars(plan)
+    _dynamic.put(id(plan), (plan, found))  # the plan kept alive: its id stays its own
+    return found
+
+
+def _dynamic_scalars(plan: p.ExecutionPlan) -> frozenset[int]:
     dyn: set[int] = set()
     for chain in plan.chains:
         for ins in chain.instructions:

@@ -8,7 +8,6 @@ memory across lifetimes; that is the point of the plan.
 from __future__ import annotations
 
 import mmap
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,9 +81,8 @@ def allocate(info: BufferInfo) -> PlannedBuffer:
     """
     size = max(info.size, 1)
     if info.device.is_cpu:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            data = torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
+        # (a writable map: torch.frombuffer has no warning to give)
+        data = torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
     else:
         data = torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
     return PlannedBuffer(info, data)

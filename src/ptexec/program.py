@@ -229,6 +229,8 @@ class Program:
 
     def tensor_from_memory(self, data: memoryview) -> torch.Tensor:
         """A uint8 tensor over ``data`` (a slice of the program's or data file's bytes)."""
+        if not data.readonly:  # (the program's own bytes are writable: no warning to silence)
+            return torch.frombuffer(data, dtype=torch.uint8)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return torch.frombuffer(data, dtype=torch.uint8)

@@ -269,9 +269,11 @@ def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
     if statements is not None:
         if len(statements) > state.max_instructions:
             return False
+        env = code.env
         for k, st in enumerate(statements):
             code.add(st.code, k)
-            code.env.update(st.env)
+            if st.env:
+                env.update(st.env)
     elif (chain := _forward_chain(runner)) is not None:
         forward_lines(chain, code)
     else:

@@ -136,15 +136,10 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     chains: list[PreparedChain] = []
     written: set[int] = set()
     for c, chain in enumerate(plan.chains):
-        prepared = [preparer.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
-        names = [name for name, _ in prepared]
-        loaded = [st for _, st in prepared]
-        statements = loaded
-        if preparer.missing:
+        names, loaded, known = preparer.prepare_chain(c)
+        if known is None:
             continue
-        known = [
-            preparer.effects(ins, st) for ins, st in zip(chain.instructions, loaded, strict=True)
-        ]
+        statements = loaded
         for e in known:
             written.update(e.writes)
         if options.optimize:

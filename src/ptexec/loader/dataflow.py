@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -405,7 +406,7 @@ def _elide(
         and set(alias.reads) <= {alias.source}
     ):
         if _view_now(i, st, code, values, sources):
-            log.steps.append(("view", i, code))
+            log.steps.append(("view", i, (code, tuple(_assigned(code)))))
             c.fixed |= live_all
             return Statement("pass", {}, (), ())
         log.ok = False  # the outcome depends on the constants: not a recipe for others
@@ -466,7 +467,7 @@ def rewrite_chain(
     if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
         return statements
     sources = Sources(plan.name)  # what runs once, here (forgotten on return)
-    key = (id(plan), id(chain), fold_limit, tuple(names), tuple(map(_signature, statements)))
+    key = _recipe_key(plan, chain, fold_limit, names, statements)
     known_recipe = _recipes.get(key)
     if known_recipe is not None and known_recipe[0] is plan:
         replayed = _replay(known_recipe[1], statements, values, sources)
@@ -537,6 +538,39 @@ def _signature(st: Statement) -> tuple[Any, ...]:
     )
 
 
+# per chain, the key last computed and the statements it was computed from (held weakly):
+# the same statement objects have the same facts (they are frozen), so a load that
+# prepared the chain with the very same objects (kept statements) reuses the key
+_keys: Lru[tuple[p.ExecutionPlan, tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]] = Lru(
+    RECIPES, 0
+)
+
+
+def _recipe_key(
+    plan: p.ExecutionPlan,
+    chain: p.Chain,
+    fold_limit: int,
+    names: Sequence[str],
+    statements: Sequence[Statement],
+) -> tuple[Any, ...]:
+    """The key of ``chain``'s recipe: the plan, the chain, the fold budget, the
+    instructions' names and the facts of their statements."""
+    short = (id(plan), id(chain), fold_limit)
+    names = tuple(names)
+    last = _keys.get(short)
+    if (
+        last is not None
+        and last[0] is plan
+        and last[1] == names
+        and len(last[2]) == len(statements)
+        and all(r() is st for r, st in zip(last[2], statements, strict=True))
+    ):
+        return last[3]
+    key = (*short, names, tuple(map(_signature, statements)))
+    _keys.put(short, (plan, names, tuple(weakref.ref(st) for st in statements), key))
+    return key
+
+
 def _replay(
     steps: Sequence[_Step], statements: Sequence[Statement], values: list[Any], sources: Sources
 ) -> list[Statement] | None:
@@ -554,8 +588,9 @@ def _replay(
             result[i] = Statement("pass", {}, (), ())
         elif what == "view":
             assert st.alias is not None
-            saved.extend((k, values[k]) for k in (*st.alias.targets, *_assigned(detail)))
-            if not _view_now(i, st, detail, values, sources):
+            code, assigned = detail
+            saved.extend((k, values[k]) for k in (*st.alias.targets, *assigned))
+            if not _view_now(i, st, code, values, sources):
                 break
             result[i] = Statement("pass", {}, (), ())
         elif what == "elide":

@@ -49,6 +49,7 @@ def clear_kept_statements() -> None:
     _kept.clear()
     _effects.clear()
     _placements.clear()
+    _chains.clear()
 
 
 class _Watched(list[Any]):
@@ -90,6 +91,22 @@ _effects: Lru[tuple[Statement, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0
 # the devices of a plan's values and the load options, interned: the key of every kept
 # statement of a method holds the one object, compared by identity on a hit
 _placements: Lru[Key] = Lru(256, 0)
+
+
+# a chain's prepared statements that are functions of the plan and the placement alone:
+# per instruction, the kept statement of a kernel (with its factory) or the statement of
+# a move, free or jump written here, and its effects; None where each load prepares its
+# own (a statement not kept, a delegate's). (plan, factories, names, statements,
+# effects); a hit still asks the registry for each kept kernel's factory
+_chains: Lru[
+    tuple[
+        p.ExecutionPlan,
+        tuple[Any, ...],
+        tuple[str, ...],
+        tuple[Statement | None, ...],
+        tuple[Effects | None, ...],
+    ]
+] = Lru(1024, 0)
 
 
 def _placement(devices: Sequence[Device | None], options: Mapping[str, Any]) -> Key | None:
@@ -176,6 +193,82 @@ class InstructionPreparer:
         if self._placement is None:
             return None
         return Key(id(self.plan), c, i, self._placement)
+
+    def prepare_chain(self, c: int) -> tuple[list[str], list[Statement], list[Effects] | None]:
+        """(names, statements, their effects) of chain ``c``; no effects once an operator
+        is missing (in this chain or an earlier one). What :data:`_chains` keeps for this
+        plan and placement is taken, the rest prepared."""
+        chain = self.plan.chains[c]
+        kept = self._kept_chain(c)
+        if kept is not None:
+            names, held, known = kept
+            statements: list[Any] = list(held)
+            found: list[Any] = list(known)
+            fresh = [i for i, st in enumerate(held) if st is None]
+            for i in fresh:
+                names[i], statements[i] = self.prepare(chain.instructions[i], i, c)
+            if self.missing:
+                return names, statements, None
+            for i in fresh:
+                found[i] = self.effects(chain.instructions[i], statements[i])
+            return names, statements, found
+        prepared = [self.prepare(ins, i, c) for i, ins in enumerate(chain.instructions)]
+        names = [name for name, _ in prepared]
+        loaded = [st for _, st in prepared]
+        if self.missing:
+            return names, loaded, None
+        effects = [
+            self.effects(ins, st) for ins, st in zip(chain.instructions, loaded, strict=True)
+        ]
+        self._keep_chain(c, names, loaded, effects)
+        return names, loaded, effects
+
+    def _kept_chain(
+        self, c: int
+    ) -> tuple[list[str], tuple[Statement | None, ...], tuple[Effects | None, ...]] | None:
+        """What :meth:`_keep_chain` kept of chain ``c`` for this plan and placement, when
+        each kept kernel statement's operator still has the factory that made it."""
+        key = self._key(-1, c)
+        if key is None:
+            return None
+        hit = _chains.get(key)
+        if hit is None or hit[0] is not self.plan:
+            return None
+        _, factories, names, statements, found = hit
+        for name, factory in zip(names, factories, strict=True):
+            if factory is not None and find_kernel(name) is not factory:
+                return None
+        return list(names), statements, found
+
+    def _keep_chain(
+        self,
+        c: int,
+        names: Sequence[str],
+        statements: Sequence[Statement],
+        found: Sequence[Effects],
+    ) -> None:
+        """Keep what of chain ``c`` is a function of the plan and the placement alone: the
+        kept kernel statements and those of moves, frees and jumps, with their effects."""
+        key = self._key(-1, c)
+        if key is None or self.missing:
+            return
+        factories: list[Any] = []
+        held: list[Statement | None] = []
+        known: list[Effects | None] = []
+        chain = self.plan.chains[c]
+        for ins, name, st, e in zip(chain.instructions, names, statements, found, strict=True):
+            factory = None
+            if isinstance(ins, p.KernelCall):
+                if id(st) in self._shared:
+                    factory = find_kernel(name)
+                else:
+                    st = e = None  # type: ignore[assignment]
+            elif not isinstance(ins, p.MoveCall | p.FreeCall | p.JumpFalseCall):
+                st = e = None  # type: ignore[assignment]
+            factories.append(factory)
+            held.append(st)
+            known.append(e)
+        _chains.put(key, (self.plan, tuple(factories), tuple(names), tuple(held), tuple(known)))
 
     def effects(self, ins: p.Instruction, st: Statement) -> Effects:
         """:func:`ptexec.effects.effects` of ``st`` (running ``ins``), kept with a kept

@@ -19,6 +19,7 @@ state only holds what it made, so that it lives and dies with the method.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -52,7 +53,7 @@ class PreparedChain:
     loaded: tuple[Statement, ...]
     stacktrace: tuple[tuple[p.Frame, ...] | None, ...] | None
 
-    @property
+    @functools.cached_property
     def has_jumps(self) -> bool:
         return any(isinstance(ins, p.JumpFalseCall) for ins in self.instructions)
 
@@ -107,10 +108,11 @@ class MethodState:
     def snapshot(self) -> None:
         """Remember the storage and geometry of every tensor in the values table now (after
         loading), for :meth:`restore`."""
+        tensor = torch.Tensor
         self.owned = [
-            (t, t.untyped_storage(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
+            (t, t.untyped_storage(), int(t.storage_offset()), tuple(t.shape), t.stride())
             for t in self.values
-            if isinstance(t, torch.Tensor)
+            if isinstance(t, tensor)
         ]
 
     def restore(self) -> None:

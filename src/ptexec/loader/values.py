@@ -9,13 +9,15 @@ tuples of their items. Unplanned inputs and the lists a kernel renders per use a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from ..dtypes import CODE_TO_DTYPE
 from ..errors import LimitExceededError, PteFormatError
 from ..format import program as p
+from ..format.lru import Key, Lru
 from ..format.scalar_type import scalar_type_name
 from ..memory import PlannedBuffer, fixed_empty, strided_view
 from ..tensor import dim_order_strides
@@ -24,7 +26,7 @@ from .devices import DeviceMap, check_device_available
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["build_values", "tensor_dtype"]
+__all__ = ["build_values", "clear_recipes", "tensor_dtype"]
 
 # torch's quantized dtypes: a tensor of one needs quantizer parameters a program lacks
 _QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
@@ -59,6 +61,41 @@ def _from_bytes(
     return raw.view(dtype).as_strided(t.sizes, strides)
 
 
+class _Planned(NamedTuple):
+    """How to make planned tensor ``slot``: a view of buffer ``memory_id`` at element
+    ``offset``; ``init``: its initial state is read from the file when the buffer is new."""
+
+    slot: int
+    memory_id: int
+    offset: int
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    init: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Recipe:
+    """What building the values table of a plan decided that depends on the plan and the
+    device map alone: the scalars, how to make each planned tensor (its dtype, geometry
+    and alignment checked), and the tensors made per load (constants, unplanned), in the
+    order of the plan's values. Kept only for plans whose values passed every check."""
+
+    plan: p.ExecutionPlan
+    template: tuple[Any, ...]
+    tensors: tuple[_Planned | int, ...]  # an int: the slot of a tensor made per load
+    int_lists: tuple[tuple[int, tuple[int, ...]], ...]
+
+
+# recipes, by the decoded plan (shared by the loads of the same bytes) and the device map
+_recipes: Lru[_Recipe] = Lru(256, 0)
+
+
+def clear_recipes() -> None:
+    """Forget the kept recipes of values tables."""
+    _recipes.clear()
+
+
 def build_values(
     program: Program,
     plan: p.ExecutionPlan,
@@ -70,13 +107,95 @@ def build_values(
 ) -> list[Any]:
     """The values table of ``plan`` (module docstring). ``fresh``: buffers allocated for
     this method (their state is initialised); unplanned tensors of bounded shape may take
-    at most ``max_unplanned_bytes`` together."""
-    pte = program.pte
-    name = plan.name
+    at most ``max_unplanned_bytes`` together. The plan's part of the work is recorded on
+    the first load of a plan and replayed on the next (:class:`_Recipe`)."""
+    key = Key(id(plan), dmap.key)
+    hit = _recipes.get(key)
+    if hit is not None and hit.plan is plan:
+        return _replay(hit, program, path, dmap, buffers, fresh, max_unplanned_bytes)
+    values, recipe = _build(program, plan, path, dmap, buffers, fresh, max_unplanned_bytes)
+    _recipes.put(key, recipe)  # the plan kept alive: its id stays its own
+    return values
+
+
+def _initialise(
+    program: Program, value: p.Tensor, view: torch.Tensor, dtype: torch.dtype, tpath: str
+) -> None:
+    """Copy the initial state of planned tensor ``value`` (in a new buffer) into ``view``."""
+    if value.is_external:
+        init = program.external_bytes(value, tpath)
+    else:
+        init = program.pte.mutable_initial_value(value.data_buffer_idx, value.nbytes)
+    view.copy_(_from_bytes(program, init, value, dtype))
+
+
+class _Unplanned:
+    """Makes the tensors of a values table that are not views of a planned buffer."""
+
+    __slots__ = ("bytes", "dmap", "limit", "name", "program")
+
+    def __init__(self, program: Program, name: str, dmap: DeviceMap, limit: int) -> None:
+        self.program = program
+        self.name = name
+        self.dmap = dmap
+        self.limit = limit
+        self.bytes = 0
+
+    def make(self, j: int, value: p.Tensor, dtype: torch.dtype, tpath: str) -> Any:
+        """Constant ``j`` as a view of the file (on its device), None for an unplanned
+        input, memory of its own for other unplanned tensors."""
+        device = self.dmap.label(value)
+        name = self.name
+        if value.is_constant:
+            if value.is_external:
+                data = self.program.external_bytes(value, tpath)
+            else:
+                data = self.program.pte.constant(value.data_buffer_idx, value.nbytes)
+            const = _from_bytes(self.program, data, value, dtype)
+            if not device.is_cpu:
+                check_device_available(device, name, f"constant {j}")
+                const = const.to(device.to_torch())
+            return const
+        # unplanned, not an input: the runtime provides memory on its device
+        check_device_available(device, name, f"unplanned tensor {j}")
+        unbound = value.shape_dynamism == p.DYNAMIC_UNBOUND
+        if unbound:
+            sizes = tuple(0 for _ in value.sizes)
+        else:
+            sizes = value.sizes
+            self.bytes += value.nbytes
+        if self.bytes > self.limit:
+            raise LimitExceededError(
+                f"method '{name}' needs more than max_planned_bytes="
+                f"{self.limit} for its unplanned tensors"
+            )
+        # bounded shapes get memory that cannot grow; unbound ones must grow
+        empty = torch.empty_strided if unbound else fixed_empty
+        return empty(
+            sizes,
+            dim_order_strides(sizes, value.dim_order),
+            dtype=dtype,
+            device=device.to_torch(),
+        )
+
+
+def _build(
+    program: Program,
+    plan: p.ExecutionPlan,
+    path: str,
+    dmap: DeviceMap,
+    buffers: list[PlannedBuffer],
+    fresh: set[int],
+    max_unplanned_bytes: int,
+) -> tuple[list[Any], _Recipe]:
+    """The values table of ``plan``, every check made, and its recipe."""
     by_id = {b.info.index: b for b in buffers}
     inputs = set(plan.inputs)
+    unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values: list[Any] = []
-    unplanned_bytes = 0
+    template: list[Any] = []
+    tensors: list[_Planned | int] = []
+    int_lists: list[tuple[int, tuple[int, ...]]] = []
     for j, value in enumerate(plan.values):
         if not isinstance(value, p.Tensor):
             if isinstance(value, p.Int | p.Bool | p.Double | p.String):
@@ -85,10 +204,13 @@ def build_values(
                 values.append(value.items)
             else:  # None, and IntList, TensorList, OptionalTensorList: rendered per use
                 values.append(None)
+                if isinstance(value, p.IntList):
+                    int_lists.append((j, tuple(value.items)))
+            template.append(values[-1])
             continue
+        template.append(None)
         tpath = f"{path}.values[{j}].tensor"
         dtype = tensor_dtype(value, tpath)
-        device = dmap.label(value)
         alloc = value.allocation_info
         if alloc is not None:
             buf = by_id[alloc.memory_id]
@@ -100,51 +222,66 @@ def build_values(
                 value.dim_order,
                 f"{tpath}.allocation_info",
             )
-            if alloc.memory_id in fresh:
-                if value.is_external:
-                    init = program.external_bytes(value, tpath)
-                    view.copy_(_from_bytes(program, init, value, dtype))
-                elif value.data_buffer_idx > 0:
-                    init = pte.mutable_initial_value(value.data_buffer_idx, value.nbytes)
-                    view.copy_(_from_bytes(program, init, value, dtype))
+            init = value.is_external or value.data_buffer_idx > 0
+            if init and alloc.memory_id in fresh:
+                _initialise(program, value, view, dtype, tpath)
             values.append(view)
-        elif value.is_constant:
-            if value.is_external:
-                data = program.external_bytes(value, tpath)
-            else:
-                data = pte.constant(value.data_buffer_idx, value.nbytes)
-            const = _from_bytes(program, data, value, dtype)
-            if not device.is_cpu:
-                check_device_available(device, name, f"constant {j}")
-                const = const.to(device.to_torch())
-            values.append(const)
-        elif j in inputs:
-            values.append(None)
-        else:
-            # unplanned, not an input: the runtime provides memory on its device
-            check_device_available(device, name, f"unplanned tensor {j}")
-            unbound = value.shape_dynamism == p.DYNAMIC_UNBOUND
-            if unbound:
-                sizes = tuple(0 for _ in value.sizes)
-            else:
-                sizes = value.sizes
-                unplanned_bytes += value.nbytes
-            if unplanned_bytes > max_unplanned_bytes:
-                raise LimitExceededError(
-                    f"method '{name}' needs more than max_planned_bytes="
-                    f"{max_unplanned_bytes} for its unplanned tensors"
-                )
-            # bounded shapes get memory that cannot grow; unbound ones must grow
-            empty = torch.empty_strided if unbound else fixed_empty
-            values.append(
-                empty(
-                    sizes,
-                    dim_order_strides(sizes, value.dim_order),
-                    dtype=dtype,
-                    device=device.to_torch(),
+            tensors.append(
+                _Planned(
+                    j,
+                    alloc.memory_id,
+                    alloc.memory_offset // dtype.itemsize,
+                    dtype,
+                    tuple(value.sizes),
+                    tuple(view.stride()),
+                    init,
                 )
             )
-    for j, value in enumerate(plan.values):
-        if isinstance(value, p.IntList):
-            values[j] = tuple(values[i] for i in value.items)
+        elif j in inputs and not value.is_constant:
+            values.append(None)
+        else:
+            values.append(unplanned.make(j, value, dtype, tpath))
+            tensors.append(j)
+    for j, items in int_lists:
+        values[j] = tuple(values[i] for i in items)
+    return values, _Recipe(plan, tuple(template), tuple(tensors), tuple(int_lists))
+
+
+def _replay(
+    recipe: _Recipe,
+    program: Program,
+    path: str,
+    dmap: DeviceMap,
+    buffers: list[PlannedBuffer],
+    fresh: set[int],
+    max_unplanned_bytes: int,
+) -> list[Any]:
+    """The values table ``_build`` makes, from ``recipe``: the per-load work only."""
+    plan = recipe.plan
+    storages: dict[int, tuple[Any, torch.device]] = {}
+    for b in buffers:
+        if b.data.storage_offset():
+            raise ValueError("planned storage must start at offset 0")
+        storages[b.info.index] = (b.data.untyped_storage(), b.data.device)
+    unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
+    values = list(recipe.template)
+    empty = torch.empty
+    for t in recipe.tensors:
+        if isinstance(t, int):
+            value = plan.values[t]
+            assert isinstance(value, p.Tensor)
+            tpath = f"{path}.values[{t}].tensor"
+            values[t] = unplanned.make(t, value, tensor_dtype(value, tpath), tpath)
+            continue
+        slot, memory_id, offset, dtype, sizes, strides, init = t
+        storage, device = storages[memory_id]
+        view = empty(0, dtype=dtype, device=device)
+        view.set_(storage, offset, sizes, strides)
+        if init and memory_id in fresh:
+            value = plan.values[slot]
+            assert isinstance(value, p.Tensor)
+            _initialise(program, value, view, dtype, f"{path}.values[{slot}].tensor")
+        values[slot] = view
+    for j, items in recipe.int_lists:
+        values[j] = tuple(values[i] for i in items)
     return values
