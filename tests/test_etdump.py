@@ -372,3 +372,30 @@ def test_xnnpack_nodes_timed_compute_what_execute_computes(name: str) -> None:
     assert all(torch.equal(a, b) for a, b in zip(recorded, call["executorch"], strict=True))
     nodes = _node_events(rec.etdump())
     assert nodes and all(all(e.delegate_debug_id_str for e in es) for es in nodes.values())
+
+
+@pytest.mark.parametrize("runner", ["torch", "executorch"])
+def test_delegate_nodes_are_reported_only_to_tools_that_take_them(runner: str) -> None:
+    """A delegate runner reports its nodes (ExecuTorch's only by writing an ETDump on every
+    call, far slower than the call) to hooks whose ``nodes`` is set, as ETDumps' are; a
+    profile's or a trace's hooks get the plain call, and the same outputs."""
+    from ptexec.engine.hooks import Hooks
+
+    if runner == "executorch":
+        pytest.importorskip("executorch.runtime")
+
+    class Counting(Hooks):
+        def __init__(self, nodes: bool) -> None:
+            self.nodes = nodes
+            self.seen: list[str] = []
+
+        def node(self, name: str, start: int, end: int) -> None:
+            self.seen.append(name)
+
+    io = _io("xnnpack")
+    method = ptexec.load(COMPAT / "xnnpack.pte").load_method(xnnpack=runner)
+    quiet, told = Counting(False), Counting(True)
+    for hooks in (quiet, told):
+        got = method.run_with(hooks, io["inputs"])
+        assert compare_outputs(list(got), io["outputs"], 1e-5, 1e-5) is None
+    assert quiet.seen == [] and any(name.endswith("#1") for name in told.seen), told.seen

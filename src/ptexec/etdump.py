@@ -183,6 +183,8 @@ class _Recorder(Hooks):
     """The hooks of one recorded call: a profiling event per instruction, a debug event
     per value it wrote (with a debug buffer), ``Method::execute`` around them all."""
 
+    nodes = True  # delegates' operators, as ExecuTorch's backends log them
+
     def __init__(self, method: Method, layout: _Layout, buffer: DebugBuffer | None) -> None:
         self.method = method
         self.layout = layout

@@ -55,6 +55,15 @@ class DelegateContext(KernelContext):
         self.compile_specs = compile_specs
         self.named_data = named_data
 
+    def node_timed(self, plain: str, timed: str, args: str) -> str:
+        """The instrumented statement of a delegate call ``plain(args)`` whose runner can
+        report its nodes' times through ``timed(report, args)``: that, for tools whose
+        hooks take node events (:attr:`~ptexec.engine.hooks.Hooks.nodes`), else the plain
+        call (reporting may cost a runner more than the call: ExecuTorch's writes an
+        ETDump)."""
+        sep = ", " if args else ""
+        return f"{timed}(h.node{sep}{args}) if h.nodes else {plain}({args})"
+
     def compile_spec(self, key: str) -> bytes | None:
         for spec in self.compile_specs:
             if spec.key == key:

@@ -69,7 +69,11 @@ class Step:
 
 
 class Hooks:
-    """Base class of a tool's hooks; every method does nothing unless overridden."""
+    """Base class of a tool's hooks; every method does nothing unless overridden.
+    ``nodes``: whether the tool takes delegates' node events (:meth:`node`); only then do
+    delegate runners that can report them run their slower, reporting variant."""
+
+    nodes = False
 
     def begin(self, v: list[Any]) -> None:
         """The inputs are bound into values table ``v``; no instruction has run."""

@@ -98,5 +98,5 @@ def prepare(ctx: DelegateContext) -> Statement:
         f"{name}({args})",
         mutates=outs,
         outs=outs,
-        instrumented=f"{timed}(h.node, {args})" if args else f"{timed}(h.node)",
+        instrumented=ctx.node_timed(name, timed, args),
     )

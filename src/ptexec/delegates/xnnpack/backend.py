@@ -375,7 +375,7 @@ def _prepare_torch(
         f"{name}({args})",
         mutates=outs,
         outs=outs,
-        instrumented=f"{timed}(h.node, {args})" if args else f"{timed}(h.node)",
+        instrumented=ctx.node_timed(name, timed, args),
     )
 
 
@@ -458,6 +458,6 @@ def _prepare_executorch(
         f"{name}({call})",
         mutates=outs,
         outs=outs,
-        instrumented=f"{timed}(h.node, {call})" if call else f"{timed}(h.node)",
+        instrumented=ctx.node_timed(name, timed, call),
         external=runner,
     )
