@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,29 @@ def _forget() -> None:
     loader_devices.clear_placements()
     loader_values.clear_recipes()
     effects.clear_dynamic_scalars()
+
+
+def _asking(asked: list[str], read: bool = False) -> Callable[[str], object]:
+    """The kernel registry's lookup, each factory wrapped to note its operator in ``asked``
+    when it is asked for a statement (``read``: and to read every tensor argument of the
+    values table first, as a factory that depends on a constant's bytes does)."""
+    find = loader_instructions.find_kernel
+
+    def lookup(name: str) -> object:
+        factory = find(name)
+        if factory is None:
+            return None
+
+        def wrapped(ctx: object) -> object:
+            asked.append(name)
+            if read:
+                for a in ctx.args:  # type: ignore[attr-defined]
+                    ctx.initial[a]  # type: ignore[attr-defined]  # a tensor read, for the test
+            return factory(ctx)  # type: ignore[arg-type]
+
+        return wrapped
+
+    return lookup
 
 
 def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:
@@ -190,24 +214,9 @@ def test_a_statement_whose_factory_read_a_tensor_is_made_again(
     """A factory that reads a tensor of the values table (a constant's bytes may differ
     under the same plan) is asked again on the next load."""
     pte, data = fixture_paths("mlp")
-    find = loader_instructions.find_kernel
     asked: list[str] = []
-
-    def reading(name: str) -> object:
-        factory = find(name)
-        if factory is None:
-            return None
-
-        def wrapped(ctx: object) -> object:
-            asked.append(name)
-            for a in ctx.args:  # type: ignore[attr-defined]
-                ctx.initial[a]  # type: ignore[attr-defined]  # a tensor read, for the test
-            return factory(ctx)  # type: ignore[arg-type]
-
-        return wrapped
-
     _forget()
-    monkeypatch.setattr(loader_instructions, "find_kernel", reading)
+    monkeypatch.setattr(loader_instructions, "find_kernel", _asking(asked, read=True))
     ptexec.load(pte, data_path=data).load_method()
     n = len(asked)
     assert n and len(loader_instructions._kept) == 0
@@ -299,21 +308,8 @@ def test_a_kept_chain_is_the_chain_prepared_afresh(monkeypatch: pytest.MonkeyPat
     afresh = ptexec.load(pte, data_path=data).load_method()
     assert _statements(afresh) == _statements(first)
 
-    find = loader_instructions.find_kernel
     asked: list[str] = []
-
-    def other(name: str) -> object:
-        factory = find(name)
-        if factory is None:
-            return None
-
-        def wrapped(ctx: object) -> object:
-            asked.append(name)
-            return factory(ctx)  # type: ignore[arg-type]
-
-        return wrapped
-
-    monkeypatch.setattr(loader_instructions, "find_kernel", other)
+    monkeypatch.setattr(loader_instructions, "find_kernel", _asking(asked))
     replaced = ptexec.load(pte, data_path=data).load_method()
     assert asked and _statements(replaced) == _statements(first)
     call = fixture_calls("mlp")[0]
