@@ -214,7 +214,8 @@ def planned_ranges(state: MethodState, device: torch.device) -> list[tuple[int, 
 
 def output_memory(state: MethodState, device: torch.device) -> list[torch.Tensor]:
     """The tensors whose memory the method gives its unplanned outputs on ``device``
-    between calls (a call may grow it: read its range at the call)."""
+    between calls (a call may grow it, unless its storage is not resizable: read its
+    range at the call)."""
     return [
         o.default
         for o in state.unplanned_outputs

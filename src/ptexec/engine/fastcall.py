@@ -114,6 +114,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             env[f"S{j}"], env[f"E{j}"] = start, end
             apart.append(f"(q{i} <= S{j} or p{i} >= E{j})")
         for d in output_memory(state, device.to_torch()):
+            memory = d.untyped_storage()
+            if not memory.resizable():  # it never moves: its range, as a planned buffer's
+                start = memory.data_ptr()
+                j = buffer_names.setdefault(start, len(buffer_names))
+                env[f"S{j}"], env[f"E{j}"] = start, start + memory.nbytes()
+                apart.append(f"(q{i} <= S{j} or p{i} >= E{j})")
+                continue
             k = outputs_memory.setdefault(id(d), len(outputs_memory))
             if k == len(outputs_read):  # read once a call, before the inputs' checks
                 env[f"U{k}"] = d
