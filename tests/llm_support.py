@@ -26,6 +26,22 @@ def program(variant: str) -> Path:
     return llm_programs.program_path(variant)
 
 
+def executorch_logits(pte: Path, tokens: list[int]) -> list[torch.Tensor]:
+    """The logits after each of ``tokens`` (one token a call from position 0), run on
+    ExecuTorch's runtime: row ``i`` predicts ``tokens[i + 1]``."""
+    pytest.importorskip("executorch.runtime")
+    import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed:: kernels)
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (llama:: kernels)
+    from executorch.runtime import Runtime
+
+    method: Any = Runtime.get().load_program(str(pte)).load_method("forward")
+    rows = []
+    for i, t in enumerate(tokens):
+        out = method.execute([torch.tensor([[t]]), torch.tensor([i])])[0]
+        rows.append(out.reshape(-1, out.shape[-1])[-1].float().clone())
+    return rows
+
+
 def executorch_greedy(
     pte: Path, prompt: list[int], count: int, dynamic: bool, cache_positions: bool = False
 ) -> list[int]:

@@ -287,3 +287,133 @@ def test_chat_template_renders_as_transformers_does(tok: Path) -> None:
         ours.render([{"role": "tool", "content": "x"}])
     with pytest.raises(ChatTemplateError):  # the sandbox refuses Python internals
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
+
+
+# -- log-probabilities, scored prompts, several prompts ----------------------------------------
+
+
+def _reference_logprobs(tokens: list[int]) -> list[torch.Tensor]:
+    from llm_support import executorch_logits
+
+    return [torch.log_softmax(r, 0) for r in executorch_logits(program("portable"), tokens)]
+
+
+def test_echoed_prompt_logprobs_equal_executorch(client: Any, reference: TextLLMRunner) -> None:
+    """What an evaluation harness asks (loglikelihood): token ids, ``echo``, ``logprobs``,
+    one token generated; every prompt token's log-probability, its alternatives and the
+    generated token's equal ExecuTorch's runtime on the same program."""
+    ids = reference.tokenizer.encode(PROMPT + " there was")
+    r = client.completions.create(
+        model="tiny-llama", prompt=ids, max_tokens=1, echo=True, logprobs=3, temperature=0
+    )
+    choice = r.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None
+    want = _reference_logprobs(ids)
+    tok = reference.tokenizer
+    for i in range(1, len(ids) + 1):
+        row = want[i - 1]
+        chosen = ids[i] if i < len(ids) else int(row.argmax())  # greedy: the likeliest
+        assert lp.tokens[i] == tok.decode([chosen])
+        assert lp.token_logprobs[i] == pytest.approx(float(row[chosen]), abs=1e-4)
+        best = torch.topk(row, 3)
+        expected = {
+            tok.decode([int(j)]): float(v) for j, v in zip(best.indices, best.values, strict=True)
+        }
+        expected.setdefault(lp.tokens[i], float(row[chosen]))
+        assert lp.top_logprobs[i].keys() == expected.keys()
+        for k, v in expected.items():
+            assert lp.top_logprobs[i][k] == pytest.approx(v, abs=1e-4)
+    assert choice.text == tok.decode(ids) + greedy(reference, tok.decode(ids), 1)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 1
+    # max_tokens=0: the prompt scored alone, the same numbers
+    r0 = client.completions.create(
+        model="tiny-llama", prompt=ids, max_tokens=0, echo=True, logprobs=3, temperature=0
+    )
+    assert r0.choices[0].logprobs.token_logprobs == lp.token_logprobs[: len(ids)]
+    assert r0.choices[0].text == tok.decode(ids) and r0.usage.completion_tokens == 0
+
+
+def test_several_prompts_answer_as_each_alone(client: Any) -> None:
+    prompts: list[Any] = ["Once upon", [5, 6, 7, 8], "The robot"]
+    r = client.completions.create(
+        model="tiny-llama", prompt=prompts, max_tokens=4, temperature=0, logprobs=1
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    total = 0
+    for prompt, choice in zip(prompts, r.choices, strict=True):
+        alone = client.completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0, logprobs=1
+        )
+        assert choice.text == alone.choices[0].text
+        assert choice.logprobs.token_logprobs == alone.choices[0].logprobs.token_logprobs
+        total += alone.usage.total_tokens
+    assert r.usage.total_tokens == total
+
+
+def test_generated_logprobs_streamed_and_chat(client: Any, reference: TextLLMRunner) -> None:
+    whole = client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2
+    )
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == whole.usage.completion_tokens
+    ids = reference.tokenizer.encode(PROMPT)
+    want = _reference_logprobs(ids)[-1]
+    assert lp.token_logprobs[0] == pytest.approx(float(want.max()), abs=1e-4)
+    for tokens, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert tokens == pytest.approx(max(top.values()))  # greedy: the likeliest each time
+    chunks = list(
+        client.completions.create(
+            model="tiny-llama", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+            stream=True,
+        )
+    )  # fmt: skip
+    streamed = [
+        v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs
+    ]
+    assert streamed == lp.token_logprobs
+    # chat: logprobs: true with top_logprobs, on the rendered prompt's distribution
+    messages = [{"role": "user", "content": PROMPT}]
+    chat = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=4,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    rendered = "<|begin_of_text|>User: " + PROMPT + "\nAssistant:"
+    first = _reference_logprobs(reference.tokenizer.encode(rendered))[-1]
+    assert content[0].logprob == pytest.approx(float(first.max()), abs=1e-4)
+    for item in content:
+        assert len(item.top_logprobs) == 4
+        values = [t.logprob for t in item.top_logprobs]
+        assert values == sorted(values, reverse=True) and item.logprob == pytest.approx(values[0])
+        assert item.bytes == list(item.token.encode("utf-8"))
+    plain = client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=6, temperature=0
+    )
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == chat.choices[0].message.content
+
+
+def test_logprobs_and_prompt_errors(server: Any) -> None:
+    chat, done = "/v1/chat/completions", "/v1/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    base = {"model": "tiny-llama"}
+    assert (
+        _error(_post(server, chat, {**base, "messages": msgs, "top_logprobs": 2}), 400)["param"]
+        == "top_logprobs"
+    )
+    _error(
+        _post(server, chat, {**base, "messages": msgs, "logprobs": True, "top_logprobs": 21}), 400
+    )
+    _error(_post(server, chat, {**base, "messages": msgs, "logprobs": 1}), 400)
+    _error(_post(server, chat, {**base, "messages": msgs, "max_tokens": 0}), 400)
+    _error(_post(server, done, {**base, "prompt": "a", "logprobs": 21}), 400)
+    _error(_post(server, done, {**base, "prompt": ["a", "b"], "stream": True}), 400)
+    _error(_post(server, done, {**base, "prompt": [1, "a"]}), 400)
+    _error(_post(server, done, {**base, "prompt": [[1, 2], []]}), 400)
+    _error(_post(server, done, {**base, "prompt": []}), 400)
+    err = _error(_post(server, done, {**base, "prompt": [1, 10**9]}), 400)
+    assert err["param"] == "prompt" and "vocabulary" in err["message"]

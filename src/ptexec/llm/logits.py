@@ -29,6 +29,7 @@ __all__ = [
     "RepetitionPenalty",
     "as_processors",
     "min_p_filter",
+    "token_logprobs",
 ]
 
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -112,3 +113,19 @@ def min_p_filter(probs: torch.Tensor, min_p: float) -> torch.Tensor:
         return probs
     kept = probs.masked_fill(probs < min_p * probs.max(), 0.0)
     return kept / kept.sum()
+
+
+def token_logprobs(
+    logits: torch.Tensor, token: int, top: int = 0
+) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of ``token`` under the model's distribution ``softmax(logits)``
+    (one row of raw logits, any float dtype, computed in float32), and the ``top`` likeliest
+    ids with theirs, likeliest first (ties: lower id first)."""
+    row = torch.log_softmax(logits.reshape(-1).float(), dim=0)
+    chosen = float(row[token])
+    if top <= 0:
+        return chosen, []
+    k = min(int(top), row.numel())
+    values, ids = torch.topk(row, k)
+    pairs = sorted(zip(ids.tolist(), values.tolist(), strict=True), key=lambda p: (-p[1], p[0]))
+    return chosen, [(int(i), float(v)) for i, v in pairs]

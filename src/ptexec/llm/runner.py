@@ -43,6 +43,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..errors import GenerationError
 from .config import GenerationConfig, Stats, _now_ms, check_setting
 from .decoder import TextDecoder, load_options
@@ -60,6 +62,7 @@ log = logging.getLogger("ptexec.llm")
 
 TokenCallback = Callable[[str], None]
 StatsCallback = Callable[[Stats], None]
+SampleObserver = Callable[[int, "torch.Tensor"], None]
 
 
 class _StopStrings:
@@ -156,6 +159,10 @@ class _Runner:
         self._next_token: int | None = None
         self._stop = threading.Event()
         self._lock = threading.RLock()  # reentrant: a runner may encode inputs under it first
+        self.on_sample: SampleObserver | None = None
+        """Called on the generating thread with each sampled id and the logits it was
+        sampled from (the model's, before processors and temperature; the ids the
+        tokenizer has), e.g. for log-probabilities; None: nothing is called."""
 
     def _load_decoder(self, program: Any, method: str, options: dict[str, Any]) -> Any:
         """The object that runs the program (a :class:`TextDecoder` here)."""
@@ -204,13 +211,43 @@ class _Runner:
             processors=as_processors(config.logits_processor),
         )
 
+    def _visible(self, logits: Any) -> Any:
+        """``logits`` over the ids the tokenizer has (those past them are padding)."""
+        if self._sample_width is not None:
+            return logits[..., : self._sample_width]
+        return logits
+
     def _sample(self, sampler: Sampler, logits: Any) -> int:
-        if self._sample_width is not None:  # ids past the tokenizer's are padding
-            logits = logits[..., : self._sample_width]
+        logits = self._visible(logits)
         self.stats.on_sampling_begin()
         token = sampler.sample(logits)
         self.stats.on_sampling_end()
+        observe = self.on_sample
+        if observe is not None:
+            observe(token, logits)
         return token
+
+    def prompt_logits(self, ids: Sequence[int]) -> list[torch.Tensor]:
+        """Score ``ids`` on a fresh context: the logits after each of them (row ``i``
+        predicts ``ids[i + 1]``; the last row, the token after the prompt), evaluated one
+        token at a time, the way decoding reads them. The context is reset before and
+        after (the position is 0 for the next call)."""
+        ids = list(ids)
+        with self._lock:
+            self.reset()
+            if not ids:
+                raise GenerationError("Expected at least 1 prompt token")
+            self._check_prompt(ids)
+            rows: list[torch.Tensor] = []
+            try:
+                for t in ids:
+                    logits = self.decoder.step(t, self.pos, self._history)
+                    self.pos += 1
+                    self._history.append(t)
+                    rows.append(self._visible(logits).reshape(-1).float().clone())
+            finally:
+                self.reset()
+            return rows
 
     def _encode_inputs(
         self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int

@@ -20,9 +20,10 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
-from .engine import Engine, Job, Result
+from .engine import Engine, Job, Logprob, Result
 from .metrics import Metrics
 from .programs import ProgramService, decode_inputs, encode_outputs
 from .protocol import ApiError, Request, parse_request
@@ -134,47 +135,66 @@ def create_app(
         if engine.draining:
             raise ApiError(503, "the server is shutting down", "server_error", code="draining")
         req = parse_request(await read_json(request), chat)
-        job = engine.prepare(req)
-        await _start(engine, job, request)
+        # every prompt is checked before any runs
+        jobs = [engine.prepare(replace(req, prompt=x, prompts=[x])) for x in req.prompts] or [
+            engine.prepare(req)
+        ]
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         if req.stream:
+            job = jobs[0]
+            await _start(engine, job, request)
             return StreamingResponse(
                 _events(engine, job, ident, created),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        pieces, result = await _collect(job, request)
-        _record(engine, job, result)
-        if job.timed_out:
-            raise ApiError(504, "the request timed out while generating", "timeout", code="timeout")
-        text = "".join(pieces)
-        if not chat and req.echo:
-            text = req.prompt + text
-        usage = _usage(result)
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": result.finish_reason,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": result.finish_reason,
-            }
-            obj = "text_completion"
+        choices: list[dict[str, Any]] = []
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for index, job in enumerate(jobs):  # one after another: one session at a time
+            await _start(engine, job, request)
+            pieces, result = await _collect(job, request)
+            _record(engine, job, result)
+            if job.timed_out:
+                raise ApiError(
+                    504, "the request timed out while generating", "timeout", code="timeout"
+                )
+            text = "".join(pieces)
+            for k, v in _usage(result).items():
+                usage[k] += v
+            if chat:
+                choices.append(
+                    {
+                        "index": index,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": _chat_logprobs(job.logprobs)
+                        if req.logprobs is not None
+                        else None,
+                        "finish_reason": result.finish_reason,
+                    }
+                )
+                continue
+            logprobs = None
+            if req.logprobs is not None:
+                entries = job.logprobs[: result.completion_tokens]
+                logprobs = _completion_logprobs(
+                    [*job.prompt_logprobs, *entries] if req.echo else entries
+                )
+            choices.append(
+                {
+                    "index": index,
+                    "text": job.prompt + text if req.echo else text,
+                    "logprobs": logprobs,
+                    "finish_reason": result.finish_reason,
+                }
+            )
         return JSONResponse(
             {
                 "id": ident,
-                "object": obj,
+                "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": engine.model_name,
-                "choices": [choice],
+                "choices": choices,
                 "usage": usage,
             }
         )
@@ -287,6 +307,47 @@ def _usage(result: Result) -> dict[str, int]:
     }
 
 
+def _completion_logprobs(entries: list[Logprob], offset: int = 0) -> dict[str, Any]:
+    """A completion choice's ``logprobs``: the tokens, their log-probabilities, each
+    token's alternatives with the token itself (as OpenAI-compatible servers list them;
+    None for a first prompt token) and each token's offset in the text, from ``offset``."""
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    for e in entries:
+        tokens.append(e.token)
+        values.append(e.logprob)
+        if e.logprob is None:
+            tops.append(None)
+        else:
+            top = dict(e.top)
+            top.setdefault(e.token, e.logprob)
+            tops.append(top)
+        offsets.append(offset)
+        offset += len(e.token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def _chat_logprobs(entries: list[Logprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``content``, one object per token (its text, bytes,
+    log-probability and the likeliest alternatives)."""
+
+    def item(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    content = []
+    for e in entries:
+        assert e.logprob is not None  # generated tokens all have one
+        content.append({**item(e.token, e.logprob), "top_logprobs": [item(t, v) for t, v in e.top]})
+    return {"content": content, "refusal": None}
+
+
 def _record(engine: Engine, job: Job, result: Result) -> None:
     now = time.perf_counter()
     first = job.first_piece
@@ -308,7 +369,32 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
     obj = "chat.completion.chunk" if chat else "text_completion"
     usage_field = {"usage": None} if req.include_usage else {}
 
-    def chunk(content: str | None, finish: str | None, role: bool = False) -> bytes:
+    scored = req.logprobs is not None
+    taken = 0  # the generated tokens' log-probabilities sent so far
+    offset = 0  # where the next token starts in the completion's text (echo included)
+
+    def logprobs(entries: list[Logprob] | None) -> dict[str, Any] | None:
+        """The log-probabilities of ``entries`` (None: those sampled since the last
+        chunk) in a chunk; None when they are not asked for."""
+        nonlocal taken, offset
+        if not scored:
+            return None
+        if entries is None:
+            end = len(job.logprobs)  # appended on the session's thread, before its text
+            entries = job.logprobs[taken:end]
+            taken = end
+        if chat:
+            return _chat_logprobs(entries)
+        out = _completion_logprobs(entries, offset)
+        offset += sum(len(e.token) for e in entries)
+        return out
+
+    def chunk(
+        content: str | None,
+        finish: str | None,
+        role: bool = False,
+        entries: list[Logprob] | None = None,
+    ) -> bytes:
         if chat:
             delta: dict[str, Any] = {}
             if role:
@@ -318,11 +404,16 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
             choice: dict[str, Any] = {
                 "index": 0,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": None if role else logprobs(entries),
                 "finish_reason": finish,
             }
         else:
-            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "text": content or "",
+                "logprobs": logprobs(entries),
+                "finish_reason": finish,
+            }
         return _sse(
             {
                 "id": ident,
@@ -335,12 +426,17 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
         )
 
     try:
+        echo = not chat and req.echo
         if chat:
             yield chunk("", None, role=True)
-        elif req.echo:
-            yield chunk(req.prompt, None)
+        elif echo and not scored:
+            yield chunk(job.prompt, None)
+            echo = False
         while True:
             item = await job.queue.get()
+            if echo:  # the prompt's scores are in before anything else comes
+                yield chunk(job.prompt, None, entries=job.prompt_logprobs)
+                echo = False
             if isinstance(item, str):
                 yield chunk(item, None)
                 continue

@@ -29,11 +29,17 @@ from typing import Any
 from ..errors import GenerationError
 from ..llm import GenerationConfig, MultimodalRunner, load_tokenizer, make_token_input
 from ..llm.chat import ChatTemplate, ChatTemplateError
-from ..llm.logits import LogitsProcessor, PresenceFrequencyPenalty, RepetitionPenalty
+from ..llm.logits import (
+    LogitsProcessor,
+    PresenceFrequencyPenalty,
+    RepetitionPenalty,
+    token_logprobs,
+)
+from ..llm.tokenizer import Tokenizer
 from .metrics import Metrics
 from .protocol import ApiError, Request
 
-__all__ = ["Engine", "Job", "Result"]
+__all__ = ["Engine", "Job", "Logprob", "Result"]
 
 
 @dataclass
@@ -46,14 +52,43 @@ class Result:
     completion_tokens: int
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """A token's text, its log-probability under the model (None: the prompt's first
+    token, which nothing predicts) and the likeliest alternatives' (text, log-probability),
+    likeliest first."""
+
+    token: str
+    logprob: float | None
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def _logprob(tokenizer: Tokenizer, logits: Any, token: int, top: int) -> Logprob:
+    chosen, best = token_logprobs(logits, token, top)
+    return Logprob(
+        tokenizer.decode([token]),
+        chosen,
+        tuple((tokenizer.decode([i]), lp) for i, lp in best),
+    )
+
+
 class Job:
     """One request's generation: its prompt ids, its config, and the pieces it produced
-    (``queue`` holds ``str`` pieces, then one :class:`Result` or one exception)."""
+    (``queue`` holds ``str`` pieces, then one :class:`Result` or one exception). With
+    ``logprobs`` asked for, :attr:`logprobs` gets one :class:`Logprob` per generated
+    token as it is sampled (before its text reaches ``queue``), and an echoed
+    completion's :attr:`prompt_logprobs` one per prompt token."""
 
-    def __init__(self, req: Request, ids: list[int], config: GenerationConfig) -> None:
+    def __init__(
+        self, req: Request, ids: list[int], config: GenerationConfig, prompt: str = ""
+    ) -> None:
         self.request = req
         self.ids = ids
         self.config = config
+        self.prompt = prompt
+        """The prompt's text (a completion's echo)."""
+        self.logprobs: list[Logprob] = []
+        self.prompt_logprobs: list[Logprob] = []
         self.queue: asyncio.Queue[str | Result | BaseException] = asyncio.Queue()
         self.created = time.perf_counter()
         self.first_piece: float | None = None
@@ -173,9 +208,10 @@ class Engine:
     # -- preparing a request ---------------------------------------------------------------
     def prompt_text(self, req: Request) -> str:
         """The prompt of a request: the chat template's rendering of its messages, or the
-        completion prompt as given."""
+        completion prompt as given (token ids: their text)."""
         if not req.chat:
-            return req.prompt
+            prompt = req.prompt
+            return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
         if self.template is None:
             raise ApiError(
                 400,
@@ -198,8 +234,19 @@ class Engine:
                 param="model",
                 code="model_not_found",
             )
-        text = self.prompt_text(req)
-        ids = self.tokenizer.encode(text)
+        if isinstance(req.prompt, list):  # token ids
+            ids = list(req.prompt)
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ApiError(
+                    400,
+                    f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                    param="prompt",
+                )
+            text = self.tokenizer.decode(ids)
+        else:
+            text = self.prompt_text(req)
+            ids = self.tokenizer.encode(text)
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         room = self.context - len(ids)
@@ -221,7 +268,8 @@ class Engine:
             processors.append(self._grammar(req.response_format))
         config = GenerationConfig(
             echo=False,
-            max_new_tokens=req.max_tokens if req.max_tokens is not None else room,
+            # 0 tokens: the prompt is only scored (_generate does not generate)
+            max_new_tokens=max(req.max_tokens, 1) if req.max_tokens is not None else room,
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=max(0, req.top_k),
@@ -231,7 +279,7 @@ class Engine:
             ignore_eos=req.ignore_eos,
             logits_processor=processors or None,
         )
-        job = Job(req, ids, config)
+        job = Job(req, ids, config, text)
         if self.timeout is not None:
             job.deadline = job.created + self.timeout
         return job
@@ -356,8 +404,29 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
     """Runs on the session's thread."""
     if job.cancelled:
         return Result("", "interrupted", len(job.ids), 0)
+    req = job.request
+    top = req.logprobs
+    tokenizer = runner.tokenizer
+    if top is not None and req.echo:
+        rows = runner.prompt_logits(job.ids)
+        first = Logprob(tokenizer.decode(job.ids[:1]), None)
+        job.prompt_logprobs = [first] + [
+            _logprob(tokenizer, row, t, top) for row, t in zip(rows, job.ids[1:], strict=False)
+        ]
+    if req.max_tokens == 0:
+        return Result("", "length", len(job.ids), 0)
     runner.reset()
-    text = runner.generate_text([make_token_input(job.ids)], job.config, token_callback=sink)
+    if top is not None:
+        entries = job.logprobs
+
+        def observe(token: int, logits: Any) -> None:
+            entries.append(_logprob(tokenizer, logits, token, top))
+
+        runner.on_sample = observe
+    try:
+        text = runner.generate_text([make_token_input(job.ids)], job.config, token_callback=sink)
+    finally:
+        runner.on_sample = None
     reason = runner.finish_reason
     if job.cancelled and reason == "length":
         reason = "interrupted"

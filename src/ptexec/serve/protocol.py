@@ -2,8 +2,13 @@
 
 Every field is checked for type and range before anything runs; a problem is an
 :class:`ApiError` with OpenAI's status, ``type``, ``param`` and ``code``. Fields OpenAI
-defines that this server does not implement (``n`` other than 1, ``logprobs``, tools) are
-refused rather than ignored, so a client never gets less than it asked for without knowing.
+defines that this server does not implement (``n`` and ``best_of`` other than 1, tools)
+are refused rather than ignored, so a client never gets less than it asked for without
+knowing. A completion's ``prompt`` is a string, a list of token ids, or a list of either
+(several prompts, one choice each, not streamed); ``logprobs`` (completions: the number of
+alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_logprobs``)
+asks for each token's log-probability, and with ``echo`` a completion's prompt tokens are
+scored too.
 """
 
 from __future__ import annotations
@@ -12,7 +17,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ApiError", "Request", "parse_request"]
+__all__ = ["MAX_LOGPROBS", "MAX_PROMPTS", "ApiError", "Prompt", "Request", "parse_request"]
+
+MAX_LOGPROBS = 20
+"""The most alternatives a token's log-probabilities list (OpenAI: 5 for completions, 20
+for chat)."""
+MAX_PROMPTS = 256
+"""The most prompts one completion request takes."""
+
+Prompt = str | list[int]
+"""A completion prompt: text, or token ids."""
 
 
 class ApiError(Exception):
@@ -52,7 +66,9 @@ class Request:
 
     chat: bool
     model: str
-    prompt: str = ""
+    prompt: Prompt = ""
+    prompts: list[Prompt] = field(default_factory=list)
+    """A completion's prompts (``prompt`` is the first): one choice each."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -69,6 +85,8 @@ class Request:
     response_format: dict[str, Any] | None = None
     echo: bool = False
     ignore_eos: bool = False
+    logprobs: int | None = None
+    """Each token's log-probability and this many likeliest alternatives (None: off)."""
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -190,25 +208,25 @@ def parse_request(body: Any, chat: bool) -> Request:
         req.messages = _messages(body)
         if body.get("tools") or body.get("functions"):
             raise _bad("tools and functions are not supported", "tools")
+        if _flag(body, "logprobs"):
+            req.logprobs = _integer(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
+        elif body.get("top_logprobs") is not None:
+            raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise _bad("'prompt' must be a string (one prompt per request)", "prompt")
-        req.prompt = prompt
+        req.prompts = _prompts(body.get("prompt"))
+        req.prompt = req.prompts[0]
         req.echo = _flag(body, "echo")
+        req.logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS)
     n = _integer(body, "n", 1, 1_000_000)
     if n is not None and n != 1:
         raise _bad("only n=1 is supported", "n")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise _bad("logprobs are not supported", "logprobs")
     best_of = _integer(body, "best_of", 1, 1_000_000)
     if best_of is not None and best_of != 1:
         raise _bad("only best_of=1 is supported", "best_of")
-    max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 30)
+    least = 1 if chat else 0  # a completion of 0 tokens scores its prompt (with echo)
+    max_tokens = _integer(body, "max_completion_tokens", least, 1 << 30)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, 1 << 30)
+        max_tokens = _integer(body, "max_tokens", least, 1 << 30)
     req.max_tokens = max_tokens
     req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     req.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
@@ -229,4 +247,37 @@ def parse_request(body: Any, chat: bool) -> Request:
     req.repetition_penalty = _number(body, "repetition_penalty", 1.0, 1e-3, 100.0)
     req.response_format = _response_format(body)
     req.ignore_eos = _flag(body, "ignore_eos")
+    if req.stream and len(req.prompts) > 1:
+        raise _bad("several prompts are answered in one response, not streamed", "stream")
     return req
+
+
+def _token_ids(v: list[Any]) -> list[int] | None:
+    """``v`` as token ids, or None when it is not a list of integers."""
+    if v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        return [int(t) for t in v]
+    return None
+
+
+def _prompts(v: Any) -> list[Prompt]:
+    """A completion's ``prompt``: a string, token ids, or a non-empty list of either."""
+    what = "'prompt' must be a string, a list of token ids, or a list of those"
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, list) or not v:
+        raise _bad(what, "prompt")
+    ids = _token_ids(v)
+    if ids is not None:
+        return [ids]
+    if len(v) > MAX_PROMPTS:
+        raise _bad(f"'prompt' holds {len(v)} prompts; at most {MAX_PROMPTS} a request", "prompt")
+    out: list[Prompt] = []
+    for item in v:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        ids = _token_ids(item) if isinstance(item, list) else None
+        if ids is None:
+            raise _bad(what, "prompt")
+        out.append(ids)
+    return out
