@@ -4,7 +4,7 @@
 Usage:
     python benchmarks/llm_decode.py [--variants portable xnnpack xnnpack_8da4w]
                                     [--prompt 32] [--decode 64] [--blocks 7] [--threads 1]
-                                    [--model tiny|smollm2-135m] [--no-compiled]
+                                    [--model tiny|smollm2-135m|smollm2-4l] [--no-compiled]
 
 The programs are tiny Llamas exported with ExecuTorch's LLM exporter
 (``scripts/llm_programs.py``: KV cache, custom SDPA, a seeded checkpoint; portable,
@@ -16,7 +16,8 @@ prefill ``--prompt`` tokens from position 0 (one call on a dynamic program), the
 ``load_method(..., compile=True)`` where this ptexec has it, and is skipped otherwise (or
 with ``--no-compiled``); the time that compile took (a cold compile cache compiles, a warm
 one loads the library) is printed. ``--model`` picks the model shape
-(``llm_programs.MODELS``: the tiny default, or ``smollm2-135m``, SmolLM2-135M's shape).
+(``llm_programs.MODELS``: the tiny default, ``smollm2-135m``, SmolLM2-135M's shape, or
+``smollm2-4l``, four of its layers).
 
 Runtimes alternate in blocks within one process (``--blocks``, median of blocks); all run
 on ``--threads`` threads (default 1: torch's and XNNPACK's thread pools would otherwise
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         default="tiny",
         choices=list(llm_programs.MODELS),
-        help="model shape (default tiny; smollm2-135m: SmolLM2-135M's shape, random weights)",
+        help="model shape (default tiny; smollm2-135m: SmolLM2-135M's shape, random weights; "
+        "smollm2-4l: four of its layers)",
     )
     parser.add_argument(
         "--no-compiled", action="store_true", help="skip ptexec compiled (no compile)"

@@ -125,6 +125,18 @@ MODELS: dict[str, TinyLlama] = {
         max_seq_len=512,
         max_context_len=512,
     ),
+    # SmolLM2-135M's layer shape with 4 of its 30 layers: its per-layer costs, exported
+    # in minutes rather than an hour
+    "smollm2-4l": TinyLlama(
+        dim=576,
+        n_layers=4,
+        n_heads=9,
+        n_kv_heads=3,
+        vocab_size=49152,
+        hidden_dim=1536,
+        max_seq_len=512,
+        max_context_len=512,
+    ),
 }
 
 _DEFAULT = asdict(Variant())
