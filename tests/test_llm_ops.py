@@ -161,15 +161,19 @@ def test_update_cache_with_indices() -> None:
 # attention
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2), (4, 1)])
-@pytest.mark.parametrize(("start_pos", "seq"), [(0, 3), (3, 1), (2, 4)])
-def test_custom_sdpa_causal(heads: int, kv_heads: int, start_pos: int, seq: int) -> None:
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2), (4, 1), (9, 3)])
+@pytest.mark.parametrize(("start_pos", "seq"), [(0, 3), (3, 1), (2, 4), (7, 1), (0, 8)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("traced", [False, True])  # traced: the compiled tier's form
+def test_custom_sdpa_causal(
+    heads: int, kv_heads: int, start_pos: int, seq: int, causal: bool, traced: bool
+) -> None:
     q = _rand(2, seq, heads, 4, seed=1)
     k = _rand(2, 8, kv_heads, 4, seed=2)
     v = _rand(2, 8, kv_heads, 4, seed=3)
-    got = L.custom_sdpa(q, k, v, start_pos, None, 0.0, True)
+    got = L.custom_sdpa(q, k, v, start_pos, None, 0.0, causal, traced=traced)
     assert got.shape == q.shape
-    want = ref_attention(q, k, v, start_pos, causal=True)
+    want = ref_attention(q, k, v, start_pos, causal=causal)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 

@@ -172,6 +172,29 @@ def _sdpa(
     )
 
 
+def _grouped_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    factor: float,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention of ``q`` ``[B, H, S, D]`` over ``k``/``v`` ``[B, H_kv, N, D]`` (``H`` a
+    multiple of ``H_kv``; ``mask`` ``[S, N]`` or None): the ``H / H_kv`` query heads of
+    each key/value head become rows of one query of that head, so the caches are read as
+    they are."""
+    b, h, s, d = q.shape
+    groups = k.shape[1]
+    if h == groups:
+        return _sdpa(q, k, v, factor, mask)
+    rep = h // groups
+    rows = q.reshape(b, groups, rep * s, d)  # head g * rep + r, row i -> group g, row r * s + i
+    if mask is not None:
+        mask = mask.repeat(rep, 1)
+    out = _sdpa(rows, k, v, factor, mask)
+    return out.reshape(b, h, s, d)
+
+
 def _attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -191,10 +214,13 @@ def _attention(
     rows past the key range sliced off; no mask is made where the causal rule hides
     nothing (a single query row at the end of the keys) or where it is torch's own
     (``is_causal`` from position 0); an explicit mask only for several rows after
-    position 0. ``masked`` (a traced program, ``start_pos`` possibly symbolic): the keys
-    past the range are masked instead of sliced, so that shapes stay those of the cache,
-    and grouped key/value heads are repeated to the query's (one attention over equal head
-    counts: the compiled code does not depend on how a compiler lowers ``enable_gqa``).
+    position 0. ``masked`` (a traced program, ``start_pos`` possibly symbolic): the same
+    rows, sliced to a symbolic length (only the key range is read, as on the host: the
+    cache past it is never read, so what it holds cannot reach the result, and a decode
+    step reads ``start_pos + 1`` rows, not the whole cache), with the causal rule as an
+    explicit mask and grouped key/value heads attended as groups of query rows (one
+    attention over equal head counts, no copy of the caches per query head: the compiled
+    code does not depend on how a compiler lowers ``enable_gqa``).
     """
     _check_attention(q, k, v, attn_mask, is_causal, what)
     factor = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -204,17 +230,16 @@ def _attention(
     if masked:
         if attn_mask is not None:  # an empty mask: every cached row is a key
             return _sdpa(q, k, v, factor, repeat_heads=True)
-        kv_len = k.shape[2]
-        _torch._check(start_pos + q_len <= kv_len)
-        cols = torch.arange(kv_len, device=q.device)[None, :]
-        in_range = cols < start_pos + q_len
-        # rows past the range are zeros, not what the cache holds there: a masked key still
-        # meets its value in a product (0 * NaN is NaN), and the host never reads those rows
-        k = torch.where(in_range[0, :, None], k, 0.0)
-        v = torch.where(in_range[0, :, None], v, 0.0)
-        rows = torch.arange(q.shape[2], device=q.device)[:, None] + start_pos
-        keys = cols <= rows if is_causal else in_range.expand(q.shape[2], -1)
-        return _sdpa(q, k, v, factor, keys, repeat_heads=True)
+        _torch._check(start_pos >= 0)
+        keys = start_pos + q_len
+        _torch._check(keys > 0)
+        _torch._check(keys <= k.shape[2])
+        k, v = k.narrow(2, 0, keys), v.narrow(2, 0, keys)
+        causal: torch.Tensor | None = None
+        if is_causal:
+            rows = torch.arange(q_len, device=q.device)[:, None] + start_pos
+            causal = torch.arange(keys, device=q.device)[None, :] <= rows
+        return _grouped_sdpa(q, k, v, factor, causal)
     start = int(start_pos)
     if attn_mask is None:
         keys_end = start + q_len
@@ -251,7 +276,7 @@ def custom_sdpa(
     traced: bool = False,
 ) -> torch.Tensor:
     """Attention of ``q`` [B, S, H, D] over the caches [B, S_max, H_kv, D]; shape of ``q``
-    (``traced``: keys past the range masked, not sliced; see :func:`_attention`)."""
+    (``traced``: ``start_pos`` may be symbolic; see :func:`_attention`)."""
     what = "custom_sdpa"
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(f"{what}: q, k and v must be 4-D [batch, seq, heads, head_dim]")
@@ -319,9 +344,13 @@ def _dequantize_rows(
     return (x.to(torch.float32) - zero_points.to(torch.float32)) * scales.to(torch.float32)
 
 
-def _rows(t: torch.Tensor | None, dim: int, n: int) -> torch.Tensor | None:
-    """The first ``n`` rows along ``dim`` of per-row parameters (None stays None)."""
-    if t is None or t.dim() <= dim or t.shape[dim] < n:
+def _rows(t: torch.Tensor | None, dim: int, n: int, full: int | None = None) -> torch.Tensor | None:
+    """The first ``n`` rows along ``dim`` of per-row parameters (None stays None; so do
+    parameters with fewer rows: broadcast ones). ``full``: ``n`` is symbolic, and only
+    parameters with ``full`` rows (one per cached row) are cut."""
+    if t is None or t.dim() <= dim:
+        return t
+    if (t.shape[dim] != full) if full is not None else (t.shape[dim] < n):
         return t
     return t.narrow(dim, 0, n)
 
@@ -347,8 +376,8 @@ def custom_quantized_sdpa(
 ) -> torch.Tensor:
     """:func:`custom_sdpa` over int8 q/k/v with per-row quantization parameters (or float
     q/k/v, then the parameters are unused); the result is float32 (the out's dtype).
-    On the host only the cached rows in the key range are dequantized; ``traced``: all of
-    them, the keys past the range masked."""
+    Only the cached rows in the key range are dequantized (``traced``: a symbolic count of
+    them)."""
     what = "custom_quantized_sdpa"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"{what}: q, k and v must be 4-D")
@@ -361,17 +390,23 @@ def custom_quantized_sdpa(
         if is_seq_at_dim_2:
             q_len = q.shape[2]
         seq_dim = 2 if is_seq_at_dim_2 else 1
-        keys = -1 if traced else int(start_pos) + q_len  # host side: a number
-        if attn_mask is None and 0 <= keys < k.shape[seq_dim]:
+        # traced: a symbolic count, its range asserted by _attention
+        keys = start_pos + q_len if traced else int(start_pos) + q_len
+        if attn_mask is None and (traced or 0 <= keys < k.shape[seq_dim]):
             # only the first start_pos + q_len cached rows are read: dequantize those
+            full = k.shape[seq_dim] if traced else None
+            if traced:
+                _torch._check(start_pos >= 0)
+                _torch._check(keys > 0)
+                _torch._check(keys <= k.shape[seq_dim])
             k, v = k.narrow(seq_dim, 0, keys), v.narrow(seq_dim, 0, keys)
             k_zero_points, k_scales = (
-                _rows(k_zero_points, seq_dim, keys),
-                _rows(k_scales, seq_dim, keys),
+                _rows(k_zero_points, seq_dim, keys, full),
+                _rows(k_scales, seq_dim, keys, full),
             )
             v_zero_points, v_scales = (
-                _rows(v_zero_points, seq_dim, keys),
-                _rows(v_scales, seq_dim, keys),
+                _rows(v_zero_points, seq_dim, keys, full),
+                _rows(v_scales, seq_dim, keys, full),
             )
         qf = _dequantize_rows(q, q_zero_points, q_scales, "q")
         kf = _dequantize_rows(k, k_zero_points, k_scales, "k")
