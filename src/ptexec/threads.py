@@ -159,7 +159,9 @@ def set_num_threads(n: int) -> None:
     """Run kernels on ``n`` threads (1 or more): torch's intra-op threads and, where
     ExecuTorch is installed, ExecuTorch's thread pool, which XNNPACK delegates use. Call
     it between calls: ptexec's methods load their XNNPACK payloads again for the new pool
-    at their next call."""
+    at their next call. A changed count replaces ExecuTorch's pool, and XNNPACK methods
+    loaded by ExecuTorch's own runtime before keep the destroyed one (their next call may
+    crash the process): set the count before loading those."""
     count = _count(n, "set_num_threads")
     import torch
 
