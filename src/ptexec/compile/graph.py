@@ -282,6 +282,8 @@ class _RegionModule(torch.nn.Module):
             self.rebuild.step(env, region.chain, i)
         if branch is not None:
             self._if_else(env, branch)
+            for i in range(branch.end, region.last + 1):
+                self.rebuild.step(env, region.chain, i)
         results: dict[int, Any] = {}
         for s in region.stores:
             if s.how in ("inplace", "copy", "replace", "adopt"):
@@ -346,7 +348,7 @@ class _RegionModule(torch.nn.Module):
         results = torch.ops.higher_order.cond(
             pred,
             arm(branch.jump + 1, branch.skip - 1),
-            arm(branch.skip + 1, region.last),
+            arm(branch.skip + 1, branch.end - 1),
             operands,
         )
         for j, x in zip(branch.merged, results, strict=True):

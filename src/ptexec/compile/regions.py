@@ -82,14 +82,15 @@ class Branch:
     """An if/else inside a region, as ExecuTorch's exporter writes ``torch.cond``: the
     JumpFalseCall ``jump`` on the one-element tensor ``pred`` to the false branch, the
     true branch (instructions ``jump + 1 .. skip - 1``), the jump ``skip`` that always
-    goes past the false branch, and the false branch (``skip + 1`` to the region's last
-    instruction). ``merged``: the values either branch writes that are seen after the
-    region, each written by both (or before the jump), in the order the graph returns
-    them from its ``torch.cond``."""
+    goes to ``end``, past the false branch (``skip + 1 .. end - 1``); the region's
+    instructions from ``end`` on run after either. ``merged``: the values either branch
+    writes that are seen after the branches, each written by both (or before the jump),
+    in the order the graph returns them from its ``torch.cond``."""
 
     jump: int
     pred: int
     skip: int
+    end: int
     merged: tuple[int, ...] = ()
 
 
@@ -357,10 +358,12 @@ class _Planner:
     ) -> list[tuple[int, int, int, torch.device, Branch | None]]:
         """``runs`` with each if/else (:class:`Branch`) whose three parts are whole runs
         of one device (the instructions before the jump, from where their run starts,
-        each branch entire) as one run: control enters it only at its first instruction
-        (no other jump lands inside it) and leaves it only after its false branch."""
+        each branch entire, and the run after the false branch where there is one of the
+        same device) as one run: control enters it only at its first instruction (no
+        other jump lands inside it)."""
         at = {(c, first, last): k for k, (c, first, last, _) in enumerate(runs)}
         ends = {(c, last): k for k, (c, _, last, _) in enumerate(runs)}
+        starts = {(c, first): k for k, (c, first, _, _) in enumerate(runs)}
         taken: dict[int, tuple[int, int, int, torch.device, Branch]] = {}  # by pre run
         dropped: set[int] = set()
         for c, chain in enumerate(self.state.chains):
@@ -391,17 +394,24 @@ class _Planner:
                 if not pre[3] == true[3] == false[3]:
                     continue
                 first = pre[1]
+                after = starts.get((c, e))
+                if after is not None and (
+                    after in dropped or after in taken or runs[after][3] != pre[3]
+                ):
+                    after = None
+                last = runs[after][2] if after is not None else e - 1
                 if any(
                     isinstance(x, p.JumpFalseCall)
                     and k not in (i, d - 1)
-                    and first < x.destination_instruction < e
+                    and first < x.destination_instruction <= last
                     for k, x in enumerate(ins)
                 ):
                     continue
                 k0 = parts[0]
                 assert k0 is not None
-                taken[k0] = (c, first, e - 1, pre[3], Branch(i, jump.cond_value_index, d - 1))
-                dropped.update(k for k in parts[1:] if k is not None)
+                branch = Branch(i, jump.cond_value_index, d - 1, e)
+                taken[k0] = (c, first, last, pre[3], branch)
+                dropped.update(k for k in (*parts[1:], after) if k is not None)
         out: list[tuple[int, int, int, torch.device, Branch | None]] = []
         for k, run in enumerate(runs):
             if k in taken:
@@ -442,20 +452,25 @@ class _Planner:
         arms: list[tuple[dict[int, int], dict[int, set[str]]]],
         before: dict[int, int],
         read_first: set[int],
-    ) -> list[Store] | None:
-        """The stores of the values the branches of ``branch`` write that are seen after
-        the region (``arms``: what each branch writes, by its last writer; ``before``:
-        what the instructions before the jump write): each a tensor that both branches
-        write, or one branch and the instructions before the jump (the other branch
-        passes that on), in place or given a new object alike (the planner's kinds); a
-        move that gives it its object takes it from a value only the region touches
-        (:meth:`_private`: the slot gets an object of its own instead), and no view
-        (``et_view``) gives it one. None when any is otherwise."""
+        needed: set[int],
+        after: set[int],
+    ) -> tuple[list[Store], tuple[int, ...]] | None:
+        """The values the branches of ``branch`` write that are read after them (in the
+        region, ``needed``, or after it), and the stores of those the region's last
+        instructions do not write again (``after``); ``arms``: what each branch writes, by
+        its last writer; ``before``: what the instructions before the jump write. Each
+        must be a tensor that both branches write, or one branch and the instructions
+        before the jump (the other branch passes that on), in place or given a new object
+        alike (the planner's kinds); a move that gives it its object takes it from a
+        value only the region touches (:meth:`_private`: the slot gets an object of its
+        own instead), and no view (``et_view``) gives it one. None when any is otherwise."""
         chain = self.state.chains[c]
         (wt, _), (wf, _) = arms
         stores: list[Store] = []
+        slots: list[int] = []
         for j in sorted(set(wt) | set(wf)):
-            if not (self.observed(j, c, first, last) or j in read_first):
+            seen = (self.observed(j, c, first, last) or j in read_first) and j not in after
+            if not seen and j not in needed:
                 continue
             if not isinstance(self.plan.values[j], p.Tensor):
                 return None
@@ -473,9 +488,10 @@ class _Planner:
                     return None
                 if j in self.effects.replaces[c][i]:
                     how = "replace"
-            last_writer = max(w.get(j, -1) for w in (wt, wf))
-            stores.append(Store(j, how, last_writer))
-        return stores
+            slots.append(j)
+            if seen:
+                stores.append(Store(j, how, max(w.get(j, -1) for w in (wt, wf))))
+        return stores, tuple(slots)
 
     # -- one region ------------------------------------------------------------------------
     def observed(self, j: int, c: int, first: int, last: int) -> bool:
@@ -568,7 +584,7 @@ class _Planner:
                     return None
             before = dict(written)
             arms = []  # per branch: what it writes (by its last writer), and how
-            for lo, hi in ((branch.jump + 1, branch.skip), (branch.skip + 1, last)):
+            for lo, hi in ((branch.jump + 1, branch.skip), (branch.skip + 1, branch.end - 1)):
                 w, k = dict(written), {j: set(x) for j, x in kinds.items()}
                 for i in range(lo, hi + 1):
                     if visit(i, w, k, list(bytes_written)) is not None or any(
@@ -576,19 +592,35 @@ class _Planner:
                     ):
                         return None
                 arms.append(({j: i for j, i in w.items() if i >= lo}, k))
-            if any(i > branch.jump for i, _, _ in aliases):
-                return None  # a second name read in a branch: not followed
+            for w, _ in arms:  # after the branches, either's bytes may hold what it wrote
+                bytes_written.extend((self.ranges[j], j) for j in w if j in self.ranges)
             for w, k in arms:
                 for j, i in w.items():
                     written[j] = max(i, written.get(j, i))
                     kinds.setdefault(j, set()).update(k[j])
             if any(len(kinds[j]) > 1 for w, _ in arms for j in w):
                 return None  # replaced in one branch, written in place in the other
-            found = self._branch_stores(c, first, last, branch, arms, before, read_first)
+            # after the branches: what only one of them writes is not there for the other
+            (wt, _), (wf, _) = arms
+            partial = {j for j in set(wt) ^ set(wf) if j not in before}
+            needed: set[int] = set()  # read after the branches before written there
+            after: set[int] = set()  # written after the branches
+            for i in range(branch.end, last + 1):
+                if any(j in partial for j in eff.reads[c][i] if j not in after):
+                    return None
+                needed.update(j for j in eff.reads[c][i] if j not in after)
+                if visit(i, written, kinds, bytes_written) is not None:
+                    return None
+                after.update(eff.writes[c][i])
+            if any(i > branch.jump for i, _, _ in aliases):
+                return None  # a second name read in a branch or after: not followed
+            found = self._branch_stores(
+                c, first, last, branch, arms, before, read_first, needed, after
+            )
             if found is None:
                 return None
-            merged = found
-            branch = replace(branch, merged=tuple(s.slot for s in merged))
+            merged, slots = found
+            branch = replace(branch, merged=slots)
             region.branch = branch
         stores: list[Store] = []
         post: list[Store] = []
@@ -760,8 +792,10 @@ def plan_regions(
                 pending[:0] = [
                     (c, first, branch.jump - 1, device, None),
                     (c, branch.jump + 1, branch.skip - 1, device, None),
-                    (c, branch.skip + 1, last, device, None),
+                    (c, branch.skip + 1, branch.end - 1, device, None),
                 ]
+                if branch.end <= last:
+                    pending.insert(3, (c, branch.end, last, device, None))
             continue
         if not planner.worth(c, first, last):
             why = "too little work to gain from compiling"

@@ -632,7 +632,8 @@ def _interpreted(chain: PreparedChain, region: Region, code: Code) -> None:
         lines(branch.jump + 1, branch.skip - 1)
     code.add("else:", branch.jump)
     with code.indented():
-        lines(branch.skip + 1, region.last)
+        lines(branch.skip + 1, branch.end - 1)
+    lines(branch.end, region.last)
 
 
 def _fixed_outputs(state: MethodState, unguarded: list[_Compiled]) -> frozenset[int]:
@@ -674,8 +675,8 @@ def _fresh_outputs(
     state: MethodState, unguarded: list[_Compiled], shared_buffers: Iterable[int]
 ) -> frozenset[int]:
     """The method's tensor outputs (each named once, no input, in no buffer the methods
-    share) that are the one tensor an if/else's region without guards returns, the result
-    of its ``torch.cond``, when no instruction outside that region reads, writes or
+    share) that are the one tensor an if/else's region without guards returns, a result
+    of its ``torch.cond`` nothing after the branches writes, when no instruction outside that region reads, writes or
     replaces their slot. Such a tensor is new on every call (a branch returns a copy of
     an operand; AOTInductor returns a copy of a constant), and the table only keeps it
     until the next call replaces it: it may be the caller's copy."""
@@ -695,6 +696,7 @@ def _fresh_outputs(
         if (
             st.how != "replace"
             or j not in r.branch.merged
+            or st.instruction >= r.branch.end  # written again after the branches
             or named.count(j) != 1
             or j in inputs
             or not isinstance(value, p.Tensor)
