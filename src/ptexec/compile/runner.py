@@ -816,6 +816,11 @@ class CompiledRunner:
         """Output slots whose tensor only compiled code writes, in place (the planned view
         of a static output): its dtype and shape cannot change, and the fast call does not
         check them."""
+        self.calls = state.instruction_count() - sum(
+            c.region.last - c.region.first + 1 - 1 for c, _, _ in self._regions
+        )
+        """How many statements a call runs (a compiled region is one): the fast call
+        leaves autograd's dispatch keys in place for a few (:func:`below_autograd_for`)."""
         self.fresh_outputs = _fresh_outputs(
             state, [c for c, _, f in self._regions if f is None], program.shared_buffer_indices
         )

@@ -205,7 +205,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             tensors = all(out.kind == "tensor" for out in state.outputs)
             # skipping views' bookkeeping skips the version counts of what the program
             # writes in place too: only where no caller's tensor is written or returned
-            guard = below_autograd_for(state, copy_outputs and tensors and not aliased)
+            calls: int | None = getattr(runner, "calls", None)
+            guard = below_autograd_for(state, copy_outputs and tensors and not aliased, calls)
             if guard is not None:
                 # the outputs' checks and copies too: a copy below autograd costs less
                 env["_below"] = guard
