@@ -10,10 +10,11 @@ One shape of jumps is taken whole: an if/else as ExecuTorch's exporter writes
 ``torch.cond`` (:class:`Branch`: a JumpFalseCall over the true branch, which ends with a
 jump that always jumps over the false branch), where the instructions before the jump
 and both branches are runs of their own and nothing else jumps into it. The region is
-the instructions before the jump and both branches; its graph computes the branches with
-``torch.cond`` and merges what they leave for later. That holds only where merging is
-the interpreter's result for either branch (:meth:`_Planner._branch_stores`); otherwise
-the three runs are planned as they would be without it.
+the instructions before the jump, both branches and the run after them (where there is
+one); its graph computes the branches with ``torch.cond`` and merges what they leave for
+later. That holds only where merging is the interpreter's result for either branch
+(:meth:`_Planner._branch_stores`); otherwise the runs are planned as they would be
+without it.
 
 A compiled region reads its *inputs* (values it reads before writing them) from the
 values table and must leave in the table exactly what the interpreter would for every
