@@ -39,6 +39,7 @@ from ptexec.compile import CompileOptions, CompileReport, CompileWarning
 from ptexec.compile.aoti import inductor_options
 from ptexec.compile.cache import cache_dir, cache_key
 from ptexec.errors import ExecutionError, InstructionLimitError
+from ptexec.format import program as p
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -340,8 +341,142 @@ def test_tools_still_run_on_a_compiled_method() -> None:
     assert torch.allclose(trace.outputs[0], interpreted["forward"].execute(x)[0], atol=1e-5)
 
 
+def _cond_eager(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The ``cond`` fixture's computation in eager PyTorch."""
+    return torch.sin(x) + y if x.sum() > 0 else torch.cos(x) * y - 1
+
+
+def test_an_if_else_runs_as_one_compiled_region() -> None:
+    """torch.cond's program (a JumpFalseCall over the true branch, a jump over the false
+    one, each branch moving its result into the output) is one region whose graph holds
+    the if/else: calls alternating between the branches give what eager PyTorch, the
+    interpreter and ExecuTorch's runtime give, through the fast call and the general
+    path; the output the caller gets is its own (a later call does not change it)."""
+    interpreted, compiled = load_pair("cond")
+    i, c = interpreted["forward"], compiled["forward"]
+    report = c.compile_report
+    assert report is not None and report.regions == ((0, 10),) and report.fully_compiled
+    runtime = pytest.importorskip("executorch.runtime").Runtime.get()
+    et = runtime.load_program(fixture_paths("cond")[0]).load_method("forward")
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    kept = []
+    for sign in (1, -1, -1, 1, 1, -1, 1):
+        a = x.abs() * sign
+        want = _cond_eager(a, y)
+        got = c.execute([a, y])[0]
+        assert torch.allclose(got, want, atol=1e-6), sign
+        assert torch.allclose(got, i.execute([a, y])[0], atol=1e-6), sign
+        assert torch.allclose(got, et.execute([a, y])[0], atol=1e-6), sign
+        general = c.execute([a.clone().requires_grad_(), y])[0]  # not the fast call's
+        assert torch.allclose(general, want, atol=1e-6), sign
+        kept.append((got, got.clone()))
+    for got, copy in kept:
+        assert torch.equal(got, copy)
+    assert len({id(got) for got, _ in kept}) == len(kept)
+
+
+def test_an_if_else_with_dynamic_shapes_and_weights_is_one_region(tmp_path: Path) -> None:
+    """Traced (the ``graph`` backend): an if/else over inputs of a dynamic batch, and one
+    whose branches read the program's weights and give two results, each one region
+    with the instructions before and after it. Both branches, every batch, as the
+    interpreter."""
+    from export_util import export_program
+
+    class Batch(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            def t(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return torch.sin(x) + y
+
+            def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return torch.cos(x) * y - 1
+
+            return torch.cond(x.sum() > 0, t, f, (x, y)) * 2
+
+    class Weights(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+            self.register_buffer("b", torch.randn(4))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            def t(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return x @ self.w, x + self.b
+
+            def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return x - self.b, (x * 3) @ self.w.t()
+
+            a, b = torch.cond(x.mean() > 0, t, f, (x,))
+            return a + 1, b
+
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    cases = [
+        (
+            export_program(
+                Batch(),
+                (torch.randn(3, 4), torch.randn(3, 4)),
+                dynamic_shapes={"x": {0: batch}, "y": {0: batch}},
+            ),
+            (3, 1, 8, 5),
+        ),
+        (export_program(Weights().eval(), (torch.randn(3, 4),)), (3,)),
+    ]
+    for k, (data, sizes) in enumerate(cases):
+        path = tmp_path / f"p{k}.pte"
+        path.write_bytes(data)
+        i = ptexec.load(path).load_method("forward")
+        c = ptexec.load(path).load_method("forward", compile=CompileOptions(backend="graph"))
+        report = c.compile_report
+        assert report is not None and report.fully_compiled, report
+        jumps = [
+            n
+            for n, ins in enumerate(c.state.plan.chains[0].instructions)
+            if isinstance(ins, p.JumpFalseCall)
+        ]
+        assert len(report.regions) == 1 and report.regions[0][0] < jumps[0], report.regions
+        for n in sizes:
+            for sign in (1, -1, -1, 1):
+                xs = [torch.randn(n, 4).abs() * sign, torch.randn(n, 4)][: len(i.state.inputs)]
+                want, got = i.execute(xs), c.execute(xs)
+                assert len(want) == len(got)
+                for a, b in zip(want, got, strict=True):
+                    assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (k, n, sign)
+
+
+def test_an_if_else_on_a_callers_flag_keeps_its_branches_apart(tmp_path: Path) -> None:
+    """An if/else on an input (no instruction before the jump to hold it with) stays as
+    today: each branch a region of its own, the jump interpreted; both branches as the
+    interpreter."""
+    from export_util import export_program
+
+    class Flag(torch.nn.Module):
+        def forward(self, flag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            def t(x: torch.Tensor) -> torch.Tensor:
+                return torch.sin(x) * 2 + 1
+
+            def f(x: torch.Tensor) -> torch.Tensor:
+                return torch.cos(x) * 3 - 1
+
+            return torch.cond(flag, t, f, (x,))
+
+    path = tmp_path / "flag.pte"
+    path.write_bytes(export_program(Flag(), (torch.tensor(True), torch.randn(3, 4))))
+    i = ptexec.load(path).load_method("forward")
+    c = ptexec.load(path).load_method("forward", compile=CompileOptions(backend="graph"))
+    report = c.compile_report
+    assert report is not None and len(report.regions) == 2, report
+    assert any(reason == "control flow" for _, _, reason in report.fallbacks)
+    x = torch.randn(3, 4)
+    for flag in (True, False, False, True):
+        want = torch.sin(x) * 2 + 1 if flag else torch.cos(x) * 3 - 1
+        got = c.execute([torch.tensor(flag), x])[0]
+        assert torch.allclose(got, want, atol=1e-6)
+        assert torch.allclose(got, i.execute([torch.tensor(flag), x])[0], atol=1e-6)
+
+
 def test_report_says_what_runs_where() -> None:
-    _, compiled = load_pair("cond")
+    _, compiled = load_pair("map", CompileOptions(backend="graph"))
     report = compiled["forward"].compile_report
     assert report is not None
     assert_report_partitions(report)

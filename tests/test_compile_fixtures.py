@@ -48,8 +48,6 @@ LLM_VARIANTS = [
 ]
 # fixtures whose programs are not compiled whole, and why (what the report must say)
 PARTLY = {
-    "cond": "control flow",
-    "cond_unplanned": "control flow",
     "map": "control flow",
     "map_unplanned": "control flow",
     "scan": "control flow",

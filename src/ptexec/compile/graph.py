@@ -34,7 +34,7 @@ from ..tensor import dim_order_strides
 from .functional import Env, FunctionalForms
 
 if TYPE_CHECKING:
-    from .regions import Region
+    from .regions import Branch, Region
 
 __all__ = ["BinOp", "Guard", "GuardError", "Size", "export_region", "scalar_kind"]
 
@@ -272,12 +272,18 @@ class _RegionModule(torch.nn.Module):
         aliases: dict[int, list[tuple[int, int]]] = {}
         for i, j, k in region.aliases:
             aliases.setdefault(i, []).append((j, k))
-        for i in range(region.first, region.last + 1):
+        branch = region.branch
+        straight = region.last if branch is None else branch.jump - 1
+        for i in range(region.first, straight + 1):
             for j, k in aliases.get(i, ()):
                 value = plan.values[j]
                 assert isinstance(value, p.Tensor)
                 env[j] = env[k].reshape(value.sizes)
             self.rebuild.step(env, region.chain, i)
+        if branch is not None:
+            self._if_else(env, branch)
+            for i in range(branch.end, region.last + 1):
+                self.rebuild.step(env, region.chain, i)
         results: dict[int, Any] = {}
         for s in region.stores:
             if s.how in ("inplace", "copy", "replace", "adopt"):
@@ -307,6 +313,46 @@ class _RegionModule(torch.nn.Module):
                 self.scalar_kinds[s.slot] = kind
                 outputs.append(torch.full((), x, dtype=_SCALAR_DTYPES[kind]))
         return tuple(outputs)
+
+    def _if_else(self, env: Env, branch: Branch) -> None:
+        """The region's if/else as one ``torch.cond`` (its operator): each branch a function of every
+        tensor the region holds so far (the method's constants among them), returning
+        ``branch.merged`` (a value a branch leaves as it was passes on a copy: a branch's
+        results may not be its operands)."""
+        region = self.region
+        slots = [j for j, x in env.values.items() if isinstance(x, torch.Tensor)]
+        slots += [j for j in self.constant_slots if j not in env]
+        operands = tuple(env[j] for j in slots)
+        scalars = {j: x for j, x in env.values.items() if not isinstance(x, torch.Tensor)}
+
+        def arm(lo: int, hi: int) -> Any:
+            def run(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                sub = Env(self._read)
+                sub.values.update(scalars)
+                sub.values.update(zip(slots, xs, strict=True))
+                sub.frozen = {id(x) for x in xs}  # an op that updates one updates a copy
+                for i in range(lo, hi + 1):
+                    self.rebuild.step(sub, region.chain, i)
+                given = {id(x) for x in xs}
+                out = []
+                for j in branch.merged:
+                    x = sub[j]
+                    out.append(x.clone() if id(x) in given or x._is_view() else x)
+                return tuple(out)
+
+            return run
+
+        pred = env[branch.pred].reshape(()).bool()
+        # the operator itself: torch.cond would first capture the branches with dynamo,
+        # which does not follow the functional forms' Python
+        results = torch.ops.higher_order.cond(
+            pred,
+            arm(branch.jump + 1, branch.skip - 1),
+            arm(branch.skip + 1, branch.end - 1),
+            operands,
+        )
+        for j, x in zip(branch.merged, results, strict=True):
+            env[j] = x
 
 
 def _kind_of(x: Any) -> str:

@@ -6,6 +6,16 @@ it only at its first instruction) that all have a functional form
 and stay in the interpreter; so does anything without a functional form, and a region
 too small to gain from compiling (``min_instructions`` kernel calls or delegate calls).
 
+One shape of jumps is taken whole: an if/else as ExecuTorch's exporter writes
+``torch.cond`` (:class:`Branch`: a JumpFalseCall over the true branch, which ends with a
+jump that always jumps over the false branch), where the instructions before the jump
+and both branches are runs of their own and nothing else jumps into it. The region is
+the instructions before the jump, both branches and the run after them (where there is
+one); its graph computes the branches with ``torch.cond`` and merges what they leave for
+later. That holds only where merging is the interpreter's result for either branch
+(:meth:`_Planner._branch_stores`); otherwise the runs are planned as they would be
+without it.
+
 A compiled region reads its *inputs* (values it reads before writing them) from the
 values table and must leave in the table exactly what the interpreter would for every
 value anyone can observe after it: values read by an instruction outside the region (in
@@ -30,7 +40,7 @@ Each observable value is written back in one of five ways (:class:`Store`):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,7 +53,7 @@ if TYPE_CHECKING:
     from ..loader.state import MethodState
     from .functional import FunctionalForms
 
-__all__ = ["Fallback", "Region", "Store", "caller_readable", "plan_regions"]
+__all__ = ["Branch", "Fallback", "Region", "Store", "caller_readable", "plan_regions"]
 
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 
@@ -68,6 +78,23 @@ class Store:
     instruction: int
 
 
+@dataclass(frozen=True)
+class Branch:
+    """An if/else inside a region, as ExecuTorch's exporter writes ``torch.cond``: the
+    JumpFalseCall ``jump`` on the one-element tensor ``pred`` to the false branch, the
+    true branch (instructions ``jump + 1 .. skip - 1``), the jump ``skip`` that always
+    goes to ``end``, past the false branch (``skip + 1 .. end - 1``); the region's
+    instructions from ``end`` on run after either. ``merged``: the values either branch
+    writes that are seen after the branches, each written by both (or before the jump),
+    in the order the graph returns them from its ``torch.cond``."""
+
+    jump: int
+    pred: int
+    skip: int
+    end: int
+    merged: tuple[int, ...] = ()
+
+
 @dataclass
 class Region:
     """Instructions ``first..last`` of ``chain``, compiled together (module docstring).
@@ -78,7 +105,8 @@ class Region:
     ``outputs``: the values the compiled code returns, in order (``copy`` and ``replace``
     stores); ``aliases``: ``(instruction, j, k)``, value ``j`` read by ``instruction``
     is a second name for the bytes value ``k`` wrote earlier in the region (a view the
-    exporter planned at the same bytes, with no instruction of its own)."""
+    exporter planned at the same bytes, with no instruction of its own). ``branch``:
+    the if/else the region holds (its jumps then run in the compiled code), or None."""
 
     chain: int
     first: int
@@ -88,6 +116,7 @@ class Region:
     scalar_inputs: list[int] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
     aliases: list[tuple[int, int, int]] = field(default_factory=list)
+    branch: Branch | None = None
 
     @property
     def outputs(self) -> list[int]:
@@ -224,12 +253,18 @@ class _Planner:
         self.unwritten = {
             j for j in self.ranges if j not in written_anywhere and j not in self.inputs
         }
-        # readers of each value: (chain, instruction)
+        self.written_anywhere = written_anywhere
+        # readers and writers of each value: (chain, instruction)
         self.readers: dict[int, set[tuple[int, int]]] = {}
         for c, chain in enumerate(self.effects.reads):
             for i, reads in enumerate(chain):
                 for j in reads:
                     self.readers.setdefault(j, set()).add((c, i))
+        self.writers: dict[int, set[tuple[int, int]]] = {}
+        for c, chain in enumerate(self.effects.writes):
+            for i, writes in enumerate(chain):
+                for j in writes:
+                    self.writers.setdefault(j, set()).add((c, i))
 
     # -- devices ------------------------------------------------------------------------
     def device_of(self, j: int) -> torch.device | None:
@@ -308,6 +343,157 @@ class _Planner:
                     work += 1
         return work >= self.min_instructions
 
+    # -- if/else -----------------------------------------------------------------------------
+    def _never(self, j: int) -> bool:
+        """Value ``j`` is the constant False (a jump on it always jumps)."""
+        value = self.plan.values[j]
+        return (
+            isinstance(value, p.Bool)
+            and not value.value
+            and j not in self.state.dynamic_scalars
+            and j not in self.written_anywhere
+        )
+
+    def if_else(
+        self, runs: list[tuple[int, int, int, torch.device]]
+    ) -> list[tuple[int, int, int, torch.device, Branch | None]]:
+        """``runs`` with each if/else (:class:`Branch`) whose three parts are whole runs
+        of one device (the instructions before the jump, from where their run starts,
+        each branch entire, and the run after the false branch where there is one of the
+        same device) as one run: control enters it only at its first instruction (no
+        other jump lands inside it)."""
+        at = {(c, first, last): k for k, (c, first, last, _) in enumerate(runs)}
+        ends = {(c, last): k for k, (c, _, last, _) in enumerate(runs)}
+        starts = {(c, first): k for k, (c, first, _, _) in enumerate(runs)}
+        taken: dict[int, tuple[int, int, int, torch.device, Branch]] = {}  # by pre run
+        dropped: set[int] = set()
+        for c, chain in enumerate(self.state.chains):
+            ins = chain.instructions
+            n = len(ins)
+            for i, jump in enumerate(ins):
+                if not isinstance(jump, p.JumpFalseCall):
+                    continue
+                d = jump.destination_instruction
+                if not i + 1 < d - 1 < n - 1:  # a true branch, then the jump over the false
+                    continue
+                skip = ins[d - 1]
+                if not isinstance(skip, p.JumpFalseCall) or not self._never(skip.cond_value_index):
+                    continue
+                e = skip.destination_instruction
+                pred = self.plan.values[jump.cond_value_index]
+                if not (
+                    d < e <= n
+                    and isinstance(pred, p.Tensor)
+                    and pred.numel == 1
+                    and pred.shape_dynamism == p.STATIC
+                ):
+                    continue
+                parts = (ends.get((c, i - 1)), at.get((c, i + 1, d - 2)), at.get((c, d, e - 1)))
+                if any(k is None or k in dropped or k in taken for k in parts):
+                    continue
+                pre, true, false = (runs[k] for k in parts if k is not None)
+                if not pre[3] == true[3] == false[3]:
+                    continue
+                first = pre[1]
+                after = starts.get((c, e))
+                if after is not None and (
+                    after in dropped or after in taken or runs[after][3] != pre[3]
+                ):
+                    after = None
+                last = runs[after][2] if after is not None else e - 1
+                if any(
+                    isinstance(x, p.JumpFalseCall)
+                    and k not in (i, d - 1)
+                    and first < x.destination_instruction <= last
+                    for k, x in enumerate(ins)
+                ):
+                    continue
+                k0 = parts[0]
+                assert k0 is not None
+                branch = Branch(i, jump.cond_value_index, d - 1, e)
+                taken[k0] = (c, first, last, pre[3], branch)
+                dropped.update(k for k in (*parts[1:], after) if k is not None)
+        out: list[tuple[int, int, int, torch.device, Branch | None]] = []
+        for k, run in enumerate(runs):
+            if k in taken:
+                out.append(taken[k])
+            elif k not in dropped:
+                out.append((*run, None))
+        return out
+
+    def _private(self, j: int, c: int, first: int, last: int) -> bool:
+        """No instruction outside instructions ``first..last`` of chain ``c`` reads or
+        writes value ``j`` or bytes it shares, and nobody else sees it."""
+        if self.observed(j, c, first, last) or j in self.outputs or j in self.inputs:
+            return False
+
+        def inside(j: int) -> bool:
+            return all(
+                rc == c and first <= ri <= last
+                for rc, ri in (*self.readers.get(j, ()), *self.writers.get(j, ()))
+            )
+
+        if not inside(j):
+            return False
+        if j not in self.ranges:
+            return True
+        mid, start, end = self.ranges[j]
+        return all(
+            inside(a)
+            for a, (am, astart, aend) in self.ranges.items()
+            if am == mid and astart < end and start < aend
+        )
+
+    def _branch_stores(
+        self,
+        c: int,
+        first: int,
+        last: int,
+        branch: Branch,
+        arms: list[tuple[dict[int, int], dict[int, set[str]]]],
+        before: dict[int, int],
+        read_first: set[int],
+        needed: set[int],
+        after: set[int],
+    ) -> tuple[list[Store], tuple[int, ...]] | None:
+        """The values the branches of ``branch`` write that are read after them (in the
+        region, ``needed``, or after it), and the stores of those the region's last
+        instructions do not write again (``after``); ``arms``: what each branch writes, by
+        its last writer; ``before``: what the instructions before the jump write. Each
+        must be a tensor that both branches write, or one branch and the instructions
+        before the jump (the other branch passes that on), in place or given a new object
+        alike (the planner's kinds); a move that gives it its object takes it from a
+        value only the region touches (:meth:`_private`: the slot gets an object of its
+        own instead), and no view (``et_view``) gives it one. None when any is otherwise."""
+        chain = self.state.chains[c]
+        (wt, _), (wf, _) = arms
+        stores: list[Store] = []
+        slots: list[int] = []
+        for j in sorted(set(wt) | set(wf)):
+            seen = (self.observed(j, c, first, last) or j in read_first) and j not in after
+            if not seen and j not in needed:
+                continue
+            if not isinstance(self.plan.values[j], p.Tensor):
+                return None
+            if not ((j in wt or j in before) and (j in wf or j in before)):
+                return None
+            how = "copy"
+            for w in (wt, wf):
+                i = w.get(j)
+                if i is None:
+                    continue
+                ins = chain.instructions[i]
+                if chain.names[i] in _ET_VIEW:
+                    return None
+                if isinstance(ins, p.MoveCall) and not self._private(ins.move_from, c, first, last):
+                    return None
+                if j in self.effects.replaces[c][i]:
+                    how = "replace"
+            slots.append(j)
+            if seen:
+                stores.append(Store(j, how, max(w.get(j, -1) for w in (wt, wf))))
+        return stores, tuple(slots)
+
     # -- one region ------------------------------------------------------------------------
     def observed(self, j: int, c: int, first: int, last: int) -> bool:
         """Whether value ``j``, written in the region, can be seen after it."""
@@ -336,9 +522,12 @@ class _Planner:
                 return True
         return False
 
-    def region(self, c: int, first: int, last: int, device: torch.device) -> Region | int:
+    def region(
+        self, c: int, first: int, last: int, device: torch.device, branch: Branch | None = None
+    ) -> Region | int | None:
         """The region of instructions ``first..last``, or the index of the first
-        instruction it cannot take (it then ends just before)."""
+        instruction it cannot take (it then ends just before); with ``branch``, the
+        region holding that if/else, or None when it cannot (:meth:`_branch_stores`)."""
         eff = self.effects
         region = Region(c, first, last, device)
         written: dict[int, int] = {}  # value -> its last writer in the region
@@ -349,7 +538,15 @@ class _Planner:
         chain = self.state.chains[c]
         bytes_written: list[tuple[tuple[int, int, int], int]] = []  # (range, value), in order
         aliases: list[tuple[int, int, int]] = []
-        for i in range(first, last + 1):
+        merged: list[Store] = []  # the branches' values, merged by the graph's torch.cond
+
+        def visit(
+            i: int,
+            written: dict[int, int],
+            kinds: dict[int, set[str]],
+            bytes_written: list[tuple[tuple[int, int, int], int]],
+        ) -> int | None:
+            """Take instruction ``i`` (its reads, then its writes); where to split instead."""
             for j in sorted(eff.reads[c][i]):
                 if j in written:
                     continue
@@ -375,10 +572,63 @@ class _Planner:
                 written[j] = i
                 if j in self.ranges:
                     bytes_written.append((self.ranges[j], j))
+            return None
+
+        if branch is None:
+            for i in range(first, last + 1):
+                split = visit(i, written, kinds, bytes_written)
+                if split is not None:
+                    return split
+        else:
+            for i in range(first, branch.jump + 1):
+                if visit(i, written, kinds, bytes_written) is not None:
+                    return None
+            before = dict(written)
+            arms = []  # per branch: what it writes (by its last writer), and how
+            for lo, hi in ((branch.jump + 1, branch.skip), (branch.skip + 1, branch.end - 1)):
+                w, k = dict(written), {j: set(x) for j, x in kinds.items()}
+                for i in range(lo, hi + 1):
+                    if visit(i, w, k, list(bytes_written)) is not None or any(
+                        j in self.state.dynamic_scalars for j in eff.reads[c][i]
+                    ):
+                        return None
+                arms.append(({j: i for j, i in w.items() if i >= lo}, k))
+            for w, _ in arms:  # after the branches, either's bytes may hold what it wrote
+                bytes_written.extend((self.ranges[j], j) for j in w if j in self.ranges)
+            for w, k in arms:
+                for j, i in w.items():
+                    written[j] = max(i, written.get(j, i))
+                    kinds.setdefault(j, set()).update(k[j])
+            if any(len(kinds[j]) > 1 for w, _ in arms for j in w):
+                return None  # replaced in one branch, written in place in the other
+            # after the branches: what only one of them writes is not there for the other
+            (wt, _), (wf, _) = arms
+            partial = {j for j in set(wt) ^ set(wf) if j not in before}
+            needed: set[int] = set()  # read after the branches before written there
+            after: set[int] = set()  # written after the branches
+            for i in range(branch.end, last + 1):
+                if any(j in partial for j in eff.reads[c][i] if j not in after):
+                    return None
+                needed.update(j for j in eff.reads[c][i] if j not in after)
+                if visit(i, written, kinds, bytes_written) is not None:
+                    return None
+                after.update(eff.writes[c][i])
+            if any(i > branch.jump for i, _, _ in aliases):
+                return None  # a second name read in a branch or after: not followed
+            found = self._branch_stores(
+                c, first, last, branch, arms, before, read_first, needed, after
+            )
+            if found is None:
+                return None
+            merged, slots = found
+            branch = replace(branch, merged=slots)
+            region.branch = branch
         stores: list[Store] = []
         post: list[Store] = []
         observed = {j for j in written if self.observed(j, c, first, last) or j in read_first}
-        for j in sorted(observed, key=lambda j: written[j]):
+        stores.extend(merged)
+        done = {s.slot for s in stores}
+        for j in sorted(observed - done, key=lambda j: written[j]):
             i = written[j]
             ins = chain.instructions[i]
             value = self.plan.values[j]
@@ -388,6 +638,8 @@ class _Planner:
                 stores.append(Store(j, "replace", i))
             else:
                 stores.append(Store(j, "copy", i))
+        if branch is not None and post:
+            return None  # a move or view before the jump: its statement would run after
         # a statement run afterwards reads the table: what it reads must be current there
         for s in post:
             for r in eff.reads[c][s.instruction]:
@@ -407,6 +659,7 @@ class _Planner:
                     ):
                         return written[r] if written[r] > first else written[r] + 1
                     stores.append(Store(r, how, written[r]))
+
         region.inputs = list(inputs)
         region.scalar_inputs = list(scalars)
         region.aliases = aliases
@@ -529,9 +782,22 @@ def plan_regions(
     planner = _Planner(state, rebuild, frozenset(shared_buffers), min_instructions)
     runs, fallbacks = planner.runs()
     regions: list[Region] = []
-    pending = list(runs)
+    pending = planner.if_else(runs)
     while pending:
-        c, first, last, device = pending.pop(0)
+        c, first, last, device, branch = pending.pop(0)
+        if branch is not None:
+            found = planner.region(c, first, last, device, branch)
+            if isinstance(found, Region) and planner.worth(c, first, last):
+                regions.append(found)
+            else:  # its three runs, as without the if/else
+                pending[:0] = [
+                    (c, first, branch.jump - 1, device, None),
+                    (c, branch.jump + 1, branch.skip - 1, device, None),
+                    (c, branch.skip + 1, branch.end - 1, device, None),
+                ]
+                if branch.end <= last:
+                    pending.insert(3, (c, branch.end, last, device, None))
+            continue
         if not planner.worth(c, first, last):
             why = "too little work to gain from compiling"
             if any(rebuild.opaque(c, i) for i in range(first, last + 1)):
@@ -541,9 +807,10 @@ def plan_regions(
         found = planner.region(c, first, last, device)
         if isinstance(found, int):
             split = max(found, first + 1)
-            pending.insert(0, (c, split, last, device))
-            pending.insert(0, (c, first, split - 1, device))
+            pending.insert(0, (c, split, last, device, None))
+            pending.insert(0, (c, first, split - 1, device, None))
             continue
+        assert found is not None
         regions.append(found)
     fallbacks.sort(key=lambda f: (f.chain, f.first))
     return regions, fallbacks

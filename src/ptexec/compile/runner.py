@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -528,11 +528,7 @@ def _region_call(
         body = Code(region.chain)
         body.add("def _interp(v):")
         with body.indented():
-            for i in range(first, last + 1):
-                st = chain.statements[i]
-                body.env.update(st.env)
-                body.add(st.code, i)
-            body.add("pass")
+            _interpreted(chain, region, body)
         interp = body.compile(state.sources, f"chain {region.chain} region {k} (interpreted)")[
             "_interp"
         ]
@@ -613,6 +609,33 @@ def _region_call(
     return fn, interp, inline
 
 
+def _interpreted(chain: PreparedChain, region: Region, code: Code) -> None:
+    """The interpreter's statements of ``region``, its if/else as one (at the indentation
+    of ``code``)."""
+    branch = region.branch
+
+    def lines(lo: int, hi: int) -> None:
+        for i in range(lo, hi + 1):
+            st = chain.statements[i]
+            code.env.update(st.env)
+            code.add(st.code, i)
+        code.add("pass")
+
+    if branch is None:
+        lines(region.first, region.last)
+        return
+    lines(region.first, branch.jump - 1)
+    jump = chain.statements[branch.jump]
+    code.env.update(jump.env)
+    code.add(f"if {jump.code}:", branch.jump)
+    with code.indented():
+        lines(branch.jump + 1, branch.skip - 1)
+    code.add("else:", branch.jump)
+    with code.indented():
+        lines(branch.skip + 1, branch.end - 1)
+    lines(branch.end, region.last)
+
+
 def _fixed_outputs(state: MethodState, unguarded: list[_Compiled]) -> frozenset[int]:
     """The method's static tensor outputs that one region without guards writes in place
     (an ``inplace`` store) and no other instruction writes or replaces."""
@@ -644,6 +667,52 @@ def _fixed_outputs(state: MethodState, unguarded: list[_Compiled]) -> frozenset[
                     if kind(ins) != "free" and j in effects(values, ins, st).written:
                         written = True
         if not written:
+            found.add(j)
+    return frozenset(found)
+
+
+def _fresh_outputs(
+    state: MethodState, unguarded: list[_Compiled], shared_buffers: Iterable[int]
+) -> frozenset[int]:
+    """The method's tensor outputs (each named once, no input, in no buffer the methods
+    share) that are the one tensor an if/else's region without guards returns, a result
+    of its ``torch.cond`` nothing after the branches writes, when no instruction outside that region reads, writes or
+    replaces their slot. Such a tensor is new on every call (a branch returns a copy of
+    an operand; AOTInductor returns a copy of a constant), and the table only keeps it
+    until the next call replaces it: it may be the caller's copy."""
+    values = state.plan.values
+    shared = frozenset(shared_buffers)
+    named = [o.slot for o in state.outputs]
+    inputs = {spec.slot for spec in state.inputs}
+    found: set[int] = set()
+    for c in unguarded:
+        r = c.region
+        returned = [st for st in r.stores if st.how in ("copy", "replace", "adopt")]
+        if r.branch is None or len(returned) != 1:
+            continue
+        st = returned[0]
+        j = st.slot
+        value = values[j]
+        if (
+            st.how != "replace"
+            or j not in r.branch.merged
+            or st.instruction >= r.branch.end  # written again after the branches
+            or named.count(j) != 1
+            or j in inputs
+            or not isinstance(value, p.Tensor)
+            or (value.allocation_info is not None and value.allocation_info.memory_id in shared)
+        ):
+            continue
+        touched = False
+        for ch in state.chains:
+            for i, ins in enumerate(ch.instructions):
+                if (ch.index == r.chain and r.first <= i <= r.last) or kind(ins) == "free":
+                    continue
+                for statement in (ch.loaded[i], ch.statements[i]):
+                    e = effects(values, ins, statement)
+                    if j in (*e.inputs, *e.reads, *e.written, *e.replaces):
+                        touched = True
+        if not touched:
             found.add(j)
     return frozenset(found)
 
@@ -685,8 +754,12 @@ class CompiledRunner:
             # memory; an adopted output only the caller reads, as a copy, is fine), nor
             # the statements run after the compiled code (a move or a view would hand the
             # caller's tensor itself to another slot)
+            # (an if/else's merged results are never: a branch returns a copy of an operand)
+            merged = r.branch.merged if r.branch is not None else ()
             returns = any(
-                st.how == "replace" and isinstance(state.plan.values[st.slot], p.Tensor)
+                st.how == "replace"
+                and isinstance(state.plan.values[st.slot], p.Tensor)
+                and st.slot not in merged
                 for st in r.stores
             )
             if r.chain == 0 and not returns:
@@ -707,6 +780,13 @@ class CompiledRunner:
             inlined[r.chain][r.first] = body
             for i in range(r.first + 1, r.last + 1):
                 statements[i] = inlined[r.chain][i] = Statement("pass", mutates=())
+            if r.branch is not None:
+                # the blocks still pass its jumps: on through the true branch (empty), then
+                # over the false one by its own jump, which always jumps
+                go_on = Statement("True", mutates=(), reads=())
+                statements[r.branch.jump] = inlined[r.chain][r.branch.jump] = go_on
+                skip = state.chains[r.chain].statements[r.branch.skip]
+                statements[r.branch.skip] = inlined[r.chain][r.branch.skip] = skip
         chains = []
         for c in state.chains:
             rewritten = PreparedChain(
@@ -736,6 +816,17 @@ class CompiledRunner:
         """Output slots whose tensor only compiled code writes, in place (the planned view
         of a static output): its dtype and shape cannot change, and the fast call does not
         check them."""
+        self.calls = state.instruction_count() - sum(
+            c.region.last - c.region.first + 1 - 1 for c, _, _ in self._regions
+        )
+        """How many statements a call runs (a compiled region is one): the fast call
+        leaves autograd's dispatch keys in place for a few (:func:`below_autograd_for`)."""
+        self.fresh_outputs = _fresh_outputs(
+            state, [c for c, _, f in self._regions if f is None], program.shared_buffer_indices
+        )
+        """Output slots that hold a new tensor after every call, which nothing else holds
+        or reads (:func:`_fresh_outputs`): the fast call hands it to the caller as its
+        copy."""
         self.report = replace(
             self.report,
             read_in_place=tuple(s.index for s in state.inputs if s.slot in self.readable_inputs),

@@ -205,7 +205,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             tensors = all(out.kind == "tensor" for out in state.outputs)
             # skipping views' bookkeeping skips the version counts of what the program
             # writes in place too: only where no caller's tensor is written or returned
-            guard = below_autograd_for(state, copy_outputs and tensors and not aliased)
+            calls: int | None = getattr(runner, "calls", None)
+            guard = below_autograd_for(state, copy_outputs and tensors and not aliased, calls)
             if guard is not None:
                 # the outputs' checks and copies too: a copy below autograd costs less
                 env["_below"] = guard
@@ -223,6 +224,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             env["_refuse"] = refuse
             # slots whose tensor the runner guarantees (written in place only): unchecked
             fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
+            # slots whose tensor is new on every call and held by nothing else: the copy
+            fresh: frozenset[int] = getattr(runner, "fresh_outputs", frozenset())
             # outputs that stay the tensor loading made: only their sizes can be wrong
             held = held_outputs(state, _replaced(state, runner))
             for out in state.outputs:
@@ -231,7 +234,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     # what execution left there is what the program declares
                     lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
                     code.add("\n".join(lines))
-                outs.append(f"{x}.clone()" if out.kind == "tensor" and copy_outputs else x)
+                copy = copy_outputs and out.slot not in fresh
+                outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
             tensors = all(out.kind == "tensor" for out in state.outputs)
             if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
                 # one call for every copy (torch's own loop: a Python call per output

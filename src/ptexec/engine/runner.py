@@ -66,14 +66,16 @@ def below_autograd() -> ContextManager[Any]:
 
 
 def below_autograd_for(
-    state: MethodState, copies_out: bool = False
+    state: MethodState, copies_out: bool = False, calls: int | None = None
 ) -> Callable[[], ContextManager[Any]] | None:
     """The guard for the fast calls of ``state`` (their instructions and output copies),
     or None when it would cost more than it saves. ``copies_out``: the caller is handed
     copies alone and none of its tensors is written, so views and in-place writes may
-    skip their bookkeeping."""
+    skip their bookkeeping. ``calls``: how many statements a call runs, when the runner
+    runs fewer than the method's instructions (a compiled region is one)."""
     guard = _BELOW_VIEWS if copies_out else _BELOW_AUTOGRAD
-    if guard is None or state.instruction_count() < BELOW_AUTOGRAD_FROM:
+    count = state.instruction_count() if calls is None else calls
+    if guard is None or count < BELOW_AUTOGRAD_FROM:
         return None
     return guard
 
