@@ -680,7 +680,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
                         store: str = store,
                         call: str = call,
                         one: dict[int, str] = one,
-                    ) -> str:
+                        outs: tuple[int, ...] = outs,
+                    ) -> str:  # no closure: a function of its arguments alone
                         live = [o for o in outs if o not in dead]
                         if len(live) == 1:
                             return one[live[0]]

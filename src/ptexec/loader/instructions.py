@@ -11,8 +11,8 @@ load options. So it is kept only when its factory read no value of the method's 
 table but the plan's scalars (no tensor: a constant's bytes may differ under the same
 plan), and its names are bound to nothing a method owns: torch's operators, functions
 without closures, plain scalars and the read-only tensors a factory made from literals
-alone (:func:`~ptexec.kernels.registry.literal_tensor`); no other tensor, no call record,
-no prune form.
+alone (:func:`~ptexec.kernels.registry.literal_tensor`), and tuples and tables of those;
+no other tensor, no call record, no prune form but a function of its arguments alone.
 """
 
 from __future__ import annotations
@@ -135,6 +135,10 @@ def _shareable(obj: Any) -> bool:
         return True
     if isinstance(obj, torch.Tensor):
         return is_literal_tensor(obj)
+    if type(obj) is tuple or type(obj) is frozenset:
+        return all(_shareable(o) for o in obj)
+    if type(obj) is dict:  # (a prune form's table of lines, never written)
+        return all(_shareable(k) and _shareable(o) for k, o in obj.items())
     if isinstance(obj, types.BuiltinFunctionType):
         owner = getattr(obj, "__self__", None)
         return owner is None or isinstance(owner, types.ModuleType | type)
@@ -144,7 +148,9 @@ def _shareable(obj: Any) -> bool:
 
 
 def _keepable(st: Statement) -> bool:
-    if st.prune is not None or st.external is not None or st.instrumented is not None:
+    if st.external is not None or st.instrumented is not None:
+        return False
+    if st.prune is not None and not _shareable(st.prune):
         return False
     if st.alias is not None and not all(_shareable(o) for o in st.alias.env.values()):
         return False
