@@ -359,3 +359,49 @@ def test_identify_never_raises() -> None:
         describe(data)  # returns a phrase or None, whatever the bytes
     assert describe(b"\xff\xfe\x00\x01" * 10) is None
     assert describe("é".encode() * 300) is not None  # a window that ends inside a character
+
+
+def _decoded_both_ways(flat: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    """(decoded with the fast paths, decoded by the table decoders alone): each the
+    program, or the error's type and message."""
+    from ptexec.format import decode
+
+    def run() -> object:
+        try:
+            return decode.decode_program(Buffer(flat))
+        except PteFormatError as e:
+            return (type(e), str(e))
+
+    fast = run()
+    with monkeypatch.context() as m:
+        m.setattr(decode, "_fast_evalue", lambda buf, pos: None)
+        m.setattr(decode, "_fast_instruction", lambda buf, pos: None)
+        slow = run()
+    return fast, slow
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "llama_sdpa_kv"])
+def test_fast_decoding_agrees_with_the_table_decoders(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast paths for values and kernel calls give what the table decoders give, on
+    the fixture and on copies with bytes changed (the same program, or the same error
+    with the same path)."""
+    import random
+
+    data = fixture_paths(name)[0].read_bytes()
+    flat_end = read_pte(data).header.program_size if read_pte(data).header else len(data)
+    flat = data[:flat_end]
+    fast, slow = _decoded_both_ways(flat, monkeypatch)
+    assert isinstance(fast, p.Program) and fast == slow
+    rng = random.Random(0)
+    errors = 0
+    for _ in range(300):
+        mutated = bytearray(flat)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(mutated))
+            mutated[at] = rng.choice((0, 1, 2, 5, 0x7F, 0xFF, rng.randrange(256)))
+        fast, slow = _decoded_both_ways(bytes(mutated), monkeypatch)
+        assert fast == slow
+        errors += not isinstance(fast, p.Program)
+    assert errors  # some of the changes were defects

@@ -40,7 +40,8 @@ _NAMES = itertools.count()
 
 COMPILED_TEXTS = 4096  # generated texts whose code objects are kept
 COMPILED_CHARS = 16 << 20  # their total length
-_compiled: Lru[types.CodeType] = Lru(COMPILED_TEXTS, COMPILED_CHARS)
+# text -> (its code object, its lines as linecache holds them; read only, shared)
+_compiled: Lru[tuple[types.CodeType, list[str]]] = Lru(COMPILED_TEXTS, COMPILED_CHARS)
 _PLACEHOLDER = "<ptexec generated>"
 
 
@@ -52,14 +53,15 @@ def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
     return code.replace(co_filename=filename, co_consts=consts)
 
 
-def _compile(source: str, filename: str) -> types.CodeType:
-    """``compile(source, filename, "exec")`` through the cache (module docstring)."""
-    code = _compiled.get(source)
-    if code is None:
-        code = compile(source, _PLACEHOLDER, "exec")
+def _compile(source: str, filename: str) -> tuple[types.CodeType, list[str]]:
+    """``compile(source, filename, "exec")`` through the cache (module docstring), and
+    the source's lines for :mod:`linecache`."""
+    hit = _compiled.get(source)
+    if hit is None:
+        hit = (compile(source, _PLACEHOLDER, "exec"), source.splitlines(True))
         if len(source) <= COMPILED_CHARS // 4:
-            _compiled.put(source, code, len(source))
-    return _renamed(code, filename)
+            _compiled.put(source, hit, len(source))
+    return _renamed(hit[0], filename), hit[1]
 
 
 def _forget(filenames: list[str]) -> None:
@@ -176,11 +178,11 @@ class Sources:
         ``what`` says which piece it is (``"chain 0 block 2"``); ``lines`` maps a 1-based
         line of ``source`` to the instruction of ``chain`` it runs."""
         filename = f"<ptexec #{next(_NAMES)} {self.label} {what}>"
-        code = _compile(source, filename)
+        code, text_lines = _compile(source, filename)
         namespace: dict[str, Any] = dict(env or {})
         namespace["__ptexec_sources__"] = self  # the code keeps its sources registered
         exec(code, namespace)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        linecache.cache[filename] = (len(source), None, text_lines, filename)
         self._files.append(filename)
         if lines:
             self._lines[filename] = (chain, lines)

@@ -37,6 +37,7 @@ __all__ = [
     "file_effects",
     "kind",
     "referenced",
+    "replaced",
     "tensor_items",
 ]
 
@@ -158,8 +159,7 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
     outs = set(st.outs)
     reads = tuple(t for t in tensors if t not in outs)
     writes = tuple(dict.fromkeys((*mutated, *st.outs)))
-    # an in-place op's return slot is its mutated argument again: not a new object
-    replaces = tuple(w for w in st.writes if w not in set(mutated))
+    replaces = _replaces(st, mutated)
     if what == "jump_false":
         assert isinstance(ins, p.JumpFalseCall)
         inputs: tuple[int, ...] = (ins.cond_value_index,)
@@ -177,6 +177,28 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
         inputs = tuple(sorted(j for j in declared if j not in skip))
     written = tuple(dict.fromkeys((*st.writes, *writes)))
     return Effects(reads, writes, replaces, written, inputs)
+
+
+def _replaces(st: Statement, mutated: tuple[int, ...]) -> tuple[int, ...]:
+    # an in-place op's return slot is its mutated argument again: not a new object
+    if not st.writes:
+        return ()
+    kept = set(mutated)
+    return tuple(w for w in st.writes if w not in kept)
+
+
+def replaced(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> tuple[int, ...]:
+    """``effects(values, ins, st).replaces`` alone (the slots ``st`` gives a new object),
+    without working out the rest."""
+    if st.code.strip() == "pass":
+        return ()
+    if isinstance(ins, p.MoveCall):
+        return (ins.move_to,)
+    if not st.writes:
+        return ()
+    if st.mutates is not None:
+        return _replaces(st, st.mutates)
+    return _replaces(st, p.tensor_indices(values, p.instruction_values(ins)))
 
 
 # by the decoded plan (shared by the loads of the same bytes): a pure function of it

@@ -34,7 +34,7 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
-from ..effects import effects
+from ..effects import replaced
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
@@ -305,7 +305,7 @@ def _replaced(state: MethodState, runner: Runner) -> frozenset[int] | None:
         k
         for chain in state.chains
         for ins, st in zip(chain.instructions, chain.statements, strict=True)
-        for k in effects(values, ins, st).replaces
+        for k in replaced(values, ins, st)
     )
 
 

@@ -96,6 +96,99 @@ def _evalue(t: Table) -> p.EValue:
     raise PteFormatError(t.path + ".val", f"unknown value kind {code} (KernelTypes has 1..11)")
 
 
+# Fast paths for the tables a plan has most of (values, tensors, kernel calls): the same
+# reads as the decoders above, through Buffer's field helpers, without a Table per table.
+# Each returns None for anything it does not handle or cannot read, and the decoder above
+# reads that item (and raises the error, with its path).
+
+
+def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
+    offsets = buf.field_offsets(pos)
+    if offsets is None:
+        return None
+    code = buf.scalar_at(pos, offsets, 0, "u8")
+    if code != 1 and code != 2 and code != 5:
+        return None
+    at = buf.table_at(pos, offsets, 1)
+    if code == 1:  # (a value given all the same must be readable, as for the decoder above)
+        return p.Null() if at == 0 or (at > 0 and buf.field_offsets(at) is not None) else None
+    if at <= 0:
+        return None
+    if code == 5:
+        return _fast_tensor(buf, at)
+    inner = buf.field_offsets(at)
+    if inner is None:
+        return None
+    value = buf.scalar_at(at, inner, 0, "i64")
+    return None if value is None else p.Int(int(value))
+
+
+def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
+    offsets = buf.field_offsets(pos)
+    if offsets is None or (len(offsets) > 9 and offsets[9]):
+        return None  # (extra_tensor_info: the decoder above)
+    scalar_type = buf.scalar_at(pos, offsets, 0, "i8")
+    storage_offset = buf.scalar_at(pos, offsets, 1, "i32")
+    sizes = buf.scalars_at(pos, offsets, 2, "i32")
+    dim_order = buf.scalars_at(pos, offsets, 3, "u8")
+    requires_grad = buf.scalar_at(pos, offsets, 4, "bool", False)
+    data_buffer_idx = buf.scalar_at(pos, offsets, 5, "u32")
+    layout = buf.scalar_at(pos, offsets, 7, "i8")
+    dynamism = buf.scalar_at(pos, offsets, 8, "i8")
+    if (
+        scalar_type is None
+        or storage_offset is None
+        or sizes is None
+        or dim_order is None
+        or requires_grad is None
+        or data_buffer_idx is None
+        or layout is None
+        or dynamism is None
+    ):
+        return None
+    at = buf.table_at(pos, offsets, 6)
+    alloc = None
+    if at:
+        inner = buf.field_offsets(at) if at > 0 else None
+        if inner is None:
+            return None
+        memory_id = buf.scalar_at(at, inner, 0, "u32")
+        low = buf.scalar_at(at, inner, 1, "u32")
+        high = buf.scalar_at(at, inner, 2, "u32")
+        if memory_id is None or low is None or high is None:
+            return None
+        alloc = p.AllocationDetails(int(memory_id), int(low) | (int(high) << 32))
+    return p.Tensor(
+        scalar_type=int(scalar_type),
+        storage_offset=int(storage_offset),
+        sizes=sizes,
+        dim_order=dim_order,
+        requires_grad=bool(requires_grad),
+        data_buffer_idx=int(data_buffer_idx),
+        allocation_info=alloc,
+        layout=int(layout),
+        shape_dynamism=int(dynamism),
+        extra_tensor_info=None,
+    )
+
+
+def _fast_instruction(buf: Buffer, pos: int) -> p.Instruction | None:
+    offsets = buf.field_offsets(pos)
+    if offsets is None or buf.scalar_at(pos, offsets, 0, "u8") != 1:
+        return None  # (other instructions: the decoder above)
+    at = buf.table_at(pos, offsets, 1)
+    if at <= 0:
+        return None
+    inner = buf.field_offsets(at)
+    if inner is None:
+        return None
+    op_index = buf.scalar_at(at, inner, 0, "i32")
+    args = buf.scalars_at(at, inner, 1, "i32")
+    if op_index is None or args is None:
+        return None
+    return p.KernelCall(int(op_index), args)
+
+
 def _instruction(t: Table) -> p.Instruction:
     code, v = t.union(0, "instr_args", _INSTRUCTION_PATHS)
     if v is None:
@@ -132,7 +225,7 @@ def _chain(t: Table) -> p.Chain:
     return p.Chain(
         inputs=_ints(t, 0, "i32", "inputs"),
         outputs=_ints(t, 1, "i32", "outputs"),
-        instructions=t.tables(2, "instructions", _instruction) or (),
+        instructions=t.tables(2, "instructions", _instruction, fast=_fast_instruction) or (),
         stacktrace=t.tables(3, "stacktrace", _frame_list),
     )
 
@@ -177,7 +270,7 @@ def _plan(t: Table) -> p.ExecutionPlan:
     return p.ExecutionPlan(
         name=_str(t, 0, "name"),
         container_meta_type=None if meta is None else _container(meta),
-        values=t.tables(2, "values", _evalue) or (),
+        values=t.tables(2, "values", _evalue, fast=_fast_evalue) or (),
         inputs=_ints(t, 3, "i32", "inputs"),
         outputs=_ints(t, 4, "i32", "outputs"),
         chains=t.tables(5, "chains", _chain) or (),

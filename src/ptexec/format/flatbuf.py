@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import PteFormatError
 
@@ -70,11 +70,76 @@ def _join(path: str, name: str) -> str:
 class Buffer:
     """The bytes of one flatbuffer, with checked primitive reads."""
 
-    __slots__ = ("data", "size")
+    __slots__ = ("_vtables", "data", "size")
 
     def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.data = data
         self.size = len(data)
+        self._vtables: dict[int, tuple[int, ...]] = {}  # vtable position -> field offsets
+
+    def field_offsets(self, pos: int) -> tuple[int, ...] | None:
+        """Each field's offset from table ``pos`` (0: absent), when the table's start and
+        its vtable lie inside the buffer; None otherwise (read it as a :class:`Table` to
+        learn why). For decoders' fast paths: a vtable shared by many tables is read once.
+        """
+        data, size = self.data, self.size
+        if pos < 0 or pos + 4 > size:
+            return None
+        vtable = pos - _I32.unpack_from(data, pos)[0]
+        found = self._vtables.get(vtable)
+        if found is not None:
+            return found
+        if vtable < 0 or vtable + 4 > size:
+            return None
+        vt_size = _U16.unpack_from(data, vtable)[0]
+        if vt_size < 4 or vt_size % 2 or vtable + vt_size > size:
+            return None
+        nfields = (vt_size - 4) // 2
+        found = _vtable_struct(nfields).unpack_from(data, vtable + 4) if nfields else ()
+        self._vtables[vtable] = found
+        return found
+
+    def table_at(self, pos: int, offsets: tuple[int, ...], slot: int) -> int:
+        """The position of the table that field ``slot`` of table ``pos`` (with field
+        ``offsets``) refers to: 0 when the field is absent, -1 when its offset cannot be
+        read or is zero (read it as a :class:`Table` to learn why)."""
+        if slot >= len(offsets) or not offsets[slot]:
+            return 0
+        at = pos + offsets[slot]
+        if at + 4 > self.size:
+            return -1
+        rel = _U32.unpack_from(self.data, at)[0]
+        return at + rel if rel else -1
+
+    def scalars_at(
+        self, pos: int, offsets: tuple[int, ...], slot: int, kind: str
+    ) -> tuple[Any, ...] | None:
+        """Vector of scalars field ``slot`` of table ``pos``: () when absent, None when it
+        does not lie inside the buffer (read it as a :class:`Table` to learn why)."""
+        at = self.table_at(pos, offsets, slot)
+        if at <= 0:
+            return () if at == 0 else None
+        size = self.size
+        if at + 4 > size:
+            return None
+        n = _U32.unpack_from(self.data, at)[0]
+        letter, item = SCALARS[kind]
+        if at + 4 + n * item > size:
+            return None
+        return struct.unpack_from(f"<{n}{letter}", self.data, at + 4)
+
+    def scalar_at(
+        self, pos: int, offsets: tuple[int, ...], slot: int, kind: str, default: Any = 0
+    ) -> Any:
+        """Scalar field ``slot`` of table ``pos`` (``default`` when absent); None when it
+        does not lie inside the buffer."""
+        if slot >= len(offsets) or not offsets[slot]:
+            return default
+        at = pos + offsets[slot]
+        st = _STRUCTS[kind]
+        if at + st.size > self.size:
+            return None
+        return st.unpack_from(self.data, at)[0]
 
     def check(self, pos: int, nbytes: int, path: str) -> None:
         if pos < 0 or nbytes < 0 or pos + nbytes > self.size:
@@ -280,9 +345,17 @@ class Table:
         return self.vector_span(slot, name, 1)
 
     def tables(
-        self, slot: int, name: str, decode: Callable[[Table], T], limit: int | None = None
+        self,
+        slot: int,
+        name: str,
+        decode: Callable[[Table], T],
+        limit: int | None = None,
+        fast: Callable[[Buffer, int], T | None] | None = None,
     ) -> tuple[T, ...] | None:
-        """A vector of tables, each decoded with ``decode``; None when absent."""
+        """A vector of tables, each decoded with ``decode``; None when absent. ``fast``,
+        when given, is tried first on each item (the buffer and the item's position): it
+        returns what ``decode`` would, or None for ``decode`` to read the item (anything
+        it does not handle, or cannot read: ``decode`` then raises the error)."""
         span = self.vector_span(slot, name, 4)
         if span is None:
             return None
@@ -296,7 +369,13 @@ class Table:
         for i, rel in enumerate(rels):
             if rel == 0:
                 raise PteFormatError(self._where(f"{name}[{i}]"), "zero offset")
-            out.append(decode(read(buf, start + 4 * i + rel, "", self, (name, i))))
+            at = start + 4 * i + rel
+            if fast is not None:
+                item = fast(buf, at)
+                if item is not None:
+                    out.append(item)
+                    continue
+            out.append(decode(read(buf, at, "", self, (name, i))))
         return tuple(out)
 
     def union(

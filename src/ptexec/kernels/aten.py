@@ -37,6 +37,7 @@ from .registry import (
     KernelFactory,
     Statement,
     UnsupportedKernel,
+    literal_tensor,
     register_namespace,
 )
 
@@ -371,7 +372,7 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
         info = torch.iinfo(dtype)
         if not info.min <= value <= info.max:
             return None  # a 0-d tensor of self's dtype cannot hold it: torch's scalar path
-    scalar = torch.tensor(value, dtype=dtype)
+    scalar = literal_tensor(torch.tensor(value, dtype=dtype))  # read only, as a literal
     f, s = ctx.bind(fn, "op"), ctx.bind(scalar, "s")
     outs = (out,)
     code = f"{_empty_dynamic(ctx, outs)}{f}({ctx.expr(self_)}, {s}, out=v[{out}])"
@@ -679,7 +680,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
                         store: str = store,
                         call: str = call,
                         one: dict[int, str] = one,
-                    ) -> str:
+                        outs: tuple[int, ...] = outs,
+                    ) -> str:  # no closure: a function of its arguments alone
                         live = [o for o in outs if o not in dead]
                         if len(live) == 1:
                             return one[live[0]]

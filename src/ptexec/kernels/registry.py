@@ -14,6 +14,7 @@ bound as names; everything else is read from ``v`` at run time.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ __all__ = [
     "Statement",
     "UnsupportedKernel",
     "find_kernel",
+    "is_literal_tensor",
+    "literal_tensor",
     "operator_names",
     "register",
     "register_namespace",
@@ -279,6 +282,30 @@ def register_namespace(
     _NAMESPACES[ns] = resolver
     if names is not None:
         _LISTERS[ns] = names
+
+
+# tensors a factory made from a plan's literals alone, that no statement writes: like the
+# literals, they belong to no method (id -> weak reference, checked by identity)
+_literal_tensors: dict[int, weakref.ref[Any]] = {}
+
+
+def literal_tensor(tensor: Any) -> Any:
+    """Note ``tensor`` (made by a factory from literals of the plan alone, and only ever
+    read by its statement) as owned by no method, so that a statement binding it may be
+    kept for the next load of the same plan; returns ``tensor``."""
+    key = id(tensor)
+
+    def forget(_: weakref.ref[Any]) -> None:
+        _literal_tensors.pop(key, None)
+
+    _literal_tensors[key] = weakref.ref(tensor, forget)
+    return tensor
+
+
+def is_literal_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a tensor :func:`literal_tensor` noted (and still alive)."""
+    ref = _literal_tensors.get(id(obj))
+    return ref is not None and ref() is obj
 
 
 def find_kernel(qualified_name: str) -> KernelFactory | None:

@@ -10,7 +10,9 @@ the key holds alone: the plan, the instruction, the devices of the plan's values
 load options. So it is kept only when its factory read no value of the method's values
 table but the plan's scalars (no tensor: a constant's bytes may differ under the same
 plan), and its names are bound to nothing a method owns: torch's operators, functions
-without closures, and plain scalars (no tensor, no call record, no prune form).
+without closures, plain scalars and the read-only tensors a factory made from literals
+alone (:func:`~ptexec.kernels.registry.literal_tensor`), and tuples and tables of those;
+no other tensor, no call record, no prune form but a function of its arguments alone.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from ..effects import Effects, effects
 from ..errors import BackendUnavailableError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key, Lru
-from ..kernels.registry import KernelContext, Statement, UnsupportedKernel, find_kernel
+from ..kernels.registry import (
+    KernelContext,
+    Statement,
+    UnsupportedKernel,
+    find_kernel,
+    is_literal_tensor,
+)
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -125,6 +133,12 @@ def _shareable(obj: Any) -> bool:
     """Whether a bound name's object belongs to no method (safe in two methods at once)."""
     if isinstance(obj, _SHARED):
         return True
+    if isinstance(obj, torch.Tensor):
+        return is_literal_tensor(obj)
+    if type(obj) is tuple or type(obj) is frozenset:
+        return all(_shareable(o) for o in obj)
+    if type(obj) is dict:  # (a prune form's table of lines, never written)
+        return all(_shareable(k) and _shareable(o) for k, o in obj.items())
     if isinstance(obj, types.BuiltinFunctionType):
         owner = getattr(obj, "__self__", None)
         return owner is None or isinstance(owner, types.ModuleType | type)
@@ -134,7 +148,9 @@ def _shareable(obj: Any) -> bool:
 
 
 def _keepable(st: Statement) -> bool:
-    if st.prune is not None or st.external is not None or st.instrumented is not None:
+    if st.external is not None or st.instrumented is not None:
+        return False
+    if st.prune is not None and not _shareable(st.prune):
         return False
     if st.alias is not None and not all(_shareable(o) for o in st.alias.env.values()):
         return False
