@@ -151,3 +151,31 @@ def test_sizes_from_the_data_keep_emptying() -> None:
         t = torch.tensor(x)
         (got,) = m.execute([t])
         torch.testing.assert_close(got, torch.nonzero(t > 0) * 2, rtol=0, atol=0)
+
+
+class Folded(torch.nn.Module):
+    """Sizes computed from an input's sizes (``sym_size``, scalar ops, a view), then an
+    elementwise op on the view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.lin = torch.nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y.reshape(y.shape[0] * 2, 2) + 1.0
+
+
+def test_sizes_computed_from_the_inputs_sizes() -> None:
+    module = Folded().eval()
+    b = torch.export.Dim("b", min=1, max=8)
+    data = export_program(module, (torch.randn(4, 3),), dynamic_shapes={"x": {0: b}})
+    m = ptexec.load(data).load_method("forward")
+    source = m.source().split("# chain 0")[0]
+    assert "if _e: v[" in source and "sym_size" in source
+    for k, n in enumerate([2, 2, 5, 8, 8, 1, 3, 3]):
+        x = torch.randn(n, 3, generator=torch.Generator().manual_seed(k))
+        (got,) = m.execute([x])
+        with torch.no_grad():
+            torch.testing.assert_close(got, module(x), rtol=0, atol=1e-6)

@@ -317,21 +317,17 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     at load its load-time geometry back: views not all as loading made them hold the sizes
     of the last run that completed. That run computed every other tensor's sizes from its
     inputs' sizes alone, the same as this call's, when the method takes no values but
-    tensors and every instruction of its one straight-line chain is a move, a free, an
-    ``executorch_prim`` op (sizes and scalars) or a kernel whose statement is ``sized``
-    (its outs' sizes follow from its arguments' sizes and values)."""
+    tensors and every instruction of its one straight-line chain is a move, a free or a
+    kernel whose statement is ``sized`` (what it makes follows from its arguments' sizes
+    and values, not from tensors' contents)."""
     if not resized or not isinstance(runner, BlockRunner) or not runner.straight_line:
         return None
     if any(spec.kind != "tensor" for spec in state.inputs):
         return None  # a value may size a result
     chain = state.chains[0]
-    if len(chain.names) != len(chain.instructions):
-        return None
-    for ins, name, st in zip(chain.instructions, chain.names, chain.statements, strict=True):
+    for ins, st in zip(chain.instructions, chain.statements, strict=True):
         what = kind(ins)
         if what in ("move", "free") or st.code.strip() == "pass":
-            continue
-        if what == "kernel" and name.startswith("executorch_prim::") and "copy_index" not in name:
             continue
         if what != "kernel" or not st.sized:
             return None

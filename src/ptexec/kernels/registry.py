@@ -83,9 +83,9 @@ class Statement:
     backend), that library's runner: callable with the values of all the instruction's
     arguments, in order, writing its ``outs`` in place. The compiled tier keeps such an
     instruction as one call instead of tracing it into torch operations.
-    ``sized``: every tensor the statement writes or puts in a slot gets sizes that follow
-    from its arguments' sizes and values other than tensors' contents alone (no
-    data-dependent shape). ``empties``: dynamic-shape ``outs`` the code
+    ``sized``: every tensor the statement writes or puts in a slot gets sizes, and every
+    scalar it puts in a slot a value, that follow from its arguments' sizes and values
+    other than tensors' contents alone (no data-dependent shape, no tensor's element). ``empties``: dynamic-shape ``outs`` the code
     empties before the kernel writes them (its first lines, ``v[o].resize_(0)`` each, see
     :func:`emptied`), so that torch resizes them without a warning; given only with
     ``sized``. An out that already has the sizes the kernel gives it needs no emptying
