@@ -34,8 +34,8 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
-from ..effects import replaced
-from ..kernels.registry import Statement
+from ..effects import kind, replaced
+from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
 from .arguments import (
@@ -84,6 +84,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     outputs_memory: dict[int, int] = {}  # id of an unplanned output's memory -> its number
     outputs_read: list[str] = []
     buffer_names: dict[int, int] = {}  # a planned buffer's address -> its number
+    resized: list[int] = []  # dynamic inputs copied into their planned view (resized first)
     n = len(state.inputs)
     for spec in state.inputs:
         i = spec.index
@@ -168,7 +169,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
             if info.dynamism != "static":
-                binds.append(f"if V{i}.shape != {x}s: resize_to(V{i}, {x}s, o{i})")
+                binds.append(f"e{i} = V{i}.shape != {x}s")
+                binds.append(f"if e{i}: resize_to(V{i}, {x}s, o{i})")
+                resized.append(i)
             binds.append(f"V{i}.copy_({x})")
             copied.append(info.nbytes if info.dynamism == "static" else f"{x}.nbytes")
         else:
@@ -212,7 +215,12 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 env["_below"] = guard
                 code.add("with _below():")
                 guarded.enter_context(code.indented())
-            if not _run_into(code, state, runner):
+            # the dynamic outs the statements empty first: only where their inputs' sizes
+            # changed since the last run, when the sizes follow from the inputs' alone
+            needed = _emptying_test(state, runner, resized)
+            if needed is not None:
+                code.add(f"_e = {needed}")
+            if not _run_into(code, state, runner, needed is not None):
                 return None
             outs = []
 
@@ -270,19 +278,24 @@ def _apart(state: MethodState, i: int) -> str:
     return "".join(f" and {c}" for c in conds)
 
 
-def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
+def _run_into(code: Code, state: MethodState, runner: Runner, guarded: bool = False) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
     (its one function's lines, :func:`~.blocks.forward_lines`), else a call of the runner
     (other control flow, the instruction limit, its own error reports). False: the fast
-    path cannot run them."""
+    path cannot run them. ``guarded``: a statement empties its outs (its ``empties``)
+    only when ``_e`` is true (see :func:`_emptying_test`)."""
     statements = inline_statements(state, runner)
     if statements is not None:
         if len(statements) > state.max_instructions:
             return False
         env = code.env
         for k, st in enumerate(statements):
-            code.add(st.code, k)
+            if guarded and st.empties:
+                emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
+                code.add(f"if _e: {emptying}\n{emptied(st)}", k)
+            else:
+                code.add(st.code, k)
             if st.env:
                 env.update(st.env)
     elif (chain := _forward_chain(runner)) is not None:
@@ -293,6 +306,43 @@ def _run_into(code: Code, state: MethodState, runner: Runner) -> bool:
         return True
     code.add("pass")
     return True
+
+
+def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -> str | None:
+    """The test, on the fast call's names, that the statements must empty their
+    ``empties`` this call; None when the fast call cannot tell (they always do). False
+    means every dynamic-shape tensor the instructions write already has the sizes this
+    call gives it, which torch leaves as they are.
+
+    It is false when every dynamic input (``resized``: each copied into its planned view,
+    resized first where its sizes differ, ``e{i}``) has the sizes its view already had, and
+    not every one has the sizes loading gave its view. Every call's binding, on any path,
+    resizes a planned input's view to the input, and a failed call gives every tensor made
+    at load its load-time geometry back: views not all as loading made them hold the sizes
+    of the last run that completed. That run computed every other tensor's sizes from its
+    inputs' sizes alone, the same as this call's, when the method takes no values but
+    tensors and every instruction of its one straight-line chain is a move, a free or a
+    kernel whose statement is ``sized`` (what it makes follows from its arguments' sizes
+    and values, not from tensors' contents)."""
+    if not resized or not isinstance(runner, BlockRunner) or not runner.straight_line:
+        return None
+    if any(spec.kind != "tensor" for spec in state.inputs):
+        return None  # a value may size a result
+    chain = state.chains[0]
+    for ins, st in zip(chain.instructions, chain.statements, strict=True):
+        what = kind(ins)
+        if what in ("move", "free") or st.code.strip() == "pass":
+            continue
+        if what != "kernel" or not st.sized:
+            return None
+    loaded = {id(t): tuple(sizes) for t, _, _, sizes, _ in state.owned}
+    initial = []  # every view as loading made it
+    for i in resized:
+        sizes = loaded.get(id(state.inputs[i].view))
+        if sizes is None:
+            return None
+        initial.append(f"x{i}s == {tuple(int(n) for n in sizes)!r}")
+    return " or ".join([*(f"e{i}" for i in resized), f"({' and '.join(initial)})"])
 
 
 def _replaced(state: MethodState, runner: Runner) -> frozenset[int] | None:

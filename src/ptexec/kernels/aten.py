@@ -37,6 +37,7 @@ from .registry import (
     KernelFactory,
     Statement,
     UnsupportedKernel,
+    emptying,
     literal_tensor,
     register_namespace,
 )
@@ -375,8 +376,10 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
     scalar = literal_tensor(torch.tensor(value, dtype=dtype))  # read only, as a literal
     f, s = ctx.bind(fn, "op"), ctx.bind(scalar, "s")
     outs = (out,)
-    code = f"{_empty_dynamic(ctx, outs)}{f}({ctx.expr(self_)}, {s}, out=v[{out}])"
-    return ctx.emit(code, mutates=outs, outs=outs, pure=True)
+    empties = _dynamic(ctx, outs)
+    code = f"{emptying(empties)}{f}({ctx.expr(self_)}, {s}, out=v[{out}])"
+    # elementwise with a scalar: the result has self's sizes
+    return ctx.emit(code, mutates=outs, outs=outs, pure=True, sized=True, empties=empties)
 
 
 def _copy_code(ctx: KernelContext, out: int, expr: str, env: Mapping[str, Any]) -> str:
@@ -390,14 +393,43 @@ def _copy_code(ctx: KernelContext, out: int, expr: str, env: Mapping[str, Any]) 
     return f"{store}(v[{out}], {expr})"
 
 
-def _empty_dynamic(ctx: KernelContext, outs: tuple[int, ...]) -> str:
-    """Statements emptying the dynamic-shape outputs: torch resizes an empty ``out``
-    without a warning (and will stop resizing non-empty ones)."""
-    return "".join(
-        f"v[{o}].resize_(0)\n"
+def _dynamic(ctx: KernelContext, outs: tuple[int, ...]) -> tuple[int, ...]:
+    """The dynamic-shape tensors among ``outs``: emptied before the kernel writes them,
+    since torch resizes an empty ``out`` without a warning (and will stop resizing
+    non-empty ones)."""
+    return tuple(
+        o
         for o in outs
         if isinstance(ctx.values[o], p.Tensor) and ctx.values[o].shape_dynamism != p.STATIC  # type: ignore[union-attr]
     )
+
+
+# ops whose results' sizes (or the scalars they return) depend on the values they read
+_DATA_SIZED = tuple(
+    t
+    for t in (
+        getattr(torch.Tag, n, None) for n in ("dynamic_output_shape", "data_dependent_output")
+    )
+    if t is not None
+)
+
+
+def _sized_by_arguments(overload: Any) -> bool:
+    """Whether ``overload``'s results' sizes follow from its arguments' sizes and values
+    other than tensors' contents: an ``aten`` op none of whose overloads torch tags as
+    sized by data (the functional overloads carry the tags; an out variant's may lack
+    them: ``index.Tensor_out``'s, ``bincount.out``'s). Other namespaces' ops say nothing."""
+    schema_name = overload._schema.name
+    if not schema_name.startswith("aten::") or not _DATA_SIZED:
+        return False
+    packet = getattr(torch.ops.aten, schema_name.split("::", 1)[1], None)
+    if packet is None:
+        return False
+    for name in packet.overloads():
+        tags = getattr(getattr(packet, name, None), "tags", None)
+        if tags is None or any(t in tags for t in _DATA_SIZED):
+            return False
+    return True
 
 
 # ---- out variants that torch generates -------------------------------------------------------
@@ -559,6 +591,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
     out_args = {k for k in written if arguments[k].kwarg_only}
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
     functional = _functional_of(overload) if generated else None
+    by_arguments = _sized_by_arguments(overload)
     # per argument, once: name, keyword-only, a ScalarType, a MemoryFormat, its default
     facts = [
         (a, a.name, a.kwarg_only, _is_scalar_type(a), _is_memory_format(a), _default(a))
@@ -642,9 +675,10 @@ def schema_kernel(overload: Any) -> KernelFactory:
             )
             code = None
             prune = None
+            empties = _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
-                code = f"{_empty_dynamic(ctx, outs)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
+                code = f"{emptying(empties)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
             elif name in _FILLS and single and _fills_in_place(ctx, outs[0], args[nargs - 2]):
                 fill = _FILLS[name]
                 filler = rendered[fill] if isinstance(fill, int) else fill
@@ -692,8 +726,22 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if code is None:
                 fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
-                code = f"{_empty_dynamic(ctx, outs)}{fn}({', '.join(positional + keywords)})"
-            return ctx.emit(code, mutates=mutates, alias=alias, outs=outs, pure=pure, prune=prune)
+                code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
+            # sized: writes only its outs, and torch does not say their sizes depend on
+            # what the op reads
+            sized = by_arguments and only_outs and set(mutates) == set(outs)
+            if not code.startswith(emptying(empties)) or not sized:
+                empties = ()  # not emptied by its first lines, or sized by what it reads
+            return ctx.emit(
+                code,
+                mutates=mutates,
+                alias=alias,
+                outs=outs,
+                pure=pure,
+                prune=prune,
+                sized=sized,
+                empties=empties,
+            )
         fast = fastest_entry(overload, probe)
         fn = ctx.bind(fast if fast is not None else generic, "op")
         callargs = ", ".join(positional + keywords)

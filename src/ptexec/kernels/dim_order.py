@@ -36,14 +36,25 @@ def _copy_statement(ctx: KernelContext, src: int, out: int) -> Statement:
     alias = None
     if isinstance(src_value, p.Tensor) and src_value.scalar_type == out_value.scalar_type:
         alias = Alias(f"v[{out}] = v[{src}]", {}, src, (out,), (src,))  # same dtype: a clone
+    # the copy has its source's sizes
     if _is_static(out_value) and _is_static(src_value):
         return ctx.emit(
-            f"v[{out}].copy_(v[{src}])", mutates=(out,), alias=alias, outs=(out,), pure=True
+            f"v[{out}].copy_(v[{src}])",
+            mutates=(out,),
+            alias=alias,
+            outs=(out,),
+            pure=True,
+            sized=True,
         )
     f = ctx.bind(_copy_resizing, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
     return ctx.emit(
-        f"{f}(v[{src}], v[{out}], {order})", mutates=(out,), alias=alias, outs=(out,), pure=True
+        f"{f}(v[{src}], v[{out}], {order})",
+        mutates=(out,),
+        alias=alias,
+        outs=(out,),
+        pure=True,
+        sized=True,
     )
 
 
@@ -72,4 +83,7 @@ def _empty_dim_order(ctx: KernelContext) -> Statement:
         return ctx.emit("pass", mutates=())
     f = ctx.bind(resize_to, "f")
     order = ctx.bind(tuple(out_value.dim_order), "order")
-    return ctx.emit(f"{f}(v[{out}], {ctx.expr(size)}, {order})", mutates=(out,), outs=(out,))
+    # sized by the size list
+    return ctx.emit(
+        f"{f}(v[{out}], {ctx.expr(size)}, {order})", mutates=(out,), outs=(out,), sized=True
+    )

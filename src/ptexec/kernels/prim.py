@@ -219,14 +219,18 @@ def _kernel(op: PrimOp) -> Callable[[KernelContext], Statement]:
     def factory(ctx: KernelContext) -> Statement:
         _arity(ctx, op.arity + 1)
         out = ctx.args[op.arity]
+        # a scalar from sizes and other scalars (a tensor's element: from its contents)
+        sized = op.compute is not _item
         spelled = _SPELLED.get(op.compute)
         if spelled is not None:
             # parenthesized: a literal operand must not merge with the template ("0.size(1)")
             operands = [f"({ctx.expr(i)})" for i in ctx.args[: op.arity]]
-            return ctx.emit(f"v[{out}] = " + spelled.format(*operands), writes=(out,), mutates=())
+            return ctx.emit(
+                f"v[{out}] = " + spelled.format(*operands), writes=(out,), mutates=(), sized=sized
+            )
         f = ctx.bind(op.compute, "f")
         call = ", ".join(ctx.expr(i) for i in ctx.args[: op.arity])
-        return ctx.emit(f"v[{out}] = {f}({call})", writes=(out,), mutates=())
+        return ctx.emit(f"v[{out}] = {f}({call})", writes=(out,), mutates=(), sized=sized)
 
     return factory
 
@@ -242,7 +246,10 @@ def _stride(ctx: KernelContext) -> Statement:
     _arity(ctx, 3)
     t, dim, out = ctx.args
     return ctx.emit(
-        f"v[{out}] = ({ctx.expr(t)}).stride(({ctx.expr(dim)}))", writes=(out,), mutates=()
+        f"v[{out}] = ({ctx.expr(t)}).stride(({ctx.expr(dim)}))",
+        writes=(out,),
+        mutates=(),
+        sized=True,
     )
 
 
@@ -260,7 +267,9 @@ def _et_view(ctx: KernelContext) -> Statement:
         shape = ", ".join(map(repr, ctx.literal(sizes))) or "()"
     else:
         shape = spread(ctx.expr(sizes))
-    return ctx.emit(f"v[{out}] = {ctx.expr(src)}.reshape({shape})", writes=(out,), mutates=())
+    return ctx.emit(
+        f"v[{out}] = {ctx.expr(src)}.reshape({shape})", writes=(out,), mutates=(), sized=True
+    )
 
 
 def _copy_index(copy_to: torch.Tensor, copy_from: torch.Tensor, index: int) -> None:

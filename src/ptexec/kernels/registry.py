@@ -34,6 +34,8 @@ __all__ = [
     "KernelFactory",
     "Statement",
     "UnsupportedKernel",
+    "emptied",
+    "emptying",
     "find_kernel",
     "is_literal_tensor",
     "literal_tensor",
@@ -84,6 +86,13 @@ class Statement:
     backend), that library's runner: callable with the values of all the instruction's
     arguments, in order, writing its ``outs`` in place. The compiled tier keeps such an
     instruction as one call instead of tracing it into torch operations.
+    ``sized``: every tensor the statement writes or puts in a slot gets sizes, and every
+    scalar it puts in a slot a value, that follow from its arguments' sizes and values
+    other than tensors' contents alone (no data-dependent shape, no tensor's element). ``empties``: dynamic-shape ``outs`` the code
+    empties before the kernel writes them (its first lines, ``v[o].resize_(0)`` each, see
+    :func:`emptied`), so that torch resizes them without a warning; given only with
+    ``sized``. An out that already has the sizes the kernel gives it needs no emptying
+    (torch leaves it as it is).
     """
 
     code: str
@@ -97,6 +106,21 @@ class Statement:
     reads: tuple[int, ...] | None = None
     instrumented: str | None = None
     external: Callable[..., None] | None = None
+    sized: bool = False
+    empties: tuple[int, ...] = ()
+
+
+def emptying(outs: Iterable[int]) -> str:
+    """The lines that empty the tensors ``outs`` (a statement's ``empties``), one a line."""
+    return "".join(f"v[{o}].resize_(0)\n" for o in outs)
+
+
+def emptied(st: Statement) -> str:
+    """``st``'s code without its lines emptying ``st.empties``."""
+    head = emptying(st.empties)
+    if not st.code.startswith(head):
+        raise ValueError(f"the statement does not begin by emptying {st.empties}: {st.code!r}")
+    return st.code[len(head) :]
 
 
 class UnsupportedKernel(Exception):
@@ -166,10 +190,15 @@ class KernelContext:
         prune: Callable[[frozenset[int]], str] | None = None,
         instrumented: str | None = None,
         external: Callable[..., None] | None = None,
+        sized: bool = False,
+        empties: Iterable[int] = (),
     ) -> Statement:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read;
-        ``instrumented`` and ``external``: see :class:`Statement`."""
+        ``instrumented``, ``external``, ``sized`` and ``empties``: see :class:`Statement`."""
+        empties = tuple(empties)
+        if empties and not sized:
+            raise ValueError("a statement empties its outs only where its sizes follow")
         outs = tuple(outs)
         return Statement(
             code,
@@ -183,6 +212,8 @@ class KernelContext:
             self.reads(outs),
             instrumented,
             external,
+            sized,
+            empties,
         )
 
     def referenced(self) -> tuple[int, ...]:

@@ -411,7 +411,8 @@ def _elide(
             return Statement("pass", {}, (), ())
         log.ok = False  # the outcome depends on the constants: not a recipe for others
     log.steps.append(("elide", i, (code, writes)))
-    return Statement(code, alias.env, writes, (), reads=alias.reads)
+    # a view: its sizes follow from its source's
+    return Statement(code, alias.env, writes, (), reads=alias.reads, sized=True)
 
 
 def _view_now(i: int, st: Statement, code: str, values: list[Any], sources: Sources) -> bool:
@@ -448,7 +449,9 @@ def _prune(c: _ChainAccesses, i: int, st: Statement, log: _Log) -> Statement | N
 def _pruned(st: Statement, dead: frozenset[int]) -> Statement:
     assert st.prune is not None
     kept = tuple(o for o in st.outs if o not in dead)
-    return Statement(st.prune(dead), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads)
+    return Statement(
+        st.prune(dead), st.env, st.writes, kept, None, kept, st.pure, reads=st.reads, sized=st.sized
+    )
 
 
 def rewrite_chain(
@@ -596,7 +599,7 @@ def _replay(
         elif what == "elide":
             assert st.alias is not None
             code, writes = detail
-            result[i] = Statement(code, st.alias.env, writes, (), reads=st.alias.reads)
+            result[i] = Statement(code, st.alias.env, writes, (), reads=st.alias.reads, sized=True)
         else:
             result[i] = _pruned(st, detail)
     else:
