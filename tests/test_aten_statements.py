@@ -336,3 +336,30 @@ def test_copy_out_into_another_dtype_keeps_the_functional_path() -> None:
     assert st.code != "v[3].copy_(v[1])"
     _run(st, table)
     assert _same(table[-1], torch.ops.aten.copy.default(self_, src).float())
+
+
+@pytest.mark.parametrize("src_shape", [(2, 3, 4), (3, 1), (4,), ()])
+def test_copy_out_views_src_broadcast_to_self(src_shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(6)
+    self_ = torch.randn(2, 3, 4, generator=gen)
+    src = torch.randn(src_shape, generator=gen)
+    st, table = _statement("aten::copy.out", [self_, src, False, torch.empty(2, 3, 4)])
+    assert st.alias is not None and st.alias.source == 1 and st.alias.reads == (1,)
+    exec(st.alias.code, {**st.alias.env, "v": table})
+    view = table[3]
+    assert isinstance(view, torch.Tensor) and view.data_ptr() == src.data_ptr()
+    assert _same(view, torch.ops.aten.copy.out(self_, src, False, out=torch.empty(0)))
+
+
+def test_copy_out_has_no_view_across_dtypes_or_for_a_src_that_does_not_broadcast() -> None:
+    cases: list[list[Any]] = [
+        [torch.randn(2, 3), torch.randn(2, 3, dtype=torch.float64), False, torch.empty(2, 3)],
+        [torch.randn(2, 3), torch.randn(4), False, torch.empty(2, 3)],
+        [torch.randn(2, 3), torch.randn(3, 2, 3), False, torch.empty(2, 3)],  # out is smaller
+    ]
+    for args in cases:
+        st, _ = _statement("aten::copy.out", args)
+        assert st.alias is None
+    table: list[Any] = [torch.randn(2, 3), torch.randn(3), False, torch.empty(2, 3)]
+    st = _dynamic([_desc(a) for a in table], table, "aten::copy.out")
+    assert st.alias is None

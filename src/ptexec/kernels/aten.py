@@ -563,6 +563,29 @@ def _copy_into(out: torch.Tensor, self_: torch.Tensor, src: torch.Tensor) -> Non
 _COPY = torch.ops.aten.copy.default
 
 
+def _copy_alias(ctx: KernelContext, out: int) -> Alias | None:
+    """``copy.out`` of one dtype and fixed shapes is ``src`` broadcast to ``self``'s shape,
+    which ``src.expand(self's sizes)`` views (``copy_`` broadcasts by that very expand)."""
+    self_, src, blocking = ctx.args[0], ctx.args[1], ctx.args[2]
+    ts, tsrc, to = (_static_tensor(ctx, k) for k in (self_, src, out))
+    if ts is None or tsrc is None or to is None:
+        return None
+    if not (ts.scalar_type == tsrc.scalar_type == to.scalar_type):
+        return None
+    if tuple(to.sizes) != tuple(ts.sizes):
+        return None
+    if not (ctx.is_literal(blocking) and ctx.literal(blocking) is False):
+        return None
+    try:
+        shape = torch.broadcast_shapes(tuple(tsrc.sizes), tuple(ts.sizes))  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        return None
+    if tuple(shape) != tuple(ts.sizes):
+        return None  # src does not broadcast to self: torch's error, per call
+    sizes = ", ".join(map(str, ts.sizes)) or "()"
+    return Alias(f"v[{out}] = v[{src}].expand({sizes})", {}, src, (out,), (src,))
+
+
 def _written_in_place(ctx: KernelContext, name: str, rendered: list[str], out: int) -> str | None:
     """The statement writing ``slice_scatter.out`` or ``copy.out`` straight into ``out``
     (see above), or None for torch's own path."""
@@ -758,6 +781,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k])
             )
             alias = _alias_form(ctx, name, rendered, outs)
+            if name == "aten::copy.out" and len(outs) == 1:
+                alias = _copy_alias(ctx, outs[0])
             pure = only_outs and not seeded and bool(outs)
             single = len(outs) == 1 and all(
                 isinstance(ctx.values[a], p.Tensor) for a in (args[k] for k in out_args)
