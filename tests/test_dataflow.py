@@ -4,6 +4,7 @@ where a view would see a later write."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -339,3 +340,28 @@ def test_a_copy_that_stays_a_copy_reads_a_held_view() -> None:
         "v[1].copy_(v[0])", {}, (), (1,), Alias("v[1] = v[0]", {}, 0, (1,), (0,)), (1,)
     )
     assert _run(values, [(0, 1)], [clone])[0].code == "v[1].copy_(v[0])"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["op_bmm", "op_attention", "dynconv_padmodes_int8_dynamic_pc", "deit_tiny_int8_static_pc"],
+)
+def test_held_views_before_xnnpack_delegates_follow_new_inputs(name: str) -> None:
+    """Views of delegate outputs and of inputs, held from call to call, in front of
+    ExecuTorch's XNNPACK backend (which copies strided inputs to dense memory): the
+    results of new inputs are those of the program run as written, bit for bit."""
+    pytest.importorskip("executorch")
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    if executorch_unavailable() is not None:
+        pytest.skip("ExecuTorch's XNNPACK backend is not available")
+    pte = Path(__file__).parent / "fixtures" / "xnnpack" / f"{name}.pte"
+    m = ptexec.load(pte).load_method("forward", xnnpack="executorch")
+    plain = ptexec.load(pte).load_method("forward", xnnpack="executorch", optimize=False)
+    assert any("_held" in code for code in _statements(m))
+    gen = torch.Generator().manual_seed(4)
+    recorded = torch.load(pte.with_suffix(".io.pt"), weights_only=False)["calls"][0]["inputs"]
+    for _ in range(3):
+        inputs = [torch.randn(x.shape, generator=gen) for x in recorded]
+        got, want = m.execute(inputs), plain.execute(inputs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
