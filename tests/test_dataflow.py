@@ -365,3 +365,8 @@ def test_held_views_before_xnnpack_delegates_follow_new_inputs(name: str) -> Non
         inputs = [torch.randn(x.shape, generator=gen) for x in recorded]
         got, want = m.execute(inputs), plain.execute(inputs)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    if any(".copy_(_i" in code for code in _statements(m)):  # copies reading held views
+        traced = m.trace(inputs)
+        assert "copies a view made once" in {r.note for r in traced}
+        assert traced.outputs is not None
+        assert all(torch.equal(a, b) for a, b in zip(traced.outputs, want, strict=True))
