@@ -5,6 +5,7 @@ bit for bit, on edge values. The op's own ``torch.ops`` overload is the referenc
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -195,3 +196,170 @@ def test_one_live_result_of_layer_norm_is_copied_straight() -> None:
     exec(pruned, {**st.env, "v": table})
     want = torch.ops.aten.native_layer_norm.default(x, [4], w, b, 1e-5)[0]
     assert torch.equal(table[5], want)
+
+
+# ---- slice_scatter.out and copy.out written straight into out ------------------------------
+
+
+def _dynamic(st_values: list[Any], table: list[Any], name: str) -> Statement:
+    """The statement for ``name`` on ``table`` with every tensor described as of a bounded
+    dynamic shape."""
+    values = tuple(
+        dataclasses.replace(d, shape_dynamism=p.DYNAMIC_BOUND) if isinstance(d, p.Tensor) else d
+        for d in st_values
+    )
+    n = len(table)
+    ctx = KernelContext(name, 0, (*range(n), n - 1), values, frozenset(), table)
+    factory = find_kernel(name)
+    assert factory is not None
+    return factory(ctx)
+
+
+SLICES = [
+    (2, 1, 10, 1),
+    (3, 0, 1, 1),
+    (3, -1, None, 1),
+    (2, -20, 3, 1),  # start before the first element: clamped
+    (2, 4, 99, 1),  # end past the last: clamped
+    (-1, None, None, 3),
+    (1, 1, -1, 2),
+    (0, 1, 2, 1),
+    (2, 5, 2, 1),  # end before start: an empty slice
+    (3, 11, 40, 1),  # start at the end: an empty slice
+]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize(("dim", "start", "end", "step"), SLICES)
+def test_slice_scatter_writes_out_directly(
+    dim: int, start: int | None, end: int | None, step: int, dynamic: bool
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(11, 11, 11, 11, generator=gen).permute(3, 1, 0, 2)[:2, :4]  # strided
+    picked = torch.ops.aten.slice.Tensor(x, dim, start, end, step)
+    src = (torch.randn(*reversed(picked.shape), generator=gen) * 9).permute(
+        *reversed(range(picked.dim()))
+    )
+    assert not x.is_contiguous() and (src.numel() < 2 or not src.is_contiguous())
+    name = "aten::slice_scatter.out"
+    table: list[Any] = [x, src, dim, start, end, step, torch.full(x.shape, 7.0)]
+    if dynamic:
+        st = _dynamic([_desc(a) for a in table], table, name)
+        table[-1] = torch.empty(0)
+    else:
+        st, table = _statement(name, table)
+    made = (
+        torch.slice_scatter,
+        torch.ops.aten.slice_scatter.default,
+        torch.ops.aten.slice_scatter.out,
+    )
+    assert not any(f in made for f in st.env.values())  # no temporary result
+    _run(st, table)
+    want = torch.ops.aten.slice_scatter.out(x, src, dim, start, end, step, out=torch.empty(0))
+    assert _same(table[-1], want)
+    if dynamic:  # again, into an out of self's shape now: written in place
+        table[-1].fill_(7.0)
+        _run(st, table)
+        assert _same(table[-1], want)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_slice_scatter_keeps_torchs_errors(dynamic: bool) -> None:
+    x = torch.randn(4, 6)
+    name = "aten::slice_scatter.out"
+    bad: list[list[Any]] = [
+        [x, torch.randn(4, 2), 1, 0, 6, -1],  # a negative step
+        [x, torch.randn(4, 2), 1, 0, 6, 0],  # a zero step
+        [x, torch.randn(4, 3), 1, 0, 6, 1],  # src not the slice's size
+        [x, torch.randn(4, 6), 2, 0, 6, 1],  # no such dim
+    ]
+    for args in bad:
+        table = [*args, torch.empty(4, 6)]
+        if dynamic:
+            st = _dynamic([_desc(a) for a in table], table, name)
+        else:
+            st, table = _statement(name, table)
+        with pytest.raises((RuntimeError, IndexError)):
+            _run(st, table)
+    # a dynamic one resized to self's shape
+    table = [x, torch.randn(4, 2), 1, 1, 5, 2, torch.empty(0)]
+    st = _dynamic([_desc(a) for a in table], table, name)
+    _run(st, table)
+    assert _same(table[-1], torch.slice_scatter(x, table[1], 1, 1, 5, 2))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize(
+    ("src_shape", "src_dtype"),
+    [((2, 3, 4), torch.float32), ((3, 1), torch.float32), ((4,), torch.float64), ((), torch.int32)],
+)
+def test_copy_out_copies_src_into_out(
+    src_shape: tuple[int, ...], src_dtype: torch.dtype, dynamic: bool
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    self_ = torch.randn(4, 3, 2, generator=gen).permute(2, 1, 0)  # (2, 3, 4), strided
+    src = (torch.randn(src_shape, generator=gen) * 50).to(src_dtype)
+    if src.dim() > 1:
+        src = src.mT.contiguous().mT  # strided too
+    name = "aten::copy.out"
+    table: list[Any] = [self_, src, False, torch.full((2, 3, 4), 7.0)]
+    if dynamic:
+        st = _dynamic([_desc(a) for a in table], table, name)
+        table[-1] = torch.empty(0)
+    else:
+        st, table = _statement(name, table)
+        assert st.code == "v[3].copy_(v[1])"
+    _run(st, table)
+    want = torch.ops.aten.copy.out(self_, src, False, out=torch.empty(0))
+    assert _same(table[-1], want)
+    if dynamic:  # again, into an out of self's shape now: written in place
+        table[-1].fill_(7.0)
+        _run(st, table)
+        assert _same(table[-1], want)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_copy_out_keeps_torchs_error_for_a_src_that_does_not_broadcast(dynamic: bool) -> None:
+    table: list[Any] = [torch.randn(2, 3), torch.randn(4), False, torch.empty(2, 3)]
+    if dynamic:
+        st = _dynamic([_desc(a) for a in table], table, "aten::copy.out")
+    else:
+        st, table = _statement("aten::copy.out", table)
+    with pytest.raises(RuntimeError):
+        _run(st, table)
+
+
+def test_copy_out_into_another_dtype_keeps_the_functional_path() -> None:
+    self_ = torch.randn(2, 3, dtype=torch.float64) * 1e30
+    src = torch.randn(2, 3, dtype=torch.float64) * 1e-30
+    st, table = _statement("aten::copy.out", [self_, src, False, torch.empty(2, 3)])
+    assert st.code != "v[3].copy_(v[1])"
+    _run(st, table)
+    assert _same(table[-1], torch.ops.aten.copy.default(self_, src).float())
+
+
+@pytest.mark.parametrize("src_shape", [(2, 3, 4), (3, 1), (4,), ()])
+def test_copy_out_views_src_broadcast_to_self(src_shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(6)
+    self_ = torch.randn(2, 3, 4, generator=gen)
+    src = torch.randn(src_shape, generator=gen)
+    st, table = _statement("aten::copy.out", [self_, src, False, torch.empty(2, 3, 4)])
+    assert st.alias is not None and st.alias.source == 1 and st.alias.reads == (1,)
+    exec(st.alias.code, {**st.alias.env, "v": table})
+    view = table[3]
+    assert isinstance(view, torch.Tensor) and view.data_ptr() == src.data_ptr()
+    assert _same(view, torch.ops.aten.copy.out(self_, src, False, out=torch.empty(0)))
+
+
+def test_copy_out_has_no_view_across_dtypes_or_for_a_src_that_does_not_broadcast() -> None:
+    cases: list[list[Any]] = [
+        [torch.randn(2, 3), torch.randn(2, 3, dtype=torch.float64), False, torch.empty(2, 3)],
+        [torch.randn(2, 3), torch.randn(4), False, torch.empty(2, 3)],
+        [torch.randn(2, 3), torch.randn(3, 2, 3), False, torch.empty(2, 3)],  # out is smaller
+    ]
+    for args in cases:
+        st, _ = _statement("aten::copy.out", args)
+        assert st.alias is None
+    table: list[Any] = [torch.randn(2, 3), torch.randn(3), False, torch.empty(2, 3)]
+    st = _dynamic([_desc(a) for a in table], table, "aten::copy.out")
+    assert st.alias is None

@@ -3,6 +3,9 @@ where a view would see a later write."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -186,3 +189,184 @@ def test_outputs_and_multiply_written_values_keep_their_copy() -> None:
     values = [_tensor(0), _tensor(64), _tensor(128)]
     out = _run(values, [(0, 1), (1,), (1, 2)], [_copy(0, 1), _op((), 1), _op((1,), 2)])
     assert out[0].code.startswith("copy(")
+
+
+# ---- views made once and held ----------------------------------------------------------------
+
+
+def _view(src: int, dst: int, expr: str = "v[{src}].unsqueeze(0)") -> Statement:
+    """A copy whose view form reads its source alone (as ATen's view forms say)."""
+    return Statement(
+        f"copy(v[{src}], v[{dst}])",
+        {},
+        (),
+        (dst,),
+        Alias(f"v[{dst}] = {expr.format(src=src)}", {}, src, (dst,), (src,)),
+        (dst,),
+    )
+
+
+def _exec(st: Statement, table: list[object]) -> None:
+    exec(st.code, {**st.env, "v": table})
+
+
+def test_a_view_of_a_planned_static_tensor_is_made_once_and_follows_its_source() -> None:
+    values = [_tensor(0), _tensor(64, sizes=(1, 16)), _tensor(128, sizes=(1, 16))]
+    out = _run(values, [(0, 1), (1, 2)], [_view(0, 1), _op((1,), 2)])
+    assert "_held" in out[0].code, out[0].code
+    a, b = torch.arange(16.0), torch.arange(16.0) * -3
+    table: list[object] = [a, None, None]
+    _exec(out[0], table)
+    first = table[1]
+    assert isinstance(first, torch.Tensor) and torch.equal(first, a.unsqueeze(0))
+    a.add_(1)  # new data in the same tensor: the held view reads it
+    table[1] = None
+    _exec(out[0], table)
+    assert table[1] is first and torch.equal(first, a.unsqueeze(0))
+    table[0] = b  # another object in the source's slot: a new view of it
+    _exec(out[0], table)
+    assert table[1] is not first and torch.equal(table[1], b.unsqueeze(0))  # type: ignore[arg-type]
+    table[0] = a
+    _exec(out[0], table)
+    assert torch.equal(table[1], a.unsqueeze(0))  # type: ignore[arg-type]
+    # a load of its own gets a cell of its own
+    again = _run(values, [(0, 1), (1, 2)], [_view(0, 1), _op((1,), 2)])
+    assert again[0].code == out[0].code
+    cells = [v for k, v in out[0].env.items() if k.endswith("_held")]
+    assert cells and all(c is not d for c in cells for d in again[0].env.values())
+
+
+def test_a_view_of_a_held_view_is_held_too() -> None:
+    values = [
+        _tensor(0),
+        _tensor(64, sizes=(1, 16)),
+        _tensor(128, sizes=(3, 16)),
+        _tensor(320, sizes=(3, 16)),
+    ]
+    sts = [_view(0, 1), _view(1, 2, "v[{src}].expand(3, 16)"), _op((2,), 3)]
+    out = _run(values, [(0, 1), (1, 2), (2, 3)], sts)
+    assert "_held" in out[0].code and "_held" in out[1].code
+    a = torch.arange(16.0)
+    table: list[object] = [a, None, None, None]
+    for k in range(3):
+        a.fill_(k)
+        _exec(out[0], table)
+        _exec(out[1], table)
+        assert torch.equal(table[2], torch.full((3, 16), float(k)))  # type: ignore[arg-type]
+
+
+def test_views_whose_source_may_change_are_made_per_call() -> None:
+    cases = {
+        "unplanned source": [_tensor(None), _tensor(64, sizes=(1, 16)), _tensor(128)],
+        "dynamic source": [
+            dataclasses.replace(_tensor(0), shape_dynamism=p.DYNAMIC_BOUND),
+            _tensor(64, sizes=(1, 16)),
+            _tensor(128),
+        ],
+    }
+    for what, values in cases.items():
+        out = _run(values, [(0, 1), (1, 2)], [_view(0, 1), _op((1,), 2)])
+        assert out[0].code == "v[1] = v[0].unsqueeze(0)", what
+    # a view that reads a scalar an instruction computes
+    values = [_tensor(0), _tensor(64, sizes=(1, 16)), _tensor(128)]
+    st = _view(0, 1)
+    assert st.alias is not None
+    st = dataclasses.replace(st, alias=dataclasses.replace(st.alias, reads=(0, 2)))
+    out = _run(values, [(0, 1), (1, 2)], [st, _op((1,), 2)])
+    assert "_held" not in out[0].code
+    # a view of a view that is made per call (it has a redirect) is made per call too
+    values = [
+        _tensor(0),
+        _tensor(64, sizes=(1, 16)),
+        _tensor(64, sizes=(16, 1)),
+        _tensor(128, sizes=(2, 1, 16)),
+        _tensor(256),
+    ]
+    sts = [_view(0, 1), _view(1, 3, "v[{src}].expand(2, 1, 16)"), _op((2, 3), 4)]
+    out = _run(values, [(0, 1), (1, 3), (2, 3, 4)], sts)
+    assert "reshape" in out[0].code and "_held" not in out[0].code
+    assert "_held" not in out[1].code
+
+
+class ExpandedProduct(torch.nn.Module):
+    """Views of the input and of an intermediate feeding a batched product."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = (x * 2).unsqueeze(1).expand(3, 2, 4, 5)
+        b = y.unsqueeze(1).expand(3, 2, 5, 6)
+        return torch.matmul(a, b).sum(1) + a.mean()
+
+
+def test_held_views_give_eagers_results_call_after_call() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 4, 5, generator=gen), torch.randn(3, 5, 6, generator=gen)
+    data = export_program(ExpandedProduct(), (x, y))
+    m = ptexec.load(data).load_method("forward")
+    plain = ptexec.load(data).load_method("forward", optimize=False)
+    assert any("_held" in code for code in _statements(m)), _statements(m)
+    for _ in range(3):
+        x, y = torch.randn(3, 4, 5, generator=gen), torch.randn(3, 5, 6, generator=gen)
+        got = m(x, y)[0]
+        assert torch.equal(got, plain(x, y)[0])
+        torch.testing.assert_close(got, ExpandedProduct()(x, y))
+    # the general path (a non-contiguous input) and a tool run the same statements
+    xt = torch.randn(3, 5, 4, generator=gen).transpose(1, 2)
+    assert torch.equal(m(xt, y)[0], plain(xt.contiguous(), y)[0])
+    traced = m.trace([x, y])
+    assert traced.outputs is not None and torch.equal(traced.outputs[0], plain(x, y)[0])
+
+
+def test_a_copy_that_stays_a_copy_reads_a_held_view() -> None:
+    # value 1 is the method's output: it keeps its copy, of a view made once
+    values = [_tensor(0), _tensor(64, sizes=(1, 16))]
+    view = "v[0].unsqueeze(0)"
+    st = Statement(
+        f"v[1].copy_({view})", {}, (), (1,), Alias(f"v[1] = {view}", {}, 0, (1,), (0,)), (1,)
+    )
+    out = _run(values, [(0, 1)], [st])
+    assert out[0].code.startswith("v[1].copy_(") and "_held" in out[0].code, out[0].code
+    a, b = torch.arange(16.0), torch.arange(16.0) * -3
+    dst = torch.empty(1, 16)
+    table: list[object] = [a, dst]
+    for k in range(2):
+        a.add_(k)
+        _exec(out[0], table)
+        assert table[1] is dst and torch.equal(dst, a.unsqueeze(0))
+    table[0] = b
+    _exec(out[0], table)
+    assert torch.equal(dst, b.unsqueeze(0))
+    # a clone's view form is its source: nothing to hold
+    clone = Statement(
+        "v[1].copy_(v[0])", {}, (), (1,), Alias("v[1] = v[0]", {}, 0, (1,), (0,)), (1,)
+    )
+    assert _run(values, [(0, 1)], [clone])[0].code == "v[1].copy_(v[0])"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["op_bmm", "op_attention", "dynconv_padmodes_int8_dynamic_pc", "deit_tiny_int8_static_pc"],
+)
+def test_held_views_before_xnnpack_delegates_follow_new_inputs(name: str) -> None:
+    """Views of delegate outputs and of inputs, held from call to call, in front of
+    ExecuTorch's XNNPACK backend (which copies strided inputs to dense memory): the
+    results of new inputs are those of the program run as written, bit for bit."""
+    pytest.importorskip("executorch")
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    if executorch_unavailable() is not None:
+        pytest.skip("ExecuTorch's XNNPACK backend is not available")
+    pte = Path(__file__).parent / "fixtures" / "xnnpack" / f"{name}.pte"
+    m = ptexec.load(pte).load_method("forward", xnnpack="executorch")
+    plain = ptexec.load(pte).load_method("forward", xnnpack="executorch", optimize=False)
+    assert any("_held" in code for code in _statements(m))
+    gen = torch.Generator().manual_seed(4)
+    recorded = torch.load(pte.with_suffix(".io.pt"), weights_only=False)["calls"][0]["inputs"]
+    for _ in range(3):
+        inputs = [torch.randn(x.shape, generator=gen) for x in recorded]
+        got, want = m.execute(inputs), plain.execute(inputs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    if any(".copy_(_i" in code for code in _statements(m)):  # copies reading held views
+        traced = m.trace(inputs)
+        assert "copies a view made once" in {r.note for r in traced}
+        assert traced.outputs is not None
+        assert all(torch.equal(a, b) for a, b in zip(traced.outputs, want, strict=True))

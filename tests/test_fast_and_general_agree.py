@@ -106,6 +106,30 @@ def test_planned_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
             assert outcome[2][0] == ["copy"]
 
 
+def test_planned_inputs_copied_as_bytes_or_by_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense input of a plain dtype is copied into the plan as bytes; any other layout,
+    a lazily negated tensor and a ZeroTensor (no memory of its own) through torch's copy:
+    every one gives the general path's results."""
+    (x,) = _inputs("mlp")
+    m = ptexec.load(FIX / "mlp.pte").load_method("forward")
+    assert "_memmove(" in m.source()
+    wide = torch.randn(3, *x.shape, generator=torch.Generator().manual_seed(2))
+    cases = [
+        x,
+        wide[1],  # dense at an offset into its storage
+        x.t().contiguous().t(),  # another layout
+        torch._neg_view(x),  # negated when read
+        torch._efficientzerotensor(x.shape),  # no memory: address 0
+        x[:1].expand(x.shape),  # one row, read for every row
+    ]
+    for case in cases:
+        outcome, covered = _run_both("mlp", [case], monkeypatch)
+        assert outcome[0] == "ok" and covered and outcome[2][0] == ["copy"], case
+        dense = torch.empty(case.shape).copy_(case)  # its values, materialized
+        want = ptexec.load(FIX / "mlp.pte").load_method("forward").execute([dense])[0]
+        assert torch.equal(outcome[1][0], want)
+
+
 def test_shared_and_refused_unplanned_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     (x,) = _inputs("mlp_unplanned")
     outcome, covered = _run_both("mlp_unplanned", [x], monkeypatch)

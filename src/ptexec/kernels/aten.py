@@ -532,6 +532,152 @@ def _gather_width(ctx: KernelContext) -> str | None:
     return None
 
 
+# ---- copies into ``out`` without a temporary -------------------------------------------------
+#
+# ``slice_scatter.out`` and ``copy.out`` are generated out variants: torch makes the whole
+# result in a new tensor, then copies it into ``out``. Both results are copies of their
+# arguments' elements: ``slice_scatter`` is ``self`` with ``src`` in one slice (ATen
+# clones ``self`` and copies ``src`` into the clone's slice), ``copy`` is ``src`` broadcast
+# to ``self``'s shape in ``self``'s dtype. Written straight into ``out`` (of ``self``'s
+# dtype) they are the same elements, one allocation and one copy fewer. ExecuTorch's own
+# kernels write ``out`` the same way, so ``out`` never shares a byte with the other
+# arguments in a program ExecuTorch runs, and the load-time rewrites make no view that
+# would (a view's source is not written while the view is read).
+
+
+def _static_tensor(ctx: KernelContext, index: int) -> p.Tensor | None:
+    t = ctx.values[index]
+    return t if isinstance(t, p.Tensor) and t.shape_dynamism == p.STATIC else None
+
+
+def _slice_bounds(size: int, start: Any, end: Any, step: Any) -> tuple[int, int, int] | None:
+    """``(start, end, length)`` of ``aten::slice`` on a dim of ``size`` (None: not a
+    plain positive-step slice of ints)."""
+    if start is None:
+        start = 0
+    if end is None:
+        end = size
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end, step)):
+        return None
+    if step <= 0:
+        return None  # aten::slice refuses it: torch's own path raises its error
+    picked = range(size)[start:end:step]  # ATen's wrapping and clamping are Python's
+    return picked.start, picked.stop, len(picked)
+
+
+def _slice_scatter_into(
+    out: torch.Tensor,
+    self_: torch.Tensor,
+    src: torch.Tensor,
+    dim: int,
+    start: int | None,
+    end: int | None,
+    step: int,
+) -> None:
+    """``slice_scatter.out`` for shapes known only per call: straight into ``out`` when it
+    has ``self_``'s shape already and ``src`` the slice's, torch's own path otherwise."""
+    if out.shape == self_.shape and _SLICE(self_, dim, start, end, step).shape == src.shape:
+        out.copy_(self_)
+        _SLICE(out, dim, start, end, step).copy_(src)
+    else:
+        _store(out, torch.slice_scatter(self_, src, dim, start, end, step))
+
+
+def _copy_into(out: torch.Tensor, self_: torch.Tensor, src: torch.Tensor) -> None:
+    """``copy.out`` for shapes known only per call: straight into ``out`` when it has
+    ``self_``'s shape already (``copy_`` checks that ``src`` broadcasts to it before it
+    writes), torch's own path otherwise."""
+    if out.shape == self_.shape:
+        out.copy_(src)
+    else:
+        _store(out, _COPY(self_, src))
+
+
+_COPY = torch.ops.aten.copy.default
+
+
+def _copy_alias(ctx: KernelContext, out: int) -> Alias | None:
+    """``copy.out`` of one dtype and fixed shapes is ``src`` broadcast to ``self``'s shape,
+    which ``src.expand(self's sizes)`` views (``copy_`` broadcasts by that very expand)."""
+    self_, src, blocking = ctx.args[0], ctx.args[1], ctx.args[2]
+    ts, tsrc, to = (_static_tensor(ctx, k) for k in (self_, src, out))
+    if ts is None or tsrc is None or to is None:
+        return None
+    if not (ts.scalar_type == tsrc.scalar_type == to.scalar_type):
+        return None
+    if tuple(to.sizes) != tuple(ts.sizes):
+        return None
+    if not (ctx.is_literal(blocking) and ctx.literal(blocking) is False):
+        return None
+    try:
+        shape = torch.broadcast_shapes(tuple(tsrc.sizes), tuple(ts.sizes))  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        return None
+    if tuple(shape) != tuple(ts.sizes):
+        return None  # src does not broadcast to self: torch's error, per call
+    sizes = ", ".join(map(str, ts.sizes)) or "()"
+    return Alias(f"v[{out}] = v[{src}].expand({sizes})", {}, src, (out,), (src,))
+
+
+def _written_in_place(ctx: KernelContext, name: str, rendered: list[str], out: int) -> str | None:
+    """The statement writing ``slice_scatter.out`` or ``copy.out`` straight into ``out``
+    (see above), or None for torch's own path."""
+    if name not in ("aten::slice_scatter.out", "aten::copy.out"):
+        return None
+    args = ctx.args
+    self_, src = ctx.values[args[0]], ctx.values[args[1]]
+    o = ctx.values[out]
+    if not (
+        isinstance(self_, p.Tensor)
+        and isinstance(src, p.Tensor)
+        and isinstance(o, p.Tensor)
+        and o.scalar_type == self_.scalar_type
+        and (name == "aten::copy.out" or src.scalar_type == self_.scalar_type)
+    ):
+        return None
+    static = _static_tensor(ctx, args[0]) is not None and _static_tensor(ctx, out) is not None
+    if static and tuple(o.sizes) != tuple(self_.sizes):
+        return None  # torch resizes out (with a warning): its own path
+    if name == "aten::copy.out":
+        blocking = args[2]
+        if not (ctx.is_literal(blocking) and ctx.literal(blocking) is False):
+            return None
+        if static and _static_tensor(ctx, args[1]) is not None:
+            try:
+                torch.broadcast_shapes(tuple(src.sizes), tuple(self_.sizes))  # type: ignore[no-untyped-call]
+            except RuntimeError:
+                return None  # torch's own path raises its error
+            return f"v[{out}].copy_({rendered[1]})"
+        f = ctx.bind(_copy_into, "op")
+        return f"{f}(v[{out}], {rendered[0]}, {rendered[1]})"
+    dim, start, end, step = args[2:6]
+    fixed = all(ctx.is_literal(a) for a in (dim, start, end, step))
+    if static and fixed and _static_tensor(ctx, args[1]) is not None:
+        sizes = list(self_.sizes)
+        d = ctx.literal(dim)
+        if isinstance(d, int) and -len(sizes) <= d < len(sizes):
+            d %= len(sizes)
+            bounds = _slice_bounds(
+                sizes[d], ctx.literal(start), ctx.literal(end), ctx.literal(step)
+            )
+            if bounds is not None and tuple(src.sizes) == (
+                *sizes[:d],
+                bounds[2],
+                *sizes[d + 1 :],
+            ):
+                lo, hi, length = bounds
+                s = ctx.literal(step)
+                part = (
+                    f"v[{out}].narrow({d}, {lo}, {length})"
+                    if s == 1
+                    else f"{ctx.bind(_SLICE, 'op')}(v[{out}], {d}, {lo}, {hi}, {s})"
+                )
+                return f"v[{out}].copy_({rendered[0]})\n{part}.copy_({rendered[1]})"
+        return None  # a bad dim, step or src size: torch's own path raises its error
+    f = ctx.bind(_slice_scatter_into, "op")
+    return f"{f}(v[{out}], {', '.join(rendered[:6])})"
+
+
 # ---- the factory -----------------------------------------------------------------------------
 
 
@@ -669,6 +815,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k])
             )
             alias = _alias_form(ctx, name, rendered, outs)
+            if name == "aten::copy.out" and len(outs) == 1:
+                alias = _copy_alias(ctx, outs[0])
             pure = only_outs and not seeded and bool(outs)
             single = len(outs) == 1 and all(
                 isinstance(ctx.values[a], p.Tensor) for a in (args[k] for k in out_args)
@@ -689,6 +837,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 w, ids, o = rendered[0], rendered[1], outs[0]
                 width = _gather_width(ctx) or f"{w}.size(1)"
                 code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {width}))"
+            elif single and (into := _written_in_place(ctx, name, rendered, outs[0])):
+                code = into
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
                 view = alias.code.split(" = ", 1)[1]
                 code = _copy_code(ctx, outs[0], view, alias.env)

@@ -18,6 +18,14 @@ rewrites remove that work:
 3. nothing writes the memory ``S`` reads from (following views back to planned bytes,
    constants or a tensor's own memory) until the last read of ``D``.
 
+A view whose source is the same tensor object on every call (a static tensor in planned
+memory, or such a view itself) is made once and held: the statement assigns the held view
+while the slot holds the object it was made from (``v[9] = h[0][1] if v[4] is h[0][0]
+else ...``), and makes and holds a new one otherwise. A static tensor in planned memory
+keeps its storage, offset, sizes and strides for the method's life (a failed call's
+restore gives them back), so the held view is the view the statement would make; making
+one costs a few microseconds of torch's dispatch, checking the object tens of nanoseconds.
+
 **Outputs nothing reads are not written.** An instruction that can skip some of its
 outputs (batch norm's saved statistics, say) skips those that no later instruction reads,
 under conditions 1 and 2.
@@ -33,10 +41,11 @@ Chains with jumps are left alone.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -141,6 +150,10 @@ class _ChainAccesses:
         self.root: dict[int, int] = {}
         self._planned: dict[int, tuple[int, int, int] | None] = {}  # byte_range, once
         self.fixed: set[int] = set()  # values whose memory is constant: the file's, or folded
+        self.held: set[int] = set()  # slots given a held view (see _holdable)
+        self.moved = {
+            ins.move_to for ins in chain.instructions if isinstance(ins, p.MoveCall)
+        }  # slots a move gives an object
         for j, v in enumerate(self.values):
             if isinstance(v, p.Tensor) and v.is_constant:
                 self.fixed.add(j)
@@ -400,6 +413,7 @@ def _elide(
     c.writes[i] = []
     code = "\n".join(lines)
     writes = tuple(sorted(live_all - {alias.source}))
+    held = len(lines) == 1 and _holdable(c, alias, source_region)
     if (
         source_region[0] == "fixed"
         and alias.reads is not None
@@ -410,9 +424,86 @@ def _elide(
             c.fixed |= live_all
             return Statement("pass", {}, (), ())
         log.ok = False  # the outcome depends on the constants: not a recipe for others
-    log.steps.append(("elide", i, (code, writes)))
+    if held:
+        c.held.update(alias.targets)
+    log.steps.append(("elide", i, (code, writes, held)))
+    return _elided(i, st, code, writes, held)
+
+
+def _holdable(c: _ChainAccesses, alias: Any, source_region: Region) -> bool:
+    """Whether the view ``alias`` makes may be made once and held (module docstring): one
+    static target, made from its source alone; the source a static tensor whose bytes
+    are planned, its slot given no object by a move, and either the plan's own tensor or
+    a held view itself."""
+    if len(alias.targets) != 1:
+        return False
+    (target,) = alias.targets
+    src = alias.source
+    ts, tt = c.values[src], c.values[target]
+    return (
+        source_region[0] == "planned"
+        and alias.reads is not None
+        and set(alias.reads) <= {src}
+        and isinstance(ts, p.Tensor)
+        and isinstance(tt, p.Tensor)
+        and ts.shape_dynamism == p.STATIC
+        and tt.shape_dynamism == p.STATIC
+        and src not in c.moved
+        and (src not in c.root or src in c.held)
+    )
+
+
+def _elided(i: int, st: Statement, code: str, writes: tuple[int, ...], held: bool) -> Statement:
+    """The statement running copy instruction ``i`` as the view ``code`` makes; with
+    ``held``, one that makes the view once and assigns it while its source is the same
+    object."""
+    alias = st.alias
+    assert alias is not None
     # a view: its sizes follow from its source's
-    return Statement(code, alias.env, writes, (), reads=alias.reads, sized=True)
+    if not held:
+        return Statement(code, alias.env, writes, (), reads=alias.reads, sized=True)
+    head, expr = code.split(" = ", 1)
+    text, env = _held_view(i, alias.source, expr, alias.env)
+    return Statement(f"{head} = {text}", env, writes, (), reads=alias.reads, sized=True)
+
+
+def _held_view(
+    i: int, source: int, expr: str, env: Mapping[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """An expression giving the view ``expr`` makes of value ``source``: the one held in a
+    cell while the source's slot holds the object it was made from, else a new one, then
+    held (a cell of its own per statement: each load makes its own statements)."""
+    cell, hold, src = f"_i{i}_held", f"_i{i}_hold", f"v[{source}]"
+    text = f"{cell}[0][1] if {src} is {cell}[0][0] else {hold}({cell}, {src}, {expr})"
+    return text, {**env, cell: [(None, None)], hold: _hold}
+
+
+def _copy_of_held(c: _ChainAccesses, i: int, st: Statement, log: _Log) -> Statement | None:
+    """A copy that stays a copy (its bytes are read elsewhere, say) but reads a view that
+    can be held (:func:`_holdable`): the view is held, the copy runs per call."""
+    alias = st.alias
+    if alias is None or len(alias.targets) != 1:
+        return None
+    head, _, expr = alias.code.partition(" = ")
+    if st.code != f"{head}.copy_({expr})" or expr == f"v[{alias.source}]":
+        return None  # not a copy of a view (a clone's "view" is its source itself)
+    if not _holdable(c, alias, c.region(c.base(alias.source))):
+        return None
+    log.steps.append(("held copy", i, expr))
+    return _held_copy(i, st, expr)
+
+
+def _held_copy(i: int, st: Statement, expr: str) -> Statement:
+    alias = st.alias
+    assert alias is not None
+    text, env = _held_view(i, alias.source, expr, st.env)
+    return dataclasses.replace(st, code=f"v[{alias.targets[0]}].copy_({text})", env=env)
+
+
+def _hold(cell: list[tuple[Any, Any]], source: Any, view: Any) -> Any:
+    """Hold ``view``, made from ``source``, in ``cell`` (one tuple: replaced at once)."""
+    cell[0] = (source, view)
+    return view
 
 
 def _view_now(i: int, st: Statement, code: str, values: list[Any], sources: Sources) -> bool:
@@ -494,6 +585,8 @@ def rewrite_chain(
             rewritten = _fold(c, i, st, values, budget, sources, log)
         if rewritten is None:
             rewritten = _prune(c, i, st, log)
+        if rewritten is None:
+            rewritten = _copy_of_held(c, i, st, log)
         if rewritten is not None:
             result[i] = rewritten
     if log.ok:
@@ -597,9 +690,10 @@ def _replay(
                 break
             result[i] = Statement("pass", {}, (), ())
         elif what == "elide":
-            assert st.alias is not None
-            code, writes = detail
-            result[i] = Statement(code, st.alias.env, writes, (), reads=st.alias.reads, sized=True)
+            code, writes, held = detail
+            result[i] = _elided(i, st, code, writes, held)
+        elif what == "held copy":
+            result[i] = _held_copy(i, st, detail)
         else:
             result[i] = _pruned(st, detail)
     else:
