@@ -360,6 +360,29 @@ def test_matches_executorch_quantized_sdpa(llama_ops: Any) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("seq_at_dim_2", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_matches_executorch_quantized_sdpa_layouts(
+    llama_ops: Any, seq_at_dim_2: bool, causal: bool, quantized: bool
+) -> None:
+    """Both layouts, int8 or float inputs (float: the parameters unused), on the host and
+    in the traced form, as ExecuTorch's kernel computes them (its key range counts the
+    query's dim 1 for float inputs, the sequence dim for int8 ones)."""
+    shapes = [(1, 3, 4, 8), (1, 9, 2, 8), (1, 9, 2, 8)]  # [B, S, H, D]; 4 heads over 2
+    if seq_at_dim_2:
+        shapes = [(b, h, s, d) for b, s, h, d in shapes]
+    rows = [_quantize_rows(_rand(*shape, seed=90 + i)) for i, shape in enumerate(shapes)]
+    (q, qs, qz), (k, ks, kz), (v, vs, vz) = rows
+    if not quantized:
+        q, k, v = (((t.float() - z.float()) * s) for t, s, z in rows)
+    args = (q, k, v, 2, None, 0.0, causal, None, qz, qs, kz, ks, vz, vs, seq_at_dim_2)
+    want = llama_ops.custom_quantized_sdpa(*args)
+    for traced in (False, True):
+        got = L.custom_quantized_sdpa(*args, traced=traced)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------------------
 # CUDA
 

@@ -236,8 +236,8 @@ def _attention(
         _torch._check(keys <= k.shape[2])
         k, v = k.narrow(2, 0, keys), v.narrow(2, 0, keys)
         causal: torch.Tensor | None = None
-        if is_causal:
-            rows = torch.arange(q_len, device=q.device)[:, None] + start_pos
+        if is_causal:  # the query's rows (q_len counts the key range: they may differ)
+            rows = torch.arange(q.shape[2], device=q.device)[:, None] + start_pos
             causal = torch.arange(keys, device=q.device)[None, :] <= rows
         return _grouped_sdpa(q, k, v, factor, causal)
     start = int(start_pos)
@@ -385,6 +385,8 @@ def custom_quantized_sdpa(
         raise ValueError(
             f"{what}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
         )
+    # the key range ends at start_pos + q_len; as ExecuTorch's kernel counts it, q_len is
+    # the sequence dim of int8 inputs and dim 1 of float ones, whatever the layout
     q_len = q.shape[1]
     if q.dtype == torch.int8:
         if is_seq_at_dim_2:
