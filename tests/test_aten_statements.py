@@ -201,12 +201,12 @@ def test_one_live_result_of_layer_norm_is_copied_straight() -> None:
 # ---- slice_scatter.out and copy.out written straight into out ------------------------------
 
 
-def _dynamic(st_values: list[Any], table: list[Any], name: str) -> Statement:
+def _dynamic(table: list[Any], name: str) -> Statement:
     """The statement for ``name`` on ``table`` with every tensor described as of a bounded
     dynamic shape."""
     values = tuple(
         dataclasses.replace(d, shape_dynamism=p.DYNAMIC_BOUND) if isinstance(d, p.Tensor) else d
-        for d in st_values
+        for d in (_desc(a) for a in table)
     )
     n = len(table)
     ctx = KernelContext(name, 0, (*range(n), n - 1), values, frozenset(), table)
@@ -244,7 +244,7 @@ def test_slice_scatter_writes_out_directly(
     name = "aten::slice_scatter.out"
     table: list[Any] = [x, src, dim, start, end, step, torch.full(x.shape, 7.0)]
     if dynamic:
-        st = _dynamic([_desc(a) for a in table], table, name)
+        st = _dynamic(table, name)
         table[-1] = torch.empty(0)
     else:
         st, table = _statement(name, table)
@@ -276,14 +276,14 @@ def test_slice_scatter_keeps_torchs_errors(dynamic: bool) -> None:
     for args in bad:
         table = [*args, torch.empty(4, 6)]
         if dynamic:
-            st = _dynamic([_desc(a) for a in table], table, name)
+            st = _dynamic(table, name)
         else:
             st, table = _statement(name, table)
         with pytest.raises((RuntimeError, IndexError)):
             _run(st, table)
     # a dynamic one resized to self's shape
     table = [x, torch.randn(4, 2), 1, 1, 5, 2, torch.empty(0)]
-    st = _dynamic([_desc(a) for a in table], table, name)
+    st = _dynamic(table, name)
     _run(st, table)
     assert _same(table[-1], torch.slice_scatter(x, table[1], 1, 1, 5, 2))
 
@@ -304,7 +304,7 @@ def test_copy_out_copies_src_into_out(
     name = "aten::copy.out"
     table: list[Any] = [self_, src, False, torch.full((2, 3, 4), 7.0)]
     if dynamic:
-        st = _dynamic([_desc(a) for a in table], table, name)
+        st = _dynamic(table, name)
         table[-1] = torch.empty(0)
     else:
         st, table = _statement(name, table)
@@ -322,7 +322,7 @@ def test_copy_out_copies_src_into_out(
 def test_copy_out_keeps_torchs_error_for_a_src_that_does_not_broadcast(dynamic: bool) -> None:
     table: list[Any] = [torch.randn(2, 3), torch.randn(4), False, torch.empty(2, 3)]
     if dynamic:
-        st = _dynamic([_desc(a) for a in table], table, "aten::copy.out")
+        st = _dynamic(table, "aten::copy.out")
     else:
         st, table = _statement("aten::copy.out", table)
     with pytest.raises(RuntimeError):
@@ -361,5 +361,5 @@ def test_copy_out_has_no_view_across_dtypes_or_for_a_src_that_does_not_broadcast
         st, _ = _statement("aten::copy.out", args)
         assert st.alias is None
     table: list[Any] = [torch.randn(2, 3), torch.randn(3), False, torch.empty(2, 3)]
-    st = _dynamic([_desc(a) for a in table], table, "aten::copy.out")
+    st = _dynamic(table, "aten::copy.out")
     assert st.alias is None
