@@ -80,6 +80,17 @@ def _statements(m: ptexec.Method) -> list[tuple[object, ...]]:
     ]
 
 
+def _assert_forward_calls(name: str, *methods: ptexec.Method) -> None:
+    """Each method gives the fixture's recorded outputs for its forward calls."""
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        for m in methods:
+            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
+            assert problem is None, problem
+
+
 def test_the_same_bytes_share_one_validated_description() -> None:
     data = (FIX / "mlp.pte").read_bytes()
     _forget()
@@ -150,13 +161,7 @@ def test_a_chain_loaded_again_gets_the_same_statements_and_outputs(name: str) ->
         dataflow._replay = replay
     assert replays and all(replays)
     assert _statements(again) == _statements(fresh)
-    rtol, atol = tolerance(name)
-    for call in fixture_calls(name):
-        if call.get("method", "forward") != "forward":
-            continue
-        for m in (fresh, again):
-            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
-            assert problem is None, problem
+    _assert_forward_calls(name, fresh, again)
 
 
 def test_a_replayed_fold_runs_on_the_new_constants() -> None:
@@ -285,13 +290,7 @@ def test_a_values_table_made_again_is_the_one_made_afresh(name: str) -> None:
             assert y.untyped_storage().data_ptr() == mine[x.untyped_storage().data_ptr()]
             views += 1
     assert views
-    rtol, atol = tolerance(name)
-    for call in fixture_calls(name):
-        if call.get("method", "forward") != "forward":
-            continue
-        for m in (fresh, again):
-            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
-            assert problem is None, problem
+    _assert_forward_calls(name, fresh, again)
 
 
 def test_a_kept_chain_is_the_chain_prepared_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -348,13 +347,7 @@ def test_a_partly_kept_chain_prepares_only_what_was_not_kept(name: str) -> None:
     assert _statements(again) == _statements(first)
     for a, b in zip(first.state.chains, again.state.chains, strict=True):
         assert a.names == b.names
-    rtol, atol = tolerance(name)
-    for call in fixture_calls(name):
-        if call.get("method", "forward") != "forward":
-            continue
-        for m in (first, again):
-            problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
-            assert problem is None, problem
+    _assert_forward_calls(name, first, again)
 
 
 def test_a_chain_of_the_same_statements_reuses_its_recipe_key(
