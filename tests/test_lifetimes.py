@@ -188,6 +188,56 @@ def test_loading_again_and_again_is_flat() -> None:
     _check_flat(run, calls=300, warmup=50, objects_bound=200, rss_bound=4 << 20)
 
 
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("mlp", {}),
+        ("stateful", {}),
+        ("cond", {}),
+        ("dynamic_mlp", {"outputs": "view"}),
+        ("xnnpack/cnn", {"xnnpack": "executorch"}),
+        ("xnnpack/cnn", {"xnnpack": "torch"}),
+        ("xnnpack/dynamic_mlp", {"xnnpack": "executorch"}),
+    ],
+)
+def test_a_dropped_method_is_freed_without_the_cyclic_collector(
+    name: str, options: dict[str, str]
+) -> None:
+    """Nothing a loaded method holds (generated code, planned memory, ExecuTorch's methods
+    of its delegates) is a reference cycle: dropping the method frees it at once, not at
+    the collector's next full pass (which, with torch imported, walks every object)."""
+    xnnpack = name.startswith("xnnpack/")
+    if xnnpack and options.get("xnnpack") == "executorch":
+        from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+        reason = executorch_unavailable()
+        if reason is not None:
+            pytest.skip(reason)
+    if xnnpack:
+        pte = Path(__file__).parent / "fixtures" / f"{name}.pte"
+        calls = torch.load(pte.with_suffix(".io.pt"), weights_only=True)["calls"]
+    else:
+        pte = fixture_paths(name)[0]
+        calls = fixture_calls(name)
+
+    def load_call_drop() -> None:
+        m = ptexec.load(pte).load_method("forward", **options)
+        for call in calls:
+            m.execute(call["inputs"])
+
+    load_call_drop()  # the first load of a kind fills the process's caches
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        load_call_drop()
+        unreachable = gc.collect()
+    finally:
+        if was:
+            gc.enable()
+    assert unreachable == 0, f"{unreachable} objects of a dropped method were left in cycles"
+
+
 # --------------------------------------------------------------------------------------
 # outputs
 

@@ -64,6 +64,13 @@ def _compile(source: str, filename: str) -> tuple[types.CodeType, list[str]]:
     return _renamed(hit[0], filename), hit[1]
 
 
+def _reads_global(code: types.CodeType, name: str) -> bool:
+    """Some code in ``code`` (nested code included) may look ``name`` up as a global."""
+    if name in code.co_names:
+        return True
+    return any(isinstance(c, types.CodeType) and _reads_global(c, name) for c in code.co_consts)
+
+
 def _forget(filenames: list[str]) -> None:
     for name in filenames:
         linecache.cache.pop(name, None)
@@ -120,6 +127,11 @@ class Code:
     def compile(self, sources: Sources, what: str) -> dict[str, Any]:
         """Compile and run the text in a namespace made from :attr:`env`; return it."""
         return sources.compile(self.text, what, self.env, chain=self.chain, lines=self._tags)
+
+    def function(self, sources: Sources, what: str, name: str) -> Any:
+        """Compile and run the text as :meth:`compile` does; return its function ``name``
+        (see :meth:`Sources.function`)."""
+        return sources.function(self.text, what, name, self.env, chain=self.chain, lines=self._tags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +200,32 @@ class Sources:
             self._lines[filename] = (chain, lines)
         self._pieces[filename] = Piece(what, source, chain, dict(lines or {}))
         return namespace
+
+    def function(
+        self,
+        source: str,
+        what: str,
+        name: str,
+        env: Mapping[str, Any] | None = None,
+        *,
+        chain: int = 0,
+        lines: Mapping[int, int] | None = None,
+    ) -> Any:
+        """The function ``name`` that ``source`` defines (compiled as :meth:`compile`
+        does). Its globals no longer hold it when its code never reads ``name`` as a
+        global: a function and the namespace holding it are a reference cycle, which
+        only Python's cyclic collector frees, so the owner of the function (and all it
+        holds: tensors, ExecuTorch's methods) would outlive the last reference to it."""
+        namespace = self.compile(source, what, env, chain=chain, lines=lines)
+        fn = namespace[name]
+        defined = [
+            f.__code__
+            for f in namespace.values()
+            if isinstance(f, types.FunctionType) and f.__globals__ is namespace
+        ]
+        if not any(_reads_global(c, name) for c in defined):
+            del namespace[name]
+        return fn
 
     def piece(self, fn: Any) -> Piece | None:
         """The piece that defined function ``fn`` (None when this owner did not)."""

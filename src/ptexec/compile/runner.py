@@ -529,9 +529,9 @@ def _region_call(
         body.add("def _interp(v):")
         with body.indented():
             _interpreted(chain, region, body)
-        interp = body.compile(state.sources, f"chain {region.chain} region {k} (interpreted)")[
-            "_interp"
-        ]
+        interp = body.function(
+            state.sources, f"chain {region.chain} region {k} (interpreted)", "_interp"
+        )
     code = Code(region.chain)  # the body, at the indentation of a statement
     env = code.env
     env.update(
@@ -605,7 +605,7 @@ def _region_call(
         for line in code.text.splitlines():
             call.add(line, first)
         call.add("return None", last)
-    fn: _Call = call.compile(state.sources, f"chain {region.chain} region {k}")["_region"]
+    fn: _Call = call.function(state.sources, f"chain {region.chain} region {k}", "_region")
     return fn, interp, inline
 
 

@@ -106,7 +106,7 @@ def compile_chain(
             if not ends_in_jump:
                 code.add(f"return {nxt}")
         what = f"chain {chain.index} block {k}" + (" (instrumented)" if hooked else "")
-        funcs.append(code.compile(sources, what)["_block"])
+        funcs.append(code.function(sources, what, "_block"))
     return CompiledChain(
         tuple(funcs),
         tuple(max(e - s, 1) for s, e in spans),
@@ -140,9 +140,9 @@ def compile_forward(chain: PreparedChain, sources: Sources) -> Callable[[list[An
     with code.indented():
         forward_lines(chain, code)
         code.add("return None")
-    fn: Callable[[list[Any]], None] = code.compile(sources, f"chain {chain.index} in one function")[
-        "_chain"
-    ]
+    fn: Callable[[list[Any]], None] = code.function(
+        sources, f"chain {chain.index} in one function", "_chain"
+    )
     return fn
 
 
@@ -199,5 +199,5 @@ def compile_statement(
     with code.indented():
         code.add(f"return {st.code}" if jump else st.code)
         code.add("pass")
-    fn: Callable[[list[Any]], Any] = code.compile(sources, what)["_step"]
+    fn: Callable[[list[Any]], Any] = code.function(sources, what, "_step")
     return fn

@@ -277,7 +277,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         with code.indented():
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
             code.add("pass")
-    return code.compile(state.sources, "call")["_fast"]
+    return code.function(state.sources, "call", "_fast")
 
 
 # C's memmove, called holding the GIL (ctypes' own releases it and takes it back: for a

@@ -656,8 +656,8 @@ class _Builder:
             f"    {ln}\n" for ln in timed_lines or ["pass"]
         )
         sources = Sources(f"vulkan {self.p.path}")
-        fn = sources.compile(source, "graph", self.env)["_vulkan_run"]
-        timed_fn = sources.compile(timed, "graph, timed per op", self.env)["_vulkan_nodes"]
+        fn = sources.function(source, "graph", "_vulkan_run", self.env)
+        timed_fn = sources.function(timed, "graph, timed per op", "_vulkan_nodes", self.env)
         return VulkanRunner(
             fn, source, tuple(range(len(self.args))), tuple(out_ks), counts, timed_fn
         )

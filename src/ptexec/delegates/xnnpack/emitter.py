@@ -291,10 +291,10 @@ class GraphEmitter:
         self.lines, self.expr, self.dequantized = saved
         source = "def _lut_fn(_lut_x):\n" + "".join(f"    {line}\n" for line in body)
         source += f"    return {result}\n"
-        namespace = self.sources.compile(source, "lookup table", self.env)
+        lut_fn = self.sources.function(source, "lookup table", "_lut_fn", self.env)
         inputs = torch.arange(r.qmin, r.qmax + 1, dtype=torch.float32) - float(r.zp)
         with torch.no_grad():
-            table = namespace["_lut_fn"](inputs.to(self.device))
+            table = lut_fn(inputs.to(self.device))
         table = table.reshape(-1).to(torch.float32).contiguous()
         name = self.bind(table, "lut")
         self.emit(f"t{exit_} = _lut({self.as_carried(root)}, {name}, {float(r.zp - r.qmin)!r})")
@@ -435,16 +435,16 @@ class GraphEmitter:
         body = self.lines or ["pass"]
         source = f"def _xnnpack_run({params}):\n" + "".join(f"    {line}\n" for line in body)
         sources = self.sources
-        namespace = sources.compile(source, "graph", self.env)
+        fn = sources.function(source, "graph", "_xnnpack_run", self.env)
         out_ids = tuple(sorted(v.external_id for v in outs))
         timed = timed_source(self.lines, spans, params)
         return XnnRunner(
-            namespace["_xnnpack_run"],
+            fn,
             source,
             ext_ids,
             counts,
             out_ids,
-            lambda: sources.compile(timed, "graph, timed per node", self.env)["_xnnpack_nodes"],
+            lambda: sources.function(timed, "graph, timed per node", "_xnnpack_nodes", self.env),
         )
 
     def node(self, n: s.XnnNode) -> None:

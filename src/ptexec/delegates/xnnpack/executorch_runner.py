@@ -195,13 +195,14 @@ class _Binder:
     remembers what it handed over last; loads the program again when ExecuTorch's thread
     pool is no longer the one the method was made with.
 
-    ``held`` is that pool (address, size); ``namespace`` the generated code's globals,
-    whose ``_execute`` and ``_get`` are the current method's and ``_at`` and ``_n`` its
-    pool's address and size (``_atp``: the address as a ctypes pointer). ``key`` is the
-    binding handed over last (None: none), also the generated code's ``_key`` (there
-    :data:`_UNBOUND` for none, which equals no address or shape); the generated code's
-    ``_known`` is that same object once the dynamic outputs' shapes were read back and
-    accepted for it (it keeps them in its ``_shapes``)."""
+    ``held`` is that pool (address, size). The generated code's globals (``ns``, which
+    the code hands over on each call here: held here too, they would make a reference
+    cycle with the code) have ``_execute`` and ``_get``, the current method's, and ``_at``
+    and ``_n``, its pool's address and size (``_atp``: the address as a ctypes pointer).
+    ``key`` is the binding handed over last (None: none), also the generated code's
+    ``_key`` (there :data:`_UNBOUND` for none, which equals no address or shape); the
+    generated code's ``_known`` is that same object once the dynamic outputs' shapes were
+    read back and accepted for it (it keeps them in its ``_shapes``)."""
 
     def __init__(
         self,
@@ -212,7 +213,6 @@ class _Binder:
         etdump: bool = False,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
-        self.namespace: dict[str, Any] = {}
         self.module = module
         self.etdump = etdump  # loaded with ExecuTorch's ETDump on (recorded calls)
         self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
@@ -226,12 +226,12 @@ class _Binder:
         self.method: Any = None
         self._load()
 
-    def _set_key(self, key: tuple[Any, ...] | None) -> None:
+    def _set_key(self, ns: dict[str, Any], key: tuple[Any, ...] | None) -> None:
         self.key = key
-        self.namespace["_key"] = _UNBOUND if key is None else key
+        ns["_key"] = _UNBOUND if key is None else key
 
     def _load(self) -> None:
-        self._set_key(None)
+        self.key = None
         if self.etdump:
             program = self.module._load_program_from_buffer(self.data, enable_etdump=True)
         else:
@@ -239,11 +239,9 @@ class _Binder:
         method = program.load_method("forward")
         self.program, self.method = program, method
         self.held = self.pool.key()  # the pool XNNPACK's runtime took as it loaded
-        self.attach(self.namespace)
 
     def attach(self, namespace: dict[str, Any]) -> None:
         """Make ``namespace`` (the generated code's globals) call the current method."""
-        self.namespace = namespace
         namespace["_execute"] = self.method.execute
         namespace["_get"] = self.method.get_attribute
         namespace["_at"], namespace["_n"] = self.held
@@ -253,8 +251,10 @@ class _Binder:
         namespace["_key"] = _UNBOUND if self.key is None else self.key
         namespace.setdefault("_known", None)
 
-    def reload(self) -> None:
-        """Load the program again, for the pool now current (the old one is destroyed)."""
+    def reload(self, ns: dict[str, Any]) -> None:
+        """Load the program again, for the pool now current (the old one is destroyed),
+        and make ``ns`` call it."""
+        ns["_key"] = _UNBOUND
         try:
             self._load()
         except RuntimeError as e:
@@ -262,9 +262,10 @@ class _Binder:
                 f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload again "
                 f"after its thread pool changed ({e})"
             ) from None
+        self.attach(ns)
 
-    def bind(self, key: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
-        self._set_key(None)
+    def bind(self, ns: dict[str, Any], key: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
+        self._set_key(ns, None)
         for k, need in self.bounds:
             t = tensors[k]
             room = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
@@ -274,7 +275,7 @@ class _Binder:
                     f"may write its whole bound, {need} bytes"
                 )
         self.method.set_inputs(tensors)
-        self._set_key(key)
+        self._set_key(ns, key)
 
 
 class _Dense:
@@ -285,12 +286,12 @@ class _Dense:
 
     The generated code copies into argument ``k``'s copy itself, without calling here,
     while the input has the copy's shape and dtype: its globals ``_d{k}``, ``_s{k}`` and
-    ``_t{k}`` are that copy, its shape and its dtype (``_s{k}`` None before the first)."""
+    ``_t{k}`` are that copy, its shape and its dtype (``_s{k}`` None before the first);
+    the code hands its globals (``ns``) over when it calls here."""
 
     def __init__(self, orders: Mapping[int, tuple[int, ...]]) -> None:
         self.orders = orders
         self.copies: dict[int, torch.Tensor] = {}
-        self.namespace: dict[str, Any] = {}
 
     def names(self) -> dict[str, Any]:
         """The generated code's initial globals for each argument's copy."""
@@ -299,14 +300,13 @@ class _Dense:
             out[f"_d{k}"] = out[f"_s{k}"] = out[f"_t{k}"] = None
         return out
 
-    def __call__(self, k: int, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ns: dict[str, Any], k: int, x: torch.Tensor) -> torch.Tensor:
         b = self.copies.get(k)
         if b is None or b.shape != x.shape or b.dtype != x.dtype:
             b = torch.empty_strided(
                 x.shape, dim_order_strides(x.shape, self.orders[k]), dtype=x.dtype
             )
             self.copies[k] = b
-            ns = self.namespace
             ns[f"_d{k}"], ns[f"_s{k}"], ns[f"_t{k}"] = b, b.shape, b.dtype
         return b.copy_(x)
 
@@ -421,10 +421,9 @@ def _generate(
     }
     if names:
         env["_shapes"] = [None] * len(names)
-    namespace = Sources(f"xnnpack {where}").compile(source, "executorch", env)
-    dense.namespace = namespace
-    binder.attach(namespace)
-    return EtRunner(namespace["_xnnpack_et_run"], source, binder)
+    fn = Sources(f"xnnpack {where}").function(source, "executorch", "_xnnpack_et_run", env)
+    binder.attach(fn.__globals__)
+    return EtRunner(fn, source, binder)
 
 
 def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[int, str]) -> str:
@@ -441,7 +440,7 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
     # current address, which is alive)
     lines = [
         "if _pool() != _at or _size(_atp) != _n:",
-        "    _binder.reload()",
+        "    _binder.reload(globals())",
     ]
     for k, t in enumerate(tensors):
         order = tuple(t.dim_order)
@@ -459,14 +458,14 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
             same = f"x{k}.shape == _s{k} and x{k}.dtype is _t{k}"
             lines += [
                 f"if not {dense}:",
-                f"    x{k} = _d{k}.copy_(x{k}) if {same} else _dense({k}, x{k})",
+                f"    x{k} = _d{k}.copy_(x{k}) if {same} else _dense(globals(), {k}, x{k})",
             ]
     # each part against the binding's own, stopping at the first that differs (the key is
     # built only to hand over)
     same = " or ".join(f"{e} != _key[{i}]" for i, e in enumerate(key))
     lines += [
         f"if {same}:",
-        f"    _binder.bind(({', '.join(key)},), [{', '.join(args)}])",
+        f"    _binder.bind(globals(), ({', '.join(key)},), [{', '.join(args)}])",
         "_execute()",
     ]
     if names:
