@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import ptexec
+from fixture_data import compare_outputs, fixture_calls, tolerance
 from ptexec.cli import main
 from ptexec.codegen import Code, Sources
 from ptexec.compile import CompileOptions
@@ -148,27 +149,31 @@ def test_inspect_code_prints_the_source(capsys: pytest.CaptureFixture[str]) -> N
     assert "def _fast" not in capsys.readouterr().out
 
 
-def test_load_time_work_goes_through_sources_and_is_forgotten(
+def test_load_time_work_runs_once_and_leaves_nothing_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the dataflow rewrites run once at load (``mlp``'s weight transposes become
-    views made at load) is compiled through Sources, and forgotten once loaded."""
+    views made at load) runs through ``codegen.run_once``: no file name, line cache entry
+    or piece of its own; the method's own code is forgotten once it is freed."""
+    from ptexec.loader import dataflow
+
     seen: list[str] = []
-    compile_ = Sources.compile
+    run_once = dataflow.run_once
 
-    def watched(self: Sources, source: str, what: str, *args: object, **kwargs: object) -> object:
-        seen.append(what)
-        return compile_(self, source, what, *args, **kwargs)  # type: ignore[arg-type]
+    def watched(source: str, namespace: dict[str, object]) -> None:
+        seen.append(source)
+        run_once(source, namespace)
 
-    monkeypatch.setattr(Sources, "compile", watched)
+    monkeypatch.setattr(dataflow, "run_once", watched)
     before = {k for k in linecache.cache if k.startswith("<ptexec")}
     m = ptexec.load(FIX / "mlp.pte").load_method("forward")
-    assert [w for w in seen if w.endswith("at load")] == [
-        "instruction 0, a view made at load",
-        "instruction 3, a view made at load",
-    ]
+    assert seen == ["v[5] = v[0].permute(1, 0)", "v[13] = v[2].permute(1, 0)"]
     new = {k for k in linecache.cache if k.startswith("<ptexec")} - before
     assert new == set(m.state.sources.filenames)
+    for call in fixture_calls("mlp"):  # the views made at load are the weights it reads
+        assert (
+            compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
+        )
     del m
     gc.collect()
     assert not {k for k in linecache.cache if k.startswith("<ptexec")} - before

@@ -56,12 +56,19 @@ def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
 def _compile(source: str, filename: str) -> tuple[types.CodeType, list[str]]:
     """``compile(source, filename, "exec")`` through the cache (module docstring), and
     the source's lines for :mod:`linecache`."""
+    hit = _cached(source)
+    return _renamed(hit[0], filename), hit[1]
+
+
+def _cached(source: str) -> tuple[types.CodeType, list[str]]:
+    """``source`` compiled (under a placeholder file name) and its lines, through the
+    cache."""
     hit = _compiled.get(source)
     if hit is None:
         hit = (compile(source, _PLACEHOLDER, "exec"), source.splitlines(True))
         if len(source) <= COMPILED_CHARS // 4:
             _compiled.put(source, hit, len(source))
-    return _renamed(hit[0], filename), hit[1]
+    return hit
 
 
 def _reads_global(code: types.CodeType, name: str) -> bool:
@@ -259,6 +266,14 @@ class Sources:
     def close(self) -> None:
         """Forget every source now (also done when this object is freed)."""
         self._finalizer()
+
+
+def run_once(source: str, namespace: dict[str, Any]) -> None:
+    """Run ``source`` once, now, in ``namespace`` (which it may change: work done at load whose
+    failure the caller catches and handles itself, so no traceback ever shows it): the
+    compiled code comes from the cache, without a file name or a :class:`Sources` entry
+    of its own."""
+    exec(_cached(source)[0], namespace)
 
 
 def clear_compiled() -> None:

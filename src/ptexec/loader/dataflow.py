@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..codegen import Sources
+from ..codegen import run_once
 from ..effects import Effects, byte_range, effects, kind, tensor_items
 from ..format import program as p
 from ..format.lru import Lru
@@ -318,7 +318,6 @@ def _fold(
     st: Statement,
     values: list[Any],
     budget: list[int],
-    sources: Sources,
     log: _Log,
 ) -> Statement | None:
     """Run instruction ``i`` now if its inputs are fixed; None when it must run per call."""
@@ -344,7 +343,7 @@ def _fold(
         return None
     folded = tuple((o, code) for o, code, _ in plans)
     touched = [*outs, *(w for _, _, redirects in plans for w in redirects)]
-    if not _run_fold(i, st, folded, touched, values, sources):
+    if not _run_fold(st, folded, touched, values):
         log.ok = False  # the outcome depends on the constants: not a recipe for others
         return None
     log.steps.append(("fold", i, (folded, tuple(touched))))
@@ -357,12 +356,7 @@ def _fold(
 
 
 def _run_fold(
-    i: int,
-    st: Statement,
-    folded: Sequence[tuple[int, str]],
-    touched: Sequence[int],
-    values: list[Any],
-    sources: Sources,
+    st: Statement, folded: Sequence[tuple[int, str]], touched: Sequence[int], values: list[Any]
 ) -> bool:
     """Run ``st`` now into memory of its own for each out, then each out's redirects
     (``folded``: (out, redirect code)); False, with ``touched`` slots as they were, when it
@@ -375,10 +369,10 @@ def _run_fold(
     env = dict(st.env)
     env["v"] = values
     try:
-        sources.compile(st.code, f"instruction {i}, folded at load", env)
+        run_once(st.code, env)
         for _, code in folded:
             if code:
-                sources.compile(code, f"instruction {i}, folded at load", {"v": values})
+                run_once(code, {"v": values})
     except Exception:
         for k, planned in saved:
             values[k] = planned
@@ -387,7 +381,7 @@ def _run_fold(
 
 
 def _elide(
-    c: _ChainAccesses, i: int, st: Statement, values: list[Any], sources: Sources, log: _Log
+    c: _ChainAccesses, i: int, st: Statement, values: list[Any], log: _Log
 ) -> Statement | None:
     """Run copy instruction ``i`` as a view when the conditions hold; None otherwise."""
     alias = st.alias
@@ -419,7 +413,7 @@ def _elide(
         and alias.reads is not None
         and set(alias.reads) <= {alias.source}
     ):
-        if _view_now(i, st, code, values, sources):
+        if _view_now(st, code, values):
             log.steps.append(("view", i, (code, tuple(_assigned(code)))))
             c.fixed |= live_all
             return Statement("pass", {}, (), ())
@@ -506,14 +500,14 @@ def _hold(cell: list[tuple[Any, Any]], source: Any, view: Any) -> Any:
     return view
 
 
-def _view_now(i: int, st: Statement, code: str, values: list[Any], sources: Sources) -> bool:
+def _view_now(st: Statement, code: str, values: list[Any]) -> bool:
     """Make the views of constants ``code`` makes, once, now; False when it fails on the
     constants (a malformed program: each call runs it, and fails)."""
     assert st.alias is not None
     env = dict(st.alias.env)
     env["v"] = values
     try:
-        sources.compile(code, f"instruction {i}, a view made at load", env)
+        run_once(code, env)
     except Exception:
         return False
     return True
@@ -560,11 +554,10 @@ def rewrite_chain(
     ``known``: the effects of ``statements``, when the caller has them already."""
     if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
         return statements
-    sources = Sources(plan.name)  # what runs once, here (forgotten on return)
     key = _recipe_key(plan, chain, fold_limit, names, statements)
     known_recipe = _recipes.get(key)
     if known_recipe is not None and known_recipe[0] is plan:
-        replayed = _replay(known_recipe[1], statements, values, sources)
+        replayed = _replay(known_recipe[1], statements, values)
         if replayed is not None:
             return replayed
     c = _ChainAccesses(
@@ -580,9 +573,9 @@ def rewrite_chain(
             c.root[ins.args[-1]] = ins.args[0]  # out aliases self
             continue
         # a view costs no memory, so a copy of constants becomes a view before it is folded
-        rewritten = _elide(c, i, st, values, sources, log)
+        rewritten = _elide(c, i, st, values, log)
         if rewritten is None:
-            rewritten = _fold(c, i, st, values, budget, sources, log)
+            rewritten = _fold(c, i, st, values, budget, log)
         if rewritten is None:
             rewritten = _prune(c, i, st, log)
         if rewritten is None:
@@ -668,7 +661,7 @@ def _recipe_key(
 
 
 def _replay(
-    steps: Sequence[_Step], statements: Sequence[Statement], values: list[Any], sources: Sources
+    steps: Sequence[_Step], statements: Sequence[Statement], values: list[Any]
 ) -> list[Statement] | None:
     """``statements`` rewritten as ``steps`` say; None (``values`` as they were) when a
     fold or a view fails on this method's constants."""
@@ -679,14 +672,14 @@ def _replay(
         if what == "fold":
             folded, touched = detail
             saved.extend((k, values[k]) for k in touched)
-            if not _run_fold(i, st, folded, touched, values, sources):
+            if not _run_fold(st, folded, touched, values):
                 break
             result[i] = Statement("pass", {}, (), ())
         elif what == "view":
             assert st.alias is not None
             code, assigned = detail
             saved.extend((k, values[k]) for k in (*st.alias.targets, *assigned))
-            if not _view_now(i, st, code, values, sources):
+            if not _view_now(st, code, values):
                 break
             result[i] = Statement("pass", {}, (), ())
         elif what == "elide":
