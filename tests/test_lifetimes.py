@@ -415,6 +415,45 @@ def test_a_read_program_owns_its_memory(tmp_path: Path) -> None:
     assert compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp")) is None
 
 
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("stateful", {}),
+        ("mutable_init", {}),
+        ("xnnpack/cnn", {"xnnpack": "torch"}),
+        ("xnnpack/cnn", {"xnnpack": "executorch"}),
+    ],
+)
+def test_bytes_are_read_in_place_and_never_written(name: str, options: dict[str, str]) -> None:
+    """A program loaded from ``bytes`` reads them in place (a delegate's payload is not
+    copied), but the tensors it views (constants, initial state) are copies: calls that
+    write state leave the caller's bytes as they were, and two programs loaded from the
+    same bytes do not share state."""
+    if options.get("xnnpack") == "executorch":
+        from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+        reason = executorch_unavailable()
+        if reason is not None:
+            pytest.skip(reason)
+    if name.startswith("xnnpack/"):
+        pte = Path(__file__).parent / "fixtures" / f"{name}.pte"
+        calls = torch.load(pte.with_suffix(".io.pt"), weights_only=True)["calls"]
+        rtol, atol = 1e-4, 1e-4
+    else:
+        pte = fixture_paths(name)[0]
+        calls = fixture_calls(name)
+        rtol, atol = tolerance(name)
+    data = pte.read_bytes()
+    before = bytes(data)  # a copy to compare with
+    for _ in range(2):  # the second program starts from the file's state again
+        m = ptexec.load(data).load_method(calls[0].get("method", "forward"), **options)
+        for call in calls:
+            # (the XNNPACK fixtures record ExecuTorch's own outputs)
+            expected = call["outputs"] if "outputs" in call else call["executorch"]
+            assert compare_outputs(m.execute(call["inputs"]), expected, rtol, atol) is None
+        assert data == before
+
+
 def test_a_freed_method_leaves_no_generated_source() -> None:
     """Generated code is registered for tracebacks while its method lives, and only then."""
     import linecache

@@ -102,9 +102,12 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     copy-on-write: the file is read lazily and constants are views of the mapping (resident
     memory grows only with the pages used), but the file must stay as it is while the
     program lives (truncating it in place kills the process with SIGBUS when a constant is
-    next read, as with any memory map; rewriting it in place changes the constants). ``bytes``
-    are copied once into a ``bytearray`` (tensors need writable memory); a ``bytearray`` or
-    writable memoryview is used in place and must not be changed while the program is alive.
+    next read, as with any memory map; rewriting it in place changes the constants).
+    ``bytes`` (and what a file object's ``read`` returns) are immutable and read in place:
+    only the constants that tensors view are copied, on first use, since torch has no
+    read-only tensors. A read-only memoryview is copied once into a ``bytearray``; a
+    ``bytearray`` or writable memoryview is used in place and must not be changed while the
+    program is alive.
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -123,8 +126,9 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
                 raise ProgramChangedError(f"{what} {path} changed size while it was read")
         return view, private, None
     if isinstance(source, bytes):
-        owner = bytearray(source)
-        return memoryview(owner), owner, None
+        # immutable: read in place (a delegate's payload is only ever read); the constants
+        # tensors view are copied on first use (Program.tensor_from_memory)
+        return memoryview(source), source, None
     if isinstance(source, bytearray):
         return memoryview(source), source, None
     if isinstance(source, memoryview):
@@ -134,7 +138,10 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
             return memoryview(owner), owner, None
         return view, source, None
     if isinstance(source, io.IOBase) or hasattr(source, "read"):
-        owner = bytearray(source.read())
+        read = source.read()
+        if isinstance(read, bytes):  # a new object nobody else holds: read in place
+            return memoryview(read), read, None
+        owner = bytearray(read)
         return memoryview(owner), owner, None
     raise TypeError(f"cannot load a program from {type(source).__name__}")
 
@@ -163,6 +170,8 @@ class Program:
         self._lock = threading.Lock()
         self.state_lock = threading.Lock()  # held by calls of methods using shared state
         self._shared: dict[int, PlannedBuffer] = {}
+        # (address, size) -> a copy, of read-only bytes that tensors view
+        self._copies: dict[tuple[int, int], torch.Tensor] = {}
         self.shared_buffer_indices = _shared_state_buffers(pte.program, share_state)
         named: dict[str, memoryview] = dict(pte.named_data())
         if ptd is not None:
@@ -228,12 +237,22 @@ class Program:
             return buf, True
 
     def tensor_from_memory(self, data: memoryview) -> torch.Tensor:
-        """A uint8 tensor over ``data`` (a slice of the program's or data file's bytes)."""
+        """A uint8 tensor over ``data`` (a slice of the program's or data file's bytes).
+
+        Read-only bytes (a program loaded from ``bytes``, read in place) are copied, once
+        per program and slice: torch has no read-only tensors, and nothing a program does
+        may write into its caller's ``bytes``."""
         if not data.readonly:  # (the program's own bytes are writable: no warning to silence)
             return torch.frombuffer(data, dtype=torch.uint8)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(data, dtype=torch.uint8)
+            over = torch.frombuffer(data, dtype=torch.uint8)  # read here, never written
+        key = (over.data_ptr(), len(data))
+        with self._lock:
+            copy = self._copies.get(key)
+            if copy is None:
+                copy = self._copies[key] = over.clone()
+        return copy
 
     def external_bytes(self, t: p.Tensor, path: str) -> memoryview:
         """The bytes of an external tensor (from the ``.ptd``, or the program's named data)."""
