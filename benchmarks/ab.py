@@ -3,6 +3,7 @@
     python benchmarks/ab.py --a ../old/src --b src tests/fixtures/mlp.pte tests/fixtures/cond.pte
     python benchmarks/ab.py --a ../old/src --b src --option xnnpack=torch tests/fixtures/xnnpack/cnn.pte
     python benchmarks/ab.py --a ../old/src --b src --option compile=True tests/fixtures/mlp.pte
+    python benchmarks/ab.py --a ../old/src --b src --load tests/fixtures/transformer.pte
 
 Each side runs in a worker process of its own (``PYTHONPATH`` set to that side's ``src``),
 one thread each. The parent asks the two workers for blocks of calls in alternation, in a
@@ -10,7 +11,10 @@ shuffled order per round, so that whatever else the machine is doing weighs on b
 each figure is the median over the blocks of the per-call time. Inputs are the first call
 recorded in the fixture's ``.io.pt`` file when there is one (a call without a ``method`` is
 ``forward``'s), else random ones from the
-method's metadata. Prints one row per program: A, B and B/A.
+method's metadata. With ``--load``, a block is loads instead of calls: ``load`` (from the
+file's bytes) + ``load_method`` again and again, each load dropped before the next, the
+process's CPU time per load (a repeated load: the process has loaded the bytes before).
+Prints one row per program: A, B and B/A.
 """
 
 from __future__ import annotations
@@ -54,6 +58,15 @@ def inputs_for(path, method):
 methods = {}
 for line in sys.stdin:
     req = json.loads(line)
+    if req.get("load"):
+        data = Path(req["path"]).read_bytes()
+        n = req["calls"]
+        t0 = time.process_time()
+        for _ in range(n):
+            ptexec.load(data).load_method(req["method"], **req["options"])
+        dt = (time.process_time() - t0) / n
+        print(json.dumps({"per_call": dt, "load": dt}), flush=True)
+        continue
     key = req["path"] + "::" + req["method"]
     if key not in methods:
         t0 = time.perf_counter()
@@ -85,9 +98,13 @@ class _Side:
             text=True,
         )
 
-    def block(self, path: str, method: str, calls: int, options: dict[str, Any]) -> dict[str, Any]:
+    def block(
+        self, path: str, method: str, calls: int, options: dict[str, Any], load: bool = False
+    ) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         request = {"path": path, "method": method, "calls": calls, "options": options}
+        if load:
+            request["load"] = True
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -132,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a load_method option (xnnpack=torch, compile=True; True, False and integers "
         "are read as such); repeatable",
     )
+    parser.add_argument(
+        "--load",
+        action="store_true",
+        help="time load + load_method (repeated, from bytes) instead of calls",
+    )
     args = parser.parse_args(argv)
     options: dict[str, Any] = {}
     for item in args.option:
@@ -144,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'program':<28} {'A':>10} {'B':>10} {'B/A':>6}")
     try:
         for path in args.programs:
-            first = sides["A"].block(path, args.method, 50, options)
-            sides["B"].block(path, args.method, 50, options)
+            warm = 5 if args.load else 50
+            first = sides["A"].block(path, args.method, warm, options, args.load)
+            sides["B"].block(path, args.method, warm, options, args.load)
             calls = max(1, int(args.block_seconds / max(first["per_call"], 1e-7)))
             times: dict[str, list[float]] = {"A": [], "B": []}
             for _ in range(args.rounds):
@@ -153,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 rng.shuffle(order)
                 for name in order:
                     times[name].append(
-                        sides[name].block(path, args.method, calls, options)["per_call"]
+                        sides[name].block(path, args.method, calls, options, args.load)["per_call"]
                     )
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             print(f"{Path(path).stem:<28} {_us(a):>10} {_us(b):>10} {b / a:>6.2f}", flush=True)
