@@ -465,3 +465,21 @@ def test_a_freed_method_leaves_no_generated_source() -> None:
     del m
     gc.collect()
     assert not new & set(linecache.cache)
+
+
+@pytest.mark.parametrize("size", [1, 100, 4096, 64 << 10, (64 << 10) + 1, 1 << 20])
+def test_planned_host_buffers_are_zero_aligned_and_cannot_grow(size: int) -> None:
+    """Small buffers (memory of their own) and large ones (memory maps) alike: zero-filled,
+    64-byte aligned, the storage starting at the tensor, and never resized by a kernel."""
+    from ptexec.device import CPU
+    from ptexec.memory import BufferInfo, allocate
+
+    buffers = [allocate(BufferInfo(1, size, CPU)).data for _ in range(8)]
+    for data in buffers:
+        assert data.shape == (size,) and data.dtype == torch.uint8
+        assert data.storage_offset() == 0 and data.data_ptr() % 64 == 0
+        assert not data.any()
+        data.fill_(7)
+        with pytest.raises(RuntimeError, match="not resizable"):
+            data[:].resize_(size + 1)  # (a view: a failed resize leaves its sizes wrong)
+    assert all(int(d.sum()) == 7 * size for d in buffers)  # each its own memory
