@@ -424,11 +424,18 @@ def test_a_read_program_owns_its_memory(tmp_path: Path) -> None:
         ("xnnpack/cnn", {"xnnpack": "executorch"}),
     ],
 )
-def test_bytes_are_read_in_place_and_never_written(name: str, options: dict[str, str]) -> None:
-    """A program loaded from ``bytes`` reads them in place (a delegate's payload is not
-    copied), but the tensors it views (constants, initial state) are copies: calls that
-    write state leave the caller's bytes as they were, and two programs loaded from the
-    same bytes do not share state."""
+@pytest.mark.parametrize("in_place", [True, False])
+def test_bytes_are_read_in_place_and_never_written(
+    name: str, options: dict[str, str], in_place: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program loaded from ``bytes`` (of at least ``READ_IN_PLACE`` bytes, here all)
+    reads them in place (a delegate's payload is not copied), but the tensors it views
+    (constants, initial state) are copies: calls that write state leave the caller's bytes
+    as they were, and two programs loaded from the same bytes do not share state. Smaller
+    ones are copied whole, with the same results."""
+    import ptexec.program
+
+    monkeypatch.setattr(ptexec.program, "READ_IN_PLACE", 0 if in_place else 1 << 40)
     if options.get("xnnpack") == "executorch":
         from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
 

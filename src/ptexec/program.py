@@ -93,9 +93,12 @@ def _open(path: Path, what: str) -> io.BufferedReader:
     return f
 
 
+READ_IN_PLACE = 1 << 20  # bytes of at least this size are read in place, not copied
+
+
 def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _FileStamp | None]:
-    """The bytes of ``source`` as a writable memoryview, the object that owns them, and for
-    a memory-mapped file its stamp.
+    """The bytes of ``source`` as a memoryview (writable unless ``bytes`` read in place),
+    the object that owns them, and for a memory-mapped file its stamp.
 
     A path is read into private memory (``mapped`` False, the default): later changes to
     the file cannot reach the loaded program. With ``mapped``, it is memory-mapped
@@ -103,11 +106,11 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     memory grows only with the pages used), but the file must stay as it is while the
     program lives (truncating it in place kills the process with SIGBUS when a constant is
     next read, as with any memory map; rewriting it in place changes the constants).
-    ``bytes`` (and what a file object's ``read`` returns) are immutable and read in place:
-    only the constants that tensors view are copied, on first use, since torch has no
-    read-only tensors. A read-only memoryview is copied once into a ``bytearray``; a
-    ``bytearray`` or writable memoryview is used in place and must not be changed while the
-    program is alive.
+    ``bytes`` (and what a file object's ``read`` returns) of :data:`READ_IN_PLACE` bytes or
+    more are immutable and read in place: only the constants that tensors view are copied,
+    on first use, since torch has no read-only tensors (smaller ones, and a read-only
+    memoryview, are copied once into a ``bytearray``); a ``bytearray`` or writable
+    memoryview is used in place and must not be changed while the program is alive.
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -125,10 +128,13 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
             if got != size or f.read(1):
                 raise ProgramChangedError(f"{what} {path} changed size while it was read")
         return view, private, None
-    if isinstance(source, bytes):
+    if isinstance(source, bytes) and len(source) >= READ_IN_PLACE:
         # immutable: read in place (a delegate's payload is only ever read); the constants
         # tensors view are copied on first use (Program.tensor_from_memory)
         return memoryview(source), source, None
+    if isinstance(source, bytes):  # small: one copy costs less than a copy per constant
+        owner = bytearray(source)
+        return memoryview(owner), owner, None
     if isinstance(source, bytearray):
         return memoryview(source), source, None
     if isinstance(source, memoryview):
@@ -139,7 +145,7 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
         return view, source, None
     if isinstance(source, io.IOBase) or hasattr(source, "read"):
         read = source.read()
-        if isinstance(read, bytes):  # a new object nobody else holds: read in place
+        if isinstance(read, bytes) and len(read) >= READ_IN_PLACE:  # nobody else holds it
             return memoryview(read), read, None
         owner = bytearray(read)
         return memoryview(owner), owner, None
