@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import ptexec
-from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
 from ptexec import codegen, effects
 from ptexec.errors import PteFormatError
 from ptexec.format import program as p
@@ -291,6 +291,39 @@ def test_a_values_table_made_again_is_the_one_made_afresh(name: str) -> None:
             views += 1
     assert views
     _assert_forward_calls(name, fresh, again)
+
+
+def _loadable_fixtures() -> list[str]:
+    names = []
+    for name, entry in load_manifest().items():
+        if entry.get("load_options") or entry.get("device") or "gpu" in name:
+            continue
+        names.append(name)
+    return names + [f"xnnpack/{f.stem}" for f in sorted((FIX / "xnnpack").glob("*.pte"))]
+
+
+@pytest.mark.parametrize("name", _loadable_fixtures())
+def test_a_snapshot_from_what_loading_made_is_the_one_read_back(name: str) -> None:
+    """A repeated load's snapshot (what a failed call restores) takes the planned views'
+    geometry as the values table was made, not read back from each tensor: on every
+    fixture, it equals what reading every tensor back after loading gives."""
+    pte, data = (FIX / f"{name}.pte", None) if "/" in name else fixture_paths(name)
+    try:
+        ptexec.load(pte, data_path=data).load_method()
+    except ptexec.PtexecError as e:  # (fixtures of refused programs, other methods)
+        pytest.skip(f"{name} does not load with default options: {e}")
+    m = ptexec.load(pte, data_path=data).load_method()  # made from the recipe
+    tensors = [t for t in m.state.values if isinstance(t, torch.Tensor)]
+    assert len(m.state.owned) == len(tensors)
+    for (t, storage, offset, sizes, strides), u in zip(m.state.owned, tensors, strict=True):
+        assert t is u
+        assert storage.data_ptr() == t.untyped_storage().data_ptr()
+        assert storage.nbytes() == t.untyped_storage().nbytes()
+        assert (offset, tuple(sizes), tuple(strides)) == (
+            t.storage_offset(),
+            tuple(t.shape),
+            t.stride(),
+        )
 
 
 def test_a_kept_chain_is_the_chain_prepared_afresh(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,7 +119,9 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     shared = program.shared_buffer_indices
     infos = buffer_infos(plan, dmap, shared, path)
     buffers, fresh = _allocate(program, plan.name, infos, options.max_planned_bytes)
-    values = build_values(program, plan, path, dmap, buffers, fresh, options.max_planned_bytes)
+    values, made = build_values(
+        program, plan, path, dmap, buffers, fresh, options.max_planned_bytes
+    )
     inputs, outputs = io_specs(plan, path, values, dmap)
     record = CallRecord(len(plan.inputs), len(plan.outputs))
     dynamic = dynamic_scalars(plan)
@@ -174,5 +176,5 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         record=record,
         sources=Sources(plan.name),
     )
-    state.snapshot()
+    state.snapshot(made)
     return state

@@ -40,6 +40,11 @@ __all__ = ["Kept", "MethodState", "PreparedChain"]
 T = TypeVar("T")
 
 
+# a tensor of the values table, and the storage and geometry it had when loading ended:
+# (tensor, untyped storage, storage offset, sizes, strides)
+Owned = tuple[torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]
+
+
 @dataclass(eq=False)
 class PreparedChain:
     """One chain of the plan, prepared: per instruction its name (``aten::add.out``,
@@ -92,9 +97,7 @@ class MethodState:
     max_instructions: int
     record: CallRecord
     sources: Sources
-    owned: list[tuple[torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]] = field(
-        default_factory=list
-    )
+    owned: list[Owned] = field(default_factory=list)
     kept: dict[Kept[Any], Any] = field(default_factory=dict)  # see Kept; never read here
 
     @property
@@ -105,15 +108,27 @@ class MethodState:
     def unplanned_outputs(self) -> list[OutputSpec]:
         return [o for o in self.outputs if o.kind == "tensor" and not o.planned]
 
-    def snapshot(self) -> None:
+    def snapshot(self, made: Sequence[Owned] = ()) -> None:
         """Remember the storage and geometry of every tensor in the values table now (after
-        loading), for :meth:`restore`."""
+        loading), for :meth:`restore`. ``made``: entries known already, of tensors whose
+        geometry nothing changed since they were made (loading never resizes a tensor: it
+        replaces it in the table)."""
         tensor = torch.Tensor
-        self.owned = [
-            (t, t.untyped_storage(), int(t.storage_offset()), tuple(t.shape), t.stride())
-            for t in self.values
-            if isinstance(t, tensor)
-        ]
+        known = {id(e[0]): e for e in made}
+        owned: list[Owned] = []
+        for t in self.values:
+            if isinstance(t, tensor):
+                e = known.get(id(t))
+                if e is None:
+                    e = (
+                        t,
+                        t.untyped_storage(),
+                        int(t.storage_offset()),
+                        tuple(t.shape),
+                        t.stride(),
+                    )
+                owned.append(e)
+        self.owned = owned
 
     def restore(self) -> None:
         """After a failed call, give every tensor made at load its memory and geometry

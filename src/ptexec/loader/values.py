@@ -22,6 +22,7 @@ from ..format.scalar_type import scalar_type_name
 from ..memory import PlannedBuffer, fixed_empty, strided_view
 from ..tensor import dim_order_strides
 from .devices import DeviceMap, check_device_available
+from .state import Owned
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -104,18 +105,19 @@ def build_values(
     buffers: list[PlannedBuffer],
     fresh: set[int],
     max_unplanned_bytes: int,
-) -> list[Any]:
-    """The values table of ``plan`` (module docstring). ``fresh``: buffers allocated for
-    this method (their state is initialised); unplanned tensors of bounded shape may take
-    at most ``max_unplanned_bytes`` together. The plan's part of the work is recorded on
-    the first load of a plan and replayed on the next (:class:`_Recipe`)."""
+) -> tuple[list[Any], list[Owned]]:
+    """The values table of ``plan`` (module docstring), and the geometry of the planned
+    views made from a recipe. ``fresh``: buffers allocated for this method (their state is
+    initialised); unplanned tensors of bounded shape may take at most
+    ``max_unplanned_bytes`` together. The plan's part of the work is recorded on the first
+    load of a plan and replayed on the next (:class:`_Recipe`)."""
     key = Key(id(plan), dmap.key)
     hit = _recipes.get(key)
     if hit is not None and hit.plan is plan:
         return _replay(hit, program, path, dmap, buffers, fresh, max_unplanned_bytes)
     values, recipe = _build(program, plan, path, dmap, buffers, fresh, max_unplanned_bytes)
     _recipes.put(key, recipe)  # the plan kept alive: its id stays its own
-    return values
+    return values, []
 
 
 def _initialise(
@@ -255,8 +257,9 @@ def _replay(
     buffers: list[PlannedBuffer],
     fresh: set[int],
     max_unplanned_bytes: int,
-) -> list[Any]:
-    """The values table ``_build`` makes, from ``recipe``: the per-load work only."""
+) -> tuple[list[Any], list[Owned]]:
+    """The values table ``_build`` makes, from ``recipe``: the per-load work only; and
+    each planned view's geometry as made."""
     plan = recipe.plan
     storages: dict[int, tuple[Any, torch.device]] = {}
     for b in buffers:
@@ -265,6 +268,7 @@ def _replay(
         storages[b.info.index] = (b.data.untyped_storage(), b.data.device)
     unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values = list(recipe.template)
+    made: list[Owned] = []
     empty = torch.empty
     for t in recipe.tensors:
         if isinstance(t, int):
@@ -277,6 +281,7 @@ def _replay(
         storage, device = storages[memory_id]
         view = empty(0, dtype=dtype, device=device)
         view.set_(storage, offset, sizes, strides)
+        made.append((view, storage, offset, sizes, strides))
         if init and memory_id in fresh:
             value = plan.values[slot]
             assert isinstance(value, p.Tensor)
@@ -284,4 +289,4 @@ def _replay(
         values[slot] = view
     for j, items in recipe.int_lists:
         values[j] = tuple(values[i] for i in items)
-    return values
+    return values, made
