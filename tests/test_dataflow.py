@@ -370,3 +370,43 @@ def test_held_views_before_xnnpack_delegates_follow_new_inputs(name: str) -> Non
         assert "copies a view made once" in {r.note for r in traced}
         assert traced.outputs is not None
         assert all(torch.equal(a, b) for a, b in zip(traced.outputs, want, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_byte_ranges_found_are_those_a_scan_finds(seed: int) -> None:
+    """The bucketed index of planned byte ranges answers every overlap query as a scan of
+    all ranges does: the overlapping ones filed by instructions strictly inside the
+    window, in instruction order, each once (small buffers and large ones, ranges inside
+    one bucket and across many)."""
+    import random
+
+    from ptexec.loader.dataflow import _Ranges
+
+    rng = random.Random(seed)
+    sizes = [rng.choice([64, 4096, 1 << 20]) for _ in range(3)]
+    ranges = _Ranges(sizes)
+    filed: list[tuple[int, int, int, int, int]] = []  # (k, mem, start, end, value)
+    for k in range(300):
+        for _ in range(rng.randint(0, 3)):
+            mem = rng.randrange(len(sizes))
+            start = rng.randrange(sizes[mem])
+            end = min(sizes[mem], start + rng.choice([1, 8, 64, 700, sizes[mem] // 3 + 1]))
+            value = len(filed)  # (an instruction files each value once)
+            ranges.add(k, ("planned", mem, start, end), value)
+            filed.append((k, mem, start, end, value))
+    for _ in range(400):
+        mem = rng.randrange(len(sizes))
+        start = rng.randrange(sizes[mem])
+        end = min(sizes[mem], start + rng.choice([1, 16, 300, sizes[mem]]))
+        lo = rng.randrange(-1, 300)
+        hi = rng.randrange(lo, 302)
+        expected = sorted(
+            {
+                (k, s, e, v)
+                for k, m, s, e, v in filed
+                if m == mem and lo < k < hi and s < end and start < e
+            }
+        )
+        got = list(ranges.overlapping(("planned", mem, start, end), lo, hi))
+        assert sorted(got) == expected  # (an instruction's own ranges: in any order)
+        assert [k for k, *_ in got] == sorted(k for k, *_ in got)

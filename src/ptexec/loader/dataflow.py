@@ -78,10 +78,6 @@ def _covers(a: Region, b: Region) -> bool:
     return a == b and a[0] != "fixed"
 
 
-def _first(entry: tuple[int, int, int, int]) -> int:
-    return entry[0]
-
-
 class _Ranges:
     """Byte ranges in planned buffers, each tagged with an instruction and a value, found by
     overlap and by instruction window in time proportional to what is found: every buffer
@@ -90,7 +86,8 @@ class _Ranges:
 
     def __init__(self, buffer_sizes: Sequence[int]) -> None:
         self.width = {m: max(256, size // 128) for m, size in enumerate(buffer_sizes)}
-        self.buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+        # per bucket: its entries, and their instructions (bisected without a key function)
+        self.buckets: dict[tuple[int, int], tuple[list[tuple[int, int, int, int]], list[int]]] = {}
 
     def _span(self, mem: int, start: int, end: int) -> range:
         w = self.width.get(mem, 4096)
@@ -98,8 +95,15 @@ class _Ranges:
 
     def add(self, k: int, region: Region, value: int) -> None:
         _, mem, start, end = region
+        entry = (k, start, end, value)
+        buckets = self.buckets
         for b in self._span(mem, start, end):
-            self.buckets.setdefault((mem, b), []).append((k, start, end, value))
+            found = buckets.get((mem, b))
+            if found is None:
+                buckets[(mem, b)] = ([entry], [k])
+            else:
+                found[0].append(entry)
+                found[1].append(k)
 
     def overlapping(self, region: Region, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
         """(instruction, start, end, value) of the ranges overlapping ``region`` filed by
@@ -107,20 +111,31 @@ class _Ranges:
         _, mem, start, end = region
         streams = []
         for b in self._span(mem, start, end):
-            entries = self.buckets.get((mem, b))
-            if entries:
-                at = bisect.bisect_right(entries, lo, key=_first)
+            found = self.buckets.get((mem, b))
+            if found is not None:
+                entries, ks = found
+                at = bisect.bisect_right(ks, lo)
                 if at < len(entries):
                     streams.append(itertools.islice(entries, at, None))
         if not streams:
             return
-        last = None
-        for entry in streams[0] if len(streams) == 1 else heapq.merge(*streams):
+        if len(streams) == 1:  # (a range in one bucket: each entry there once)
+            for entry in streams[0]:
+                if entry[0] >= hi:
+                    return
+                if entry[1] < end and start < entry[2]:
+                    yield entry
+            return
+        # a range filed under several of these buckets comes once from each; within one
+        # instruction a bucket keeps its entries as filed, not sorted, so copies of one
+        # entry need not come one after the other
+        seen = set()
+        for entry in heapq.merge(*streams):
             if entry[0] >= hi:
                 return
-            if entry != last and entry[1] < end and start < entry[2]:
+            if entry[1] < end and start < entry[2] and entry not in seen:
+                seen.add(entry)
                 yield entry
-            last = entry
 
 
 class _ChainAccesses:
