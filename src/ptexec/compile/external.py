@@ -24,6 +24,14 @@ method's compiled code runs, the thread finds that method's own calls first (:fu
 so each method uses its own runner and memory; the registry serves tracing, and is used
 by one call at a time.
 
+Each call is one generated function (:meth:`ExternalCall.run`): its inputs unpacked, the
+outputs' tensors in their places, the runner's plain function called. An input whose
+address is the one handed over at the last call goes over as it is; one whose address
+moved is handed over as it is once it keeps its new address for two calls (the compiled
+code's memory settles after a few calls), and a small one is copied into memory of the
+call's own while its address keeps moving (a copy costs less than ExecuTorch taking a new
+address at every call).
+
 The op's outputs are dense in the program's dim order of each output, and are the same
 memory from call to call (the delegate's, as its planned outputs are when interpreted:
 ExecuTorch then keeps the addresses it was handed, and a call is one ``execute``). A
@@ -267,9 +275,10 @@ MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay fo
 
 def worth_a_call(payload: s.XnnPayload) -> bool:
     """Whether XNNPACK's kernels pay for an opaque call of ``payload`` (else its torch
-    code is traced, and compiled with the region). An opaque call costs tens of
-    microseconds of Python (the op's dispatch, the runner's checks, ExecuTorch's call)
-    before any work, where a traced small matrix product costs a few. So: a payload
+    code is traced, and compiled with the region). An opaque call costs about ten
+    microseconds before any work (the op's dispatch through AOTInductor's proxy executor,
+    the call's and the runner's Python, ExecuTorch's ``execute``), where a traced small
+    matrix product costs a few. So: a payload
     with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x, and
     a convolution's work grows with its image), or one whose constants (weights) hold
     at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a matrix product
