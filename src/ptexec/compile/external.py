@@ -24,6 +24,14 @@ method's compiled code runs, the thread finds that method's own calls first (:fu
 so each method uses its own runner and memory; the registry serves tracing, and is used
 by one call at a time.
 
+Each call is one generated function (:meth:`ExternalCall.run`): its inputs unpacked, the
+outputs' tensors in their places, the runner's plain function called. An input whose
+address is the one handed over at the last call goes over as it is; one whose address
+moved is handed over as it is once it keeps its new address for two calls (the compiled
+code's memory settles after a few calls), and a small one is copied into memory of the
+call's own while its address keeps moving (a copy costs less than ExecuTorch taking a new
+address at every call).
+
 The op's outputs are dense in the program's dim order of each output, and are the same
 memory from call to call (the delegate's, as its planned outputs are when interpreted:
 ExecuTorch then keeps the addresses it was handed, and a call is one ``execute``). A
@@ -39,10 +47,11 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from ..codegen import Sources
 from ..delegates.xnnpack import schema as s
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
@@ -64,6 +73,7 @@ class ExternalRunner(Protocol):
     writes, and a digest of what it computes."""
 
     outputs: tuple[int, ...]
+    fn: Callable[..., None]  # the same call as a plain function (no method frame)
 
     def __call__(self, *tensors: torch.Tensor) -> None: ...
 
@@ -113,15 +123,20 @@ class ExternalCall:
         written = {o.position for o in self.outputs}
         self.inputs = tuple(k for k in range(count) if k not in written)
         self.lock = threading.Lock()
-        # the outputs, written by every call: the delegate's own memory, as the planned
-        # memory it writes when interpreted (ExecuTorch keeps the addresses it was given,
-        # so a call with the addresses of the last one is one execute)
-        self._outs: list[torch.Tensor] | None = None
-        # small inputs are copied into memory of their own, for the same reason (the
-        # compiled code's intermediates may be anywhere from call to call)
         self.orders = tuple(tuple(int(d) for d in o) for o in orders)  # the inputs' dim orders
         if len(self.orders) != len(self.inputs):
             raise ValueError(f"{len(self.orders)} dim orders for {len(self.inputs)} inputs")
+        # the call itself, made on the first run (:meth:`_build`)
+        self._fast: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] | None = None
+        # the outputs, written by every call: the delegate's own memory, as the planned
+        # memory it writes when interpreted (ExecuTorch keeps the addresses it was given,
+        # so a call with the addresses of the last one is one execute)
+        self._outs: tuple[torch.Tensor, ...] = ()
+        # per input: the address handed to the runner last, the address the input had
+        # at the last call, and the memory of its own a small input is copied into while
+        # its address moves (a copy costs less than handing a new address over)
+        self._handed: list[int | None] = [None] * len(self.inputs)
+        self._last: list[int | None] = [None] * len(self.inputs)
         self._stage: list[torch.Tensor | None] = [None] * len(self.inputs)
         # while tracing: the torch code that gives dynamic outputs their symbolic shapes
         self.shapes: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
@@ -162,30 +177,81 @@ class ExternalCall:
         key = f"{runner.digest()}-{int(site[0])}-{int(site[1])}"
         return cls(key, runner, len(args), specs, orders)
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Run the call on ``inputs`` (the tensors at :attr:`inputs`): its outputs."""
-        if len(inputs) != len(self.inputs):
-            raise RuntimeError(
-                f"external call {self.key[:12]}: {len(inputs)} inputs, expected {len(self.inputs)}"
-            )
+    def run(self, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Run the call on ``inputs`` (the tensors at :attr:`inputs`): its outputs (the
+        same tensors at every call)."""
+        fast = self._fast
+        if fast is None:
+            fast = self._build()
+        return fast(inputs)
+
+    def _build(self) -> Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]:
+        """The call as one function of its inputs: an input whose address is the one
+        handed over last goes to the runner as it is, with the outputs' tensors (made
+        here) in their places; any other goes through :meth:`_move` first."""
         with self.lock:
-            outs = self._outs
-            if outs is None:
-                outs = [_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs]
-                self._outs = outs
-            args: list[torch.Tensor | None] = [None] * self.count
-            stage = self._stage
-            for j, (k, x) in enumerate(zip(self.inputs, inputs, strict=True)):
-                if x.nbytes <= _STAGE_BYTES:  # a copy costs less than a new address
-                    b = stage[j]
-                    if b is None or b.shape != x.shape or b.dtype != x.dtype:
-                        b = stage[j] = _dense(x.shape, self.orders[j], x.dtype)
-                    x = b.copy_(x)
-                args[k] = x
-            for o, t in zip(self.outputs, outs, strict=True):
-                args[o.position] = t
-            self.runner(*args)
-            return list(outs)
+            if self._fast is not None:
+                return self._fast
+            self._outs = tuple(_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs)
+            xs = [f"x{j}" for j in range(len(self.inputs))]
+            args: list[str] = [""] * self.count
+            for j, k in enumerate(self.inputs):
+                args[k] = xs[j]
+            for n, o in enumerate(self.outputs):
+                args[o.position] = f"_y{n}"
+            lines = [
+                "def _run(inputs):",
+                "    try:",
+                f"        {''.join(f'{x}, ' for x in xs)}= inputs",
+                "    except ValueError:",
+                "        raise _count(inputs) from None",
+                "    with _lock:",
+            ]
+            for j, x in enumerate(xs):
+                lines += [
+                    f"        if {x}.data_ptr() != _handed[{j}]:",
+                    f"            {x} = _move({j}, {x})",
+                ]
+            lines += [f"        _fn({', '.join(args)})", "    return _outs"]
+            runner = self.runner
+            env: dict[str, Any] = {
+                "_lock": self.lock,
+                "_handed": self._handed,
+                "_move": self._move,
+                "_count": self._count,
+                "_fn": getattr(runner, "fn", runner),
+                "_outs": self._outs,
+                **{f"_y{n}": t for n, t in enumerate(self._outs)},
+            }
+            code = "\n".join(lines) + "\n"
+            sources = Sources(f"external call {self.key[:12]}")  # kept by the function
+            fast: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]] = sources.compile(
+                code, "run", env
+            )["_run"]
+            self._fast = fast
+            return fast
+
+    def _move(self, j: int, x: torch.Tensor) -> torch.Tensor:
+        """Input ``j``, ``x``, whose address is not the one handed over last: ``x`` itself
+        when it had that address at the last call too (the compiled code's memory has
+        settled: the runner takes the new address once) or is large, else a copy in
+        memory of the call's own (an address that moves from call to call would be
+        handed over at every call)."""
+        at = x.data_ptr()
+        last, self._last[j] = self._last[j], at
+        if at == last or x.nbytes > _STAGE_BYTES:
+            self._handed[j] = at
+            return x
+        b = self._stage[j]
+        if b is None or b.shape != x.shape or b.dtype != x.dtype:
+            b = self._stage[j] = _dense(x.shape, self.orders[j], x.dtype)
+        self._handed[j] = b.data_ptr()
+        return b.copy_(x)
+
+    def _count(self, inputs: Sequence[torch.Tensor]) -> RuntimeError:
+        return RuntimeError(
+            f"external call {self.key[:12]}: {len(inputs)} inputs, expected {len(self.inputs)}"
+        )
 
     def fake(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The outputs' metadata for traced ``inputs``."""
@@ -209,9 +275,10 @@ MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay fo
 
 def worth_a_call(payload: s.XnnPayload) -> bool:
     """Whether XNNPACK's kernels pay for an opaque call of ``payload`` (else its torch
-    code is traced, and compiled with the region). An opaque call costs tens of
-    microseconds of Python (the op's dispatch, the runner's checks, ExecuTorch's call)
-    before any work, where a traced small matrix product costs a few. So: a payload
+    code is traced, and compiled with the region). An opaque call costs about ten
+    microseconds before any work (the op's dispatch through AOTInductor's proxy executor,
+    the call's and the runner's Python, ExecuTorch's ``execute``), where a traced small
+    matrix product costs a few. So: a payload
     with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x, and
     a convolution's work grows with its image), or one whose constants (weights) hold
     at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a matrix product
@@ -249,19 +316,23 @@ def register(call: ExternalCall) -> None:
         _REGISTRY[call.key] = alive
 
 
-_CURRENT = threading.local()  # the calls of the method running on this thread
+class _Current(threading.local):
+    calls: Mapping[str, ExternalCall] | None = None  # each thread starts with none
+
+
+_CURRENT = _Current()  # the calls of the method running on this thread
 
 
 def use(calls: Mapping[str, ExternalCall] | None) -> Mapping[str, ExternalCall] | None:
     """Make the compiled code this thread runs next find ``calls`` first (the running
     method's own, with their own memory); returns what was there before."""
-    before: Mapping[str, ExternalCall] | None = getattr(_CURRENT, "calls", None)
+    before = _CURRENT.calls
     _CURRENT.calls = calls
     return before
 
 
 def _find(key: str) -> ExternalCall:
-    calls: Mapping[str, ExternalCall] | None = getattr(_CURRENT, "calls", None)
+    calls = _CURRENT.calls
     if calls is not None:
         found = calls.get(key)
         if found is not None:
@@ -284,8 +355,10 @@ _LIB = torch.library.Library("ptexec", "FRAGMENT")  # type: ignore[no-untyped-ca
 _LIB.define("external_call(str key, Tensor[] inputs) -> Tensor[]")  # type: ignore[no-untyped-call]
 
 
-def _external_call(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return _find(key).run(inputs)
+def _external_call(key: str, inputs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+    calls = _CURRENT.calls  # the running method's (a dict), else the registry's
+    found = calls.get(key) if calls is not None else None
+    return (found or _find(key)).run(inputs)
 
 
 def _external_call_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
