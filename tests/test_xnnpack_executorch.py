@@ -138,7 +138,10 @@ def test_tensors_are_handed_over_once_while_their_memory_stays(et: None) -> None
         binder = _runners(m)["_xnnpack_et_run"].__globals__["_binder"]
         real = binder.bind
         seen: list[int] = []
-        binder.bind = lambda key, ts, real=real, seen=seen: (seen.append(1), real(key, ts))
+        binder.bind = lambda ns, key, ts, real=real, seen=seen: (
+            seen.append(1),
+            real(ns, key, ts),
+        )
         call = _calls(name)[0]
         for _ in range(3):
             got = m.execute(call["inputs"])
