@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -252,6 +252,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
             # slots whose tensor is new on every call and held by nothing else: the copy
             fresh: frozenset[int] = getattr(runner, "fresh_outputs", frozenset())
+            # slots holding their load-time tensor (copied) or a new one held by nothing
+            # else (the copy), which the slot then gives up for the load-time one
+            handed: Mapping[int, Any] = getattr(runner, "handed_outputs", {})
             # outputs that stay the tensor loading made: only their sizes can be wrong
             held = held_outputs(state, _replaced(state, runner))
             for out in state.outputs:
@@ -261,15 +264,28 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
                     code.add("\n".join(lines))
                 copy = copy_outputs and out.slot not in fresh
-                outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
+                if out.kind == "tensor" and copy and out.slot in handed:
+                    env[f"H{out.slot}"] = handed[out.slot]
+                    h = f"_h{out.index}"
+                    code.add(f"{h} = {x}")
+                    outs.append(f"({h} if {h} is not H{out.slot} else {h}.clone())")
+                    restored.append((out.slot, f"H{out.slot}"))
+                else:
+                    outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
             tensors = all(out.kind == "tensor" for out in state.outputs)
-            if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
+            copies = [o for o in outs if o.endswith(".clone()") and o.startswith("v[")]
+            if copy_outputs and tensors and len(copies) > 1 and _CLONE_ALL is not None:
                 # one call for every copy (torch's own loop: a Python call per output
                 # costs about as much as a small copy)
                 env["_clone_all"] = _CLONE_ALL
-                code.add(
-                    f"return list(_clone_all([{', '.join(o[: -len('.clone()')] for o in outs)}]))"
-                )
+                listed = ", ".join(o[: -len(".clone()")] for o in copies)
+                if len(copies) == len(outs):
+                    code.add(f"return list(_clone_all([{listed}]))")
+                else:
+                    code.add(f"_c = _clone_all([{listed}])")
+                    numbered = iter(range(len(copies)))
+                    outs = [f"_c[{next(numbered)}]" if o in copies else o for o in outs]
+                    code.add(f"return [{', '.join(outs)}]")
             else:
                 code.add(f"return [{', '.join(outs)}]")
             guarded.close()
