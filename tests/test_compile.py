@@ -287,6 +287,35 @@ def test_outputs_only_the_caller_reads_are_handed_over(tmp_path: Path) -> None:
         kept.extend((t, t.clone()) for t in got)
     for t, copy in kept:  # later calls wrote none of them
         assert torch.equal(t, copy)
+    for t, _ in kept:  # nor does the method read them: the caller may write its copies
+        t.fill_(float("nan"))
+    xs = [torch.randn(4, 4), torch.randn(4, 4)]
+    for a, b in zip(i.execute([x.clone() for x in xs]), c.execute(xs), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_handed_and_copied_outputs_together(tmp_path: Path) -> None:
+    """An output named twice is copied for the caller (two tensors of their own), the
+    others handed over; in the caller's order, as the interpreter's."""
+    from export_util import export_program
+
+    class Four(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            a = x * 2
+            return a, a + 1, a, (x - 1).abs()
+
+    path = tmp_path / "four.pte"
+    path.write_bytes(export_program(Four(), (torch.randn(3, 4),)))
+    i = ptexec.load(path).load_method("forward")
+    c = ptexec.load(path).load_method("forward", compile=CompileOptions(backend="graph"))
+    report = c.compile_report
+    assert report is not None and report.fully_compiled, report
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        want, got = i.execute([x]), c.execute([x])
+        assert len(want) == len(got) == 4
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+        assert len({t.untyped_storage().data_ptr() for t in got}) == 4
 
 
 def test_a_guarded_delegate_call_reads_its_input_in_place() -> None:
