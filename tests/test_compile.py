@@ -318,11 +318,13 @@ def test_handed_and_copied_outputs_together(tmp_path: Path) -> None:
         assert len({t.untyped_storage().data_ptr() for t in got}) == 4
 
 
-def test_a_guarded_delegate_call_reads_its_input_in_place() -> None:
+@pytest.mark.parametrize("xnnpack", ["torch", "auto"])
+def test_a_guarded_delegate_call_reads_its_input_in_place(xnnpack: str) -> None:
     """An XNNPACK delegate call compiled with sizes to check (a dynamic batch): its
-    interpreted statement reads the table's slot when it runs, so the caller's input is
-    read in place, as for kernel calls; values as the torch runner's."""
-    plain, compiled = xnnpack_pair("dynamic_mlp", CompileOptions(backend="graph"))
+    interpreted statement (ptexec's torch runner, or ExecuTorch's backend where it is
+    installed) reads the table's slot when it runs, so the caller's input is read in
+    place, as for kernel calls; values as the interpreter's."""
+    plain, compiled = xnnpack_pair("dynamic_mlp", CompileOptions(backend="graph"), xnnpack)
     report = compiled.compile_report
     assert report is not None and report.fully_compiled, report
     assert report.read_in_place == (0,)
