@@ -172,14 +172,14 @@ def test_inputs_only_compiled_code_reads_are_read_in_place() -> None:
 
 
 def test_an_input_in_the_methods_own_memory_is_copied_not_read_in_place() -> None:
-    """A caller's tensor over the method's planned memory (made from an output view) is
-    copied in first, as the interpreter does: read in place, the run would overwrite it
-    while reading it. The result is the interpreter's on the same values."""
+    """A caller's tensor over the method's planned memory (made from the output's planned
+    view) is copied in first, as the interpreter does: read in place, the run would
+    overwrite it while reading it. The result is the interpreter's on the same values."""
     interpreted, compiled = load_pair("mlp")
     i, c = interpreted["forward"], compiled["forward"]
     torch.manual_seed(1)
-    (view,) = c.execute([torch.randn(2, 8)], outputs="view")
-    storage = view.untyped_storage()
+    c.execute([torch.randn(2, 8)])
+    storage = c.state.values[c.state.outputs[0].slot].untyped_storage()
     tried = 0
     for offset in range(0, storage.nbytes() // 4 - 16 + 1):  # its own planned view too
         tried += 1
@@ -235,6 +235,101 @@ def test_read_in_place_with_control_flow_and_reused_input_bytes() -> None:
         assert report is not None and report.read_in_place == want, name
         replay_both(name, interpreted, compiled)
         assert set(compiled["forward"].last_call.inputs) == {"share"}, name
+
+
+def test_outputs_only_the_caller_reads_are_handed_over(tmp_path: Path) -> None:
+    """Traced (the ``graph`` backend): outputs only the caller reads are the compiled
+    code's new tensors, handed to the caller as its copies; where the region runs its
+    interpreted statements instead (a broadcast batch of 1, outside the sizes the code
+    was made for) the caller gets copies of the planned tensors. On both paths: the
+    interpreter's values, tensors of their own (no byte of the method's planned memory,
+    none of another call's), untouched by later calls, and the table holds the tensors
+    loading put there after every call."""
+    from export_util import export_program
+
+    class Two(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return (x + y).relu() * 2, (x * 3).sum(0)
+
+    batch = torch.export.Dim("batch", min=1, max=8)
+    path = tmp_path / "two.pte"
+    path.write_bytes(
+        export_program(
+            Two(),
+            (torch.randn(3, 4), torch.randn(3, 4)),
+            dynamic_shapes={"x": {0: batch}, "y": {0: batch}},
+        )
+    )
+    i = ptexec.load(path).load_method("forward")
+    c = ptexec.load(path).load_method("forward", compile=CompileOptions(backend="graph"))
+    report = c.compile_report
+    assert report is not None and report.fully_compiled, report
+    slots = [o.slot for o in c.state.outputs]
+    loaded = [c.state.values[j] for j in slots]
+    planned = [(b.data.data_ptr(), b.data.data_ptr() + b.data.nbytes) for b in c.state.buffers]
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    torch.manual_seed(0)
+    for n, m in ((3, 3), (3, 1), (5, 5), (2, 1), (2, 2), (8, 8)):
+        xs = [torch.randn(n, 4), torch.randn(m, 4)]
+        want = i.execute([x.clone() for x in xs])
+        got = c.execute(xs)
+        assert len(got) == len(want) == 2
+        for a, b in zip(want, got, strict=True):
+            assert a.shape == b.shape and torch.equal(a, b), (n, m)
+        for t in got:
+            start = t.untyped_storage().data_ptr()
+            end = start + t.untyped_storage().nbytes()
+            assert all(end <= lo or start >= hi for lo, hi in planned), (n, m)
+            assert all(
+                t.untyped_storage().data_ptr() != u.untyped_storage().data_ptr() for u, _ in kept
+            ), (n, m)
+        assert all(c.state.values[j] is t for j, t in zip(slots, loaded, strict=True))
+        kept.extend((t, t.clone()) for t in got)
+    for t, copy in kept:  # later calls wrote none of them
+        assert torch.equal(t, copy)
+    for t, _ in kept:  # nor does the method read them: the caller may write its copies
+        t.fill_(float("nan"))
+    xs = [torch.randn(4, 4), torch.randn(4, 4)]
+    for a, b in zip(i.execute([x.clone() for x in xs]), c.execute(xs), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_handed_and_copied_outputs_together(tmp_path: Path) -> None:
+    """An output named twice is copied for the caller (two tensors of their own), the
+    others handed over; in the caller's order, as the interpreter's."""
+    from export_util import export_program
+
+    class Four(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            a = x * 2
+            return a, a + 1, a, (x - 1).abs()
+
+    path = tmp_path / "four.pte"
+    path.write_bytes(export_program(Four(), (torch.randn(3, 4),)))
+    i = ptexec.load(path).load_method("forward")
+    c = ptexec.load(path).load_method("forward", compile=CompileOptions(backend="graph"))
+    report = c.compile_report
+    assert report is not None and report.fully_compiled, report
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        want, got = i.execute([x]), c.execute([x])
+        assert len(want) == len(got) == 4
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+        assert len({t.untyped_storage().data_ptr() for t in got}) == 4
+
+
+@pytest.mark.parametrize("xnnpack", ["torch", "auto"])
+def test_a_guarded_delegate_call_reads_its_input_in_place(xnnpack: str) -> None:
+    """An XNNPACK delegate call compiled with sizes to check (a dynamic batch): its
+    interpreted statement (ptexec's torch runner, or ExecuTorch's backend where it is
+    installed) reads the table's slot when it runs, so the caller's input is read in
+    place, as for kernel calls; values as the interpreter's."""
+    plain, compiled = xnnpack_pair("dynamic_mlp", CompileOptions(backend="graph"), xnnpack)
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled, report
+    assert report.read_in_place == (0,)
+    replay_xnnpack("dynamic_mlp", plain, compiled)
+    assert list(compiled.last_call.inputs) == ["share"]
 
 
 def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:

@@ -288,7 +288,9 @@ class _RegionModule(torch.nn.Module):
         for s in region.stores:
             if s.how in ("inplace", "copy", "replace", "adopt"):
                 results[s.slot] = env[s.slot]
+        # the graph's inputs and the method's constants: never returned as they are
         originals = {id(t) for t in placeholder.values()}
+        originals.update(id(getattr(self, f"c{j}")) for j in self.constant_slots)
 
         def owned(t: Any) -> Any:
             if isinstance(t, torch.Tensor) and (id(t) in originals or t._is_view()):
@@ -302,12 +304,22 @@ class _RegionModule(torch.nn.Module):
                 src = src.reshape(target.shape)
             target.copy_(src)
         outputs: list[torch.Tensor] = []
+        # an adopted output is a tensor of its own (the caller may get it as its copy):
+        # not one another returned value or written value also is
+        counts: dict[int, int] = {}
+        for x in results.values():
+            counts[id(x)] = counts.get(id(x), 0) + 1
         for s in region.stores:
             if s.how not in ("copy", "replace", "adopt"):
                 continue
             x = results[s.slot]
             if isinstance(x, torch.Tensor):
-                outputs.append(owned(x).contiguous() if s.how == "adopt" else owned(x))
+                if s.how != "adopt":
+                    outputs.append(owned(x))
+                elif counts[id(x)] > 1:
+                    outputs.append(x.clone(memory_format=torch.contiguous_format))
+                else:
+                    outputs.append(owned(x).contiguous())
             else:
                 kind = _kind_of(x)
                 self.scalar_kinds[s.slot] = kind

@@ -31,8 +31,9 @@ Each observable value is written back in one of five ways (:class:`Store`):
   tensor (resized first when its shape is dynamic), as an ``out=`` kernel would;
 - ``"replace"``: the table's slot takes the returned object (scalars, and the results of
   ops that return new tensors), as the interpreter's statement assigns it;
-- ``"adopt"``: the same for a method output of dynamic shape that nothing but the caller
-  reads (no copy into planned memory the caller would get a copy of anyway);
+- ``"adopt"``: the same for a method output that nothing but the caller reads (no copy
+  into planned memory the caller would get a copy of anyway; a compiled call hands that
+  new tensor over as the caller's copy, see :class:`~.runner.CompiledRunner`);
 - ``"statement"``: the interpreter's own statement runs after the compiled code, for moves
   and ``et_view`` (their result shares the source's object or memory).
 """
@@ -743,15 +744,14 @@ class _Planner:
         return out
 
     def _adoptable(self, s: Store, region: Region) -> bool:
-        """A method output of dynamic shape that only the caller reads: its slot may take
-        the compiled code's result instead of a copy of it (the output is then a tensor of
-        its own, as a copy of the planned view would be)."""
+        """A method output that only the caller reads: its slot may take the compiled
+        code's result instead of a copy of it (the output is then a tensor of its own, as
+        a copy of the planned view would be)."""
         j = s.slot
         value = self.plan.values[j]
         return (
             s.how == "copy"
             and isinstance(value, p.Tensor)
-            and value.shape_dynamism != p.STATIC
             and value.allocation_info is not None
             and value.allocation_info.memory_id not in self.shared_buffers
             and value.dim_order == tuple(range(len(value.dim_order)))
@@ -841,8 +841,9 @@ def caller_readable(
     planned view: copying it in first would change nothing anyone can observe.
 
     That holds for an input that only ``readers`` read (instructions of chain 0 whose
-    code reads the values table's slot at each call: compiled code, and the kernel
-    statements a guarded region falls back to), that nothing writes or gives a new object, that is no method
+    code reads the values table's slot at each call: compiled code, and the kernel and
+    delegate statements a guarded region falls back to, which pass the slot's tensor as
+    they run), that nothing writes or gives a new object, that is no method
     output and not in a buffer the program's methods share, of the default dim order,
     and whose planned bytes no other value reads before an instruction writes them (a
     second name for them, a view of the input made at load, an output left unwritten):

@@ -717,6 +717,41 @@ def _fresh_outputs(
     return frozenset(found)
 
 
+def _handed_outputs(state: MethodState, compiled: list[_Compiled]) -> dict[int, torch.Tensor]:
+    """The method's outputs (each named once) that a region adopts (its slot takes the
+    tensor the compiled code returns: a method output only the caller reads, which no
+    statement gives a new object, :class:`~.regions.Store`), which no statement the
+    region runs after its compiled code reads; with the tensor in their slot now (the
+    one loading made: no statement replaces it). After a call such a slot holds that
+    tensor (a guarded region's interpreted statements, or a general call's code, wrote
+    it) or the compiled code's new tensor, which no other slot holds, when a call puts
+    the load-time tensor back after handing the new one over: nothing in the method
+    then holds what the caller got."""
+    values = state.plan.values
+    named = [o.slot for o in state.outputs]
+    found: dict[int, torch.Tensor] = {}
+    for c in compiled:
+        r = c.region
+        chain = state.chains[r.chain]
+        read_after: set[int] = set()
+        for st in r.stores:
+            if st.how == "statement":
+                i = st.instruction
+                e = effects(values, chain.instructions[i], chain.statements[i])
+                read_after.update(e.reads, e.inputs)
+        for st in r.stores:
+            j = st.slot
+            held = state.values[j]
+            if (
+                st.how == "adopt"
+                and named.count(j) == 1
+                and j not in read_after
+                and isinstance(held, torch.Tensor)
+            ):
+                found[j] = held
+    return found
+
+
 class CompiledRunner:
     """Compiled regions and interpreted statements, in the plain blocks' structure (module
     docstring). ``report`` says what was compiled."""
@@ -770,7 +805,9 @@ class CompiledRunner:
                     if i not in after
                     and (
                         fallback is None
-                        or isinstance(state.chains[0].instructions[i], p.KernelCall)
+                        or isinstance(
+                            state.chains[0].instructions[i], p.KernelCall | p.DelegateCall
+                        )
                     )
                 )
             self._regions.append((compiled, call, fallback))
@@ -827,6 +864,11 @@ class CompiledRunner:
         """Output slots that hold a new tensor after every call, which nothing else holds
         or reads (:func:`_fresh_outputs`): the fast call hands it to the caller as its
         copy."""
+        self.handed_outputs = _handed_outputs(state, [c for c, _, _ in self._regions])
+        """Output slots (with the tensor loading put there) that hold, after a call, that
+        tensor or a new one of the compiled code's that nothing else holds
+        (:func:`_handed_outputs`): the fast call hands the new one to the caller as its
+        copy (the other it copies) and puts the load-time tensor back."""
         self.report = replace(
             self.report,
             read_in_place=tuple(s.index for s in state.inputs if s.slot in self.readable_inputs),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -90,6 +90,16 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     buffer_names: dict[int, int] = {}  # a planned buffer's address -> its number
     resized: list[int] = []  # dynamic inputs copied into their planned view (resized first)
     n = len(state.inputs)
+    # tensor inputs whose address the checks read (``p{i}``, ``q{i}``): those on a
+    # device with planned memory or outputs' memory, which the checks keep them apart from
+    addressed = frozenset(
+        s.index
+        for s in state.inputs
+        if s.kind == "tensor"
+        and bool(
+            planned_ranges(state, s.device.to_torch()) or output_memory(state, s.device.to_torch())
+        )
+    )
     for spec in state.inputs:
         i = spec.index
         x = f"x{i}"
@@ -135,6 +145,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 )
             apart.append(f"(q{i} <= b{k} or p{i} >= e{k})")
         if apart:
+            assert i in addressed
             checks.append(f"p{i} = {x}.data_ptr(); q{i} = p{i} + {x}.nbytes")
             checks.append(f"if not ({' and '.join(apart)}): return NOT_FAST")
         if info.dynamism == "static":
@@ -158,7 +169,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             assert spec.view is not None
             env[f"V{i}"] = spec.view
             env[f"o{i}"] = spec.dim_order
-            others = _apart(state, i)
+            others = _apart(state, i, addressed)
             binds.append(f"if {x}.is_contiguous(){others}: v[{spec.slot}] = {x}")
             binds.append("else:")
             if info.dynamism != "static":
@@ -252,6 +263,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
             # slots whose tensor is new on every call and held by nothing else: the copy
             fresh: frozenset[int] = getattr(runner, "fresh_outputs", frozenset())
+            # slots holding their load-time tensor (copied) or a new one held by nothing
+            # else (the copy), which the slot then gives up for the load-time one
+            handed: Mapping[int, Any] = getattr(runner, "handed_outputs", {})
             # outputs that stay the tensor loading made: only their sizes can be wrong
             held = held_outputs(state, _replaced(state, runner))
             for out in state.outputs:
@@ -261,15 +275,28 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
                     code.add("\n".join(lines))
                 copy = copy_outputs and out.slot not in fresh
-                outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
+                if out.kind == "tensor" and copy and out.slot in handed:
+                    env[f"H{out.slot}"] = handed[out.slot]
+                    h = f"_h{out.index}"
+                    code.add(f"{h} = {x}")
+                    outs.append(f"({h} if {h} is not H{out.slot} else {h}.clone())")
+                    restored.append((out.slot, f"H{out.slot}"))
+                else:
+                    outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
             tensors = all(out.kind == "tensor" for out in state.outputs)
-            if copy_outputs and tensors and len(outs) > 1 and _CLONE_ALL is not None:
+            copies = [o for o in outs if o.endswith(".clone()") and o.startswith("v[")]
+            if copy_outputs and tensors and len(copies) > 1 and _CLONE_ALL is not None:
                 # one call for every copy (torch's own loop: a Python call per output
                 # costs about as much as a small copy)
                 env["_clone_all"] = _CLONE_ALL
-                code.add(
-                    f"return list(_clone_all([{', '.join(o[: -len('.clone()')] for o in outs)}]))"
-                )
+                listed = ", ".join(o[: -len(".clone()")] for o in copies)
+                if len(copies) == len(outs):
+                    code.add(f"return list(_clone_all([{listed}]))")
+                else:
+                    code.add(f"_c = _clone_all([{listed}])")
+                    numbered = iter(range(len(copies)))
+                    outs = [f"_c[{next(numbered)}]" if o in copies else o for o in outs]
+                    code.add(f"return [{', '.join(outs)}]")
             else:
                 code.add(f"return [{', '.join(outs)}]")
             guarded.close()
@@ -317,11 +344,12 @@ def _raw_copy(spec: Any, info: Any, addressed: bool) -> bool:
     )
 
 
-def _apart(state: MethodState, i: int) -> str:
+def _apart(state: MethodState, i: int, addressed: frozenset[int] = frozenset()) -> str:
     """The `` and ...`` conditions that the dense tensor ``x{i}`` shares no byte with another
     tensor input of the call on its device (one the program may write): only then, and
     apart from the planned buffers (checked for every input), may the caller's tensor
-    stand in for the planned view."""
+    stand in for the planned view. ``addressed``: inputs whose address range the checks
+    read already (``p{j}``, ``q{j}``: a tensor's address does not change in a call)."""
     spec = state.inputs[i]
     others = [
         s.index
@@ -329,7 +357,12 @@ def _apart(state: MethodState, i: int) -> str:
         if s.index != i and s.kind == "tensor" and s.device == spec.device
     ]
     p, q = f"p{i}", f"q{i}"
-    conds = [f"({q} <= x{j}.data_ptr() or {p} >= x{j}.data_ptr() + x{j}.nbytes)" for j in others]
+    conds = [
+        f"({q} <= p{j} or {p} >= q{j})"
+        if j in addressed
+        else f"({q} <= x{j}.data_ptr() or {p} >= x{j}.data_ptr() + x{j}.nbytes)"
+        for j in others
+    ]
     return "".join(f" and {c}" for c in conds)
 
 
