@@ -476,8 +476,8 @@ def test_a_freed_method_leaves_no_generated_source() -> None:
 
 @pytest.mark.parametrize("size", [1, 100, 4096, 64 << 10, (64 << 10) + 1, 1 << 20])
 def test_planned_host_buffers_are_zero_aligned_and_cannot_grow(size: int) -> None:
-    """Small buffers (memory of their own) and large ones (memory maps) alike: zero-filled,
-    64-byte aligned, the storage starting at the tensor, and never resized by a kernel."""
+    """Buffers of any size: zero-filled, 64-byte aligned, the storage starting at the
+    tensor, each its own memory, and never resized by a kernel."""
     from ptexec.device import CPU
     from ptexec.memory import BufferInfo, allocate
 

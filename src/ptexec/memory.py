@@ -71,25 +71,16 @@ def _fixed_bytes(nbytes: int) -> torch.Tensor:
     return torch.from_numpy(raw[start : start + nbytes])
 
 
-SMALL_BUFFER = 64 << 10  # planned host buffers up to this size are not memory maps
-
-
 def allocate(info: BufferInfo) -> PlannedBuffer:
     """Allocate zero-filled memory for a planned buffer on its device.
 
     Host buffers are anonymous memory maps: zero by definition, and a page costs resident
     memory only once something writes it (the parts of a plan that the dataflow rewrites
-    made unnecessary never do); buffers of at most :data:`SMALL_BUFFER` bytes are zeroed
-    ``bytearray`` memory, 64-byte aligned (a map's system calls cost more than the few
-    pages save). Their storage cannot be resized, so a kernel can never move planned
-    memory.
+    made unnecessary never do). Their storage cannot be resized, so a kernel can never move
+    planned memory.
     """
     size = max(info.size, 1)
-    if info.device.is_cpu and size <= SMALL_BUFFER:
-        raw = bytearray(size + _ALIGN - 1)
-        start = -torch.frombuffer(raw, dtype=torch.uint8, count=1).data_ptr() % _ALIGN
-        data = torch.frombuffer(raw, dtype=torch.uint8, offset=start, count=size)
-    elif info.device.is_cpu:
+    if info.device.is_cpu:
         # (a writable map: torch.frombuffer has no warning to give)
         data = torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
     else:
