@@ -31,9 +31,9 @@ Each observable value is written back in one of five ways (:class:`Store`):
   tensor (resized first when its shape is dynamic), as an ``out=`` kernel would;
 - ``"replace"``: the table's slot takes the returned object (scalars, and the results of
   ops that return new tensors), as the interpreter's statement assigns it;
-- ``"adopt"``: the same for a method output that nothing but the caller reads (no copy
-  into planned memory the caller would get a copy of anyway; a compiled call hands that
-  new tensor over as the caller's copy, see :class:`~.runner.CompiledRunner`);
+- ``"adopt"``: the same for a method output of dynamic shape that nothing but the caller
+  reads (no copy into planned memory the caller would get a copy of anyway; a compiled call
+  hands that new tensor over as the caller's copy, see :class:`~.runner.CompiledRunner`);
 - ``"statement"``: the interpreter's own statement runs after the compiled code, for moves
   and ``et_view`` (their result shares the source's object or memory).
 """
@@ -744,14 +744,17 @@ class _Planner:
         return out
 
     def _adoptable(self, s: Store, region: Region) -> bool:
-        """A method output that only the caller reads: its slot may take the compiled
-        code's result instead of a copy of it (the output is then a tensor of its own, as
-        a copy of the planned view would be)."""
+        """A method output of dynamic shape that only the caller reads: its slot may take
+        the compiled code's result instead of a copy of it (the output is then a tensor of
+        its own, as a copy of the planned view would be). A static output is written into
+        its planned memory, as the interpreter writes it: what reads planned memory after
+        a call (training's gradients and parameters, ``Method.values``) reads it there."""
         j = s.slot
         value = self.plan.values[j]
         return (
             s.how == "copy"
             and isinstance(value, p.Tensor)
+            and value.shape_dynamism != p.STATIC
             and value.allocation_info is not None
             and value.allocation_info.memory_id not in self.shared_buffers
             and value.dim_order == tuple(range(len(value.dim_order)))
