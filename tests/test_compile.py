@@ -720,3 +720,25 @@ def test_cli_compile_without_a_compiler_fails(
         warnings.simplefilter("ignore", CompileWarning)
         assert main(["compile", str(fixture_paths("mlp")[0])]) == 1
     assert "C++ compiler" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["mlp", "stateful", "int_ops"])
+def test_static_outputs_are_in_planned_memory_after_a_compiled_call(name: str) -> None:
+    """A compiled call leaves each static output's planned memory as the interpreter
+    leaves it (what training's gradients and ``Method.values`` read there), whichever
+    path the call takes: the fast call, or the general one (``outputs="copy"``)."""
+    path = fixture_paths(name)[0]
+    plain = ptexec.load(path).load_method("forward")
+    compiled = ptexec.load(path).load_method("forward", compile=CompileOptions(backend="graph"))
+    for options in ({}, {"outputs": "copy"}):
+        for call in fixture_calls(name):
+            want = plain.execute(call["inputs"], **options)
+            got = compiled.execute(call["inputs"], **options)
+            for k, out in enumerate(compiled.state.outputs):
+                value = compiled.program.pte.program.execution_plan[0].values[out.slot]
+                if not isinstance(value, p.Tensor) or value.shape_dynamism != p.STATIC:
+                    continue
+                planned = compiled.state.values[out.slot]
+                reference = plain.state.values[plain.state.outputs[k].slot]
+                torch.testing.assert_close(planned, reference, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
