@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -113,30 +114,22 @@ class Variant:
 
 # Named model shapes (``--model``). "tiny" is the default everywhere; "smollm2-135m" has the
 # shape of SmolLM2-135M (random seeded weights, untied embeddings, ExecuTorch's default RoPE).
+_SMOLLM2_135M = TinyLlama(
+    dim=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    vocab_size=49152,
+    hidden_dim=1536,
+    max_seq_len=512,
+    max_context_len=512,
+)
 MODELS: dict[str, TinyLlama] = {
     "tiny": TinyLlama(),
-    "smollm2-135m": TinyLlama(
-        dim=576,
-        n_layers=30,
-        n_heads=9,
-        n_kv_heads=3,
-        vocab_size=49152,
-        hidden_dim=1536,
-        max_seq_len=512,
-        max_context_len=512,
-    ),
+    "smollm2-135m": _SMOLLM2_135M,
     # SmolLM2-135M's layer shape with 4 of its 30 layers: its per-layer costs, exported
     # in minutes rather than an hour
-    "smollm2-4l": TinyLlama(
-        dim=576,
-        n_layers=4,
-        n_heads=9,
-        n_kv_heads=3,
-        vocab_size=49152,
-        hidden_dim=1536,
-        max_seq_len=512,
-        max_context_len=512,
-    ),
+    "smollm2-4l": dataclasses.replace(_SMOLLM2_135M, n_layers=4),
 }
 
 _DEFAULT = asdict(Variant())

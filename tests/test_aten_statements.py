@@ -71,6 +71,16 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+def _assert_written(st: Statement, table: list[Any], want: torch.Tensor, again: bool) -> None:
+    """The out (the table's last slot) holds ``want`` after a run; with ``again``, once
+    more after a second run into the out (of self's shape now: written in place)."""
+    assert _same(table[-1], want)
+    if again:
+        table[-1].fill_(7.0)
+        _run(st, table)
+        assert _same(table[-1], want)
+
+
 def _operands(dtype: torch.dtype) -> torch.Tensor:
     if dtype.is_floating_point:
         special = [0.0, -0.0, 5.0, -5.0, 7.5, float("inf"), -float("inf"), float("nan")]
@@ -256,11 +266,7 @@ def test_slice_scatter_writes_out_directly(
     assert not any(f in made for f in st.env.values())  # no temporary result
     _run(st, table)
     want = torch.ops.aten.slice_scatter.out(x, src, dim, start, end, step, out=torch.empty(0))
-    assert _same(table[-1], want)
-    if dynamic:  # again, into an out of self's shape now: written in place
-        table[-1].fill_(7.0)
-        _run(st, table)
-        assert _same(table[-1], want)
+    _assert_written(st, table, want, again=dynamic)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -311,11 +317,7 @@ def test_copy_out_copies_src_into_out(
         assert st.code == "v[3].copy_(v[1])"
     _run(st, table)
     want = torch.ops.aten.copy.out(self_, src, False, out=torch.empty(0))
-    assert _same(table[-1], want)
-    if dynamic:  # again, into an out of self's shape now: written in place
-        table[-1].fill_(7.0)
-        _run(st, table)
-        assert _same(table[-1], want)
+    _assert_written(st, table, want, again=dynamic)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
