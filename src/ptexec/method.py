@@ -228,7 +228,12 @@ class Method:
         return self._state.record
 
     def values(self) -> list[Any]:
-        """The method's values table (tensors, scalars), for inspection; do not modify."""
+        """The method's values table (tensors, scalars), for inspection; do not modify.
+
+        After a compiled call (``compile=True``), an output of dynamic shape that only the
+        caller reads is handed to the caller as the compiled code made it, not copied
+        into the method's memory: its slot keeps the tensor loading made (the compile
+        report's regions say which instructions wrote it)."""
         return self._state.values
 
     def source(self) -> str:
