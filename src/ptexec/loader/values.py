@@ -19,7 +19,7 @@ from ..errors import LimitExceededError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key, Lru
 from ..format.scalar_type import scalar_type_name
-from ..memory import PlannedBuffer, fixed_empty, strided_view
+from ..memory import PlannedBuffer, empty_maker, fixed_empty, strided_view
 from ..tensor import dim_order_strides
 from .devices import DeviceMap, check_device_available
 from .state import Owned
@@ -269,7 +269,8 @@ def _replay(
     unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values = list(recipe.template)
     made: list[Owned] = []
-    empty = torch.empty
+    append = made.append
+    makers: dict[tuple[int, torch.dtype], Any] = {}  # per buffer and dtype: empty_maker's
     for t in recipe.tensors:
         if isinstance(t, int):
             value = plan.values[t]
@@ -279,9 +280,12 @@ def _replay(
             continue
         slot, memory_id, offset, dtype, sizes, strides, init = t
         storage, device = storages[memory_id]
-        view = empty(0, dtype=dtype, device=device)
+        make = makers.get((memory_id, dtype))
+        if make is None:
+            make = makers[(memory_id, dtype)] = empty_maker(dtype, device)
+        view = make()
         view.set_(storage, offset, sizes, strides)
-        made.append((view, storage, offset, sizes, strides))
+        append((view, storage, offset, sizes, strides))
         if init and memory_id in fresh:
             value = plan.values[slot]
             assert isinstance(value, p.Tensor)
