@@ -105,6 +105,25 @@ class _Ranges:
                 found[0].append(entry)
                 found[1].append(k)
 
+    def within(self, region: Region, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+        """What :meth:`overlapping` yields, each once, in no particular order: for callers
+        that take them all (found by bisection at both ends, without merging)."""
+        _, mem, start, end = region
+        buckets = self.buckets
+        found: list[tuple[int, int, int, int]] = []
+        span = self._span(mem, start, end)
+        for b in span:
+            hit = buckets.get((mem, b))
+            if hit is None:
+                continue
+            entries, ks = hit
+            first = bisect.bisect_right(ks, lo)
+            last = bisect.bisect_left(ks, hi, first)
+            found.extend(e for e in entries[first:last] if e[1] < end and start < e[2])
+        if len(span) > 1 and len(found) > 1:  # a range filed under several buckets
+            found = list(dict.fromkeys(found))
+        return found
+
     def overlapping(self, region: Region, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
         """(instruction, start, end, value) of the ranges overlapping ``region`` filed by
         instructions ``lo < k < hi``, in instruction order, each once."""
@@ -202,7 +221,7 @@ class _ChainAccesses:
         """The memory writes of instructions ``lo < j < hi`` that overlap region ``reg``."""
         found = []
         if reg[0] == "planned":
-            for j, start, end, _ in self.write_ranges.overlapping(reg, lo, hi):
+            for j, start, end, _ in self.write_ranges.within(reg, lo, hi):
                 r = ("planned", reg[1], start, end)
                 if r in self.writes[j]:
                     found.append(r)
@@ -279,7 +298,7 @@ class _ChainAccesses:
                 ):
                     stop = j
                     break
-            window = self.read_ranges.overlapping(target_region, i, stop + 1)
+            window = self.read_ranges.within(target_region, i, stop + 1)
             todo.extend(k for k, _, _, _ in window)
         heapq.heapify(todo)
         done: set[int] = set()
