@@ -102,25 +102,14 @@ def _evalue(t: Table) -> p.EValue:
 # reads that item (and raises the error, with its path).
 
 
-# a union's type and the offset of its value (an EValue's, an Instruction's)
-_UNION = ("u8", "u32")
-
-
 def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
     offsets = buf.field_offsets(pos)
     if offsets is None:
         return None
-    got = buf.fields(pos, offsets, _UNION)
-    if got is None:
-        code = buf.scalar_at(pos, offsets, 0, "u8")
-        if code != 1 and code != 2 and code != 5:
-            return None
-        at = buf.table_at(pos, offsets, 1)
-    else:
-        code = got[0]
-        if code != 1 and code != 2 and code != 5:
-            return None
-        at = buf.target(pos, offsets, 1, got[1])
+    code = buf.scalar_at(pos, offsets, 0, "u8")
+    if code != 1 and code != 2 and code != 5:
+        return None
+    at = buf.table_at(pos, offsets, 1)
     if code == 1:  # (a value given all the same must be readable, as for the decoder above)
         return p.Null() if at == 0 or (at > 0 and buf.field_offsets(at) is not None) else None
     if at <= 0:
@@ -134,8 +123,6 @@ def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
     return None if value is None else p.Int(int(value))
 
 
-# a KernelCall's op_index and the offset of its args
-_KERNEL_CALL = ("i32", "u32")
 # a Tensor table's fields up to shape_dynamism: vectors and tables as their offsets
 _TENSOR_FIELDS = ("i8", "i32", "u32", "u32", "bool", "u32", "u32", "i8", "i8")
 
@@ -149,13 +136,19 @@ def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
         return _fast_tensor_by_field(buf, pos, offsets)
     scalar_type, storage_offset, sizes_at, order_at, requires_grad = got[:5]
     data_buffer_idx, alloc_at, layout, dynamism = got[5:]
-    sizes = buf.scalars_after(buf.target(pos, offsets, 2, sizes_at), "i32")
-    dim_order = buf.scalars_after(buf.target(pos, offsets, 3, order_at), "u8")
+
+    def follow(slot: int, rel: int | None) -> int:  # as buf.table_at gives it
+        if rel is None:
+            return 0
+        return pos + offsets[slot] + rel if rel else -1
+
+    sizes = buf.scalars_after(follow(2, sizes_at), "i32")
+    dim_order = buf.scalars_after(follow(3, order_at), "u8")
     if sizes is None or dim_order is None:
         return None
     return _tensor_of(
         buf,
-        buf.target(pos, offsets, 6, alloc_at),
+        follow(6, alloc_at),
         0 if scalar_type is None else scalar_type,
         0 if storage_offset is None else storage_offset,
         sizes,
@@ -242,29 +235,16 @@ def _tensor_of(
 
 def _fast_instruction(buf: Buffer, pos: int) -> p.Instruction | None:
     offsets = buf.field_offsets(pos)
-    if offsets is None:
-        return None
-    got = buf.fields(pos, offsets, _UNION)
-    if got is None:
-        if buf.scalar_at(pos, offsets, 0, "u8") != 1:
-            return None  # (other instructions: the decoder above)
-        at = buf.table_at(pos, offsets, 1)
-    else:
-        if got[0] != 1:
-            return None
-        at = buf.target(pos, offsets, 1, got[1])
+    if offsets is None or buf.scalar_at(pos, offsets, 0, "u8") != 1:
+        return None  # (other instructions: the decoder above)
+    at = buf.table_at(pos, offsets, 1)
     if at <= 0:
         return None
     inner = buf.field_offsets(at)
     if inner is None:
         return None
-    call = buf.fields(at, inner, _KERNEL_CALL)
-    if call is None:
-        op_index = buf.scalar_at(at, inner, 0, "i32")
-        args = buf.scalars_at(at, inner, 1, "i32")
-    else:
-        op_index = 0 if call[0] is None else call[0]
-        args = buf.scalars_after(buf.target(at, inner, 1, call[1]), "i32")
+    op_index = buf.scalar_at(at, inner, 0, "i32")
+    args = buf.scalars_at(at, inner, 1, "i32")
     if op_index is None or args is None:
         return None
     return p.KernelCall(int(op_index), args)

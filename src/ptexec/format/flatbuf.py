@@ -160,13 +160,6 @@ class Buffer:
             out[slot] = value
         return out
 
-    def target(self, pos: int, offsets: tuple[int, ...], slot: int, rel: int | None) -> int:
-        """What :meth:`table_at` gives for field ``slot``, from the offset ``rel``
-        :meth:`fields` read there (None: absent)."""
-        if rel is None:
-            return 0
-        return pos + offsets[slot] + rel if rel else -1
-
     def table_at(self, pos: int, offsets: tuple[int, ...], slot: int) -> int:
         """The position of the table that field ``slot`` of table ``pos`` (with field
         ``offsets``) refers to: 0 when the field is absent, -1 when its offset cannot be
