@@ -405,20 +405,3 @@ def test_fast_decoding_agrees_with_the_table_decoders(
         assert fast == slow
         errors += not isinstance(fast, p.Program)
     assert errors  # some of the changes were defects
-
-
-def test_fields_read_in_one_go_as_one_by_one() -> None:
-    """``Buffer.fields`` reads what ``scalar_at`` reads field by field (absent fields
-    None), and declines (None) fields that overlap or do not lie inside the buffer."""
-    # a table at 4: field 0 an i8 at +4, field 1 absent, field 2 a u32 at +8
-    data = bytearray(16)
-    data[8] = 0xFE
-    struct.pack_into("<I", data, 12, 123456)
-    buf = Buffer(bytes(data))
-    offsets = (4, 0, 8)
-    got = buf.fields(4, offsets, ("i8", "u32", "u32"))
-    assert got == [buf.scalar_at(4, offsets, 0, "i8"), None, buf.scalar_at(4, offsets, 2, "u32")]
-    assert got == [-2, None, 123456]
-    assert buf.fields(4, (4, 0, 9), ("i8", "u32", "u32")) is None  # past the end
-    assert buf.fields(4, (4, 0, 4), ("i8", "u32", "u32")) is None  # overlapping
-    assert buf.fields(4, (), ("i8",)) == [None]
