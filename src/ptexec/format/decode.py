@@ -123,44 +123,10 @@ def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
     return None if value is None else p.Int(int(value))
 
 
-# a Tensor table's fields up to shape_dynamism: vectors and tables as their offsets
-_TENSOR_FIELDS = ("i8", "i32", "u32", "u32", "bool", "u32", "u32", "i8", "i8")
-
-
 def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
     offsets = buf.field_offsets(pos)
     if offsets is None or (len(offsets) > 9 and offsets[9]):
         return None  # (extra_tensor_info: the decoder above)
-    got = buf.fields(pos, offsets, _TENSOR_FIELDS)
-    if got is None:
-        return _fast_tensor_by_field(buf, pos, offsets)
-    scalar_type, storage_offset, sizes_at, order_at, requires_grad = got[:5]
-    data_buffer_idx, alloc_at, layout, dynamism = got[5:]
-
-    def follow(slot: int, rel: int | None) -> int:  # as buf.table_at gives it
-        if rel is None:
-            return 0
-        return pos + offsets[slot] + rel if rel else -1
-
-    sizes = buf.scalars_after(follow(2, sizes_at), "i32")
-    dim_order = buf.scalars_after(follow(3, order_at), "u8")
-    if sizes is None or dim_order is None:
-        return None
-    return _tensor_of(
-        buf,
-        follow(6, alloc_at),
-        0 if scalar_type is None else scalar_type,
-        0 if storage_offset is None else storage_offset,
-        sizes,
-        dim_order,
-        False if requires_grad is None else requires_grad,
-        0 if data_buffer_idx is None else data_buffer_idx,
-        0 if layout is None else layout,
-        0 if dynamism is None else dynamism,
-    )
-
-
-def _fast_tensor_by_field(buf: Buffer, pos: int, offsets: tuple[int, ...]) -> p.Tensor | None:
     scalar_type = buf.scalar_at(pos, offsets, 0, "i8")
     storage_offset = buf.scalar_at(pos, offsets, 1, "i32")
     sizes = buf.scalars_at(pos, offsets, 2, "i32")
@@ -180,34 +146,7 @@ def _fast_tensor_by_field(buf: Buffer, pos: int, offsets: tuple[int, ...]) -> p.
         or dynamism is None
     ):
         return None
-    return _tensor_of(
-        buf,
-        buf.table_at(pos, offsets, 6),
-        scalar_type,
-        storage_offset,
-        sizes,
-        dim_order,
-        requires_grad,
-        data_buffer_idx,
-        layout,
-        dynamism,
-    )
-
-
-def _tensor_of(
-    buf: Buffer,
-    at: int,
-    scalar_type: int,
-    storage_offset: int,
-    sizes: tuple[int, ...],
-    dim_order: tuple[int, ...],
-    requires_grad: bool,
-    data_buffer_idx: int,
-    layout: int,
-    dynamism: int,
-) -> p.Tensor | None:
-    """The tensor of these fields, its allocation_info table at ``at`` (as
-    :meth:`Buffer.table_at` gives it)."""
+    at = buf.table_at(pos, offsets, 6)
     alloc = None
     if at:
         inner = buf.field_offsets(at) if at > 0 else None

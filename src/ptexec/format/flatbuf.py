@@ -63,38 +63,6 @@ def _vtable_struct(nfields: int) -> struct.Struct:
     return st
 
 
-# how Buffer.fields reads one layout at one vtable: (a struct of the present fields in
-# the order of their offsets, padding between them, or None when none is present; the
-# first offset; the end of the last field; the slot of each unpacked value)
-_Plan = tuple[struct.Struct | None, int, int, tuple[int, ...]]
-_UNPLANNED: Any = object()
-
-
-def _plan(offsets: tuple[int, ...], layout: tuple[str, ...]) -> _Plan | None:
-    present = sorted(
-        (offsets[slot], slot, *SCALARS[kind])
-        for slot, kind in enumerate(layout)
-        if slot < len(offsets) and offsets[slot]
-    )
-    if not present:
-        return (None, 0, 0, ())
-    fmt = ["<"]
-    cursor = present[0][0]
-    for off, _, letter, size in present:
-        if off < cursor:
-            return None  # overlapping fields
-        if off > cursor:
-            fmt.append(f"{off - cursor}x")
-        fmt.append(letter)
-        cursor = off + size
-    return (
-        struct.Struct("".join(fmt)),
-        present[0][0],
-        cursor,
-        tuple(slot for _, slot, _, _ in present),
-    )
-
-
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
@@ -102,14 +70,12 @@ def _join(path: str, name: str) -> str:
 class Buffer:
     """The bytes of one flatbuffer, with checked primitive reads."""
 
-    __slots__ = ("_plans", "_vtables", "data", "size")
+    __slots__ = ("_vtables", "data", "size")
 
     def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.data = data
         self.size = len(data)
         self._vtables: dict[int, tuple[int, ...]] = {}  # vtable position -> field offsets
-        # per layout given to fields(), per field offsets: how to read them in one go
-        self._plans: dict[tuple[str, ...], dict[tuple[int, ...], _Plan | None]] = {}
 
     def field_offsets(self, pos: int) -> tuple[int, ...] | None:
         """Each field's offset from table ``pos`` (0: absent), when the table's start and
@@ -133,33 +99,6 @@ class Buffer:
         self._vtables[vtable] = found
         return found
 
-    def fields(
-        self, pos: int, offsets: tuple[int, ...], layout: tuple[str, ...]
-    ) -> list[Any] | None:
-        """Fields ``0 .. len(layout) - 1`` of table ``pos`` (with field ``offsets``), each
-        read as its kind in ``layout`` (a scalar kind, or ``"u32"`` for the offset a
-        vector or table field holds), None for an absent one; read with one unpacking
-        (planned once per layout and vtable). None when they cannot be read so (fields
-        that overlap, or one not inside the buffer): read them one by one to learn which.
-        """
-        plans = self._plans.get(layout)
-        if plans is None:
-            plans = self._plans[layout] = {}
-        plan = plans.get(offsets, _UNPLANNED)
-        if plan is _UNPLANNED:
-            plan = plans[offsets] = _plan(offsets, layout)
-        if plan is None:
-            return None
-        st, first, end, order = plan
-        out: list[Any] = [None] * len(layout)
-        if st is None:
-            return out
-        if pos + end > self.size:
-            return None
-        for slot, value in zip(order, st.unpack_from(self.data, pos + first), strict=True):
-            out[slot] = value
-        return out
-
     def table_at(self, pos: int, offsets: tuple[int, ...], slot: int) -> int:
         """The position of the table that field ``slot`` of table ``pos`` (with field
         ``offsets``) refers to: 0 when the field is absent, -1 when its offset cannot be
@@ -177,11 +116,7 @@ class Buffer:
     ) -> tuple[Any, ...] | None:
         """Vector of scalars field ``slot`` of table ``pos``: () when absent, None when it
         does not lie inside the buffer (read it as a :class:`Table` to learn why)."""
-        return self.scalars_after(self.table_at(pos, offsets, slot), kind)
-
-    def scalars_after(self, at: int, kind: str) -> tuple[Any, ...] | None:
-        """The vector of scalars at position ``at`` as :meth:`table_at` gives it: () for
-        0 (absent), None for -1 or a vector not inside the buffer."""
+        at = self.table_at(pos, offsets, slot)
         if at <= 0:
             return () if at == 0 else None
         size = self.size
