@@ -177,3 +177,32 @@ def test_load_time_work_runs_once_and_leaves_nothing_behind(
     del m
     gc.collect()
     assert not {k for k in linecache.cache if k.startswith("<ptexec")} - before
+
+
+def test_run_once_shares_one_template_across_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work of one shape on other slots of ``v`` compiles once: the slot numbers become
+    names of the namespace; each run writes and reads its own slots, and a source with a
+    string in it (where ``v[1]`` could be text) runs as written."""
+    import builtins
+
+    from ptexec import codegen
+
+    compiled: list[str] = []
+
+    def counted(source: str, *args: object) -> object:
+        compiled.append(source)
+        return builtins.compile(source, *args)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(codegen, "compile", counted, raising=False)
+    codegen.clear_compiled()
+    v: list[object] = [torch.arange(6.0).reshape(2, 3), None, torch.ones(3, 2), None]
+    codegen.run_once("v[1] = v[0].permute(1, 0)", {"v": v})
+    codegen.run_once("v[3] = v[2].permute(1, 0)", {"v": v})
+    assert torch.equal(v[1], torch.arange(6.0).reshape(2, 3).T)  # type: ignore[arg-type]
+    assert torch.equal(v[3], torch.ones(2, 3))  # type: ignore[arg-type]
+    assert len(compiled) == 1
+    ns: dict[str, object] = {"v": v}
+    codegen.run_once("v[1] = 'v[2]'", ns)
+    assert v[1] == "v[2]"
+    with pytest.raises(IndexError):  # a failure is the caller's to handle, as before
+        codegen.run_once("v[9] = v[0]", {"v": v})

@@ -376,8 +376,8 @@ def test_held_views_before_xnnpack_delegates_follow_new_inputs(name: str) -> Non
 def test_byte_ranges_found_are_those_a_scan_finds(seed: int) -> None:
     """The bucketed index of planned byte ranges answers every overlap query as a scan of
     all ranges does: the overlapping ones filed by instructions strictly inside the
-    window, in instruction order, each once (small buffers and large ones, ranges inside
-    one bucket and across many)."""
+    window, each once (small buffers and large ones, ranges inside one bucket and across
+    many); and those of them that contain the whole queried range, in instruction order."""
     import random
 
     from ptexec.loader.dataflow import _Ranges
@@ -407,6 +407,8 @@ def test_byte_ranges_found_are_those_a_scan_finds(seed: int) -> None:
                 if m == mem and lo < k < hi and s < end and start < e
             }
         )
-        got = list(ranges.overlapping(("planned", mem, start, end), lo, hi))
-        assert sorted(got) == expected  # (an instruction's own ranges: in any order)
-        assert [k for k, *_ in got] == sorted(k for k, *_ in got)
+        got = ranges.within(("planned", mem, start, end), lo, hi)
+        assert sorted(got) == expected
+        covering = list(ranges.covering(("planned", mem, start, end), lo, hi))
+        assert sorted(covering) == [r for r in expected if r[1] <= start and end <= r[2]]
+        assert [k for k, *_ in covering] == sorted(k for k, *_ in covering)

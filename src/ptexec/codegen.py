@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import linecache
+import re
 import types
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -268,14 +269,49 @@ class Sources:
         self._finalizer()
 
 
+# a value table slot ``v[12]`` outside a string (run_once templates only sources without
+# quotes): the slot numbers become names, so that work of one shape on other slots (the
+# same view of each layer's weight, say) compiles once
+_SLOT = re.compile(r"(?<![\w.\]])v\[(\d+)\]")
+_SLOT_NAME = "__ptexec_slot{}"
+# source -> (the code of its template, the slot number each name of it stands for)
+_templates: Lru[tuple[types.CodeType, tuple[tuple[str, int], ...]]] = Lru(COMPILED_TEXTS, 0)
+
+
+def _template(source: str) -> tuple[types.CodeType, tuple[tuple[str, int], ...]]:
+    hit = _templates.get(source)
+    if hit is not None:
+        return hit
+    slots: dict[str, str] = {}
+
+    def name(m: re.Match[str]) -> str:
+        number = m.group(1)
+        found = slots.get(number)
+        if found is None:
+            found = slots[number] = _SLOT_NAME.format(len(slots))
+        return f"v[{found}]"
+
+    text = source
+    if "'" not in source and '"' not in source and _SLOT_NAME[:-2] not in source:
+        text = _SLOT.sub(name, source)
+    hit = (_cached(text)[0], tuple((n, int(k)) for k, n in slots.items()))
+    _templates.put(source, hit)
+    return hit
+
+
 def run_once(source: str, namespace: dict[str, Any]) -> None:
     """Run ``source`` once, now, in ``namespace`` (which it may change: work done at load whose
     failure the caller catches and handles itself, so no traceback ever shows it): the
     compiled code comes from the cache, without a file name or a :class:`Sources` entry
-    of its own."""
-    exec(_cached(source)[0], namespace)
+    of its own. Sources that differ only in the slots of ``v`` they use share one
+    compiled template, its slot numbers given as names in ``namespace``."""
+    code, slots = _template(source)
+    for n, k in slots:
+        namespace[n] = k
+    exec(code, namespace)
 
 
 def clear_compiled() -> None:
     """Forget every cached code object (see the module docstring)."""
     _compiled.clear()
+    _templates.clear()

@@ -8,7 +8,7 @@ memory across lifetimes; that is the point of the plan.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +17,29 @@ from .device import Device
 from .errors import PteFormatError
 from .tensor import dim_order_strides
 
-__all__ = ["BufferInfo", "PlannedBuffer", "allocate", "fixed_empty", "resize_to", "strided_view"]
+__all__ = [
+    "BufferInfo",
+    "PlannedBuffer",
+    "allocate",
+    "empty_maker",
+    "fixed_empty",
+    "resize_to",
+    "strided_view",
+]
+
+# (dtype, device) -> the ``new`` of an empty tensor of them: calling it makes another empty
+# tensor of that dtype on that device in one call, where ``torch.empty`` parses its options
+_MAKERS: dict[tuple[torch.dtype, torch.device], Callable[[], torch.Tensor]] = {}
+
+
+def empty_maker(dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A function returning a new empty tensor of ``dtype`` on ``device`` each call (as
+    ``torch.empty(0, dtype=dtype, device=device)`` does, for less): what a view made
+    with ``set_`` starts from."""
+    found = _MAKERS.get((dtype, device))
+    if found is None:
+        found = _MAKERS.setdefault((dtype, device), torch.empty(0, dtype=dtype, device=device).new)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +140,7 @@ def strided_view(
         )
     if storage.storage_offset():
         raise ValueError("planned storage must start at offset 0")
-    base = torch.empty(0, dtype=dtype, device=storage.device)
+    base = empty_maker(dtype, storage.device)()
     base.set_(
         storage.untyped_storage(),
         byte_offset // itemsize,

@@ -105,36 +105,40 @@ class _Ranges:
                 found[0].append(entry)
                 found[1].append(k)
 
-    def overlapping(self, region: Region, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
+    def within(self, region: Region, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
         """(instruction, start, end, value) of the ranges overlapping ``region`` filed by
-        instructions ``lo < k < hi``, in instruction order, each once."""
+        instructions ``lo < k < hi``, each once, in no particular order (found by
+        bisection at both ends of each bucket)."""
         _, mem, start, end = region
-        streams = []
-        for b in self._span(mem, start, end):
-            found = self.buckets.get((mem, b))
-            if found is not None:
-                entries, ks = found
-                at = bisect.bisect_right(ks, lo)
-                if at < len(entries):
-                    streams.append(itertools.islice(entries, at, None))
-        if not streams:
+        buckets = self.buckets
+        found: list[tuple[int, int, int, int]] = []
+        span = self._span(mem, start, end)
+        for b in span:
+            hit = buckets.get((mem, b))
+            if hit is None:
+                continue
+            entries, ks = hit
+            first = bisect.bisect_right(ks, lo)
+            last = bisect.bisect_left(ks, hi, first)
+            found.extend([e for e in entries[first:last] if e[1] < end and start < e[2]])
+        if len(span) > 1 and len(found) > 1:  # a range filed under several buckets
+            found = list(dict.fromkeys(found))
+        return found
+
+    def covering(self, region: Region, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
+        """The ranges of :meth:`within` that contain every byte of ``region``, lazily, in
+        instruction order. Such a range is filed under every bucket ``region`` touches, so
+        the region's first bucket holds them all: one bucket is read, nothing merged."""
+        _, mem, start, end = region
+        found = self.buckets.get((mem, start // self.width.get(mem, 4096)))
+        if found is None:
             return
-        if len(streams) == 1:  # (a range in one bucket: each entry there once)
-            for entry in streams[0]:
-                if entry[0] >= hi:
-                    return
-                if entry[1] < end and start < entry[2]:
-                    yield entry
-            return
-        # a range filed under several of these buckets comes once from each; within one
-        # instruction a bucket keeps its entries as filed, not sorted, so copies of one
-        # entry need not come one after the other
-        seen = set()
-        for entry in heapq.merge(*streams):
+        entries, ks = found
+        for entry in itertools.islice(entries, bisect.bisect_right(ks, lo), None):
             if entry[0] >= hi:
                 return
-            if entry[1] < end and start < entry[2] and entry not in seen:
-                seen.add(entry)
+            s, e = entry[1], entry[2]
+            if s <= start and end <= e and s < end and start < e:
                 yield entry
 
 
@@ -202,7 +206,7 @@ class _ChainAccesses:
         """The memory writes of instructions ``lo < j < hi`` that overlap region ``reg``."""
         found = []
         if reg[0] == "planned":
-            for j, start, end, _ in self.write_ranges.overlapping(reg, lo, hi):
+            for j, start, end, _ in self.write_ranges.within(reg, lo, hi):
                 r = ("planned", reg[1], start, end)
                 if r in self.writes[j]:
                     found.append(r)
@@ -270,16 +274,11 @@ class _ChainAccesses:
         if target_region[0] == "planned":
             n = len(self.instructions)
             stop = n
-            _, _, t_start, t_end = target_region
-            for j, start, end, _ in self.write_ranges.overlapping(target_region, i, n):
-                if (
-                    start <= t_start
-                    and t_end <= end
-                    and (("planned", target_region[1], start, end) in self.writes[j])
-                ):
+            for j, start, end, _ in self.write_ranges.covering(target_region, i, n):
+                if ("planned", target_region[1], start, end) in self.writes[j]:
                     stop = j
                     break
-            window = self.read_ranges.overlapping(target_region, i, stop + 1)
+            window = self.read_ranges.within(target_region, i, stop + 1)
             todo.extend(k for k, _, _, _ in window)
         heapq.heapify(todo)
         done: set[int] = set()

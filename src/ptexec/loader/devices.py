@@ -109,14 +109,15 @@ def clear_placements() -> None:
     _labels.clear()
 
 
-def value_devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> list[Device | None]:
-    """The device of each value of ``plan`` under ``dmap`` (None: not a tensor)."""
+def value_devices(plan: p.ExecutionPlan, dmap: DeviceMap) -> tuple[Device | None, ...]:
+    """The device of each value of ``plan`` under ``dmap`` (None: not a tensor); the same
+    tuple for the loads of one plan under one map (while it is kept)."""
     key = Key(id(plan), dmap.key)
     hit = _labels.get(key)
     if hit is not None and hit[0] is plan:
-        return list(hit[1])
-    found = [dmap.label(v) if isinstance(v, p.Tensor) else None for v in plan.values]
-    _labels.put(key, (plan, tuple(found)))  # the plan kept alive: its id stays its own
+        return hit[1]
+    found = tuple(dmap.label(v) if isinstance(v, p.Tensor) else None for v in plan.values)
+    _labels.put(key, (plan, found))  # the plan kept alive: its id stays its own
     return found
 
 

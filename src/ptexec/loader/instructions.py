@@ -50,6 +50,7 @@ _PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, t
 
 
 _SHARED = (*_PLAIN, torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_UNASKED = object()
 
 
 def clear_kept_statements() -> None:
@@ -57,6 +58,7 @@ def clear_kept_statements() -> None:
     _kept.clear()
     _effects.clear()
     _placements.clear()
+    _placed.clear()
     _chains.clear()
 
 
@@ -117,15 +119,28 @@ _chains: Lru[
 ] = Lru(1024, 0)
 
 
+# the same, by the identity of the devices' sequence (value_devices gives the loads of one
+# plan the same tuple): (that sequence, kept alive so that its id stays its own, the key)
+_placed: Lru[tuple[Sequence[Device | None], Key]] = Lru(256, 0)
+
+
 def _placement(devices: Sequence[Device | None], options: Mapping[str, Any]) -> Key | None:
     try:
-        key = Key(tuple(devices), tuple(sorted(options.items())))
+        opts = tuple(sorted(options.items()))
+        short = Key(id(devices), opts)
     except TypeError:  # an option value that cannot be hashed
         return None
+    frozen = type(devices) is tuple  # (a list could change under the same id)
+    hit = _placed.get(short) if frozen else None
+    if hit is not None and hit[0] is devices:
+        return hit[1]
+    key = Key(tuple(devices), opts)
     known = _placements.get(key)
     if known is None:
         _placements.put(key, key)
         known = key
+    if frozen:
+        _placed.put(short, (devices, known))
     return known
 
 
@@ -251,8 +266,14 @@ class InstructionPreparer:
         if hit is None or hit[0] is not self.plan:
             return None
         _, factories, names, statements, found = hit
+        checked: dict[str, Any] = {}  # name -> its factory now (asked once a name)
         for name, factory in zip(names, factories, strict=True):
-            if factory is not None and find_kernel(name) is not factory:
+            if factory is None:
+                continue
+            now = checked.get(name, _UNASKED)
+            if now is _UNASKED:
+                now = checked[name] = find_kernel(name)
+            if now is not factory:
                 return None
         return list(names), statements, found
 

@@ -19,7 +19,7 @@ from ..errors import LimitExceededError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key, Lru
 from ..format.scalar_type import scalar_type_name
-from ..memory import PlannedBuffer, fixed_empty, strided_view
+from ..memory import PlannedBuffer, empty_maker, fixed_empty, strided_view
 from ..tensor import dim_order_strides
 from .devices import DeviceMap, check_device_available
 from .state import Owned
@@ -106,8 +106,8 @@ def build_values(
     fresh: set[int],
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
-    """The values table of ``plan`` (module docstring), and the geometry of the planned
-    views made from a recipe. ``fresh``: buffers allocated for this method (their state is
+    """The values table of ``plan`` (module docstring), and the geometry of each
+    planned view as made. ``fresh``: buffers allocated for this method (their state is
     initialised); unplanned tensors of bounded shape may take at most
     ``max_unplanned_bytes`` together. The plan's part of the work is recorded on the first
     load of a plan and replayed on the next (:class:`_Recipe`)."""
@@ -115,9 +115,9 @@ def build_values(
     hit = _recipes.get(key)
     if hit is not None and hit.plan is plan:
         return _replay(hit, program, path, dmap, buffers, fresh, max_unplanned_bytes)
-    values, recipe = _build(program, plan, path, dmap, buffers, fresh, max_unplanned_bytes)
+    values, recipe, made = _build(program, plan, path, dmap, buffers, fresh, max_unplanned_bytes)
     _recipes.put(key, recipe)  # the plan kept alive: its id stays its own
-    return values, []
+    return values, made
 
 
 def _initialise(
@@ -189,9 +189,12 @@ def _build(
     buffers: list[PlannedBuffer],
     fresh: set[int],
     max_unplanned_bytes: int,
-) -> tuple[list[Any], _Recipe]:
-    """The values table of ``plan``, every check made, and its recipe."""
+) -> tuple[list[Any], _Recipe, list[Owned]]:
+    """The values table of ``plan``, every check made, its recipe, and each planned
+    view's geometry as made."""
     by_id = {b.info.index: b for b in buffers}
+    storages: dict[int, Any] = {}  # memory id -> its buffer's untyped storage
+    made: list[Owned] = []
     inputs = set(plan.inputs)
     unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values: list[Any] = []
@@ -228,17 +231,20 @@ def _build(
             if init and alloc.memory_id in fresh:
                 _initialise(program, value, view, dtype, tpath)
             values.append(view)
-            tensors.append(
-                _Planned(
-                    j,
-                    alloc.memory_id,
-                    alloc.memory_offset // dtype.itemsize,
-                    dtype,
-                    tuple(value.sizes),
-                    tuple(view.stride()),
-                    init,
-                )
+            planned = _Planned(
+                j,
+                alloc.memory_id,
+                alloc.memory_offset // dtype.itemsize,
+                dtype,
+                tuple(value.sizes),
+                tuple(view.stride()),
+                init,
             )
+            tensors.append(planned)
+            storage = storages.get(alloc.memory_id)
+            if storage is None:
+                storage = storages[alloc.memory_id] = buf.data.untyped_storage()
+            made.append((view, storage, planned.offset, planned.sizes, planned.strides))
         elif j in inputs and not value.is_constant:
             values.append(None)
         else:
@@ -246,7 +252,7 @@ def _build(
             tensors.append(j)
     for j, items in int_lists:
         values[j] = tuple(values[i] for i in items)
-    return values, _Recipe(plan, tuple(template), tuple(tensors), tuple(int_lists))
+    return values, _Recipe(plan, tuple(template), tuple(tensors), tuple(int_lists)), made
 
 
 def _replay(
@@ -269,7 +275,8 @@ def _replay(
     unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values = list(recipe.template)
     made: list[Owned] = []
-    empty = torch.empty
+    append = made.append
+    makers: dict[tuple[int, torch.dtype], Any] = {}  # per buffer and dtype: empty_maker's
     for t in recipe.tensors:
         if isinstance(t, int):
             value = plan.values[t]
@@ -279,9 +286,12 @@ def _replay(
             continue
         slot, memory_id, offset, dtype, sizes, strides, init = t
         storage, device = storages[memory_id]
-        view = empty(0, dtype=dtype, device=device)
+        make = makers.get((memory_id, dtype))
+        if make is None:
+            make = makers[(memory_id, dtype)] = empty_maker(dtype, device)
+        view = make()
         view.set_(storage, offset, sizes, strides)
-        made.append((view, storage, offset, sizes, strides))
+        append((view, storage, offset, sizes, strides))
         if init and memory_id in fresh:
             value = plan.values[slot]
             assert isinstance(value, p.Tensor)
