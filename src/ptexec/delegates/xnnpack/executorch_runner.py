@@ -59,7 +59,13 @@ from ...threads import executorch_pool
 from . import schema as s
 from .runtime import OutputShapeError
 
-__all__ = ["EtRunner", "build_executorch_runner", "clear_sources", "executorch_unavailable"]
+__all__ = [
+    "EtRunner",
+    "build_executorch_runner",
+    "clear_sources",
+    "executorch_unavailable",
+    "pybindings_module",
+]
 
 BACKEND_ID = "XnnpackBackend"
 
@@ -106,6 +112,14 @@ def _settle_sys_spec() -> None:
         spec._initializing = False
 
 
+def pybindings_module() -> ModuleType:
+    """ExecuTorch's pybindings extension, loaded (:func:`executorch_unavailable` first)."""
+    m = _pybindings()
+    if isinstance(m, str):
+        raise BackendUnavailableError(m)
+    return m
+
+
 def executorch_unavailable() -> str | None:
     """Why ExecuTorch's XNNPACK backend cannot be used here (None when it can)."""
     m = _pybindings()
@@ -141,6 +155,10 @@ class EtRunner:
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
+
+    def program_data(self) -> bytes:
+        """The one-delegate program ExecuTorch loaded (read only)."""
+        return self._binder.data
 
     def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
         """Run the payload as ``runner(*tensors)`` does, with ExecuTorch's backend, loaded
