@@ -141,3 +141,22 @@ def test_a_damaged_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.Mon
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert native.find_or_build() == again  # now a clean hit
+
+
+def test_a_released_runner_loads_its_payload_again() -> None:
+    """A call whose native counterpart runs it releases the pybindings' method (one copy
+    of the packed weights); a later call through the pybindings loads it again."""
+    name = "op_attention"
+    method = ptexec.load(XNNPACK_DIR / XNNPACK[name]["pte"]).load_method(
+        "forward", xnnpack="executorch"
+    )
+    runners = [st.external for chain in method.state.chains for st in chain.loaded if st.external]
+    assert runners
+    call = _calls(name)[0]
+    want = method.execute(_clone(call["inputs"]))
+    for r in runners:
+        r.release()  # type: ignore[attr-defined]
+    for _ in range(2):
+        got = method.execute(_clone(call["inputs"]))
+        for x, y in zip(got, want, strict=True):
+            assert torch.equal(x, y)

@@ -200,6 +200,13 @@ class ExternalCall:
         data = getattr(self.runner, "program_data", None)
         return data() if callable(data) else None
 
+    def release_runner(self) -> None:
+        """Let the runner drop what it loaded until its next call (another path runs the
+        call meanwhile, :mod:`.native`)."""
+        release = getattr(self.runner, "release", None)
+        if callable(release):
+            release()
+
     def _build(self) -> Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]:
         """The call as one function of its inputs: an input whose address is the one
         handed over last goes to the runner as it is, with the outputs' tensors in their

@@ -313,5 +313,6 @@ def table(calls: Iterable[ExternalCall]) -> NativeCalls | None:
         except RuntimeError:
             continue  # this call stays on the Python path
         made.add(c.key, native)
+        c.release_runner()  # one copy of the packed weights: the Python path reloads its own
         count += 1
     return NativeCalls(made, count)

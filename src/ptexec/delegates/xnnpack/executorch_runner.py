@@ -160,6 +160,12 @@ class EtRunner:
         """The one-delegate program ExecuTorch loaded (read only)."""
         return self._binder.data
 
+    def release(self) -> None:
+        """Drop ExecuTorch's method of the payload (XNNPACK's packed weights with it) until
+        the next call, which loads it again: for a caller that runs the payload another
+        way meanwhile (:mod:`ptexec.compile.native`)."""
+        self._binder.release(self.fn.__globals__)
+
     def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
         """Run the payload as ``runner(*tensors)`` does, with ExecuTorch's backend, loaded
         once more with ExecuTorch's ETDump on (on first use: the plain runner never pays
@@ -206,6 +212,7 @@ class _Unbound:
 
 
 _UNBOUND = _Unbound()
+_RELEASED = object()  # a released binder's pool address: equals no pool's
 
 
 class _Binder:
@@ -268,6 +275,15 @@ class _Binder:
         namespace["_atp"] = ctypes.c_void_p(self.held[0])
         namespace["_key"] = _UNBOUND if self.key is None else self.key
         namespace.setdefault("_known", None)
+
+    def release(self, ns: dict[str, Any]) -> None:
+        """Drop the program and method; the next call through ``ns`` loads them again
+        (its pool check fails: ``_at`` is no pool's address)."""
+        self.key = None
+        self.program = self.method = None
+        self.held = (None, 0)
+        ns["_execute"] = ns["_get"] = None
+        ns["_at"], ns["_key"] = _RELEASED, _UNBOUND
 
     def reload(self, ns: dict[str, Any]) -> None:
         """Load the program again, for the pool now current (the old one is destroyed),
