@@ -195,6 +195,8 @@ def find_or_build() -> Path:
     docstring); nothing is loaded. ``RuntimeError`` says why it cannot be built."""
     from .cache import cache_dir, open_cache
 
+    if not sys.platform.startswith("linux"):
+        raise RuntimeError("the native delegate calls are built on Linux only")
     et_root = _executorch_root()
     if isinstance(et_root, str):
         raise RuntimeError(et_root)
