@@ -102,8 +102,9 @@ struct Call : torch::CustomClassHolder {
     TORCH_CHECK(xs.size() == reads.size(), "a delegate call of ", reads.size(),
                 " inputs got ", xs.size());
     std::lock_guard<std::mutex> guard(lock);
-    std::vector<at::Tensor> copies;  // dense copies of inputs that are not dense
-    copies.reserve(xs.size());
+    // dense copies of inputs that are not dense (rare; an Arg points into the copy's
+    // TensorImpl, which stays where it is when the vector grows)
+    std::vector<at::Tensor> copies;
     for (size_t j = 0; j < xs.size(); ++j) {
       const int64_t k = reads[j];
       const auto& order = orders[k];
