@@ -28,7 +28,7 @@ from compile_util import (
     skip_slow_unless_asked,
     xnnpack_pair,
 )
-from ptexec.compile import CompileOptions, external
+from ptexec.compile import CompileOptions, external, native
 from ptexec.compile.external import ExternalCall
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
 
@@ -55,17 +55,40 @@ def every_delegate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(external, "MIN_WEIGHT_BYTES", 0)
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The keys of every opaque call made from now on."""
-    seen: list[str] = []
+class _Seen:
+    """The opaque calls made from now on: ``keys`` those run through Python, and its
+    length counts those ExecuTorch's C++ runtime ran (:mod:`ptexec.compile.native`) too."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.native_start = native.runs()
+
+    @property
+    def native(self) -> int:
+        return native.runs() - self.native_start
+
+    def __len__(self) -> int:
+        return len(self.keys) + self.native
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> _Seen:
+    seen = _Seen()
     run = ExternalCall.run
 
     def counted(self: ExternalCall, inputs: Any) -> list[torch.Tensor]:
-        seen.append(self.key)
+        seen.keys.append(self.key)
         return run(self, inputs)
 
     monkeypatch.setattr(ExternalCall, "run", counted)
     return seen
+
+
+NATIVE = native.unavailable() is None  # this machine builds and loads the native calls
+
+
+def _native_count(report: Any) -> int:
+    """How many of the report's calls run natively where the library can be used."""
+    return len(report.xnnpack_calls) if NATIVE and native.enabled() else 0
 
 
 def _replay_equal(name: str, plain: ptexec.Method, compiled: ptexec.Method) -> None:
@@ -88,6 +111,7 @@ def _check_mixed(name: str, options: CompileOptions, monkeypatch: pytest.MonkeyP
         if type(ins).__name__ == "DelegateCall"
     ]
     assert list(report.xnnpack_calls) == delegates
+    assert report.native_calls == _native_count(report), report.native_unavailable
     assert "XNNPACK call(s) with XNNPACK's kernels" in report.summary()
     seen = _counting(monkeypatch)
     if options.backend == "graph":  # the interpreter's kernels around XNNPACK's: equal
@@ -171,8 +195,9 @@ class _TwiceShared(torch.nn.Module):
 
 
 @pytest.mark.usefixtures("every_delegate")
+@pytest.mark.parametrize("natively", [True, False], ids=["native", "python"])
 def test_two_calls_of_the_same_delegate_keep_their_own_outputs(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, natively: bool
 ) -> None:
     """Two delegate calls whose one-delegate programs are the same bytes (here made so:
     every runner says the same digest) are two opaque calls, each with its own output
@@ -191,16 +216,23 @@ def test_two_calls_of_the_same_delegate_keep_their_own_outputs(
     path = tmp_path / "twice.pte"
     path.write_bytes(lowered.buffer)
     monkeypatch.setattr(EtRunner, "digest", lambda self: "same" * 16)
+    if not natively:
+        monkeypatch.setenv("PTEXEC_NATIVE_CALLS", "0")
     compiled = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
     report = compiled.compile_report
     assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 2
+    assert report.native_calls == _native_count(report)
     seen = _counting(monkeypatch)
     want = model(x)
     for _ in range(2):
         got = compiled.execute([x])
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert len(seen) == 4 and len(set(seen)) == 2
+    assert len(seen) == 4
+    if report.native_calls:
+        assert seen.native == 4 and not seen.keys
+    else:
+        assert len(set(seen.keys)) == 2
 
 
 @pytest.mark.slow

@@ -57,9 +57,11 @@ from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 
 __all__ = [
+    "Calls",
     "ExternalCall",
     "ExternalRunner",
     "OutputSpec",
+    "attach_native_use",
     "external_call",
     "register",
     "use",
@@ -185,14 +187,34 @@ class ExternalCall:
             fast = self._build()
         return fast(inputs)
 
+    def output_memory(self) -> tuple[torch.Tensor, ...]:
+        """The outputs' tensors every call writes (made on first use, at their bounds)."""
+        with self.lock:
+            if not self._outs and self.outputs:
+                self._outs = tuple(_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs)
+            return self._outs
+
+    def program_data(self) -> bytes | None:
+        """The one-delegate program the runner loaded into ExecuTorch (None: the runner
+        is not ExecuTorch's), for :mod:`.native` to load the same."""
+        data = getattr(self.runner, "program_data", None)
+        return data() if callable(data) else None
+
+    def release_runner(self) -> None:
+        """Let the runner drop what it loaded until its next call (another path runs the
+        call meanwhile, :mod:`.native`)."""
+        release = getattr(self.runner, "release", None)
+        if callable(release):
+            release()
+
     def _build(self) -> Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]:
         """The call as one function of its inputs: an input whose address is the one
-        handed over last goes to the runner as it is, with the outputs' tensors (made
-        here) in their places; any other goes through :meth:`_move` first."""
+        handed over last goes to the runner as it is, with the outputs' tensors in their
+        places; any other goes through :meth:`_move` first."""
+        self.output_memory()
         with self.lock:
             if self._fast is not None:
                 return self._fast
-            self._outs = tuple(_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs)
             xs = [f"x{j}" for j in range(len(self.inputs))]
             args: list[str] = [""] * self.count
             for j, k in enumerate(self.inputs):
@@ -316,18 +338,36 @@ def register(call: ExternalCall) -> None:
         _REGISTRY[call.key] = alive
 
 
+class Calls(dict[str, ExternalCall]):
+    """A method's opaque calls by key, with ``native``: the address of their table in
+    :mod:`.native`'s library (0: none; ``keep`` holds the table)."""
+
+    native: int = 0
+    keep: Any = None
+
+
 class _Current(threading.local):
     calls: Mapping[str, ExternalCall] | None = None  # each thread starts with none
 
 
 _CURRENT = _Current()  # the calls of the method running on this thread
+_NATIVE_USE: list[Callable[[int], int] | None] = [None]  # the library's, once loaded
+
+
+def attach_native_use(use_native: Callable[[int], int]) -> None:
+    """Have :func:`use` also make a native table current (:mod:`.native`)."""
+    _NATIVE_USE[0] = use_native
 
 
 def use(calls: Mapping[str, ExternalCall] | None) -> Mapping[str, ExternalCall] | None:
     """Make the compiled code this thread runs next find ``calls`` first (the running
-    method's own, with their own memory); returns what was there before."""
+    method's own, with their own memory; and their native table, for the library's
+    kernel); returns what was there before."""
     before = _CURRENT.calls
     _CURRENT.calls = calls
+    native = _NATIVE_USE[0]
+    if native is not None:
+        native(getattr(calls, "native", 0) if calls is not None else 0)
     return before
 
 
@@ -366,6 +406,9 @@ def _external_call_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tens
 
 
 _LIB.impl("external_call", _external_call, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+# the same, for :mod:`.native`'s kernel of ``external_call`` to send the calls it does not hold
+_LIB.define("external_call_python(str key, Tensor[] inputs) -> Tensor[]")  # type: ignore[no-untyped-call]
+_LIB.impl("external_call_python", _external_call, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
 torch.library.register_fake("ptexec::external_call", _external_call_fake, lib=_LIB)
 external_call = torch.ops.ptexec.external_call.default
 """Run the delegate call registered as ``key`` on ``inputs``; its outputs."""

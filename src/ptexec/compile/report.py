@@ -25,7 +25,10 @@ class CompileReport:
     the one warning loading issued, if any (no C++ compiler, a failing compile);
     ``xnnpack_calls`` the delegate calls inside compiled regions that run with XNNPACK's
     own kernels (ExecuTorch's XNNPACK backend, one opaque call of the compiled code)
-    rather than as torch operations; ``read_in_place`` the method's planned inputs (by
+    rather than as torch operations, ``native_calls`` how many of them ExecuTorch's C++
+    runtime runs without entering Python (:mod:`ptexec.compile.native`; the others go
+    through its pybindings; ``native_unavailable`` says why, when none does);
+    ``read_in_place`` the method's planned inputs (by
     index) that only compiled code reads, so that a common call passes the caller's
     tensor, when it is dense, rather than copying it into planned memory first (its
     ``last_call`` action is then ``"share"``; :func:`ptexec.compile.regions.caller_readable`)."""
@@ -42,6 +45,8 @@ class CompileReport:
     chains: tuple[int, ...] = field(default=(), repr=False)  # the chain of each region
     xnnpack_calls: tuple[int, ...] = ()
     read_in_place: tuple[int, ...] = ()
+    native_calls: int = 0
+    native_unavailable: str | None = None
 
     @property
     def fully_compiled(self) -> bool:
@@ -66,6 +71,14 @@ class CompileReport:
         for first, last, reason in self.fallbacks:
             span = f"{first}-{last}" if last > first else f"{first}"
             lines.append(f"  interpreted  {span}: {reason}")
+        if self.xnnpack_calls:
+            how = (
+                f"{self.native_calls} of {len(self.xnnpack_calls)} XNNPACK call(s) run by "
+                "ExecuTorch's C++ runtime directly"
+            )
+            if self.native_unavailable:
+                how += f" ({self.native_unavailable})"
+            lines.append(f"  {how}")
         if self.read_in_place:
             listed = ", ".join(str(i) for i in self.read_in_place)
             lines.append(f"  input(s) {listed} read in place (no copy into planned memory)")

@@ -25,6 +25,7 @@ method runs interpreted, and a region whose compile fails runs interpreted, with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -45,10 +46,13 @@ from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, warn_once
-from .external import ExternalCall
+from .external import Calls, ExternalCall
 from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
+from .native import library as native_library
+from .native import table as native_table
+from .native import unavailable as native_unavailable
 from .progress import Progress
 from .regions import Fallback, Region, caller_readable, interpreted_ranges, plan_regions
 from .report import CompileReport, CompileWarning
@@ -241,8 +245,11 @@ class RegionBuilder:
 
     # -- compiling ---------------------------------------------------------------------
     def build(self) -> None:
-        """Find or make the compiled code; warn once when a compile failed."""
+        """Find or make the compiled code (and, for its opaque delegate calls, the library
+        that runs them natively, :mod:`.native`); warn once when a compile failed."""
         self._build()
+        if self.rebuild.external_calls():
+            native_library()
         failures = [f for f in self.failed if f.reason.startswith(_COMPILE_FAILED)]
         if failures and self.warning is None:
             listed = "; ".join(f"{f.first}-{f.last}: {f.reason}" for f in failures[:3])
@@ -771,9 +778,19 @@ class CompiledRunner:
             builder.build()
         self.report = builder.report()
         # the delegate calls the compiled code makes through ptexec::external_call
-        self._externals = {c.key: c for c in builder.rebuild.external_calls()}
+        self._externals = Calls((c.key, c) for c in builder.rebuild.external_calls())
         for ext in self._externals.values():
             ext.shapes = None  # only tracing needs them (with ptexec's torch code)
+        if self._externals:
+            native = native_table(self._externals.values())
+            if native is not None and native.count:  # run by ExecuTorch's C++ runtime
+                self._externals.native = native.address
+                self._externals.keep = native
+            self.report = dataclasses.replace(
+                self.report,
+                native_calls=native.count if native is not None else 0,
+                native_unavailable=native_unavailable() if native is None else None,
+            )
         aoti = builder.options.backend == "aoti"
         self._backend = "AOTInductor" if aoti else "its traced graph, by torch"
         self._regions: list[tuple[_Compiled, _Call, _Call | None]] = []

@@ -59,7 +59,13 @@ from ...threads import executorch_pool
 from . import schema as s
 from .runtime import OutputShapeError
 
-__all__ = ["EtRunner", "build_executorch_runner", "clear_sources", "executorch_unavailable"]
+__all__ = [
+    "EtRunner",
+    "build_executorch_runner",
+    "clear_sources",
+    "executorch_unavailable",
+    "pybindings_module",
+]
 
 BACKEND_ID = "XnnpackBackend"
 
@@ -106,6 +112,14 @@ def _settle_sys_spec() -> None:
         spec._initializing = False
 
 
+def pybindings_module() -> ModuleType:
+    """ExecuTorch's pybindings extension, loaded (:func:`executorch_unavailable` first)."""
+    m = _pybindings()
+    if isinstance(m, str):
+        raise BackendUnavailableError(m)
+    return m
+
+
 def executorch_unavailable() -> str | None:
     """Why ExecuTorch's XNNPACK backend cannot be used here (None when it can)."""
     m = _pybindings()
@@ -141,6 +155,16 @@ class EtRunner:
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.fn(*tensors)
+
+    def program_data(self) -> bytes:
+        """The one-delegate program ExecuTorch loaded (read only)."""
+        return self._binder.data
+
+    def release(self) -> None:
+        """Drop ExecuTorch's method of the payload (XNNPACK's packed weights with it) until
+        the next call, which loads it again: for a caller that runs the payload another
+        way meanwhile (:mod:`ptexec.compile.native`)."""
+        self._binder.release(self.fn.__globals__)
 
     def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
         """Run the payload as ``runner(*tensors)`` does, with ExecuTorch's backend, loaded
@@ -188,6 +212,7 @@ class _Unbound:
 
 
 _UNBOUND = _Unbound()
+_RELEASED = object()  # a released binder's pool address: equals no pool's
 
 
 class _Binder:
@@ -250,6 +275,15 @@ class _Binder:
         namespace["_atp"] = ctypes.c_void_p(self.held[0])
         namespace["_key"] = _UNBOUND if self.key is None else self.key
         namespace.setdefault("_known", None)
+
+    def release(self, ns: dict[str, Any]) -> None:
+        """Drop the program and method; the next call through ``ns`` loads them again
+        (its pool check fails: ``_at`` is no pool's address)."""
+        self.key = None
+        self.program = self.method = None
+        self.held = (None, 0)
+        ns["_execute"] = ns["_get"] = None
+        ns["_at"], ns["_key"] = _RELEASED, _UNBOUND
 
     def reload(self, ns: dict[str, Any]) -> None:
         """Load the program again, for the pool now current (the old one is destroyed),

@@ -1,0 +1,165 @@
+// The ExecuTorch half of the native delegate calls (et_calls.h).
+#include "et_calls.h"
+
+#include <executorch/extension/data_loader/buffer_data_loader.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/hierarchical_allocator.h>
+#include <executorch/runtime/executor/memory_manager.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/program.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+struct pthreadpool;
+namespace executorch::extension::threadpool {
+pthreadpool* get_pthreadpool();
+}
+extern "C" size_t pthreadpool_get_threads_count(pthreadpool* pool);
+
+namespace et = executorch::runtime;
+namespace ea = executorch::aten;
+
+namespace ptexec_native {
+namespace {
+
+struct Loaded {
+  executorch::extension::BufferDataLoader loader;
+  std::optional<et::Program> program;
+  executorch::extension::MallocMemoryAllocator method_allocator;
+  executorch::extension::MallocMemoryAllocator temp_allocator;
+  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<et::Span<uint8_t>> spans;
+  std::optional<et::HierarchicalAllocator> planned;
+  std::optional<et::MemoryManager> memory;
+  std::optional<et::Method> method;
+  pthreadpool* pool = nullptr;  // the pool the method's XNNPACK runtime was made with
+  size_t threads = 0;
+  // per input: its geometry as ExecuTorch reads it (kept across calls)
+  std::vector<std::vector<ea::SizesType>> sizes;
+  std::vector<std::vector<ea::DimOrderType>> orders;
+  std::vector<std::vector<ea::StridesType>> strides;
+
+  Loaded(const void* data, size_t size) : loader(data, size) {}
+};
+
+std::string code(et::Error e) { return std::to_string(static_cast<int>(e)); }
+
+bool load_method(Loaded* m, std::string* error) {
+  m->method.reset();
+  m->memory.reset();
+  m->planned.reset();
+  m->spans.clear();
+  m->buffers.clear();
+  m->method_allocator.reset();
+  auto meta = m->program->method_meta("forward");
+  if (!meta.ok()) {
+    *error = "the program has no method 'forward' (error " + code(meta.error()) + ")";
+    return false;
+  }
+  for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
+    auto size = meta->memory_planned_buffer_size(i);
+    if (!size.ok()) {
+      *error = "planned buffer " + std::to_string(i) + " has no size";
+      return false;
+    }
+    m->buffers.emplace_back(static_cast<size_t>(size.get()));
+  }
+  for (auto& b : m->buffers) m->spans.emplace_back(b.data(), b.size());
+  m->planned.emplace(et::Span<et::Span<uint8_t>>(m->spans.data(), m->spans.size()));
+  m->memory.emplace(&m->method_allocator, &*m->planned, &m->temp_allocator);
+  m->pool = executorch::extension::threadpool::get_pthreadpool();
+  m->threads = m->pool != nullptr ? pthreadpool_get_threads_count(m->pool) : 0;
+  auto method = m->program->load_method("forward", &*m->memory);
+  if (!method.ok()) {
+    *error = "ExecuTorch could not load the method (error " + code(method.error()) + ")";
+    return false;
+  }
+  m->method.emplace(std::move(method.get()));
+  size_t n = m->method->inputs_size();
+  m->sizes.assign(n, {});
+  m->orders.assign(n, {});
+  m->strides.assign(n, {});
+  return true;
+}
+
+}  // namespace
+
+void* et_load(const void* data, size_t size, std::string* error) {
+  et::runtime_init();
+  auto m = std::make_unique<Loaded>(data, size);
+  auto program = et::Program::load(&m->loader, et::Program::Verification::InternalConsistency);
+  if (!program.ok()) {
+    *error = "ExecuTorch could not load the program (error " + code(program.error()) + ")";
+    return nullptr;
+  }
+  m->program.emplace(std::move(program.get()));
+  if (!load_method(m.get(), error)) return nullptr;
+  return m.release();
+}
+
+void et_free(void* method) { delete static_cast<Loaded*>(method); }
+
+size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->method->inputs_size(); }
+
+int et_run(void* method, size_t n, const Arg* args, std::string* error) {
+  auto* m = static_cast<Loaded*>(method);
+  pthreadpool* pool = executorch::extension::threadpool::get_pthreadpool();
+  size_t threads = pool != nullptr ? pthreadpool_get_threads_count(pool) : 0;
+  if (pool != m->pool || threads != m->threads) {
+    if (!load_method(m, error)) return 1;
+  }
+  if (n != m->method->inputs_size()) {
+    *error = std::to_string(n) + " tensors for a method of " +
+        std::to_string(m->method->inputs_size()) + " inputs";
+    return 1;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Arg& a = args[i];
+    auto& sizes = m->sizes[i];
+    auto& order = m->orders[i];
+    auto& strides = m->strides[i];
+    sizes.resize(a.ndim);
+    order.resize(a.ndim);
+    strides.resize(a.ndim);
+    for (int64_t d = 0; d < a.ndim; ++d) {
+      sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
+      order[d] = static_cast<ea::DimOrderType>(a.dim_order[d]);
+    }
+    ea::StridesType step = 1;
+    for (int64_t d = a.ndim - 1; d >= 0; --d) {
+      strides[order[d]] = step;
+      step *= sizes[order[d]];
+    }
+    ea::TensorImpl impl(
+        static_cast<ea::ScalarType>(a.dtype), a.ndim, sizes.data(), a.data, order.data(),
+        strides.data(), et::TensorShapeDynamism::DYNAMIC_BOUND);
+    et::Error e = m->method->set_input(et::EValue(ea::Tensor(&impl)), i);
+    if (e != et::Error::Ok) {
+      *error = "ExecuTorch refused tensor " + std::to_string(i) + " (error " + code(e) + ")";
+      return 1;
+    }
+  }
+  et::Error e = m->method->execute();
+  if (e != et::Error::Ok) {
+    *error = "ExecuTorch's execute failed (error " + code(e) + ")";
+    return 1;
+  }
+  return 0;
+}
+
+int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity) {
+  auto* m = static_cast<Loaded*>(method);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const ea::Tensor& t = m->method->get_input(i).toTensor();
+#pragma GCC diagnostic pop
+  if (t.dim() > capacity) return -1;
+  for (ssize_t d = 0; d < t.dim(); ++d) sizes[d] = t.size(d);
+  return t.dim();
+}
+
+}  // namespace ptexec_native

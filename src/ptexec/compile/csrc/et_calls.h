@@ -1,0 +1,34 @@
+// ExecuTorch's runtime, seen through plain types: the half of the native delegate
+// calls compiled against ExecuTorch's headers (whose c10 copy cannot meet torch's in
+// one translation unit).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ptexec_native {
+
+// One tensor handed to ExecuTorch: its memory, laid out densely in `dim_order`.
+struct Arg {
+  void* data;
+  int64_t ndim;
+  const int64_t* sizes;
+  const int64_t* dim_order;
+  int dtype;  // c10::ScalarType's number (ExecuTorch numbers its types the same)
+};
+
+// Loads the one-delegate program `data` (read in place: it must outlive the method)
+// and its method "forward"; nullptr with `error` set when ExecuTorch refuses it.
+void* et_load(const void* data, size_t size, std::string* error);
+void et_free(void* method);
+size_t et_inputs(void* method);
+// Hands `args` over as the method's inputs and executes it; nonzero with `error` set
+// on failure. A method made with a thread pool that is no longer ExecuTorch's is
+// loaded again first (XNNPACK's runtime keeps the pool it was made with).
+int et_run(void* method, size_t n, const Arg* args, std::string* error);
+// The sizes ExecuTorch holds for input `i` after a call (what the delegate resized a
+// dynamic output to); its rank, or -1 when it exceeds `capacity`.
+int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity);
+
+}  // namespace ptexec_native

@@ -1,0 +1,190 @@
+// The torch half of the native delegate calls: a CPU kernel of ptexec::external_call
+// that runs a delegate call with ExecuTorch's runtime without entering Python (see
+// ptexec/compile/native.py). Calls it does not hold go to ptexec::external_call_python.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "et_calls.h"
+
+namespace ptexec_native {
+namespace {
+
+// whether x is laid out densely in dim order `order` (a dim of size 1 may have any stride)
+bool dense(const at::Tensor& x, const std::vector<int64_t>& order) {
+  int64_t nd = x.dim();
+  if (static_cast<int64_t>(order.size()) != nd) return false;
+  auto sizes = x.sizes();
+  auto strides = x.strides();
+  int64_t step = 1;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    int64_t a = order[d];
+    if (sizes[a] != 1 && strides[a] != step) return false;
+    step *= sizes[a];
+  }
+  return true;
+}
+
+std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, const std::vector<int64_t>& order) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (int64_t d = static_cast<int64_t>(order.size()) - 1; d >= 0; --d) {
+    strides[order[d]] = step;
+    step *= sizes[order[d]];
+  }
+  return strides;
+}
+
+// One delegate call: ExecuTorch's method of its one-delegate program (whose inputs are
+// all the call's tensors, outputs included), and the outputs' memory, written by every
+// call (shared with the Python path of the same call).
+struct Call : torch::CustomClassHolder {
+  at::Tensor program;  // the program's bytes, read in place by ExecuTorch
+  void* method = nullptr;
+  std::vector<int64_t> reads;  // argument positions the call reads, in order
+  std::vector<int64_t> writes;  // and those it writes, with
+  std::vector<int64_t> dynamic;  // whether each output's shape is dynamic
+  std::vector<at::Tensor> outs;  // each output's memory (at its bound)
+  std::vector<std::vector<int64_t>> orders;  // every argument's dim order
+  std::vector<Arg> args;
+  bool any_dynamic = false;
+  std::mutex lock;
+
+  Call(at::Tensor program_, std::vector<int64_t> writes_, std::vector<int64_t> dynamic_,
+       std::vector<at::Tensor> outs_, std::vector<std::vector<int64_t>> orders_)
+      : program(std::move(program_)), writes(std::move(writes_)),
+        dynamic(std::move(dynamic_)), outs(std::move(outs_)), orders(std::move(orders_)) {
+    TORCH_CHECK(program.is_contiguous() && program.scalar_type() == at::kByte,
+                "the program must be a dense uint8 tensor");
+    TORCH_CHECK(writes.size() == outs.size() && dynamic.size() == outs.size(),
+                "one position, dynamism and tensor per output");
+    const int64_t count = static_cast<int64_t>(orders.size());
+    std::vector<bool> written(count, false);
+    for (size_t n = 0; n < writes.size(); ++n) {
+      TORCH_CHECK(writes[n] >= 0 && writes[n] < count, "output position out of range");
+      TORCH_CHECK(dense(outs[n], orders[writes[n]]), "an output is not dense in its dim order");
+      written[writes[n]] = true;
+      any_dynamic = any_dynamic || dynamic[n] != 0;
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      if (!written[k]) reads.push_back(k);
+    }
+    std::string error;
+    method = et_load(program.data_ptr(), program.nbytes(), &error);
+    TORCH_CHECK(method != nullptr, error);
+    TORCH_CHECK(static_cast<int64_t>(et_inputs(method)) == count, "the program takes ",
+                et_inputs(method), " tensors, the call has ", count);
+    args.resize(count);
+  }
+
+  ~Call() override {
+    if (method != nullptr) et_free(method);
+  }
+
+  static void describe(Arg& a, const at::Tensor& t, const std::vector<int64_t>& order) {
+    a.data = t.data_ptr();
+    a.ndim = t.dim();
+    a.sizes = t.sizes().data();
+    a.dim_order = order.data();
+    a.dtype = static_cast<int>(t.scalar_type());
+  }
+
+  std::vector<at::Tensor> run(at::TensorList xs) {
+    TORCH_CHECK(xs.size() == reads.size(), "a delegate call of ", reads.size(),
+                " inputs got ", xs.size());
+    std::lock_guard<std::mutex> guard(lock);
+    // dense copies of inputs that are not dense (rare; an Arg points into the copy's
+    // TensorImpl, which stays where it is when the vector grows)
+    std::vector<at::Tensor> copies;
+    for (size_t j = 0; j < xs.size(); ++j) {
+      const int64_t k = reads[j];
+      const auto& order = orders[k];
+      TORCH_CHECK(xs[j].dim() == static_cast<int64_t>(order.size()), "input ", j, " has ",
+                  xs[j].dim(), " dims, the program ", order.size());
+      if (dense(xs[j], order)) {
+        describe(args[k], xs[j], order);
+      } else {
+        copies.push_back(at::empty_strided(xs[j].sizes(), dense_strides(xs[j].sizes(), order),
+                                           xs[j].options()));
+        copies.back().copy_(xs[j]);
+        describe(args[k], copies.back(), order);
+      }
+    }
+    for (size_t n = 0; n < outs.size(); ++n) describe(args[writes[n]], outs[n], orders[writes[n]]);
+    std::string error;
+    TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
+    if (!any_dynamic) return outs;
+    std::vector<at::Tensor> result = outs;
+    int64_t sizes[16];
+    for (size_t n = 0; n < outs.size(); ++n) {
+      if (dynamic[n] == 0) continue;
+      const int64_t nd = et_sizes(method, writes[n], sizes, 16);
+      TORCH_CHECK(nd == outs[n].dim(), "output ", n, " came back with another rank");
+      c10::IntArrayRef shape(sizes, nd);
+      result[n] = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
+    }
+    return result;
+  }
+};
+
+// The calls of one method, by key; the thread running the method's compiled code makes
+// them current (ptexec_native_use).
+struct Table : torch::CustomClassHolder {
+  std::unordered_map<std::string, c10::intrusive_ptr<Call>> calls;
+  void add(const std::string& key, c10::intrusive_ptr<Call> call) { calls[key] = std::move(call); }
+  int64_t address() { return static_cast<int64_t>(reinterpret_cast<intptr_t>(this)); }
+};
+
+thread_local const Table* current = nullptr;
+std::atomic<int64_t> runs{0};  // calls run here, in this process
+
+std::vector<at::Tensor> external_call(c10::string_view key, at::TensorList inputs) {
+  if (current != nullptr) {
+    auto found = current->calls.find(std::string(key));
+    if (found != current->calls.end()) {
+      runs.fetch_add(1, std::memory_order_relaxed);
+      return found->second->run(inputs);
+    }
+  }
+  static auto python = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("ptexec::external_call_python", "")
+                           .typed<std::vector<at::Tensor>(c10::string_view, at::TensorList)>();
+  return python.call(key, inputs);
+}
+
+}  // namespace
+}  // namespace ptexec_native
+
+// Makes `table` (a Table's address, 0 for none) the calls this thread's compiled code
+// finds first; returns the one before. The caller keeps the table alive meanwhile.
+extern "C" int64_t ptexec_native_use(int64_t table) {
+  auto before = static_cast<int64_t>(reinterpret_cast<intptr_t>(ptexec_native::current));
+  ptexec_native::current = reinterpret_cast<const ptexec_native::Table*>(static_cast<intptr_t>(table));
+  return before;
+}
+
+// How many calls the kernel ran with a table's call (for tests and diagnostics).
+extern "C" int64_t ptexec_native_runs() { return ptexec_native::runs.load(); }
+
+TORCH_LIBRARY(ptexec_native, m) {
+  m.class_<ptexec_native::Call>("Call")
+      .def(torch::init<at::Tensor, std::vector<int64_t>, std::vector<int64_t>,
+                       std::vector<at::Tensor>, std::vector<std::vector<int64_t>>>())
+      .def("run", [](const c10::intrusive_ptr<ptexec_native::Call>& self,
+                     std::vector<at::Tensor> xs) { return self->run(xs); });
+  m.class_<ptexec_native::Table>("Table")
+      .def(torch::init<>())
+      .def("add", &ptexec_native::Table::add)
+      .def("address", &ptexec_native::Table::address);
+}
+
+TORCH_LIBRARY_IMPL(ptexec, CPU, m) { m.impl("external_call", &ptexec_native::external_call); }

@@ -1,0 +1,320 @@
+"""Delegate calls of compiled code run by ExecuTorch's runtime without entering Python.
+
+Compiled code calls an XNNPACK delegate it keeps opaque through ``ptexec::external_call``
+(:mod:`.external`). Its Python implementation costs, per call, the proxy executor's way
+into Python, the call's own Python and the pybindings' ``execute``: several microseconds
+before XNNPACK starts, dozens of times per decode step of an LLM. This module builds a
+small C++ library (``csrc/``) with a CPU kernel of that op: it finds the call in the table
+of the method whose compiled code is running on this thread, hands the tensors to
+ExecuTorch's C++ runtime as they are (no copies: a tensor not dense in its dim order is
+copied first, as the Python path does) and executes ExecuTorch's method of the call's
+one-delegate program, loaded from the same bytes the Python path loads. A call the table
+does not hold goes to the Python implementation (``ptexec::external_call_python``), so a
+method without the library, or a call the library could not load, computes the same.
+
+ExecuTorch's headers carry a copy of c10 that cannot meet torch's in one translation unit,
+so the library is two: ``et_calls.cpp`` (ExecuTorch's API, plain types out) and
+``external_op.cpp`` (torch's kernel and classes). It links ExecuTorch's runtime library
+by name, the one its pybindings loaded into this process, so it shares their backend
+registry and thread pool; a method made with a pool ExecuTorch has since replaced is
+loaded again before its next call, as the Python path does.
+
+**Build and trust.** The library is compiled once per key (a digest of the sources, the
+compiler and its version, and the versions of torch, ExecuTorch and Python) into the
+compile cache (:mod:`.cache`): the same trusted directory, the same manifest with each
+file's size and sha256, checked before the library is loaded. Where the cache cannot be
+used, it is built in a private temporary directory for this process. Compiling takes
+about 15 seconds on two cores, once; a method whose compiled code has opaque calls asks
+for it when it is compiled (so a background compile builds it in its child) and when it
+is loaded. ``PTEXEC_NATIVE_CALLS=0`` turns it off. Any failure (no compiler, no
+ExecuTorch headers, a load error) leaves the Python path, and :func:`unavailable` says
+why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .external import ExternalCall, attach_native_use
+from .manifest import Manifest
+
+__all__ = ["NativeCalls", "enabled", "find_or_build", "library", "runs", "table", "unavailable"]
+
+_SOURCES = ("et_calls.h", "et_calls.cpp", "external_op.cpp")
+_LIBRARY = "libptexec_native.so"
+_LAYOUT = "native-calls-1"
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {}  # "path": the loaded library, or "why": why there is none
+
+
+def _csrc() -> Path:
+    return Path(__file__).resolve().parent / "csrc"
+
+
+def _executorch_root() -> Path | str:
+    """ExecuTorch's package directory (headers and runtime library), or why not."""
+    from ..delegates.xnnpack.executorch_runner import executorch_unavailable, pybindings_module
+
+    why = executorch_unavailable()
+    if why is not None:
+        return why
+    module = pybindings_module()
+    root = Path(module.__file__ or "").resolve().parents[2]
+    for need in (root / "include" / "executorch", root / "lib" / "libexecutorch.so"):
+        if not need.exists():
+            return f"ExecuTorch's package has no {need.name} to build against"
+    return root
+
+
+def _compiler() -> str | None:
+    found = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    return found or None
+
+
+def _version(compiler: str) -> str:
+    try:
+        done = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=60, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"the C++ compiler {compiler} does not run ({e})") from None
+    return done.stdout
+
+
+def _key(compiler: str, et_root: Path) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        et_version = version("executorch")
+    except PackageNotFoundError:
+        et_version = "unknown"
+    h = hashlib.sha256()
+    for part in (
+        _LAYOUT,
+        torch.__version__,
+        str(torch._C._GLIBCXX_USE_CXX11_ABI),
+        et_version,
+        str((et_root / "lib" / "libexecutorch.so").stat().st_size),
+        sys.version,
+        platform.machine(),
+        compiler,
+        _version(compiler),
+    ):
+        h.update(part.encode() + b"\0")
+    for name in _SOURCES:
+        h.update((_csrc() / name).read_bytes())
+    return h.hexdigest()
+
+
+def _build(directory: Path, compiler: str, et_root: Path) -> None:
+    """Compile the two translation units in parallel and link them into ``directory``."""
+    from torch.utils.cpp_extension import include_paths
+
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    common = ["-O2", "-fPIC", "-std=c++17", "-w"]
+    et_flags = [
+        "-DC10_USING_CUSTOM_GENERATED_MACROS",
+        "-DET_EVENT_TRACER_ENABLED",
+        f"-I{et_root / 'include'}",
+        f"-I{et_root / 'include' / 'executorch' / 'runtime' / 'core' / 'portable_type' / 'c10'}",
+    ]
+    torch_flags = [
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{p}" for p in include_paths()),
+    ]
+    src = _csrc()
+    jobs = [
+        [
+            compiler,
+            *common,
+            *et_flags,
+            "-c",
+            str(src / "et_calls.cpp"),
+            "-o",
+            str(directory / "et_calls.o"),
+        ],
+        [
+            compiler,
+            *common,
+            *torch_flags,
+            "-c",
+            str(src / "external_op.cpp"),
+            "-o",
+            str(directory / "external_op.o"),
+        ],
+    ]
+
+    def run(cmd: list[str]) -> None:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:1])} failed: {done.stderr.strip()[-2000:]}")
+
+    with ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(run, cmd) for cmd in jobs]:
+            f.result()
+    run(
+        [
+            compiler,
+            "-shared",
+            "-o",
+            str(directory / _LIBRARY),
+            str(directory / "et_calls.o"),
+            str(directory / "external_op.o"),
+            f"-L{et_root / 'lib'}",
+            "-lexecutorch",
+            "-lexecutorch_threadpool",
+            f"-L{torch_lib}",
+            "-ltorch",
+            "-ltorch_cpu",
+            "-lc10",
+        ]
+    )
+    for name in ("et_calls.o", "external_op.o"):
+        (directory / name).unlink()
+
+
+def find_or_build() -> Path:
+    """The verified library's path, from the compile cache or built now (module
+    docstring); nothing is loaded. ``RuntimeError`` says why it cannot be built."""
+    from .cache import cache_dir, open_cache
+
+    if not sys.platform.startswith("linux"):
+        raise RuntimeError("the native delegate calls are built on Linux only")
+    et_root = _executorch_root()
+    if isinstance(et_root, str):
+        raise RuntimeError(et_root)
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++ or c++ on PATH, or CXX)")
+    key = _key(compiler, et_root)
+    cache = open_cache(cache_dir())
+    if cache is not None:
+        entry = cache.entry(key)
+        if entry.read() is not None:
+            entry.touch()
+            return entry.path / _LIBRARY
+        if cache.writable:
+            staging = entry.staging()
+            try:
+                start = time.monotonic()
+                _build(staging, compiler, et_root)
+                manifest = Manifest("native delegate calls", (), (), time.monotonic() - start)
+            except BaseException:
+                entry.discard(staging)
+                raise
+            entry.commit(staging, manifest)  # False: another process's entry, as good
+            if entry.read() is not None:
+                return entry.path / _LIBRARY
+    private = Path(tempfile.mkdtemp(prefix="ptexec-native-"))  # 0700, this process's
+    _build(private, compiler, et_root)
+    return private / _LIBRARY
+
+
+def enabled() -> bool:
+    """Whether methods loaded now may use the library (``PTEXEC_NATIVE_CALLS`` is not 0)."""
+    return os.environ.get("PTEXEC_NATIVE_CALLS", "1") != "0"
+
+
+def library() -> Path | None:
+    """The loaded library's path (built and loaded on first use), or None when it cannot
+    be used here (:func:`unavailable` says why)."""
+    if not enabled():
+        return None
+    with _LOCK:
+        if "path" in _STATE or "why" in _STATE:
+            return _STATE.get("path")
+        try:
+            path = find_or_build()
+            torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+            loaded = ctypes.CDLL(str(path))
+            use = loaded.ptexec_native_use
+            use.argtypes = [ctypes.c_int64]
+            use.restype = ctypes.c_int64
+            count = loaded.ptexec_native_runs
+            count.argtypes = []
+            count.restype = ctypes.c_int64
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            _STATE["why"] = f"the native delegate calls could not be built or loaded: {e}"
+            return None
+        attach_native_use(use)
+        _STATE["path"] = path
+        _STATE["runs"] = count
+        return path
+
+
+def unavailable() -> str | None:
+    """Why compiled code's delegate calls go through Python here (None: they need not)."""
+    if not enabled():
+        return "PTEXEC_NATIVE_CALLS=0"
+    library()
+    return _STATE.get("why")
+
+
+def runs() -> int:
+    """How many delegate calls the library has run in this process (0 before it loads)."""
+    count = _STATE.get("runs")
+    return int(count()) if count is not None else 0
+
+
+class NativeCalls:
+    """The native calls of one method's compiled code (a table its thread makes current
+    while the code runs): ``address`` for :func:`.external.use`, 0 when empty."""
+
+    def __init__(self, table: Any, count: int) -> None:
+        self.table = table
+        self.count = count
+        self.address = int(table.address()) if count else 0
+
+
+def table(calls: Iterable[ExternalCall]) -> NativeCalls | None:
+    """The native counterparts of ``calls`` (those whose runner is ExecuTorch's and which
+    ExecuTorch's C++ runtime loads), or None when the library cannot be used here."""
+    calls = list(calls)
+    if not calls or library() is None:
+        return None
+    made = torch.classes.ptexec_native.Table()
+    count = 0
+    for c in calls:
+        data = c.program_data()
+        if data is None:
+            continue
+        outs = c.output_memory()
+        orders: list[list[int]] = [[] for _ in range(c.count)]
+        for j, k in enumerate(c.inputs):
+            orders[k] = list(c.orders[j])
+        for o in c.outputs:
+            orders[o.position] = list(o.dim_order)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read only: ExecuTorch never writes it
+            program = torch.frombuffer(data, dtype=torch.uint8)
+        try:
+            native = torch.classes.ptexec_native.Call(
+                program,
+                [o.position for o in c.outputs],
+                [int(o.dynamic) for o in c.outputs],
+                list(outs),
+                orders,
+            )
+        except RuntimeError:
+            continue  # this call stays on the Python path
+        made.add(c.key, native)
+        c.release_runner()  # one copy of the packed weights: the Python path reloads its own
+        count += 1
+    return NativeCalls(made, count)

@@ -1,0 +1,162 @@
+"""Opaque XNNPACK calls of compiled code run by ExecuTorch's C++ runtime directly.
+
+:mod:`ptexec.compile.native` builds a small library whose CPU kernel of
+``ptexec::external_call`` hands the tensors to ExecuTorch's runtime without entering
+Python. Checked against the same calls through ExecuTorch's pybindings (the Python path,
+``PTEXEC_NATIVE_CALLS=0``) and the interpreter: the same XNNPACK kernels, so equal
+outputs bit for bit; after a change of ExecuTorch's thread pool; from two threads at once;
+and the library's cache entry is checked like any compiled library.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from compile_util import XNNPACK, XNNPACK_DIR, _clone, session_cache_dir
+from ptexec.compile import CompileOptions, external, native
+from ptexec.compile.report import CompileWarning
+from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+GRAPH = CompileOptions(backend="graph")
+
+pytestmark = pytest.mark.skipif(
+    executorch_unavailable() is not None or native.unavailable() is not None,
+    reason="needs ExecuTorch's XNNPACK backend, its headers and a C++ compiler",
+)
+
+
+@pytest.fixture(autouse=True)
+def _setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(session_cache_dir()))
+    monkeypatch.setattr(external, "MIN_WEIGHT_BYTES", 0)  # every delegate an opaque call
+
+
+def _calls(name: str) -> list[dict[str, Any]]:
+    return torch.load(XNNPACK_DIR / f"{name}.io.pt", weights_only=True)["calls"]  # type: ignore[no-any-return]
+
+
+def _compiled(name: str, monkeypatch: pytest.MonkeyPatch, natively: bool) -> ptexec.Method:
+    with monkeypatch.context() as m:
+        if not natively:
+            m.setenv("PTEXEC_NATIVE_CALLS", "0")
+        path = XNNPACK_DIR / XNNPACK[name]["pte"]
+        method = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+    report = method.compile_report
+    assert report is not None and report.xnnpack_calls
+    assert report.native_calls == (len(report.xnnpack_calls) if natively else 0)
+    return method
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["op_attention", "transformer_int8_dynamic_int4w_pc", "dynconv_padmodes_int8_dynamic_pc"],
+)
+def test_native_calls_equal_the_python_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _compiled(name, monkeypatch, natively=True)
+    slow = _compiled(name, monkeypatch, natively=False)
+    plain = ptexec.load(XNNPACK_DIR / XNNPACK[name]["pte"]).load_method("forward")
+    start = native.runs()
+    calls = _calls(name)
+    for k, call in enumerate(calls * 2):  # twice: the second time every call is warm
+        want = plain.execute(_clone(call["inputs"]))
+        a = fast.execute(_clone(call["inputs"]))
+        b = slow.execute(_clone(call["inputs"]))
+        for j, (x, y, z) in enumerate(zip(a, b, want, strict=True)):
+            assert torch.equal(x, y), f"{name} call {k} output {j}: native and Python differ"
+            assert torch.equal(x, z), f"{name} call {k} output {j}: native and interpreter differ"
+    report = fast.compile_report
+    assert report is not None
+    assert native.runs() - start >= 2 * len(calls) * len(report.xnnpack_calls)
+    assert "run by ExecuTorch's C++ runtime directly" in report.summary()
+
+
+def test_a_new_thread_pool_loads_the_method_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resizing ExecuTorch's pool destroys the one XNNPACK's runtime was made with: the
+    next native call loads its method again and computes the same."""
+    name = "transformer_int8_dynamic_int4w_pc"
+    compiled = _compiled(name, monkeypatch, natively=True)
+    plain = ptexec.load(XNNPACK_DIR / XNNPACK[name]["pte"]).load_method("forward")
+    call = _calls(name)[0]
+    want = plain.execute(_clone(call["inputs"]))
+    before = torch.get_num_threads()
+    try:
+        for threads in (2, 1):
+            ptexec.set_num_threads(threads)
+            got = compiled.execute(_clone(call["inputs"]))
+            for x, y in zip(got, want, strict=True):
+                assert torch.equal(x, y)
+    finally:
+        ptexec.set_num_threads(before)
+
+
+def test_methods_of_one_program_on_two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two methods loaded from one file have the same call keys; each thread's compiled
+    code finds its own method's calls (their own memory), never the other's."""
+    name = "op_attention"
+    methods = [_compiled(name, monkeypatch, natively=True) for _ in range(2)]
+    plain = ptexec.load(XNNPACK_DIR / XNNPACK[name]["pte"]).load_method("forward")
+    calls = _calls(name)
+    wants = [plain.execute(_clone(c["inputs"])) for c in calls]
+    problems: list[str] = []
+
+    def work(method: ptexec.Method, shift: int) -> None:
+        for r in range(30):
+            k = (r + shift) % len(calls)
+            got = method.execute(_clone(calls[k]["inputs"]))
+            if not all(torch.equal(x, y) for x, y in zip(got, wants[k], strict=True)):
+                problems.append(f"round {r} call {k}")
+
+    threads = [threading.Thread(target=work, args=(m, s)) for s, m in enumerate(methods)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not problems
+
+
+def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = _compiled("op_attention", monkeypatch, natively=False)
+    report = compiled.compile_report
+    assert report is not None and report.native_unavailable == "PTEXEC_NATIVE_CALLS=0"
+
+
+def test_a_damaged_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library is a compile cache entry: a changed byte makes it a miss (one warning)
+    and it is built again, never loaded as it is."""
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / "cache"))
+    first = native.find_or_build()
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.warns(CompileWarning, match="sha256"):
+        again = native.find_or_build()
+    assert again.read_bytes() != bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.find_or_build() == again  # now a clean hit
+
+
+def test_a_released_runner_loads_its_payload_again() -> None:
+    """A call whose native counterpart runs it releases the pybindings' method (one copy
+    of the packed weights); a later call through the pybindings loads it again."""
+    name = "op_attention"
+    method = ptexec.load(XNNPACK_DIR / XNNPACK[name]["pte"]).load_method(
+        "forward", xnnpack="executorch"
+    )
+    runners = [st.external for chain in method.state.chains for st in chain.loaded if st.external]
+    assert runners
+    call = _calls(name)[0]
+    want = method.execute(_clone(call["inputs"]))
+    for r in runners:
+        r.release()  # type: ignore[attr-defined]
+    for _ in range(2):
+        got = method.execute(_clone(call["inputs"]))
+        for x, y in zip(got, want, strict=True):
+            assert torch.equal(x, y)
