@@ -202,6 +202,41 @@ def test_planned_tensors_take_the_short_way_and_others_the_long_one(et: None) ->
     check(5)
 
 
+def test_views_the_method_holds_take_the_short_way(et: None) -> None:
+    """Delegate calls that read views of planned memory the method holds from call to call
+    (expanded attention scores, say) take the short way too, and every call returns what
+    ExecuTorch's runtime returns, and exactly what a method's first call (handing every
+    tensor over) returns."""
+    from executorch.runtime import Runtime
+
+    name = "op_attention"
+    m = _method(name, xnnpack="executorch")
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    gen = torch.Generator().manual_seed(11)
+    inputs = _calls(name)[0]["inputs"]
+    for _ in range(4):
+        xs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs]
+        got = m.execute(xs)
+        want = [w.clone() for w in em.execute(xs)]
+        assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
+        first = _method(name, xnnpack="executorch").execute(xs)
+        assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
+    runners = [
+        f
+        for chain in m.state.chains
+        for st in chain.statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_et_run"
+    ]
+    assert len(runners) == 4 and all(f.__globals__["_o0"] is not None for f in runners)
+    # some argument held is not the planned tensor of its value: a view of planned memory
+    assert any(
+        f.__globals__[f"_o{k}"] is not made
+        for f in runners
+        for k, made in enumerate(f.__globals__["_binder"].planned)
+    )
+
+
 def test_unplanned_inputs_are_shared_per_call(et: None) -> None:
     """A program with unplanned inputs reads the caller's memory: a new caller tensor is a
     new address, handed over again, and the results follow the inputs."""

@@ -11,11 +11,11 @@ A call hands the method's own tensors over: ExecuTorch shares the memory of unpl
 inputs, so XNNPACK reads the inputs and writes the outputs in place, with no copies.
 ``set_inputs`` runs only when a tensor's address (or a dynamic input's shape) differs
 from the last call's; otherwise a call is one ``execute``. Where every argument is static
-and each tensor handed over last is the method's own for it (planned memory or a
-constant, whose geometry never changes, as the method says when it builds the runner),
-a call checks only that each argument is that same object and that the planned memory
-has not moved, then runs ``execute`` (the short way: no per-argument layout or address
-checks). A dynamic output is resized
+and each tensor handed over last is one the method keeps (in planned memory: its planned
+tensor or a view of it the method holds from call to call; or the program's constant),
+whose geometry never changes, a call checks only that each argument is that same object
+and that the planned memory has not moved, then runs ``execute`` (the short way: no
+per-argument layout or address checks). A dynamic output is resized
 afterwards to the shape XNNPACK computed, read back through ``get_attribute`` (each such
 output carries a name in the written program) after the first call of each binding: the
 shapes XNNPACK computes depend only on the shapes of the inputs ExecuTorch holds, so while
@@ -243,15 +243,25 @@ class _Binder:
 
     def _open(self, ns: dict[str, Any], tensors: list[torch.Tensor]) -> None:
         """Open the generated code's short way (see :func:`_source`) for the binding of
-        ``tensors`` just handed over, when each is its argument's fixed tensor and those
-        in planned memory lie in one storage (whose address argument ``self.arena``
-        then stands for)."""
+        ``tensors`` just handed over, when each argument is static and in planned memory
+        or a constant, the constants are the program's own tensors, and the others lie
+        in one storage, the planned memory (whose address argument ``self.arena`` then
+        stands for): the method's planned tensors and the views its statements make of
+        them, held from call to call. None of them changes its geometry in place (a
+        static value is never resized, a failed call's restore gives the planned tensors
+        theirs back), and each was dense when handed over (a strided one is not handed
+        over: its dense copy is)."""
         if self.arena is None or len(self.planned) != len(tensors):
             return
-        if any(t is not made for t, made in zip(tensors, self.planned, strict=True)):
-            return
-        if len({tensors[k].untyped_storage().data_ptr() for k in self.memory}) != 1:
-            return
+        arena = tensors[self.arena].untyped_storage().data_ptr()
+        for k, (t, made) in enumerate(zip(tensors, self.planned, strict=True)):
+            if made is None:
+                return
+            if k in self.memory:
+                if t.untyped_storage().data_ptr() != arena:
+                    return
+            elif t is not made:
+                return
         ns["_a0"] = tensors[self.arena].data_ptr()
         for k in reversed(range(len(tensors))):  # the first last: it opens the way
             ns[f"_o{k}"] = tensors[k]
@@ -375,8 +385,8 @@ def build_executorch_runner(
     """Load ``processed`` (the decoded and validated ``payload``) with ExecuTorch's XNNPACK
     backend for a call whose arguments are ``tensors`` (``outputs``: the positions the
     graph writes). ``planned``: per argument, the tensor the method made for it when
-    that is a static tensor in planned memory, whose geometry never changes (None, or
-    nothing: not known). Raises BackendUnavailableError when ExecuTorch cannot run it."""
+    that is a static tensor in planned memory or a constant, whose geometry never
+    changes (None, or nothing: not known). Raises BackendUnavailableError when ExecuTorch cannot run it."""
     module = _pybindings()
     if isinstance(module, str):
         raise BackendUnavailableError(f"{where}: {module}")
