@@ -365,3 +365,94 @@ def test_copy_out_has_no_view_across_dtypes_or_for_a_src_that_does_not_broadcast
     table: list[Any] = [torch.randn(2, 3), torch.randn(3), False, torch.empty(2, 3)]
     st = _dynamic(table, "aten::copy.out")
     assert st.alias is None
+
+
+def _planned(x: torch.Tensor) -> p.EValue:
+    """``x``'s description as a static tensor in planned memory."""
+    d = _desc(x)
+    assert isinstance(d, p.Tensor)
+    return dataclasses.replace(d, allocation_info=p.AllocationDetails(0, 0))
+
+
+@pytest.mark.parametrize(("dim", "start", "end", "step"), SLICES)
+def test_slice_scatter_into_planned_memory_writes_the_slice_made_at_load(
+    dim: int, start: int | None, end: int | None, step: int
+) -> None:
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 4, 11, 11, generator=gen)
+    picked = torch.ops.aten.slice.Tensor(x, dim, start, end, step)
+    src = torch.randn(picked.shape, generator=gen) * 9
+    name = "aten::slice_scatter.out"
+    out = torch.full(x.shape, 7.0)
+    table: list[Any] = [x, src, dim, start, end, step, out]
+    values = (*(_desc(a) for a in table[:-1]), _planned(out))
+    ctx = KernelContext(name, 0, (*range(7), 6), values, frozenset(), table)
+    factory = find_kernel(name)
+    assert factory is not None
+    st = factory(ctx)
+    if picked.numel():
+        assert any(t is out for t in st.env.values())  # the planned out, checked per call
+    want = torch.ops.aten.slice_scatter.out(x, src, dim, start, end, step, out=torch.empty(0))
+    _run(st, table)
+    assert table[-1] is out and _same(out, want)
+    # another tensor in the out's slot (a moved value, say) gets its own slice
+    other = torch.full(x.shape, 5.0)
+    table[-1] = other
+    _run(st, table)
+    assert _same(other, want)
+    out.fill_(3.0)
+    table[-1] = out
+    _run(st, table)
+    assert _same(out, want)
+
+
+def _index_statement(
+    x: torch.Tensor, dim: int, index: torch.Tensor, trailing: int
+) -> tuple[Statement, list[Any]]:
+    """``index.Tensor_out(x, [None] * dim + [index] + [None] * trailing)`` into a new out
+    of the result's shape: its statement (every tensor on the CPU) and values table."""
+    from ptexec.device import Device, DeviceType
+
+    shape = (*x.shape[:dim], len(index), *x.shape[dim + 1 :])
+    out = torch.full(shape, 7.0, dtype=x.dtype)
+    # self, the list, out, the index, None
+    table: list[Any] = [x, None, out, index, None]
+    items = (4,) * dim + (3,) + (-1,) * trailing
+    values = (_desc(x), p.OptionalTensorList(items), _desc(out), _desc(index), p.Null())
+    cpu = Device(DeviceType.CPU)
+    devices = [cpu, None, cpu, cpu, None]
+    ctx = KernelContext(
+        "aten::index.Tensor_out", 0, (0, 1, 2, 2), values, frozenset(), table, devices=devices
+    )
+    factory = find_kernel("aten::index.Tensor_out")
+    assert factory is not None
+    return factory(ctx), table
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_index_with_one_1d_index_gathers_along_its_dim(dim: int, index_dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 5, 4, generator=gen).permute(2, 0, 1)  # (4, 3, 5), strided
+    size = x.shape[dim]
+    for picks in ([1, 0, 1, 2, 2, 1], [size - 1], [], [0, -1, -size, 2], list(range(size))):
+        index = torch.tensor(picks, dtype=index_dtype)
+        for trailing in (0, 2 - dim):
+            st, table = _index_statement(x, dim, index, trailing)
+            assert torch.ops.aten.index.Tensor_out not in st.env.values()
+            _run(st, table)
+            indices: list[Any] = [None] * dim + [index]
+            want = torch.ops.aten.index.Tensor_out(x, indices, out=torch.empty(0))
+            assert _same(table[2], want)
+
+
+def test_index_with_an_index_out_of_range_keeps_torchs_error() -> None:
+    x = torch.randn(2, 3, 4)
+    for picks in ([0, 4], [-5]):
+        st, table = _index_statement(x, 2, torch.tensor(picks), 0)
+        with pytest.raises(IndexError):
+            _run(st, table)
+        with pytest.raises(IndexError):
+            torch.ops.aten.index.Tensor_out(
+                x, [None, None, torch.tensor(picks)], out=torch.empty(0)
+            )

@@ -151,6 +151,92 @@ def test_tensors_are_handed_over_once_while_their_memory_stays(et: None) -> None
         assert len(seen) == 1, name
 
 
+def test_planned_tensors_take_the_short_way_and_others_the_long_one(et: None) -> None:
+    """While the delegate call's arguments are the method's planned tensors handed over
+    last, a call is the pool check and ``execute``; other tensors (and the planned ones
+    after them, and after the pool changed) are handed over again, and every call writes
+    what ExecuTorch's runtime computes."""
+    from executorch.runtime import Runtime
+
+    name = "mlp"
+    m = _method(name, xnnpack="executorch")
+    ref = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    fn = _runners(m)["_xnnpack_et_run"]
+    ns = fn.__globals__
+    binder = ns["_binder"]
+    real = binder.bind
+    binds: list[int] = []
+    binder.bind = lambda ns, key, ts: (binds.append(1), real(ns, key, ts))
+    args = _delegate_args(m)
+    (x,) = _calls(name)[0]["inputs"]
+
+    def check(expected_binds: int) -> None:
+        y = torch.randn_like(x)
+        (got,) = m.execute([y])
+        (want,) = ref.execute([y])
+        assert torch.equal(got, want.clone())
+        assert len(binds) == expected_binds
+
+    check(1)
+    values = m.values()
+    assert all(ns[f"_o{k}"] is values[a] for k, a in enumerate(args))  # open
+    check(1)
+    # other tensors (a copy of each argument): handed over, written, the way closed
+    others = [values[a].clone() for a in args]
+    others[-1].zero_()
+    fn(*others)
+    assert len(binds) == 2 and ns["_o0"] is None
+    (want,) = ref.execute([others[0]])
+    assert torch.equal(others[-1], want.clone())
+    check(3)  # the planned tensors again: handed over again, the way open again
+    assert ns["_o0"] is values[args[0]]
+    check(3)
+    # a new thread pool: the program is loaded again and the tensors handed over again
+    before = ptexec.get_num_threads()
+    try:
+        ptexec.set_num_threads(2 if before == 1 else 1)
+        check(4)
+    finally:
+        ptexec.set_num_threads(before)
+    check(5)
+    check(5)
+
+
+def test_views_the_method_holds_take_the_short_way(et: None) -> None:
+    """Delegate calls that read views of planned memory the method holds from call to call
+    (expanded attention scores, say) take the short way too, and every call returns what
+    ExecuTorch's runtime returns, and exactly what a method's first call (handing every
+    tensor over) returns."""
+    from executorch.runtime import Runtime
+
+    name = "op_attention"
+    m = _method(name, xnnpack="executorch")
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    gen = torch.Generator().manual_seed(11)
+    inputs = _calls(name)[0]["inputs"]
+    for _ in range(4):
+        xs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs]
+        got = m.execute(xs)
+        want = [w.clone() for w in em.execute(xs)]
+        assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
+        first = _method(name, xnnpack="executorch").execute(xs)
+        assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
+    runners = [
+        f
+        for chain in m.state.chains
+        for st in chain.statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_et_run"
+    ]
+    assert len(runners) == 4 and all(f.__globals__["_o0"] is not None for f in runners)
+    # some argument held is not the planned tensor of its value: a view of planned memory
+    assert any(
+        f.__globals__[f"_o{k}"] is not made
+        for f in runners
+        for k, made in enumerate(f.__globals__["_binder"].planned)
+    )
+
+
 def test_unplanned_inputs_are_shared_per_call(et: None) -> None:
     """A program with unplanned inputs reads the caller's memory: a new caller tensor is a
     new address, handed over again, and the results follow the inputs."""

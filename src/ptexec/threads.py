@@ -117,8 +117,10 @@ def _accessors() -> tuple[Callable[[], int | None], Callable[[int | None], int]]
     """The library's accessors of the current pool and its size, if it is mapped and
     exports them."""
     try:
-        # RTLD_NOLOAD: only a library already in the process (its pybindings loaded it)
-        lib = ctypes.CDLL(_LIBRARY, mode=os.RTLD_NOLOAD)
+        # RTLD_NOLOAD: only a library already in the process (its pybindings loaded it).
+        # PyDLL: the calls keep the GIL (two loads and a return, on every delegate call:
+        # releasing and taking the GIL back would cost more than the check itself)
+        lib = ctypes.PyDLL(_LIBRARY, mode=os.RTLD_NOLOAD)
         current: Any = getattr(lib, _CURRENT)
         size: Any = getattr(lib, _SIZE)
     except (OSError, AttributeError):

@@ -532,6 +532,49 @@ def _gather_width(ctx: KernelContext) -> str | None:
     return None
 
 
+_INDEX = torch.ops.aten.index.Tensor_out
+_INDEX_SELECT = torch.index_select
+
+
+def _gathers_along(ctx: KernelContext) -> tuple[int, int] | None:
+    """For ``index.Tensor_out(self, indices, out)`` on the CPU whose indices are one 1-d
+    integer tensor after nothing but Nones: its dim and value. Indexing with one such
+    tensor gathers along that dim, as ``index_select`` does."""
+    self_, indices = ctx.args[0], ctx.args[1]
+    listed = ctx.values[indices]
+    if not isinstance(ctx.values[self_], p.Tensor) or not isinstance(listed, p.OptionalTensorList):
+        return None
+    given = [
+        (d, k)
+        for d, k in enumerate(listed.items)
+        if k >= 0 and not isinstance(ctx.values[k], p.Null)
+    ]
+    if len(given) != 1:
+        return None
+    dim, index = given[0]
+    value = ctx.values[index]
+    devices = (ctx.device_of(self_), ctx.device_of(index))
+    if not (
+        isinstance(value, p.Tensor)
+        and len(value.sizes) == 1
+        and CODE_TO_DTYPE.get(value.scalar_type) in (torch.int64, torch.int32)
+        and all(d is not None and str(d) == "cpu" for d in devices)
+    ):
+        return None
+    return dim, index
+
+
+def _gather_along(x: torch.Tensor, dim: int, index: torch.Tensor, out: torch.Tensor) -> None:
+    """``index.Tensor_out(x, [None] * dim + [index], out=out)`` for a 1-d ``index``
+    (:func:`_gathers_along`): ``index_select``'s gather, the same elements; where that
+    refuses (a negative index, which ``index`` counts from the end), ``index`` itself,
+    which writes all of ``out`` again or raises its own error."""
+    try:
+        _INDEX_SELECT(x, dim, index, out=out)
+    except Exception:
+        _INDEX(x, [None] * dim + [index], out=out)
+
+
 # ---- copies into ``out`` without a temporary -------------------------------------------------
 #
 # ``slice_scatter.out`` and ``copy.out`` are generated out variants: torch makes the whole
@@ -563,6 +606,31 @@ def _slice_bounds(size: int, start: Any, end: Any, step: Any) -> tuple[int, int,
         return None  # aten::slice refuses it: torch's own path raises its error
     picked = range(size)[start:end:step]  # ATen's wrapping and clamping are Python's
     return picked.start, picked.stop, len(picked)
+
+
+def _slice_of_planned(
+    ctx: KernelContext, out: int, part: str, bounds: tuple[int, int, int, int]
+) -> str:
+    """``part``, the slice ``bounds`` (dim, start, end, step) of static ``out``, as an
+    expression: when ``out`` is planned, the slice of the tensor loading made for it is
+    made now and used while ``out``'s slot holds that tensor (a static tensor in planned
+    memory keeps its storage, offset, sizes and strides for the method's life: a failed
+    call's restore gives them back), ``part`` otherwise. Making the view costs a few
+    microseconds of torch's dispatch, checking the object tens of nanoseconds."""
+    value = ctx.values[out]
+    planned = ctx.initial[out] if out < len(ctx.initial) else None
+    if not (
+        isinstance(value, p.Tensor)
+        and value.shape_dynamism == p.STATIC
+        and value.allocation_info is not None
+        and isinstance(planned, torch.Tensor)
+        and tuple(planned.shape) == tuple(value.sizes)
+    ):
+        return part
+    d, lo, hi, step = bounds
+    view = _SLICE(planned, d, lo, hi, step)
+    tensor, held = ctx.bind(planned, "planned"), ctx.bind(view, "slice")
+    return f"({held} if v[{out}] is {tensor} else {part})"
 
 
 def _slice_scatter_into(
@@ -672,6 +740,7 @@ def _written_in_place(ctx: KernelContext, name: str, rendered: list[str], out: i
                     if s == 1
                     else f"{ctx.bind(_SLICE, 'op')}(v[{out}], {d}, {lo}, {hi}, {s})"
                 )
+                part = _slice_of_planned(ctx, out, part, (d, lo, hi, s))
                 return f"v[{out}].copy_({rendered[0]})\n{part}.copy_({rendered[1]})"
         return None  # a bad dim, step or src size: torch's own path raises its error
     f = ctx.bind(_slice_scatter_into, "op")
@@ -837,6 +906,15 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 w, ids, o = rendered[0], rendered[1], outs[0]
                 width = _gather_width(ctx) or f"{w}.size(1)"
                 code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {width}))"
+            elif (
+                name == "aten::index.Tensor_out"
+                and single
+                and (along := _gathers_along(ctx)) is not None
+            ):
+                # one 1-d index: a gather along its dim, which index_select does directly
+                f = ctx.bind(_gather_along, "op")
+                dim, index = along
+                code = f"{emptying(empties)}{f}({rendered[0]}, {dim}, v[{index}], v[{outs[0]}])"
             elif single and (into := _written_in_place(ctx, name, rendered, outs[0])):
                 code = into
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:

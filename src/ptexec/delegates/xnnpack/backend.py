@@ -406,6 +406,24 @@ def _checked(
     return None, refused[0]
 
 
+def _planned(ctx: DelegateContext, tensors: list[p.Tensor]) -> list[torch.Tensor | None]:
+    """Per argument, the tensor loading made for it when that is a static tensor in
+    planned memory (which keeps its storage, offset, sizes and strides for the method's
+    life: a failed call's restore gives them back) or a constant of the program (never
+    written), else None."""
+    out: list[torch.Tensor | None] = []
+    for slot, t in zip(ctx.args, tensors, strict=True):
+        made = ctx.initial[slot] if slot < len(ctx.initial) else None
+        fixed = (
+            t.shape_dynamism == p.STATIC
+            and (t.allocation_info is not None or t.is_constant)
+            and isinstance(made, torch.Tensor)
+            and tuple(made.shape) == tuple(t.sizes)
+        )
+        out.append(made if fixed else None)
+    return out
+
+
 def _prepare_executorch(
     ctx: DelegateContext,
     payload: s.XnnPayload,
@@ -444,7 +462,14 @@ def _prepare_executorch(
     outputs = sorted({v.external_id for v in payload.graph.values if v.is_output})
     try:
         runner = build_executorch_runner(
-            payload, ctx.processed, args, ctx.compile_specs, ctx.named_data, outputs, where
+            payload,
+            ctx.processed,
+            args,
+            ctx.compile_specs,
+            ctx.named_data,
+            outputs,
+            where,
+            _planned(ctx, args),
         )
     except BackendUnavailableError:
         if strict:

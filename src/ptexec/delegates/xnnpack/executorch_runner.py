@@ -10,7 +10,12 @@ compiles the graph as it would for the original file.
 A call hands the method's own tensors over: ExecuTorch shares the memory of unplanned
 inputs, so XNNPACK reads the inputs and writes the outputs in place, with no copies.
 ``set_inputs`` runs only when a tensor's address (or a dynamic input's shape) differs
-from the last call's; otherwise a call is one ``execute``. A dynamic output is resized
+from the last call's; otherwise a call is one ``execute``. Where every argument is static
+and each tensor handed over last is one the method keeps (in planned memory: its planned
+tensor or a view of it the method holds from call to call; or the program's constant),
+whose geometry never changes, a call checks only that each argument is that same object
+and that the planned memory has not moved, then runs ``execute`` (the short way: no
+per-argument layout or address checks). A dynamic output is resized
 afterwards to the shape XNNPACK computed, read back through ``get_attribute`` (each such
 output carries a name in the written program) after the first call of each binding: the
 shapes XNNPACK computes depend only on the shapes of the inputs ExecuTorch holds, so while
@@ -235,9 +240,14 @@ class _Binder:
         data: bytes,
         bounds: Sequence[tuple[int, int]],
         where: str,
+        planned: Sequence[torch.Tensor | None] = (),
+        memory: Sequence[int] = (),
         etdump: bool = False,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
+        self.planned = tuple(planned)
+        self.memory = tuple(memory)  # the arguments in planned memory (not constants)
+        self.arena = self.memory[0] if self.memory else None
         self.module = module
         self.etdump = etdump  # loaded with ExecuTorch's ETDump on (recorded calls)
         self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
@@ -254,6 +264,32 @@ class _Binder:
     def _set_key(self, ns: dict[str, Any], key: tuple[Any, ...] | None) -> None:
         self.key = key
         ns["_key"] = _UNBOUND if key is None else key
+        ns["_o0"] = None  # no argument is None: the short way is closed
+
+    def _open(self, ns: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        """Open the generated code's short way (see :func:`_source`) for the binding of
+        ``tensors`` just handed over, when each argument is static and in planned memory
+        or a constant, the constants are the program's own tensors, and the others lie
+        in one storage, the planned memory (whose address argument ``self.arena`` then
+        stands for): the method's planned tensors and the views its statements make of
+        them, held from call to call. None of them changes its geometry in place (a
+        static value is never resized, a failed call's restore gives the planned tensors
+        theirs back), and each was dense when handed over (a strided one is not handed
+        over: its dense copy is)."""
+        if self.arena is None or len(self.planned) != len(tensors):
+            return
+        arena = tensors[self.arena].untyped_storage().data_ptr()
+        for k, (t, made) in enumerate(zip(tensors, self.planned, strict=True)):
+            if made is None:
+                return
+            if k in self.memory:
+                if t.untyped_storage().data_ptr() != arena:
+                    return
+            elif t is not made:
+                return
+        ns["_a0"] = tensors[self.arena].data_ptr()
+        for k in reversed(range(len(tensors))):  # the first last: it opens the way
+            ns[f"_o{k}"] = tensors[k]
 
     def _load(self) -> None:
         self.key = None
@@ -274,6 +310,8 @@ class _Binder:
         # where a Python int is converted on every call
         namespace["_atp"] = ctypes.c_void_p(self.held[0])
         namespace["_key"] = _UNBOUND if self.key is None else self.key
+        if self.key is None:
+            namespace["_o0"] = None
         namespace.setdefault("_known", None)
 
     def release(self, ns: dict[str, Any]) -> None:
@@ -310,6 +348,7 @@ class _Binder:
                 )
         self.method.set_inputs(tensors)
         self._set_key(ns, key)
+        self._open(ns, tensors)
 
 
 class _Dense:
@@ -375,10 +414,13 @@ def build_executorch_runner(
     named_data: Mapping[str, memoryview],
     outputs: Sequence[int],
     where: str,
+    planned: Sequence[torch.Tensor | None] = (),
 ) -> EtRunner:
     """Load ``processed`` (the decoded and validated ``payload``) with ExecuTorch's XNNPACK
     backend for a call whose arguments are ``tensors`` (``outputs``: the positions the
-    graph writes). Raises BackendUnavailableError when ExecuTorch cannot run it."""
+    graph writes). ``planned``: per argument, the tensor the method made for it when
+    that is a static tensor in planned memory or a constant, whose geometry never
+    changes (None, or nothing: not known). Raises BackendUnavailableError when ExecuTorch cannot run it."""
     module = _pybindings()
     if isinstance(module, str):
         raise BackendUnavailableError(f"{where}: {module}")
@@ -402,7 +444,7 @@ def build_executorch_runner(
     )
     bounds = [(k, tensors[k].nbytes) for k in names]
     try:
-        binder = _Binder(module, data, bounds, where)
+        binder = _Binder(module, data, bounds, where, planned, _in_memory(tensors))
     except RuntimeError as e:
         raise BackendUnavailableError(
             f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
@@ -410,7 +452,9 @@ def build_executorch_runner(
 
     def traced() -> tuple[Callable[..., None], _Binder]:
         # the same payload loaded again with ExecuTorch's ETDump, for recorded calls
-        with_events = _Binder(module, data, bounds, where, etdump=True)
+        with_events = _Binder(
+            module, data, bounds, where, planned, _in_memory(tensors), etdump=True
+        )
         return _generate(with_events, tensors, outputs, names, where).fn, with_events
 
     runner = _generate(binder, tensors, outputs, names, where)
@@ -445,6 +489,8 @@ def _generate(
     dense = _Dense({k: tuple(tensors[k].dim_order) for k in inputs})
     env: dict[str, Any] = {
         **dense.names(),
+        **{f"_o{k}": None for k in range(len(tensors))},
+        "_a0": None,
         "_binder": binder,
         "_pool": binder.pool.current,
         "_size": binder.pool.size,
@@ -458,6 +504,12 @@ def _generate(
     fn = Sources(f"xnnpack {where}").function(source, "executorch", "_xnnpack_et_run", env)
     binder.attach(fn.__globals__)
     return EtRunner(fn, source, binder)
+
+
+def _in_memory(tensors: Sequence[p.Tensor]) -> tuple[int, ...]:
+    """The arguments in planned memory (of the plan's buffers, not the program's
+    constants)."""
+    return tuple(k for k, t in enumerate(tensors) if t.allocation_info is not None)
 
 
 def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[int, str]) -> str:
@@ -476,6 +528,16 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
         "if _pool() != _at or _size(_atp) != _n:",
         "    _binder.reload(globals())",
     ]
+    memory = _in_memory(tensors)
+    if memory and all(t.shape_dynamism == p.STATIC for t in tensors):
+        # the short way: every argument the fixed tensor handed over last (its geometry
+        # never changes, so it is dense as it was), the planned memory where it was
+        same = " and ".join(f"x{k} is _o{k}" for k in range(n))
+        lines += [
+            f"if {same} and x{memory[0]}.data_ptr() == _a0:",
+            "    _execute()",
+            "    return",
+        ]
     for k, t in enumerate(tensors):
         order = tuple(t.dim_order)
         ident = order == tuple(range(len(order)))
