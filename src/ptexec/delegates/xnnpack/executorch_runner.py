@@ -322,6 +322,7 @@ class _Binder:
         self.held = (None, 0)
         ns["_execute"] = ns["_get"] = None
         ns["_at"], ns["_key"] = _RELEASED, _UNBOUND
+        ns["_o0"] = None  # the short way closed too (the reload keeps it so)
 
     def reload(self, ns: dict[str, Any]) -> None:
         """Load the program again, for the pool now current (the old one is destroyed),
