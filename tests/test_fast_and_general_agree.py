@@ -11,6 +11,7 @@ against their functions on grids of cases.
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -359,3 +360,37 @@ def test_views_skip_their_bookkeeping_only_where_the_caller_gets_copies() -> Non
     general = ptexec.load(FIX / "transformer.pte").load_method("forward", fast_path=False)
     for _ in range(2):
         assert torch.equal(m.execute([x])[0], general.execute([x])[0])
+
+
+def test_output_checks_stop_once_the_method_is_settled() -> None:
+    """A straight-line method of static inputs whose sizes follow from sizes alone checks
+    its outputs until a call leaves the table's geometry as it found it; a method whose
+    outputs fail keeps checking (and refusing) on every call, and works again once the
+    cause is gone. Results equal the general path's on every call."""
+    for name in ("mlp", "int_ops", "stateful"):
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        assert "if _unsettled[0]:" in m.source(), name
+        general = ptexec.load(FIX / f"{name}.pte").load_method("forward", fast_path=False)
+        inputs = _inputs(name)
+        for _ in range(3):  # stateful: the state moves on alike
+            for x, y in zip(m.execute(inputs), general.execute(inputs), strict=True):
+                assert x.dtype == y.dtype and torch.equal(x, y), name
+    for name in ("cond", "dynamic_mlp"):  # jumps; a dynamic input: checked on every call
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        assert "_unsettled" not in m.source(), name
+
+    m = ptexec.load(FIX / "mlp.pte").load_method("forward")
+    (x,) = _inputs("mlp")
+    v = m.state.values
+    kept = {3: v[3], 13: v[13]}  # the last addmm's bias and weight: (4,) and (k, 4)
+    v[3], v[13] = torch.zeros(1), torch.zeros(v[13].shape[0], 5)  # now it makes (2, 5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*resized")
+        for _ in range(2):
+            with pytest.raises(ptexec.ExecutionError, match="output 0"):
+                m.execute([x])
+    for k, t in kept.items():
+        v[k] = t
+    want = ptexec.load(FIX / "mlp.pte").load_method("forward", fast_path=False).execute([x])
+    for _ in range(2):
+        assert torch.equal(m.execute([x])[0], want[0])

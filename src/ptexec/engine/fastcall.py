@@ -249,6 +249,14 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             needed = _emptying_test(state, runner, resized)
             if needed is not None:
                 code.add(f"_e = {needed}")
+            # the outputs' checks stop once a call finds the method settled (see
+            # :func:`_settling`): a list of one flag, the table's geometry at the start
+            settling = copy_outputs and _settling(state, runner)
+            if settling:
+                env["_unsettled"] = [True]
+                env["_geometry"] = _geometry
+                env["_settled"] = _settled_test(state)
+                code.add("if _unsettled[0]: _g = _geometry(v)")
             if not _run_into(code, state, runner, needed is not None):
                 return None
             outs = []
@@ -268,12 +276,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             handed: Mapping[int, Any] = getattr(runner, "handed_outputs", {})
             # outputs that stay the tensor loading made: only their sizes can be wrong
             held = held_outputs(state, _replaced(state, runner))
+            checked: list[str] = []
             for out in state.outputs:
                 x = f"v[{out.slot}]"
                 if out.kind == "tensor" and out.slot not in fixed:
                     # what execution left there is what the program declares
                     lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
-                    code.add("\n".join(lines))
+                    checked.extend(lines)
                 copy = copy_outputs and out.slot not in fresh
                 if out.kind == "tensor" and copy and out.slot in handed:
                     env[f"H{out.slot}"] = handed[out.slot]
@@ -283,6 +292,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     restored.append((out.slot, f"H{out.slot}"))
                 else:
                     outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
+            if settling and checked:
+                code.add("if _unsettled[0]:")
+                with code.indented():
+                    code.add("\n".join(checked))
+                    code.add("_unsettled[0] = not _settled(v, _g)")
+            else:
+                code.add("\n".join(checked))
             tensors = all(out.kind == "tensor" for out in state.outputs)
             copies = [o for o in outs if o.endswith(".clone()") and o.startswith("v[")]
             if copy_outputs and tensors and len(copies) > 1 and _CLONE_ALL is not None:
@@ -412,17 +428,8 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     tensors and every instruction of its one straight-line chain is a move, a free or a
     kernel whose statement is ``sized`` (what it makes follows from its arguments' sizes
     and values, not from tensors' contents)."""
-    if not resized or not isinstance(runner, BlockRunner) or not runner.straight_line:
+    if not resized or not _sized_chain(state, runner):
         return None
-    if any(spec.kind != "tensor" for spec in state.inputs):
-        return None  # a value may size a result
-    chain = state.chains[0]
-    for ins, st in zip(chain.instructions, chain.statements, strict=True):
-        what = kind(ins)
-        if what in ("move", "free") or st.code.strip() == "pass":
-            continue
-        if what != "kernel" or not st.sized:
-            return None
     loaded = {id(t): tuple(sizes) for t, _, _, sizes, _ in state.owned}
     initial = []  # every view as loading made it
     for i in resized:
@@ -431,6 +438,77 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
             return None
         initial.append(f"x{i}s == {tuple(int(n) for n in sizes)!r}")
     return " or ".join([*(f"e{i}" for i in resized), f"({' and '.join(initial)})"])
+
+
+def _sized_chain(state: MethodState, runner: Runner) -> bool:
+    """The method takes no values but tensors, and ``runner`` is the plain blocks of one
+    straight-line chain, every instruction of which is a move, a free or a kernel whose
+    statement is ``sized``: every size (and every scalar) a call computes follows from
+    the sizes (and values) it reads, never from tensors' contents."""
+    if not isinstance(runner, BlockRunner) or not runner.straight_line:
+        return False
+    if any(spec.kind != "tensor" for spec in state.inputs):
+        return False  # a value may size a result
+    chain = state.chains[0]
+    for ins, st in zip(chain.instructions, chain.statements, strict=True):
+        what = kind(ins)
+        if what in ("move", "free") or st.code.strip() == "pass":
+            continue
+        if what != "kernel" or not st.sized:
+            return False
+    return True
+
+
+def _settling(state: MethodState, runner: Runner) -> bool:
+    """Whether the fast call may stop checking its outputs once a call finds the method
+    settled (:func:`_settled_test`); the caller is handed copies alone.
+
+    A call of such a method computes every size, dtype and scalar from those its table
+    holds when it starts and from its inputs' sizes (:func:`_sized_chain`), which are
+    the program's, every input being static. A call whose outputs passed their checks
+    and that left the table's geometry (:func:`_geometry`) as it found it, with every
+    tensor made at load in its load-time geometry, is settled: the next call, on any
+    path, starts from that same geometry and computes the same sizes, and so does every
+    call after it. A failed call changes nothing of it: the tensors made at load get
+    their geometry back, and a kernel of a settled method sets no other sizes than
+    those it finds. So the outputs' checks, which only a call's sizes and dtypes
+    decide, pass on every later call, and the fast call skips them."""
+    if not _sized_chain(state, runner):
+        return False
+    return all(spec.info is not None and spec.info.dynamism == "static" for spec in state.inputs)
+
+
+def _geometry(values: Sequence[Any]) -> list[Any]:
+    """What the sizes a call computes may follow from, per slot of the values table: a
+    tensor's type, dtype and sizes, a list's items' so, a plain scalar's value, another
+    object's identity."""
+    return [_shape_of(x) for x in values]
+
+
+def _shape_of(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (type(x), x.dtype, tuple(x.shape))
+    if isinstance(x, list | tuple):
+        return (type(x), tuple(_shape_of(y) for y in x))
+    if x is None or type(x) in (bool, int, float, str):
+        return (type(x), x)
+    return (type(x), id(x))
+
+
+def _settled_test(state: MethodState) -> Any:
+    """``settled(v, before)``: the table's geometry is ``before`` (:func:`_geometry`, taken
+    when the call started) and every tensor made at load has its load-time geometry."""
+    owned = [(t, offset, sizes, strides) for t, _, offset, sizes, strides in state.owned]
+
+    def settled(v: Sequence[Any], before: list[Any]) -> bool:
+        if _geometry(v) != before:
+            return False
+        return all(
+            tuple(t.shape) == sizes and t.stride() == strides and t.storage_offset() == offset
+            for t, offset, sizes, strides in owned
+        )
+
+    return settled
 
 
 def _replaced(state: MethodState, runner: Runner) -> frozenset[int] | None:
