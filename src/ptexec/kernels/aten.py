@@ -792,7 +792,12 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if isinstance(value, p.IntList) and literal:
                 items = list(ctx.literal(index))
                 text = repr(items)
-                if len(items) == 1 and getattr(arg, "N", None) == 1 and not skip:
+                if not items and name in _ALL_DIMS_WHEN_EMPTY and arg_name == "dim":
+                    # no dims: every dim, as None says, which torch parses faster
+                    given[index] = None
+                    text = "None"
+                    skip = _same(None, default)
+                elif len(items) == 1 and getattr(arg, "N", None) == 1 and not skip:
                     # an ``int[1]`` (sum's dims, say) takes the int itself, parsed faster
                     given[index] = items[0]
                     text = repr(items[0])
@@ -925,6 +930,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
         return ctx.emit(f"{targets}, = {fn}({callargs})", writes=value.items, mutates=mutates)
 
     return factory
+
+
+# reductions whose ``dim`` reduces every dim when it is empty, as when it is None (the same
+# kernel, the same dims: the results are the same bits)
+_ALL_DIMS_WHEN_EMPTY = frozenset({"aten::sum.IntList_out", "aten::mean.out", "aten::nansum.out"})
 
 
 def _writes_alias(arg: Any) -> bool:
