@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
-from ..effects import kind, replaced
+from ..effects import effects, kind, replaced
 from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
@@ -257,7 +258,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 env["_geometry"] = _geometry
                 env["_settled"] = _settled_test(state)
                 code.add("if _unsettled[0]: _g = _geometry(v)")
-            if not _run_into(code, state, runner, needed is not None):
+            # copies between tensors of the table: their bytes, once settled
+            raw = settling and tensors and not aliased
+            if not _run_into(code, state, runner, needed is not None, raw):
                 return None
             outs = []
 
@@ -382,20 +385,30 @@ def _apart(state: MethodState, i: int, addressed: frozenset[int] = frozenset()) 
     return "".join(f" and {c}" for c in conds)
 
 
-def _run_into(code: Code, state: MethodState, runner: Runner, guarded: bool = False) -> bool:
+def _run_into(
+    code: Code, state: MethodState, runner: Runner, guarded: bool = False, raw: bool = False
+) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
     (its one function's lines, :func:`~.blocks.forward_lines`), else a call of the runner
     (other control flow, the instruction limit, its own error reports). False: the fast
     path cannot run them. ``guarded``: a statement empties its outs (its ``empties``)
-    only when ``_e`` is true (see :func:`_emptying_test`)."""
+    only when ``_e`` is true (see :func:`_emptying_test`). ``raw``: the fast call settles
+    (:func:`_settling`, ``_unsettled``) and may skip version counts: once settled, the
+    copies :func:`_byte_copies` finds copy bytes."""
     statements = inline_statements(state, runner)
     if statements is not None:
         if len(statements) > state.max_instructions:
             return False
         env = code.env
+        raw_copies = _byte_copies(state, statements) if raw else {}
+        if raw_copies:
+            env["_memmove"] = _MEMMOVE
         for k, st in enumerate(statements):
-            if guarded and st.empties:
+            if k in raw_copies:
+                env[f"_cd{k}"], env[f"_cs{k}"], env[f"_cn{k}"] = raw_copies[k]
+                code.add(f"if _unsettled[0]: {st.code}\nelse: _memmove(_cd{k}, _cs{k}, _cn{k})", k)
+            elif guarded and st.empties:
                 emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
                 code.add(f"if _e: {emptying}\n{emptied(st)}", k)
             else:
@@ -410,6 +423,79 @@ def _run_into(code: Code, state: MethodState, runner: Runner, guarded: bool = Fa
         return True
     code.add("pass")
     return True
+
+
+# the statement ``v[d].copy_(v[s])``, and the same through a name for ``Tensor.copy_``
+# returning ``v[d]`` into its slot (``aten::copy_``)
+_COPY = re.compile(r"v\[(\d+)\]\.copy_\(v\[(\d+)\]\)")
+_RETURNED_COPY = re.compile(r"v\[(\d+)\] = (\w+)\(v\[\1\], v\[(\d+)\]\)")
+
+
+def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[int, Any]:
+    """The statements (by position in the one straight-line chain) that copy one tensor
+    of the table into another, which the fast call of a settled method (see
+    :func:`_settling`) may run as a copy of bytes (``memmove``: about half of what
+    ``Tensor.copy_`` costs a small tensor), with the arguments for it as ctypes takes them.
+
+    Such a copy is between two tensors made at load, each held by its slot alone through
+    every call (no statement gives the slot a new object, nor another slot the tensor:
+    none that gives a slot an object reads either), neither an input nor an unplanned
+    output, of one plain dtype and the same sizes, dense, in planned memory that never
+    moves (their address ranges apart), and no later statement writes either of them.
+    Once the method is settled every tensor made at load ends each call in its load-time
+    geometry; what no statement after the copy touches has that geometry at the copy
+    already, where ``copy_`` copies exactly those bytes."""
+    chain = state.chains[0]
+    values = state.plan.values
+    table = state.values
+    found: dict[int, Any] = {}
+    pairs: dict[int, tuple[int, int]] = {}
+    for k, st in enumerate(statements):
+        m = _COPY.fullmatch(st.code)
+        if m is not None:
+            pairs[k] = (int(m.group(1)), int(m.group(2)))
+            continue
+        m = _RETURNED_COPY.fullmatch(st.code)
+        if m is not None and st.env.get(m.group(2)) is torch._C.TensorBase.copy_:
+            pairs[k] = (int(m.group(1)), int(m.group(3)))
+    if not pairs:
+        return found
+    every = [
+        effects(values, ins, st) for ins, st in zip(chain.instructions, statements, strict=True)
+    ]
+    bound = {spec.slot for spec in state.inputs}
+    bound.update(o.slot for o in state.unplanned_outputs)
+    replaced = {j for e in every for j in e.replaces}
+    handing = {j for e in every if e.replaces for j in (*e.inputs, *e.reads)}
+    owned = {id(t) for t, *_ in state.owned}
+    for k, (d, s) in pairs.items():
+        if d == s or {d, s} & (bound | replaced | handing):
+            continue
+        if any(d in e.written or s in e.written for e in every[k + 1 :]):
+            continue
+        dst, src = table[d], table[s]
+        if not all(
+            type(t) is torch.Tensor
+            and id(t) in owned
+            and sum(x is t for x in table) == 1
+            and t.is_cpu
+            and t.dtype in _RAW_DTYPES
+            and t.is_contiguous()
+            and not t.is_neg()
+            and not t.is_conj()
+            and t.data_ptr() != 0
+            and not t.untyped_storage().resizable()
+            for t in (dst, src)
+        ):
+            continue
+        n = dst.nbytes
+        if dst.dtype != src.dtype or dst.shape != src.shape or n == 0:
+            continue
+        a, b = dst.data_ptr(), src.data_ptr()
+        if not (a + n <= b or b + n <= a):
+            continue
+        found[k] = (ctypes.c_void_p(a), ctypes.c_void_p(b), ctypes.c_size_t(n))
+    return found
 
 
 def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -> str | None:
