@@ -397,3 +397,21 @@ def test_output_checks_stop_once_the_method_is_settled() -> None:
     want = ptexec.load(FIX / "mlp.pte").load_method("forward", fast_path=False).execute([x])
     for _ in range(2):
         assert torch.equal(m.execute([x])[0], want[0])
+
+
+def test_a_jump_on_a_comparison_with_a_scalar_compares_numbers() -> None:
+    """``cond``'s predicate (``x.sum() > 0``, then a jump on it): the fast call compares
+    the sum with the scalar as numbers, and takes the branch the general path takes on
+    sums at and around zero, signed zeros, infinities and NaN."""
+    m = ptexec.load(FIX / "cond.pte").load_method("forward")
+    assert "v[2].item() > _jc2" in m.source()
+    general = ptexec.load(FIX / "cond.pte").load_method("forward", fast_path=False)
+    tiny = float(np.finfo(np.float32).tiny)
+    sums = [0.0, -0.0, tiny, -tiny, 1e-45, -1e-45, 1.0, -1.0, float("inf"), -float("inf")]
+    y = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    for total in [*sums, float("nan")]:
+        x = torch.zeros(3, 4)
+        x[0, 0] = total
+        for a, b in zip(m.execute([x, y]), general.execute([x, y]), strict=True):
+            assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), total
+            assert torch.equal(a.isnan(), b.isnan()), total

@@ -39,7 +39,9 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
-from ..effects import effects, kind, replaced
+from ..dtypes import DTYPE_TO_CODE
+from ..effects import byte_range, effects, kind, replaced
+from ..format import program as p
 from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
@@ -416,7 +418,10 @@ def _run_into(
             if st.env:
                 env.update(st.env)
     elif (chain := _forward_chain(runner)) is not None:
-        forward_lines(chain, code)
+        instead: dict[int, str] = {}
+        if isinstance(runner, BlockRunner):
+            instead = _compared_jumps(state, chain, code.env)
+        forward_lines(chain, code, instead)
     else:
         code.env["_run"] = runner.run
         code.add("_run(v)")
@@ -495,6 +500,98 @@ def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[in
         if not (a + n <= b or b + n <= a):
             continue
         found[k] = (ctypes.c_void_p(a), ctypes.c_void_p(b), ctypes.c_size_t(n))
+    return found
+
+
+# comparisons with a scalar (as a 0-d tensor of self's dtype, see
+# :func:`ptexec.kernels.aten._scalar_as_tensor`), as Python compares two numbers
+_COMPARED = {
+    torch.gt: ">",
+    torch.lt: "<",
+    torch.ge: ">=",
+    torch.le: "<=",
+    torch.eq: "==",
+    torch.ne: "!=",
+}
+_COMPARE = re.compile(r"(\w+)\(v\[(\d+)\], (\w+), out=v\[(\d+)\]\)")
+# dtypes whose every value a Python number holds exactly (the 0-d scalar is of self's)
+_EXACT_ITEMS = frozenset(
+    {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
+)
+
+
+def _compared_jumps(
+    state: MethodState, chain: PreparedChain, env: dict[str, Any]
+) -> dict[int, str]:
+    """For the fast call's lines of a chain whose jumps go forward: a jump on whether a
+    one-element tensor compares true with a scalar, just computed (``torch.gt(v[a], s,
+    out=v[c])`` then ``bool(v[c])``), as the comparison of the two numbers (``v[a].item()
+    > 0.0``), and the comparison's statement as nothing: by instruction, the code for
+    each (the names it uses added to ``env``).
+
+    The two compare alike: self's one element and the scalar (a 0-d tensor of self's
+    dtype) are numbers a Python int or float holds exactly, and torch compares them in
+    self's dtype, of which both are values. The result nobody else sees: ``v[c]`` is a
+    one-element bool tensor in planned bytes that no other value of the plan shares,
+    no input or output, and no statement of any chain but these two touches it; the
+    jump does not start a block (nothing jumps to it), so the comparison runs right
+    before it."""
+    found: dict[int, str] = {}
+    values = state.plan.values
+    ins = chain.instructions
+    targets = {j.destination_instruction for j in ins if isinstance(j, p.JumpFalseCall)}
+    slots = {spec.slot for spec in state.inputs} | {o.slot for o in state.outputs}
+    touched: dict[int, set[tuple[int, int]]] = {}  # value -> (chain, instruction) using it
+    for ch in state.chains:
+        for i, (instruction, st) in enumerate(zip(ch.instructions, ch.statements, strict=True)):
+            e = effects(values, instruction, st)
+            for j in (*e.reads, *e.writes, *e.replaces, *e.written, *e.inputs):
+                touched.setdefault(j, set()).add((ch.index, i))
+    for i, jump in enumerate(ins):
+        if not isinstance(jump, p.JumpFalseCall) or i == 0 or i in targets:
+            continue
+        c = jump.cond_value_index
+        if chain.statements[i].code != f"bool(v[{c}])" or isinstance(ins[i - 1], p.JumpFalseCall):
+            continue
+        before = chain.statements[i - 1]
+        m = _COMPARE.fullmatch(before.code)
+        if m is None or int(m.group(4)) != c:
+            continue
+        op, scalar = before.env.get(m.group(1)), before.env.get(m.group(3))
+        a = int(m.group(2))
+        sign = _COMPARED.get(op) if op is not None else None
+        self_, out = values[a], values[c]
+        if (
+            sign is None
+            or not isinstance(scalar, torch.Tensor)
+            or scalar.dim() != 0
+            or not isinstance(self_, p.Tensor)
+            or not isinstance(out, p.Tensor)
+            or self_.numel != 1
+            or out.numel != 1
+            or self_.shape_dynamism != p.STATIC
+            or out.shape_dynamism != p.STATIC
+            or out.scalar_type != DTYPE_TO_CODE[torch.bool]
+            or DTYPE_TO_CODE.get(scalar.dtype) != self_.scalar_type
+            or scalar.dtype not in _EXACT_ITEMS
+            or c in slots
+            or touched.get(c, set()) != {(chain.index, i - 1), (chain.index, i)}
+        ):
+            continue
+        where = byte_range(out)
+        if where is None or any(
+            k != c
+            and (r := byte_range(v)) is not None
+            and r[0] == where[0]
+            and r[1] < where[2]
+            and where[1] < r[2]
+            for k, v in enumerate(values)
+        ):
+            continue
+        name = f"_jc{i}"
+        env[name] = scalar.item()
+        found[i - 1] = "pass"
+        found[i] = f"v[{a}].item() {sign} {name}"
     return found
 
 
