@@ -415,3 +415,24 @@ def test_a_jump_on_a_comparison_with_a_scalar_compares_numbers() -> None:
         for a, b in zip(m.execute([x, y]), general.execute([x, y]), strict=True):
             assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), total
             assert torch.equal(a.isnan(), b.isnan()), total
+
+
+def test_a_bounded_input_is_copied_as_bytes_after_its_view_is_resized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dense input of bounded sizes is copied as bytes into its view, resized to the
+    input's sizes first; other layouts through torch's copy. Batches of every size, one
+    after the other on one method, give the general path's results."""
+    m = ptexec.load(FIX / "dynamic_mlp.pte").load_method("forward")
+    assert "_memmove(D0, p0, q0 - p0)" in m.source()
+    general = ptexec.load(FIX / "dynamic_mlp.pte").load_method("forward", fast_path=False)
+    gen = torch.Generator().manual_seed(3)
+    for n in (16, 1, 5, 5, 16, 2):
+        wide = torch.randn(n, 16, generator=gen)
+        for case in (wide[:, :8], wide[:, :8].contiguous(), torch._neg_view(wide[:, 8:])):
+            got, want = m.execute([case]), general.execute([case])
+            assert torch.equal(got[0], want[0]), (n, case.stride())
+            assert list(m.last_call.inputs) == ["copy"]
+            assert m.last_call.h2h == general.last_call.h2h == case.nbytes
+    outcome, covered = _run_both("dynamic_mlp", _inputs("dynamic_mlp"), monkeypatch)
+    assert outcome[0] == "ok" and covered

@@ -197,10 +197,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 # buffers' ranges above are: both arguments made once, as ctypes takes them)
                 env["_memmove"] = _MEMMOVE
                 env[f"D{i}"] = ctypes.c_void_p(spec.view.data_ptr())
-                env[f"N{i}"] = ctypes.c_size_t(info.nbytes)
+                # a dynamic view, resized to the input's sizes, is dense at the same address
+                size = f"N{i}" if info.dynamism == "static" else f"q{i} - p{i}"
+                if info.dynamism == "static":
+                    env[f"N{i}"] = ctypes.c_size_t(info.nbytes)
                 binds.append(
                     f"if p{i} and {x}.is_contiguous() and not {x}.is_neg(): "
-                    f"_memmove(D{i}, p{i}, N{i})"
+                    f"_memmove(D{i}, p{i}, {size})"
                 )
                 binds.append(f"else: V{i}.copy_({x})")
             else:
@@ -354,11 +357,13 @@ _RAW_DTYPES = frozenset(
 def _raw_copy(spec: Any, info: Any, addressed: bool) -> bool:
     """Whether the copy of a caller's tensor into planned input ``spec`` may be a copy of
     its bytes when the tensor is dense (``memmove``: about half what ``Tensor.copy_``
-    costs a small tensor): a static shape on the CPU in the default dim order, a dtype of
-    plain elements, and the tensor's address read by the checks (``addressed``)."""
+    costs a small tensor): a static shape, or a bounded one (its view resized to the
+    tensor's sizes first, in place: dense, at its address), on the CPU in the default
+    dim order, a dtype of plain elements, and the tensor's address read by the checks
+    (``addressed``)."""
     return (
         addressed
-        and info.dynamism == "static"
+        and info.dynamism in ("static", "dynamic_bound")
         and spec.device.is_cpu
         and spec.dtype in _RAW_DTYPES
         and tuple(spec.dim_order) == tuple(range(len(spec.dim_order)))
