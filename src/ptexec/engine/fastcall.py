@@ -149,7 +149,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             apart.append(f"(q{i} <= b{k} or p{i} >= e{k})")
         if apart:
             assert i in addressed
-            checks.append(f"p{i} = {x}.data_ptr(); q{i} = p{i} + {x}.nbytes")
+            # a static input's size in bytes, when its shape passes (else: not fast anyway)
+            nbytes = info.nbytes if info.dynamism == "static" else f"{x}.nbytes"
+            checks.append(f"p{i} = {x}.data_ptr(); q{i} = p{i} + {nbytes}")
             checks.append(f"if not ({' and '.join(apart)}): return NOT_FAST")
         if info.dynamism == "static":
             if 0 in info.sizes:
