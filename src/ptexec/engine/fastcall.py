@@ -246,6 +246,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             # skipping views' bookkeeping skips the version counts of what the program
             # writes in place too: only where no caller's tensor is written or returned
             calls: int | None = getattr(runner, "calls", None)
+            if calls is None:
+                calls = _kernel_calls(state, runner)
             guard = below_autograd_for(state, copy_outputs and tensors and not aliased, calls)
             if guard is not None:
                 # the outputs' checks and copies too: a copy below autograd costs less
@@ -527,6 +529,26 @@ _EXACT_ITEMS = frozenset(
 )
 
 
+def _kernel_calls(state: MethodState, runner: Runner) -> int | None:
+    """For the plain blocks of one chain the fast call runs in its own lines: how many of
+    its statements call a kernel or a delegate (not ``pass``, not a comparison a jump
+    reads as numbers, :func:`_compared_jumps`), both branches of an if counted; None
+    for another runner (every instruction counts)."""
+    if not isinstance(runner, BlockRunner):
+        return None
+    chain = _forward_chain(runner)
+    if inline_statements(state, runner) is not None:
+        chain = state.chains[0]
+    if chain is None:
+        return None
+    fused = _compared_jumps(state, chain, {})
+    return sum(
+        1
+        for i, (ins, st) in enumerate(zip(chain.instructions, chain.statements, strict=True))
+        if kind(ins) in ("kernel", "delegate") and st.code.strip() != "pass" and i not in fused
+    )
+
+
 def _compared_jumps(
     state: MethodState, chain: PreparedChain, env: dict[str, Any]
 ) -> dict[int, str]:
@@ -547,6 +569,8 @@ def _compared_jumps(
     values = state.plan.values
     ins = chain.instructions
     targets = {j.destination_instruction for j in ins if isinstance(j, p.JumpFalseCall)}
+    if not targets:
+        return found  # no jumps
     slots = {spec.slot for spec in state.inputs} | {o.slot for o in state.outputs}
     touched: dict[int, set[tuple[int, int]]] = {}  # value -> (chain, instruction) using it
     for ch in state.chains:
