@@ -13,6 +13,7 @@ import torch
 
 from ptexec.dtypes import DTYPE_TO_CODE
 from ptexec.format import program as p
+from ptexec.kernels.aten import resolve_overload
 from ptexec.kernels.registry import KernelContext, Statement, find_kernel
 
 
@@ -456,3 +457,42 @@ def test_index_with_an_index_out_of_range_keeps_torchs_error() -> None:
             torch.ops.aten.index.Tensor_out(
                 x, [None, None, torch.tensor(picks)], out=torch.empty(0)
             )
+
+
+def test_an_in_place_copy_is_sized_and_an_in_place_view_op_not() -> None:
+    """An in-place op writing only its ``self`` keeps (or sets from its arguments) its
+    sizes: its statement is ``sized``; ops that change ``self``'s view (``unsqueeze_``)
+    are not counted."""
+    dst, src = torch.zeros(2, 3), torch.arange(6.0).reshape(2, 3)
+    table: list[Any] = [dst, src, False, None]
+    values = (_desc(dst), _desc(src), p.Bool(False), _desc(dst))
+    ctx = KernelContext("aten::copy_", 0, (0, 1, 2, 3), values, frozenset(), table)
+    factory = find_kernel("aten::copy_")
+    assert factory is not None
+    assert factory(ctx).sized
+    table = [dst, 0, None]
+    values = (_desc(dst), p.Int(0), _desc(dst))
+    ctx = KernelContext("aten::unsqueeze_", 0, (0, 1, 2), values, frozenset(), table)
+    factory = find_kernel("aten::unsqueeze_")
+    assert factory is not None
+    assert not factory(ctx).sized
+
+
+@pytest.mark.parametrize("name", ["aten::sum.IntList_out", "aten::mean.out", "aten::nansum.out"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_an_empty_dim_list_reduces_every_dim_as_none(name: str, keepdim: bool) -> None:
+    """A reduction given no dims (an empty list) reduces every dim: the statement passes
+    None, which torch parses faster, and writes what the op writes given the list."""
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0)) * 9
+    x[1, 2] = float("nan")
+    shape = (1, 1, 1) if keepdim else ()
+    table: list[Any] = [x, None, keepdim, None, torch.empty(shape)]
+    values = (_desc(x), p.IntList(()), p.Bool(keepdim), p.Null(), _desc(table[4]))
+    ctx = KernelContext(name, 0, (0, 1, 2, 3, 4, 4), values, frozenset(), table)
+    factory = find_kernel(name)
+    assert factory is not None
+    st = factory(ctx)
+    assert "[]" not in st.code  # None, or left out where it is the default
+    _run(st, table)
+    want = resolve_overload(name)(x, [], keepdim, out=torch.empty(shape))
+    assert _same(table[4], want)

@@ -11,6 +11,7 @@ against their functions on grids of cases.
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -359,3 +360,79 @@ def test_views_skip_their_bookkeeping_only_where_the_caller_gets_copies() -> Non
     general = ptexec.load(FIX / "transformer.pte").load_method("forward", fast_path=False)
     for _ in range(2):
         assert torch.equal(m.execute([x])[0], general.execute([x])[0])
+
+
+def test_output_checks_stop_once_the_method_is_settled() -> None:
+    """A straight-line method of static inputs whose sizes follow from sizes alone checks
+    its outputs until a call leaves the table's geometry as it found it; a method whose
+    outputs fail keeps checking (and refusing) on every call, and works again once the
+    cause is gone. Results equal the general path's on every call."""
+    for name in ("mlp", "int_ops", "stateful"):
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        assert "if _unsettled[0]:" in m.source(), name
+        # stateful: its copies between planned tensors (the state's too) copy bytes once
+        # settled
+        assert ("else: _memmove(_cd" in m.source()) is (name == "stateful"), name
+        general = ptexec.load(FIX / f"{name}.pte").load_method("forward", fast_path=False)
+        inputs = _inputs(name)
+        for _ in range(4):  # stateful: the state moves on alike
+            for x, y in zip(m.execute(inputs), general.execute(inputs), strict=True):
+                assert x.dtype == y.dtype and torch.equal(x, y), name
+    for name in ("cond", "dynamic_mlp"):  # jumps; a dynamic input: checked on every call
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        assert "_unsettled" not in m.source(), name
+
+    m = ptexec.load(FIX / "mlp.pte").load_method("forward")
+    (x,) = _inputs("mlp")
+    v = m.state.values
+    kept = {3: v[3], 13: v[13]}  # the last addmm's bias and weight: (4,) and (k, 4)
+    v[3], v[13] = torch.zeros(1), torch.zeros(v[13].shape[0], 5)  # now it makes (2, 5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*resized")
+        for _ in range(2):
+            with pytest.raises(ptexec.ExecutionError, match="output 0"):
+                m.execute([x])
+    for k, t in kept.items():
+        v[k] = t
+    want = ptexec.load(FIX / "mlp.pte").load_method("forward", fast_path=False).execute([x])
+    for _ in range(2):
+        assert torch.equal(m.execute([x])[0], want[0])
+
+
+def test_a_jump_on_a_comparison_with_a_scalar_compares_numbers() -> None:
+    """``cond``'s predicate (``x.sum() > 0``, then a jump on it): the fast call compares
+    the sum with the scalar as numbers, and takes the branch the general path takes on
+    sums at and around zero, signed zeros, infinities and NaN."""
+    m = ptexec.load(FIX / "cond.pte").load_method("forward")
+    assert "v[2].item() > _jc2" in m.source()
+    general = ptexec.load(FIX / "cond.pte").load_method("forward", fast_path=False)
+    tiny = float(np.finfo(np.float32).tiny)
+    sums = [0.0, -0.0, tiny, -tiny, 1e-45, -1e-45, 1.0, -1.0, float("inf"), -float("inf")]
+    y = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    for total in [*sums, float("nan")]:
+        x = torch.zeros(3, 4)
+        x[0, 0] = total
+        for a, b in zip(m.execute([x, y]), general.execute([x, y]), strict=True):
+            assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), total
+            assert torch.equal(a.isnan(), b.isnan()), total
+
+
+def test_a_bounded_input_is_copied_as_bytes_after_its_view_is_resized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dense input of bounded sizes is copied as bytes into its view, resized to the
+    input's sizes first; other layouts through torch's copy. Batches of every size, one
+    after the other on one method, give the general path's results."""
+    m = ptexec.load(FIX / "dynamic_mlp.pte").load_method("forward")
+    assert "_memmove(D0, p0, q0 - p0)" in m.source()
+    general = ptexec.load(FIX / "dynamic_mlp.pte").load_method("forward", fast_path=False)
+    gen = torch.Generator().manual_seed(3)
+    for n in (16, 1, 5, 5, 16, 2):
+        wide = torch.randn(n, 16, generator=gen)
+        for case in (wide[:, :8], wide[:, :8].contiguous(), torch._neg_view(wide[:, 8:])):
+            got, want = m.execute([case]), general.execute([case])
+            assert torch.equal(got[0], want[0]), (n, case.stride())
+            assert list(m.last_call.inputs) == ["copy"]
+            assert m.last_call.h2h == general.last_call.h2h == case.nbytes
+    outcome, covered = _run_both("dynamic_mlp", _inputs("dynamic_mlp"), monkeypatch)
+    assert outcome[0] == "ok" and covered

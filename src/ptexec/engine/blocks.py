@@ -19,7 +19,7 @@ same objects. Every line that runs a statement maps back to its instruction (thr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,10 +146,14 @@ def compile_forward(chain: PreparedChain, sources: Sources) -> Callable[[list[An
     return fn
 
 
-def forward_lines(chain: PreparedChain, code: Code) -> None:
+def forward_lines(
+    chain: PreparedChain, code: Code, instead: Mapping[int, str] | None = None
+) -> None:
     """Add the body of :func:`compile_forward`'s function to ``code`` at its indentation,
     each line tagged with its instruction: the blocks under ``if b == k:`` in order (``b``
-    a local of the function the lines are in)."""
+    a local of the function the lines are in). ``instead``: code to run in place of some
+    instructions' statements (a jump's: its condition), by instruction."""
+    instead = instead or {}
     ins = chain.instructions
     n = len(ins)
     spans = basic_blocks(ins)
@@ -164,14 +168,15 @@ def forward_lines(chain: PreparedChain, code: Code) -> None:
             for i in range(start, min(end, n)):
                 st = chain.statements[i]
                 code.env.update(st.env)
+                text = instead.get(i, st.code)
                 jump = ins[i]
                 if isinstance(jump, p.JumpFalseCall):
                     dest = jump.destination_instruction
                     target = block_of.get(dest, -1) if dest < n else -1
-                    code.add(f"b = {nxt} if {st.code} else {target}", i)
+                    code.add(f"b = {nxt} if {text} else {target}", i)
                     jumped = True
                 else:
-                    code.add(st.code, i)
+                    code.add(text, i)
             if not jumped:
                 code.add(f"b = {nxt}")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,7 +39,9 @@ import torch
 
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
-from ..effects import kind, replaced
+from ..dtypes import DTYPE_TO_CODE
+from ..effects import byte_range, effects, kind, replaced
+from ..format import program as p
 from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
@@ -146,7 +149,9 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             apart.append(f"(q{i} <= b{k} or p{i} >= e{k})")
         if apart:
             assert i in addressed
-            checks.append(f"p{i} = {x}.data_ptr(); q{i} = p{i} + {x}.nbytes")
+            # a static input's size in bytes, when its shape passes (else: not fast anyway)
+            nbytes = info.nbytes if info.dynamism == "static" else f"{x}.nbytes"
+            checks.append(f"p{i} = {x}.data_ptr(); q{i} = p{i} + {nbytes}")
             checks.append(f"if not ({' and '.join(apart)}): return NOT_FAST")
         if info.dynamism == "static":
             if 0 in info.sizes:
@@ -194,10 +199,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 # buffers' ranges above are: both arguments made once, as ctypes takes them)
                 env["_memmove"] = _MEMMOVE
                 env[f"D{i}"] = ctypes.c_void_p(spec.view.data_ptr())
-                env[f"N{i}"] = ctypes.c_size_t(info.nbytes)
+                # a dynamic view, resized to the input's sizes, is dense at the same address
+                size = f"N{i}" if info.dynamism == "static" else f"q{i} - p{i}"
+                if info.dynamism == "static":
+                    env[f"N{i}"] = ctypes.c_size_t(info.nbytes)
                 binds.append(
                     f"if p{i} and {x}.is_contiguous() and not {x}.is_neg(): "
-                    f"_memmove(D{i}, p{i}, N{i})"
+                    f"_memmove(D{i}, p{i}, {size})"
                 )
                 binds.append(f"else: V{i}.copy_({x})")
             else:
@@ -238,6 +246,8 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             # skipping views' bookkeeping skips the version counts of what the program
             # writes in place too: only where no caller's tensor is written or returned
             calls: int | None = getattr(runner, "calls", None)
+            if calls is None:
+                calls = _kernel_calls(state, runner)
             guard = below_autograd_for(state, copy_outputs and tensors and not aliased, calls)
             if guard is not None:
                 # the outputs' checks and copies too: a copy below autograd costs less
@@ -249,7 +259,17 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             needed = _emptying_test(state, runner, resized)
             if needed is not None:
                 code.add(f"_e = {needed}")
-            if not _run_into(code, state, runner, needed is not None):
+            # the outputs' checks stop once a call finds the method settled (see
+            # :func:`_settling`): a list of one flag, the table's geometry at the start
+            settling = copy_outputs and _settling(state, runner)
+            if settling:
+                env["_unsettled"] = [True]
+                env["_geometry"] = _geometry
+                env["_settled"] = _settled_test(state)
+                code.add("if _unsettled[0]: _g = _geometry(v)")
+            # copies between tensors of the table: their bytes, once settled
+            raw = settling and tensors and not aliased
+            if not _run_into(code, state, runner, needed is not None, raw):
                 return None
             outs = []
 
@@ -268,12 +288,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             handed: Mapping[int, Any] = getattr(runner, "handed_outputs", {})
             # outputs that stay the tensor loading made: only their sizes can be wrong
             held = held_outputs(state, _replaced(state, runner))
+            checked: list[str] = []
             for out in state.outputs:
                 x = f"v[{out.slot}]"
                 if out.kind == "tensor" and out.slot not in fixed:
                     # what execution left there is what the program declares
                     lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
-                    code.add("\n".join(lines))
+                    checked.extend(lines)
                 copy = copy_outputs and out.slot not in fresh
                 if out.kind == "tensor" and copy and out.slot in handed:
                     env[f"H{out.slot}"] = handed[out.slot]
@@ -283,6 +304,13 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     restored.append((out.slot, f"H{out.slot}"))
                 else:
                     outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
+            if settling and checked:
+                code.add("if _unsettled[0]:")
+                with code.indented():
+                    code.add("\n".join(checked))
+                    code.add("_unsettled[0] = not _settled(v, _g)")
+            else:
+                code.add("\n".join(checked))
             tensors = all(out.kind == "tensor" for out in state.outputs)
             copies = [o for o in outs if o.endswith(".clone()") and o.startswith("v[")]
             if copy_outputs and tensors and len(copies) > 1 and _CLONE_ALL is not None:
@@ -333,11 +361,13 @@ _RAW_DTYPES = frozenset(
 def _raw_copy(spec: Any, info: Any, addressed: bool) -> bool:
     """Whether the copy of a caller's tensor into planned input ``spec`` may be a copy of
     its bytes when the tensor is dense (``memmove``: about half what ``Tensor.copy_``
-    costs a small tensor): a static shape on the CPU in the default dim order, a dtype of
-    plain elements, and the tensor's address read by the checks (``addressed``)."""
+    costs a small tensor): a static shape, or a bounded one (its view resized to the
+    tensor's sizes first, in place: dense, at its address), on the CPU in the default
+    dim order, a dtype of plain elements, and the tensor's address read by the checks
+    (``addressed``)."""
     return (
         addressed
-        and info.dynamism == "static"
+        and info.dynamism in ("static", "dynamic_bound")
         and spec.device.is_cpu
         and spec.dtype in _RAW_DTYPES
         and tuple(spec.dim_order) == tuple(range(len(spec.dim_order)))
@@ -366,20 +396,30 @@ def _apart(state: MethodState, i: int, addressed: frozenset[int] = frozenset()) 
     return "".join(f" and {c}" for c in conds)
 
 
-def _run_into(code: Code, state: MethodState, runner: Runner, guarded: bool = False) -> bool:
+def _run_into(
+    code: Code, state: MethodState, runner: Runner, guarded: bool = False, raw: bool = False
+) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
     (its one function's lines, :func:`~.blocks.forward_lines`), else a call of the runner
     (other control flow, the instruction limit, its own error reports). False: the fast
     path cannot run them. ``guarded``: a statement empties its outs (its ``empties``)
-    only when ``_e`` is true (see :func:`_emptying_test`)."""
+    only when ``_e`` is true (see :func:`_emptying_test`). ``raw``: the fast call settles
+    (:func:`_settling`, ``_unsettled``) and may skip version counts: once settled, the
+    copies :func:`_byte_copies` finds copy bytes."""
     statements = inline_statements(state, runner)
     if statements is not None:
         if len(statements) > state.max_instructions:
             return False
         env = code.env
+        raw_copies = _byte_copies(state, statements) if raw else {}
+        if raw_copies:
+            env["_memmove"] = _MEMMOVE
         for k, st in enumerate(statements):
-            if guarded and st.empties:
+            if k in raw_copies:
+                env[f"_cd{k}"], env[f"_cs{k}"], env[f"_cn{k}"] = raw_copies[k]
+                code.add(f"if _unsettled[0]: {st.code}\nelse: _memmove(_cd{k}, _cs{k}, _cn{k})", k)
+            elif guarded and st.empties:
                 emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
                 code.add(f"if _e: {emptying}\n{emptied(st)}", k)
             else:
@@ -387,13 +427,203 @@ def _run_into(code: Code, state: MethodState, runner: Runner, guarded: bool = Fa
             if st.env:
                 env.update(st.env)
     elif (chain := _forward_chain(runner)) is not None:
-        forward_lines(chain, code)
+        instead: dict[int, str] = {}
+        if isinstance(runner, BlockRunner):
+            instead = _compared_jumps(state, chain, code.env)
+        forward_lines(chain, code, instead)
     else:
         code.env["_run"] = runner.run
         code.add("_run(v)")
         return True
     code.add("pass")
     return True
+
+
+# the statement ``v[d].copy_(v[s])``, and the same through a name for ``Tensor.copy_``
+# returning ``v[d]`` into its slot (``aten::copy_``)
+_COPY = re.compile(r"v\[(\d+)\]\.copy_\(v\[(\d+)\]\)")
+_RETURNED_COPY = re.compile(r"v\[(\d+)\] = (\w+)\(v\[\1\], v\[(\d+)\]\)")
+
+
+def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[int, Any]:
+    """The statements (by position in the one straight-line chain) that copy one tensor
+    of the table into another, which the fast call of a settled method (see
+    :func:`_settling`) may run as a copy of bytes (``memmove``: about half of what
+    ``Tensor.copy_`` costs a small tensor), with the arguments for it as ctypes takes them.
+
+    Such a copy is between two tensors made at load, each held by its slot alone through
+    every call (no statement gives the slot a new object, nor another slot the tensor:
+    none that gives a slot an object reads either), neither an input nor an unplanned
+    output, of one plain dtype and the same sizes, dense, in planned memory that never
+    moves (their address ranges apart), and no later statement writes either of them.
+    Once the method is settled every tensor made at load ends each call in its load-time
+    geometry; what no statement after the copy touches has that geometry at the copy
+    already, where ``copy_`` copies exactly those bytes."""
+    chain = state.chains[0]
+    values = state.plan.values
+    table = state.values
+    found: dict[int, Any] = {}
+    pairs: dict[int, tuple[int, int]] = {}
+    for k, st in enumerate(statements):
+        m = _COPY.fullmatch(st.code)
+        if m is not None:
+            pairs[k] = (int(m.group(1)), int(m.group(2)))
+            continue
+        m = _RETURNED_COPY.fullmatch(st.code)
+        if m is not None and st.env.get(m.group(2)) is torch._C.TensorBase.copy_:
+            pairs[k] = (int(m.group(1)), int(m.group(3)))
+    if not pairs:
+        return found
+    every = [
+        effects(values, ins, st) for ins, st in zip(chain.instructions, statements, strict=True)
+    ]
+    bound = {spec.slot for spec in state.inputs}
+    bound.update(o.slot for o in state.unplanned_outputs)
+    replaced = {j for e in every for j in e.replaces}
+    handing = {j for e in every if e.replaces for j in (*e.inputs, *e.reads)}
+    owned = {id(t) for t, *_ in state.owned}
+    for k, (d, s) in pairs.items():
+        if d == s or {d, s} & (bound | replaced | handing):
+            continue
+        if any(d in e.written or s in e.written for e in every[k + 1 :]):
+            continue
+        dst, src = table[d], table[s]
+        if not all(
+            type(t) is torch.Tensor
+            and id(t) in owned
+            and sum(x is t for x in table) == 1
+            and t.is_cpu
+            and t.dtype in _RAW_DTYPES
+            and t.is_contiguous()
+            and not t.is_neg()
+            and not t.is_conj()
+            and t.data_ptr() != 0
+            and not t.untyped_storage().resizable()
+            for t in (dst, src)
+        ):
+            continue
+        n = dst.nbytes
+        if dst.dtype != src.dtype or dst.shape != src.shape or n == 0:
+            continue
+        a, b = dst.data_ptr(), src.data_ptr()
+        if not (a + n <= b or b + n <= a):
+            continue
+        found[k] = (ctypes.c_void_p(a), ctypes.c_void_p(b), ctypes.c_size_t(n))
+    return found
+
+
+# comparisons with a scalar (as a 0-d tensor of self's dtype, see
+# :func:`ptexec.kernels.aten._scalar_as_tensor`), as Python compares two numbers
+_COMPARED = {
+    torch.gt: ">",
+    torch.lt: "<",
+    torch.ge: ">=",
+    torch.le: "<=",
+    torch.eq: "==",
+    torch.ne: "!=",
+}
+_COMPARE = re.compile(r"(\w+)\(v\[(\d+)\], (\w+), out=v\[(\d+)\]\)")
+# dtypes whose every value a Python number holds exactly (the 0-d scalar is of self's)
+_EXACT_ITEMS = frozenset(
+    {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
+)
+
+
+def _kernel_calls(state: MethodState, runner: Runner) -> int | None:
+    """For the plain blocks of one chain the fast call runs in its own lines: how many of
+    its statements call a kernel or a delegate (not ``pass``, not a comparison a jump
+    reads as numbers, :func:`_compared_jumps`), both branches of an if counted; None
+    for another runner (every instruction counts)."""
+    if not isinstance(runner, BlockRunner):
+        return None
+    chain = _forward_chain(runner)
+    if inline_statements(state, runner) is not None:
+        chain = state.chains[0]
+    if chain is None:
+        return None
+    fused = _compared_jumps(state, chain, {})
+    return sum(
+        1
+        for i, (ins, st) in enumerate(zip(chain.instructions, chain.statements, strict=True))
+        if kind(ins) in ("kernel", "delegate") and st.code.strip() != "pass" and i not in fused
+    )
+
+
+def _compared_jumps(
+    state: MethodState, chain: PreparedChain, env: dict[str, Any]
+) -> dict[int, str]:
+    """For the fast call's lines of a chain whose jumps go forward: a jump on whether a
+    one-element tensor compares true with a scalar, just computed (``torch.gt(v[a], s,
+    out=v[c])`` then ``bool(v[c])``), as the comparison of the two numbers (``v[a].item()
+    > 0.0``), and the comparison's statement as nothing: by instruction, the code for
+    each (the names it uses added to ``env``).
+
+    The two compare alike: self's one element and the scalar (a 0-d tensor of self's
+    dtype) are numbers a Python int or float holds exactly, and torch compares them in
+    self's dtype, of which both are values. The result nobody else sees: ``v[c]`` is a
+    one-element bool tensor in planned bytes that no other value of the plan shares,
+    no input or output, and no statement of any chain but these two touches it; the
+    jump does not start a block (nothing jumps to it), so the comparison runs right
+    before it."""
+    found: dict[int, str] = {}
+    values = state.plan.values
+    ins = chain.instructions
+    targets = {j.destination_instruction for j in ins if isinstance(j, p.JumpFalseCall)}
+    if not targets:
+        return found  # no jumps
+    slots = {spec.slot for spec in state.inputs} | {o.slot for o in state.outputs}
+    touched: dict[int, set[tuple[int, int]]] = {}  # value -> (chain, instruction) using it
+    for ch in state.chains:
+        for i, (instruction, st) in enumerate(zip(ch.instructions, ch.statements, strict=True)):
+            e = effects(values, instruction, st)
+            for j in (*e.reads, *e.writes, *e.replaces, *e.written, *e.inputs):
+                touched.setdefault(j, set()).add((ch.index, i))
+    for i, jump in enumerate(ins):
+        if not isinstance(jump, p.JumpFalseCall) or i == 0 or i in targets:
+            continue
+        c = jump.cond_value_index
+        if chain.statements[i].code != f"bool(v[{c}])" or isinstance(ins[i - 1], p.JumpFalseCall):
+            continue
+        before = chain.statements[i - 1]
+        m = _COMPARE.fullmatch(before.code)
+        if m is None or int(m.group(4)) != c:
+            continue
+        op, scalar = before.env.get(m.group(1)), before.env.get(m.group(3))
+        a = int(m.group(2))
+        sign = _COMPARED.get(op) if op is not None else None
+        self_, out = values[a], values[c]
+        if (
+            sign is None
+            or not isinstance(scalar, torch.Tensor)
+            or scalar.dim() != 0
+            or not isinstance(self_, p.Tensor)
+            or not isinstance(out, p.Tensor)
+            or self_.numel != 1
+            or out.numel != 1
+            or self_.shape_dynamism != p.STATIC
+            or out.shape_dynamism != p.STATIC
+            or out.scalar_type != DTYPE_TO_CODE[torch.bool]
+            or DTYPE_TO_CODE.get(scalar.dtype) != self_.scalar_type
+            or scalar.dtype not in _EXACT_ITEMS
+            or c in slots
+            or touched.get(c, set()) != {(chain.index, i - 1), (chain.index, i)}
+        ):
+            continue
+        where = byte_range(out)
+        if where is None or any(
+            k != c
+            and (r := byte_range(v)) is not None
+            and r[0] == where[0]
+            and r[1] < where[2]
+            and where[1] < r[2]
+            for k, v in enumerate(values)
+        ):
+            continue
+        name = f"_jc{i}"
+        env[name] = scalar.item()
+        found[i - 1] = "pass"
+        found[i] = f"v[{a}].item() {sign} {name}"
+    return found
 
 
 def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -> str | None:
@@ -412,17 +642,8 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     tensors and every instruction of its one straight-line chain is a move, a free or a
     kernel whose statement is ``sized`` (what it makes follows from its arguments' sizes
     and values, not from tensors' contents)."""
-    if not resized or not isinstance(runner, BlockRunner) or not runner.straight_line:
+    if not resized or not _sized_chain(state, runner):
         return None
-    if any(spec.kind != "tensor" for spec in state.inputs):
-        return None  # a value may size a result
-    chain = state.chains[0]
-    for ins, st in zip(chain.instructions, chain.statements, strict=True):
-        what = kind(ins)
-        if what in ("move", "free") or st.code.strip() == "pass":
-            continue
-        if what != "kernel" or not st.sized:
-            return None
     loaded = {id(t): tuple(sizes) for t, _, _, sizes, _ in state.owned}
     initial = []  # every view as loading made it
     for i in resized:
@@ -431,6 +652,77 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
             return None
         initial.append(f"x{i}s == {tuple(int(n) for n in sizes)!r}")
     return " or ".join([*(f"e{i}" for i in resized), f"({' and '.join(initial)})"])
+
+
+def _sized_chain(state: MethodState, runner: Runner) -> bool:
+    """The method takes no values but tensors, and ``runner`` is the plain blocks of one
+    straight-line chain, every instruction of which is a move, a free or a kernel whose
+    statement is ``sized``: every size (and every scalar) a call computes follows from
+    the sizes (and values) it reads, never from tensors' contents."""
+    if not isinstance(runner, BlockRunner) or not runner.straight_line:
+        return False
+    if any(spec.kind != "tensor" for spec in state.inputs):
+        return False  # a value may size a result
+    chain = state.chains[0]
+    for ins, st in zip(chain.instructions, chain.statements, strict=True):
+        what = kind(ins)
+        if what in ("move", "free") or st.code.strip() == "pass":
+            continue
+        if what != "kernel" or not st.sized:
+            return False
+    return True
+
+
+def _settling(state: MethodState, runner: Runner) -> bool:
+    """Whether the fast call may stop checking its outputs once a call finds the method
+    settled (:func:`_settled_test`); the caller is handed copies alone.
+
+    A call of such a method computes every size, dtype and scalar from those its table
+    holds when it starts and from its inputs' sizes (:func:`_sized_chain`), which are
+    the program's, every input being static. A call whose outputs passed their checks
+    and that left the table's geometry (:func:`_geometry`) as it found it, with every
+    tensor made at load in its load-time geometry, is settled: the next call, on any
+    path, starts from that same geometry and computes the same sizes, and so does every
+    call after it. A failed call changes nothing of it: the tensors made at load get
+    their geometry back, and a kernel of a settled method sets no other sizes than
+    those it finds. So the outputs' checks, which only a call's sizes and dtypes
+    decide, pass on every later call, and the fast call skips them."""
+    if not _sized_chain(state, runner):
+        return False
+    return all(spec.info is not None and spec.info.dynamism == "static" for spec in state.inputs)
+
+
+def _geometry(values: Sequence[Any]) -> list[Any]:
+    """What the sizes a call computes may follow from, per slot of the values table: a
+    tensor's type, dtype and sizes, a list's items' so, a plain scalar's value, another
+    object's identity."""
+    return [_shape_of(x) for x in values]
+
+
+def _shape_of(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (type(x), x.dtype, tuple(x.shape))
+    if isinstance(x, list | tuple):
+        return (type(x), tuple(_shape_of(y) for y in x))
+    if x is None or type(x) in (bool, int, float, str):
+        return (type(x), x)
+    return (type(x), id(x))
+
+
+def _settled_test(state: MethodState) -> Any:
+    """``settled(v, before)``: the table's geometry is ``before`` (:func:`_geometry`, taken
+    when the call started) and every tensor made at load has its load-time geometry."""
+    owned = [(t, offset, sizes, strides) for t, _, offset, sizes, strides in state.owned]
+
+    def settled(v: Sequence[Any], before: list[Any]) -> bool:
+        if _geometry(v) != before:
+            return False
+        return all(
+            tuple(t.shape) == sizes and t.stride() == strides and t.storage_offset() == offset
+            for t, offset, sizes, strides in owned
+        )
+
+    return settled
 
 
 def _replaced(state: MethodState, runner: Runner) -> frozenset[int] | None:

@@ -807,6 +807,18 @@ def schema_kernel(overload: Any) -> KernelFactory:
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
     functional = _functional_of(overload) if generated else None
     by_arguments = _sized_by_arguments(overload)
+    # an in-place op returning its ``self`` (``copy_``, ``add_``): what it puts in its
+    # slot is ``self``, whose sizes it keeps (ops that change them, ``inplace_view``, not)
+    tags = getattr(overload, "tags", ())
+    in_place = (
+        torch.Tag.inplace in tags
+        and torch.Tag.inplace_view not in tags
+        and len(returns) == 1
+        and bool(arguments)
+        and _writes_alias(returns[0])
+        and _writes_alias(arguments[0])
+        and returns[0].alias_info.before_set == arguments[0].alias_info.before_set
+    )
     # per argument, once: name, keyword-only, a ScalarType, a MemoryFormat, its default
     facts = [
         (a, a.name, a.kwarg_only, _is_scalar_type(a), _is_memory_format(a), _default(a))
@@ -849,7 +861,12 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if isinstance(value, p.IntList) and literal:
                 items = list(ctx.literal(index))
                 text = repr(items)
-                if len(items) == 1 and getattr(arg, "N", None) == 1 and not skip:
+                if not items and name in _ALL_DIMS_WHEN_EMPTY and arg_name == "dim":
+                    # no dims: every dim, as None says, which torch parses faster
+                    given[index] = None
+                    text = "None"
+                    skip = _same(None, default)
+                elif len(items) == 1 and getattr(arg, "N", None) == 1 and not skip:
                     # an ``int[1]`` (sum's dims, say) takes the int itself, parsed faster
                     given[index] = items[0]
                     text = repr(items[0])
@@ -977,7 +994,12 @@ def schema_kernel(overload: Any) -> KernelFactory:
             slot = ret_slots[0]
             if isinstance(ctx.values[slot], p.TensorList):
                 raise UnsupportedKernel(f"{name}: a list return is not supported")
-            return ctx.emit(f"v[{slot}] = {fn}({callargs})", writes=(slot,), mutates=mutates)
+            # sized: an in-place op writing only its ``self``, of sizes torch does not say
+            # depend on what the op reads
+            sized = in_place and by_arguments and mutates == tuple(ctx.tensors_of(args[0]))
+            return ctx.emit(
+                f"v[{slot}] = {fn}({callargs})", writes=(slot,), mutates=mutates, sized=sized
+            )
         slot = ret_slots[0]
         value = ctx.values[slot]
         if not isinstance(value, p.TensorList) or len(value.items) != len(returns):
@@ -986,6 +1008,17 @@ def schema_kernel(overload: Any) -> KernelFactory:
         return ctx.emit(f"{targets}, = {fn}({callargs})", writes=value.items, mutates=mutates)
 
     return factory
+
+
+# reductions whose ``dim`` reduces every dim when it is empty, as when it is None (the same
+# kernel, the same dims: the results are the same bits)
+_ALL_DIMS_WHEN_EMPTY = frozenset({"aten::sum.IntList_out", "aten::mean.out", "aten::nansum.out"})
+
+
+def _writes_alias(arg: Any) -> bool:
+    """The schema argument (or return) is written through an alias (``Tensor(a!)``)."""
+    info = arg.alias_info
+    return info is not None and bool(info.is_write)
 
 
 _CACHE: dict[str, KernelFactory | None] = {}
