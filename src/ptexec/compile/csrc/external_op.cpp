@@ -8,8 +8,10 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <deque>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -139,8 +141,17 @@ struct Call : torch::CustomClassHolder {
 // The calls of one method, by key; the thread running the method's compiled code makes
 // them current (ptexec_native_use).
 struct Table : torch::CustomClassHolder {
-  std::unordered_map<std::string, c10::intrusive_ptr<Call>> calls;
-  void add(const std::string& key, c10::intrusive_ptr<Call> call) { calls[key] = std::move(call); }
+  std::deque<std::string> keys;  // the map's keys (a deque: they never move)
+  std::unordered_map<std::string_view, c10::intrusive_ptr<Call>> calls;
+  void add(const std::string& key, c10::intrusive_ptr<Call> call) {
+    auto found = calls.find(std::string_view(key));
+    if (found != calls.end()) {
+      found->second = std::move(call);
+      return;
+    }
+    keys.push_back(key);
+    calls.emplace(std::string_view(keys.back()), std::move(call));
+  }
   int64_t address() { return static_cast<int64_t>(reinterpret_cast<intptr_t>(this)); }
 };
 
@@ -149,7 +160,7 @@ std::atomic<int64_t> runs{0};  // calls run here, in this process
 
 std::vector<at::Tensor> external_call(c10::string_view key, at::TensorList inputs) {
   if (current != nullptr) {
-    auto found = current->calls.find(std::string(key));
+    auto found = current->calls.find(std::string_view(key.data(), key.size()));  // no copy
     if (found != current->calls.end()) {
       runs.fetch_add(1, std::memory_order_relaxed);
       return found->second->run(inputs);
