@@ -96,6 +96,27 @@ def test_weights_are_viewed_and_constant_work_folded() -> None:
     torch.testing.assert_close(m(x)[0], _same_weights(data)(x))
 
 
+class FillLike(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, torch.full_like(x, 2.5), x)
+
+
+def test_a_fill_of_a_computed_tensors_sizes_runs_at_load() -> None:
+    """``full_like`` reads only its ``self``'s sizes, fixed here: it runs once, at load,
+    though ``self`` is computed per call."""
+    data = export_program(FillLike(), (torch.randn(3, 8),))
+    m = ptexec.load(data).load_method("forward")
+    names = m.state.chains[0].names
+    codes = _statements(m)
+    assert "aten::full_like.out" in names
+    for name, code in zip(names, codes, strict=True):
+        if name == "aten::full_like.out":
+            assert code == "pass", f"{name} should run at load, not per call: {code}"
+    for _ in range(3):
+        x = torch.randn(3, 8)
+        assert torch.equal(m(x)[0], FillLike()(x))
+
+
 def _same_weights(data: bytes) -> torch.nn.Module:
     """An eager module with the weights the program carries (read back through ptexec)."""
     prog = ptexec.load(data)

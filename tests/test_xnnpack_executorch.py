@@ -138,9 +138,9 @@ def test_tensors_are_handed_over_once_while_their_memory_stays(et: None) -> None
         binder = _runners(m)["_xnnpack_et_run"].__globals__["_binder"]
         real = binder.bind
         seen: list[int] = []
-        binder.bind = lambda ns, key, ts, real=real, seen=seen: (
+        binder.bind = lambda ns, key, ts, *given, real=real, seen=seen: (
             seen.append(1),
-            real(ns, key, ts),
+            real(ns, key, ts, *given),
         )
         call = _calls(name)[0]
         for _ in range(3):
@@ -166,7 +166,7 @@ def test_planned_tensors_take_the_short_way_and_others_the_long_one(et: None) ->
     binder = ns["_binder"]
     real = binder.bind
     binds: list[int] = []
-    binder.bind = lambda ns, key, ts: (binds.append(1), real(ns, key, ts))
+    binder.bind = lambda ns, key, ts, *given: (binds.append(1), real(ns, key, ts, *given))
     args = _delegate_args(m)
     (x,) = _calls(name)[0]["inputs"]
 
@@ -235,6 +235,45 @@ def test_views_the_method_holds_take_the_short_way(et: None) -> None:
         for f in runners
         for k, made in enumerate(f.__globals__["_binder"].planned)
     )
+
+
+@pytest.mark.parametrize("name", ["op_bmm", "op_attention"])
+def test_strided_views_take_the_short_way(et: None, name: str) -> None:
+    """Delegate calls reading a strided view the method holds (an expand: handed over as a
+    dense copy, copied into it again on each call) take the short way, hand over nothing
+    again, and every call returns exactly what a method's first call (handing every
+    tensor over) returns, and what ExecuTorch's runtime returns."""
+    from executorch.runtime import Runtime
+
+    m = _method(name, xnnpack="executorch")
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    runners = [
+        f
+        for chain in m.state.chains
+        for st in chain.statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_et_run"
+    ]
+    binds: list[int] = []
+    for f in runners:
+        binder = f.__globals__["_binder"]
+        binder.bind = lambda ns, key, ts, *given, real=binder.bind: (
+            binds.append(1),
+            real(ns, key, ts, *given),
+        )
+    gen = torch.Generator().manual_seed(5)
+    inputs = _calls(name)[0]["inputs"]
+    for _ in range(4):
+        xs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs]
+        got = m.execute(xs)
+        want = [w.clone() for w in em.execute(xs)]
+        assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
+        first = _method(name, xnnpack="executorch").execute(xs)
+        assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
+        assert len(binds) == len(runners)  # the first call's bindings only
+    assert all(f.__globals__["_o0"] is not None for f in runners)
+    if name == "op_bmm":  # its two expanded operands are copied on the short way
+        assert sum(len(f.__globals__["_dc"]) for f in runners) == 2
 
 
 def test_unplanned_inputs_are_shared_per_call(et: None) -> None:

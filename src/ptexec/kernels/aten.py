@@ -22,6 +22,7 @@ method uses it where its alias analysis shows the copy is not needed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -909,6 +910,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             )
             code = None
             prune = None
+            fills = None  # a ``*_like`` filling its out in place: reads only its sizes
             empties = _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
@@ -917,6 +919,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 fill = _FILLS[name]
                 filler = rendered[fill] if isinstance(fill, int) else fill
                 code = f"v[{outs[0]}].fill_({filler})"
+                fills = args[0]
             elif name == "aten::embedding.out" and single and _gathers_rows(ctx, outs[0]):
                 # embedding's forward is a row gather: straight into out, no temporary
                 f = ctx.bind(torch.index_select, "op")
@@ -977,7 +980,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             sized = by_arguments and only_outs and set(mutates) == set(outs)
             if not code.startswith(emptying(empties)) or not sized:
                 empties = ()  # not emptied by its first lines, or sized by what it reads
-            return ctx.emit(
+            st = ctx.emit(
                 code,
                 mutates=mutates,
                 alias=alias,
@@ -987,6 +990,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 sized=sized,
                 empties=empties,
             )
+            if fills is not None and st.reads is not None:
+                # the fill reads no element of ``self`` (its sizes are fixed): with a fixed
+                # value it may run once, at load
+                st = dataclasses.replace(st, reads=tuple(r for r in st.reads if r != fills))
+            return st
         fast = fastest_entry(overload, probe)
         fn = ctx.bind(fast if fast is not None else generic, "op")
         callargs = ", ".join(positional + keywords)

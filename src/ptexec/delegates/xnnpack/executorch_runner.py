@@ -266,30 +266,37 @@ class _Binder:
         ns["_key"] = _UNBOUND if key is None else key
         ns["_o0"] = None  # no argument is None: the short way is closed
 
-    def _open(self, ns: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+    def _open(
+        self, ns: dict[str, Any], tensors: list[torch.Tensor], given: Sequence[torch.Tensor]
+    ) -> None:
         """Open the generated code's short way (see :func:`_source`) for the binding of
-        ``tensors`` just handed over, when each argument is static and in planned memory
-        or a constant, the constants are the program's own tensors, and the others lie
-        in one storage, the planned memory (whose address argument ``self.arena`` then
-        stands for): the method's planned tensors and the views its statements make of
-        them, held from call to call. None of them changes its geometry in place (a
-        static value is never resized, a failed call's restore gives the planned tensors
-        theirs back), and each was dense when handed over (a strided one is not handed
-        over: its dense copy is)."""
-        if self.arena is None or len(self.planned) != len(tensors):
+        ``tensors`` just handed over, made of the arguments ``given``, when each argument
+        is static and in planned memory or a constant, the constants are the program's
+        own tensors, and the others lie in one storage, the planned memory (whose address
+        argument ``self.arena`` then stands for): the method's planned tensors and the
+        views its statements make of them, held from call to call. None of them changes
+        its geometry in place (a static value is never resized, a failed call's restore
+        gives the planned tensors theirs back), so each is dense, or strided, as it was.
+        A strided one was handed over as its dense copy, which keeps its memory while the
+        shape stays: the short way copies the argument into it again."""
+        if self.arena is None or not len(self.planned) == len(tensors) == len(given):
             return
-        arena = tensors[self.arena].untyped_storage().data_ptr()
-        for k, (t, made) in enumerate(zip(tensors, self.planned, strict=True)):
+        arena = given[self.arena].untyped_storage().data_ptr()
+        copies = []
+        for k, (t, x, made) in enumerate(zip(tensors, given, self.planned, strict=True)):
             if made is None:
                 return
             if k in self.memory:
-                if t.untyped_storage().data_ptr() != arena:
+                if x.untyped_storage().data_ptr() != arena:
                     return
-            elif t is not made:
+                if t is not x:  # strided: its dense copy was handed over
+                    copies.append((t, x))
+            elif t is not made or x is not t:
                 return
-        ns["_a0"] = tensors[self.arena].data_ptr()
-        for k in reversed(range(len(tensors))):  # the first last: it opens the way
-            ns[f"_o{k}"] = tensors[k]
+        ns["_a0"] = given[self.arena].data_ptr()
+        ns["_dc"] = tuple(copies)
+        for k in reversed(range(len(given))):  # the first last: it opens the way
+            ns[f"_o{k}"] = given[k]
 
     def _load(self) -> None:
         self.key = None
@@ -337,7 +344,14 @@ class _Binder:
             ) from None
         self.attach(ns)
 
-    def bind(self, ns: dict[str, Any], key: tuple[Any, ...], tensors: list[torch.Tensor]) -> None:
+    def bind(
+        self,
+        ns: dict[str, Any],
+        key: tuple[Any, ...],
+        tensors: list[torch.Tensor],
+        given: Sequence[torch.Tensor] | None = None,
+    ) -> None:
+        """Hand ``tensors`` over (the arguments ``given``, strided ones as dense copies)."""
         self._set_key(ns, None)
         for k, need in self.bounds:
             t = tensors[k]
@@ -349,7 +363,8 @@ class _Binder:
                 )
         self.method.set_inputs(tensors)
         self._set_key(ns, key)
-        self._open(ns, tensors)
+        if given is not None:
+            self._open(ns, tensors, given)
 
 
 class _Dense:
@@ -492,6 +507,7 @@ def _generate(
         **dense.names(),
         **{f"_o{k}": None for k in range(len(tensors))},
         "_a0": None,
+        "_dc": (),
         "_binder": binder,
         "_pool": binder.pool.current,
         "_size": binder.pool.size,
@@ -530,14 +546,19 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
         "    _binder.reload(globals())",
     ]
     memory = _in_memory(tensors)
-    if memory and all(t.shape_dynamism == p.STATIC for t in tensors):
-        # the short way: every argument the fixed tensor handed over last (its geometry
-        # never changes, so it is dense as it was), the planned memory where it was
+    short = bool(memory) and all(t.shape_dynamism == p.STATIC for t in tensors)
+    if short:
+        # the short way: every argument the fixed tensor given last (its geometry never
+        # changes, so it is dense, or strided, as it was), the planned memory where it
+        # was; a strided one is copied into the dense copy handed over for it (``_dc``)
         same = " and ".join(f"x{k} is _o{k}" for k in range(n))
         lines += [
             f"if {same} and x{memory[0]}.data_ptr() == _a0:",
+            "    for _c in _dc:",
+            "        _c[0].copy_(_c[1])",
             "    _execute()",
             "    return",
+            f"_given = ({''.join(f'{a}, ' for a in args)})",
         ]
     for k, t in enumerate(tensors):
         order = tuple(t.dim_order)
@@ -562,7 +583,8 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
     same = " or ".join(f"{e} != _key[{i}]" for i, e in enumerate(key))
     lines += [
         f"if {same}:",
-        f"    _binder.bind(globals(), ({', '.join(key)},), [{', '.join(args)}])",
+        f"    _binder.bind(globals(), ({', '.join(key)},), [{', '.join(args)}]"
+        + (", _given)" if short else ")"),
         "_execute()",
     ]
     if names:
