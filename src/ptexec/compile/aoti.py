@@ -13,6 +13,7 @@ wrapper).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shutil
 import sys
@@ -57,9 +58,9 @@ def missing_compiler() -> str | None:
 def inductor_options(device: torch.device, autotune: bool) -> dict[str, Any]:
     """What AOTInductor is asked for. The method's constants are frozen into the code (the
     compiler folds work on them and packs weights for its kernels); on the CPU, with
-    ``autotune``, each matrix product is timed as a generated C++ kernel against ATen's,
-    and the faster kept (a generated kernel for small products costs a fraction of a
-    library call's fixed overhead)."""
+    ``autotune``, a matrix product by a constant is a generated C++ kernel (its weights
+    packed at compile time), ATen's only where no such kernel applies
+    (:func:`_templates_first`)."""
     options: dict[str, Any] = {
         "aot_inductor.package": True,
         "freezing": True,
@@ -80,11 +81,16 @@ def compile_models(
 
     shape_config: Any = _config  # its patch() is made at import
 
+    _install_filter()
     files: dict[str, list[Any]] = {}
     for name, ep in exported.items():
         args, kwargs = ep.example_inputs
         # sizes are reasoned about as the graph was traced: a dynamic size may be 1
-        with _quiet(), shape_config.patch(backed_size_oblivious=True):
+        with (
+            _quiet(),
+            shape_config.patch(backed_size_oblivious=True),
+            _templates_preferred(autotune and device.type == "cpu"),
+        ):
             out = aot_compile(
                 ep.module(check_guards=False),
                 args,
@@ -94,6 +100,51 @@ def compile_models(
         assert isinstance(out, list)
         files[name] = out
     return files
+
+
+_PREFER_TEMPLATES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "prefer_templates", default=False
+)
+_installed = False
+
+
+def _templates_first(choices: list[Any]) -> list[Any]:
+    """The autotuner's choices for one matrix product, while :func:`compile_models` runs:
+    the generated C++ kernels alone where there are any. The autotuner times its choices
+    at the traced sizes (a dynamic size at its bound: a whole prompt), where a library
+    call may win; a decode step then multiplies one row, which the library runs as a
+    general matrix-vector product, several times slower than the generated kernel made
+    for these weights (measured on small LLMs: a quarter of a compiled decode step).
+    Outside a compile, or with no generated kernel among them, the choices as they are."""
+    if not _PREFER_TEMPLATES.get():
+        return choices
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    generated = [c for c in choices if not isinstance(c, ExternKernelCaller)]
+    return generated or choices
+
+
+def _install_filter() -> None:
+    """Put :func:`_templates_first` among the autotuner's choice filters, once (a torch
+    without that hook keeps its own choice)."""
+    global _installed
+    if _installed:
+        return
+    from torch._inductor import select_algorithm
+
+    add = getattr(select_algorithm, "add_preprocessing_fn", None)
+    if add is not None:
+        add(_templates_first)
+    _installed = True
+
+
+@contextlib.contextmanager
+def _templates_preferred(prefer: bool) -> Iterator[None]:
+    token = _PREFER_TEMPLATES.set(prefer)
+    try:
+        yield
+    finally:
+        _PREFER_TEMPLATES.reset(token)
 
 
 class _Filtered:
