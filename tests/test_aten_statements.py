@@ -142,14 +142,19 @@ def test_a_scalar_out_of_the_dtypes_range_keeps_the_scalar_path() -> None:
         assert torch.equal(table[-1], want)
 
 
-def test_an_in_place_copy_runs_as_the_tensor_method() -> None:
+def _in_place_copy() -> tuple[Any, list[Any], torch.Tensor, torch.Tensor]:
+    """``aten::copy_``'s statement of ``src`` into ``dst``, its table, dst and src."""
     dst, src = torch.zeros(2, 3), torch.arange(6.0).reshape(2, 3)
     table: list[Any] = [dst, src, False, None]
     values = (_desc(dst), _desc(src), p.Bool(False), _desc(dst))
     ctx = KernelContext("aten::copy_", 0, (0, 1, 2, 3), values, frozenset(), table)
     factory = find_kernel("aten::copy_")
     assert factory is not None
-    st = factory(ctx)
+    return factory(ctx), table, dst, src
+
+
+def test_an_in_place_copy_runs_as_the_tensor_method() -> None:
+    st, table, dst, src = _in_place_copy()
     assert torch._C.TensorBase.copy_ in st.env.values()
     _run(st, table)
     assert table[3] is dst and torch.equal(dst, src)
@@ -463,14 +468,9 @@ def test_an_in_place_copy_is_sized_and_an_in_place_view_op_not() -> None:
     """An in-place op writing only its ``self`` keeps (or sets from its arguments) its
     sizes: its statement is ``sized``; ops that change ``self``'s view (``unsqueeze_``)
     are not counted."""
-    dst, src = torch.zeros(2, 3), torch.arange(6.0).reshape(2, 3)
-    table: list[Any] = [dst, src, False, None]
-    values = (_desc(dst), _desc(src), p.Bool(False), _desc(dst))
-    ctx = KernelContext("aten::copy_", 0, (0, 1, 2, 3), values, frozenset(), table)
-    factory = find_kernel("aten::copy_")
-    assert factory is not None
-    assert factory(ctx).sized
-    table = [dst, 0, None]
+    st, _, dst, _ = _in_place_copy()
+    assert st.sized
+    table: list[Any] = [dst, 0, None]
     values = (_desc(dst), p.Int(0), _desc(dst))
     ctx = KernelContext("aten::unsqueeze_", 0, (0, 1, 2), values, frozenset(), table)
     factory = find_kernel("aten::unsqueeze_")

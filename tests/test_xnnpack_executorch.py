@@ -202,6 +202,17 @@ def test_planned_tensors_take_the_short_way_and_others_the_long_one(et: None) ->
     check(5)
 
 
+def _et_runners(m: ptexec.Method) -> list[Any]:
+    """The generated functions through which ``m`` calls ExecuTorch's delegates."""
+    return [
+        f
+        for chain in m.state.chains
+        for st in chain.statements
+        for f in st.env.values()
+        if getattr(f, "__name__", "") == "_xnnpack_et_run"
+    ]
+
+
 def test_views_the_method_holds_take_the_short_way(et: None) -> None:
     """Delegate calls that read views of planned memory the method holds from call to call
     (expanded attention scores, say) take the short way too, and every call returns what
@@ -221,13 +232,7 @@ def test_views_the_method_holds_take_the_short_way(et: None) -> None:
         assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
         first = _method(name, xnnpack="executorch").execute(xs)
         assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
-    runners = [
-        f
-        for chain in m.state.chains
-        for st in chain.statements
-        for f in st.env.values()
-        if getattr(f, "__name__", "") == "_xnnpack_et_run"
-    ]
+    runners = _et_runners(m)
     assert len(runners) == 4 and all(f.__globals__["_o0"] is not None for f in runners)
     # some argument held is not the planned tensor of its value: a view of planned memory
     assert any(
@@ -247,13 +252,7 @@ def test_strided_views_take_the_short_way(et: None, name: str) -> None:
 
     m = _method(name, xnnpack="executorch")
     em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
-    runners = [
-        f
-        for chain in m.state.chains
-        for st in chain.statements
-        for f in st.env.values()
-        if getattr(f, "__name__", "") == "_xnnpack_et_run"
-    ]
+    runners = _et_runners(m)
     binds: list[int] = []
     for f in runners:
         binder = f.__globals__["_binder"]
