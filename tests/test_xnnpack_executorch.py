@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,27 @@ def test_planned_tensors_take_the_short_way_and_others_the_long_one(et: None) ->
     check(5)
 
 
+def _random_calls_agree(
+    m: ptexec.Method, name: str, seed: int, holds: Callable[[], bool] = lambda: True
+) -> None:
+    """Four calls of ``m`` on random inputs each return what ExecuTorch's runtime returns
+    and exactly what a new method's first call (handing every tensor over) returns; after
+    each, ``holds()``."""
+    from executorch.runtime import Runtime
+
+    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
+    gen = torch.Generator().manual_seed(seed)
+    inputs = _calls(name)[0]["inputs"]
+    for _ in range(4):
+        xs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs]
+        got = m.execute(xs)
+        want = [w.clone() for w in em.execute(xs)]
+        assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
+        first = _method(name, xnnpack="executorch").execute(xs)
+        assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
+        assert holds()
+
+
 def _et_runners(m: ptexec.Method) -> list[Any]:
     """The generated functions through which ``m`` calls ExecuTorch's delegates."""
     return [
@@ -218,20 +240,9 @@ def test_views_the_method_holds_take_the_short_way(et: None) -> None:
     (expanded attention scores, say) take the short way too, and every call returns what
     ExecuTorch's runtime returns, and exactly what a method's first call (handing every
     tensor over) returns."""
-    from executorch.runtime import Runtime
-
     name = "op_attention"
     m = _method(name, xnnpack="executorch")
-    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
-    gen = torch.Generator().manual_seed(11)
-    inputs = _calls(name)[0]["inputs"]
-    for _ in range(4):
-        xs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs]
-        got = m.execute(xs)
-        want = [w.clone() for w in em.execute(xs)]
-        assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
-        first = _method(name, xnnpack="executorch").execute(xs)
-        assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
+    _random_calls_agree(m, name, 11)
     runners = _et_runners(m)
     assert len(runners) == 4 and all(f.__globals__["_o0"] is not None for f in runners)
     # some argument held is not the planned tensor of its value: a view of planned memory
@@ -248,10 +259,7 @@ def test_strided_views_take_the_short_way(et: None, name: str) -> None:
     dense copy, copied into it again on each call) take the short way, hand over nothing
     again, and every call returns exactly what a method's first call (handing every
     tensor over) returns, and what ExecuTorch's runtime returns."""
-    from executorch.runtime import Runtime
-
     m = _method(name, xnnpack="executorch")
-    em = Runtime.get().load_program(DIR / MANIFEST[name]["pte"]).load_method("forward")
     runners = _et_runners(m)
     binds: list[int] = []
     for f in runners:
@@ -260,16 +268,8 @@ def test_strided_views_take_the_short_way(et: None, name: str) -> None:
             binds.append(1),
             real(ns, key, ts, *given),
         )
-    gen = torch.Generator().manual_seed(5)
-    inputs = _calls(name)[0]["inputs"]
-    for _ in range(4):
-        xs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs]
-        got = m.execute(xs)
-        want = [w.clone() for w in em.execute(xs)]
-        assert compare_outputs(got, want, *MANIFEST[name]["tol_executorch"]) is None
-        first = _method(name, xnnpack="executorch").execute(xs)
-        assert all(torch.equal(g, f) for g, f in zip(got, first, strict=True))
-        assert len(binds) == len(runners)  # the first call's bindings only
+    # after each call: the first call's bindings only
+    _random_calls_agree(m, name, 5, lambda: len(binds) == len(runners))
     assert all(f.__globals__["_o0"] is not None for f in runners)
     if name == "op_bmm":  # its two expanded operands are copied on the short way
         assert sum(len(f.__globals__["_dc"]) for f in runners) == 2
