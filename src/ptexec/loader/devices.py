@@ -34,6 +34,7 @@ class DeviceMap:
         self.exact: dict[Device, Device] = {}
         self.by_type: dict[DeviceType, Device] = {}
         self._labels: dict[tuple[int, int], Device] = {}  # a program's label -> the device
+        self._key: Key | None = None
         if spec is None:
             return
         if isinstance(spec, Mapping):
@@ -68,7 +69,11 @@ class DeviceMap:
     @property
     def key(self) -> Key:
         """What the mapping is (equal for maps that map every device alike)."""
-        return Key(self.target, frozenset(self.exact.items()), frozenset(self.by_type.items()))
+        key = self._key
+        if key is None:
+            exact, by_type = frozenset(self.exact.items()), frozenset(self.by_type.items())
+            key = self._key = Key(self.target, exact, by_type)
+        return key
 
     @property
     def is_identity(self) -> bool:
