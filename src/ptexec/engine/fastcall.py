@@ -217,17 +217,20 @@ class _Handed:
 
 
 class _StatementNames:
-    """The names of inlined statement ``k``."""
+    """The names of inlined statements ``ks``, in order."""
 
-    __slots__ = ("k",)
+    __slots__ = ("ks",)
 
-    def __init__(self, k: int) -> None:
-        self.k = k
+    def __init__(self, ks: tuple[int, ...]) -> None:
+        self.ks = ks
 
     def __call__(self, state: MethodState, runner: Runner) -> Any:
         statements = inline_statements(state, runner)
         assert statements is not None
-        return statements[self.k].env
+        names: dict[str, Any] = {}
+        for k in self.ks:
+            names.update(statements[k].env)
+        return names
 
 
 class _ForwardNames:
@@ -733,6 +736,7 @@ def _run_into(
             return False
         env = code.env
         raw_copies = _byte_copies(state, statements) if raw else {}
+        named: list[int] = []  # the statements with names of their own
         if raw_copies:
             env["_memmove"] = _MEMMOVE
         for k, st in enumerate(statements):
@@ -748,7 +752,9 @@ def _run_into(
             else:
                 code.add(st.code, k)
             if st.env:
-                bound.update(_StatementNames(k))
+                named.append(k)
+        if named:
+            bound.update(_StatementNames(tuple(named)))
     elif (chain := _forward_chain(runner)) is not None:
         instead: dict[int, str] = {}
         if isinstance(runner, BlockRunner):
