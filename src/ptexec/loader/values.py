@@ -121,7 +121,7 @@ def build_values(
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
     """The values table of ``plan`` (module docstring), and the geometry of each
-    planned view as made. ``fresh``: buffers allocated for this method (their state is
+    planned view (and, made again, each constant of the program's bytes) as made. ``fresh``: buffers allocated for this method (their state is
     initialised); unplanned tensors of bounded shape may take at most
     ``max_unplanned_bytes`` together. The plan's part of the work is recorded on the first
     load of a plan and replayed on the next (:class:`_Recipe`)."""
@@ -290,7 +290,7 @@ def _replay(
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
     """The values table ``_build`` makes, from ``recipe``: the per-load work only; and
-    each planned view's geometry as made."""
+    the geometry of each planned view and each constant of the program's bytes as made."""
     plan = recipe.plan
     storages: dict[int, tuple[Any, torch.device]] = {}
     for b in buffers:
@@ -316,7 +316,8 @@ def _replay(
                 assert isinstance(value, p.Tensor)
                 values[slot] = _from_bytes(program, data, value, dtype)
             else:
-                values[slot] = const.as_strided(sizes, strides)
+                view = values[slot] = const.as_strided(sizes, strides)
+                append((view, view.untyped_storage(), 0, sizes, strides))
             continue
         if isinstance(t, int):
             value = plan.values[t]
