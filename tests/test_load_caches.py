@@ -455,3 +455,37 @@ def test_a_fast_call_made_again_runs_in_its_own_method(name: str) -> None:
     del first
     assert gone() is None
     assert again.execute(list(fixture_calls(name)[0]["inputs"])) is not None
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "stateful"])
+def test_loads_of_one_plan_share_the_description_never_the_specs(name: str) -> None:
+    """Two loads of one plan share its (frozen) description; each has specs of its own
+    over its own values table."""
+    pte, data = fixture_paths(name)
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert again.meta is first.meta
+    for mine, theirs in zip(again.state.inputs, first.state.inputs, strict=True):
+        assert mine is not theirs
+        assert (mine.index, mine.slot, mine.kind, mine.info, mine.written) == (
+            theirs.index,
+            theirs.slot,
+            theirs.kind,
+            theirs.info,
+            theirs.written,
+        )
+        if theirs.view is not None:
+            assert mine.view is again.state.values[mine.slot]
+            assert mine.view.data_ptr() != theirs.view.data_ptr()
+    for mine, theirs in zip(again.state.outputs, first.state.outputs, strict=True):
+        assert mine is not theirs
+        assert (mine.index, mine.slot, mine.kind, mine.planned) == (
+            theirs.index,
+            theirs.slot,
+            theirs.kind,
+            theirs.planned,
+        )
+        if theirs.default is not None:
+            assert mine.default is again.state.values[mine.slot]
+    _assert_forward_calls(name, first, again)
