@@ -17,7 +17,9 @@ the general path's rules would (the placement decision's ``COPY`` and ``SHARE``)
 fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
 the statements inlined when the runner is the plain blocks of one chain that is
 straight-line or whose jumps all go forward.
-Failures propagate raw: the envelope restores the method and reports them.
+Failures propagate raw: the envelope restores the method and reports them. A method
+loaded as one before (the same plan and load options) takes the code generated for the
+first and binds its own memory into it (:func:`build_fast_call`).
 
 It restates no rule: the copy-or-share decision is
 :func:`ptexec.binding.common_action`'s, and the scalar, shape and output checks are
