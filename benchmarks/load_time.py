@@ -10,8 +10,8 @@ thread; each figure is the median over the rounds. The unrolled LSTM programs (a
 applied ``steps`` times, as an exported recurrent model is) show how load time grows with
 the number of instructions: it should grow linearly. "first" loads bytes this process has
 not decoded before (the in-process caches of validated program descriptions, compiled
-generated code, dataflow decisions, kernel statements, buffer placements, decoded XNNPACK
-graphs, their checks and the
+generated code, generated fast calls, dataflow decisions, kernel statements, buffer
+placements, descriptions and specs of methods, decoded XNNPACK graphs, their checks and the
 one-delegate programs written for ExecuTorch are emptied before each such load); "again" loads the same bytes once more,
 as a second worker or a reload does. Exports are cached on disk
 (``$PTEXEC_BENCH_CACHE``, default a folder in the temporary directory).
@@ -220,8 +220,9 @@ def _forget_loads() -> None:
 
     from ptexec import codegen, effects
     from ptexec.delegates.xnnpack import executorch_runner, schema
+    from ptexec.engine import fastcall
     from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow, devices, instructions, values
+    from ptexec.loader import dataflow, devices, instructions, meta, specs, values
 
     try:
         checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
@@ -238,6 +239,9 @@ def _forget_loads() -> None:
         (devices, "clear_placements"),
         (values, "clear_recipes"),
         (effects, "clear_dynamic_scalars"),
+        (fastcall, "clear_generated"),
+        (meta, "clear_metas"),
+        (specs, "clear_specs"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:

@@ -8,6 +8,7 @@
   same outputs as a load that analysed it afresh, the folds run on the new method's own
   constants;
 - a one-delegate program written from the cache is byte for byte the one written afresh;
+- a method's fast call generated for one load is bound into the next load's own memory;
 - a kernel's statement is kept for the same plan only when it owns nothing of a method
   (no tensor, no call record) and its factory read no tensor of the values table: two
   loads sharing statements still keep their own state.
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import torch
 import ptexec
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
 from ptexec import codegen, effects
+from ptexec.engine import fastcall
 from ptexec.errors import PteFormatError
 from ptexec.format import program as p
 from ptexec.format import pte as pte_module
@@ -33,6 +36,8 @@ from ptexec.kernels.registry import is_literal_tensor
 from ptexec.loader import dataflow
 from ptexec.loader import devices as loader_devices
 from ptexec.loader import instructions as loader_instructions
+from ptexec.loader import meta as loader_meta
+from ptexec.loader import specs as loader_specs
 from ptexec.loader import values as loader_values
 
 FIX = Path(__file__).parent / "fixtures"
@@ -47,6 +52,9 @@ def _forget() -> None:
     loader_devices.clear_placements()
     loader_values.clear_recipes()
     effects.clear_dynamic_scalars()
+    fastcall.clear_generated()
+    loader_meta.clear_metas()
+    loader_specs.clear_specs()
 
 
 def _asking(asked: list[str], read: bool = False) -> Callable[[str], object]:
@@ -413,3 +421,71 @@ def test_a_chain_of_the_same_statements_reuses_its_recipe_key(
     for m in (first, again, afresh):
         problem = compare_outputs(m.execute(list(call["inputs"])), call["outputs"], rtol, atol)
         assert problem is None, problem
+
+
+def _shifted(inputs: list[object]) -> list[object]:
+    """Other inputs of the same kind: floating tensors plus one (others as they are)."""
+    return [x + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "cnn", "stateful", "cond"])
+def test_a_fast_call_made_again_runs_in_its_own_method(name: str) -> None:
+    """The second load of a method binds the fast call generated for the first into its
+    own memory: the same code, and two methods called in turn with different inputs
+    each give what the general path gives on a load of its own; the first method,
+    dropped, is freed (nothing kept for later loads holds it)."""
+    pte, data = fixture_paths(name)
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    assert len(fastcall._generated) == 1
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert again.source() == first.source()
+    # (a general path of its own for each: a stateful method's state moves on per call)
+    general = [ptexec.load(pte, data_path=data).load_method(fast_path=False) for _ in "ab"]
+    rtol, atol = tolerance(name)
+    for call in fixture_calls(name):
+        if call.get("method", "forward") != "forward":
+            continue
+        one, two = list(call["inputs"]), _shifted(list(call["inputs"]))
+        for m, g, inputs in ((first, 0, one), (again, 1, two)) * 2:
+            expected = general[g].execute(inputs)
+            problem = compare_outputs(m.execute(inputs), expected, rtol, atol)
+            assert problem is None, problem
+    gone = weakref.ref(first)
+    del first
+    assert gone() is None
+    assert again.execute(list(fixture_calls(name)[0]["inputs"])) is not None
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "stateful"])
+def test_loads_of_one_plan_share_the_description_never_the_specs(name: str) -> None:
+    """Two loads of one plan share its (frozen) description; each has specs of its own
+    over its own values table."""
+    pte, data = fixture_paths(name)
+    _forget()
+    first = ptexec.load(pte, data_path=data).load_method()
+    again = ptexec.load(pte, data_path=data).load_method()
+    assert again.meta is first.meta
+    for mine, theirs in zip(again.state.inputs, first.state.inputs, strict=True):
+        assert mine is not theirs
+        assert (mine.index, mine.slot, mine.kind, mine.info, mine.written) == (
+            theirs.index,
+            theirs.slot,
+            theirs.kind,
+            theirs.info,
+            theirs.written,
+        )
+        if theirs.view is not None:
+            assert mine.view is again.state.values[mine.slot]
+            assert mine.view.data_ptr() != theirs.view.data_ptr()
+    for mine, theirs in zip(again.state.outputs, first.state.outputs, strict=True):
+        assert mine is not theirs
+        assert (mine.index, mine.slot, mine.kind, mine.planned) == (
+            theirs.index,
+            theirs.slot,
+            theirs.kind,
+            theirs.planned,
+        )
+        if theirs.default is not None:
+            assert mine.default is again.state.values[mine.slot]
+    _assert_forward_calls(name, first, again)

@@ -31,7 +31,7 @@ import types
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .format.lru import Lru
 
@@ -41,42 +41,72 @@ _NAMES = itertools.count()
 
 COMPILED_TEXTS = 4096  # generated texts whose code objects are kept
 COMPILED_CHARS = 16 << 20  # their total length
-# text -> (its code object, its lines as linecache holds them; read only, shared)
-_compiled: Lru[tuple[types.CodeType, list[str]]] = Lru(COMPILED_TEXTS, COMPILED_CHARS)
+# where the code objects nested in a code object are: (position in its constants, what
+# is nested in that one), for each
+_Nested = tuple[tuple[int, "_Nested"], ...]
+
+
+class _Compiled(NamedTuple):
+    """A text compiled: its code object, its lines as linecache holds them (read only,
+    shared), where its nested code objects are, and every name they may look up as a
+    global (the functions the text defines read no other)."""
+
+    code: types.CodeType
+    lines: list[str]
+    nested: _Nested
+    names: frozenset[str]
+
+
+# text -> what compiling it gave
+_compiled: Lru[_Compiled] = Lru(COMPILED_TEXTS, COMPILED_CHARS)
 _PLACEHOLDER = "<ptexec generated>"
 
 
-def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
-    """``code`` and every code object nested in it, with file name ``filename``."""
-    consts = tuple(
-        _renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts
+def _nested(code: types.CodeType) -> _Nested:
+    return tuple(
+        (k, _nested(c)) for k, c in enumerate(code.co_consts) if isinstance(c, types.CodeType)
     )
-    return code.replace(co_filename=filename, co_consts=consts)
 
 
-def _compile(source: str, filename: str) -> tuple[types.CodeType, list[str]]:
+def _inner_names(code: types.CodeType, nested: _Nested) -> frozenset[str]:
+    """The names every code object nested in ``code`` may look up as globals."""
+    names: set[str] = set()
+    for k, inner in nested:
+        c = code.co_consts[k]
+        names.update(c.co_names)
+        names.update(_inner_names(c, inner))
+    return frozenset(names)
+
+
+def _renamed(code: types.CodeType, filename: str, nested: _Nested) -> types.CodeType:
+    """``code`` and every code object nested in it (where ``nested`` says), with file name
+    ``filename``."""
+    if not nested:
+        return code.replace(co_filename=filename)
+    consts = list(code.co_consts)
+    for k, inner in nested:
+        consts[k] = _renamed(consts[k], filename, inner)
+    return code.replace(co_filename=filename, co_consts=tuple(consts))
+
+
+def _compile(source: str, filename: str) -> tuple[types.CodeType, _Compiled]:
     """``compile(source, filename, "exec")`` through the cache (module docstring), and
-    the source's lines for :mod:`linecache`."""
+    what the cache holds of it."""
     hit = _cached(source)
-    return _renamed(hit[0], filename), hit[1]
+    return _renamed(hit.code, filename, hit.nested), hit
 
 
-def _cached(source: str) -> tuple[types.CodeType, list[str]]:
+def _cached(source: str) -> _Compiled:
     """``source`` compiled (under a placeholder file name) and its lines, through the
     cache."""
     hit = _compiled.get(source)
     if hit is None:
-        hit = (compile(source, _PLACEHOLDER, "exec"), source.splitlines(True))
+        code = compile(source, _PLACEHOLDER, "exec")
+        nested = _nested(code)
+        hit = _Compiled(code, source.splitlines(True), nested, _inner_names(code, nested))
         if len(source) <= COMPILED_CHARS // 4:
             _compiled.put(source, hit, len(source))
     return hit
-
-
-def _reads_global(code: types.CodeType, name: str) -> bool:
-    """Some code in ``code`` (nested code included) may look ``name`` up as a global."""
-    if name in code.co_names:
-        return True
-    return any(isinstance(c, types.CodeType) and _reads_global(c, name) for c in code.co_consts)
 
 
 def _forget(filenames: list[str]) -> None:
@@ -197,17 +227,29 @@ class Sources:
 
         ``what`` says which piece it is (``"chain 0 block 2"``); ``lines`` maps a 1-based
         line of ``source`` to the instruction of ``chain`` it runs."""
+        return self._run(source, what, env, chain, lines)[0]
+
+    def _run(
+        self,
+        source: str,
+        what: str,
+        env: Mapping[str, Any] | None,
+        chain: int,
+        lines: Mapping[int, int] | None,
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        """:meth:`compile`'s namespace, and the names the functions it defined may look up
+        as globals."""
         filename = f"<ptexec #{next(_NAMES)} {self.label} {what}>"
-        code, text_lines = _compile(source, filename)
+        code, compiled = _compile(source, filename)
         namespace: dict[str, Any] = dict(env or {})
         namespace["__ptexec_sources__"] = self  # the code keeps its sources registered
         exec(code, namespace)
-        linecache.cache[filename] = (len(source), None, text_lines, filename)
+        linecache.cache[filename] = (len(source), None, compiled.lines, filename)
         self._files.append(filename)
         if lines:
             self._lines[filename] = (chain, lines)
         self._pieces[filename] = Piece(what, source, chain, dict(lines or {}))
-        return namespace
+        return namespace, compiled.names
 
     def function(
         self,
@@ -224,14 +266,9 @@ class Sources:
         global: a function and the namespace holding it are a reference cycle, which
         only Python's cyclic collector frees, so the owner of the function (and all it
         holds: tensors, ExecuTorch's methods) would outlive the last reference to it."""
-        namespace = self.compile(source, what, env, chain=chain, lines=lines)
+        namespace, names = self._run(source, what, env, chain, lines)
         fn = namespace[name]
-        defined = [
-            f.__code__
-            for f in namespace.values()
-            if isinstance(f, types.FunctionType) and f.__globals__ is namespace
-        ]
-        if not any(_reads_global(c, name) for c in defined):
+        if name not in names:  # (the functions defined are the code nested in the text's)
             del namespace[name]
         return fn
 
@@ -294,7 +331,7 @@ def _template(source: str) -> tuple[types.CodeType, tuple[tuple[str, int], ...]]
     text = source
     if "'" not in source and '"' not in source and _SLOT_NAME[:-2] not in source:
         text = _SLOT.sub(name, source)
-    hit = (_cached(text)[0], tuple((n, int(k)) for k, n in slots.items()))
+    hit = (_cached(text).code, tuple((n, int(k)) for k, n in slots.items()))
     _templates.put(source, hit)
     return hit
 

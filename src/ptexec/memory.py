@@ -79,16 +79,18 @@ class PlannedBuffer:
 
 
 _ALIGN = 64
+# host buffers of this many bytes or more are memory maps (see allocate)
+MAPPED_FROM = 64 << 10
 
 
-def _fixed_bytes(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of uninitialized CPU memory whose storage cannot grow: an out= kernel
-    asked to write more than the tensor holds raises instead of reallocating (a hostile
-    shape would otherwise allocate without bound), as ExecuTorch refuses to resize past
-    capacity."""
+def _fixed_bytes(nbytes: int, zeros: bool = False) -> torch.Tensor:
+    """``nbytes`` of uninitialized (``zeros``: zero-filled) CPU memory whose storage cannot
+    grow: an out= kernel asked to write more than the tensor holds raises instead of
+    reallocating (a hostile shape would otherwise allocate without bound), as ExecuTorch
+    refuses to resize past capacity."""
     import numpy as np
 
-    raw = np.empty(nbytes + _ALIGN - 1, dtype=np.uint8)
+    raw = (np.zeros if zeros else np.empty)(nbytes + _ALIGN - 1, dtype=np.uint8)
     start = -raw.ctypes.data % _ALIGN  # torch's own CPU allocations are 64-byte aligned
     return torch.from_numpy(raw[start : start + nbytes])
 
@@ -98,11 +100,14 @@ def allocate(info: BufferInfo) -> PlannedBuffer:
 
     Host buffers are anonymous memory maps: zero by definition, and a page costs resident
     memory only once something writes it (the parts of a plan that the dataflow rewrites
-    made unnecessary never do). Their storage cannot be resized, so a kernel can never move
-    planned memory.
+    made unnecessary never do); a small one (under :data:`MAPPED_FROM` bytes: a map
+    costs more than filling it) is zero-filled memory of the heap. Their storage cannot
+    be resized, so a kernel can never move planned memory.
     """
     size = max(info.size, 1)
-    if info.device.is_cpu:
+    if info.device.is_cpu and size < MAPPED_FROM:
+        data = _fixed_bytes(size, zeros=True)
+    elif info.device.is_cpu:
         # (a writable map: torch.frombuffer has no warning to give)
         data = torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
     else:

@@ -17,7 +17,9 @@ the general path's rules would (the placement decision's ``COPY`` and ``SHARE``)
 fills in :attr:`ptexec.Method.last_call` the same way. It runs the method's runner, with
 the statements inlined when the runner is the plain blocks of one chain that is
 straight-line or whose jumps all go forward.
-Failures propagate raw: the envelope restores the method and reports them.
+Failures propagate raw: the envelope restores the method and reports them. A method
+loaded as one before (the same plan and load options) takes the code generated for the
+first and binds its own memory into it (:func:`build_fast_call`).
 
 It restates no rule: the copy-or-share decision is
 :func:`ptexec.binding.common_action`'s, and the scalar, shape and output checks are
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import re
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +45,7 @@ from ..codegen import Code
 from ..dtypes import DTYPE_TO_CODE
 from ..effects import byte_range, effects, kind, replaced
 from ..format import program as p
+from ..format.lru import Key, Lru
 from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
@@ -56,7 +60,13 @@ from .arguments import (
 from .blocks import forward_lines
 from .runner import BlockRunner, Runner, below_autograd_for
 
-__all__ = ["NOT_FAST", "build_fast_call", "inline_statements", "runs_inline"]
+__all__ = [
+    "NOT_FAST",
+    "build_fast_call",
+    "clear_generated",
+    "inline_statements",
+    "runs_inline",
+]
 
 
 class _NotFast:
@@ -70,16 +80,329 @@ NOT_FAST: Any = _NotFast()
 _CLONE_ALL: Any = getattr(torch, "_foreach_clone", None)
 
 
+# -- what a load met before reuses (see build_fast_call) -----------------------------------
+#
+# A generated fast call's text is a function of what its key holds: the plan (the
+# decoded plan is shared by the loads of the same bytes), the load options, the
+# statements' facts and whether outputs are copied. Its names are of two kinds: those
+# bound to the same objects in every load (torch's types, dtypes, sizes, constants of
+# the program), kept with the text, and those taken from the load (its values table,
+# views, buffers' addresses, statements' names), each kept as how to take it.
+
+GENERATED = 256  # fast calls kept
+GENERATED_CHARS = 8 << 20  # their texts' total length
+
+
+class _PerLoad:
+    """The names of a fast call taken from its load: each set now in ``env`` and
+    recorded as how to take it from another load's state and runner."""
+
+    __slots__ = ("env", "names", "ops", "runner", "state")
+
+    def __init__(self, state: MethodState, runner: Runner, env: dict[str, Any]) -> None:
+        self.state = state
+        self.runner = runner
+        self.env = env
+        self.ops: list[tuple[str | None, Any]] = []
+        self.names: set[str] = set()
+
+    def set(self, name: str, take: Any) -> None:
+        """``name`` is ``take(state, runner)``."""
+        self.env[name] = take(self.state, self.runner)
+        self.ops.append((name, take))
+        self.names.add(name)
+
+    def update(self, take: Any) -> None:
+        """Every name of the mapping ``take(state, runner)``."""
+        found = take(self.state, self.runner)
+        self.env.update(found)
+        self.ops.append((None, take))
+        self.names.update(found)
+
+
+def _values(state: MethodState, runner: Runner) -> Any:
+    return state.values
+
+
+def _record(state: MethodState, runner: Runner) -> Any:
+    return state.record
+
+
+def _flag(state: MethodState, runner: Runner) -> Any:
+    return [True]
+
+
+def _settled_for(state: MethodState, runner: Runner) -> Any:
+    return _settled_test(state)
+
+
+def _run(state: MethodState, runner: Runner) -> Any:
+    return runner.run
+
+
+def _refuser(state: MethodState, runner: Runner) -> Any:
+    """``refuse(k)``: raise :func:`~.arguments.output_error`'s error for output ``k``."""
+
+    def refuse(k: int) -> None:
+        error = output_error(state, k)
+        if error is not None:
+            raise error
+
+    return refuse
+
+
+class _Planned:
+    """Start (``end`` 0) or end (1) of planned range ``r`` on ``device``."""
+
+    __slots__ = ("device", "end", "r")
+
+    def __init__(self, device: torch.device, r: int, end: int) -> None:
+        self.device, self.r, self.end = device, r, end
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        return planned_ranges(state, self.device)[self.r][self.end]
+
+
+class _OutputRange:
+    """Of output memory ``r`` on ``device``: its tensor (``end`` None), the start (0) or
+    the end (1) of its storage."""
+
+    __slots__ = ("device", "end", "r")
+
+    def __init__(self, device: torch.device, r: int, end: int | None) -> None:
+        self.device, self.r, self.end = device, r, end
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        d = output_memory(state, self.device)[self.r]
+        if self.end is None:
+            return d
+        memory = d.untyped_storage()
+        return memory.data_ptr() + (memory.nbytes() if self.end else 0)
+
+
+class _InputView:
+    """Input ``i``'s planned view, or its address as ctypes takes it."""
+
+    __slots__ = ("address", "i")
+
+    def __init__(self, i: int, address: bool = False) -> None:
+        self.i, self.address = i, address
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        view = state.inputs[self.i].view
+        assert view is not None
+        return ctypes.c_void_p(view.data_ptr()) if self.address else view
+
+
+class _Address:
+    """The address of the tensor in slot ``slot``, as ctypes takes it."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        return ctypes.c_void_p(state.values[self.slot].data_ptr())
+
+
+class _Handed:
+    """The runner's load-time tensor of output slot ``slot``."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        return getattr(runner, "handed_outputs", {})[self.slot]
+
+
+class _StatementNames:
+    """The names of inlined statements ``ks``, in order."""
+
+    __slots__ = ("ks",)
+
+    def __init__(self, ks: tuple[int, ...]) -> None:
+        self.ks = ks
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        statements = inline_statements(state, runner)
+        assert statements is not None
+        names: dict[str, Any] = {}
+        for k in self.ks:
+            names.update(statements[k].env)
+        return names
+
+
+class _ForwardNames:
+    """The names of every statement of the runner's forward chain, in order."""
+
+    __slots__ = ()
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        chain = _forward_chain(runner)
+        assert chain is not None
+        names: dict[str, Any] = {}
+        for st in chain.statements:
+            names.update(st.env)
+        return names
+
+
+# what takes objects each load makes anew (the same kind of object, never the same one)
+_FRESH = (_Planned, _OutputRange, _Address)
+_FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run)
+
+
+def _makes_anew(take: Any) -> bool:
+    if isinstance(take, _InputView):
+        return take.address
+    return isinstance(take, _FRESH) or take in _FRESH_FUNCTIONS
+
+
+def _shared_object(obj: Any) -> bool:
+    """Whether a kept name's object belongs to no load (safe in every load's fast call)."""
+    if obj is None or obj is NOT_FAST or obj is _MEMMOVE or obj is _CLONE_ALL:
+        return True
+    if isinstance(obj, bool | int | float | str | bytes | torch.dtype | torch.layout | type):
+        return True
+    if type(obj) is ctypes.c_size_t:  # (never written)
+        return True
+    if type(obj) is tuple or type(obj) is frozenset:
+        return all(_shared_object(o) for o in obj)
+    if isinstance(obj, types.FunctionType):
+        return obj.__closure__ is None
+    return False
+
+
+class _Generated:
+    """A fast call as generated for one load: its text and line map (None: no fast call),
+    the names bound alike in every load, and how to take the others."""
+
+    __slots__ = ("env", "lines", "ops", "plan", "text")
+
+    def __init__(
+        self,
+        plan: p.ExecutionPlan,
+        text: str | None,
+        lines: Mapping[int, int],
+        env: dict[str, Any],
+        ops: tuple[tuple[str | None, Any], ...],
+    ) -> None:
+        self.plan = plan
+        self.text = text
+        self.lines = lines
+        self.env = env
+        self.ops = ops
+
+    @classmethod
+    def of(
+        cls, state: MethodState, runner: Runner, code: Code, bound: _PerLoad, made: bool
+    ) -> _Generated | None:
+        """What to keep of the fast call ``code`` generated for ``state``; None when a name
+        kept alike would hold an object of this load, or taking the names again from
+        this load would not give the names it has."""
+        if not made:
+            return cls(state.plan, None, {}, {}, ())
+        env = code.env
+        kept = {k: o for k, o in env.items() if k not in bound.names}
+        if not all(_shared_object(o) for o in kept.values()):
+            return None
+        again = _bind(kept, bound.ops, state, runner)
+        if again.keys() != env.keys():
+            return None
+        fresh = {name for name, take in bound.ops if _makes_anew(take)}
+        for k, o in env.items():
+            if k in fresh:
+                if type(again[k]) is not type(o):
+                    return None
+            elif again[k] is not o:
+                return None
+        return cls(state.plan, code.text, code.line_map, kept, tuple(bound.ops))
+
+    def make(self, state: MethodState, runner: Runner) -> Any:
+        """The fast call of ``state`` (None: it has none)."""
+        if self.text is None:
+            return None
+        env = _bind(self.env, self.ops, state, runner)
+        return state.sources.function(self.text, "call", "_fast", env, lines=self.lines)
+
+
+def _bind(
+    kept: dict[str, Any],
+    ops: Sequence[tuple[str | None, Any]],
+    state: MethodState,
+    runner: Runner,
+) -> dict[str, Any]:
+    env = dict(kept)
+    for name, take in ops:
+        if name is None:
+            env.update(take(state, runner))
+        else:
+            env[name] = take(state, runner)
+    return env
+
+
+# (state.key, whether outputs are copied, the statements' facts) -> what was generated
+_generated: Lru[_Generated] = Lru(GENERATED, GENERATED_CHARS)
+
+
+def clear_generated() -> None:
+    """Forget the kept fast calls."""
+    _generated.clear()
+
+
+def _facts(st: Statement) -> tuple[Any, ...]:
+    return (st.code, st.writes, st.mutates, st.outs, st.reads, st.sized, st.empties)
+
+
+def _generated_key(state: MethodState, runner: Runner, copy_outputs: bool) -> Key | None:
+    """The key of ``state``'s fast call for ``runner``; None: not kept (a runner other
+    than the plain blocks: one of its own may differ from load to load)."""
+    if state.key is None or type(runner) is not BlockRunner:
+        return None
+    facts = tuple(tuple(map(_facts, c.statements)) for c in state.chains)
+    return Key(state.key, copy_outputs, facts)
+
+
 def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> Any:
     """The function for the common calls of the method (it takes the list of inputs), or
     None when its calls always need the general path (options other than the defaults are
-    the caller's to rule out). ``copy_outputs``: the outputs are returned as copies."""
+    the caller's to rule out). ``copy_outputs``: the outputs are returned as copies.
+
+    What is generated for a method loaded as one before (the same plan, load options and
+    statements, the plain blocks) is kept (:data:`_generated`): the text, the names bound
+    to the same objects in every load, and how to take the others from this load's state
+    (its values table, views, addresses, statements' names); a load met before only
+    binds its own objects into the kept code."""
     if not runner.direct_outputs:
         return None  # a runner that binds inputs itself (a CUDA graph): the general path
+    key = _generated_key(state, runner, copy_outputs)
+    if key is not None:
+        hit = _generated.get(key)
+        if hit is not None and hit.plan is state.plan:
+            return hit.make(state, runner)
     code = Code()
+    bound = _PerLoad(state, runner, code.env)
+    made = _generate(state, runner, copy_outputs, code, bound)
+    fn = None if not made else code.function(state.sources, "call", "_fast")
+    if key is not None:
+        kept = _Generated.of(state, runner, code, bound, made)
+        if kept is not None:
+            _generated.put(key, kept, len(kept.text or ""))
+    return fn
+
+
+def _generate(
+    state: MethodState, runner: Runner, copy_outputs: bool, code: Code, bound: _PerLoad
+) -> bool:
+    """Write the fast call into ``code`` (its names in ``code.env``, those taken from this
+    load through ``bound``); False: there is none."""
     env = code.env
     env.update(NOT_FAST=NOT_FAST, Tensor=torch.Tensor, strided=torch.strided)
-    env.update(v=state.values, rec=state.record, resize_to=resize_to)
+    env.update(resize_to=resize_to)
+    bound.set("v", _values)
+    bound.set("rec", _record)
     checks: list[str] = []
     binds: list[str] = []
     actions: list[str] = []
@@ -127,21 +450,24 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         # a tensor in memory the method writes: the general path reads it first
         # (the buffers' addresses are globals: the text stays the same for every load)
         apart = []
-        for start, end in planned_ranges(state, device.to_torch()):
+        where_to = device.to_torch()
+        for r, (start, _) in enumerate(planned_ranges(state, where_to)):
             j = buffer_names.setdefault(start, len(buffer_names))
-            env[f"S{j}"], env[f"E{j}"] = start, end
+            bound.set(f"S{j}", _Planned(where_to, r, 0))
+            bound.set(f"E{j}", _Planned(where_to, r, 1))
             apart.append(f"(q{i} <= S{j} or p{i} >= E{j})")
-        for d in output_memory(state, device.to_torch()):
+        for r, d in enumerate(output_memory(state, where_to)):
             memory = d.untyped_storage()
             if not memory.resizable():  # it never moves: its range, as a planned buffer's
                 start = memory.data_ptr()
                 j = buffer_names.setdefault(start, len(buffer_names))
-                env[f"S{j}"], env[f"E{j}"] = start, start + memory.nbytes()
+                bound.set(f"S{j}", _OutputRange(where_to, r, 0))
+                bound.set(f"E{j}", _OutputRange(where_to, r, 1))
                 apart.append(f"(q{i} <= S{j} or p{i} >= E{j})")
                 continue
             k = outputs_memory.setdefault(id(d), len(outputs_memory))
             if k == len(outputs_read):  # read once a call, before the inputs' checks
-                env[f"U{k}"] = d
+                bound.set(f"U{k}", _OutputRange(where_to, r, None))
                 outputs_read.append(
                     f"u{k} = U{k}.untyped_storage(); b{k} = u{k}.data_ptr(); "
                     f"e{k} = b{k} + u{k}.nbytes()"
@@ -155,24 +481,24 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             checks.append(f"if not ({' and '.join(apart)}): return NOT_FAST")
         if info.dynamism == "static":
             if 0 in info.sizes:
-                return None  # empty inputs bind as EMPTY: the general path
+                return False  # empty inputs bind as EMPTY: the general path
             checks.append(f"if not ({shape_test(info, f'{x}.shape')}): return NOT_FAST")
         elif info.dynamism == "dynamic_bound":  # with elements: else EMPTY, the general path
             checks.append(f"{x}s = {x}.shape")
             checks.append(f"if not ({shape_test(info, f'{x}s')}) or 0 in {x}s: return NOT_FAST")
         else:
-            return None  # unbounded inputs: the general path
+            return False  # unbounded inputs: the general path
         # the placement decision for such a tensor, as the general path takes it
         action = common_action(info, True)
         if action is None:
-            return None  # other layouts: the general path decides
+            return False  # other layouts: the general path decides
         if common_action(info, False) is not action:
             checks.append(f"if not {x}.is_contiguous(): return NOT_FAST")
         if action is Action.COPY and spec.slot in readable:
             # the runner's code only reads it: the caller's tensor stands in for the
             # planned view when it is dense in the program's (default) dim order
             assert spec.view is not None
-            env[f"V{i}"] = spec.view
+            bound.set(f"V{i}", _InputView(i))
             env[f"o{i}"] = spec.dim_order
             others = _apart(state, i, addressed)
             binds.append(f"if {x}.is_contiguous(){others}: v[{spec.slot}] = {x}")
@@ -186,7 +512,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             action = Action.SHARE
         elif action is Action.COPY:
             assert spec.view is not None
-            env[f"V{i}"] = spec.view
+            bound.set(f"V{i}", _InputView(i))
             env[f"o{i}"] = spec.dim_order
             if info.dynamism != "static":
                 binds.append(f"e{i} = V{i}.shape != {x}s")
@@ -198,7 +524,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                 # (the view's address is fixed for the method's life, as the planned
                 # buffers' ranges above are: both arguments made once, as ctypes takes them)
                 env["_memmove"] = _MEMMOVE
-                env[f"D{i}"] = ctypes.c_void_p(spec.view.data_ptr())
+                bound.set(f"D{i}", _InputView(i, address=True))
                 # a dynamic view, resized to the input's sizes, is dense at the same address
                 size = f"N{i}" if info.dynamism == "static" else f"q{i} - p{i}"
                 if info.dynamism == "static":
@@ -220,10 +546,10 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         actions.append(action.value)
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
-        return None  # planned inputs on a device: counted per call by the general path
+        return False  # planned inputs on a device: counted per call by the general path
     total = " + ".join(str(c) for c in copied) or "0"
-    env["ACTIONS"] = actions
-    env["NO_OUT"] = [""] * len(state.outputs)
+    env["ACTIONS"] = tuple(actions)
+    env["NO_OUT"] = ("",) * len(state.outputs)
     code.add("def _fast(inputs):")
     with code.indented():
         code.add(f"if len(inputs) != {n}: return NOT_FAST")
@@ -263,22 +589,16 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
             # :func:`_settling`): a list of one flag, the table's geometry at the start
             settling = copy_outputs and _settling(state, runner)
             if settling:
-                env["_unsettled"] = [True]
+                bound.set("_unsettled", _flag)
                 env["_geometry"] = _geometry
-                env["_settled"] = _settled_test(state)
+                bound.set("_settled", _settled_for)
                 code.add("if _unsettled[0]: _g = _geometry(v)")
             # copies between tensors of the table: their bytes, once settled
             raw = settling and tensors and not aliased
-            if not _run_into(code, state, runner, needed is not None, raw):
-                return None
+            if not _run_into(code, state, runner, bound, needed is not None, raw):
+                return False
             outs = []
-
-            def refuse(k: int) -> None:
-                error = output_error(state, k)
-                if error is not None:
-                    raise error
-
-            env["_refuse"] = refuse
+            bound.set("_refuse", _refuser)
             # slots whose tensor the runner guarantees (written in place only): unchecked
             fixed: frozenset[int] = getattr(runner, "fixed_outputs", frozenset())
             # slots whose tensor is new on every call and held by nothing else: the copy
@@ -297,7 +617,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
                     checked.extend(lines)
                 copy = copy_outputs and out.slot not in fresh
                 if out.kind == "tensor" and copy and out.slot in handed:
-                    env[f"H{out.slot}"] = handed[out.slot]
+                    bound.set(f"H{out.slot}", _Handed(out.slot))
                     h = f"_h{out.index}"
                     code.add(f"{h} = {x}")
                     outs.append(f"({h} if {h} is not H{out.slot} else {h}.clone())")
@@ -332,7 +652,7 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
         with code.indented():
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
             code.add("pass")
-    return code.function(state.sources, "call", "_fast")
+    return True
 
 
 # C's memmove, called holding the GIL (ctypes' own releases it and takes it back: for a
@@ -397,7 +717,12 @@ def _apart(state: MethodState, i: int, addressed: frozenset[int] = frozenset()) 
 
 
 def _run_into(
-    code: Code, state: MethodState, runner: Runner, guarded: bool = False, raw: bool = False
+    code: Code,
+    state: MethodState,
+    runner: Runner,
+    bound: _PerLoad,
+    guarded: bool = False,
+    raw: bool = False,
 ) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
@@ -413,11 +738,15 @@ def _run_into(
             return False
         env = code.env
         raw_copies = _byte_copies(state, statements) if raw else {}
+        named: list[int] = []  # the statements with names of their own
         if raw_copies:
             env["_memmove"] = _MEMMOVE
         for k, st in enumerate(statements):
             if k in raw_copies:
-                env[f"_cd{k}"], env[f"_cs{k}"], env[f"_cn{k}"] = raw_copies[k]
+                d, s, n = raw_copies[k]
+                bound.set(f"_cd{k}", _Address(d))
+                bound.set(f"_cs{k}", _Address(s))
+                env[f"_cn{k}"] = ctypes.c_size_t(n)
                 code.add(f"if _unsettled[0]: {st.code}\nelse: _memmove(_cd{k}, _cs{k}, _cn{k})", k)
             elif guarded and st.empties:
                 emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
@@ -425,14 +754,17 @@ def _run_into(
             else:
                 code.add(st.code, k)
             if st.env:
-                env.update(st.env)
+                named.append(k)
+        if named:
+            bound.update(_StatementNames(tuple(named)))
     elif (chain := _forward_chain(runner)) is not None:
         instead: dict[int, str] = {}
         if isinstance(runner, BlockRunner):
             instead = _compared_jumps(state, chain, code.env)
         forward_lines(chain, code, instead)
+        bound.update(_ForwardNames())
     else:
-        code.env["_run"] = runner.run
+        bound.set("_run", _run)
         code.add("_run(v)")
         return True
     code.add("pass")
@@ -449,7 +781,8 @@ def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[in
     """The statements (by position in the one straight-line chain) that copy one tensor
     of the table into another, which the fast call of a settled method (see
     :func:`_settling`) may run as a copy of bytes (``memmove``: about half of what
-    ``Tensor.copy_`` costs a small tensor), with the arguments for it as ctypes takes them.
+    ``Tensor.copy_`` costs a small tensor): the slots copied to and from, and how many
+    bytes.
 
     Such a copy is between two tensors made at load, each held by its slot alone through
     every call (no statement gives the slot a new object, nor another slot the tensor:
@@ -508,7 +841,7 @@ def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[in
         a, b = dst.data_ptr(), src.data_ptr()
         if not (a + n <= b or b + n <= a):
             continue
-        found[k] = (ctypes.c_void_p(a), ctypes.c_void_p(b), ctypes.c_size_t(n))
+        found[k] = (d, s, n)
     return found
 
 

@@ -20,6 +20,7 @@ from ..codegen import Sources
 from ..effects import dynamic_scalars
 from ..errors import LimitExceededError, OperatorMissingError
 from ..format import program as p
+from ..format.lru import Key
 from ..memory import BufferInfo, PlannedBuffer, allocate
 from .dataflow import rewrite_chain
 from .devices import (
@@ -176,5 +177,32 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         record=record,
         sources=Sources(plan.name),
     )
+    state.key = _state_key(plan, plan_index, dmap, shared, options)
     state.snapshot(made)
     return state
+
+
+def _state_key(
+    plan: p.ExecutionPlan,
+    plan_index: int,
+    dmap: DeviceMap,
+    shared: frozenset[int],
+    options: LoadOptions,
+) -> Key | None:
+    """What a loaded state is a function of (with the program's bytes, which the decoded
+    plan stands for: it is shared by the loads of the same bytes); None when an option
+    cannot be part of a key."""
+    try:
+        backend = tuple(sorted(options.backend_options.items()))
+        return Key(
+            id(plan),
+            plan_index,
+            dmap.key,
+            shared,
+            options.max_planned_bytes,
+            options.max_instructions,
+            options.optimize,
+            backend,
+        )
+    except TypeError:
+        return None

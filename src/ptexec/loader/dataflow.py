@@ -44,6 +44,7 @@ import bisect
 import dataclasses
 import heapq
 import itertools
+import types
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -59,6 +60,9 @@ from ..kernels.registry import Statement
 __all__ = ["rewrite_chain"]
 
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
+# the statement of an instruction done at load (folded, or a view of constants made):
+# nothing, the same (immutable) object for every method
+_DONE = Statement("pass", types.MappingProxyType({}), (), ())
 
 Region = tuple[Any, ...]
 
@@ -366,7 +370,7 @@ def _fold(
         c.fixed.add(o)
         c.fixed.update(redirects)
     c.writes[i] = []
-    return Statement("pass", {}, (), ())
+    return _DONE
 
 
 def _run_fold(
@@ -430,7 +434,7 @@ def _elide(
         if _view_now(st, code, values):
             log.steps.append(("view", i, (code, tuple(_assigned(code)))))
             c.fixed |= live_all
-            return Statement("pass", {}, (), ())
+            return _DONE
         log.ok = False  # the outcome depends on the constants: not a recipe for others
     if held:
         c.held.update(alias.targets)
@@ -688,14 +692,14 @@ def _replay(
             saved.extend((k, values[k]) for k in touched)
             if not _run_fold(st, folded, touched, values):
                 break
-            result[i] = Statement("pass", {}, (), ())
+            result[i] = _DONE
         elif what == "view":
             assert st.alias is not None
             code, assigned = detail
             saved.extend((k, values[k]) for k in (*st.alias.targets, *assigned))
             if not _view_now(st, code, values):
                 break
-            result[i] = Statement("pass", {}, (), ())
+            result[i] = _DONE
         elif what == "elide":
             code, writes, held = detail
             result[i] = _elided(i, st, code, writes, held)

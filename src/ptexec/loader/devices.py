@@ -25,6 +25,11 @@ __all__ = [
 DeviceMapSpec = None | str | torch.device | Device | Mapping[Any, Any]
 
 
+# the keys of the device maps met, interned (the first few: the maps callers pass)
+_MAP_KEYS = 64
+_map_keys: dict[Key, Key] = {}
+
+
 class DeviceMap:
     """torch's ``map_location`` convention: one target for everything, or ``{from: to}``
     where ``from`` is a device (``"cuda:1"``) or a device type (``"cuda"``)."""
@@ -34,6 +39,7 @@ class DeviceMap:
         self.exact: dict[Device, Device] = {}
         self.by_type: dict[DeviceType, Device] = {}
         self._labels: dict[tuple[int, int], Device] = {}  # a program's label -> the device
+        self._key: Key | None = None
         if spec is None:
             return
         if isinstance(spec, Mapping):
@@ -68,7 +74,15 @@ class DeviceMap:
     @property
     def key(self) -> Key:
         """What the mapping is (equal for maps that map every device alike)."""
-        return Key(self.target, frozenset(self.exact.items()), frozenset(self.by_type.items()))
+        key = self._key
+        if key is None:
+            exact, by_type = frozenset(self.exact.items()), frozenset(self.by_type.items())
+            key = Key(self.target, exact, by_type)
+            # one object per mapping: keys holding it compare it by identity
+            if len(_map_keys) < _MAP_KEYS or key in _map_keys:
+                key = _map_keys.setdefault(key, key)
+            self._key = key
+        return key
 
     @property
     def is_identity(self) -> bool:

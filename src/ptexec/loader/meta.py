@@ -7,11 +7,20 @@ from typing import Any
 
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
+from ..format.lru import Key, Lru
 from ..memory import BufferInfo
 from ..tensor import TensorInfo, dim_order_strides
 from .devices import DeviceMap, buffer_infos
 
-__all__ = ["MethodMeta", "ScalarInfo", "ValueInfo", "plan_meta", "scalar_kind", "tensor_info"]
+__all__ = [
+    "MethodMeta",
+    "ScalarInfo",
+    "ValueInfo",
+    "clear_metas",
+    "plan_meta",
+    "scalar_kind",
+    "tensor_info",
+]
 
 _DYNAMISM = {
     p.STATIC: "static",
@@ -97,6 +106,16 @@ def _value_info(plan: p.ExecutionPlan, slot: int, dmap: DeviceMap) -> ValueInfo:
     return ScalarInfo(scalar_kind(value), getattr(value, "value", None))
 
 
+# descriptions, by the decoded plan (shared by the loads of the same bytes), the device
+# map, the shared buffers and the plan's path: frozen, so the loads of one plan share one
+_metas: Lru[tuple[p.ExecutionPlan, MethodMeta]] = Lru(256, 0)
+
+
+def clear_metas() -> None:
+    """Forget the kept descriptions."""
+    _metas.clear()
+
+
 def plan_meta(
     plan: p.ExecutionPlan,
     dmap: DeviceMap,
@@ -105,6 +124,18 @@ def plan_meta(
 ) -> MethodMeta:
     """A method's :class:`MethodMeta` from its plan (nothing is allocated); ``shared``: the
     buffers that hold the program's shared state."""
+    key = Key(id(plan), dmap.key, shared, path)
+    hit = _metas.get(key)
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    meta = _plan_meta(plan, dmap, shared, path)
+    _metas.put(key, (plan, meta))  # the plan kept alive: its id stays its own
+    return meta
+
+
+def _plan_meta(
+    plan: p.ExecutionPlan, dmap: DeviceMap, shared: frozenset[int], path: str
+) -> MethodMeta:
     return MethodMeta(
         name=plan.name,
         inputs=tuple(_value_info(plan, s, dmap) for s in plan.inputs),

@@ -99,6 +99,9 @@ class MethodState:
     sources: Sources
     owned: list[Owned] = field(default_factory=list)
     kept: dict[Kept[Any], Any] = field(default_factory=dict)  # see Kept; never read here
+    # what the loaded state is a function of (the decoded plan, its index, the load
+    # options), for what others keep for loading it again; None: nothing may be kept
+    key: Any = None
 
     @property
     def shared_slots(self) -> list[int]:

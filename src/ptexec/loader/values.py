@@ -75,6 +75,19 @@ class _Planned(NamedTuple):
     init: bool
 
 
+class _Constant(NamedTuple):
+    """How to make constant ``slot`` of the program's own bytes, on the CPU: a view of
+    constant ``data`` (``nbytes`` bytes, more than none) as ``dtype``, ``sizes`` and
+    ``strides``."""
+
+    slot: int
+    data: int
+    nbytes: int
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class _Recipe:
     """What building the values table of a plan decided that depends on the plan and the
@@ -84,7 +97,8 @@ class _Recipe:
 
     plan: p.ExecutionPlan
     template: tuple[Any, ...]
-    tensors: tuple[_Planned | int, ...]  # an int: the slot of a tensor made per load
+    # made per load: an int, the slot of a tensor made as on the first load
+    tensors: tuple[_Planned | _Constant | int, ...]
     int_lists: tuple[tuple[int, tuple[int, ...]], ...]
 
 
@@ -107,7 +121,7 @@ def build_values(
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
     """The values table of ``plan`` (module docstring), and the geometry of each
-    planned view as made. ``fresh``: buffers allocated for this method (their state is
+    planned view (and, made again, each constant of the program's bytes) as made. ``fresh``: buffers allocated for this method (their state is
     initialised); unplanned tensors of bounded shape may take at most
     ``max_unplanned_bytes`` together. The plan's part of the work is recorded on the first
     load of a plan and replayed on the next (:class:`_Recipe`)."""
@@ -199,7 +213,7 @@ def _build(
     unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values: list[Any] = []
     template: list[Any] = []
-    tensors: list[_Planned | int] = []
+    tensors: list[_Planned | _Constant | int] = []
     int_lists: list[tuple[int, tuple[int, ...]]] = []
     for j, value in enumerate(plan.values):
         if not isinstance(value, p.Tensor):
@@ -249,10 +263,21 @@ def _build(
             values.append(None)
         else:
             values.append(unplanned.make(j, value, dtype, tpath))
-            tensors.append(j)
+            tensors.append(_constant(j, value, dtype, dmap) or j)
     for j, items in int_lists:
         values[j] = tuple(values[i] for i in items)
     return values, _Recipe(plan, tuple(template), tuple(tensors), tuple(int_lists)), made
+
+
+def _constant(j: int, value: p.Tensor, dtype: torch.dtype, dmap: DeviceMap) -> _Constant | None:
+    """How to make constant ``j`` again, when it is a CPU view of the program's own bytes;
+    None: made as the first load made it."""
+    if not value.is_constant or value.is_external or value.nbytes == 0:
+        return None
+    if not dmap.label(value).is_cpu:
+        return None
+    strides = dim_order_strides(value.sizes, value.dim_order)
+    return _Constant(j, value.data_buffer_idx, value.nbytes, dtype, tuple(value.sizes), strides)
 
 
 def _replay(
@@ -265,7 +290,7 @@ def _replay(
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
     """The values table ``_build`` makes, from ``recipe``: the per-load work only; and
-    each planned view's geometry as made."""
+    the geometry of each planned view and each constant of the program's bytes as made."""
     plan = recipe.plan
     storages: dict[int, tuple[Any, torch.device]] = {}
     for b in buffers:
@@ -277,7 +302,23 @@ def _replay(
     made: list[Owned] = []
     append = made.append
     makers: dict[tuple[int, torch.dtype], Any] = {}  # per buffer and dtype: empty_maker's
+    pte = program.pte
     for t in recipe.tensors:
+        if isinstance(t, _Constant):
+            slot, buffer, nbytes, dtype, sizes, strides = t
+            data = pte.constant(buffer, nbytes)
+            const = None
+            if not data.readonly:  # (read only: a copy of the program's, as made at first)
+                const = torch.frombuffer(data, dtype=dtype)
+                const = None if const.data_ptr() % dtype.itemsize else const
+            if const is None:
+                value = plan.values[slot]
+                assert isinstance(value, p.Tensor)
+                values[slot] = _from_bytes(program, data, value, dtype)
+            else:
+                view = values[slot] = const.as_strided(sizes, strides)
+                append((view, view.untyped_storage(), 0, sizes, strides))
+            continue
         if isinstance(t, int):
             value = plan.values[t]
             assert isinstance(value, p.Tensor)
