@@ -644,6 +644,8 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     and values, not from tensors' contents)."""
     if not resized or not _sized_chain(state, runner):
         return None
+    if not any(st.empties for st in state.chains[0].statements):
+        return None  # nothing to empty: no test to make
     loaded = {id(t): tuple(sizes) for t, _, _, sizes, _ in state.owned}
     initial = []  # every view as loading made it
     for i in resized:
@@ -656,9 +658,9 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
 
 def _sized_chain(state: MethodState, runner: Runner) -> bool:
     """The method takes no values but tensors, and ``runner`` is the plain blocks of one
-    straight-line chain, every instruction of which is a move, a free or a kernel whose
-    statement is ``sized``: every size (and every scalar) a call computes follows from
-    the sizes (and values) it reads, never from tensors' contents."""
+    straight-line chain, every instruction of which is a move, a free, or a kernel or a
+    delegate call whose statement is ``sized``: every size (and every scalar) a call
+    computes follows from the sizes (and values) it reads, never from tensors' contents."""
     if not isinstance(runner, BlockRunner) or not runner.straight_line:
         return False
     if any(spec.kind != "tensor" for spec in state.inputs):
@@ -668,7 +670,7 @@ def _sized_chain(state: MethodState, runner: Runner) -> bool:
         what = kind(ins)
         if what in ("move", "free") or st.code.strip() == "pass":
             continue
-        if what != "kernel" or not st.sized:
+        if what not in ("kernel", "delegate") or not st.sized:
             return False
     return True
 
