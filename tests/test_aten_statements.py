@@ -496,3 +496,35 @@ def test_an_empty_dim_list_reduces_every_dim_as_none(name: str, keepdim: bool) -
     _run(st, table)
     want = resolve_overload(name)(x, [], keepdim, out=torch.empty(shape))
     assert _same(table[4], want)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (4, 2, 3), (2, -1)])
+def test_an_expand_to_its_sources_sizes_is_the_source_itself(sizes: tuple[int, ...]) -> None:
+    """``expand_copy`` to the sizes its static source has: the view form is the source
+    itself and the copy a plain one; other sizes (more dims, -1) keep the expand."""
+    src = torch.randn(2, 3, generator=torch.Generator().manual_seed(8))
+    want = torch.ops.aten.expand_copy.default(src, list(sizes))
+    n = len(sizes)
+    table: list[Any] = [src, *sizes, None, False, torch.empty(want.shape)]
+    values = (
+        _desc(src),
+        *(p.Int(s) for s in sizes),
+        p.IntList(tuple(range(1, n + 1))),
+        p.Bool(False),
+        _desc(table[-1]),
+    )
+    out = n + 3
+    ctx = KernelContext(
+        "aten::expand_copy.out", 0, (0, n + 1, n + 2, out, out), values, frozenset(), table
+    )
+    factory = find_kernel("aten::expand_copy.out")
+    assert factory is not None
+    st = factory(ctx)
+    assert st.alias is not None
+    same = sizes == tuple(src.shape)
+    assert (st.code == f"v[{out}].copy_(v[0])") is same
+    assert (st.alias.code == f"v[{out}] = v[0]") is same
+    _run(st, table)
+    assert _same(table[out], want)
+    exec(st.alias.code, {**st.alias.env, "v": table})
+    assert _same(table[out], want)

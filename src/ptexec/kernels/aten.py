@@ -278,10 +278,25 @@ def _alias_form(
             ctx.is_literal(fmt) and ctx.literal(fmt) in (None, 1)
         ):
             return None
-    expr = view(rendered)
+    expr = rendered[0] if _same_sizes(ctx, name) else view(rendered)
     targets = ", ".join(f"v[{t}]" for t in outs)
     code = f"{targets}, = {expr}" if len(outs) > 1 or name in _MULTI_OUT else f"{targets} = {expr}"
     return Alias(code, {"_slice": _SLICE}, source, outs, ctx.reads(outs))
+
+
+def _same_sizes(ctx: KernelContext, name: str) -> bool:
+    """An ``expand_copy`` to the sizes its static source already has: its view is the
+    source itself (as a clone's), so a copy that stays is a plain one."""
+    if name != "aten::expand_copy.out" or len(ctx.args) < 2:
+        return False
+    source, sizes = ctx.values[ctx.args[0]], ctx.args[1]
+    return (
+        isinstance(source, p.Tensor)
+        and source.shape_dynamism == p.STATIC
+        and isinstance(ctx.values[sizes], p.IntList)
+        and ctx.is_literal(sizes)
+        and tuple(ctx.literal(sizes)) == tuple(source.sizes)
+    )
 
 
 _MULTI_OUT = {

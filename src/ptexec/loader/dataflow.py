@@ -468,9 +468,9 @@ def _elided(i: int, st: Statement, code: str, writes: tuple[int, ...], held: boo
     alias = st.alias
     assert alias is not None
     # a view: its sizes follow from its source's
-    if not held:
+    head, expr = code.split(" = ", 1) if held else (code, "")
+    if not held or expr == f"v[{alias.source}]":  # (the source itself: nothing to hold)
         return Statement(code, alias.env, writes, (), reads=alias.reads, sized=True)
-    head, expr = code.split(" = ", 1)
     text, env = _held_view(i, alias.source, expr, alias.env)
     return Statement(f"{head} = {text}", env, writes, (), reads=alias.reads, sized=True)
 
