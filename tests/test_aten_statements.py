@@ -446,6 +446,7 @@ def test_index_with_one_1d_index_gathers_along_its_dim(dim: int, index_dtype: to
         for trailing in (0, 2 - dim):
             st, table = _index_statement(x, dim, index, trailing)
             assert torch.ops.aten.index.Tensor_out not in st.env.values()
+            assert st.sized  # the out's sizes: self's, with the index's length at dim
             _run(st, table)
             indices: list[Any] = [None] * dim + [index]
             want = torch.ops.aten.index.Tensor_out(x, indices, out=torch.empty(0))

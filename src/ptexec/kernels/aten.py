@@ -926,6 +926,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             code = None
             prune = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
+            gathers = False  # a gather along one dim: its out's sizes follow the index's
             empties = _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
@@ -950,6 +951,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 f = ctx.bind(_gather_along, "op")
                 dim, index = along
                 code = f"{emptying(empties)}{f}({rendered[0]}, {dim}, v[{index}], v[{outs[0]}])"
+                gathers = True
             elif single and (into := _written_in_place(ctx, name, rendered, outs[0])):
                 code = into
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
@@ -992,7 +994,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
             # sized: writes only its outs, and torch does not say their sizes depend on
             # what the op reads
-            sized = by_arguments and only_outs and set(mutates) == set(outs)
+            sized = (by_arguments or gathers) and only_outs and set(mutates) == set(outs)
             if not code.startswith(emptying(empties)) or not sized:
                 empties = ()  # not emptied by its first lines, or sized by what it reads
             st = ctx.emit(
