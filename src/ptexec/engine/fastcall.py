@@ -639,9 +639,10 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     at load its load-time geometry back: views not all as loading made them hold the sizes
     of the last run that completed. That run computed every other tensor's sizes from its
     inputs' sizes alone, the same as this call's, when the method takes no values but
-    tensors and every instruction of its one straight-line chain is a move, a free or a
-    kernel whose statement is ``sized`` (what it makes follows from its arguments' sizes
-    and values, not from tensors' contents)."""
+    tensors and every instruction of its one straight-line chain is a move, a free, or a
+    kernel or delegate call whose statement is ``sized`` (what it makes follows from its
+    arguments' sizes and values, not from tensors' contents). None too when no statement
+    empties anything."""
     if not resized or not _sized_chain(state, runner):
         return None
     if not any(st.empties for st in state.chains[0].statements):
