@@ -34,6 +34,8 @@ import json, sys, time
 import torch
 torch.set_num_threads(1)
 import ptexec
+if hasattr(ptexec, "set_num_threads"):
+    ptexec.set_num_threads(1)  # ExecuTorch's pool too (XNNPACK delegates under "auto")
 from pathlib import Path
 
 def inputs_for(path, method):

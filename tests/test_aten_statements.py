@@ -446,6 +446,7 @@ def test_index_with_one_1d_index_gathers_along_its_dim(dim: int, index_dtype: to
         for trailing in (0, 2 - dim):
             st, table = _index_statement(x, dim, index, trailing)
             assert torch.ops.aten.index.Tensor_out not in st.env.values()
+            assert st.sized  # the out's sizes: self's, with the index's length at dim
             _run(st, table)
             indices: list[Any] = [None] * dim + [index]
             want = torch.ops.aten.index.Tensor_out(x, indices, out=torch.empty(0))
@@ -496,3 +497,35 @@ def test_an_empty_dim_list_reduces_every_dim_as_none(name: str, keepdim: bool) -
     _run(st, table)
     want = resolve_overload(name)(x, [], keepdim, out=torch.empty(shape))
     assert _same(table[4], want)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (4, 2, 3), (2, -1)])
+def test_an_expand_to_its_sources_sizes_is_the_source_itself(sizes: tuple[int, ...]) -> None:
+    """``expand_copy`` to the sizes its static source has: the view form is the source
+    itself and the copy a plain one; other sizes (more dims, -1) keep the expand."""
+    src = torch.randn(2, 3, generator=torch.Generator().manual_seed(8))
+    want = torch.ops.aten.expand_copy.default(src, list(sizes))
+    n = len(sizes)
+    table: list[Any] = [src, *sizes, None, False, torch.empty(want.shape)]
+    values = (
+        _desc(src),
+        *(p.Int(s) for s in sizes),
+        p.IntList(tuple(range(1, n + 1))),
+        p.Bool(False),
+        _desc(table[-1]),
+    )
+    out = n + 3
+    ctx = KernelContext(
+        "aten::expand_copy.out", 0, (0, n + 1, n + 2, out, out), values, frozenset(), table
+    )
+    factory = find_kernel("aten::expand_copy.out")
+    assert factory is not None
+    st = factory(ctx)
+    assert st.alias is not None
+    same = sizes == tuple(src.shape)
+    assert (st.code == f"v[{out}].copy_(v[0])") is same
+    assert (st.alias.code == f"v[{out}] = v[0]") is same
+    _run(st, table)
+    assert _same(table[out], want)
+    exec(st.alias.code, {**st.alias.env, "v": table})
+    assert _same(table[out], want)

@@ -275,6 +275,18 @@ def test_strided_views_take_the_short_way(et: None, name: str) -> None:
         assert sum(len(f.__globals__["_dc"]) for f in runners) == 2
 
 
+@pytest.mark.parametrize("name", ["op_add", "transformer", "dynconv_padmodes_int8_dynamic_pc"])
+def test_delegate_chains_settle(et: None, name: str) -> None:
+    """A straight-line chain of XNNPACK delegate calls (ExecuTorch's runner) and sized
+    kernels settles: XNNPACK computes its outputs' sizes from its inputs' sizes, so once a
+    call leaves the table as it found it the fast call skips the outputs' checks (and
+    copies between planned tensors as bytes); every call still returns what ExecuTorch's
+    runtime returns, and exactly what a method's first call returns."""
+    m = _method(name, xnnpack="executorch")
+    assert "_unsettled" in m.source()
+    _random_calls_agree(m, name, 9)
+
+
 def test_unplanned_inputs_are_shared_per_call(et: None) -> None:
     """A program with unplanned inputs reads the caller's memory: a new caller tensor is a
     new address, handed over again, and the results follow the inputs."""

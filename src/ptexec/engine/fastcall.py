@@ -972,11 +972,14 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     at load its load-time geometry back: views not all as loading made them hold the sizes
     of the last run that completed. That run computed every other tensor's sizes from its
     inputs' sizes alone, the same as this call's, when the method takes no values but
-    tensors and every instruction of its one straight-line chain is a move, a free or a
-    kernel whose statement is ``sized`` (what it makes follows from its arguments' sizes
-    and values, not from tensors' contents)."""
+    tensors and every instruction of its one straight-line chain is a move, a free, or a
+    kernel or delegate call whose statement is ``sized`` (what it makes follows from its
+    arguments' sizes and values, not from tensors' contents). None too when no statement
+    empties anything."""
     if not resized or not _sized_chain(state, runner):
         return None
+    if not any(st.empties for st in state.chains[0].statements):
+        return None  # nothing to empty: no test to make
     loaded = {id(t): tuple(sizes) for t, _, _, sizes, _ in state.owned}
     initial = []  # every view as loading made it
     for i in resized:
@@ -989,9 +992,9 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
 
 def _sized_chain(state: MethodState, runner: Runner) -> bool:
     """The method takes no values but tensors, and ``runner`` is the plain blocks of one
-    straight-line chain, every instruction of which is a move, a free or a kernel whose
-    statement is ``sized``: every size (and every scalar) a call computes follows from
-    the sizes (and values) it reads, never from tensors' contents."""
+    straight-line chain, every instruction of which is a move, a free, or a kernel or a
+    delegate call whose statement is ``sized``: every size (and every scalar) a call
+    computes follows from the sizes (and values) it reads, never from tensors' contents."""
     if not isinstance(runner, BlockRunner) or not runner.straight_line:
         return False
     if any(spec.kind != "tensor" for spec in state.inputs):
@@ -1001,7 +1004,7 @@ def _sized_chain(state: MethodState, runner: Runner) -> bool:
         what = kind(ins)
         if what in ("move", "free") or st.code.strip() == "pass":
             continue
-        if what != "kernel" or not st.sized:
+        if what not in ("kernel", "delegate") or not st.sized:
             return False
     return True
 

@@ -278,10 +278,25 @@ def _alias_form(
             ctx.is_literal(fmt) and ctx.literal(fmt) in (None, 1)
         ):
             return None
-    expr = view(rendered)
+    expr = rendered[0] if _same_sizes(ctx, name) else view(rendered)
     targets = ", ".join(f"v[{t}]" for t in outs)
     code = f"{targets}, = {expr}" if len(outs) > 1 or name in _MULTI_OUT else f"{targets} = {expr}"
     return Alias(code, {"_slice": _SLICE}, source, outs, ctx.reads(outs))
+
+
+def _same_sizes(ctx: KernelContext, name: str) -> bool:
+    """An ``expand_copy`` to the sizes its static source already has: its view is the
+    source itself (as a clone's), so a copy that stays is a plain one."""
+    if name != "aten::expand_copy.out" or len(ctx.args) < 2:
+        return False
+    source, sizes = ctx.values[ctx.args[0]], ctx.args[1]
+    return (
+        isinstance(source, p.Tensor)
+        and source.shape_dynamism == p.STATIC
+        and isinstance(ctx.values[sizes], p.IntList)
+        and ctx.is_literal(sizes)
+        and tuple(ctx.literal(sizes)) == tuple(source.sizes)
+    )
 
 
 _MULTI_OUT = {
@@ -911,6 +926,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             code = None
             prune = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
+            gathers = False  # a gather along one dim: its out's sizes follow the index's
             empties = _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
@@ -935,6 +951,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 f = ctx.bind(_gather_along, "op")
                 dim, index = along
                 code = f"{emptying(empties)}{f}({rendered[0]}, {dim}, v[{index}], v[{outs[0]}])"
+                gathers = True
             elif single and (into := _written_in_place(ctx, name, rendered, outs[0])):
                 code = into
             elif generated and alias is not None and single and "," not in alias.code.split("=")[0]:
@@ -977,7 +994,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
             # sized: writes only its outs, and torch does not say their sizes depend on
             # what the op reads
-            sized = by_arguments and only_outs and set(mutates) == set(outs)
+            sized = (by_arguments or gathers) and only_outs and set(mutates) == set(outs)
             if not code.startswith(emptying(empties)) or not sized:
                 empties = ()  # not emptied by its first lines, or sized by what it reads
             st = ctx.emit(

@@ -443,23 +443,22 @@ def _elide(
 
 
 def _holdable(c: _ChainAccesses, alias: Any, source_region: Region) -> bool:
-    """Whether the view ``alias`` makes may be made once and held (module docstring): one
-    static target, made from its source alone; the source a static tensor whose bytes
-    are planned, its slot given no object by a move, and either the plan's own tensor or
-    a held view itself."""
-    if len(alias.targets) != 1:
-        return False
-    (target,) = alias.targets
+    """Whether the view ``alias`` makes may be made once and held (module docstring):
+    static targets (one, or the pieces of a split), made from its source alone; the
+    source a static tensor whose bytes are planned, its slot given no object by a move,
+    and either the plan's own tensor or a held view itself."""
     src = alias.source
-    ts, tt = c.values[src], c.values[target]
+    ts = c.values[src]
     return (
         source_region[0] == "planned"
         and alias.reads is not None
         and set(alias.reads) <= {src}
         and isinstance(ts, p.Tensor)
-        and isinstance(tt, p.Tensor)
         and ts.shape_dynamism == p.STATIC
-        and tt.shape_dynamism == p.STATIC
+        and all(
+            isinstance(tt := c.values[t], p.Tensor) and tt.shape_dynamism == p.STATIC
+            for t in alias.targets
+        )
         and src not in c.moved
         and (src not in c.root or src in c.held)
     )
@@ -472,9 +471,9 @@ def _elided(i: int, st: Statement, code: str, writes: tuple[int, ...], held: boo
     alias = st.alias
     assert alias is not None
     # a view: its sizes follow from its source's
-    if not held:
+    head, expr = code.split(" = ", 1) if held else (code, "")
+    if not held or expr == f"v[{alias.source}]":  # (the source itself: nothing to hold)
         return Statement(code, alias.env, writes, (), reads=alias.reads, sized=True)
-    head, expr = code.split(" = ", 1)
     text, env = _held_view(i, alias.source, expr, alias.env)
     return Statement(f"{head} = {text}", env, writes, (), reads=alias.reads, sized=True)
 

@@ -479,10 +479,13 @@ def _prepare_executorch(
     timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     outs = tuple(ctx.args[k] for k in outputs)
     call = ", ".join(f"v[{slot}]" for slot in ctx.args)
+    # sized: XNNPACK computes its outputs' shapes from its inputs' shapes alone (a static
+    # output keeps its sizes; a dynamic one is resized to what XNNPACK computed)
     return ctx.emit(
         f"{name}({call})",
         mutates=outs,
         outs=outs,
         instrumented=ctx.node_timed(name, timed, call),
         external=runner,
+        sized=True,
     )
