@@ -3,7 +3,7 @@
 
 Usage:
     python scripts/llm_token_diff.py [--model smollm2-4l] [--variant xnnpack_8da4w]
-                                     [--prompt 16] [--decode 32] [--no-compiled]
+                                     [--prompt 16] [--seed 0] [--decode 32] [--no-compiled]
                                      [--xnnpack-torch] [--pte FILE]
 
 Every runtime is fed the same tokens: the prompt in one call (or one token a call for a
@@ -89,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-4l", choices=list(llm_programs.MODELS))
     parser.add_argument("--variant", default="xnnpack_8da4w")
     parser.add_argument("--pte", type=Path, help="a program file (instead of the variant's)")
-    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens (default 16)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="another prompt: token i is (11 i + 5 + 7 seed) %% 500 + 3",
+    )
     parser.add_argument("--decode", type=int, default=32)
     parser.add_argument("--no-compiled", action="store_true")
     parser.add_argument("--xnnpack-torch", action="store_true")
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     model = llm_programs.MODELS[args.model]
     pte = args.pte or llm_programs.program_path(args.variant, model)
     dynamic = args.pte is not None or llm_programs.VARIANTS[args.variant].dynamic
-    prompt = [(11 * i + 5) % 500 + 3 for i in range(args.prompt)]
+    prompt = [(11 * i + 5 + 7 * args.seed) % 500 + 3 for i in range(args.prompt)]
 
     ref = run(executorch_step(pte), prompt, None, args.decode, dynamic)
     forced = [int(x.argmax()) for x in ref]

@@ -1,15 +1,17 @@
-"""Float XNNPACK nodes that XNNPACK computes its own way stay XNNPACK's in compiled code.
+"""Float XNNPACK nodes that XNNPACK computes its own way stay XNNPACK's in compiled code
+that quantizes activations.
 
 XNNPACK approximates some float functions with its own kernels (a reciprocal square root
 from a hardware estimate and a Newton step, an exponential or a sigmoid from a polynomial,
 a softmax's sums in its own order): torch's result differs from theirs in the last bit for
 some inputs. In a quantized LLM such a bit, before a per-token int8 quantization, can
-become a whole quantization step, and greedy tokens then part from ExecuTorch's. So a
-delegate with such a node is an opaque call of ExecuTorch's XNNPACK in the compiled tier
-(:func:`ptexec.compile.external.worth_a_call`), however small, and its outputs equal
-ExecuTorch's runtime bit for bit, on the fixture's calls and on random inputs around them.
-The slow test decodes four of SmolLM2-135M's layers (8da4w) greedily, compiled, against
-ExecuTorch's runtime.
+become a whole quantization step, and greedy tokens then part from ExecuTorch's. So in a
+method that quantizes activations, a delegate with such a node is an opaque call of
+ExecuTorch's XNNPACK in the compiled tier (:func:`ptexec.compile.external.worth_a_call`),
+however small, and its outputs equal ExecuTorch's runtime bit for bit, on the fixture's
+calls and on random inputs around them. Float programs keep the traced code (a last bit
+stays a last bit there). The slow test decodes four of SmolLM2-135M's layers (8da4w)
+greedily, compiled, against ExecuTorch's runtime.
 """
 
 from __future__ import annotations
@@ -25,23 +27,25 @@ from compile_util import XNNPACK, XNNPACK_DIR, _clone, session_cache_dir
 from ptexec.compile import CompileOptions, external
 from ptexec.delegates.xnnpack import schema as s
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
-from ptexec.delegates.xnnpack.node_types import approximated_float_nodes
+from ptexec.delegates.xnnpack.node_types import approximated_float_nodes, quantizes_activations
 
 pytestmark = pytest.mark.skipif(
     executorch_unavailable() is not None, reason="needs ExecuTorch's XNNPACK backend"
 )
 
-# fixture: (its payload's approximated node types, the outputs its delegate writes; the
-# others are portable kernels', which round their own way)
-APPROXIMATED: dict[str, tuple[list[str], list[int]]] = {
-    "op_rsqrt": (["ReciprocalSquareRoot"], [0]),
-    "op_sqrt": (["SquareRoot"], [0]),
-    "op_exp": (["Exp"], [0]),
-    "op_log": (["Log"], [0]),
-    "op_sin": (["Sin"], [0]),
-    "op_softmax": (["Softmax"], [0]),
-    "op_activations": (["Sigmoid", "Tanh", "Gelu", "Hardswish"], [0, 1, 2, 3, 4]),
+# fixture: its payload's approximated node types
+APPROXIMATED: dict[str, list[str]] = {
+    "op_rsqrt": ["ReciprocalSquareRoot"],
+    "op_sqrt": ["SquareRoot"],
+    "op_exp": ["Exp"],
+    "op_log": ["Log"],
+    "op_sin": ["Sin"],
+    "op_softmax": ["Softmax"],
+    "op_activations": ["Sigmoid", "Tanh", "Gelu", "Hardswish"],
 }
+# quantized programs with a GELU between per-token quantized matrix products (traced, their
+# outputs differed from ExecuTorch's)
+QUANTIZED = ["mlp_int8_dynamic_pc", "dynamic_mlp_int8_dynamic_pc", "mlp_int8_dynamic_int4w_pc"]
 
 
 @pytest.fixture(autouse=True)
@@ -83,11 +87,21 @@ def _inputs(name: str) -> list[list[Any]]:
 
 
 @pytest.mark.parametrize("name", list(APPROXIMATED))
-def test_approximated_float_nodes_make_a_call(name: str) -> None:
+def test_approximated_float_nodes_make_a_call_where_activations_are_quantized(name: str) -> None:
     (payload,) = _payloads(XNNPACK_DIR / XNNPACK[name]["pte"])
-    assert sorted(approximated_float_nodes(payload)) == sorted(APPROXIMATED[name][0])
+    assert sorted(approximated_float_nodes(payload)) == sorted(APPROXIMATED[name])
     assert external.traced_weight_bytes(payload) < external.MIN_WEIGHT_BYTES  # small, yet
-    assert external.worth_a_call(payload)
+    assert external.worth_a_call(payload, exact=True)
+    assert not external.worth_a_call(payload)
+
+
+def test_which_payloads_quantize_activations() -> None:
+    for name in ("mlp_int8_dynamic_pc", "mlp_int8_dynamic_int4w_pc", "qops_int8_static_pc"):
+        payloads = _payloads(XNNPACK_DIR / XNNPACK[name]["pte"])
+        assert any(quantizes_activations(q) for q in payloads), name
+    for name in ("op_rsqrt", "op_activations", "mlp", "transformer"):  # float activations
+        payloads = _payloads(XNNPACK_DIR / XNNPACK[name]["pte"])
+        assert not any(quantizes_activations(q) for q in payloads), name
 
 
 def test_exact_float_nodes_are_not_approximated() -> None:
@@ -96,10 +110,10 @@ def test_exact_float_nodes_are_not_approximated() -> None:
         for payload in _payloads(XNNPACK_DIR / XNNPACK[name]["pte"]):
             assert approximated_float_nodes(payload) == [], name
     (payload,) = _payloads(XNNPACK_DIR / XNNPACK["op_add"]["pte"])
-    assert not external.worth_a_call(payload)
+    assert not external.worth_a_call(payload, exact=True)
 
 
-@pytest.mark.parametrize("name", list(APPROXIMATED))
+@pytest.mark.parametrize("name", QUANTIZED)
 def test_compiled_equals_executorch_bit_for_bit(name: str) -> None:
     path = XNNPACK_DIR / XNNPACK[name]["pte"]
     reference = _executorch(path)
@@ -109,8 +123,8 @@ def test_compiled_equals_executorch_bit_for_bit(name: str) -> None:
     for k, inputs in enumerate(_inputs(name)):
         want = reference.execute(_clone(inputs))
         got = compiled.execute(_clone(inputs))
-        for j in APPROXIMATED[name][1]:
-            assert torch.equal(got[j], want[j]), f"{name} input {k} output {j}"
+        for j, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(a, b), f"{name} input {k} output {j}"
 
 
 @pytest.mark.slow

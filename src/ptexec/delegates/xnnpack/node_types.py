@@ -17,6 +17,7 @@ __all__ = [
     "UNARY",
     "approximated_float_nodes",
     "payload_gaps",
+    "quantizes_activations",
     "unsupported_node_types",
 ]
 
@@ -145,6 +146,20 @@ def approximated_float_nodes(payload: s.XnnPayload) -> list[str]:
         if out is not None and out.dtype_name in _FLOAT:
             found.append(n.type)
     return found
+
+
+_QUANTIZED = frozenset({"qint8", "quint8", "qdint8", "qpint8"})
+
+
+def quantizes_activations(payload: s.XnnPayload) -> bool:
+    """Whether ``payload`` rounds computed values to int8 steps: a value that is not a
+    constant (an input or an intermediate) is quantized, statically or per token at run
+    time. A last-bit difference in a float value before it can move that value a whole
+    step."""
+    return any(
+        not v.is_constant and (v.dtype_name in _QUANTIZED or v.dq_datatype != 0)
+        for v in payload.graph.values
+    )
 
 
 def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
