@@ -31,6 +31,9 @@ from compile_util import (
 from ptexec.compile import CompileOptions, external, native
 from ptexec.compile.external import ExternalCall
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+from ptexec.delegates.xnnpack.node_types import approximated_float_nodes
+from ptexec.delegates.xnnpack.schema import decode_payload
+from ptexec.format import program as p
 
 GRAPH = CompileOptions(backend="graph")
 MIXED = ["transformer", "transformer_int8_dynamic_int4w_pc", "op_attention"]
@@ -131,12 +134,27 @@ def test_delegates_are_opaque_calls_in_the_traced_graph(
 
 def test_the_rule_keeps_convolutions_and_traces_small_matrices() -> None:
     """By default a payload with a convolution is an opaque call; one with a megabyte of
-    weights or less and no convolution is traced (its torch code fuses)."""
+    weights or less and no convolution is traced (its torch code fuses), unless the method
+    quantizes activations and it holds a float node XNNPACK approximates its own way."""
     _, conv = xnnpack_pair(DYNAMIC[0], GRAPH, xnnpack="auto")
     assert conv.compile_report is not None and conv.compile_report.xnnpack_calls
     _, small = xnnpack_pair("transformer", GRAPH, xnnpack="auto")
     report = small.compile_report
     assert report is not None and report.fully_compiled and report.xnnpack_calls == ()
+    # quantized activations: the delegates with a softmax or a GELU keep XNNPACK's kernels
+    _, quantized = xnnpack_pair("transformer_int8_dynamic_pc", GRAPH, xnnpack="auto")
+    report = quantized.compile_report
+    assert report is not None and report.fully_compiled
+    pte, delegates = quantized.program.pte, quantized.state.plan.delegates
+    approximated = [
+        i
+        for i, ins in enumerate(quantized.state.chains[0].instructions)
+        if isinstance(ins, p.DelegateCall)
+        and approximated_float_nodes(
+            decode_payload(pte.delegate_data(delegates[ins.delegate_index].processed), "t")
+        )
+    ]
+    assert approximated and list(report.xnnpack_calls) == approximated
 
 
 @pytest.mark.parametrize("name", ALONE)

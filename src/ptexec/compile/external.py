@@ -53,6 +53,7 @@ import torch
 
 from ..codegen import Sources
 from ..delegates.xnnpack import schema as s
+from ..delegates.xnnpack.node_types import approximated_float_nodes
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 
@@ -295,19 +296,31 @@ _CONVOLUTIONS = frozenset({"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"})
 MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay for a call
 
 
-def worth_a_call(payload: s.XnnPayload) -> bool:
-    """Whether XNNPACK's kernels pay for an opaque call of ``payload`` (else its torch
-    code is traced, and compiled with the region). An opaque call costs about ten
-    microseconds before any work (the op's dispatch through AOTInductor's proxy executor,
-    the call's and the runner's Python, ExecuTorch's ``execute``), where a traced small
-    matrix product costs a few. So: a payload
-    with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x, and
-    a convolution's work grows with its image), or one whose constants (weights) hold
+def worth_a_call(payload: s.XnnPayload, exact: bool = False) -> bool:
+    """Whether ``payload`` runs as an opaque call of XNNPACK's kernels (else its torch
+    code is traced, and compiled with the region): where only XNNPACK's kernels give
+    XNNPACK's results and ``exact`` asks for them, or where they pay for the call.
+
+    Results: with ``exact`` (the method quantizes activations to int8 somewhere,
+    :func:`~ptexec.delegates.xnnpack.node_types.quantizes_activations`), a payload with a
+    float node that XNNPACK approximates its own way (a sigmoid, a reciprocal square root:
+    :data:`~ptexec.delegates.xnnpack.node_types.APPROXIMATED_IN_FLOAT`) is a call. torch's
+    result differs from XNNPACK's in the last bit for some inputs, and an int8
+    quantization after it can make that a whole step (an 8da4w LLM's greedy tokens then
+    part from ExecuTorch's); in float programs a last bit stays a last bit, and the traced
+    code is faster.
+
+    Cost: an opaque call costs a few microseconds before any work (the op's dispatch,
+    ExecuTorch's ``execute``), where a traced small matrix product costs a few. So: a
+    payload with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x,
+    and a convolution's work grows with its image), or one whose constants (weights) hold
     at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a matrix product
     streams its weights once per call: a megabyte is tens of microseconds, where
     XNNPACK's int4/int8 kernels read 2-8x fewer bytes than the dequantized float
     weights of the traced graph)."""
     if any(n.type in _CONVOLUTIONS for n in payload.graph.nodes):
+        return True
+    if exact and approximated_float_nodes(payload):
         return True
     return traced_weight_bytes(payload) >= MIN_WEIGHT_BYTES
 

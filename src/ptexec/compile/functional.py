@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..delegates.xnnpack import schema as s
+from ..delegates.xnnpack.node_types import quantizes_activations
 from ..delegates.xnnpack.schema import decode_payload
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
@@ -148,6 +150,7 @@ class FunctionalForms:
         return list(self._externals.values())
 
     def _register_externals(self) -> None:
+        payloads: dict[tuple[int, int], tuple[s.XnnPayload, Any, p.DelegateCall]] = {}
         for c, chain in enumerate(self.state.chains):
             for i, st in enumerate(chain.loaded):
                 ins = chain.instructions[i]
@@ -156,16 +159,20 @@ class FunctionalForms:
                 delegate = self.plan.delegates[ins.delegate_index]
                 where = f"{self.plan.name}.delegates[{ins.delegate_index}].payload"
                 payload = decode_payload(self.program.pte.delegate_data(delegate.processed), where)
-                if not worth_a_call(payload):
-                    self._external_how[(c, i)] = "traced"
-                    continue
-                call = ExternalCall.of(st.external, self.plan.values, ins.args, (c, i))  # type: ignore[arg-type]
-                if call is None:
-                    self._external_how[(c, i)] = "between"
-                    continue
-                register(call)
-                self._externals[(c, i)] = call
-                self._external_how[(c, i)] = "call"
+                payloads[(c, i)] = (payload, st.external, ins)
+        # XNNPACK's own results where the method rounds activations to int8 steps
+        exact = any(quantizes_activations(q) for q, _, _ in payloads.values())
+        for (c, i), (payload, runner, ins) in payloads.items():
+            if not worth_a_call(payload, exact):
+                self._external_how[(c, i)] = "traced"
+                continue
+            call = ExternalCall.of(runner, self.plan.values, ins.args, (c, i))
+            if call is None:
+                self._external_how[(c, i)] = "between"
+                continue
+            register(call)
+            self._externals[(c, i)] = call
+            self._external_how[(c, i)] = "call"
 
     def ignored(self, chain: int, i: int) -> frozenset[int]:
         """Arguments of instruction ``i`` its functional form never reads (the placeholder

@@ -9,12 +9,15 @@ from . import schema as s
 
 __all__ = [
     "APPLIES_OUTPUT_BOUNDS",
+    "APPROXIMATED_IN_FLOAT",
     "BINARY",
     "ELEMENTWISE",
     "OTHER",
     "SUPPORTED_NODE_TYPES",
     "UNARY",
+    "approximated_float_nodes",
     "payload_gaps",
+    "quantizes_activations",
     "unsupported_node_types",
 ]
 
@@ -104,6 +107,59 @@ ELEMENTWISE = (
         "ELU",
     }
 )
+
+
+# float nodes whose XNNPACK kernels compute their function their own way: polynomial or
+# table approximations (Sigmoid, Tanh, Exp, ...), a hardware reciprocal square root estimate
+# refined by a Newton step (ReciprocalSquareRoot, and SquareRoot in some kernels), fused
+# multiply-adds (Hardswish), a row's sum in their own order (Softmax). torch's result differs
+# from theirs in the last bit for some inputs; an int8 quantization downstream (a dynamically
+# quantized matrix product) can turn that bit into a whole quantization step. Int8 nodes of
+# these types are lookup tables XNNPACK computes at setup, which the torch runner reproduces.
+APPROXIMATED_IN_FLOAT = frozenset(
+    {
+        "ReciprocalSquareRoot",
+        "SquareRoot",
+        "Sigmoid",
+        "Tanh",
+        "Exp",
+        "Log",
+        "Sin",
+        "Cos",
+        "Gelu",
+        "ELU",
+        "Hardswish",
+        "Softmax",
+    }
+)
+_FLOAT = frozenset({"fp32", "fp16"})
+
+
+def approximated_float_nodes(payload: s.XnnPayload) -> list[str]:
+    """The node types of ``payload`` in :data:`APPROXIMATED_IN_FLOAT` that compute in float
+    (their output is a float value), in graph order, each once ([]: none)."""
+    found: list[str] = []
+    for n in payload.graph.nodes:
+        if n.type not in APPROXIMATED_IN_FLOAT or n.type in found or not n.outputs:
+            continue
+        out = payload.graph.by_id.get(n.outputs[0])
+        if out is not None and out.dtype_name in _FLOAT:
+            found.append(n.type)
+    return found
+
+
+_QUANTIZED = frozenset({"qint8", "quint8", "qdint8", "qpint8"})
+
+
+def quantizes_activations(payload: s.XnnPayload) -> bool:
+    """Whether ``payload`` rounds computed values to int8 steps: a value that is not a
+    constant (an input or an intermediate) is quantized, statically or per token at run
+    time. A last-bit difference in a float value before it can move that value a whole
+    step."""
+    return any(
+        not v.is_constant and (v.dtype_name in _QUANTIZED or v.dq_datatype != 0)
+        for v in payload.graph.values
+    )
 
 
 def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
