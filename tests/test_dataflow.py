@@ -444,3 +444,41 @@ def test_byte_ranges_found_are_those_a_scan_finds(seed: int) -> None:
         covering = list(ranges.covering(("planned", mem, start, end), lo, hi))
         assert sorted(covering) == [r for r in expected if r[1] <= start and end <= r[2]]
         assert [k for k, *_ in covering] == sorted(k for k, *_ in covering)
+
+
+class NegatedAny(torch.nn.Module):
+    """The mask exported attention computes: rows of a mask all set, as not-any-not."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__()
+        self.keep = keep  # also return the negated mask (read twice: not fused)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        unset = torch.logical_not(x == 0)
+        rows = torch.logical_not(torch.any(unset, -1, keepdim=True))
+        out = torch.where(rows, x + 1, x * 2)
+        return (out, unset) if self.keep else (out,)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_negated_any_of_a_negation_runs_as_all(keep: bool) -> None:
+    """``logical_not(any(logical_not(m)))`` runs as one ``all(m)`` where the intermediates
+    are read by nothing else, and gives eager's booleans either way."""
+    module = NegatedAny(keep)
+    data = export_program(module, (torch.randn(3, 4, 5),))
+    m = ptexec.load(data).load_method("forward")
+    names = m.state.chains[0].names
+    assert names.count("aten::logical_not.out") == 2
+    fused = [c for c in _statements(m) if "_all(" in c]
+    assert len(fused) == (0 if keep else 1)
+    for k in range(4):
+        x = torch.randn(3, 4, 5)
+        x[k % 3, :2] = 0
+        x[(k + 1) % 3, 1:] = 0
+        x[2, k % 4] = 0 if k else 1
+        if k == 3:
+            x[1] = 0  # a row all set
+        got, want = m(x), module(x)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)

@@ -76,30 +76,35 @@ def held(m):  # the pool (address, size) each of m's ExecuTorch runners was load
 """
 
 
-def test_methods_survive_executorchs_pool_reset(et: None) -> None:
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_methods_survive_executorchs_pool_reset(et: None, name: str) -> None:
     """ExecuTorch's ``_unsafe_reset_threadpool`` destroys the pool XNNPACK's runtimes were
     made with. A ptexec method loaded before keeps giving the same outputs afterwards (it
     hung before: XNNPACK waited on the destroyed pool's threads), also when resets bring a
-    destroyed pool's address back with another size, and with the memory reused."""
+    destroyed pool's address back with another size, and with the memory reused; also a
+    method of several delegates, whose call checks the pool once for all of them."""
     code = (
-        _PRELUDE
+        _PRELUDE.replace("cnn.", f"{name}.")
         + """
 et._unsafe_reset_threadpool(2)  # XNNPACK's runtime is made with a pool of 2 threads
 m = load()
 (want,) = [y.clone() for y in m(*inputs)]
+runners = len(held(m))
 results = []
 for n in (1, 3, 2, 1, 2, 1, 3):
     et._unsafe_reset_threadpool(n)
     junk = spray()
     for _ in range(2):
         (got,) = m(*inputs)
-    ok = held(m) == [threads.executorch_pool().key()]
-    results.append([n, et._threadpool_get_thread_count(), torch.equal(got, want), ok])
-print(json.dumps({"results": results}))
+    ok = held(m) == [threads.executorch_pool().key()] * runners
+    checked = threads.executorch_pool().checked[0]  # None between calls
+    results.append([n, et._threadpool_get_thread_count(), torch.equal(got, want), ok, checked])
+print(json.dumps({"results": results, "runners": runners}))
 """
     )
     out = _subprocess(code)
-    assert out["results"] == [[n, n, True, True] for n in (1, 3, 2, 1, 2, 1, 3)]
+    assert out["runners"] == (1 if name == "cnn" else 5)
+    assert out["results"] == [[n, n, True, True, None] for n in (1, 3, 2, 1, 2, 1, 3)]
 
 
 def test_one_setting_sets_torch_and_executorchs_pool(et: None) -> None:

@@ -77,11 +77,20 @@ class ExecuTorchPool:
     pool ``(a, n)`` is valid while ``current() == a and size(a) == n``; an address can come
     back for a new pool, then with its own size, which XNNPACK's reshaped operators may
     depend on. Where the library does not export these, ``current`` returns a count of
-    ptexec's own resets (``size`` 0), so only those are seen (``exact`` is False)."""
+    ptexec's own resets (``size`` 0), so only those are seen (``exact`` is False).
+
+    ``key()`` returns the same tuple object while the pool stays, so a runner can tell
+    the pool it loaded with from the one a method call found by identity. ``checked`` is
+    a cell holding the key a method call found as it started, while that call runs
+    (None otherwise): a method running several runners checks the pool once, and each
+    runner whose key is that object skips its own check. A kernel cannot replace the
+    pool, and a reset made while a call runs is not covered anyway (module docstring)."""
 
     def __init__(self, module: ModuleType) -> None:
         self._module = module
         self._resets = 0
+        self._key: tuple[int | None, int] = (None, -1)
+        self.checked: list[tuple[int | None, int] | None] = [None]
         found = _accessors()
         self.exact = found is not None
         if found is not None:
@@ -94,9 +103,14 @@ class ExecuTorchPool:
         return self._resets
 
     def key(self) -> tuple[int | None, int]:
-        """The pool now in use, as a runner records it when it loads."""
+        """The pool now in use, as a runner records it when it loads: the same object
+        as the last call returned while the pool is the same."""
         address = self.current()
-        return address, self.size(address)
+        size = self.size(address)
+        key = self._key
+        if key[0] != address or key[1] != size:
+            key = self._key = (address, size)
+        return key
 
     def threads(self) -> int:
         """How many threads the pool has (ExecuTorch's count)."""
@@ -105,6 +119,7 @@ class ExecuTorchPool:
     def resize(self, n: int) -> None:
         """Give the pool ``n`` threads (ExecuTorch replaces it when the count changes)."""
         if n != self.threads():
+            self.checked[0] = None
             self._module._unsafe_reset_threadpool(n)
             self._resets += 1
 

@@ -49,6 +49,7 @@ from ..format.lru import Key, Lru
 from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
+from ..threads import ExecuTorchPool
 from .arguments import (
     held_outputs,
     output_checks,
@@ -566,7 +567,13 @@ def _generate(
         code.add("rec.inputs[:] = ACTIONS")
         code.add("rec.outputs[:] = NO_OUT")
         code.add("try:")
+        pool = _shared_pool(state)
+        if pool is not None:
+            # ExecuTorch's pool checked once for the call's runners (ExecuTorchPool.checked)
+            env["_pool_checked"], env["_pool_key"] = pool.checked, pool.key
         with code.indented(), contextlib.ExitStack() as guarded:
+            if pool is not None:
+                code.add("_pool_checked[0] = _pool_key()")
             code.add("\n".join(binds))
             tensors = all(out.kind == "tensor" for out in state.outputs)
             # skipping views' bookkeeping skips the version counts of what the program
@@ -651,6 +658,8 @@ def _generate(
         code.add("finally:")
         with code.indented():
             code.add("\n".join(f"v[{slot}] = {held}" for slot, held in restored))
+            if pool is not None:
+                code.add("_pool_checked[0] = None")
             code.add("pass")
     return True
 
@@ -676,6 +685,20 @@ _RAW_DTYPES = frozenset(
         torch.bool,
     }
 )
+
+
+def _shared_pool(state: MethodState) -> ExecuTorchPool | None:
+    """ExecuTorch's thread pool, when two or more of the method's statements run on it
+    (each would check it on every call; the call checks once for all)."""
+    runs = 0
+    for chain in state.chains:
+        for st in chain.statements:
+            pool = getattr(st.external, "pool", None)
+            if isinstance(pool, ExecuTorchPool):
+                runs += 1
+                if runs == 2:
+                    return pool
+    return None
 
 
 def _raw_copy(spec: Any, info: Any, addressed: bool) -> bool:

@@ -30,6 +30,14 @@ one costs a few microseconds of torch's dispatch, checking the object tens of na
 outputs (batch norm's saved statistics, say) skips those that no later instruction reads,
 under conditions 1 and 2.
 
+**A negated reduction of a negation is the other reduction.** The mask an exported
+attention computes, ``logical_not(any(logical_not(m), dim))``, runs as ``all(m, dim)``
+(the same booleans, two kernel calls fewer) where the three instructions follow one
+another, every tensor is a static bool one, the two intermediates are written by these
+instructions alone and read by nothing else, and the result is read only through its
+own value (conditions 1 and 2): the first instruction then puts ``all``'s new tensor in
+the result's slot (its planned bytes may be ``m``'s), the other two do nothing.
+
 **Work on constants runs once.** A pure instruction (no randomness, writing only its
 ``out`` arguments) whose tensor arguments are all constants or results of such folded
 instructions, and whose other arguments are fixed, runs at load; its results get memory
@@ -55,6 +63,7 @@ from ..codegen import run_once
 from ..effects import Effects, byte_range, effects, kind, tensor_items
 from ..format import program as p
 from ..format.lru import Lru
+from ..format.scalar_type import BOOL
 from ..kernels.registry import Statement
 
 __all__ = ["rewrite_chain"]
@@ -63,6 +72,11 @@ _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 # the statement of an instruction done at load (folded, or a view of constants made):
 # nothing, the same (immutable) object for every method
 _DONE = Statement("pass", types.MappingProxyType({}), (), ())
+
+_NOT = "aten::logical_not.out"
+# any's out overloads, and all's entry point (torch's own: the same arguments, no out)
+_ANY = ("aten::any.out", "aten::any.dims_out", "aten::any.all_out")
+_ALL = types.MappingProxyType({"_all": torch.all})
 
 Region = tuple[Any, ...]
 
@@ -530,6 +544,76 @@ def _view_now(st: Statement, code: str, values: list[Any]) -> bool:
     return True
 
 
+def _fuse_all(
+    c: _ChainAccesses, i: int, names: Sequence[str], statements: Sequence[Statement], log: _Log
+) -> Statement | None:
+    """``logical_not``, ``any``, ``logical_not`` at ``i``, ``i + 1``, ``i + 2`` as one
+    ``all`` at ``i`` writing the last one's result, when the conditions hold (module
+    docstring); None otherwise. ``not any(not m)`` is ``all(m)`` for booleans, bit for bit."""
+    if i + 2 >= len(statements) or names[i] != _NOT or names[i + 2] != _NOT:
+        return None
+    if names[i + 1] not in _ANY:
+        return None
+    calls = c.instructions[i : i + 3]
+    if not all(isinstance(ins, p.KernelCall) for ins in calls):
+        return None
+    first, reduce, last = (ins.args for ins in calls if isinstance(ins, p.KernelCall))
+    m, b = first[0], first[-1]
+    middle, d = last[0], last[-1]
+    if reduce[0] != b or reduce[-1] != middle or len({m, b, middle, d}) != 4:
+        return None
+    if c.region(m)[0] == "fixed":
+        return None  # work on constants: folded instead
+    for k, out in ((i, b), (i + 1, middle), (i + 2, d)):
+        st = statements[k]
+        if st.outs != (out,) or st.mutates != (out,) or st.empties or not st.sized:
+            return None
+    for t in (m, b, middle, d):
+        value = c.values[t]
+        if not (
+            isinstance(value, p.Tensor)
+            and value.scalar_type == BOOL
+            and value.shape_dynamism == p.STATIC
+        ):
+            return None
+    # the reduction's dims and keepdim: fixed values
+    fixed = reduce[1:-2]
+    literals = []
+    for a in fixed:
+        value = c.values[a]
+        if c.writers.get(a) or a in c.inputs:
+            return None
+        if isinstance(value, p.Int | p.Bool):
+            literals.append(repr(value.value))
+        elif isinstance(value, p.IntList):
+            items = [c.values[x] for x in value.items]
+            if not all(
+                isinstance(x, p.Int) and not c.writers.get(y)
+                for x, y in zip(items, value.items, strict=True)
+            ):
+                return None
+            literals.append(repr(tuple(x.value for x in items if isinstance(x, p.Int))))
+        else:
+            return None  # a missing dims list: every dim, left as it is
+    for k, t in ((i, b), (i + 1, middle), (i + 2, d)):
+        if not c.may_replace(k, t):
+            return None
+        found = c.readers(k, t)
+        if found is None or found[1] != {t} or found[2]:
+            return None
+        if t != d and found[0] != k + 1:
+            return None
+    # the result is a new tensor in the slot (its planned bytes may be ``m``'s, which the
+    # reduction reads), which nothing reads through other values (condition 2)
+    code = f"v[{d}] = _all(v[{m}]{''.join(f', {x}' for x in literals)})"
+    fused = Statement(code, _ALL, (d,), (), None, (), False, reads=(m,), sized=True)
+    c.writes[i] = []
+    c.writes[i + 1] = c.writes[i + 2] = []
+    c.writers[d] = {i}
+    log.steps.append(("all", i, fused))
+    return fused
+
+
 def _prune(c: _ChainAccesses, i: int, st: Statement, log: _Log) -> Statement | None:
     """Drop the writes of outputs nothing reads (under conditions 1 and 2)."""
     if st.prune is None:
@@ -583,11 +667,20 @@ def rewrite_chain(
     budget = [fold_limit]
     log = _Log()
     result = list(statements)
+    skipped: set[int] = set()  # the instructions a fused one covers
     for i, st in enumerate(statements):
         if i in c.et_views:
             ins = chain.instructions[i]
             assert isinstance(ins, p.KernelCall)
             c.root[ins.args[-1]] = ins.args[0]  # out aliases self
+            continue
+        if i in skipped:
+            continue
+        fused = _fuse_all(c, i, names, result, log)
+        if fused is not None:
+            result[i] = fused
+            skipped.update((i + 1, i + 2))
+            result[i + 1] = result[i + 2] = _DONE
             continue
         # a view costs no memory, so a copy of constants becomes a view before it is folded
         rewritten = _elide(c, i, st, values, log)
@@ -704,6 +797,9 @@ def _replay(
             result[i] = _elided(i, st, code, writes, held)
         elif what == "held copy":
             result[i] = _held_copy(i, st, detail)
+        elif what == "all":
+            result[i] = detail
+            result[i + 1] = result[i + 2] = _DONE
         else:
             result[i] = _pruned(st, detail)
     else:

@@ -34,7 +34,9 @@ Threads: the method's lock serializes calls; ExecuTorch's XNNPACK uses ExecuTorc
 thread pool, whose size :func:`ptexec.set_num_threads` sets. XNNPACK's runtime keeps the
 pool it was made with, and resetting the pool (from anywhere in the process) destroys that
 one, so each call first checks that the pool is still the one the payload was loaded with
-(:class:`ptexec.threads.ExecuTorchPool`), and loads the payload again when it is not.
+(:class:`ptexec.threads.ExecuTorchPool`), and loads the payload again when it is not; a
+method call running several payloads checks once, as it starts, and each payload loaded
+with the pool it found skips its own check.
 """
 
 from __future__ import annotations
@@ -134,7 +136,10 @@ def executorch_unavailable() -> str | None:
 class EtRunner:
     """A payload loaded by ExecuTorch: ``runner(*tensors)`` runs it on the delegate call's
     tensors (all its arguments, in order) and writes the outputs in place.
-    :meth:`run_nodes` runs it and reports the events ExecuTorch's backend logs per node."""
+    :meth:`run_nodes` runs it and reports the events ExecuTorch's backend logs per node.
+    ``pool``: ExecuTorch's thread pool it runs on; it checks that the pool is still the
+    one it was loaded with unless the method call running it checked first
+    (:attr:`ptexec.threads.ExecuTorchPool.checked`)."""
 
     def __init__(
         self,
@@ -149,6 +154,7 @@ class EtRunner:
         self._make_traced = traced
         self._traced: tuple[Callable[..., None], _Binder] | None = None
         self.outputs: tuple[int, ...] = ()  # the arguments the payload writes
+        self.pool = binder.pool
         self._digest: str | None = None
 
     def digest(self) -> str:
@@ -313,6 +319,7 @@ class _Binder:
         namespace["_execute"] = self.method.execute
         namespace["_get"] = self.method.get_attribute
         namespace["_at"], namespace["_n"] = self.held
+        namespace["_held"] = self.held
         # the address as ctypes' own pointer object: the size accessor takes it as is,
         # where a Python int is converted on every call
         namespace["_atp"] = ctypes.c_void_p(self.held[0])
@@ -329,6 +336,7 @@ class _Binder:
         self.held = (None, 0)
         ns["_execute"] = ns["_get"] = None
         ns["_at"], ns["_key"] = _RELEASED, _UNBOUND
+        ns["_held"] = _RELEASED  # no key a call found: the check runs, and fails
         ns["_o0"] = None  # the short way closed too (the reload keeps it so)
 
     def reload(self, ns: dict[str, Any]) -> None:
@@ -511,6 +519,7 @@ def _generate(
         "_binder": binder,
         "_pool": binder.pool.current,
         "_size": binder.pool.size,
+        "_checked": binder.pool.checked,
         "_resize_output": _resize_output,
         "_dense": dense,
         "_not_dense": _not_dense,
@@ -540,9 +549,10 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
         if t.shape_dynamism != p.STATIC and k not in outputs
     ]
     # the pool first: the method may hold a destroyed one (its size is read only for the
-    # current address, which is alive)
+    # current address, which is alive); not while the method call running this found the
+    # pool it was loaded with (see ExecuTorchPool.checked)
     lines = [
-        "if _pool() != _at or _size(_atp) != _n:",
+        "if _held is not _checked[0] and (_pool() != _at or _size(_atp) != _n):",
         "    _binder.reload(globals())",
     ]
     memory = _in_memory(tensors)
