@@ -37,8 +37,8 @@ Each observable value is written back in one of five ways (:class:`Store`):
 - ``"statement"``: the interpreter's own statement runs after the compiled code, for moves
   and ``et_view`` (their result shares the source's object or memory).
 
-A method output written ``"inplace"`` (static, in the default dim order) also gets a
-``"returned"`` store right after it: the compiled code returns a copy of what it wrote
+In a method of one straight-line chain, a method output written ``"inplace"`` (static, in
+the default dim order) also gets a ``"returned"`` store right after it: the compiled code returns a copy of what it wrote
 there, a tensor of its own, which a call may hand to the caller as its copy of the output
 instead of copying the planned memory again (see :class:`~.runner.CompiledRunner`).
 """
@@ -231,6 +231,8 @@ class _Planner:
                     chain[i] = reads - ignored
         self.inputs = set(self.plan.inputs)
         self.outputs = set(self.plan.outputs)
+        # one straight-line chain: the fast call runs the regions' code in its own lines
+        self.straight = len(state.chains) == 1 and not state.chains[0].has_jumps
         self.unplanned_inputs = {
             s.slot for s in state.inputs if s.kind == "tensor" and s.view is None
         }
@@ -760,6 +762,7 @@ class _Planner:
             out.append(Store(j, "inplace", s.instruction) if ok else s)
             if (
                 ok
+                and self.straight
                 and j in self.outputs
                 and isinstance(value, p.Tensor)
                 and value.dim_order == tuple(range(len(value.dim_order)))
