@@ -5,7 +5,8 @@
 :attr:`~.regions.Region.graph_inputs` (tensors as the values table holds them, in the
 program's dim order, at their upper bounds for a dynamic shape; scalars as 0-d tensors),
 writes its ``inplace`` values into their input tensors and returns its ``copy`` and
-``replace`` values (scalars as 0-d tensors). The method's constants are buffers of the
+``replace`` values (scalars as 0-d tensors), and a copy of each ``returned`` one (an output
+it wrote in place). The method's constants are buffers of the
 traced module, so that the compiled code embeds them.
 
 A dynamic dimension is traced as an automatic dimension bounded by the program
@@ -310,6 +311,9 @@ class _RegionModule(torch.nn.Module):
         for x in results.values():
             counts[id(x)] = counts.get(id(x), 0) + 1
         for s in region.stores:
+            if s.how == "returned":  # a copy of what the region wrote in place
+                outputs.append(placeholder[s.slot].clone())
+                continue
             if s.how not in ("copy", "replace", "adopt"):
                 continue
             x = results[s.slot]

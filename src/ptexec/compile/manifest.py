@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["FailedRecord", "FileRecord", "Manifest", "RegionRecord", "parse", "valid_name"]
 
 SCALAR_KINDS = ("int", "float", "bool")
-STORE_HOWS = ("inplace", "copy", "replace", "adopt", "statement")
+STORE_HOWS = ("inplace", "copy", "replace", "adopt", "statement", "returned")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _MODEL = re.compile(r"r[0-9]{1,6}")
 _DEVICE = re.compile(r"(cpu|cuda)(:[0-9]{1,3})?")

@@ -36,6 +36,11 @@ Each observable value is written back in one of five ways (:class:`Store`):
   hands that new tensor over as the caller's copy, see :class:`~.runner.CompiledRunner`);
 - ``"statement"``: the interpreter's own statement runs after the compiled code, for moves
   and ``et_view`` (their result shares the source's object or memory).
+
+In a method of one straight-line chain, a method output written ``"inplace"`` (static, in
+the default dim order) also gets a ``"returned"`` store right after it: the compiled code returns a copy of what it wrote
+there, a tensor of its own, which a call may hand to the caller as its copy of the output
+instead of copying the planned memory again (see :class:`~.runner.CompiledRunner`).
 """
 
 from __future__ import annotations
@@ -54,7 +59,15 @@ if TYPE_CHECKING:
     from ..loader.state import MethodState
     from .functional import FunctionalForms
 
-__all__ = ["Branch", "Fallback", "Region", "Store", "caller_readable", "plan_regions"]
+__all__ = [
+    "RETURNED",
+    "Branch",
+    "Fallback",
+    "Region",
+    "Store",
+    "caller_readable",
+    "plan_regions",
+]
 
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 
@@ -77,6 +90,10 @@ class Store:
     slot: int
     how: str
     instruction: int
+
+
+# the stores whose value the compiled code returns, in the order it returns them
+RETURNED = ("copy", "replace", "adopt", "returned")
 
 
 @dataclass(frozen=True)
@@ -121,7 +138,7 @@ class Region:
 
     @property
     def outputs(self) -> list[int]:
-        return [s.slot for s in self.stores if s.how in ("copy", "replace", "adopt")]
+        return [s.slot for s in self.stores if s.how in RETURNED]
 
     @property
     def inplace(self) -> list[int]:
@@ -214,6 +231,8 @@ class _Planner:
                     chain[i] = reads - ignored
         self.inputs = set(self.plan.inputs)
         self.outputs = set(self.plan.outputs)
+        # one straight-line chain: the fast call runs the regions' code in its own lines
+        self.straight = len(state.chains) == 1 and not state.chains[0].has_jumps
         self.unplanned_inputs = {
             s.slot for s in state.inputs if s.kind == "tensor" and s.view is None
         }
@@ -741,6 +760,14 @@ class _Planner:
                     for other, nbytes in memory
                 )
             out.append(Store(j, "inplace", s.instruction) if ok else s)
+            if (
+                ok
+                and self.straight
+                and j in self.outputs
+                and isinstance(value, p.Tensor)
+                and value.dim_order == tuple(range(len(value.dim_order)))
+            ):
+                out.append(Store(j, "returned", s.instruction))
         return out
 
     def _adoptable(self, s: Store, region: Region) -> bool:

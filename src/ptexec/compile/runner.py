@@ -54,7 +54,14 @@ from .native import library as native_library
 from .native import table as native_table
 from .native import unavailable as native_unavailable
 from .progress import Progress
-from .regions import Fallback, Region, caller_readable, interpreted_ranges, plan_regions
+from .regions import (
+    RETURNED,
+    Fallback,
+    Region,
+    caller_readable,
+    interpreted_ranges,
+    plan_regions,
+)
 from .report import CompileReport, CompileWarning
 
 if TYPE_CHECKING:
@@ -604,6 +611,8 @@ def _region_call(
                 st = chain.statements[s.instruction]
                 env.update(st.env)
                 code.add(st.code, s.instruction)
+            elif s.how == "returned":  # a copy of an output written in place: the caller's
+                n_out += 1
     inline = Statement(code.text, dict(env))
     call = Code(region.chain)
     call.env.update(env)
@@ -759,6 +768,24 @@ def _handed_outputs(state: MethodState, compiled: list[_Compiled]) -> dict[int, 
     return found
 
 
+def _returned_outputs(
+    fixed: frozenset[int], unguarded: list[tuple[int, _Compiled]]
+) -> dict[int, str]:
+    """Per fixed output (:func:`_fixed_outputs`: one region without guards writes it in
+    place, nothing else writes it) whose copy that region returns (a ``returned`` store),
+    the expression of that copy in the region's body (its ``k``-th region's results)."""
+    found: dict[int, str] = {}
+    for k, c in unguarded:
+        n = 0
+        for st in c.region.stores:
+            if st.how not in RETURNED:
+                continue
+            if st.how == "returned" and st.slot in fixed:
+                found[st.slot] = f"_r{k}[{n}]"
+            n += 1
+    return found
+
+
 class CompiledRunner:
     """Compiled regions and interpreted statements, in the plain blocks' structure (module
     docstring). ``report`` says what was compiled."""
@@ -886,6 +913,13 @@ class CompiledRunner:
         tensor or a new one of the compiled code's that nothing else holds
         (:func:`_handed_outputs`): the fast call hands the new one to the caller as its
         copy (the other it copies) and puts the load-time tensor back."""
+        self.returned_outputs = _returned_outputs(
+            self.fixed_outputs, [(k, c) for k, (c, _, f) in enumerate(self._regions) if f is None]
+        )
+        """Output slots (each a fixed output) whose copy the compiled code returns, with the
+        expression naming it in the region's inlined body (``_r{k}[n]``): the fast call,
+        which runs that body in its own lines (:meth:`inline`), hands it to the caller as
+        its copy of the output."""
         self.report = replace(
             self.report,
             read_in_place=tuple(s.index for s in state.inputs if s.slot in self.readable_inputs),

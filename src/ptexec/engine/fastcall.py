@@ -615,6 +615,11 @@ def _generate(
             handed: Mapping[int, Any] = getattr(runner, "handed_outputs", {})
             # outputs that stay the tensor loading made: only their sizes can be wrong
             held = held_outputs(state, _replaced(state, runner))
+            # fixed outputs whose copy the inlined statements hold (a compiled region's
+            # result, a tensor of its own): the caller's copy, for one output each
+            returned: dict[int, str] = {}
+            if inline_statements(state, runner) is not None:
+                returned = dict(getattr(runner, "returned_outputs", {}))
             checked: list[str] = []
             for out in state.outputs:
                 x = f"v[{out.slot}]"
@@ -629,6 +634,8 @@ def _generate(
                     code.add(f"{h} = {x}")
                     outs.append(f"({h} if {h} is not H{out.slot} else {h}.clone())")
                     restored.append((out.slot, f"H{out.slot}"))
+                elif out.kind == "tensor" and copy and out.slot in returned:
+                    outs.append(returned.pop(out.slot))
                 else:
                     outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
             if settling and checked:
