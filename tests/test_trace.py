@@ -91,6 +91,24 @@ def test_folded_instructions_are_marked_and_summarised() -> None:
                 assert wa.stats == wb.stats, (a.index, wa, wb)
 
 
+def test_fused_instructions_are_marked_and_write_nothing() -> None:
+    """The transformer's mask chain (``logical_not``, ``any``, ``logical_not``) runs as one
+    ``all``: the first instruction says so and writes the last one's value, which equals
+    an unoptimized run's; the two after it write nothing (their values are never made)."""
+    x = fixture_calls("transformer")[0]["inputs"]
+    opt = _methods("transformer")["forward"].trace(_clone(x))
+    plain = _methods("transformer", optimize=False)["forward"].trace(_clone(x))
+    heads = [k for k, r in enumerate(opt.records) if r.note == "runs with the next ones as one"]
+    assert heads
+    for k in heads:
+        head, *away = opt.records[k : k + 3]
+        assert [r.note for r in away] == ["done by a fused instruction before it"] * 2
+        assert all(r.writes == [] for r in away)
+        (written,) = head.writes
+        (want,) = plain.records[k + 2].writes
+        assert written.index == want.index and written.stats == want.stats
+
+
 def test_records_match_eager_intermediates() -> None:
     """A chain of elementwise ops: each instruction wrote exactly eager's intermediate."""
 

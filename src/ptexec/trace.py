@@ -97,7 +97,8 @@ class InstructionRecord:
     operator (``aten::add.out``), ``delegate:<id>`` or the kind; ``frame``: the source line
     when the program carries stack traces; ``note``: how ptexec runs it when not as the
     file says (``folded at load``, ``view made at load``, ``runs as a view``,
-    ``copies a view made once``);
+    ``copies a view made once``, ``runs with the next ones as one``, ``done by a fused
+    instruction before it``: it writes nothing);
     ``writes``: what it wrote; ``reads``: what it read, as it was before it ran (recorded
     for the instruction a NaN hunt stops at, or for all with ``reads=True``); ``jumped``: for
     a jump, whether it jumped (to ``destination``); ``reference_note``: where the float64

@@ -24,6 +24,7 @@ import torch
 from ..effects import effects, kind
 from ..format import program as p
 from ..kernels.registry import Statement
+from ..loader.dataflow import FUSED_AWAY, is_fused
 from ..loader.state import Kept, MethodState, PreparedChain
 
 __all__ = ["Hooks", "Step", "StopCall", "steps_of"]
@@ -45,7 +46,8 @@ class Step:
     its kernel made it (``writes`` also lists what a load-time rewrite made it write);
     ``tensor_args``: every tensor it refers to; ``note``: how ptexec runs it when not as
     the file says (``folded at load``, ``view made at load``, ``runs as a view``, ``skips
-    outputs nothing reads``);
+    outputs nothing reads``, ``runs with the next ones as one``, ``done by a fused
+    instruction before it``: then ``writes`` is empty, its values are never written);
     ``statement``/``loaded``: the statement ``execute`` runs and the one its kernel made.
     """
 
@@ -99,6 +101,10 @@ def _note(
 ) -> str | None:
     if executed is loaded:
         return None
+    if executed is FUSED_AWAY:
+        return "done by a fused instruction before it"
+    if is_fused(executed):
+        return "runs with the next ones as one"
     if executed.code.strip() != "pass":
         if set(executed.outs) < set(loaded.outs):
             return "skips outputs nothing reads"
@@ -125,7 +131,12 @@ def _chain_steps(state: MethodState, chain: PreparedChain) -> list[Step]:
         executed, loaded = chain.statements[i], chain.loaded[i]
         source = effects(values, ins, loaded)
         ran = effects(values, ins, executed)
-        writes = ran.written if executed.code.strip() != "pass" else source.written
+        if executed is FUSED_AWAY:
+            writes: tuple[int, ...] = ()  # its values are never written
+        elif executed.code.strip() != "pass":
+            writes = ran.written
+        else:
+            writes = source.written
         out.append(
             Step(
                 chain=chain.index,

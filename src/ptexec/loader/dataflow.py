@@ -66,17 +66,26 @@ from ..format.lru import Lru
 from ..format.scalar_type import BOOL
 from ..kernels.registry import Statement
 
-__all__ = ["rewrite_chain"]
+__all__ = ["FUSED_AWAY", "is_fused", "rewrite_chain"]
 
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 # the statement of an instruction done at load (folded, or a view of constants made):
 # nothing, the same (immutable) object for every method
 _DONE = Statement("pass", types.MappingProxyType({}), (), ())
+# the statement of an instruction a fused one before it does (its values are never written)
+FUSED_AWAY = Statement("pass", types.MappingProxyType({}), (), ())
 
 _NOT = "aten::logical_not.out"
 # any's out overloads, and all's entry point (torch's own: the same arguments, no out)
 _ANY = ("aten::any.out", "aten::any.dims_out", "aten::any.all_out")
 _ALL = types.MappingProxyType({"_all": torch.all})
+
+
+def is_fused(st: Statement) -> bool:
+    """Whether ``st`` runs its instruction and the next ones as one (:data:`FUSED_AWAY`
+    stands for those)."""
+    return st.env is _ALL
+
 
 Region = tuple[Any, ...]
 
@@ -680,7 +689,7 @@ def rewrite_chain(
         if fused is not None:
             result[i] = fused
             skipped.update((i + 1, i + 2))
-            result[i + 1] = result[i + 2] = _DONE
+            result[i + 1] = result[i + 2] = FUSED_AWAY
             continue
         # a view costs no memory, so a copy of constants becomes a view before it is folded
         rewritten = _elide(c, i, st, values, log)
@@ -799,7 +808,7 @@ def _replay(
             result[i] = _held_copy(i, st, detail)
         elif what == "all":
             result[i] = detail
-            result[i + 1] = result[i + 2] = _DONE
+            result[i + 1] = result[i + 2] = FUSED_AWAY
         else:
             result[i] = _pruned(st, detail)
     else:
