@@ -25,6 +25,8 @@ from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
 
+_SLOT: Any = object()  # output_error: the value is the one in the output's slot
+
 __all__ = [
     "BoundInputs",
     "OutputMode",
@@ -443,13 +445,14 @@ def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -
             actions[spec.index] = "direct"
 
 
-def output_error(state: MethodState, index: int) -> ExecutionError | None:
-    """Why output ``index`` as execution left it contradicts the program's declaration
+def output_error(state: MethodState, index: int, value: Any = _SLOT) -> ExecutionError | None:
+    """Why output ``index`` as execution left it (in its slot, or ``value`` when given:
+    the new tensor a call hands over instead) contradicts the program's declaration
     (not a tensor; another dtype or rank; other sizes than static ones, or beyond a
     bound): a kernel or delegate wrote what the program does not declare. None when it
     is what the program declares."""
     spec = state.outputs[index]
-    x = state.values[spec.slot]
+    x = state.values[spec.slot] if value is _SLOT else value
     info = spec.info
     if not isinstance(x, torch.Tensor):
         why = f"execution left a {type(x).__name__} there"
@@ -508,26 +511,30 @@ def output_checks(
     refuse: str,
     env: dict[str, Any],
     held: bool = False,
+    passed: bool = False,
 ) -> list[str]:
     """:func:`output_error`'s rule as lines of generated code: they call ``refuse(index)``
     where ``output_error(state, index)`` may find a problem, and only there (``x``: the
     source of the output's value; names the lines use are added to ``env``; ``held``: the
-    output is one of :func:`held_outputs`, whose sizes alone are checked)."""
+    output is one of :func:`held_outputs`, or a new tensor of its dtype, whose sizes
+    alone are checked; ``passed``: the value is not the slot's, and the lines call
+    ``refuse(index, x)``)."""
     info = state.outputs[index].info
     if not isinstance(info, TensorInfo):
         return []
+    call = f"{refuse}({index}, {x})" if passed else f"{refuse}({index})"
     env["Tensor"] = torch.Tensor
     env[f"T{index}"] = info.dtype
     test = f"type({x}) is not Tensor or {x}.dtype is not T{index}"
     if info.dynamism == "static":
         if held:
-            return [f"if not ({shape_test(info, f'{x}.shape')}): {refuse}({index})"]
-        return [f"if {test} or not ({shape_test(info, f'{x}.shape')}): {refuse}({index})"]
+            return [f"if not ({shape_test(info, f'{x}.shape')}): {call}"]
+        return [f"if {test} or not ({shape_test(info, f'{x}.shape')}): {call}"]
     shape = f"_s{index}"
     return [
-        *([] if held else [f"if {test}: {refuse}({index})"]),
+        *([] if held else [f"if {test}: {call}"]),
         f"{shape} = {x}.shape",
-        f"if not ({shape_test(info, shape)}): {refuse}({index})",
+        f"if not ({shape_test(info, shape)}): {call}",
     ]
 
 

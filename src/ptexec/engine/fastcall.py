@@ -49,6 +49,7 @@ from ..format.lru import Key, Lru
 from ..kernels.registry import Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
+from ..tensor import TensorInfo
 from ..threads import ExecuTorchPool
 from .arguments import (
     held_outputs,
@@ -144,8 +145,8 @@ def _run(state: MethodState, runner: Runner) -> Any:
 def _refuser(state: MethodState, runner: Runner) -> Any:
     """``refuse(k)``: raise :func:`~.arguments.output_error`'s error for output ``k``."""
 
-    def refuse(k: int) -> None:
-        error = output_error(state, k)
+    def refuse(k: int, *value: Any) -> None:  # value: the new tensor handed over instead
+        error = output_error(state, k, *value)
         if error is not None:
             raise error
 
@@ -602,8 +603,11 @@ def _generate(
                 code.add("if _unsettled[0]: _g = _geometry(v)")
             # copies between tensors of the table: their bytes, once settled
             raw = settling and tensors and not aliased
-            if not _run_into(code, state, runner, bound, needed is not None, raw):
+            # outputs whose last statement makes them anew, handed over without a copy
+            made_new = _fresh_returns(state, runner) if copy_outputs else {}
+            if not _run_into(code, state, runner, bound, needed is not None, raw, made_new):
                 return False
+            new_slots = {o: k for k, o in made_new.items()}
             outs = []
             bound.set("_refuse", _refuser)
             # slots whose tensor the runner guarantees (written in place only): unchecked
@@ -623,6 +627,14 @@ def _generate(
             checked: list[str] = []
             for out in state.outputs:
                 x = f"v[{out.slot}]"
+                if out.kind == "tensor" and out.slot in new_slots:
+                    # a new tensor of the output's dtype, dense: only its sizes to check
+                    made = f"_f{out.slot}"
+                    checked.extend(
+                        output_checks(state, out.index, made, "_refuse", env, True, True)
+                    )
+                    outs.append(made)
+                    continue
                 if out.kind == "tensor" and out.slot not in fixed:
                     # what execution left there is what the program declares
                     lines = output_checks(state, out.index, x, "_refuse", env, out.index in held)
@@ -753,6 +765,7 @@ def _run_into(
     bound: _PerLoad,
     guarded: bool = False,
     raw: bool = False,
+    made_new: Mapping[int, int] = types.MappingProxyType({}),
 ) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
@@ -761,7 +774,9 @@ def _run_into(
     path cannot run them. ``guarded``: a statement empties its outs (its ``empties``)
     only when ``_e`` is true (see :func:`_emptying_test`). ``raw``: the fast call settles
     (:func:`_settling`, ``_unsettled``) and may skip version counts: once settled, the
-    copies :func:`_byte_copies` finds copy bytes."""
+    copies :func:`_byte_copies` finds copy bytes. ``made_new``: statements (by position)
+    run in their ``fresh`` form, each leaving its output's new tensor in ``_f{slot}``
+    (:func:`_fresh_returns`)."""
     statements = inline_statements(state, runner)
     if statements is not None:
         if len(statements) > state.max_instructions:
@@ -772,7 +787,20 @@ def _run_into(
         if raw_copies:
             env["_memmove"] = _MEMMOVE
         for k, st in enumerate(statements):
-            if k in raw_copies:
+            if k in made_new:
+                o, fresh = made_new[k], st.fresh
+                assert fresh is not None
+                env[f"_FT{o}"] = state.values[o].dtype
+                # the out's own statement, and a copy, where the new tensor's dtype (type
+                # promotion) or layout is not the output's
+                fallback = "\n".join(f"    {line}" for line in st.code.splitlines())
+                code.add(
+                    f"_f{o} = {fresh}\n"
+                    f"if _f{o}.dtype is not _FT{o} or not _f{o}.is_contiguous():\n"
+                    f"{fallback}\n    _f{o} = v[{o}].clone()",
+                    k,
+                )
+            elif k in raw_copies:
                 d, s, n = raw_copies[k]
                 bound.set(f"_cd{k}", _Address(d))
                 bound.set(f"_cs{k}", _Address(s))
@@ -805,6 +833,94 @@ def _run_into(
 # returning ``v[d]`` into its slot (``aten::copy_``)
 _COPY = re.compile(r"v\[(\d+)\]\.copy_\(v\[(\d+)\]\)")
 _RETURNED_COPY = re.compile(r"v\[(\d+)\] = (\w+)\(v\[\1\], v\[(\d+)\]\)")
+
+
+def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
+    """The statements (by position in the one straight-line chain of plain blocks) the fast
+    call runs in their ``fresh`` form (:class:`~ptexec.kernels.registry.Statement`): each
+    writes one output of the method, which the call then hands to its caller as the new
+    tensor the form makes instead of writing the output's memory and copying it out. The
+    slot of each.
+
+    The output's tensor is then left as it was, so nothing may read it: it is one output
+    (not also an input, an unplanned output or another output), dense in the default dim
+    order, and that statement alone touches its slot; no statement after it, and no other
+    output, touches a tensor whose bytes overlap the output's (a view of it, made at load);
+    each such tensor a statement before it touches is an input or first written there,
+    not read (a tensor that shares the bytes at another time, as the memory plan reuses
+    them); and no
+    statement gives a slot a new object made from one of them (a view made per call)."""
+    if not isinstance(runner, BlockRunner) or not runner.straight_line:
+        return {}
+    statements = state.chains[0].statements
+    if not any(st.fresh is not None for st in statements):
+        return {}
+    values = state.plan.values
+    table = state.values
+    every = [
+        effects(values, ins, st)
+        for ins, st in zip(state.chains[0].instructions, statements, strict=True)
+    ]
+    touched = [frozenset((*e.inputs, *e.reads, *e.written)) for e in every]
+    slots = [out.slot for out in state.outputs]
+    inputs = {spec.slot for spec in state.inputs}
+    bound = inputs | {o.slot for o in state.unplanned_outputs}
+    found: dict[int, int] = {}
+    for out in state.outputs:
+        o = out.slot
+        t = table[o]
+        info = out.info
+        if (
+            out.kind != "tensor"
+            or slots.count(o) != 1
+            or o in bound
+            or type(t) is not torch.Tensor
+            or not isinstance(info, TensorInfo)
+            or info.dim_order != tuple(range(len(info.sizes)))
+            or not t.is_contiguous()
+            or t.numel() == 0
+        ):
+            continue
+        users = [k for k, seen in enumerate(touched) if o in seen]
+        if len(users) != 1:
+            continue
+        k = users[0]
+        st = statements[k]
+        if st.fresh is None or st.outs != (o,) or every[k].written != (o,):
+            continue
+        shared = _overlapping(table, o) - {o}
+        if shared & set(slots) or any(shared & seen for seen in touched[k + 1 :]):
+            continue
+        if any(set(e.inputs) & shared and e.replaces for e in every):
+            continue
+        first_read = False
+        for j in shared - inputs:  # (an input is written first, as the call binds it)
+            at = next((i for i, seen in enumerate(touched) if j in seen), None)
+            if at is not None and (j in every[at].inputs or j in every[at].reads):
+                first_read = True
+                break
+        if not first_read:
+            found[k] = o
+    return found
+
+
+def _overlapping(table: Sequence[Any], o: int) -> set[int]:
+    """The slots of ``table`` holding a tensor (or a list of them) whose bytes overlap
+    those of the dense tensor in slot ``o`` (itself included)."""
+    t = table[o]
+    lo = t.data_ptr()
+    hi = lo + t.nbytes
+    found = set()
+    for j, x in enumerate(table):
+        for item in x if isinstance(x, list | tuple) else (x,):
+            if isinstance(item, torch.Tensor) and item.numel():
+                start = item.data_ptr()
+                span = sum((n - 1) * abs(d) for n, d in zip(item.shape, item.stride(), strict=True))
+                end = start + (span + 1) * item.element_size()
+                if start < hi and lo < end:
+                    found.add(j)
+                    break
+    return found
 
 
 def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[int, Any]:

@@ -479,6 +479,36 @@ def _functional_of(overload: Any) -> Any:
     return None
 
 
+# out variants whose functional form runs the same implementation (structured kernels:
+# the out form and the functional one share their meta and impl functions); torch's
+# pointwise ops and reductions are structured TensorIterator kernels, whose tags say so
+_STRUCTURED = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::_softmax",
+        "aten::_log_softmax",
+        "aten::cumsum",
+    }
+)
+
+
+def _same_kernel_functional(overload: Any, functional: Any) -> Any:
+    """The functional overload computing what out variant ``overload`` writes, by the same
+    kernel (``functional``: the one a generated out variant is made of), or None."""
+    if functional is not None:
+        return functional  # a generated out variant is its functional op and a copy
+    found = _functional_of(overload)
+    if found is None:
+        return None
+    tags = getattr(found, "tags", ())
+    if torch.Tag.pointwise in tags or torch.Tag.reduction in tags:
+        return found
+    return found if overload._schema.name in _STRUCTURED else None
+
+
 def _store(out: torch.Tensor, result: torch.Tensor) -> None:
     """``out`` takes ``result``'s shape and values (the tail of a generated out variant)."""
     if out.shape != result.shape:
@@ -822,6 +852,12 @@ def schema_kernel(overload: Any) -> KernelFactory:
     out_args = {k for k in written if arguments[k].kwarg_only}
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
     functional = _functional_of(overload) if generated else None
+    # what a caller handed the result may run instead of writing ``out`` (Statement.fresh)
+    same_kernel = (
+        _same_kernel_functional(overload, functional)
+        if is_out and only_outs and len(returns) == 1 and not seeded
+        else None
+    )
     by_arguments = _sized_by_arguments(overload)
     # an in-place op returning its ``self`` (``copy_``, ``add_``): what it puts in its
     # slot is ``self``, whose sizes it keeps (ops that change them, ``inplace_view``, not)
@@ -924,6 +960,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 isinstance(ctx.values[a], p.Tensor) for a in (args[k] for k in out_args)
             )
             code = None
+            fresh = None
             prune = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
             gathers = False  # a gather along one dim: its out's sizes follow the index's
@@ -969,6 +1006,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 call = f"{ff}({', '.join(positional + in_keywords)})"
                 if single:
                     code = _copy_code(ctx, outs[0], call, {})
+                    fresh = call
                 else:
                     store = ctx.bind(_store_all, "store")
                     # one result left (the others pruned): copied without a loop
@@ -992,6 +1030,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
+                if single and pure and same_kernel is not None:
+                    fast_f = fastest_entry(same_kernel, in_probe)
+                    ff = ctx.bind(
+                        fast_f if fast_f is not None else getattr(same_kernel, "_op", same_kernel),
+                        "op",
+                    )
+                    fresh = f"{ff}({', '.join(positional + in_keywords)})"
             # sized: writes only its outs, and torch does not say their sizes depend on
             # what the op reads
             sized = (by_arguments or gathers) and only_outs and set(mutates) == set(outs)
@@ -1006,6 +1051,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 prune=prune,
                 sized=sized,
                 empties=empties,
+                fresh=fresh,
             )
             if fills is not None and st.reads is not None:
                 # the fill reads no element of ``self`` (its sizes are fixed): with a fixed

@@ -92,7 +92,12 @@ class Statement:
     empties before the kernel writes them (its first lines, ``v[o].resize_(0)`` each, see
     :func:`emptied`), so that torch resizes them without a warning; given only with
     ``sized``. An out that already has the sizes the kernel gives it needs no emptying
-    (torch leaves it as it is).
+    (torch leaves it as it is). ``fresh``: for a statement writing one ``out`` from its
+    arguments alone (``pure``), an expression that computes the same value as a new tensor
+    through the op's functional form, run by the same kernel (see
+    :func:`ptexec.kernels.aten.schema_kernel`); a call that hands the value to its caller
+    may run it instead of writing the out and copying it. Its dtype or layout may differ
+    from the out's (torch's type promotion, strides that follow the inputs'): its user checks.
     """
 
     code: str
@@ -108,6 +113,7 @@ class Statement:
     external: Callable[..., None] | None = None
     sized: bool = False
     empties: tuple[int, ...] = ()
+    fresh: str | None = None
 
 
 def emptying(outs: Iterable[int]) -> str:
@@ -192,10 +198,12 @@ class KernelContext:
         external: Callable[..., None] | None = None,
         sized: bool = False,
         empties: Iterable[int] = (),
+        fresh: str | None = None,
     ) -> Statement:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read;
-        ``instrumented``, ``external``, ``sized`` and ``empties``: see :class:`Statement`."""
+        ``instrumented``, ``external``, ``sized``, ``empties`` and ``fresh``: see
+        :class:`Statement`."""
         empties = tuple(empties)
         if empties and not sized:
             raise ValueError("a statement empties its outs only where its sizes follow")
@@ -214,6 +222,7 @@ class KernelContext:
             external,
             sized,
             empties,
+            fresh if pure and len(outs) == 1 else None,
         )
 
     def referenced(self) -> tuple[int, ...]:
