@@ -590,7 +590,9 @@ def _generate(
                 guarded.enter_context(code.indented())
             # the dynamic outs the statements empty first: only where their inputs' sizes
             # changed since the last run, when the sizes follow from the inputs' alone
-            needed = _emptying_test(state, runner, resized)
+            # outputs whose last statement makes them anew, handed over without a copy
+            made_new = _fresh_returns(state, runner) if copy_outputs else {}
+            needed = _emptying_test(state, runner, resized, made_new)
             if needed is not None:
                 code.add(f"_e = {needed}")
             # the outputs' checks stop once a call finds the method settled (see
@@ -603,8 +605,6 @@ def _generate(
                 code.add("if _unsettled[0]: _g = _geometry(v)")
             # copies between tensors of the table: their bytes, once settled
             raw = settling and tensors and not aliased
-            # outputs whose last statement makes them anew, handed over without a copy
-            made_new = _fresh_returns(state, runner) if copy_outputs else {}
             if not _run_into(code, state, runner, bound, needed is not None, raw, made_new):
                 return False
             new_slots = {o: k for k, o in made_new.items()}
@@ -848,79 +848,142 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
     output, touches a tensor whose bytes overlap the output's (a view of it, made at load);
     each such tensor a statement before it touches is an input or first written there,
     not read (a tensor that shares the bytes at another time, as the memory plan reuses
-    them); and no
-    statement gives a slot a new object made from one of them (a view made per call)."""
+    them); and no statement gives a slot a new object made from one of them (a view made
+    per call)."""
     if not isinstance(runner, BlockRunner) or not runner.straight_line:
         return {}
     statements = state.chains[0].statements
-    if not any(st.fresh is not None for st in statements):
-        return {}
-    values = state.plan.values
     table = state.values
-    every = [
-        effects(values, ins, st)
-        for ins, st in zip(state.chains[0].instructions, statements, strict=True)
-    ]
-    touched = [frozenset((*e.inputs, *e.reads, *e.written)) for e in every]
     slots = [out.slot for out in state.outputs]
     inputs = {spec.slot for spec in state.inputs}
     bound = inputs | {o.slot for o in state.unplanned_outputs}
-    found: dict[int, int] = {}
+    # the outputs whose writer offers the form, and that writer: the cheap tests first
+    writer: dict[int, int] = {}
+    for k, st in enumerate(statements):
+        if st.fresh is not None and len(st.outs) == 1:
+            writer[st.outs[0]] = k
+    candidates = []
     for out in state.outputs:
         o = out.slot
         t = table[o]
         info = out.info
         if (
-            out.kind != "tensor"
-            or slots.count(o) != 1
-            or o in bound
-            or type(t) is not torch.Tensor
-            or not isinstance(info, TensorInfo)
-            or info.dim_order != tuple(range(len(info.sizes)))
-            or not t.is_contiguous()
-            or t.numel() == 0
+            o in writer
+            and out.kind == "tensor"
+            and slots.count(o) == 1
+            and o not in bound
+            and type(t) is torch.Tensor
+            and isinstance(info, TensorInfo)
+            and info.dim_order == tuple(range(len(info.sizes)))
+            and t.is_contiguous()
+            and t.numel() > 0
+        ):
+            candidates.append(o)
+    if not candidates:
+        return {}
+    spans = _spans(state)
+    shared = {o: _overlapping(spans, table[o]) - {o} for o in candidates}
+    relevant = set(candidates).union(*shared.values())
+    values = state.plan.values
+    # per relevant slot: how many statements touch it, the first and the last, and
+    # whether the first reads it
+    count: dict[int, int] = {}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    read_first: set[int] = set()
+    made_from: set[int] = set()  # what statements giving a slot a new object take
+    written_by: dict[int, tuple[int, ...]] = {}
+    for k, (ins, st) in enumerate(zip(state.chains[0].instructions, statements, strict=True)):
+        if (
+            st.reads is not None
+            and st.mutates is not None
+            and relevant.isdisjoint(st.reads)
+            and relevant.isdisjoint(st.mutates)
+            and relevant.isdisjoint(st.outs)
+            and relevant.isdisjoint(st.writes)
+        ):
+            continue  # (what it declares is all it touches: see _touches)
+        taken, written, replaces = _touches(values, ins, st)
+        written_by[k] = written
+        if replaces:
+            made_from |= taken
+        for j in relevant & taken.union(written):
+            count[j] = count.get(j, 0) + 1
+            last[j] = k
+            if j not in first:
+                first[j] = k
+                if j in taken:
+                    read_first.add(j)
+    found: dict[int, int] = {}
+    for o in candidates:
+        k = writer[o]
+        if count.get(o) != 1 or first[o] != k or written_by.get(k) != (o,):
+            continue
+        near = shared[o]
+        if (
+            near & set(slots)
+            or near & made_from
+            or any(last.get(j, -1) > k for j in near)
+            or (near - inputs) & read_first  # (an input is written first: the call binds it)
         ):
             continue
-        users = [k for k, seen in enumerate(touched) if o in seen]
-        if len(users) != 1:
-            continue
-        k = users[0]
-        st = statements[k]
-        if st.fresh is None or st.outs != (o,) or every[k].written != (o,):
-            continue
-        shared = _overlapping(table, o) - {o}
-        if shared & set(slots) or any(shared & seen for seen in touched[k + 1 :]):
-            continue
-        if any(set(e.inputs) & shared and e.replaces for e in every):
-            continue
-        first_read = False
-        for j in shared - inputs:  # (an input is written first, as the call binds it)
-            at = next((i for i, seen in enumerate(touched) if j in seen), None)
-            if at is not None and (j in every[at].inputs or j in every[at].reads):
-                first_read = True
-                break
-        if not first_read:
-            found[k] = o
+        found[k] = o
     return found
 
 
-def _overlapping(table: Sequence[Any], o: int) -> set[int]:
-    """The slots of ``table`` holding a tensor (or a list of them) whose bytes overlap
-    those of the dense tensor in slot ``o`` (itself included)."""
-    t = table[o]
+def _touches(
+    values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement
+) -> tuple[frozenset[int], tuple[int, ...], bool]:
+    """What ``st`` takes from the table, what it writes (slots it assigns, memory it
+    writes) and whether it gives a slot a new object: from what a kernel's or delegate's
+    statement declares, else (it does not say, or another instruction) from
+    :func:`~ptexec.effects.effects`."""
+    if (
+        st.reads is not None
+        and st.mutates is not None
+        and isinstance(ins, _DECLARING)
+        and st.code.strip() != "pass"
+    ):
+        written = tuple(dict.fromkeys((*st.writes, *st.mutates, *st.outs)))
+        return frozenset(st.reads), written, not set(st.writes) <= set(st.mutates)
+    e = effects(values, ins, st)
+    return frozenset((*e.inputs, *e.reads)), e.written, bool(e.replaces)
+
+
+_DECLARING = (p.KernelCall, p.DelegateCall)  # instructions whose statements declare reads
+_SCALARS = frozenset({int, float, bool, str})
+_SEQUENCES = frozenset({list, tuple})
+
+
+def _spans(state: MethodState) -> list[tuple[int, int, int]]:
+    """(first byte's address, end, slot) of every tensor in the values table (a list's
+    items too) with elements; the geometry of those made at load as
+    :meth:`~ptexec.loader.state.MethodState.snapshot` took it."""
+    geometry = {id(e[0]): (e[3], e[4]) for e in state.owned}
+    out = []
+    tensor = torch.Tensor
+    for j, x in enumerate(state.values):
+        if x is None or type(x) in _SCALARS:
+            continue
+        for item in x if type(x) in _SEQUENCES else (x,):
+            if not isinstance(item, tensor):
+                continue
+            shape, stride = geometry.get(id(item)) or (tuple(item.shape), item.stride())
+            if 0 in shape:
+                continue
+            span = 1
+            for n, d in zip(shape, stride, strict=True):
+                span += (n - 1) * abs(d)
+            start = item.data_ptr()
+            out.append((start, start + span * item.dtype.itemsize, j))
+    return out
+
+
+def _overlapping(spans: list[tuple[int, int, int]], t: torch.Tensor) -> set[int]:
+    """The slots whose tensors' bytes (``spans``, :func:`_spans`) overlap dense ``t``'s."""
     lo = t.data_ptr()
     hi = lo + t.nbytes
-    found = set()
-    for j, x in enumerate(table):
-        for item in x if isinstance(x, list | tuple) else (x,):
-            if isinstance(item, torch.Tensor) and item.numel():
-                start = item.data_ptr()
-                span = sum((n - 1) * abs(d) for n, d in zip(item.shape, item.stride(), strict=True))
-                end = start + (span + 1) * item.element_size()
-                if start < hi and lo < end:
-                    found.add(j)
-                    break
-    return found
+    return {j for start, end, j in spans if start < hi and lo < end}
 
 
 def _byte_copies(state: MethodState, statements: Sequence[Statement]) -> dict[int, Any]:
@@ -1105,7 +1168,12 @@ def _compared_jumps(
     return found
 
 
-def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -> str | None:
+def _emptying_test(
+    state: MethodState,
+    runner: Runner,
+    resized: Sequence[int],
+    made_new: Mapping[int, int] = types.MappingProxyType({}),
+) -> str | None:
     """The test, on the fast call's names, that the statements must empty their
     ``empties`` this call; None when the fast call cannot tell (they always do). False
     means every dynamic-shape tensor the instructions write already has the sizes this
@@ -1121,10 +1189,12 @@ def _emptying_test(state: MethodState, runner: Runner, resized: Sequence[int]) -
     tensors and every instruction of its one straight-line chain is a move, a free, or a
     kernel or delegate call whose statement is ``sized`` (what it makes follows from its
     arguments' sizes and values, not from tensors' contents). None too when no statement
-    empties anything."""
+    empties anything (the statements ``made_new`` runs in their fresh form empty nothing:
+    :func:`_fresh_returns`)."""
     if not resized or not _sized_chain(state, runner):
         return None
-    if not any(st.empties for st in state.chains[0].statements):
+    statements = state.chains[0].statements
+    if not any(st.empties for k, st in enumerate(statements) if k not in made_new):
         return None  # nothing to empty: no test to make
     loaded = {id(t): tuple(sizes) for t, _, _, sizes, _ in state.owned}
     initial = []  # every view as loading made it
