@@ -230,10 +230,12 @@ class Method:
     def values(self) -> list[Any]:
         """The method's values table (tensors, scalars), for inspection; do not modify.
 
-        After a compiled call (``compile=True``), an output of dynamic shape that only the
-        caller reads is handed to the caller as the compiled code made it, not copied
-        into the method's memory: its slot keeps the tensor loading made (the compile
-        report's regions say which instructions wrote it)."""
+        An output of dynamic shape that only the caller reads may be handed to the caller
+        as the instruction writing it made it, not copied into the method's memory: its
+        slot then keeps the tensor loading made. A compiled call (``compile=True``) does
+        so (the compile report's regions say which instructions wrote it), and so does an
+        interpreted one where the instruction's functional form runs the same kernel as
+        its out variant. Static outputs are always in the method's memory after a call."""
         return self._state.values
 
     def source(self) -> str:

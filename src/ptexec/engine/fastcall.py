@@ -607,7 +607,7 @@ def _generate(
             raw = settling and tensors and not aliased
             if not _run_into(code, state, runner, bound, needed is not None, raw, made_new):
                 return False
-            new_slots = {o: k for k, o in made_new.items()}
+            new_slots = set(made_new.values())
             outs = []
             bound.set("_refuse", _refuser)
             # slots whose tensor the runner guarantees (written in place only): unchecked
@@ -839,17 +839,20 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
     """The statements (by position in the one straight-line chain of plain blocks) the fast
     call runs in their ``fresh`` form (:class:`~ptexec.kernels.registry.Statement`): each
     writes one output of the method, which the call then hands to its caller as the new
-    tensor the form makes instead of writing the output's memory and copying it out. The
+    tensor the form makes, where it would write the output's memory and copy it out. The
     slot of each.
 
-    The output's tensor is then left as it was, so nothing may read it: it is one output
-    (not also an input, an unplanned output or another output), dense in the default dim
-    order, and that statement alone touches its slot; no statement after it, and no other
-    output, touches a tensor whose bytes overlap the output's (a view of it, made at load);
-    each such tensor a statement before it touches is an input or first written there,
-    not read (a tensor that shares the bytes at another time, as the memory plan reuses
-    them); and no statement gives a slot a new object made from one of them (a view made
-    per call)."""
+    Only outputs of dynamic shape: a static output's memory holds its value after every
+    call, which :meth:`ptexec.Method.values` and training's gradients read there (the
+    compiled tier keeps the same rule). A dynamic output's memory is left as it was, so
+    nothing may read it: it is one output (not also an input, an unplanned output or
+    another output), dense in the default dim order, and that statement alone touches its
+    slot, reading it not; no statement after it, and no other output, touches a tensor
+    whose bytes overlap the output's (a view of it made at load, or an object a statement
+    makes from one per call); each such tensor a statement before it touches is an input,
+    first written there, or a view of bytes written before it is read (tensors that share
+    the bytes at another time, as the memory plan reuses them:
+    :func:`_written_before_read`)."""
     if not isinstance(runner, BlockRunner) or not runner.straight_line:
         return {}
     statements = state.chains[0].statements
@@ -857,11 +860,11 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
     slots = [out.slot for out in state.outputs]
     inputs = {spec.slot for spec in state.inputs}
     bound = inputs | {o.slot for o in state.unplanned_outputs}
-    # the outputs whose writer offers the form, and that writer: the cheap tests first
+    # the outputs whose last writer offers the form: the cheap tests first
     writer: dict[int, int] = {}
     for k, st in enumerate(statements):
-        if st.fresh is not None and len(st.outs) == 1:
-            writer[st.outs[0]] = k
+        for o in st.outs:
+            writer[o] = k
     candidates = []
     for out in state.outputs:
         o = out.slot
@@ -869,6 +872,7 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
         info = out.info
         if (
             o in writer
+            and statements[writer[o]].fresh is not None
             and out.kind == "tensor"
             and slots.count(o) == 1
             and o not in bound
@@ -877,23 +881,38 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
             and info.dim_order == tuple(range(len(info.sizes)))
             and t.is_contiguous()
             and t.numel() > 0
+            and info.dynamism != "static"
         ):
             candidates.append(o)
     if not candidates:
         return {}
-    spans = _spans(state)
-    shared = {o: _overlapping(spans, table[o]) - {o} for o in candidates}
-    relevant = set(candidates).union(*shared.values())
     values = state.plan.values
+    instructions = state.chains[0].instructions
+    # statements giving slots new objects: what each takes, and those slots
+    making: list[tuple[frozenset[int], tuple[int, ...]]] = []
+    for ins, st in zip(instructions, statements, strict=True):
+        if st.writes or st.mutates is None or not isinstance(ins, _DECLARING):
+            taken, _, replaces = _touches(values, ins, st)
+            if replaces:
+                making.append((taken, replaces))
+    spans = _spans(state)
+    ranges = {j: (start, end) for start, end, j in spans if type(table[j]) is torch.Tensor}
+    near: dict[int, set[int]] = {}
+    for o in candidates:
+        found_near = _overlapping(spans, table[o]) - {o}
+        for taken, replaces in making:  # objects made from them: views of the bytes too
+            if not found_near.isdisjoint(taken) or o in taken:
+                found_near.update(replaces)
+        near[o] = found_near
+    relevant = set(candidates).union(*near.values())
     # per relevant slot: how many statements touch it, the first and the last, and
     # whether the first reads it
     count: dict[int, int] = {}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     read_first: set[int] = set()
-    made_from: set[int] = set()  # what statements giving a slot a new object take
-    written_by: dict[int, tuple[int, ...]] = {}
-    for k, (ins, st) in enumerate(zip(state.chains[0].instructions, statements, strict=True)):
+    touches: dict[int, tuple[frozenset[int], tuple[int, ...]]] = {}
+    for k, (ins, st) in enumerate(zip(instructions, statements, strict=True)):
         if (
             st.reads is not None
             and st.mutates is not None
@@ -903,10 +922,8 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
             and relevant.isdisjoint(st.writes)
         ):
             continue  # (what it declares is all it touches: see _touches)
-        taken, written, replaces = _touches(values, ins, st)
-        written_by[k] = written
-        if replaces:
-            made_from |= taken
+        taken, written, _ = _touches(values, ins, st)
+        touches[k] = (taken, written)
         for j in relevant & taken.union(written):
             count[j] = count.get(j, 0) + 1
             last[j] = k
@@ -917,25 +934,52 @@ def _fresh_returns(state: MethodState, runner: Runner) -> dict[int, int]:
     found: dict[int, int] = {}
     for o in candidates:
         k = writer[o]
-        if count.get(o) != 1 or first[o] != k or written_by.get(k) != (o,):
-            continue
-        near = shared[o]
+        taken, written = touches.get(k, (frozenset(), ()))
         if (
-            near & set(slots)
-            or near & made_from
-            or any(last.get(j, -1) > k for j in near)
-            or (near - inputs) & read_first  # (an input is written first: the call binds it)
+            written != (o,)
+            or o in taken
+            or count.get(o) != 1
+            or near[o] & set(slots)
+            or any(last.get(j, -1) > k for j in near[o])
+            or not _written_before_read(near[o] - inputs, read_first, first, ranges)
         ):
             continue
         found[k] = o
     return found
 
 
+def _written_before_read(
+    near: set[int],
+    read_first: set[int],
+    first: Mapping[int, int],
+    ranges: Mapping[int, tuple[int, int]],
+) -> bool:
+    """Whether, of the slots ``near`` (an output's bytes overlap theirs), each one a call
+    reads before it writes it (``read_first``; ``first``: where each is first touched)
+    has its bytes written before that through another of them (a view made at load of a
+    tensor the call writes first, in memory the plan reuses): no bytes there carry a
+    value from one call to the next. (An input is written first: the call binds it.)"""
+    for j in near & read_first:
+        if j not in ranges:
+            return False  # an object a statement made, read before it makes it again
+        lo, hi = ranges[j]
+        if not any(
+            t not in read_first
+            and first[t] < first[j]
+            and ranges[t][0] <= lo
+            and hi <= ranges[t][1]
+            for t in near
+            if t in first and t in ranges
+        ):
+            return False
+    return True
+
+
 def _touches(
     values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement
-) -> tuple[frozenset[int], tuple[int, ...], bool]:
+) -> tuple[frozenset[int], tuple[int, ...], tuple[int, ...]]:
     """What ``st`` takes from the table, what it writes (slots it assigns, memory it
-    writes) and whether it gives a slot a new object: from what a kernel's or delegate's
+    writes) and the slots it gives new objects: from what a kernel's or delegate's
     statement declares, else (it does not say, or another instruction) from
     :func:`~ptexec.effects.effects`."""
     if (
@@ -945,9 +989,10 @@ def _touches(
         and st.code.strip() != "pass"
     ):
         written = tuple(dict.fromkeys((*st.writes, *st.mutates, *st.outs)))
-        return frozenset(st.reads), written, not set(st.writes) <= set(st.mutates)
+        mutated = set(st.mutates)
+        return frozenset(st.reads), written, tuple(w for w in st.writes if w not in mutated)
     e = effects(values, ins, st)
-    return frozenset((*e.inputs, *e.reads)), e.written, bool(e.replaces)
+    return frozenset((*e.inputs, *e.reads)), e.written, e.replaces
 
 
 _DECLARING = (p.KernelCall, p.DelegateCall)  # instructions whose statements declare reads

@@ -509,6 +509,16 @@ def _same_kernel_functional(overload: Any, functional: Any) -> Any:
     return found if overload._schema.name in _STRUCTURED else None
 
 
+def _linear_is_one_product(ctx: KernelContext) -> bool:
+    """``linear``'s out variant and its functional form run one matrix product the same
+    way when there is no bias (both a ``matmul``) or the input is a matrix (both an
+    ``addmm``); for a batched input with a bias the functional form folds the bias into
+    the product where the out variant adds it after."""
+    args = ctx.args
+    x, bias = ctx.values[args[0]], ctx.values[args[2]] if len(args) > 2 else p.Null()
+    return isinstance(bias, p.Null) or (isinstance(x, p.Tensor) and len(x.sizes) == 2)
+
+
 def _store(out: torch.Tensor, result: torch.Tensor) -> None:
     """``out`` takes ``result``'s shape and values (the tail of a generated out variant)."""
     if out.shape != result.shape:
@@ -1030,11 +1040,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
-                if single and pure and same_kernel is not None:
-                    fast_f = fastest_entry(same_kernel, in_probe)
+                form = same_kernel
+                if name == "aten::linear.out" and _linear_is_one_product(ctx):
+                    form = torch.ops.aten.linear.default
+                if single and pure and form is not None:
+                    fast_f = fastest_entry(form, in_probe)
                     ff = ctx.bind(
-                        fast_f if fast_f is not None else getattr(same_kernel, "_op", same_kernel),
-                        "op",
+                        fast_f if fast_f is not None else getattr(form, "_op", form), "op"
                     )
                     fresh = f"{ff}({', '.join(positional + in_keywords)})"
             # sized: writes only its outs, and torch does not say their sizes depend on
