@@ -13,7 +13,9 @@ recorded in the fixture's ``.io.pt`` file when there is one (a call without a ``
 ``forward``'s), else random ones from the
 method's metadata. With ``--load``, a block is loads instead of calls: ``load`` (from the
 file's bytes) + ``load_method`` again and again, each load dropped before the next, the
-process's CPU time per load (a repeated load: the process has loaded the bytes before).
+process's CPU time per load (a repeated load: the process has loaded the bytes before;
+with ``--first`` too, each load finds the in-process caches empty, as
+``load_time.py``'s first load).
 Prints one row per program: A, B and B/A.
 """
 
@@ -37,6 +39,9 @@ import ptexec
 if hasattr(ptexec, "set_num_threads"):
     ptexec.set_num_threads(1)  # ExecuTorch's pool too (XNNPACK delegates under "auto")
 from pathlib import Path
+
+sys.path.insert(0, sys.argv[1])  # benchmarks/ (this side's ptexec is on PYTHONPATH)
+from load_time import _forget_loads as forget_loads
 
 def inputs_for(path, method):
     io = Path(str(path)[:-4] + ".io.pt")
@@ -63,10 +68,19 @@ for line in sys.stdin:
     if req.get("load"):
         data = Path(req["path"]).read_bytes()
         n = req["calls"]
-        t0 = time.process_time()
-        for _ in range(n):
-            ptexec.load(data).load_method(req["method"], **req["options"])
-        dt = (time.process_time() - t0) / n
+        dt = 0.0
+        if req.get("first"):  # each load as the process's first of these bytes
+            for _ in range(n):
+                forget_loads()
+                t0 = time.process_time()
+                ptexec.load(data).load_method(req["method"], **req["options"])
+                dt += time.process_time() - t0
+            dt /= n
+        else:
+            t0 = time.process_time()
+            for _ in range(n):
+                ptexec.load(data).load_method(req["method"], **req["options"])
+            dt = (time.process_time() - t0) / n
         print(json.dumps({"per_call": dt, "load": dt}), flush=True)
         continue
     key = req["path"] + "::" + req["method"]
@@ -93,7 +107,7 @@ class _Side:
     def __init__(self, src: str) -> None:
         env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER],
+            [sys.executable, "-c", _WORKER, str(Path(__file__).resolve().parent)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -101,12 +115,19 @@ class _Side:
         )
 
     def block(
-        self, path: str, method: str, calls: int, options: dict[str, Any], load: bool = False
+        self,
+        path: str,
+        method: str,
+        calls: int,
+        options: dict[str, Any],
+        load: bool = False,
+        first: bool = False,
     ) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         request = {"path": path, "method": method, "calls": calls, "options": options}
         if load:
             request["load"] = True
+            request["first"] = first
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -156,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time load + load_method (repeated, from bytes) instead of calls",
     )
+    parser.add_argument(
+        "--first",
+        action="store_true",
+        help="with --load: empty the in-process caches a repeated load reuses before each "
+        "load (load_time.py's first load)",
+    )
     args = parser.parse_args(argv)
     options: dict[str, Any] = {}
     for item in args.option:
@@ -169,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in args.programs:
             warm = 5 if args.load else 50
-            first = sides["A"].block(path, args.method, warm, options, args.load)
-            sides["B"].block(path, args.method, warm, options, args.load)
+            first = sides["A"].block(path, args.method, warm, options, args.load, args.first)
+            sides["B"].block(path, args.method, warm, options, args.load, args.first)
             calls = max(1, int(args.block_seconds / max(first["per_call"], 1e-7)))
             times: dict[str, list[float]] = {"A": [], "B": []}
             for _ in range(args.rounds):
@@ -178,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                 rng.shuffle(order)
                 for name in order:
                     times[name].append(
-                        sides[name].block(path, args.method, calls, options, args.load)["per_call"]
+                        sides[name].block(
+                            path, args.method, calls, options, args.load, args.first
+                        )["per_call"]
                     )
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             print(f"{Path(path).stem:<28} {_us(a):>10} {_us(b):>10} {b / a:>6.2f}", flush=True)
