@@ -1016,7 +1016,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 call = f"{ff}({', '.join(positional + in_keywords)})"
                 if single:
                     code = _copy_code(ctx, outs[0], call, {})
-                    fresh = call
+                    fresh = call if empties else None
                 else:
                     store = ctx.bind(_store_all, "store")
                     # one result left (the others pruned): copied without a loop
@@ -1040,8 +1040,9 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
-                form = same_kernel
-                if name == "aten::linear.out" and _linear_is_one_product(ctx):
+                # (for outs of dynamic shape alone: the fast call hands only those over)
+                form = same_kernel if empties else None
+                if empties and name == "aten::linear.out" and _linear_is_one_product(ctx):
                     form = torch.ops.aten.linear.default
                 if single and pure and form is not None:
                     fast_f = fastest_entry(form, in_probe)
