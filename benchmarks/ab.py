@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                 rng.shuffle(order)
                 for name in order:
                     times[name].append(
-                        sides[name].block(
-                            path, args.method, calls, options, args.load, args.first
-                        )["per_call"]
+                        sides[name].block(path, args.method, calls, options, args.load, args.first)[
+                            "per_call"
+                        ]
                     )
             a, b = statistics.median(times["A"]), statistics.median(times["B"])
             print(f"{Path(path).stem:<28} {_us(a):>10} {_us(b):>10} {b / a:>6.2f}", flush=True)
