@@ -90,6 +90,7 @@ class ExecuTorchPool:
         self._module = module
         self._resets = 0
         self._key: tuple[int | None, int] = (None, -1)
+        self._pointer: Any = None  # the key's address, as the size accessor takes it
         self.checked: list[tuple[int | None, int] | None] = [None]
         found = _accessors()
         self.exact = found is not None
@@ -106,10 +107,13 @@ class ExecuTorchPool:
         """The pool now in use, as a runner records it when it loads: the same object
         as the last call returned while the pool is the same."""
         address = self.current()
-        size = self.size(address)
         key = self._key
-        if key[0] != address or key[1] != size:
-            key = self._key = (address, size)
+        # the kept address as ctypes' pointer object: no conversion per call
+        if key[0] == address and self.size(self._pointer) == key[1]:
+            return key
+        size = self.size(address)
+        key = self._key = (address, size)
+        self._pointer = ctypes.c_void_p(address) if self.exact else address
         return key
 
     def threads(self) -> int:
