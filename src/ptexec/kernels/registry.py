@@ -93,11 +93,12 @@ class Statement:
     :func:`emptied`), so that torch resizes them without a warning; given only with
     ``sized``. An out that already has the sizes the kernel gives it needs no emptying
     (torch leaves it as it is). ``fresh``: for a statement writing one ``out`` of dynamic
-    shape from its arguments alone (``pure``), an expression that computes the same value as a new tensor
-    through the op's functional form, run by the same kernel (see
+    shape from its arguments alone (``pure``), an expression that computes the same value
+    as a new tensor through the op's functional form, run by the same kernel (see
     :func:`ptexec.kernels.aten.schema_kernel`); a call that hands the value to its caller
     may run it instead of writing the out and copying it. Its dtype or layout may differ
-    from the out's (torch's type promotion, strides that follow the inputs'): its user checks.
+    from the out's (torch's type promotion, strides that follow the inputs'): its user
+    checks.
     """
 
     code: str
