@@ -77,6 +77,53 @@ def test_native_calls_equal_the_python_path(name: str, monkeypatch: pytest.Monke
     assert "run by ExecuTorch's C++ runtime directly" in report.summary()
 
 
+class _DynamicBatch(torch.nn.Module):
+    """Two linears (XNNPACK delegates) with portable cumulative sums between, whose batch
+    is dynamic: compiled code with opaque calls of dynamic shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.cumsum(torch.cumsum(self.a(x), -1), 0))
+
+
+def test_shapes_that_come_and_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native call hands a tensor over again only when its memory or sizes changed, and
+    returns the view of a dynamic output it made for the same shape last time: calls whose
+    batch sizes alternate, repeat and return (same memory, other sizes; same sizes, other
+    contents) give the interpreter's outputs bit for bit, at their own shapes."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    model = _DynamicBatch().eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+    path = tmp_path / "dynamic_batch.pte"
+    path.write_bytes(lowered.to_executorch().buffer)
+    compiled = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 2
+    assert report.native_calls == 2
+    plain = ptexec.load(path).load_method("forward")
+    start = native.runs()
+    batches = [3, 1, 1, 16, 3, 3, 16, 1, 7]
+    memory = torch.empty(16, 8)
+    for r, n in enumerate(batches):
+        x = memory[:n]  # the same memory every call (other sizes), new contents
+        x.normal_()
+        want = plain.execute([x.clone()])[0]
+        got = compiled.execute([x])[0]
+        assert got.shape == (n, 4), f"call {r} (batch {n})"
+        assert torch.equal(got, want), f"call {r} (batch {n})"
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    assert native.runs() - start == 2 * len(batches)
+
+
 def test_a_new_thread_pool_loads_the_method_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resizing ExecuTorch's pool destroys the one XNNPACK's runtime was made with: the
     next native call loads its method again and computes the same."""

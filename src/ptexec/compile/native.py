@@ -8,7 +8,10 @@ small C++ library (``csrc/``) with a CPU kernel of that op: it finds the call in
 of the method whose compiled code is running on this thread, hands the tensors to
 ExecuTorch's C++ runtime as they are (no copies: a tensor not dense in its dim order is
 copied first, as the Python path does) and executes ExecuTorch's method of the call's
-one-delegate program, loaded from the same bytes the Python path loads. A call the table
+one-delegate program, loaded from the same bytes the Python path loads. ExecuTorch keeps
+what a call handed over, so a tensor whose memory and sizes are those of the last call is
+not handed over again (a decode step's calls mostly hand over nothing), and a dynamic
+output's view is made anew only when its shape changes. A call the table
 does not hold goes to the Python implementation (``ptexec::external_call_python``), so a
 method without the library, or a call the library could not load, computes the same.
 

@@ -38,10 +38,15 @@ struct Loaded {
   std::optional<et::Method> method;
   pthreadpool* pool = nullptr;  // the pool the method's XNNPACK runtime was made with
   size_t threads = 0;
-  // per input: its geometry as ExecuTorch reads it (kept across calls)
+  size_t inputs = 0;  // the method's input count
+  // per input: its geometry as ExecuTorch reads it (kept across calls), and what was
+  // handed over last (its memory and dtype; `held` false: nothing, or a call failed)
   std::vector<std::vector<ea::SizesType>> sizes;
   std::vector<std::vector<ea::DimOrderType>> orders;
   std::vector<std::vector<ea::StridesType>> strides;
+  std::vector<void*> data;
+  std::vector<int> dtypes;
+  std::vector<char> held;
 
   Loaded(const void* data, size_t size) : loader(data, size) {}
 };
@@ -80,9 +85,13 @@ bool load_method(Loaded* m, std::string* error) {
   }
   m->method.emplace(std::move(method.get()));
   size_t n = m->method->inputs_size();
+  m->inputs = n;
   m->sizes.assign(n, {});
   m->orders.assign(n, {});
   m->strides.assign(n, {});
+  m->data.assign(n, nullptr);
+  m->dtypes.assign(n, -1);
+  m->held.assign(n, 0);
   return true;
 }
 
@@ -103,7 +112,23 @@ void* et_load(const void* data, size_t size, std::string* error) {
 
 void et_free(void* method) { delete static_cast<Loaded*>(method); }
 
-size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->method->inputs_size(); }
+size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->inputs; }
+
+namespace {
+
+// whether input `i` was handed over last with this memory, dtype and sizes (its dim
+// order is the call's own, the same every call)
+bool same_as_held(const Loaded& m, size_t i, const Arg& a) {
+  if (!m.held[i] || m.data[i] != a.data || m.dtypes[i] != a.dtype) return false;
+  const auto& sizes = m.sizes[i];
+  if (static_cast<int64_t>(sizes.size()) != a.ndim) return false;
+  for (int64_t d = 0; d < a.ndim; ++d) {
+    if (sizes[d] != a.sizes[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   auto* m = static_cast<Loaded*>(method);
@@ -112,13 +137,18 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   if (pool != m->pool || threads != m->threads) {
     if (!load_method(m, error)) return 1;
   }
-  if (n != m->method->inputs_size()) {
-    *error = std::to_string(n) + " tensors for a method of " +
-        std::to_string(m->method->inputs_size()) + " inputs";
+  if (n != m->inputs) {
+    *error = std::to_string(n) + " tensors for a method of " + std::to_string(m->inputs) +
+        " inputs";
     return 1;
   }
   for (size_t i = 0; i < n; ++i) {
     const Arg& a = args[i];
+    // ExecuTorch keeps an input handed over until another replaces it: the same memory
+    // with the same sizes needs no new hand-over (a dynamic output the delegate resized
+    // grows back within its bound on the next call, as ExecuTorch's own program's do)
+    if (same_as_held(*m, i, a)) continue;
+    m->held[i] = 0;
     auto& sizes = m->sizes[i];
     auto& order = m->orders[i];
     auto& strides = m->strides[i];
@@ -142,9 +172,13 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
       *error = "ExecuTorch refused tensor " + std::to_string(i) + " (error " + code(e) + ")";
       return 1;
     }
+    m->data[i] = a.data;
+    m->dtypes[i] = a.dtype;
+    m->held[i] = 1;
   }
   et::Error e = m->method->execute();
   if (e != et::Error::Ok) {
+    m->held.assign(m->inputs, 0);  // the next call hands everything over again
     *error = "ExecuTorch's execute failed (error " + code(e) + ")";
     return 1;
   }

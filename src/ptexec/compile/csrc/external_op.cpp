@@ -58,6 +58,10 @@ struct Call : torch::CustomClassHolder {
   std::vector<at::Tensor> outs;  // each output's memory (at its bound)
   std::vector<std::vector<int64_t>> orders;  // every argument's dim order
   std::vector<Arg> args;
+  // the tensors the last call returned (a dynamic output: its view at the shape the
+  // delegate gave it); the next call returns the same view for the same shape, so that
+  // a decode step makes no new view per call
+  std::vector<at::Tensor> last;
   bool any_dynamic = false;
   std::mutex lock;
 
@@ -125,16 +129,18 @@ struct Call : torch::CustomClassHolder {
     std::string error;
     TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
     if (!any_dynamic) return outs;
-    std::vector<at::Tensor> result = outs;
+    if (last.size() != outs.size()) last = outs;
     int64_t sizes[16];
     for (size_t n = 0; n < outs.size(); ++n) {
       if (dynamic[n] == 0) continue;
       const int64_t nd = et_sizes(method, writes[n], sizes, 16);
       TORCH_CHECK(nd == outs[n].dim(), "output ", n, " came back with another rank");
       c10::IntArrayRef shape(sizes, nd);
-      result[n] = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
+      if (last[n].sizes() != shape) {
+        last[n] = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
+      }
     }
-    return result;
+    return last;
   }
 };
 
