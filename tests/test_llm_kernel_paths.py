@@ -119,6 +119,42 @@ def test_single_query_makes_no_mask_and_no_copies() -> None:
     assert not any("empty" in n or "clone" in n for n in ops.names), ops.names
 
 
+@pytest.mark.parametrize("seq", [1, 2, 5, 6, 13])
+def test_traced_attention_sums_a_few_rows_and_calls_the_kernel_past_them(seq: int) -> None:
+    """The compiled tier's form: up to SUMMED_ROWS query rows (grouped heads count as rows:
+    three query heads a key/value head here) as sums of products, more through the
+    attention kernel; both equal the general form, causal or not, from any position."""
+    rows = seq * 3
+    assert (rows <= L.SUMMED_ROWS) == (seq <= 5)
+    q = _rand(2, seq, 6, 16, seed=21)
+    kc, vc = _rand(2, 40, 2, 16, seed=22), _rand(2, 40, 2, 16, seed=23)
+    for start, causal in ((0, True), (11, True), (11, False)):
+        got = L.custom_sdpa(q, kc, vc, start, None, 0.0, causal, None, traced=True)
+        want = masked_attention(q, kc, vc, start, None, causal, None)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_traced_attention_of_a_symbolic_row_count_is_a_cond() -> None:
+    """Traced with a dynamic query length, the choice between the two forms is made per
+    call by the graph (a ``torch.cond`` on the row count): the exported program gives the
+    general form's result for a decode step and for a long chunk alike."""
+
+    class Attend(torch.nn.Module):
+        def forward(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor):  # type: ignore[no-untyped-def]
+            return L.custom_sdpa(q, kc, vc, pos.item(), None, 0.0, True, None, traced=True)
+
+    kc, vc = _rand(1, 48, 2, 16, seed=24), _rand(1, 48, 2, 16, seed=25)
+    seq = torch.export.Dim.AUTO(min=1, max=24)  # as the compiled tier traces it
+    example = (_rand(1, 4, 6, 16, seed=26), kc, vc, torch.tensor(3))
+    ep = torch.export.export(Attend(), example, dynamic_shapes=({1: seq}, None, None, None))
+    assert "torch.ops.higher_order.cond" in ep.graph_module.code
+    run = ep.module()
+    for n, start in ((1, 30), (5, 2), (6, 0), (20, 9)):  # 3, 15, 18 and 60 rows
+        q = _rand(1, n, 6, 16, seed=n)
+        got = run(q, kc, vc, torch.tensor(start))
+        torch.testing.assert_close(got, masked_attention(q, kc, vc, start, None, True, None))
+
+
 def test_sdpa_with_kv_cache_matches_update_then_attend() -> None:
     q, k, v = _rand(1, 2, 4, 8, seed=11), _rand(1, 2, 2, 8, seed=12), _rand(1, 2, 2, 8, seed=13)
     kc, vc = torch.zeros(1, 12, 2, 8), torch.zeros(1, 12, 2, 8)

@@ -182,17 +182,58 @@ def _grouped_sdpa(
     """Attention of ``q`` ``[B, H, S, D]`` over ``k``/``v`` ``[B, H_kv, N, D]`` (``H`` a
     multiple of ``H_kv``; ``mask`` ``[S, N]`` or None): the ``H / H_kv`` query heads of
     each key/value head become rows of one query of that head, so the caches are read as
-    they are."""
+    they are (traced code: :func:`_traced_attention` of those rows)."""
     b, h, s, d = q.shape
     groups = k.shape[1]
     if h == groups:
-        return _sdpa(q, k, v, factor, mask)
+        return _traced_attention(q, k, v, factor, mask)
     rep = h // groups
     rows = q.reshape(b, groups, rep * s, d)  # head g * rep + r, row i -> group g, row r * s + i
     if mask is not None:
         mask = mask.repeat(rep, 1)
-    out = _sdpa(rows, k, v, factor, mask)
+    out = _traced_attention(rows, k, v, factor, mask)
     return out.reshape(b, h, s, d)
+
+
+SUMMED_ROWS = 16
+"""In traced code, attention of at most this many query rows (a decode step's; grouped
+query heads count as rows) is computed as sums of products rather than by the
+attention kernel: a few rows over a few hundred keys are less work than the kernel's
+setup and its library matrix products cost (about 30 us a call on a small model's decode
+step), and the compiled code fuses the sums with the softmax."""
+
+
+def _summed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, factor: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Attention of ``q`` ``[B, H, S, D]`` over ``k``/``v`` ``[B, H, N, D]`` (``mask``
+    ``[S, N]``, True where a row sees a key, or None) as elementwise products and sums."""
+    scores = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1) * factor
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, -1).unsqueeze(-1) * v.unsqueeze(2)).sum(3)
+
+
+def _traced_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, factor: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`_summed_attention` for at most :data:`SUMMED_ROWS` query rows, else the
+    attention kernel: with a symbolic row count, both, as a ``torch.cond`` on it."""
+    operands = (q, k, v) if mask is None else (q, k, v, mask)
+
+    # each branch returns a tuple (the compiler lowers a cond's results as one)
+    def summed(*xs: torch.Tensor) -> tuple[torch.Tensor]:
+        mask = xs[3] if len(xs) > 3 else None
+        return (_summed_attention(xs[0], xs[1], xs[2], factor, mask),)
+
+    def kernel(*xs: torch.Tensor) -> tuple[torch.Tensor]:
+        mask = xs[3] if len(xs) > 3 else None
+        return (_sdpa(xs[0], xs[1], xs[2], factor, mask).contiguous(),)
+
+    few = q.shape[2] <= SUMMED_ROWS
+    if isinstance(few, bool):
+        return (summed if few else kernel)(*operands)[0]
+    return torch.ops.higher_order.cond(few, summed, kernel, operands)[0]
 
 
 def _attention(
@@ -220,7 +261,8 @@ def _attention(
     step reads ``start_pos + 1`` rows, not the whole cache), with the causal rule as an
     explicit mask and grouped key/value heads attended as groups of query rows (one
     attention over equal head counts, no copy of the caches per query head: the compiled
-    code does not depend on how a compiler lowers ``enable_gqa``).
+    code does not depend on how a compiler lowers ``enable_gqa``), a few such rows as sums
+    of products (:data:`SUMMED_ROWS`).
     """
     _check_attention(q, k, v, attn_mask, is_causal, what)
     factor = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
