@@ -388,6 +388,18 @@ def test_matches_executorch_quantized_sdpa_layouts(
 
 
 @CUDA
+@pytest.mark.parametrize("seq", [1, 6])
+def test_cuda_traced_attention_matches_cpu(seq: int) -> None:
+    """The compiled tier's attention on the GPU: a decode step's few rows as sums (one
+    row, two query heads a key/value head), a chunk through the kernel."""
+    dev = torch.device("cuda")
+    q, k, v = _rand(1, seq, 4, 8, seed=83), _rand(1, 12, 2, 8, seed=84), _rand(1, 12, 2, 8, seed=85)
+    want = L.custom_sdpa(q, k, v, 3, None, 0.0, True, traced=True)
+    got = L.custom_sdpa(q.to(dev), k.to(dev), v.to(dev), 3, None, 0.0, True, traced=True)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@CUDA
 def test_cuda_matches_cpu() -> None:
     dev = torch.device("cuda")
     q, k, v = _rand(1, 3, 4, 8, seed=80), _rand(1, 8, 2, 8, seed=81), _rand(1, 8, 2, 8, seed=82)
