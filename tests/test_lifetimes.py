@@ -461,6 +461,46 @@ def test_bytes_are_read_in_place_and_never_written(
         assert data == before
 
 
+def _constants(m: ptexec.Method) -> list[torch.Tensor]:
+    plan = ptexec.load(FIXTURES / "mlp.pte").pte.program.execution_plan[0]
+    return [m.values()[i] for i, v in enumerate(plan.values) if getattr(v, "is_constant", False)]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _writing_a_constant() -> bytes:
+    """The mlp fixture with one instruction put first: ``relu.out(b1, out=b1)``, which
+    writes the first linear's bias (a constant) in place on every call."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    from executorch.exir import schema
+
+    pte = serialize.deserialize_pte_binary((FIXTURES / "mlp.pte").read_bytes())
+    plan = pte.program.execution_plan[0]
+    relu = next(i for i, op in enumerate(plan.operators) if op.name == "aten::relu")
+    bias = 1
+    assert plan.values[bias].val.data_buffer_idx > 0 and list(plan.values[bias].val.sizes) == [16]
+    plan.chains[0].instructions.insert(
+        0, schema.Instruction(instr_args=schema.KernelCall(op_index=relu, args=[bias, bias, bias]))
+    )
+    return bytes(serialize.serialize_pte_binary(pte))
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_an_instruction_writing_its_own_input_is_not_folded(optimize: bool) -> None:
+    """``relu.out(b1, out=b1)`` on a constant reads what it writes: it is neither run once
+    at load into fresh memory (which read that memory, uninitialised) nor emptied first;
+    every call computes what eager PyTorch does."""
+    m0 = ptexec.load(FIXTURES / "mlp.pte").load_method()
+    w1, b1, w2, b2 = (c.clone() for c in _constants(m0))
+    assert b1.min() < 0  # (the relu changes it)
+    m = ptexec.load(bytearray(_writing_a_constant())).load_method(optimize=optimize)
+    x = torch.randn(2, 8)
+    for _ in range(3):
+        (y,) = m.execute([x])
+        torch.testing.assert_close(y, torch.relu(x @ w1.T + b1.relu()) @ w2.T + b2)
+
+
 def test_a_freed_method_leaves_no_generated_source() -> None:
     """Generated code is registered for tracebacks while its method lives, and only then."""
     import linecache

@@ -974,7 +974,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
             prune = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
             gathers = False  # a gather along one dim: its out's sizes follow the index's
-            empties = _dynamic(ctx, outs)
+            # an out the instruction also passes as an input (a program may, writing a
+            # constant in place, say) is read too: never emptied first
+            read = {i for k in range(nargs) if k not in out_args for i in ctx.tensors_of(args[k])}
+            overlap = not read.isdisjoint(outs)
+            empties = () if overlap else _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{emptying(empties)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
@@ -1050,6 +1054,11 @@ def schema_kernel(overload: Any) -> KernelFactory:
                         fast_f if fast_f is not None else getattr(form, "_op", form), "op"
                     )
                     fresh = f"{ff}({', '.join(positional + in_keywords)})"
+            if overlap:  # only what it does not read is an out; nothing is proven of it
+                outs = tuple(o for o in outs if o not in read)
+                pure = False
+                alias = fresh = prune = None
+                empties = ()
             # sized: writes only its outs, and torch does not say their sizes depend on
             # what the op reads
             sized = (by_arguments or gathers) and only_outs and set(mutates) == set(outs)
