@@ -429,10 +429,10 @@ def test_bytes_are_read_in_place_and_never_written(
     name: str, options: dict[str, str], in_place: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A program loaded from ``bytes`` (of at least ``READ_IN_PLACE`` bytes, here all)
-    reads them in place (a delegate's payload is not copied), but the tensors it views
-    (constants, initial state) are copies: calls that write state leave the caller's bytes
-    as they were, and two programs loaded from the same bytes do not share state. Smaller
-    ones are copied whole, with the same results."""
+    reads them in place (a delegate's payload and the constants are not copied), but
+    state starts as a copy of its initial value: calls that write state leave the caller's
+    bytes as they were, and two programs loaded from the same bytes do not share state.
+    Smaller ones are copied whole, with the same results."""
     import ptexec.program
 
     monkeypatch.setattr(ptexec.program, "READ_IN_PLACE", 0 if in_place else 1 << 40)
@@ -459,6 +459,13 @@ def test_bytes_are_read_in_place_and_never_written(
             expected = call["outputs"] if "outputs" in call else call["executorch"]
             assert compare_outputs(m.execute(call["inputs"]), expected, rtol, atol) is None
         assert data == before
+
+
+def _address_range(data: bytes) -> tuple[int, int]:
+    import numpy as np
+
+    start = int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
+    return start, start + len(data)
 
 
 def _constants(m: ptexec.Method) -> list[torch.Tensor]:
@@ -499,6 +506,75 @@ def test_an_instruction_writing_its_own_input_is_not_folded(optimize: bool) -> N
     for _ in range(3):
         (y,) = m.execute([x])
         torch.testing.assert_close(y, torch.relu(x @ w1.T + b1.relu()) @ w2.T + b2)
+
+
+def test_constants_of_bytes_are_viewed_in_place_unless_an_instruction_writes_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program loaded from ``bytes`` read in place views its constants in those bytes
+    (no copy) when no instruction writes a constant; one whose instruction writes a
+    constant gets private copies (its calls compute what eager PyTorch does with the
+    written bias, and the caller's bytes stay as they were)."""
+    import ptexec.program
+
+    monkeypatch.setattr(ptexec.program, "READ_IN_PLACE", 0)
+    data = (FIXTURES / "mlp.pte").read_bytes()
+    lo, hi = _address_range(data)
+    m = ptexec.load(data).load_method()
+    consts = _constants(m)
+    assert len(consts) == 4
+    assert all(lo <= c.data_ptr() and c.data_ptr() + c.nbytes <= hi for c in consts)
+    w1, b1, w2, b2 = (c.clone() for c in consts)
+    x = torch.randn(2, 8)
+    (y,) = m.execute([x])
+    torch.testing.assert_close(y, torch.relu(x @ w1.T + b1) @ w2.T + b2)
+
+    written = _writing_a_constant()
+    before = bytes(written)
+    lo, hi = _address_range(written)
+    assert b1.min() < 0  # (the relu changes it)
+    for _ in range(2):  # a second program starts from the file's constants again
+        m = ptexec.load(written).load_method()
+        consts = _constants(m)
+        assert not any(lo <= c.data_ptr() < hi for c in consts)
+        for _ in range(2):
+            (y,) = m.execute([x])
+            torch.testing.assert_close(y, torch.relu(x @ w1.T + b1.relu()) @ w2.T + b2)
+        assert written == before
+
+
+def test_a_delegate_writing_a_constant_is_refused() -> None:
+    """An XNNPACK call whose output argument is a constant of the program is refused at
+    load, naming the instruction (constants are read-only, and may be the caller's
+    ``bytes``)."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    from executorch.exir import schema
+
+    pte = serialize.deserialize_pte_binary((FIXTURES / "xnnpack" / "op_abs.pte").read_bytes())
+    program = pte.program
+    plan = program.execution_plan[0]
+    out = plan.values[plan.outputs[0]].val
+    program.constant_buffer.append(schema.Buffer(storage=bytes(2 * 3 * 8 * 4)))
+    const = schema.Tensor(
+        scalar_type=out.scalar_type,
+        storage_offset=0,
+        sizes=list(out.sizes),
+        dim_order=list(out.dim_order),
+        requires_grad=False,
+        layout=0,
+        data_buffer_idx=len(program.constant_buffer) - 1,
+        allocation_info=None,
+        shape_dynamism=out.shape_dynamism,
+    )
+    plan.values.append(schema.EValue(val=const))
+    call = plan.chains[0].instructions[0].instr_args
+    call.args = [call.args[0], len(plan.values) - 1]
+    data = bytes(serialize.serialize_pte_binary(pte))
+    for options in ({"xnnpack": "torch"}, {}):
+        with pytest.raises(
+            ptexec.PteFormatError, match=r"instructions\[0\].*writes value 2, a constant"
+        ):
+            ptexec.load(data).load_method("forward", **options)
 
 
 def test_a_freed_method_leaves_no_generated_source() -> None:

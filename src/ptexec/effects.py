@@ -12,7 +12,8 @@ definition the loader, the engine, the tools, the compiled tier and the memory p
   anything (ExecuTorch's conventions: a kernel writes its last argument, and any argument
   it is given twice; a delegate writes the tensors it is first to touch). The memory plan
   (:mod:`ptexec.plan`) uses it, for programs this machine may not be able to load;
-  :func:`dynamic_scalars` is the scalars' side of the same conventions.
+  :func:`dynamic_scalars` is the scalars' side of the same conventions, and
+  :func:`constants_written` the constants' (whether a program's bytes may be viewed).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "Effects",
     "byte_range",
     "clear_dynamic_scalars",
+    "constants_written",
     "dynamic_scalars",
     "effects",
     "file_effects",
@@ -203,11 +205,13 @@ def replaced(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) ->
 
 # by the decoded plan (shared by the loads of the same bytes): a pure function of it
 _dynamic: Lru[tuple[p.ExecutionPlan, frozenset[int]]] = Lru(256, 0)
+_constants: Lru[tuple[p.ExecutionPlan, frozenset[int]]] = Lru(256, 0)
 
 
 def clear_dynamic_scalars() -> None:
-    """Forget the kept :func:`dynamic_scalars` of plans."""
+    """Forget the kept :func:`dynamic_scalars` (and :func:`constants_written`) of plans."""
     _dynamic.clear()
+    _constants.clear()
 
 
 def dynamic_scalars(plan: p.ExecutionPlan) -> frozenset[int]:
@@ -272,3 +276,27 @@ def file_effects(
         return [], []
     assert isinstance(ins, p.JumpFalseCall)
     return tensor_items(values, ins.cond_value_index), []
+
+
+def constants_written(plan: p.ExecutionPlan) -> frozenset[int]:
+    """Constant tensors (data from the program's bytes or a data file) that a kernel or a
+    move of ``plan`` may write, by the file's conventions (:func:`file_effects`).
+    ExecuTorch's exporter writes none: its constants are read-only memory to its runtime.
+    A delegate's constant arguments are its inputs (the loader refuses a delegate whose
+    prepared statement writes one)."""
+    hit = _constants.get(id(plan))
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    values = plan.values
+    found: set[int] = set()
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            if isinstance(ins, p.DelegateCall):
+                continue
+            for i in file_effects(plan, ins, frozenset())[1]:
+                v = values[i]
+                if isinstance(v, p.Tensor) and v.is_constant:
+                    found.add(i)
+    result = frozenset(found)
+    _constants.put(id(plan), (plan, result))  # the plan kept alive: its id stays its own
+    return result

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO, Literal
 
 import torch
 
+from .effects import constants_written
 from .errors import (
     FileMissingError,
     FileUnreadableError,
@@ -107,9 +108,10 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     program lives (truncating it in place kills the process with SIGBUS when a constant is
     next read, as with any memory map; rewriting it in place changes the constants).
     ``bytes`` (and what a file object's ``read`` returns) of :data:`READ_IN_PLACE` bytes or
-    more are immutable and read in place: only the constants that tensors view are copied,
-    on first use, since torch has no read-only tensors (smaller ones, and a read-only
-    memoryview, are copied once into a ``bytearray``); a ``bytearray`` or writable
+    more are immutable and read in place, constants too unless an instruction may write
+    one (then those are copied on first use, since torch has no read-only tensors:
+    :meth:`Program.tensor_from_memory`); smaller ones, and a read-only memoryview, are
+    copied once into a ``bytearray``; a ``bytearray`` or writable
     memoryview is used in place and must not be changed while the program is alive.
     """
     if isinstance(source, str | os.PathLike):
@@ -129,8 +131,8 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
                 raise ProgramChangedError(f"{what} {path} changed size while it was read")
         return view, private, None
     if isinstance(source, bytes) and len(source) >= READ_IN_PLACE:
-        # immutable: read in place (a delegate's payload is only ever read); the constants
-        # tensors view are copied on first use (Program.tensor_from_memory)
+        # immutable: read in place (a delegate's payload and the constants are only ever
+        # read; Program.tensor_from_memory copies those an instruction may write)
         return memoryview(source), source, None
     if isinstance(source, bytes):  # small: one copy costs less than a copy per constant
         owner = bytearray(source)
@@ -176,8 +178,10 @@ class Program:
         self._lock = threading.Lock()
         self.state_lock = threading.Lock()  # held by calls of methods using shared state
         self._shared: dict[int, PlannedBuffer] = {}
-        # (address, size) -> a copy, of read-only bytes that tensors view
+        # (address, size) -> a copy, of read-only bytes that tensors view, where an
+        # instruction may write them (None: not yet asked)
         self._copies: dict[tuple[int, int], torch.Tensor] = {}
+        self._constants_written: bool | None = None
         self.shared_buffer_indices = _shared_state_buffers(pte.program, share_state)
         named: dict[str, memoryview] = dict(pte.named_data())
         if ptd is not None:
@@ -245,9 +249,12 @@ class Program:
     def tensor_from_memory(self, data: memoryview) -> torch.Tensor:
         """A uint8 tensor over ``data`` (a slice of the program's or data file's bytes).
 
-        Read-only bytes (a program loaded from ``bytes``, read in place) are copied, once
-        per program and slice: torch has no read-only tensors, and nothing a program does
-        may write into its caller's ``bytes``."""
+        Read-only bytes (a program loaded from ``bytes``, read in place) are viewed in
+        place too when no instruction of any of the program's methods may write a constant
+        (:func:`~ptexec.effects.constants_written`: ExecuTorch's exporter writes none);
+        otherwise they are copied, once per program and slice, since torch has no
+        read-only tensors and nothing a program does may write into its caller's
+        ``bytes``."""
         if not data.readonly:  # (the program's own bytes are writable: no warning to silence)
             return torch.frombuffer(data, dtype=torch.uint8)
         with warnings.catch_warnings():
@@ -255,6 +262,11 @@ class Program:
             over = torch.frombuffer(data, dtype=torch.uint8)  # read here, never written
         key = (over.data_ptr(), len(data))
         with self._lock:
+            if self._constants_written is None:
+                plans = self.pte.program.execution_plan
+                self._constants_written = any(constants_written(plan) for plan in plans)
+            if not self._constants_written:
+                return over
             copy = self._copies.get(key)
             if copy is None:
                 copy = self._copies[key] = over.clone()

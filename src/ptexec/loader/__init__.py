@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .. import kernels as _kernels  # noqa: F401  (registers the kernels)
 from ..accounting import CallRecord
 from ..codegen import Sources
-from ..effects import dynamic_scalars
-from ..errors import LimitExceededError, OperatorMissingError
+from ..effects import Effects, dynamic_scalars
+from ..errors import LimitExceededError, OperatorMissingError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key
 from ..memory import BufferInfo, PlannedBuffer, allocate
@@ -145,6 +145,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         statements = loaded
         for e in known:
             written.update(e.writes)
+        _refuse_written_constants(plan, c, known, path)
         if options.optimize:
             statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT, known)
         chains.append(
@@ -180,6 +181,27 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     state.key = _state_key(plan, plan_index, dmap, shared, options)
     state.snapshot(made)
     return state
+
+
+def _refuse_written_constants(
+    plan: p.ExecutionPlan, c: int, known: list[Effects], path: str
+) -> None:
+    """A delegate call whose prepared statement writes a constant of the program (its
+    payload maps an output to one) is refused: constants are read-only memory, which
+    ptexec may share with the caller's ``bytes`` (:func:`ptexec.effects.constants_written`
+    covers kernels and moves)."""
+    values = plan.values
+    for i, ins in enumerate(plan.chains[c].instructions):
+        if not isinstance(ins, p.DelegateCall):
+            continue
+        for w in known[i].writes:
+            v = values[w]
+            if isinstance(v, p.Tensor) and v.is_constant:
+                raise PteFormatError(
+                    f"{path}.chains[{c}].instructions[{i}]",
+                    f"delegate call writes value {w}, a constant of the program "
+                    "(expected a planned or unplanned tensor: constants are read-only)",
+                )
 
 
 def _state_key(
