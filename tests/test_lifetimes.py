@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -528,6 +529,16 @@ def test_constants_of_bytes_are_viewed_in_place_unless_an_instruction_writes_one
     x = torch.randn(2, 8)
     (y,) = m.execute([x])
     torch.testing.assert_close(y, torch.relu(x @ w1.T + b1) @ w2.T + b2)
+    # the compiled tier reads the same views (the session's cache: mlp compiles once)
+    from compile_util import session_cache_dir
+    from ptexec.compile import CompileWarning
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(session_cache_dir()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)
+        (y,) = ptexec.load(data).load_method(compile=True).execute([x])
+    torch.testing.assert_close(y, torch.relu(x @ w1.T + b1) @ w2.T + b2)
+    assert data == (FIXTURES / "mlp.pte").read_bytes()
 
     written = _writing_a_constant()
     before = bytes(written)
