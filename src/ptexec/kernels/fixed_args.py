@@ -198,18 +198,23 @@ def fixed_kernel(
         if outs == 0:
             return ctx.emit(call, mutates=in_place)
         written = tuple(out_slots)
+        # an out the program also passes as an argument is read too: not an out of a pure
+        # statement (never run once at load into fresh memory)
+        read = {i for a in ctx.args[: len(params)] for i in ctx.tensors_of(a)}
+        only_written = tuple(o for o in written if o not in read)
+        foldable = pure and only_written == written
         if outs == 1:
             (order, grow), slot = infos[0], out_slots[0]
             s = ctx.bind(store, "store")
             code = f"{s}(v[{slot}], {call}, {ctx.bind(order, 'order')}, {grow})"
-            return ctx.emit(code, mutates=in_place + written, outs=written, pure=pure)
+            return ctx.emit(code, mutates=in_place + written, outs=only_written, pure=foldable)
         if outs == 2:
             s = ctx.bind(_store_pair, "store")
             targets = f"(v[{out_slots[0]}], v[{out_slots[1]}])"
             orders = ctx.bind(tuple(info[0] for info in infos), "orders")
             grows = repr(tuple(info[1] for info in infos))
             code = f"{s}({targets}, {call}, {orders}, {grows})"
-            return ctx.emit(code, mutates=in_place + written, outs=written, pure=pure)
+            return ctx.emit(code, mutates=in_place + written, outs=only_written, pure=foldable)
         raise ValueError(f"fixed_kernel supports at most 2 outs, not {outs}")
 
     return factory
