@@ -179,8 +179,9 @@ class Program:
         self.state_lock = threading.Lock()  # held by calls of methods using shared state
         self._shared: dict[int, PlannedBuffer] = {}
         # (address, size) -> a copy, of read-only bytes that tensors view, where an
-        # instruction may write them (None: not yet asked)
+        # instruction may write them
         self._copies: dict[tuple[int, int], torch.Tensor] = {}
+        # whether an instruction of a method may write a constant (None: not yet asked)
         self._constants_written: bool | None = None
         self.shared_buffer_indices = _shared_state_buffers(pte.program, share_state)
         named: dict[str, memoryview] = dict(pte.named_data())
