@@ -477,19 +477,31 @@ def _constants(m: ptexec.Method) -> list[torch.Tensor]:
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _writing_a_constant() -> bytes:
+def _writing_a_constant(copy: bool = False) -> bytes:
     """The mlp fixture with one instruction put first: ``relu.out(b1, out=b1)``, which
-    writes the first linear's bias (a constant) in place on every call."""
+    writes the first linear's bias (a constant) in place on every call (``copy``:
+    ``_to_dim_order_copy.out(b1, out=b1)``, which copies it onto itself)."""
     serialize = pytest.importorskip("executorch.exir._serialize._program")
     from executorch.exir import schema
 
     pte = serialize.deserialize_pte_binary((FIXTURES / "mlp.pte").read_bytes())
     plan = pte.program.execution_plan[0]
-    relu = next(i for i, op in enumerate(plan.operators) if op.name == "aten::relu")
     bias = 1
     assert plan.values[bias].val.data_buffer_idx > 0 and list(plan.values[bias].val.sizes) == [16]
+    if copy:
+        op = len(plan.operators)
+        plan.operators.append(
+            schema.Operator(name="dim_order_ops::_to_dim_order_copy", overload="out")
+        )
+        plan.values.append(schema.EValue(val=schema.Bool(bool_val=False)))
+        plan.values.append(schema.EValue(val=schema.Null()))
+        n = len(plan.values)
+        args = [bias, n - 2, n - 1, bias, bias]
+    else:
+        op = next(i for i, o in enumerate(plan.operators) if o.name == "aten::relu")
+        args = [bias, bias, bias]
     plan.chains[0].instructions.insert(
-        0, schema.Instruction(instr_args=schema.KernelCall(op_index=relu, args=[bias, bias, bias]))
+        0, schema.Instruction(instr_args=schema.KernelCall(op_index=op, args=args))
     )
     return bytes(serialize.serialize_pte_binary(pte))
 
@@ -507,6 +519,19 @@ def test_an_instruction_writing_its_own_input_is_not_folded(optimize: bool) -> N
     for _ in range(3):
         (y,) = m.execute([x])
         torch.testing.assert_close(y, torch.relu(x @ w1.T + b1.relu()) @ w2.T + b2)
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_a_constant_copied_onto_itself_is_left_as_it_is(optimize: bool) -> None:
+    """``_to_dim_order_copy.out(b1, out=b1)`` changes nothing: it is not run once at load
+    into fresh memory (which it would then read, uninitialised)."""
+    m0 = ptexec.load(FIXTURES / "mlp.pte").load_method()
+    w1, b1, w2, b2 = (c.clone() for c in _constants(m0))
+    m = ptexec.load(bytearray(_writing_a_constant(copy=True))).load_method(optimize=optimize)
+    x = torch.randn(2, 8)
+    for _ in range(2):
+        (y,) = m.execute([x])
+        torch.testing.assert_close(y, torch.relu(x @ w1.T + b1) @ w2.T + b2)
 
 
 def test_constants_of_bytes_are_viewed_in_place_unless_an_instruction_writes_one(
