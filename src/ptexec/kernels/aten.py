@@ -974,10 +974,10 @@ def schema_kernel(overload: Any) -> KernelFactory:
             prune = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
             gathers = False  # a gather along one dim: its out's sizes follow the index's
-            # an out the instruction also passes as an input (a program may, writing a
-            # constant in place, say) is read too: never emptied first
-            read = {i for k in range(nargs) if k not in out_args for i in ctx.tensors_of(args[k])}
-            overlap = not read.isdisjoint(outs)
+            written_only = ctx.only_written(
+                outs, (args[k] for k in range(nargs) if k not in out_args)
+            )
+            overlap = written_only != outs  # an out is also read (KernelContext.only_written)
             empties = () if overlap else _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
@@ -1055,7 +1055,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                     )
                     fresh = f"{ff}({', '.join(positional + in_keywords)})"
             if overlap:  # only what it does not read is an out; nothing is proven of it
-                outs = tuple(o for o in outs if o not in read)
+                outs = written_only
                 pure = False
                 alias = fresh = prune = None
                 empties = ()

@@ -198,11 +198,8 @@ def fixed_kernel(
         if outs == 0:
             return ctx.emit(call, mutates=in_place)
         written = tuple(out_slots)
-        # an out the program also passes as an argument is read too: not an out of a pure
-        # statement (never run once at load into fresh memory)
-        read = {i for a in ctx.args[: len(params)] for i in ctx.tensors_of(a)}
-        only_written = tuple(o for o in written if o not in read)
-        foldable = pure and only_written == written
+        only_written = ctx.only_written(written, ctx.args[: len(params)])
+        foldable = pure and only_written == written  # no out is also read
         if outs == 1:
             (order, grow), slot = infos[0], out_slots[0]
             s = ctx.bind(store, "store")

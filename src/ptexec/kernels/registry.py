@@ -241,6 +241,16 @@ class KernelContext:
         """The tensor values behind value ``index`` (itself, or a list's items)."""
         return tuple(tensor_items(self.values, index))
 
+    def only_written(self, outs: Iterable[int], inputs: Iterable[int]) -> tuple[int, ...]:
+        """``outs`` less every value the arguments ``inputs`` (value indices: the
+        instruction's arguments it reads) also pass. A program may pass one value as an
+        input and as an out (``relu.out(b, out=b)``, writing a constant in place): the
+        kernel reads it, so it is no out of the statement (a value it only writes, which
+        a fold at load would run into fresh memory); a statement with such a value is
+        not pure and has nothing emptied before it runs."""
+        read = {i for a in inputs for i in self.tensors_of(a)}
+        return tuple(o for o in outs if o not in read)
+
     # ---- values ----------------------------------------------------------------------
     def value(self, index: int) -> p.EValue:
         return self.values[index]
