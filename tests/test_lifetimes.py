@@ -65,13 +65,15 @@ def _check_flat(
     rss_bound: int = 1 << 20,
 ) -> None:
     """No more live objects after ``calls`` calls, and resident memory flat over a window
-    of ``calls`` calls. Other tests' memory settling (the allocator returning or keeping
-    arenas) can move RSS once; a leak moves it in every window, so up to three windows are
-    measured and one must stay within ``rss_bound``."""
+    of ``calls`` calls. Memory settling (the allocator growing its heap to where frees and
+    allocations balance, other tests' memory returned or kept) moves RSS for a while; a
+    leak moves it in every window. Up to six windows are measured and one must stay
+    within ``rss_bound``: the mlp fixture's calls have settled over the first 10,000 to
+    30,000 (windows of +1.0, +1.2 and +2.8 MB), then stayed flat for 400,000 more."""
     growth, objects = _flat(run, calls, warmup)
     assert objects < objects_bound, f"{objects} more live objects after {calls} calls"
     windows = [growth]
-    while growth is not None and growth >= rss_bound and len(windows) < 3:
+    while growth is not None and growth >= rss_bound and len(windows) < 6:
         growth, _ = _flat(run, calls, warmup=0)
         windows.append(growth)
     if growth is not None:
@@ -136,7 +138,7 @@ def test_ten_thousand_stateful_calls_are_flat() -> None:
             m.execute([x])
         made[0] += n
 
-    _check_flat(run)  # runs one to three windows of calls
+    _check_flat(run)  # runs one to six windows of calls
     _, total, count = m.execute([torch.zeros(4)])
     assert int(count.item()) == made[0] + 1 and torch.equal(total, torch.full((4,), float(made[0])))
 
