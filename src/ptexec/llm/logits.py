@@ -18,12 +18,14 @@ apply to it too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 import torch
 
 __all__ = [
+    "LogitBias",
     "LogitsProcessor",
     "PresenceFrequencyPenalty",
     "RepetitionPenalty",
@@ -103,6 +105,40 @@ class PresenceFrequencyPenalty:
 
     def __repr__(self) -> str:
         return f"PresenceFrequencyPenalty(presence={self.presence:g}, frequency={self.frequency:g})"
+
+
+class LogitBias:
+    """OpenAI's ``logit_bias``: a fixed value added to the logits of some tokens before
+    sampling (token id -> bias; OpenAI takes biases in [-100, 100], where -100 bans a token
+    and 100 all but forces it). Raises ``ValueError`` for a bias that is not a finite
+    number or a negative id; an id beyond the vocabulary raises when the scores come."""
+
+    def __init__(self, bias: Mapping[int, float]) -> None:
+        for token, value in bias.items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit bias token ids must be ints >= 0, got {token!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"logit bias of token {token} must be finite, got {value}")
+        self.bias = {int(t): float(v) for t, v in bias.items()}
+        self._ids = torch.tensor(sorted(self.bias), dtype=torch.int64)
+        self._values = torch.tensor([self.bias[t] for t in sorted(self.bias)])
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not self.bias:
+            return scores
+        vocab = scores.shape[-1]
+        if int(self._ids[-1]) >= vocab:
+            raise ValueError(
+                f"logit bias names token {int(self._ids[-1])}, beyond the vocabulary ({vocab})"
+            )
+        ids = self._ids.to(scores.device)
+        values = self._values.to(device=scores.device, dtype=scores.dtype)
+        out = scores.clone()
+        out[..., ids] += values
+        return out
+
+    def __repr__(self) -> str:
+        return f"LogitBias({self.bias})"
 
 
 def min_p_filter(probs: torch.Tensor, min_p: float) -> torch.Tensor:

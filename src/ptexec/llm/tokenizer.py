@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,11 @@ class Tokenizer:
         """Whether ``token`` is a control token (BOS, EOS, ...), not text."""
         return token in (self.bos_id, self.eos_id)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The UTF-8 bytes ``token`` stands for in a text: for a token that holds part of a
+        character, those bytes (which are no text alone); a control token's, its name's."""
+        return self.decode([token]).encode("utf-8")
+
     def __repr__(self) -> str:
         return (
             f"<ptexec.llm {self.kind} tokenizer {self.path.name}: vocab {self.vocab_size}, "
@@ -90,6 +96,8 @@ class HuggingFaceTokenizer(Tokenizer):
         size = max([tok.get_vocab_size(with_added_tokens=True), *(int(i) + 1 for i in added)])
         super().__init__(path, bos, eos, size)
         self._special = frozenset(int(i) for i, t in added.items() if t.special)
+        self._added = frozenset(int(i) for i in added)
+        self._pieces = _piece_rules(tok)
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
@@ -100,9 +108,77 @@ class HuggingFaceTokenizer(Tokenizer):
     def is_special(self, token: int) -> bool:
         return token in self._special or super().is_special(token)
 
+    def token_bytes(self, token: int) -> bytes:
+        # a vocabulary entry's bytes by the decoder's own rules (decoding the id alone gives
+        # U+FFFD for part of a character, and may strip a leading space)
+        piece = None if token in self._added else self._tok.id_to_token(token)
+        if piece is not None:
+            data = _piece_bytes(piece, self._pieces)
+            if data is not None:
+                return data
+        return super().token_bytes(token)
+
     def to_json(self) -> str:
         """The tokenizer as ``tokenizer.json`` text (what other libraries read)."""
         return str(self._tok.to_str())
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's characters (GPT-2's): each byte is a printable character, itself
+    where Latin-1 prints it, else the next code point from U+0100 on, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shown = set(printable)
+    out = {chr(b): b for b in printable}
+    extra = 0x100
+    for b in range(256):
+        if b not in shown:
+            out[chr(extra)] = b
+            extra += 1
+    return out
+
+
+_BYTE_OF = _byte_alphabet()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _piece_rules(tok: Any) -> frozenset[str]:
+    """Which of the decoder's rules for one vocabulary entry apply: ``"bytes"`` (byte-level
+    BPE), ``"fallback"`` (``<0xNN>`` entries are bytes), ``"space"`` (U+2581 is a space)."""
+    try:
+        decoder = json.loads(tok.to_str()).get("decoder") or {}
+    except ValueError:
+        return frozenset()
+    steps = decoder.get("decoders") or [decoder] if isinstance(decoder, dict) else []
+    rules = set()
+    for step in steps:
+        kind = step.get("type") if isinstance(step, dict) else None
+        if kind == "ByteLevel":
+            rules.add("bytes")
+        elif kind == "ByteFallback":
+            rules.add("fallback")
+        elif kind == "Metaspace" or (
+            kind == "Replace" and step.get("content") == " "
+            and (step.get("pattern") or {}).get("String") == "\u2581"
+        ):  # fmt: skip
+            rules.add("space")
+    return frozenset(rules)
+
+
+def _piece_bytes(piece: str, rules: frozenset[str]) -> bytes | None:
+    """A vocabulary entry's bytes under ``rules`` (:func:`_piece_rules`); None: no rule
+    gives them."""
+    if "bytes" in rules:
+        try:
+            return bytes(_BYTE_OF[c] for c in piece)
+        except KeyError:
+            return None
+    if "fallback" in rules:
+        m = _BYTE_PIECE.fullmatch(piece)
+        if m:
+            return bytes([int(m.group(1), 16)])
+    if "space" in rules:
+        return piece.replace("\u2581", " ").encode("utf-8")
+    return None
 
 
 def _hf_special_ids(tok: Any, config_path: Path) -> tuple[int, int]:
@@ -144,6 +220,9 @@ class _CppTokenizer(Tokenizer):
         # pieces are bytes; join them first so characters split over tokens survive
         data = b"".join(self._piece(int(i), skip_special_tokens) for i in ids)
         return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._piece(token, False)
 
     def _piece(self, token: int, skip: bool) -> bytes:
         if skip and self.is_special(token):

@@ -14,6 +14,7 @@ bare 500, never with its message, a path or a traceback.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hmac
 import json
 import logging
@@ -307,30 +308,50 @@ def _usage(result: Result) -> dict[str, int]:
     }
 
 
-def _completion_logprobs(entries: list[Logprob], offset: int = 0) -> dict[str, Any]:
+class _Offsets:
+    """Where each token starts in a completion's text: the characters that begin in the
+    bytes of the text's tokens before it (decoded as the text is: a character split over
+    tokens begins in the token holding its first byte, an invalid sequence is one U+FFFD;
+    control tokens are no text)."""
+
+    def __init__(self) -> None:
+        self._chars = 0  # characters decoded so far
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def take(self, e: Logprob) -> int:
+        # bytes begun, not yet decoded: what they make if the text ended here
+        pending = self._decoder.getstate()[0]
+        at = self._chars + (len(pending.decode("utf-8", "replace")) if pending else 0)
+        if e.text:
+            self._chars += len(self._decoder.decode(e.data))
+        return at
+
+
+def _completion_logprobs(entries: list[Logprob], offsets: _Offsets | None = None) -> dict[str, Any]:
     """A completion choice's ``logprobs``: the tokens, their log-probabilities, each
     token's alternatives with the token itself (as OpenAI-compatible servers list them;
-    None for a first prompt token) and each token's offset in the text, from ``offset``."""
+    None for a first prompt token) and each token's offset in the text (``offsets``: where
+    the text so far ends; None: these are the text's first tokens)."""
+    offsets = offsets or _Offsets()
     tokens: list[str] = []
     values: list[float | None] = []
     tops: list[dict[str, float] | None] = []
-    offsets: list[int] = []
+    starts: list[int] = []
     for e in entries:
         tokens.append(e.token)
         values.append(e.logprob)
         if e.logprob is None:
             tops.append(None)
         else:
-            top = dict(e.top)
+            top = {name: lp for name, lp, _ in e.top}
             top.setdefault(e.token, e.logprob)
             tops.append(top)
-        offsets.append(offset)
-        offset += len(e.token)
+        starts.append(offsets.take(e))
     return {
         "tokens": tokens,
         "token_logprobs": values,
         "top_logprobs": tops,
-        "text_offset": offsets,
+        "text_offset": starts,
     }
 
 
@@ -338,13 +359,15 @@ def _chat_logprobs(entries: list[Logprob]) -> dict[str, Any]:
     """A chat choice's ``logprobs``: ``content``, one object per token (its text, bytes,
     log-probability and the likeliest alternatives)."""
 
-    def item(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+    def item(token: str, logprob: float, data: bytes) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(data)}
 
     content = []
     for e in entries:
         assert e.logprob is not None  # generated tokens all have one
-        content.append({**item(e.token, e.logprob), "top_logprobs": [item(t, v) for t, v in e.top]})
+        content.append(
+            {**item(e.token, e.logprob, e.data), "top_logprobs": [item(*t) for t in e.top]}
+        )
     return {"content": content, "refusal": None}
 
 
@@ -371,29 +394,30 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
 
     scored = req.logprobs is not None
     taken = 0  # the generated tokens' log-probabilities sent so far
-    offset = 0  # where the next token starts in the completion's text (echo included)
+    offsets = _Offsets()  # where the next token starts in the completion's text (echo too)
+    pieces = 0  # the text pieces sent so far
 
-    def logprobs(entries: list[Logprob] | None) -> dict[str, Any] | None:
-        """The log-probabilities of ``entries`` (None: those sampled since the last
-        chunk) in a chunk; None when they are not asked for."""
-        nonlocal taken, offset
+    def logprobs(entries: list[Logprob] | None, end: int | None = None) -> dict[str, Any] | None:
+        """The log-probabilities of ``entries`` (None: those sampled since the last chunk,
+        up to ``end``, the count sampled when this chunk's text was made; None: all) in a
+        chunk; None when they are not asked for."""
+        nonlocal taken
         if not scored:
             return None
         if entries is None:
-            end = len(job.logprobs)  # appended on the session's thread, before its text
+            end = len(job.logprobs) if end is None else end
             entries = job.logprobs[taken:end]
             taken = end
         if chat:
             return _chat_logprobs(entries)
-        out = _completion_logprobs(entries, offset)
-        offset += sum(len(e.token) for e in entries)
-        return out
+        return _completion_logprobs(entries, offsets)
 
     def chunk(
         content: str | None,
         finish: str | None,
         role: bool = False,
         entries: list[Logprob] | None = None,
+        end: int | None = None,
     ) -> bytes:
         if chat:
             delta: dict[str, Any] = {}
@@ -404,14 +428,14 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
             choice: dict[str, Any] = {
                 "index": 0,
                 "delta": delta,
-                "logprobs": None if role else logprobs(entries),
+                "logprobs": None if role else logprobs(entries, end),
                 "finish_reason": finish,
             }
         else:
             choice = {
                 "index": 0,
                 "text": content or "",
-                "logprobs": logprobs(entries),
+                "logprobs": logprobs(entries, end),
                 "finish_reason": finish,
             }
         return _sse(
@@ -438,7 +462,10 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
                 yield chunk(job.prompt, None, entries=job.prompt_logprobs)
                 echo = False
             if isinstance(item, str):
-                yield chunk(item, None)
+                # the tokens sampled by the time this piece was made: its tokens
+                end = job.marks[pieces]
+                pieces += 1
+                yield chunk(item, None, end=end)
                 continue
             if isinstance(item, Result):
                 _record(engine, job, item)

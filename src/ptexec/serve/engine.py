@@ -30,6 +30,7 @@ from ..errors import GenerationError
 from ..llm import GenerationConfig, MultimodalRunner, load_tokenizer, make_token_input
 from ..llm.chat import ChatTemplate, ChatTemplateError
 from ..llm.logits import (
+    LogitBias,
     LogitsProcessor,
     PresenceFrequencyPenalty,
     RepetitionPenalty,
@@ -37,7 +38,7 @@ from ..llm.logits import (
 )
 from ..llm.tokenizer import Tokenizer
 from .metrics import Metrics
-from .protocol import ApiError, Request
+from .protocol import DEFAULT_COMPLETION_TOKENS, ApiError, Request
 
 __all__ = ["Engine", "Job", "Logprob", "Result"]
 
@@ -54,22 +55,39 @@ class Result:
 
 @dataclass(frozen=True)
 class Logprob:
-    """A token's text, its log-probability under the model (None: the prompt's first
-    token, which nothing predicts) and the likeliest alternatives' (text, log-probability),
-    likeliest first."""
+    """A token's name, its log-probability under the model (None: the prompt's first
+    token, which nothing predicts) and the likeliest alternatives' (name, log-probability,
+    bytes), likeliest first. ``data`` is the token's UTF-8 bytes (:func:`token_name`);
+    ``text``: whether the token is part of the text (a control token is not)."""
 
     token: str
     logprob: float | None
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[tuple[str, float, bytes], ...] = ()
+    data: bytes = b""
+    text: bool = True
+
+
+def token_name(data: bytes) -> str:
+    """How a token whose bytes are ``data`` is named in log-probabilities: its text, or
+    ``bytes:\\xNN...`` when the bytes are part of a character (as OpenAI names them)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
 
 def _logprob(tokenizer: Tokenizer, logits: Any, token: int, top: int) -> Logprob:
     chosen, best = token_logprobs(logits, token, top)
-    return Logprob(
-        tokenizer.decode([token]),
-        chosen,
-        tuple((tokenizer.decode([i]), lp) for i, lp in best),
-    )
+    return _entry(tokenizer, token, chosen, best)
+
+
+def _entry(tokenizer: Tokenizer, token: int, logprob: float | None, best: Any = ()) -> Logprob:
+    data = tokenizer.token_bytes(token)
+    top = []
+    for i, lp in best:
+        alt = tokenizer.token_bytes(i)
+        top.append((token_name(alt), lp, alt))
+    return Logprob(token_name(data), logprob, tuple(top), data, not tokenizer.is_special(token))
 
 
 class Job:
@@ -88,6 +106,9 @@ class Job:
         self.prompt = prompt
         """The prompt's text (a completion's echo)."""
         self.logprobs: list[Logprob] = []
+        self.marks: list[int] = []
+        """Per text piece put in ``queue``: how many tokens were sampled when it was made
+        (the tokens whose text it completes, with those before it)."""
         self.prompt_logprobs: list[Logprob] = []
         self.queue: asyncio.Queue[str | Result | BaseException] = asyncio.Queue()
         self.created = time.perf_counter()
@@ -264,17 +285,32 @@ class Engine:
             processors.append(RepetitionPenalty(req.repetition_penalty))
         if req.presence_penalty or req.frequency_penalty:
             processors.append(PresenceFrequencyPenalty(req.presence_penalty, req.frequency_penalty))
+        if req.logit_bias:
+            beyond = max(req.logit_bias)
+            if beyond >= self.vocab_size:
+                raise ApiError(
+                    400,
+                    f"logit_bias names token {beyond}, outside the vocabulary "
+                    f"[0, {self.vocab_size})",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+            processors.append(LogitBias(req.logit_bias))
         if req.response_format is not None:
             processors.append(self._grammar(req.response_format))
+        if req.max_tokens is not None:
+            most = max(req.max_tokens, 1)  # 0 tokens: the prompt is only scored (_generate)
+        else:  # a completion: OpenAI's default; a chat completion: the context's end
+            most = room if req.chat else min(DEFAULT_COMPLETION_TOKENS, room)
         config = GenerationConfig(
             echo=False,
-            # 0 tokens: the prompt is only scored (_generate does not generate)
-            max_new_tokens=max(req.max_tokens, 1) if req.max_tokens is not None else room,
+            max_new_tokens=most,
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=max(0, req.top_k),
             min_p=req.min_p,
-            seed=req.seed,
+            # OpenAI's seeds are signed 64-bit; the generator's are unsigned (same bits)
+            seed=None if req.seed is None else req.seed % (1 << 64),
             stop=req.stop,
             ignore_eos=req.ignore_eos,
             logits_processor=processors or None,
@@ -395,6 +431,7 @@ def _sink(loop: asyncio.AbstractEventLoop, job: Job) -> Callable[[str], None]:
             job.cancel()
         elif job.cancelled:
             job.cancel()
+        job.marks.append(len(job.logprobs))  # (before the piece: the loop reads it with it)
         loop.call_soon_threadsafe(job.queue.put_nowait, piece)
 
     return sink
@@ -409,7 +446,7 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
     tokenizer = runner.tokenizer
     if top is not None and req.echo:
         rows = runner.prompt_logits(job.ids)
-        first = Logprob(tokenizer.decode(job.ids[:1]), None)
+        first = _entry(tokenizer, job.ids[0], None)
         job.prompt_logprobs = [first] + [
             _logprob(tokenizer, row, t, top) for row, t in zip(rows, job.ids[1:], strict=False)
         ]

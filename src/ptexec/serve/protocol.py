@@ -2,13 +2,14 @@
 
 Every field is checked for type and range before anything runs; a problem is an
 :class:`ApiError` with OpenAI's status, ``type``, ``param`` and ``code``. Fields OpenAI
-defines that this server does not implement (``n`` and ``best_of`` other than 1, tools)
-are refused rather than ignored, so a client never gets less than it asked for without
+defines that this server does not implement (``n`` and ``best_of`` other than 1, tools,
+a completion's ``suffix``) are refused rather than ignored, so a client never gets less than it asked for without
 knowing. A completion's ``prompt`` is a string, a list of token ids, or a list of either
 (several prompts, one choice each, not streamed); ``logprobs`` (completions: the number of
 alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_logprobs``)
 asks for each token's log-probability, and with ``echo`` a completion's prompt tokens are
-scored too.
+scored too. ``logit_bias`` (token id -> a bias in [-100, 100]) is added to the logits before
+sampling.
 """
 
 from __future__ import annotations
@@ -17,13 +18,24 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_LOGPROBS", "MAX_PROMPTS", "ApiError", "Prompt", "Request", "parse_request"]
+__all__ = [
+    "DEFAULT_COMPLETION_TOKENS",
+    "MAX_LOGPROBS",
+    "MAX_PROMPTS",
+    "ApiError",
+    "Prompt",
+    "Request",
+    "parse_request",
+]
 
 MAX_LOGPROBS = 20
 """The most alternatives a token's log-probabilities list (OpenAI: 5 for completions, 20
 for chat)."""
 MAX_PROMPTS = 256
 """The most prompts one completion request takes."""
+DEFAULT_COMPLETION_TOKENS = 16
+"""The most tokens a completion without ``max_tokens`` generates (OpenAI's default; a chat
+completion without it may fill the context). Fewer where the context ends sooner."""
 
 Prompt = str | list[int]
 """A completion prompt: text, or token ids."""
@@ -87,6 +99,8 @@ class Request:
     ignore_eos: bool = False
     logprobs: int | None = None
     """Each token's log-probability and this many likeliest alternatives (None: off)."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Token id -> a value added to its logit before sampling."""
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -195,6 +209,34 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     return v
 
 
+def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
+    """``logit_bias``: token ids (JSON object keys, so strings of digits) to a bias in
+    [-100, 100]."""
+    v = body.get("logit_bias")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise _bad("'logit_bias' must be an object of token ids to numbers", "logit_bias")
+    out: dict[int, float] = {}
+    for key, value in v.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise _bad(
+                f"'logit_bias' keys must be token ids, got {json.dumps(key)[:40]}", "logit_bias"
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not -100 <= value <= 100
+        ):
+            raise _bad(
+                f"'logit_bias' of token {key} must be a number in [-100, 100], "
+                f"got {json.dumps(value)[:40]}",
+                "logit_bias",
+            )
+        out[int(key)] = float(value)
+    return out
+
+
 def parse_request(body: Any, chat: bool) -> Request:
     """The validated request of a ``/v1/chat/completions`` (``chat``) or ``/v1/completions``
     body (already decoded JSON). Raises :class:`ApiError` (400)."""
@@ -217,6 +259,8 @@ def parse_request(body: Any, chat: bool) -> Request:
         req.prompt = req.prompts[0]
         req.echo = _flag(body, "echo")
         req.logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS)
+        if body.get("suffix"):  # (None and "" ask for nothing)
+            raise _bad("'suffix' (text after the insertion) is not supported", "suffix")
     n = _integer(body, "n", 1, 1_000_000)
     if n is not None and n != 1:
         raise _bad("only n=1 is supported", "n")
@@ -241,12 +285,15 @@ def parse_request(body: Any, chat: bool) -> Request:
     if options is not None:
         if not isinstance(options, dict):
             raise _bad("'stream_options' must be an object", "stream_options")
+        if not req.stream:
+            raise _bad("'stream_options' is only allowed with 'stream': true", "stream_options")
         req.include_usage = _flag(options, "include_usage")
     req.presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     req.frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
     req.repetition_penalty = _number(body, "repetition_penalty", 1.0, 1e-3, 100.0)
     req.response_format = _response_format(body)
     req.ignore_eos = _flag(body, "ignore_eos")
+    req.logit_bias = _logit_bias(body)
     if req.stream and len(req.prompts) > 1:
         raise _bad("several prompts are answered in one response, not streamed", "stream")
     return req

@@ -1,0 +1,192 @@
+"""``ptexec serve`` on the details of OpenAI's contract that clients read: streamed
+log-probabilities belong to the chunk whose text their tokens make; a token holding part of
+a character has its own bytes (and a name of its own); text offsets index the returned
+text; ``logit_bias`` bans and forces tokens; a completion's default length; signed seeds;
+fields that are refused rather than ignored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from serve_support import TEMPLATE, running_server, tokenizer_folder
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+tokenizers = pytest.importorskip("tokenizers")
+
+MODEL = "tiny-llama"
+PROMPT = "Once upon a time"
+SPECIAL = ("<unk>", "<|begin_of_text|>", "<|end_of_text|>")  # control tokens: no text
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tokenizer_folder(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def server(tok: Path) -> Iterator[Any]:
+    torch.set_num_threads(1)
+    with running_server(tok, sessions=1, max_queue=8) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=60)
+
+
+def _byte_level_tokenizer(folder: Path) -> Path:
+    """A byte-level BPE tokenizer of 512 ids (the tiny program's vocabulary) whose merges
+    leave most characters beyond ASCII as one token per byte."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    corpus = ["Once upon a time there was a café in 日本 with 😀 and naïve façades"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=["<unk>", "<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tk.train_from_iterator(corpus, trainer)
+    assert tk.get_vocab_size() <= 512
+    tk.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return folder / "tokenizer.json"
+
+
+def _stream(server: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    chunks = []
+    with httpx.stream("POST", server.url + "/v1/completions" if "prompt" in body
+                      else server.url + "/v1/chat/completions", json=body, timeout=60) as r:  # fmt: skip
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[len("data: ") :]))
+    return chunks
+
+
+def test_streamed_logprobs_belong_to_their_chunk(server: Any) -> None:
+    """Each chunk's log-probabilities are those of the tokens whose text it carries (the
+    session samples ahead of the stream: they were attached to whatever chunk was being
+    written when they came in)."""
+    for seed in range(6):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "seed": seed,
+                "logprobs": 1, "stream": True}  # fmt: skip
+        text = ""
+        for c in _stream(server, body):
+            choice = c["choices"][0]
+            lp = choice["logprobs"]
+            if choice["text"]:
+                assert "".join(lp["tokens"]) == choice["text"], (seed, choice)
+                assert lp["text_offset"][0] == len(text)
+            text += choice["text"]
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": 24, "seed": seed, "logprobs": True, "stream": True}  # fmt: skip
+        for c in _stream(server, chat):
+            choice = c["choices"][0]
+            content = choice["delta"].get("content")
+            if content:
+                got = b"".join(bytes(e["bytes"]) for e in choice["logprobs"]["content"])
+                assert got.decode("utf-8") == content, (seed, choice)
+
+
+def test_tokens_that_split_a_character_have_their_bytes(tmp_path: Path) -> None:
+    """A token holding part of a character: its ``bytes`` are its own (joined in order they
+    give the text), its name is ``bytes:\\xNN`` (distinct from other partial tokens), and a
+    completion's ``text_offset`` counts the character once, at the token completing it."""
+    tokenizer = _byte_level_tokenizer(tmp_path)
+    from ptexec.llm.tokenizer import load_tokenizer
+    from ptexec.serve.engine import token_name
+
+    tk = load_tokenizer(tokenizer)
+    ids = tk.encode("日本 😀")
+    assert b"".join(tk.token_bytes(i) for i in ids) == "日本 😀".encode()
+    partial = [i for i in ids if not tk.token_bytes(i).decode("utf-8", "ignore")]
+    assert partial, "the tokenizer splits these characters"
+    assert all(token_name(tk.token_bytes(i)).startswith("bytes:\\x") for i in partial)
+    assert token_name(b"\xe6\x97") == "bytes:\\xe6\\x97" and token_name(b"ab") == "ab"
+
+    with running_server(tokenizer.parent, sessions=1) as server:
+        seen_partial = False
+        for seed in range(12):
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+                    "max_tokens": 20, "seed": seed, "logprobs": True, "top_logprobs": 5}  # fmt: skip
+            r = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()
+            choice = r["choices"][0]
+            entries = choice["logprobs"]["content"]
+            text = b"".join(bytes(e["bytes"]) for e in entries if e["token"] not in SPECIAL)
+            assert text.decode("utf-8", "replace") == choice["message"]["content"]
+            for e in entries:
+                if e["token"].startswith("bytes:"):
+                    seen_partial = True
+                    assert "\\x" + "\\x".join(f"{b:02x}" for b in e["bytes"]) == e["token"][6:]
+                names = [t["token"] for t in e["top_logprobs"]]
+                assert len(set(names)) == len(names) == 5
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 20, "seed": seed,
+                    "logprobs": 1, "echo": True}  # fmt: skip
+            c = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+            c = c["choices"][0]
+            offsets, names = c["logprobs"]["text_offset"], c["logprobs"]["tokens"]
+            assert offsets == sorted(offsets) and offsets[-1] <= len(c["text"])
+            for start, name in zip(offsets, names, strict=True):
+                if not name.startswith("bytes:") and name not in SPECIAL:
+                    assert c["text"][start : start + len(name)] == name
+        assert seen_partial, "no token split a character in 12 samples"
+
+
+def test_logit_bias_bans_and_forces_tokens(client: Any, tok: Path) -> None:
+    from ptexec.llm.tokenizer import load_tokenizer
+
+    tk = load_tokenizer(tok)
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                       logprobs=0)  # fmt: skip
+    first = greedy.choices[0].logprobs.tokens[0]
+    first_id = next(i for i in range(tk.vocab_size) if tk.decode([i]) == first)
+    banned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                       logprobs=0, logit_bias={str(first_id): -100})  # fmt: skip
+    assert banned.choices[0].logprobs.tokens[0] != first
+    forced_id = 100
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0.9,
+                                       seed=3, logit_bias={str(forced_id): 100})  # fmt: skip
+    assert forced.choices[0].text == tk.decode([forced_id] * 3)
+
+
+def _status(server: Any, body: dict[str, Any], route: str = "/v1/completions") -> tuple[int, Any]:
+    r = httpx.post(server.url + route, json=body, timeout=60)
+    return r.status_code, r.json()
+
+
+def test_completion_defaults_seeds_and_refused_fields(server: Any) -> None:
+    # a completion without max_tokens generates 16 at most (OpenAI's default)
+    status, body = _status(server, {"model": MODEL, "prompt": PROMPT, "ignore_eos": True})
+    assert status == 200 and body["usage"]["completion_tokens"] == 16
+    assert body["choices"][0]["finish_reason"] == "length"
+    # OpenAI's seeds are signed: a negative one seeds the generator (was a 500)
+    texts = set()
+    for _ in range(2):
+        status, body = _status(
+            server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "seed": -1}
+        )
+        assert status == 200
+        texts.add(body["choices"][0]["text"])
+    assert len(texts) == 1
+    for extra, param in (
+        ({"suffix": " The end."}, "suffix"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"99999": 1}}, "logit_bias"),
+        ({"logit_bias": [1]}, "logit_bias"),
+    ):
+        status, body = _status(server, {"model": MODEL, "prompt": PROMPT, **extra})
+        assert status == 400 and body["error"]["param"] == param, (extra, body)
