@@ -182,6 +182,57 @@ def test_text_stream_holds_back_partial_characters(tmp_path: Path) -> None:
     assert len(ids) > len([p for p in pieces if p])  # some ids completed no character alone
 
 
+def _byte_fallback_tokenizer(path: Path) -> Path:
+    """A Llama-2-style ``tokenizer.json``: BPE whose characters outside a small vocabulary
+    are ``<0xNN>`` byte tokens, and the Replace/ByteFallback/Fuse/Strip decoder chain."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for piece in ("\u2581", "a", "b", "\u2581a", "\u2581b", "ab", "\u2581ab", "\u00e9", "x"):
+        vocab.setdefault(piece, len(vocab))
+    merges = [("\u2581", "a"), ("\u2581", "b"), ("a", "b"), ("\u2581a", "b")]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+         decoders.Strip(" ", 1, 0)]
+    )  # fmt: skip
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
+    tok.save(str(path))
+    return path
+
+
+def test_text_stream_equals_the_whole_decode_with_byte_tokens(tmp_path: Path) -> None:
+    """Long runs of characters made of ``<0xNN>`` tokens stream as the whole sequence
+    decodes (a piece never starts decoding inside a character); a held-back invalid run
+    comes out on flush, never dropped."""
+    from tokenizers import Tokenizer
+
+    path = _byte_fallback_tokenizer(tmp_path / "tokenizer.json")
+    tok, ref = load_tokenizer(path), Tokenizer.from_file(str(path))
+    assert tok.token_bytes(ref.token_to_id("<0xE6>")) == b"\xe6"
+    assert tok.token_bytes(ref.token_to_id("\u2581ab")) == b" ab"
+    texts = ["\u8a9e" * 30, "ab " + "\u8a9e" * 7 + " ab", "\u00e9\u00e9 " + "\U0001f600" * 12,
+             "x\u65e5\u672c ab \u00e9 \u3053\u3093 \U0001f389 b"]  # fmt: skip
+    for text in texts:
+        ids = ref.encode(text, add_special_tokens=False).ids
+        stream = TextStream(tok)
+        pieces = [stream.push(i) for i in ids] + [stream.flush()]
+        assert "".join(pieces) == ref.decode(ids, skip_special_tokens=True) == text
+        assert all("\ufffd" not in p for p in pieces)
+    # an emoji, a stray byte, an emoji: one invalid run, which the decoder writes as nine
+    # U+FFFD; the stream gave the first emoji before the run went bad, and the rest on flush
+    emoji = [ref.token_to_id(f"<0x{b:02X}>") for b in "\U0001f600".encode()]
+    ids = [*emoji, ref.token_to_id("<0x80>"), *emoji]
+    stream = TextStream(tok)
+    out = "".join(stream.push(i) for i in ids) + stream.flush()
+    assert out == "\U0001f600" + "\ufffd" * 8
+    assert len(ref.decode(ids)) == len(out)
+
+
 def _tiktoken_file(path: Path) -> Path:
     ranks = [bytes([b]) for b in range(256)]
     for merge in (b"th", b"the", b" the", b"ca", b"cat", b" cat", b"at", b" sat", b"an", b" ran"):

@@ -351,40 +351,46 @@ class TextStream:
     """Text pieces of a growing token sequence, for streaming.
 
     :meth:`push` adds one id and returns the new text since the last piece (possibly
-    empty): the sequence is decoded as a whole, so merges and leading spaces come out as
-    the full decode has them, and a trailing partial character (U+FFFD) is held back until
-    the bytes that complete it arrive. Control tokens are not text and give no piece.
+    empty). Each piece is the difference between two decodes that start at the same id: of
+    the ids up to the last piece's end, and of all ids; so merges, leading spaces and
+    characters split over several tokens (byte-level and byte-fallback vocabularies) come
+    out as a decode of the whole sequence has them. A text that ends in a partial character
+    (U+FFFD) is held back until the bytes that complete it arrive; :meth:`flush` gives what
+    is held back. The decodes start one piece back, where the text is whole, never inside a
+    character. Control tokens are not text and give no piece.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
         self._ids: list[int] = []
-        self._emitted = ""
+        self._start = 0  # the decodes start here: the previous piece's first id
+        self._done = 0  # ids before this are in pieces given out
 
     def push(self, token: int) -> str:
         if self._tok.is_special(token):
             return ""
         self._ids.append(token)
-        text = self._tok.decode(self._ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        if not text.startswith(self._emitted):  # a decoder that rewrote earlier text
-            piece = text[len(self._emitted) :] if len(text) > len(self._emitted) else ""
-        else:
-            piece = text[len(self._emitted) :]
-        self._emitted = text
-        # keep the window short: restart from the last id once a piece is out
-        if len(self._ids) > 16:
-            self._ids = self._ids[-4:]
-            self._emitted = self._tok.decode(self._ids, skip_special_tokens=True)
-        return piece
+        return self._piece(final=False)
 
     def flush(self) -> str:
         """Whatever is held back (a partial character, as U+FFFD)."""
-        if not self._ids:
-            return ""
-        text = self._tok.decode(self._ids, skip_special_tokens=True)
-        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
+        piece = self._piece(final=True) if self._done < len(self._ids) else ""
         self._ids.clear()
-        self._emitted = ""
+        self._start = self._done = 0
+        return piece
+
+    def _piece(self, final: bool) -> str:
+        ids, decode = self._ids, self._tok.decode
+        before = decode(ids[self._start : self._done], skip_special_tokens=True)
+        text = decode(ids[self._start :], skip_special_tokens=True)
+        if not final and (text.endswith("\ufffd") or len(text) <= len(before)):
+            return ""
+        # (a decoder that rewrote text given out already: the rest, by length; what was
+        # given out stays given)
+        piece = text[len(before) :]
+        self._start, self._done = self._done, len(ids)
+        if self._start > 64:  # keep the list short
+            del ids[: self._start]
+            self._done -= self._start
+            self._start = 0
         return piece
