@@ -2,7 +2,8 @@
 
 ExecuTorch's names work as there (``forward_backward(method_name, inputs)`` returns the
 loss and the user outputs, ``named_parameters()``, ``named_gradients()``, and
-:func:`ptexec.training.get_sgd_optimizer` steps on them). Beyond them:
+:func:`ptexec.training.get_sgd_optimizer` steps on them). As there, ``named_gradients()``
+hands out copies, which a later call does not overwrite. Beyond them:
 
 - Parameters are the method's planned tensors themselves and each parameter's ``.grad``
   is the method's planned gradient, so any ``torch.optim`` optimizer, LR scheduler and
@@ -18,6 +19,20 @@ loss and the user outputs, ``named_parameters()``, ``named_gradients()``, and
 
 Only what the program marks trainable (the names its exporter listed) is a parameter
 here: frozen weights of a LoRA program are constants of the program and stay so.
+
+A program may have several training methods that share a parameter (one module, several
+losses). ExecuTorch's exporter gives their copies the same initial bytes in the file, but
+each loaded method keeps its own copy, and training one method changes only its copy.
+Where the value of a name is gathered over the loaded methods (:meth:`state_dict` without
+a method, :meth:`save_pte`, :meth:`save_ptd`), copies that agree give that value; where
+they differ, the copy that differs from the file's initial value (the trained one) wins;
+two or more copies that differ from it and from each other are a :class:`StateError`
+naming the parameter and the methods (:meth:`TrainingModule._gathered`).
+
+A call that fails inside the program (a kernel raises) may have overwritten the gradient
+memory, which the method's forward intermediates reuse; see :meth:`forward_backward` for
+what ``.grad`` and ``named_gradients()`` hold then. The parameters are never changed by a
+failed call.
 """
 
 from __future__ import annotations
@@ -28,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import InputError, NotFoundError, StateError
+from ..errors import InputError, NotFoundError, StateError, UnsupportedDeviceError
 from ..loader import DeviceMapSpec
 from ..runtime import load_source
 from .layout import Layout, read_layout, training_methods
-from .save import ptd_with, pte_with, write_atomically
+from .save import initial_bytes, parameter_bytes, ptd_with, pte_with, write_atomically
 
 if TYPE_CHECKING:
     from ..method import Method
@@ -50,12 +65,30 @@ __all__ = [
 class _Trained:
     """One loaded training method: the method and its layout."""
 
-    __slots__ = ("layout", "method", "stash")
+    __slots__ = ("failed", "layout", "method", "named_grads", "stash")
 
     def __init__(self, method: Method, layout: Layout) -> None:
         self.method = method
         self.layout = layout
         self.stash: list[torch.Tensor] | None = None  # gradients kept while accumulating
+        # named_gradients()'s copies since the last successful call (None: not made yet)
+        self.named_grads: dict[str, torch.Tensor] | None = None
+        self.failed = False  # the last call failed inside the program (gradients lost)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as raw bytes (logical order), to compare values bit for bit."""
+    flat = t.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else flat
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same value, bit for bit."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.device == b.device and a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
+        return True
+    return torch.equal(_bits(a), _bits(b.to(a.device)))
 
 
 class TrainingModule:
@@ -117,13 +150,37 @@ class TrainingModule:
         come back (copies); each parameter's ``.grad`` is then its gradient (the method's
         planned memory, rewritten by the next call). With ``accumulate``, a parameter
         whose ``.grad`` is set gets this call's gradient added to it, as in eager
-        PyTorch. Inputs the method refuses raise before anything is written."""
+        PyTorch. Inputs the method refuses raise before anything is written.
+
+        A call that fails inside the program (a kernel raises, e.g. on a label out of
+        range) re-raises that error and changes no parameter. Its forward intermediates
+        may have overwritten the gradient memory, so:
+
+        - with ``accumulate``, the gradients ``.grad`` held before the call (kept aside
+          for the sum anyway) are put back, so skipping a failed micro-batch leaves the
+          sum of the others, as in eager PyTorch;
+        - without it, each ``.grad`` that is the method's gradient memory becomes None
+          (a ``.grad`` the caller set to a tensor of their own is left as it was). The
+          previous call's gradients could only be put back by copying them out before
+          every call, the per-call copy that ``.grad`` being the planned memory exists
+          to avoid; None never passes for a gradient (``torch.optim`` optimizers skip
+          such a parameter, as after ``zero_grad()`` in eager PyTorch).
+          ``named_gradients()`` still gives the copies it gave since the last successful
+          call (ExecuTorch's behaviour), and raises :class:`StateError` if it gave none.
+        """
         trained = self._get(method_name)
         layout = trained.layout
         params, grads = layout.parameters, layout.gradients
-        if accumulate:
-            self._stash(trained)
-        outs = trained.method.execute(inputs)
+        kept = self._stash(trained) if accumulate else ()
+        try:
+            outs = trained.method.execute(inputs)
+        except BaseException as e:
+            # refused inputs raise before anything is written (Method.execute)
+            if not isinstance(e, InputError | UnsupportedDeviceError):
+                self._failed(trained, kept, accumulate)
+            raise
+        trained.named_grads = None
+        trained.failed = False
         user = [
             o.clone() if isinstance(o, torch.Tensor) else o for o in outs[: layout.gradient_start]
         ]
@@ -142,19 +199,40 @@ class TrainingModule:
         self._last = method_name
         return user
 
-    def _stash(self, trained: _Trained) -> None:
+    def _stash(self, trained: _Trained) -> list[int]:
         """Keep the gradients that ``.grad`` holds in planned memory before a call
-        overwrites them."""
+        overwrites them; the indices of those kept."""
         layout = trained.layout
-        for i, (p, g) in enumerate(zip(layout.parameters, layout.gradients, strict=True)):
-            if p.grad is g:
-                if trained.stash is None:
-                    trained.stash = [torch.empty_like(t) for t in layout.gradients]
-                trained.stash[i].copy_(g)
+        kept = []
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(layout.parameters, layout.gradients, strict=True)):
+                if p.grad is g:
+                    if trained.stash is None:
+                        trained.stash = [torch.empty_like(t) for t in layout.gradients]
+                    trained.stash[i].copy_(g)
+                    kept.append(i)
+        return kept
+
+    def _failed(self, trained: _Trained, kept: Sequence[int], accumulate: bool) -> None:
+        """After a call that failed inside the program: the gradient memory holds
+        whatever the call left there (:meth:`forward_backward`)."""
+        layout = trained.layout
+        with torch.no_grad():
+            if accumulate:
+                stash = trained.stash
+                for i in kept:
+                    assert stash is not None
+                    layout.gradients[i].copy_(stash[i])
+                return
+            for p, g in zip(layout.parameters, layout.gradients, strict=True):
+                if p.grad is g:
+                    p.grad = None
+        trained.failed = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear every parameter's ``.grad`` (as ``torch.optim.Optimizer.zero_grad``)."""
         for trained in self._loaded.values():
+            trained.named_grads = None
             for p in trained.layout.parameters:
                 if p.grad is not None:
                     if set_to_none:
@@ -174,17 +252,35 @@ class TrainingModule:
         return dict(zip(layout.names, layout.parameters, strict=True))
 
     def named_gradients(self, method_name: str | None = None) -> dict[str, torch.Tensor]:
-        """Parameter name -> its ``.grad`` (set by :meth:`forward_backward`)."""
+        """ExecuTorch's: parameter name -> a copy of its gradient, so that gradients kept
+        from one call are not overwritten by the next (ExecuTorch's ``TrainingModule``
+        clones them too). The copies are of each ``.grad`` as it is at the first call
+        after a :meth:`forward_backward`; later calls return the same dict until the
+        next successful :meth:`forward_backward` or :meth:`zero_grad`, as ExecuTorch's
+        do, so an optimizer that writes into the gradients it is given (ExecuTorch's SGD
+        adds weight decay into them) writes into these copies, not into ``.grad``.
+        ``.grad`` (:meth:`parameters`) is the planned memory itself, without a copy."""
         name = self._name(method_name)
-        if name not in self._loaded:
+        trained = self._loaded.get(name)
+        if trained is None:
             raise StateError("call forward_backward before named_gradients")
-        layout = self._loaded[name].layout
-        out = {n: p.grad for n, p in zip(layout.names, layout.parameters, strict=True)}
-        if any(g is None for g in out.values()):
-            raise StateError(
-                f"method '{name}': no gradients (cleared since the last forward_backward)"
+        if trained.named_grads is not None:
+            return trained.named_grads
+        layout = trained.layout
+        grads = [p.grad for p in layout.parameters]
+        if any(g is None for g in grads):
+            why = (
+                "its last forward_backward failed inside the program, which overwrote them"
+                if trained.failed
+                else "cleared since the last forward_backward"
             )
-        return out  # type: ignore[return-value]
+            raise StateError(f"method '{name}': no gradients ({why})")
+        with torch.no_grad():
+            trained.named_grads = {
+                n: g.detach().clone()  # type: ignore[union-attr]
+                for n, g in zip(layout.names, grads, strict=True)
+            }
+        return trained.named_grads
 
     # -- weights -------------------------------------------------------------------------
     def _all(self, method_name: str | None) -> Iterator[_Trained]:
@@ -196,14 +292,60 @@ class TrainingModule:
                 self._get(name)
         yield from self._loaded.values()
 
+    def _gathered(self) -> dict[str, torch.Tensor]:
+        """Name -> the tensor holding that parameter's value over every loaded training
+        method (all of them if none is loaded): the one rule of the module docstring.
+        With one copy of a name, that copy, without a comparison."""
+        copies: dict[str, list[tuple[_Trained, int]]] = {}
+        for t in self._all(None):
+            for i, n in enumerate(t.layout.names):
+                copies.setdefault(n, []).append((t, i))
+        out: dict[str, torch.Tensor] = {}
+        for name, where in copies.items():
+            first = where[0][0].layout.parameters[where[0][1]]
+            if len(where) == 1 or all(_same(first, t.layout.parameters[i]) for t, i in where[1:]):
+                out[name] = first
+            else:
+                out[name] = self._trained_copy(name, where)
+        return out
+
+    def _trained_copy(self, name: str, where: Sequence[tuple[_Trained, int]]) -> torch.Tensor:
+        """Of copies of ``name`` that differ: the one that differs from the file's
+        initial value, or a :class:`StateError`."""
+        changed = []
+        for t, i in where:
+            p = t.layout.parameters[i]
+            plan, slot = t.method.state.plan, t.layout.parameter_slots[i]
+            value = plan.values[slot]
+            start = initial_bytes(self._program, plan, slot)
+            if parameter_bytes(p, value.dim_order) != start:  # type: ignore[union-attr]
+                changed.append((t.layout.method, p))
+        if changed and all(_same(changed[0][1], p) for _, p in changed[1:]):
+            return changed[0][1]
+        methods = [m for m, _ in changed] if changed else [t.layout.method for t, _ in where]
+        listed = ", ".join(f"'{m}'" for m in methods)
+        why = (
+            "differ from the file's initial value and from each other"
+            if changed
+            else "differ, and the file starts them from different values"
+        )
+        raise StateError(
+            f"parameter '{name}': the copies of methods {listed} {why} (each training "
+            "method keeps its own copy); state_dict(method_name) gives one method's, "
+            "load_state_dict(state, method_name, strict=False) copies it into another"
+        )
+
     def state_dict(self, method_name: str | None = None) -> dict[str, torch.Tensor]:
         """The trainable parameters by fully qualified name, as copies (for
-        ``torch.save`` or safetensors); of every loaded training method by default."""
-        return {
-            n: p.detach().clone()
-            for t in self._all(method_name)
-            for n, p in zip(t.layout.names, t.layout.parameters, strict=True)
-        }
+        ``torch.save`` or safetensors); of ``method_name``, or by default gathered over
+        every loaded training method (the copy that was trained where several methods
+        share a parameter; module docstring)."""
+        if method_name is not None:
+            layout = self._get(method_name).layout
+            return {
+                n: p.detach().clone() for n, p in zip(layout.names, layout.parameters, strict=True)
+            }
+        return {n: p.detach().clone() for n, p in self._gathered().items()}
 
     def load_state_dict(
         self, state: Mapping[str, torch.Tensor], method_name: str = "forward", strict: bool = True
@@ -230,10 +372,12 @@ class TrainingModule:
                     params[name].copy_(value)
 
     def _updates(self) -> list[tuple[Any, int, torch.Tensor]]:
+        """Every loaded method's parameter slots, each with its name's gathered value."""
+        values = self._gathered()
         return [
-            (t.method.state.plan, slot, p)
+            (t.method.state.plan, slot, values[n])
             for t in self._all(None)
-            for slot, p in zip(t.layout.parameter_slots, t.layout.parameters, strict=True)
+            for slot, n in zip(t.layout.parameter_slots, t.layout.names, strict=True)
         ]
 
     def pte_bytes(self) -> bytes:

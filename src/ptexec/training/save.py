@@ -26,7 +26,7 @@ from ..format import program as p
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["parameter_bytes", "ptd_with", "pte_with", "write_atomically"]
+__all__ = ["initial_bytes", "parameter_bytes", "ptd_with", "pte_with", "write_atomically"]
 
 
 def parameter_bytes(t: torch.Tensor, dim_order: Sequence[int]) -> bytes:
@@ -39,6 +39,28 @@ def _tensor(program: Program, plan: p.ExecutionPlan, slot: int) -> p.Tensor:
     value = plan.values[slot]
     assert isinstance(value, p.Tensor)
     return value
+
+
+def initial_bytes(program: Program, plan: p.ExecutionPlan, slot: int) -> bytes:
+    """The bytes planned tensor ``slot`` of ``plan`` starts from in the loaded files (the
+    ``.pte``'s mutable data segment, or its ``.ptd`` entry), as :func:`parameter_bytes`
+    gives a tensor's: what a parameter was before training."""
+    value = _tensor(program, plan, slot)
+    if value.is_external:
+        extra = value.extra_tensor_info
+        key = extra.fully_qualified_name if extra is not None else None
+        merged = program.ptd
+        if merged is None or not key or key not in merged.entries:
+            raise StateError(
+                f"method '{plan.name}': value {slot} starts from a data file (.ptd) that "
+                "was not loaded"
+            )
+        return bytes(merged.bytes_of(key)[: value.nbytes])
+    if value.data_buffer_idx <= 0:
+        raise StateError(f"method '{plan.name}': value {slot} starts from no bytes in the program")
+    pte = program.pte
+    start = pte.mutable_initial_offset(value.data_buffer_idx)
+    return bytes(pte.data[start : start + value.nbytes])
 
 
 def pte_with(

@@ -1,0 +1,312 @@
+"""Regressions of ptexec.training: values gathered over several training methods, failed
+calls, and ExecuTorch's ``named_gradients`` copies.
+
+References are eager PyTorch (same modules, same weights, same optimizer) and ExecuTorch's
+own runtime and ``TrainingModule``. The two-method program is exported once per session by
+ExecuTorch's exporter (with parameters in the ``.pte`` and in a ``.ptd``); the rest use
+the committed MLP fixture.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import ptexec.training as T
+from ptexec.errors import ExecutionError, InputError, StateError
+from ptexec.training.save import pte_with
+from training_models import MLP, example_inputs
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "training"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _mlp() -> MLP:
+    module = MLP()
+    module.load_state_dict(torch.load(FIX / "state.pt")["mlp"])
+    return module
+
+
+def _eager_grads(
+    module: nn.Module, batches: list[tuple[torch.Tensor, ...]]
+) -> dict[str, torch.Tensor]:
+    """Eager gradients of ``module`` summed over ``batches`` (on a copy)."""
+    ref = copy.deepcopy(module)
+    for batch in batches:
+        ref(*batch)[0].backward()
+    return {n: p.grad.clone() for n, p in ref.named_parameters()}  # type: ignore[union-attr]
+
+
+# -- two training methods sharing parameters -------------------------------------------------
+
+
+class _Classify(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.extra = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.cross_entropy(self.fc(x), y),)
+
+
+class _Regress(nn.Module):
+    """The same layers (shared with a :class:`_Classify`), another loss that uses both."""
+
+    def __init__(self, a: _Classify) -> None:
+        super().__init__()
+        self.fc = a.fc
+        self.extra = a.extra
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.mse_loss(self.extra(self.fc(x)), t),)
+
+
+_G = torch.Generator().manual_seed(3)
+_X, _Y, _T = (
+    torch.randn(5, 4, generator=_G),
+    torch.randint(0, 3, (5,), generator=_G),
+    torch.randn(5, 3, generator=_G),
+)
+
+
+def _two_losses() -> tuple[_Classify, _Regress]:
+    torch.manual_seed(0)
+    a = _Classify()
+    return a, _Regress(a)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["pte", "ptd"])
+def two_methods(request: pytest.FixtureRequest) -> tuple[bytes, bytes | None]:
+    """``forward`` (cross-entropy through ``fc``) and ``second`` (MSE through ``fc`` and
+    ``extra``) in one program; for ``ptd``, with the parameters in a ``.ptd``."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from torch.export.experimental import _export_forward_backward
+
+    a, b = _two_losses()
+    ea = _export_forward_backward(torch.export.export(a, (_X, _Y), strict=True))
+    eb = _export_forward_backward(torch.export.export(b, (_X, _T), strict=True))
+    config = ExecutorchBackendConfig(external_mutable_weights=request.param)
+    prog = to_edge({"forward": ea, "second": eb}).to_executorch(config)
+    ptd = None
+    if request.param:
+        (blob,) = prog._tensor_data.values()
+        ptd = bytes(blob)
+    return bytes(prog.buffer), ptd
+
+
+def _train(
+    tm: T.TrainingModule, method: str, inputs: tuple[torch.Tensor, ...], steps: int = 3
+) -> None:
+    opt = torch.optim.SGD(tm.parameters(method), lr=0.5)
+    for _ in range(steps):
+        opt.zero_grad()
+        tm.forward_backward(method, inputs)
+        opt.step()
+
+
+def _eager_train(module: nn.Module, inputs: tuple[torch.Tensor, ...], steps: int = 3) -> None:
+    opt = torch.optim.SGD([p for p in module.parameters()], lr=0.5)
+    for _ in range(steps):
+        opt.zero_grad()
+        module(*inputs)[0].backward()
+        opt.step()
+
+
+def _saved(tm: T.TrainingModule, pte: bytes, ptd: bytes | None) -> tuple[bytes, bytes | None]:
+    return (pte, tm.ptd_bytes()) if ptd is not None else (tm.pte_bytes(), None)
+
+
+def test_the_trained_methods_copy_is_gathered(two_methods: tuple[bytes, bytes | None]) -> None:
+    """Train ``forward`` only, then run ``second`` (its own, untrained copy of ``fc``):
+    state_dict and the saved file hold the trained ``fc``, as eager training gives it,
+    and ExecuTorch's runtime runs the saved file with it."""
+    pte, ptd = two_methods
+    tm = T.load(pte, ptd)
+    _train(tm, "forward", (_X, _Y))
+    a, b = _two_losses()
+    initial = {k: v.clone() for k, v in a.state_dict().items()}
+    _eager_train(a, (_X, _Y))
+    tm.forward_backward("second", (_X, _T))  # loads "second"; its fc is the file's
+    state = tm.state_dict()
+    assert list(state) == ["fc.weight", "fc.bias", "extra.weight", "extra.bias"]
+    for name, value in a.state_dict().items():
+        torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(state["fc.weight"], initial["fc.weight"])
+    # the same the other way round: 'second' trained, 'forward' only ran
+    other = T.load(pte, ptd)
+    other.forward_backward("forward", (_X, _Y))
+    _train(other, "second", (_X, _T))
+    a2, b2 = _two_losses()
+    _eager_train(b2, (_X, _T))
+    for name, value in a2.state_dict().items():
+        torch.testing.assert_close(other.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+
+    # the saved program starts from the trained values, in ExecuTorch's runtime
+    pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
+    saved_pte, saved_ptd = _saved(tm, pte, ptd)
+    et = (
+        pl._load_for_executorch_from_buffer(saved_pte, saved_ptd)
+        if saved_ptd is not None
+        else pl._load_for_executorch_from_buffer(saved_pte)
+    )
+    for method, inputs, ref in (("forward", (_X, _Y), a), ("second", (_X, _T), b)):
+        outs = et.run_method(method, inputs)
+        start = et.run_method("__et_training_parameters_index_" + method, ())[0]
+        names = et.run_method("__et_training_fqn_" + method, ())
+        for i, name in enumerate(names):
+            torch.testing.assert_close(outs[start + i], a.state_dict()[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(outs[0], ref(*inputs)[0].detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_copies_trained_apart_are_refused(two_methods: tuple[bytes, bytes | None]) -> None:
+    pte, ptd = two_methods
+    tm = T.load(pte, ptd)
+    _train(tm, "forward", (_X, _Y))
+    _train(tm, "second", (_X, _T))
+    for call in (tm.state_dict, tm.pte_bytes if ptd is None else tm.ptd_bytes):
+        with pytest.raises(StateError, match=r"'fc\.weight'.*'forward', 'second'"):
+            call()
+    # one method's copy, copied into the other, resolves it
+    a, _ = _two_losses()
+    _eager_train(a, (_X, _Y))
+    tm.load_state_dict(tm.state_dict("forward"), "second", strict=False)
+    for name, value in a.state_dict().items():
+        if name.startswith("fc."):
+            torch.testing.assert_close(tm.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_one_method_saves_as_before() -> None:
+    """With one training method nothing is compared: the bytes of each parameter."""
+    tm = T.load(FIX / "mlp.pte")
+    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
+    tm.forward_backward("forward", example_inputs("mlp"))
+    opt.step()
+    layout, plan = tm.layout(), tm.method().state.plan
+    want = pte_with(
+        tm.program,
+        [(plan, s, p) for s, p in zip(layout.parameter_slots, layout.parameters, strict=True)],
+    )
+    assert tm.pte_bytes() == want
+
+
+# -- a call that fails inside the program ----------------------------------------------------
+
+
+def _bad(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, _ = example_inputs("mlp", seed)
+    return x, torch.full((6,), 7)  # a label out of range: the program's gather raises
+
+
+def test_failed_micro_batch_leaves_the_accumulated_gradients() -> None:
+    module = _mlp()
+    tm = T.load(FIX / "mlp.pte")
+    good = [example_inputs("mlp", 1), example_inputs("mlp", 2), example_inputs("mlp", 3)]
+    tm.forward_backward("forward", good[0], accumulate=True)
+    with pytest.raises(ExecutionError):
+        tm.forward_backward("forward", _bad(9), accumulate=True)
+    with pytest.raises(IndexError):  # eager PyTorch refuses it too
+        copy.deepcopy(module)(*_bad(9))
+    tm.forward_backward("forward", good[1], accumulate=True)
+    with pytest.raises(ExecutionError):
+        tm.forward_backward("forward", _bad(8), accumulate=True)
+    ref = _eager_grads(module, good[:2])
+    for name, p in tm.named_parameters().items():
+        torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p, module.state_dict()[name], rtol=0, atol=0)
+    # a .grad of the caller's own is left as it was
+    p0 = tm.parameters()[0]
+    p0.grad = torch.ones_like(p0)
+    with pytest.raises(ExecutionError):
+        tm.forward_backward("forward", _bad(7), accumulate=True)
+    torch.testing.assert_close(p0.grad, torch.ones_like(p0), rtol=0, atol=0)
+
+
+def test_failed_call_leaves_no_garbage_gradients() -> None:
+    module = _mlp()
+    first = example_inputs("mlp", 1)
+    ref = _eager_grads(module, [first])
+    # ExecuTorch's loop: the gradients named_gradients gave stay the previous call's
+    tm = T.load(FIX / "mlp.pte")
+    tm.forward_backward("forward", first)
+    given = tm.named_gradients()
+    with pytest.raises(ExecutionError):
+        tm.forward_backward("forward", _bad(9))
+    for name, p in tm.named_parameters().items():
+        assert p.grad is None  # the planned memory holds what the failed call left
+        torch.testing.assert_close(p, module.state_dict()[name], rtol=0, atol=0)
+    assert tm.named_gradients() is given
+    for name, g in given.items():
+        torch.testing.assert_close(g, ref[name], rtol=1e-5, atol=1e-6)
+    # torch's loop: no gradient, so a step changes nothing; named_gradients says why
+    tm = T.load(FIX / "mlp.pte")
+    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
+    tm.forward_backward("forward", first)
+    with pytest.raises(ExecutionError):
+        tm.forward_backward("forward", _bad(9))
+    with pytest.raises(StateError, match="failed"):
+        tm.named_gradients()
+    opt.step()
+    for name, p in tm.named_parameters().items():
+        assert p.grad is None
+        torch.testing.assert_close(p, module.state_dict()[name], rtol=0, atol=0)
+    # the next call works as before
+    tm.forward_backward("forward", first)
+    for name, g in tm.named_gradients().items():
+        torch.testing.assert_close(g, ref[name], rtol=1e-5, atol=1e-6)
+    # a refused input writes nothing: the gradients stay
+    with pytest.raises(InputError):
+        tm.forward_backward("forward", (first[0][:, :3], first[1]))
+    for name, p in tm.named_parameters().items():
+        torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
+
+
+# -- ExecuTorch's named_gradients hands out copies -------------------------------------------
+
+
+def test_named_gradients_are_copies_as_in_executorch() -> None:
+    """Gradients kept from one call survive the next, and an averaged ExecuTorch SGD step
+    gives ExecuTorch's TrainingModule's parameters bit for bit."""
+    et_training = pytest.importorskip("executorch.extension.training")
+    pte = (FIX / "mlp.pte").read_bytes()
+    b1, b2 = example_inputs("mlp", 1), example_inputs("mlp", 2)
+    module = _mlp()
+    ref1, ref2 = _eager_grads(module, [b1]), _eager_grads(module, [b2])
+    results = {}
+    for lib in (T, et_training):
+        tm = lib._load_for_executorch_for_training_from_buffer(pte)
+        tm.forward_backward("forward", b1)
+        g1 = tm.named_gradients()
+        tm.forward_backward("forward", b2)
+        g2 = tm.named_gradients()
+        assert tm.named_gradients() is g2  # the same dict until the next call, as there
+        for name in ref1:
+            torch.testing.assert_close(g1[name], ref1[name], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(g2[name], ref2[name], rtol=1e-5, atol=1e-6)
+        opt = lib.get_sgd_optimizer(tm.named_parameters(), 0.1, 0.9, 0, 0.01, True)
+        opt.step({k: (g1[k] + g2[k]) / 2 for k in g1})
+        opt.step(g2)  # weight decay and Nesterov are written into the given gradients
+        results[lib] = (
+            {k: v.clone() for k, v in tm.named_parameters().items()},
+            {k: v.clone() for k, v in tm.named_gradients().items()},
+        )
+        if lib is T:  # .grad is the planned gradient, not what the optimizer wrote
+            for name, p in tm.named_parameters().items():
+                torch.testing.assert_close(p.grad, ref2[name], rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(results[T], results[et_training], strict=True):
+        for name in ours:  # the programs' gradients differ in rounding only
+            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-7)
