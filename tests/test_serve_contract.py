@@ -190,3 +190,13 @@ def test_completion_defaults_seeds_and_refused_fields(server: Any) -> None:
     ):
         status, body = _status(server, {"model": MODEL, "prompt": PROMPT, **extra})
         assert status == 400 and body["error"]["param"] == param, (extra, body)
+
+
+def test_a_model_is_retrieved_by_its_id(client: Any) -> None:
+    """``GET /v1/models/{id}`` (the client's ``models.retrieve``): the served model, or
+    OpenAI's 404 for another."""
+    m = client.models.retrieve(MODEL)
+    assert (m.id, m.object, m.owned_by) == (MODEL, "model", "ptexec")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("other/model")
+    assert e.value.body["code"] == "model_not_found"

@@ -206,19 +206,27 @@ def create_app(
     async def text_completions(request: HttpRequest) -> Response:
         return await completions(request, False)
 
+    def model_object() -> dict[str, Any]:
+        assert engine is not None
+        return {
+            "id": engine.model_name,
+            "object": "model",
+            "created": engine.created,
+            "owned_by": "ptexec",
+            "max_model_len": engine.context,
+        }
+
     async def models(request: HttpRequest) -> Response:
-        data = []
-        if engine is not None:
-            data.append(
-                {
-                    "id": engine.model_name,
-                    "object": "model",
-                    "created": engine.created,
-                    "owned_by": "ptexec",
-                    "max_model_len": engine.context,
-                }
-            )
+        data = [model_object()] if engine is not None else []
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: HttpRequest) -> Response:
+        name = request.path_params["model"]
+        if engine is None or name != engine.model_name:
+            raise ApiError(
+                404, f"The model '{name}' does not exist", param="model", code="model_not_found"
+            )
+        return JSONResponse(model_object())
 
     async def health(request: HttpRequest) -> Response:
         if draining():
@@ -260,6 +268,7 @@ def create_app(
         ),
         Route("/v1/completions", endpoint("completions", text_completions), methods=["POST"]),
         Route("/v1/models", endpoint("models", models), methods=["GET"]),
+        Route("/v1/models/{model:path}", endpoint("models", model), methods=["GET"]),
         Route("/health", endpoint("health", health, open_route=True), methods=["GET"]),
         Route("/metrics", endpoint("metrics", metrics_text), methods=["GET"]),
         Route("/v1/programs/{method}", endpoint("programs", run_program), methods=["POST"]),
