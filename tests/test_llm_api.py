@@ -99,6 +99,26 @@ def test_sampler_distribution_filters() -> None:
     assert Sampler(2.0, top_p=1e-6).distribution(logits).argmax() == 0
 
 
+def test_sampler_top_p_keeps_what_transformers_keeps() -> None:
+    """At the top-p boundary and among tied tokens, the sampler keeps the tokens
+    transformers' TopPLogitsWarper keeps (the highest ids of a tie), with its
+    probabilities."""
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.zeros(v), num / 20) for v in range(2, 41) for num in range(1, 20)]
+    cases += [(torch.zeros(20), 0.3), (torch.zeros(20), 0.35)]  # cumulative-sum boundaries
+    cases += [(torch.randint(-3, 3, (30,), generator=g).float(), p) for p in (0.25, 0.5, 0.9)]
+    for logits, top_p in cases:
+        for temperature, top_k in ((1.0, 0), (0.5, 7)):
+            got = Sampler(temperature, top_p, top_k).distribution(logits)
+            scores = logits.reshape(1, -1) / temperature
+            if top_k:
+                scores = tp.TopKLogitsWarper(top_k)(None, scores)
+            want = torch.softmax(tp.TopPLogitsWarper(top_p)(None, scores), -1).reshape(-1)
+            assert torch.equal(got > 0, want > 0), (logits.tolist(), top_p, temperature, top_k)
+            torch.testing.assert_close(got, want)
+
+
 def test_sampler_frequencies_follow_the_distribution() -> None:
     logits = torch.tensor([1.0, 0.0, -1.0, 2.0])
     s = Sampler(1.0, seed=0)

@@ -272,8 +272,10 @@ class TextDecoder:
             logits = logits[:, -1, :]
         return logits
 
-    def prefill(self, tokens: Sequence[int], pos: int) -> torch.Tensor:
-        """Evaluate ``tokens`` at positions ``pos, pos + 1, ...``; the last position's logits."""
+    def prefill(self, tokens: Sequence[int], pos: int, history: Sequence[int] = ()) -> torch.Tensor:
+        """Evaluate ``tokens`` at positions ``pos, pos + 1, ...``; the last position's logits.
+        A program without a KV cache re-reads ``history`` (the tokens before them) with
+        them, as :meth:`step` does."""
         if not tokens:
             raise GenerationError("prefill needs at least one token")
         if pos + len(tokens) > self.max_context_len:
@@ -282,7 +284,7 @@ class TextDecoder:
                 f"{self.max_context_len} tokens"
             )
         if not self.use_kv_cache:
-            return self._call(list(tokens)[-self.max_chunk :], 0)
+            return self._call([*history, *tokens][-self.max_chunk :], 0)
         logits: torch.Tensor | None = None
         step = self.max_chunk
         for i in range(0, len(tokens), step):

@@ -709,7 +709,7 @@ class MultimodalRunner(_Runner):
         """Evaluate the inputs into the context without generating."""
         with self._lock:
             ids, media = self._encode_multimodal(list(inputs), 0, 0)
-            self._next_token = self._prefill_ids(ids, self._sampler(GenerationConfig()), media)
+            self._prefill_ids(ids, media)
 
     def generate_hf(
         self,

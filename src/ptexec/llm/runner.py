@@ -11,7 +11,8 @@ A generation, as ExecuTorch's runner does it:
    ``config.echo``, the prompt goes to the token callback;
 2. the prompt is prefilled at the runner's position (0 after a load or ``reset``; after a
    ``generate`` the next call continues the same context), and the first token is sampled
-   from the prefill's logits;
+   from the prefill's logits (a program without a KV cache reads the whole context, the
+   earlier calls' tokens and the prompt, as each decode step does);
 3. tokens are decoded one at a time until ``config.resolve_max_new_tokens(context,
    position)`` tokens were generated, an EOS id was sampled (unless ``ignore_eos``), a stop
    string appeared, or :meth:`stop` was called. Each token's text goes to the callback as
@@ -30,7 +31,13 @@ Where ptexec differs from ExecuTorch's runner, on purpose: a first token that is
 the generation (ExecuTorch decodes past it); each ``generate`` starts its statistics afresh
 (load times kept); the statistics are float milliseconds; ``seq_len`` bounds the whole
 context (ExecuTorch's bounds one call once the context holds earlier calls; both agree on
-a fresh context).
+a fresh context); after :meth:`~TextLLMRunner.prefill`, ``generate("")`` samples its first
+token from the logits the prefill kept, under its own config (its temperature, seed and
+processors, which see the whole context), where ExecuTorch's samples it in ``prefill`` with
+that call's config.
+
+Logits processors always see the context (every earlier call's tokens and the prompt) and
+every token the call generated, as transformers gives them ``input_ids``.
 """
 
 from __future__ import annotations
@@ -156,7 +163,8 @@ class _Runner:
         self.print_output = print_output
         self.pos = 0
         self._history: list[int] = []  # tokens in the context (for programs without a cache)
-        self._next_token: int | None = None
+        # a prefill() awaiting generate(""): the logits its first token is sampled from
+        self._pending_logits: torch.Tensor | None = None
         self._stop = threading.Event()
         self._lock = threading.RLock()  # reentrant: a runner may encode inputs under it first
         self.on_sample: SampleObserver | None = None
@@ -183,7 +191,7 @@ class _Runner:
             self.stats.reset()
             self.pos = 0
             self._history.clear()
-            self._next_token = None
+            self._pending_logits = None
 
     def get_vocab_size(self) -> int:
         """The program's vocabulary size (-1 when unknown)."""
@@ -301,7 +309,7 @@ class _Runner:
         may be generated after it."""
         if ids is not None:
             self._check_prompt(ids)
-        elif self._next_token is None:
+        elif self._pending_logits is None:
             raise GenerationError("an empty prompt needs a prior prefill() call")
         occupied = self.pos + (len(ids) if ids is not None else 0)
         budget = config.resolve_max_new_tokens(self.max_context_len, occupied)
@@ -318,16 +326,28 @@ class _Runner:
             )
         return budget
 
-    def _prefill_ids(self, ids: list[int], sampler: Sampler, media: Sequence[Any] = ()) -> int:
+    def _prefill_logits(self, ids: list[int], media: Sequence[Any] = ()) -> torch.Tensor:
+        """Evaluate ``ids`` into the context; the logits after the last of them. A program
+        without a KV cache reads the context before them too (as :meth:`TextDecoder.step`
+        does)."""
         self._check_prompt(ids)
-        logits = (
-            self.decoder.prefill(ids, self.pos, media)
-            if media
-            else self.decoder.prefill(ids, self.pos)
-        )
+        logits: torch.Tensor
+        if media:
+            logits = self.decoder.prefill(ids, self.pos, media)
+        elif isinstance(self.decoder, TextDecoder):
+            logits = self.decoder.prefill(ids, self.pos, self._history)
+        else:
+            logits = self.decoder.prefill(ids, self.pos)
         self.pos += len(ids)
         self._history += ids
-        return self._sample(sampler, logits)
+        return logits
+
+    def _prefill_ids(self, ids: list[int], media: Sequence[Any] = ()) -> None:
+        """Prefill ``ids`` for a later ``generate("")``: the logits after them are kept (the
+        next call samples its first token from them with its own config)."""
+        logits = self._visible(self._prefill_logits(ids, media))
+        # the program's output buffer is reused by its next call: keep a copy
+        self._pending_logits = logits.detach().clone()
 
     def _generate_ids(
         self,
@@ -372,14 +392,17 @@ class _Runner:
                 if config.echo and prompt_text:
                     emit(prompt_text)
                 stats.model_execution_start_ms = _now_ms()
-                cur = self._prefill_ids(ids, sampler, media)
+                cur = self._sample(sampler, self._prefill_logits(ids, media))
                 num_prompt = len(ids)
             else:
-                assert self._next_token is not None  # checked by _budget
-                cur = self._next_token
+                pending = self._pending_logits
+                assert pending is not None  # checked by _budget
                 num_prompt = self.pos - start_pos
                 stats.token_encode_end_ms = stats.model_execution_start_ms = _now_ms()
-            self._next_token = None
+                # sampled here, with this call's config: processors see the prompt (in
+                # the history) and this token
+                cur = self._sample(sampler, pending)
+            self._pending_logits = None
             stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
             self.generated_tokens = out_ids = [cur]
             stream = TextStream(self.tokenizer)
@@ -463,11 +486,12 @@ class TextLLMRunner(_Runner):
 
     def prefill(self, prompt: str, config: GenerationConfig | None = None) -> None:
         """Evaluate ``prompt`` into the context without generating (e.g. chat history); a
-        following ``generate("")`` starts from the token it predicts."""
+        following ``generate("")`` starts from the token it predicts, sampled with that
+        call's config (``config`` here gives ``num_bos`` and ``num_eos``)."""
         config = config or GenerationConfig()
         with self._lock:
             ids = self._encode_inputs([MultimodalInput(prompt)], config.num_bos, config.num_eos)
-            self._next_token = self._prefill_ids(ids, self._sampler(config))
+            self._prefill_ids(ids)
 
     def __repr__(self) -> str:
         return (

@@ -101,14 +101,17 @@ class Sampler:
         if 0 < self.top_k < vocab:
             kth = torch.topk(x, self.top_k).values[-1]
             x = x.masked_fill(x < kth, float("-inf"))
-        probs = torch.softmax(x, dim=0)
         if self.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            before = torch.cumsum(sorted_p, dim=0) - sorted_p  # mass of the better tokens
-            drop = before >= self.top_p  # keeps the smallest prefix reaching top_p
-            sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-            probs = probs / probs.sum()
+            # as transformers' TopPLogitsWarper computes it (the same operations, so the
+            # same tokens at the boundary and among ties): drop the least likely tokens
+            # whose mass stays within 1 - top_p, keeping the likeliest
+            row = x.reshape(1, -1)
+            sorted_x, order = torch.sort(row, descending=False)
+            mass = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+            drop = mass <= (1 - self.top_p)
+            drop[..., -1:] = False
+            x = row.masked_fill(drop.scatter(1, order, drop), float("-inf")).reshape(-1)
+        probs = torch.softmax(x, dim=0)
         return min_p_filter(probs, self.min_p)
 
     def sample(self, logits: torch.Tensor) -> int:

@@ -1,0 +1,209 @@
+"""``ptexec.llm``: what a generation reads of the context it continues: ``prefill`` then
+``generate("")`` (processors and config), and programs without a KV cache over several
+calls. References: ExecuTorch's runtime with transformers' logits processors, and a
+hand-computed model."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from llm_support import PROMPT, executorch_logits, llm_programs, program
+from ptexec.llm import GenerationConfig, TextLLMRunner
+from ptexec.llm.decoder import TextDecoder
+
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return llm_programs.make_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def _runner(tokenizer: Path) -> TextLLMRunner:
+    return TextLLMRunner(str(program("portable")), str(tokenizer), print_output=False)
+
+
+class _Record:
+    """A logits processor that records the ``input_ids`` it is given."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.seen.append(ids[0].tolist())
+        return scores
+
+
+# --------------------------------------------------------------------------------------
+# prefill(prompt), then generate("")
+
+
+def test_prefill_then_generate_processors_see_every_token(tokenizer: Path) -> None:
+    """Each step's processors get the prompt and every token generated before it (the
+    first included), as transformers gives them ``input_ids``: a repetition penalty gives
+    the tokens of a greedy loop on ExecuTorch's runtime with transformers' processor."""
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    n = 8
+    r = _runner(tokenizer)
+    prompt = r.tokenizer.encode(PROMPT)
+    # reference: ExecuTorch's logits over the whole sequence, transformers' penalty
+    penalty = tp.RepetitionPenaltyLogitsProcessor(3.0)
+    seq = list(prompt)
+    for _ in range(n):
+        row = executorch_logits(program("portable"), seq)[-1].reshape(1, -1)
+        seq.append(int(penalty(torch.tensor([seq]), row).argmax()))
+    want = seq[len(prompt) :]
+    assert len(set(want)) == n, "the penalty should keep the tokens apart"
+
+    record = _Record()
+    config = GenerationConfig(
+        max_new_tokens=n,
+        temperature=0.0,
+        echo=False,
+        ignore_eos=True,
+        logits_processor=[record, tp.RepetitionPenaltyLogitsProcessor(3.0)],
+    )
+    r.prefill(PROMPT, GenerationConfig(temperature=0.0))
+    r.generate_text("", config)
+    assert r.generated_tokens == want
+    assert record.seen == [seq[: len(prompt) + i] for i in range(n)]
+
+
+def test_prefill_then_generate_samples_with_the_generate_config(tokenizer: Path) -> None:
+    """Every token ``generate("")`` returns is sampled with its own config, not with the
+    config ``prefill`` was given: greedy after a hot prefill is greedy, and a seeded call
+    samples what the same call after the prompt samples."""
+    r = _runner(tokenizer)
+    greedy = GenerationConfig(max_new_tokens=4, temperature=0.0, echo=False, ignore_eos=True)
+    want = executorch_logits(program("portable"), r.tokenizer.encode(PROMPT))[-1]
+    for seed in range(4):
+        r.reset()
+        r.prefill(PROMPT, GenerationConfig(temperature=50.0, seed=seed))  # nearly uniform
+        r.generate_text("", greedy)
+        assert r.generated_tokens[0] == int(want.argmax())
+    hot = GenerationConfig(max_new_tokens=6, temperature=5.0, seed=3, echo=False, ignore_eos=True)
+    r.reset()
+    r.generate_text(PROMPT, hot)
+    sampled = list(r.generated_tokens)
+    r.reset()
+    r.prefill(PROMPT, GenerationConfig(temperature=0.0))
+    r.generate_text("", hot)
+    assert r.generated_tokens == sampled
+
+
+def test_prefill_then_generate_keeps_the_grammar(tokenizer: Path) -> None:
+    """A grammar sees the first token too: the text matches it, as after generate(prompt)."""
+    pytest.importorskip("llguidance")
+    from ptexec.llm.constrained import Grammar, Vocabulary
+
+    r = _runner(tokenizer)
+    vocab = Vocabulary.of(r.tokenizer, r.vocab_size, r.eos_ids)
+    pattern = r"x[0-9]{3}"
+
+    def config() -> GenerationConfig:
+        grammar = Grammar.regex(vocab, pattern)
+        return GenerationConfig(
+            temperature=0.0, max_new_tokens=12, echo=False, logits_processor=grammar
+        )
+
+    want = r.generate_text(PROMPT, config())
+    assert re.fullmatch(pattern, want), want
+    r.reset()
+    c = config()
+    r.prefill(PROMPT, c)
+    text = r.generate_text("", c)
+    assert re.fullmatch(pattern, text), text
+    assert text == want
+
+
+# --------------------------------------------------------------------------------------
+# a program without a KV cache: forward(tokens) reads the whole context every call
+
+_NOKV_VOCAB = 64
+_NOKV_WINDOW = 16
+
+
+@pytest.fixture(scope="module")
+def nokv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny program without a KV cache, ``forward(tokens int64[1, n <= 16])``, whose
+    argmax is ``sum(tokens) % 64``, and a word-level tokenizer ``t0 .. t63``."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir import to_edge
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from torch.export import Dim, export
+
+    class SumModel(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            s = tokens.sum(dim=1) % _NOKV_VOCAB
+            return torch.nn.functional.one_hot(s, _NOKV_VOCAB).float() * 10.0
+
+    n = Dim("n", min=1, max=_NOKV_WINDOW)
+    example = (torch.ones(1, 4, dtype=torch.long),)
+    ep = export(SumModel(), example, dynamic_shapes={"tokens": {1: n}})
+    metadata: dict[str, Any] = {
+        "get_max_seq_len": _NOKV_WINDOW,
+        "use_kv_cache": False,
+        "enable_dynamic_shape": True,
+        "get_vocab_size": _NOKV_VOCAB,
+        "get_bos_id": 1,
+        "get_eos_ids": [63],
+    }
+    d = tmp_path_factory.mktemp("nokv")
+    pte = d / "nokv.pte"
+    pte.write_bytes(to_edge(ep, constant_methods=metadata).to_executorch().buffer)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(_NOKV_VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "t1", "eos_token": "t63"}))
+    return pte, d / "tokenizer.json"
+
+
+def _sum_model(context: list[int], n: int) -> list[int]:
+    """The sum model's greedy tokens after ``context`` (hand-computed)."""
+    out: list[int] = []
+    for _ in range(n):
+        out.append(sum((context + out)[-_NOKV_WINDOW:]) % _NOKV_VOCAB)
+    return out
+
+
+def test_no_kv_cache_program_reads_the_earlier_calls(nokv: tuple[Path, Path]) -> None:
+    """A follow-up call's first token comes from the whole context (earlier calls and the
+    prompt), as its later tokens do."""
+    pte, tok = nokv
+    r = TextLLMRunner(str(pte), str(tok), print_output=False)
+    assert not r.decoder.use_kv_cache
+    config = GenerationConfig(temperature=0.0, max_new_tokens=3, echo=False, ignore_eos=True)
+    context: list[int] = []
+    for prompt in ("t5 t7", "t11 t13", "t2"):
+        r.generate_text(prompt, config)
+        context += [int(w[1:]) for w in prompt.split()]
+        want = _sum_model(context, 3)
+        assert r.generated_tokens == want, prompt
+        context += want[:-1]  # the last token is not in the context (as ExecuTorch's)
+    # prefill, then generate(""): the same context
+    r.reset()
+    r.generate_text("t3 t4", config)
+    r.prefill("t9")
+    r.generate_text("", config)
+    context = [3, 4, *_sum_model([3, 4], 3)[:-1], 9]
+    assert r.generated_tokens == _sum_model(context, 3)
+
+
+def test_no_kv_cache_prefill_feeds_what_step_feeds(nokv: tuple[Path, Path]) -> None:
+    """``TextDecoder.prefill`` with the history reads what ``step`` reads."""
+    import ptexec
+
+    pte, _ = nokv
+    decoder = TextDecoder(ptexec.load(pte))
+    history = list(range(20, 32))
+    prompt = [40, 50, 60]
+    got = decoder.prefill(prompt, len(history), history)
+    want = decoder.step(prompt[-1], len(history) + 2, history + prompt[:-1])
+    assert torch.equal(got, want)
+    assert int(got.argmax()) == sum((history + prompt)[-_NOKV_WINDOW:]) % _NOKV_VOCAB
