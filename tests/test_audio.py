@@ -14,7 +14,7 @@ import torch
 
 from ptexec.errors import AudioFormatError
 from ptexec.llm.audio import load_audio, read_wav, resample, to_mono, windows
-from ptexec.llm.seq2seq import DecoderPrompt, _forced_from, split_segments
+from ptexec.llm.seq2seq import DecoderPrompt, _prompt_from, split_segments
 
 
 def _signal(n: int, channels: int) -> torch.Tensor:
@@ -187,22 +187,25 @@ def test_timestamp_segments() -> None:
 
 def test_forced_tokens_from_generation_configs() -> None:
     plain = {"forced_decoder_ids": [[1, 10], [2, 11]]}
-    assert _forced_from(plain, None, None, False) == {1: 10, 2: 11}
+    assert _prompt_from(plain, 1, None, None, False).forced == (10, 11)
     whisper = {
         "forced_decoder_ids": [[1, None], [2, 50359]],
         "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265},
         "task_to_id": {"transcribe": 50359, "translate": 50358},
         "no_timestamps_token_id": 50363,
     }
-    assert _forced_from(whisper, "fr", None, False) == {1: 50265, 2: 50359, 3: 50363}
-    assert _forced_from(whisper, "<|en|>", "translate", True) == {1: 50259, 2: 50358}
-    assert _forced_from(whisper, None, None, False) == {1: 50359, 2: 50363}
+    assert _prompt_from(whisper, 1, "fr", None, False).forced == (50265, 50359, 50363)
+    assert _prompt_from(whisper, 1, "<|en|>", "translate", True).forced == (50259, 50358)
+    # no language asked for: detected from the audio (tests/test_whisper_rules.py)
+    assert _prompt_from(whisper, 1, None, None, False) == DecoderPrompt(
+        1, (50359, 50363), (50259, 50265)
+    )
     with pytest.raises(Exception, match="language"):
-        _forced_from(whisper, "xx", None, False)
+        _prompt_from(whisper, 1, "xx", None, False)
     # no language or task tables: the forced tokens stay, the no-timestamps token follows them
     plain_ts = {"forced_decoder_ids": [[1, 10], [2, 11]], "no_timestamps_token_id": 99}
-    assert _forced_from(plain_ts, None, None, False) == {1: 10, 2: 11, 3: 99}
-    assert _forced_from(plain_ts, None, None, True) == {1: 10, 2: 11}
+    assert _prompt_from(plain_ts, 1, None, None, False).forced == (10, 11, 99)
+    assert _prompt_from(plain_ts, 1, None, None, True).forced == (10, 11)
     assert DecoderPrompt.of(50258, {1: 50259, 2: 50359}).prefix() == [50258, 50259, 50359]
     with pytest.raises(Exception, match="positions"):
         DecoderPrompt.of(1, {2: 5})

@@ -237,6 +237,129 @@ def test_timestamps_become_segments(tmp_path: Path, folders: dict[str, Path], ea
     assert no_ts.prompt.prefix() == [1, 10, 11, 199]
 
 
+WHISPER_TABLES = {
+    "lang_to_id": {"<|en|>": 10, "<|fr|>": 12, "<|de|>": 14, "<|ja|>": 40},
+    "task_to_id": {"transcribe": 11, "translate": 13},
+    # the last id: no id stands for a timestamp (transformers' Whisper generate would seek
+    # on any id above it); the timestamp test moves it down
+    "no_timestamps_token_id": 255,
+    "is_multilingual": True,
+}
+
+
+def _whisper_config(**extra: Any) -> dict[str, Any]:
+    """The checkpoint's config with Whisper's tables, the language left open."""
+    base = {**seq2seq_programs.generation_config(), **WHISPER_TABLES}
+    return {**base, "forced_decoder_ids": [[1, None], [2, 11]], **extra}
+
+
+def _whisper_generate(model: Any, x: torch.Tensor, gen: dict[str, Any], n: int,
+                      **options: Any) -> list[int]:  # fmt: skip
+    """transformers' Whisper ``generate`` (prompt rules, language detection, suppression)."""
+    config = transformers.GenerationConfig(**gen)
+    with torch.no_grad():
+        out = model.generate(
+            input_features=x, generation_config=config, max_new_tokens=n, do_sample=False,
+            **options,
+        )  # fmt: skip
+    return [int(t) for t in out[0]]
+
+
+def test_language_is_detected_as_transformers_detects(folders: dict[str, Path], eager: Any) -> None:
+    folder = folders["whisper_portable"]
+    detected = set()
+    for table in ({"<|en|>": 10, "<|fr|>": 12, "<|de|>": 14}, {"<|en|>": 10, "<|ja|>": 40}):
+        gen = _whisper_config(lang_to_id=table)
+        runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
+        assert runner.prompt.detect == tuple(sorted(table.values()))
+        for seed in range(3):
+            x = _features(seed)
+            got = runner.generate(x, GenerationConfig(temperature=0.0, max_new_tokens=10))
+            with torch.no_grad():
+                config = transformers.GenerationConfig(**gen)
+                want_lang = int(eager.detect_language(input_features=x, generation_config=config))
+            assert runner.language_id == want_lang, (table, seed)
+            detected.add(want_lang)
+            assert got == _whisper_generate(eager, x, gen, 10), (table, seed)
+    assert len(detected) > 1  # the detection depends on the table and the audio
+
+
+def test_suppress_tokens_of_the_generation_config(folders: dict[str, Path], eager: Any) -> None:
+    folder = folders["whisper_portable"]
+    x = _features(2)
+    plain = Seq2SeqRunner(folder / "model.pte", folder, generation_config=_whisper_config(),
+                          language="en")  # fmt: skip
+    free = plain.generate(x, GREEDY)
+    # suppress what the model would say first, and its next two distinct tokens everywhere
+    later = [t for t in dict.fromkeys(free[1:]) if t != free[0]][:2]
+    gen = _whisper_config(begin_suppress_tokens=[free[0]], suppress_tokens=later)
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, language="en")
+    got = runner.generate(x, GREEDY)
+    assert got[0] != free[0] and not set(later) & set(got)
+    assert got == _whisper_generate(eager, x, gen, GREEDY.max_new_tokens, language="en")
+    runner.rules = ()  # settable: off
+    assert runner.generate(x, GREEDY) == free
+
+
+def _well_formed(ids: list[int], begin: int, max_initial: int) -> None:
+    stamps = [t for t in ids if t >= begin]
+    assert ids[0] >= begin and ids[0] - begin <= max_initial
+    assert stamps == sorted(stamps)
+    run = 0
+    for t in ids:  # never three timestamps in a row
+        run = run + 1 if t >= begin else 0
+        assert run <= 2
+
+
+def test_timestamp_rules_in_generation(folders: dict[str, Path], eager: Any) -> None:
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    folder = folders["whisper_portable"]
+    gen = _whisper_config(max_initial_timestamp_index=5, no_timestamps_token_id=200)
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, language="fr",
+                           timestamps=True)  # fmt: skip
+    prefix = runner.prompt.prefix()
+    assert prefix == [1, 12, 11]
+    config = GenerationConfig(temperature=0.0, max_new_tokens=20)
+    for seed in range(4):
+        x = _features(seed)
+        got = runner.generate(x, config)
+        rules = WhisperTimeStampLogitsProcessor(
+            transformers.GenerationConfig(**gen), begin_index=len(prefix)
+        )
+        want = _eager_greedy(eager, x, prefix, 20, logits_processor=[rules])
+        assert got == want, seed
+        _well_formed(got, 201, 5)
+
+
+def test_transcribe_keeps_the_first_windows_language(
+    tmp_path: Path, folders: dict[str, Path], eager: Any
+) -> None:
+    folder = folders["whisper_portable"]
+    gen = _whisper_config()
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
+    wav = tmp_path / "speech.wav"
+    _write_wav(wav, 40.0, 16000)
+    features = ProcessorFeatures(folder)
+    assert features.window_samples == 30 * 16000
+    config = GenerationConfig(temperature=0.0, max_new_tokens=6)
+    result = runner.transcribe(wav, features, config)
+    samples, _ = load_audio(wav, 16000)
+    (_, first), (_, second) = windows(samples, 16000)
+    with torch.no_grad():
+        lang = int(eager.detect_language(input_features=features(first),
+                                         generation_config=transformers.GenerationConfig(**gen)))  # fmt: skip
+    assert result.language == runner.languages[lang]
+    prefix = runner.prompt.detected(lang).prefix()
+    assert result.tokens == [_eager_greedy(eager, features(w), prefix, 6) for w in (first, second)]
+    assert result.finish_reasons == [
+        "stop" if ids[-1] in runner.eos_ids else "length" for ids in result.tokens
+    ]
+    # a window longer than the extractor's 30 s would lose its end: refused
+    with pytest.raises(GenerationError, match="longer than the feature extractor"):
+        runner.transcribe(wav, features, config, window_seconds=40.0)
+
+
 def test_preprocessor_program_features(folders: dict[str, Path]) -> None:
     program = ProgramFeatures(folders["preprocessor"] / "model.pte")
     assert program.sampling_rate == 16000 and program.max_samples == 60 * 16000
@@ -271,6 +394,7 @@ def test_cli_transcribe(tmp_path: Path, folders: dict[str, Path],
     )
     assert got["tokens"] == [want]
     assert got["text"] == runners["whisper_portable"].decode(want).strip()
+    assert got["finish_reasons"] == ["length"] and got["language"] is None
 
 
 def test_refusals(folders: dict[str, Path], runners: dict[str, Seq2SeqRunner]) -> None:

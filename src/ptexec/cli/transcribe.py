@@ -87,18 +87,25 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             "text": result.text,
             "tokens": result.tokens,
             "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments],
+            "language": result.language,
+            "finish_reasons": result.finish_reasons,
         }
         print(json.dumps(out))
     else:
         sys.stdout.write("\n")
         for s in result.segments:
             print(f"[{s.start:7.2f} -> {s.end:7.2f}] {s.text.strip()}")
+    cut = [i for i, r in enumerate(result.finish_reasons) if r == "length"]
+    if cut:
+        print(f"ptexec: window(s) {cut} reached the token budget before the end of their text "
+              "(--max-new-tokens, or the decoder's cache)", file=sys.stderr)  # fmt: skip
     stats = runner.stats
     load_ms = stats.model_load_end_ms - stats.model_load_start_ms
     print(
         f"load {load_ms:.1f} ms; {len(result.tokens)} window(s); last window: encoder and "
         f"prompt {stats.prefill_ms:.2f} ms, {stats.num_generated_tokens} tokens, "
-        f"{stats.tokens_per_second:.1f} tokens/s {threads_used()}",
+        f"{stats.tokens_per_second:.1f} tokens/s {threads_used()}"
+        + (f"; language {result.language}" if result.language else ""),
         file=sys.stderr,
     )
     if args.stats:
@@ -134,10 +141,19 @@ def add_transcribe(sub: Any) -> None:
         help="generation_config.json or its directory (default: beside the processor / model)",
     )
     p.add_argument("--decoder-start-token-id", type=int, help="the decoder's first token")
-    p.add_argument("--language", help="Whisper language (en, <|fr|>, ...)")
+    p.add_argument(
+        "--language",
+        help="Whisper language (en, <|fr|>, ...; default: the generation config's, else "
+        "detected from the first window)",
+    )
     p.add_argument("--task", help="Whisper task (transcribe, translate)")
     p.add_argument("--timestamps", action="store_true", help="ask for timestamp tokens")
-    p.add_argument("--window", type=float, default=30.0, help="seconds per window (default 30)")
+    p.add_argument(
+        "--window",
+        type=float,
+        help="seconds per window (default: the feature extractor's span, else 30; a longer "
+        "window than the extractor takes is refused)",
+    )
     p.add_argument(
         "--max-new-tokens", type=int, default=-1, help="most tokens per window (-1: the cache)"
     )

@@ -272,7 +272,10 @@ def windows(
 
 
 class FeatureExtractor(Protocol):
-    """Turns one window of mono samples (at :attr:`sampling_rate`) into encoder input."""
+    """Turns one window of mono samples (at :attr:`sampling_rate`) into encoder input. An
+    extractor that makes features of a fixed span (padding or cutting the samples to it)
+    says so with a ``window_samples`` attribute; transcription then refuses longer
+    windows."""
 
     sampling_rate: int
 
@@ -343,6 +346,10 @@ class ProcessorFeatures:
             )
         self.extractor = extractor
         self.sampling_rate = int(extractor.sampling_rate)
+        chunk = getattr(extractor, "n_samples", None)
+        self.window_samples: int | None = int(chunk) if isinstance(chunk, int) else None
+        """The samples the extractor makes features of (Whisper's: 30 s, padded or cut
+        to it), or None if it does not say."""
 
     def __call__(self, samples: torch.Tensor) -> torch.Tensor:
         x = to_mono(samples).detach().float().cpu().numpy()

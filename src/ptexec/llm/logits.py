@@ -29,6 +29,9 @@ __all__ = [
     "LogitsProcessor",
     "PresenceFrequencyPenalty",
     "RepetitionPenalty",
+    "SuppressTokens",
+    "SuppressTokensAtBegin",
+    "TimestampRules",
     "as_processors",
     "min_p_filter",
     "token_logprobs",
@@ -139,6 +142,133 @@ class LogitBias:
 
     def __repr__(self) -> str:
         return f"LogitBias({self.bias})"
+
+
+def _ids_tuple(ids: Sequence[int], what: str) -> tuple[int, ...]:
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"{what} must be token ids >= 0, got {t!r}")
+        out.append(int(t))
+    return tuple(sorted(set(out)))
+
+
+class SuppressTokens:
+    """Tokens that are never sampled (a generation config's ``suppress_tokens``, as
+    transformers' ``SuppressTokensLogitsProcessor``): their logits become -inf. Ids beyond
+    the scores' width are ignored."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = _ids_tuple(ids, "suppressed tokens")
+        self._index: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+    def _mask(self, scores: torch.Tensor) -> torch.Tensor:
+        key = (scores.device, scores.shape[-1])
+        index = self._index.get(key)
+        if index is None:
+            kept = [t for t in self.ids if t < key[1]]
+            index = self._index[key] = torch.tensor(kept, dtype=torch.int64, device=key[0])
+        return index
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        out = scores.clone()
+        out[..., self._mask(scores)] = float("-inf")
+        return out
+
+    def __repr__(self) -> str:
+        return f"SuppressTokens({list(self.ids)})"
+
+
+class SuppressTokensAtBegin(SuppressTokens):
+    """Tokens that cannot be the first generated one (``begin_suppress_tokens``, as
+    transformers' ``SuppressTokensAtBeginLogitsProcessor``; Whisper's blank and EOS). The
+    first generated token is the one after the prompt :meth:`begin` is told of."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        super().__init__(ids)
+        self._begin = -1
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A generation starts after ``prompt``."""
+        self._begin = len(prompt)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[-1] != self._begin:
+            return scores
+        return super().__call__(input_ids, scores)
+
+    def __repr__(self) -> str:
+        return f"SuppressTokensAtBegin({list(self.ids)})"
+
+
+class TimestampRules:
+    """Whisper's rules for timestamp tokens (those from ``timestamp_begin``, one per 20 ms),
+    as transformers' ``WhisperTimeStampLogitsProcessor`` applies them, so that the output
+    splits into well-formed segments:
+
+    - ``<|notimestamps|>`` is never sampled;
+    - the first generated token is a timestamp, at most ``max_initial_index`` steps in;
+    - timestamps come in pairs (a segment's end, then the next one's start): after two
+      timestamps comes text, after one a timestamp or a token from ``eos`` on;
+    - timestamps never decrease, and a pair's second one is later than the first;
+    - when the timestamps together are likelier than any one text token, a timestamp is
+      sampled (off with ``from_logprob=False``).
+
+    The generated tokens are those after the prompt :meth:`begin` is told of."""
+
+    def __init__(
+        self,
+        timestamp_begin: int,
+        no_timestamps: int,
+        eos: int,
+        max_initial_index: int | None = None,
+        *,
+        from_logprob: bool = True,
+    ) -> None:
+        self.timestamp_begin = int(timestamp_begin)
+        self.no_timestamps = int(no_timestamps)
+        self.eos = int(eos)
+        self.max_initial_index = None if max_initial_index is None else int(max_initial_index)
+        self.from_logprob = bool(from_logprob)
+        self._begin = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A generation starts after ``prompt``."""
+        self._begin = len(prompt)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        ts = self.timestamp_begin
+        banned = float("-inf")
+        out = scores.clone()
+        out[..., self.no_timestamps] = banned
+        generated = input_ids[0, self._begin :].tolist()
+        last = len(generated) >= 1 and generated[-1] >= ts
+        before_last = len(generated) < 2 or generated[-2] >= ts
+        if last:
+            if before_last:
+                out[..., ts:] = banned  # a pair is complete: text next
+            else:
+                out[..., : self.eos] = banned  # a segment's end: its pair, or the end
+        stamps = [t for t in generated if t >= ts]
+        if stamps:
+            floor = stamps[-1] if last and not before_last else stamps[-1] + 1
+            out[..., ts:floor] = banned
+        if input_ids.shape[-1] == self._begin:
+            out[..., :ts] = banned
+            if self.max_initial_index is not None:
+                out[..., ts + self.max_initial_index + 1 :] = banned
+        if self.from_logprob:
+            logprobs = torch.log_softmax(out.float(), dim=-1)
+            if logprobs[..., ts:].logsumexp(dim=-1).max() > logprobs[..., :ts].max():
+                out[..., :ts] = banned
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"TimestampRules(timestamp_begin={self.timestamp_begin}, "
+            f"no_timestamps={self.no_timestamps}, eos={self.eos}, "
+            f"max_initial_index={self.max_initial_index})"
+        )
 
 
 def min_p_filter(probs: torch.Tensor, min_p: float) -> torch.Tensor:

@@ -19,8 +19,11 @@ ExecuTorch's C++ ASR runner reads:
 
 A generation encodes once, then feeds the decoder one token a call: the start token at
 position 0, then the forced tokens (Whisper's language, task and no-timestamps tokens, from
-the model's ``generation_config.json`` or arguments), then each sampled token, until EOS,
-the token budget or :meth:`Seq2SeqRunner.stop`. Sampling, logits processors and statistics
+the model's ``generation_config.json`` or arguments, by the rules of transformers' Whisper
+``generate``: a language not given is detected from the start token's logits), then each
+sampled token, until EOS, the token budget or :meth:`Seq2SeqRunner.stop`. The config's
+``suppress_tokens``, ``begin_suppress_tokens`` and, with timestamps, Whisper's timestamp
+rules are logits processors run before the generation's own. Sampling, logits processors and statistics
 are the text runner's (:class:`~ptexec.llm.Sampler`, :mod:`ptexec.llm.logits`,
 :class:`~ptexec.llm.Stats`); processors see the decoder's tokens. Stop strings are not
 supported here (a config with ``stop`` raises).
@@ -38,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,7 @@ from ..errors import ConfigValueError, GenerationError
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import load_options, read_metadata
-from .logits import as_processors
+from .logits import SuppressTokens, SuppressTokensAtBegin, TimestampRules, as_processors
 from .sampling import Sampler
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
 
@@ -63,11 +66,15 @@ StatsCallback = Callable[[Stats], None]
 
 @dataclass(frozen=True)
 class DecoderPrompt:
-    """The decoder's first tokens: ``start`` at position 0, then the ``forced`` tokens at
-    positions 1, 2, ... (Whisper's language and task tokens); sampling starts after them."""
+    """The decoder's first tokens: ``start`` at position 0, then the ``forced`` tokens
+    (Whisper's language and task tokens); sampling starts after them. With ``detect``
+    (Whisper's language ids), the token at position 1 is the likeliest of those after the
+    start token (language detection, as transformers' ``detect_language``) and the
+    ``forced`` tokens follow it."""
 
     start: int
     forced: tuple[int, ...] = ()
+    detect: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, start: int, forced: Mapping[int, int]) -> DecoderPrompt:
@@ -81,8 +88,23 @@ class DecoderPrompt:
         return cls(int(start), tuple(int(forced[i]) for i in range(1, len(forced) + 1)))
 
     def prefix(self) -> list[int]:
-        """The start token and the forced tokens."""
+        """The start token and the forced tokens (raises while a language is to detect:
+        see :meth:`detected`)."""
+        if self.detect:
+            raise GenerationError(
+                "this decoder prompt detects its language from the audio: its tokens are "
+                "known once a generation has begun (DecoderPrompt.detected(language id))"
+            )
         return [self.start, *self.forced]
+
+    def detected(self, language: int) -> DecoderPrompt:
+        """The prompt with ``language`` at position 1, nothing left to detect."""
+        if self.detect and int(language) not in self.detect:
+            raise GenerationError(f"token {language} is not one of the languages to detect")
+        return DecoderPrompt(self.start, (int(language), *self.forced))
+
+    def __len__(self) -> int:
+        return 1 + bool(self.detect) + len(self.forced)
 
 
 def _read_json(path: str | os.PathLike[str] | None) -> dict[str, Any]:
@@ -112,12 +134,10 @@ def _ids(value: Any, what: str) -> list[int]:
     return out
 
 
-def _forced_from(gen: Mapping[str, Any], language: str | None, task: str | None,
-                 timestamps: bool) -> dict[int, int]:  # fmt: skip
-    """Forced tokens from a generation config: ``forced_decoder_ids`` ([position, id]
-    pairs), with Whisper's language / task / no-timestamps tokens replaced or added when
-    the config has ``lang_to_id`` / ``task_to_id`` / ``no_timestamps_token_id``."""
-    forced: dict[int, int] = {}
+def _forced_pairs(gen: Mapping[str, Any]) -> dict[int, int | None]:
+    """A generation config's ``forced_decoder_ids`` ([position, id] pairs; Whisper's
+    configs leave the language open with a None id)."""
+    forced: dict[int, int | None] = {}
     for pair in gen.get("forced_decoder_ids") or ():
         if (
             not isinstance(pair, list | tuple)
@@ -126,37 +146,71 @@ def _forced_from(gen: Mapping[str, Any], language: str | None, task: str | None,
             or pair[0] is None
         ):
             raise GenerationError(f"forced_decoder_ids holds [position, id] pairs, got {pair!r}")
-        if pair[1] is not None:  # Whisper's configs leave the language open: None
-            forced[int(pair[0])] = int(pair[1])
+        forced[int(pair[0])] = None if pair[1] is None else int(pair[1])
+    if sorted(forced) != list(range(1, len(forced) + 1)):
+        raise GenerationError(
+            f"forced_decoder_ids must fill positions 1, 2, ... after the start token; got "
+            f"positions {sorted(forced)}"
+        )
+    return forced
+
+
+def _language_id(langs: Mapping[str, Any], language: str) -> int:
+    key = language if language.startswith("<|") else f"<|{language.lower()}|>"
+    if key not in langs:
+        names = sorted(k.strip("<|>") for k in langs)
+        raise GenerationError(f"language {language!r} is not one of the model's: {names}")
+    return int(langs[key])
+
+
+def _prompt_from(gen: Mapping[str, Any], start: int, language: str | None, task: str | None,
+                 timestamps: bool) -> DecoderPrompt:  # fmt: skip
+    """The decoder prompt a generation config gives, by the rules of transformers'
+    Whisper ``generate``: ``forced_decoder_ids`` (read only when neither a language nor a
+    task is asked for, from the arguments or the config's ``language`` / ``task``); the
+    asked language at position 1, else, when the config has ``lang_to_id`` and position 1
+    is open, a language detected from the audio; the asked task appended (with a language
+    but no task, ``transcribe``); ``<|notimestamps|>`` last unless ``timestamps``."""
     langs = gen.get("lang_to_id") or {}
     tasks = gen.get("task_to_id") or {}
     no_ts = gen.get("no_timestamps_token_id")
     if not (langs or tasks or no_ts is not None):
         if language or task:
             raise GenerationError("the generation config names no languages or tasks")
-        return forced
-    # Whisper: <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
-    seq: list[int] = []
+        plain = _forced_pairs(gen)
+        return DecoderPrompt.of(start, {p: t for p, t in plain.items() if t is not None})
+    if gen.get("is_multilingual") is False and (language or task):
+        raise GenerationError("this model is English-only: it takes no language or task")
+    language = language or gen.get("language")
+    task = task or gen.get("task")
+    seq: list[int | None] = []
+    if not language and not task:
+        seq = [t for _, t in sorted(_forced_pairs(gen).items())]
+    detect: tuple[int, ...] = ()
     if language:
-        key = language if language.startswith("<|") else f"<|{language}|>"
-        if key not in langs:
-            raise GenerationError(f"language {language!r} is not one of the model's")
-        seq.append(int(langs[key]))
-    elif forced.get(1) is not None and int(forced[1]) in set(langs.values()):
-        seq.append(int(forced[1]))
+        lang: int | None = _language_id(langs, str(language))
+    elif langs and (not seq or seq[0] is None):
+        lang, detect = None, tuple(sorted({int(v) for v in langs.values()}))
+    else:
+        lang = seq[0] if seq else None
+    if seq:
+        seq[0] = lang
+    else:
+        seq.append(lang)
     if task:
         if task not in tasks:
             raise GenerationError(f"task {task!r} is not one of {sorted(tasks)}")
         seq.append(int(tasks[task]))
-    elif tasks:
-        known = set(tasks.values())
-        kept = [v for v in forced.values() if int(v) in known]
-        seq.append(int(kept[0]) if kept else int(tasks.get("transcribe", next(iter(known)))))
-    if not langs and not tasks:  # no tables: the forced tokens as they are
-        seq = [v for _, v in sorted(forced.items()) if v != no_ts]
-    if no_ts is not None and not timestamps:
+    elif language and tasks and not any(t in set(tasks.values()) for t in seq):
+        seq.append(int(tasks.get("transcribe", next(iter(tasks.values())))))
+    last = next((t for t in reversed(seq) if t is not None), None)
+    if no_ts is not None and not timestamps and last != no_ts:
         seq.append(int(no_ts))
-    return {i + 1: t for i, t in enumerate(seq)}
+    elif timestamps and no_ts is not None and seq and seq[-1] == no_ts:
+        seq.pop()
+    if detect:  # position 1 (None here) is the detected language's
+        return DecoderPrompt(start, tuple(int(t) for t in seq[1:] if t is not None), detect)
+    return DecoderPrompt(start, tuple(int(t) for t in seq if t is not None))
 
 
 @dataclass
@@ -175,9 +229,15 @@ class Transcription:
 
     text: str
     tokens: list[list[int]]
-    """The generated ids of each 30 s window."""
+    """The generated ids of each window."""
     segments: list[Segment]
     """Timed segments (empty when the model emitted no timestamp tokens)."""
+    finish_reasons: list[str] = field(default_factory=list)
+    """Why each window's generation ended: "stop" (EOS), "length" (the token budget or the
+    decoder's cache: the window's text may be cut) or "interrupted"."""
+    language: str | None = None
+    """The language code of the decoder prompt (asked or detected), when the model has a
+    language table (Whisper)."""
 
 
 def split_segments(
@@ -358,10 +418,10 @@ class Seq2SeqRunner:
                 if isinstance(forced_decoder_ids, Mapping)
                 else forced_decoder_ids
             )
-            forced = {int(p): int(t) for p, t in pairs}
+            self.prompt = DecoderPrompt.of(int(start), {int(p): int(t) for p, t in pairs})
         else:
-            forced = _forced_from(gen, language, task, timestamps)
-        self.prompt = DecoderPrompt.of(int(start), forced)
+            self.prompt = _prompt_from(gen, int(start), language, task, timestamps)
+        """The decoder prompt of :meth:`generate` and :meth:`transcribe` (settable)."""
         if eos_ids is not None:
             eos = list(eos_ids)
         elif gen.get("eos_token_id") is not None:
@@ -377,6 +437,33 @@ class Seq2SeqRunner:
         no_ts = gen.get("no_timestamps_token_id")
         self.timestamp_begin: int | None = int(no_ts) + 1 if isinstance(no_ts, int) else None
         """The first timestamp token (Whisper), or None."""
+        self.languages: dict[int, str] = {
+            int(v): str(k).strip("<|>") for k, v in (gen.get("lang_to_id") or {}).items()
+        }
+        """Language token id -> code (``"en"``), from the generation config (Whisper)."""
+        self.language_id: int | None = None
+        """The language token of the last generation (asked or detected), or None."""
+        rules: list[Any] = []
+        if gen.get("begin_suppress_tokens"):
+            rules.append(SuppressTokensAtBegin(_ids(gen["begin_suppress_tokens"], "tokens")))
+        if gen.get("suppress_tokens"):
+            rules.append(SuppressTokens(_ids(gen["suppress_tokens"], "suppress_tokens")))
+        if timestamps and isinstance(no_ts, int):
+            stop = sorted(eos) if eos else _ids(gen.get("bos_token_id", 0), "bos_token_id")
+            initial = gen.get("max_initial_timestamp_index")
+            rules.append(
+                TimestampRules(
+                    no_ts + 1,
+                    no_ts,
+                    stop[0],
+                    None if initial is None else int(initial),
+                    from_logprob=bool(gen.get("_detect_timestamp_from_logprob", True)),
+                )
+            )
+        self.rules: tuple[Any, ...] = tuple(rules)
+        """The generation config's logits processors, applied before a generation's own:
+        ``begin_suppress_tokens``, ``suppress_tokens`` and, with ``timestamps``, Whisper's
+        timestamp rules (transformers' order; settable, ``()`` turns them off)."""
         self.vocab_size = self._model.vocab_size
         self._width: int | None = None
         if self.tokenizer is not None:
@@ -437,13 +524,13 @@ class Seq2SeqRunner:
             raise GenerationError(f"the encoder takes {need} {bounds} ({info.dtype}); got {shape}")
         return self._model.encode(x)
 
-    def _budget(self, config: GenerationConfig, prompt: list[int]) -> int:
+    def _budget(self, config: GenerationConfig, prompt: int) -> int:
         if self.max_seq_len is None:
             return config.max_new_tokens if config.max_new_tokens > 0 else 256
-        budget = config.resolve_max_new_tokens(self.max_seq_len, len(prompt) - 1)
+        budget = config.resolve_max_new_tokens(self.max_seq_len, prompt - 1)
         if budget <= 0:
             raise GenerationError(
-                f"no token can be generated: the decoder prompt has {len(prompt)} tokens and "
+                f"no token can be generated: the decoder prompt has {prompt} tokens and "
                 f"the decoder's cache {self.max_seq_len} positions"
             )
         return budget
@@ -470,11 +557,10 @@ class Seq2SeqRunner:
                 config.top_k,
                 config.seed,
                 min_p=config.min_p,
-                processors=as_processors(config.logits_processor),
+                processors=(*self.rules, *as_processors(config.logits_processor)),
             )
             dp = prompt or self.prompt
-            prefix = dp.prefix()
-            budget = self._budget(config, prefix)
+            budget = self._budget(config, len(dp))
             self._stop.clear()
             stats = self.stats
             stats.reset()
@@ -497,12 +583,19 @@ class Seq2SeqRunner:
                     if token_callback is not None:
                         token_callback(piece)
 
+            pos = 0
+            if dp.detect:  # the start token's logits choose the language
+                logits = self._model.step(dp.start, 0, hidden)
+                pos = 1
+                ids = torch.tensor(dp.detect, device=logits.device)
+                dp = dp.detected(dp.detect[int(logits[ids].argmax())])
+            prefix = dp.prefix()
+            self.language_id = next((t for t in prefix[1:2] if t in self.languages), None)
             sampler.begin(prefix)
             out: list[int] = []
             self.generated_tokens = out
-            pos = 0
             # the prompt: every token but the last is fed without sampling
-            for t in prefix[:-1]:
+            for t in prefix[pos:-1]:
                 self._model.step(t, pos, hidden)
                 pos += 1
             stats.prompt_eval_end_ms = _now_ms()
@@ -584,14 +677,24 @@ class Seq2SeqRunner:
         token_callback: TokenCallback | None = None,
         *,
         sampling_rate: int | None = None,
-        window_seconds: float = 30.0,
+        window_seconds: float | None = None,
         prompt: DecoderPrompt | None = None,
     ) -> Transcription:
         """Transcribe an audio file (or mono samples at ``sampling_rate``, default the
         extractor's): resampled to the extractor's rate, in consecutive windows of
-        ``window_seconds``, each encoded and decoded on its own. Stats are the last
-        window's."""
+        ``window_seconds`` (default: what the extractor takes, 30 s for Whisper; a longer
+        window is refused, as the extractor would drop its end), each encoded and decoded
+        on its own. A language to detect is detected on the first window and kept for the
+        others (as transformers does). Stats are the last window's."""
         rate = features.sampling_rate
+        most = getattr(features, "window_samples", None)
+        if window_seconds is None:
+            window_seconds = most / rate if most else 30.0
+        if most and round(window_seconds * rate) > most:
+            raise GenerationError(
+                f"a window of {window_seconds:g} s is longer than the feature extractor takes "
+                f"({most / rate:g} s at {rate} Hz): the rest of each window would be dropped"
+            )
         if isinstance(audio, torch.Tensor):
             from .audio import resample, to_mono
 
@@ -602,10 +705,15 @@ class Seq2SeqRunner:
             samples, _ = load_audio(audio, rate)
         texts: list[str] = []
         all_tokens: list[list[int]] = []
+        reasons: list[str] = []
         segments: list[Segment] = []
+        dp = prompt or self.prompt
         for start, window in windows(samples, rate, window_seconds):
-            ids = self.generate(features(window), config, token_callback, prompt=prompt)
+            ids = self.generate(features(window), config, token_callback, prompt=dp)
+            if dp.detect and self.language_id is not None:
+                dp = dp.detected(self.language_id)  # the first window's language for all
             all_tokens.append(ids)
+            reasons.append(self.finish_reason)
             if self.tokenizer is None:
                 continue
             if self.timestamp_begin is not None and any(t >= self.timestamp_begin for t in ids):
@@ -616,7 +724,8 @@ class Seq2SeqRunner:
                     )
             texts.append(self.decode([t for t in ids if self._is_text(t)]))
         text = " ".join(t.strip() for t in texts if t.strip())
-        return Transcription(text, all_tokens, segments)
+        language = self.languages.get(self.language_id) if self.language_id is not None else None
+        return Transcription(text, all_tokens, segments, reasons, language)
 
     def _is_text(self, token: int) -> bool:
         return self.timestamp_begin is None or token < self.timestamp_begin
