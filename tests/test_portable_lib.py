@@ -73,6 +73,31 @@ def test_single_tensor_call_and_plan_execute() -> None:
     assert compare_outputs(again, call["outputs"], *tolerance("mlp")) is None
 
 
+@pytest.mark.parametrize("name", ["mlp", "mlp_unplanned"])
+def test_the_inputs_kept_for_plan_execute_are_as_given(name: str) -> None:
+    """ExecuTorch copies a memory-planned input into the plan when it is given, so a
+    caller reusing its tensor afterwards does not change what plan_execute runs on; an
+    unplanned input is the caller's memory itself. Both runtimes, the same file."""
+    path = str(FIXTURES_DIR / f"{name}.pte")
+    got, want = [], []
+    for lib, results in ((pl, got), (_et(), want)):
+        module = lib._load_for_executorch(path)
+        x = torch.ones(2, 8)
+        results.append(module.forward([x])[0])
+        x.mul_(3)
+        results.append(module.plan_execute("forward")[0])
+        method = lib._load_program(path).load_method("forward")
+        y = torch.ones(2, 8)
+        method.set_inputs([y])
+        y.mul_(-2)
+        method.execute()
+        results.append(method.get_outputs()[0])
+    for ours, theirs in zip(got, want, strict=True):
+        torch.testing.assert_close(ours, theirs)
+    planned = pl._load_for_executorch(path).method_meta("forward").input_tensor_meta(0)
+    assert torch.equal(got[0], got[1]) == planned.is_memory_planned()
+
+
 def test_clone_outputs_false_gives_the_methods_memory() -> None:
     module = pl._load_for_executorch(str(fixture_paths("mlp")[0]))
     x = torch.randn(2, 8)

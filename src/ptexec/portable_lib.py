@@ -132,12 +132,30 @@ def _as_list(inputs: Any) -> list[Any]:
     )
 
 
+def _as_given(value: Any) -> Any:
+    """A copy of an array input as it is now (the caller may reuse its buffer before the
+    method runs on it again)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    copy = getattr(value, "copy", None)
+    if type(value).__module__ == "numpy" and callable(copy):
+        return copy()
+    return value
+
+
 class ExecuTorchMethod:
     """One loaded method: ``set_inputs`` / ``execute`` / ``get_outputs``, or ``call``."""
 
     def __init__(self, method: _method.Method, recorder: ETDumpRecorder | None = None) -> None:
         self._method = method
         self._recorder = recorder
+        # ExecuTorch copies a memory-planned input into the plan when it is given; the
+        # inputs kept for a later execute (plan_execute) are copies of those
+        self._planned = tuple(
+            i
+            for i, info in enumerate(method.meta.inputs)
+            if getattr(info, "is_memory_planned", False)
+        )
         self._inputs: list[Any] = []
         self._outputs: list[Any] | None = None
         self._bundled_index = -1
@@ -157,6 +175,8 @@ class ExecuTorchMethod:
                     f"Input {i} for method {name} is on device {x.device}, and only CPU and "
                     "CUDA tensors can be passed to a method."
                 )
+        for i in self._planned:
+            values[i] = _as_given(values[i])
         self._inputs = values
         self._bundled_index = -1
 
@@ -191,7 +211,7 @@ class ExecuTorchMethod:
         if self._recorder is None and clone_outputs and self._out is None:
             self.set_inputs(values)
             self._outputs = None
-            self._outputs = self._method.execute(values)
+            self._outputs = self._method.execute(self._inputs)
             return list(self._outputs)
         self.set_inputs(values)
         self.execute()
