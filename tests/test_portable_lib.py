@@ -110,6 +110,32 @@ def test_clone_outputs_false_gives_the_methods_memory() -> None:
     assert again.data_ptr() == view.data_ptr()
 
 
+def test_views_of_a_dynamic_method_keep_their_shape_as_executorchs() -> None:
+    """clone_outputs=False: a view keeps the shape it had; the next call rewrites its data."""
+    path = str(FIXTURES_DIR / "dynamic_mlp.pte")
+    seen = []
+    for lib in (pl, _et()):
+        module = lib._load_for_executorch(path)
+        g = torch.Generator().manual_seed(0)
+        first = module.forward([torch.randn(5, 8, generator=g)], clone_outputs=False)[0]
+        second = module.forward([torch.randn(3, 8, generator=g)], clone_outputs=False)[0]
+        seen.append((first.clone(), second.clone()))
+        assert tuple(first.shape) == (5, 4) and tuple(second.shape) == (3, 4)
+        assert torch.equal(first[:3], second)  # the same memory
+    for ours, theirs in zip(*seen, strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_method_meta_names_non_tensor_values_as_executorch() -> None:
+    """ExecuTorch names a value by its tag: Double and String, not Float and Str (its own
+    repr of this method raises at the first non-tensor input, so the names are checked
+    here)."""
+    path = str(FIXTURES_DIR / "scalar_io.pte")
+    ours = str(pl._load_for_executorch(path).method_meta("forward"))
+    assert "'Double', 'Int', 'Bool']" in ours
+    assert "'Int', 'Int', 'None', 'Double', 'Bool', 'Int']" in ours
+
+
 def test_modules_read_their_program_on_first_use_programs_at_once() -> None:
     """As ExecuTorch's: a module of junk fails when used, a program of junk when loaded."""
     module = pl._load_for_executorch_from_buffer(b"junk" * 16)

@@ -197,8 +197,8 @@ class ExecuTorchMethod:
         the method's memory, valid until its next call."""
         if self._outputs is None:
             raise StateError(f"method '{self._method.name}' has no outputs: execute it first")
-        if not clone_outputs:
-            return list(self._outputs)
+        if not clone_outputs:  # views that keep their shape when the next call resizes
+            return [x.view(x.shape) if isinstance(x, torch.Tensor) else x for x in self._outputs]
         out = self._out or ()
         return [
             x.clone() if isinstance(x, torch.Tensor) and not _given(out, k, x) else x

@@ -137,6 +137,10 @@ def _plan(program: _program.Program, name: str) -> _p.ExecutionPlan:
     )
 
 
+#: ExecuTorch's names of the value tags where they are not the kind capitalised.
+_TAG_NAMES = {"float": "Double", "str": "String"}
+
+
 class MethodMeta:
     """ExecuTorch-style method metadata."""
 
@@ -190,7 +194,9 @@ class MethodMeta:
     def _list(infos: Sequence[Any]) -> str:
         return str(
             [
-                repr(TensorInfo(info)) if isinstance(info, _TensorInfo) else info.kind.capitalize()
+                repr(TensorInfo(info))
+                if isinstance(info, _TensorInfo)
+                else _TAG_NAMES.get(info.kind, info.kind.capitalize())
                 for info in infos
             ]
         )
