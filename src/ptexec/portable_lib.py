@@ -16,7 +16,16 @@ views of the method's memory (valid until its next call), as ExecuTorch returns 
 Devices follow ptexec's rules everywhere (a CUDA program's buffers live on its GPU,
 unplanned inputs are shared, outputs come back on their device); an input on a device
 ptexec does not model is refused with ExecuTorch's words. Every error is a
-``RuntimeError`` (and the ptexec type, see :mod:`ptexec.errors`).
+``RuntimeError`` (and the ptexec type, see :mod:`ptexec.errors`). A memory-planned
+input is kept as given (a copy), so ``plan_execute`` runs on it after the caller reuses
+its tensor, as ExecuTorch copies it into the plan.
+
+Two differences on purpose. Each loaded method has its own memory: ExecuTorch's
+program-loaded methods share one pool, so calling one method can overwrite another's
+state and a second ``load_method`` of a method continues the first's state; here a method's
+state is its own. A program exported with ``share_mutable_buffers=True`` shares its state
+between methods, as the export asks, also through a module; ExecuTorch's ``Module`` gives
+each method its own.
 
 ETDump: ``enable_etdump=True`` records every call (``debug_buffer_size`` bytes for the
 intermediate values), ``write_etdump_result_to_file`` writes it for ExecuTorch's Inspector
