@@ -448,22 +448,25 @@ class Seq2SeqRunner:
             rules.append(SuppressTokensAtBegin(_ids(gen["begin_suppress_tokens"], "tokens")))
         if gen.get("suppress_tokens"):
             rules.append(SuppressTokens(_ids(gen["suppress_tokens"], "suppress_tokens")))
-        if timestamps and isinstance(no_ts, int):
+        self.rules: tuple[Any, ...] = tuple(rules)
+        """The generation config's ``begin_suppress_tokens`` and ``suppress_tokens``
+        processors, run before a generation's own (transformers' order; settable, ``()``
+        turns them off)."""
+        self.timestamp_rules: TimestampRules | None = None
+        """Whisper's timestamp rules, applied after :attr:`rules` to a generation whose
+        prompt asks for timestamps (no ``<|notimestamps|>``); settable, None turns them
+        off."""
+        self._no_timestamps = int(no_ts) if isinstance(no_ts, int) else None
+        if self._no_timestamps is not None:
             stop = sorted(eos) if eos else _ids(gen.get("bos_token_id", 0), "bos_token_id")
             initial = gen.get("max_initial_timestamp_index")
-            rules.append(
-                TimestampRules(
-                    no_ts + 1,
-                    no_ts,
-                    stop[0],
-                    None if initial is None else int(initial),
-                    from_logprob=bool(gen.get("_detect_timestamp_from_logprob", True)),
-                )
+            self.timestamp_rules = TimestampRules(
+                self._no_timestamps + 1,
+                self._no_timestamps,
+                stop[0],
+                None if initial is None else int(initial),
+                from_logprob=bool(gen.get("_detect_timestamp_from_logprob", True)),
             )
-        self.rules: tuple[Any, ...] = tuple(rules)
-        """The generation config's logits processors, applied before a generation's own:
-        ``begin_suppress_tokens``, ``suppress_tokens`` and, with ``timestamps``, Whisper's
-        timestamp rules (transformers' order; settable, ``()`` turns them off)."""
         self.vocab_size = self._model.vocab_size
         self._width: int | None = None
         if self.tokenizer is not None:
@@ -524,6 +527,19 @@ class Seq2SeqRunner:
             raise GenerationError(f"the encoder takes {need} {bounds} ({info.dtype}); got {shape}")
         return self._model.encode(x)
 
+    def decoder_prompt(
+        self, language: str | None = None, task: str | None = None, timestamps: bool = False
+    ) -> DecoderPrompt:
+        """The decoder prompt the generation config gives for ``language``, ``task`` and
+        ``timestamps`` (Whisper; the rules of the constructor's arguments of those names),
+        for one generation or transcription (``prompt=``)."""
+        return _prompt_from(self.generation_config, self.prompt.start, language, task, timestamps)
+
+    def _rules_for(self, prompt: DecoderPrompt) -> tuple[Any, ...]:
+        if self.timestamp_rules is None or self._no_timestamps in prompt.forced:
+            return self.rules
+        return (*self.rules, self.timestamp_rules)
+
     def _budget(self, config: GenerationConfig, prompt: int) -> int:
         if self.max_seq_len is None:
             return config.max_new_tokens if config.max_new_tokens > 0 else 256
@@ -550,6 +566,7 @@ class Seq2SeqRunner:
         config = config or GenerationConfig(temperature=0.0)
         if config.stop:
             raise ConfigValueError("stop", "stop strings are not supported by Seq2SeqRunner")
+        dp = prompt or self.prompt
         with self._lock:
             sampler = Sampler(
                 config.temperature,
@@ -557,9 +574,11 @@ class Seq2SeqRunner:
                 config.top_k,
                 config.seed,
                 min_p=config.min_p,
-                processors=(*self.rules, *as_processors(config.logits_processor)),
+                processors=(
+                    *self._rules_for(dp),
+                    *as_processors(config.logits_processor),
+                ),
             )
-            dp = prompt or self.prompt
             budget = self._budget(config, len(dp))
             self._stop.clear()
             stats = self.stats
