@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from .common import add_xnnpack
@@ -20,8 +21,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    speech = None
+    if _is_speech(args):
+        from ..serve import SpeechService
+        from .transcribe import speech_model
+
+        try:
+            runner, features = speech_model(
+                args.file,
+                processor=args.processor,
+                preprocessor=args.preprocessor,
+                tokenizer=args.tokenizer,
+                generation_config=args.generation_config,
+                data=args.data,
+                sampling_rate=args.sampling_rate,
+                device=args.device,
+                compile=args.compile,
+                xnnpack=args.xnnpack,
+            )
+        except ValueError as e:
+            print(f"ptexec: serve: {e}", file=sys.stderr)
+            return 1
+        speech = SpeechService(
+            runner,
+            features,
+            args.model_name or Path(args.file).stem,
+            max_queue=args.max_queue,
+            timeout=args.timeout,
+        )
     engine = None
-    if args.tokenizer:
+    if args.tokenizer and speech is None:
         engine = Engine(
             args.file,
             args.tokenizer,
@@ -36,11 +65,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             chat_template=args.chat_template,
         )
     programs = None
-    if args.programs or engine is None:  # every method at /v1/programs/{method}
+    if args.programs or (engine is None and speech is None):  # every method at /v1/programs/
         from .. import load
         from ..serve import ProgramService
 
-        program = engine.program if engine is not None else load(args.file, data_path=args.data)
+        program = (
+            engine.program
+            if engine is not None
+            else speech.runner.program
+            if speech is not None
+            else load(args.file, data_path=args.data)
+        )
         from ..llm.decoder import load_options
 
         compile_mode = "background" if args.compile else False
@@ -54,20 +89,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         log_level=args.log_level,
         programs=programs,
+        speech=speech,
     )
-    what = f"'{engine.model_name}'" if engine is not None else "the program's methods"
+    what = (
+        f"'{engine.model_name}'"
+        if engine is not None
+        else f"'{speech.model_name}' (speech to text)"
+        if speech is not None
+        else "the program's methods"
+    )
     print(f"ptexec: serving {what} at {server.url}/v1", file=sys.stderr, flush=True)
     server.run()
     return 0
 
 
+def _is_speech(args: argparse.Namespace) -> bool:
+    """A speech model: features named, or a processor directory beside an encoder-decoder
+    program and no LLM tokenizer asked for."""
+    if args.processor or args.preprocessor:
+        return True
+    if args.tokenizer or not (Path(args.file).parent / "preprocessor_config.json").exists():
+        return False
+    from .. import load
+
+    names = set(load(args.file, data_path=args.data).method_names)
+    return {"encoder", "text_decoder"} <= names
+
+
 def add_serve(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve an LLM program over OpenAI's HTTP API")
-    p.add_argument("file", help="the .pte program (an LLM export)")
+    p = sub.add_parser("serve", help="serve an LLM or speech program over OpenAI's HTTP API")
+    p.add_argument("file", help="the .pte program (an LLM or speech-to-text export)")
     p.add_argument(
         "--tokenizer", help="tokenizer.json, chat template beside it (without: methods only)"
     )
     p.add_argument("--programs", action="store_true", help="also serve /v1/programs/{method}")
+    speech = p.add_mutually_exclusive_group()
+    speech.add_argument(
+        "--processor",
+        help="serve a speech model (Whisper: encoder + text_decoder) at /v1/audio/*, its "
+        "features from this Hugging Face processor directory (found beside the program "
+        "without this option)",
+    )
+    speech.add_argument(
+        "--preprocessor", help="serve a speech model, its features from this preprocessor .pte"
+    )
+    p.add_argument(
+        "--sampling-rate", type=int, default=16000, help="the preprocessor program's sample rate"
+    )
+    p.add_argument(
+        "--generation-config",
+        help="a speech model's generation_config.json (default: beside the processor / model)",
+    )
     p.add_argument(
         "--batch-window-ms", type=float, default=2.0, help="micro-batching window of methods"
     )

@@ -19,10 +19,67 @@ def _beside(model: str, name: str, *dirs: str | None) -> Path | None:
     return None
 
 
+def speech_model(
+    model: str,
+    *,
+    processor: str | None,
+    preprocessor: str | None,
+    tokenizer: str | None,
+    generation_config: str | None,
+    data: str | None = None,
+    sampling_rate: int = 16000,
+    device: str | None = None,
+    compile: bool = False,
+    xnnpack: str = "auto",
+    **runner_options: Any,
+) -> tuple[Any, Any]:
+    """The runner and feature extractor of a speech program, its files found as
+    ``ptexec transcribe`` finds them (raises ``ValueError`` saying
+    what is missing)."""
+    from ..llm import Seq2SeqRunner
+    from ..llm.audio import FeatureExtractor, ProcessorFeatures, ProgramFeatures
+
+    device_map = device if device else None
+    found = tokenizer or _beside(model, "tokenizer.json", processor)
+    if found is None:
+        raise ValueError(
+            "a speech model needs a tokenizer (--tokenizer, or tokenizer.json in the "
+            "processor or model directory)"
+        )
+    generation = generation_config or _beside(model, "generation_config.json", processor)
+    features: FeatureExtractor
+    if preprocessor:
+        features = ProgramFeatures(
+            preprocessor, sampling_rate=sampling_rate, device_map=device_map, xnnpack=xnnpack
+        )
+    else:
+        directory = processor or (
+            str(Path(model).parent)
+            if _beside(model, "preprocessor_config.json") is not None
+            else None
+        )
+        if directory is None:
+            raise ValueError(
+                "a speech model needs features: --preprocessor P.pte or --processor DIR "
+                "(a directory with preprocessor_config.json)"
+            )
+        features = ProcessorFeatures(directory)
+    runner = Seq2SeqRunner(
+        model,
+        found,
+        data,
+        generation_config=generation,
+        device_map=device_map,
+        compile="background" if compile else False,
+        xnnpack=xnnpack,
+        **runner_options,
+    )
+    return runner, features
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     """Stream the transcription to stdout (or print JSON); timings to stderr."""
-    from ..llm import GenerationConfig, Seq2SeqRunner
-    from ..llm.audio import FeatureExtractor, ProcessorFeatures, ProgramFeatures
+    from ..llm import GenerationConfig
 
     config = GenerationConfig(
         echo=False,
@@ -33,47 +90,26 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     apply_threads(args)
-    device_map = args.device if args.device else None
-    tokenizer = args.tokenizer or _beside(args.model, "tokenizer.json", args.processor)
-    if tokenizer is None:
-        print("ptexec: transcribe needs a tokenizer (--tokenizer, or tokenizer.json in the "
-              "processor or model directory)", file=sys.stderr)  # fmt: skip
-        return 1
-    generation = args.generation_config or _beside(
-        args.model, "generation_config.json", args.processor
-    )
-    features: FeatureExtractor
-    if args.preprocessor:
-        features = ProgramFeatures(
-            args.preprocessor,
+    try:
+        runner, features = speech_model(
+            args.model,
+            processor=args.processor,
+            preprocessor=args.preprocessor,
+            tokenizer=args.tokenizer,
+            generation_config=args.generation_config,
+            data=args.data,
             sampling_rate=args.sampling_rate,
-            device_map=device_map,
+            device=args.device,
+            compile=args.compile,
             xnnpack=args.xnnpack,
+            decoder_start_token_id=args.decoder_start_token_id,
+            language=args.language,
+            task=args.task,
+            timestamps=args.timestamps,
         )
-    else:
-        processor = args.processor or (
-            str(Path(args.model).parent)
-            if _beside(args.model, "preprocessor_config.json") is not None
-            else None
-        )
-        if processor is None:
-            print("ptexec: transcribe needs features: --preprocessor P.pte or --processor DIR "
-                  "(a directory with preprocessor_config.json)", file=sys.stderr)  # fmt: skip
-            return 1
-        features = ProcessorFeatures(processor)
-    runner = Seq2SeqRunner(
-        args.model,
-        tokenizer,
-        args.data,
-        generation_config=generation,
-        decoder_start_token_id=args.decoder_start_token_id,
-        language=args.language,
-        task=args.task,
-        timestamps=args.timestamps,
-        device_map=device_map,
-        compile="background" if args.compile else False,
-        xnnpack=args.xnnpack,
-    )
+    except ValueError as e:
+        print(f"ptexec: transcribe: {e}", file=sys.stderr)
+        return 1
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)

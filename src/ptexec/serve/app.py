@@ -4,7 +4,9 @@ Routes (the LLM ones when an :class:`~ptexec.serve.engine.Engine` is served, the
 one when a :class:`~ptexec.serve.programs.ProgramService` is): ``POST /v1/chat/completions``, ``POST /v1/completions`` (a JSON answer, or with
 ``"stream": true`` server-sent events of OpenAI's chunks ending with ``data: [DONE]``),
 ``GET /v1/models``, ``GET /health`` (200 ready, 503 draining), ``GET /metrics``
-(Prometheus text), ``POST /v1/programs/{method}`` (any method, micro-batched). With an API key every route but ``/health`` needs ``Authorization:
+(Prometheus text), ``POST /v1/programs/{method}`` (any method, micro-batched),
+``POST /v1/audio/transcriptions`` and ``/v1/audio/translations`` (when a
+:class:`~ptexec.serve.speech.SpeechService` is served). With an API key every route but ``/health`` needs ``Authorization:
 Bearer KEY``. Bodies past ``max_body_bytes`` are refused (413) before they are parsed.
 
 Errors are OpenAI's error object; an unexpected failure is logged here and answered as a
@@ -28,6 +30,7 @@ from .engine import Engine, Job, Logprob, Result
 from .metrics import Metrics
 from .programs import ProgramService, decode_inputs, encode_outputs
 from .protocol import ApiError, Request, parse_request
+from .speech import SpeechService, parse_form
 
 __all__ = ["create_app"]
 
@@ -48,9 +51,11 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY,
     extra_routes: list[Any] | None = None,
+    speech: SpeechService | None = None,
 ) -> Any:
-    """The Starlette application serving ``engine`` (the LLM routes; None: none) and
-    ``programs`` (``/v1/programs/{method}``; None: none)."""
+    """The Starlette application serving ``engine`` (the LLM routes; None: none),
+    ``programs`` (``/v1/programs/{method}``; None: none) and ``speech`` (the audio routes;
+    None: none)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request as HttpRequest
@@ -59,7 +64,7 @@ def create_app(
 
     if metrics is None:
         metrics = engine.metrics if engine is not None else Metrics()
-    services: list[Any] = [s for s in (engine, programs) if s is not None]
+    services: list[Any] = [s for s in (engine, programs, speech) if s is not None]
 
     def draining() -> bool:
         return any(s.draining for s in services)
@@ -93,20 +98,16 @@ def create_app(
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})", param="body") from None
 
-    async def read_body(request: HttpRequest) -> bytes:
+    async def read_body(request: HttpRequest, limit: int = max_body_bytes) -> bytes:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            raise ApiError(
-                413, f"the request body is over {max_body_bytes} bytes", code="too_large"
-            )
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"the request body is over {limit} bytes", code="too_large")
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > max_body_bytes:
-                raise ApiError(
-                    413, f"the request body is over {max_body_bytes} bytes", code="too_large"
-                )
+            if size > limit:
+                raise ApiError(413, f"the request body is over {limit} bytes", code="too_large")
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -206,27 +207,57 @@ def create_app(
     async def text_completions(request: HttpRequest) -> Response:
         return await completions(request, False)
 
-    def model_object() -> dict[str, Any]:
-        assert engine is not None
-        return {
-            "id": engine.model_name,
-            "object": "model",
-            "created": engine.created,
-            "owned_by": "ptexec",
-            "max_model_len": engine.context,
-        }
+    def model_objects() -> list[dict[str, Any]]:
+        out = []
+        if engine is not None:
+            out.append(
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "created": engine.created,
+                    "owned_by": "ptexec",
+                    "max_model_len": engine.context,
+                }
+            )
+        if speech is not None:
+            out.append(
+                {
+                    "id": speech.model_name,
+                    "object": "model",
+                    "created": speech.created,
+                    "owned_by": "ptexec",
+                }
+            )
+        return out
 
     async def models(request: HttpRequest) -> Response:
-        data = [model_object()] if engine is not None else []
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": model_objects()})
 
     async def model(request: HttpRequest) -> Response:
         name = request.path_params["model"]
-        if engine is None or name != engine.model_name:
-            raise ApiError(
-                404, f"The model '{name}' does not exist", param="model", code="model_not_found"
-            )
-        return JSONResponse(model_object())
+        for item in model_objects():
+            if item["id"] == name:
+                return JSONResponse(item)
+        raise ApiError(
+            404, f"The model '{name}' does not exist", param="model", code="model_not_found"
+        )
+
+    async def audio(request: HttpRequest, task: str) -> Response:
+        if speech is None:
+            raise ApiError(404, "this server serves no speech model")
+        # the form's framing on top of the largest audio file
+        body = await read_body(request, speech.max_audio_bytes + max_body_bytes)
+        form = parse_form(request.headers.get("content-type", ""), body)
+        answer, media = await speech.transcribe(form, task)
+        if isinstance(answer, str):
+            return Response(answer, media_type=media)
+        return JSONResponse(answer)
+
+    async def transcriptions(request: HttpRequest) -> Response:
+        return await audio(request, "transcribe")
+
+    async def translations(request: HttpRequest) -> Response:
+        return await audio(request, "translate")
 
     async def health(request: HttpRequest) -> Response:
         if draining():
@@ -272,6 +303,12 @@ def create_app(
         Route("/health", endpoint("health", health, open_route=True), methods=["GET"]),
         Route("/metrics", endpoint("metrics", metrics_text), methods=["GET"]),
         Route("/v1/programs/{method}", endpoint("programs", run_program), methods=["POST"]),
+        Route(
+            "/v1/audio/transcriptions",
+            endpoint("transcriptions", transcriptions),
+            methods=["POST"],
+        ),
+        Route("/v1/audio/translations", endpoint("translations", translations), methods=["POST"]),
         *(extra_routes or []),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

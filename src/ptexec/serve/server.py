@@ -17,6 +17,7 @@ from typing import Any
 from .app import DEFAULT_MAX_BODY, create_app
 from .engine import Engine
 from .programs import ProgramService
+from .speech import SpeechService
 
 __all__ = ["Server"]
 
@@ -24,9 +25,9 @@ log = logging.getLogger("ptexec.serve")
 
 
 class Server:
-    """``engine`` (an LLM; None: none) and ``programs`` (program methods; None: none)
-    served over HTTP on ``host:port`` (``port=0``: a free one, see :attr:`port`).
-    127.0.0.1 unless told otherwise."""
+    """``engine`` (an LLM; None: none), ``programs`` (program methods; None: none) and
+    ``speech`` (a speech model; None: none) served over HTTP on ``host:port``
+    (``port=0``: a free one, see :attr:`port`). 127.0.0.1 unless told otherwise."""
 
     def __init__(
         self,
@@ -40,14 +41,16 @@ class Server:
         log_level: str = "warning",
         extra_routes: list[Any] | None = None,
         programs: ProgramService | None = None,
+        speech: SpeechService | None = None,
     ) -> None:
         import uvicorn
 
-        if engine is None and programs is None:
-            raise ValueError("a server needs an engine, program methods, or both")
+        if engine is None and programs is None and speech is None:
+            raise ValueError("a server needs an engine, program methods or a speech model")
         self.engine = engine
         self.programs = programs
-        self.services: list[Any] = [s for s in (engine, programs) if s is not None]
+        self.speech = speech
+        self.services: list[Any] = [s for s in (engine, programs, speech) if s is not None]
         self.drain_timeout = drain_timeout
         self.app = create_app(
             engine,
@@ -55,6 +58,7 @@ class Server:
             api_key=api_key,
             max_body_bytes=max_body_bytes,
             extra_routes=extra_routes,
+            speech=speech,
         )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)

@@ -1,0 +1,238 @@
+"""``ptexec serve`` with a speech model: OpenAI's ``/v1/audio/transcriptions`` and
+``/v1/audio/translations`` through the ``openai`` client, on the tiny random Whisper of
+``scripts/seq2seq_programs.py`` (slow: exported once per machine). The reference is the
+same runner's :meth:`~ptexec.llm.Seq2SeqRunner.transcribe` on the same audio with the
+request's decoder prompt (itself checked against transformers in ``test_seq2seq.py``)."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+import subprocess
+import sys
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("transformers")
+pytest.importorskip("optimum.exporters.executorch")
+pytest.importorskip("starlette")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import seq2seq_programs  # noqa: E402
+
+from ptexec.llm import GenerationConfig, Seq2SeqRunner  # noqa: E402
+from ptexec.llm.audio import ProcessorFeatures, load_audio  # noqa: E402
+from ptexec.serve import Server, SpeechService  # noqa: E402
+
+MODEL = "whisper-tiny"
+GEN = {
+    **seq2seq_programs.generation_config(),
+    "forced_decoder_ids": [[1, None], [2, 11]],
+    "lang_to_id": {"<|en|>": 10, "<|fr|>": 12, "<|de|>": 14},
+    "task_to_id": {"transcribe": 11, "translate": 13},
+    "no_timestamps_token_id": 200,  # ids from 201 on are timestamps
+    "max_initial_timestamp_index": 10,
+}
+SPAN = 30.0
+
+
+def _wav(seconds: float) -> bytes:
+    rate = 16000
+    n = int(seconds * rate)
+    t = torch.arange(n, dtype=torch.float64) / rate
+    g = torch.Generator().manual_seed(0)
+    x = 0.3 * torch.sin(2 * math.pi * (300 + 30 * t) * t) + 0.05 * torch.randn(
+        n, generator=g, dtype=torch.float64
+    )
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((x.clamp(-1, 1) * 32767).round().to(torch.int16).numpy().tobytes())
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return seq2seq_programs.program_dir("whisper_portable")
+
+
+@pytest.fixture(scope="module")
+def runner(folder: Path) -> Seq2SeqRunner:
+    return Seq2SeqRunner(folder / "model.pte", folder, generation_config=GEN)
+
+
+@pytest.fixture(scope="module")
+def audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
+    data = _wav(35.0)  # two windows
+    path = tmp_path_factory.mktemp("audio") / "speech.wav"
+    path.write_bytes(data)
+    return data, path
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path, runner: Seq2SeqRunner) -> Iterator[Any]:
+    torch.set_num_threads(1)
+    service = SpeechService(runner, ProcessorFeatures(folder), MODEL)
+    s = Server(None, port=0, speech=service).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0, timeout=120)
+
+
+def _reference(runner: Seq2SeqRunner, folder: Path, path: Path, **prompt: Any) -> Any:
+    return runner.transcribe(
+        path,
+        ProcessorFeatures(folder),
+        GenerationConfig(temperature=0.0),
+        prompt=runner.decoder_prompt(**prompt),
+    )
+
+
+def test_text_formats_equal_the_runners_transcription(
+    client: Any, runner: Seq2SeqRunner, folder: Path, audio: tuple[bytes, Path]
+) -> None:
+    data, path = audio
+    want = _reference(runner, folder, path)
+    assert want.text and len(want.tokens) == 2
+    got = client.audio.transcriptions.create(model=MODEL, file=("speech.wav", data))
+    assert got.text == want.text
+    text = client.audio.transcriptions.create(
+        model=MODEL, file=("speech.wav", data), response_format="text"
+    )
+    assert text == want.text + "\n"
+    french = _reference(runner, folder, path, language="fr")
+    got_fr = client.audio.transcriptions.create(
+        model=MODEL, file=("speech.wav", data), language="fr"
+    )
+    assert got_fr.text == french.text and french.language == "fr"
+    translated = _reference(runner, folder, path, task="translate")
+    got_tr = client.audio.translations.create(model=MODEL, file=("speech.wav", data))
+    assert got_tr.text == translated.text
+
+
+def test_verbose_json_and_subtitles_carry_the_models_segments(
+    client: Any, runner: Seq2SeqRunner, folder: Path, audio: tuple[bytes, Path]
+) -> None:
+    data, path = audio
+    want = _reference(runner, folder, path, timestamps=True)
+    assert want.segments  # the rules make the model time its text
+    got = client.audio.transcriptions.create(
+        model=MODEL,
+        file=("speech.wav", data),
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
+    )
+    assert got.text == want.text and got.language == want.language
+    samples, _ = load_audio(path, 16000)
+    assert got.duration == pytest.approx(samples.numel() / 16000, abs=1e-3)
+    spans = [(s.start, s.end, s.text) for s in got.segments]
+    assert spans == [(round(s.start, 3), round(s.end, 3), s.text) for s in want.segments]
+    for fmt, sep in (("srt", ","), ("vtt", ".")):
+        body = client.audio.transcriptions.create(
+            model=MODEL, file=("speech.wav", data), response_format=fmt
+        )
+        times = re.findall(
+            r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d) --> (\d\d):(\d\d):(\d\d)[,.](\d\d\d)", body
+        )
+        assert len(times) == len(want.segments), fmt
+        for t, seg in zip(times, want.segments, strict=True):
+            h1, m1, s1, f1, h2, m2, s2, f2 = map(int, t)
+            assert (h1 * 3600 + m1 * 60 + s1 + f1 / 1000) == pytest.approx(seg.start, abs=1e-3)
+            assert (h2 * 3600 + m2 * 60 + s2 + f2 / 1000) == pytest.approx(seg.end, abs=1e-3)
+        assert body.startswith("WEBVTT") == (fmt == "vtt") and sep in body
+
+
+def test_refused_requests_say_which_field(
+    client: Any, server: Any, audio: tuple[bytes, Path]
+) -> None:
+    data, _ = audio
+    refused = [
+        ({"prompt": "earlier text"}, "prompt"),
+        ({"response_format": "xml"}, "response_format"),
+        (
+            {"timestamp_granularities": ["word"], "response_format": "verbose_json"},
+            "timestamp_granularities[]",
+        ),
+        ({"temperature": 2.0}, "temperature"),
+        ({"language": "xx"}, "language"),
+    ]
+    for extra, param in refused:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(model=MODEL, file=("a.wav", data), **extra)
+        assert e.value.body["param"] == param, extra
+    with pytest.raises(openai.NotFoundError):
+        client.audio.transcriptions.create(model="other", file=("a.wav", data))
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.transcriptions.create(model=MODEL, file=("a.wav", b"not audio at all"))
+    assert e.value.body["param"] == "file"
+    url = server.url + "/v1/audio/transcriptions"
+    as_json = httpx.post(url, json={"model": MODEL}, timeout=30)
+    assert as_json.status_code == 400 and "multipart" in as_json.json()["error"]["message"]
+    unknown = httpx.post(url, data={"model": MODEL, "speed": "2"},
+                         files={"file": ("a.wav", data)}, timeout=30)  # fmt: skip
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "speed"
+    # the server still answers a good request after the refusals
+    assert client.audio.transcriptions.create(model=MODEL, file=("a.wav", data)).text
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_the_command_line_serves_a_speech_program(folder: Path, audio: tuple[bytes, Path],
+                                                  runner: Seq2SeqRunner) -> None:  # fmt: skip
+    data, path = audio
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ptexec",
+            "serve",
+            str(folder / "model.pte"),
+            "--port",
+            "0",
+            "--model-name",
+            MODEL,
+            "--threads",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        url = None
+        for line in proc.stderr:
+            found = re.search(r"at (http://\S+/v1)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None and "speech to text" in line
+        client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=120)
+        got = client.audio.transcriptions.create(model=MODEL, file=("speech.wav", data))
+        # the folder's own generation config (no language table): its forced tokens
+        plain = Seq2SeqRunner(folder / "model.pte", folder)
+        want = plain.transcribe(path, ProcessorFeatures(folder), GenerationConfig(temperature=0))
+        assert got.text == want.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
