@@ -27,18 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .transcribe import speech_model
 
         try:
-            runner, features = speech_model(
-                args.file,
-                processor=args.processor,
-                preprocessor=args.preprocessor,
-                tokenizer=args.tokenizer,
-                generation_config=args.generation_config,
-                data=args.data,
-                sampling_rate=args.sampling_rate,
-                device=args.device,
-                compile=args.compile,
-                xnnpack=args.xnnpack,
-            )
+            runner, features = speech_model(args.file, args)
         except ValueError as e:
             print(f"ptexec: serve: {e}", file=sys.stderr)
             return 1

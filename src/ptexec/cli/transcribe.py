@@ -19,38 +19,29 @@ def _beside(model: str, name: str, *dirs: str | None) -> Path | None:
     return None
 
 
-def speech_model(
-    model: str,
-    *,
-    processor: str | None,
-    preprocessor: str | None,
-    tokenizer: str | None,
-    generation_config: str | None,
-    data: str | None = None,
-    sampling_rate: int = 16000,
-    device: str | None = None,
-    compile: bool = False,
-    xnnpack: str = "auto",
-    **runner_options: Any,
-) -> tuple[Any, Any]:
-    """The runner and feature extractor of a speech program, its files found as
-    ``ptexec transcribe`` finds them (raises ``ValueError`` saying
-    what is missing)."""
+def speech_model(model: str, args: argparse.Namespace, **runner_options: Any) -> tuple[Any, Any]:
+    """The runner and feature extractor of a speech program, from the options
+    ``transcribe`` and ``serve`` share (``--processor``/``--preprocessor``,
+    ``--tokenizer``, ``--generation-config``, ``--data``, ``--sampling-rate``, ``--device``,
+    ``--compile``, ``--xnnpack``), files not named found beside the processor or the
+    model. Raises ``ValueError`` saying what is missing."""
     from ..llm import Seq2SeqRunner
     from ..llm.audio import FeatureExtractor, ProcessorFeatures, ProgramFeatures
 
-    device_map = device if device else None
-    found = tokenizer or _beside(model, "tokenizer.json", processor)
+    processor, preprocessor = args.processor, args.preprocessor
+    device_map = args.device if args.device else None
+    xnnpack = args.xnnpack
+    found = args.tokenizer or _beside(model, "tokenizer.json", processor)
     if found is None:
         raise ValueError(
             "a speech model needs a tokenizer (--tokenizer, or tokenizer.json in the "
             "processor or model directory)"
         )
-    generation = generation_config or _beside(model, "generation_config.json", processor)
+    generation = args.generation_config or _beside(model, "generation_config.json", processor)
     features: FeatureExtractor
     if preprocessor:
         features = ProgramFeatures(
-            preprocessor, sampling_rate=sampling_rate, device_map=device_map, xnnpack=xnnpack
+            preprocessor, sampling_rate=args.sampling_rate, device_map=device_map, xnnpack=xnnpack
         )
     else:
         directory = processor or (
@@ -67,10 +58,10 @@ def speech_model(
     runner = Seq2SeqRunner(
         model,
         found,
-        data,
+        args.data,
         generation_config=generation,
         device_map=device_map,
-        compile="background" if compile else False,
+        compile="background" if args.compile else False,
         xnnpack=xnnpack,
         **runner_options,
     )
@@ -93,15 +84,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     try:
         runner, features = speech_model(
             args.model,
-            processor=args.processor,
-            preprocessor=args.preprocessor,
-            tokenizer=args.tokenizer,
-            generation_config=args.generation_config,
-            data=args.data,
-            sampling_rate=args.sampling_rate,
-            device=args.device,
-            compile=args.compile,
-            xnnpack=args.xnnpack,
+            args,
             decoder_start_token_id=args.decoder_start_token_id,
             language=args.language,
             task=args.task,
