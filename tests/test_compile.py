@@ -223,6 +223,27 @@ def test_read_in_place_refuses_what_the_general_path_refuses() -> None:
     assert list(c.last_call.inputs) == ["copy"]
 
 
+@pytest.mark.parametrize("name", ["mlp", "mlp_unplanned"])
+def test_a_lazily_negated_input_is_read_by_its_values(name: str) -> None:
+    """A tensor with a lazy negation (``conj().imag`` of a complex tensor is one) may be
+    dense, but its memory holds the negated values: compiled code, which reads memory, is
+    given a copy with the values (planned: copied in, never read in place; unplanned:
+    converted), and answers as the interpreter and eager PyTorch."""
+    interpreted, compiled = load_pair(name)
+    i, c = interpreted["forward"], compiled["forward"]
+    torch.manual_seed(2)
+    lazy = torch._neg_view(torch.randn(2, 8))
+    assert lazy.is_neg() and lazy.is_contiguous()
+    plain = lazy.resolve_neg()
+    want = i(plain)[0]
+    for _ in range(2):  # the general path, then the fast call's own test
+        assert torch.allclose(c(lazy)[0], want, atol=1e-5)
+        assert list(c.last_call.inputs) == (["copy"] if name == "mlp" else ["convert"])
+        assert torch.allclose(i(lazy)[0], want, atol=1e-5)
+    assert torch.allclose(c(plain)[0], want, atol=1e-5)
+    assert list(c.last_call.inputs) == ["share"]
+
+
 def test_read_in_place_with_control_flow_and_reused_input_bytes() -> None:
     """With jumps, inputs whose bytes no other value shares are read in place; where the
     memory plan reuses an input's bytes for a later value, the input still is when that

@@ -180,6 +180,29 @@ def test_a_read_only_array_the_program_writes_is_refused(mutates: bytes) -> None
     np.testing.assert_allclose(writable, np.arange(12).reshape(3, 4) * 2.0)  # as eager does
 
 
+def test_a_lazily_negated_tensor_the_program_writes_is_refused(mutates: bytes) -> None:
+    """Its memory does not hold its values, so the program cannot write it in place; the
+    caller's tensor is left as it was."""
+    m = ptexec.load(mutates).load_method()
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    lazy = torch._neg_view(base)
+    with pytest.raises(ptexec.InputError, match="lazy negation"):
+        m.execute([lazy])
+    assert torch.equal(base, torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    x = lazy.resolve_neg()
+    out = m.execute([x])[-1]
+    torch.testing.assert_close(out, -base * 2.0 + 1.0)
+
+
+def test_a_lazily_negated_tensor_the_program_reads_is_converted() -> None:
+    m = ptexec.load(fixture_paths("mlp_unplanned")[0]).load_method()
+    x = fixture_calls("mlp_unplanned")[0]["inputs"][0]
+    lazy = torch._neg_view(-x)
+    got = m.execute([lazy])
+    assert m.last_call.inputs == ["convert"]
+    assert compare_outputs(got, fixture_calls("mlp_unplanned")[0]["outputs"], 1e-5, 1e-5) is None
+
+
 def test_a_read_only_array_the_program_only_reads_is_shared() -> None:
     m = ptexec.load(fixture_paths("mlp_unplanned")[0]).load_method()
     assert not m.state.inputs[0].written

@@ -96,7 +96,9 @@ def check_inputs(
         ):
             assert spec.info is not None
             action = common_action(spec.info, x.is_contiguous())
-            if action is Action.COPY or (action is Action.SHARE and default_policy):
+            if action is Action.COPY or (
+                action is Action.SHARE and default_policy and not _lazy(x)
+            ):
                 bound.append((action, x))
                 continue
         bound.append(_judge(state, i, spec, x, policy))
@@ -139,12 +141,26 @@ def _judge(
         info = describe(x)
         readonly = not getattr(getattr(x, "flags", None), "writeable", True)
     action = decide(spec.info, info, policy, where)
+    if action is Action.SHARE and _lazy(t):
+        # a lazy negation or conjugation: its memory does not hold its values, and code
+        # that reads memory (compiled code, a delegate) would see the wrong ones
+        if spec.written:
+            raise InputError(
+                f"{where}: the tensor is a lazy negation or conjugation (its memory does not "
+                "hold its values), but the program writes this input in place and would use "
+                "its memory; pass x.resolve_neg().resolve_conj()"
+            )
+        action = Action.CONVERT  # a copy with the values, in the program's layout
     if readonly and spec.written and action is Action.SHARE:
         raise InputError(
             f"{where}: the array is read-only, but the program writes this input in place and "
             "would use the array's memory; pass a writable array (or a copy)"
         )
     return action, t
+
+
+def _lazy(t: torch.Tensor) -> bool:
+    return t.is_neg() or t.is_conj()
 
 
 def float_tolerance(traced: float) -> float:

@@ -502,7 +502,7 @@ def _generate(
             assert spec.view is not None
             bound.set(f"V{i}", _InputView(i))
             env[f"o{i}"] = spec.dim_order
-            others = _apart(state, i, addressed)
+            others = _apart(state, i, addressed) + f" and not ({_lazy_test(x, info.dtype)})"
             binds.append(f"if {x}.is_contiguous(){others}: v[{spec.slot}] = {x}")
             binds.append("else:")
             if info.dynamism != "static":
@@ -541,7 +541,9 @@ def _generate(
             copied.append(info.nbytes if info.dynamism == "static" else f"{x}.nbytes")
         else:
             # an alias of its own: a program that resizes the slot (an out= kernel writing
-            # a larger result) changes the alias, never the caller's tensor
+            # a larger result) changes the alias, never the caller's tensor. A tensor whose
+            # memory does not hold its values (a lazy negation) is for the general path.
+            checks.append(f"if {_lazy_test(x, info.dtype)}: return NOT_FAST")
             binds.append(f"v[{spec.slot}] = {x}.detach()")
             restored.append((spec.slot, "None"))
             aliased = True
@@ -734,6 +736,15 @@ def _raw_copy(spec: Any, info: Any, addressed: bool) -> bool:
         and spec.dtype in _RAW_DTYPES
         and tuple(spec.dim_order) == tuple(range(len(spec.dim_order)))
     )
+
+
+def _lazy_test(x: str, dtype: torch.dtype) -> str:
+    """A Python expression, true when the tensor ``x`` has a lazy negation or conjugation:
+    its memory does not hold its values, so code that reads the memory (compiled code, a
+    delegate) must not be handed it (a conjugation only exists for complex dtypes)."""
+    if dtype.is_complex:
+        return f"{x}.is_neg() or {x}.is_conj()"
+    return f"{x}.is_neg()"
 
 
 def _apart(state: MethodState, i: int, addressed: frozenset[int] = frozenset()) -> str:
