@@ -135,6 +135,17 @@ def _method_device(state: MethodState) -> torch.device:
     return torch.device("cpu")
 
 
+def _value_names(plan: p.ExecutionPlan, slots: list[int]) -> str:
+    """``buffer 'kv.k_cache'`` or ``value 12`` for each slot, joined."""
+    names = []
+    for j in slots:
+        value = plan.values[j]
+        extra = value.extra_tensor_info if isinstance(value, p.Tensor) else None
+        fqn = extra.fully_qualified_name if extra is not None else None
+        names.append(f"buffer {fqn!r}" if fqn else f"value {j}")
+    return ", ".join(names)
+
+
 def _short(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip()
     first = text.splitlines()[0] if text else type(e).__name__
@@ -525,6 +536,18 @@ def _region_call(
     label = region.label
     what = f"compiled {label}"
 
+    # values the region reads and writes in place (the method's state, kept between
+    # calls): its code may have written them before the instruction that failed, in an
+    # order of its own; the interpreter stops at that instruction
+    kept = [j for j in region.inplace if j in region.inputs]
+    partly = ""
+    if kept:
+        partly = (
+            f"; it writes {_value_names(plan, kept)} in place, which may be left partly "
+            "updated (the interpreter stops at the failing instruction: load the method "
+            "without compile=... for that)"
+        )
+
     def fail(e: BaseException) -> BaseException:
         if isinstance(e, PtexecError):
             return e
@@ -532,7 +555,7 @@ def _region_call(
             state.name,
             first,
             what,
-            f"the compiled code of {label} failed: {_short(e)}",
+            f"the compiled code of {label} failed: {_short(e)}{partly}",
             chain.frame(first),
         )
 
