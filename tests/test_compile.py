@@ -448,6 +448,29 @@ def test_a_failure_inside_a_region_that_writes_state_says_so() -> None:
     assert torch.equal(c(x, good)[0], state + 1.0)
 
 
+class _HalfChain(torch.nn.Module):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h * 2 + h.sum()).sin() * 3 - h
+
+
+def test_half_precision_intermediates_are_rounded_as_the_interpreter_rounds_them() -> None:
+    """Fused into one kernel, a float16 chain would keep its intermediates in float32; the
+    compiled code rounds each one to float16 as the interpreter's (and ExecuTorch's)
+    kernels do, so both give the same bits."""
+    from export_util import export_program
+
+    g = torch.Generator().manual_seed(5)
+    h = (torch.randn(3, 4, generator=g) * 4).half()
+    pte = export_program(_HalfChain(), (h,))
+    i = ptexec.load(pte).load_method()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)
+        c = ptexec.load(pte).load_method(compile=True)
+    for _ in range(10):
+        x = (torch.randn(3, 4, generator=g) * 4).half()
+        assert torch.equal(c(x)[0], i(x)[0])
+
+
 def test_instruction_limit_as_the_interpreter() -> None:
     pte = fixture_paths("cond")[0]
     interpreted = ptexec.load(pte).load_method("forward", max_instructions=3)

@@ -60,11 +60,14 @@ def inductor_options(device: torch.device, autotune: bool) -> dict[str, Any]:
     compiler folds work on them and packs weights for its kernels); on the CPU, with
     ``autotune``, a matrix product by a constant is a generated C++ kernel (its weights
     packed at compile time), ATen's only where no such kernel applies
-    (:func:`_templates_first`)."""
+    (:func:`_templates_first`). A float16 or bfloat16 intermediate is rounded to its dtype
+    as the interpreter (and ExecuTorch) round it, not kept in float32 inside a fused
+    kernel, so the compiled code computes the program's own arithmetic."""
     options: dict[str, Any] = {
         "aot_inductor.package": True,
         "freezing": True,
         "autotune_num_choices_displayed": 0,
+        "emulate_precision_casts": True,
     }
     if autotune and device.type == "cpu":
         options["max_autotune"] = True
