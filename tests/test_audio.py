@@ -181,8 +181,24 @@ def test_timestamp_segments() -> None:
     tb = 100  # <|0.00|>
     tokens = [tb + 0, 5, 6, tb + 50, tb + 50, 7, tb + 120, 8, 9]
     got = split_segments(tokens, tb, offset=30.0)
-    assert got == [(30.0, 31.0, [5, 6]), (31.0, 32.4, [7]), (32.4, -1.0, [8, 9])]
+    # a segment's ids hold its timestamps, as Whisper's segments carry them
+    assert got == [
+        (30.0, 31.0, [tb, 5, 6, tb + 50]),
+        (31.0, 32.4, [tb + 50, 7, tb + 120]),
+        (32.4, -1.0, [tb + 120, 8, 9]),
+    ]
     assert split_segments([5, 6], tb) == [(0.0, -1.0, [5, 6])]
+    # Whisper's usual ending, a closing timestamp then EOS: no segment after it
+    eos = 2
+    ended = [tb, 5, 6, tb + 50, tb + 50, 7, tb + 100, eos]
+    assert split_segments(ended, tb, ignore={eos}) == [
+        (0.0, 1.0, [tb, 5, 6, tb + 50]),
+        (1.0, 2.0, [tb + 50, 7, tb + 100]),
+    ]
+    # timestamps without text between them make no segment; the latest one opens the next
+    assert split_segments([tb, tb + 10, 5, tb + 20, tb + 30, eos], tb, ignore={eos}) == [
+        (0.2, 0.4, [tb + 10, 5, tb + 20])
+    ]
 
 
 def test_forced_tokens_from_generation_configs() -> None:

@@ -230,8 +230,8 @@ def test_timestamps_become_segments(tmp_path: Path, folders: dict[str, Path], ea
     assert any(t >= 200 for ids in result.tokens for t in ids)
     want = []
     for ids, start, end in zip(result.tokens, (0.0, 30.0), (30.0, 35.0), strict=True):
-        for s, e, toks in split_segments(ids, 200, start):
-            want.append((s, end if e < 0 else e, runner.decode(toks)))
+        for s, e, toks in split_segments(ids, 200, start, ignore=runner.eos_ids):
+            want.append((s, end if e < 0 else e, runner.decode([t for t in toks if t < 200])))
     assert [(s.start, s.end, s.text) for s in result.segments] == want and want
     no_ts = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
     assert no_ts.prompt.prefix() == [1, 10, 11, 199]
@@ -282,6 +282,39 @@ def test_language_is_detected_as_transformers_detects(folders: dict[str, Path], 
             detected.add(want_lang)
             assert got == _whisper_generate(eager, x, gen, 10), (table, seed)
     assert len(detected) > 1  # the detection depends on the table and the audio
+
+
+def test_scores_are_whispers(folders: dict[str, Path], eager: Any) -> None:
+    """A scored generation's average log-probability and no-speech probability, as
+    Whisper computes them: the sampled tokens' log-probabilities under the processed
+    logits (EOS's counted), over the tokens before EOS plus one; the no-speech token's
+    (the id before ``<|notimestamps|>``) probability at the start token's step."""
+    folder = folders["whisper_portable"]
+    gen = {**seq2seq_programs.generation_config(), "no_timestamps_token_id": 199}
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
+    assert runner.no_speech_id == 198
+    prefix = runner.prompt.prefix()
+    for seed, n in ((0, 12), (1, 40)):
+        x = _features(seed)
+        got = runner.generate(x, GenerationConfig(temperature=0.0, max_new_tokens=n), score=True)
+        with torch.no_grad():
+            out = transformers.GenerationMixin.generate(
+                eager, input_features=x, decoder_input_ids=torch.tensor([prefix]),
+                max_new_tokens=n, do_sample=False, output_scores=True,
+                return_dict_in_generate=True,
+            )  # fmt: skip
+            start = eager(input_features=x, decoder_input_ids=torch.tensor([[prefix[0]]])).logits
+        ids = [int(t) for t in out.sequences[0, len(prefix) :]]
+        assert got == ids
+        logprobs = [
+            float(torch.log_softmax(step[0].float(), dim=-1)[t])
+            for step, t in zip(out.scores, ids, strict=True)
+        ]
+        before_eos = len(ids) - int(ids[-1] in runner.eos_ids)
+        avg, no_speech = runner.scores
+        assert avg == pytest.approx(sum(logprobs) / (before_eos + 1), abs=1e-4)
+        want = float(torch.softmax(start[0, 0].float(), dim=-1)[198])
+        assert no_speech == pytest.approx(want, rel=1e-4, abs=1e-7)
 
 
 def test_suppress_tokens_of_the_generation_config(folders: dict[str, Path], eager: Any) -> None:

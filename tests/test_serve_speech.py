@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import wave
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,11 +143,30 @@ def test_verbose_json_and_subtitles_carry_the_models_segments(
         response_format="verbose_json",
         timestamp_granularities=["segment"],
     )
-    assert got.text == want.text and got.language == want.language
+    assert got.text == want.text and want.language and got.language == {"en": "english",
+        "fr": "french", "de": "german"}[want.language]  # fmt: skip
     samples, _ = load_audio(path, 16000)
     assert got.duration == pytest.approx(samples.numel() / 16000, abs=1e-3)
     spans = [(s.start, s.end, s.text) for s in got.segments]
     assert spans == [(round(s.start, 3), round(s.end, 3), s.text) for s in want.segments]
+    # OpenAI's schema, every field present and typed
+    openai.types.audio.TranscriptionVerbose.model_validate(got.model_dump())
+    begin = GEN["no_timestamps_token_id"] + 1
+    for seg, mine in zip(got.segments, want.segments, strict=True):
+        # a segment is text between its timestamps: never the EOS after the last one
+        assert seg.tokens[0] >= begin and any(t < begin for t in seg.tokens)
+        assert not set(seg.tokens) & runner.eos_ids
+        window = want.windows[mine.window]
+        assert seg.seek == round(window.start * 100)
+        assert (seg.avg_logprob, seg.no_speech_prob) == (window.avg_logprob,
+                                                         window.no_speech_prob)  # fmt: skip
+        words = runner.decode([t for t in want.tokens[mine.window] if t < begin]).encode()
+        assert seg.compression_ratio == pytest.approx(len(words) / len(zlib.compress(words)))
+    assert {s.seek for s in got.segments} <= {0, 3000} and len(want.windows) == 2
+    translated = client.audio.translations.create(
+        model=MODEL, file=("speech.wav", data), response_format="verbose_json"
+    )
+    assert translated.language == "english"
     for fmt, sep in (("srt", ","), ("vtt", ".")):
         body = client.audio.transcriptions.create(
             model=MODEL, file=("speech.wav", data), response_format=fmt
@@ -191,6 +211,10 @@ def test_refused_requests_say_which_field(
     unknown = httpx.post(url, data={"model": MODEL, "speed": "2"},
                          files={"file": ("a.wav", data)}, timeout=30)  # fmt: skip
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "speed"
+    twice = httpx.post(url, data={"model": MODEL},
+                       files=[("file", ("a.wav", data)), ("file", ("b.wav", data))],
+                       timeout=30)  # fmt: skip
+    assert twice.status_code == 400 and twice.json()["error"]["param"] == "file"
     # the server still answers a good request after the refusals
     assert client.audio.transcriptions.create(model=MODEL, file=("a.wav", data)).text
     assert [m.id for m in client.models.list().data] == [MODEL]

@@ -34,7 +34,7 @@ from .inputs import (
 from .multimodal import MultimodalDecoder, MultimodalMethods, MultimodalRunner, audio_features
 from .runner import TextLLMRunner
 from .sampling import Sampler
-from .seq2seq import DecoderPrompt, Segment, Seq2SeqRunner, Transcription
+from .seq2seq import DecoderPrompt, Segment, Seq2SeqRunner, Transcription, WindowScores
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "Tokenizer",
     "TokenizerError",
     "Transcription",
+    "WindowScores",
     "audio_features",
     "load_tokenizer",
     "make_audio_input",

@@ -56,6 +56,9 @@ class Sampler:
         self.processors = tuple(processors)
         self._context: list[int] = []
         self._generators: dict[torch.device, torch.Generator] = {}
+        self.scores: torch.Tensor | None = None
+        """The row of scores the last :meth:`sample` drew from (the processors' output,
+        before temperature and the filters)."""
 
     @property
     def greedy(self) -> bool:
@@ -120,6 +123,7 @@ class Sampler:
         row = logits.reshape(-1, logits.shape[-1])[-1]
         if self.processors:
             row = self.process(row)
+        self.scores = row
         if self.greedy:
             token = int(row.argmax())
         else:

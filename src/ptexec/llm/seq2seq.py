@@ -40,7 +40,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,15 @@ from .logits import SuppressTokens, SuppressTokensAtBegin, TimestampRules, as_pr
 from .sampling import Sampler
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
 
-__all__ = ["DecoderPrompt", "Segment", "Seq2SeqRunner", "Transcription", "split_segments"]
+__all__ = [
+    "DecoderPrompt",
+    "Segment",
+    "Seq2SeqRunner",
+    "Transcription",
+    "WindowScores",
+    "compression_ratio",
+    "split_segments",
+]
 
 ENCODER = "encoder"
 DECODER = "text_decoder"
@@ -221,6 +230,9 @@ class Segment:
     end: float
     text: str
     tokens: list[int]
+    """The segment's ids, its timestamp tokens included (as Whisper's segments carry them)."""
+    window: int = 0
+    """The number of the window it was transcribed in (:attr:`Transcription.windows`)."""
 
 
 @dataclass
@@ -238,30 +250,66 @@ class Transcription:
     language: str | None = None
     """The language code of the decoder prompt (asked or detected), when the model has a
     language table (Whisper)."""
+    windows: list[WindowScores] = field(default_factory=list)
+    """Each window's start and scores, as Whisper reports them for its segments."""
+
+
+@dataclass(frozen=True)
+class WindowScores:
+    """One window of a transcription: where it starts and how its generation scored (the
+    quantities Whisper gives each segment)."""
+
+    start: float
+    """Seconds from the start of the audio."""
+    avg_logprob: float
+    """The sampled tokens' log-probabilities (under the processed logits, before
+    temperature), summed and divided by the number of tokens before EOS plus one."""
+    no_speech_prob: float | None
+    """The probability of the no-speech token at the start token's step (None: the model
+    names none)."""
+    compression_ratio: float
+    """The window's text in UTF-8 over its zlib-compressed size (1.0 for no text)."""
 
 
 def split_segments(
-    tokens: Sequence[int], timestamp_begin: int, offset: float = 0.0, precision: float = 0.02
+    tokens: Sequence[int],
+    timestamp_begin: int,
+    offset: float = 0.0,
+    precision: float = 0.02,
+    ignore: Collection[int] = (),
 ) -> list[tuple[float, float, list[int]]]:
-    """Timed segments of Whisper output: text between a pair of timestamp tokens (ids from
-    ``timestamp_begin``, each ``precision`` seconds apart) is one segment; text after the
-    last timestamp ends where the window ends (``end`` is then -1). ``offset`` is the
-    window's start."""
+    """Timed segments of Whisper output, ``(start, end, ids)``: text between a pair of
+    timestamp tokens (ids from ``timestamp_begin``, each ``precision`` seconds apart) is one
+    segment, whose ids include those two timestamps; text after the last timestamp ends
+    where the window ends (``end`` is then -1). Ids in ``ignore`` (EOS) are dropped first; a
+    piece without text is no segment. ``offset`` is the window's start."""
     out: list[tuple[float, float, list[int]]] = []
     start: float | None = None
-    text: list[int] = []
+    piece: list[int] = []  # since the last segment ended: the latest timestamp, then text
+    has_text = False
     for t in tokens:
+        if t in ignore:
+            continue
         if t >= timestamp_begin:
             time_s = offset + (t - timestamp_begin) * precision
-            if text:
-                out.append((start if start is not None else offset, time_s, text))
-                text = []
-            start = time_s  # the next segment starts here (a later timestamp replaces it)
+            if has_text:
+                out.append((offset if start is None else start, time_s, [*piece, int(t)]))
+                has_text = False
+            piece = [int(t)]  # the next segment starts here (a later timestamp replaces it)
+            start = time_s
         else:
-            text.append(int(t))
-    if text:
-        out.append((start if start is not None else offset, -1.0, text))
+            piece.append(int(t))
+            has_text = True
+    if has_text:
+        out.append((offset if start is None else start, -1.0, piece))
     return out
+
+
+def compression_ratio(text: str) -> float:
+    """``text``'s UTF-8 size over its zlib-compressed size, as Whisper scores a window
+    (repetitive text compresses well: a high ratio); 1.0 for no text."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 1.0
 
 
 class _Decoder:
@@ -457,6 +505,15 @@ class Seq2SeqRunner:
         prompt asks for timestamps (no ``<|notimestamps|>``); settable, None turns them
         off."""
         self._no_timestamps = int(no_ts) if isinstance(no_ts, int) else None
+        self.no_speech_id: int | None = (
+            self._no_timestamps - 1 if self._no_timestamps is not None else None
+        )
+        """Whisper's no-speech token (the id before ``<|notimestamps|>``, as transformers
+        takes it), whose probability at the start token's step a transcription reports;
+        None for a model without timestamps (settable)."""
+        self.scores: tuple[float, float | None] = (0.0, None)
+        """The last :meth:`generate` with ``score=True``: its average log-probability and
+        no-speech probability (:class:`WindowScores`)."""
         if self._no_timestamps is not None:
             stop = sorted(eos) if eos else _ids(gen.get("bos_token_id", 0), "bos_token_id")
             initial = gen.get("max_initial_timestamp_index")
@@ -559,10 +616,12 @@ class Seq2SeqRunner:
         stats_callback: StatsCallback | None = None,
         *,
         prompt: DecoderPrompt | None = None,
+        score: bool = False,
     ) -> list[int]:
         """Encode ``inputs`` once and decode: the generated ids (after the decoder prompt,
         EOS included when sampled). Each token's text goes to ``token_callback`` (with a
-        tokenizer)."""
+        tokenizer). ``score``: also keep Whisper's scores of the generation in
+        :attr:`scores`."""
         config = config or GenerationConfig(temperature=0.0)
         if config.stop:
             raise ConfigValueError("stop", "stop strings are not supported by Seq2SeqRunner")
@@ -603,8 +662,10 @@ class Seq2SeqRunner:
                         token_callback(piece)
 
             pos = 0
+            at_start: torch.Tensor | None = None  # the start token's logits
             if dp.detect:  # the start token's logits choose the language
                 logits = self._model.step(dp.start, 0, hidden)
+                at_start = logits.clone() if score else None  # (the next step's memory)
                 pos = 1
                 ids = torch.tensor(dp.detect, device=logits.device)
                 dp = dp.detected(dp.detect[int(logits[ids].argmax())])
@@ -615,8 +676,11 @@ class Seq2SeqRunner:
             self.generated_tokens = out
             # the prompt: every token but the last is fed without sampling
             for t in prefix[pos:-1]:
-                self._model.step(t, pos, hidden)
+                logits = self._model.step(t, pos, hidden)
+                if score and pos == 0:
+                    at_start = logits.clone()
                 pos += 1
+            logprob = 0.0
             stats.prompt_eval_end_ms = _now_ms()
             cur = prefix[-1]
             ended = False
@@ -625,12 +689,16 @@ class Seq2SeqRunner:
                 if limit is not None and pos >= limit:
                     break
                 logits = self._model.step(cur, pos, hidden)
+                if score and pos == 0:
+                    at_start = logits.clone()
                 pos += 1
                 if self._width is not None:
                     logits = logits[: self._width]
                 stats.on_sampling_begin()
                 nxt = sampler.sample(logits)
                 stats.on_sampling_end()
+                if score and sampler.scores is not None:
+                    logprob += float(torch.log_softmax(sampler.scores.float(), dim=0)[nxt])
                 if not out:
                     stats.first_token_ms = _now_ms()
                 out.append(nxt)
@@ -647,6 +715,14 @@ class Seq2SeqRunner:
             self.finish_reason = (
                 "stop" if ended else "interrupted" if self._stop.is_set() else "length"
             )
+            if score:
+                no_speech = None
+                if self.no_speech_id is not None and at_start is not None:
+                    row = torch.softmax(at_start.reshape(-1).float(), dim=0)
+                    if self.no_speech_id < row.numel():
+                        no_speech = float(row[self.no_speech_id])
+                # Whisper's average: the EOS's log-probability counts, not as a token
+                self.scores = (logprob / (len(out) - int(ended) + 1), no_speech)
             stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
             stats.aggregate_model_execution_time_ms = self._model.execution_ms
             stats.num_generated_tokens = len(out)
@@ -727,24 +803,29 @@ class Seq2SeqRunner:
         reasons: list[str] = []
         segments: list[Segment] = []
         dp = prompt or self.prompt
-        for start, window in windows(samples, rate, window_seconds):
-            ids = self.generate(features(window), config, token_callback, prompt=dp)
+        scores: list[WindowScores] = []
+        for k, (start, window) in enumerate(windows(samples, rate, window_seconds)):
+            ids = self.generate(features(window), config, token_callback, prompt=dp, score=True)
             if dp.detect and self.language_id is not None:
                 dp = dp.detected(self.language_id)  # the first window's language for all
             all_tokens.append(ids)
             reasons.append(self.finish_reason)
+            avg, no_speech = self.scores
             if self.tokenizer is None:
+                scores.append(WindowScores(start, avg, no_speech, 1.0))
                 continue
             if self.timestamp_begin is not None and any(t >= self.timestamp_begin for t in ids):
                 end_of_window = start + window.shape[-1] / rate
-                for s, e, toks in split_segments(ids, self.timestamp_begin, start):
-                    segments.append(
-                        Segment(s, end_of_window if e < 0 else e, self.decode(toks), toks)
-                    )
+                for s, e, toks in split_segments(
+                    ids, self.timestamp_begin, start, ignore=self.eos_ids
+                ):
+                    body = self.decode([t for t in toks if self._is_text(t)])
+                    segments.append(Segment(s, end_of_window if e < 0 else e, body, toks, k))
             texts.append(self.decode([t for t in ids if self._is_text(t)]))
+            scores.append(WindowScores(start, avg, no_speech, compression_ratio(texts[-1])))
         text = " ".join(t.strip() for t in texts if t.strip())
         language = self.languages.get(self.language_id) if self.language_id is not None else None
-        return Transcription(text, all_tokens, segments, reasons, language)
+        return Transcription(text, all_tokens, segments, reasons, language, scores)
 
     def _is_text(self, token: int) -> bool:
         return self.timestamp_begin is None or token < self.timestamp_begin

@@ -13,7 +13,11 @@ is any other field. Translations are the same with Whisper's ``translate`` task 
 The audio is transcribed as :meth:`~ptexec.llm.Seq2SeqRunner.transcribe` does (windows of
 the extractor's span, the language detected on the first); ``verbose_json``, ``srt`` and
 ``vtt`` ask the model for timestamps and give its segments (a window whose text carries no
-timestamp is one segment). ``verbose_json``'s ``language`` is the model's language code.
+timestamp is one segment) with Whisper's scores (``avg_logprob``, ``compression_ratio``,
+``no_speech_prob``) and ``seek``. ``verbose_json``'s ``language`` is the language's name
+(``english``), as OpenAI's: always ``english`` for a translation. Sampling above
+temperature 0 is Whisper's (temperature alone, no top-p); 0 is greedy, without Whisper's
+fallback to higher temperatures.
 One transcription runs at a time, on a worker thread; ``max_queue`` more may wait (429
 beyond).
 """
@@ -85,6 +89,8 @@ def parse_form(content_type: str, body: bytes) -> Form:
         data = payload if isinstance(payload, bytes) else b""
         filename = part.get_filename()
         if filename is not None:
+            if name in form.files:
+                raise ApiError(400, f"file field '{name}' is given twice", param=name)
             form.files[name] = (filename, data)
         else:
             try:
@@ -281,32 +287,45 @@ class SpeechService:
                 samples, _ = load_audio(path, rate)
             except (AudioFormatError, OSError) as e:
                 raise ApiError(400, f"the audio could not be read: {e}", param="file") from None
-        config = GenerationConfig(temperature=ask.temperature)
+        # Whisper's sampling: the temperature alone (no top-p or top-k cut)
+        config = GenerationConfig(temperature=ask.temperature, top_p=1.0, top_k=0)
         result = self.runner.transcribe(samples, self.features, config, prompt=prompt)
         return result, samples.shape[-1] / rate
 
     def _answer(self, ask: _Ask, result: Any, duration: float) -> tuple[Any, str]:
+        from ..llm.languages import language_name
+
         text = result.text
         if ask.response_format == "json":
             return {"text": text}, "application/json"
         if ask.response_format == "text":
             return text + "\n", "text/plain; charset=utf-8"
-        segments = [
-            {
-                "id": i,
-                "seek": 0,
-                "start": round(s.start, 3),
-                "end": round(s.end, 3),
-                "text": s.text,
-                "tokens": s.tokens,
-                "temperature": ask.temperature,
-            }
-            for i, s in enumerate(self._segments(result, duration))
-        ]
+        windows = result.windows
+        segments = []
+        for i, seg in enumerate(self._segments(result, duration)):
+            window = windows[seg.window] if seg.window < len(windows) else None
+            segments.append(
+                {
+                    "id": i,
+                    # the window's offset in Whisper's feature frames (10 ms each)
+                    "seek": round(window.start * 100) if window is not None else 0,
+                    "start": round(seg.start, 3),
+                    "end": round(seg.end, 3),
+                    "text": seg.text,
+                    "tokens": seg.tokens,
+                    "temperature": ask.temperature,
+                    "avg_logprob": window.avg_logprob if window is not None else 0.0,
+                    "compression_ratio": window.compression_ratio if window else 1.0,
+                    "no_speech_prob": (window.no_speech_prob or 0.0) if window else 0.0,
+                }
+            )
         if ask.response_format == "verbose_json":
+            # OpenAI names the language ("english"); a translation's is always English,
+            # and so is an English-only model's (no language table)
+            code = result.language if ask.task != "translate" else None
             body = {
                 "task": ask.task,
-                "language": result.language,
+                "language": language_name(code) if code else "english",
                 "duration": round(duration, 3),
                 "text": text,
                 "segments": segments,
@@ -323,12 +342,14 @@ class SpeechService:
         if result.segments:
             return list(result.segments)
         span = self.features_span()
+        eos = self.runner.eos_ids
         out = []
         for i, ids in enumerate(result.tokens):
-            body = self.runner.decode(ids)
+            kept = [t for t in ids if t not in eos]
+            body = self.runner.decode(kept)
             if body.strip():
                 start = i * span
-                out.append(Segment(start, min(duration, start + span), body, list(ids)))
+                out.append(Segment(start, min(duration, start + span), body, kept, i))
         return out
 
     def features_span(self) -> float:
