@@ -514,6 +514,66 @@ def test_audio_prompt_gives_the_eager_models_greedy_tokens(voxtral: Path) -> Non
 
 
 @pytest.mark.slow
+def test_audio_longer_than_a_window_is_every_window(voxtral: Path) -> None:
+    """Raw audio of 1.5 windows is two windows of features (the last padded), as
+    transformers' Voxtral processor splits it, and the model hears all of it: the eager
+    model's tokens on both windows, not on the first alone."""
+    from ptexec.llm import audio_features, make_raw_audio_input
+
+    ck = voxtral / "checkpoint"
+    fe = transformers.WhisperFeatureExtractor.from_pretrained(ck)
+    wave = torch.cat([_wave(0), _wave(1)[:16000]])  # 3 s; the tiny extractor's window is 2 s
+    want_feats = fe(wave.numpy(), sampling_rate=16000, padding=True, truncation=False,
+                    pad_to_multiple_of=fe.n_samples, return_tensors="pt")["input_features"]  # fmt: skip
+    want_feats = want_feats.reshape(fe.feature_size, -1, fe.nb_max_frames).transpose(0, 1)
+    feats = audio_features(wave, 16000, ck)
+    assert feats.shape == (2, 16, 200)
+    torch.testing.assert_close(feats, want_feats)
+    _, want = _eager_audio(voxtral, want_feats, 50)
+    _, first_only = _eager_audio(voxtral, feats[:1], 25)
+    assert want != first_only
+    runner = _runner(voxtral)
+    runner.generate(
+        [make_text_input(mm.PROMPTS["audio"]), make_raw_audio_input(wave.reshape(1, 1, -1))],
+        _greedy(),
+    )
+    assert runner.generated_tokens == want and runner.stats.num_prompt_tokens > 50
+
+
+@pytest.mark.slow
+def test_a_processors_padding_and_placeholders_are_honoured(llava: Path) -> None:
+    """A padded processor output prefills its ids without the padding (the eager model's
+    tokens with the mask); pixels without an image placeholder in the ids are refused, as
+    the eager model refuses them, not put after the prompt."""
+    ck = llava / "checkpoint"
+    processor = transformers.AutoProcessor.from_pretrained(ck)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
+    pixels = _pixels(3, 32, 32)
+    processor.tokenizer.padding_side = "left"
+    padded = processor(text=mm.PROMPTS["image"], images=_pil(pixels), return_tensors="pt",
+                       padding="max_length", max_length=48)  # fmt: skip
+    assert int((padded["attention_mask"] == 0).sum()) > 0
+    with torch.no_grad():
+        out = model.generate(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                             pixel_values=padded["pixel_values"], max_new_tokens=N,
+                             do_sample=False)  # fmt: skip
+    want = out[0, padded["input_ids"].shape[1] :].tolist()
+    runner = _runner(llava)
+    runner.generate_hf(padded, _greedy())
+    assert runner.generated_tokens == want
+    runner.reset()
+    bare = processor(text="USER: What is this? ASSISTANT:", images=_pil(pixels),
+                     return_tensors="pt")  # fmt: skip
+    with pytest.raises(GenerationError, match="no image placeholder"):
+        runner.generate_hf(bare, _greedy())
+    holes = dict(padded)
+    holes["attention_mask"] = padded["attention_mask"].clone()
+    holes["attention_mask"][0, -3] = 0
+    with pytest.raises(GenerationError, match="attention_mask"):
+        runner.generate_hf(holes, _greedy())
+
+
+@pytest.mark.slow
 def test_cli_generates_from_a_wav_file(voxtral: Path, tmp_path: Path, capsys: Any) -> None:
     import wave
 

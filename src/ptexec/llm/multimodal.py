@@ -396,7 +396,9 @@ def audio_features(
 ) -> torch.Tensor:
     """Features ``float32 [batch, bins, frames]`` of mono ``samples`` (float, -1..1) at
     ``sampling_rate``, made by the Hugging Face feature extractor in the directory
-    ``processor`` (its ``preprocessor_config.json``; needs ``transformers``).
+    ``processor`` (its ``preprocessor_config.json``; needs ``transformers``). Audio longer
+    than a Whisper-style extractor's window is every window of it, one batch row each
+    (the last padded), as transformers' Voxtral processor makes them.
 
     Samples at another rate than the extractor's are resampled to it
     (:func:`ptexec.llm.audio.resample`). Raises :class:`~ptexec.errors.GenerationError`
@@ -416,6 +418,20 @@ def audio_features(
 
         samples = resample(samples.reshape(-1).float(), sampling_rate, rate)
     wave = samples.reshape(-1).float().numpy()
+    span, frames = getattr(fe, "n_samples", None), getattr(fe, "nb_max_frames", None)
+    if isinstance(span, int) and isinstance(frames, int) and wave.size > span:
+        # longer than one window (Whisper's extractor would cut it there): padded to whole
+        # windows, one batch row each, as transformers' Voxtral processor splits it
+        out = fe(
+            wave,
+            sampling_rate=rate,
+            return_tensors="pt",
+            padding=True,
+            truncation=False,
+            pad_to_multiple_of=span,
+        )
+        whole = torch.as_tensor(out["input_features"]).float()
+        return whole.reshape(whole.shape[-2], -1, frames).transpose(0, 1).contiguous()
     out = fe(wave, sampling_rate=rate, return_tensors="pt")
     feats = out["input_features"]
     return feats.float() if isinstance(feats, torch.Tensor) else torch.as_tensor(feats).float()
@@ -445,7 +461,11 @@ def hf_inputs(inputs: Any) -> list[MultimodalInput]:
                 )
             ids = ids[0]
         ids = ids.tolist()
-    items = [make_token_input([int(i) for i in ids])]
+    ids = [int(i) for i in ids]
+    mask = inputs.get("attention_mask")
+    if mask is not None:
+        ids = _unpadded(ids, mask)
+    items = [make_token_input(ids)]
     pixels = inputs.get("pixel_values")
     if pixels is not None:
         t = torch.as_tensor(pixels)
@@ -461,6 +481,26 @@ def hf_inputs(inputs: Any) -> list[MultimodalInput]:
         f = torch.as_tensor(features)
         items.append(make_audio_input(f if f.dim() == 3 else f.unsqueeze(0)))
     return items
+
+
+def _processed(inputs: Any) -> bool:
+    """Whether ``inputs`` is a processor's output (not a list of runner inputs)."""
+    return not (isinstance(inputs, list) and all(isinstance(i, MultimodalInput) for i in inputs))
+
+
+def _unpadded(ids: list[int], mask: Any) -> list[int]:
+    """``ids`` without the padding ``mask`` marks (zeros on one side, as a processor pads a
+    batch to one length); a mask with holes inside raises."""
+    m = torch.as_tensor(mask).reshape(-1).tolist()
+    if len(m) != len(ids):
+        raise GenerationError(f"'attention_mask' has {len(m)} positions for {len(ids)} 'input_ids'")
+    kept = [i for i, on in zip(ids, m, strict=True) if on]
+    first = next((k for k, on in enumerate(m) if on), len(m))
+    if not kept or any(not on for on in m[first : first + len(kept)]):
+        raise GenerationError(
+            "'attention_mask' must mark one run of the ids (padding on one side only)"
+        )
+    return kept
 
 
 class MultimodalRunner(_Runner):
@@ -599,9 +639,12 @@ class MultimodalRunner(_Runner):
         num_bos: int,
         num_eos: int,
         image_token_id: int | None = None,
+        placed: bool = False,
     ) -> tuple[list[int], list[Media]]:
         """The prompt's ids (placeholders at the media rows) and its media (see the module
-        docstring's rule); ``image_token_id`` replaces the program's image placeholder."""
+        docstring's rule); ``image_token_id`` replaces the program's image placeholder.
+        ``placed``: the media must go to placeholders (a processor's output: its ids say
+        where), never after the ids."""
         if not self.multimodal:
             return self._encode_inputs(inputs, num_bos, num_eos), []
         d = self.decoder
@@ -632,6 +675,11 @@ class MultimodalRunner(_Runner):
             if media and runs == len(media):
                 fill[kind] = list(media)
                 parts = [(k, v) for k, v in parts if k != kind]
+            elif placed and media and not runs:
+                raise GenerationError(
+                    f"{len(media)} {kind} input(s) given, but the ids hold no {kind} "
+                    f"placeholder (token {token}) to put them at"
+                )
             elif runs and runs != len(media):
                 raise GenerationError(
                     f"the prompt has {runs} {kind} placeholder run(s) (token {token}) but "
@@ -689,6 +737,7 @@ class MultimodalRunner(_Runner):
         token_callback: TokenCallback | None,
         stats_callback: StatsCallback | None,
         image_token_id: int | None = None,
+        placed: bool = False,
     ) -> str:
         config = config or GenerationConfig()
         with self._lock:
@@ -696,7 +745,9 @@ class MultimodalRunner(_Runner):
             if self.multimodal:
                 self.decoder.encoder_ms = 0.0
             ids, media = (
-                self._encode_multimodal(items, config.num_bos, config.num_eos, image_token_id)
+                self._encode_multimodal(
+                    items, config.num_bos, config.num_eos, image_token_id, placed
+                )
                 if items
                 else (None, [])
             )
@@ -720,15 +771,22 @@ class MultimodalRunner(_Runner):
         image_token_id: int | None = None,
     ) -> None:
         """Generate from a Hugging Face processor's output (``input_ids`` with
-        ``pixel_values`` or ``input_features``) or a list of inputs. ``image_token_id``, when
-        given, is the image placeholder id (else the program's)."""
-        self._generate(hf_inputs(inputs), config, token_callback, stats_callback, image_token_id)
+        ``pixel_values`` or ``input_features``, padding dropped by its ``attention_mask``)
+        or a list of inputs. ``image_token_id``, when given, is the image placeholder id
+        (else the program's). A processor's media go to its ids' placeholders (none:
+        :class:`~ptexec.errors.GenerationError`)."""
+        self._generate(
+            hf_inputs(inputs), config, token_callback, stats_callback, image_token_id,
+            _processed(inputs),
+        )  # fmt: skip
 
     def generate_text_hf(
         self, inputs: Any, config: GenerationConfig, image_token_id: int | None = None
     ) -> str:
         """:meth:`generate_hf`, returning the text."""
-        return self._generate(hf_inputs(inputs), config, None, None, image_token_id)
+        return self._generate(
+            hf_inputs(inputs), config, None, None, image_token_id, _processed(inputs)
+        )
 
     def __repr__(self) -> str:
         kinds = [k for k in ("image", "audio") if self.multimodal and self.decoder.has(k)]
