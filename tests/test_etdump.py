@@ -9,6 +9,7 @@ PyTorch (the fixtures' outputs).
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import torch
 
 import ptexec
 from fixture_data import FIXTURES_DIR, compare_outputs, fixture_calls, fixture_paths, tolerance
+from ptexec.dtypes import CODE_TO_DTYPE
+from ptexec.engine.hooks import steps_of
 from ptexec.errors import LimitExceededError, StateError
 from ptexec.etdump import DEBUG_ALIGNMENT, ETDumpRecorder
 from ptexec.format.etdump import RUN_OUTPUT_CHAIN, DebugEvent, ProfileEvent, decode_etdump
@@ -57,6 +60,24 @@ def _by_instruction(block: Any, skip: set[str]) -> dict[int, Any]:
 _FRAMEWORK = {"Method::execute", "OPERATOR_CALL", "Method::init", "Program::load_method"}
 
 
+def _same_debug_data(got: list[Any], expected: list[Any]) -> None:
+    """One instruction's logged values, as the Inspector reads them, against ExecuTorch's:
+    as many, each of the same kind, dtype, shape and value."""
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        if isinstance(b, list):
+            assert isinstance(a, list)
+            _same_debug_data(a, b)
+        elif isinstance(b, torch.Tensor):
+            assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+            if b.is_floating_point():
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+            else:
+                assert torch.equal(a, b)
+        else:
+            assert a == b
+
+
 @pytest.mark.parametrize("name", ["ops", "xnnpack"])
 def test_inspector_reads_ptexec_etdump_like_executorchs(name: str, tmp_path: Path) -> None:
     inspector_cls = _inspector()
@@ -89,18 +110,15 @@ def test_inspector_reads_ptexec_etdump_like_executorchs(name: str, tmp_path: Pat
     assert bool(delegated) == (name == "xnnpack")
     assert all(len(e.perf_data.raw) == 2 for e in block.events)  # both calls, one event
 
-    # intermediate values: what the trace shows, instruction by instruction
+    # intermediate values: what ExecuTorch's runtime logs for each instruction (every out
+    # argument of a kernel, every argument of a delegate call), the same values
     events = _by_instruction(block, _FRAMEWORK)
-    for r in trace.records:
-        written = [w.value for w in r.writes]
-        got = events[r.index].debug_data
-        flat = [t for item in got for t in (item if isinstance(item, list) else [item])]
-        assert len(flat) == len(written)
-        for a, b in zip(flat, written, strict=True):
-            assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
+    reference = _by_instruction(_execute_block(theirs), _FRAMEWORK | {"OPERATOR_CALL"})
+    assert set(events) == set(reference)
+    for index, event in events.items():
+        _same_debug_data(event.debug_data, reference[index].debug_data)
 
     # what the ETRecord attaches, and the run's outputs, as for ExecuTorch's own ETDump
-    reference = _by_instruction(_execute_block(theirs), _FRAMEWORK | {"OPERATOR_CALL"})
     for index, event in events.items():
         assert event.op_types == reference[index].op_types
         assert event.delegate_backend_name == reference[index].delegate_backend_name
@@ -399,3 +417,86 @@ def test_delegate_nodes_are_reported_only_to_tools_that_take_them(runner: str) -
         got = method.run_with(hooks, io["inputs"])
         assert compare_outputs(list(got), io["outputs"], 1e-5, 1e-5) is None
     assert quiet.seen == [] and any(name.endswith("#1") for name in told.seen), told.seen
+
+
+# -- each instruction logs what ExecuTorch's runtime logs for it ------------------------------
+
+
+def _logged_by_instruction(runtime: Any, pte: Path, inputs: list[Any], tmp: Path, tag: str):  # type: ignore[no-untyped-def]
+    """{(chain, instruction): [value, ...]} of one call's debug events (outputs: chain -1)."""
+    etdp, dbg, _ = _dump(runtime, pte, inputs, tmp, tag, calls=1)
+    data = dbg.read_bytes()
+
+    def tensor(ref: Any) -> torch.Tensor:
+        dtype = CODE_TO_DTYPE[ref.scalar_type]
+        n = math.prod(ref.sizes) * torch.empty((), dtype=dtype).element_size()
+        raw = bytearray(data[ref.offset : ref.offset + n])
+        return torch.frombuffer(raw, dtype=dtype).reshape(ref.sizes) if n else torch.empty(0)
+
+    (run,) = [r for r in decode_etdump(etdp.read_bytes()).run_data if r.name == "Execute"]
+    logged: dict[tuple[int, int], list[Any]] = {}
+    for e in run.events:
+        if isinstance(e, DebugEvent):
+            d = e.debug_entry.data
+            value = [tensor(t) for t in d] if isinstance(d, tuple) else d
+            value = tensor(d) if hasattr(d, "offset") else value
+            logged.setdefault((e.chain_index, e.instruction_id), []).append(value)
+    return logged
+
+
+def _logs_like_executorch(module: torch.nn.Module, inputs: tuple[Any, ...], tmp: Path) -> Any:
+    from executorch.runtime import Runtime as ETRuntime
+
+    from export_util import export_program
+
+    pte = tmp / "m.pte"
+    pte.write_bytes(export_program(module.eval(), inputs))
+    ours = _logged_by_instruction(Runtime.get(), pte, list(inputs), tmp, "ptexec")
+    theirs = _logged_by_instruction(ETRuntime.get(), pte, list(inputs), tmp, "executorch")
+    assert list(ours) == list(theirs)
+    for key, values in theirs.items():
+        _same_debug_data(ours[key], values)
+    return ptexec.load(pte).load_method("forward")
+
+
+class _Mask(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(6)
+        self.register_buffer("mask", torch.tril(torch.ones(4, 6, dtype=torch.bool)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.mask & (x[0] > -10)  # computed: the not-any-not below is fused, not folded
+        keep = torch.logical_not(torch.any(torch.logical_not(m), dim=-1, keepdim=True))
+        return self.ln(x) * keep.to(x.dtype) + 1
+
+
+def test_a_fused_instruction_logs_each_instruction_its_own_value(tmp_path: Path) -> None:
+    """logical_not, any, logical_not run as one ``all`` and layer norm's statistics are
+    never written, yet each instruction logs the values ExecuTorch's runtime logs for it:
+    the fused ones their own intermediates, the last one the fused result."""
+    pytest.importorskip("executorch.runtime")
+    method = _logs_like_executorch(_Mask(), (torch.randn(4, 6),), tmp_path)
+    notes = {s.name: s.note for chain in steps_of(method.state) for s in chain}
+    assert notes["aten::any.out"] == "done by a fused instruction before it"
+    assert notes["aten::native_layer_norm.out"] == "skips outputs nothing reads"
+
+
+class _Multi(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p = torch.nn.functional.max_pool2d(x, 2)  # out and indices: two tensors
+        # a Tensor[] out, its items read only through views (made at load)
+        q, k = torch.split(p.reshape(1, 4, 8), [4, 4], dim=2)
+        q4, k4 = q.view(1, 4, 2, 2).transpose(1, 2), k.view(1, 4, 2, 2).transpose(1, 2)
+        return q4 @ k4.transpose(2, 3), q4 + 1
+
+
+def test_outputs_are_logged_as_their_schema_types_and_views_made_at_load_are_not(
+    tmp_path: Path,
+) -> None:
+    """max_pool2d_with_indices logs its two tensors apart, split its Tensor[] out as one
+    list; the views of split's results made at load are not logged as split's."""
+    pytest.importorskip("executorch.runtime")
+    method = _logs_like_executorch(_Multi(), (torch.randn(1, 2, 8, 8),), tmp_path)
+    (split,) = [s for s in steps_of(method.state)[0] if "split" in s.name]
+    assert set(split.writes) > set(split.loaded.outs)  # load-time views written by it

@@ -7,14 +7,23 @@ it; start and end in nanoseconds of a monotonic clock), inside a delegate call o
 per node the delegate's runner reports (no name; the node in ``delegate_debug_id_str``,
 as ExecuTorch's XNNPACK backend logs its operators: see
 :meth:`~ptexec.engine.hooks.Hooks.node`), a ``Method::execute`` event around the
-instructions, and, when it has a debug buffer, one debug event per value each
-instruction wrote (the values ptexec's trace shows) and one per output of the call::
+instructions, and, when it has a debug buffer, the debug events ExecuTorch's runtime logs
+for each instruction (a kernel's ``out`` arguments, one event each, a ``Tensor[]`` one as a
+tensor list; every argument of a delegate call; nothing for prim ops, jumps, moves and
+frees) and one per output of the call::
 
     from ptexec.etdump import ETDumpRecorder
     rec = ETDumpRecorder(debug_buffer_size=1 << 20)
     outputs = rec.execute(method, [x])         # as method.execute([x]), outputs are copies
     rec.write("run.etdp", "run.bin")           # then: Inspector(etdump_path="run.etdp",
                                                #   debug_buffer_path="run.bin", etrecord=...)
+
+Values the load-time rewrites leave unwritten (outputs nothing reads, the intermediates of
+a fused instruction: :mod:`ptexec.loader.dataflow`) are computed for the dump, by the
+instructions' statements as their kernels made them, into memory of their own (the
+program's is left as it is), so that every instruction logs its own values, as the
+Inspector pairs them with the exported graph's nodes; a fused instruction's result is
+logged by the last instruction it stands for, as the program computed it.
 
 The **debug buffer** holds the bytes of every recorded tensor, contiguous, each at an
 offset that is a multiple of 64 (a :class:`~ptexec.format.etdump.TensorRef` in the debug
@@ -35,17 +44,21 @@ ExecuTorch.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .codegen import Sources
 from .dtypes import DTYPE_TO_CODE
+from .effects import effects
+from .engine.blocks import compile_statement
 from .engine.hooks import Hooks, Step, steps_of
 from .errors import LimitExceededError
 from .format import program as p
@@ -60,6 +73,9 @@ from .format.etdump import (
     Value,
     encode_etdump,
 )
+from .kernels.prim import PRIM_OPS
+from .kernels.registry import Statement
+from .loader.dataflow import FUSED_AWAY, is_fused
 from .loader.state import Kept, MethodState
 
 if TYPE_CHECKING:
@@ -138,42 +154,99 @@ class DebugBuffer:
 
 class _Layout:
     """How one method's instructions are recorded: per (chain, index), the event name and
-    the groups of written values that make its debug events (a tensor list an
-    instruction writes whole is one event, as ExecuTorch logs it)."""
+    what its debug events log, as ExecuTorch logs it (:func:`_logged`); per instruction
+    whose logged values the load-time rewrites leave unwritten (outputs nothing reads, the
+    intermediates of a fused instruction), the instructions to run again, as the file
+    says, to compute them (:meth:`recompute`)."""
 
     def __init__(self, state: MethodState) -> None:
         self.names: dict[tuple[int, int], str] = {}
-        self.groups: dict[tuple[int, int], list[int | tuple[int, ...]]] = {}
+        self.logged: dict[tuple[int, int], list[int | tuple[int, ...]]] = {}
+        # head of a group -> the steps whose loaded statements compute the group's values
+        self.groups: dict[tuple[int, int], tuple[Step, ...]] = {}
+        self._runs: dict[tuple[int, int], Callable[[list[Any]], Any]] = {}
+        self._sources = Sources(f"{state.name} ETDump values")
+        values = state.plan.values
         for chain in steps_of(state):
             for step in chain:
                 key = (step.chain, step.index)
                 self.names[key] = "DELEGATE_CALL" if step.kind == "delegate" else step.name
                 ins = state.chains[step.chain].instructions[step.index]
-                self.groups[key] = _groups(state.plan.values, ins, step.writes)
+                prim = step.name.startswith("executorch_prim::") or step.name in _PRIM
+                self.logged[key] = [] if prim else _logged(values, ins, step.loaded)
+            for k, step in enumerate(chain):
+                executed = step.statement
+                if executed is FUSED_AWAY or executed.code.strip() == "pass":
+                    continue
+                group = [step]
+                if is_fused(executed):
+                    group += itertools.takewhile(
+                        lambda s: s.statement is FUSED_AWAY, chain[k + 1 :]
+                    )
+                if any(o not in step.writes for s in group for o in s.loaded.outs):
+                    self.groups[(step.chain, step.index)] = tuple(group)
+
+    def recompute(self, group: tuple[Step, ...], v: list[Any]) -> dict[int, Any]:
+        """Run ``group``'s loaded statements on a copy of the values table ``v`` whose
+        outputs are new tensors (the program's memory is left as it is); the values the
+        head's executed statement did not write, by index."""
+        tmp = list(v)
+        head = group[0]
+        for step in group:
+            for o in step.loaded.outs:
+                x = v[o]
+                if isinstance(x, torch.Tensor):
+                    tmp[o] = torch.empty_strided(
+                        x.shape, x.stride(), dtype=x.dtype, device=x.device
+                    )
+        for step in group:
+            self._run(step)(tmp)
+        return {o: tmp[o] for step in group for o in step.loaded.outs if o not in head.writes}
+
+    def _run(self, step: Step) -> Callable[[list[Any]], Any]:
+        key = (step.chain, step.index)
+        fn = self._runs.get(key)
+        if fn is None:
+            what = f"chain {step.chain} instruction {step.index}"
+            fn = compile_statement(step.loaded, False, self._sources, what)
+            self._runs[key] = fn
+        return fn
 
 
-def _groups(
-    values: tuple[p.EValue, ...], ins: p.Instruction, writes: tuple[int, ...]
+# the operators ExecuTorch registers as prim ops: no generated wrapper, nothing logged
+_PRIM = frozenset(PRIM_OPS) | {"aten::sym_stride.int"}
+
+
+def _logged(
+    values: tuple[p.EValue, ...], ins: p.Instruction, loaded: Statement
 ) -> list[int | tuple[int, ...]]:
-    written = set(writes)
-    lists: dict[int, tuple[int, ...]] = {}  # first item -> the whole written list
+    """What ExecuTorch logs for instruction ``ins`` (run by ``loaded``, its statement as
+    its kernel made it), one debug event each: a value index, or the items of a tensor
+    list logged whole. A kernel's generated wrapper logs each of its ``out`` arguments,
+    in order: a ``Tensor[]`` argument as one list, each ``Tensor`` on its own (the value
+    the emitter appends for the kernel's return, a list of those outs or the one out
+    again, is not logged twice); a delegate call logs every argument; jumps, moves and
+    frees log nothing."""
+    if isinstance(ins, p.DelegateCall):
+        return [
+            tuple(v.items) if isinstance(v, p.TensorList) else a
+            for a, v in ((a, values[a]) for a in ins.args)
+        ]
+    if not isinstance(ins, p.KernelCall):
+        return []
+    outs = set(loaded.outs) or set(effects(values, ins, loaded).written)
+    logged: list[int | tuple[int, ...]] = []
     covered: set[int] = set()
-    if isinstance(ins, p.KernelCall | p.DelegateCall):
-        for a in ins.args:
-            v = values[a]
-            if not isinstance(v, p.TensorList) or not v.items:
-                continue
-            items = tuple(v.items)
-            if written.issuperset(items) and not covered.intersection(items):
-                lists[items[0]] = items
-                covered.update(items)
-    groups: list[int | tuple[int, ...]] = []
-    for w in writes:
-        if w in lists:
-            groups.append(lists[w])
-        elif w not in covered:
-            groups.append(w)
-    return groups
+    for a in ins.args:
+        v = values[a]
+        if isinstance(v, p.TensorList) and v.items and outs.issuperset(v.items):
+            if not covered.issuperset(v.items):
+                logged.append(tuple(v.items))
+                covered.update(v.items)
+        elif a in outs and a not in covered:
+            logged.append(a)
+            covered.add(a)
+    return logged
 
 
 _layout = Kept(_Layout)  # made once per method
@@ -194,6 +267,8 @@ class _Recorder(Hooks):
         self.t0 = 0
         self.start = 0
         self.step: Step | None = None
+        # (chain, index, value) -> the value computed for that instruction's debug event
+        self.pending: dict[tuple[int, int, int], Any] = {}
 
     def begin(self, v: list[Any]) -> None:
         self.sync = any(isinstance(x, torch.Tensor) and x.is_cuda for x in v)
@@ -225,16 +300,29 @@ class _Recorder(Hooks):
         if buffer is None:
             return
         what = f"instruction {step.index} ({step.name}) of '{self.method.name}'"
-        for group in self.layout.groups[key]:
-            if isinstance(group, int):
-                data: Any = _data(buffer, v[group], what)
+        layout = self.layout
+        group = layout.groups.get(key)
+        if group is not None:  # values the rewrites left unwritten, computed for the dump
+            for s, (j, x) in itertools.product(group, layout.recompute(group, v).items()):
+                if j in s.loaded.outs:
+                    self.pending[(s.chain, s.index, j)] = x
+        pending = self.pending
+
+        def value(j: int) -> Any:
+            return pending.pop((step.chain, step.index, j), v[j])
+
+        for entry in layout.logged[key]:
+            if isinstance(entry, int):
+                data: Any = _data(buffer, value(entry), what)
                 events.append(DebugEvent(step.chain, step.index, Value.of(data)))
-            elif all(_storable(v[j]) for j in group):
-                data = tuple(buffer.store(v[j], what) for j in group)
+                continue
+            items = [value(j) for j in entry]
+            if all(_storable(x) for x in items):
+                data = tuple(buffer.store(x, what) for x in items)
                 events.append(DebugEvent(step.chain, step.index, Value.of(data)))
             else:  # a list with items the schema cannot describe: one by one
-                for j in group:
-                    data = _data(buffer, v[j], what)
+                for x in items:
+                    data = _data(buffer, x, what)
                     events.append(DebugEvent(step.chain, step.index, Value.of(data)))
 
     def end(self, v: list[Any]) -> None:
