@@ -109,6 +109,36 @@ def test_fused_instructions_are_marked_and_write_nothing() -> None:
         assert written.index == want.index and written.stats == want.stats
 
 
+def test_a_fused_instruction_is_compared_with_the_reference_of_its_own_value() -> None:
+    """The reference computes what a fused ``logical_not(any(logical_not(m)))`` wrote
+    before comparing it: the mask eager PyTorch gives, no element mismatched."""
+
+    class Mask(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mask", torch.ones(4, 6, dtype=torch.bool).tril(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            m = self.mask & (x[0] > -10)  # computed: fused at load, not folded
+            keep = torch.logical_not(torch.any(torch.logical_not(m), dim=-1, keepdim=True))
+            return x * keep.to(x.dtype)
+
+    net = Mask().eval()
+    x = torch.randn(4, 6)
+    want = torch.logical_not(torch.any(torch.logical_not(net.mask), dim=-1, keepdim=True))
+    assert want.any() and not want.all()
+    tr = (
+        ptexec.load(export_program(net, (x,)))
+        .load_method()
+        .trace([x], reference=True, tensors=True)
+    )
+    (head,) = [r for r in tr.records if r.note == "runs with the next ones as one"]
+    (w,) = head.writes
+    assert torch.equal(w.value, want) and torch.equal(w.reference, want)
+    assert w.error is not None and w.error.mismatched == 0
+    assert all(e.mismatched == 0 for r in tr.records for e in [x.error for x in r.writes] if e)
+
+
 def test_records_match_eager_intermediates() -> None:
     """A chain of elementwise ops: each instruction wrote exactly eager's intermediate."""
 

@@ -31,6 +31,7 @@ from .effects import byte_range, effects
 from .engine.blocks import compile_statement
 from .engine.hooks import Step, steps_of
 from .format import program as p
+from .loader.dataflow import FUSED_AWAY, is_fused
 from .loader.state import Kept, MethodState
 from .memory import BufferInfo, allocate, resize_to, strided_view
 
@@ -187,7 +188,22 @@ class Shadow:
     def step(self, step: Step, v: list[Any], s: list[Any], result: Any) -> str | None:
         """Run ``step`` on the shadow table ``s`` after the program ran it on ``v``
         (``result``: the program's jump condition); a note when the reference could not
-        follow in float64."""
+        follow in float64. A fused instruction (:mod:`ptexec.loader.dataflow`) runs, in
+        the reference, every instruction it stands for, so that the value it wrote has
+        its reference now; those instructions then have nothing left to run."""
+        if step.statement is FUSED_AWAY:
+            return None
+        if not is_fused(step.statement):
+            return self._step(step, v, s, result)
+        chain = self.steps[step.chain]
+        notes = [self._step(step, v, s, result)]
+        for k in range(step.index + 1, len(chain)):
+            if chain[k].statement is not FUSED_AWAY:
+                break
+            notes.append(self._step(chain[k], v, s, None))
+        return next((n for n in notes if n is not None), None)
+
+    def _step(self, step: Step, v: list[Any], s: list[Any], result: Any) -> str | None:
         writes = self.writes[step.chain][step.index]
         try:
             ref_result = self._run(step)(s)
