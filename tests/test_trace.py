@@ -447,6 +447,49 @@ def test_reference_on_every_fixture(name: str) -> None:
             assert _worst(tr) < 1e-5, [(r.index, r.name, str(r.error)) for r in tr.worst(3)]
 
 
+def test_an_inf_where_the_reference_is_finite_is_the_worst_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """float16 overflows to Inf where eager float64 stays finite: those values are
+    mismatched, not 0 error, and rank first, in the trace, its JSON and the command's text."""
+    from ptexec.cli import main
+
+    class Overflow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x * 300.0
+            z = y * y  # past float16's 65504 for |x| > 0.85
+            return z - z.mean()
+
+    net = Overflow()
+    x = torch.tensor([[0.5, 1.0, 2.0, -1.5]], dtype=torch.float16)
+    pte = tmp_path / "overflow.pte"
+    pte.write_bytes(export_program(net, (x,)))
+    eager16, eager64 = net(x), net(x.double())
+    assert not eager16.isfinite().any() and eager64.isfinite().all()
+
+    tr = ptexec.load(pte).load_method().trace([x], reference=True)
+    torch.testing.assert_close(tr.reference_outputs[0], eager64, rtol=1e-12, atol=0)  # type: ignore[index]
+    out = tr.records[-1]
+    assert out.error is not None and out.error.mismatched == eager16.numel()
+    worst = tr.worst()
+    assert worst and all(r.error is not None and r.error.mismatched for r in worst)
+    assert worst[0] is out and str(out.error) == f"{eager16.numel()} mismatched"
+    (square,) = [r for r in tr.records if r.writes and r.writes[0].stats.inf == 3]  # type: ignore[union-attr]
+    assert square in worst and square.error.mismatched == 3  # type: ignore[union-attr]
+    assert tr.to_dict()["worst"][0] == out.step
+    assert f"{eager16.numel()} mismatched" in tr.table().splitlines()[out.step + 1]
+
+    torch.save([x], tmp_path / "x.pt")
+    args = [str(pte), "--input", str(tmp_path / "x.pt"), "--reference"]
+    assert main(["trace", *args, "--json", str(tmp_path / "t.json")]) == 0
+    text = capsys.readouterr().out
+    listed = text.split("largest errors against the float64 reference:")[1].splitlines()
+    assert listed[1].strip() == f"instruction {out.index} {out.name}: {out.error}"
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["worst"][0] == out.step
+    assert data["records"][out.step]["writes"][0]["error"]["mismatched"] == eager16.numel()
+
+
 def test_reference_keeps_the_call_record() -> None:
     """Device copies run twice under a reference; the call's byte counts stay the call's."""
     methods = _methods("h2d_copy")

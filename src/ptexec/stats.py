@@ -106,7 +106,8 @@ class RefError:
     normwise relative error); ``eps``: the machine epsilon of the program's dtype (so
     ``max_rel / eps`` is the error in units of its precision); ``mismatched``: elements
     where the two disagree outright (a NaN or Inf on one side only; any difference for
-    integers and bools).
+    integers and bools). A mismatched element is an error no finite one reaches: it
+    ranks first (:attr:`rank`), and says so before the finite elements' error.
     """
 
     max_abs: float
@@ -119,6 +120,17 @@ class RefError:
     def in_eps(self) -> float | None:
         return None if not self.eps else self.max_rel / self.eps
 
+    @property
+    def rank(self) -> tuple[bool, int, float]:
+        """How bad it is, for ordering (larger is worse): any mismatched element first,
+        more of them before fewer, then the relative error."""
+        return (self.mismatched > 0, self.mismatched, self.max_rel)
+
+    @property
+    def is_error(self) -> bool:
+        """Whether the value differs from its reference at all."""
+        return self.mismatched > 0 or self.max_rel > 0
+
     def __str__(self) -> str:
         if self.note:
             return self.note
@@ -126,7 +138,8 @@ class RefError:
         if self.eps:
             text += f" ({self.max_rel / self.eps:.3g} eps)"
         if self.mismatched:
-            text += f"  {self.mismatched} mismatched"
+            head = f"{self.mismatched} mismatched"
+            text = f"{head}; elsewhere {text}" if self.max_abs > 0 else head
         return text
 
     def to_dict(self) -> dict[str, Any]:

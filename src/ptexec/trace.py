@@ -120,11 +120,13 @@ class InstructionRecord:
 
     @property
     def error(self) -> RefError | None:
-        """The largest relative error among the values it wrote (reference runs)."""
+        """The worst error among the values it wrote (reference runs): a mismatched
+        element (a NaN or Inf where the reference is finite, or the reverse) before any
+        finite error, then the largest relative error (:attr:`RefError.rank`)."""
         worst: RefError | None = None
         for w in self.writes:
             e = w.error
-            if e is not None and e.note is None and (worst is None or e.max_rel > worst.max_rel):
+            if e is not None and e.note is None and (worst is None or e.rank > worst.rank):
                 worst = e
         return worst
 
@@ -210,10 +212,13 @@ class Trace:
         ]
 
     def worst(self, n: int = 5) -> list[InstructionRecord]:
-        """The ``n`` instructions with the largest relative error against the reference."""
-        scored = [r for r in self.records if r.error is not None and r.error.max_rel > 0]
-        scored.sort(key=lambda r: -r.error.max_rel)  # type: ignore[union-attr]
-        return scored[:n]
+        """The ``n`` instructions with the worst errors against the reference, worst first:
+        those with mismatched elements (a NaN or Inf on one side only) before the largest
+        relative errors (:attr:`InstructionRecord.error`)."""
+        scored = [(r, r.error) for r in self.records]
+        ranked = [(r, e) for r, e in scored if e is not None and e.is_error]
+        ranked.sort(key=lambda pair: pair[1].rank, reverse=True)
+        return [r for r, _ in ranked[:n]]
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensors recorded with ``tensors=True``, as ``{"<step>:v<index>": tensor}``."""
@@ -225,7 +230,7 @@ class Trace:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "method": self.method,
             "num_instructions": self.num_instructions,
             "executed": len(self.records),
@@ -234,6 +239,9 @@ class Trace:
             "reason": self.reason,
             "records": [r.to_dict() for r in self.records],
         }
+        if self.reference:  # the records' steps, worst first, as :meth:`worst` ranks them
+            out["worst"] = [r.step for r in self.worst(len(self.records))]
+        return out
 
     def table(self, limit: int | None = None) -> str:
         """The records as a text table (``limit``: at most that many instructions)."""
@@ -272,6 +280,8 @@ class Trace:
                         line += " " * 21
                     elif e.note:
                         line += f"  {e.note}"
+                    elif e.mismatched:  # NaN or Inf on one side only: no finite error says it
+                        line += f"  {e.mismatched} mismatched"
                     else:
                         line += f"  {e.max_abs:>9.2e} {e.max_rel:>9.2e}"
                 if k == 0 and extra:
