@@ -71,20 +71,46 @@ def test_preprocessing_equals_transformers_at_the_encoders_size(tmp_path: Path) 
         torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
 
 
-def test_resizing_is_close_to_transformers(tmp_path: Path) -> None:
-    """Pillow's bicubic and torch's antialiased bicubic differ by rounding, not more."""
-    hf = _clip()
+@pytest.mark.parametrize("resample", [0, 1, 2, 3, 4, 5])
+def test_resizing_equals_transformers_with_each_filter(tmp_path: Path, resample: int) -> None:
+    """uint8 pixels are resized by Pillow with the config's filter, as transformers'
+    processor resizes them: the same values, non-square sizes and odd crops included."""
+    hf = _clip(resample=resample)
     hf.save_pretrained(tmp_path)
     ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
-    # a smooth image (a gradient): resampling filters agree on it up to rounding
-    y = torch.linspace(0, 255, 48).view(1, 48, 1)
-    x = torch.linspace(0, 255, 64).view(1, 1, 64)
-    px = torch.cat([y.expand(1, 48, 64), x.expand(1, 48, 64), (y + x).expand(1, 48, 64) / 2])
-    px = px.round().to(torch.uint8)
-    want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
-    got = ours(px)
-    assert got.shape == want.shape == (3, 32, 32)
-    assert (got - want).abs().max() < 0.1  # within about 6 of 255 levels (std 0.27)
+    for seed, (h, w) in enumerate([(61, 77), (30, 41), (100, 37)]):
+        px = _pixels(seed, h, w)
+        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+
+
+def test_float_pixels_are_resized_by_torch_close_to_pillow(tmp_path: Path) -> None:
+    """Float pixels take torch's filter of the same name (Pillow's NEAREST is torch's
+    nearest-exact, not nearest); on a smooth image they agree with Pillow up to rounding."""
+    for resample, bound in ((3, 0.1), (0, 0.1)):
+        hf = _clip(resample=resample)
+        hf.save_pretrained(tmp_path)
+        ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+        y = torch.linspace(0, 255, 48).view(1, 48, 1)
+        x = torch.linspace(0, 255, 64).view(1, 1, 64)
+        px = torch.cat([y.expand(1, 48, 64), x.expand(1, 48, 64), (y + x).expand(1, 48, 64) / 2])
+        px = px.round()
+        want = hf(images=_pil(px.to(torch.uint8)), return_tensors="pt")["pixel_values"][0]
+        got = ours(px)
+        assert got.shape == want.shape == (3, 32, 32)
+        assert (got - want).abs().max() < bound, resample
+
+
+def test_a_crop_larger_than_the_image_pads_it_as_transformers(tmp_path: Path) -> None:
+    hf = transformers.CLIPImageProcessor(
+        size={"shortest_edge": 24}, crop_size={"height": 32, "width": 32}
+    )
+    hf.save_pretrained(tmp_path)
+    ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    for seed, (h, w) in enumerate([(24, 40), (50, 30), (24, 24)]):
+        px = _pixels(seed, h, w)
+        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
 
 
 def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: Path) -> None:
@@ -109,6 +135,43 @@ def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: 
         ImagePreprocessor({"size": "big"})
     with pytest.raises(GenerationError, match="no preprocessor_config"):
         ImagePreprocessor.from_dir(tmp_path / "missing")
+
+
+def test_read_image_turns_a_photo_as_its_exif_orientation_says(tmp_path: Path) -> None:
+    from PIL import Image
+    from transformers.image_utils import load_image
+
+    px = _pixels(5, 30, 50)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to show
+    _pil(px).save(tmp_path / "photo.jpg", exif=exif.tobytes(), quality=95)
+    got = read_image(tmp_path / "photo.jpg")
+    want = torch.from_numpy(__import__("numpy").asarray(load_image(str(tmp_path / "photo.jpg"))))
+    assert got.shape == (3, 50, 30)
+    assert torch.equal(got, want.permute(2, 0, 1))
+
+
+def test_audio_inputs_keep_their_dtype() -> None:
+    """Raw audio is one clip of float samples or integer PCM (scaled as a WAV reader
+    scales it); features keep their dtype; other kinds are refused."""
+    from ptexec.llm import make_raw_audio_input
+    from ptexec.llm.multimodal import _bytes_tensor
+
+    wave = torch.linspace(-1, 1, 64)
+    pcm = (wave * 32767).round().to(torch.int16)
+    raw = make_raw_audio_input(pcm.reshape(1, 1, -1)).get_raw_audio()
+    assert raw is not None and raw.dtype == torch.float64
+    torch.testing.assert_close(_bytes_tensor(raw.data, 64, stored=raw.dtype),
+                               pcm.double() / 32768)  # fmt: skip
+    for bad in (torch.zeros(1, 1, 8, dtype=torch.uint8), torch.zeros(2, 1, 8)):
+        with pytest.raises(RuntimeError):
+            make_raw_audio_input(bad)
+    half = torch.randn(1, 4, 6).half()
+    feats = make_audio_input(half).get_audio()
+    assert feats is not None and feats.dtype == torch.float16
+    assert torch.equal(_bytes_tensor(feats.data, 24, torch.bfloat16, feats.dtype), half.flatten())
+    with pytest.raises(RuntimeError, match="floating point"):
+        make_audio_input(torch.zeros(1, 4, 6, dtype=torch.int32))
 
 
 def test_read_image_gives_rgb_pixels(tmp_path: Path) -> None:
@@ -511,6 +574,25 @@ def test_audio_prompt_gives_the_eager_models_greedy_tokens(voxtral: Path) -> Non
         runner.generate([make_token_input(ids), make_raw_audio_input(samples)], _greedy())
         assert runner.generated_tokens == want
         runner.reset()
+
+
+@pytest.mark.slow
+def test_bos_begins_the_prompt_when_an_image_comes_first(llava: Path) -> None:
+    """Media before the text (the command line's order without a placeholder): the BOS
+    asked for is the prompt's first id, the image rows after it, as with a placeholder."""
+    runner = _runner(llava)
+    bos = runner.tokenizer.bos_id
+    pixels = _pixels(1, 32, 32)
+    config = _greedy(num_bos=1)
+    first = [make_image_input(pixels), make_text_input("USER: What is this? ASSISTANT:")]
+    runner.generate(first, config)
+    got = list(runner.generated_tokens)
+    runner.reset()
+    tok = transformers.AutoTokenizer.from_pretrained(llava / "checkpoint")
+    ids = [bos, *tok.encode("USER: What is this? ASSISTANT:", add_special_tokens=False)]
+    runner.generate([make_token_input(ids[:1]), make_image_input(pixels),
+                     make_token_input(ids[1:])], _greedy())  # fmt: skip
+    assert runner.generated_tokens == got
 
 
 @pytest.mark.slow

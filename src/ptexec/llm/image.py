@@ -16,6 +16,7 @@ encoder's size is only rescaled and normalised, and equals the Hugging Face proc
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,8 +28,10 @@ from ..errors import GenerationError
 
 __all__ = ["ImagePreprocessor", "read_image"]
 
-# Pillow's resampling filters by number, as preprocessor configs name them
-_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+# Pillow's resampling filters by number, as preprocessor configs name them, and torch's
+# mode for each where Pillow is missing (torch's "nearest-exact" is Pillow's NEAREST)
+_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+_MODES = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
 
 
 def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
@@ -42,7 +45,10 @@ def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
     p = Path(path)
     try:
         with PILImage.open(p) as im:
-            rgb = im.convert("RGB")
+            from PIL import ImageOps
+
+            # as a camera's EXIF orientation says it is shown (transformers' load_image)
+            rgb = (ImageOps.exif_transpose(im) or im).convert("RGB")
             w, h = rgb.size
             data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
     except FileNotFoundError:
@@ -50,6 +56,30 @@ def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
     except Exception as e:  # Pillow raises several types for a file it cannot read
         raise GenerationError(f"{p}: not an image Pillow can read ({e})") from e
     return data.reshape(h, w, 3).permute(2, 0, 1).contiguous()
+
+
+def _pillow() -> Any:
+    """Pillow's ``Image`` module, or None without Pillow."""
+    try:
+        from PIL import Image as PILImage
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return PILImage
+
+
+def _center_crop(x: torch.Tensor, ch: int, cw: int) -> torch.Tensor:
+    """The ``ch`` x ``cw`` center of ``[C, H, W]`` pixels; an image smaller than that is
+    padded with zeros around it first, as transformers' ``center_crop`` pads it."""
+    h, w = int(x.shape[1]), int(x.shape[2])
+    top, left = (h - ch) // 2, (w - cw) // 2
+    if top >= 0 and left >= 0:
+        return x[:, top : top + ch, left : left + cw]
+    nh, nw = max(ch, h), max(cw, w)
+    padded = x.new_zeros(x.shape[0], nh, nw)
+    tp, lp = math.ceil((nh - h) / 2), math.ceil((nw - w) / 2)
+    padded[:, tp : tp + h, lp : lp + w] = x
+    top, left = max(top + tp, 0), max(left + lp, 0)
+    return padded[:, top : top + ch, left : left + cw]
 
 
 def _pair(value: Any, field: str) -> tuple[int, int] | int:
@@ -108,7 +138,15 @@ class ImagePreprocessor:
         self.mean = _triple(c.get("image_mean", 0.5), "image_mean")
         self.std = _triple(c.get("image_std", 0.5), "image_std")
         resample = c.get("resample", 3)
-        self.mode = _MODES.get(int(resample), "bicubic") if isinstance(resample, int) else "bicubic"
+        if isinstance(resample, bool) or not isinstance(resample, int) or resample not in _FILTERS:
+            raise GenerationError(
+                f"preprocessor resample must be one of Pillow's filters {sorted(_FILTERS)}, "
+                f"got {resample!r}"
+            )
+        self.resample = int(resample)
+        """Pillow's filter number: uint8 pixels are resized by Pillow with it, as
+        transformers' image processors resize them."""
+        self.mode = _MODES.get(self.resample, "bicubic")
 
     @classmethod
     def from_dir(
@@ -136,16 +174,31 @@ class ImagePreprocessor:
             "image_processor entry)"
         )
 
-    def _resize(self, x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    def _resize(self, x: torch.Tensor, size: tuple[int, int], image: bool) -> torch.Tensor:
+        """``x`` at ``size``; ``image``: its values are 0..255 integers (uint8 pixels), which
+        Pillow resizes with the config's filter, as transformers does (else torch's
+        interpolation, the same filter where torch has it)."""
         if tuple(x.shape[-2:]) == size:
             return x
-        antialias = self.mode != "nearest"
+        if image:
+            pil = _pillow()
+            if pil is not None:
+                hwc = x.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).contiguous()
+                im = pil.fromarray(hwc.numpy()).resize((size[1], size[0]), self.resample)
+                out = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
+                return out.reshape(size[0], size[1], 3).permute(2, 0, 1).float()
+        if self.resample not in _MODES:
+            raise GenerationError(
+                f"resizing with Pillow's {_FILTERS[self.resample]} filter (resample "
+                f"{self.resample}) needs Pillow and uint8 pixels (pip install pillow)"
+            )
+        nearest = self.mode == "nearest-exact"
         return torch.nn.functional.interpolate(
             x.unsqueeze(0),
             size=size,
             mode=self.mode,
-            antialias=antialias,
-            align_corners=None if self.mode == "nearest" else False,
+            antialias=not nearest,
+            align_corners=None if nearest else False,
         )[0]
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -156,6 +209,7 @@ class ImagePreprocessor:
                 f"image pixels must be [C, H, W] with 1, 3 or 4 channels, got {list(pixels.shape)}"
             )
         x = pixels[:3].float() if pixels.shape[0] != 1 else pixels.float().expand(3, -1, -1)
+        image = pixels.dtype == torch.uint8
         h, w = int(x.shape[1]), int(x.shape[2])
         if self.do_resize and self.size is not None:
             if isinstance(self.size, int):  # shortest edge, aspect ratio kept
@@ -164,16 +218,14 @@ class ImagePreprocessor:
                 size = (self.size, new_long) if h <= w else (new_long, self.size)
             else:
                 size = self.size
-            x = self._resize(x, size)
-            if x.dtype.is_floating_point and pixels.dtype == torch.uint8:
+            x = self._resize(x, size, image)
+            if image:
                 x = x.round().clamp(0, 255)  # resized as an image, as Pillow does
         if self.crop_size is not None:
             ch, cw = self.crop_size if isinstance(self.crop_size, tuple) else (self.crop_size,) * 2
-            top = max(0, (int(x.shape[1]) - ch) // 2)
-            left = max(0, (int(x.shape[2]) - cw) // 2)
-            x = x[:, top : top + ch, left : left + cw]
+            x = _center_crop(x, ch, cw)
         if self.target is not None and tuple(x.shape[-2:]) != self.target:
-            x = self._resize(x, self.target)
+            x = self._resize(x, self.target, image)
         if self.do_rescale:
             x = x * self.rescale_factor
         if self.do_normalize:

@@ -97,10 +97,17 @@ class Audio:
     """Preprocessed audio features (``batch_size x n_bins x n_frames`` values)."""
 
     def __init__(
-        self, data: Sequence[int] = (), batch_size: int = 0, n_bins: int = 0, n_frames: int = 0
+        self,
+        data: Sequence[int] = (),
+        batch_size: int = 0,
+        n_bins: int = 0,
+        n_frames: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.data = list(data)
         self.batch_size, self.n_bins, self.n_frames = batch_size, n_bins, n_frames
+        self.dtype = dtype
+        """The dtype ``data``'s bytes hold (None: float32, or the encoder's own)."""
 
     def __repr__(self) -> str:
         return (
@@ -112,10 +119,17 @@ class RawAudio:
     """Raw audio samples (``batch_size x n_channels x n_samples`` values)."""
 
     def __init__(
-        self, data: Sequence[int] = (), batch_size: int = 0, n_channels: int = 0, n_samples: int = 0
+        self,
+        data: Sequence[int] = (),
+        batch_size: int = 0,
+        n_channels: int = 0,
+        n_samples: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.data = list(data)
         self.batch_size, self.n_channels, self.n_samples = batch_size, n_channels, n_samples
+        self.dtype = dtype
+        """The dtype ``data``'s bytes hold (None: float32)."""
 
     def __repr__(self) -> str:
         return (
@@ -236,24 +250,40 @@ def make_image_input(image_tensor: torch.Tensor) -> MultimodalInput:
 
 
 def make_audio_input(audio_tensor: torch.Tensor) -> MultimodalInput:
-    """Preprocessed audio features from a ``(batch_size, n_bins, n_frames)`` tensor."""
+    """Preprocessed audio features from a ``(batch_size, n_bins, n_frames)`` floating point
+    tensor (each batch row a window; converted to the encoder's dtype)."""
     if audio_tensor.dim() != 3:
         raise RuntimeError(
             "Audio tensor must be 3-dimensional (batch_size, n_bins, n_frames), got "
             f"{audio_tensor.dim()} dimensions"
         )
     b, bins, frames = (int(s) for s in audio_tensor.shape)
+    if not audio_tensor.is_floating_point():
+        raise RuntimeError(f"Audio features must be floating point, got {audio_tensor.dtype}")
     data = audio_tensor.contiguous().reshape(-1).view(torch.uint8).tolist()
-    return MultimodalInput(Audio(data, b, bins, frames))
+    return MultimodalInput(Audio(data, b, bins, frames, audio_tensor.dtype))
 
 
 def make_raw_audio_input(audio_tensor: torch.Tensor) -> MultimodalInput:
-    """Raw audio from a ``(batch_size, n_channels, n_samples)`` tensor."""
+    """Raw audio from a ``(batch_size, n_channels, n_samples)`` tensor: one clip (batch 1),
+    its channels averaged; float samples in -1..1, or int16/int32 PCM (scaled to -1..1)."""
     if audio_tensor.dim() != 3:
         raise RuntimeError(
             "Raw audio tensor must be 3-dimensional (batch_size, n_channels, n_samples), got "
             f"{audio_tensor.dim()} dimensions"
         )
     b, ch, n = (int(s) for s in audio_tensor.shape)
-    data = audio_tensor.contiguous().reshape(-1).view(torch.uint8).tolist()
-    return MultimodalInput(RawAudio(data, b, ch, n))
+    if b != 1:
+        raise RuntimeError(f"Raw audio is one clip (batch_size 1), got batch_size {b}")
+    x = audio_tensor
+    if x.dtype in _PCM:  # integer PCM, as a WAV file holds it: to -1..1
+        x = x.double() / _PCM[x.dtype]
+    elif not x.is_floating_point():
+        raise RuntimeError(
+            f"Raw audio must be floating point samples (-1..1) or int16/int32 PCM, got {x.dtype}"
+        )
+    data = x.contiguous().reshape(-1).view(torch.uint8).tolist()
+    return MultimodalInput(RawAudio(data, b, ch, n, x.dtype))
+
+
+_PCM = {torch.int16: 32768.0, torch.int32: 2147483648.0}

@@ -607,17 +607,20 @@ class MultimodalRunner(_Runner):
                     "raw audio needs a feature extractor: pass processor= (a directory with "
                     "the model's preprocessor_config.json), or give features (make_audio_input)"
                 )
-            samples = _bytes_tensor(raw.data, raw.batch_size * raw.n_channels * raw.n_samples)
+            count = raw.batch_size * raw.n_channels * raw.n_samples
+            samples = _bytes_tensor(raw.data, count, raw.dtype or torch.float32)
             samples = samples.reshape(raw.batch_size, raw.n_channels, raw.n_samples)
+            if raw.batch_size != 1:
+                raise GenerationError(f"raw audio is one clip, got {raw.batch_size}")
             rate = _extractor_rate(self.processor)
-            feats = audio_features(samples.float().mean(dim=(0, 1)), rate, self.processor)
+            mono = samples[0].float().mean(dim=0)  # the channels averaged
+            feats = audio_features(mono, rate, self.processor)
         else:
             audio = item.get_audio()
             assert audio is not None
             count = audio.batch_size * audio.n_bins * audio.n_frames
-            feats = _bytes_tensor(audio.data, count, spec.dtype).reshape(
-                audio.batch_size, audio.n_bins, audio.n_frames
-            )
+            feats = _bytes_tensor(audio.data, count, audio.dtype or spec.dtype, audio.dtype)
+            feats = feats.reshape(audio.batch_size, audio.n_bins, audio.n_frames)
         sizes = [int(s) for s in spec.sizes]
         if len(sizes) != 3 or list(feats.shape[1:]) != sizes[1:]:
             raise GenerationError(
@@ -661,8 +664,11 @@ class MultimodalRunner(_Runner):
                 parts.append(("image", self._image_rows(item)))
             else:
                 parts.append(("audio", self._audio_rows(item)))
-        encoded = iter(self._encode_each(text_items, num_bos, num_eos))
+        lead = parts and parts[0][0] != "ids" and num_bos > 0
+        encoded = iter(self._encode_each(text_items, 0 if lead else num_bos, num_eos))
         parts = [(k, next(encoded)) if k == "ids" else (k, v) for k, v in parts]
+        if lead:  # BOS begins the prompt, before media that come first
+            parts.insert(0, ("ids", [self.tokenizer.bos_id] * num_bos))
         fill: dict[str, list[torch.Tensor]] = {}
         for kind in ("image", "audio"):
             media = [v for k, v in parts if k == kind]
@@ -798,16 +804,22 @@ class MultimodalRunner(_Runner):
 
 
 def _bytes_tensor(
-    data: Sequence[int], count: int, dtype: torch.dtype = torch.float32
+    data: Sequence[int],
+    count: int,
+    dtype: torch.dtype = torch.float32,
+    stored: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``count`` values stored as the bytes ``data`` (what ``make_audio_input`` keeps):
-    float32 when there are 4 bytes a value, else ``dtype`` when its width fits."""
+    """``count`` values stored as the bytes ``data`` (what ``make_audio_input`` keeps): of
+    ``stored``, the dtype they were made from, when known; else float32 when there are 4
+    bytes a value, else ``dtype`` when its width fits."""
     raw = torch.tensor(list(data), dtype=torch.uint8)
     if count <= 0 or raw.numel() % count:
         raise GenerationError(
             f"audio holds {raw.numel()} bytes, not a whole number of {count} values"
         )
     width = raw.numel() // count
+    if stored is not None and width == stored.itemsize:
+        return raw.view(stored)
     if width == 4:
         return raw.view(torch.float32)
     if width == dtype.itemsize:
