@@ -27,7 +27,8 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
     from ptexec.serve import ProgramService, Server
 
     name = request.param
-    service = ProgramService(ptexec.load(FIXTURES / f"{name}.pte"), window=0.02)
+    # rows of these methods are independent: requests may share calls
+    service = ProgramService(ptexec.load(FIXTURES / f"{name}.pte"), join=True, window=0.02)
     server = Server(None, "127.0.0.1", 0, programs=service).start()
     try:
         yield name, server
@@ -138,3 +139,71 @@ def test_a_method_without_row_inputs_runs_once_per_request() -> None:
         assert json.loads(body)["outputs"][0]["data"] == int(want) and kind == "application/json"
     assert service.batches == 0
     service.close()
+
+
+class _Sequence(torch.nn.Module):
+    """Dim 0 is a sequence, not rows: each value depends on the values before it."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cumsum(x, 0), x.float().log()
+
+
+@pytest.fixture(scope="module")
+def sequence_server() -> Iterator[Any]:
+    import ptexec
+    from export_util import export_program
+    from ptexec.serve import ProgramService, Server
+
+    n = torch.export.Dim("n", min=1, max=32)
+    pte = export_program(_Sequence(), (torch.arange(1, 4),), dynamic_shapes=({0: n},))
+    service = ProgramService(ptexec.load(pte), window=0.05)
+    server = Server(None, "127.0.0.1", 0, programs=service).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_requests_are_never_joined_unless_asked(sequence_server: Any) -> None:
+    """Concurrent requests to a method whose dim 0 is a sequence each get the method's
+    answer on their own values (joined, one client's values would run into another's)."""
+    requests = [[10, 20, 30], [1, 2, 3], [5], [7, 8]]
+
+    async def send() -> list[Any]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            url = sequence_server.url + "/v1/programs/forward"
+            calls = [client.post(url, json={"inputs": [x]}) for x in requests]
+            return list(await asyncio.wait_for(asyncio.gather(*calls), 60))
+
+    for x, r in zip(requests, asyncio.run(send()), strict=True):
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == torch.cumsum(torch.tensor(x), 0).tolist()
+    assert sequence_server.programs.batches == 0
+
+
+def test_json_inputs_that_would_change_are_refused_and_non_finite_outputs_named(
+    sequence_server: Any,
+) -> None:
+    url = sequence_server.url + "/v1/programs/forward"
+    for bad in ([1.7, 2.0], [2**63], [True, "1"], [None, 1]):
+        r = httpx.post(url, json={"inputs": [bad]}, timeout=60)
+        assert r.status_code == 400, bad
+    r = httpx.post(url, json={"inputs": [[1.0, 2.0]]}, timeout=60)  # integral: as given
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1, 3]
+    r = httpx.post(url, json={"inputs": [[0, -1, 1]]}, timeout=60)
+    assert r.status_code == 200
+    json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert r.json()["outputs"][1]["data"] == ["-inf", "nan", 0.0]
+
+
+def test_a_stateful_method_is_not_served() -> None:
+    import ptexec
+    from ptexec.serve import ProgramService, Server
+
+    service = ProgramService(ptexec.load(FIXTURES / "stateful.pte"), join=True)
+    server = Server(None, "127.0.0.1", 0, programs=service).start()
+    try:
+        r = httpx.post(server.url + "/v1/programs/forward", json={"inputs": [[1.0]]}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "stateful_method"
+    finally:
+        server.stop()

@@ -69,7 +69,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         compile_mode = "background" if args.compile else False
         options = load_options(args.device or None, compile_mode, args.xnnpack)
-        programs = ProgramService(program, window=args.batch_window_ms / 1e3, **options)
+        programs = ProgramService(
+            program, join=args.join_rows, window=args.batch_window_ms / 1e3, **options
+        )
     server = Server(
         engine,
         args.host,
@@ -128,6 +130,12 @@ def add_serve(sub: Any) -> None:
     p.add_argument(
         "--generation-config",
         help="a speech model's generation_config.json (default: beside the processor / model)",
+    )
+    p.add_argument(
+        "--join-rows",
+        action="store_true",
+        help="the methods' dim 0 is a batch of independent rows: join concurrent requests "
+        "into one call (micro-batching; default: each request is one call)",
     )
     p.add_argument(
         "--batch-window-ms", type=float, default=2.0, help="micro-batching window of methods"

@@ -56,6 +56,7 @@ class _Replica:
         chat_template: str | None = None,
         data_path: str | None = None,
         programs: bool = False,
+        join_rows: bool = False,
         batch_window_ms: float = 2.0,
         api_key: str | None = None,
         max_body_bytes: int = 1 << 20,
@@ -85,7 +86,9 @@ class _Replica:
                 else ptexec.load(model, data_path=data_path)
             )
             options: dict[str, Any] = {"device_map": device_map} if device_map else {}
-            self.programs = ProgramService(program, window=batch_window_ms / 1e3, **options)
+            self.programs = ProgramService(
+                program, join=join_rows, window=batch_window_ms / 1e3, **options
+            )
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
 

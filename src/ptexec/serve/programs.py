@@ -7,14 +7,25 @@ A request carries the method's inputs as the method takes them (dim 0 is the row
 answer has the outputs in the same form (``.npy`` answers become safetensors when there is
 more than one output).
 
-Requests for one method that arrive within ``window`` seconds of each other are joined
-along dim 0 and run as one batch through :class:`ptexec.ray.Batcher`, the rules of
-``ptexec.ray``: a static dim 0 is filled by splitting and padding, a bounded one is used up
-to its bound, and rows are retried alone when a joined call fails, so one bad request
-fails alone. Each request gets back its own rows of every output. A method whose inputs
-have no rows (scalars, rank 0) runs once per request. Calls of a method run on a thread of
-its own, never on the event loop; nothing read from a request becomes code
-(``allow_pickle=False``).
+By default each request is one call of the method on exactly its inputs, as ``execute``
+takes them: the server cannot know whether a method's dim 0 is a batch of independent rows
+(it may be a sequence the method sums, sorts or attends over), so it never mixes one
+client's values into another's call. With ``join=True`` (``ptexec serve --join-rows``) the
+operator says it is: requests for one method that arrive within ``window`` seconds of each
+other are joined along dim 0 and run as one batch through :class:`ptexec.ray.Batcher`, the
+rules of ``ptexec.ray``: a static dim 0 is filled by splitting and padding, a bounded one is
+used up to its bound, and rows are retried alone when a joined call fails, so one bad
+request fails alone. Each request gets back its own rows of every output. A method whose
+inputs have no rows (scalars, rank 0) runs once per request. A method that keeps state
+between calls (mutable buffers) is not served: its answers would depend on other clients'
+requests. Calls of a method run on a thread of its own, never on the event loop; nothing
+read from a request becomes code (``allow_pickle=False``).
+
+JSON inputs are read as JSON gives them and converted to the method's dtype only where no
+value changes (an integer input takes integers in its range, a bool input ``true``/``false``
+or 0/1; a float input takes any number, rounded to its precision but not overflowing);
+anything else is a 400. A non-finite float in a JSON answer is the string ``"nan"``,
+``"inf"`` or ``"-inf"`` (JSON has no such numbers).
 """
 
 from __future__ import annotations
@@ -102,10 +113,46 @@ def _json_array(item: Any, info: Any, index: int) -> np.ndarray:
             dtype = _DTYPES[name]
     if dtype is None and hasattr(info, "dtype"):
         dtype = _numpy_dtype(info.dtype)
-    arr = np.asarray(data, dtype=dtype)
-    if arr.dtype == object:
-        raise ApiError(400, f"inputs[{index}] is not a regular array", param="inputs")
-    return arr
+    try:
+        natural = np.asarray(data)
+    except ValueError:
+        natural = np.asarray(data, dtype=object)
+    if natural.dtype.kind not in "biuf":
+        raise ApiError(400, f"inputs[{index}] is not a regular array of numbers", param="inputs")
+    if dtype is None:
+        return natural
+    return _exact_cast(natural, np.dtype(dtype), index)
+
+
+def _exact_cast(a: np.ndarray, dtype: np.dtype[Any], index: int) -> np.ndarray:
+    """``a`` as ``dtype`` when no value changes but a float's rounding; else a 400."""
+    if a.dtype == dtype:
+        return a
+    where = f"inputs[{index}]"
+    with np.errstate(all="ignore"):
+        out = a.astype(dtype)
+        if dtype.kind == "b":
+            ok = a.dtype.kind == "b" or bool(np.isin(a, (0, 1)).all())
+        elif dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if a.dtype.kind in "biu":
+                ok = a.size == 0 or (int(a.min()) >= info.min and int(a.max()) <= info.max)
+            else:  # integral floats (JSON's 1.0) within range
+                ok = a.size == 0 or (
+                    bool(np.isfinite(a).all())
+                    and bool((np.floor(a) == a).all())
+                    and float(a.min()) >= info.min
+                    and float(a.max()) < float(info.max) + 1.0  # (2**63 as a float: out)
+                )
+        else:  # float: rounded, but not to an infinity the value was not
+            ok = bool((np.isfinite(out) | ~np.isfinite(a.astype(np.float64))).all())
+    if not ok:
+        raise ApiError(
+            400,
+            f"{where}: the values do not fit the method's {dtype} input without changing",
+            param="inputs",
+        )
+    return out
 
 
 def encode_outputs(outputs: Sequence[np.ndarray], kind: str) -> tuple[bytes, str]:
@@ -120,10 +167,18 @@ def encode_outputs(outputs: Sequence[np.ndarray], kind: str) -> tuple[bytes, str
         return save({str(i): np.ascontiguousarray(o) for i, o in enumerate(outputs)}), SAFETENSORS
     doc = {
         "outputs": [
-            {"data": o.tolist(), "dtype": str(o.dtype), "shape": list(o.shape)} for o in outputs
+            {"data": _json_data(o), "dtype": str(o.dtype), "shape": list(o.shape)} for o in outputs
         ]
     }
-    return json.dumps(doc).encode(), "application/json"
+    return json.dumps(doc, allow_nan=False).encode(), "application/json"
+
+
+def _json_data(o: np.ndarray) -> Any:
+    """``o`` as JSON values: a non-finite float as the string "nan", "inf" or "-inf"."""
+    if o.dtype.kind != "f" or bool(np.isfinite(o).all()):
+        return o.tolist()
+    names = np.where(np.isnan(o), "nan", np.where(o > 0, "inf", "-inf"))
+    return np.where(np.isfinite(o), o.astype(object), names.astype(object)).tolist()
 
 
 class _Pending:
@@ -139,14 +194,28 @@ class _MethodQueue:
     """One loaded method, its batcher, its thread and its pending requests."""
 
     def __init__(self, service: ProgramService, name: str) -> None:
+        from ..errors import StatefulMethodError
         from ..ray.batching import Batcher, default_outputs
+        from ..ray.mapper import check_state
 
+        try:
+            check_state(service.program, name, "refuse")
+        except StatefulMethodError as e:
+            raise ApiError(
+                400,
+                f"method '{name}' is not served: it keeps state between calls, so its answers "
+                f"would depend on other clients' requests ({e})",
+                param="method",
+                code="stateful_method",
+            ) from None
         self.method = service.program.load_method(name, **service.load_options)
         meta = self.method.meta
         self.inputs = list(meta.inputs)
         self.outputs = list(meta.outputs)
-        self.batchable = bool(self.inputs) and all(
-            hasattr(i, "sizes") and len(i.sizes) >= 1 for i in self.inputs
+        self.batchable = (
+            service.join
+            and bool(self.inputs)
+            and all(hasattr(i, "sizes") and len(i.sizes) >= 1 for i in self.inputs)
         )
         self.columns = [f"input{i}" for i in range(len(self.inputs))]
         self.out_columns = default_outputs(len(self.outputs))
@@ -194,7 +263,7 @@ class _MethodQueue:
 
     def _direct(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         try:
-            out = self.method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+            out = self.method.execute([torch.from_numpy(np.array(a, order="C")) for a in arrays])
         except (InputError, PtexecError) as e:
             raise ApiError(400, str(e), param="inputs") from None
         return [_to_numpy(o) for o in out]
@@ -272,20 +341,24 @@ def _to_numpy(value: Any) -> np.ndarray:
 class ProgramService:
     """The methods of ``program`` served with micro-batching (see the module docstring).
 
-    ``window``: seconds a request waits for others to join its batch; ``max_rows``: a batch
-    is run at once when it reaches this many rows. ``load_options`` go to ``load_method``.
+    ``join``: the methods' dim 0 is a batch of independent rows, so requests may be joined
+    (and padded) into one call; ``window``: seconds a request waits for others to join its
+    batch; ``max_rows``: a batch is run at once when it reaches this many rows.
+    ``load_options`` go to ``load_method``.
     """
 
     def __init__(
         self,
         program: Any,
         *,
+        join: bool = False,
         window: float = 0.002,
         max_rows: int = 256,
         methods: Sequence[str] | None = None,
         **load_options: Any,
     ) -> None:
         self.program = program
+        self.join = bool(join)
         self.window = float(window)
         self.max_rows = int(max_rows)
         self.load_options = load_options
