@@ -206,6 +206,83 @@ def test_read_only_columns_are_not_written() -> None:
     assert_rows_close(mapper({"x": x})["y"], eager("mlp"), "mlp")
 
 
+class _Mutates(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1.0)
+        return x * 2.0
+
+
+@pytest.mark.parametrize("unplanned", [False, True])
+def test_a_method_that_writes_its_input_never_writes_the_batch(unplanned: bool) -> None:
+    """The method gets a copy of a writable column too: the kept column and a second run
+    of the same batch see the batch's own values (eager PyTorch on a copy)."""
+    from export_util import export_program
+
+    pte_bytes = export_program(_Mutates(), (torch.zeros(4, 3),), unplanned=unplanned)
+    mapper = PteMapper(pte_bytes, inputs=["x"], outputs=[None, "y"])
+    x = np.arange(18, dtype=np.float32).reshape(6, 3)  # a padded second call, too
+    kept = x.copy()
+    for _ in range(2):
+        out = mapper({"x": x})
+        np.testing.assert_array_equal(x, kept)
+        np.testing.assert_array_equal(out["x"], kept)
+        np.testing.assert_array_equal(out["y"], (kept + 1) * 2)
+
+
+def test_same_kind_casts_that_would_change_values_are_refused() -> None:
+    """A narrowing cast is taken only when every value survives it (eager PyTorch's
+    values), never wrapped or overflowed silently."""
+    ids = rows_of("int_ops", 0)  # int64 column into int64: as is
+    x = rows_of("int_ops", 1)
+    mapper = PteMapper(pte("int_ops"), inputs=["ids", "x", 3], outputs=["a", *[None] * 8])
+    big = ids.astype(np.float64)  # float into int: not same kind
+    with pytest.raises(ColumnError):
+        mapper({"ids": big, "x": x})
+    wide = x.astype(np.float64)  # float64 into float32: rounded, fine
+    got = mapper({"ids": ids, "x": wide})["a"]
+    np.testing.assert_array_equal(got, mapper({"ids": ids, "x": x})["a"])
+    with pytest.raises(ColumnError, match="values change"):
+        mapper({"ids": ids, "x": np.full_like(wide, 1e300)})  # infinite in float32
+    from export_util import export_program
+
+    class Doubles(torch.nn.Module):
+        def forward(self, i: torch.Tensor) -> torch.Tensor:
+            return i * 2
+
+    small = PteMapper(export_program(Doubles(), (torch.zeros(2, 3, dtype=torch.int32),)),
+                      inputs=["i"], outputs=["o"])  # fmt: skip
+    fits = np.array([[1, -2, 3], [2**31 - 1, 0, -(2**31)]], dtype=np.int64)
+    np.testing.assert_array_equal(small({"i": fits})["o"], (fits.astype(np.int32) * 2))
+    for bad in (np.array([[2**31, 0, 0], [0, 0, 0]], dtype=np.int64),
+                np.array([[3_000_000_000, 0, 0], [0, 0, 0]], dtype=np.uint32)):  # fmt: skip
+        with pytest.raises(ColumnError, match="values change"):
+            small({"i": bad})
+
+
+class _Counts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("n", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n.add_(1.0)
+        return x * 0 + self.n
+
+
+def test_carry_runs_rows_of_varying_shapes_in_the_batchs_order() -> None:
+    from export_util import export_program
+
+    b, t = torch.export.Dim("b", min=1, max=8), torch.export.Dim("t", min=1, max=8)
+    program = export_program(_Counts(), (torch.zeros(2, 3),), dynamic_shapes=({0: b, 1: t},))
+    rows = [np.ones(n, np.float32) for n in (2, 3, 2, 2, 3)]
+    col = np.empty(len(rows), dtype=object)
+    col[:] = rows
+    mapper = PteMapper(program, inputs=["x"], outputs=["y"], state="carry")
+    out = mapper({"x": col})
+    # one call per run of one shape, in order: (2), (3), (2, 2), (3)
+    assert [float(o[0]) for o in out["y"]] == [1.0, 2.0, 3.0, 3.0, 4.0]
+
+
 # ------------------------------------------------------------------------------------------
 # columns that cannot fit
 

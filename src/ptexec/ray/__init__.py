@@ -19,7 +19,8 @@ back to columns (rules in :mod:`ptexec.ray.batching`):
   and padding, a bounded one used up to its bound) or one call per row, decided by the
   columns' shapes; columns of variable-shaped rows are grouped by shape;
 - column dtypes are converted to the input's when ``cast`` allows (``"same_kind"``, the
-  default: float64 to float32 yes, float to int no; ``"no"``; ``"unsafe"``);
+  default: float64 to float32 yes, float to int no, and only when every value survives
+  the conversion; ``"no"``; ``"unsafe"``);
 - a row the method refuses or fails on raises :class:`~ptexec.errors.RowError`
   (``on_error="raise"``), or with ``on_error="record"`` gets its message in
   ``error_column`` (None for good rows; it may not name an input, output, id or kept

@@ -36,7 +36,7 @@ a mistake in the mapping.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -120,7 +120,8 @@ class Batcher:
     ``inputs`` name a column per method input (``str``) or give a constant (anything
     else); ``outputs`` name a column per method output (``None`` drops that output).
     ``isolate`` says whether a failed call may be retried row by row (False when calls
-    carry state from one to the next).
+    carry state from one to the next). ``written_inputs``: the inputs the method writes in
+    place, which are given a copy of the batch's values (never the batch's own memory).
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class Batcher:
         cast: Cast = "same_kind",
         isolate: bool = True,
         allow_padding: bool = True,
+        written_inputs: Collection[int] = (),
     ) -> None:
         if on_error not in ("raise", "record"):
             raise ValueError(f"on_error must be 'raise' or 'record', not {on_error!r}")
@@ -170,6 +172,7 @@ class Batcher:
         self._cast = cast
         self._isolate = isolate
         self._allow_padding = allow_padding
+        self._written = frozenset(written_inputs)
         self._specs = [
             _Input(i, info, src, None) if isinstance(src, str) else _Input(i, info, None, src)
             for i, (info, src) in enumerate(zip(input_infos, inputs, strict=True))
@@ -206,7 +209,7 @@ class Batcher:
             for i in good:
                 self._run(got, [i], cols, [i], False, errors, batch)
         else:
-            for positions, group in _groups(cols, good):
+            for positions, group in _groups(cols, good, in_order=not self._isolate):
                 self._run_batched(got, positions, group, errors, batch)
         self.stats.failed_rows += len(errors)
         return self._result(batch, n, got, errors, per_row)
@@ -309,7 +312,9 @@ class Batcher:
             col.rows = [None] * n
             for i, value in enumerate(raw):
                 try:
-                    col.rows[i] = self._value(value, info, per_row, f"column '{name}'")
+                    col.rows[i] = self._value(
+                        value, info, per_row, f"column '{name}'", spec.index in self._written
+                    )
                 except (InputError, TypeError) as e:
                     col.errors[i] = f"{type(e).__name__}: {e}"
             return col
@@ -331,12 +336,16 @@ class Batcher:
                 f"of '{self._method}' is {_describe(info)} ({problem})",
             )
         try:
-            col.regular = self._convert(t, info, per_row, _readonly(raw), f"column '{name}'")
+            col.regular = self._convert(
+                t, info, per_row, _readonly(raw) or spec.index in self._written, f"column '{name}'"
+            )
         except InputError as e:
             raise ColumnError(name, str(e)) from None
         return col
 
-    def _value(self, value: Any, info: ValueInfo, per_row: bool, what: str) -> Any:
+    def _value(
+        self, value: Any, info: ValueInfo, per_row: bool, what: str, written: bool = False
+    ) -> Any:
         """One row's value of a ragged column, converted (``InputError`` if it cannot be)."""
         if not isinstance(info, TensorInfo):
             return _scalar(value, info, what)
@@ -352,12 +361,13 @@ class Batcher:
                 f"({problem})"
             )
         t = t.unsqueeze(0)
-        return self._convert(t, info, per_row, _readonly(value), what)[0]
+        return self._convert(t, info, per_row, _readonly(value) or written, what)[0]
 
     def _convert(
         self, t: torch.Tensor, info: TensorInfo, per_row: bool, readonly: bool, what: str
     ) -> torch.Tensor:
-        """``t`` (rows along dim 0) in the input's dtype, on its device, in its layout."""
+        """``t`` (rows along dim 0) in the input's dtype, on its device, in its layout;
+        ``readonly``: its memory is not for the method to write (a copy is made)."""
         if t.dtype != info.dtype:
             if not _can_cast(t.dtype, info.dtype, self._cast):
                 raise InputError(
@@ -365,7 +375,14 @@ class Batcher:
                     f"and cast='{self._cast}' does not convert {_name(t.dtype)} to "
                     f"{_name(info.dtype)}"
                 )
-            t = t.to(info.dtype)
+            cast = t.to(info.dtype)
+            if self._cast == "same_kind" and not _kept_values(t, cast):
+                raise InputError(
+                    f"{what} is {_name(t.dtype)}; the method's input is {_describe(info)}, "
+                    f"and some values change in {_name(info.dtype)} (out of its range or "
+                    "precision); convert the column, or pass cast='unsafe'"
+                )
+            t = cast
             readonly = False
         device = info.device.to_torch()
         if t.device != device:
@@ -727,6 +744,19 @@ def _can_cast(src: torch.dtype, dst: torch.dtype, rule: Cast) -> bool:
     return bool(torch.can_cast(src, dst))
 
 
+def _kept_values(src: torch.Tensor, cast: torch.Tensor) -> bool:
+    """Whether ``cast`` (``src`` converted) holds ``src``'s values: integers exactly, floats
+    within the new precision but no new infinity (nor NaN)."""
+    if cast.dtype.is_floating_point and src.dtype.is_floating_point:
+        return bool((torch.isfinite(cast) | ~torch.isfinite(src)).all())
+    if cast.dtype.is_floating_point:  # integers into floats: exactly representable
+        return bool((cast.to(src.dtype) == src).all()) and bool(torch.isfinite(cast).all())
+    wide = torch.float64 if src.dtype.is_floating_point else torch.int64
+    if src.dtype == torch.uint64 or cast.dtype == torch.uint64:
+        return bool((cast.to(src.dtype) == src).all())
+    return bool((cast.to(wide) == src.to(wide)).all())
+
+
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -788,17 +818,29 @@ def _in_layout(t: torch.Tensor, info: TensorInfo, per_row: bool) -> torch.Tensor
     return torch.empty_strided(shape, want, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _groups(cols: list[_Column], good: Sequence[int]) -> list[tuple[Sequence[int], list[_Column]]]:
-    """The rows of a batch in groups of equal shapes, each as regular columns."""
+def _groups(
+    cols: list[_Column], good: Sequence[int], in_order: bool = False
+) -> list[tuple[Sequence[int], list[_Column]]]:
+    """The rows of a batch in groups of equal shapes, each as regular columns; with
+    ``in_order`` (calls carry state) only runs of consecutive rows, so the rows are still
+    run in the batch's order."""
     ragged = [c for c in cols if c.rows is not None]
     if not ragged:
         return [(good, cols)] if good else []
+    runs: list[list[int]] = []
     by_shape: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+    last: tuple[tuple[int, ...], ...] | None = None
     for i in good:
         key = tuple(tuple(c.rows[i].shape) for c in ragged if c.rows is not None)
-        by_shape.setdefault(key, []).append(i)
+        if in_order:
+            if key != last or not runs:
+                runs.append([])
+            runs[-1].append(i)
+            last = key
+        else:
+            by_shape.setdefault(key, []).append(i)
     groups: list[tuple[Sequence[int], list[_Column]]] = []
-    for rows in by_shape.values():
+    for rows in runs if in_order else list(by_shape.values()):
         group = []
         for c in cols:
             g = _Column(c.spec)

@@ -122,6 +122,7 @@ class PteMapper:
             cast=cast,
             isolate=state != "carry",
             allow_padding=state != "carry",
+            written_inputs=written_inputs(self.method),
         )
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:
@@ -180,6 +181,11 @@ def state_tensors(program: Program, method: str) -> list[str]:
     from ..plan import memory_plan
 
     return [t.describe() for t in memory_plan(program, method).tensors if t.kind == "state"]
+
+
+def written_inputs(method: Any) -> frozenset[int]:
+    """The inputs ``method`` writes in place (a batch's column never gives it its memory)."""
+    return frozenset(s.index for s in method.state.inputs if s.written)
 
 
 def check_state(program: Program, method: str, state: State) -> None:

@@ -196,7 +196,7 @@ class _MethodQueue:
     def __init__(self, service: ProgramService, name: str) -> None:
         from ..errors import StatefulMethodError
         from ..ray.batching import Batcher, default_outputs
-        from ..ray.mapper import check_state
+        from ..ray.mapper import check_state, written_inputs
 
         try:
             check_state(service.program, name, "refuse")
@@ -224,6 +224,7 @@ class _MethodQueue:
             self.batcher = Batcher(
                 self._execute, self.inputs, self.outputs, self.columns, self.out_columns,
                 method=name, on_error="record", keep_columns=False,
+                written_inputs=written_inputs(self.method),
             )  # fmt: skip
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"ptexec-{name}")
         self.pending: list[_Pending] = []
