@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
+import ptexec
 from fixture_data import fixture_paths, load_manifest, missing_devices
 from ptexec.cli import main
 
@@ -279,3 +282,69 @@ def test_unexpected_failures_and_interrupts_are_one_line(
     monkeypatch.setattr(ptexec, "load", interrupted)
     assert main(["inspect", mlp]) == 130
     assert capsys.readouterr().err == "ptexec: interrupted\n"
+
+
+class _Cancels(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ((x + y) - x) - y  # 0 in float64, rounding residue in float32
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x: torch.Tensor, alpha: float) -> tuple[torch.Tensor, float]:
+        return x * 2, alpha
+
+
+def test_json_files_are_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An infinite relative error (a float64 reference of exactly 0) and an infinite
+    scalar are written as strings: the files parse with a strict JSON reader."""
+    from export_util import export_program
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+
+    g = torch.Generator().manual_seed(0)
+    pte = tmp_path / "cancels.pte"
+    pte.write_bytes(export_program(_Cancels(), (torch.randn(64, generator=g),) * 2))
+    out = tmp_path / "trace.json"
+    assert main(["trace", str(pte), "--reference", "--json", str(out), "--seed", "1"]) == 0
+    text = out.read_text()
+    strict(text)
+    assert '"inf"' in text  # the residue against an exact 0
+    scaled = tmp_path / "scaled.pte"
+    scaled.write_bytes(export_program(_Scaled(), (torch.ones(3), float("inf"))))
+    capsys.readouterr()
+    assert main(["inspect", "--json", str(scaled)]) == 0
+    strict(capsys.readouterr().out)
+
+
+def test_an_infinite_scalar_input_is_taken_as_traced(tmp_path: Path) -> None:
+    """A float input traced as inf takes inf again (as ExecuTorch's runtime does)."""
+    from export_util import export_program
+
+    pte = export_program(_Scaled(), (torch.ones(3), float("inf")))
+    m = ptexec.load(pte).load_method()
+    for _ in range(2):  # the general path, then the fast call
+        y, alpha = m.execute([torch.ones(3), float("inf")])
+        assert torch.equal(y, torch.full((3,), 2.0)) and alpha == float("inf")
+    path = tmp_path / "scaled.pte"
+    path.write_bytes(pte)
+    assert main(["run", str(path), "--repeat", "1"]) == 0
+    assert _status(["run", str(path), "--threads", "0"]) == 2
+
+
+def test_data_files_found_beside_the_program_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --data, the .ptd files that gave the weights are said (they decide them)."""
+    import shutil
+
+    pte, ptd = fixture_paths("external")
+    assert ptd is not None
+    shutil.copy(pte, tmp_path / "model.pte")
+    shutil.copy(ptd, tmp_path / "weights.ptd")
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "model.pte"), "--repeat", "1"]) == 0
+    assert f"external data from {tmp_path / 'weights.ptd'}" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "model.pte")]) == 0
+    assert "weights.ptd" in capsys.readouterr().out
+    assert _status(["run", str(tmp_path / "model.pte"), "--device-map", "cuda:0=cpu,cuda:1"]) == 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 import time
@@ -103,9 +105,16 @@ def size_text(n: int) -> str:
 
 
 def load_program(args: argparse.Namespace) -> Any:
+    """The program of ``args.file``; the external data files found beside it (no
+    ``--data``) are named on stderr, as they decide the weights."""
     import ptexec
 
-    return ptexec.load(args.file, data_path=args.data)
+    prog = ptexec.load(args.file, data_path=args.data)
+    if not args.data:
+        found = [str(q) for q in prog.paths[1:] if q is not None]
+        if found:
+            print(f"ptexec: external data from {', '.join(found)}", file=sys.stderr)
+    return prog
 
 
 def device_map_of(args: argparse.Namespace) -> Any:
@@ -113,7 +122,13 @@ def device_map_of(args: argparse.Namespace) -> Any:
     if not spec:
         return None
     if "=" in spec:
-        pairs = [item.split("=", 1) for item in spec.split(",")]
+        items = spec.split(",")
+        bad = [item for item in items if "=" not in item]
+        if bad:
+            raise ValueError(
+                f"--device-map: '{bad[0]}' is not FROM=TO (e.g. cuda:0=cpu,cuda:1=cpu)"
+            )
+        pairs = [item.split("=", 1) for item in items]
         return {k.strip(): v.strip() for k, v in pairs}
     return spec
 
@@ -142,10 +157,26 @@ def threads_used() -> str:
     return text
 
 
+def json_text(value: Any, indent: int | None = None) -> str:
+    """``value`` as strict JSON: a non-finite float is the string "nan", "inf" or "-inf"
+    (JSON has no such numbers, and strict readers such as jq refuse Python's NaN)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value), indent=indent, allow_nan=False, default=repr)
+
+
 def add_threads(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive,
         help="threads of torch's kernels and ExecuTorch's XNNPACK pool (default: torch's)",
     )
 

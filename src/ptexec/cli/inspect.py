@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .common import device_map_of, load_program, size_text
+from .common import device_map_of, json_text, load_program, size_text
 from .compile import print_compiled
 
 
@@ -125,7 +124,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.code:
             for name in names:
                 report["methods"][name]["code"] = method_code(prog, name, device_map, args.compile)
-        print(json.dumps(report, indent=2))
+        print(json_text(report, indent=2))
         return 0
     header = "extended header, " if pte.header is not None else ""
     print(
@@ -133,7 +132,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"{len(pte.segments)} segment(s), {len(prog.method_names)} method(s)"
     )
     if prog.ptd is not None:
-        print(f"  external data: {args.data} ({len(prog.ptd.entries)} tensors)")
+        files = ", ".join(str(q) for q in prog.paths[1:] if q is not None) or args.data
+        print(f"  external data: {files} ({len(prog.ptd.entries)} tensors)")
     for name, rep in reports.items():
         meta = rep["meta"]
         print(f"\nmethod '{name}': {meta.num_instructions} instructions")
@@ -263,7 +263,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     names = [args.method] if args.method else list(prog.method_names)
     plans = [memory_plan(prog, name, device_map=device_map_of(args)) for name in names]
     if args.json:
-        print(json.dumps([mp.to_dict() for mp in plans], indent=1))
+        print(json_text([mp.to_dict() for mp in plans], indent=1))
     else:
         for k, mp in enumerate(plans):
             if k:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
-from .common import Progress, apply_threads, report_has_warnings, save, threads_used
+from .common import Progress, apply_threads, json_text, report_has_warnings, save, threads_used
 from .compile import compile_option
 from .inputs import method_and_inputs, summary
 
@@ -77,7 +76,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 print(f"  instruction {r.index} {r.name}: {r.error}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(tr.to_dict(), f, indent=1, default=repr)
+            f.write(json_text(tr.to_dict(), indent=1))
         print(f"  trace saved to {args.json}")
     if args.save_tensors:
         save(tr.tensors(), args.save_tensors)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from .common import add_threads, add_xnnpack, apply_threads, threads_used
+from .common import add_threads, add_xnnpack, apply_threads, json_text, threads_used
 
 
 def _beside(model: str, name: str, *dirs: str | None) -> Path | None:
@@ -109,7 +108,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             "language": result.language,
             "finish_reasons": result.finish_reasons,
         }
-        print(json.dumps(out))
+        print(json_text(out))
     else:
         sys.stdout.write("\n")
         for s in result.segments:

@@ -10,6 +10,7 @@ the table. :attr:`MethodState.record` is filled in on the way.
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 from collections.abc import Sequence
@@ -180,7 +181,7 @@ def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
             return False
         got: float = x if type(x) is float else float(x)
         want: float = traced
-        return abs(got - want) <= float_tolerance(want)
+        return got == want or abs(got - want) <= float_tolerance(want)
     if kind == "int":
         if type(x) is not int and (
             not isinstance(x, numbers.Integral) or isinstance(x, bool | _NP_BOOL)
@@ -202,7 +203,9 @@ def scalar_test(kind: str, traced: Any, x: str, w: str) -> str:
     true exactly when ``x`` has that type and fits; a value of another type that fits
     (numpy's scalars) makes it false, and is for :func:`scalar_fits` to judge."""
     if kind == "float":
-        return f"type({x}) is float and abs({x} - {w}) <= {float_tolerance(traced)!r}"
+        tol = float_tolerance(traced)
+        bound = repr(tol) if math.isfinite(tol) else f"float({repr(tol)!r})"
+        return f"type({x}) is float and ({x} == {w} or abs({x} - {w}) <= {bound})"
     if kind in ("int", "str"):
         return f"type({x}) is {kind} and {x} == {w}"
     if kind == "bool":
