@@ -207,3 +207,48 @@ def test_a_stateful_method_is_not_served() -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "stateful_method"
     finally:
         server.stop()
+
+
+def test_joined_requests_of_other_dtypes_or_scalars_run_apart() -> None:
+    """With join, requests whose arrays differ in dtype run in calls of their own (joined,
+    an int64 request would turn a float32 one into float64 and both would be refused); a
+    scalar input takes a JSON number."""
+    import ptexec
+    from export_util import export_program
+    from ptexec.serve import ProgramService
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+            return x * k
+
+    service = ProgramService(ptexec.load(FIXTURES / "dynamic_mlp.pte"), join=True, window=0.05)
+    x = np.ones((2, 8), np.float32)
+
+    async def both() -> list[Any]:
+        from ptexec.serve.programs import decode_inputs
+
+        infos = service.infos("forward")
+        buf = io.BytesIO()
+        np.save(buf, x.astype(np.int64))
+        ints = decode_inputs(buf.getvalue(), "application/x-npy", infos)
+        floats = decode_inputs(json.dumps({"inputs": [x.tolist()]}).encode(), "", infos)
+        return list(
+            await asyncio.gather(
+                service.call("forward", ints), service.call("forward", floats),
+                return_exceptions=True,
+            )
+        )  # fmt: skip
+
+    ints, floats = asyncio.run(both())
+    want = ptexec.load(FIXTURES / "dynamic_mlp.pte").load_method().execute([torch.from_numpy(x)])
+    for got in (ints, floats):  # (integers that float32 holds exactly: converted)
+        assert not isinstance(got, BaseException), got
+        np.testing.assert_allclose(got[0], want[0].numpy(), rtol=1e-6)
+    service.close()
+    scaled = ProgramService(ptexec.load(export_program(Scaled(), (torch.ones(3), 2))), join=True)
+    from ptexec.serve.programs import decode_inputs
+
+    arrays = decode_inputs(b'{"inputs": [[1.0, 2.0, 3.0], 2]}', "", scaled.infos("forward"))
+    (out,) = asyncio.run(scaled.call("forward", arrays))
+    np.testing.assert_array_equal(out, [2.0, 4.0, 6.0])
+    scaled.close()

@@ -70,7 +70,10 @@ class _Replica:
 
         if threads:
             torch.set_num_threads(threads)
-        device_map = "cuda" if torch.cuda.is_available() else None  # a replica given a GPU
+        from ptexec.ray.mapper import assigned_device
+
+        gpu = assigned_device()  # the GPU Ray gave this replica, or None: the CPU
+        device_map = str(gpu) if gpu is not None else None
         self.engine = None
         if tokenizer is not None:
             self.engine = Engine(

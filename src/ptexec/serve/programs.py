@@ -263,8 +263,13 @@ class _MethodQueue:
         return fut
 
     def _direct(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        # a tensor input as a tensor of the request's own rank; a scalar input as a number
+        args = [
+            torch.from_numpy(np.array(a, order="C")) if hasattr(info, "sizes") else a.item()
+            for a, info in zip(arrays, self.inputs, strict=True)
+        ]
         try:
-            out = self.method.execute([torch.from_numpy(np.array(a, order="C")) for a in arrays])
+            out = self.method.execute(args)
         except (InputError, PtexecError) as e:
             raise ApiError(400, str(e), param="inputs") from None
         return [_to_numpy(o) for o in out]
@@ -300,7 +305,19 @@ class _MethodQueue:
         run.add_done_callback(done)
 
     def _run_batch(self, batch: list[_Pending]) -> list[Any]:
-        """Runs on the method's thread: one Batcher call over the joined rows."""
+        """Runs on the method's thread: one Batcher call over the joined rows of each set
+        of requests whose arrays have the same dtypes and row shapes (joined, one request's
+        dtype would change another's)."""
+        kinds: dict[tuple[Any, ...], list[int]] = {}
+        for k, p in enumerate(batch):
+            kinds.setdefault(tuple((a.dtype, a.shape[1:]) for a in p.arrays), []).append(k)
+        out: list[Any] = [None] * len(batch)
+        for ks in kinds.values():
+            for k, r in zip(ks, self._run_joined([batch[k] for k in ks]), strict=True):
+                out[k] = r
+        return out
+
+    def _run_joined(self, batch: list[_Pending]) -> list[Any]:
         start = time.perf_counter()
         columns = {
             name: np.concatenate([p.arrays[i] for p in batch])
