@@ -201,17 +201,23 @@ MLP = str(ROOT / "tests" / "fixtures" / "mlp.pte")
 def test_cli_refuses_a_bad_thread_count_in_one_line(
     command: str, n: str, capsys: pytest.CaptureFixture[str], torch_threads: None
 ) -> None:
-    """Refused before anything is loaded (the file does not exist) or printed."""
+    """A usage error (exit 2, as --repeat's), refused before anything is loaded (the file
+    does not exist) or printed."""
     from ptexec.cli import main
 
     argv = [command, "missing.pte", f"--threads={n}"]
     if command == "generate":
         argv += ["--tokenizer", "missing.json", "--prompt", "hi"]
     before = torch.get_num_threads()
-    assert main(argv) == 1
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == f"ptexec: ValueError: --threads must be 1 or more, got {n}\n"
+    assert err == (
+        f"ptexec {command}: argument --threads: expected a positive integer, got {n} "
+        f"(see ptexec {command} --help)\n"
+    )
     assert torch.get_num_threads() == before
 
 
