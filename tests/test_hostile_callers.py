@@ -241,3 +241,53 @@ def test_a_method_name_with_a_nul_byte_loads_everywhere() -> None:
     inputs = [torch.randn(info.sizes) for info in m.meta.inputs]  # type: ignore[union-attr]
     (out,) = m.execute(inputs)
     assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]
+
+
+class _Producer:
+    """A DLPack producer of another library (not numpy or torch), over a numpy array."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.a.__dlpack_device__()
+
+
+def test_read_only_memory_through_dlpack_is_not_written(mutates: bytes) -> None:
+    """DLPack 1.x marks read-only memory (here an immutable bytes object): a program that
+    writes the input in place is refused, as for the numpy array itself."""
+    m = ptexec.load(mutates).load_method()
+    raw = np.arange(12, dtype=np.float32).tobytes()
+    frozen = np.frombuffer(raw, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(ptexec.InputError, match="read-only"):
+        m.execute([_Producer(frozen)])
+    assert raw == np.arange(12, dtype=np.float32).tobytes()
+    writable = np.arange(12, dtype=np.float32).reshape(3, 4)
+    m.execute([_Producer(writable)])  # a writable one is shared and written, as eager
+    np.testing.assert_allclose(writable, np.arange(12).reshape(3, 4) * 2.0)
+
+
+def test_a_written_input_is_never_converted_into_a_copy(mutates: bytes) -> None:
+    """layout='convert' would hand the program a copy, and its write would never reach the
+    caller's tensor (eager writes it): refused, the tensor untouched."""
+    m = ptexec.load(mutates).load_method()
+    x = torch.arange(12, dtype=torch.float32).reshape(4, 3).t()  # another layout
+    kept = x.clone()
+    with pytest.raises(ptexec.InputError, match="writes this input in place"):
+        m.execute([x], layout="convert")
+    assert torch.equal(x, kept)
+    out = m.execute([x.contiguous()], layout="convert")[-1]
+    torch.testing.assert_close(out, kept * 2.0 + 1.0)
+
+
+def test_a_negative_stride_on_a_size_one_axis_is_read() -> None:
+    """numpy calls such an array contiguous, and torch cannot view it: it is copied."""
+    m = ptexec.load(fixture_paths("dynamic_mlp")[0]).load_method()
+    x = fixture_calls("dynamic_mlp")[0]["inputs"][0].numpy()
+    flipped = x[:1][::-1]  # strides (-32, 4)
+    assert flipped.strides[0] < 0 and flipped.flags.c_contiguous
+    got = m.execute([flipped])[0]
+    torch.testing.assert_close(got, m.execute([torch.from_numpy(flipped.copy())])[0])

@@ -158,6 +158,29 @@ def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> torch.Tenso
     return torch.utils.dlpack.from_dlpack(capsule)
 
 
+def dlpack_read_only(x: Any) -> bool:
+    """Whether the DLPack producer ``x`` (on the CPU) marks its memory read-only (DLPack
+    1.x's read-only flag: numpy's read-only arrays, immutable buffers). A producer of the
+    old protocol says nothing: False."""
+    import ctypes
+
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0))
+    except Exception:  # the old protocol (no max_version), or no CPU export
+        return False
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    if api.PyCapsule_GetName(capsule) != b"dltensor_versioned":
+        return False
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+    # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then flags
+    flags = ctypes.c_uint64.from_address(managed + 24).value
+    return bool(flags & 1)  # DLPACK_FLAG_BITMASK_READ_ONLY
+
+
 def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
     """A torch view of ``x`` (a torch tensor, numpy array or DLPack producer) and its device.
 
@@ -210,7 +233,8 @@ def _numpy_to_torch(a: Any) -> torch.Tensor:
 
     np = _numpy()
     if a.ndim and any(s < 0 for s in a.strides):
-        a = np.ascontiguousarray(a)
+        # (a copy: numpy calls an array contiguous whose size-1 axis has a negative stride)
+        a = np.array(a, order="C", copy=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays

@@ -24,7 +24,14 @@ from ..errors import ExecutionError, InputError, PtexecError
 from ..loader.specs import InputSpec
 from ..loader.state import MethodState
 from ..memory import resize_to
-from ..tensor import TensorInfo, describe, dim_order_from_strides, dim_order_strides, to_torch
+from ..tensor import (
+    TensorInfo,
+    describe,
+    dim_order_from_strides,
+    dim_order_strides,
+    dlpack_read_only,
+    to_torch,
+)
 
 _SLOT: Any = object()  # output_error: the value is the one in the output's slot
 
@@ -138,10 +145,18 @@ def _judge(
     if isinstance(x, torch.Tensor) or not _is_numpy(x):
         sizes, strides = tuple(t.shape), tuple(t.stride())
         info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
+        # another DLPack producer's memory may be marked read-only (an immutable buffer)
+        readonly = spec.written and not isinstance(x, torch.Tensor) and dlpack_read_only(x)
     else:  # numpy: judge the caller's own strides (negative ones have no dim order)
         info = describe(x)
         readonly = not getattr(getattr(x, "flags", None), "writeable", True)
     action = decide(spec.info, info, policy, where)
+    if spec.written and action in (Action.CONVERT, Action.MOVE):
+        raise InputError(
+            f"{where}: the program writes this input in place, and a copy "
+            f"({action.value}) would take the write instead of your tensor; pass it in the "
+            f"program's layout and on {spec.info.device}"
+        )
     if action is Action.SHARE and _lazy(t):
         # a lazy negation or conjugation: its memory does not hold its values, and code
         # that reads memory (compiled code, a delegate) would see the wrong ones
