@@ -291,3 +291,32 @@ def test_a_negative_stride_on_a_size_one_axis_is_read() -> None:
     assert flipped.strides[0] < 0 and flipped.flags.c_contiguous
     got = m.execute([flipped])[0]
     torch.testing.assert_close(got, m.execute([torch.from_numpy(flipped.copy())])[0])
+
+
+class _AddsInto(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.add_(y)
+        return x * 3.0 + y
+
+
+def test_a_written_input_sharing_memory_with_another_is_refused() -> None:
+    """The program writes x while reading y: the same tensor for both (or overlapping
+    ones) would give neither eager's answer nor the program's; refused, untouched, and the
+    method answers as eager for separate tensors, every call."""
+    x0 = torch.randn(4, 6)
+    m = ptexec.load(export_program(_AddsInto(), (x0, x0.clone()), unplanned=True)).load_method()
+    for _ in range(2):  # the general path, and again where a fast call would be
+        t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+        kept = t.clone()
+        with pytest.raises(ptexec.InputError, match="shares memory with input 1"):
+            m.execute([t, t])
+        assert torch.equal(t, kept)
+        big = torch.arange(30, dtype=torch.float32)
+        with pytest.raises(ptexec.InputError, match="shares memory"):
+            m.execute([big[:24].view(4, 6), big[6:].view(4, 6)])
+        x, y = t.clone(), t.clone() + 1
+        eager_x = x.clone()
+        eager_x.add_(y)
+        want = eager_x * 3.0 + y
+        torch.testing.assert_close(m.execute([x, y])[-1], want)  # (after the written input)
+        torch.testing.assert_close(x, eager_x)

@@ -110,7 +110,24 @@ def check_inputs(
                 bound.append((action, x))
                 continue
         bound.append(_judge(state, i, spec, x, policy))
+    _check_written_apart(state, bound)
     return bound
+
+
+def _check_written_apart(state: MethodState, bound: BoundInputs) -> None:
+    """A shared input the program writes in place may share no byte with another tensor
+    input: the program would read values its own write changed (eager PyTorch reads the
+    one tensor through both names, in an order the program does not keep)."""
+    for spec, (action, x) in zip(state.inputs, bound, strict=True):
+        if action is not Action.SHARE or not spec.written or not isinstance(x, torch.Tensor):
+            continue
+        for other, (_, y) in zip(state.inputs, bound, strict=True):
+            if other is not spec and isinstance(y, torch.Tensor) and _shares_memory(x, y):
+                raise InputError(
+                    f"{_where(state, spec.index)} shares memory with input {other.index}; the "
+                    "program writes it in place while reading the other: pass separate "
+                    "tensors (a copy)"
+                )
 
 
 def _judge(

@@ -540,6 +540,8 @@ def _generate(
                 binds.append(f"V{i}.copy_({x})")
             copied.append(info.nbytes if info.dynamism == "static" else f"{x}.nbytes")
         else:
+            if spec.written and sum(s.kind == "tensor" for s in state.inputs) > 1:
+                return False  # whether it shares memory with another input: the general path
             # an alias of its own: a program that resizes the slot (an out= kernel writing
             # a larger result) changes the alias, never the caller's tensor. A tensor whose
             # memory does not hold its values (a lazy negation) is for the general path.
