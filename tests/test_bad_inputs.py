@@ -805,6 +805,44 @@ def test_a_failed_call_restores_the_method_memory() -> None:
         s.replay(k)
 
 
+def test_an_interrupted_call_restores_the_method_memory() -> None:
+    """A KeyboardInterrupt raised inside the fast call (not an Exception) restores the
+    method's tensors too, and is raised as itself: the next call works."""
+    import sys
+
+    s = Session("int_ops")
+    m = s.method("forward")
+    owned = [v for v in m.values() if isinstance(v, torch.Tensor) and v.numel()]
+    victim = owned[-1]
+    geometry = (victim.data_ptr(), tuple(victim.shape), tuple(victim.stride()))
+    with pytest.raises(RuntimeError):
+        torch.add(torch.zeros(1, dtype=victim.dtype).expand(1 << 40), 1, out=victim)
+    lines = [0]
+
+    def interrupt(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "call" and frame.f_code.co_name != "_fast":
+            return None
+
+        def line(frame, event, arg):  # type: ignore[no-untyped-def]
+            lines[0] += 1
+            if lines[0] == 4:
+                raise KeyboardInterrupt
+            return line
+
+        return line
+
+    sys.settrace(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            m.execute(s.calls[0]["inputs"])
+    finally:
+        sys.settrace(None)
+    assert lines[0] == 4  # the fast call ran, and was interrupted
+    assert (victim.data_ptr(), tuple(victim.shape), tuple(victim.stride())) == geometry
+    for k in range(len(s.calls)):
+        s.replay(k)
+
+
 def test_numpy_scalars_are_accepted_for_traced_scalars() -> None:
     import numpy as np
 

@@ -272,6 +272,54 @@ def test_view_outputs_are_the_methods_memory_until_the_next_call() -> None:
     assert compare_outputs([c], calls[2]["outputs"], *tolerance("mlp")) is None
 
 
+class _ReturnsConstants(torch.nn.Module):
+    """Outputs in the program's constant memory: a weight, a view of a buffer, work on
+    constants alone (folded at load), and one computed per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(3.0))
+        self.register_buffer("b", torch.arange(4.0))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x + 1, self.w, self.b.view(2, 2), self.w * 2, self.b.t()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("optimize", [True, False])
+def test_view_outputs_never_hand_out_the_constants(
+    monkeypatch: pytest.MonkeyPatch, fast_path: bool, optimize: bool
+) -> None:
+    """``outputs="view"`` of an output in the program's constant memory (a weight, a view
+    of one, a fold of constants) is a copy: writing into it changes neither the next call,
+    nor another load of the program, nor the caller's ``bytes`` the constants are read
+    from. Outputs in the method's own memory stay views."""
+    import ptexec.program
+    from export_util import export_program
+
+    monkeypatch.setattr(ptexec.program, "READ_IN_PLACE", 0)  # constants viewed in the bytes
+    module = _ReturnsConstants()
+    x = torch.zeros(3)
+    data = export_program(module, (x,))
+    before = bytes(data)
+    with torch.no_grad():
+        expected = module(x)
+    m = ptexec.load(data).load_method(fast_path=fast_path, optimize=optimize)
+    first = m.execute([x], outputs="view")
+    for got, want in zip(first, expected, strict=True):
+        torch.testing.assert_close(got, want)
+        got.fill_(-7.0)
+    second = m.execute([x], outputs="view")
+    for got, want in zip(second, expected, strict=True):
+        torch.testing.assert_close(got, want)
+    assert second[0].data_ptr() == first[0].data_ptr()  # the method's memory: a view
+    for got, want in zip(
+        ptexec.load(data).load_method(fast_path=fast_path).execute([x]), expected, strict=True
+    ):
+        torch.testing.assert_close(got, want)
+    assert data == before
+
+
 def test_views_keep_the_memory_alive() -> None:
     """A view outlives its method as a valid tensor (it holds the planned storage)."""
     call = fixture_calls("mlp")[0]

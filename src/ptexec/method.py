@@ -298,9 +298,9 @@ class Method:
                 fast = self._fast  # read under the lock: a background compile swaps it
                 try:
                     result = fast(inputs) if fast is not None else NOT_FAST
-                except Exception as e:
+                except BaseException as e:  # KeyboardInterrupt too: the next call must work
                     self._state.restore()
-                    if isinstance(e, PtexecError):
+                    if isinstance(e, PtexecError) or not isinstance(e, Exception):
                         raise
                     raise self._state.execution_error(e) from e
             if result is not NOT_FAST:

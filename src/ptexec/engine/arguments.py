@@ -594,8 +594,10 @@ def collect(
 ) -> list[Any]:
     """The call's outputs: copies (``"copy"``), views of the method's memory (``"view"``),
     or the caller's ``out=`` tensors, filled; an output that contradicts the program's
-    declaration is an ExecutionError (:func:`output_error`)."""
+    declaration is an ExecutionError (:func:`output_error`). An output in the program's
+    constant memory is copied in either mode (:attr:`MethodState.constant_memory`)."""
     v = state.values
+    constant = state.constant_memory
     for spec in state.outputs:
         if spec.kind == "tensor":
             error = output_error(state, spec.index)
@@ -615,7 +617,7 @@ def collect(
                 given.copy_(x)
                 state.record.count(x, given, x.nbytes)
             results.append(given)
-        elif mode == "copy":
+        elif mode == "copy" or x.untyped_storage().data_ptr() in constant:
             results.append(x.clone())
         else:
             results.append(x)

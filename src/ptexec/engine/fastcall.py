@@ -138,6 +138,10 @@ def _settled_for(state: MethodState, runner: Runner) -> Any:
     return _settled_test(state)
 
 
+def _constant_memory(state: MethodState, runner: Runner) -> Any:
+    return state.constant_memory
+
+
 def _run(state: MethodState, runner: Runner) -> Any:
     return runner.run
 
@@ -652,8 +656,15 @@ def _generate(
                     restored.append((out.slot, f"H{out.slot}"))
                 elif out.kind == "tensor" and copy and out.slot in returned:
                     outs.append(returned.pop(out.slot))
+                elif out.kind == "tensor" and copy:
+                    outs.append(f"{x}.clone()")
+                elif out.kind == "tensor":  # a view, unless it is of the constants
+                    bound.set("K", _constant_memory)
+                    outs.append(
+                        f"(_o if (_o := {x}).untyped_storage().data_ptr() not in K else _o.clone())"
+                    )
                 else:
-                    outs.append(f"{x}.clone()" if out.kind == "tensor" and copy else x)
+                    outs.append(x)
             if settling and checked:
                 code.add("if _unsettled[0]:")
                 with code.indented():

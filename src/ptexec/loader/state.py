@@ -79,7 +79,10 @@ class MethodState:
     ``dynamic_scalars``: scalar values an instruction may replace (read at run time);
     ``shared_slots``: unplanned tensor inputs (the caller's memory during a call);
     ``unplanned_outputs``: outputs whose memory the method provides (``OutputSpec.default``),
-    which ``out=`` may replace for one call; ``owned``: every tensor made at load, with its
+    which ``out=`` may replace for one call; ``constant_memory``: the addresses of the
+    storages that hold the program's constants and what loading computed from them alone
+    (read-only memory, perhaps the caller's ``bytes``, shared by every load of the
+    program: an output there is never handed out as a view); ``owned``: every tensor made at load, with its
     storage and geometry, for :meth:`restore`; ``sources``: the generated code of the
     method's blocks; ``record``: what the last call did.
     """
@@ -97,6 +100,7 @@ class MethodState:
     max_instructions: int
     record: CallRecord
     sources: Sources
+    constant_memory: frozenset[int] = frozenset()
     owned: list[Owned] = field(default_factory=list)
     kept: dict[Kept[Any], Any] = field(default_factory=dict)  # see Kept; never read here
     # what the loaded state is a function of (the decoded plan, its index, the load
