@@ -184,3 +184,42 @@ def test_describe_rejects_non_arrays() -> None:
 
 def test_public_names() -> None:
     assert ptexec.Device is Device and ptexec.describe is describe
+
+
+class _PinnedCapsule(FakeProducer):
+    """Says kDLCUDAHost and hands a capsule that says so too (torch imports neither)."""
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        import ctypes
+
+        capsule = self.array.__dlpack__(max_version=(1, 0))
+        api = ctypes.pythonapi
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        # DLManagedTensorVersioned: version, manager_ctx, deleter, flags, then the DLTensor:
+        # data, then device (type, id)
+        ctypes.c_int32.from_address(managed + 40).value = 3
+        return capsule
+
+
+def test_a_capsule_torch_cannot_take_is_a_typed_error() -> None:
+    with pytest.raises(UnsupportedDeviceError, match="cannot take its DLPack memory"):
+        describe(_PinnedCapsule(np.zeros(3, np.float32), (3, 0)))
+
+
+def test_the_capsules_device_not_the_producers_word_decides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A producer whose ``__dlpack_device__`` names another device than its capsule's
+    memory is refused (on a GPU machine: device memory claimed as host memory)."""
+    import torch.utils.dlpack
+
+    producer = FakeProducer(np.zeros(3, np.float32), (1, 0))
+    monkeypatch.setattr(
+        torch.utils.dlpack, "from_dlpack", lambda capsule: torch.empty(3, device="meta")
+    )
+    with pytest.raises(UnsupportedDeviceError, match="says cpu, but its DLPack memory is on meta"):
+        describe(producer)
+    monkeypatch.undo()
+    assert describe(producer).device == CPU

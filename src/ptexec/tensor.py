@@ -155,7 +155,23 @@ def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> torch.Tenso
         capsule = x.__dlpack__(max_version=(1, 0), **kwargs)
     except TypeError:
         capsule = x.__dlpack__(**kwargs)
-    return torch.utils.dlpack.from_dlpack(capsule)
+    try:
+        t = torch.utils.dlpack.from_dlpack(capsule)
+    except (BufferError, AssertionError, RuntimeError) as e:  # a device torch cannot import
+        raise UnsupportedDeviceError(
+            f"{what} is on {device} (its __dlpack_device__), but torch cannot take its "
+            f"DLPack memory: {e}"
+        ) from e
+    # the capsule's own device, not the producer's word for it, says where the memory is
+    on = t.device
+    if on.type != ("cpu" if device.is_cpu else "cuda") or (
+        on.type == "cuda" and on.index != device.index
+    ):
+        raise UnsupportedDeviceError(
+            f"{what}'s __dlpack_device__ says {device}, but its DLPack memory is on {on}: "
+            "a producer must name the device its memory lives on"
+        )
+    return t
 
 
 def dlpack_read_only(x: Any) -> bool:
