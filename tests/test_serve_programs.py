@@ -252,3 +252,25 @@ def test_joined_requests_of_other_dtypes_or_scalars_run_apart() -> None:
     (out,) = asyncio.run(scaled.call("forward", arrays))
     np.testing.assert_array_equal(out, [2.0, 4.0, 6.0])
     scaled.close()
+
+
+def test_a_method_whose_name_has_a_slash_is_reachable() -> None:
+    """A method name is any string: ``a/b`` is reached at ``/v1/programs/a/b`` (or with
+    the slash escaped), and a name the program lacks is a 404 naming it."""
+    pytest.importorskip("executorch")
+    import ptexec
+    from executorch.exir import to_edge
+    from ptexec.serve import ProgramService, Server
+
+    ep = torch.export.export(_Sequence(), (torch.arange(1, 4),))
+    pte = bytes(to_edge({"encoder/cumsum": ep}).to_executorch().buffer)
+    server = Server(None, "127.0.0.1", 0, programs=ProgramService(ptexec.load(pte))).start()
+    try:
+        for path in ("encoder/cumsum", "encoder%2Fcumsum"):
+            r = httpx.post(f"{server.url}/v1/programs/{path}", json={"inputs": [[1, 2, 3]]})
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["data"] == [1, 3, 6]
+        r = httpx.post(f"{server.url}/v1/programs/encoder", json={"inputs": [[1, 2, 3]]})
+        assert r.status_code == 404 and "encoder" in r.text
+    finally:
+        server.stop()

@@ -302,7 +302,7 @@ def create_app(
         Route("/v1/models/{model:path}", endpoint("models", model), methods=["GET"]),
         Route("/health", endpoint("health", health, open_route=True), methods=["GET"]),
         Route("/metrics", endpoint("metrics", metrics_text), methods=["GET"]),
-        Route("/v1/programs/{method}", endpoint("programs", run_program), methods=["POST"]),
+        Route("/v1/programs/{method:path}", endpoint("programs", run_program), methods=["POST"]),
         Route(
             "/v1/audio/transcriptions",
             endpoint("transcriptions", transcriptions),
