@@ -23,6 +23,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cuda = torch.cuda.is_available()
     for _ in range(min(args.repeat, 5)):  # warm-up calls, not timed
         method.execute(inputs)
+    if cuda:
+        torch.cuda.synchronize()  # the warm-up's queued work is not the first call's time
     times = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
