@@ -258,8 +258,9 @@ def test_a_method_whose_name_has_a_slash_is_reachable() -> None:
     """A method name is any string: ``a/b`` is reached at ``/v1/programs/a/b`` (or with
     the slash escaped), and a name the program lacks is a 404 naming it."""
     pytest.importorskip("executorch")
-    import ptexec
     from executorch.exir import to_edge
+
+    import ptexec
     from ptexec.serve import ProgramService, Server
 
     ep = torch.export.export(_Sequence(), (torch.arange(1, 4),))
