@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from .. import kernels as _kernels  # noqa: F401  (registers the kernels)
 from ..accounting import CallRecord
 from ..codegen import Sources
@@ -140,7 +138,8 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     )
     chains: list[PreparedChain] = []
     written: set[int] = set()
-    loaded_values = list(values)  # what the load-time rewrites replace is computed from constants
+    # what the load-time rewrites replace in the table is computed from constants alone
+    before_rewrites = list(values) if options.optimize else values
     for c, chain in enumerate(plan.chains):
         names, loaded, known = preparer.prepare_chain(c)
         if known is None:
@@ -180,25 +179,15 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         max_instructions=options.max_instructions,
         record=record,
         sources=Sources(plan.name),
-        constant_memory=_constant_memory(plan, values, loaded_values),
+        fixed_slots=tuple(
+            k
+            for k, (now, was) in enumerate(zip(values, before_rewrites, strict=True))
+            if now is not was
+        ),
     )
     state.key = _state_key(plan, plan_index, dmap, shared, options)
     state.snapshot(made)
     return state
-
-
-def _constant_memory(plan: p.ExecutionPlan, values: list[Any], loaded: list[Any]) -> frozenset[int]:
-    """The addresses of the storages of the plan's constants and of the tensors the
-    load-time rewrites put into ``values`` (``loaded``: the table before them): folds of
-    constants and views of them (:attr:`MethodState.constant_memory`)."""
-    found: set[int] = set()
-    for k, (v, t) in enumerate(zip(plan.values, values, strict=True)):
-        if not isinstance(t, torch.Tensor):
-            continue
-        if (isinstance(v, p.Tensor) and v.is_constant) or t is not loaded[k]:
-            found.add(t.untyped_storage().data_ptr())
-    found.discard(0)  # no memory at all (an empty tensor): nothing to write through
-    return frozenset(found)
 
 
 def _refuse_written_constants(

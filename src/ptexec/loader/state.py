@@ -79,10 +79,9 @@ class MethodState:
     ``dynamic_scalars``: scalar values an instruction may replace (read at run time);
     ``shared_slots``: unplanned tensor inputs (the caller's memory during a call);
     ``unplanned_outputs``: outputs whose memory the method provides (``OutputSpec.default``),
-    which ``out=`` may replace for one call; ``constant_memory``: the addresses of the
-    storages that hold the program's constants and what loading computed from them alone
-    (read-only memory, perhaps the caller's ``bytes``, shared by every load of the
-    program: an output there is never handed out as a view); ``owned``: every tensor made at load, with its
+    which ``out=`` may replace for one call; ``fixed_slots``: the values the load-time
+    rewrites made from constants alone (folds, views of constants), see
+    :attr:`constant_memory`; ``owned``: every tensor made at load, with its
     storage and geometry, for :meth:`restore`; ``sources``: the generated code of the
     method's blocks; ``record``: what the last call did.
     """
@@ -100,7 +99,7 @@ class MethodState:
     max_instructions: int
     record: CallRecord
     sources: Sources
-    constant_memory: frozenset[int] = frozenset()
+    fixed_slots: tuple[int, ...] = ()
     owned: list[Owned] = field(default_factory=list)
     kept: dict[Kept[Any], Any] = field(default_factory=dict)  # see Kept; never read here
     # what the loaded state is a function of (the decoded plan, its index, the load
@@ -110,6 +109,26 @@ class MethodState:
     @property
     def shared_slots(self) -> list[int]:
         return [s.slot for s in self.inputs if s.kind == "tensor" and s.view is None]
+
+    @functools.cached_property
+    def constant_memory(self) -> frozenset[int]:
+        """The addresses of the storages holding the program's constants and what loading
+        computed from them alone (read-only memory, perhaps the caller's ``bytes``, shared
+        by every load of the program: an output there is never handed out as a view).
+        Found on first use (a view-mode call), as nothing writes those slots."""
+        found = set()
+        plan_values = self.plan.values
+        for k, t in enumerate(self.values):
+            if isinstance(t, torch.Tensor):
+                v = plan_values[k]
+                if isinstance(v, p.Tensor) and v.is_constant:
+                    found.add(t.untyped_storage().data_ptr())
+        for k in self.fixed_slots:
+            t = self.values[k]
+            if isinstance(t, torch.Tensor):
+                found.add(t.untyped_storage().data_ptr())
+        found.discard(0)  # no memory at all (an empty tensor): nothing to write through
+        return frozenset(found)
 
     @property
     def unplanned_outputs(self) -> list[OutputSpec]:
