@@ -782,19 +782,26 @@ def test_integer_division_by_zero() -> None:
         m.execute(calls[1]["inputs"])
 
 
-def test_a_failed_call_restores_the_method_memory() -> None:
-    """A kernel that fails while resizing its output leaves sizes its memory does not hold
-    (torch sets them first); the failed call restores every tensor the method owns, so the
-    next call neither reads past the memory nor gives a wrong answer."""
+def _half_resized() -> tuple[Any, ptexec.Method, torch.Tensor, tuple[Any, ...]]:
+    """The int_ops session and method, one of the method's tensors left as a half-done
+    resize leaves it (more elements than its memory holds, as torch sets the sizes first),
+    and that tensor's geometry as loaded."""
     s = Session("int_ops")
     m = s.method("forward")
     owned = [v for v in m.values() if isinstance(v, torch.Tensor) and v.numel()]
     victim = owned[-1]
     geometry = (victim.data_ptr(), tuple(victim.shape), tuple(victim.stride()))
-    # what a half-done resize leaves behind: more elements than the memory holds
     with pytest.raises(RuntimeError):
         torch.add(torch.zeros(1, dtype=victim.dtype).expand(1 << 40), 1, out=victim)
     assert victim.numel() == 1 << 40
+    return s, m, victim, geometry
+
+
+def test_a_failed_call_restores_the_method_memory() -> None:
+    """A kernel that fails while resizing its output leaves sizes its memory does not hold
+    (torch sets them first); the failed call restores every tensor the method owns, so the
+    next call neither reads past the memory nor gives a wrong answer."""
+    s, m, victim, geometry = _half_resized()
     ids, x, k = s.calls[0]["inputs"]
     bad = ids.clone()
     bad[0, 0] = -1000
@@ -810,13 +817,7 @@ def test_an_interrupted_call_restores_the_method_memory() -> None:
     method's tensors too, and is raised as itself: the next call works."""
     import sys
 
-    s = Session("int_ops")
-    m = s.method("forward")
-    owned = [v for v in m.values() if isinstance(v, torch.Tensor) and v.numel()]
-    victim = owned[-1]
-    geometry = (victim.data_ptr(), tuple(victim.shape), tuple(victim.stride()))
-    with pytest.raises(RuntimeError):
-        torch.add(torch.zeros(1, dtype=victim.dtype).expand(1 << 40), 1, out=victim)
+    s, m, victim, geometry = _half_resized()
     lines = [0]
 
     def interrupt(frame, event, arg):  # type: ignore[no-untyped-def]
