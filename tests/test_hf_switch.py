@@ -147,6 +147,39 @@ def test_python_m_ptexec_hf_runs_a_script_unchanged(tmp_path: Path) -> None:
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), call["outputs"][0])
 
 
+def test_python_m_ptexec_hf_imports_beside_the_script_as_python_does(tmp_path: Path) -> None:
+    """The script's own folder comes first on ``sys.path`` (not the working directory, as
+    ``-m`` left it), so a module beside the script is the one imported, and ``__file__``
+    is what ``python script.py`` gives it."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "app" / "helper.py").write_text("WHERE = 'beside the script'\n")
+    (tmp_path / "cwd" / "helper.py").write_text("WHERE = 'the working directory'\n")
+    (tmp_path / "app" / "main.py").write_text(
+        "import json, sys, helper\n"
+        "print(json.dumps([helper.WHERE, sys.path[0], __file__, sys.argv]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": _SRC}
+    env.pop("PTEXEC_AS_EXECUTORCH", None)
+    runs = [
+        subprocess.run(
+            [sys.executable, *head, os.path.join("..", "app", "main.py"), "--flag"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path / "cwd",
+            timeout=600,
+        )
+        for head in ([], ["-m", "ptexec.hf"])
+    ]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+    plain, switched = (json.loads(done.stdout.splitlines()[-1]) for done in runs)
+    assert plain[0] == "beside the script"
+    assert switched[:3] == plain[:3]  # (runpy gives argv[0] the path it ran: absolute)
+    assert switched[3][1:] == plain[3][1:] == ["--flag"]
+
+
 # ---- the device that optimum's loaders lack ---------------------------------------------
 
 

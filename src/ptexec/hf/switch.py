@@ -147,5 +147,11 @@ def run_script(argv: Sequence[str]) -> None:
         sys.argv = list(argv[1:])
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
+        # the main script's __file__ as python gives it: absolute, not normalized
+        script = os.path.join(os.getcwd(), argv[0])
         sys.argv = list(argv)
-        runpy.run_path(argv[0], run_name="__main__")
+        if os.path.isfile(script):
+            # python puts the script's folder (its links resolved) first on the path, where
+            # ``-m`` put the working directory (a folder or zip run_path puts there itself)
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+        runpy.run_path(script, run_name="__main__")
