@@ -240,6 +240,31 @@ def test_exported_model_on_ptexec_matches_executorch_and_eager(
         assert _main_output(got).argmax(-1).tolist() == want.argmax(-1).tolist()
 
 
+def test_inputs_that_are_not_dense_run_as_transformers_runs_them(registered: None) -> None:
+    """A program that reads its inputs in place (``alloc_graph_input=False``) given a
+    strided input (a transposed view): transformers' runner makes it contiguous, and so
+    does ptexec's (it was refused), with the values of both and of eager."""
+    model = _vit()
+    g = torch.Generator().manual_seed(1)
+    pixels = torch.randn(1, 3, 32, 32, generator=g)
+    folder = _cached_export(
+        "vit-unplanned-inputs",
+        model,
+        lambda: ExecutorchExporter().export(
+            model, {"pixel_values": pixels}, ExecutorchConfig(alloc_graph_input=False)
+        ),
+    )
+    strided = pixels.transpose(2, 3).contiguous().transpose(2, 3)  # the same values
+    assert not strided.is_contiguous()
+    ours = ExportedModel.from_pretrained(folder)
+    assert isinstance(ours.runners["model"], ptexec.hf.transformers_runner.PtexecModelRunner)
+    got = _main_output(ours(pixel_values=strided))
+    with torch.no_grad():
+        eager = _main_output(model(pixel_values=pixels))
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_main_output(ours(pixel_values=pixels)), got, rtol=0, atol=0)
+
+
 def test_share_outputs_gives_views_and_copies_otherwise(
     saved: dict[str, tuple[Path, Any, dict]], registered: None
 ) -> None:

@@ -139,7 +139,12 @@ class PtexecModelRunner(ModelRunner):  # type: ignore[misc]
             else leaf
             for leaf in leaves
         ]
-        outputs = self.method.execute(feed, outputs="view" if share_outputs else "copy")
+        # a tensor that is not dense (expanded, sliced, transposed) is laid out as the
+        # program takes it, as transformers' own runner makes its inputs contiguous
+        dense = all(not isinstance(x, torch.Tensor) or x.is_contiguous() for x in feed)
+        outputs = self.method.execute(
+            feed, outputs="view" if share_outputs else "copy", layout=None if dense else "convert"
+        )
         return self.unflatten(outputs)
 
 
