@@ -123,7 +123,7 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     torch.manual_seed(2)
     other = _MLP().eval()
     _export(other, lambda node: "weights", root / "b")
-    return {"model": model, "pte": pte, "a": root / "a", "b": root / "b"}
+    return {"model": model, "other": other, "pte": pte, "a": root / "a", "b": root / "b"}
 
 
 def test_two_ptd_files_merge(split: dict[str, object]) -> None:
@@ -199,3 +199,39 @@ def test_a_single_ptd_as_executorch_takes_it(split: dict[str, object]) -> None:
     want = et_runtime.Runtime.get().load_program(pte, data_path=ptd).load_method("forward")
     got = Runtime.get().load_program(pte, data_path=ptd).load_method("forward")
     torch.testing.assert_close(got.execute([x])[0], want.execute([x])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_data_files_beside_that_disagree_on_a_key_are_not_guessed(
+    split: dict[str, object], tmp_path: Path
+) -> None:
+    """Two data files beside a program that both hold a tensor it needs (two checkpoints,
+    LoRA adapters side by side) are refused, naming them: taking the first by name ran
+    the program on the other model's weights. ``<stem>.ptd`` is the program's own, and
+    ``data_path`` chooses."""
+    a, b = split["a"], split["b"]
+    assert isinstance(a, Path) and isinstance(b, Path)
+    folder = tmp_path / "two"
+    folder.mkdir()
+    shutil.copyfile(a / "model.pte", folder / "model.pte")
+    shutil.copyfile(a / "biases.ptd", folder / "biases.ptd")
+    shutil.copyfile(a / "weights.ptd", folder / "x_weights.ptd")
+    # the other model's, first by name: every key the program needs (taken, before)
+    shutil.copyfile(b / "weights.ptd", folder / "a_other.ptd")
+    with pytest.raises(
+        PteFormatError, match=r"several data files beside it hold it \(a_other\.ptd, .*data_path"
+    ):
+        ptexec.load(folder / "model.pte")
+    x = torch.randn(2, 8)
+    with pytest.raises(PteFormatError, match="data_path"):  # (read on first use)
+        pl._load_for_executorch(str(folder / "model.pte")).forward([x])
+    with torch.no_grad():
+        want = split["model"](x)  # type: ignore[operator]
+    chosen = ptexec.load(
+        folder / "model.pte", data_path=[folder / "x_weights.ptd", folder / "biases.ptd"]
+    )
+    torch.testing.assert_close(chosen.load_method("forward")(x)[0], want)
+    (folder / "a_other.ptd").rename(folder / "model.ptd")  # the program's own, by name
+    got = ptexec.load(folder / "model.pte").load_method("forward")(x)[0]
+    with torch.no_grad():
+        other = split["other"](x)  # type: ignore[operator]
+    torch.testing.assert_close(got, other)

@@ -434,21 +434,40 @@ def missing_external_keys(pte: PteFile) -> set[str]:
 def data_files_beside(path: Path, needed: set[str], mapped: bool) -> list[_SharedData]:
     """The ``.ptd`` files in the program's folder that give ``needed`` keys, as exporters
     save them (``model.pte`` next to ``model.ptd`` or ``<tag>.ptd``): ``<stem>.ptd``
-    first, then the others by name; each is read and validated, and only those holding a
-    needed key are kept, until every key is found."""
+    first; the keys it lacks from the other files, each of which is read and validated and
+    kept when it holds one of them. A key still needed that two of those files hold (the
+    adapters of a LoRA export side by side, two checkpoints of one model) is a
+    :class:`PteFormatError` naming them: which file is the program's is the caller's to
+    say (``data_path``), never a guess by file name."""
     folder = path.parent
     stem = folder / (path.stem + ".ptd")
-    others = sorted(q for q in folder.glob("*.ptd") if q != stem and q.is_file())
     found: list[_SharedData] = []
     left = set(needed)
-    for candidate in ([stem] if stem.is_file() else []) + others:
-        if not left:
-            break
-        data = _read_data_file(candidate, mapped)
+    if stem.is_file():
+        data = _read_data_file(stem, mapped)
         if left & data.ptd.entries.keys():
             found.append(data)
             left -= data.ptd.entries.keys()
-    return found
+    if not left:
+        return found
+    holders: dict[str, list[str]] = {}
+    candidates: list[_SharedData] = []
+    for candidate in sorted(q for q in folder.glob("*.ptd") if q != stem and q.is_file()):
+        data = _read_data_file(candidate, mapped)
+        held = left & data.ptd.entries.keys()
+        if held:
+            candidates.append(data)
+            for key in held:
+                holders.setdefault(key, []).append(candidate.name)
+    shared = sorted(key for key, names in holders.items() if len(names) > 1)
+    if shared:
+        key = shared[0]
+        raise PteFormatError(
+            f"external tensor '{key}'",
+            f"{path.name} needs it ({len(shared)} such keys) and several data files beside "
+            f"it hold it ({', '.join(holders[key])}): pass the program's own with data_path",
+        )
+    return found + candidates
 
 
 def load(
@@ -465,7 +484,8 @@ def load(
     the same bytes in both, else :class:`~ptexec.errors.PteFormatError`), and a file that a
     live program already read is shared, not read again. Without ``data_path``, a program
     loaded from a path that needs external tensors finds them in the ``.ptd`` files beside
-    it (``<stem>.ptd`` first), the way optimum-executorch saves them. Files are read into private memory, so nothing done to them afterwards
+    it (``<stem>.ptd`` first; a tensor two other files there hold is refused, not guessed),
+    the way optimum-executorch saves them. Files are read into private memory, so nothing done to them afterwards
     reaches the program; ``mmap=True`` maps them instead (copy-on-write: loading reads
     only what it needs, constants are views of the file and resident memory grows with
     the pages used), for programs too large to copy, on the condition that the files stay
