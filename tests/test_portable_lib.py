@@ -406,3 +406,36 @@ def test_every_loader_says_why_a_file_cannot_be_read(
         assert isinstance(err, PtexecError) and isinstance(err, RuntimeError), name
         assert isinstance(err, OSError) and err.errno == code, name
         assert err.filename == str(path) and words in str(err), name
+
+
+class _AddsOneToItsInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+
+def test_a_rerun_reads_the_planned_input_as_the_program_left_it(tmp_path: Any) -> None:
+    """``plan_execute`` and ``execute()`` again run on the plan's copy of a memory-planned
+    input, which the program writes in place: each run sees the last one's write, as on
+    ExecuTorch (the copy kept at ``set_inputs`` was given again: the same answer every
+    time). The caller's tensor is never written."""
+    from export_util import export_program
+
+    path = tmp_path / "inplace.pte"
+    path.write_bytes(export_program(_AddsOneToItsInput(), (torch.zeros(3),)))
+    # (the mutated input comes first among the outputs, then the sum)
+    want = [[[k] * 3, [2 * k] * 3] for k in (1.0, 2.0, 3.0)]
+    x = torch.zeros(3)
+    for lib in (pl, _et()):
+        module = lib._load_for_executorch(str(path))
+        got = [[y.tolist() for y in module.forward([x])]]
+        got += [[y.tolist() for y in module.plan_execute("forward")] for _ in range(2)]
+        assert got == want, lib.__name__
+        method = lib._load_program(str(path)).load_method("forward")
+        method.set_inputs([torch.zeros(3)])
+        runs = []
+        for _ in range(3):
+            method.execute()
+            runs.append([y.tolist() for y in method.get_outputs()])
+        assert runs == want, lib.__name__
+    assert x.tolist() == [0.0] * 3

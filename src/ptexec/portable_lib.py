@@ -18,7 +18,8 @@ unplanned inputs are shared, outputs come back on their device); an input on a d
 ptexec does not model is refused with ExecuTorch's words. Every error is a
 ``RuntimeError`` (and the ptexec type, see :mod:`ptexec.errors`). A memory-planned
 input is kept as given (a copy), so ``plan_execute`` runs on it after the caller reuses
-its tensor, as ExecuTorch copies it into the plan.
+its tensor, as ExecuTorch copies it into the plan; one the program writes in place is kept
+as each run leaves it, as ExecuTorch's next run reads the plan.
 
 Two differences on purpose. Each loaded method has its own memory: ExecuTorch's
 program-loaded methods share one pool, so calling one method can overwrite another's
@@ -165,6 +166,12 @@ class ExecuTorchMethod:
             for i, info in enumerate(method.meta.inputs)
             if getattr(info, "is_memory_planned", False)
         )
+        # of those, the ones the program writes in place: after a run, the kept copy is
+        # what the plan holds then, as ExecuTorch's next execute reads the plan
+        state = method.state
+        self._written = tuple(
+            (i, state.inputs[i]) for i in self._planned if state.inputs[i].written
+        )
         self._inputs: list[Any] = []
         self._outputs: list[Any] | None = None
         self._bundled_index = -1
@@ -190,7 +197,8 @@ class ExecuTorchMethod:
         self._bundled_index = -1
 
     def execute(self) -> None:
-        """Run the method on the inputs last set."""
+        """Run the method on the inputs last set (a memory-planned input the program
+        writes in place as the last run left it, as ExecuTorch runs on its plan)."""
         self._outputs = None
         if self._recorder is not None:
             self._outputs = self._recorder.execute(
@@ -200,6 +208,13 @@ class ExecuTorchMethod:
             self._outputs = self._method.execute(self._inputs, out=self._out)
         else:
             self._outputs = self._method.execute(self._inputs, outputs="view")
+        self._keep_written()
+
+    def _keep_written(self) -> None:
+        """The planned inputs the program writes, kept as the run left them."""
+        for i, spec in self._written:
+            if spec.view is not None and isinstance(self._inputs[i], torch.Tensor):
+                self._inputs[i] = spec.view.clone()
 
     def get_outputs(self, clone_outputs: bool = True) -> list[Any]:
         """The last execution's outputs: copies, or with ``clone_outputs=False`` views of
@@ -221,6 +236,7 @@ class ExecuTorchMethod:
             self.set_inputs(values)
             self._outputs = None
             self._outputs = self._method.execute(self._inputs)
+            self._keep_written()
             return list(self._outputs)
         self.set_inputs(values)
         self.execute()
