@@ -439,3 +439,62 @@ def test_a_rerun_reads_the_planned_input_as_the_program_left_it(tmp_path: Any) -
             runs.append([y.tolist() for y in method.get_outputs()])
         assert runs == want, lib.__name__
     assert x.tolist() == [0.0] * 3
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, by: float | int) -> None:
+        super().__init__()
+        self.by = by
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x * self.by,)
+
+
+class _Positive(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x > 0,)
+
+
+def test_bundled_verdicts_follow_executorchs_rule() -> None:
+    """Bundled outputs are compared as ExecuTorch compares them: float, double and half
+    within ``atol + rtol * |output|`` (the output's magnitude, not the expected one's);
+    integers, bools and bfloat16 byte for byte whatever the tolerances. Each case's
+    verdict is ExecuTorch's on the same bundle (several used to pass here and fail there)."""
+    pytest.importorskip("executorch.devtools.bundled_program.core")
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.core import BundledProgram
+    from executorch.devtools.bundled_program.serialize import (
+        serialize_from_bundled_program_to_flatbuffer,
+    )
+    from executorch.exir import to_edge
+
+    ints = torch.tensor([1, 2, 3])
+    halves = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    floats = torch.tensor([1.0])
+    cases = [  # module, input, expected outputs (each a test case), rtol, atol
+        (_Scaled(3), ints, [ints * 3, ints * 3 + 1], 0.0, 10.0),
+        (_Scaled(3), ints, [ints * 3 + 1], 1.0, 0.0),
+        (_Positive(), floats, [floats < 0], 0.0, 10.0),
+        (_Scaled(1.5), halves, [halves * 1.5 + 0.01], 0.1, 2.0),
+        (_Scaled(2.0), floats, [floats * 4, floats * 1], 0.6, 0.0),  # output 2.0
+        (_Scaled(2.0), floats.half(), [floats.half() * 2.001], 1e-3, 0.0),
+    ]
+    verdicts = []
+    for module, x, expected, rtol, atol in cases:
+        program = to_edge(torch.export.export(module, (x,))).to_executorch()
+        suite = MethodTestSuite(
+            "forward", [MethodTestCase(inputs=(x,), expected_outputs=(e,)) for e in expected]
+        )
+        data = serialize_from_bundled_program_to_flatbuffer(BundledProgram(program, [suite]))
+        for k in range(len(expected)):
+            got = []
+            for lib in (pl, _et()):
+                bundle = lib._load_bundled_program_from_buffer(data)
+                try:
+                    bundle.verify_result_with_bundled_expected_output("forward", k, rtol, atol)
+                    got.append(True)
+                except RuntimeError:
+                    got.append(False)
+            assert got[0] == got[1], (module, k, got)
+            verdicts.append(got[0])
+    assert verdicts == [True, False, False, False, False, False, True, True]

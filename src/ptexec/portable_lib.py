@@ -512,8 +512,9 @@ class BundledModule:
         self, method_name: str, testset_idx: int, outputs: Sequence[Any], rtol: float, atol: float
     ) -> None:
         """Raise :class:`~ptexec.errors.OutputMismatchError` unless ``outputs`` match the
-        test case's expected outputs (tensors within ``rtol``/``atol``, NaN equal to NaN;
-        integers and bools exactly)."""
+        test case's expected outputs, as ExecuTorch compares them: float, double and half
+        tensors within ``atol + rtol * |output|`` (NaN equal to NaN), every other dtype
+        (integers, bools, bfloat16) byte for byte; scalars as numbers."""
         expected = self.expected_outputs(method_name, testset_idx)
         where = f"'{method_name}' test case {testset_idx}"
         if len(outputs) != len(expected):
@@ -543,6 +544,14 @@ class BundledModule:
         return outputs
 
 
+# the dtypes ExecuTorch's bundled check compares within a tolerance; the others exactly
+_TOLERANT = (torch.float32, torch.float64, torch.float16)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
 def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
@@ -553,9 +562,17 @@ def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
                 f"{str(want.dtype).removeprefix('torch.')}{list(want.shape)}"
             )
         a = got.detach().to("cpu")
-        if torch.allclose(a, want, rtol=rtol, atol=atol, equal_nan=True):
+        if want.dtype not in _TOLERANT:  # ExecuTorch compares every other dtype's bytes
+            if _bytes(a).equal(_bytes(want)):
+                return None
+            name = str(want.dtype).removeprefix("torch.")
+            return f"differs from the expected values ({name}: compared exactly)"
+        x, y = a.double(), want.double()
+        # ExecuTorch's rule: within atol + rtol * |output| (not |expected|), NaN equal NaN
+        close = (x == y) | (x.isnan() & y.isnan()) | ((x - y).abs() <= atol + rtol * x.abs())
+        if bool(close.all()):
             return None
-        diff = (a.double() - want.double()).abs().nan_to_num(nan=math.inf).max().item()
+        diff = (x - y).abs().nan_to_num(nan=math.inf).max().item()
         return f"differs from the expected values: max abs difference {diff:.3g} (rtol={rtol}, atol={atol})"
     if isinstance(want, float) and isinstance(got, int | float):
         if math.isclose(got, want, rel_tol=rtol, abs_tol=atol) or (
