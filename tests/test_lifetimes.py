@@ -320,6 +320,32 @@ def test_view_outputs_never_hand_out_the_constants(
     assert data == before
 
 
+class _ReturnsItsInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x * 2 + 1
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_view_outputs_geometry_is_the_callers(fast_path: bool) -> None:
+    """A view output shares the method's memory, not its tensor object: transposing it in
+    place changes what the caller holds, never what the next call computes (the values
+    table's own tensor was handed out: the next input was copied into the planned memory
+    as laid out, then read through the transposed strides)."""
+    from export_util import export_program
+
+    m = ptexec.load(export_program(_ReturnsItsInput(), (torch.zeros(3, 3),))).load_method(
+        fast_path=fast_path, outputs="view"
+    )
+    x = torch.arange(9.0).reshape(3, 3)
+    a, _ = m.execute([x])
+    a.t_()
+    for k in range(2):
+        y, z = m.execute([x + k])
+        torch.testing.assert_close(y, x + k)
+        torch.testing.assert_close(z, (x + k) * 2 + 1)
+    assert y.data_ptr() == a.data_ptr()  # still the method's memory
+
+
 def test_views_keep_the_memory_alive() -> None:
     """A view outlives its method as a valid tensor (it holds the planned storage)."""
     call = fixture_calls("mlp")[0]

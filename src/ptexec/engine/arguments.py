@@ -21,7 +21,7 @@ import torch
 from ..binding import Action, Policy, common_action, decide, fits_layout, shape_error, shape_test
 from ..dtypes import dtype_name
 from ..errors import ExecutionError, InputError, PtexecError
-from ..loader.specs import InputSpec
+from ..loader.specs import InputSpec, OutputSpec
 from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import (
@@ -489,11 +489,22 @@ def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -
         given = out[spec.index]
         if given is None:
             actions[spec.index] = ""
-        elif spec.planned or not direct:
+        elif spec.planned or not direct or not _holds_bound(spec, given):
             actions[spec.index] = "copy"
         else:
             v[spec.slot] = given
             actions[spec.index] = "direct"
+
+
+def _holds_bound(spec: OutputSpec, given: torch.Tensor) -> bool:
+    """Whether ``given`` may stand in the values table for unplanned output ``spec``: its
+    memory holds the output's bound already (runners may write a bounded dynamic output
+    in place without growing it, as compiled code does), or the output has no bound."""
+    info = spec.info
+    if not isinstance(info, TensorInfo) or info.dynamism != "dynamic_bound":
+        return True
+    have = given.untyped_storage().nbytes() - given.storage_offset() * given.element_size()
+    return have >= info.nbytes
 
 
 def output_error(state: MethodState, index: int, value: Any = _SLOT) -> ExecutionError | None:
@@ -619,6 +630,6 @@ def collect(
             results.append(given)
         elif mode == "copy" or x.untyped_storage().data_ptr() in constant:
             results.append(x.clone())
-        else:
-            results.append(x)
+        else:  # the same memory, its own sizes: the caller's t_() cannot reach the table
+            results.append(x.detach())
     return results

@@ -661,7 +661,8 @@ def _generate(
                 elif out.kind == "tensor":  # a view, unless it is of the constants
                     bound.set("K", _constant_memory)
                     outs.append(
-                        f"(_o if (_o := {x}).untyped_storage().data_ptr() not in K else _o.clone())"
+                        f"(_o.detach() if (_o := {x}).untyped_storage().data_ptr() not in K "
+                        "else _o.clone())"
                     )
                 else:
                     outs.append(x)
