@@ -825,3 +825,42 @@ def test_static_outputs_are_in_planned_memory_after_a_compiled_call(name: str) -
                 reference = plain.state.values[plain.state.outputs[k].slot]
                 torch.testing.assert_close(planned, reference, rtol=1e-5, atol=1e-6)
                 torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+class _CountsCalls(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.add_(1.0)
+        return x * 2 + self.calls, self.calls * 1.0
+
+
+def test_an_out_tensor_smaller_than_a_dynamic_output_is_filled_as_the_interpreter_fills_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ``out=`` tensor too small for an unplanned output of bounded dynamic shape is
+    copied into after the call (compiled code writes such an output in place without
+    growing it): the compiled call gives the interpreter's answer and counts once (it
+    failed, after the state had counted)."""
+    pytest.importorskip("executorch")
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes import MemoryPlanningPass
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(session_cache_dir()))
+    n = torch.export.Dim("n", min=1, max=8)
+    ep = torch.export.export(_CountsCalls(), (torch.randn(3, 4),), dynamic_shapes=({0: n},))
+    unplanned = MemoryPlanningPass(alloc_graph_input=False, alloc_graph_output=False)
+    pte = to_edge(ep).to_executorch(ExecutorchBackendConfig(memory_planning_pass=unplanned))
+    x = torch.randn(8, 4)
+    for options in ({}, {"compile": CompileOptions(progress=False)}):
+        m = ptexec.load(pte.buffer).load_method("forward", **options)
+        out = torch.empty(2, 4)
+        y, calls = m.execute([x], out=[out, None])
+        assert y is out and calls.item() == 1.0
+        torch.testing.assert_close(out, x * 2 + 1)
+        assert m.last_call.outputs[0] == "copy"
+        y, calls = m.execute([x], out=[torch.empty(8, 4), None])  # holds the bound's rows
+        torch.testing.assert_close(y, x * 2 + 2)
+        assert calls.item() == 2.0 and m.last_call.outputs[0] == "direct"
