@@ -33,6 +33,7 @@ import torch
 
 import ptexec
 from fixture_data import fixture_calls, fixture_paths
+from ptexec import cachedir
 from ptexec.compile import CompileOptions, CompileWarning
 from ptexec.compile import cache as cache_mod
 from ptexec.compile.cache import LAYOUT_VERSION, MANIFEST, Cache, cache_key, open_cache
@@ -192,7 +193,7 @@ def test_a_root_or_entry_owned_by_another_user_is_not_used(
         plant(root, hostile_library)
         os.chown(root, 65534, 65534)
     else:  # this user seen as another one
-        monkeypatch.setattr(cache_mod, "_uid", lambda: os.getuid() + 1)
+        monkeypatch.setattr(cachedir, "_uid", lambda: os.getuid() + 1)
     assert_refused(root, tmp_path, monkeypatch, "is owned by uid")
 
 
@@ -484,7 +485,7 @@ def _a_file(tmp: Path, mp: pytest.MonkeyPatch) -> None:
 
 
 def _shared(tmp: Path, mp: pytest.MonkeyPatch) -> None:  # root's cache, read by a user
-    mp.setattr(cache_mod, "_uid", lambda: 4242)
+    mp.setattr(cachedir, "_uid", lambda: 4242)
 
 
 @pytest.mark.parametrize(
@@ -529,7 +530,7 @@ def test_a_shared_read_only_cache_is_used(
     entry = Path(m.compile_report.cache_path)
     assert entry.stat().st_mode & 0o777 == 0o755
     assert (entry / "r0.so").stat().st_mode & 0o777 == 0o644
-    monkeypatch.setattr(cache_mod, "_uid", lambda: 4242)  # now as a user
+    monkeypatch.setattr(cachedir, "_uid", lambda: 4242)  # now as a user
     again, messages = _load()
     assert messages == [] and again.compile_report is not None and again.compile_report.cache_hit
 

@@ -63,6 +63,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..cachedir import cache_dir, root_status
+from ..cachedir import check_trusted as _check
 from ..errors import CacheEntryError
 from ..version import __version__
 from .manifest import FileRecord, Manifest, parse, valid_name
@@ -87,20 +89,6 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _STAGING = ".staging-"
 _TRASH = ".trash-"
 _STALE_SECONDS = 24 * 3600  # a staging directory of another host, or older: its compile died
-
-
-def cache_dir() -> Path:
-    """Where compiled methods are kept (module docstring)."""
-    env = os.environ.get("PTEXEC_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "ptexec"
 
 
 _warned: set[str] = set()
@@ -211,74 +199,6 @@ def cache_key(
     }
     h.update(json.dumps(meta, sort_keys=True).encode())
     return h.hexdigest()
-
-
-# ---- trust -----------------------------------------------------------------------------
-
-
-def _uid() -> int | None:
-    getuid = getattr(os, "getuid", None)
-    return int(getuid()) if getuid is not None else None  # None: no POSIX owners (Windows)
-
-
-def _who(owner: int, mode: int) -> str | None:
-    """Why a file of ``owner`` and ``mode`` may not be trusted, or None."""
-    me = _uid()
-    if me is None:
-        return None
-    if owner not in (me, 0):
-        return f"is owned by uid {owner}, not by this user (uid {me}) or root"
-    if mode & 0o022:
-        by = {0o022: "group and others", 0o020: "its group", 0o002: "others"}[mode & 0o022]
-        return f"is writable by {by} (mode {stat.S_IMODE(mode):04o})"
-    return None
-
-
-def _check(path: Path, st: os.stat_result, directory: bool) -> None:
-    """Raise :class:`CacheEntryError` unless ``path`` (lstat ``st``) is a trusted real
-    directory or regular file."""
-    if stat.S_ISLNK(st.st_mode):
-        raise CacheEntryError(f"{path} is a symbolic link")
-    if directory and not stat.S_ISDIR(st.st_mode):
-        raise CacheEntryError(f"{path} is not a directory")
-    if not directory and not stat.S_ISREG(st.st_mode):
-        raise CacheEntryError(f"{path} is not a regular file")
-    why = _who(st.st_uid, st.st_mode)
-    if why is not None:
-        raise CacheEntryError(f"{path} {why}")
-
-
-def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
-    """``(why root is not used, or None; whether this user writes into it)`` (module
-    docstring); ``create`` makes a missing root (mode 0700)."""
-    try:
-        try:
-            st = os.stat(root)
-        except FileNotFoundError:
-            if not create:
-                return f"{root} does not exist", False
-            os.makedirs(root, mode=0o700, exist_ok=True)
-            st = os.stat(root)
-    except OSError as e:
-        return f"{root} cannot be used ({e.strerror or e})", False
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{root} is not a directory", False
-    why = _who(st.st_uid, st.st_mode)
-    if why is not None:
-        return f"{root} {why}", False
-    for parent in Path(os.path.realpath(root)).parents:
-        try:
-            pst = os.stat(parent)
-        except OSError as e:
-            return f"{parent} cannot be read ({e.strerror or e})", False
-        # others may create in a sticky directory (/tmp), not rename what is ours
-        sticky = pst.st_mode & stat.S_ISVTX
-        why = _who(pst.st_uid, pst.st_mode & ~0o022 if sticky else pst.st_mode)
-        if why is not None:
-            return f"{parent}, above the cache, {why}", False
-    me = _uid()
-    writable = (me is None or st.st_uid == me) and os.access(root, os.W_OK | os.X_OK)
-    return None, writable
 
 
 def open_cache(root: Path | None = None) -> Cache | None:
