@@ -12,8 +12,11 @@ the number of instructions: it should grow linearly. "first" loads bytes this pr
 not decoded before (the in-process caches of validated program descriptions, compiled
 generated code, generated fast calls, dataflow decisions, kernel statements, buffer
 placements, descriptions and specs of methods, decoded XNNPACK graphs, their checks and the
-one-delegate programs written for ExecuTorch are emptied before each such load); "again" loads the same bytes once more,
-as a second worker or a reload does. Exports are cached on disk
+one-delegate programs written for ExecuTorch are emptied before each such load) and finds
+the generated code an earlier process kept on disk (``ptexec.codestore``, as a new process
+loading a program loaded before does); "cold" is the same with the code store off (a
+program no process has loaded: every text compiled); "again" loads the same bytes once
+more, as a second worker or a reload does. Exports are cached on disk
 (``$PTEXEC_BENCH_CACHE``, default a folder in the temporary directory).
 """
 
@@ -228,9 +231,14 @@ def _forget_loads() -> None:
         checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
     except ImportError:  # (older checkouts, for side-by-side runs)
         checked = None
+    try:
+        codestore: Any = importlib.import_module("ptexec.codestore")
+    except ImportError:  # (older checkouts)
+        codestore = None
     for module, name in (
         (pte, "clear_decoded"),
         (codegen, "clear_compiled"),
+        (codestore, "clear_trusted"),
         (schema, "clear_decoded_graphs"),
         (pte_write, "clear_written"),
         (checked, "clear_checked"),
@@ -289,17 +297,27 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, not args.no_llm, args.llm_model, args.llm_only, tuple(args.llm_variants)
     )
     print(
-        f"{'program':<20} {'instructions':>12} {'first':>10} {'again':>10} {'ExecuTorch':>11} "
-        f"{'ratio':>6} {'again':>6}"
+        f"{'program':<20} {'instructions':>12} {'cold':>10} {'first':>10} {'again':>10} "
+        f"{'ExecuTorch':>11} {'cold':>6} {'first':>6} {'again':>6}"
     )
-    ratios: dict[str, list[float]] = {"first": [], "again": []}
+    ratios: dict[str, list[float]] = {"cold": [], "first": [], "again": []}
+    store = os.environ.get("PTEXEC_CODE_CACHE")
     for name, data in programs.items():
         prog = ptexec.load(data)
         method = "forward" if "forward" in prog.method_names else prog.method_names[0]
         n = prog.method_meta(method).num_instructions
-        _ptexec_load(data, method)  # first load of a kind resolves its operators
-        times: dict[str, list[float]] = {"first": [], "again": [], "executorch": []}
+        _ptexec_load(data, method)  # resolves its operators, keeps its code on disk
+        times: dict[str, list[float]] = {"cold": [], "first": [], "again": [], "executorch": []}
         for _ in range(args.rounds):
+            _forget_loads()
+            os.environ["PTEXEC_CODE_CACHE"] = "0"
+            t = clock()
+            _ptexec_load(data, method)
+            times["cold"].append(clock() - t)
+            if store is None:
+                del os.environ["PTEXEC_CODE_CACHE"]
+            else:
+                os.environ["PTEXEC_CODE_CACHE"] = store
             _forget_loads()
             t = clock()
             _ptexec_load(data, method)
@@ -311,14 +329,17 @@ def main(argv: list[str] | None = None) -> int:
                 t = clock()
                 et(data, method)
                 times["executorch"].append(clock() - t)
+        cold = statistics.median(times["cold"])
         first = statistics.median(times["first"])
         again = statistics.median(times["again"])
         theirs = statistics.median(times["executorch"]) if times["executorch"] else float("nan")
+        ratios["cold"].append(cold / theirs)
         ratios["first"].append(first / theirs)
         ratios["again"].append(again / theirs)
         print(
-            f"{name:<20} {n:>12} {first * 1e3:>8.2f}ms {again * 1e3:>8.2f}ms "
-            f"{theirs * 1e3:>9.2f}ms {first / theirs:>6.1f} {again / theirs:>6.1f}",
+            f"{name:<20} {n:>12} {cold * 1e3:>8.2f}ms {first * 1e3:>8.2f}ms "
+            f"{again * 1e3:>8.2f}ms {theirs * 1e3:>9.2f}ms {cold / theirs:>6.1f} "
+            f"{first / theirs:>6.1f} {again / theirs:>6.1f}",
             flush=True,
         )
     if et is not None and ratios["first"]:

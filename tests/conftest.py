@@ -1,7 +1,10 @@
-"""Shared test setup: make tests/ importable, CUDA marker handling."""
+"""Shared test setup: make tests/ importable, CUDA marker handling, no generated code kept
+on disk unless a test asks (``PTEXEC_CODE_CACHE=1 python -m pytest`` runs every test with
+the code store on, in the cache roots the tests choose)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +13,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# loads in tests (and the processes they start) keep no generated code in the user's cache
+# or in the cache roots tests inspect; tests/test_codestore.py turns the store on
+os.environ.setdefault("PTEXEC_CODE_CACHE", "0")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -19,6 +19,8 @@ code objects are kept in a bounded in-process cache keyed by the text (at most
 :data:`COMPILED_TEXTS` texts, :data:`COMPILED_CHARS` characters in all, least recently
 used first out). The text is generated here, never read from disk, and a hit gives the
 code object that compiling the same text gives, renamed to the piece's own file name.
+Long texts' code objects are also kept on disk for later processes
+(:mod:`ptexec.codestore`, under the compiled methods' trust rules).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import codestore
 from .format.lru import Lru
 
 __all__ = ["Code", "Piece", "Sources"]
@@ -101,7 +104,10 @@ def _cached(source: str) -> _Compiled:
     cache."""
     hit = _compiled.get(source)
     if hit is None:
-        code = compile(source, _PLACEHOLDER, "exec")
+        code = codestore.load(source)  # compiled by an earlier process (long texts only)
+        if code is None:
+            code = compile(source, _PLACEHOLDER, "exec")
+            codestore.store(source, code)
         nested = _nested(code)
         hit = _Compiled(code, source.splitlines(True), nested, _inner_names(code, nested))
         if len(source) <= COMPILED_CHARS // 4:

@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_compile.set_defaults(func=cmd_compile)
 
     p_cache = sub.add_parser(
-        "cache", help="the compile cache: list its entries, verify them, or clear it"
+        "cache",
+        help="the compile cache and the generated code kept for loads: list, verify or clear",
     )
     p_cache.add_argument("action", choices=["list", "verify", "clear"])
     p_cache.add_argument("--dir", help="the cache directory (default: PTEXEC_CACHE_DIR, ...)")

@@ -48,9 +48,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    """``ptexec cache list|verify|clear``: the compile cache's entries, checked, or removed."""
+    """``ptexec cache list|verify|clear``: the compile cache's entries and the generated
+    code kept for loads (:mod:`ptexec.codestore`), checked, or removed."""
     from datetime import datetime
 
+    from .. import codestore
     from ..compile.cache import Cache, cache_dir, max_bytes, root_status
     from ..errors import CacheEntryError
 
@@ -64,7 +66,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 1
     cache = Cache(root, writable)
     if args.action == "clear":
-        print(f"compile cache {root}: removed {cache.clear()} entries")
+        removed = cache.clear()
+        print(
+            f"compile cache {root}: removed {removed} entries and "
+            f"{codestore.clear(root)} file(s) of generated code"
+        )
         return 0
     print(f"compile cache {root} ({'writable' if writable else 'read only'})")
     damaged = 0
@@ -87,4 +93,15 @@ def cmd_cache(args: argparse.Namespace) -> int:
     limit = f"of {cap / 2**30:.1f} GiB (PTEXEC_CACHE_MAX_BYTES)" if cap else "(no size limit)"
     noun = "entry" if len(entries) == 1 else "entries"
     print(f"{len(entries)} {noun}, {total / 2**20:.2f} MiB {limit}; {damaged} damaged")
-    return 1 if args.action == "verify" and damaged else 0
+    code = codestore.files(root)
+    for f in code:
+        if f.problem is not None:
+            print(f"  code/{f.path.name[:16]}  damaged: {f.problem}")
+    bad = sum(f.problem is not None for f in code)
+    other = sum(f.problem is None and not f.current for f in code)
+    state = "" if codestore.enabled() else " (PTEXEC_CODE_CACHE=0: not used)"
+    print(
+        f"generated code: {len(code)} file(s), {sum(f.size for f in code) / 2**20:.2f} MiB"
+        f"{state} ({other} of another Python); {bad} damaged"
+    )
+    return 1 if args.action == "verify" and (damaged or bad) else 0

@@ -1,0 +1,240 @@
+"""Generated code kept on disk between processes (``ptexec.codestore``): a later load reads
+what an earlier one compiled, computes the same, and never runs a file the compiled
+methods' trust rules would refuse (another owner, writable by others, a link, damaged)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import fixture_calls, fixture_paths
+from ptexec import cachedir, codegen, codestore
+
+PTE = fixture_paths("transformer")[0]  # its fast call is a few thousand characters
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private cache root, an empty in-process cache before and after."""
+    r = tmp_path / "cache"
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(r))
+    monkeypatch.delenv("PTEXEC_CODE_CACHE", raising=False)
+    codegen.clear_compiled()
+    codestore.clear_trusted()
+    yield r
+    codegen.clear_compiled()
+    codestore.clear_trusted()
+
+
+class Compiles:
+    """Counts the texts of at least :data:`codestore.MIN_CHARS` ptexec compiles."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.long = 0
+        real = builtins.compile
+
+        def counting(source: str, *args: object, **kwargs: object) -> object:
+            if isinstance(source, str) and len(source) >= codestore.MIN_CHARS:
+                self.long += 1
+            return real(source, *args, **kwargs)  # type: ignore[call-overload]
+
+        monkeypatch.setattr(codegen, "compile", counting, raising=False)
+
+
+def _run(m: ptexec.Method) -> None:
+    """The method gives the fixture's recorded outputs (eager PyTorch's)."""
+    for call in fixture_calls("transformer"):
+        got = m.execute(call["inputs"])
+        for g, want in zip(got, call["outputs"], strict=True):
+            torch.testing.assert_close(g, want)
+
+
+def _load_fresh() -> ptexec.Method:
+    """A load that finds nothing in the process (as a new process's first load)."""
+    codegen.clear_compiled()
+    codestore.clear_trusted()
+    from ptexec.engine import fastcall
+    from ptexec.format import pte
+    from ptexec.loader import instructions
+
+    pte.clear_decoded()
+    fastcall.clear_generated()
+    instructions.clear_kept_statements()
+    return ptexec.load(PTE).load_method("forward")
+
+
+def test_a_later_load_reads_the_code_an_earlier_one_compiled(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counted = Compiles(monkeypatch)
+    _run(_load_fresh())
+    written = codestore.files(root)
+    assert counted.long >= 1 and len(written) == counted.long
+    assert all(f.problem is None and f.current for f in written)
+    for f in written:  # private to this user, like the root
+        assert f.path.stat().st_mode & 0o077 == 0
+    counted.long = 0
+    _run(_load_fresh())
+    assert counted.long == 0  # every long text read from disk, none compiled
+    assert [f.path for f in codestore.files(root)] == [f.path for f in written]
+
+
+def test_off_or_short_texts_keep_nothing(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTEXEC_CODE_CACHE", "0")
+    _run(_load_fresh())
+    assert not codestore.code_dir(root).exists()
+    monkeypatch.delenv("PTEXEC_CODE_CACHE")
+    short = "x = 1\n"
+    codestore.store(short, compile(short, "<t>", "exec"))
+    assert codestore.load(short) is None and codestore.files(root) == []
+
+
+def _planted(root: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The store filled by one load; the in-process caches emptied after it."""
+    Compiles(monkeypatch)
+    _run(_load_fresh())
+    paths = [f.path for f in codestore.files(root)]
+    assert paths
+    return paths
+
+
+def _refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next load compiles every long text again, and computes as it should."""
+    counted = Compiles(monkeypatch)
+    _run(_load_fresh())
+    assert counted.long >= 1
+
+
+def test_damaged_files_are_misses_and_are_written_again(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _planted(root, monkeypatch)
+    for p in paths:
+        data = bytearray(p.read_bytes())
+        data[-3] ^= 0xFF  # one byte of the code object
+        p.write_bytes(bytes(data))
+    assert all("sha256" in (f.problem or "") for f in codestore.files(root))
+    _refused(monkeypatch)
+    assert all(f.problem is None for f in codestore.files(root))  # replaced
+    for p in paths:
+        p.write_bytes(p.read_bytes()[:20])  # torn
+    _refused(monkeypatch)
+    for p in paths:  # the right digest over a payload that is not a code object
+        import hashlib
+        import marshal
+
+        payload = marshal.dumps(("not", "code"))
+        head = p.read_bytes()[: codestore._HEADER - 32]
+        p.write_bytes(head + hashlib.sha256(payload).digest() + payload)
+    assert all("not a code object" in (f.problem or "") for f in codestore.files(root))
+    _refused(monkeypatch)
+
+
+def test_files_writable_by_others_or_links_are_not_run(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _planted(root, monkeypatch)
+    for p in paths:
+        p.chmod(0o666)
+    assert all("writable by" in (f.problem or "") for f in codestore.files(root))
+    _refused(monkeypatch)
+    # a link to a file elsewhere, whoever wrote it
+    paths = [f.path for f in codestore.files(root)]
+    for p in paths:
+        elsewhere = tmp_path / f"elsewhere-{p.name}"
+        os.replace(p, elsewhere)
+        p.symlink_to(elsewhere)
+    _refused(monkeypatch)
+    for p in paths:
+        assert not p.is_symlink()  # replaced by a file of this user's
+    # the code directory writable by others: nothing in it is read
+    codestore.code_dir(root).chmod(0o777)
+    _refused(monkeypatch)
+    codestore.code_dir(root).chmod(0o700)
+
+
+def test_files_or_roots_of_another_owner_are_not_run(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _planted(root, monkeypatch)
+    if os.getuid() == 0:  # really another owner
+        for f in codestore.files(root):
+            os.chown(f.path, 65534, 65534)
+        assert all("owned by uid 65534" in (f.problem or "") for f in codestore.files(root))
+    else:  # this user seen as another one
+        monkeypatch.setattr(cachedir, "_uid", lambda: os.getuid() + 1)
+    counted = Compiles(monkeypatch)
+    _run(_load_fresh())
+    assert counted.long >= 1
+
+
+def test_a_root_made_writable_by_others_later_in_the_process_is_not_used(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _planted(root, monkeypatch)
+    codegen.clear_compiled()  # (the trusted root stays known to the process)
+    root.chmod(0o777)
+    try:
+        counted = Compiles(monkeypatch)
+        _run(ptexec.load(PTE).load_method("forward"))
+        assert counted.long >= 1
+    finally:
+        root.chmod(0o700)
+
+
+def test_another_python_never_reads_a_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = _planted(root, monkeypatch)
+    for p in paths:
+        data = bytearray(p.read_bytes())
+        data[len(codestore._MAGIC) + 1] ^= 0xFF  # the interpreter's bytecode version
+        p.write_bytes(bytes(data))
+    files = codestore.files(root)
+    assert all(f.problem is None and not f.current for f in files)  # kept for that one
+    _refused(monkeypatch)
+
+
+def test_a_new_process_reads_what_another_kept(root: Path) -> None:
+    script = (
+        "import builtins, ptexec, torch\n"
+        "from ptexec import codegen, codestore\n"
+        "real = builtins.compile; n = [0]\n"
+        "def counting(s, *a, **k):\n"
+        "    n[0] += isinstance(s, str) and len(s) >= codestore.MIN_CHARS\n"
+        "    return real(s, *a, **k)\n"
+        "codegen.compile = counting\n"
+        f"m = ptexec.load({str(PTE)!r}).load_method('forward')\n"
+        "print(n[0])\n"
+    )
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(root), "PTEXEC_CODE_CACHE": "1"}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+        for _ in range(2)
+    ]
+    assert int(runs[0]) >= 1 and runs[1] == "0"
+
+
+def test_the_cache_command_lists_verifies_and_clears_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ptexec.cli import main
+
+    paths = _planted(root, monkeypatch)
+    assert main(["cache", "verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"generated code: {len(paths)} file" in out and "0 damaged" in out
+    paths[0].write_bytes(b"garbage")
+    assert main(["cache", "verify"]) == 1
+    assert "1 damaged" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert f"{len(paths)} file(s) of generated code" in capsys.readouterr().out
+    assert codestore.files(root) == []
