@@ -667,6 +667,27 @@ def test_verify_names_what_is_wrong(root: Path, hostile_library: Path) -> None:
         entry.verify()
 
 
+def test_a_library_changed_after_a_check_is_hashed_again(
+    root: Path, hostile_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process hashes an unchanged file once; a file written since (even to the same size
+    and modification time) is hashed again and refused, and its planted code never runs."""
+    entry = plant(root, hostile_library)
+    cache = open_cache(root)
+    assert cache is not None
+    (found,) = cache.entries()
+    found.verify()
+    library = next(entry.glob("*.so"))
+    st = library.stat()
+    data = bytearray(library.read_bytes())
+    data[-1] ^= 0xFF
+    library.write_bytes(bytes(data))
+    os.utime(library, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(CacheEntryError, match="does not have the sha256"):
+        found.verify()
+    assert_refused(root, tmp_path, monkeypatch, "does not have the sha256")
+
+
 def test_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> None:
     """Two writers of one key: each assembles its entry apart; the first rename wins, the
     second is dropped, and a reader only ever sees a complete entry."""

@@ -19,7 +19,9 @@ user who loads from it. The root is used only when it, and every directory above
 owned by this user or by root and not writable by group or others (a sticky directory
 such as ``/tmp`` above it is fine); an entry and its files likewise, each a real directory
 or regular file (never a symbolic link), with exactly the files its manifest lists, each
-of its recorded size and digest, checked before anything is loaded. A root owned by root
+of its recorded size and digest, checked before anything is loaded (a file this process
+hashed before is not hashed again while its inode, size and modification and change
+times are the ones it had then: writing it changes them). A root owned by root
 while this user is not (a cache an administrator filled) is read only: its entries are
 used, what this user compiles is not kept. Entries are created with the root's read
 permissions, so such a shared cache is readable by those the administrator chose. A root
@@ -346,6 +348,13 @@ class Cache:
         return len(entries)
 
 
+# path -> (device, inode, size, modification and change times; sha256) of each file this
+# process found to have the digest its manifest records: the same file, unchanged (any
+# write changes its change time, which only root can set), is not read and hashed again
+_hashed: dict[str, tuple[tuple[int, int, int, int, int], str]] = {}
+_HASHED_FILES = 4096
+
+
 class CacheEntry:
     """The entry of one key (module docstring)."""
 
@@ -420,11 +429,17 @@ class CacheEntry:
             raise CacheEntryError(
                 f"{path} is {st.st_size} bytes, its manifest says {record.size} (truncated?)"
             )
+        seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if _hashed.get(os.fspath(path)) == (seen, record.sha256):
+            return  # hashed in this process, and the file has not changed since
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd, "rb") as f:
             digest = _sha256(f, st.st_size)
         if digest != record.sha256:
             raise CacheEntryError(f"{path} does not have the sha256 its manifest records")
+        if len(_hashed) >= _HASHED_FILES:
+            _hashed.clear()
+        _hashed[os.fspath(path)] = (seen, digest)
 
     def reject(self, problem: str) -> None:
         """Not use this entry (one warning), and remove it when the cache is writable (so
