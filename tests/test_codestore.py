@@ -238,3 +238,17 @@ def test_the_cache_command_lists_verifies_and_clears_it(
     assert main(["cache", "clear"]) == 0
     assert f"{len(paths)} file(s) of generated code" in capsys.readouterr().out
     assert codestore.files(root) == []
+
+
+def test_no_home_directory_is_no_store(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user without a home directory (a container's arbitrary uid, no HOME) loads as
+    without the store."""
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(codestore, "cache_dir", no_home)
+    counted = Compiles(monkeypatch)
+    _run(_load_fresh())
+    _run(_load_fresh())
+    assert counted.long >= 2 and not root.exists()

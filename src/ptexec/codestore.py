@@ -72,6 +72,14 @@ _TEMP = ".tmp-"
 SUBDIR = "code"
 
 
+def _root() -> Path | None:
+    """The cache root, or None when there is none (no home directory to put it in)."""
+    try:
+        return cache_dir()
+    except (RuntimeError, KeyError, OSError):  # Path.home() of a user without one
+        return None
+
+
 def enabled() -> bool:
     """Whether the store is used (``PTEXEC_CODE_CACHE`` is not ``0``)."""
     return os.environ.get("PTEXEC_CODE_CACHE", "1").strip() not in ("0", "false", "no", "off")
@@ -196,7 +204,8 @@ def load(source: str) -> types.CodeType | None:
     kept, too short to be kept, the store off or not trusted, or the file damaged."""
     if len(source) < MIN_CHARS or not enabled():
         return None
-    found = _trusted_dir(cache_dir(), create=False)
+    root = _root()
+    found = None if root is None else _trusted_dir(root, create=False)
     if found is None:
         return None
     directory, writable = found
@@ -217,9 +226,9 @@ def store(source: str, code: types.CodeType) -> None:
     ignored)."""
     if len(source) < MIN_CHARS or not enabled():
         return
-    root = cache_dir()
-    found = _trusted_dir(root, create=True)
-    if found is None or not found[1]:
+    root = _root()
+    found = None if root is None else _trusted_dir(root, create=True)
+    if root is None or found is None or not found[1]:
         return
     directory = found[0]
     payload = marshal.dumps(code)
