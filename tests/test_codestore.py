@@ -252,3 +252,27 @@ def test_no_home_directory_is_no_store(root: Path, monkeypatch: pytest.MonkeyPat
     _run(_load_fresh())
     _run(_load_fresh())
     assert counted.long >= 2 and not root.exists()
+
+
+def test_the_code_read_is_the_code_compiling_gives(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import marshal
+
+    texts: list[str] = []
+    real = codestore.store
+
+    def keeping(source: str, code: object) -> None:
+        texts.append(source)
+        real(source, code)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(codestore, "store", keeping)
+    _run(_load_fresh())
+    long = [t for t in texts if len(t) >= codestore.MIN_CHARS]
+    assert long
+    for text in long:
+        read = codestore.load(text)
+        assert read is not None
+        assert marshal.dumps(read) == marshal.dumps(
+            compile(text, codegen._PLACEHOLDER, "exec", dont_inherit=False)
+        )
