@@ -9,6 +9,7 @@ import importlib.util
 import io
 import sys
 import unittest
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 import ptexec.llm as llm
 from ptexec.errors import ConfigTypeError, ConfigValueError, PtexecError, TokenizerError
 from ptexec.llm import GenerationConfig, Sampler, TextStream, load_tokenizer
+from ptexec.llm.tokenizer import Tokenizer
 
 # --------------------------------------------------------------------------------------
 # ExecuTorch's own tests of its runner bindings
@@ -253,6 +255,54 @@ def test_text_stream_equals_the_whole_decode_with_byte_tokens(tmp_path: Path) ->
     assert len(ref.decode(ids)) == len(out)
 
 
+def test_text_stream_keeps_the_first_space_after_a_prompt(tmp_path: Path) -> None:
+    """A decoder that drops the first space of a text (SentencePiece's, Llama 2's Strip)
+    drops it at the prompt's start, not the completion's: the streamed text is what the
+    decode of prompt and completion has after the prompt (as transformers' pipelines and
+    OpenAI's echo give it)."""
+    from tokenizers import Tokenizer
+
+    path = _byte_fallback_tokenizer(tmp_path / "tokenizer.json")
+    tok, ref = load_tokenizer(path), Tokenizer.from_file(str(path))
+    prompt = ref.encode("ab a", add_special_tokens=False).ids
+    completion = ref.encode("b ab \u00e9", add_special_tokens=False).ids
+    whole = ref.decode(prompt + completion)
+    want = whole[len(ref.decode(prompt)) :]
+    assert want.startswith(" ")  # (the completion's first word has its space)
+    stream = TextStream(tok, prompt)
+    pieces = [stream.push(i) for i in completion] + [stream.flush()]
+    assert "".join(pieces) == want
+    assert "".join(TextStream(tok).push(i) for i in completion[:1]) == want[1:2]  # (no context)
+
+
+class _ByteTokens(Tokenizer):
+    """Tokens that are byte strings (as byte-level and byte-fallback vocabularies have):
+    a decode joins them first."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        super().__init__(Path("bytes"), bos_id=len(pieces), eos_id=len(pieces) + 1,
+                         vocab_size=len(pieces) + 2)  # fmt: skip
+        self.pieces = pieces
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        data = b"".join(b"" if i >= len(self.pieces) else self.pieces[i] for i in ids)
+        return data.decode("utf-8", errors="replace")
+
+
+def test_text_stream_gives_whole_characters_before_a_partial_one() -> None:
+    """A token ending in the first bytes of a character gives the whole characters before
+    them at once (a stop string in them is found at that token, not later)."""
+    day, book, word = ("\u65e5".encode(), "\u672c".encode(), "\u8a9e".encode())
+    tok = _ByteTokens([day + book[:1], book[1:] + word[:2], word[2:]])
+    stream = TextStream(tok)
+    assert [stream.push(0), stream.push(1), stream.push(2), stream.flush()] == [
+        "\u65e5",
+        "\u672c",
+        "\u8a9e",
+        "",
+    ]
+
+
 def _tiktoken_file(path: Path) -> Path:
     ranks = [bytes([b]) for b in range(256)]
     for merge in (b"th", b"the", b" the", b"ca", b"cat", b" cat", b"at", b" sat", b"an", b" ran"):
@@ -273,6 +323,11 @@ def test_tiktoken_detected(tmp_path: Path) -> None:
     stream = TextStream(tok)
     text = "é ☕"
     assert "".join([stream.push(i) for i in tok.encode(text)] + [stream.flush()]) == text
+    # Llama 3's special tokens are control tokens (<|eot_id|> ends an instruct model's turn)
+    eot = tok.bos_id + 9
+    assert tok.decode([eot]) == "<|eot_id|>" and tok.is_special(eot)
+    assert not tok.is_special(tok.bos_id - 1)
+    assert TextStream(tok).push(eot) == ""
 
 
 def test_sentencepiece_detected(tmp_path: Path) -> None:

@@ -200,3 +200,23 @@ def test_a_model_is_retrieved_by_its_id(client: Any) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve("other/model")
     assert e.value.body["code"] == "model_not_found"
+
+
+def test_echo_offsets_follow_the_echoed_prompt_not_its_tokens_leading_space() -> None:
+    """A SentencePiece vocabulary's first prompt token carries a space the prompt has not
+    (``"\u2581On"``): the echoed text is the prompt, so its tokens' offsets point into it
+    (OpenAI's ``text_offset``); the completion's tokens follow on."""
+    from ptexec.serve.app import _completion_logprobs, _Offsets
+    from ptexec.serve.engine import Logprob
+
+    prompt = [Logprob("<s>", None, (), b"<s>", False), Logprob(" On", -1.0, (), b" On"),
+              Logprob("ce", -1.0, (), b"ce"), Logprob(" up", -1.0, (), b" up"),
+              Logprob("on", -1.0, (), b"on")]  # fmt: skip
+    completion = [Logprob(" a", -1.0, (), b" a")]
+    text = "Once upon" + " a"
+    got = _completion_logprobs([*prompt, *completion], _Offsets.echoing("Once upon", prompt))
+    starts = got["text_offset"]
+    assert [text[s : s + 2] for s in starts[1:]] == ["On", "ce", " u", "on", " a"]
+    assert starts[0] == 0
+    plain = _completion_logprobs(completion)  # without echo: the completion's own text
+    assert plain["text_offset"] == [0]

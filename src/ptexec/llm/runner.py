@@ -405,7 +405,9 @@ class _Runner:
             self._pending_logits = None
             stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
             self.generated_tokens = out_ids = [cur]
-            stream = TextStream(self.tokenizer)
+            # the decodes start in the prompt (the completion's first space stays)
+            context = [*self._history[-8:], *(ids or ())][-8:]
+            stream = TextStream(self.tokenizer, context)
             stops = _StopStrings(config.stop)
             generated = 1
             ended = (cur in self.eos_ids) and not config.ignore_eos
@@ -419,13 +421,14 @@ class _Runner:
                 out_ids.append(cur)
                 ended = (cur in self.eos_ids) and not config.ignore_eos
                 emit(stops.feed(stream.push(cur)))
+            if not stops.hit:
+                emit(stops.feed(stream.flush()))  # (may complete a stop string)
+                if not stops.hit:
+                    emit(stops.flush())
             done = ended or stops.hit
             self.finish_reason = (
                 "stop" if done else "length" if generated >= budget else "interrupted"
             )
-            if not stops.hit:
-                emit(stops.feed(stream.flush()))
-                emit(stops.flush())
             stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
             stats.aggregate_model_execution_time_ms = (
                 self.decoder.execution_ms + self._extra_execution_ms()

@@ -212,6 +212,11 @@ class _CppTokenizer(Tokenizer):
         self.kind = kind
         self._impl = impl
         super().__init__(path, int(impl.bos_tok()), int(impl.eos_tok()), int(impl.vocab_size()))
+        # tiktoken's special tokens (Llama 3's: BOS first) follow the regular ones
+        self._first_special = self.bos_id if kind == "tiktoken" else self.vocab_size
+
+    def is_special(self, token: int) -> bool:
+        return token >= self._first_special or super().is_special(token)
 
     def _encode(self, text: str) -> list[int]:
         return [int(i) for i in self._impl.encode(text, 0, 0)]
@@ -352,19 +357,26 @@ class TextStream:
 
     :meth:`push` adds one id and returns the new text since the last piece (possibly
     empty). Each piece is the difference between two decodes that start at the same id: of
-    the ids up to the last piece's end, and of all ids; so merges, leading spaces and
-    characters split over several tokens (byte-level and byte-fallback vocabularies) come
-    out as a decode of the whole sequence has them. A text that ends in a partial character
-    (U+FFFD) is held back until the bytes that complete it arrive; :meth:`flush` gives what
-    is held back. The decodes start one piece back, where the text is whole, never inside a
-    character. Control tokens are not text and give no piece.
+    the ids given out before, and of all ids; so merges, leading spaces and characters
+    split over several tokens (byte-level and byte-fallback vocabularies) come out as a
+    decode of the whole sequence has them. ``context``: the ids before the first pushed one
+    (the prompt's): the decodes start in it, so a decoder's rule for the start of a text
+    (SentencePiece's dropped first space) does not touch the first piece, which is the text
+    a decode of prompt and completion has after the prompt's. Text up to a partial
+    character (U+FFFD at the end) is given at once, the partial character when the bytes
+    that complete it arrive; :meth:`flush` gives what is held back. Control tokens are not
+    text and give no piece.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    REBASE = 32  # decodes start again near the end after this many ids
+
+    def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:
         self._tok = tokenizer
-        self._ids: list[int] = []
-        self._start = 0  # the decodes start here: the previous piece's first id
-        self._done = 0  # ids before this are in pieces given out
+        self._ids: list[int] = _whole_tail(tokenizer, context)
+        self._given = len(self._decode())  # characters of the decode given out (or context)
+
+    def _decode(self) -> str:
+        return self._tok.decode(self._ids, skip_special_tokens=True)
 
     def push(self, token: int) -> str:
         if self._tok.is_special(token):
@@ -374,23 +386,34 @@ class TextStream:
 
     def flush(self) -> str:
         """Whatever is held back (a partial character, as U+FFFD)."""
-        piece = self._piece(final=True) if self._done < len(self._ids) else ""
+        piece = self._piece(final=True)
         self._ids.clear()
-        self._start = self._done = 0
+        self._given = 0
         return piece
 
     def _piece(self, final: bool) -> str:
-        ids, decode = self._ids, self._tok.decode
-        before = decode(ids[self._start : self._done], skip_special_tokens=True)
-        text = decode(ids[self._start :], skip_special_tokens=True)
-        if not final and (text.endswith("\ufffd") or len(text) <= len(before)):
-            return ""
+        text = self._decode()
+        whole = text if final else text.rstrip("\ufffd")
         # (a decoder that rewrote text given out already: the rest, by length; what was
         # given out stays given)
-        piece = text[len(before) :]
-        self._start, self._done = self._done, len(ids)
-        if self._start > 64:  # keep the list short
-            del ids[: self._start]
-            self._done -= self._start
-            self._start = 0
+        piece = whole[self._given :] if len(whole) > self._given else ""
+        self._given = max(self._given, len(whole))
+        if not final and len(whole) == len(text) and len(self._ids) > self.REBASE:
+            # keep the decodes short: start again at the last id, when it is whole text
+            tail = self._ids[-1:]
+            alone = self._tok.decode(tail, skip_special_tokens=True)
+            if "\ufffd" not in alone:
+                self._ids = tail
+                self._given = len(alone)
         return piece
+
+
+def _whole_tail(tokenizer: Tokenizer, context: Sequence[int], most: int = 8) -> list[int]:
+    """The shortest end of ``context`` (at most ``most`` ids) whose decode is text, whole
+    characters only; none when no such end is found."""
+    for n in range(1, min(most, len(context)) + 1):
+        tail = [int(i) for i in context[-n:]]
+        text = tokenizer.decode(tail, skip_special_tokens=True)
+        if text and "\ufffd" not in text:
+            return tail
+    return []

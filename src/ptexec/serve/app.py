@@ -22,7 +22,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -179,8 +179,13 @@ def create_app(
             logprobs = None
             if req.logprobs is not None:
                 entries = job.logprobs[: result.completion_tokens]
-                logprobs = _completion_logprobs(
-                    [*job.prompt_logprobs, *entries] if req.echo else entries
+                logprobs = (
+                    _completion_logprobs(
+                        [*job.prompt_logprobs, *entries],
+                        _Offsets.echoing(job.prompt, job.prompt_logprobs),
+                    )
+                    if req.echo
+                    else _completion_logprobs(entries)
                 )
             choices.append(
                 {
@@ -358,11 +363,21 @@ class _Offsets:
     """Where each token starts in a completion's text: the characters that begin in the
     bytes of the text's tokens before it (decoded as the text is: a character split over
     tokens begins in the token holding its first byte, an invalid sequence is one U+FFFD;
-    control tokens are no text)."""
+    control tokens are no text). ``start``: where the first token starts, negative when the
+    tokens' bytes begin with characters the text does not have (the space a SentencePiece
+    vocabulary puts before a prompt's first word, which the echoed prompt has not):
+    offsets inside those are 0."""
 
-    def __init__(self) -> None:
-        self._chars = 0  # characters decoded so far
+    def __init__(self, start: int = 0) -> None:
+        self._chars = start  # characters decoded so far
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    @classmethod
+    def echoing(cls, prompt: str, entries: Sequence[Logprob]) -> _Offsets:
+        """Offsets for a text that begins with ``prompt``, whose tokens are ``entries``."""
+        text = b"".join(e.data for e in entries if e.text).decode("utf-8", "replace")
+        extra = len(text) - len(prompt) if text.endswith(prompt) else 0
+        return cls(-extra)
 
     def take(self, e: Logprob) -> int:
         # bytes begun, not yet decoded: what they make if the text ended here
@@ -370,7 +385,7 @@ class _Offsets:
         at = self._chars + (len(pending.decode("utf-8", "replace")) if pending else 0)
         if e.text:
             self._chars += len(self._decoder.decode(e.data))
-        return at
+        return max(at, 0)
 
 
 def _completion_logprobs(entries: list[Logprob], offsets: _Offsets | None = None) -> dict[str, Any]:
@@ -505,6 +520,7 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
         while True:
             item = await job.queue.get()
             if echo:  # the prompt's scores are in before anything else comes
+                offsets = _Offsets.echoing(job.prompt, job.prompt_logprobs)
                 yield chunk(job.prompt, None, entries=job.prompt_logprobs)
                 echo = False
             if isinstance(item, str):
