@@ -345,6 +345,38 @@ def test_saved_ptd_has_the_trained_weights(tmp_path: Path) -> None:
         tm.pte_bytes()
 
 
+def test_parameters_the_file_stores_in_the_same_bytes_are_not_saved_over_each_other(
+    tmp_path: Path,
+) -> None:
+    """ExecuTorch's exporter stores equal initial values once: the LoRA fixture's two B
+    matrices (zeros) start from one entry. While they are equal they save as one; once
+    training makes them differ the file cannot hold both, and saving is refused (it wrote
+    one over the other, which both runtimes then loaded without a word)."""
+    tm = T.load(FIX / "lora.pte")
+    plan = tm.method("forward").state.plan
+    slots = dict(zip(tm.layout("forward").names, tm.layout("forward").parameter_slots, strict=True))
+    a, b = plan.values[slots["q.lora_b"]], plan.values[slots["v.lora_b"]]
+    assert a.data_buffer_idx == b.data_buffer_idx  # (the shared entry this is about)
+    tm.save_pte(tmp_path / "untrained.pte")  # equal still: one entry holds both
+    before = tm.state_dict()
+    assert torch.equal(
+        T.load(tmp_path / "untrained.pte").state_dict()["v.lora_b"], before["v.lora_b"]
+    )
+    _train_a_little(tm, "lora")
+    trained = tm.state_dict()
+    assert not torch.equal(trained["q.lora_b"], trained["v.lora_b"])
+    with pytest.raises(StateError, match="same bytes of the file"):
+        tm.save_pte(tmp_path / "trained.pte")
+    assert not (tmp_path / "trained.pte").exists()
+    # the way the message names: the trained values into a module of the original file
+    again = T.load(FIX / "lora.pte")
+    again.load_state_dict(trained)
+    x = _batches("lora", 1)[0]
+    torch.testing.assert_close(
+        again.forward_backward("forward", x), tm.forward_backward("forward", x), rtol=0, atol=0
+    )
+
+
 def test_executorchs_loaders_by_path_and_buffer() -> None:
     x, y = example_inputs("mlp")
     want = _module("mlp")(x, y)[0].detach()
@@ -451,3 +483,20 @@ def test_compiled_regions_read_what_the_optimizer_wrote() -> None:
     assert a == b
     for k, v in compiled.state_dict().items():
         torch.testing.assert_close(v, plain.state_dict()[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", ["meta", "sparse"])
+def test_load_state_dict_writes_nothing_when_an_entry_cannot_be_read(bad: str) -> None:
+    tm = T.load(FIX / "mlp.pte")
+    before = tm.state_dict()
+    state = {k: torch.full_like(v, 7.0) for k, v in before.items()}
+    last = list(state)[-1]
+    state[last] = (
+        torch.empty(before[last].shape, device="meta")
+        if bad == "meta"
+        else torch.ones_like(before[last]).to_sparse()
+    )
+    with pytest.raises(InputError, match=last):
+        tm.load_state_dict(state)
+    for k, v in tm.state_dict().items():
+        assert torch.equal(v, before[k]), k

@@ -359,6 +359,7 @@ class TrainingModule:
             missing = sorted(set(params) - set(state))
             extra = sorted(set(state) - set(params))
             raise NotFoundError(f"state_dict: missing {missing}, unexpected {extra}")
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name, value in state.items():
             p = params.get(name)
             if p is None:
@@ -366,10 +367,16 @@ class TrainingModule:
             if not isinstance(value, torch.Tensor) or value.shape != p.shape:
                 got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
                 raise InputError(f"state_dict['{name}']: expected {tuple(p.shape)}, got {got}")
+            try:  # each value made the parameter's before any is written
+                src = value.detach().to(device=p.device, dtype=p.dtype)
+            except (RuntimeError, NotImplementedError, TypeError) as e:
+                raise InputError(f"state_dict['{name}']: cannot be read ({e})") from None
+            if src.layout != torch.strided:
+                raise InputError(f"state_dict['{name}']: a {src.layout} tensor, not a dense one")
+            staged.append((p, src))
         with torch.no_grad():
-            for name, value in state.items():
-                if name in params:
-                    params[name].copy_(value)
+            for p, src in staged:
+                p.copy_(src)
 
     def _updates(self) -> list[tuple[Any, int, torch.Tensor]]:
         """Every loaded method's parameter slots, each with its name's gathered value."""

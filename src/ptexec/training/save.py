@@ -63,13 +63,58 @@ def initial_bytes(program: Program, plan: p.ExecutionPlan, slot: int) -> bytes:
     return bytes(pte.data[start : start + value.nbytes])
 
 
+# a place in a file (start, end) and what is there: who (for errors) and its new bytes, or
+# None for a value that is not saved (it keeps the file's bytes)
+_Held = tuple[int, int, str, bytes | None]
+
+
+def _refuse_shared(places: Sequence[_Held], data: bytes | bytearray | memoryview) -> None:
+    """Raise :class:`StateError` when two values that start from the same bytes of the file
+    (ExecuTorch's exporter stores equal initial values once: LayerNorm weights, LoRA's
+    zero matrices) would be saved with different bytes there: one would silently load with
+    the other's values. A value that is not saved keeps the file's bytes."""
+    ordered = sorted(places)
+    for k, (start, end, who, new) in enumerate(ordered):
+        for other_start, other_end, other, other_new in ordered[k + 1 :]:
+            if other_start >= end:
+                break
+            if new is None and other_new is None:
+                continue
+            mine = new if new is not None else bytes(data[start:end])
+            theirs = other_new if other_new is not None else bytes(data[other_start:other_end])
+            if (start, end) == (other_start, other_end) and mine == theirs:
+                continue  # one value (the same parameter of two methods), or equal still
+            raise StateError(
+                f"cannot save: {who} and {other} start from the same bytes of the file "
+                "(ExecuTorch's exporter stores equal initial values once) and their values "
+                "now differ, which that layout cannot hold; keep the trained values with "
+                "state_dict() (torch.save) and load_state_dict() them into a module loaded "
+                "from the original files"
+            )
+
+
 def pte_with(
     program: Program, updates: Sequence[tuple[p.ExecutionPlan, int, torch.Tensor]]
 ) -> bytes:
     """The program's ``.pte`` with each ``(plan, value slot, tensor)`` as that planned
-    tensor's initial value."""
+    tensor's initial value (:class:`StateError` when two values the file stores in the same
+    bytes would differ)."""
     pte = program.pte
     data = bytearray(pte.data)
+    saved = {(plan.name, slot): t for plan, slot, t in updates}
+    places: list[_Held] = []
+    for plan in pte.program.execution_plan:  # every value starting from the mutable data
+        for slot, value in enumerate(plan.values):
+            if (
+                isinstance(value, p.Tensor)
+                and not value.is_external
+                and value.data_buffer_idx > 0
+                and value.allocation_info is not None
+                and (plan.name, slot) not in saved
+            ):
+                start = pte.mutable_initial_offset(value.data_buffer_idx)
+                who = f"value {slot} of method '{plan.name}'"
+                places.append((start, start + value.nbytes, who, None))
     for plan, slot, t in updates:
         value = _tensor(program, plan, slot)
         if value.is_external or value.data_buffer_idx <= 0:
@@ -85,7 +130,11 @@ def pte_with(
         raw = parameter_bytes(t, value.dim_order)
         if len(raw) != value.nbytes:
             raise StateError(f"method '{plan.name}': value {slot} has {value.nbytes} bytes")
-        data[start : start + len(raw)] = raw
+        places.append((start, start + len(raw), f"value {slot} of method '{plan.name}'", raw))
+    _refuse_shared(places, pte.data)
+    for start, _, _, new in places:
+        if new is not None:
+            data[start : start + len(new)] = new
     return bytes(data)
 
 
@@ -116,13 +165,27 @@ def ptd_with(
         )
     ptd = merged.files[files[0]] if files else merged.files[0]
     data = bytearray(ptd.data)
+    written: dict[str, bytes] = {}
     for key, _, plan, slot, t in located:
         value = _tensor(program, plan, slot)
         entry = ptd.entries[key]
         raw = parameter_bytes(t, value.dim_order)
         if len(raw) != value.nbytes or len(raw) > entry.size:
             raise StateError(f"'{key}' takes {entry.size} bytes in the data file, not {len(raw)}")
-        data[entry.offset : entry.offset + len(raw)] = raw
+        if written.get(key, raw) != raw:
+            raise StateError(f"cannot save: '{key}' has two different trained values")
+        written[key] = raw
+    # every entry of the file: one stored at the bytes of another (equal initial values
+    # stored once) must not change with it
+    places: list[_Held] = [
+        (e.offset, e.offset + (len(written[k]) if k in written else e.size), f"'{k}'",
+         written.get(k))
+        for k, e in ptd.entries.items()
+    ]  # fmt: skip
+    _refuse_shared(places, ptd.data)
+    for start, _, _, new in places:
+        if new is not None:
+            data[start : start + len(new)] = new
     return bytes(data)
 
 
