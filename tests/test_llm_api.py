@@ -353,6 +353,41 @@ def test_sentencepiece_detected(tmp_path: Path) -> None:
     assert tok.decode(tok.encode("the cat sat")).strip() == "the cat sat"
 
 
+def test_sentencepiece_byte_fallback_and_control_pieces(tmp_path: Path) -> None:
+    """A SentencePiece model with byte fallback (Llama 2's, Mistral's): characters outside
+    the vocabulary are <0xNN> pieces, which are bytes of the text (as sentencepiece decodes
+    them), not their names; the control pieces a chat template writes (<s>, </s>) are BOS
+    and EOS, as transformers' tokenizer of the same file reads them."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([TEXT] * 20),
+        model_writer=model,
+        vocab_size=300,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        byte_fallback=True,
+        hard_vocab_limit=False,
+    )
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.getvalue())
+    tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
+    for text in ("caf\u00e9|ok", "x\U0001f600y the cat", "\u65e5\u672c"):
+        ids = ref.encode(text)
+        assert any(ref.id_to_piece(i).startswith("<0x") for i in ids)
+        assert tok.decode(ids).strip() == ref.decode(ids) == text
+        stream = TextStream(tok)
+        assert "".join([stream.push(i) for i in ids] + [stream.flush()]).strip() == text
+    ids = tok.encode("<s>the cat</s> sat")
+    assert ids[0] == tok.bos_id == 1 and tok.eos_id in ids
+    assert ids[1:] == [*ref.encode("the cat"), 2, *ref.encode(" sat")]
+    assert tok.is_special(1) and tok.is_special(2) and not tok.is_special(ids[1])
+    assert tok.token_bytes(2) == b"</s>"
+
+
 def test_unreadable_tokenizer(tmp_path: Path) -> None:
     bad = tmp_path / "tokenizer.bin"
     bad.write_bytes(b"dummy tokenizer")
@@ -465,3 +500,15 @@ def test_stop_string_is_one_stop_sequence() -> None:
 def test_sampler_follows_the_config_rules(kw: dict[str, object], error: type) -> None:
     with pytest.raises(error):
         Sampler(**kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\x0a\xff\xff\xff\xff\x0f", b"\x0a\x05\x0a\x03ab", b"\xff" * 12, b"\x0b"]
+)
+def test_sentencepiece_pieces_of_a_malformed_file_are_none(tmp_path: Path, data: bytes) -> None:
+    from ptexec.llm.tokenizer import sentencepiece_pieces
+
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(data)
+    got = sentencepiece_pieces(path)
+    assert got is None or got == []

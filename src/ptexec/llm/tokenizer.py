@@ -205,6 +205,72 @@ def _hf_special_ids(tok: Any, config_path: Path) -> tuple[int, int]:
     return (bos if bos is not None else -1), (eos if eos is not None else -1)
 
 
+# SentencePiece's piece types (sentencepiece_model.proto)
+_SP_CONTROL, _SP_BYTE = 3, 6
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("a truncated varint")
+        b = data[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, at
+
+
+def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
+    """A protobuf message's fields: (number, wire type, bytes or integer); ValueError for
+    anything malformed."""
+    out: list[tuple[int, int, bytes | int]] = []
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+            out.append((number, wire, value))
+        elif wire == 2:
+            size, at = _varint(data, at)
+            if at + size > len(data):
+                raise ValueError("a truncated field")
+            out.append((number, wire, data[at : at + size]))
+            at += size
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+            if at > len(data):
+                raise ValueError("a truncated field")
+        else:
+            raise ValueError(f"wire type {wire}")
+    return out
+
+
+def sentencepiece_pieces(path: Path) -> list[tuple[str, int]] | None:
+    """The pieces of a SentencePiece ``tokenizer.model`` in id order, with their types
+    (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte); None when the file
+    is not such a model."""
+    try:
+        data = path.read_bytes()
+        pieces = []
+        for number, wire, value in _fields(data):
+            if number != 1 or wire != 2:
+                continue
+            assert isinstance(value, bytes)
+            name, kind = "", 1
+            for n, w, v in _fields(value):
+                if n == 1 and w == 2 and isinstance(v, bytes):
+                    name = v.decode("utf-8")
+                elif n == 3 and w == 0 and isinstance(v, int):
+                    kind = v
+            pieces.append((name, kind))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return pieces
+
+
 class _CppTokenizer(Tokenizer):
     """A tokenizer of ``pytorch-tokenizers`` (the C++ ones ExecuTorch's runner uses)."""
 
@@ -214,12 +280,39 @@ class _CppTokenizer(Tokenizer):
         super().__init__(path, int(impl.bos_tok()), int(impl.eos_tok()), int(impl.vocab_size()))
         # tiktoken's special tokens (Llama 3's: BOS first) follow the regular ones
         self._first_special = self.bos_id if kind == "tiktoken" else self.vocab_size
+        self._control: frozenset[int] = frozenset()
+        self._bytes: dict[int, bytes] = {}  # byte-fallback pieces (<0xNN>): their byte
+        self._split: re.Pattern[str] | None = None
+        self._named: dict[str, int] = {}
+        self._names: dict[int, bytes] = {}
+        pieces = sentencepiece_pieces(path) if kind == "SentencePiece" else None
+        if pieces is not None and len(pieces) == self.vocab_size:
+            self._control = frozenset(i for i, (_, k) in enumerate(pieces) if k == _SP_CONTROL)
+            for i, (name, k) in enumerate(pieces):
+                m = _BYTE_PIECE.fullmatch(name) if k == _SP_BYTE else None
+                if m:
+                    self._bytes[i] = bytes([int(m.group(1), 16)])
+            # control pieces written in a text (a chat template's <s>, </s>) are their ids,
+            # as transformers' tokenizers of the same model read them
+            self._named = {pieces[i][0]: i for i in sorted(self._control) if pieces[i][0]}
+            self._names = {i: name.encode() for name, i in self._named.items()}
+            if self._named:
+                names = sorted(self._named, key=len, reverse=True)
+                self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")")
 
     def is_special(self, token: int) -> bool:
-        return token >= self._first_special or super().is_special(token)
+        return token >= self._first_special or token in self._control or super().is_special(token)
 
     def _encode(self, text: str) -> list[int]:
-        return [int(i) for i in self._impl.encode(text, 0, 0)]
+        if self._split is None:
+            return [int(i) for i in self._impl.encode(text, 0, 0)]
+        ids: list[int] = []
+        for k, part in enumerate(self._split.split(text)):
+            if k % 2:
+                ids.append(self._named[part])
+            elif part:
+                ids.extend(int(i) for i in self._impl.encode(part, 0, 0))
+        return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         # pieces are bytes; join them first so characters split over tokens survive
@@ -236,6 +329,11 @@ class _CppTokenizer(Tokenizer):
             raise TokenizerError(
                 f"token id {token} is outside the vocabulary [0, {self.vocab_size})"
             )
+        byte = self._bytes.get(token)
+        if byte is not None:
+            return byte
+        if token in self._control:  # a control piece is no text: its name
+            return self._names.get(token, b"")
         try:
             piece = self._impl.decode(token)
         except UnicodeDecodeError as e:  # a piece that is part of a character
