@@ -405,3 +405,30 @@ def test_fast_decoding_agrees_with_the_table_decoders(
         assert fast == slow
         errors += not isinstance(fast, p.Program)
     assert errors  # some of the changes were defects
+
+
+def test_a_written_ptd_reads_back_with_each_key_in_its_own_segment() -> None:
+    from ptexec.format.ptd import TensorLayout, read_ptd
+    from ptexec.format.ptd_write import SEGMENT_ALIGN, ptd_bytes
+
+    w = bytes(range(24))
+    entries = [
+        ("w", TensorLayout(6, (2, 3), (1, 0)), w),
+        ("b", TensorLayout(6, (3,), (0,)), w[:12]),
+        ("raw", None, b"xyz"),
+        ("empty", TensorLayout(6, (0,), (0,)), b""),
+    ]
+    f = read_ptd(ptd_bytes(entries, version=3))
+    assert f.version == 3 and list(f.entries) == ["w", "b", "raw", "empty"]
+    for key, layout, data in entries:
+        e = f.entries[key]
+        assert e.layout == layout and bytes(f.bytes_of(key)) == data
+        assert (e.offset - f.header.segment_base_offset) % SEGMENT_ALIGN == 0
+    offsets = [f.entries[k].offset for k in ("w", "b", "raw")]
+    assert len(set(offsets)) == 3
+    serialize = pytest.importorskip("executorch.extension.flat_tensor.serialize.serialize")
+    cord = pytest.importorskip("executorch.exir._serialize._cord")
+    theirs = serialize.FlatTensorSerializer().deserialize(cord.Cord(ptd_bytes(entries)))
+    assert [bytes(theirs.buffers[theirs.named_data[k].buffer_index]) for k, *_ in entries] == [
+        d for *_, d in entries
+    ]

@@ -365,7 +365,7 @@ def test_parameters_the_file_stores_in_the_same_bytes_are_not_saved_over_each_ot
     _train_a_little(tm, "lora")
     trained = tm.state_dict()
     assert not torch.equal(trained["q.lora_b"], trained["v.lora_b"])
-    with pytest.raises(StateError, match="same bytes of the file"):
+    with pytest.raises(StateError, match="same bytes of the program"):
         tm.save_pte(tmp_path / "trained.pte")
     assert not (tmp_path / "trained.pte").exists()
     # the way the message names: the trained values into a module of the original file
@@ -500,3 +500,70 @@ def test_load_state_dict_writes_nothing_when_an_entry_cannot_be_read(bad: str) -
         tm.load_state_dict(state)
     for k, v in tm.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+class _TwoNorms(torch.nn.Module):
+    """Two LayerNorms, whose weights (ones) and biases (zeros) the exporter stores once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.ln1 = torch.nn.Linear(6, 6), torch.nn.LayerNorm(6)
+        self.fc2, self.ln2 = torch.nn.Linear(6, 3), torch.nn.LayerNorm(6)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        h = self.ln2(torch.tanh(self.ln1(self.fc1(x))) * 2 + x)
+        return (torch.nn.functional.cross_entropy(self.fc2(h), y),)
+
+
+def test_a_data_file_storing_parameters_in_one_place_is_saved_with_each_its_own(
+    tmp_path: Path,
+) -> None:
+    """External weights the exporter stored once (equal at export) and training made
+    differ: the saved .ptd gives each its own bytes, and ptexec and ExecuTorch's runtime
+    both load the trained values (one was written over the other)."""
+    exir = pytest.importorskip("executorch.exir")
+    from torch.export.experimental import _export_forward_backward
+
+    torch.manual_seed(0)
+    module = _TwoNorms()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g))
+               for _ in range(3)]  # fmt: skip
+    joint = _export_forward_backward(torch.export.export(module, batches[0], strict=True))
+    prog = exir.to_edge(joint).to_executorch(
+        exir.ExecutorchBackendConfig(external_mutable_weights=True)
+    )
+    (blob,) = prog._tensor_data.values()
+    pte, ptd = tmp_path / "m.pte", tmp_path / "m.ptd"
+    pte.write_bytes(bytes(prog.buffer))
+    ptd.write_bytes(bytes(blob))
+    from ptexec.format.ptd import read_ptd
+
+    entries = read_ptd(ptd.read_bytes()).entries
+    assert entries["ln1.weight"].offset == entries["ln2.weight"].offset  # stored once
+    tm = T.load(pte, ptd)
+    opt = torch.optim.SGD(tm.parameters(), lr=0.5)
+    for s in range(5):
+        opt.zero_grad()
+        tm.forward_backward("forward", batches[s % 3])
+        opt.step()
+    trained = tm.state_dict()
+    assert not torch.equal(trained["ln1.weight"], trained["ln2.weight"])
+    want = tm.forward_backward("forward", batches[0])[0]
+    tm.save_ptd(tmp_path / "trained.ptd")
+    again = T.load(pte, tmp_path / "trained.ptd")
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+    torch.testing.assert_close(again.forward_backward("forward", batches[0])[0], want,
+                               rtol=0, atol=0)  # fmt: skip
+    pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
+    et = pl._load_for_executorch(str(pte), str(tmp_path / "trained.ptd"))
+    torch.testing.assert_close(et.forward(batches[0])[0], want, rtol=1e-5, atol=1e-6)
+    # the same layout in the program itself cannot be saved: refused, not written over
+    joint = _export_forward_backward(torch.export.export(module, batches[0], strict=True))
+    inner = tmp_path / "inner.pte"
+    inner.write_bytes(bytes(exir.to_edge(joint).to_executorch().buffer))
+    tm = T.load(inner)
+    tm.load_state_dict(trained)
+    with pytest.raises(StateError, match="same bytes of the program"):
+        tm.save_pte(tmp_path / "x.pte")

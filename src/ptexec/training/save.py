@@ -22,6 +22,8 @@ import torch
 
 from ..errors import StateError
 from ..format import program as p
+from ..format.ptd import TensorLayout
+from ..format.ptd_write import ptd_bytes
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -68,11 +70,12 @@ def initial_bytes(program: Program, plan: p.ExecutionPlan, slot: int) -> bytes:
 _Held = tuple[int, int, str, bytes | None]
 
 
-def _refuse_shared(places: Sequence[_Held], data: bytes | bytearray | memoryview) -> None:
-    """Raise :class:`StateError` when two values that start from the same bytes of the file
-    (ExecuTorch's exporter stores equal initial values once: LayerNorm weights, LoRA's
-    zero matrices) would be saved with different bytes there: one would silently load with
-    the other's values. A value that is not saved keeps the file's bytes."""
+def _shared(places: Sequence[_Held], data: bytes | bytearray | memoryview) -> str | None:
+    """Two values that start from the same bytes of the file (ExecuTorch's exporter stores
+    equal initial values once: LayerNorm weights, LoRA's zero matrices) and would be saved
+    with different bytes there, as words; None when there are none. (Written as they are,
+    one would silently load with the other's values.) A value that is not saved keeps the
+    file's bytes."""
     ordered = sorted(places)
     for k, (start, end, who, new) in enumerate(ordered):
         for other_start, other_end, other, other_new in ordered[k + 1 :]:
@@ -84,13 +87,8 @@ def _refuse_shared(places: Sequence[_Held], data: bytes | bytearray | memoryview
             theirs = other_new if other_new is not None else bytes(data[other_start:other_end])
             if (start, end) == (other_start, other_end) and mine == theirs:
                 continue  # one value (the same parameter of two methods), or equal still
-            raise StateError(
-                f"cannot save: {who} and {other} start from the same bytes of the file "
-                "(ExecuTorch's exporter stores equal initial values once) and their values "
-                "now differ, which that layout cannot hold; keep the trained values with "
-                "state_dict() (torch.save) and load_state_dict() them into a module loaded "
-                "from the original files"
-            )
+            return f"{who} and {other}"
+    return None
 
 
 def pte_with(
@@ -131,7 +129,15 @@ def pte_with(
         if len(raw) != value.nbytes:
             raise StateError(f"method '{plan.name}': value {slot} has {value.nbytes} bytes")
         places.append((start, start + len(raw), f"value {slot} of method '{plan.name}'", raw))
-    _refuse_shared(places, pte.data)
+    both = _shared(places, pte.data)
+    if both is not None:
+        raise StateError(
+            f"cannot save: {both} start from the same bytes of the program (ExecuTorch's "
+            "exporter stores equal initial values once) and their values now differ, which "
+            "the program's layout cannot hold; keep the trained values with state_dict() "
+            "(torch.save) and load_state_dict() them into a module loaded from the original "
+            "files, or export with external_mutable_weights and save_ptd"
+        )
     for start, _, _, new in places:
         if new is not None:
             data[start : start + len(new)] = new
@@ -142,7 +148,9 @@ def ptd_with(
     program: Program, updates: Sequence[tuple[p.ExecutionPlan, int, torch.Tensor]]
 ) -> bytes:
     """The program's ``.ptd`` with each external planned tensor's bytes replaced (the one
-    data file that holds them all, where the program reads several)."""
+    data file that holds them all, where the program reads several). Where the file stores
+    keys that now differ in one place (equal initial values stored once), the file is
+    written anew with each key in a segment of its own."""
     merged = program.ptd
     if merged is None:
         raise StateError("the program was loaded without a data file (.ptd): nothing to save to")
@@ -182,7 +190,14 @@ def ptd_with(
          written.get(k))
         for k, e in ptd.entries.items()
     ]  # fmt: skip
-    _refuse_shared(places, ptd.data)
+    if _shared(places, ptd.data) is not None:
+        # keys the file stores in one place, now different: each in a segment of its own
+        fresh: list[tuple[str, TensorLayout | None, bytes | memoryview]] = []
+        for k, e in ptd.entries.items():
+            held = ptd.data[e.offset : e.offset + e.size]
+            mine = written.get(k)
+            fresh.append((k, e.layout, held if mine is None else mine + bytes(held[len(mine) :])))
+        return ptd_bytes(fresh, ptd.version)
     for start, _, _, new in places:
         if new is not None:
             data[start : start + len(new)] = new
