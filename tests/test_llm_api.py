@@ -11,6 +11,7 @@ import sys
 import unittest
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -330,21 +331,26 @@ def test_tiktoken_detected(tmp_path: Path) -> None:
     assert TextStream(tok).push(eot) == ""
 
 
-def test_sentencepiece_detected(tmp_path: Path) -> None:
-    pytest.importorskip("pytorch_tokenizers")
-    spm = pytest.importorskip("sentencepiece")
+def _sentencepiece_model(spm: Any, path: Path, **options: Any) -> Path:
+    """A BPE SentencePiece model trained on TEXT (BOS 1, EOS 2, UNK 0), written to ``path``."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter([TEXT] * 20),
         model_writer=model,
-        vocab_size=40,
         model_type="bpe",
         bos_id=1,
         eos_id=2,
         unk_id=0,
+        **options,
     )
-    path = tmp_path / "tokenizer.model"
     path.write_bytes(model.getvalue())
+    return path
+
+
+def test_sentencepiece_detected(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    path = _sentencepiece_model(spm, tmp_path / "tokenizer.model", vocab_size=40)
     tok = load_tokenizer(path)
     ref = spm.SentencePieceProcessor(model_file=str(path))
     assert tok.kind == "SentencePiece"
@@ -360,20 +366,10 @@ def test_sentencepiece_byte_fallback_and_control_pieces(tmp_path: Path) -> None:
     and EOS, as transformers' tokenizer of the same file reads them."""
     pytest.importorskip("pytorch_tokenizers")
     spm = pytest.importorskip("sentencepiece")
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([TEXT] * 20),
-        model_writer=model,
-        vocab_size=300,
-        model_type="bpe",
-        bos_id=1,
-        eos_id=2,
-        unk_id=0,
-        byte_fallback=True,
+    path = _sentencepiece_model(
+        spm, tmp_path / "tokenizer.model", vocab_size=300, byte_fallback=True,
         hard_vocab_limit=False,
-    )
-    path = tmp_path / "tokenizer.model"
-    path.write_bytes(model.getvalue())
+    )  # fmt: skip
     tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
     for text in ("caf\u00e9|ok", "x\U0001f600y the cat", "\u65e5\u672c"):
         ids = ref.encode(text)
