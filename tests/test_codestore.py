@@ -174,18 +174,21 @@ def test_files_or_roots_of_another_owner_are_not_run(
     _refused(monkeypatch)
 
 
+@pytest.mark.parametrize("where", ["root", "above"])
 def test_a_root_made_writable_by_others_later_in_the_process_is_not_used(
-    root: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     _planted(root, monkeypatch)
     codegen.clear_compiled()  # (the trusted root stays known to the process)
-    root.chmod(0o777)
+    target = root if where == "root" else root.parent
+    mode = target.stat().st_mode & 0o7777
+    target.chmod(0o777)  # (above: not sticky, others may rename the root)
     try:
         counted = Compiles(monkeypatch)
         _run(ptexec.load(PTE).load_method("forward"))
         assert counted.long >= 1
     finally:
-        root.chmod(0o700)
+        target.chmod(mode)
 
 
 def test_another_python_never_reads_a_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

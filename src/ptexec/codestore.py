@@ -99,33 +99,39 @@ def key(source: str) -> str:
     return h.hexdigest()
 
 
-# root -> (its identity and mode when found trusted, whether this user writes it)
-_roots: dict[str, tuple[tuple[int, int, int, int], bool]] = {}
+# root -> (the root and every directory above it, each with its identity, owner and mode
+# when found trusted; whether this user writes the root)
+_Seen = tuple[tuple[str, tuple[int, int, int, int]], ...]
+_roots: dict[str, tuple[_Seen, bool]] = {}
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_uid, st.st_mode)
 
 
 def _root_status(root: Path, create: bool) -> bool | None:
     """Whether this user writes trusted root ``root``; None when it is not trusted (or
-    missing and not ``create``). The walk up its parents is done once per root in a
-    process; each later use checks the root itself again (one ``stat``), and walks again
-    when its identity, owner or mode has changed."""
+    missing and not ``create``). The rules (:func:`ptexec.cachedir.root_status`) are
+    checked in full once per root in a process; later uses ``stat`` the root and each
+    directory above it again, and check in full when any identity, owner or mode has
+    changed (a ``stat`` each, where the full check also resolves the path)."""
     name = os.fspath(root)
     known = _roots.get(name)
-    if known is not None:
-        try:
-            st = os.stat(root)
-        except OSError:
-            st = None
-        if st is not None and (st.st_dev, st.st_ino, st.st_uid, st.st_mode) == known[0]:
-            return known[1]
+    if known is not None and all(_identity(d) == seen for d, seen in known[0]):
+        return known[1]
     problem, writable = root_status(root, create=create)
     if problem is not None:
         _roots.pop(name, None)
         return None
-    try:
-        st = os.stat(root)
-    except OSError:
+    chain = [name, *(os.fspath(d) for d in Path(os.path.realpath(root)).parents)]
+    seen = tuple((d, _identity(d)) for d in chain)
+    if any(i is None for _, i in seen):
         return None
-    _roots[name] = ((st.st_dev, st.st_ino, st.st_uid, st.st_mode), writable)
+    _roots[name] = (tuple((d, i) for d, i in seen if i is not None), writable)
     return writable
 
 
