@@ -277,3 +277,48 @@ def test_the_code_read_is_the_code_compiling_gives(
         assert marshal.dumps(read) == marshal.dumps(
             compile(text, codegen._PLACEHOLDER, "exec", dont_inherit=False)
         )
+
+
+def test_a_fifo_in_place_of_a_file_never_holds_the_load(root: Path) -> None:
+    import threading
+
+    source = "x = 1\n" * 200
+    codestore.store(source, compile(source, "<t>", "exec"))
+    path = codestore.code_dir(root) / codestore.key(source)
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(codestore.load(source)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert got == [None]  # (a blocking open would still be waiting for a writer)
+    assert any(f.problem and "regular file" in f.problem for f in codestore.files(root))
+
+
+def test_the_key_follows_the_optimisation_level() -> None:
+    """``python -O`` compiles without asserts: its code is another entry."""
+    script = "from ptexec.codestore import key; print(key('assert False\\n' * 100))"
+    keys = {
+        subprocess.run(
+            [sys.executable, *flags, "-c", script], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for flags in ([], ["-O"])
+    }
+    assert len(keys) == 2
+
+
+def test_a_shared_root_shares_its_code_directory_and_stale_temporaries_go(root: Path) -> None:
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    source = "y = 2\n" * 200
+    codestore.store(source, compile(source, "<t>", "exec"))
+    directory = codestore.code_dir(root)
+    assert directory.stat().st_mode & 0o777 == 0o755
+    assert (directory / codestore.key(source)).stat().st_mode & 0o777 == 0o644
+    stale, fresh = directory / ".tmp-dead", directory / ".tmp-writing"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(stale, (1, 1))
+    other = "z = 3\n" * 200
+    codestore.store(other, compile(other, "<t>", "exec"))
+    assert not stale.exists() and fresh.exists()

@@ -672,12 +672,14 @@ def test_a_library_changed_after_a_check_is_hashed_again(
 ) -> None:
     """A process hashes an unchanged file once; a file written since (even to the same size
     and modification time) is hashed again and refused, and its planted code never runs."""
+    monkeypatch.setattr(cache_mod, "_RACY_SECONDS", 0.0)  # (the file was written just now)
     entry = plant(root, hostile_library)
     cache = open_cache(root)
     assert cache is not None
     (found,) = cache.entries()
     found.verify()
     library = next(entry.glob("*.so"))
+    assert os.fspath(library) in cache_mod._hashed  # (hashed once: the next check skips it)
     st = library.stat()
     data = bytearray(library.read_bytes())
     data[-1] ^= 0xFF
@@ -686,6 +688,39 @@ def test_a_library_changed_after_a_check_is_hashed_again(
     with pytest.raises(CacheEntryError, match="does not have the sha256"):
         found.verify()
     assert_refused(root, tmp_path, monkeypatch, "does not have the sha256")
+
+
+def test_a_library_written_just_before_its_check_is_hashed_every_time(
+    root: Path, hostile_library: Path
+) -> None:
+    """A write within one time stamp of the last may not change it (coarse clocks): a file
+    changed in the seconds before it was hashed is not remembered as hashed."""
+    entry = plant(root, hostile_library)
+    cache = open_cache(root)
+    assert cache is not None
+    (found,) = cache.entries()
+    found.verify()
+    assert os.fspath(next(entry.glob("*.so"))) not in cache_mod._hashed
+
+
+def test_the_way_to_the_root_as_written_is_checked(tmp_path: Path) -> None:
+    """A link on the way to the root leads where its owner says: the directories on the
+    way as written are checked as those above the resolved root are, and a link another
+    user owns is refused."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # not sticky: others may replace the link in it
+    (shared / "cache").symlink_to(real)
+    problem, _ = cache_mod.root_status(shared / "cache")
+    assert problem is not None and f"{shared}, above the cache" in problem
+    shared.chmod(0o1777)  # sticky: only the link's owner may replace it
+    assert cache_mod.root_status(shared / "cache") == (None, True)
+    if os.getuid() == 0:
+        os.lchown(shared / "cache", 65534, 65534)
+        problem, _ = cache_mod.root_status(shared / "cache")
+        assert problem is not None and "symbolic link owned by uid 65534" in problem
 
 
 def test_entries_appear_whole_and_the_first_one_wins(tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ It holds code that a load runs, so whoever can write there must be the user who 
 from it: a directory or file is trusted when it is owned by this user or by root and not
 writable by group or others; the root, when every directory above it is too (a sticky
 directory such as ``/tmp`` above it is fine). A root owned by root while this user is not
-is read only. (On Windows, where files have no POSIX owner, the per-user directory's own
-permissions are relied on.) Imports no torch.
+is read only. The way to the root is checked as its path is written too: a symbolic link
+on it must be this user's or root's, and a directory on it must be trusted as the ones
+above the root are. (On Windows, where files have no POSIX owner, the per-user directory's
+own permissions are relied on.) Imports no torch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from .errors import CacheEntryError
 
-__all__ = ["cache_dir", "check_trusted", "root_status", "untrusted_because"]
+__all__ = ["cache_dir", "check_trusted", "root_status", "untrusted_because", "way_as_written"]
 
 
 def cache_dir() -> Path:
@@ -72,6 +74,46 @@ def check_trusted(path: Path, st: os.stat_result, directory: bool) -> None:
         raise CacheEntryError(f"{path} {why}")
 
 
+def _sticky_trust(st: os.stat_result) -> str | None:
+    """Why a directory above the cache may not be trusted: others may create in a sticky
+    directory (/tmp), not rename what is ours."""
+    sticky = st.st_mode & stat.S_ISVTX
+    return untrusted_because(st.st_uid, st.st_mode & ~0o022 if sticky else st.st_mode)
+
+
+def way_as_written(root: Path) -> list[Path]:
+    """Every directory or link on the way to ``root`` as its path is written (absolute,
+    links not resolved), the root last."""
+    path = Path(os.path.abspath(root))
+    return [*reversed(path.parents), path]
+
+
+def _way_as_written(root: Path) -> str | None:
+    """Why the way to ``root`` as written may not be trusted: a symbolic link on it that
+    another user owns (they could point it at a directory of their choosing), or a
+    directory on it that others may write (they could replace what follows)."""
+    me = _uid()
+    if me is None:
+        return None
+    way = way_as_written(root)
+    for step in way:
+        try:
+            st = os.lstat(step)
+        except OSError as e:
+            return f"{step} cannot be read ({e.strerror or e})"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (me, 0):
+                return (
+                    f"{step}, on the way to the cache, is a symbolic link owned by uid "
+                    f"{st.st_uid}, not by this user (uid {me}) or root"
+                )
+        elif step != way[-1]:
+            why = _sticky_trust(st)
+            if why is not None:
+                return f"{step}, above the cache, {why}"
+    return None
+
+
 def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     """``(why root is not used, or None; whether this user writes into it)`` (module
     docstring); ``create`` makes a missing root (mode 0700)."""
@@ -90,14 +132,15 @@ def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     why = untrusted_because(st.st_uid, st.st_mode)
     if why is not None:
         return f"{root} {why}", False
+    why = _way_as_written(root)
+    if why is not None:
+        return why, False
     for parent in Path(os.path.realpath(root)).parents:
         try:
             pst = os.stat(parent)
         except OSError as e:
             return f"{parent} cannot be read ({e.strerror or e})", False
-        # others may create in a sticky directory (/tmp), not rename what is ours
-        sticky = pst.st_mode & stat.S_ISVTX
-        why = untrusted_because(pst.st_uid, pst.st_mode & ~0o022 if sticky else pst.st_mode)
+        why = _sticky_trust(pst)
         if why is not None:
             return f"{parent}, above the cache, {why}", False
     me = _uid()

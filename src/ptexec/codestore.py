@@ -11,13 +11,14 @@ Only code objects are kept: the text itself is always generated afresh by the lo
 what the code runs with (kernels, tensors) is bound by the load, never read from disk.
 
 **Key.** An entry's file name is the SHA-256 of the text, of the interpreter's bytecode
-version (:data:`importlib.util.MAGIC_NUMBER`, the implementation's cache tag) and of this
-store's layout: another Python never reads it.
+version (:data:`importlib.util.MAGIC_NUMBER`, the implementation's cache tag), its
+optimisation level (``-O``) and of this store's layout: another Python never reads it.
 
 **Trust.** Code read here runs, so it follows the compiled methods' rules
 (:mod:`ptexec.cachedir`): the root must be trusted, the ``code`` directory and each file
 must be a real directory or regular file owned by this user or root and not writable by
-group or others (checked on the opened file, which is never a symbolic link), and a
+group or others (checked on the opened file, which is never a symbolic link, opened
+without waiting: a FIFO there holds nothing up), and a
 file's bytes must have the SHA-256 its header records (a torn or damaged file is a miss).
 Anyone who can write there could run code as the loading user, which those rules exclude.
 A problem of any kind is a miss: the text is compiled as if nothing were kept (and kept
@@ -40,11 +41,12 @@ import re
 import stat
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cachedir import cache_dir, check_trusted, root_status
+from .cachedir import cache_dir, check_trusted, root_status, way_as_written
 from .errors import CacheEntryError
 
 __all__ = [
@@ -93,7 +95,7 @@ def code_dir(root: Path | None = None) -> Path:
 def key(source: str) -> str:
     """The file name of ``source``'s code (module docstring)."""
     h = hashlib.sha256(_MAGIC)
-    h.update(bytes([LAYOUT]))
+    h.update(bytes([LAYOUT, sys.flags.optimize]))  # (-O drops asserts from the code)
     h.update(_TAG)
     h.update(source.encode("utf-8", "surrogatepass"))
     return h.hexdigest()
@@ -106,8 +108,10 @@ _roots: dict[str, tuple[_Seen, bool]] = {}
 
 
 def _identity(path: str) -> tuple[int, int, int, int] | None:
+    """A path's device, inode, owner and mode, links on it not followed at its end (the
+    way as written holds links; what they lead to is among the resolved directories)."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_uid, st.st_mode)
@@ -127,8 +131,13 @@ def _root_status(root: Path, create: bool) -> bool | None:
     if problem is not None:
         _roots.pop(name, None)
         return None
-    chain = [name, *(os.fspath(d) for d in Path(os.path.realpath(root)).parents)]
-    seen = tuple((d, _identity(d)) for d in chain)
+    resolved = Path(os.path.realpath(root))
+    chain = [
+        *(os.fspath(d) for d in way_as_written(root)),
+        os.fspath(resolved),
+        *(os.fspath(d) for d in resolved.parents),
+    ]
+    seen = tuple((d, _identity(d)) for d in dict.fromkeys(chain))
     if any(i is None for _, i in seen):
         return None
     _roots[name] = (tuple((d, i) for d, i in seen if i is not None), writable)
@@ -152,8 +161,9 @@ def _trusted_dir(root: Path, create: bool) -> tuple[Path, bool] | None:
     except FileNotFoundError:
         if not (create and writable):
             return None
-        try:
+        try:  # readable by those the root admits, as its files are
             os.mkdir(directory, 0o700)
+            os.chmod(directory, 0o700 | (stat.S_IMODE(os.stat(root).st_mode) & 0o055))
             st = os.lstat(directory)
         except OSError:
             return None
@@ -173,8 +183,9 @@ class _Foreign(CacheEntryError):
 def _read(path: Path) -> bytes:
     """The bytes of ``path`` after checking the opened file (never a link, trusted, not too
     large); :class:`CacheEntryError` says what is wrong."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:  # (non-blocking: a FIFO put there never holds the load; fstat then refuses it)
+        fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
         raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
     with os.fdopen(fd, "rb") as f:
@@ -257,14 +268,20 @@ def store(source: str, code: types.CodeType) -> None:
 
 
 def _trim(directory: Path) -> None:
-    """Remove the least recently read files while the directory holds more than
-    :data:`MAX_ENTRIES` (down to three quarters of it), and temporary files a writer
-    that died left."""
+    """Remove temporary files a writer that died left (an hour old), and the least
+    recently read files while the directory holds more than :data:`MAX_ENTRIES` (down to
+    three quarters of it)."""
     try:
         with os.scandir(directory) as it:
             names = [e.name for e in it]
     except OSError:
         return
+    stale = time.time() - 3600
+    for name in names:
+        if name.startswith(_TEMP):
+            with contextlib.suppress(OSError):
+                if os.lstat(directory / name).st_mtime < stale:
+                    os.unlink(directory / name)
     if len(names) <= MAX_ENTRIES:
         return
     dated = []

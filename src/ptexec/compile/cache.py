@@ -21,7 +21,10 @@ such as ``/tmp`` above it is fine); an entry and its files likewise, each a real
 or regular file (never a symbolic link), with exactly the files its manifest lists, each
 of its recorded size and digest, checked before anything is loaded (a file this process
 hashed before is not hashed again while its inode, size and modification and change
-times are the ones it had then: writing it changes them). A root owned by root
+times are the ones it had then: writing it changes them; a file changed in the two
+seconds before it was hashed is hashed every time, as a write within one time stamp may
+not show; writes through a shared memory map, which only the file's owner or root can
+make, may not show until the system writes them back). A root owned by root
 while this user is not (a cache an administrator filled) is read only: its entries are
 used, what this user compiles is not kept. Entries are created with the root's read
 permissions, so such a shared cache is readable by those the administrator chose. A root
@@ -348,6 +351,11 @@ class Cache:
         return len(entries)
 
 
+# opening a file of an entry: never through a link, never waiting (a FIFO put where a
+# file is checked between the check and the open holds nothing up: the read finds it)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+_RACY_SECONDS = 2.0  # a file changed this recently may change again within its time stamp
+
 # path -> (device, inode, size, modification and change times; sha256) of each file this
 # process found to have the digest its manifest records: the same file, unchanged (any
 # write changes its change time, which only root can set), is not read and hashed again
@@ -412,7 +420,7 @@ class CacheEntry:
         return manifest
 
     def _read_bytes(self, name: str, size: int) -> bytes:
-        fd = os.open(self.path / name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(self.path / name, _READ_FLAGS)
         try:
             with os.fdopen(fd, "rb") as f:
                 fd = -1
@@ -432,11 +440,13 @@ class CacheEntry:
         seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if _hashed.get(os.fspath(path)) == (seen, record.sha256):
             return  # hashed in this process, and the file has not changed since
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, _READ_FLAGS)
         with os.fdopen(fd, "rb") as f:
             digest = _sha256(f, st.st_size)
         if digest != record.sha256:
             raise CacheEntryError(f"{path} does not have the sha256 its manifest records")
+        if time.time() - max(st.st_mtime, st.st_ctime) < _RACY_SECONDS:
+            return  # written just now: a later write may keep its time stamps (hash again)
         if len(_hashed) >= _HASHED_FILES:
             _hashed.clear()
         _hashed[os.fspath(path)] = (seen, digest)
