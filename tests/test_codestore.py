@@ -282,7 +282,7 @@ def test_the_code_read_is_the_code_compiling_gives(
 def test_a_fifo_in_place_of_a_file_never_holds_the_load(root: Path) -> None:
     import threading
 
-    source = "x = 1\n" * 200
+    source = "x = 1\n" * 400
     codestore.store(source, compile(source, "<t>", "exec"))
     path = codestore.code_dir(root) / codestore.key(source)
     path.unlink()
@@ -310,7 +310,7 @@ def test_the_key_follows_the_optimisation_level() -> None:
 def test_a_shared_root_shares_its_code_directory_and_stale_temporaries_go(root: Path) -> None:
     root.mkdir(mode=0o755)
     root.chmod(0o755)
-    source = "y = 2\n" * 200
+    source = "y = 2\n" * 400
     codestore.store(source, compile(source, "<t>", "exec"))
     directory = codestore.code_dir(root)
     assert directory.stat().st_mode & 0o777 == 0o755
@@ -319,6 +319,6 @@ def test_a_shared_root_shares_its_code_directory_and_stale_temporaries_go(root: 
     stale.write_bytes(b"half")
     fresh.write_bytes(b"half")
     os.utime(stale, (1, 1))
-    other = "z = 3\n" * 200
+    other = "z = 3\n" * 400
     codestore.store(other, compile(other, "<t>", "exec"))
     assert not stale.exists() and fresh.exists()

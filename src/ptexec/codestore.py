@@ -62,7 +62,7 @@ __all__ = [
     "store",
 ]
 
-MIN_CHARS = 768  # shorter texts compile in about the time a read takes
+MIN_CHARS = 1536  # shorter texts compile in about the time a read (and its checks) takes
 MAX_ENTRIES = 4096  # files kept in the directory, least recently read removed first
 MAX_FILE_BYTES = 64 << 20  # a larger file is not read (none this store writes is near it)
 LAYOUT = 1  # bump when what a file holds, or how it is read, changes
