@@ -345,36 +345,35 @@ def test_saved_ptd_has_the_trained_weights(tmp_path: Path) -> None:
         tm.pte_bytes()
 
 
-def test_parameters_the_file_stores_in_the_same_bytes_are_not_saved_over_each_other(
+def test_parameters_the_file_stores_in_the_same_bytes_are_saved_each_in_its_own(
     tmp_path: Path,
 ) -> None:
     """ExecuTorch's exporter stores equal initial values once: the LoRA fixture's two B
     matrices (zeros) start from one entry. While they are equal they save as one; once
-    training makes them differ the file cannot hold both, and saving is refused (it wrote
-    one over the other, which both runtimes then loaded without a word)."""
+    training makes them differ each gets an entry of its own, and ptexec and ExecuTorch's
+    runtime load the trained values (one was written over the other, silently)."""
     tm = T.load(FIX / "lora.pte")
     plan = tm.method("forward").state.plan
     slots = dict(zip(tm.layout("forward").names, tm.layout("forward").parameter_slots, strict=True))
     a, b = plan.values[slots["q.lora_b"]], plan.values[slots["v.lora_b"]]
     assert a.data_buffer_idx == b.data_buffer_idx  # (the shared entry this is about)
-    tm.save_pte(tmp_path / "untrained.pte")  # equal still: one entry holds both
-    before = tm.state_dict()
-    assert torch.equal(
-        T.load(tmp_path / "untrained.pte").state_dict()["v.lora_b"], before["v.lora_b"]
-    )
+    tm.save_pte(tmp_path / "untrained.pte")  # equal still: written in place
+    assert (tmp_path / "untrained.pte").stat().st_size == (FIX / "lora.pte").stat().st_size
     _train_a_little(tm, "lora")
     trained = tm.state_dict()
     assert not torch.equal(trained["q.lora_b"], trained["v.lora_b"])
-    with pytest.raises(StateError, match="same bytes of the program"):
-        tm.save_pte(tmp_path / "trained.pte")
-    assert not (tmp_path / "trained.pte").exists()
-    # the way the message names: the trained values into a module of the original file
-    again = T.load(FIX / "lora.pte")
-    again.load_state_dict(trained)
     x = _batches("lora", 1)[0]
-    torch.testing.assert_close(
-        again.forward_backward("forward", x), tm.forward_backward("forward", x), rtol=0, atol=0
-    )
+    want = tm.forward_backward("forward", x)
+    tm.save_pte(tmp_path / "trained.pte")
+    again = T.load(tmp_path / "trained.pte")
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+    torch.testing.assert_close(again.forward_backward("forward", x), want, rtol=0, atol=0)
+    saved = again.method("forward").state.plan.values
+    assert saved[slots["q.lora_b"]].data_buffer_idx != saved[slots["v.lora_b"]].data_buffer_idx
+    rt = pytest.importorskip("executorch.runtime").Runtime.get()
+    et_out = rt.load_program((tmp_path / "trained.pte").read_bytes()).load_method("forward")
+    torch.testing.assert_close(et_out.execute(list(x))[0], want[0], rtol=1e-5, atol=1e-6)
 
 
 def test_executorchs_loaders_by_path_and_buffer() -> None:
@@ -559,11 +558,17 @@ def test_a_data_file_storing_parameters_in_one_place_is_saved_with_each_its_own(
     pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
     et = pl._load_for_executorch(str(pte), str(tmp_path / "trained.ptd"))
     torch.testing.assert_close(et.forward(batches[0])[0], want, rtol=1e-5, atol=1e-6)
-    # the same layout in the program itself cannot be saved: refused, not written over
+    # the same layout in the program itself: new entries in its mutable data
     joint = _export_forward_backward(torch.export.export(module, batches[0], strict=True))
     inner = tmp_path / "inner.pte"
     inner.write_bytes(bytes(exir.to_edge(joint).to_executorch().buffer))
     tm = T.load(inner)
     tm.load_state_dict(trained)
-    with pytest.raises(StateError, match="same bytes of the program"):
-        tm.save_pte(tmp_path / "x.pte")
+    tm.save_pte(tmp_path / "trained.pte")
+    again = T.load(tmp_path / "trained.pte")
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+    torch.testing.assert_close(again.forward_backward("forward", batches[0])[0], want,
+                               rtol=0, atol=0)  # fmt: skip
+    et = pl._load_for_executorch(str(tmp_path / "trained.pte"))
+    torch.testing.assert_close(et.forward(batches[0])[0], want, rtol=1e-5, atol=1e-6)

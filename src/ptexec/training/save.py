@@ -12,6 +12,7 @@ program, keeps every field ptexec does not model exactly as ExecuTorch wrote it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import StateError
+from ..errors import PteFormatError, StateError
 from ..format import program as p
 from ..format.ptd import TensorLayout
 from ..format.ptd_write import ptd_bytes
+from ..format.pte_mutable import with_new_entries
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -95,13 +97,16 @@ def pte_with(
     program: Program, updates: Sequence[tuple[p.ExecutionPlan, int, torch.Tensor]]
 ) -> bytes:
     """The program's ``.pte`` with each ``(plan, value slot, tensor)`` as that planned
-    tensor's initial value (:class:`StateError` when two values the file stores in the same
-    bytes would differ)."""
+    tensor's initial value. Where the file stores values that now differ in one entry
+    (equal initial values stored once), each distinct value gets an entry of its own
+    (:func:`ptexec.format.pte_mutable.with_new_entries`)."""
     pte = program.pte
     data = bytearray(pte.data)
     saved = {(plan.name, slot): t for plan, slot, t in updates}
+    plans = {plan.name: k for k, plan in enumerate(pte.program.execution_plan)}
     places: list[_Held] = []
-    for plan in pte.program.execution_plan:  # every value starting from the mutable data
+    where: dict[tuple[int, int, str], tuple[int, int, int]] = {}  # -> plan, slot, entry
+    for k, plan in enumerate(pte.program.execution_plan):  # values starting from mutable data
         for slot, value in enumerate(plan.values):
             if (
                 isinstance(value, p.Tensor)
@@ -113,6 +118,7 @@ def pte_with(
                 start = pte.mutable_initial_offset(value.data_buffer_idx)
                 who = f"value {slot} of method '{plan.name}'"
                 places.append((start, start + value.nbytes, who, None))
+                where[(start, start + value.nbytes, who)] = (k, slot, value.data_buffer_idx)
     for plan, slot, t in updates:
         value = _tensor(program, plan, slot)
         if value.is_external or value.data_buffer_idx <= 0:
@@ -128,20 +134,52 @@ def pte_with(
         raw = parameter_bytes(t, value.dim_order)
         if len(raw) != value.nbytes:
             raise StateError(f"method '{plan.name}': value {slot} has {value.nbytes} bytes")
-        places.append((start, start + len(raw), f"value {slot} of method '{plan.name}'", raw))
-    both = _shared(places, pte.data)
-    if both is not None:
-        raise StateError(
-            f"cannot save: {both} start from the same bytes of the program (ExecuTorch's "
-            "exporter stores equal initial values once) and their values now differ, which "
-            "the program's layout cannot hold; keep the trained values with state_dict() "
-            "(torch.save) and load_state_dict() them into a module loaded from the original "
-            "files, or export with external_mutable_weights and save_ptd"
-        )
+        who = f"value {slot} of method '{plan.name}'"
+        places.append((start, start + len(raw), who, raw))
+        where[(start, start + len(raw), who)] = (plans[plan.name], slot, value.data_buffer_idx)
+    if _shared(places, pte.data) is not None:
+        return _own_entries(program, places, where)
     for start, _, _, new in places:
         if new is not None:
             data[start : start + len(new)] = new
     return bytes(data)
+
+
+def _own_entries(
+    program: Program,
+    places: Sequence[_Held],
+    where: dict[tuple[int, int, str], tuple[int, int, int]],
+) -> bytes:
+    """The ``.pte`` of :func:`pte_with` where values the file stores in one entry now
+    differ: in each entry stays the file's value when a value not saved reads it (else the
+    first saved one); every other distinct value gets a new entry."""
+    pte = program.pte
+    groups: dict[tuple[int, int], list[_Held]] = {}
+    for place in places:
+        groups.setdefault((place[0], place[1]), []).append(place)
+    spans = sorted(groups)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        if start < end:  # entries overlapping without being one: not a layout to guess at
+            raise StateError(
+                "cannot save: the program's mutable data has entries that overlap in part"
+            )
+    moves: list[tuple[int, int, bytes]] = []
+    keep: list[tuple[int, bytes]] = []
+    for (start, end), members in groups.items():
+        original = bytes(pte.data[start:end])
+        contents = [original if new is None else new for _, _, _, new in members]
+        stay = original if any(new is None for *_, new in members) else contents[0]
+        entry = where[members[0][:3]][2]
+        if stay != original:
+            keep.append((entry, stay))
+        for member, content in zip(members, contents, strict=True):
+            if content != stay:
+                plan, slot, _ = where[member[:3]]
+                moves.append((plan, slot, content))
+    try:
+        return with_new_entries(pte, moves, keep)
+    except PteFormatError as e:
+        raise StateError(f"cannot save: values the program stores in one entry differ ({e})") from e
 
 
 def ptd_with(
