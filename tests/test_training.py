@@ -572,3 +572,52 @@ def test_a_data_file_storing_parameters_in_one_place_is_saved_with_each_its_own(
                                rtol=0, atol=0)  # fmt: skip
     et = pl._load_for_executorch(str(tmp_path / "trained.pte"))
     torch.testing.assert_close(et.forward(batches[0])[0], want, rtol=1e-5, atol=1e-6)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, loss: str) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        torch.nn.init.zeros_(self.fc.bias)  # (both methods' biases start equal: one entry)
+        self.loss = loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        out = self.fc(x)
+        if self.loss == "ce":
+            return (torch.nn.functional.cross_entropy(out, y),)
+        return (torch.nn.functional.mse_loss(out, y),)
+
+
+def test_a_value_not_saved_keeps_the_entry_it_shares(tmp_path: Path) -> None:
+    """Two methods whose biases the exporter stored in one entry; only the first is loaded
+    and trained: the second's bias, not saved, keeps the file's value, and the trained one
+    moves to an entry of its own."""
+    exir = pytest.importorskip("executorch.exir")
+    from torch.export.experimental import _export_forward_backward
+
+    g = torch.Generator().manual_seed(3)
+    x, y, t = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g), torch.randn(5, 3, generator=g)  # fmt: skip
+    torch.manual_seed(0)
+    first, second = _Head("ce"), _Head("mse")
+    joint = {
+        "forward": _export_forward_backward(torch.export.export(first, (x, y), strict=True)),
+        "second": _export_forward_backward(torch.export.export(second, (x, t), strict=True)),
+    }
+    path = tmp_path / "two.pte"
+    path.write_bytes(bytes(exir.to_edge(joint).to_executorch().buffer))
+    tm = T.load(path)  # ("second" is not loaded: none of its values is saved)
+    opt = torch.optim.SGD(tm.parameters("forward"), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        tm.forward_backward("forward", (x, y))
+        opt.step()
+    trained = tm.state_dict()
+    assert trained["fc.bias"].abs().max() > 0
+    tm.save_pte(tmp_path / "trained.pte")
+    again = T.load(tmp_path / "trained.pte")
+    for k, v in again.state_dict("forward").items():
+        assert torch.equal(v, trained[k]), k
+    untouched = T.load(path).state_dict("second")
+    for k, v in again.state_dict("second").items():
+        assert torch.equal(v, untouched[k]), k
+    assert torch.equal(again.state_dict("second")["fc.bias"], torch.zeros(3))
