@@ -466,7 +466,7 @@ class TextStream:
     text and give no piece.
     """
 
-    REBASE = 32  # decodes start again near the end after this many ids
+    REBASE = 4  # decodes start again at the last id past this many (short decodes: measured)
 
     def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:
         self._tok = tokenizer
