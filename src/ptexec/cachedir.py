@@ -25,7 +25,24 @@ from pathlib import Path
 
 from .errors import CacheEntryError
 
-__all__ = ["cache_dir", "check_trusted", "root_status", "untrusted_because", "way_as_written"]
+__all__ = [
+    "READ_FLAGS",
+    "cache_dir",
+    "check_trusted",
+    "root_status",
+    "untrusted_because",
+    "way_as_written",
+]
+
+
+# opening a cached file: never through a link, never waiting (a FIFO put where a file was
+# checked holds nothing up: the checks of the opened file refuse it)
+READ_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+)
 
 
 def cache_dir() -> Path:

@@ -2,7 +2,7 @@
 
 A load turns a method's instructions into Python text (:mod:`ptexec.codegen`), and
 compiling that text is a large share of a first load: the code of a 400-instruction
-method takes about 4 ms to compile, a fifth of a small program's whole load. The same
+method takes about 4 ms to compile, an eighth of its whole first load. The same
 program gives the same text in every process, so a text of at least :data:`MIN_CHARS`
 characters that a process compiles is kept as its code object under ``code/`` in the cache
 root (:func:`ptexec.cachedir.cache_dir`), and a later process that generates the same
@@ -46,7 +46,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cachedir import cache_dir, check_trusted, root_status, way_as_written
+from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status, way_as_written
 from .errors import CacheEntryError
 
 __all__ = [
@@ -101,8 +101,8 @@ def key(source: str) -> str:
     return h.hexdigest()
 
 
-# root -> (the root and every directory above it, each with its identity, owner and mode
-# when found trusted; whether this user writes the root)
+# root -> (every directory and link on the way to it, as written and as resolved, each with
+# its identity, owner and mode when found trusted; whether this user writes the root)
 _Seen = tuple[tuple[str, tuple[int, int, int, int]], ...]
 _roots: dict[str, tuple[_Seen, bool]] = {}
 
@@ -120,9 +120,9 @@ def _identity(path: str) -> tuple[int, int, int, int] | None:
 def _root_status(root: Path, create: bool) -> bool | None:
     """Whether this user writes trusted root ``root``; None when it is not trusted (or
     missing and not ``create``). The rules (:func:`ptexec.cachedir.root_status`) are
-    checked in full once per root in a process; later uses ``stat`` the root and each
-    directory above it again, and check in full when any identity, owner or mode has
-    changed (a ``stat`` each, where the full check also resolves the path)."""
+    checked in full once per root in a process; later uses ``lstat`` every directory and
+    link on the way to it again (as written and as resolved), and check in full when any
+    identity, owner or mode has changed."""
     name = os.fspath(root)
     known = _roots.get(name)
     if known is not None and all(_identity(d) == seen for d, seen in known[0]):
@@ -183,9 +183,8 @@ class _Foreign(CacheEntryError):
 def _read(path: Path) -> bytes:
     """The bytes of ``path`` after checking the opened file (never a link, trusted, not too
     large); :class:`CacheEntryError` says what is wrong."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:  # (non-blocking: a FIFO put there never holds the load; fstat then refuses it)
-        fd = os.open(path, flags | getattr(os, "O_NOCTTY", 0))
+    try:
+        fd = os.open(path, READ_FLAGS)
     except OSError as e:
         raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
     with os.fdopen(fd, "rb") as f:

@@ -68,7 +68,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..cachedir import cache_dir, root_status
+from ..cachedir import READ_FLAGS, cache_dir, root_status
 from ..cachedir import check_trusted as _check
 from ..errors import CacheEntryError
 from ..version import __version__
@@ -351,9 +351,6 @@ class Cache:
         return len(entries)
 
 
-# opening a file of an entry: never through a link, never waiting (a FIFO put where a
-# file is checked between the check and the open holds nothing up: the read finds it)
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 _RACY_SECONDS = 2.0  # a file changed this recently may change again within its time stamp
 
 # path -> (device, inode, size, modification and change times; sha256) of each file this
@@ -420,7 +417,7 @@ class CacheEntry:
         return manifest
 
     def _read_bytes(self, name: str, size: int) -> bytes:
-        fd = os.open(self.path / name, _READ_FLAGS)
+        fd = os.open(self.path / name, READ_FLAGS)
         try:
             with os.fdopen(fd, "rb") as f:
                 fd = -1
@@ -440,7 +437,7 @@ class CacheEntry:
         seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if _hashed.get(os.fspath(path)) == (seen, record.sha256):
             return  # hashed in this process, and the file has not changed since
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path, READ_FLAGS)
         with os.fdopen(fd, "rb") as f:
             digest = _sha256(f, st.st_size)
         if digest != record.sha256:
