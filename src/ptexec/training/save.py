@@ -67,30 +67,28 @@ def initial_bytes(program: Program, plan: p.ExecutionPlan, slot: int) -> bytes:
     return bytes(pte.data[start : start + value.nbytes])
 
 
-# a place in a file (start, end) and what is there: who (for errors) and its new bytes, or
-# None for a value that is not saved (it keeps the file's bytes)
-_Held = tuple[int, int, str, bytes | None]
+# a place in a file (start, end) and the bytes to save there, or None for a value that is
+# not saved (it keeps the file's bytes)
+_Held = tuple[int, int, bytes | None]
 
 
-def _shared(places: Sequence[_Held], data: bytes | bytearray | memoryview) -> str | None:
-    """Two values that start from the same bytes of the file (ExecuTorch's exporter stores
-    equal initial values once: LayerNorm weights, LoRA's zero matrices) and would be saved
-    with different bytes there, as words; None when there are none. (Written as they are,
-    one would silently load with the other's values.) A value that is not saved keeps the
-    file's bytes."""
-    ordered = sorted(places)
-    for k, (start, end, who, new) in enumerate(ordered):
-        for other_start, other_end, other, other_new in ordered[k + 1 :]:
+def _differ_in_place(places: Sequence[_Held], data: bytes | bytearray | memoryview) -> bool:
+    """Whether two values that start from the same bytes of the file (ExecuTorch's
+    exporter stores equal initial values once: LayerNorm weights, LoRA's zero matrices)
+    would be saved with different bytes there (written as they are, one would silently
+    load with the other's values). A value that is not saved keeps the file's bytes."""
+    ordered = sorted(places, key=lambda h: (h[0], h[1]))
+    for k, (start, end, new) in enumerate(ordered):
+        for other_start, other_end, other_new in ordered[k + 1 :]:
             if other_start >= end:
                 break
             if new is None and other_new is None:
                 continue
             mine = new if new is not None else bytes(data[start:end])
             theirs = other_new if other_new is not None else bytes(data[other_start:other_end])
-            if (start, end) == (other_start, other_end) and mine == theirs:
-                continue  # one value (the same parameter of two methods), or equal still
-            return f"{who} and {other}"
-    return None
+            if (start, end) != (other_start, other_end) or mine != theirs:
+                return True  # (equal: one value, the same parameter of two methods)
+    return False
 
 
 def pte_with(
@@ -101,11 +99,10 @@ def pte_with(
     (equal initial values stored once), each distinct value gets an entry of its own
     (:func:`ptexec.format.pte_mutable.with_new_entries`)."""
     pte = program.pte
-    data = bytearray(pte.data)
     saved = {(plan.name, slot): t for plan, slot, t in updates}
     plans = {plan.name: k for k, plan in enumerate(pte.program.execution_plan)}
     places: list[_Held] = []
-    where: dict[tuple[int, int, str], tuple[int, int, int]] = {}  # -> plan, slot, entry
+    refs: list[tuple[int, int, int]] = []  # each place's plan index, value slot and entry
     for k, plan in enumerate(pte.program.execution_plan):  # values starting from mutable data
         for slot, value in enumerate(plan.values):
             if (
@@ -116,9 +113,8 @@ def pte_with(
                 and (plan.name, slot) not in saved
             ):
                 start = pte.mutable_initial_offset(value.data_buffer_idx)
-                who = f"value {slot} of method '{plan.name}'"
-                places.append((start, start + value.nbytes, who, None))
-                where[(start, start + value.nbytes, who)] = (k, slot, value.data_buffer_idx)
+                places.append((start, start + value.nbytes, None))
+                refs.append((k, slot, value.data_buffer_idx))
     for plan, slot, t in updates:
         value = _tensor(program, plan, slot)
         if value.is_external or value.data_buffer_idx <= 0:
@@ -134,31 +130,28 @@ def pte_with(
         raw = parameter_bytes(t, value.dim_order)
         if len(raw) != value.nbytes:
             raise StateError(f"method '{plan.name}': value {slot} has {value.nbytes} bytes")
-        who = f"value {slot} of method '{plan.name}'"
-        places.append((start, start + len(raw), who, raw))
-        where[(start, start + len(raw), who)] = (plans[plan.name], slot, value.data_buffer_idx)
-    if _shared(places, pte.data) is not None:
-        return _own_entries(program, places, where)
-    for start, _, _, new in places:
+        places.append((start, start + len(raw), raw))
+        refs.append((plans[plan.name], slot, value.data_buffer_idx))
+    if _differ_in_place(places, pte.data):
+        return _own_entries(program, places, refs)
+    data = bytearray(pte.data)
+    for start, _, new in places:
         if new is not None:
             data[start : start + len(new)] = new
     return bytes(data)
 
 
 def _own_entries(
-    program: Program,
-    places: Sequence[_Held],
-    where: dict[tuple[int, int, str], tuple[int, int, int]],
+    program: Program, places: Sequence[_Held], refs: Sequence[tuple[int, int, int]]
 ) -> bytes:
     """The ``.pte`` of :func:`pte_with` where values the file stores in one entry now
     differ: in each entry stays the file's value when a value not saved reads it (else the
     first saved one); every other distinct value gets a new entry."""
     pte = program.pte
-    groups: dict[tuple[int, int], list[_Held]] = {}
-    for place in places:
-        groups.setdefault((place[0], place[1]), []).append(place)
-    spans = sorted(groups)
-    for (_, end), (start, _) in itertools.pairwise(spans):
+    groups: dict[tuple[int, int], list[int]] = {}  # (start, end) -> the places there
+    for k, (start, end, _) in enumerate(places):
+        groups.setdefault((start, end), []).append(k)
+    for (_, end), (start, _) in itertools.pairwise(sorted(groups)):
         if start < end:  # entries overlapping without being one: not a layout to guess at
             raise StateError(
                 "cannot save: the program's mutable data has entries that overlap in part"
@@ -167,14 +160,14 @@ def _own_entries(
     keep: list[tuple[int, bytes]] = []
     for (start, end), members in groups.items():
         original = bytes(pte.data[start:end])
-        contents = [original if new is None else new for _, _, _, new in members]
-        stay = original if any(new is None for *_, new in members) else contents[0]
-        entry = where[members[0][:3]][2]
+        news = [places[k][2] for k in members]
+        contents = [original if new is None else new for new in news]
+        stay = original if None in news else contents[0]
         if stay != original:
-            keep.append((entry, stay))
-        for member, content in zip(members, contents, strict=True):
+            keep.append((refs[members[0]][2], stay))
+        for k, content in zip(members, contents, strict=True):
             if content != stay:
-                plan, slot, _ = where[member[:3]]
+                plan, slot, _ = refs[k]
                 moves.append((plan, slot, content))
     try:
         return with_new_entries(pte, moves, keep)
@@ -224,11 +217,10 @@ def ptd_with(
     # every entry of the file: one stored at the bytes of another (equal initial values
     # stored once) must not change with it
     places: list[_Held] = [
-        (e.offset, e.offset + (len(written[k]) if k in written else e.size), f"'{k}'",
-         written.get(k))
+        (e.offset, e.offset + (len(written[k]) if k in written else e.size), written.get(k))
         for k, e in ptd.entries.items()
-    ]  # fmt: skip
-    if _shared(places, ptd.data) is not None:
+    ]
+    if _differ_in_place(places, ptd.data):
         # keys the file stores in one place, now different: each in a segment of its own
         fresh: list[tuple[str, TensorLayout | None, bytes | memoryview]] = []
         for k, e in ptd.entries.items():
@@ -236,7 +228,7 @@ def ptd_with(
             mine = written.get(k)
             fresh.append((k, e.layout, held if mine is None else mine + bytes(held[len(mine) :])))
         return ptd_bytes(fresh, ptd.version)
-    for start, _, _, new in places:
+    for start, _, new in places:
         if new is not None:
             data[start : start + len(new)] = new
     return bytes(data)
