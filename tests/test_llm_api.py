@@ -141,6 +141,55 @@ def test_sampler_seed_reproduces() -> None:
     assert a
 
 
+def test_sampler_seeds_differing_above_32_bits_draw_different_numbers() -> None:
+    """torch's CPU generator keeps a seed's low 32 bits: seeds from 2**32 up are mixed down
+    to 32 bits first, so ``s`` and ``s + 2**32`` (OpenAI's seed -1 and 2**32 - 1, as the
+    server maps them) sample differently; seeds below 2**32 draw what torch draws."""
+    logits = torch.zeros(512)
+
+    def draws(seed: int) -> list[int]:
+        s = Sampler(1.0, seed=seed)
+        return [s.sample(logits) for _ in range(40)]
+
+    for a, b in ((1, 1 + 2**32), (7, 7 + 5 * 2**32), (0, 2**63), (2**32 - 1, 2**64 - 1)):
+        assert draws(a) != draws(b), (a, b)
+    g = torch.Generator().manual_seed(5)
+    want = [int(torch.multinomial(torch.full((512,), 1 / 512), 1, generator=g)) for _ in range(40)]
+    assert draws(5) == want
+    assert draws(2**40 + 3) == draws(2**40 + 3)  # still reproducible
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sampler_refuses_nan_and_fully_masked_scores(temperature: float) -> None:
+    """A row holding NaN (greedy's argmax would pick it) or masked to -inf everywhere has
+    no token to choose: GenerationError, greedy or sampled, and the sampler goes on."""
+    from ptexec.errors import GenerationError
+
+    s = Sampler(temperature, seed=0)
+    with pytest.raises(GenerationError, match="1 NaN"):
+        s.sample(torch.tensor([1.0, float("nan"), 2.0, 3.0]))
+    with pytest.raises(GenerationError, match="-inf"):
+        s.sample(torch.full((4,), float("-inf")))
+    assert s.sample(torch.tensor([0.0, 0.0, 9.0, float("-inf")])) == 2
+    assert Sampler(temperature).sample(torch.tensor([float("-inf"), 1.0])) == 1
+
+
+def test_token_logprobs_lists_ties_lower_id_first() -> None:
+    """The alternatives are the likeliest ids, ties by lower id (topk picks among ties at
+    its cut as it likes): greedy's token (the first maximum) is among them."""
+    from ptexec.llm.logits import token_logprobs
+
+    row = torch.tensor([0.0, 5.0, 5.0, 5.0, 5.0, 1.0])
+    _, top = token_logprobs(row, 1, 2)
+    assert [i for i, _ in top] == [1, 2]
+    flat = torch.zeros(300)
+    _, top = token_logprobs(flat, 0, 3)
+    assert [i for i, _ in top] == [0, 1, 2]
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    _, top = token_logprobs(logits, 0, 5)
+    assert [i for i, _ in top] == torch.topk(logits, 5).indices.tolist()
+
+
 def test_sampler_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="temperature"):
         Sampler(-1.0)

@@ -292,6 +292,10 @@ def token_logprobs(
     if top <= 0:
         return chosen, []
     k = min(int(top), row.numel())
-    values, ids = torch.topk(row, k)
-    pairs = sorted(zip(ids.tolist(), values.tolist(), strict=True), key=lambda p: (-p[1], p[0]))
-    return chosen, [(int(i), float(v)) for i, v in pairs]
+    # every id scoring at least the k-th value (topk picks among ties at the cut as it
+    # likes), then the k first by score and id
+    kth = torch.topk(row, k).values[-1]
+    ids = torch.nonzero(row >= kth).reshape(-1)
+    pairs = zip(ids.tolist(), row[ids].tolist(), strict=True)
+    ranked = sorted(pairs, key=lambda p: (-p[1], p[0]))[:k]
+    return chosen, [(int(i), float(v)) for i, v in ranked]

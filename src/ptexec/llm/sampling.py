@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import GenerationError
 from .config import check_setting
 from .logits import LogitsProcessor, min_p_filter
 
@@ -88,7 +89,7 @@ class Sampler:
             if self.seed is None:
                 g.seed()
             else:
-                g.manual_seed(self.seed)
+                g.manual_seed(self.seed if device.type != "cpu" else cpu_seed(self.seed))
             self._generators[device] = g
         return g
 
@@ -124,11 +125,58 @@ class Sampler:
         if self.processors:
             row = self.process(row)
         self.scores = row
+        # a row holding NaN (its maximum then) or -inf everywhere has no token to give:
+        # found on the device and read back with the token (-1), one integer as ever
+        best, at = row.max(0)  # the first maximum
+        unusable = ~(best > float("-inf"))
         if self.greedy:
-            token = int(row.argmax())
+            choice = at
         else:
-            probs = self.distribution(row)
-            token = int(torch.multinomial(probs, 1, generator=self._generator(probs.device)))
+            # on CUDA a draw from NaN probabilities stops the device (a kernel assertion):
+            # such a row is replaced by a usable one there; torch's CPU draw refuses it
+            usable = row if row.is_cpu else torch.where(unusable, torch.zeros_like(row), row)
+            try:
+                probs = self.distribution(usable)
+                drawn = torch.multinomial(probs, 1, generator=self._generator(probs.device))
+            except RuntimeError:
+                if not bool(row.max() > float("-inf")):
+                    raise GenerationError(_unusable(row)) from None
+                raise
+            choice = drawn.reshape(())
+        token = int(torch.where(unusable, -1, choice))
+        if token < 0:
+            raise GenerationError(_unusable(row))
         if self.processors:
             self._context.append(token)
         return token
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def cpu_seed(seed: int) -> int:
+    """The seed a CPU generator is given for ``seed`` (in [0, 2**64)). torch's CPU generator
+    keeps only the low 32 bits of a seed, so seeds that differ above them would draw the
+    same numbers: those (every seed from 2**32 up) are mixed down to 32 bits (SplitMix64's
+    finaliser) instead. Seeds below 2**32 are used as they are."""
+    if seed < 1 << 32:
+        return seed
+    z = (seed + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z ^ (z >> 32)) & 0xFFFFFFFF
+
+
+def _unusable(row: torch.Tensor) -> str:
+    """Why no token can be chosen from ``row`` (it holds NaN, or only -inf)."""
+    bad = int(torch.isnan(row).sum())
+    if bad:
+        return (
+            f"the scores to choose the next token from hold {bad} NaN value(s) of "
+            f"{row.numel()} (the program's logits, or a logits processor, computed NaN)"
+        )
+    return (
+        f"every one of the {row.numel()} tokens has a score of -inf (the logits processors "
+        "masked the whole vocabulary): no token can be chosen"
+    )
