@@ -220,3 +220,27 @@ def test_echo_offsets_follow_the_echoed_prompt_not_its_tokens_leading_space() ->
     assert starts[0] == 0
     plain = _completion_logprobs(completion)  # without echo: the completion's own text
     assert plain["text_offset"] == [0]
+
+
+def test_logit_bias_applies_before_the_repetition_penalty(server: Any) -> None:
+    """transformers and vLLM add ``logit_bias`` before the repetition penalty scales a
+    prompt token's logit: the request's processors give what transformers' give."""
+    tp = pytest.importorskip("transformers.generation.logits_process")
+    from ptexec.llm.logits import as_processors
+    from ptexec.llm.sampling import Sampler
+    from ptexec.serve.protocol import parse_request
+
+    req = parse_request({"model": MODEL, "prompt": [10, 11, 12], "temperature": 0,
+                         "repetition_penalty": 2.0, "logit_bias": {"10": 1.0}}, chat=False)  # fmt: skip
+    job = server.engine.prepare(req)
+    logits = torch.full((server.engine.vocab_size,), -5.0)
+    logits[10], logits[20] = 3.0, 2.2  # 10 is in the prompt
+    s = Sampler(0.0, processors=as_processors(job.config.logits_processor))
+    s.begin(job.ids)
+    token = s.sample(logits.clone())
+    ids = torch.tensor([job.ids])
+    want = tp.SequenceBiasLogitsProcessor({(10,): 1.0})(ids, logits.clone().reshape(1, -1))
+    want = tp.RepetitionPenaltyLogitsProcessor(2.0)(ids, want).reshape(-1)
+    assert s.scores is not None
+    torch.testing.assert_close(s.scores, want)
+    assert token == int(want.argmax()) == 20

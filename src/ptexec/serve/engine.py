@@ -280,11 +280,9 @@ class Engine:
                 param="messages" if req.chat else "prompt",
                 code="context_length_exceeded",
             )
+        # the bias first, then the penalties (transformers and vLLM order them so): the
+        # repetition penalty scales the biased logit
         processors: list[LogitsProcessor] = []
-        if req.repetition_penalty != 1.0:
-            processors.append(RepetitionPenalty(req.repetition_penalty))
-        if req.presence_penalty or req.frequency_penalty:
-            processors.append(PresenceFrequencyPenalty(req.presence_penalty, req.frequency_penalty))
         if req.logit_bias:
             beyond = max(req.logit_bias)
             if beyond >= self.vocab_size:
@@ -296,6 +294,10 @@ class Engine:
                     code="invalid_value",
                 )
             processors.append(LogitBias(req.logit_bias))
+        if req.repetition_penalty != 1.0:
+            processors.append(RepetitionPenalty(req.repetition_penalty))
+        if req.presence_penalty or req.frequency_penalty:
+            processors.append(PresenceFrequencyPenalty(req.presence_penalty, req.frequency_penalty))
         if req.response_format is not None:
             processors.append(self._grammar(req.response_format))
         if req.max_tokens is not None:
