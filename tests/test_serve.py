@@ -417,3 +417,71 @@ def test_logprobs_and_prompt_errors(server: Any) -> None:
     _error(_post(server, done, {**base, "prompt": []}), 400)
     err = _error(_post(server, done, {**base, "prompt": [1, 10**9]}), 400)
     assert err["param"] == "prompt" and "vocabulary" in err["message"]
+
+
+_NEW = "{{ bos_token }}[NEW] {% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}"
+_OLD = "[OLD] {% for m in messages %}{{ m['content'] }}{% endfor %}"
+_TOOLS = "[TOOLS {{ tools | length }}] {% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+_LAYOUTS = [
+    "file_over_config",
+    "named_files",
+    "named_in_config",
+    "special_tokens_map",
+    "map_ignored_with_added_tokens",
+]
+
+
+@pytest.mark.parametrize("layout", _LAYOUTS)
+def test_the_template_and_special_tokens_transformers_picks(tmp_path: Path, layout: str) -> None:
+    """Where a checkpoint keeps several templates or its special tokens in the older files,
+    the prompt is the one transformers' tokenizer renders from the same folder:
+    ``chat_template.jinja`` over the config's, ``additional_chat_templates/`` and a named
+    ``tool_use`` for tools, ``special_tokens_map.json`` where the config lists no added
+    tokens."""
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate
+
+    tok = tokenizer_folder(tmp_path)
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("added_tokens_decoder", None)
+    if layout == "file_over_config":
+        config["chat_template"] = _OLD
+        (tmp_path / "chat_template.jinja").write_text(_NEW)
+    elif layout == "named_files":
+        config["chat_template"] = _OLD
+        (tmp_path / "chat_template.jinja").write_text(_NEW)
+        (tmp_path / "additional_chat_templates").mkdir()
+        (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(_TOOLS)
+    elif layout == "named_in_config":
+        config["chat_template"] = [
+            {"name": "tool_use", "template": _TOOLS},
+            {"name": "default", "template": _NEW},
+        ]
+    else:
+        config["chat_template"] = _NEW
+        bos, eos = config.pop("bos_token"), config.pop("eos_token")
+        (tmp_path / "special_tokens_map.json").write_text(
+            json.dumps({"bos_token": {"content": bos}, "eos_token": eos})
+        )
+        if layout == "map_ignored_with_added_tokens":
+            config["added_tokens_decoder"] = {
+                "0": {"content": "<unk>", "special": True},
+                "1": {"content": bos, "special": True},
+                "2": {"content": eos, "special": True},
+            }
+    config_path.write_text(json.dumps(config))
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    ours = ChatTemplate.for_tokenizer(tok)
+    assert ours is not None
+    messages = [{"role": "user", "content": "Hi there"}]
+    tools = [{"type": "function", "function": {"name": "f", "description": "g"}}]
+    for given in (None, tools):
+        want = hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, tools=given
+        )
+        assert ours.render(messages, add_generation_prompt=True, tools=given) == want, given
+    if layout == "special_tokens_map":
+        assert ours.render(messages).startswith("<|begin_of_text|>[NEW]")

@@ -1,8 +1,10 @@
 """Chat templates: a conversation as the prompt text the model was trained on.
 
 A Hugging Face checkpoint keeps its chat template (a Jinja template) in
-``tokenizer_config.json`` (``chat_template``: one template, or a list of named ones of which
-``default`` is used), or in ``chat_template.jinja`` beside it. :class:`ChatTemplate` renders
+``chat_template.jinja`` (named others in ``additional_chat_templates/*.jinja``), or, where
+no such file is, in ``tokenizer_config.json`` (``chat_template``: one template, or a list of
+named ones): the files first, as transformers reads them. ``default`` is the template used,
+``tool_use`` where there are tools and the checkpoint has one. :class:`ChatTemplate` renders
 it the way transformers' ``apply_chat_template`` does: Jinja2's immutable sandbox with
 ``trim_blocks`` and ``lstrip_blocks``, the loop controls, a ``tojson`` that keeps non-ASCII
 text and does not escape HTML, ``raise_exception`` and ``strftime_now``, the ``{% generation
@@ -52,16 +54,30 @@ def _token_text(entry: Any) -> str | None:
 class ChatTemplate:
     """A compiled chat template with the tokenizer's special tokens.
 
-    ``source`` is the Jinja text; ``special_tokens`` maps ``bos_token``, ``eos_token``, ...
-    to their text. Raises :class:`ChatTemplateError` when the template does not compile.
+    ``source`` is the Jinja text of the default template (None: there is none, only named
+    ones); ``special_tokens`` maps ``bos_token``, ``eos_token``, ... to their text;
+    ``named`` holds a checkpoint's other templates by name (``tool_use`` renders a
+    conversation given tools). Raises :class:`ChatTemplateError` when a template does not
+    compile (a named one when first used).
     """
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
-        if not isinstance(source, str) or not source:
+    def __init__(
+        self,
+        source: str | None,
+        special_tokens: Mapping[str, str] | None = None,
+        named: Mapping[str, str] | None = None,
+    ) -> None:
+        named = {k: v for k, v in (named or {}).items() if k != "default"}
+        if source is None and not named:
             raise ChatTemplateError("a chat template is non-empty text")
+        for text in (source, *named.values()):
+            if text is not None and (not isinstance(text, str) or not text):
+                raise ChatTemplateError("a chat template is non-empty text")
         self.source = source
         self.special_tokens = dict(special_tokens or {})
-        self._template = _compile(source)
+        self.named = named
+        self._template = _compile(source) if source is not None else None
+        self._compiled: dict[str, Any] = {}
 
     # -- finding one ---------------------------------------------------------------------
     @classmethod
@@ -70,27 +86,32 @@ class ChatTemplate:
         tokenizer_path: str | os.PathLike[str],
         template_path: str | os.PathLike[str] | None = None,
     ) -> ChatTemplate | None:
-        """The template beside a tokenizer (``tokenizer_config.json``'s ``chat_template``,
-        else ``chat_template.jinja``), or the one in ``template_path`` (a Jinja file); None
-        when there is none. The special tokens come from ``tokenizer_config.json``."""
+        """The templates beside a tokenizer (``chat_template.jinja`` and
+        ``additional_chat_templates/*.jinja``, else ``tokenizer_config.json``'s
+        ``chat_template``, else a processor's ``chat_template.json``), or the one in
+        ``template_path`` (a Jinja file); None when there is none. The special tokens come from ``tokenizer_config.json`` (and, for a
+        checkpoint that lists no added tokens there, ``special_tokens_map.json``), as
+        transformers reads them."""
         p = Path(tokenizer_path)
         folder = p if p.is_dir() else p.parent
-        config: dict[str, Any] = {}
-        config_path = folder / "tokenizer_config.json"
-        if config_path.is_file():
-            try:
-                loaded = json.loads(config_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise ChatTemplateError(f"{config_path.name}: unreadable ({e})") from None
-            if isinstance(loaded, dict):
-                config = loaded
+        config = _json_object(folder / "tokenizer_config.json")
         special = {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
+        if "added_tokens_decoder" not in config:  # transformers' older layout
+            mapped = _json_object(folder / "special_tokens_map.json")
+            special.update(
+                {k: t for k in _SPECIAL if (t := _token_text(mapped.get(k))) is not None}
+            )
         if template_path is not None:
             return cls(_read(Path(template_path)), special)
-        source = _pick(config.get("chat_template"))
-        if source is None and (folder / "chat_template.jinja").is_file():
-            source = _read(folder / "chat_template.jinja")
-        return cls(source, special) if source else None
+        templates = (
+            _template_files(folder)
+            or _pick(config.get("chat_template"))
+            # a processor's (multimodal checkpoints): read where the tokenizer has none
+            or _pick(_json_object(folder / "chat_template.json").get("chat_template"))
+        )
+        if not templates:
+            return None
+        return cls(templates.get("default"), special, templates)
 
     # -- rendering -----------------------------------------------------------------------
     def render(
@@ -106,10 +127,11 @@ class ChatTemplate:
         further template variables (they override the special tokens)."""
         import jinja2
 
+        template = self._chosen(tools)
         variables: dict[str, Any] = {**self.special_tokens, **kwargs}
         try:
             return str(
-                self._template.render(
+                template.render(
                     messages=[dict(m) for m in messages],
                     tools=list(tools) if tools is not None else None,
                     documents=None,
@@ -122,8 +144,26 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
 
+    def _chosen(self, tools: Sequence[Mapping[str, Any]] | None) -> Any:
+        """The compiled template for a conversation with ``tools`` (``tool_use`` when the
+        checkpoint has one, else the default)."""
+        name = "tool_use" if tools is not None and "tool_use" in self.named else None
+        if name is None:
+            if self._template is not None:
+                return self._template
+            raise ChatTemplateError(
+                "the checkpoint has several chat templates and no default one "
+                f"(named: {', '.join(sorted(self.named))})"
+            )
+        found = self._compiled.get(name)
+        if found is None:
+            found = self._compiled[name] = _compile(self.named[name])
+        return found
+
     def __repr__(self) -> str:
-        return f"<ptexec.llm.ChatTemplate {len(self.source)} chars>"
+        size = len(self.source) if self.source is not None else 0
+        others = f", named {sorted(self.named)}" if self.named else ""
+        return f"<ptexec.llm.ChatTemplate {size} chars{others}>"
 
 
 def _read(path: Path) -> str:
@@ -133,18 +173,46 @@ def _read(path: Path) -> str:
         raise ChatTemplateError(f"cannot read the chat template {path.name} ({e})") from None
 
 
-def _pick(entry: Any) -> str | None:
-    """``chat_template`` is one template, or a list of ``{"name", "template"}``."""
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` ({} when there is no such file or it holds another
+    kind of value)."""
+    if not path.is_file():
+        return {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ChatTemplateError(f"{path.name}: unreadable ({e})") from None
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _template_files(folder: Path) -> dict[str, str]:
+    """The templates a checkpoint keeps in files, by name (``chat_template.jinja``:
+    ``default``); transformers takes these over the config's."""
+    found: dict[str, str] = {}
+    main = folder / "chat_template.jinja"
+    if main.is_file():
+        found["default"] = _read(main)
+    more = folder / "additional_chat_templates"
+    if more.is_dir():
+        for f in sorted(more.glob("*.jinja")):
+            found[f.name.removesuffix(".jinja")] = _read(f)
+    return found
+
+
+def _pick(entry: Any) -> dict[str, str]:
+    """``chat_template`` is one template (``default``), or a list of ``{"name",
+    "template"}``."""
     if isinstance(entry, str):
-        return entry
+        return {"default": entry}
     if isinstance(entry, list):
-        named = {
-            e.get("name"): e.get("template")
+        return {
+            e["name"]: e["template"]
             for e in entry
-            if isinstance(e, dict) and isinstance(e.get("template"), str)
+            if isinstance(e, dict)
+            and isinstance(e.get("name"), str)
+            and isinstance(e.get("template"), str)
         }
-        return named.get("default")
-    return None
+    return {}
 
 
 def _compile(source: str) -> Any:
