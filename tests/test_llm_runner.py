@@ -353,6 +353,20 @@ def test_multimodal_runner_text_and_tokens(tokenizer: Path) -> None:
     mm.reset()
     with pytest.raises(GenerationError, match="image"):
         mm.generate([make_image_input(torch.zeros(3, 4, 4, dtype=torch.uint8))], GREEDY)
+    # BOS and EOS go with the first input, ids given as tokens too: BOS begins the prompt
+    # (it went to the first text, after the tokens)
+    mm.reset()
+    seen: list[list[int]] = []
+
+    def context(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        seen.append(ids[0].tolist())
+        return scores
+
+    rest = PROMPT[len("Once") :]
+    config = GenerationConfig(max_new_tokens=1, temperature=0.0, echo=False, num_bos=1,
+                              logits_processor=context)  # fmt: skip
+    mm.generate_text([make_token_input(head), make_text_input(rest)], config)
+    assert seen == [[mm.tokenizer.bos_id, *head, *mm.tokenizer.encode(rest)]]
 
 
 # --------------------------------------------------------------------------------------

@@ -265,7 +265,8 @@ class _Runner:
     def _encode_each(
         self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
     ) -> list[list[int]]:
-        """The ids of each text or token input (BOS/EOS on the first text), checked."""
+        """The ids of each text or token input, checked: BOS and EOS go with the first of
+        them (ids given as tokens get them too: BOS begins the prompt)."""
         if num_bos + num_eos >= self.max_context_len:
             raise GenerationError(
                 f"num_bos {num_bos} + num_eos {num_eos} do not fit the context of "
@@ -278,7 +279,10 @@ class _Runner:
                 each.append(self.tokenizer.encode(text, num_bos, num_eos))
                 num_bos = num_eos = 0
             elif item.is_tokens():
-                each.append(item.get_tokens() or [])
+                ids = list(item.get_tokens() or [])
+                tok = self.tokenizer
+                each.append([tok.bos_id] * num_bos + ids + [tok.eos_id] * num_eos)
+                num_bos = num_eos = 0
             else:
                 raise GenerationError(
                     f"{item.type} inputs need a multimodal program (an encoder method and "
