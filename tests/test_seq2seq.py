@@ -672,3 +672,22 @@ def test_generate_cli_xnnpack_choice(folders: dict[str, Path], choice: str) -> N
                      "--max-new-tokens", "6", "--xnnpack", choice])  # fmt: skip
     assert code == 0
     assert out.getvalue() == want + "\n"
+
+
+def test_a_generation_config_named_but_missing_is_refused(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """A generation config the caller names must exist (a mistyped path ran Whisper without
+    its forced and suppressed tokens); one only looked for beside the program may not."""
+    from ptexec.errors import FileMissingError
+
+    folder = folders["whisper_portable"]
+    for named in (folder / "generation_config.jsn", tmp_path):  # a typo; a folder without one
+        with pytest.raises(FileMissingError, match="generation config"):
+            Seq2SeqRunner(folder / "model.pte", folder, generation_config=named)
+    alone = tmp_path / "model.pte"
+    alone.write_bytes((folder / "model.pte").read_bytes())
+    runner = Seq2SeqRunner(alone, folder)  # nothing beside it: the start token alone
+    assert runner.generation_config == {} and runner.prompt.forced == ()
+    named = Seq2SeqRunner(alone, folder, generation_config=folder)
+    assert named.prompt == DecoderPrompt(1, (10, 11))

@@ -35,6 +35,7 @@ tokens in the output (Whisper without ``<|notimestamps|>``) it returns timed seg
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -48,7 +49,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigValueError, GenerationError
+from ..errors import ConfigValueError, FileMissingError, GenerationError
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import load_options, read_metadata
@@ -116,13 +117,24 @@ class DecoderPrompt:
         return 1 + bool(self.detect) + len(self.forced)
 
 
-def _read_json(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+def _read_json(path: str | os.PathLike[str] | None, given: bool = True) -> dict[str, Any]:
+    """The generation config at ``path`` (a file, or a directory holding
+    ``generation_config.json``). One the caller named (``given``) must be there: a missing
+    one is a :class:`FileMissingError` (a mistyped path would otherwise drop Whisper's
+    language, task and suppression rules without a word); one only looked for (beside the
+    program) may be absent: ``{}``."""
     if path is None:
         return {}
     p = Path(path)
     if p.is_dir():
         p = p / "generation_config.json"
     if not p.is_file():
+        if given:
+            raise FileMissingError(
+                errno.ENOENT,
+                "no generation config here (a generation_config.json, or its directory)",
+                str(p),
+            )
         return {}
     try:
         value = json.loads(p.read_text())
@@ -437,13 +449,12 @@ class Seq2SeqRunner:
             if isinstance(tokenizer_path, Tokenizer) or tokenizer_path is None
             else load_tokenizer(tokenizer_path)
         )
-        if generation_config is None and where is not None:
-            generation_config = where
-        gen = (
-            dict(generation_config)
-            if isinstance(generation_config, Mapping)
-            else _read_json(generation_config)
-        )
+        if isinstance(generation_config, Mapping):
+            gen = dict(generation_config)
+        elif generation_config is not None:
+            gen = _read_json(generation_config)
+        else:  # looked for beside the program
+            gen = _read_json(where, given=False)
         self.generation_config = gen
         md = read_metadata(program)
         self.max_seq_len = int(md.get("get_max_seq_len", 0)) or None
