@@ -320,3 +320,60 @@ def test_out_is_checked_before_anything_runs(
     with pytest.raises(InputError, match="has 2 output"):
         unplanned.execute([x, y], out=[None])
     torch.testing.assert_close(unplanned(x, y)[1], x * y + 1)
+
+
+class _Affine(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_out_for_a_dynamic_unplanned_output_writes_only_the_tensor_given(
+    bounded: bool, fast_path: bool
+) -> None:
+    """An ``out=`` tensor of a dynamic unplanned output that is a view of a larger tensor
+    (its memory goes on past it) receives the output as eager torch's ``out=`` does: the
+    rest of the larger tensor, the caller's input among it, is not written (the output was
+    written densely from the view's start, over memory that was not the view's)."""
+    rows = torch.export.Dim("rows", min=1, max=4) if bounded else torch.export.Dim("rows")
+    data = export_program(
+        _Affine(), (torch.randn(4, 5),), unplanned=True, dynamic_shapes=({0: rows},)
+    )
+    m = ptexec.load(data).load_method("forward", fast_path=fast_path)
+    x = torch.arange(20.0).reshape(4, 5)
+    # a column slice of the shape of the result
+    base = torch.full((4, 10), 7.0)
+    got = m.execute([x], out=[base[:, :5]])[0]
+    want = torch.full((4, 10), 7.0)
+    torch.add(x * 2, 1, out=want[:, :5])
+    assert torch.equal(got, x * 2 + 1) and torch.equal(base, want)
+    # rows of a tensor whose other rows are the input: the input stays as it was
+    base = torch.arange(50.0).reshape(10, 5)
+    x = base[5:9]
+    before = x.clone()
+    got = m.execute([x], out=[base[0:4]])[0]
+    assert torch.equal(x, before) and torch.equal(got, before * 2 + 1)
+    assert torch.equal(base[0:4], before * 2 + 1)
+    # a tensor of its own, dense, holding the bound: written in place (no copy)
+    own = torch.empty(4, 5)
+    got = m.execute([x], out=[own])[0]
+    assert got is own and torch.equal(own, before * 2 + 1)
+
+
+class _Scale(torch.nn.Module):
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return x * s
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32])
+def test_numpy_scalars_are_zero_dim_arrays(dtype: type) -> None:
+    """A numpy scalar for a 0-d input is read as a 0-d array, whichever its type (numpy's
+    float64 and int64 are Python floats and ints as well, and were refused as those)."""
+    t = torch.from_numpy(np.zeros((), dtype=dtype)).dtype
+    data = export_program(_Scale(), (torch.ones(3, dtype=t), torch.tensor(2, dtype=t)))
+    m = ptexec.load(data).load_method("forward")
+    got = m.execute([torch.ones(3, dtype=t), dtype(3)])[0]
+    assert torch.equal(got, torch.full((3,), 3, dtype=t))
+    with pytest.raises(InputError, match=r"got float 3\.0"):
+        m.execute([torch.ones(3, dtype=t), 3.0])

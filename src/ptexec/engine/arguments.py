@@ -135,7 +135,10 @@ def _judge(
 ) -> tuple[Action, Any]:
     where = _where(state, i)
     assert spec.info is not None
-    if x is None or isinstance(x, bool | int | float | str | list | tuple | dict):
+    # (numpy's float64 and int64 scalars are Python floats and ints too: read as numpy's
+    # other scalars are, 0-d arrays)
+    plain = isinstance(x, bool | int | float | str | list | tuple | dict)
+    if x is None or (plain and type(x).__module__ != "numpy"):
         raise InputError(
             f"{where}: expected a tensor {spec.info}, got {type(x).__name__}"
             + (f" {x!r}" if isinstance(x, bool | int | float) else "")
@@ -497,14 +500,25 @@ def bind_out(state: MethodState, out: list[torch.Tensor | None], direct: bool) -
 
 
 def _holds_bound(spec: OutputSpec, given: torch.Tensor) -> bool:
-    """Whether ``given`` may stand in the values table for unplanned output ``spec``: its
-    memory holds the output's bound already (runners may write a bounded dynamic output
-    in place without growing it, as compiled code does), or the output has no bound."""
+    """Whether ``given`` may stand in the values table for unplanned output ``spec``: every
+    byte a run may write there is the tensor's own. A dynamic output is written densely
+    from the tensor's first element at whatever shape the run computes, so the tensor must
+    be dense in the output's dim order and hold the output's bound itself (runners may
+    write a bounded output in place without growing it, as compiled code does), or, with
+    no bound, be the whole of a memory the run may grow. (Memory beyond the tensor, in a
+    larger tensor it is a view of, may be another tensor's, an input's even: such a tensor
+    receives a copy after the run instead.)"""
     info = spec.info
-    if not isinstance(info, TensorInfo) or info.dynamism != "dynamic_bound":
-        return True
-    have = given.untyped_storage().nbytes() - given.storage_offset() * given.element_size()
-    return have >= info.nbytes
+    if not isinstance(info, TensorInfo) or info.dynamism == "static":
+        return True  # check_out took only the static layout, which the run writes in place
+    got = TensorInfo(tuple(given.shape), given.dtype, None, info.device, tuple(given.stride()))
+    if not fits_layout(info, got):
+        return False
+    own = given.numel() * given.element_size()
+    if info.dynamism == "dynamic_bound":
+        return own >= info.nbytes
+    storage = given.untyped_storage()
+    return given.storage_offset() == 0 and storage.nbytes() == own and storage.resizable()
 
 
 def output_error(state: MethodState, index: int, value: Any = _SLOT) -> ExecutionError | None:
