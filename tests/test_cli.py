@@ -61,6 +61,24 @@ def test_run_with_input_files(tmp_path: object, capsys: pytest.CaptureFixture[st
     torch.testing.assert_close(torch.load(out_path)[0], call["outputs"][0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("order", ["<", ">", "F"])
+def test_run_with_npy_inputs_of_any_byte_order_and_layout(tmp_path: Path, order: str) -> None:
+    """A ``.npy`` input saved big-endian (or Fortran-ordered) is the array numpy reads."""
+    import numpy as np
+    import torch
+
+    from fixture_data import fixture_calls
+
+    call = fixture_calls("mlp")[0]
+    x = call["inputs"][0].numpy()
+    array = np.asfortranarray(x) if order == "F" else x.astype(x.dtype.newbyteorder(order))
+    np.save(tmp_path / "x.npy", array)
+    out_path = tmp_path / "y.pt"
+    argv = ["run", str(fixture_paths("mlp")[0]), "--input", str(tmp_path / "x.npy")]
+    assert main([*argv, "--output", str(out_path)]) == 0
+    torch.testing.assert_close(torch.load(out_path)[0], call["outputs"][0], rtol=1e-4, atol=1e-5)
+
+
 def test_errors_are_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     bad = f"{tmp_path}/bad.pte"
     with open(bad, "wb") as f:

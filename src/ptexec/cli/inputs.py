@@ -79,6 +79,8 @@ def _read_npy(path: str) -> Any:
         array = np.load(path, allow_pickle=False)
         if not isinstance(array, np.ndarray):
             raise ValueError(f"it holds a {type(array).__name__}, not one array")
+        if not array.dtype.isnative:  # saved on (or for) a machine of the other byte order
+            array = array.astype(array.dtype.newbyteorder("="))
         return torch.from_numpy(array)
     except Exception as e:
         raise _input_error(path, f"not an array numpy reads safely: {one_line(str(e))}") from e
