@@ -281,9 +281,10 @@ class Method:
         """Run the method on ``inputs`` (a flat sequence) and return its outputs as a list.
 
         ``out`` gives tensors to receive the outputs (None entries for the others); an
-        unplanned output is written straight into the caller's tensor (one of bounded
-        dynamic shape when that tensor's memory holds the bound), others are copied into
-        it after the run. Every input and ``out`` tensor is checked before anything is
+        unplanned output is written straight into the caller's tensor (one of dynamic
+        shape when the tensor itself, dense, holds the bound: not a view of a larger
+        tensor), others are copied into it after the run (resized as torch's ``out=``
+        resizes). Every input and ``out`` tensor is checked before anything is
         written: a bad one raises :class:`InputError` (or :class:`UnsupportedDeviceError`)
         and leaves the method's state as it was.
         """
