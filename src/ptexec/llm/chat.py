@@ -89,9 +89,9 @@ class ChatTemplate:
         """The templates beside a tokenizer (``chat_template.jinja`` and
         ``additional_chat_templates/*.jinja``, else ``tokenizer_config.json``'s
         ``chat_template``, else a processor's ``chat_template.json``), or the one in
-        ``template_path`` (a Jinja file); None when there is none. The special tokens come from ``tokenizer_config.json`` (and, for a
-        checkpoint that lists no added tokens there, ``special_tokens_map.json``), as
-        transformers reads them."""
+        ``template_path`` (a Jinja file); None when there is none. The special tokens
+        come from ``tokenizer_config.json`` (and, for a checkpoint that lists no added
+        tokens there, ``special_tokens_map.json``), as transformers reads them."""
         p = Path(tokenizer_path)
         folder = p if p.is_dir() else p.parent
         config = _json_object(folder / "tokenizer_config.json")
