@@ -190,6 +190,18 @@ def test_json_inputs_that_would_change_are_refused_and_non_finite_outputs_named(
         assert r.status_code == 400, bad
     r = httpx.post(url, json={"inputs": [[1.0, 2.0]]}, timeout=60)  # integral: as given
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1, 3]
+    # an integer past 2**53 beside a float (numpy reads both as float64, which rounds it)
+    big = 2**53 + 1
+    r = httpx.post(url, json={"inputs": [[big, 1.0]]}, timeout=60)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [big, big + 1]
+    for bad in ([2**63, 1.0], [big, 1.5], [big, float("inf")]):
+        r = httpx.post(url, content=json.dumps({"inputs": [bad]}), timeout=60)
+        assert r.status_code == 400, bad
+    # a big-endian .npy holds the same values
+    buf = io.BytesIO()
+    np.save(buf, np.array([3, 4], dtype=">i8"))
+    r = httpx.post(url, content=buf.getvalue(), headers={"content-type": "application/x-npy"})
+    assert r.status_code == 200, r.text
     r = httpx.post(url, json={"inputs": [[0, -1, 1]]}, timeout=60)
     assert r.status_code == 200
     json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
@@ -275,3 +287,65 @@ def test_a_method_whose_name_has_a_slash_is_reachable() -> None:
         assert r.status_code == 404 and "encoder" in r.text
     finally:
         server.stop()
+
+
+class _Halves(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 3).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("join", [False, True])
+def test_bfloat16_outputs_are_answered_in_float32(join: bool) -> None:
+    """numpy has no bfloat16: such an output is answered as float32, which holds it exactly
+    (without joined rows the request failed)."""
+    import ptexec
+    from export_util import export_program
+    from ptexec.serve import ProgramService, Server
+
+    n = torch.export.Dim("n", min=1, max=8)
+    pte = export_program(_Halves(), (torch.ones(2, 3),), dynamic_shapes=({0: n},))
+    server = Server(None, "127.0.0.1", 0, programs=ProgramService(ptexec.load(pte), join=join))
+    server.start()
+    try:
+        x = [[0.1, 0.2, 0.3], [1.0, 2.0, 1e10]]
+        r = httpx.post(server.url + "/v1/programs/forward", json={"inputs": [x]}, timeout=60)
+        assert r.status_code == 200, r.text
+        out = r.json()["outputs"][0]
+        want = (torch.tensor(x) * 3).to(torch.bfloat16).float()
+        assert out["dtype"] == "float32" and out["data"] == want.tolist()
+    finally:
+        server.stop()
+
+
+def test_values_one_joined_request_cannot_take_refuse_that_request_alone() -> None:
+    """Joined, a request whose values its input's dtype cannot hold (int64 2**24 + 1 into
+    float32) is refused alone; the request joined with it gets its answer."""
+    import ptexec
+    from ptexec.serve import ProgramService
+    from ptexec.serve.programs import decode_inputs
+
+    service = ProgramService(ptexec.load(FIXTURES / "dynamic_mlp.pte"), join=True, window=0.05)
+    infos = service.infos("forward")
+    good, bad = np.ones((2, 8), np.int64), np.ones((1, 8), np.int64)
+    bad[0, 0] = 2**24 + 1
+
+    def npy(a: np.ndarray) -> list[np.ndarray]:
+        buf = io.BytesIO()
+        np.save(buf, a)
+        return decode_inputs(buf.getvalue(), "application/x-npy", infos)
+
+    async def both() -> list[Any]:
+        calls = [service.call("forward", npy(good)), service.call("forward", npy(bad))]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    ok, refused = asyncio.run(both())
+    assert service.batches >= 1
+    want = (
+        ptexec.load(FIXTURES / "dynamic_mlp.pte")
+        .load_method()
+        .execute([torch.from_numpy(good).float()])
+    )
+    assert not isinstance(ok, BaseException), ok
+    np.testing.assert_allclose(ok[0], want[0].numpy(), rtol=1e-6)
+    assert isinstance(refused, Exception) and "change in float32" in str(refused)
+    service.close()

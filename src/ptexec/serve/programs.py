@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -64,7 +65,10 @@ def decode_inputs(body: bytes, content_type: str, infos: Sequence[Any]) -> list[
     kind = content_type.split(";")[0].strip().lower()
     try:
         if kind == NPY:
-            arrays = [np.load(io.BytesIO(body), allow_pickle=False)]
+            array = np.load(io.BytesIO(body), allow_pickle=False)
+            if isinstance(array, np.ndarray) and not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))  # the same values
+            arrays = [array]
         elif kind == SAFETENSORS:
             from safetensors.numpy import load
 
@@ -121,7 +125,39 @@ def _json_array(item: Any, info: Any, index: int) -> np.ndarray:
         raise ApiError(400, f"inputs[{index}] is not a regular array of numbers", param="inputs")
     if dtype is None:
         return natural
+    if (
+        np.dtype(dtype).kind in "iu"
+        and natural.dtype.kind == "f"
+        and natural.size
+        and float(np.nanmax(np.abs(natural))) >= 2.0**53
+    ):
+        # a float among the numbers made numpy read every one as a float64, which holds
+        # integers exactly only below 2**53: read each number as JSON gave it
+        return _exact_integers(data, natural.shape, np.dtype(dtype), index)
     return _exact_cast(natural, np.dtype(dtype), index)
+
+
+def _exact_integers(
+    data: Any, shape: tuple[int, ...], dtype: np.dtype[Any], index: int
+) -> np.ndarray:
+    """The numbers of the nested lists ``data`` (``shape``, regular) as integers of
+    ``dtype``, each exactly as written (a float only when it is a whole number); else a
+    400."""
+    flat = np.asarray(data, dtype=object).reshape(-1)
+    info = np.iinfo(dtype)
+    values: list[int] = []
+    for v in flat.tolist():
+        if isinstance(v, float) and math.isfinite(v) and v == math.floor(v):
+            v = int(v)  # JSON's 1.0
+        if not isinstance(v, int) or not info.min <= v <= info.max:
+            raise ApiError(
+                400,
+                f"inputs[{index}]: the values do not fit the method's {dtype} input without "
+                "changing",
+                param="inputs",
+            )
+        values.append(v)
+    return np.array(values, dtype=dtype).reshape(shape)
 
 
 def _exact_cast(a: np.ndarray, dtype: np.dtype[Any], index: int) -> np.ndarray:
@@ -328,8 +364,10 @@ class _MethodQueue:
         assert self.batcher is not None
         try:
             result = self.batcher(columns)
-        except PtexecError as e:  # a problem of every row (shape, dtype)
-            return [ApiError(400, str(e), param="inputs")] * len(batch)
+        except PtexecError as e:  # a problem of every row (shape, dtype) or of one request's
+            if len(batch) > 1:  # (values its dtype cannot take): each alone, so it is its own
+                return [self._run_joined([p])[0] for p in batch]
+            return [ApiError(400, str(e), param="inputs")]
         errors = result.get("error")
         out: list[Any] = []
         offset = 0
@@ -352,7 +390,10 @@ class _MethodQueue:
 
 def _to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        t = value.detach().cpu()
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: float32 holds it exactly
+            t = t.float()
+        return t.numpy()
     return np.asarray(value)
 
 
