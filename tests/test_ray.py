@@ -257,6 +257,18 @@ def test_same_kind_casts_that_would_change_values_are_refused() -> None:
                 np.array([[3_000_000_000, 0, 0], [0, 0, 0]], dtype=np.uint32)):  # fmt: skip
         with pytest.raises(ColumnError, match="values change"):
             small({"i": bad})
+    # uint64 into int64 and back: a round trip through the other type undid the wrap
+    wide = PteMapper(export_program(Doubles(), (torch.zeros(3, dtype=torch.int64),)),
+                     inputs=["i"], outputs=["o"])  # fmt: skip
+    ok = np.array([5, 2**63 - 1, 0], dtype=np.uint64)
+    np.testing.assert_array_equal(wide({"i": ok})["o"], ok.astype(np.int64) * 2)
+    for bad in (np.array([5, 2**63, 0], dtype=np.uint64), np.array([5, 2**64 - 1, 0], np.uint64)):
+        with pytest.raises(ColumnError, match="values change"):
+            wide({"i": bad})
+    unsigned = PteMapper(export_program(Doubles(), (torch.zeros(3, dtype=torch.uint8),)),
+                         inputs=["i"], outputs=["o"])  # fmt: skip
+    with pytest.raises(ColumnError, match="values change"):
+        unsigned({"i": np.array([1, -1, 0], dtype=np.int8)})
 
 
 class _Counts(torch.nn.Module):

@@ -751,6 +751,15 @@ def _kept_values(src: torch.Tensor, cast: torch.Tensor) -> bool:
         return bool((torch.isfinite(cast) | ~torch.isfinite(src)).all())
     if cast.dtype.is_floating_point:  # integers into floats: exactly representable
         return bool((cast.to(src.dtype) == src).all()) and bool(torch.isfinite(cast).all())
+    if not src.dtype.is_floating_point and src.dtype != torch.bool and src.numel():
+        # integers into integers: within the range (a round trip through the new type
+        # undoes a wrap: uint64's 2**63 became int64's -2**63 and back)
+        limits = torch.iinfo(cast.dtype) if cast.dtype != torch.bool else None
+        values = src.detach().cpu().numpy()  # (torch has no min of every unsigned type)
+        low, high = int(values.min()), int(values.max())
+        if limits is None:
+            return low >= 0 and high <= 1
+        return limits.min <= low and high <= limits.max
     wide = torch.float64 if src.dtype.is_floating_point else torch.int64
     if src.dtype == torch.uint64 or cast.dtype == torch.uint64:
         return bool((cast.to(src.dtype) == src).all())
