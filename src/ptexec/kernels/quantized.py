@@ -1,6 +1,10 @@
 """``quantized_decomposed::`` kernels, with the arithmetic of ExecuTorch's quantized library.
 
-The numbers follow ExecuTorch's CPU kernels, step for step where rounding can differ:
+The numbers follow ExecuTorch's CPU kernels, step for step where rounding can differ
+(for finite values within int64's range: ExecuTorch converts a NaN, an infinity or a larger
+value to int64 before clamping, which C++ leaves undefined; here infinities and large
+values clamp to the range's nearer end, and NaN is what torch's conversion makes of it, 0
+on x86):
 
 - quantize: ``q = clamp(zero_point + round(x * inv_scale), quant_min, quant_max)`` where
   ``inv_scale = 1.0f / (float)scale`` and the product is a float32 (a double input
