@@ -739,3 +739,22 @@ def test_cuda_min_p_and_penalty_with_the_image_in_the_context() -> None:
                                                     max_new_tokens=N, echo=False))  # fmt: skip
         runs.append(list(runner.generated_tokens))
     assert runs[0] == runs[1]
+
+
+def test_a_text_server_refuses_a_prompt_holding_the_image_placeholder(llava: Path) -> None:
+    """``ptexec serve`` takes text only: a prompt whose text is the program's image
+    placeholder ("<image>") has no image to put there, a 400 naming it (it was a 500)."""
+    pytest.importorskip("starlette")
+    from ptexec.serve.engine import Engine
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    engine = Engine(llava / "model.pte", llava / "checkpoint" / "tokenizer.json", model_name="m")
+    for body, chat in (
+        ({"messages": [{"role": "user", "content": "<image>\nWhat is it?"}]}, True),
+        ({"prompt": "USER: <image> hi ASSISTANT:", "max_tokens": 4}, False),
+    ):
+        with pytest.raises(ApiError, match="image placeholder") as e:
+            engine.prepare(parse_request({"model": "m", **body}, chat=chat))
+        assert e.value.status == 400
+    job = engine.prepare(parse_request({"model": "m", "prompt": "USER: hi ASSISTANT:"}, chat=False))
+    assert job.ids

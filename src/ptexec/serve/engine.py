@@ -183,6 +183,18 @@ class Engine:
         self.vocab_size = first.vocab_size
         self.eos_ids = first.eos_ids
         self.max_queue = max_queue
+        # the program's media placeholder ids: this server takes text only, so a prompt
+        # holding one (the text "<image>", say) has no media to put there
+        decoder = first.decoder
+        self.placeholders: dict[int, str] = (
+            {
+                t: kind
+                for kind in ("image", "audio")
+                if (t := decoder.placeholder(kind)) is not None
+            }
+            if first.multimodal
+            else {}
+        )
         self.timeout = timeout
         self.metrics = metrics or Metrics()
         self.created = int(time.time())
@@ -270,6 +282,15 @@ class Engine:
             ids = self.tokenizer.encode(text)
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
+        held = next((t for t in ids if t in self.placeholders), None)
+        if held is not None:
+            kind = self.placeholders[held]
+            raise ApiError(
+                400,
+                f"the prompt holds the program's {kind} placeholder (token {held}), but this "
+                f"server takes text only: there is no {kind} to put there",
+                param="messages" if req.chat else "prompt",
+            )
         room = self.context - len(ids)
         if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
             asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
