@@ -187,11 +187,7 @@ class Engine:
         # holding one (the text "<image>", say) has no media to put there
         decoder = first.decoder
         self.placeholders: dict[int, str] = (
-            {
-                t: kind
-                for kind in ("image", "audio")
-                if (t := decoder.placeholder(kind)) is not None
-            }
+            {t: kind for kind in ("image", "audio") if (t := decoder.placeholder(kind)) is not None}
             if first.multimodal
             else {}
         )
