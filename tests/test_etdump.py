@@ -500,3 +500,42 @@ def test_outputs_are_logged_as_their_schema_types_and_views_made_at_load_are_not
     method = _logs_like_executorch(_Multi(), (torch.randn(1, 2, 8, 8),), tmp_path)
     (split,) = [s for s in steps_of(method.state)[0] if "split" in s.name]
     assert set(split.writes) > set(split.loaded.outs)  # load-time views written by it
+
+
+class _Dropout(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.dropout(x, 0.5, training=True)
+        return y, torch.rand(2, 4)
+
+
+def test_a_recorded_random_kernel_logs_what_it_drew() -> None:
+    """A random kernel's outputs are logged as the call drew them: dropout's mask (which
+    nothing reads) is kept at load, not computed again by the recorder (a second draw: a
+    mask that is not the output's, and the call's later random values moved on)."""
+    from export_util import export_program
+
+    x = torch.ones(2, 4)
+    method = ptexec.load(export_program(_Dropout().train(), (x,))).load_method()
+    torch.manual_seed(0)
+    want = method.execute([x])
+    rec = ETDumpRecorder(debug_buffer_size=1 << 16)
+    torch.manual_seed(0)
+    got = rec.execute(method, [x])
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    (run,) = rec.runs
+    data = rec.debug_buffer()
+
+    def logged(e: DebugEvent) -> torch.Tensor:
+        t = e.debug_entry.data
+        dtype = CODE_TO_DTYPE[t.scalar_type]
+        n = math.prod(t.sizes) * torch.empty((), dtype=dtype).element_size()
+        raw = bytearray(data[t.offset : t.offset + n])
+        return torch.frombuffer(raw, dtype=dtype).view(t.sizes)
+
+    first = [
+        logged(e)
+        for e in run.events
+        if isinstance(e, DebugEvent) and e.chain_index == 0 and e.instruction_id == 0
+    ]
+    y, mask = first
+    assert torch.equal(y, want[0]) and torch.equal(mask, y != 0)

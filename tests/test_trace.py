@@ -609,3 +609,27 @@ def test_cli_progress(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     progress.close()
     err = capsys.readouterr().err
     assert err.splitlines() == ["2 of 10 (1 s)", "4 of 10 (2 s)"]
+
+
+class _Random(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.nn.functional.dropout(x, 0.5, training=True)
+        return y, torch.rand(2, 4) + x
+
+
+def test_a_reference_trace_draws_no_random_numbers_of_its_own() -> None:
+    """``trace(reference=True)`` takes a random kernel's values from the program (run again
+    in float64 it drew other numbers: an error against nothing, and the program's later
+    draws moved on), so the traced call computes what ``execute`` computes."""
+    x = torch.ones(2, 4)
+    method = ptexec.load(export_program(_Random().train(), (x,))).load_method()
+    torch.manual_seed(0)
+    want = method.execute([x])
+    torch.manual_seed(0)
+    tr = method.trace([x], reference=True, tensors=True)
+    for got, expected in zip(tr.outputs, want, strict=True):
+        assert torch.equal(got, expected)
+    random = [r for r in tr.records if "draws random numbers" in (r.reference_note or "")]
+    assert {r.name for r in random} == {"aten::native_dropout.out", "aten::rand.out"}
+    errors = [w.error for r in tr.records for w in r.writes if w.error is not None]
+    assert errors and all(e.mismatched == 0 for e in errors)

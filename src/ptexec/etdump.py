@@ -183,7 +183,11 @@ class _Layout:
                     group += itertools.takewhile(
                         lambda s: s.statement is FUSED_AWAY, chain[k + 1 :]
                     )
-                if any(o not in step.writes for s in group for o in s.loaded.outs):
+                # outputs the executed statement does not write are computed again by
+                # the loaded statements, which only pure ones may be (dataflow prunes
+                # nothing else): run again, a random kernel would draw other numbers
+                unwritten = any(o not in step.writes for s in group for o in s.loaded.outs)
+                if unwritten and all(s.loaded.pure for s in group):
                     self.groups[(step.chain, step.index)] = tuple(group)
 
     def recompute(self, group: tuple[Step, ...], v: list[Any]) -> dict[int, Any]:

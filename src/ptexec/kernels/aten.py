@@ -64,6 +64,14 @@ def resolve_overload(qualified_name: str) -> Any:
         return None
 
 
+def draws_random(qualified_name: str) -> bool:
+    """Whether operator ``'ns::op.overload'`` draws from torch's random generator (its
+    schema is tagged ``nondeterministic_seeded``: ``rand``, ``bernoulli``, dropout...):
+    running it again draws other numbers, and moves the generator on."""
+    overload = resolve_overload(qualified_name)
+    return torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
+
+
 _MISSING = object()
 
 

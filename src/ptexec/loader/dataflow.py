@@ -624,8 +624,11 @@ def _fuse_all(
 
 
 def _prune(c: _ChainAccesses, i: int, st: Statement, log: _Log) -> Statement | None:
-    """Drop the writes of outputs nothing reads (under conditions 1 and 2)."""
-    if st.prune is None:
+    """Drop the writes of outputs nothing reads (under conditions 1 and 2), of a pure
+    statement: tools that show every output (an ETDump's debug buffer) compute a pruned
+    one by running the instruction again, which a random kernel (dropout's mask) or one
+    with effects (training batch norm's running statistics) cannot do faithfully."""
+    if st.prune is None or not st.pure:
         return None
     dead = set()
     for o in st.outs:
