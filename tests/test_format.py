@@ -269,6 +269,26 @@ def test_program_from_bytes_outlives_the_callers_buffer() -> None:
     torch.testing.assert_close(method(x)[0], reference)
 
 
+@pytest.mark.parametrize("kind", ["bytearray", "memoryview", "data_path"])
+def test_a_writable_buffer_filled_again_does_not_reach_the_program(kind: str) -> None:
+    """A ``bytearray`` or writable ``memoryview`` is read into the program's own memory (a
+    caller reusing its read buffer changed the weights of the program loaded from it)."""
+    x = torch.randn(2, 8)
+    if kind == "data_path":
+        pte, ptd = fixture_paths("external")
+        assert ptd is not None
+        buffer = bytearray(ptd.read_bytes())
+        method = ptexec.load(pte, data_path=buffer).load_method("forward")
+        reference = ptexec.load(pte, data_path=ptd).load_method("forward")(x)[0]
+        buffer[:] = b"\x00" * len(buffer)
+    else:
+        buffer = bytearray(MLP)
+        method = ptexec.load(buffer if kind == "bytearray" else memoryview(buffer)).load_method()
+        reference = ptexec.load(MLP).load_method("forward")(x)[0]
+        buffer[:] = b"\x00" * len(buffer)
+    torch.testing.assert_close(method(x)[0], reference)
+
+
 def test_external_data_file() -> None:
     pte, ptd = fixture_paths("external")
     assert ptd is not None

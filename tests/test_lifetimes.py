@@ -718,3 +718,37 @@ def test_planned_host_buffers_are_zero_aligned_and_cannot_grow(size: int) -> Non
         with pytest.raises(RuntimeError, match="not resizable"):
             data[:].resize_(size + 1)  # (a view: a failed resize leaves its sizes wrong)
     assert all(int(d.sum()) == 7 * size for d in buffers)  # each its own memory
+
+
+def test_a_program_writing_an_external_constant_changes_no_other_programs_weights(
+    tmp_path: Path,
+) -> None:
+    """Programs loaded from the same data file share its private copy; one whose
+    instruction writes a constant (``relu.out(b1, out=b1)`` on the external ``fc1.bias``)
+    writes a copy of its own: another program loaded beside it, or later, computes with
+    the file's weights (it computed with the first one's writes)."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    from executorch.exir import schema
+
+    pte, ptd = FIXTURES / "external.pte", FIXTURES / "external.ptd"
+    program = serialize.deserialize_pte_binary(pte.read_bytes())
+    plan = program.program.execution_plan[0]
+    bias = 1
+    info = plan.values[bias].val.extra_tensor_info
+    assert info is not None and info.fully_qualified_name == "fc1.bias"
+    relu = next(i for i, o in enumerate(plan.operators) if o.name == "aten::relu")
+    plan.chains[0].instructions.insert(
+        0, schema.Instruction(instr_args=schema.KernelCall(op_index=relu, args=[bias] * 3))
+    )
+    writer = tmp_path / "writer.pte"
+    writer.write_bytes(bytes(serialize.serialize_pte_binary(program)))
+    x = torch.randn(2, 8)
+    reader = ptexec.load(pte, data_path=ptd).load_method()
+    (want,) = reader.execute([x])
+    (b1,) = [c for c in _constants(reader) if c.shape == (16,)]
+    assert b1.min() < 0  # (the relu changes it)
+    writing = ptexec.load(writer, data_path=ptd).load_method()
+    writing.execute([x])
+    (again,) = reader.execute([x])
+    (fresh,) = ptexec.load(pte, data_path=ptd).load_method().execute([x])
+    assert torch.equal(again, want) and torch.equal(fresh, want)

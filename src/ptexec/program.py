@@ -111,8 +111,9 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     more are immutable and read in place, constants too unless an instruction may write
     one (then those are copied on first use, since torch has no read-only tensors:
     :meth:`Program.tensor_from_memory`); smaller ones, and a read-only memoryview, are
-    copied once into a ``bytearray``; a ``bytearray`` or writable
-    memoryview is used in place and must not be changed while the program is alive.
+    copied once into a ``bytearray``; a ``bytearray`` or writable memoryview is copied once
+    into private memory (its owner may fill it again: a read buffer reused, a file mapped
+    for writing), as ExecuTorch's ``Runtime.load_program`` copies a bytearray.
     """
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -137,14 +138,17 @@ def _map(source: Source, what: str, mapped: bool) -> tuple[memoryview, Any, _Fil
     if isinstance(source, bytes):  # small: one copy costs less than a copy per constant
         owner = bytearray(source)
         return memoryview(owner), owner, None
-    if isinstance(source, bytearray):
-        return memoryview(source), source, None
-    if isinstance(source, memoryview):
-        view = source.cast("B") if source.format != "B" or source.ndim != 1 else source
+    if isinstance(source, bytearray | memoryview):
+        view = memoryview(source)
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.readonly:
             owner = bytearray(view)
             return memoryview(owner), owner, None
-        return view, source, None
+        # the caller's and writable: what it writes later must not reach the program
+        private = _private_memory(max(len(view), 1))
+        copy = memoryview(private)[: len(view)]
+        copy[:] = view
+        return copy, private, None
     if isinstance(source, io.IOBase) or hasattr(source, "read"):
         read = source.read()
         if isinstance(read, bytes) and len(read) >= READ_IN_PLACE:  # nobody else holds it
@@ -250,24 +254,27 @@ class Program:
     def tensor_from_memory(self, data: memoryview) -> torch.Tensor:
         """A uint8 tensor over ``data`` (a slice of the program's or data file's bytes).
 
-        Read-only bytes (a program loaded from ``bytes``, read in place) are viewed in
-        place too when no instruction of any of the program's methods may write a constant
-        (:func:`~ptexec.effects.constants_written`: ExecuTorch's exporter writes none);
-        otherwise they are copied, once per program and slice, since torch has no
-        read-only tensors and nothing a program does may write into its caller's
-        ``bytes``."""
-        if not data.readonly:  # (the program's own bytes are writable: no warning to silence)
-            return torch.frombuffer(data, dtype=torch.uint8)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            over = torch.frombuffer(data, dtype=torch.uint8)  # read here, never written
-        key = (over.data_ptr(), len(data))
+        The bytes are viewed in place when no instruction of any of the program's methods
+        may write a constant (:func:`~ptexec.effects.constants_written`: ExecuTorch's
+        exporter writes none); otherwise they are copied, once per program and slice: torch
+        has no read-only tensors, nothing a program does may write into its caller's
+        ``bytes``, and a data file's private copy is shared by the programs that read it
+        (one program's writes would change another's weights)."""
         with self._lock:
             if self._constants_written is None:
                 plans = self.pte.program.execution_plan
                 self._constants_written = any(constants_written(plan) for plan in plans)
-            if not self._constants_written:
-                return over
+            written = self._constants_written
+        if not data.readonly:  # (no warning to silence)
+            over = torch.frombuffer(data, dtype=torch.uint8)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                over = torch.frombuffer(data, dtype=torch.uint8)  # read here, never written
+        if not written:
+            return over
+        key = (over.data_ptr(), len(data))
+        with self._lock:
             copy = self._copies.get(key)
             if copy is None:
                 copy = self._copies[key] = over.clone()
@@ -485,8 +492,9 @@ def load(
     live program already read is shared, not read again. Without ``data_path``, a program
     loaded from a path that needs external tensors finds them in the ``.ptd`` files beside
     it (``<stem>.ptd`` first; a tensor two other files there hold is refused, not guessed),
-    the way optimum-executorch saves them. Files are read into private memory, so nothing done to them afterwards
-    reaches the program; ``mmap=True`` maps them instead (copy-on-write: loading reads
+    the way optimum-executorch saves them. Files, and a ``bytearray`` or writable
+    ``memoryview``, are read into private memory, so nothing done to them afterwards
+    reaches the program (``bytes`` are immutable and read in place); ``mmap=True`` maps them instead (copy-on-write: loading reads
     only what it needs, constants are views of the file and resident memory grows with
     the pages used), for programs too large to copy, on the condition that the files stay
     as they are while the program lives (``load_method`` refuses a file whose device,

@@ -249,7 +249,7 @@ def load_source(
     """:func:`ptexec.load` as ExecuTorch's Python APIs load: a caller's writable buffer
     (``bytearray``, ``memoryview``) is copied, never used in place, so changing it
     afterwards cannot reach the program (ExecuTorch's ``Runtime.load_program`` copies a
-    bytearray too; :func:`ptexec.load` itself uses one in place, as it documents)."""
+    bytearray too, and so does :func:`ptexec.load`)."""
     if not isinstance(data, str | os.PathLike | bytes | bytearray | memoryview) and not hasattr(
         data, "read"
     ):
