@@ -366,3 +366,26 @@ def test_data_files_found_beside_the_program_are_named(
     assert main(["inspect", str(tmp_path / "model.pte")]) == 0
     assert "weights.ptd" in capsys.readouterr().out
     assert _status(["run", str(tmp_path / "model.pte"), "--device-map", "cuda:0=cpu,cuda:1"]) == 1
+
+
+def test_run_records_the_first_call_as_an_etdump(tmp_path: Path) -> None:
+    """``ptexec run --etdump F --debug-buffer B`` writes the first call's ETDump and the
+    values it recorded: the outputs logged are the outputs saved."""
+    import torch
+
+    from ptexec.format.etdump import RUN_OUTPUT_CHAIN, DebugEvent, ProfileEvent, decode_etdump
+
+    pte = str(fixture_paths("mlp")[0])
+    etdp, buf, out = tmp_path / "m.etdp", tmp_path / "m.bin", tmp_path / "y.pt"
+    argv = ["run", pte, "--repeat", "1", "--etdump", str(etdp), "--debug-buffer", str(buf)]
+    assert main([*argv, "--output", str(out)]) == 0
+    (run,) = decode_etdump(etdp.read_bytes()).run_data
+    assert any(isinstance(e, ProfileEvent) and e.name == "Method::execute" for e in run.events)
+    (logged,) = [
+        e for e in run.events if isinstance(e, DebugEvent) and e.chain_index == RUN_OUTPUT_CHAIN
+    ]
+    (y,) = torch.load(out)
+    t = logged.debug_entry.data
+    raw = bytearray(buf.read_bytes()[t.offset : t.offset + y.numel() * y.element_size()])
+    assert torch.equal(torch.frombuffer(raw, dtype=y.dtype).view(t.sizes), y)
+    assert main(["run", pte, "--debug-buffer", str(buf)]) != 0  # needs --etdump

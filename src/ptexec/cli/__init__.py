@@ -24,7 +24,7 @@ from .common import (
 from .compile import cmd_cache, cmd_compile
 from .generate import add_generate
 from .inspect import cmd_inspect, cmd_plan
-from .run import cmd_profile, cmd_run, cmd_trace
+from .run import DEFAULT_DEBUG_BUFFER, cmd_profile, cmd_run, cmd_trace
 from .serve import add_serve
 from .transcribe import add_transcribe
 
@@ -85,6 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="run the compiled tier (compile=True); show its report",
+    )
+    p_run.add_argument(
+        "--etdump",
+        type=output_file,
+        help="record the first call as an ETDump (.etdp) for ExecuTorch's Inspector",
+    )
+    p_run.add_argument(
+        "--debug-buffer",
+        type=output_file,
+        help="with --etdump: record every instruction's outputs too, into this file",
+    )
+    p_run.add_argument(
+        "--debug-buffer-size",
+        type=positive,
+        default=DEFAULT_DEBUG_BUFFER,
+        help=f"the most bytes the debug buffer may hold (default {DEFAULT_DEBUG_BUFFER >> 20} MiB)",
     )
     add_threads(p_run)
     p_run.set_defaults(func=cmd_run)

@@ -10,16 +10,30 @@ from .common import Progress, apply_threads, json_text, report_has_warnings, sav
 from .compile import compile_option
 from .inputs import method_and_inputs, summary
 
+DEFAULT_DEBUG_BUFFER = 256 << 20
+"""``ptexec run --debug-buffer``'s default limit, in bytes (used as values are recorded)."""
+
 
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
+    if args.debug_buffer and not args.etdump:
+        raise ValueError("--debug-buffer records into an ETDump: give --etdump too")
     apply_threads(args)
     with report_has_warnings():
         method, inputs = method_and_inputs(args, **compile_option(args))
     if method.compile_report is not None:
         print("  " + method.compile_report.summary().replace("\n", "\n  "))
-    outputs = method.execute(inputs)
+    if args.etdump:
+        from ..etdump import ETDumpRecorder
+
+        recorder = ETDumpRecorder(args.debug_buffer_size if args.debug_buffer else 0)
+        outputs = recorder.execute(method, inputs)
+        recorder.write(args.etdump, args.debug_buffer)
+        also = f" and its values to {args.debug_buffer}" if args.debug_buffer else ""
+        print(f"  the first call recorded as an ETDump in {args.etdump}{also}")
+    else:
+        outputs = method.execute(inputs)
     cuda = torch.cuda.is_available()
     for _ in range(min(args.repeat, 5)):  # warm-up calls, not timed
         method.execute(inputs)
