@@ -150,6 +150,9 @@ class Profile:
         rows = self.by_operator() if by == "operator" else self.by_instruction()
         shown = rows if top is None else rows[:top]
         label = "operator" if by == "operator" else "instruction"
+        # how ptexec runs an instruction when not as the file says (fused with the next
+        # ones: their time is its own; folded at load: nothing left to time)
+        notes = {(e.chain, e.index): e.args["note"] for e in self.events if "note" in e.args}
         lines = [f"{label:<52} {'calls':>6} {'total':>10} {'mean':>10} {'min':>10} {'share':>7}"]
         for r in shown:
             name = r.name if by == "operator" else f"{r.index:>4}  {r.name}"
@@ -159,6 +162,9 @@ class Profile:
                 f"{name:<52} {_count(r.count):>6} {_t(r.total):>10} {_t(r.mean):>10} "
                 f"{_t(r.min):>10} {r.share * 100:>6.1f}%"
             )
+            note = notes.get((r.chain, r.index)) if by == "instruction" else None
+            if note:
+                lines.append(f"        ({note})")
         if top is not None and len(rows) > top:
             lines.append(f"... {len(rows) - top} more")
         lines.append(self.summary())
