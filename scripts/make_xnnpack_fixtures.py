@@ -1330,6 +1330,35 @@ add(
     ["Conv2d", "Convert"],
     tags=["quant"],
 )
+class DynConvPointwise(nn.Module):
+    """1x1 convolutions (stride 1, no padding, one group: XNNPACK runs them as a fully
+    connected layer and quantizes the input per pixel) beside a 1x1 convolution of stride
+    2 (quantized per image) of another input. (One quantized input read by both kinds:
+    XNNPACK quantizes it per pixel and the strided convolution reads those parameters as
+    if per image, far from eager PyTorch; not made here.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pointwise = nn.Conv2d(8, 8, 1)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.project = nn.Conv2d(8, 4, 1)
+        self.strided = nn.Conv2d(8, 4, 1, stride=2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.pointwise(x)
+        z = self.project(self.depthwise(torch.relu(y)) + y)
+        return y, z, self.strided(torch.relu(x))
+
+
+add(
+    "dynconv_pointwise_int8_dynamic_pc",
+    "int8_dynamic_pc",
+    module(DynConvPointwise, (2, 8, 8, 8)),
+    "dynamically quantized 1x1 convolutions: quantized per pixel (a fully connected layer "
+    "to XNNPACK), and per image with stride 2",
+    ["Conv2d", "Convert"],
+    tags=["quant"],
+)
 add(
     "dynconv_b1_int8_dynamic_pc",
     "int8_dynamic_pc",

@@ -35,12 +35,16 @@ class _ConvOperands:
     finish: Callable[..., None]
 
 
-def _conv_common(g: GraphEmitter, n: s.XnnNode, channel_dim: int, channels: int) -> _ConvOperands:
+def _conv_common(
+    g: GraphEmitter, n: s.XnnNode, channel_dim: int, channels: int, per_pixel: bool = False
+) -> _ConvOperands:
     """What every convolution needs: its input expression, compute dtype, bias,
     paddings and filter (dequantized float, or integers when the node runs in int8),
     and how the result becomes the output. Half-precision convolutions on the CPU
     compute in float32 (torch's half convolutions there are slow; XNNPACK's half
-    kernels accumulate in float32 too) and round the result to half."""
+    kernels accumulate in float32 too) and round the result to half. ``per_pixel``: a
+    dynamically quantized input is quantized per pixel, not per image (see
+    :func:`_pointwise`)."""
     g.check_flags(n, 0)
     g.rank(n, n["input1_id"], 4)
     g.rank(n, n["filter_id"], 4)
@@ -67,7 +71,7 @@ def _conv_common(g: GraphEmitter, n: s.XnnNode, channel_dim: int, channels: int)
             lambda code, nchw=None: g.requantize_output(n, code, scale, nchw),
         )
     if src in g.pending_qd and g.pending_qd[src][1] == 3:
-        qd = _qd_conv(g, n, channel_dim, channels, src)
+        qd = _qd_conv(g, n, channel_dim, channels, src, per_pixel)
         if qd is not None:
             return _ConvOperands(qd[0], torch.float32, "None", pads, qd[1], qd[2])
     dt = g.compute_dtype(n)
@@ -84,11 +88,12 @@ def _conv_common(g: GraphEmitter, n: s.XnnNode, channel_dim: int, channels: int)
 
 
 def _qd_conv(
-    g: GraphEmitter, n: s.XnnNode, channel_dim: int, channels: int, src: int
+    g: GraphEmitter, n: s.XnnNode, channel_dim: int, channels: int, src: int, per_pixel: bool
 ) -> tuple[str, torch.Tensor, Callable[[str], None]] | None:
     """A convolution of an input quantized per batch element (XNNPACK's dynamically
-    quantized convolution): the centered integers convolved with the integer weights,
-    then scaled by the input's and the filter's scales, plus the float bias."""
+    quantized convolution), or per pixel (``per_pixel``): the centered integers
+    convolved with the integer weights, then scaled by the input's and the filter's
+    scales, plus the float bias."""
     fv = g.value(n["filter_id"])
     q = fv.quant
     if not (
@@ -105,7 +110,7 @@ def _qd_conv(
     other = [d for d in range(w.dim()) if d != channel_dim]
     if not qa.exact_in_float32(float(w.abs().sum(dim=other).max()), 255, 0.0):
         return None
-    rows = g.qd_rows(src)
+    rows = g.qd_rows(src, 1 if per_pixel else None)
     fsrc = g.pending_qd[src][0]
     x = f"{rows}.centered.reshape({fsrc}.shape)"
     bias_id = n["bias_id"]
@@ -165,7 +170,7 @@ def conv2d(g: GraphEmitter, n: s.XnnNode) -> None:
     if groups < 1:
         raise g.fail(n, "groups must be at least 1")
     out_ch = groups * n["group_output_channels"]
-    c = _conv_common(g, n, 0, out_ch)
+    c = _conv_common(g, n, 0, out_ch, _pointwise(n))
     raw = c.w  # [OC, KH, KW, IC/g]
     w = raw.permute(0, 3, 1, 2)
     _check_conv_shape(g, n, w, out_ch, n["group_input_channels"])
@@ -194,6 +199,20 @@ def conv2d(g: GraphEmitter, n: s.XnnNode) -> None:
     wn = g.bind(_channels_last_filter(w).to(g.device), "w")
     code = f"F.conv2d({xc}, {wn}, {b}, {stride}, {pad}, {dil}, {groups})"
     c.finish(f"{code}.permute(0, 2, 3, 1)")
+
+
+def _pointwise(n: s.XnnNode) -> bool:
+    """Whether convolution ``n`` is a product per pixel (a 1x1 filter, stride 1, no
+    padding, one group), which XNNPACK runs as a fully connected layer over the pixels:
+    dynamically quantized, its input is quantized per pixel then, as a linear layer's is
+    per token, where other convolutions quantize it per image."""
+    pads = (n["padding_top"], n["padding_right"], n["padding_bottom"], n["padding_left"])
+    return (
+        n["groups"] == 1
+        and (n["kernel_height"], n["kernel_width"]) == (1, 1)
+        and _at_least_one(n["subsampling_height"], n["subsampling_width"]) == (1, 1)
+        and not any(pads)
+    )
 
 
 def _tiny_conv(

@@ -167,10 +167,13 @@ class GraphEmitter:
             raise AssertionError(f"value {vid} used before it is computed")
         return e
 
-    def qd_rows(self, vid: int) -> str:
+    def qd_rows(self, vid: int, nonbatch: int | None = None) -> str:
         """The per-row quantization (q, zero point, scale) of a per-token quantized value,
-        computed once for each distinct float source, whichever Convert made it."""
+        computed once for each distinct float source, whichever Convert made it; rows of
+        the trailing ``nonbatch`` dims when given (else the Convert's)."""
         src, k = self.pending_qd[vid]
+        if nonbatch is not None:
+            k = nonbatch
         name = self.qd_rows_made.get((src, k))
         if name is None:
             name = self.qd_rows_made[(src, k)] = f"qr{len(self.qd_rows_made)}"

@@ -500,8 +500,12 @@ def rows_conv_scale(
     acc: torch.Tensor, r: Rows, wscale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """A dynamically quantized convolution's integer accumulator (NHWC) -> float:
-    ``acc * input_scale[n] * weight_scale[c] + bias[c]``, in place."""
+    ``acc * input_scale[n] * weight_scale[c] + bias[c]`` (``input_scale[n, h, w]`` for an
+    input quantized per pixel), in place."""
     s = r.scale
-    out = acc.mul_(s if isinstance(s, float) else s.reshape(-1, *([1] * (acc.dim() - 1))))
+    if not isinstance(s, float):
+        per_image = s.numel() == acc.shape[0]
+        s = s.reshape(-1, *([1] * (acc.dim() - 1))) if per_image else s.reshape(*acc.shape[:-1], 1)
+    out = acc.mul_(s)
     out = out.mul_(wscale)
     return out.add_(bias) if bias is not None else out
