@@ -365,3 +365,23 @@ def test_fixture_compiled(
     for call in _calls("cnn"):
         for got, want in zip(method(*call["inputs"]), call["eager"], strict=True):
             _close(got, want, MANIFEST["cnn"]["tol_eager"])
+
+
+def test_a_half_convolution_with_a_fused_relu_runs(tmp_path: Path) -> None:
+    """``force_fp16``: a convolution and relu fuse into ``conv_with_clamp`` whose upper
+    bound is float32's largest value, past half's range: it is half's infinity, as
+    Vulkan's half shaders read it (torch's clamp refused the bound)."""
+    pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model, (x,)), partitioner=[VulkanPartitioner({"force_fp16": True})]
+    ).to_executorch()
+    (y,) = ptexec.load(lowered.buffer).load_method("forward").execute([x])
+    with torch.no_grad():
+        want = model(x)
+    assert y.min() >= 0 and (y.float() - want).abs().max() < 1e-2

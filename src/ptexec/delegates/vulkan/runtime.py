@@ -163,6 +163,14 @@ def _conv_with_clamp(
     y = torch.ops.aten.convolution.default(
         x, w, b, stride, padding, dilation, transposed, output_padding, groups
     )
+    if y.is_floating_point():
+        # a bound past the dtype's range (a relu's upper bound is float32's largest
+        # value) is the infinity it becomes in that dtype, as in Vulkan's half shaders
+        top = torch.finfo(y.dtype).max
+        lo, hi = (
+            None if v is None else (math.copysign(math.inf, v) if abs(v) > top else v)
+            for v in (lo, hi)
+        )
     return torch.clamp(y, lo, hi)
 
 
