@@ -1330,6 +1330,8 @@ add(
     ["Conv2d", "Convert"],
     tags=["quant"],
 )
+
+
 class DynConvPointwise(nn.Module):
     """1x1 convolutions (stride 1, no padding, one group: XNNPACK runs them as a fully
     connected layer and quantizes the input per pixel) beside a 1x1 convolution of stride
