@@ -214,3 +214,55 @@ def test_two_methods_with_private_state_in_parallel() -> None:
                 assert torch.allclose(y, want_other)
 
     run_threads(work)
+
+
+def test_a_view_of_state_methods_share_is_a_copy() -> None:
+    """outputs="view" hands out no view of a state buffer the program's methods share:
+    another method's call writes it, so the view would change without a call on its own
+    method (which a view is promised not to)."""
+    pytest.importorskip("executorch")
+    import copy
+
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes import MemoryPlanningPass
+
+    class State(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("state", torch.zeros(4))
+
+    class Inc(torch.nn.Module):
+        def __init__(self, s: State) -> None:
+            super().__init__()
+            self.shared = s
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.shared.state.add_(x)
+            return self.shared.state * 1.0
+
+    class Peek(torch.nn.Module):
+        def __init__(self, s: State) -> None:
+            super().__init__()
+            self.shared = s
+
+        def forward(self) -> torch.Tensor:
+            return self.shared.state
+
+    s = State()
+    programs = {
+        "inc": torch.export.export(Inc(copy.deepcopy(s)), (torch.ones(4),)),
+        "peek": torch.export.export(Peek(copy.deepcopy(s)), ()),
+    }
+    config = ExecutorchBackendConfig(
+        emit_mutable_buffer_names=True,
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+    )
+    prog = ptexec.load(to_edge(programs).to_executorch(config).buffer)
+    assert prog.shared_buffer_indices
+    inc, peek = prog.load_method("inc"), prog.load_method("peek", outputs="view")
+    inc.execute([torch.ones(4)])
+    (seen,) = peek.execute([])
+    assert torch.equal(seen, torch.ones(4))
+    inc.execute([torch.ones(4)])
+    assert torch.equal(seen, torch.ones(4))  # not 2s: no call on peek since
+    assert torch.equal(peek.execute([])[0], torch.full((4,), 2.0))

@@ -62,8 +62,8 @@ class Method:
     Options (set at load, each overridable per call): ``transfers`` and ``layout`` (the
     input policy, see :class:`ptexec.binding.Policy`) and ``outputs`` (``"copy"``: fresh
     tensors, the default; ``"view"``: views of the method's memory, valid until the next
-    call on this method, from any thread; an output in the program's constants is a copy
-    either way). Load-only options: ``device_map``,
+    call on this method, from any thread; an output in the program's constants, or in
+    state its methods share, is a copy either way). Load-only options: ``device_map``,
     ``max_planned_bytes``, ``max_instructions``, ``optimize`` (default True: copies that
     are views in eager PyTorch run as views, and work on constants alone runs once at load,
     where :mod:`ptexec.loader.dataflow` proves it safe), ``fast_path`` (default True: the

@@ -620,9 +620,10 @@ def collect(
     """The call's outputs: copies (``"copy"``), views of the method's memory (``"view"``),
     or the caller's ``out=`` tensors, filled; an output that contradicts the program's
     declaration is an ExecutionError (:func:`output_error`). An output in the program's
-    constant memory is copied in either mode (:attr:`MethodState.constant_memory`)."""
+    constants or in state its methods share is copied in either mode
+    (:attr:`MethodState.unviewed_memory`)."""
     v = state.values
-    constant = state.constant_memory
+    constant = state.unviewed_memory
     for spec in state.outputs:
         if spec.kind == "tensor":
             error = output_error(state, spec.index)

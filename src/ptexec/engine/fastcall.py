@@ -138,8 +138,8 @@ def _settled_for(state: MethodState, runner: Runner) -> Any:
     return _settled_test(state)
 
 
-def _constant_memory(state: MethodState, runner: Runner) -> Any:
-    return state.constant_memory
+def _unviewed_memory(state: MethodState, runner: Runner) -> Any:
+    return state.unviewed_memory
 
 
 def _run(state: MethodState, runner: Runner) -> Any:
@@ -658,8 +658,8 @@ def _generate(
                     outs.append(returned.pop(out.slot))
                 elif out.kind == "tensor" and copy:
                     outs.append(f"{x}.clone()")
-                elif out.kind == "tensor":  # a view, unless it is of the constants
-                    bound.set("K", _constant_memory)
+                elif out.kind == "tensor":  # a view, unless of constants or shared state
+                    bound.set("K", _unviewed_memory)
                     outs.append(
                         f"(_o.detach() if (_o := {x}).untyped_storage().data_ptr() not in K "
                         "else _o.clone())"

@@ -81,7 +81,7 @@ class MethodState:
     ``unplanned_outputs``: outputs whose memory the method provides (``OutputSpec.default``),
     which ``out=`` may replace for one call; ``fixed_slots``: the values the load-time
     rewrites made from constants alone (folds, views of constants), see
-    :attr:`constant_memory`; ``owned``: every tensor made at load, with its
+    :attr:`unviewed_memory`; ``owned``: every tensor made at load, with its
     storage and geometry, for :meth:`restore`; ``sources``: the generated code of the
     method's blocks; ``record``: what the last call did.
     """
@@ -111,12 +111,14 @@ class MethodState:
         return [s.slot for s in self.inputs if s.kind == "tensor" and s.view is None]
 
     @functools.cached_property
-    def constant_memory(self) -> frozenset[int]:
-        """The addresses of the storages holding the program's constants and what loading
-        computed from them alone (read-only memory, perhaps the caller's ``bytes``, shared
-        by every load of the program: an output there is never handed out as a view).
-        Found on first use (a view-mode call), as nothing writes those slots."""
-        found = set()
+    def unviewed_memory(self) -> frozenset[int]:
+        """The addresses of the storages an output is never handed out as a view of, in
+        either output mode: the program's constants and what loading computed from them
+        alone (read-only memory, perhaps the caller's ``bytes``, shared by every load of
+        the program), and the state buffers the program's methods share (another method's
+        call writes them: a view would change without a call on this method). Found on
+        first use (a view-mode call), as nothing replaces those slots or buffers."""
+        found = {b.data.untyped_storage().data_ptr() for b in self.buffers if b.info.shared}
         plan_values = self.plan.values
         for k, t in enumerate(self.values):
             if isinstance(t, torch.Tensor):
