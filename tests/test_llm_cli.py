@@ -94,6 +94,7 @@ def test_generate_compile_and_bad_tokenizer(
         (["--stop", ""], "ConfigValueError: stop"),
         (["--prompt", " ".join([PROMPT] * 40)], "GenerationError: the prompt's"),
         (["--bos", "500"], "GenerationError: num_bos 500"),
+        (["--chat-template", "t.jinja"], "ValueError: --chat-template is the template of --chat"),
     ],
 )
 def test_generate_refuses_before_printing(

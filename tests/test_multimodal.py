@@ -758,3 +758,37 @@ def test_a_text_server_refuses_a_prompt_holding_the_image_placeholder(llava: Pat
         assert e.value.status == 400
     job = engine.prepare(parse_request({"model": "m", "prompt": "USER: hi ASSISTANT:"}, chat=False))
     assert job.ids
+
+
+def test_cli_chat_puts_the_image_in_the_users_turn(
+    llava: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """``generate --chat --image``: the conversation's user turn holds the image (content
+    parts, rendered by the template with its placeholder), not the media before the whole
+    rendered prompt; a template that writes no placeholder is refused."""
+    from ptexec.cli import main
+    from ptexec.llm.chat import ChatTemplate
+
+    px = _pixels(7, 32, 32)
+    _pil(px).save(tmp_path / "cat.png")
+    ck = llava / "checkpoint"
+    argv = ["generate", str(llava / "model.pte"), "--tokenizer", str(ck / "tokenizer.json"),
+            "--processor", str(ck), "--image", str(tmp_path / "cat.png"), "--prompt",
+            "What is it?", "--chat", "--temperature", "0", "--max-new-tokens", "8"]  # fmt: skip
+    assert main(argv) == 0
+    got = capsys.readouterr().out.strip()
+    template = ChatTemplate.for_tokenizer(ck / "tokenizer.json")
+    assert template is not None
+    content = [{"type": "image"}, {"type": "text", "text": "What is it?"}]
+    text = template.render([{"role": "user", "content": content}])
+    assert text.count("<image>") == 1
+    want = _runner(llava).generate_text(
+        [make_image_input(read_image(tmp_path / "cat.png")), make_text_input(text)],
+        GenerationConfig(temperature=0.0, echo=False, max_new_tokens=8),
+    )
+    assert got == want.strip()
+    (tmp_path / "plain.jinja").write_text(
+        "{% for m in messages %}{{ m['content'][-1]['text'] }}{% endfor %}"
+    )
+    assert main([*argv, "--chat-template", str(tmp_path / "plain.jinja")]) != 0
+    assert "placeholder" in capsys.readouterr().err

@@ -34,7 +34,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     program = ptexec.load(args.file, data_path=args.data)
     compile_mode = "background" if args.compile else False
     media = bool(args.image or args.audio)
+    if args.chat_template and not args.chat:
+        raise ValueError("--chat-template is the template of --chat: give --chat too")
     if not media and _is_seq2seq(program):
+        if args.chat:
+            raise ValueError("--chat renders a conversation for a decoder-only LLM; this "
+                             "is an encoder-decoder program, which takes the text as it is")  # fmt: skip
         return _generate_seq2seq(program, args, config, device_map)
     if media:
         from ..llm import MultimodalRunner
@@ -73,7 +78,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print("ptexec: --chat needs a chat template (tokenizer_config.json or "
                   "--chat-template)", file=sys.stderr)  # fmt: skip
             return 1
-        prompt = template.render([{"role": "user", "content": prompt}])
+        content: Any = prompt
+        if media:  # the media in the user's turn, where the template puts their placeholders
+            content = [
+                *({"type": "image"} for _ in args.image or ()),
+                *({"type": "audio"} for _ in args.audio or ()),
+                {"type": "text", "text": prompt},
+            ]
+        prompt = template.render([{"role": "user", "content": content}])
+        if media:
+            _check_placeholders(runner, prompt, args)
         config.echo = False
     if media:
         runner.generate(_media_inputs(args, prompt), config, token_callback=show)
@@ -155,6 +169,25 @@ def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, devic
     if args.stats:
         print(stats.to_json_string(), file=sys.stderr)
     return 0
+
+
+def _check_placeholders(runner: Any, prompt: str, args: argparse.Namespace) -> None:
+    """A chat prompt rendered with media must hold one placeholder of the program's per
+    image (audio) file: else the media would go before the whole conversation."""
+    if not runner.multimodal:
+        return  # (the runner refuses media itself)
+    for kind, files in (("image", args.image), ("audio", args.audio)):
+        token = runner.decoder.placeholder(kind) if files else None
+        if token is None:
+            continue
+        mark = runner.tokenizer.decode([token])
+        found = prompt.count(mark) if mark else 0
+        if found != len(files):
+            raise GenerationError(
+                f"--chat: the chat template wrote {found} {kind} placeholder(s) ({mark!r}) for "
+                f"{len(files)} --{kind} file(s); without --chat, put {mark!r} in the prompt "
+                "where each goes"
+            )
 
 
 def _media_inputs(args: argparse.Namespace, prompt: str) -> list[Any]:

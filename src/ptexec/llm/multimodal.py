@@ -25,8 +25,9 @@ them), and preprocessing fields when the exporter kept them (``image_mean``,
 
 How a prompt becomes the decoder's embeddings (the runner's rule):
 
-1. each input becomes a part in order: text (encoded, with ``config.num_bos``/``num_eos``
-   on the first text as the text runner does) and token ids give ids; an image or audio
+1. each input becomes a part in order: text (encoded) and token ids give ids, with
+   ``config.num_bos``/``num_eos`` on the first of them as the text runner does (BOS first
+   in the prompt, before media that come first); an image or audio
    input runs its encoder and gives its embedding rows;
 2. when the ids hold *placeholder runs* (consecutive placeholder ids of a modality) and
    there are as many runs as inputs of that modality, the k-th image (audio) fills the k-th
