@@ -9,6 +9,7 @@ extractor. The programs are exported once per machine (minutes), so the module i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -533,6 +534,12 @@ def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
                      "--max-new-tokens", "8"])  # fmt: skip
     assert code == 0
     assert out.getvalue() == text + "\n"
+    # a chat conversation is a decoder-only LLM's: refused, not ignored
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--chat"])  # fmt: skip
+    assert code == 1 and "encoder-decoder" in err.getvalue()
 
 
 # short enough to close within the tiny decoder's 48 positions
@@ -691,3 +698,27 @@ def test_a_generation_config_named_but_missing_is_refused(
     assert runner.generation_config == {} and runner.prompt.forced == ()
     named = Seq2SeqRunner(alone, folder, generation_config=folder)
     assert named.prompt == DecoderPrompt(1, (10, 11))
+
+
+def test_a_streamed_transcription_is_its_text(tmp_path: Path, folders: dict[str, Path]) -> None:
+    """What ``transcribe`` streams is the transcription's text: timestamp tokens give no
+    text (they streamed as their vocabulary pieces), and windows are joined with one space
+    (they ran together)."""
+    folder = folders["whisper_portable"]
+    gen = _whisper_config(no_timestamps_token_id=200)  # ids from 201 on are timestamps
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen,
+                           language="en", timestamps=True)  # fmt: skip
+    wav = tmp_path / "speech.wav"
+    _write_wav(wav, 40.0, 16000)
+    pieces: list[str] = []
+    result = runner.transcribe(wav, ProcessorFeatures(folder), GREEDY, pieces.append)
+    assert len(result.tokens) == 2
+    assert any(t >= runner.timestamp_begin for ids in result.tokens for t in ids)
+    assert "".join(pieces) == result.text and " " in result.text
+
+
+def test_timestamps_need_a_config_that_names_them(folders: dict[str, Path]) -> None:
+    folder = folders["whisper_portable"]
+    with pytest.raises(GenerationError, match="no_timestamps_token_id"):
+        Seq2SeqRunner(folder / "model.pte", folder, generation_config={"decoder_start_token_id": 1},
+                      timestamps=True)  # fmt: skip

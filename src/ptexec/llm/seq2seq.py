@@ -195,6 +195,11 @@ def _prompt_from(gen: Mapping[str, Any], start: int, language: str | None, task:
     langs = gen.get("lang_to_id") or {}
     tasks = gen.get("task_to_id") or {}
     no_ts = gen.get("no_timestamps_token_id")
+    if timestamps and no_ts is None:  # (Whisper's timestamps follow <|notimestamps|>)
+        raise GenerationError(
+            "timestamps need a generation config naming no_timestamps_token_id (Whisper's); "
+            "this one names none"
+        )
     if not (langs or tasks or no_ts is not None):
         if language or task:
             raise GenerationError("the generation config names no languages or tasks")
@@ -232,6 +237,37 @@ def _prompt_from(gen: Mapping[str, Any], start: int, language: str | None, task:
     if detect:  # position 1 (None here) is the detected language's
         return DecoderPrompt(start, tuple(int(t) for t in seq[1:] if t is not None), detect)
     return DecoderPrompt(start, tuple(int(t) for t in seq if t is not None))
+
+
+class _JoinedStream:
+    """A transcription's text as it streams, window after window, joined as
+    :meth:`Seq2SeqRunner.transcribe` joins the windows' texts: each stripped, one space
+    between (whitespace at a window's end is held until more text comes)."""
+
+    def __init__(self, out: TokenCallback) -> None:
+        self.out = out
+        self.wrote = False  # any text yet
+        self.started = False  # text in this window yet
+        self.held = ""
+
+    def next_window(self) -> None:
+        self.started = False
+        self.held = ""
+
+    def __call__(self, piece: str) -> None:
+        if not self.started:
+            piece = piece.lstrip()
+            if not piece:
+                return
+            self.started = True
+            if self.wrote:
+                piece = " " + piece
+        text = self.held + piece
+        body = text.rstrip()
+        self.held = text[len(body) :]
+        if body:
+            self.out(body)
+            self.wrote = True
 
 
 @dataclass
@@ -662,8 +698,8 @@ class Seq2SeqRunner:
             stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
 
             def emit(token: int) -> None:
-                if stream is None:
-                    return
+                if stream is None or not self._is_text(token):
+                    return  # (a timestamp is no text: the result's text leaves it out too)
                 piece = stream.push(token)
                 if piece:
                     if printing:
@@ -815,8 +851,11 @@ class Seq2SeqRunner:
         segments: list[Segment] = []
         dp = prompt or self.prompt
         scores: list[WindowScores] = []
+        joined = _JoinedStream(token_callback) if token_callback is not None else None
         for k, (start, window) in enumerate(windows(samples, rate, window_seconds)):
-            ids = self.generate(features(window), config, token_callback, prompt=dp, score=True)
+            if joined is not None:
+                joined.next_window()
+            ids = self.generate(features(window), config, joined, prompt=dp, score=True)
             if dp.detect and self.language_id is not None:
                 dp = dp.detected(self.language_id)  # the first window's language for all
             all_tokens.append(ids)
