@@ -294,6 +294,53 @@ def test_clipping_and_accumulation_as_in_eager() -> None:
     assert all(q.grad is None for q in tm.parameters())
 
 
+def test_accumulating_into_another_tensor_over_the_gradient_memory() -> None:
+    """A ``.grad`` set to another tensor over the planned gradient (``p.grad.detach()``)
+    is that memory: accumulated calls sum the micro-batches (they gave twice the last), and
+    the same memory in another layout is refused rather than overwritten."""
+    module = _module("mlp")
+    tm = T.load(FIX / "mlp.pte")
+    a, b = example_inputs("mlp", 0), example_inputs("mlp", 1)
+    tm.forward_backward("forward", a)
+    for p in tm.parameters():
+        assert p.grad is not None
+        p.grad = p.grad.detach()
+    tm.forward_backward("forward", b, accumulate=True)
+    module(*a)[0].backward()
+    module(*b)[0].backward()
+    for (name, p), q in zip(tm.named_parameters().items(), module.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5, msg=name)
+    w = tm.parameters()[0]
+    assert w.grad is not None and w.grad.dim() == 2
+    w.grad = w.grad.t().contiguous().t()  # (its own memory: fine)
+    tm.forward_backward("forward", b, accumulate=True)
+    planned = tm.parameters()[1]
+    assert planned.grad is not None
+    flat = planned.grad.reshape(-1)
+    planned.grad = flat[: planned.numel()].view(planned.shape)  # the same memory and layout
+    tm.forward_backward("forward", b, accumulate=True)
+    g = tm.parameters()[0]
+    tm.forward_backward("forward", b)  # .grad is the planned gradient again
+    assert g.grad is not None
+    rows, cols = g.shape
+    g.grad = g.grad.as_strided((rows, cols), (1, rows))  # its memory, another layout
+    with pytest.raises(StateError, match="another layout"):
+        tm.forward_backward("forward", b, accumulate=True)
+
+
+def test_load_state_dict_says_what_it_did_not_load() -> None:
+    """``load_state_dict(strict=False)`` returns the parameters left out and the names that
+    are no parameter (a frozen weight is a constant of the program), as torch's does."""
+    tm = T.load(FIX / "mlp.pte")
+    state = tm.state_dict()
+    first = next(iter(state))
+    partial = {k: v for k, v in state.items() if k != first}
+    keys = tm.load_state_dict({**partial, "frozen.weight": torch.zeros(1)}, strict=False)
+    assert keys == T.LoadedKeys([first], ["frozen.weight"])
+    assert tm.load_state_dict(state) == T.LoadedKeys([], [])
+
+
 # -- saving ----------------------------------------------------------------------------------
 
 
@@ -621,3 +668,40 @@ def test_a_value_not_saved_keeps_the_entry_it_shares(tmp_path: Path) -> None:
     for k, v in again.state_dict("second").items():
         assert torch.equal(v, untouched[k]), k
     assert torch.equal(again.state_dict("second")["fc.bias"], torch.zeros(3))
+
+
+def test_copies_of_a_name_the_file_starts_apart_are_saved_apart(tmp_path: Path) -> None:
+    """Two methods of two modules whose weights share a name but not a value: loading the
+    untrained one (its ``named_parameters``) made saving write the trained method's weight
+    over its own; copies the file starts from different values are different parameters,
+    each saved from its own method (equal starting values, the zero biases, cannot be told
+    from one shared parameter: the trained copy is saved for both)."""
+    exir = pytest.importorskip("executorch.exir")
+    from torch.export.experimental import _export_forward_backward
+
+    g = torch.Generator().manual_seed(3)
+    x, y, t = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g), torch.randn(5, 3, generator=g)  # fmt: skip
+    torch.manual_seed(0)
+    first, second = _Head("ce"), _Head("mse")
+    assert not torch.equal(first.fc.weight, second.fc.weight)
+    joint = {
+        "forward": _export_forward_backward(torch.export.export(first, (x, y), strict=True)),
+        "second": _export_forward_backward(torch.export.export(second, (x, t), strict=True)),
+    }
+    path = tmp_path / "two.pte"
+    path.write_bytes(bytes(exir.to_edge(joint).to_executorch().buffer))
+    tm = T.load(path)
+    own = {k: v.detach().clone() for k, v in tm.named_parameters("second").items()}
+    opt = torch.optim.SGD(tm.parameters("forward"), lr=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        tm.forward_backward("forward", (x, y))
+        opt.step()
+    trained = tm.state_dict("forward")
+    tm.save_pte(tmp_path / "trained.pte")
+    again = T.load(tmp_path / "trained.pte")
+    assert torch.equal(again.state_dict("forward")["fc.weight"], trained["fc.weight"])
+    assert torch.equal(again.state_dict("second")["fc.weight"], own["fc.weight"])
+    assert torch.equal(again.state_dict("second")["fc.bias"], trained["fc.bias"])
+    with pytest.raises(StateError, match="different parameters of one name"):
+        tm.state_dict()

@@ -27,6 +27,7 @@ from __future__ import annotations
 from .check import GradientCheck
 from .layout import Layout
 from .module import (
+    LoadedKeys,
     TrainingModule,
     _load_for_executorch_for_training,
     _load_for_executorch_for_training_from_buffer,
@@ -38,6 +39,7 @@ __all__ = [
     "ExecuTorchSGD",
     "GradientCheck",
     "Layout",
+    "LoadedKeys",
     "TrainingModule",
     "_load_for_executorch_for_training",
     "_load_for_executorch_for_training_from_buffer",

@@ -27,7 +27,9 @@ Where the value of a name is gathered over the loaded methods (:meth:`state_dict
 a method, :meth:`save_pte`, :meth:`save_ptd`), copies that agree give that value; where
 they differ, the copy that differs from the file's initial value (the trained one) wins;
 two or more copies that differ from it and from each other are a :class:`StateError`
-naming the parameter and the methods (:meth:`TrainingModule._gathered`).
+naming the parameter and the methods (:meth:`TrainingModule._gathered`). Copies the file
+starts from different values are not one parameter (two modules' weights of one name):
+saving keeps each method's own, and gathering them by name is a :class:`StateError`.
 
 A call that fails inside the program (a kernel raises) may have overwritten the gradient
 memory, which the method's forward intermediates reuse; see :meth:`forward_backward` for
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from .check import GradientCheck
 
 __all__ = [
+    "LoadedKeys",
     "TrainingModule",
     "_load_for_executorch_for_training",
     "_load_for_executorch_for_training_from_buffer",
@@ -80,6 +83,35 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements as raw bytes (logical order), to compare values bit for bit."""
     flat = t.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else flat
+
+
+class LoadedKeys(NamedTuple):
+    """What :meth:`TrainingModule.load_state_dict` did not load: the method's parameters
+    the state left out, and the state's names that are no parameter of the method."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def _holds(grad: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether ``grad`` (a parameter's ``.grad``) is the planned gradient ``g``'s memory,
+    as ``g`` itself or another tensor over it (``g.detach()``, ``g.view_as(...)``): a call
+    overwrites it. Memory of ``g`` in another layout is refused (:class:`StateError`)."""
+    if grad is g:
+        return True
+    if grad.device != g.device or grad.numel() == 0 or g.numel() == 0:
+        return False
+    start, size = g.data_ptr(), g.numel() * g.element_size()
+    other = grad.data_ptr()
+    if other + grad.numel() * grad.element_size() <= start or start + size <= other:
+        return False
+    if other == start and grad.shape == g.shape and grad.stride() == g.stride():
+        return True
+    raise StateError(
+        "a parameter's .grad lies in the method's planned gradient memory in another layout "
+        f"(sizes {list(grad.shape)}, strides {list(grad.stride())}): the next call overwrites "
+        "it; set .grad to None or to a tensor of its own"
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -190,7 +222,7 @@ class TrainingModule:
                 if not accumulate or prev is None:
                     if prev is not g:
                         p.grad = g
-                elif prev is g:
+                elif _holds(prev, g):
                     stash = trained.stash
                     assert stash is not None
                     g.add_(stash[i])
@@ -206,7 +238,7 @@ class TrainingModule:
         kept = []
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(layout.parameters, layout.gradients, strict=True)):
-                if p.grad is g:
+                if p.grad is not None and _holds(p.grad, g):
                     if trained.stash is None:
                         trained.stash = [torch.empty_like(t) for t in layout.gradients]
                     trained.stash[i].copy_(g)
@@ -225,7 +257,7 @@ class TrainingModule:
                     layout.gradients[i].copy_(stash[i])
                 return
             for p, g in zip(layout.parameters, layout.gradients, strict=True):
-                if p.grad is g:
+                if p.grad is not None and _holds(p.grad, g):
                     p.grad = None
         trained.failed = True
 
@@ -292,21 +324,49 @@ class TrainingModule:
                 self._get(name)
         yield from self._loaded.values()
 
-    def _gathered(self) -> dict[str, torch.Tensor]:
-        """Name -> the tensor holding that parameter's value over every loaded training
-        method (all of them if none is loaded): the one rule of the module docstring.
-        With one copy of a name, that copy, without a comparison."""
+    def _copies(self) -> dict[str, list[tuple[_Trained, int]]]:
+        """Name -> every loaded training method's copy of it (all of them if none is
+        loaded), as (method, parameter index)."""
         copies: dict[str, list[tuple[_Trained, int]]] = {}
         for t in self._all(None):
             for i, n in enumerate(t.layout.names):
                 copies.setdefault(n, []).append((t, i))
+        return copies
+
+    def _by_start(self, where: Sequence[tuple[_Trained, int]]) -> list[list[tuple[_Trained, int]]]:
+        """Copies of one name grouped by the value the file starts them from: copies that
+        start apart are not one parameter (two modules' weights of the same name)."""
+        if len(where) == 1:
+            return [list(where)]
+        groups: dict[bytes, list[tuple[_Trained, int]]] = {}
+        for t, i in where:
+            plan, slot = t.method.state.plan, t.layout.parameter_slots[i]
+            groups.setdefault(bytes(initial_bytes(self._program, plan, slot)), []).append((t, i))
+        return list(groups.values())
+
+    def _value(self, name: str, where: Sequence[tuple[_Trained, int]]) -> torch.Tensor:
+        """The value of one parameter's copies (the same start): the one rule of the module
+        docstring. With one copy, that copy, without a comparison."""
+        first = where[0][0].layout.parameters[where[0][1]]
+        if len(where) == 1 or all(_same(first, t.layout.parameters[i]) for t, i in where[1:]):
+            return first
+        return self._trained_copy(name, where)
+
+    def _gathered(self) -> dict[str, torch.Tensor]:
+        """Name -> the tensor holding that parameter's value over every loaded training
+        method (all of them if none is loaded); a name whose copies the file starts from
+        different values (different parameters) is a :class:`StateError`."""
         out: dict[str, torch.Tensor] = {}
-        for name, where in copies.items():
-            first = where[0][0].layout.parameters[where[0][1]]
-            if len(where) == 1 or all(_same(first, t.layout.parameters[i]) for t, i in where[1:]):
-                out[name] = first
-            else:
-                out[name] = self._trained_copy(name, where)
+        for name, where in self._copies().items():
+            groups = self._by_start(where)
+            if len(groups) > 1:
+                listed = ", ".join(f"'{t.layout.method}'" for t, _ in where)
+                raise StateError(
+                    f"parameter '{name}': the file starts the copies of methods {listed} "
+                    "from different values, so they are different parameters of one name; "
+                    "state_dict(method_name) gives one method's"
+                )
+            out[name] = self._value(name, where)
         return out
 
     def _trained_copy(self, name: str, where: Sequence[tuple[_Trained, int]]) -> torch.Tensor:
@@ -349,15 +409,17 @@ class TrainingModule:
 
     def load_state_dict(
         self, state: Mapping[str, torch.Tensor], method_name: str = "forward", strict: bool = True
-    ) -> None:
+    ) -> LoadedKeys:
         """Copy ``state`` (name -> tensor) into the parameters of ``method_name``; every
         entry is checked before any is written. ``strict``: the names must be exactly the
-        method's."""
+        method's. Returns the method's parameters ``state`` left out and the names it has
+        that are no parameter of the method (a frozen weight is a constant of the program:
+        it cannot be loaded), as ``torch.nn.Module.load_state_dict`` does."""
         layout = self._get(method_name).layout
         params = dict(zip(layout.names, layout.parameters, strict=True))
-        if strict and set(state) != set(params):
-            missing = sorted(set(params) - set(state))
-            extra = sorted(set(state) - set(params))
+        missing = sorted(set(params) - set(state))
+        extra = sorted(set(state) - set(params))
+        if strict and (missing or extra):
             raise NotFoundError(f"state_dict: missing {missing}, unexpected {extra}")
         staged: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name, value in state.items():
@@ -377,15 +439,19 @@ class TrainingModule:
         with torch.no_grad():
             for p, src in staged:
                 p.copy_(src)
+        return LoadedKeys(missing, extra)
 
     def _updates(self) -> list[tuple[Any, int, torch.Tensor]]:
-        """Every loaded method's parameter slots, each with its name's gathered value."""
-        values = self._gathered()
-        return [
-            (t.method.state.plan, slot, values[n])
-            for t in self._all(None)
-            for slot, n in zip(t.layout.parameter_slots, t.layout.names, strict=True)
-        ]
+        """Every loaded method's parameter slots, each with the value of its parameter:
+        the copies of a name the file starts from one value are one parameter (the one
+        rule); copies it starts apart each keep their own method's value."""
+        updates = []
+        for name, where in self._copies().items():
+            for group in self._by_start(where):
+                value = self._value(name, group)
+                for t, i in group:
+                    updates.append((t.method.state.plan, t.layout.parameter_slots[i], value))
+        return updates
 
     def pte_bytes(self) -> bytes:
         """The program as a ``.pte`` whose parameters start at their current values."""
