@@ -157,6 +157,22 @@ def test_update_cache_with_indices() -> None:
         L.update_cache_with_indices(value, cache, 0, torch.tensor([0, 1]))
 
 
+@pytest.mark.parametrize("traced", [False, True])
+def test_update_cache_with_repeated_indices_keeps_the_last_row(traced: bool) -> None:
+    """A ring-buffer cache whose prefill is longer than its window writes slots more than
+    once: the last row written to a slot is its value, as ExecuTorch writes rows in order
+    (index_put_ writes repeated indices in no set order)."""
+    window, seq = 4, 64
+    for batch in (1, 2):
+        value = _rand(batch, seq, 8, 64, seed=batch)
+        indices = ((torch.arange(seq) + 3 * torch.arange(batch)[:, None]) % window).contiguous()
+        cache = torch.zeros(batch, window, 8, 64)
+        L.update_cache_with_indices(value, cache, 0, indices, traced=traced)
+        for b in range(batch):
+            for r in range(seq - window, seq):
+                assert torch.equal(cache[b, int(indices[b, r])], value[b, r]), (batch, b, r)
+
+
 # --------------------------------------------------------------------------------------
 # attention
 
@@ -227,6 +243,11 @@ def test_custom_sdpa_errors() -> None:
         L.custom_sdpa(q, k, k, 0, torch.zeros(2, 4), 0.0, True)
     with pytest.raises(ValueError, match="exceed"):
         L.custom_sdpa(q, k, k, 3, None, 0.0, True)
+    # ExecuTorch's kernel takes a float mask only: a bool one was added as 1.0/0.0
+    with pytest.raises(ValueError, match="float tensor"):
+        L.custom_sdpa(q, k, k, 0, torch.ones(2, 4, dtype=torch.bool), 0.0, False)
+    with pytest.raises(ValueError, match="start_pos"):
+        L.custom_sdpa(q, k, k, -1, None, 0.0, True)
     with pytest.raises(ValueError, match="share"):
         L.custom_sdpa(torch.zeros(1, 2, 3, 4), k, k, 0, None, 0.0, True)
     with pytest.raises(ValueError, match="attn_mask must be"):

@@ -122,7 +122,17 @@ def update_cache_with_indices(
         if lo < 0 or hi >= cache.shape[1]:
             raise IndexError(f"{what}: index out of range [0, {cache.shape[1]}): got [{lo}, {hi}]")
     batch = torch.arange(value.shape[0], device=cache.device)[:, None]
-    cache.index_put_((batch, indices.to(cache.device)), _same_bits(value, cache))
+    idx = indices.to(cache.device)
+    rows = _same_bits(value, cache)
+    if traced or value.shape[1] > 1:
+        # rows written to one slot (a ring buffer's prefill longer than the window): the
+        # last one wins, as ExecuTorch writes them in order; index_put_ writes repeated
+        # indices in no set order, so each is given the value of its slot's last writer
+        pos = torch.arange(idx.shape[1], device=idx.device).expand_as(idx)
+        last = torch.full((idx.shape[0], cache.shape[1]), -1, dtype=idx.dtype, device=idx.device)
+        last = last.scatter_reduce(1, idx, pos, "amax")
+        rows = rows[batch, last.gather(1, idx)]
+    cache.index_put_((batch, idx), rows)
 
 
 def _check_attention(
@@ -136,6 +146,10 @@ def _check_attention(
     """The checks of :func:`_attention` (shapes and flags, no data)."""
     if attn_mask is not None and is_causal:
         raise ValueError(f"{what}: attn_mask and is_causal cannot both be set")
+    if attn_mask is not None and not attn_mask.is_floating_point():
+        # ExecuTorch's kernel takes an additive float mask only (a bool one read as 1.0/0.0
+        # would be added, not masked)
+        raise ValueError(f"{what}: attn_mask must be a float tensor, got {attn_mask.dtype}")
     if q.shape[-1] != k.shape[-1] or k.shape[-1] != v.shape[-1]:
         raise ValueError(f"{what}: q, k and v must have the same head size")
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -285,6 +299,8 @@ def _attention(
             causal = torch.arange(keys, device=q.device)[None, :] <= rows
         return _grouped_sdpa(q, k, v, factor, causal)
     start = int(start_pos)
+    if start < 0:
+        raise ValueError(f"{what}: start_pos must be 0 or more, got {start}")
     if attn_mask is None:
         keys_end = start + q_len
         if keys_end > k.shape[2]:
