@@ -498,3 +498,22 @@ def test_bundled_verdicts_follow_executorchs_rule() -> None:
             assert got[0] == got[1], (module, k, got)
             verdicts.append(got[0])
     assert verdicts == [True, False, False, False, False, False, True, True]
+
+
+def test_method_meta_describes_the_devices_the_methods_run_on() -> None:
+    """A module moved to the CPU (``.to("cpu")``, or the default device) describes its
+    methods' tensors on the CPU, as the methods it loads run there (it said cuda:0, the
+    file's device, while the loaded method said cpu)."""
+    path = str(fixture_paths("gpu_mlp")[0])
+    on_file = pl._load_for_executorch(path).method_meta("forward")
+    assert "cuda:0" in repr(on_file)
+    moved = pl._load_for_executorch(path).to("cpu")
+    meta = moved.method_meta("forward")
+    (y,) = moved.forward(fixture_calls("gpu_mlp")[0]["inputs"])
+    assert y.device.type == "cpu" and "cuda" not in repr(meta)
+    assert repr(meta) == repr(moved._get("forward").method_meta())
+    pl.set_default_device("cpu")
+    try:
+        assert "cuda" not in repr(pl._load_program(path).method_meta("forward"))
+    finally:
+        pl.set_default_device(None)

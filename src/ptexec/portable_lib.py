@@ -311,7 +311,7 @@ class ExecuTorchProgram:
         )
 
     def method_meta(self, method_name: str) -> MethodMeta:
-        return method_meta(self._program, method_name)
+        return method_meta(self._program, method_name, self._device_map)
 
     def has_etdump(self) -> bool:
         return self._recorder is not None
@@ -388,7 +388,7 @@ class ExecuTorchModule:
         return method.get_outputs(clone_outputs)
 
     def method_meta(self, method_name: str) -> MethodMeta:
-        return method_meta(self.program, method_name)
+        return method_meta(self.program, method_name, self._device_map)
 
     def method_names(self) -> list[str]:
         return list(self.program.method_names)

@@ -218,9 +218,10 @@ def method_attributes(
     return _attributes(_plan(program, name))
 
 
-def method_meta(program: _program.Program, name: str) -> MethodMeta:
-    """The ExecuTorch-style :class:`MethodMeta` of method ``name`` (nothing is loaded)."""
-    return MethodMeta(program.method_meta(name), method_attributes(program, name))
+def method_meta(program: _program.Program, name: str, device_map: Any = None) -> MethodMeta:
+    """The ExecuTorch-style :class:`MethodMeta` of method ``name`` (nothing is loaded), its
+    tensors on the devices ``device_map`` places them on (as its loads place them)."""
+    return MethodMeta(program.method_meta(name, device_map), method_attributes(program, name))
 
 
 def load_method(
