@@ -389,3 +389,28 @@ def test_run_records_the_first_call_as_an_etdump(tmp_path: Path) -> None:
     raw = bytearray(buf.read_bytes()[t.offset : t.offset + y.numel() * y.element_size()])
     assert torch.equal(torch.frombuffer(raw, dtype=y.dtype).view(t.sizes), y)
     assert main(["run", pte, "--debug-buffer", str(buf)]) != 0  # needs --etdump
+
+
+def test_inspect_calls_a_constant_output_a_constant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An output that is the program's data (a method returning a weight) is printed as a
+    constant, not as planned (ExecuTorch's is_memory_planned is true for constants)."""
+    import torch
+
+    from export_util import export_program
+
+    class ReturnsWeight(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3, 4))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x + 1, self.w
+
+    path = tmp_path / "w.pte"
+    path.write_bytes(export_program(ReturnsWeight(), (torch.zeros(2),)))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0: float32[2] contiguous on cpu, planned" in out
+    assert "1: float32[3, 4] contiguous on cpu, constant (the program's data)" in out

@@ -12,14 +12,20 @@ from .common import device_map_of, json_text, load_program, size_text
 from .compile import print_compiled
 
 
-def _value_line(i: int, info: Any) -> str:
+def _value_line(i: int, info: Any, value: Any = None) -> str:
+    """One input or output of a method: ``info`` its description, ``value`` the plan's
+    value (a constant is the program's data, though ExecuTorch counts it memory-planned)."""
+    from ..format import program as p
     from ..loader import ScalarInfo
 
     if isinstance(info, ScalarInfo):
         return f"    {i}: {info.kind} (traced value {info.value!r})"
     dims = ", ".join(str(s) for s in info.sizes)
     dyn = "" if info.dynamism == "static" else f", {info.dynamism.replace('_', ' ')}"
-    planned = "planned" if info.is_memory_planned else "unplanned (caller's memory)"
+    if isinstance(value, p.Tensor) and value.is_constant:
+        planned = "constant (the program's data)"
+    else:
+        planned = "planned" if info.is_memory_planned else "unplanned (caller's memory)"
     return (
         f"    {i}: {str(info.dtype).removeprefix('torch.')}[{dims}] {info.layout} "
         f"on {info.device}, {planned}{dyn}"
@@ -136,13 +142,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  external data: {files} ({len(prog.ptd.entries)} tensors)")
     for name, rep in reports.items():
         meta = rep["meta"]
+        plan = next(pl for pl in pte.program.execution_plan if pl.name == name)
         print(f"\nmethod '{name}': {meta.num_instructions} instructions")
         print("  inputs:")
         for i, info in enumerate(meta.inputs):
-            print(_value_line(i, info))
+            print(_value_line(i, info, plan.values[plan.inputs[i]]))
         print("  outputs:")
         for i, info in enumerate(meta.outputs):
-            print(_value_line(i, info))
+            print(_value_line(i, info, plan.values[plan.outputs[i]]))
         print(f"  memory plan: {size_text(meta.planned_bytes)}")
         for b in meta.buffers:
             print(f"    {b}")
