@@ -124,7 +124,8 @@ def update_cache_with_indices(
     batch = torch.arange(value.shape[0], device=cache.device)[:, None]
     idx = indices.to(cache.device)
     rows = _same_bits(value, cache)
-    if traced or value.shape[1] > 1:
+    seq = value.shape[1]
+    if not (isinstance(seq, int) and seq <= 1):  # (one row, a decode step: nothing repeats)
         # rows written to one slot (a ring buffer's prefill longer than the window): the
         # last one wins, as ExecuTorch writes them in order; index_put_ writes repeated
         # indices in no set order, so each is given the value of its slot's last writer
