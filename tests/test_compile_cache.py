@@ -324,6 +324,12 @@ def test_guard_round_trip_and_generated_code() -> None:
         deep = ["+", deep, 1]
     with pytest.raises(GuardError, match="more than"):
         Guard.from_json({"kind": "expr", "k": 0, "d": 0, "expr": deep})
+    # a divisor that may be 0 would fail every call (a damaged entry is a miss, never a
+    # crash): only positive constants divide
+    for divisor in (0, -2, ["size", 0, 0], ["-", 1, 1]):
+        for op in ("//", "%"):
+            with pytest.raises(GuardError, match="divides by"):
+                Guard.from_json({"kind": "expr", "k": 0, "d": 0, "expr": [op, 7, divisor]})
 
 
 # ---- 4. damaged entries ---------------------------------------------------------------------
@@ -769,3 +775,33 @@ def test_files_and_directory_are_synced_before_the_rename(
     before = events[: events.index("rename")]
     assert {"fsync r0.so", f"fsync {MANIFEST}", f"fsync {staging.name}"} <= set(before)
     assert events[-1] == f"fsync {tmp_path.name}"  # the rename itself, made durable
+
+
+def test_every_link_and_directory_met_resolving_the_root_is_checked(tmp_path: Path) -> None:
+    """The way to the root is checked as the kernel resolves it. A link of this user's
+    leading to a link in a directory others may write (or to a link another user owns) was
+    trusted: neither is on the path as written nor above the resolved root, yet whoever
+    controls it could point the root elsewhere between the check and a library load."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    hops = tmp_path / "hops"
+    hops.mkdir(mode=0o755)
+    (hops / "hop").symlink_to(real)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "cache").symlink_to(Path("..") / "hops" / "hop")  # relative, then absolute
+    assert cache_mod.root_status(home / "cache") == (None, True)
+    hops.chmod(0o777)
+    problem, _ = cache_mod.root_status(home / "cache")
+    assert problem is not None and str(hops) in problem and "writable by" in problem
+    hops.chmod(0o1777)  # sticky: others may not replace our link
+    assert cache_mod.root_status(home / "cache") == (None, True)
+    hops.chmod(0o755)
+    if os.getuid() == 0:  # a link another user owns
+        os.lchown(hops / "hop", 65534, 65534)
+        problem, _ = cache_mod.root_status(home / "cache")
+        assert problem is not None and "symbolic link owned by uid 65534" in problem
+    (hops / "hop").unlink()
+    (hops / "hop").symlink_to(hops / "hop")  # a loop is refused, not followed forever
+    problem, _ = cache_mod.root_status(home / "cache")
+    assert problem is not None

@@ -10,10 +10,12 @@ It holds code that a load runs, so whoever can write there must be the user who 
 from it: a directory or file is trusted when it is owned by this user or by root and not
 writable by group or others; the root, when every directory above it is too (a sticky
 directory such as ``/tmp`` above it is fine). A root owned by root while this user is not
-is read only. The way to the root is checked as its path is written too: a symbolic link
-on it must be this user's or root's, and a directory on it must be trusted as the ones
-above the root are. (On Windows, where files have no POSIX owner, the per-user directory's
-own permissions are relied on.) Imports no torch.
+is read only. The way to the root is checked as the kernel resolves it, one name at a
+time (:func:`way_to`): every symbolic link followed must be this user's or root's, and every
+directory looked into must be trusted as the ones above the root are, so no one else can
+redirect the way between a check and a later open or library load. (On Windows, where
+files have no POSIX owner, the per-user directory's own permissions are relied on.)
+Imports no torch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ __all__ = [
     "check_trusted",
     "root_status",
     "untrusted_because",
-    "way_as_written",
+    "way_to",
 ]
 
 
@@ -98,37 +100,65 @@ def _sticky_trust(st: os.stat_result) -> str | None:
     return untrusted_because(st.st_uid, st.st_mode & ~0o022 if sticky else st.st_mode)
 
 
-def way_as_written(root: Path) -> list[Path]:
-    """Every directory or link on the way to ``root`` as its path is written (absolute,
-    links not resolved), the root last."""
-    path = Path(os.path.abspath(root))
-    return [*reversed(path.parents), path]
+_MAX_LINKS = 40  # links followed resolving one path (the kernel's own limit)
 
 
-def _way_as_written(root: Path) -> str | None:
-    """Why the way to ``root`` as written may not be trusted: a symbolic link on it that
-    another user owns (they could point it at a directory of their choosing), or a
-    directory on it that others may write (they could replace what follows)."""
+def way_to(root: Path) -> tuple[str | None, list[Path]]:
+    """Resolve ``root`` one name at a time, as the kernel does, and check everything the
+    resolution meets: ``(why it may not be trusted, or None; every directory looked into
+    and every link followed, in order, the resolved root last)``.
+
+    A symbolic link met must be this user's or root's, and a directory looked into must
+    be trusted as the ones above the root are (others may create in a sticky one, not
+    rename what is ours): whoever could change either could point the rest of the way
+    at a directory of their choosing. The resolved root itself is checked by the
+    caller."""
+    met: list[Path] = []
     me = _uid()
-    if me is None:
-        return None
-    way = way_as_written(root)
-    for step in way:
+    pending = list(reversed(Path(os.path.join(os.getcwd(), root)).parts))
+    current = Path(pending.pop())  # the anchor ("/")
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent
+            continue
+        met.append(current)
+        try:
+            dst = os.lstat(current)
+        except OSError as e:
+            return f"{current} cannot be read ({e.strerror or e})", met
+        why = _sticky_trust(dst) if me is not None else None
+        if why is not None:
+            return f"{current}, above the cache or a link to it, {why}", met
+        step = current / name
         try:
             st = os.lstat(step)
         except OSError as e:
-            return f"{step} cannot be read ({e.strerror or e})"
-        if stat.S_ISLNK(st.st_mode):
-            if st.st_uid not in (me, 0):
-                return (
-                    f"{step}, on the way to the cache, is a symbolic link owned by uid "
-                    f"{st.st_uid}, not by this user (uid {me}) or root"
-                )
-        elif step != way[-1]:
-            why = _sticky_trust(st)
-            if why is not None:
-                return f"{step}, above the cache, {why}"
-    return None
+            return f"{step} cannot be read ({e.strerror or e})", met
+        if not stat.S_ISLNK(st.st_mode):
+            current = step
+            continue
+        met.append(step)
+        if me is not None and st.st_uid not in (me, 0):
+            return (
+                f"{step}, on the way to the cache, is a symbolic link owned by uid "
+                f"{st.st_uid}, not by this user (uid {me}) or root",
+                met,
+            )
+        links += 1
+        if links > _MAX_LINKS:
+            return f"{root}: too many symbolic links on the way", met
+        target = Path(os.readlink(step))
+        if target.is_absolute():
+            current = Path(target.anchor)
+            pending.extend(reversed(target.parts[1:]))
+        else:
+            pending.extend(reversed(target.parts))
+    met.append(current)
+    return None, met
 
 
 def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
@@ -149,17 +179,9 @@ def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     why = untrusted_because(st.st_uid, st.st_mode)
     if why is not None:
         return f"{root} {why}", False
-    why = _way_as_written(root)
+    why, _ = way_to(root)
     if why is not None:
         return why, False
-    for parent in Path(os.path.realpath(root)).parents:
-        try:
-            pst = os.stat(parent)
-        except OSError as e:
-            return f"{parent} cannot be read ({e.strerror or e})", False
-        why = _sticky_trust(pst)
-        if why is not None:
-            return f"{parent}, above the cache, {why}", False
     me = _uid()
     writable = (me is None or st.st_uid == me) and os.access(root, os.W_OK | os.X_OK)
     return None, writable

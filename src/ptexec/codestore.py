@@ -46,7 +46,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status, way_as_written
+from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status, way_to
 from .errors import CacheEntryError
 
 __all__ = [
@@ -101,8 +101,8 @@ def key(source: str) -> str:
     return h.hexdigest()
 
 
-# root -> (every directory and link on the way to it, as written and as resolved, each with
-# its identity, owner and mode when found trusted; whether this user writes the root)
+# root -> (every directory and link its resolution meets (cachedir.way_to), each with its
+# identity, owner and mode when found trusted; whether this user writes the root)
 _Seen = tuple[tuple[str, tuple[int, int, int, int]], ...]
 _roots: dict[str, tuple[_Seen, bool]] = {}
 
@@ -121,8 +121,8 @@ def _root_status(root: Path, create: bool) -> bool | None:
     """Whether this user writes trusted root ``root``; None when it is not trusted (or
     missing and not ``create``). The rules (:func:`ptexec.cachedir.root_status`) are
     checked in full once per root in a process; later uses ``lstat`` every directory and
-    link on the way to it again (as written and as resolved), and check in full when any
-    identity, owner or mode has changed."""
+    link its resolution met again, and check in full when any identity, owner or mode has
+    changed."""
     name = os.fspath(root)
     known = _roots.get(name)
     if known is not None and all(_identity(d) == seen for d, seen in known[0]):
@@ -131,12 +131,8 @@ def _root_status(root: Path, create: bool) -> bool | None:
     if problem is not None:
         _roots.pop(name, None)
         return None
-    resolved = Path(os.path.realpath(root))
-    chain = [
-        *(os.fspath(d) for d in way_as_written(root)),
-        os.fspath(resolved),
-        *(os.fspath(d) for d in resolved.parents),
-    ]
+    _, way = way_to(root)
+    chain = [os.fspath(d) for d in way]
     seen = tuple((d, _identity(d)) for d in dict.fromkeys(chain))
     if any(i is None for _, i in seen):
         return None

@@ -214,7 +214,19 @@ def _expr_from_json(data: Any, budget: list[int]) -> SizeExpr:
         return Size(_int(data[1], "size k"), _int(data[2], "size d"))
     if not isinstance(head, str) or head not in OPERATORS:
         raise GuardError(f"guard operator must be one of {' '.join(OPERATORS)}, not {head!r:.40}")
-    return BinOp(head, _expr_from_json(data[1], budget), _expr_from_json(data[2], budget))
+    right = _expr_from_json(data[2], budget)
+    if head in _DIVISIONS and not _positive(right):
+        raise GuardError(f"a guard divides by {data[2]!r:.40}: only by a positive integer")
+    return BinOp(head, _expr_from_json(data[1], budget), right)
+
+
+_DIVISIONS = ("//", "%")
+
+
+def _positive(e: SizeExpr) -> bool:
+    """Whether ``e`` is a positive integer: the divisors a guard takes (a guard that
+    could divide by zero would fail every call instead of refusing one)."""
+    return type(e) is int and e > 0
 
 
 def scalar_kind(value: p.EValue) -> str:
@@ -541,6 +553,10 @@ def _size_expr(expr: Any, defined: dict[Any, tuple[int, int]]) -> SizeExpr:
         return fold("+", args)
     if isinstance(expr, sympy.Mul):
         return fold("*", args)
+    if isinstance(expr, FloorDiv | Mod | ModularIndexing) and not all(
+        _positive(a) for a in args[1:]
+    ):
+        raise ValueError(f"cannot check a size of the form {expr} (a divisor that is no constant)")
     if isinstance(expr, FloorDiv):
         return BinOp("//", args[0], args[1])
     if isinstance(expr, Mod):
