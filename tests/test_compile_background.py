@@ -307,3 +307,29 @@ def test_server_sessions_share_one_compile_and_health_says_it(
     for j in jobs:
         j.cancel()  # type: ignore[union-attr]
     assert _not_running(pid)
+
+
+def test_the_child_imports_nothing_from_the_working_directory(tmp_path: Path) -> None:
+    """The compile child is started with the caller's working directory, which ``-m``
+    and ``-c`` put first on the module path: a ``torch.py`` in a downloaded model's folder
+    ran as the user in the child (the parent never imports it). The child takes that
+    entry off before importing anything."""
+    import subprocess
+
+    from ptexec.compile import background
+
+    ran = tmp_path / "planted.ran"
+    for name in ("torch", "json", "runpy", "ptexec"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(ran)!r}, 'a').write('{name} ')\n")
+    here = str(Path(background.__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": here}
+    done = subprocess.run(
+        background.child_command(),
+        cwd=tmp_path,
+        env=env,
+        input=b"\n",  # no request: the child answers that it failed, and ends
+        capture_output=True,
+        timeout=300,
+    )
+    assert not ran.exists(), ran.read_text()
+    assert b'"ok": false' in done.stdout  # it ran, and said so

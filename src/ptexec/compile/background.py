@@ -6,9 +6,10 @@ returns a method that runs interpreted at once. Its regions are planned at load,
 
 - when the cache has their code already, it is loaded at once (the method starts
   compiled: no process is started);
-- else a child Python process (``python -m ptexec.compile.background_child``, started by
+- else a child Python process (``ptexec.compile.background_child``, started by
   ``subprocess``: a new interpreter, never a fork of this one, whose torch threads a fork
-  would leave in an undefined state) loads the same program and method with the same load
+  would leave in an undefined state, and with nothing imported from the working
+  directory: :func:`child_command`) loads the same program and method with the same load
   options and thread count, checks that its cache key is the parent's (a program file
   changed on disk since it was loaded is a failed compile, not a wrong one), compiles the
   regions and commits them to the cache (:mod:`.cache`: staged, synced, renamed);
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from ..loader.state import MethodState
     from ..program import Program
 
-__all__ = ["BackgroundCompile", "LoadRequest", "start"]
+__all__ = ["BackgroundCompile", "LoadRequest", "child_command", "start"]
 
 PENDING = "pending"
 COMPILED = "compiled"
@@ -113,6 +114,23 @@ def _short(text: str, limit: int = 500) -> str:
 # one child process, shared by the methods waiting for its key
 
 
+def child_command() -> list[str]:
+    """The command that starts a compile child. ``-m`` and ``-c`` put the working
+    directory first on the module path (a downloaded model's folder may hold a
+    ``torch.py``); the child's first statement takes it off, before anything is imported
+    from there (Python imports nothing from it before the code runs)."""
+    return [
+        sys.executable,
+        "-c",
+        "import sys\n"
+        "if sys.path and sys.path[0] == '':\n"
+        "    del sys.path[0]\n"
+        "import runpy\n"
+        "runpy.run_module('ptexec.compile.background_child', run_name='__main__', "
+        "alter_sys=True)\n",
+    ]
+
+
 class _Child:
     """The compile process of one cache key, and the thread waiting for it."""
 
@@ -132,7 +150,7 @@ class _Child:
         here = str(Path(__file__).resolve().parent.parent.parent)  # the ptexec the child runs
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ptexec.compile.background_child"],
+            child_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
