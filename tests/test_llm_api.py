@@ -85,6 +85,22 @@ def test_sampler_greedy_is_first_argmax() -> None:
     assert Sampler(0.0).sample(logits[None, None]) == 1
 
 
+def test_a_tiny_temperature_is_greedy_not_an_overflow() -> None:
+    """OpenAI takes any temperature in [0, 2]. Dividing logits of 30 by 1e-40 overflowed
+    float32 to inf, softmax gave NaN and the draw failed (a 500 from the server). Below
+    ``GREEDY_BELOW`` (vLLM's 1e-5) the sampler takes the likeliest token, the limit of
+    the distribution; at it, it still samples."""
+    from ptexec.llm.sampling import GREEDY_BELOW
+
+    logits = torch.tensor([30.0, 31.0, -5.0, 30.5])
+    for t in (1e-300, 1e-40, 1e-38, 9.9e-6):
+        s = Sampler(t, seed=3)
+        assert s.greedy and s.sample(logits) == 1
+        assert torch.equal(s.distribution(logits), torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    s = Sampler(GREEDY_BELOW, seed=3)
+    assert not s.greedy and s.sample(logits) == 1
+
+
 def test_sampler_distribution_filters() -> None:
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
     full = torch.softmax(logits / 2.0, 0)

@@ -22,13 +22,18 @@ from ..errors import GenerationError
 from .config import check_setting
 from .logits import LogitsProcessor, min_p_filter
 
-__all__ = ["Sampler"]
+__all__ = ["GREEDY_BELOW", "Sampler"]
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy decoding (vLLM's rule): dividing the scores by a
+tinier one overflows float32 (the limit of the distribution is the likeliest token)."""
 
 
 class Sampler:
     """Greedy or temperature / top-k / top-p sampling with a seed.
 
-    ``temperature == 0`` is greedy (the first maximum). ``top_k == 0`` and ``top_p == 1``
+    ``temperature == 0`` is greedy (the first maximum), as is any temperature below
+    :data:`GREEDY_BELOW`. ``top_k == 0`` and ``top_p == 1``
     disable those filters; ``min_p`` in [0, 1] (0: off) applies after them. ``processors``
     run on the raw logits first (see :mod:`ptexec.llm.logits`); they see the context given
     to :meth:`begin` and every token sampled since. ``seed=None`` draws from a
@@ -63,7 +68,9 @@ class Sampler:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Whether the likeliest token is taken: a temperature below
+        :data:`GREEDY_BELOW` (0 included), whose division would overflow the scores."""
+        return self.temperature < GREEDY_BELOW
 
     def begin(self, context: Sequence[int]) -> None:
         """A generation starts after ``context`` (the ids in the model's context, prompt
