@@ -252,6 +252,47 @@ def test_hf_tokenizer_detected_with_special_tokens(tmp_path: Path) -> None:
     assert load_tokenizer(tmp_path).kind == "Hugging Face"  # a directory holding it
 
 
+def test_a_tokenizer_saved_with_truncation_or_padding_encodes_whole_prompts(
+    tmp_path: Path,
+) -> None:
+    """A tokenizer.json saved with truncation and padding on (a training script's) cut
+    every prompt to 4 ids and padded it to 12: transformers' tokenizers switch both off
+    unless a call asks for them, and so does ptexec."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    path = _hf_tokenizer(tmp_path / "tokenizer.json")
+    t = Tokenizer.from_file(str(path))
+    t.enable_truncation(max_length=4)
+    t.enable_padding(length=12, pad_id=0, pad_token="<s>")
+    t.save(str(path))
+    ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+    tok = load_tokenizer(path)
+    for text in (TEXT, "the", ""):
+        assert tok.encode(text) == ref(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(tok.encode(TEXT)) == TEXT
+
+
+def test_a_config_whose_bos_is_null_has_none(tmp_path: Path) -> None:
+    """``"bos_token": null`` (Qwen's configs) is no BOS, as transformers reads it; it
+    was filled in from the names ptexec guesses ("<s>" here), so ``num_bos`` put that
+    token before prompts. A BOS asked of a tokenizer without one is refused."""
+    transformers = pytest.importorskip("transformers")
+    path = _hf_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"bos_token": null, "eos_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"}'
+    )
+    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    tok = load_tokenizer(path)
+    assert ref.bos_token_id is None and tok.bos_id == -1
+    assert tok.eos_id == ref.eos_token_id == 1
+    assert tok.encode("the cat") == ref("the cat", add_special_tokens=False)["input_ids"]
+    with pytest.raises(TokenizerError, match="no BOS"):
+        tok.encode("the cat", bos=1)
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    assert load_tokenizer(path).bos_id == 0  # not named: guessed (<s>), as before
+
+
 def test_hf_tokenizer_config_names_bos_eos(tmp_path: Path) -> None:
     path = _hf_tokenizer(tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "</s>", "eos_token": "<s>"}')
@@ -443,10 +484,38 @@ def test_sentencepiece_byte_fallback_and_control_pieces(tmp_path: Path) -> None:
         stream = TextStream(tok)
         assert "".join([stream.push(i) for i in ids] + [stream.flush()]).strip() == text
     ids = tok.encode("<s>the cat</s> sat")
+    assert tok.decode(ids, skip_special_tokens=True) == ref.decode(ids) == "the cat sat"
     assert ids[0] == tok.bos_id == 1 and tok.eos_id in ids
     assert ids[1:] == [*ref.encode("the cat"), 2, *ref.encode(" sat")]
     assert tok.is_special(1) and tok.is_special(2) and not tok.is_special(ids[1])
     assert tok.token_bytes(2) == b"</s>"
+
+
+def test_sentencepiece_decode_drops_the_space_before_the_text(tmp_path: Path) -> None:
+    """SentencePiece's decode drops the space its encode puts before a text (one per
+    piece until a piece leaves text): ptexec's gave " Hello world" and "   line", so a
+    decode of token-id prompts and of seq2seq outputs began with spaces sentencepiece's
+    has not. Streaming still keeps a completion's first space after a prompt."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    path = _sentencepiece_model(spm, tmp_path / "tokenizer.model", vocab_size=60)
+    tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
+    space = ref.piece_to_id("\u2581")
+    for ids in (
+        ref.encode("the cat sat"),
+        [space, space, *ref.encode("ran")],
+        [1, *ref.encode("the dog")],  # after BOS too
+        [space],
+        [],
+    ):
+        assert tok.decode(ids, skip_special_tokens=True) == ref.decode(ids), ids
+    prompt, completion = ref.encode("the cat"), ref.encode("sat on the mat")
+    stream = TextStream(tok, prompt)
+    text = "".join([stream.push(i) for i in completion] + [stream.flush()])
+    assert text == " sat on the mat"
+    stream = TextStream(tok, [space])  # a prompt that decodes to no text
+    text = "".join([stream.push(i) for i in completion] + [stream.flush()])
+    assert text == ref.decode([space, *completion])[len(ref.decode([space])) :] == "sat on the mat"
 
 
 def test_unreadable_tokenizer(tmp_path: Path) -> None:

@@ -46,7 +46,11 @@ class Tokenizer:
         self.vocab_size = vocab_size
 
     def encode(self, text: str, bos: int = 0, eos: int = 0) -> list[int]:
-        """The ids of ``text``, with ``bos`` BOS tokens before and ``eos`` EOS after."""
+        """The ids of ``text``, with ``bos`` BOS tokens before and ``eos`` EOS after
+        (:class:`~ptexec.errors.TokenizerError` when asked for one the tokenizer has not)."""
+        for n, token, name in ((bos, self.bos_id, "BOS"), (eos, self.eos_id, "EOS")):
+            if n > 0 and token < 0:
+                raise TokenizerError(f"{self.path.name} has no {name} token to put {n} of")
         return [self.bos_id] * bos + self._encode(text) + [self.eos_id] * eos
 
     def _encode(self, text: str) -> list[int]:
@@ -89,6 +93,10 @@ class HuggingFaceTokenizer(Tokenizer):
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:
             raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({e})") from e
+        # a file saved with truncation or padding on (a training script's) would cut or pad
+        # every prompt: transformers' tokenizers switch both off unless a call asks
+        tok.no_truncation()
+        tok.no_padding()
         self._tok = tok
         bos, eos = _hf_special_ids(tok, path.parent / "tokenizer_config.json")
         added = tok.get_added_tokens_decoder()
@@ -191,15 +199,19 @@ def _hf_special_ids(tok: Any, config_path: Path) -> tuple[int, int]:
         return int(found) if found is not None else None
 
     bos = eos = None
+    config: dict[str, Any] = {}
     if config_path.is_file():
         try:
             config = json.loads(config_path.read_text())
         except (OSError, ValueError) as e:
             raise TokenizerError(f"{config_path}: unreadable tokenizer config ({e})") from e
+        if not isinstance(config, dict):
+            raise TokenizerError(f"{config_path}: the tokenizer config is not a JSON object")
         bos, eos = token_id(config.get("bos_token")), token_id(config.get("eos_token"))
-    if bos is None:
+    # a config that says null has none (Qwen's BOS): only a token not named is guessed
+    if bos is None and config.get("bos_token", "") is not None:
         bos = next((i for i in map(token_id, _HF_BOS) if i is not None), None)
-    if eos is None:
+    if eos is None and config.get("eos_token", "") is not None:
         eos = next((i for i in map(token_id, _HF_EOS) if i is not None), None)
     # no BOS/EOS at all: the ids stay usable (-1 is never generated)
     return (bos if bos is not None else -1), (eos if eos is not None else -1)
@@ -316,8 +328,19 @@ class _CppTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         # pieces are bytes; join them first so characters split over tokens survive
-        data = b"".join(self._piece(int(i), skip_special_tokens) for i in ids)
-        return data.decode("utf-8", errors="replace")
+        pieces = [self._piece(int(i), skip_special_tokens) for i in ids]
+        if self.kind == "SentencePiece":
+            # SentencePiece's decode drops the space its encode put before the text: one
+            # leading space of each piece until a piece leaves text (control pieces are
+            # no text: they neither end that nor lose anything)
+            for k, i in enumerate(ids):
+                if int(i) in self._control:
+                    continue
+                if pieces[k][:1] == b" ":
+                    pieces[k] = pieces[k][1:]
+                if pieces[k]:
+                    break
+        return b"".join(pieces).decode("utf-8", errors="replace")
 
     def token_bytes(self, token: int) -> bytes:
         return self._piece(token, False)
@@ -508,10 +531,17 @@ class TextStream:
 
 def _whole_tail(tokenizer: Tokenizer, context: Sequence[int], most: int = 8) -> list[int]:
     """The shortest end of ``context`` (at most ``most`` ids) whose decode is text, whole
-    characters only; none when no such end is found."""
+    characters only; else the shortest end of non-special ids that decodes to no text
+    (a prompt of one space: the completion's first space is not at the text's start);
+    else none."""
+    empty: list[int] = []  # the shortest end that is no text (a prompt of one space)
     for n in range(1, min(most, len(context)) + 1):
         tail = [int(i) for i in context[-n:]]
         text = tokenizer.decode(tail, skip_special_tokens=True)
-        if text and "\ufffd" not in text:
+        if "\ufffd" in text:
+            continue
+        if text:
             return tail
-    return []
+        if not empty and not any(tokenizer.is_special(i) for i in tail):
+            empty = tail
+    return empty
