@@ -10,6 +10,7 @@ tests run without a program, against transformers' image processor.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -792,3 +793,161 @@ def test_cli_chat_puts_the_image_in_the_users_turn(
     )
     assert main([*argv, "--chat-template", str(tmp_path / "plain.jinja")]) != 0
     assert "placeholder" in capsys.readouterr().err
+
+
+# ---- images over the OpenAI API (``ptexec serve``) ---------------------------------------
+
+
+def _data_url(pixels: torch.Tensor, fmt: str = "PNG") -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    _pil(pixels).save(buf, fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def image_server(llava: Path) -> Any:
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("httpx")
+    from ptexec.serve import Engine, Server
+
+    ck = llava / "checkpoint"
+    engine = Engine(llava / "model.pte", ck / "tokenizer.json", model_name="m", processor=ck)
+    server = Server(engine, "127.0.0.1", 0, max_body_bytes=32 << 20).start()
+    yield server
+    server.stop()
+
+
+def _chat(server: Any, content: Any, **body: Any) -> Any:
+    import httpx
+
+    messages = [{"role": "user", "content": content}]
+    body = {"model": "m", "messages": messages, **body}
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_served_image_chat_gives_the_eager_models_greedy_tokens(
+    llava: Path, image_server: Any
+) -> None:
+    """An ``image_url`` content part (a base64 data URL) in a chat: the template renders
+    the user's turn with the image's placeholder, the image is preprocessed as the model's
+    processor does, and the answer is the eager model's greedy continuation of the
+    processor's input for the same rendered prompt. ``usage.prompt_tokens`` counts the
+    image's embedding rows, as the processor's ids hold them; streaming gives the same
+    text."""
+    import httpx
+
+    ck = llava / "checkpoint"
+    processor = transformers.AutoProcessor.from_pretrained(ck)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
+    px = _pixels(11, 40, 30)
+    content = [
+        {"type": "text", "text": "Look:"},
+        {"type": "image_url", "image_url": {"url": _data_url(px), "detail": "auto"}},
+        {"type": "text", "text": "What is it?"},
+    ]
+    parts = [{"type": "text", "text": "Look:"}, {"type": "image"},
+             {"type": "text", "text": "What is it?"}]  # fmt: skip
+    prompt = processor.apply_chat_template(
+        [{"role": "user", "content": parts}], add_generation_prompt=True
+    )
+    inputs = processor(text=prompt, images=_pil(px), return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            pixel_values=inputs["pixel_values"],
+            max_new_tokens=N,
+            do_sample=False,
+        )
+    want = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
+    r = _chat(image_server, content, temperature=0, max_tokens=N)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == want
+    assert body["usage"]["prompt_tokens"] == inputs["input_ids"].shape[1]
+    pieces = []
+    with httpx.stream(
+        "POST",
+        image_server.url + "/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": [{"role": "user", "content": content}],
+            "temperature": 0,
+            "max_tokens": N,
+            "stream": True,
+        },
+        timeout=120,
+    ) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                pieces.append(delta.get("content") or "")
+    assert "".join(pieces) == want
+
+
+@pytest.mark.slow
+def test_served_images_are_refused_with_what_is_wrong(llava: Path, image_server: Any) -> None:
+    """What the server cannot or will not take is a 400 naming it, before any generation:
+    URLs it would have to fetch, data that is not base64 or no image, an image larger than
+    the server takes, an image outside a user's turn, more tokens than the context holds
+    once the image's rows are counted, and an image for a text-only model."""
+    from ptexec.serve import Engine
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    px = _pixels(2, 24, 24)
+    url = _data_url(px)
+    cases = [
+        ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}], "fetches no"),
+        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}], "base64"),
+        (
+            [{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}],
+            "not an image",
+        ),
+        (
+            [{"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGVsbG8="}}],
+            "not an image",
+        ),
+        ([{"type": "image_url", "image_url": url}, {"type": "input_audio"}], "input_audio"),
+    ]
+    for content, words in cases:
+        r = _chat(image_server, content, max_tokens=2)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    import httpx
+
+    system = {"role": "system", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+    r = httpx.post(
+        image_server.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [system, {"role": "user", "content": "hi"}]},
+        timeout=60,
+    )
+    assert r.status_code == 400 and "user messages" in r.json()["error"]["message"]
+    ck = llava / "checkpoint"
+    engine = Engine(
+        llava / "model.pte", ck / "tokenizer.json", model_name="m", max_image_pixels=500
+    )
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]
+    job = engine.prepare(parse_request({"model": "m", "messages": [
+        {"role": "user", "content": content}]}, chat=True))  # fmt: skip
+    with pytest.raises(ApiError, match="24x24 pixels, more than the 500"):
+        engine.read_media(job)
+    # the context holds the image's 16 rows, not its one placeholder token
+    room = engine.context - job.prompt_tokens
+    assert job.prompt_tokens == len(job.ids) - 1 + 16
+    over = {"model": "m", "messages": [{"role": "user", "content": content}],
+            "max_tokens": room + 1}  # fmt: skip
+    with pytest.raises(ApiError, match="maximum context length") as e:
+        engine.prepare(parse_request(over, chat=True))
+    assert e.value.code == "context_length_exceeded"
+    assert engine.prepare(parse_request({**over, "max_tokens": room}, chat=True))
+    (ck.parent / "plain.jinja").write_text(
+        "{% for m in messages %}{{ m['content'][-1]['text'] }}{% endfor %}"
+    )
+    plain = Engine(llava / "model.pte", ck / "tokenizer.json", model_name="m",
+                   chat_template=ck.parent / "plain.jinja")  # fmt: skip
+    with pytest.raises(ApiError, match="wrote 0 image placeholder"):
+        plain.prepare(parse_request(over, chat=True))

@@ -9,6 +9,9 @@ from typing import Any
 
 from .common import add_xnnpack
 
+DEFAULT_BODY_BYTES = 1 << 20
+MEDIA_BODY_BYTES = 32 << 20  # a request with images (OpenAI takes up to 20 MB one)
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve an LLM program over OpenAI's HTTP API until SIGTERM drains it."""
@@ -52,6 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             compile="background" if args.compile else False,
             xnnpack=args.xnnpack,
             chat_template=args.chat_template,
+            processor=args.processor,
         )
     programs = None
     if args.programs or (engine is None and speech is None):  # every method at /v1/programs/
@@ -77,7 +81,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes
+        if args.max_body_bytes is not None
+        else MEDIA_BODY_BYTES
+        if engine is not None and engine.takes_images
+        else DEFAULT_BODY_BYTES,
         log_level=args.log_level,
         programs=programs,
         speech=speech,
@@ -95,15 +103,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _is_speech(args: argparse.Namespace) -> bool:
-    """A speech model: features named, or a processor directory beside an encoder-decoder
-    program and no LLM tokenizer asked for."""
-    if args.processor or args.preprocessor:
+    """A speech model: a preprocessor program named, a processor directory named for a
+    program that is no multimodal LLM (whose processor preprocesses its images), or a
+    processor directory beside an encoder-decoder program and no LLM tokenizer asked for."""
+    if args.preprocessor:
         return True
-    if args.tokenizer or not (Path(args.file).parent / "preprocessor_config.json").exists():
+    if not args.processor and (
+        args.tokenizer or not (Path(args.file).parent / "preprocessor_config.json").exists()
+    ):
         return False
     from .. import load
+    from ..llm import MultimodalMethods
 
     names = set(load(args.file, data_path=args.data).method_names)
+    if args.processor:
+        return MultimodalMethods.find(sorted(names)) is None
     return {"encoder", "text_decoder"} <= names
 
 
@@ -119,7 +133,8 @@ def add_serve(sub: Any) -> None:
         "--processor",
         help="serve a speech model (Whisper: encoder + text_decoder) at /v1/audio/*, its "
         "features from this Hugging Face processor directory (found beside the program "
-        "without this option)",
+        "without this option); for a multimodal LLM, its image preprocessing (default: the "
+        "program's metadata)",
     )
     speech.add_argument(
         "--preprocessor", help="serve a speech model, its features from this preprocessor .pte"
@@ -156,7 +171,11 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--chat-template", help="a Jinja chat template file")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="largest request body (default: 1 MiB; 32 MiB for a model that takes images)",
+    )
     add_xnnpack(p)
     p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")

@@ -1,6 +1,6 @@
 """Images for a vision encoder: reading a file, resizing and normalising in torch.
 
-:func:`read_image` reads a file (PNG, JPEG, ... through Pillow) as ``uint8 [3, H, W]``
+:func:`read_image` reads a file or its bytes (PNG, JPEG, ... through Pillow) as ``uint8 [3, H, W]``
 RGB pixels. :class:`ImagePreprocessor` turns pixels into what a vision encoder takes, with
 the settings of a Hugging Face ``preprocessor_config.json`` (or the ``image_processor``
 entry of a ``processor_config.json``): resize (``size``: ``height``/``width``,
@@ -34,17 +34,29 @@ _FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5
 _MODES = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
 
 
-def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
-    """The image file at ``path`` as ``uint8 [3, H, W]`` RGB pixels (needs Pillow).
+def read_image(
+    source: str | os.PathLike[str] | bytes, *, max_pixels: int | None = None
+) -> torch.Tensor:
+    """The image at ``source`` (a file's path, or the bytes of an image file) as
+    ``uint8 [3, H, W]`` RGB pixels (needs Pillow). ``max_pixels``: the largest ``H * W``
+    taken, checked from the image's header before its pixels are decoded (Pillow's own
+    bound, about 179 million, applies besides).
 
-    Raises :class:`~ptexec.errors.GenerationError` when the file is missing or is no image."""
+    Raises :class:`~ptexec.errors.GenerationError` when the file is missing, is no image
+    or is larger than ``max_pixels``."""
+    import io
+
     try:
         from PIL import Image as PILImage
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise GenerationError("reading an image file needs Pillow (pip install pillow)") from e
-    p = Path(path)
+    named = not isinstance(source, bytes | bytearray | memoryview)
+    what = str(source) if named else "the image"
     try:
-        with PILImage.open(p) as im:
+        with PILImage.open(Path(source) if named else io.BytesIO(source)) as im:  # type: ignore[arg-type]
+            w, h = im.size
+            if max_pixels is not None and w * h > max_pixels:
+                raise GenerationError(f"{what} is {w}x{h} pixels, more than the {max_pixels} taken")
             from PIL import ImageOps
 
             # as a camera's EXIF orientation says it is shown (transformers' load_image)
@@ -52,9 +64,11 @@ def read_image(path: str | os.PathLike[str]) -> torch.Tensor:
             w, h = rgb.size
             data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
     except FileNotFoundError:
-        raise GenerationError(f"{p}: no such image file") from None
+        raise GenerationError(f"{what}: no such image file") from None
+    except GenerationError:
+        raise
     except Exception as e:  # Pillow raises several types for a file it cannot read
-        raise GenerationError(f"{p}: not an image Pillow can read ({e})") from e
+        raise GenerationError(f"{what}: not an image Pillow can read ({e})") from e
     return data.reshape(h, w, 3).permute(2, 0, 1).contiguous()
 
 

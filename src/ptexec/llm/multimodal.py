@@ -53,6 +53,7 @@ feature code.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -78,6 +79,7 @@ __all__ = [
     "MultimodalRunner",
     "audio_features",
     "hf_inputs",
+    "placeholder_runs",
 ]
 
 _EMBEDDING = ("token_embedding", "token_embeddings", "embed_text")
@@ -294,6 +296,14 @@ class MultimodalDecoder:
 
     def has(self, kind: str) -> bool:
         return kind in self._encoders
+
+    def media_rows(self, kind: str) -> int:
+        """The embedding rows one ``kind`` input makes (the most, for an encoder of
+        dynamic output shape): the encoder's output rows of ``hidden`` values."""
+        meta = self.encoder_meta.get(kind)
+        if meta is None:
+            raise GenerationError(f"the program has no {kind} encoder")
+        return math.prod(int(s) for s in meta.outputs[0].sizes) // max(self.hidden, 1)
 
     # -- running ---------------------------------------------------------------------------
     def _run(self, method: Any, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -544,16 +554,34 @@ class MultimodalRunner(_Runner):
 
     # -- inputs to ids and media ---------------------------------------------------------------
     def _image_rows(self, item: MultimodalInput) -> torch.Tensor:
-        d = self.decoder
-        image = item.get_image()
-        assert image is not None
-        meta = d.encoder_meta.get("image")
+        spec = self._image_spec()
+        x = self.image_input(item).to(dtype=spec.dtype, device=spec.device.to_torch())
+        if len(spec.sizes) == 4:
+            x = x.unsqueeze(0)
+        rows: torch.Tensor = self.decoder.encode("image", x)
+        return rows
+
+    def _image_spec(self) -> Any:
+        meta = self.decoder.encoder_meta.get("image") if self.multimodal else None
         if meta is None:
             raise GenerationError("the program has no vision encoder; it cannot take images")
         spec = meta.inputs[0]
-        sizes = tuple(int(s) for s in spec.sizes)
-        if len(sizes) not in (3, 4):
+        if len(spec.sizes) not in (3, 4):
+            sizes = tuple(int(s) for s in spec.sizes)
             raise GenerationError(f"the vision encoder takes {sizes}; expected [1, C, H, W]")
+        return spec
+
+    def image_input(self, item: MultimodalInput) -> torch.Tensor:
+        """What the vision encoder reads of the image input ``item``, ``[C, H, W]``:
+        uint8 pixels resized and normalised by the model's preprocessing, float pixels
+        as given (they must have the encoder's shape), uint8 pixels as they are for an
+        encoder that takes uint8 (of its size). Raises
+        :class:`~ptexec.errors.GenerationError` for an image the encoder cannot take."""
+        spec = self._image_spec()
+        image = item.get_image()
+        if image is None:
+            raise GenerationError(f"expected an image input, got {item.type!r}")
+        sizes = tuple(int(s) for s in spec.sizes)
         target = (sizes[-2], sizes[-1])
         pixels = image.to_tensor()
         if spec.dtype == torch.uint8:
@@ -562,22 +590,16 @@ class MultimodalRunner(_Runner):
                     f"the vision encoder takes uint8 pixels of {target[0]}x{target[1]}; the "
                     f"image is {image!r}"
                 )
-            x = pixels[: sizes[-3]]
-        elif image.is_float():
+            return pixels[: sizes[-3]]
+        if image.is_float():
             if tuple(pixels.shape) != sizes[-3:]:
                 raise GenerationError(
                     f"a float image is taken as preprocessed pixel values and must have the "
                     f"encoder's shape {list(sizes[-3:])}; it is {list(pixels.shape)} (pass "
                     "uint8 pixels to have them resized and normalised)"
                 )
-            x = pixels
-        else:
-            x = self._preprocessor(target)(pixels)
-        x = x.to(dtype=spec.dtype, device=spec.device.to_torch())
-        if len(sizes) == 4:
-            x = x.unsqueeze(0)
-        rows: torch.Tensor = d.encode("image", x)
-        return rows
+            return pixels
+        return self._preprocessor(target)(pixels)
 
     def _preprocessor(self, target: tuple[int, int]) -> ImagePreprocessor:
         if self._images is None:
@@ -675,7 +697,7 @@ class MultimodalRunner(_Runner):
             media = [v for k, v in parts if k == kind]
             token = marks[kind]
             runs = (
-                sum(len(_runs(v, token)) for k, v in parts if k == "ids")
+                sum(len(placeholder_runs(v, token)) for k, v in parts if k == "ids")
                 if token is not None
                 else 0
             )
@@ -843,7 +865,7 @@ def _extractor_rate(processor: Path) -> int:
     return rate
 
 
-def _runs(ids: Sequence[int], token: int | None) -> list[tuple[int, int]]:
+def placeholder_runs(ids: Sequence[int], token: int | None) -> list[tuple[int, int]]:
     """(start, end) of each run of ``token`` in ``ids``."""
     out: list[tuple[int, int]] = []
     i, n = 0, len(ids)
@@ -860,5 +882,5 @@ def _runs(ids: Sequence[int], token: int | None) -> list[tuple[int, int]]:
 
 
 def _all_runs(ids: Sequence[int], tokens: dict[str, int | None]) -> list[tuple[int, int, str]]:
-    found = [(s, e, k) for k, t in tokens.items() for s, e in _runs(ids, t)]
+    found = [(s, e, k) for k, t in tokens.items() for s, e in placeholder_runs(ids, t)]
     return sorted(found)

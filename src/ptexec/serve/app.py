@@ -141,6 +141,9 @@ def create_app(
         jobs = [engine.prepare(replace(req, prompt=x, prompts=[x])) for x in req.prompts] or [
             engine.prepare(req)
         ]
+        for job in jobs:  # images decoded and resized off the event loop
+            if job.request.media:
+                await asyncio.to_thread(engine.read_media, job)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         if req.stream:

@@ -10,6 +10,12 @@ position goes back to 0), so nothing of one request is in the context of the nex
 A job that is cancelled (its client went away, or its deadline passed) stops its runner
 after the current token, and its session goes back to the pool as soon as the runner
 returns.
+
+A chat with images (a program with a vision encoder) is checked when prepared: one
+placeholder run of the rendered prompt per image, and the context counted with each
+image's embedding rows; :meth:`Engine.read_media` then decodes and preprocesses the images
+(off the event loop, any problem a 400), and the session's runner puts their rows at the
+placeholders.
 """
 
 from __future__ import annotations
@@ -26,8 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import GenerationError
-from ..llm import GenerationConfig, MultimodalRunner, load_tokenizer, make_token_input
+from ..llm import (
+    GenerationConfig,
+    MultimodalRunner,
+    load_tokenizer,
+    make_image_input,
+    make_token_input,
+    read_image,
+)
 from ..llm.chat import ChatTemplate, ChatTemplateError
 from ..llm.logits import (
     LogitBias,
@@ -36,11 +51,16 @@ from ..llm.logits import (
     RepetitionPenalty,
     token_logprobs,
 )
+from ..llm.multimodal import placeholder_runs
 from ..llm.tokenizer import Tokenizer
 from .metrics import Metrics
 from .protocol import DEFAULT_COMPLETION_TOKENS, ApiError, Request
 
-__all__ = ["Engine", "Job", "Logprob", "Result"]
+__all__ = ["MAX_IMAGE_PIXELS", "Engine", "Job", "Logprob", "Result"]
+
+MAX_IMAGE_PIXELS = 50_000_000
+"""The largest image (width x height) a request may hold, checked before its pixels are
+decoded."""
 
 
 @dataclass
@@ -103,6 +123,12 @@ class Job:
         self.request = req
         self.ids = ids
         self.config = config
+        self.media: list[torch.Tensor] = []
+        """The request's images as the vision encoder reads them (:meth:`Engine.read_media`),
+        one per image placeholder run of ``ids``, in order."""
+        self.prompt_tokens = len(ids)
+        """The prompt's positions in the context: ``ids`` with each image's placeholder
+        taken as the image's embedding rows."""
         self.prompt = prompt
         """The prompt's text (a completion's echo)."""
         self.logprobs: list[Logprob] = []
@@ -156,6 +182,8 @@ class Engine:
         xnnpack: str = "auto",
         chat_template: str | os.PathLike[str] | None = None,
         metrics: Metrics | None = None,
+        processor: str | os.PathLike[str] | None = None,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         import ptexec
 
@@ -171,6 +199,7 @@ class Engine:
             MultimodalRunner(
                 self.program,
                 self.tokenizer,
+                processor=processor,
                 device_map=device_map,
                 compile=compile,
                 xnnpack=xnnpack,
@@ -183,14 +212,19 @@ class Engine:
         self.vocab_size = first.vocab_size
         self.eos_ids = first.eos_ids
         self.max_queue = max_queue
-        # the program's media placeholder ids: this server takes text only, so a prompt
-        # holding one (the text "<image>", say) has no media to put there
+        # the program's media placeholder ids: a prompt holding one (the text "<image>",
+        # say) needs an image to put there
         decoder = first.decoder
         self.placeholders: dict[int, str] = (
             {t: kind for kind in ("image", "audio") if (t := decoder.placeholder(kind)) is not None}
             if first.multimodal
             else {}
         )
+        self.takes_images = bool(
+            first.multimodal and decoder.has("image") and decoder.placeholder("image") is not None
+        )
+        """Whether requests may hold images (a vision encoder, and its placeholder token)."""
+        self.max_image_pixels = max_image_pixels
         self.timeout = timeout
         self.metrics = metrics or Metrics()
         self.created = int(time.time())
@@ -278,22 +312,14 @@ class Engine:
             ids = self.tokenizer.encode(text)
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
-        held = next((t for t in ids if t in self.placeholders), None)
-        if held is not None:
-            kind = self.placeholders[held]
-            raise ApiError(
-                400,
-                f"the prompt holds the program's {kind} placeholder (token {held}), but this "
-                f"server takes text only: there is no {kind} to put there",
-                param="messages" if req.chat else "prompt",
-            )
-        room = self.context - len(ids)
+        length = self._prompt_length(req, ids)
+        room = self.context - length
         if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
             asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
             raise ApiError(
                 400,
                 f"This model's maximum context length is {self.context} tokens; the prompt "
-                f"has {len(ids)} tokens{asked}",
+                f"has {length} tokens{asked}",
                 param="messages" if req.chat else "prompt",
                 code="context_length_exceeded",
             )
@@ -335,9 +361,65 @@ class Engine:
             logits_processor=processors or None,
         )
         job = Job(req, ids, config, text)
+        job.prompt_tokens = length
         if self.timeout is not None:
             job.deadline = job.created + self.timeout
         return job
+
+    def _prompt_length(self, req: Request, ids: list[int]) -> int:
+        """The context positions of prompt ``ids``: each image's placeholder (one token, or
+        as many as its embedding rows) counts as the image's rows. Raises
+        :class:`ApiError` when the placeholders and the request's images disagree."""
+        where = "messages" if req.chat else "prompt"
+        images = sum(1 for kind, _ in req.media if kind == "image")
+        if images and not self.takes_images:
+            raise ApiError(
+                400, f"the model '{self.model_name}' takes no images (text only)", param=where
+            )
+        length = len(ids)
+        for token, kind in self.placeholders.items():
+            runs = placeholder_runs(ids, token)
+            given = images if kind == "image" else 0
+            if runs and not given:
+                raise ApiError(
+                    400,
+                    f"the prompt holds the program's {kind} placeholder (token {token}), but "
+                    f"the request has no {kind} to put there",
+                    param=where,
+                )
+            if len(runs) != given:
+                raise ApiError(
+                    400,
+                    f"the chat template wrote {len(runs)} {kind} placeholder(s) for the "
+                    f"request's {given} {kind}(s); this model's template does not place "
+                    f"{kind} content parts (send them as the template expects)",
+                    param=where,
+                )
+            rows = self.runners[0].decoder.media_rows(kind) if runs else 0
+            for start, end in runs:
+                if end - start not in (1, rows):
+                    raise ApiError(
+                        400,
+                        f"a run of {end - start} {kind} placeholders cannot hold an {kind}'s "
+                        f"{rows} embedding rows (one placeholder, or {rows})",
+                        param=where,
+                    )
+                length += rows - (end - start)
+        return length
+
+    def read_media(self, job: Job) -> None:
+        """Decode the request's images into what the vision encoder reads (run it off the
+        event loop: it decodes and resizes pixels). Raises :class:`ApiError` (400) for an
+        image that cannot be read or that the encoder cannot take."""
+        if not job.request.media:
+            return
+        runner = self.runners[0]
+        for k, (_, data) in enumerate(job.request.media):
+            try:
+                pixels = read_image(data, max_pixels=self.max_image_pixels)
+                job.media.append(runner.image_input(make_image_input(pixels)))
+            except GenerationError as e:
+                raise ApiError(400, f"image {k}: {e}", param="messages") from None
 
     def _grammar(self, response_format: dict[str, Any]) -> LogitsProcessor:
         from ..llm.constrained import Grammar, GrammarError, Vocabulary
@@ -459,7 +541,7 @@ def _sink(loop: asyncio.AbstractEventLoop, job: Job) -> Callable[[str], None]:
 def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -> Result:
     """Runs on the session's thread."""
     if job.cancelled:
-        return Result("", "interrupted", len(job.ids), 0)
+        return Result("", "interrupted", job.prompt_tokens, 0)
     req = job.request
     top = req.logprobs
     tokenizer = runner.tokenizer
@@ -470,7 +552,7 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
             _logprob(tokenizer, row, t, top) for row, t in zip(rows, job.ids[1:], strict=False)
         ]
     if req.max_tokens == 0:
-        return Result("", "length", len(job.ids), 0)
+        return Result("", "length", job.prompt_tokens, 0)
     runner.reset()
     if top is not None:
         entries = job.logprobs
@@ -480,10 +562,11 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
 
         runner.on_sample = observe
     try:
-        text = runner.generate_text([make_token_input(job.ids)], job.config, token_callback=sink)
+        inputs = [make_token_input(job.ids), *map(make_image_input, job.media)]
+        text = runner.generate_text(inputs, job.config, token_callback=sink)
     finally:
         runner.on_sample = None
     reason = runner.finish_reason
     if job.cancelled and reason == "length":
         reason = "interrupted"
-    return Result(text, reason, len(job.ids), runner.stats.num_generated_tokens)
+    return Result(text, reason, job.prompt_tokens, runner.stats.num_generated_tokens)

@@ -9,11 +9,13 @@ knowing. A completion's ``prompt`` is a string, a list of token ids, or a list o
 alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_logprobs``)
 asks for each token's log-probability, and with ``echo`` a completion's prompt tokens are
 scored too. ``logit_bias`` (token id -> a bias in [-100, 100]) is added to the logits before
-sampling.
+sampling. A chat's user messages may hold images (``image_url`` parts with a base64
+``data:`` URL; the server fetches nothing), kept in :attr:`Request.media`.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +103,9 @@ class Request:
     """Each token's log-probability and this many likeliest alternatives (None: off)."""
     logit_bias: dict[int, float] = field(default_factory=dict)
     """Token id -> a value added to its logit before sampling."""
+    media: list[tuple[str, bytes]] = field(default_factory=list)
+    """A chat's images, in the order of its messages' parts: (``"image"``, the file's
+    bytes); each is an ``{"type": "image"}`` part of its message's content."""
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -138,24 +143,74 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return v
 
 
-def _text_content(content: Any, where: str) -> str:
-    """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+def _content(content: Any, where: str, media: list[tuple[str, bytes]] | None) -> Any:
+    """A message's content: a string, or a list of content parts. Text parts are joined
+    into one string; a list holding an image (``image_url`` with a ``data:`` URL,
+    ``media`` not None: a user message) stays a list of ``{"type": "text", "text": ...}``
+    and ``{"type": "image"}`` parts, as chat templates take them, the image's bytes
+    appended to ``media``."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise _bad(f"{where}[{i}]: only text content parts are supported", "messages")
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or a list of content parts", "messages")
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
             text = part.get("text")
             if not isinstance(text, str):
                 raise _bad(f"{where}[{i}].text must be a string", "messages")
-            parts.append(text)
-        return "".join(parts)
-    raise _bad(f"{where} must be a string or a list of text parts", "messages")
+            parts.append({"type": "text", "text": text})
+        elif kind == "image_url" and media is not None:
+            media.append(("image", _data_url(part.get("image_url"), f"{where}[{i}].image_url")))
+            parts.append({"type": "image"})
+        elif kind in ("image_url", "input_audio", "file"):
+            what = "user messages" if kind == "image_url" else "text and image_url parts"
+            raise _bad(f"{where}[{i}]: {kind} content parts are not taken here ({what} "
+                       "only)", "messages")  # fmt: skip
+        else:
+            raise _bad(f"{where}[{i}]: unknown content part type {json.dumps(kind)[:40]}",
+                       "messages")  # fmt: skip
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+MAX_IMAGE_BYTES = 20 << 20
+"""The largest image one content part holds (OpenAI's limit)."""
+
+
+def _data_url(value: Any, where: str) -> bytes:
+    """The bytes of an ``image_url`` part's ``data:`` URL (``{"url": ...}``, or the URL
+    itself). The server fetches nothing: any other URL is refused."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str):
+        raise _bad(f"{where}.url must be a string", "messages")
+    if not url.startswith("data:"):
+        raise _bad(
+            f"{where}.url: this server fetches no URLs; send the image inline as a "
+            "'data:image/...;base64,...' URL",
+            "messages",
+        )
+    head, comma, payload = url.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise _bad(f"{where}.url must be a base64 data URL ('data:image/png;base64,...')",
+                   "messages")  # fmt: skip
+    mime = head[5 : -len(";base64")].split(";")[0].strip().lower()
+    if mime and not mime.startswith("image/"):
+        raise _bad(f"{where}.url holds {mime!r}, not an image", "messages")
+    if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise _bad(f"{where}: the image is over {MAX_IMAGE_BYTES} bytes", "messages")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except ValueError:
+        raise _bad(f"{where}.url: the data is not valid base64", "messages") from None
+    if not data:
+        raise _bad(f"{where}.url holds no data", "messages")
+    return data
+
+
+def _messages(body: dict[str, Any], media: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list", "messages")
@@ -169,10 +224,10 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 f"messages[{i}].role {json.dumps(role)[:40]} is not a known role", "messages"
             )
         content = m.get("content")
-        text = "" if content is None and role == "assistant" else _text_content(
-            content, f"messages[{i}].content"
+        value = "" if content is None and role == "assistant" else _content(
+            content, f"messages[{i}].content", media if role == "user" else None
         )  # fmt: skip
-        out.append({"role": "system" if role == "developer" else role, "content": text})
+        out.append({"role": "system" if role == "developer" else role, "content": value})
     return out
 
 
@@ -247,7 +302,7 @@ def parse_request(body: Any, chat: bool) -> Request:
         raise _bad("'model' must be a non-empty string", "model")
     req = Request(chat=chat, model=model)
     if chat:
-        req.messages = _messages(body)
+        req.messages = _messages(body, req.media)
         if body.get("tools") or body.get("functions"):
             raise _bad("tools and functions are not supported", "tools")
         if _flag(body, "logprobs"):
