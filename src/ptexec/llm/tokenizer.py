@@ -297,6 +297,13 @@ class _CppTokenizer(Tokenizer):
         self._split: re.Pattern[str] | None = None
         self._named: dict[str, int] = {}
         self._names: dict[int, bytes] = {}
+        self._pieces: Any = None  # tiktoken: its pre-tokenizer, done here (_LLAMA3_PATTERN)
+        if kind == "tiktoken":
+            self._named = {name: self.bos_id + i for i, name in enumerate(_llama3_special_names())}
+            self._split = re.compile(
+                "(" + "|".join(map(re.escape, sorted(self._named, key=len, reverse=True))) + ")"
+            )
+            self._pieces = _pretokenizer(_LLAMA3_PATTERN)
         pieces = sentencepiece_pieces(path) if kind == "SentencePiece" else None
         if pieces is not None and len(pieces) == self.vocab_size:
             self._control = frozenset(i for i, (_, k) in enumerate(pieces) if k == _SP_CONTROL)
@@ -317,14 +324,21 @@ class _CppTokenizer(Tokenizer):
 
     def _encode(self, text: str) -> list[int]:
         if self._split is None:
-            return [int(i) for i in self._impl.encode(text, 0, 0)]
+            return self._encode_text(text)
         ids: list[int] = []
         for k, part in enumerate(self._split.split(text)):
             if k % 2:
                 ids.append(self._named[part])
             elif part:
-                ids.extend(int(i) for i in self._impl.encode(part, 0, 0))
+                ids.extend(self._encode_text(part))
         return ids
+
+    def _encode_text(self, text: str) -> list[int]:
+        encode = self._impl.encode
+        if self._pieces is None:
+            return [int(i) for i in encode(text, 0, 0)]
+        # each piece of the pre-tokenizer alone: the library's split of a piece is the piece
+        return [int(i) for piece in self._pieces.findall(text) for i in encode(piece, 0, 0)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         # pieces are bytes; join them first so characters split over tokens survive
@@ -364,6 +378,18 @@ class _CppTokenizer(Tokenizer):
         except Exception as e:
             raise TokenizerError(f"{self.path}: cannot decode token {token} ({e})") from e
         return piece.encode("utf-8", errors="surrogateescape") if isinstance(piece, str) else piece
+
+
+def _pretokenizer(pattern: str) -> Any:
+    """``pattern`` compiled by the ``regex`` module (Unicode classes, look-ahead)."""
+    try:
+        import regex
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise TokenizerError(
+            "a tiktoken tokenizer needs the 'regex' package (pip install '.[llm]' in "
+            "ptexec's source tree)"
+        ) from e
+    return regex.compile(pattern)
 
 
 def _sniff_tiktoken(path: Path) -> bool:
@@ -456,6 +482,20 @@ def _load(impl: Any, p: Path) -> bool:
 def _llama3_tiktoken(pt: Any) -> Any:
     """A tiktoken tokenizer with Llama 3's 256 special tokens (BOS 128000, EOS 128001 once
     the 128000 regular tokens are loaded), as ExecuTorch's Llama runner builds it."""
+    return pt.CppTiktoken(_llama3_special_names(), 0, 1)
+
+
+# Llama 3's pre-tokenizer pattern (tiktoken's, with cl100k's rules): a text is cut into
+# these pieces before byte-pair encoding. pytorch-tokenizers' engine has no look-ahead,
+# so its own split of a run of spaces before a word differs (``\s+(?!\S)``).
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _llama3_special_names() -> list[str]:
+    """Llama 3's 256 special tokens, in id order from BOS."""
     names = [
         "<|begin_of_text|>",
         "<|end_of_text|>",
@@ -470,7 +510,7 @@ def _llama3_tiktoken(pt: Any) -> Any:
         "<|python_tag|>",
     ]
     names += [f"<|reserved_special_token_{i}|>" for i in range(2, 256 - len(names) + 2)]
-    return pt.CppTiktoken(names, 0, 1)
+    return names
 
 
 class TextStream:
