@@ -951,3 +951,78 @@ def test_served_images_are_refused_with_what_is_wrong(llava: Path, image_server:
                    chat_template=ck.parent / "plain.jinja")  # fmt: skip
     with pytest.raises(ApiError, match="wrote 0 image placeholder"):
         plain.prepare(parse_request(over, chat=True))
+
+
+def _wav_bytes(samples: torch.Tensor, rate: int = 16000) -> bytes:
+    """16-bit PCM mono WAV of float samples in [-1, 1]."""
+    import io
+    import wave
+
+    pcm = (samples.clamp(-1, 1) * 32767).round().to(torch.int16)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.numpy().tobytes())
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_a_served_audio_chat_gives_the_eager_models_greedy_tokens(voxtral: Path) -> None:
+    """An ``input_audio`` content part (base64 WAV) in a chat, for an audio LLM: features
+    by the processor's extractor (transformers' WhisperFeatureExtractor's), one window's 25
+    rows at the template's placeholder, the answer the eager model's greedy tokens, and
+    ``usage.prompt_tokens`` counting the rows. Audio of 1.5 windows is counted as two
+    windows (the context check with ``max_tokens`` one past it is a 400)."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    httpx = pytest.importorskip("httpx")
+    import base64
+
+    from ptexec.serve import Engine, Server
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    ck = voxtral / "checkpoint"
+    wave_ = _wave(0)
+    data = _wav_bytes(wave_)
+    heard = torch.tensor(list(memoryview(data[44:]).cast("h")), dtype=torch.float32) / 32768
+    fe = transformers.WhisperFeatureExtractor.from_pretrained(ck)
+    feats = fe(heard.numpy(), sampling_rate=16000, return_tensors="pt")["input_features"]
+    ids, want = _eager_audio(voxtral, feats, 25)
+    tok = transformers.AutoTokenizer.from_pretrained(ck)
+    engine = Engine(voxtral / "model.pte", ck / "tokenizer.json", model_name="m", processor=ck)
+    server = Server(engine, "127.0.0.1", 0, max_body_bytes=32 << 20).start()
+    try:
+        part = {"type": "input_audio",
+                "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}  # fmt: skip
+        content = [part, {"type": "text", "text": "What does the speaker say?"}]
+        body = {"model": "m", "messages": [{"role": "user", "content": content}],
+                "temperature": 0, "max_tokens": N, "ignore_eos": True}  # fmt: skip
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["choices"][0]["message"]["content"] == tok.decode(want, skip_special_tokens=True)
+        assert got["usage"]["prompt_tokens"] == len(ids)
+        bad = {**body, "messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "wav"}}]}]}  # fmt: skip
+        r = httpx.post(server.url + "/v1/chat/completions", json=bad, timeout=60)
+        assert r.status_code == 400 and "audio 0" in r.json()["error"]["message"], r.text
+    finally:
+        server.stop()
+    longer = torch.cat([wave_, _wave(1)[:16000]])  # 3 s: two windows of 2 s
+    part = {"type": "input_audio",
+            "input_audio": {"data": base64.b64encode(_wav_bytes(longer)).decode(), "format": "wav"}}  # fmt: skip
+    ask = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    job = engine.prepare(parse_request(ask, chat=True))
+    engine.read_media(job)
+    assert job.prompt_tokens == len(job.ids) - 1 + 50
+    room = engine.context - job.prompt_tokens
+    assert job.config.max_new_tokens == room
+    job = engine.prepare(parse_request({**ask, "max_tokens": room + 1}, chat=True))
+    with pytest.raises(ApiError, match="maximum context length") as e:
+        engine.read_media(job)
+    assert e.value.code == "context_length_exceeded"
+    text_only = Engine(voxtral / "model.pte", ck / "tokenizer.json", model_name="m")
+    with pytest.raises(ApiError, match="without --processor"):
+        text_only.prepare(parse_request(ask, chat=True))

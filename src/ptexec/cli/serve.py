@@ -10,7 +10,7 @@ from typing import Any
 from .common import add_xnnpack
 
 DEFAULT_BODY_BYTES = 1 << 20
-MEDIA_BODY_BYTES = 32 << 20  # a request with images (OpenAI takes up to 20 MB one)
+MEDIA_BODY_BYTES = 32 << 20  # a request with images or audio (OpenAI takes 20-25 MB ones)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -84,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes
         if args.max_body_bytes is not None
         else MEDIA_BODY_BYTES
-        if engine is not None and engine.takes_images
+        if engine is not None and engine.takes_media
         else DEFAULT_BODY_BYTES,
         log_level=args.log_level,
         programs=programs,
@@ -134,7 +134,7 @@ def add_serve(sub: Any) -> None:
         help="serve a speech model (Whisper: encoder + text_decoder) at /v1/audio/*, its "
         "features from this Hugging Face processor directory (found beside the program "
         "without this option); for a multimodal LLM, its image preprocessing (default: the "
-        "program's metadata)",
+        "program's metadata) and audio feature extractor",
     )
     speech.add_argument(
         "--preprocessor", help="serve a speech model, its features from this preprocessor .pte"
@@ -174,7 +174,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument(
         "--max-body-bytes",
         type=int,
-        help="largest request body (default: 1 MiB; 32 MiB for a model that takes images)",
+        help="largest request body (default: 1 MiB; 32 MiB for a model that takes images or audio)",
     )
     add_xnnpack(p)
     p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")

@@ -297,13 +297,18 @@ class MultimodalDecoder:
     def has(self, kind: str) -> bool:
         return kind in self._encoders
 
-    def media_rows(self, kind: str) -> int:
-        """The embedding rows one ``kind`` input makes (the most, for an encoder of
-        dynamic output shape): the encoder's output rows of ``hidden`` values."""
+    def media_rows(self, kind: str, items: int = 1) -> int:
+        """The embedding rows the ``kind`` encoder makes of an input of ``items`` entries
+        in its first dimension (an image; audio windows): its output rows of ``hidden``
+        values, in proportion when that dimension is dynamic (the most rows for the most
+        entries)."""
         meta = self.encoder_meta.get(kind)
         if meta is None:
             raise GenerationError(f"the program has no {kind} encoder")
-        return math.prod(int(s) for s in meta.outputs[0].sizes) // max(self.hidden, 1)
+        most = math.prod(int(s) for s in meta.outputs[0].sizes) // max(self.hidden, 1)
+        sizes = meta.inputs[0].sizes
+        entries = int(sizes[0]) if len(sizes) == 3 and kind == "audio" else 1
+        return most * items // max(entries, 1)
 
     # -- running ---------------------------------------------------------------------------
     def _run(self, method: Any, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -616,9 +621,26 @@ class MultimodalRunner(_Runner):
                 self._images = ImagePreprocessor(settings, target)
         return self._images
 
+    @property
+    def audio_rate(self) -> int | None:
+        """The sample rate raw audio is taken at (the processor's feature extractor's);
+        None without a processor."""
+        return None if self.processor is None else _extractor_rate(self.processor)
+
     def _audio_rows(self, item: MultimodalInput) -> torch.Tensor:
-        d = self.decoder
-        meta = d.encoder_meta.get("audio")
+        feats = self.audio_input(item)
+        spec = self.decoder.encoder_meta["audio"].inputs[0]
+        rows: torch.Tensor = self.decoder.encode(
+            "audio", feats.to(dtype=spec.dtype, device=spec.device.to_torch())
+        )
+        return rows
+
+    def audio_input(self, item: MultimodalInput) -> torch.Tensor:
+        """What the audio encoder reads of the audio input ``item``: its features
+        ``[windows, bins, frames]``, made by the processor's feature extractor from raw
+        samples. Raises :class:`~ptexec.errors.GenerationError` for audio the encoder
+        cannot take."""
+        meta = self.decoder.encoder_meta.get("audio") if self.multimodal else None
         if meta is None:
             raise GenerationError("the program has no audio encoder; it cannot take audio")
         spec = meta.inputs[0]
@@ -654,10 +676,7 @@ class MultimodalRunner(_Runner):
                 f"the audio encoder takes {'at most ' if spec.dynamism != 'static' else ''}"
                 f"{sizes[0]} feature windows; got {feats.shape[0]}"
             )
-        rows: torch.Tensor = d.encode(
-            "audio", feats.to(dtype=spec.dtype, device=spec.device.to_torch())
-        )
-        return rows
+        return feats
 
     def _encode_multimodal(
         self,

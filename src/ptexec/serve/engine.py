@@ -34,12 +34,14 @@ from typing import Any
 
 import torch
 
-from ..errors import GenerationError
+from ..errors import AudioFormatError, GenerationError
 from ..llm import (
     GenerationConfig,
     MultimodalRunner,
     load_tokenizer,
+    make_audio_input,
     make_image_input,
+    make_raw_audio_input,
     make_token_input,
     read_image,
 )
@@ -123,12 +125,13 @@ class Job:
         self.request = req
         self.ids = ids
         self.config = config
-        self.media: list[torch.Tensor] = []
-        """The request's images as the vision encoder reads them (:meth:`Engine.read_media`),
-        one per image placeholder run of ``ids``, in order."""
+        self.media: list[tuple[str, torch.Tensor]] = []
+        """The request's images and audio as the encoders read them
+        (:meth:`Engine.read_media`): (kind, input), one per placeholder run of that kind in
+        ``ids``, in order."""
         self.prompt_tokens = len(ids)
-        """The prompt's positions in the context: ``ids`` with each image's placeholder
-        taken as the image's embedding rows."""
+        """The prompt's positions in the context: ``ids`` with each medium's placeholder
+        taken as its embedding rows."""
         self.prompt = prompt
         """The prompt's text (a completion's echo)."""
         self.logprobs: list[Logprob] = []
@@ -220,10 +223,15 @@ class Engine:
             if first.multimodal
             else {}
         )
-        self.takes_images = bool(
-            first.multimodal and decoder.has("image") and decoder.placeholder("image") is not None
+        self.media_kinds = frozenset(
+            kind
+            for kind in ("image", "audio")
+            if first.multimodal and decoder.has(kind) and decoder.placeholder(kind) is not None
         )
-        """Whether requests may hold images (a vision encoder, and its placeholder token)."""
+        """What requests may hold besides text: ``"image"`` and ``"audio"`` for a program
+        with that encoder and its placeholder token (audio: raw samples, through the
+        processor's feature extractor)."""
+        self.processor = processor
         self.max_image_pixels = max_image_pixels
         self.timeout = timeout
         self.metrics = metrics or Metrics()
@@ -366,20 +374,33 @@ class Engine:
             job.deadline = job.created + self.timeout
         return job
 
+    @property
+    def takes_media(self) -> bool:
+        """Whether requests may hold images or audio."""
+        return bool(self.media_kinds)
+
     def _prompt_length(self, req: Request, ids: list[int]) -> int:
         """The context positions of prompt ``ids``: each image's placeholder (one token, or
-        as many as its embedding rows) counts as the image's rows. Raises
-        :class:`ApiError` when the placeholders and the request's images disagree."""
+        as many as its embedding rows) counts as the image's rows; audio's placeholders
+        count as themselves until :meth:`read_media` knows its rows. Raises
+        :class:`ApiError` when the placeholders and the request's media disagree."""
         where = "messages" if req.chat else "prompt"
-        images = sum(1 for kind, _ in req.media if kind == "image")
-        if images and not self.takes_images:
-            raise ApiError(
-                400, f"the model '{self.model_name}' takes no images (text only)", param=where
-            )
         length = len(ids)
-        for token, kind in self.placeholders.items():
-            runs = placeholder_runs(ids, token)
-            given = images if kind == "image" else 0
+        for kind in ("image", "audio"):
+            given = sum(1 for k, _ in req.media if k == kind)
+            if given and kind not in self.media_kinds:
+                raise ApiError(
+                    400, f"the model '{self.model_name}' takes no {kind} input", param=where
+                )
+            if given and kind == "audio" and self.processor is None:
+                raise ApiError(
+                    400,
+                    "audio needs the model's feature extractor: this server was started "
+                    "without --processor",
+                    param=where,
+                )
+            token = self.runners[0].decoder.placeholder(kind) if self.placeholders else None
+            runs = placeholder_runs(ids, token) if token is not None else []
             if runs and not given:
                 raise ApiError(
                     400,
@@ -391,35 +412,67 @@ class Engine:
                 raise ApiError(
                     400,
                     f"the chat template wrote {len(runs)} {kind} placeholder(s) for the "
-                    f"request's {given} {kind}(s); this model's template does not place "
+                    f"request's {given} {kind} input(s); this model's template does not place "
                     f"{kind} content parts (send them as the template expects)",
                     param=where,
                 )
-            rows = self.runners[0].decoder.media_rows(kind) if runs else 0
-            for start, end in runs:
-                if end - start not in (1, rows):
-                    raise ApiError(
-                        400,
-                        f"a run of {end - start} {kind} placeholders cannot hold an {kind}'s "
-                        f"{rows} embedding rows (one placeholder, or {rows})",
-                        param=where,
-                    )
-                length += rows - (end - start)
+            if kind == "image" and runs:
+                rows = self.runners[0].decoder.media_rows(kind)
+                for start, end in runs:
+                    length += self._widened(kind, end - start, rows, where)
         return length
 
+    @staticmethod
+    def _widened(kind: str, run: int, rows: int, where: str) -> int:
+        """How many positions a run of ``run`` placeholders gains holding ``rows`` rows."""
+        if run not in (1, rows):
+            raise ApiError(
+                400,
+                f"a run of {run} {kind} placeholders cannot hold the {kind}'s {rows} "
+                f"embedding rows (one placeholder, or {rows})",
+                param=where,
+            )
+        return rows - run
+
     def read_media(self, job: Job) -> None:
-        """Decode the request's images into what the vision encoder reads (run it off the
-        event loop: it decodes and resizes pixels). Raises :class:`ApiError` (400) for an
-        image that cannot be read or that the encoder cannot take."""
-        if not job.request.media:
+        """Decode the request's images and audio into what the encoders read (run it off
+        the event loop: it decodes, resizes and computes features), count the audio's rows
+        in the context and bound the tokens to generate by what is left. Raises
+        :class:`ApiError` (400) for media that cannot be read or that the encoders cannot
+        take, and for a prompt that no longer fits."""
+        req = job.request
+        if not req.media:
             return
         runner = self.runners[0]
-        for k, (_, data) in enumerate(job.request.media):
+        decoder = runner.decoder
+        audio_runs = iter(placeholder_runs(job.ids, decoder.placeholder("audio")))
+        length = job.prompt_tokens
+        for k, (kind, data) in enumerate(req.media):
             try:
-                pixels = read_image(data, max_pixels=self.max_image_pixels)
-                job.media.append(runner.image_input(make_image_input(pixels)))
-            except GenerationError as e:
-                raise ApiError(400, f"image {k}: {e}", param="messages") from None
+                if kind == "image":
+                    pixels = read_image(data, max_pixels=self.max_image_pixels)
+                    job.media.append((kind, runner.image_input(make_image_input(pixels))))
+                    continue
+                samples = _read_audio(data, runner.audio_rate)
+                feats = runner.audio_input(make_raw_audio_input(samples.reshape(1, 1, -1)))
+            except (GenerationError, AudioFormatError) as e:
+                raise ApiError(400, f"{kind} {k}: {e}", param="messages") from None
+            start, end = next(audio_runs)
+            rows = decoder.media_rows("audio", int(feats.shape[0]))
+            length += self._widened("audio", end - start, rows, "messages")
+            job.media.append((kind, feats))
+        room = self.context - length
+        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
+            asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.context} tokens; the prompt "
+                f"has {length} tokens with its media{asked}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        job.prompt_tokens = length
+        job.config.max_new_tokens = min(job.config.max_new_tokens, room)
 
     def _grammar(self, response_format: dict[str, Any]) -> LogitsProcessor:
         from ..llm.constrained import Grammar, GrammarError, Vocabulary
@@ -523,6 +576,19 @@ class Engine:
             await self._idle.wait()
 
 
+def _read_audio(data: bytes, rate: int | None) -> torch.Tensor:
+    """Mono samples of an audio file's bytes at ``rate`` (a WAV, or what soundfile reads)."""
+    import tempfile
+
+    from ..llm.audio import load_audio
+
+    with tempfile.TemporaryDirectory(prefix="ptexec-audio-") as tmp:
+        path = Path(tmp) / "audio"
+        path.write_bytes(data)
+        samples, _ = load_audio(path, rate)
+    return samples
+
+
 def _sink(loop: asyncio.AbstractEventLoop, job: Job) -> Callable[[str], None]:
     def sink(piece: str) -> None:
         if job.first_piece is None:
@@ -562,7 +628,9 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
 
         runner.on_sample = observe
     try:
-        inputs = [make_token_input(job.ids), *map(make_image_input, job.media)]
+        inputs = [make_token_input(job.ids)]
+        for kind, value in job.media:
+            inputs.append(make_image_input(value) if kind == "image" else make_audio_input(value))
         text = runner.generate_text(inputs, job.config, token_callback=sink)
     finally:
         runner.on_sample = None

@@ -10,7 +10,8 @@ alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_log
 asks for each token's log-probability, and with ``echo`` a completion's prompt tokens are
 scored too. ``logit_bias`` (token id -> a bias in [-100, 100]) is added to the logits before
 sampling. A chat's user messages may hold images (``image_url`` parts with a base64
-``data:`` URL; the server fetches nothing), kept in :attr:`Request.media`.
+``data:`` URL; the server fetches nothing) and audio (``input_audio`` parts), kept in
+:attr:`Request.media`.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ class Request:
     logit_bias: dict[int, float] = field(default_factory=dict)
     """Token id -> a value added to its logit before sampling."""
     media: list[tuple[str, bytes]] = field(default_factory=list)
-    """A chat's images, in the order of its messages' parts: (``"image"``, the file's
-    bytes); each is an ``{"type": "image"}`` part of its message's content."""
+    """A chat's images and audio, in the order of its messages' parts: (``"image"`` or
+    ``"audio"``, the file's bytes); each is an ``{"type": "image"}`` (``"audio"``) part of
+    its message's content."""
 
 
 def _bad(message: str, param: str) -> ApiError:
@@ -145,10 +147,10 @@ def _flag(body: dict[str, Any], name: str) -> bool:
 
 def _content(content: Any, where: str, media: list[tuple[str, bytes]] | None) -> Any:
     """A message's content: a string, or a list of content parts. Text parts are joined
-    into one string; a list holding an image (``image_url`` with a ``data:`` URL,
-    ``media`` not None: a user message) stays a list of ``{"type": "text", "text": ...}``
-    and ``{"type": "image"}`` parts, as chat templates take them, the image's bytes
-    appended to ``media``."""
+    into one string; a list holding an image (``image_url`` with a ``data:`` URL) or audio
+    (``input_audio``), in a user message (``media`` not None), stays a list of
+    ``{"type": "text", "text": ...}``, ``{"type": "image"}`` and ``{"type": "audio"}``
+    parts, as chat templates take them, the media's bytes appended to ``media``."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -164,8 +166,11 @@ def _content(content: Any, where: str, media: list[tuple[str, bytes]] | None) ->
         elif kind == "image_url" and media is not None:
             media.append(("image", _data_url(part.get("image_url"), f"{where}[{i}].image_url")))
             parts.append({"type": "image"})
+        elif kind == "input_audio" and media is not None:
+            media.append(("audio", _audio_data(part.get("input_audio"), f"{where}[{i}]")))
+            parts.append({"type": "audio"})
         elif kind in ("image_url", "input_audio", "file"):
-            what = "user messages" if kind == "image_url" else "text and image_url parts"
+            what = "user messages" if kind != "file" else "text, image_url and input_audio parts"
             raise _bad(f"{where}[{i}]: {kind} content parts are not taken here ({what} "
                        "only)", "messages")  # fmt: skip
         else:
@@ -208,6 +213,30 @@ def _data_url(value: Any, where: str) -> bytes:
     if not data:
         raise _bad(f"{where}.url holds no data", "messages")
     return data
+
+
+MAX_AUDIO_BYTES = 25 << 20
+"""The largest audio one content part holds (OpenAI's upload limit)."""
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
+"""``input_audio.format`` values taken (WAV is read as is; the others need soundfile)."""
+
+
+def _audio_data(value: Any, where: str) -> bytes:
+    """The bytes of an ``input_audio`` part (``{"data": base64, "format": "wav"}``)."""
+    if not isinstance(value, dict):
+        raise _bad(f"{where}.input_audio must be an object with 'data' and 'format'", "messages")
+    fmt, data = value.get("format"), value.get("data")
+    if fmt not in AUDIO_FORMATS:
+        raise _bad(f"{where}.input_audio.format must be one of {', '.join(AUDIO_FORMATS)}, "
+                   f"not {json.dumps(fmt)[:40]}", "messages")  # fmt: skip
+    if not isinstance(data, str) or not data:
+        raise _bad(f"{where}.input_audio.data must be a base64 string", "messages")
+    if len(data) > MAX_AUDIO_BYTES * 4 // 3 + 4:
+        raise _bad(f"{where}: the audio is over {MAX_AUDIO_BYTES} bytes", "messages")
+    try:
+        return base64.b64decode(data, validate=True)
+    except ValueError:
+        raise _bad(f"{where}.input_audio.data is not valid base64", "messages") from None
 
 
 def _messages(body: dict[str, Any], media: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
