@@ -446,7 +446,7 @@ def test_refusals_name_the_problem(llava: Path) -> None:
         runner.generate([make_audio_input(torch.zeros(1, 16, 200))], _greedy())
     with pytest.raises(GenerationError, match="preprocessed pixel values"):
         runner.generate([make_image_input(torch.rand(3, 20, 20))], _greedy())
-    with pytest.raises(GenerationError, match="placeholders cannot hold"):
+    with pytest.raises(GenerationError, match="placeholders .token 3. do not hold"):
         runner.generate([make_token_input([1, 3, 3, 5]), make_image_input(px)], _greedy())
     runner.generate([make_text_input(mm.PROMPTS["image"]), make_image_input(px)], _greedy())
     assert len(runner.generated_tokens) > 1  # nothing refused changed the runner
@@ -949,7 +949,7 @@ def test_served_images_are_refused_with_what_is_wrong(llava: Path, image_server:
     )
     plain = Engine(llava / "model.pte", ck / "tokenizer.json", model_name="m",
                    chat_template=ck.parent / "plain.jinja")  # fmt: skip
-    with pytest.raises(ApiError, match="wrote 0 image placeholder"):
+    with pytest.raises(ApiError, match="wrote no image placeholder"):
         plain.prepare(parse_request(over, chat=True))
 
 
@@ -1026,3 +1026,46 @@ def test_a_served_audio_chat_gives_the_eager_models_greedy_tokens(voxtral: Path)
     text_only = Engine(voxtral / "model.pte", ck / "tokenizer.json", model_name="m")
     with pytest.raises(ApiError, match="without --processor"):
         text_only.prepare(parse_request(ask, chat=True))
+
+
+def test_media_slots_take_written_out_runs_or_one_token_each() -> None:
+    """A run of placeholders holds the next media written out (each as long as its rows)
+    or one token each (side by side, as a template writes several images): ``<image>
+    <image>`` was one run, so two images were refused."""
+    from ptexec.llm.multimodal import media_slots
+
+    p = 9
+    assert media_slots([[1, p, p, 2]], p, [16, 16]) == [(0, 1, 2), (0, 2, 3)]
+    assert media_slots([[1, *[p] * 32, 2]], p, [16, 16]) == [(0, 1, 17), (0, 17, 33)]
+    assert media_slots([[p], [3, p, 4]], p, [5, 5]) == [(0, 0, 1), (1, 1, 2)]
+    assert media_slots([[1, *[p] * 16, 2, p]], p, [16, 4]) == [(0, 1, 17), (0, 18, 19)]
+    assert media_slots([[1, p, p, 2]], p, [16]) is None  # two placeholders, one image
+    assert media_slots([[1, p, 2]], p, [16, 16]) is None
+    assert media_slots([[1, *[p] * 5, 2]], p, [16]) is None  # neither 1 nor 16
+
+
+@pytest.mark.slow
+def test_adjacent_image_placeholders_take_one_image_each(llava: Path, image_server: Any) -> None:
+    """``<image><image>`` in a prompt with two images: each placeholder is one image, as
+    the processor expands them; the eager model's greedy tokens. A structured-output
+    request whose grammar this tiny vocabulary cannot write (no token for "{") is a 400,
+    not a 500 from the session."""
+    ck = llava / "checkpoint"
+    processor = transformers.AutoProcessor.from_pretrained(ck)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
+    a, b = _pixels(4, 32, 40), _pixels(5, 50, 30)
+    prompt = "USER: <image><image>compare ASSISTANT:"
+    inputs = processor(text=prompt, images=[_pil(a), _pil(b)], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+            pixel_values=inputs["pixel_values"], max_new_tokens=N, do_sample=False,
+        )  # fmt: skip
+    want = out[0, inputs["input_ids"].shape[1] :].tolist()
+    runner = _runner(llava)
+    items = [make_text_input(prompt), make_image_input(a), make_image_input(b)]
+    runner.generate(items, _greedy())
+    assert runner.generated_tokens == want
+    assert runner.stats.num_prompt_tokens == inputs["input_ids"].shape[1]
+    r = _chat(image_server, "hi", response_format={"type": "json_object"}, max_tokens=4)
+    assert r.status_code == 400 and "cannot write" in r.json()["error"]["message"], r.text

@@ -47,9 +47,11 @@ class Vocabulary:
     """A tokenizer's tokens as the mask library sees them (building it reads the whole
     vocabulary once; share it between grammars). ``size`` is the logits' width."""
 
-    def __init__(self, impl: Any, size: int) -> None:
+    def __init__(self, impl: Any, size: int, text: torch.Tensor | None = None) -> None:
         self._impl = impl
         self.size = size
+        self.text = text if text is not None else torch.ones(size, dtype=torch.bool)
+        """Which ids are text (not control tokens), a bool vector of ``size``."""
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, size: int, eos_ids: Iterable[int]) -> Vocabulary:
@@ -67,7 +69,8 @@ class Vocabulary:
             impl = ll.LLTokenizer(tokenizer.to_json(), n_vocab=size, eos_token=eos)
         except Exception as e:
             raise GenerationError(f"the mask library cannot read this tokenizer ({e})") from e
-        return cls(impl, size)
+        text = torch.tensor([not tokenizer.is_special(i) for i in range(size)], dtype=torch.bool)
+        return cls(impl, size, text)
 
 
 class Grammar:
@@ -87,6 +90,12 @@ class Grammar:
         self._matcher = ll.LLMatcher(vocabulary._impl, grammar, log_level=0)
         self._prompt_len = 0
         self._consumed = 0
+        if not (self.allowed() & vocabulary.text).any():
+            # (the mask library lets a control token stand for bytes no token holds)
+            raise GrammarError(
+                f"no token of the vocabulary can begin text of this {what}: the tokenizer "
+                "cannot write its first characters"
+            )
 
     # -- construction --------------------------------------------------------------------
     @classmethod

@@ -79,6 +79,7 @@ __all__ = [
     "MultimodalRunner",
     "audio_features",
     "hf_inputs",
+    "media_slots",
     "placeholder_runs",
 ]
 
@@ -711,46 +712,43 @@ class MultimodalRunner(_Runner):
         parts = [(k, next(encoded)) if k == "ids" else (k, v) for k, v in parts]
         if lead:  # BOS begins the prompt, before media that come first
             parts.insert(0, ("ids", [self.tokenizer.bos_id] * num_bos))
-        fill: dict[str, list[torch.Tensor]] = {}
+        texts = [v for k, v in parts if k == "ids"]
+        # (text part, start, end) of each medium's placeholders -> the medium's rows
+        slots: dict[tuple[int, int, int], torch.Tensor] = {}
         for kind in ("image", "audio"):
             media = [v for k, v in parts if k == kind]
             token = marks[kind]
-            runs = (
-                sum(len(placeholder_runs(v, token)) for k, v in parts if k == "ids")
-                if token is not None
-                else 0
-            )
-            if media and runs == len(media):
-                fill[kind] = list(media)
+            runs = sum(len(placeholder_runs(t, token)) for t in texts) if token is not None else 0
+            found = media_slots(texts, token, [int(m.shape[0]) for m in media]) if runs else None
+            if media and found is not None:
+                slots.update(zip(found, media, strict=True))
                 parts = [(k, v) for k, v in parts if k != kind]
             elif placed and media and not runs:
                 raise GenerationError(
                     f"{len(media)} {kind} input(s) given, but the ids hold no {kind} "
                     f"placeholder (token {token}) to put them at"
                 )
-            elif runs and runs != len(media):
+            elif runs:
                 raise GenerationError(
-                    f"the prompt has {runs} {kind} placeholder run(s) (token {token}) but "
-                    f"{len(media)} {kind} input(s) were given"
+                    f"the prompt's {kind} placeholders (token {token}) do not hold the "
+                    f"{len(media)} {kind} input(s) given: one placeholder each, or as many as "
+                    f"its embedding rows ({[int(m.shape[0]) for m in media]})"
                 )
         ids: list[int] = []
         out_media: list[Media] = []
+        part = 0
         for kind, value in parts:
             if kind == "ids":
                 at = 0
-                for start, end, which in _all_runs(value, {k: marks[k] for k in fill}):
+                for (_, start, end), rows in sorted(
+                    ((k, v) for k, v in slots.items() if k[0] == part), key=lambda kv: kv[0]
+                ):
                     ids += value[at:start]
-                    rows = fill[which].pop(0)
-                    if end - start not in (1, int(rows.shape[0])):
-                        raise GenerationError(
-                            f"a run of {end - start} {which} placeholders cannot hold the "
-                            f"{rows.shape[0]} embedding rows of its {which} (the prompt needs "
-                            f"one placeholder or {rows.shape[0]})"
-                        )
                     out_media.append((len(ids), rows))
                     ids += [value[start]] * int(rows.shape[0])
                     at = end
                 ids += value[at:]
+                part += 1
             else:
                 token = marks[kind]
                 out_media.append((len(ids), value))
@@ -900,6 +898,31 @@ def placeholder_runs(ids: Sequence[int], token: int | None) -> list[tuple[int, i
     return out
 
 
-def _all_runs(ids: Sequence[int], tokens: dict[str, int | None]) -> list[tuple[int, int, str]]:
-    found = [(s, e, k) for k, t in tokens.items() for s, e in placeholder_runs(ids, t)]
-    return sorted(found)
+def media_slots(
+    texts: Sequence[Sequence[int]], token: int | None, rows: Sequence[int]
+) -> list[tuple[int, int, int]] | None:
+    """Where each of ``len(rows)`` media of one kind goes among the ids of ``texts`` (in
+    order): ``(text, start, end)`` of its placeholder tokens; None when the placeholders do
+    not hold exactly those media. Each run of the placeholder holds the next media either
+    written out as a processor writes them (``rows[i]`` tokens each: the run is as long as
+    their rows together) or one token each (placeholders side by side, as a chat template
+    writes several images)."""
+    out: list[tuple[int, int, int]] = []
+    n = 0
+    for t, ids in enumerate(texts):
+        for start, end in placeholder_runs(ids, token):
+            length, total, k = end - start, 0, 0
+            while n + k < len(rows) and total < length:  # written out: their rows
+                total += rows[n + k]
+                k += 1
+            if total == length:
+                for r in rows[n : n + k]:
+                    out.append((t, start, start + r))
+                    start += r
+            elif n + length <= len(rows):  # one token each
+                out.extend((t, start + i, start + i + 1) for i in range(length))
+                k = length
+            else:
+                return None
+            n += k
+    return out if n == len(rows) else None

@@ -53,7 +53,7 @@ from ..llm.logits import (
     RepetitionPenalty,
     token_logprobs,
 )
-from ..llm.multimodal import placeholder_runs
+from ..llm.multimodal import media_slots, placeholder_runs
 from ..llm.tokenizer import Tokenizer
 from .metrics import Metrics
 from .protocol import DEFAULT_COMPLETION_TOKENS, ApiError, Request
@@ -408,31 +408,33 @@ class Engine:
                     f"the request has no {kind} to put there",
                     param=where,
                 )
-            if len(runs) != given:
+            if given and not runs:
                 raise ApiError(
                     400,
-                    f"the chat template wrote {len(runs)} {kind} placeholder(s) for the "
-                    f"request's {given} {kind} input(s); this model's template does not place "
-                    f"{kind} content parts (send them as the template expects)",
+                    f"the chat template wrote no {kind} placeholder for the request's "
+                    f"{given} {kind} input(s); this model's template does not place {kind} "
+                    "content parts (send them as the template expects)",
                     param=where,
                 )
             if kind == "image" and runs:
-                rows = self.runners[0].decoder.media_rows(kind)
-                for start, end in runs:
-                    length += self._widened(kind, end - start, rows, where)
+                rows = [self.runners[0].decoder.media_rows(kind)] * given
+                length += self._widened(kind, ids, token, rows, where)
         return length
 
     @staticmethod
-    def _widened(kind: str, run: int, rows: int, where: str) -> int:
-        """How many positions a run of ``run`` placeholders gains holding ``rows`` rows."""
-        if run not in (1, rows):
+    def _widened(kind: str, ids: list[int], token: int | None, rows: list[int], where: str) -> int:
+        """How many positions the placeholders of ``ids`` gain holding media of ``rows``
+        rows each (:func:`ptexec.llm.multimodal.media_slots`'s rule)."""
+        slots = media_slots([ids], token, rows)
+        if slots is None:
             raise ApiError(
                 400,
-                f"a run of {run} {kind} placeholders cannot hold the {kind}'s {rows} "
-                f"embedding rows (one placeholder, or {rows})",
+                f"the prompt's {kind} placeholders do not hold the request's {len(rows)} "
+                f"{kind} input(s): one placeholder each, or as many as its {rows[0]} "
+                "embedding rows",
                 param=where,
             )
-        return rows - run
+        return sum(r - (end - start) for r, (_, start, end) in zip(rows, slots, strict=True))
 
     def read_media(self, job: Job) -> None:
         """Decode the request's images and audio into what the encoders read (run it off
@@ -445,8 +447,8 @@ class Engine:
             return
         runner = self.runners[0]
         decoder = runner.decoder
-        audio_runs = iter(placeholder_runs(job.ids, decoder.placeholder("audio")))
         length = job.prompt_tokens
+        audio_rows: list[int] = []
         for k, (kind, data) in enumerate(req.media):
             try:
                 if kind == "image":
@@ -457,10 +459,11 @@ class Engine:
                 feats = runner.audio_input(make_raw_audio_input(samples.reshape(1, 1, -1)))
             except (GenerationError, AudioFormatError) as e:
                 raise ApiError(400, f"{kind} {k}: {e}", param="messages") from None
-            start, end = next(audio_runs)
-            rows = decoder.media_rows("audio", int(feats.shape[0]))
-            length += self._widened("audio", end - start, rows, "messages")
+            audio_rows.append(decoder.media_rows("audio", int(feats.shape[0])))
             job.media.append((kind, feats))
+        if audio_rows:
+            token = decoder.placeholder("audio")
+            length += self._widened("audio", job.ids, token, audio_rows, "messages")
         room = self.context - length
         if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
             asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
