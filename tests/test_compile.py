@@ -378,6 +378,39 @@ def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
     assert torch.allclose(i(torch.ones(4, 8))[0], c(torch.ones(4, 8))[0], atol=1e-5)
 
 
+class _HalfBatch(torch.nn.Module):
+    """A float scalar made at run time (the batch / 2) read by a later region: dropout
+    draws random numbers, so it runs interpreted between two compiled regions."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[0] / 2
+        y = x * 2 + 1
+        r = torch.ops.aten.native_dropout(y, 0.5, True)[0] * 0
+        return ((y + r) * s).relu() - 1
+
+
+def test_a_scalar_of_another_kind_than_declared_is_not_cut_between_regions() -> None:
+    """The program declares the batch / 2 an Int (its placeholder); at run time truediv
+    writes a float there. The second region took it as the declared kind and cut 1.5 to
+    1 (batch 3: 2.0 where the answer is 3.5). A scalar input of another kind than the
+    region was traced with runs the region's interpreted statements."""
+    from export_util import export_program
+
+    batch = torch.export.Dim("batch", min=1, max=16)
+    pte = export_program(_HalfBatch(), (torch.ones(4, 4),), dynamic_shapes={"x": {0: batch}})
+    interpreted = ptexec.load(pte).load_method("forward")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)
+        compiled = ptexec.load(pte).load_method("forward", compile=True)
+    report = compiled.compile_report
+    assert report is not None and len(report.regions) >= 2, report
+    for b in (3, 4, 5, 1, 4):
+        x = torch.ones(b, 4)
+        want = _HalfBatch()(x)
+        torch.testing.assert_close(interpreted(x)[0], want)
+        torch.testing.assert_close(compiled(x)[0], want)
+
+
 def test_state_carries_over_and_is_shared_between_methods() -> None:
     """The fixture's calls three times over on the same methods: state keeps advancing in
     both, and stays equal."""

@@ -446,7 +446,7 @@ def test_refusals_name_the_problem(llava: Path) -> None:
         runner.generate([make_audio_input(torch.zeros(1, 16, 200))], _greedy())
     with pytest.raises(GenerationError, match="preprocessed pixel values"):
         runner.generate([make_image_input(torch.rand(3, 20, 20))], _greedy())
-    with pytest.raises(GenerationError, match="placeholders .token 3. do not hold"):
+    with pytest.raises(GenerationError, match=r"placeholders \(token 3\) do not hold"):
         runner.generate([make_token_input([1, 3, 3, 5]), make_image_input(px)], _greedy())
     runner.generate([make_text_input(mm.PROMPTS["image"]), make_image_input(px)], _greedy())
     assert len(runner.generated_tokens) > 1  # nothing refused changed the runner

@@ -559,9 +559,19 @@ def _region_call(
             chain.frame(first),
         )
 
-    # the region's interpreted statements: for calls outside the compiled sizes
+    # a scalar input is traced as the kind the program declares; a value written at run
+    # time may be another (truediv's float into a value declared Int): such a call runs
+    # the region's interpreted statements, as one outside the compiled sizes does
+    scalars = set(region.scalar_inputs)
+    kinds = [
+        f"type(v[{j}]) is {scalar_kind(plan.values[j])}"
+        for j in region.graph_inputs
+        if j in scalars
+    ]
+    checks = [g.code(f"_a{k}_") for g in compiled.guards] + kinds
+    # the region's interpreted statements: for calls outside the compiled sizes and kinds
     interp: _Call | None = None
-    if compiled.guards:
+    if checks:
         body = Code(region.chain)
         body.add("def _interp(v):")
         with body.indented():
@@ -576,7 +586,6 @@ def _region_call(
         _store=store_resizing,
         _tensor=torch.tensor,
     )
-    scalars = set(region.scalar_inputs)
     xs = []
     for n, j in enumerate(region.graph_inputs):
         x = f"_a{k}_{n}"
@@ -591,9 +600,8 @@ def _region_call(
         xs.append(x)
     guarded = contextlib.ExitStack()
     with guarded:
-        if compiled.guards:
-            checks = " and ".join(g.code(f"_a{k}_") for g in compiled.guards)
-            code.add(f"if not ({checks}):", first)
+        if checks:
+            code.add(f"if not ({' and '.join(checks)}):", first)
             code.add(f"    _I{k}(v)", first)
             code.add("else:", first)
             guarded.enter_context(code.indented())
