@@ -722,3 +722,55 @@ def test_timestamps_need_a_config_that_names_them(folders: dict[str, Path]) -> N
     with pytest.raises(GenerationError, match="no_timestamps_token_id"):
         Seq2SeqRunner(folder / "model.pte", folder, generation_config={"decoder_start_token_id": 1},
                       timestamps=True)  # fmt: skip
+
+
+def test_t5_generation_config_fields_change_tokens_as_in_transformers(
+    folders: dict[str, Path],
+) -> None:
+    """A generation config's fields that change transformers' ``generate`` change ptexec's
+    tokens the same way: they were dropped without a word (the tokens of the config without
+    them). The repetition penalty, n-gram and bad-word bans, minimum lengths (with EOS as a
+    list), forced first and last tokens, and ``max_length`` for a generation that sets no
+    bound of its own; what ptexec does not do (beam search) is said once, as a warning."""
+    folder = folders["t5_portable"]
+    model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
+    ids = torch.randint(3, 256, (seq2seq_programs.MAX_SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
+    base = {"decoder_start_token_id": 0, "eos_token_id": 2, "pad_token_id": 0}
+
+    def eager(gen: dict[str, Any], **kw: Any) -> list[int]:
+        model.generation_config = transformers.GenerationConfig(**gen)  # as the file's
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([ids]), do_sample=False, **kw)
+        return [int(t) for t in out[0, 1:]]
+
+    def ours(gen: dict[str, Any], config: GenerationConfig = GREEDY) -> list[int]:
+        return Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen).generate(
+            ids, config
+        )
+
+    plain = eager(base, max_new_tokens=12)
+    assert ours(base) == plain
+    x = plain[1]
+    for extra in (
+        {"repetition_penalty": 2.0},
+        {"no_repeat_ngram_size": 1},
+        {"no_repeat_ngram_size": 2, "repetition_penalty": 1.3},
+        {"bad_words_ids": [[x]]},
+        {"bad_words_ids": [[plain[0], x], [2]]},
+        {"eos_token_id": [2, x], "min_new_tokens": 5},
+        {"eos_token_id": [2, x], "min_length": 6},
+        {"forced_bos_token_id": 7},
+        {"forced_eos_token_id": 2},
+    ):
+        gen = {**base, **extra}
+        want = eager(gen, max_new_tokens=12)
+        assert want != plain, extra  # (the field changes transformers' tokens)
+        assert ours(gen) == want, extra
+    gen = {**base, "max_length": 6}
+    assert ours(gen, GenerationConfig(temperature=0.0)) == eager(gen) and len(eager(gen)) == 5
+    with pytest.warns(RuntimeWarning, match="num_beams=3"):
+        ours({**base, "num_beams": 3})
+    # no decoder_start_token_id: the config's BOS starts the decoder, as in transformers
+    gen = {"bos_token_id": 5, "eos_token_id": 2, "pad_token_id": 0}
+    assert ours(gen) == eager(gen, max_new_tokens=12) != plain

@@ -25,8 +25,12 @@ from typing import Any, Union
 import torch
 
 __all__ = [
+    "BadWords",
+    "ForceToken",
     "LogitBias",
     "LogitsProcessor",
+    "MinLength",
+    "NoRepeatNGram",
     "PresenceFrequencyPenalty",
     "RepetitionPenalty",
     "SuppressTokens",
@@ -144,13 +148,132 @@ class LogitBias:
         return f"LogitBias({self.bias})"
 
 
-def _ids_tuple(ids: Sequence[int], what: str) -> tuple[int, ...]:
+def _ids_list(ids: Sequence[int], what: str) -> list[int]:
+    if isinstance(ids, str | bytes) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"{what} must be a list of token ids, got {ids!r}")
     out = []
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"{what} must be token ids >= 0, got {t!r}")
         out.append(int(t))
-    return tuple(sorted(set(out)))
+    return out
+
+
+def _ids_tuple(ids: Sequence[int], what: str) -> tuple[int, ...]:
+    return tuple(sorted(set(_ids_list(ids, what))))
+
+
+class NoRepeatNGram:
+    """No n-gram of ``size`` tokens twice in the context (a generation config's
+    ``no_repeat_ngram_size``, as transformers' ``NoRepeatNGramLogitsProcessor``): a token
+    that would end an n-gram the context holds already is never sampled."""
+
+    def __init__(self, size: int) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"no_repeat_ngram_size must be an integer >= 1, got {size!r}")
+        self.size = size
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        n = self.size
+        ids = input_ids[0].tolist()
+        if len(ids) + 1 < n:
+            return scores
+        head = tuple(ids[len(ids) - n + 1 :])
+        banned = [
+            ids[i + n - 1] for i in range(len(ids) - n + 1) if tuple(ids[i : i + n - 1]) == head
+        ]
+        if not banned:
+            return scores
+        out = scores.clone()
+        out[..., [t for t in banned if t < scores.shape[-1]]] = float("-inf")
+        return out
+
+    def __repr__(self) -> str:
+        return f"NoRepeatNGram({self.size})"
+
+
+class BadWords:
+    """Token sequences never generated (a generation config's ``bad_words_ids``, as
+    transformers' ``NoBadWordsLogitsProcessor``): the last token of a sequence is not
+    sampled where the context ends with the rest of it (a one-token sequence: never). A
+    sequence that is an EOS id alone is left out, as transformers leaves it out."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]], eos_ids: Sequence[int] = ()) -> None:
+        seqs = []
+        for s in sequences:
+            seq = _ids_list(s, "bad_words_ids")
+            if not seq:
+                raise ValueError("bad_words_ids holds an empty sequence")
+            if len(seq) == 1 and seq[0] in set(eos_ids):
+                continue
+            seqs.append(tuple(seq))
+        self.sequences = tuple(seqs)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        width = scores.shape[-1]
+        longest = max((len(s) for s in self.sequences), default=1)
+        tail = tuple(input_ids[0, max(0, input_ids.shape[-1] - longest + 1) :].tolist())
+        banned = [
+            s[-1]
+            for s in self.sequences
+            if s[-1] < width and (len(s) == 1 or tail[len(tail) - len(s) + 1 :] == s[:-1])
+        ]
+        if not banned:
+            return scores
+        out = scores.clone()
+        out[..., banned] = float("-inf")
+        return out
+
+    def __repr__(self) -> str:
+        return f"BadWords({[list(s) for s in self.sequences]})"
+
+
+class MinLength:
+    """No EOS before the context holds ``length`` tokens (a generation config's
+    ``min_length``, as transformers' ``MinLengthLogitsProcessor``, whose length counts an
+    encoder-decoder's decoder prompt), or before ``new`` tokens were generated after the
+    prompt :meth:`begin` is told of (``min_new_tokens``)."""
+
+    def __init__(self, eos_ids: Sequence[int], length: int = 0, new: int = 0) -> None:
+        self.eos = _ids_tuple(eos_ids, "EOS ids")
+        self.length = length
+        self.new = new
+        self._prompt = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A generation starts after ``prompt``."""
+        self._prompt = len(prompt)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        n = input_ids.shape[-1]
+        if n >= self.length and n - self._prompt >= self.new:
+            return scores
+        out = scores.clone()
+        out[..., [t for t in self.eos if t < scores.shape[-1]]] = float("-inf")
+        return out
+
+    def __repr__(self) -> str:
+        return f"MinLength({list(self.eos)}, length={self.length}, new={self.new})"
+
+
+class ForceToken:
+    """``token`` is the only choice when the context holds ``at`` tokens (a generation
+    config's ``forced_bos_token_id`` after an encoder-decoder's start token, or its
+    ``forced_eos_token_id`` at the last step of the budget, as transformers forces them)."""
+
+    def __init__(self, token: int, at: int) -> None:
+        self.token = _ids_tuple([token], "forced token")[0]
+        self.at = at
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[-1] != self.at or self.token >= scores.shape[-1]:
+            return scores
+        out = torch.full_like(scores, float("-inf"))
+        out[..., self.token] = 0.0
+        return out
+
+    def __repr__(self) -> str:
+        return f"ForceToken({self.token}, at={self.at})"
 
 
 class SuppressTokens:

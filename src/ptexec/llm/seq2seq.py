@@ -41,6 +41,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,17 @@ from ..errors import ConfigValueError, FileMissingError, GenerationError
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import load_options, read_metadata
-from .logits import SuppressTokens, SuppressTokensAtBegin, TimestampRules, as_processors
+from .logits import (
+    BadWords,
+    ForceToken,
+    MinLength,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SuppressTokens,
+    SuppressTokensAtBegin,
+    TimestampRules,
+    as_processors,
+)
 from .sampling import Sampler
 from .tokenizer import TextStream, Tokenizer, load_tokenizer
 
@@ -438,8 +449,9 @@ class Seq2SeqRunner:
     ``tokenizer_path`` (a file, a directory, a :class:`~ptexec.llm.Tokenizer` or None:
     ids only). ``generation_config`` is a ``generation_config.json`` (or its directory)
     or a dict; absent, the program's directory is looked in. The decoder's start token is
-    ``decoder_start_token_id`` if given, else the generation config's, else the program's
-    ``decoder_start_token_id`` method, else the tokenizer's BOS; forced tokens are
+    ``decoder_start_token_id`` if given, else the generation config's (its
+    ``decoder_start_token_id``, else its ``bos_token_id``, as transformers falls back), else
+    the program's ``decoder_start_token_id`` method, else the tokenizer's BOS; forced tokens are
     ``forced_decoder_ids`` ({position: id} or [position, id] pairs) if given, else the
     generation config's (with ``language``/``task``/``timestamps`` choosing Whisper's
     tokens); EOS ids are ``eos_ids``, else the generation config's, else the program's, else
@@ -497,6 +509,8 @@ class Seq2SeqRunner:
         start = decoder_start_token_id
         if start is None and gen.get("decoder_start_token_id") is not None:
             start = _ids(gen["decoder_start_token_id"], "decoder_start_token_id")[0]
+        if start is None and gen.get("bos_token_id") is not None:  # transformers' fallback
+            start = _ids(gen["bos_token_id"], "bos_token_id")[0]
         if start is None:
             value = _constant(program, "decoder_start_token_id")
             start = int(value) if value is not None else None
@@ -538,15 +552,31 @@ class Seq2SeqRunner:
         """Language token id -> code (``"en"``), from the generation config (Whisper)."""
         self.language_id: int | None = None
         """The language token of the last generation (asked or detected), or None."""
-        rules: list[Any] = []
-        if gen.get("begin_suppress_tokens"):
-            rules.append(SuppressTokensAtBegin(_ids(gen["begin_suppress_tokens"], "tokens")))
-        if gen.get("suppress_tokens"):
-            rules.append(SuppressTokens(_ids(gen["suppress_tokens"], "suppress_tokens")))
-        self.rules: tuple[Any, ...] = tuple(rules)
-        """The generation config's ``begin_suppress_tokens`` and ``suppress_tokens``
-        processors, run before a generation's own (transformers' order; settable, ``()``
-        turns them off)."""
+        self.rules: tuple[Any, ...] = _config_rules(gen, sorted(self.eos_ids))
+        """The generation config's processors, run before a generation's own, in
+        transformers' order (settable, ``()`` turns them off): ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``bad_words_ids``, ``min_length``, ``min_new_tokens``,
+        ``forced_bos_token_id``, ``suppress_tokens`` and ``begin_suppress_tokens``
+        (``forced_eos_token_id`` and ``max_length`` bound each generation's budget)."""
+        forced_eos = gen.get("forced_eos_token_id")
+        self.forced_eos: int | None = (
+            None if forced_eos is None else _ids(forced_eos, "forced_eos_token_id")[0]
+        )
+        """The token the last step of a generation's budget is (the generation config's
+        ``forced_eos_token_id``), or None (settable)."""
+        length = gen.get("max_length")
+        self.max_length: int | None = None if length is None else _count(length, "max_length")
+        """The decoder's most tokens, its prompt included, for a generation that does not
+        bound its own (the generation config's ``max_length``), or None."""
+        ignored = _not_applied(gen)
+        if ignored:
+            warnings.warn(
+                f"the generation config asks for {', '.join(ignored)}, which ptexec does not "
+                "do (it decodes one sequence: greedy or sampled, by the GenerationConfig "
+                "given): its outputs differ from transformers' generate",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.timestamp_rules: TimestampRules | None = None
         """Whisper's timestamp rules, applied after :attr:`rules` to a generation whose
         prompt asks for timestamps (no ``<|notimestamps|>``); settable, None turns them
@@ -645,6 +675,12 @@ class Seq2SeqRunner:
         return (*self.rules, self.timestamp_rules)
 
     def _budget(self, config: GenerationConfig, prompt: int) -> int:
+        budget = self._own_budget(config, prompt)
+        if self.max_length is not None and config.max_new_tokens == -1 and config.seq_len == -1:
+            budget = min(budget, max(self.max_length - prompt, 1))  # the config's bound
+        return budget
+
+    def _own_budget(self, config: GenerationConfig, prompt: int) -> int:
         if self.max_seq_len is None:
             return config.max_new_tokens if config.max_new_tokens > 0 else 256
         budget = config.resolve_max_new_tokens(self.max_seq_len, prompt - 1)
@@ -686,6 +722,13 @@ class Seq2SeqRunner:
                 ),
             )
             budget = self._budget(config, len(dp))
+            if self.forced_eos is not None:  # the budget's last step, before the masks
+                force = ForceToken(self.forced_eos, len(dp.prefix()) + budget - 1)
+                rules = sampler.processors
+                cut = next(
+                    (i for i, r in enumerate(rules) if isinstance(r, SuppressTokens)), len(rules)
+                )
+                sampler.processors = (*rules[:cut], force, *rules[cut:])
             self._stop.clear()
             stats = self.stats
             stats.reset()
@@ -886,3 +929,70 @@ class Seq2SeqRunner:
             f"<ptexec.llm.Seq2SeqRunner encoder of {kind} {list(self.encoder_input.sizes)}, "
             f"vocab {self.vocab_size}, decoder cache {self.max_seq_len}>"
         )
+
+
+# generation config fields that change transformers' output and that ptexec does not do,
+# with the value that leaves them off
+_NOT_APPLIED: dict[str, Any] = {
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+    "exponential_decay_length_penalty": None,
+    "sequence_bias": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "renormalize_logits": False,
+    "guidance_scale": None,
+    "penalty_alpha": None,
+    "constraints": None,
+    "force_words_ids": None,
+}
+
+
+def _not_applied(gen: Mapping[str, Any]) -> list[str]:
+    """``name=value`` of each field of ``gen`` set to change the output in a way ptexec
+    does not follow."""
+    return [
+        f"{k}={gen[k]!r}"
+        for k, off in _NOT_APPLIED.items()
+        if gen.get(k) is not None and gen[k] != off and gen[k] != []
+    ]
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GenerationError(f"the generation config's {what} must be an integer >= 0")
+    return value
+
+
+def _config_rules(gen: Mapping[str, Any], eos: Sequence[int]) -> tuple[Any, ...]:
+    """The generation config's logits processors, in the order transformers' ``generate``
+    builds them (``_get_logits_processor``); ``eos``: the ids that end a generation."""
+    rules: list[Any] = []
+    try:
+        penalty = gen.get("repetition_penalty")
+        if penalty is not None and penalty != 1.0:
+            rules.append(RepetitionPenalty(float(penalty)))
+        n = gen.get("no_repeat_ngram_size")
+        if n:
+            rules.append(NoRepeatNGram(n))
+        bad = gen.get("bad_words_ids")
+        if bad:
+            rules.append(BadWords(bad, eos))
+        low = _count(gen.get("min_length") or 0, "min_length")
+        new = _count(gen.get("min_new_tokens") or 0, "min_new_tokens")
+        if (low > 0 or new > 0) and eos:
+            rules.append(MinLength(eos, low, new))
+        bos = gen.get("forced_bos_token_id")
+        if bos is not None:
+            rules.append(ForceToken(_ids(bos, "forced_bos_token_id")[0], 1))
+        if gen.get("suppress_tokens"):
+            rules.append(SuppressTokens(_ids(gen["suppress_tokens"], "suppress_tokens")))
+        if gen.get("begin_suppress_tokens"):
+            rules.append(SuppressTokensAtBegin(_ids(gen["begin_suppress_tokens"], "tokens")))
+    except (TypeError, ValueError) as e:
+        raise GenerationError(f"the generation config: {e}") from None
+    return tuple(rules)
