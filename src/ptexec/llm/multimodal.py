@@ -29,12 +29,13 @@ How a prompt becomes the decoder's embeddings (the runner's rule):
    ``config.num_bos``/``num_eos`` on the first of them as the text runner does (BOS first
    in the prompt, before media that come first); an image or audio
    input runs its encoder and gives its embedding rows;
-2. when the ids hold *placeholder runs* (consecutive placeholder ids of a modality) and
-   there are as many runs as inputs of that modality, the k-th image (audio) fills the k-th
-   run: a run as long as its embeddings is replaced row for row (what a Hugging Face
-   processor writes), a run of one placeholder is widened to all of them (a prompt that
-   says ``<image>`` once). Otherwise an image (audio) goes where it is in the input list
-   (ExecuTorch's runner convention: ``[text, image, text]``). Any other mismatch raises;
+2. when the ids hold placeholders of a modality that hold exactly its inputs
+   (:func:`media_slots`), the k-th image (audio) fills the k-th: a run of placeholders as
+   long as the next inputs' embeddings together is replaced row for row (what a Hugging
+   Face processor writes), else each placeholder of the run is one input, widened to all
+   of its rows (a prompt that says ``<image>``, or ``<image><image>`` for two). Without
+   placeholders an image (audio) goes where it is in the input list (ExecuTorch's runner
+   convention: ``[text, image, text]``). Any other mismatch raises;
 3. the embeddings are prefilled in chunks the decoder takes, and decoding runs the text
    runner's loop, each step embedding the sampled token and calling the decoder.
 

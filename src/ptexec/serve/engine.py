@@ -11,11 +11,12 @@ A job that is cancelled (its client went away, or its deadline passed) stops its
 after the current token, and its session goes back to the pool as soon as the runner
 returns.
 
-A chat with images (a program with a vision encoder) is checked when prepared: one
-placeholder run of the rendered prompt per image, and the context counted with each
-image's embedding rows; :meth:`Engine.read_media` then decodes and preprocesses the images
-(off the event loop, any problem a 400), and the session's runner puts their rows at the
-placeholders.
+A chat with images or audio (a program with a vision or audio encoder) is checked when
+prepared: the rendered prompt holds the media's placeholders (one token each, or as many
+as a medium's embedding rows: :func:`~ptexec.llm.multimodal.media_slots`), and the context
+is counted with each image's rows; :meth:`Engine.read_media` then decodes and preprocesses
+the media (off the event loop, any problem a 400), counts the audio's rows, and the
+session's runner puts their rows at the placeholders.
 """
 
 from __future__ import annotations
@@ -127,8 +128,7 @@ class Job:
         self.config = config
         self.media: list[tuple[str, torch.Tensor]] = []
         """The request's images and audio as the encoders read them
-        (:meth:`Engine.read_media`): (kind, input), one per placeholder run of that kind in
-        ``ids``, in order."""
+        (:meth:`Engine.read_media`): (kind, input), in the order of their placeholders."""
         self.prompt_tokens = len(ids)
         """The prompt's positions in the context: ``ids`` with each medium's placeholder
         taken as its embedding rows."""
