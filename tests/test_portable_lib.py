@@ -7,6 +7,7 @@ both, compared. (The wheel's own tests run against this module in test_executorc
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -517,3 +518,21 @@ def test_method_meta_describes_the_devices_the_methods_run_on() -> None:
         assert "cuda" not in repr(pl._load_program(path).method_meta("forward"))
     finally:
         pl.set_default_device(None)
+
+
+def test_a_missing_file_fails_at_load_and_an_empty_etdump_writes_nothing(tmp_path: Path) -> None:
+    """As ExecuTorch's bindings: ``_load_for_executorch`` of a path that does not exist
+    fails there (it failed at the first call), and an ETDump with nothing recorded yet
+    writes no file (an empty one was written)."""
+    missing = tmp_path / "nothing.pte"
+    for lib in (_et(), pl):
+        with pytest.raises(RuntimeError):
+            lib._load_for_executorch(str(missing))
+    data = fixture_paths("mlp")[0].read_bytes()
+    for k, lib in enumerate((_et(), pl)):
+        module = lib._load_for_executorch_from_buffer(data, enable_etdump=True)
+        module.write_etdump_result_to_file(str(tmp_path / f"{k}.etdp"))
+        assert not (tmp_path / f"{k}.etdp").exists(), lib
+        module.forward(fixture_calls("mlp")[0]["inputs"])
+        module.write_etdump_result_to_file(str(tmp_path / f"{k}.etdp"))
+        assert (tmp_path / f"{k}.etdp").stat().st_size > 0, lib

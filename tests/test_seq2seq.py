@@ -694,7 +694,8 @@ def test_a_generation_config_named_but_missing_is_refused(
             Seq2SeqRunner(folder / "model.pte", folder, generation_config=named)
     alone = tmp_path / "model.pte"
     alone.write_bytes((folder / "model.pte").read_bytes())
-    runner = Seq2SeqRunner(alone, folder)  # nothing beside it: the start token alone
+    with pytest.warns(RuntimeWarning, match="without its generation config"):
+        runner = Seq2SeqRunner(alone, folder)  # nothing beside it: the start token alone
     assert runner.generation_config == {} and runner.prompt.forced == ()
     named = Seq2SeqRunner(alone, folder, generation_config=folder)
     assert named.prompt == DecoderPrompt(1, (10, 11))

@@ -40,6 +40,7 @@ out (``_dump_profile_results()`` is empty: use ETDump or :mod:`ptexec.profile`).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import threading
@@ -53,6 +54,7 @@ from . import program as _program
 from .delegates import registered_backends
 from .dtypes import CODE_TO_DTYPE
 from .errors import (
+    FileMissingError,
     InputError,
     MethodNotFoundError,
     NotFoundError,
@@ -604,7 +606,11 @@ def _load_for_executorch(
     debug_buffer_size: int = 0,
     program_verification: Verification = Verification.InternalConsistency,
 ) -> ExecuTorchModule:
-    """A module for the program at ``program_path`` (and its ``.ptd`` at ``data_path``)."""
+    """A module for the program at ``program_path`` (and its ``.ptd`` at ``data_path``):
+    the files must exist now, as ExecuTorch opens them here; they are read on first use."""
+    for path, what in ((program_path, "program file"), (data_path, "data file")):
+        if isinstance(path, str | os.PathLike) and not os.path.exists(path):
+            raise FileMissingError(errno.ENOENT, f"no such {what}", os.fspath(path))
     return ExecuTorchModule(
         lambda: load_source(program_path, data_path),
         _recorder(enable_etdump, debug_buffer_size),

@@ -278,6 +278,8 @@ def write_etdump(
             "no ETDump: the program was loaded without enable_etdump=True (load it with "
             "enable_etdump=True, and a debug_buffer_size for intermediate values)"
         )
+    if not recorder.runs:
+        return  # nothing recorded: no file, as ExecuTorch writes none without data
     recorder.write(etdump_path, debug_buffer_path)
 
 

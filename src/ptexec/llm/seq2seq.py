@@ -504,6 +504,20 @@ class Seq2SeqRunner:
         else:  # looked for beside the program
             gen = _read_json(where, given=False)
         self.generation_config = gen
+        if (
+            generation_config is None
+            and not gen
+            and forced_decoder_ids is None
+            and (not self._model.takes_tokens)
+        ):
+            warnings.warn(
+                "a speech model without its generation config (generation_config.json beside "
+                "the program, or generation_config=): it decodes from the start token alone, "
+                "without the language, task, timestamp and suppression rules it was trained "
+                "with",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         md = read_metadata(program)
         self.max_seq_len = int(md.get("get_max_seq_len", 0)) or None
         start = decoder_start_token_id
