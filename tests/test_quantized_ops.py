@@ -809,3 +809,28 @@ def test_fixture_on_cuda(name: str) -> None:
         got = [t.cpu() if isinstance(t, torch.Tensor) else t for t in got]
         problem = compare_outputs(got, call["outputs"], *tolerance(name))
         assert problem is None, f"{name} call {i} on CUDA: {problem}"
+
+
+def test_a_nan_is_left_out_of_the_range_as_executorch_leaves_it(et_ops: Any) -> None:
+    """ExecuTorch's choose_qparams kernels compare with NaN, which leaves it out of the
+    range (when it is not a row's first value, the one its loops start from). ptexec's
+    host path raised (``round(nan)``) and its vectorized and traced paths made NaN scales
+    and zero points, so compiled code answered with NaNs where the interpreter raised."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(70, 16, generator=g) * 3  # more rows than the host path takes
+    x[::7, 5] = float("nan")
+    x[3, 1:] = float("nan")  # all NaN but the first
+    s = torch.empty(70, 1, dtype=torch.float64)
+    z = torch.empty(70, 1, dtype=torch.int64)
+    et_ops.choose_qparams_per_token_asymmetric.out(x, torch.int8, scale_out=s, zero_point_out=z)
+    for rows, traced in ((x, False), (x[:10], False), (x, True)):
+        ms, mz = Q.choose_qparams_per_token_asymmetric(rows, torch.int8, traced=traced)
+        n = rows.shape[0]
+        assert torch.equal(ms, s[:n]) and torch.equal(mz, z[:n]), (n, traced)
+    flat = x[6:8].reshape(-1)  # per tensor: a NaN inside (row 7)
+    s1 = torch.empty(1, dtype=torch.float64)
+    z1 = torch.empty(1, dtype=torch.int64)
+    et_ops.choose_qparams.Tensor_out(flat, -128, 127, 1e-5, torch.int8, scale_out=s1,
+                                     zero_point_out=z1)  # fmt: skip
+    ms, mz = Q.choose_qparams(flat, -128, 127, 1e-5, torch.int8)
+    assert torch.equal(ms, s1) and torch.equal(mz, z1)

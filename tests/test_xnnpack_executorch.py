@@ -550,3 +550,20 @@ def test_quantization_parameters_xnnpack_refuses_are_not_handed_to_it() -> None:
     x = torch.randn(*m.meta.inputs[0].sizes)  # type: ignore[union-attr]
     (out,) = m.execute([x])
     assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "name", ["mlp_int8_static_pc", "qops_int8_static_pc", "cnn_int8_static_pt"]
+)
+def test_nan_is_quantized_as_xnnpack_quantizes_it(et: None, name: str) -> None:
+    """XNNPACK's float-to-int8 Convert saturates NaN to the top of the range, as +inf (its
+    x86 kernels' clamp): ExecuTorch's kernels give finite outputs. ptexec's own runner
+    (``xnnpack="torch"``: on CUDA, and what the compiled tier traces) kept NaN, so a NaN
+    input made whole rows NaN there."""
+    inputs = [x.clone() for x in _calls(name)[0]["inputs"]]
+    inputs[0].reshape(-1)[1] = float("nan")
+    theirs = _method(name, xnnpack="auto").execute([x.clone() for x in inputs])
+    ours = _method(name, xnnpack="torch").execute([x.clone() for x in inputs])
+    for a, b in zip(theirs, ours, strict=True):
+        assert not torch.isnan(a).any()
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)

@@ -432,17 +432,34 @@ def _choose_rows(
     rows: torch.Tensor, quant_min: int, quant_max: int, traced: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scales (float64) and zero points (int64) of each row of a 2-D float32 tensor
-    (``traced``: always the vectorized path, which reads no data on the host)."""
+    (``traced``: always the vectorized path, which reads no data on the host). A NaN in
+    a row is no part of its range, as ExecuTorch's kernels' comparisons leave it out."""
+    host = not traced and rows.device.type == "cpu"
+    if not host:
+        lo, hi = _ranges_without_nan(rows)
+        return scale_zero_point(lo, hi, quant_min, quant_max, traced=traced)
     lo, hi = torch.aminmax(rows, dim=-1)
-    if not traced and rows.device.type == "cpu" and rows.shape[0] <= _SCALAR_ROWS:
-        pairs = [
-            _scale_zero_point_scalar(a, b, quant_min, quant_max)
-            for a, b in zip(lo.tolist(), hi.tolist(), strict=True)
-        ]
-        scale = torch.tensor([sc for sc, _ in pairs], dtype=torch.float64)
-        zp = torch.tensor([z for _, z in pairs], dtype=torch.int64)
-        return scale, zp
-    return scale_zero_point(lo, hi, quant_min, quant_max, traced=traced)
+    if rows.shape[0] > _SCALAR_ROWS:
+        if bool(torch.isnan(lo).any()):
+            lo, hi = _ranges_without_nan(rows)
+        return scale_zero_point(lo, hi, quant_min, quant_max)
+    low, high = lo.tolist(), hi.tolist()
+    if any(math.isnan(v) for v in low):
+        low, high = (t.tolist() for t in _ranges_without_nan(rows))
+    pairs = [
+        _scale_zero_point_scalar(a, b, quant_min, quant_max)
+        for a, b in zip(low, high, strict=True)
+    ]
+    scale = torch.tensor([sc for sc, _ in pairs], dtype=torch.float64)
+    zp = torch.tensor([z for _, z in pairs], dtype=torch.int64)
+    return scale, zp
+
+
+def _ranges_without_nan(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's smallest and largest value, NaN left out (a row of NaN: +inf, -inf,
+    which the zero clamps of :func:`scale_zero_point` make an empty range)."""
+    nan = torch.isnan(rows)
+    return rows.masked_fill(nan, math.inf).amin(-1), rows.masked_fill(nan, -math.inf).amax(-1)
 
 
 def choose_qparams(

@@ -20,13 +20,14 @@ __all__ = ["HELPERS", "OutputShapeError"]
 def _fq(t: torch.Tensor, inv: float, lo: int, hi: int) -> torch.Tensor:
     """Float values -> centered int8 as XNNPACK's float-to-int8 Convert computes them:
     ``round(t * inv)`` (to nearest even, by the float32 reciprocal of the scale) clamped
-    to ``[lo, hi]`` (the bounds less the zero point)."""
-    return torch.round(t * inv).clamp_(lo, hi)
+    to ``[lo, hi]`` (the bounds less the zero point); NaN saturates to ``hi``, as +inf
+    does (its x86 kernels clamp with a minimum that gives the bound for NaN)."""
+    return torch.round(t * inv).clamp_(lo, hi).nan_to_num_(nan=float(hi))
 
 
 def _fq_(t: torch.Tensor, inv: float, lo: int, hi: int) -> torch.Tensor:
     """:func:`_fq` in place, for a tensor nothing else refers to."""
-    return t.mul_(inv).round_().clamp_(lo, hi)
+    return t.mul_(inv).round_().clamp_(lo, hi).nan_to_num_(nan=float(hi))
 
 
 class OutputShapeError(RuntimeError):
