@@ -444,11 +444,11 @@ def _choose_rows(
             lo, hi = _ranges_without_nan(rows)
         return scale_zero_point(lo, hi, quant_min, quant_max)
     low, high = lo.tolist(), hi.tolist()
-    if any(math.isnan(v) for v in low):
+    total = sum(low)  # NaN when a row's minimum is (or inf - inf: the same ranges again)
+    if total != total:
         low, high = (t.tolist() for t in _ranges_without_nan(rows))
     pairs = [
-        _scale_zero_point_scalar(a, b, quant_min, quant_max)
-        for a, b in zip(low, high, strict=True)
+        _scale_zero_point_scalar(a, b, quant_min, quant_max) for a, b in zip(low, high, strict=True)
     ]
     scale = torch.tensor([sc for sc, _ in pairs], dtype=torch.float64)
     zp = torch.tensor([z for _, z in pairs], dtype=torch.int64)
