@@ -247,11 +247,20 @@ def _greedy(**kw: Any) -> GenerationConfig:
     return GenerationConfig(temperature=0.0, max_new_tokens=N, echo=False, **kw)
 
 
-def _eager_image(d: Path, pixels: torch.Tensor, **generate: Any) -> tuple[Any, list[int]]:
+def _eager_image(
+    d: Path,
+    pixels: torch.Tensor | list[torch.Tensor],
+    prompt: str = mm.PROMPTS["image"],
+    processing: dict[str, Any] | None = None,
+    **generate: Any,
+) -> tuple[Any, list[int]]:
+    """The processor's inputs for ``prompt`` and the image(s), and the eager model's
+    greedy tokens after them."""
     ck = d / "checkpoint"
     processor = transformers.AutoProcessor.from_pretrained(ck)
     model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
-    inputs = processor(text=mm.PROMPTS["image"], images=_pil(pixels), return_tensors="pt")
+    images = [_pil(p) for p in pixels] if isinstance(pixels, list) else _pil(pixels)
+    inputs = processor(text=prompt, images=images, return_tensors="pt", **(processing or {}))
     with torch.no_grad():
         out = model.generate(
             input_ids=inputs["input_ids"],
@@ -843,7 +852,6 @@ def test_a_served_image_chat_gives_the_eager_models_greedy_tokens(
 
     ck = llava / "checkpoint"
     processor = transformers.AutoProcessor.from_pretrained(ck)
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
     px = _pixels(11, 40, 30)
     content = [
         {"type": "text", "text": "Look:"},
@@ -855,16 +863,8 @@ def test_a_served_image_chat_gives_the_eager_models_greedy_tokens(
     prompt = processor.apply_chat_template(
         [{"role": "user", "content": parts}], add_generation_prompt=True
     )
-    inputs = processor(text=prompt, images=_pil(px), return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=inputs["input_ids"],
-            attention_mask=inputs["attention_mask"],
-            pixel_values=inputs["pixel_values"],
-            max_new_tokens=N,
-            do_sample=False,
-        )
-    want = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :])
+    inputs, tokens = _eager_image(llava, px, prompt, {"add_special_tokens": False})
+    want = processor.tokenizer.decode(tokens)
     r = _chat(image_server, content, temperature=0, max_tokens=N)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -1050,18 +1050,9 @@ def test_adjacent_image_placeholders_take_one_image_each(llava: Path, image_serv
     the processor expands them; the eager model's greedy tokens. A structured-output
     request whose grammar this tiny vocabulary cannot write (no token for "{") is a 400,
     not a 500 from the session."""
-    ck = llava / "checkpoint"
-    processor = transformers.AutoProcessor.from_pretrained(ck)
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
     a, b = _pixels(4, 32, 40), _pixels(5, 50, 30)
     prompt = "USER: <image><image>compare ASSISTANT:"
-    inputs = processor(text=prompt, images=[_pil(a), _pil(b)], return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-            pixel_values=inputs["pixel_values"], max_new_tokens=N, do_sample=False,
-        )  # fmt: skip
-    want = out[0, inputs["input_ids"].shape[1] :].tolist()
+    inputs, want = _eager_image(llava, [a, b], prompt)
     runner = _runner(llava)
     items = [make_text_input(prompt), make_image_input(a), make_image_input(b)]
     runner.generate(items, _greedy())

@@ -321,16 +321,7 @@ class Engine:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         length = self._prompt_length(req, ids)
-        room = self.context - length
-        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
-            asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.context} tokens; the prompt "
-                f"has {length} tokens{asked}",
-                param="messages" if req.chat else "prompt",
-                code="context_length_exceeded",
-            )
+        room = self._room(req, length, "")
         # the bias first, then the penalties (transformers and vLLM order them so): the
         # repetition penalty scales the biased logit
         processors: list[LogitsProcessor] = []
@@ -373,6 +364,21 @@ class Engine:
         if self.timeout is not None:
             job.deadline = job.created + self.timeout
         return job
+
+    def _room(self, req: Request, length: int, what: str) -> int:
+        """The context positions left after a prompt of ``length``; :class:`ApiError`
+        when none is, or fewer than the request's ``max_tokens``."""
+        room = self.context - length
+        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
+            asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.context} tokens; the prompt "
+                f"has {length} tokens{what}{asked}",
+                param="messages" if req.chat else "prompt",
+                code="context_length_exceeded",
+            )
+        return room
 
     @property
     def takes_media(self) -> bool:
@@ -464,16 +470,7 @@ class Engine:
         if audio_rows:
             token = decoder.placeholder("audio")
             length += self._widened("audio", job.ids, token, audio_rows, "messages")
-        room = self.context - length
-        if room < 1 or (req.max_tokens is not None and req.max_tokens > room):
-            asked = f" and {req.max_tokens} tokens to generate" if req.max_tokens else ""
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.context} tokens; the prompt "
-                f"has {length} tokens with its media{asked}",
-                param="messages",
-                code="context_length_exceeded",
-            )
+        room = self._room(req, length, " with its media")
         job.prompt_tokens = length
         job.config.max_new_tokens = min(job.config.max_new_tokens, room)
 
