@@ -187,9 +187,17 @@ def test_completion_defaults_seeds_and_refused_fields(server: Any) -> None:
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"99999": 1}}, "logit_bias"),
         ({"logit_bias": [1]}, "logit_bias"),
+        # both token bounds are checked, though the newer name wins (it was taken alone)
+        ({"max_completion_tokens": 5, "max_tokens": -3}, "max_tokens"),
     ):
         status, body = _status(server, {"model": MODEL, "prompt": PROMPT, **extra})
         assert status == 400 and body["error"]["param"] == param, (extra, body)
+    status, body = _status(
+        server,
+        {"model": MODEL, "prompt": PROMPT, "max_completion_tokens": 3, "max_tokens": 9,
+         "ignore_eos": True},
+    )  # fmt: skip
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
 
 
 def test_a_model_is_retrieved_by_its_id(client: Any) -> None:

@@ -352,10 +352,10 @@ def parse_request(body: Any, chat: bool) -> Request:
     if best_of is not None and best_of != 1:
         raise _bad("only best_of=1 is supported", "best_of")
     least = 1 if chat else 0  # a completion of 0 tokens scores its prompt (with echo)
-    max_tokens = _integer(body, "max_completion_tokens", least, 1 << 30)
-    if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", least, 1 << 30)
-    req.max_tokens = max_tokens
+    # both are checked; the newer name wins when both are given (OpenAI's rule)
+    newer = _integer(body, "max_completion_tokens", least, 1 << 30)
+    older = _integer(body, "max_tokens", least, 1 << 30)
+    req.max_tokens = newer if newer is not None else older
     req.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     req.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if req.top_p == 0.0:
