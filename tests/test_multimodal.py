@@ -1008,6 +1008,10 @@ def test_a_served_audio_chat_gives_the_eager_models_greedy_tokens(voxtral: Path)
             {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "wav"}}]}]}  # fmt: skip
         r = httpx.post(server.url + "/v1/chat/completions", json=bad, timeout=60)
         assert r.status_code == 400 and "audio 0" in r.json()["error"]["message"], r.text
+        empty = base64.b64encode(_wav_bytes(torch.zeros(0))).decode()
+        bad["messages"][0]["content"][0]["input_audio"]["data"] = empty
+        r = httpx.post(server.url + "/v1/chat/completions", json=bad, timeout=60)
+        assert r.status_code == 400 and "no samples" in r.json()["error"]["message"], r.text
     finally:
         server.stop()
     longer = torch.cat([wave_, _wave(1)[:16000]])  # 3 s: two windows of 2 s

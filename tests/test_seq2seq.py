@@ -763,13 +763,24 @@ def test_t5_generation_config_fields_change_tokens_as_in_transformers(
         {"eos_token_id": [2, x], "min_length": 6},
         {"forced_bos_token_id": 7},
         {"forced_eos_token_id": 2},
+        {"forced_eos_token_id": [5, 2]},  # any of the listed ids: greedy takes 2
+        {"eos_token_id": [2, x], "min_new_tokens": 2, "min_length": 10},  # new wins
     ):
         gen = {**base, **extra}
         want = eager(gen, max_new_tokens=12)
         assert want != plain, extra  # (the field changes transformers' tokens)
         assert ours(gen) == want, extra
-    gen = {**base, "max_length": 6}
-    assert ours(gen, GenerationConfig(temperature=0.0)) == eager(gen) and len(eager(gen)) == 5
+    # a bad word longer than the decoder's context is not looked for yet (transformers)
+    for extra in ({"bad_words_ids": [[0, plain[0]]]}, {"bad_words_ids": [[0, plain[0], x]]}):
+        gen = {**base, **extra}
+        short = GenerationConfig(temperature=0.0, max_new_tokens=4)
+        assert ours(gen, short) == eager(gen, max_new_tokens=4), extra
+    for length in (6, 20, 25):  # 20, transformers' default, counts new tokens
+        gen = {**base, "max_length": length}
+        assert ours(gen, GenerationConfig(temperature=0.0)) == eager(gen), length
+    assert len(eager({**base, "max_length": 6})) == 5
+    with pytest.raises(GenerationError, match="max_length 1 leaves no token"):
+        ours({**base, "max_length": 1}, GenerationConfig(temperature=0.0))
     with pytest.warns(RuntimeWarning, match="num_beams=3"):
         ours({**base, "num_beams": 3})
     # no decoder_start_token_id: the config's BOS starts the decoder, as in transformers

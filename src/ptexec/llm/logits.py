@@ -195,8 +195,9 @@ class NoRepeatNGram:
 class BadWords:
     """Token sequences never generated (a generation config's ``bad_words_ids``, as
     transformers' ``NoBadWordsLogitsProcessor``): the last token of a sequence is not
-    sampled where the context ends with the rest of it (a one-token sequence: never). A
-    sequence that is an EOS id alone is left out, as transformers leaves it out."""
+    sampled where the context ends with the rest of it (a one-token sequence: never; a
+    sequence longer than the context: not yet). A sequence that is an EOS id alone is left
+    out, as transformers leaves it out."""
 
     def __init__(self, sequences: Sequence[Sequence[int]], eos_ids: Sequence[int] = ()) -> None:
         seqs = []
@@ -211,12 +212,16 @@ class BadWords:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         width = scores.shape[-1]
+        n = input_ids.shape[-1]
         longest = max((len(s) for s in self.sequences), default=1)
-        tail = tuple(input_ids[0, max(0, input_ids.shape[-1] - longest + 1) :].tolist())
+        tail = tuple(input_ids[0, max(0, n - longest + 1) :].tolist())
+        # a sequence longer than the context is not looked for (transformers skips it)
         banned = [
             s[-1]
             for s in self.sequences
-            if s[-1] < width and (len(s) == 1 or tail[len(tail) - len(s) + 1 :] == s[:-1])
+            if s[-1] < width
+            and len(s) <= n
+            and (len(s) == 1 or tail[len(tail) - len(s) + 1 :] == s[:-1])
         ]
         if not banned:
             return scores
@@ -257,23 +262,27 @@ class MinLength:
 
 
 class ForceToken:
-    """``token`` is the only choice when the context holds ``at`` tokens (a generation
-    config's ``forced_bos_token_id`` after an encoder-decoder's start token, or its
-    ``forced_eos_token_id`` at the last step of the budget, as transformers forces them)."""
+    """Only ``tokens`` (an id, or several) may come when the context holds ``at`` tokens
+    (a generation config's ``forced_bos_token_id`` after an encoder-decoder's start token,
+    or its ``forced_eos_token_id``, one id or a list, at the last step of the budget, as
+    transformers forces them: each listed id's score 0, every other -inf)."""
 
-    def __init__(self, token: int, at: int) -> None:
-        self.token = _ids_tuple([token], "forced token")[0]
+    def __init__(self, tokens: int | Sequence[int], at: int) -> None:
+        self.tokens = _ids_tuple([tokens] if isinstance(tokens, int) else tokens, "forced tokens")
+        if not self.tokens:
+            raise ValueError("a forced token needs at least one id")
         self.at = at
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if input_ids.shape[-1] != self.at or self.token >= scores.shape[-1]:
+        kept = [t for t in self.tokens if t < scores.shape[-1]]
+        if input_ids.shape[-1] != self.at or not kept:
             return scores
         out = torch.full_like(scores, float("-inf"))
-        out[..., self.token] = 0.0
+        out[..., kept] = 0.0
         return out
 
     def __repr__(self) -> str:
-        return f"ForceToken({self.token}, at={self.at})"
+        return f"ForceToken({list(self.tokens)}, at={self.at})"
 
 
 class SuppressTokens:

@@ -573,11 +573,11 @@ class Seq2SeqRunner:
         ``forced_bos_token_id``, ``suppress_tokens`` and ``begin_suppress_tokens``
         (``forced_eos_token_id`` and ``max_length`` bound each generation's budget)."""
         forced_eos = gen.get("forced_eos_token_id")
-        self.forced_eos: int | None = (
-            None if forced_eos is None else _ids(forced_eos, "forced_eos_token_id")[0]
+        self.forced_eos: list[int] | None = (
+            None if forced_eos is None else _ids(forced_eos, "forced_eos_token_id")
         )
-        """The token the last step of a generation's budget is (the generation config's
-        ``forced_eos_token_id``), or None (settable)."""
+        """The tokens the last step of a generation's budget chooses from (the generation
+        config's ``forced_eos_token_id``, one id or several), or None (settable)."""
         length = gen.get("max_length")
         self.max_length: int | None = None if length is None else _count(length, "max_length")
         """The decoder's most tokens, its prompt included, for a generation that does not
@@ -691,7 +691,15 @@ class Seq2SeqRunner:
     def _budget(self, config: GenerationConfig, prompt: int) -> int:
         budget = self._own_budget(config, prompt)
         if self.max_length is not None and config.max_new_tokens == -1 and config.seq_len == -1:
-            budget = min(budget, max(self.max_length - prompt, 1))  # the config's bound
+            # the config's bound, counting the decoder prompt; transformers takes a
+            # max_length of exactly its default, 20, as new tokens (the prompt added)
+            length = self.max_length + (prompt if self.max_length == 20 else 0)
+            if length <= prompt:
+                raise GenerationError(
+                    f"the generation config's max_length {self.max_length} leaves no token to "
+                    f"generate after the decoder prompt's {prompt}"
+                )
+            budget = min(budget, length - prompt)
         return budget
 
     def _own_budget(self, config: GenerationConfig, prompt: int) -> int:
@@ -996,8 +1004,9 @@ def _config_rules(gen: Mapping[str, Any], eos: Sequence[int]) -> tuple[Any, ...]
         bad = gen.get("bad_words_ids")
         if bad:
             rules.append(BadWords(bad, eos))
-        low = _count(gen.get("min_length") or 0, "min_length")
         new = _count(gen.get("min_new_tokens") or 0, "min_new_tokens")
+        # min_new_tokens takes precedence over min_length, as in transformers
+        low = 0 if new else _count(gen.get("min_length") or 0, "min_length")
         if (low > 0 or new > 0) and eos:
             rules.append(MinLength(eos, low, new))
         bos = gen.get("forced_bos_token_id")

@@ -321,7 +321,8 @@ class Engine:
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         length = self._prompt_length(req, ids)
-        room = self._room(req, length, "")
+        audio = any(kind == "audio" for kind, _ in req.media)
+        room = self._room(req, length, " before its audio's rows" if audio else "")
         # the bias first, then the penalties (transformers and vLLM order them so): the
         # repetition penalty scales the biased logit
         processors: list[LogitsProcessor] = []
@@ -462,6 +463,8 @@ class Engine:
                     job.media.append((kind, runner.image_input(make_image_input(pixels))))
                     continue
                 samples = _read_audio(data, runner.audio_rate)
+                if samples.numel() == 0:
+                    raise ApiError(400, f"audio {k} holds no samples", param="messages")
                 feats = runner.audio_input(make_raw_audio_input(samples.reshape(1, 1, -1)))
             except (GenerationError, AudioFormatError) as e:
                 raise ApiError(400, f"{kind} {k}: {e}", param="messages") from None
