@@ -327,7 +327,9 @@ def test_the_child_imports_nothing_from_the_working_directory(tmp_path: Path) ->
         background.child_command(),
         cwd=tmp_path,
         env=env,
-        input=b"\n",  # no request: the child answers that it failed, and ends
+        # no request, then "detach" (else the child ends as its stdin closes, maybe before
+        # it answers): it answers that it failed, and ends
+        input=b"\ndetach\n",
         capture_output=True,
         timeout=300,
     )

@@ -220,14 +220,19 @@ def test_load_options_are_one_rule_checked_before_loading(tmp_path: Path) -> Non
 
 
 def test_a_grammar_the_tokenizer_cannot_write_is_an_error(runner: MultimodalRunner) -> None:
+    """A grammar whose first characters no token can write is refused when it is made
+    (it failed at the first sampled token: a 500 from a server); one that can begin but
+    not go on fails at the token it cannot continue with."""
     from ptexec.errors import GenerationError
-    from ptexec.llm.constrained import Grammar, Vocabulary
+    from ptexec.llm.constrained import Grammar, GrammarError, Vocabulary
 
     vocab = Vocabulary.of(runner.tokenizer, runner.vocab_size, runner.eos_ids)
-    grammar = Grammar.regex(vocab, "\u00e9\u00e9")  # no token of this vocabulary has it
+    with pytest.raises(GrammarError, match="cannot write its first characters"):
+        Grammar.regex(vocab, "\u00e9\u00e9")  # no token of this vocabulary has it
+    grammar = Grammar.regex(vocab, "a\u00e9")  # "a" can begin it, nothing can go on
     runner.reset()
     config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=0, logits_processor=grammar)
-    with pytest.raises(GenerationError, match="does not continue the grammar"):
+    with pytest.raises(GenerationError, match="grammar"):
         runner.generate_text([make_token_input([1, 5, 6])], config)
     runner.reset()  # the runner works after the error
     runner.generate_text([make_token_input([1, 5, 6])], GenerationConfig(max_new_tokens=2))
