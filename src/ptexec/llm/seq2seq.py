@@ -504,12 +504,8 @@ class Seq2SeqRunner:
         else:  # looked for beside the program
             gen = _read_json(where, given=False)
         self.generation_config = gen
-        if (
-            generation_config is None
-            and not gen
-            and forced_decoder_ids is None
-            and (not self._model.takes_tokens)
-        ):
+        speech = not self._model.takes_tokens
+        if speech and not gen and generation_config is None and forced_decoder_ids is None:
             warnings.warn(
                 "a speech model without its generation config (generation_config.json beside "
                 "the program, or generation_config=): it decodes from the start token alone, "
@@ -683,10 +679,20 @@ class Seq2SeqRunner:
         for one generation or transcription (``prompt=``)."""
         return _prompt_from(self.generation_config, self.prompt.start, language, task, timestamps)
 
-    def _rules_for(self, prompt: DecoderPrompt) -> tuple[Any, ...]:
+    def _rules_for(self, prompt: DecoderPrompt, budget: int) -> tuple[Any, ...]:
+        """The generation config's processors for a generation after ``prompt`` of at most
+        ``budget`` tokens: :attr:`rules`, the forced EOS at the budget's last step before
+        their token masks (transformers' order), and Whisper's timestamp rules."""
+        rules = self.rules
+        if self.forced_eos is not None:
+            force = ForceToken(self.forced_eos, len(prompt.prefix()) + budget - 1)
+            cut = next(
+                (i for i, r in enumerate(rules) if isinstance(r, SuppressTokens)), len(rules)
+            )
+            rules = (*rules[:cut], force, *rules[cut:])
         if self.timestamp_rules is None or self._no_timestamps in prompt.forced:
-            return self.rules
-        return (*self.rules, self.timestamp_rules)
+            return rules
+        return (*rules, self.timestamp_rules)
 
     def _budget(self, config: GenerationConfig, prompt: int) -> int:
         budget = self._own_budget(config, prompt)
@@ -732,6 +738,7 @@ class Seq2SeqRunner:
             raise ConfigValueError("stop", "stop strings are not supported by Seq2SeqRunner")
         dp = prompt or self.prompt
         with self._lock:
+            budget = self._budget(config, len(dp))
             sampler = Sampler(
                 config.temperature,
                 config.top_p,
@@ -739,18 +746,10 @@ class Seq2SeqRunner:
                 config.seed,
                 min_p=config.min_p,
                 processors=(
-                    *self._rules_for(dp),
+                    *self._rules_for(dp, budget),
                     *as_processors(config.logits_processor),
                 ),
             )
-            budget = self._budget(config, len(dp))
-            if self.forced_eos is not None:  # the budget's last step, before the masks
-                force = ForceToken(self.forced_eos, len(dp.prefix()) + budget - 1)
-                rules = sampler.processors
-                cut = next(
-                    (i for i, r in enumerate(rules) if isinstance(r, SuppressTokens)), len(rules)
-                )
-                sampler.processors = (*rules[:cut], force, *rules[cut:])
             self._stop.clear()
             stats = self.stats
             stats.reset()
