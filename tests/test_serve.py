@@ -289,6 +289,75 @@ def test_chat_template_renders_as_transformers_does(tok: Path) -> None:
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
 
 
+_TOOL_HISTORY = (  # a tool-use template in the way Llama 3.1's and Qwen2.5's write calls
+    "{% for m in messages %}<|{{ m.role }}|>"
+    "{% if m.name is defined %}({{ m.name }}){% endif %}"
+    "{% if m.tool_call_id is defined %}[{{ m.tool_call_id }}]{% endif %}"
+    "{{ m.content }}"
+    "{% for call in m.tool_calls or [] %}<call>{{ call.id }} {{ call.function.name }} "
+    "{{ call.function.arguments | tojson }}</call>{% endfor %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_a_tool_call_history_renders_as_transformers_renders_it(tok: Path) -> None:
+    """An OpenAI client replays a conversation's tool calls (``function.arguments`` as JSON
+    text, ``tool_call_id``, ``name``): the template sees them as transformers' templates
+    take them (arguments an object), not an empty assistant turn."""
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate, ChatTemplateError
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok))
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Zürich", "days": 2}'}}  # fmt: skip
+    sent = [
+        {"role": "user", "content": "Weather?", "name": "ana"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "20C"},
+        {"role": "assistant", "content": "Warm.", "tool_calls": []},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    as_transformers_takes_it = [
+        sent[0],
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    **call,
+                    "function": {"name": "weather", "arguments": {"city": "Zürich", "days": 2}},
+                }
+            ],
+        },
+        sent[2],
+        {"role": "assistant", "content": "Warm."},
+        sent[4],
+    ]
+    want = hf.apply_chat_template(
+        as_transformers_takes_it, chat_template=_TOOL_HISTORY, tokenize=False,
+        add_generation_prompt=True,
+    )  # fmt: skip
+    assert '<call>call_1 weather {"city": "Zürich", "days": 2}</call>' in want
+    request = parse_request({"model": "m", "messages": sent}, True)
+    assert ChatTemplate(_TOOL_HISTORY).render(request.messages) == want
+    for bad in (
+        {"role": "assistant", "tool_calls": {"id": "x"}},
+        {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{no"}}]},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "3"}}]},
+        {"role": "tool", "tool_call_id": 7, "content": "x"},
+        {"role": "user", "name": ["a"], "content": "x"},
+    ):
+        with pytest.raises(ApiError) as refused:
+            parse_request({"model": "m", "messages": [bad]}, True)
+        assert refused.value.status == 400 and refused.value.param == "messages"
+    # a template failing in any way is the conversation's error (a 400), not the server's
+    for failing in ("{{ 1 // 0 }}", "{% for i in range(10**9) %}{% endfor %}"):
+        with pytest.raises(ChatTemplateError, match="the chat template failed"):
+            ChatTemplate(failing).render(sent[:1])
+
+
 # -- log-probabilities, scored prompts, several prompts ----------------------------------------
 
 

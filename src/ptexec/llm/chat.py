@@ -141,7 +141,7 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template refused the conversation: {e}") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        except Exception as e:  # the template is the checkpoint's code: any failure is its
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
 
     def _chosen(self, tools: Sequence[Mapping[str, Any]] | None) -> Any:

@@ -256,8 +256,51 @@ def _messages(body: dict[str, Any], media: list[tuple[str, bytes]]) -> list[dict
         value = "" if content is None and role == "assistant" else _content(
             content, f"messages[{i}].content", media if role == "user" else None
         )  # fmt: skip
-        out.append({"role": "system" if role == "developer" else role, "content": value})
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                   "content": value}  # fmt: skip
+        name = m.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise _bad(f"messages[{i}].name must be a string", "messages")
+            message["name"] = name
+        if role == "assistant" and m.get("tool_calls") is not None:
+            calls = _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+            if calls:  # an empty list: the template's plain assistant turn
+                message["tool_calls"] = calls
+        if role == "tool" and m.get("tool_call_id") is not None:
+            if not isinstance(m["tool_call_id"], str):
+                raise _bad(f"messages[{i}].tool_call_id must be a string", "messages")
+            message["tool_call_id"] = m["tool_call_id"]
+        out.append(message)
     return out
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` (a conversation's history of calls), as chat
+    templates take them: each call's ``function.arguments``, a JSON text in OpenAI's
+    format, parsed into its object (transformers' templates write it with ``tojson``; vLLM
+    passes it on so too); missing or empty arguments are ``{}``."""
+    if not isinstance(value, list):
+        raise _bad(f"{where} must be a list", "messages")
+    calls = []
+    for k, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _bad(f"{where}[{k}] must be an object with a 'function' object that has "
+                       "a 'name' string", "messages")  # fmt: skip
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                raise _bad(f"{where}[{k}].function.arguments is not valid JSON",
+                           "messages") from None  # fmt: skip
+        elif not arguments:
+            arguments = {}
+        if not isinstance(arguments, (dict, list)):
+            raise _bad(f"{where}[{k}].function.arguments must be a JSON object", "messages")
+        calls.append({**call, "function": {**function, "arguments": arguments}})
+    return calls
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
