@@ -415,6 +415,33 @@ def test_a_batch_of_only_missing_rows_has_the_columns_of_a_good_one(name: str) -
     assert np.isnan(scalar_rows({"x": np.full(6, np.nan, np.float32)})["c"]).all()
 
 
+def test_nulls_in_an_integer_column_are_missing_rows() -> None:
+    """Ray hands an integer column with nulls over as floats, NaN at the nulls: those rows
+    are missing (recorded), the others run with their integers, not the whole column
+    refused as floats."""
+    calls = fixture_calls("int_ops")  # per row: ids int64[2, 5], x float32[2, 5], k int64[]
+    ids = np.stack([c["inputs"][0].numpy() for c in calls])
+    x = np.stack([c["inputs"][1].numpy() for c in calls])
+    k = np.array([3.0, np.nan, 2.0])  # what Ray makes of [3, None, 2]
+    mapper = PteMapper(pte("int_ops"), inputs=["ids", "x", "k"], outputs=["a", *[None] * 8],
+                       on_error="record")  # fmt: skip
+    out = mapper({"ids": ids, "x": x, "k": k})
+    assert [e is None for e in out["error"]] == [True, False, True]
+    assert "no value (None)" in out["error"][1]
+    method = ptexec.load(pte("int_ops")).load_method()
+    for row in (0, 2):
+        args = [torch.from_numpy(ids[row]), torch.from_numpy(x[row]), torch.tensor(int(k[row]))]
+        np.testing.assert_array_equal(out["a"][row], method.execute(args)[0].numpy())
+    with pytest.raises(RowError, match=r"row 1: .*no value \(None\)"):
+        PteMapper(pte("int_ops"), inputs=["ids", "x", "k"], outputs=["a", *[None] * 8])(
+            {"ids": ids, "x": x, "k": k}
+        )
+    fractional = PteMapper(pte("int_ops"), inputs=["ids", "x", "k"],
+                           outputs=["a", *[None] * 8], on_error="record")  # fmt: skip
+    errors = fractional({"ids": ids, "x": x, "k": np.array([3.0, np.nan, 2.5])})["error"]
+    assert errors[0] is None and "None" in errors[1] and "float" in errors[2]
+
+
 def test_an_error_column_that_would_overwrite_a_column_is_refused() -> None:
     ok = {"inputs": ["x"], "outputs": ["y"], "on_error": "record"}
     for clash in (
@@ -503,6 +530,19 @@ def test_carry_never_pads_a_call() -> None:
     np.testing.assert_array_equal(batcher({"x": rows_of("mlp")[:4]})["y"].shape, (4, 4))
     with pytest.raises(ColumnError, match="would need 1 padding row"):
         batcher({"x": rows_of("mlp")[:3]})
+    # refused before the batch's first call, which would already have changed the state
+    calls: list[int] = []
+
+    def counted(args: list[Any]) -> list[Any]:
+        calls.append(1)
+        return method.execute(args)
+
+    batcher = Batcher(
+        counted, info.inputs, info.outputs, ["x"], ["y"], isolate=False, allow_padding=False
+    )
+    with pytest.raises(ColumnError, match="would need 1 padding row"):
+        batcher({"x": rows_of("mlp")[:5]})
+    assert not calls
 
 
 # ------------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ time, so the rows that fail on their own are found and every other row still get
 outputs; those rows raise :class:`~ptexec.errors.RowError` or, with ``on_error="record"``,
 get an error message in the error column and fill values in the output columns (NaN for
 floating outputs, 0 or False otherwise, None in columns of varying shape). A missing row
-(None; a block of null rows reaches a mapper as a float array of NaN, one per row) is
-such a row; a batch of only missing rows says nothing of how rows reach the method, so
+(None; a block of null rows reaches a mapper as a float array of NaN, one per row, and
+an integer column with nulls as floats, NaN at the nulls) is such a row (a NaN in a float
+column of one value per row is data: Ray hands a null and a NaN over alike there); a batch of only missing rows says nothing of how rows reach the method, so
 it takes the way the batch before it took, or before any, the way the method's shapes
 allow (batched when every input and kept output carries the rows along dim 0), and its
 fill values have the shape a good batch's rows would have.
@@ -38,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import torch
@@ -209,7 +210,13 @@ class Batcher:
             for i in good:
                 self._run(got, [i], cols, [i], False, errors, batch)
         else:
-            for positions, group in _groups(cols, good, in_order=not self._isolate):
+            groups = list(_groups(cols, good, in_order=not self._isolate))
+            if not self._allow_padding:  # refused before any call could change the state
+                size, pad = self._rows_per_call()
+                for positions, _ in groups:
+                    if pad and size is not None and len(positions) % size:
+                        self._refuse_padding(size, len(positions) % size)
+            for positions, group in groups:
                 self._run_batched(got, positions, group, errors, batch)
         self.stats.failed_rows += len(errors)
         return self._result(batch, n, got, errors, per_row)
@@ -286,10 +293,31 @@ class Batcher:
     def _missing_as_none(self, batch: dict[str, Any]) -> None:
         """Turn a column Ray made of a block of null rows back into missing rows: Ray
         hands such a block over as a 1-d float array of NaN, a scalar per row, which
-        cannot be a row of an input of two or more dimensions in either mode."""
+        cannot be a row of an input of two or more dimensions in either mode; and an
+        integer input's column with nulls, which Ray hands over as floats, into its rows
+        (integers, None at the NaN)."""
         for spec in self._columns:
             info, name = spec.info, spec.column
             raw = batch.get(name) if name is not None else None
+            if (
+                name is not None
+                and isinstance(info, TensorInfo)
+                and not info.dtype.is_floating_point
+                and not info.dtype.is_complex
+                and info.dtype is not torch.bool
+                and isinstance(raw, np.ndarray)
+                and raw.ndim == 1
+                and raw.dtype.kind == "f"
+            ):
+                # an integer column with nulls: Ray hands it over as floats with NaN where
+                # the nulls are (an integer holds no NaN); a float column's NaN is its data
+                missing = np.isnan(raw)
+                if missing.any():
+                    rows = np.empty(len(raw), dtype=object)
+                    rows[:] = [None if m else (int(v) if v.is_integer() else v)
+                               for v, m in zip(raw.tolist(), missing.tolist(), strict=True)]  # fmt: skip
+                    batch[name] = rows
+                continue
             if (
                 name is not None
                 and isinstance(info, TensorInfo)
@@ -452,6 +480,14 @@ class Batcher:
             return max(min(bounds), 1), self._pad_always
         return None, False
 
+    def _refuse_padding(self, size: int, rows: int) -> NoReturn:
+        raise ColumnError(
+            self._columns[0].column or "",
+            f"'{self._method}' takes {size} rows per call and carries state from call to "
+            f"call; a call of {rows} row(s) would need {size - rows} padding row(s), which "
+            f"would change its state. Give it batches of a multiple of {size} rows",
+        )
+
     def _run(
         self,
         got: _Outputs,
@@ -470,13 +506,8 @@ class Batcher:
             if pad and size is not None:
                 need = size - (hi - lo)
             if need > 0 and not self._allow_padding:
-                raise ColumnError(
-                    self._columns[0].column or "",
-                    f"'{self._method}' takes {size} rows per call and carries state from "
-                    f"call to call; a call of {hi - lo} row(s) would need {need} padding "
-                    "row(s), which would change its state. Give it batches of a multiple "
-                    f"of {size} rows",
-                )
+                assert size is not None
+                self._refuse_padding(size, hi - lo)
 
             def select(col: _Column) -> Any:
                 assert col.regular is not None
@@ -662,7 +693,7 @@ def _columns_of(batch: Any) -> dict[str, Any]:
     rows that are separate arrays) or a torch tensor or DLPack producer as given."""
     if isinstance(batch, Mapping):
         items = list(batch.items())
-    elif hasattr(batch, "columns") and hasattr(batch, "__getitem__"):  # a pandas DataFrame
+    elif hasattr(batch, "columns") and hasattr(batch, "iloc"):  # a pandas DataFrame
         items = [(name, batch[name]) for name in batch.columns]
     else:
         raise TypeError(
