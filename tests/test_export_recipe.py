@@ -420,6 +420,66 @@ def test_to_pte_refuses_what_it_cannot_do(exporter: Any) -> None:
         exporter.to_pte(Branch(), (x,))
 
 
+def test_devices_a_pte_cannot_name_are_refused_before_exporting(exporter: Any) -> None:
+    """Each is a ptexec error (UnsupportedDeviceError, a ValueError) raised before any
+    export work, not a file that fails later or a device that was never meant."""
+    for bad in ("mps", "cuda:x", "cuda:-1", "cpu:0", "cuda:\u00b2", "cuda:\u0663", "cuda:300",
+                torch.device("meta"), None, 1.5, True, -1, 300, Device(DeviceType.CUDA, -2),
+                Device(DeviceType.CUDA, 128)):  # fmt: skip
+        with pytest.raises(ptexec.UnsupportedDeviceError):
+            exporter.planning_pass(bad)
+        with pytest.raises(ptexec.UnsupportedDeviceError):
+            exporter.check_device_plan(b"", bad)
+        with pytest.raises(ptexec.UnsupportedDeviceError):
+            exporter.to_pte(object(), device=bad)
+    assert exporter.planning_pass("cuda:127").target_device == Device(DeviceType.CUDA, 127)
+
+
+def test_external_constants_are_written_beside_the_program(exporter: Any, tmp_path: Path) -> None:
+    model = _Tiny().eval()
+    x = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="give path"):
+        exporter.to_pte(model, (x,), backend_config={"external_constants": True})
+    target = tmp_path / "tiny.pte"
+    exporter.to_pte(model, (x,), path=target, backend_config={"external_constants": True})
+    assert [p.suffix for p in tmp_path.iterdir() if p != target] == [".ptd"]
+    (y,) = ptexec.load(target).load_method(device_map="cpu")(x)
+    torch.testing.assert_close(y, model(x))
+
+
+def test_check_device_plan_reports_an_activation_left_unplanned(exporter: Any) -> None:
+    from executorch.exir._serialize._program import (
+        deserialize_pte_binary,
+        serialize_pte_binary,
+    )
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    data = exporter.to_pte(model, (torch.randn(2, 4),))
+    found = deserialize_pte_binary(data)  # a PTEFile: the program and its segments
+    plan = found.program.execution_plan[0]
+    io = set(plan.inputs) | set(plan.outputs)
+    victim = next(
+        j
+        for j, v in enumerate(plan.values)
+        if type(v.val).__name__ == "Tensor" and v.val.allocation_info is not None and j not in io
+    )
+    plan.values[victim].val.allocation_info = None
+    edited = bytes(serialize_pte_binary(found))
+    assert exporter.check_device_plan(edited) == [
+        f"method 'forward' value {victim}: written by an instruction, but not planned"
+    ]
+
+
+def test_a_host_program_may_have_control_flow(exporter: Any) -> None:
+    class Branch(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+    m = ptexec.load(exporter.to_pte(Branch(), (torch.randn(3),), device="cpu")).load_method()
+    for x in (torch.ones(3), -torch.ones(3)):
+        torch.testing.assert_close(m(x)[0], Branch()(x))
+
+
 def test_planning_pass_in_a_users_config(exporter: Any) -> None:
     from executorch.exir import ExecutorchBackendConfig, to_edge
 

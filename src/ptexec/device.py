@@ -134,16 +134,17 @@ def parse_device(spec: Any) -> Device:
             return CPU
         if text == "cuda":
             return Device(DeviceType.CUDA, _current_cuda_index())
-        if text.startswith("cuda:") and text[5:].isdigit():
-            return Device(DeviceType.CUDA, int(text[5:]))
-        if ":" not in text and text.isdigit():
-            return Device(DeviceType.CUDA, int(text))
+        index = text[5:] if text.startswith("cuda:") else text
+        if index.isascii() and index.isdigit():  # str.isdigit takes other scripts' digits
+            return Device(DeviceType.CUDA, int(index))
         raise UnsupportedDeviceError(f"device '{spec}' is not modeled; {SUPPORTED}")
     import torch
 
     if isinstance(spec, torch.device):
         return from_torch_device(spec, "device")
-    if isinstance(spec, int):
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        if spec < 0:
+            raise UnsupportedDeviceError(f"device {spec}: a CUDA device index is not negative")
         return Device(DeviceType.CUDA, spec)
     raise TypeError(f"cannot read a device from {type(spec).__name__}")
 

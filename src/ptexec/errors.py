@@ -23,6 +23,7 @@ __all__ = [
     "ConfigValueError",
     "DeviceUnavailableError",
     "ExecutionError",
+    "ExportError",
     "FileMissingError",
     "FileUnreadableError",
     "GenerationError",
@@ -155,6 +156,12 @@ class StateError(PtexecError, RuntimeError):
 
 class OutputMismatchError(PtexecError, RuntimeError):
     """Outputs that differ from the expected ones (a bundled program's test case)."""
+
+
+class ExportError(PtexecError, RuntimeError):
+    """ExecuTorch's exporter gave a program that breaks what an export recipe promises
+    (:func:`ptexec.export.to_pte`: every activation on the device, inputs and outputs the
+    caller's, no copies between devices)."""
 
 
 class ExecutionError(PtexecError, RuntimeError):

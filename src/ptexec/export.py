@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .device import CPU, Device, DeviceType, parse_device, schema_device
-from .errors import UnsupportedDeviceError
+from .errors import ExportError, UnsupportedDeviceError
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +57,10 @@ def _require_executorch() -> None:
         raise ImportError(f"{_INSTALL_HINT} ({e})") from e
 
 
+_MAX_INDEX = 127
+"""The largest device index a ``.pte`` holds (the schema's ``device_index`` is an int8)."""
+
+
 def _target_device(device: Any) -> Device:
     """The device the recipe plans on; a bare ``cuda`` means ``cuda:0`` (files are portable)."""
     import torch
@@ -66,11 +70,16 @@ def _target_device(device: Any) -> Device:
     if isinstance(device, torch.device) and device.type == "cuda" and device.index is None:
         return Device(DeviceType.CUDA, 0)
     try:
-        return parse_device(device)
-    except UnsupportedDeviceError as e:
-        raise ValueError(
+        target = parse_device(device)
+    except (UnsupportedDeviceError, TypeError) as e:
+        raise UnsupportedDeviceError(
             f"cannot export for device {device!r}: a .pte names cpu or cuda devices only ({e})"
         ) from None
+    if not 0 <= target.index <= _MAX_INDEX:
+        raise UnsupportedDeviceError(
+            f"cannot export for device {device!r}: a .pte's device index is 0 to {_MAX_INDEX}"
+        )
+    return target
 
 
 def planning_pass(device: Any = "cuda:0", **memory_planning: Any) -> Any:
@@ -106,7 +115,7 @@ def planning_pass(device: Any = "cuda:0", **memory_planning: Any) -> Any:
 
         def run(self, graph_module: torch.fx.GraphModule, graph_signature: Any = None) -> Any:
             for name, child in graph_module.named_children():
-                if isinstance(child, torch.fx.GraphModule):
+                if isinstance(child, torch.fx.GraphModule) and not target.is_cpu:
                     raise ValueError(
                         f"cannot plan this method on {target}: it has control flow (sub-graph "
                         f"'{name}'), whose tensors ExecuTorch's planner keeps in host memory"
@@ -175,11 +184,15 @@ def to_pte(
     ... (a bare ``"cuda"`` means ``cuda:0``) or ``"cpu"`` (a host program with caller-owned
     inputs and outputs). ``backend_config`` holds extra ``ExecutorchBackendConfig``
     arguments (``emit_stacktrace``, ``external_constants``, ...), all but the memory
-    planning, which this recipe owns. The result is checked with
-    :func:`check_device_plan` before it is returned (and written to ``path`` if given).
+    planning, which this recipe owns; with ``external_constants`` the weights go to ``.ptd``
+    data files written beside ``path`` (then required), where loading the program from
+    ``path`` finds them. The result is checked with :func:`check_device_plan` before it is
+    returned (and written to ``path`` if given).
 
-    Raises ``ValueError`` for a device a ``.pte`` cannot name, for methods with control
-    flow, and ``ImportError`` without ExecuTorch's exporter.
+    Raises :class:`~ptexec.errors.UnsupportedDeviceError` for a device a ``.pte`` cannot
+    name, ``ValueError`` for methods with control flow on a device other than the host,
+    :class:`~ptexec.errors.ExportError` when the exporter's file breaks the recipe's
+    contract, and ``ImportError`` without ExecuTorch's exporter.
     """
     _require_executorch()
     from executorch.exir import ExecutorchBackendConfig, to_edge
@@ -205,21 +218,30 @@ def to_pte(
     owned = sorted(_OWNED_CONFIG & set(extra))
     if owned:
         raise ValueError(f"backend_config cannot set {', '.join(owned)}: the recipe sets them")
+    external = bool(extra.get("external_constants"))
+    if external and path is None:
+        raise ValueError(
+            "backend_config external_constants puts the weights in .ptd data files beside "
+            "the program: give path, where the program and its data files are written"
+        )
     config = ExecutorchBackendConfig(
         memory_planning_pass=planning_pass(target),
         enable_non_cpu_memory_planning=True,
         **extra,
     )
-    data = bytes(to_edge(programs).to_executorch(config).buffer)
+    manager = to_edge(programs).to_executorch(config)
+    data = bytes(manager.buffer)
     problems = check_device_plan(data, target)
     if problems:
-        raise RuntimeError(
+        raise ExportError(
             f"ExecuTorch's exporter did not give a {target}-activation program:\n  "
             + "\n  ".join(problems)
         )
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)
+        if external:  # the weights: beside the program, where loading it finds them
+            manager.write_tensor_data_to_file(os.path.dirname(os.path.abspath(path)))
     return data
 
 
@@ -229,7 +251,8 @@ def check_device_plan(data: bytes | bytearray | memoryview, device: Any = "cuda:
     Per method: every planned tensor lies in a buffer on ``device`` and is labelled
     ``device``; every graph input and tensor output is unplanned and labelled ``device`` (a
     constant output is exempt from the first); every other tensor, constants included, is
-    labelled ``device``; no instruction copies between host and device (``et_copy``).
+    labelled ``device``, and is planned unless it is a constant or a view
+    (``et_view``: the memory of the tensor it views); no instruction copies between host and device (``et_copy``).
     Reads the file with ptexec's format layer (no torch, no ExecuTorch).
     """
     from .format import program as p
@@ -246,6 +269,15 @@ def check_device_plan(data: bytes | bytearray | memoryview, device: Any = "cuda:
                     f"{where}: instruction operator {op.qualified_name} copies between devices"
                 )
         io = set(plan.inputs) | set(plan.outputs)
+        # a view's tensor has the memory of the tensor it views, planned or the caller's
+        views = {
+            ins.args[-1]
+            for chain in plan.chains
+            for ins in chain.instructions
+            if isinstance(ins, p.KernelCall)
+            and ins.args
+            and plan.operators[ins.op_index].name == "executorch_prim::et_view"
+        }
         for j, value in enumerate(plan.values):
             if not isinstance(value, p.Tensor):
                 continue
@@ -260,6 +292,8 @@ def check_device_plan(data: bytes | bytearray | memoryview, device: Any = "cuda:
                         f"{what}: a graph input/output, planned in buffer {alloc.memory_id}"
                     )
                 continue
+            if alloc is None and not value.is_constant and j not in views:
+                problems.append(f"{what}: written by an instruction, but not planned")
             if alloc is not None:
                 buffer = schema_device(*plan.buffer_device(alloc.memory_id))
                 if buffer != target:
