@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -542,3 +543,48 @@ def test_open_finding_is_still_open(path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode != 0, f"{path.name} passes now: move it to tests/fuzz_corpus/"
+
+
+def test_tables_shared_to_expand_a_file_are_refused_while_decoding() -> None:
+    """Thousands of references to one large vector: the decoder would build each copy
+    (gigabytes from megabytes, before validation); it stops at a budget of items per
+    byte of the file with a format error."""
+    pytest.importorskip("executorch.exir")
+    import struct
+
+    from executorch.exir import schema
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    from ptexec.format.flatbuf import Buffer
+
+    pte = deserialize_pte_binary(fixture_paths("mlp")[0].read_bytes())
+    values = pte.program.execution_plan[0].values
+    first = len(values)
+    values.append(schema.EValue(schema.Int(0)))
+    values.append(schema.EValue(schema.IntList([first] * (1 << 16))))
+    values.extend(schema.EValue(schema.Int(0)) for _ in range(200))
+    data = bytearray(bytes(serialize_pte_binary(pte)))
+    end = struct.unpack_from("<Q", data, 16)[0]  # the flatbuffer's end (extended header)
+    plan = Buffer(memoryview(data)[:end]).root().tables(1, "execution_plan", lambda t: t)
+    assert plan is not None
+    span = plan[0].vector_span(2, "values", 4)
+    assert span is not None
+    start, count = span
+    shared = start + 4 * (first + 1)
+    target = shared + struct.unpack_from("<I", data, shared)[0]
+    for i in range(first + 2, count):  # every later value: the one large list
+        struct.pack_into("<I", data, start + 4 * i, target - (start + 4 * i))
+    with pytest.raises(ptexec.PteFormatError, match="shared to expand it"):
+        ptexec.load(bytes(data))
+
+
+def test_memory_the_machine_will_not_give_is_a_limit_error() -> None:
+    """Sizes within max_planned_bytes that the machine refuses: a LimitExceededError
+    naming the bytes, not numpy's MemoryError or mmap's OSError."""
+    from ptexec.memory import BufferInfo, allocate, fixed_empty
+
+    huge = 1 << 50
+    with pytest.raises(ptexec.LimitExceededError, match=f"cannot allocate {huge} bytes"):
+        allocate(BufferInfo(1, huge, ptexec.CPU))
+    with pytest.raises(ptexec.LimitExceededError, match="max_planned_bytes"):
+        fixed_empty((huge,), (1,), torch.uint8, torch.device("cpu"))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import Device
-from .errors import PteFormatError
+from .errors import LimitExceededError, PteFormatError
 from .tensor import dim_order_strides
 
 __all__ = [
@@ -90,7 +90,10 @@ def _fixed_bytes(nbytes: int, zeros: bool = False) -> torch.Tensor:
     refuses to resize past capacity."""
     import numpy as np
 
-    raw = (np.zeros if zeros else np.empty)(nbytes + _ALIGN - 1, dtype=np.uint8)
+    try:
+        raw = (np.zeros if zeros else np.empty)(nbytes + _ALIGN - 1, dtype=np.uint8)
+    except MemoryError as e:
+        raise _no_memory(nbytes, "host", e) from None
     start = -raw.ctypes.data % _ALIGN  # torch's own CPU allocations are 64-byte aligned
     return torch.from_numpy(raw[start : start + nbytes])
 
@@ -108,11 +111,26 @@ def allocate(info: BufferInfo) -> PlannedBuffer:
     if info.device.is_cpu and size < MAPPED_FROM:
         data = _fixed_bytes(size, zeros=True)
     elif info.device.is_cpu:
-        # (a writable map: torch.frombuffer has no warning to give)
-        data = torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8)
+        try:  # (a writable map: torch.frombuffer has no warning to give)
+            mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        except (MemoryError, OSError) as e:
+            raise _no_memory(size, "host", e) from None
+        data = torch.frombuffer(mapped, dtype=torch.uint8)
     else:
-        data = torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
+        try:
+            data = torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
+        except torch.OutOfMemoryError as e:
+            raise _no_memory(size, str(info.device), e) from None
     return PlannedBuffer(info, data)
+
+
+def _no_memory(nbytes: int, where: str, error: BaseException) -> LimitExceededError:
+    """The error for memory the machine would not give (a program's sizes within
+    ``max_planned_bytes``, which bounds what a program may ask for, but beyond it)."""
+    return LimitExceededError(
+        f"cannot allocate {nbytes} bytes of {where} memory ({type(error).__name__}: {error}); "
+        "load_method's max_planned_bytes bounds what a program may ask for"
+    )
 
 
 def fixed_empty(

@@ -67,15 +67,37 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+def decode_budget(size: int) -> int:
+    """How many vector items a flatbuffer of ``size`` bytes may decode to. Each item of a
+    vector takes at least a byte, so a file whose tables are not shared decodes to fewer
+    than ``size``; tables are shared only by a file made to be expanded (thousands of
+    references to one large vector), which would otherwise take memory and time far
+    beyond its size before anything is validated."""
+    return 4 * size + (1 << 20)
+
+
 class Buffer:
     """The bytes of one flatbuffer, with checked primitive reads."""
 
-    __slots__ = ("_vtables", "data", "size")
+    __slots__ = ("_left", "_vtables", "data", "size")
 
     def __init__(self, data: bytes | bytearray | memoryview) -> None:
         self.data = data
         self.size = len(data)
         self._vtables: dict[int, tuple[int, ...]] = {}  # vtable position -> field offsets
+        self._left = decode_budget(self.size)  # vector items still to decode (above)
+
+    def spend(self, items: int, path: str | Callable[[], str]) -> None:
+        """Count ``items`` decoded vector items against the buffer's budget
+        (:func:`decode_budget`); over it is a :class:`PteFormatError` at ``path``."""
+        self._left -= items
+        if self._left < 0:
+            where = path() if callable(path) else path
+            raise PteFormatError(
+                where,
+                f"the file's vectors decode to more than {decode_budget(self.size)} items, "
+                f"4 per byte of its {self.size}: its tables are shared to expand it",
+            )
 
     def field_offsets(self, pos: int) -> tuple[int, ...] | None:
         """Each field's offset from table ``pos`` (0: absent), when the table's start and
@@ -126,6 +148,9 @@ class Buffer:
         letter, item = SCALARS[kind]
         if at + 4 + n * item > size:
             return None
+        self._left -= n
+        if self._left < 0:
+            return None  # the decoder's reading of it as a Table raises
         return struct.unpack_from(f"<{n}{letter}", self.data, at + 4)
 
     def scalar_at(
@@ -306,6 +331,7 @@ class Table:
         if span is None:
             return None
         start, n = span
+        self.buf.spend(n, lambda: self._where(name))
         raw = bytes(self.buf.data[start : start + n])
         try:
             return raw.decode("utf-8")
@@ -338,6 +364,7 @@ class Table:
         if span is None:
             return None
         start, n = span
+        self.buf.spend(n, lambda: self._where(name))
         return struct.unpack_from(f"<{n}{letter}", self.buf.data, start)
 
     def bytes_span(self, slot: int, name: str) -> tuple[int, int] | None:
@@ -362,6 +389,7 @@ class Table:
         start, n = span
         if limit is not None and n > limit:
             raise PteFormatError(self._where(name), f"{n} items exceed the limit of {limit}")
+        self.buf.spend(n, lambda: self._where(name))
         out = []
         buf = self.buf
         read = Table._read
