@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from llm_support import PROMPT, executorch_logits, llm_programs, program
+from ptexec.errors import GenerationError
 from ptexec.llm import GenerationConfig, TextLLMRunner
 from ptexec.llm.decoder import TextDecoder
 
@@ -133,6 +134,10 @@ _NOKV_WINDOW = 16
 def nokv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny program without a KV cache, ``forward(tokens int64[1, n <= 16])``, whose
     argmax is ``sum(tokens) % 64``, and a word-level tokenizer ``t0 .. t63``."""
+    return _nokv_program(tmp_path_factory.mktemp("nokv"), {})
+
+
+def _nokv_program(d: Path, extra: dict[str, Any]) -> tuple[Path, Path]:
     pytest.importorskip("executorch.exir")
     from executorch.exir import to_edge
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -153,8 +158,8 @@ def nokv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "get_vocab_size": _NOKV_VOCAB,
         "get_bos_id": 1,
         "get_eos_ids": [63],
+        **extra,
     }
-    d = tmp_path_factory.mktemp("nokv")
     pte = d / "nokv.pte"
     pte.write_bytes(to_edge(ep, constant_methods=metadata).to_executorch().buffer)
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(_NOKV_VOCAB)}, unk_token="t0"))
@@ -193,6 +198,30 @@ def test_no_kv_cache_program_reads_the_earlier_calls(nokv: tuple[Path, Path]) ->
     r.generate_text("", config)
     context = [3, 4, *_sum_model([3, 4], 3)[:-1], 9]
     assert r.generated_tokens == _sum_model(context, 3)
+
+
+def test_no_kv_cache_context_is_what_one_call_reads(tmp_path: Path) -> None:
+    """A program without a KV cache whose context metadata is longer than one call's
+    tokens (ExecuTorch's exporter writes get_max_context_len 128 beside a token bound of
+    15): the model reads its whole context in each call, so the context is that bound. A
+    longer prompt is refused and generation stops there, not fed a window of the last
+    tokens (another model's answer: the sum of the last 16 tokens, not of all)."""
+    pte, tok = _nokv_program(tmp_path, {"get_max_context_len": 4 * _NOKV_WINDOW})
+    r = TextLLMRunner(str(pte), str(tok), print_output=False)
+    assert r.max_context_len == _NOKV_WINDOW
+    config = GenerationConfig(temperature=0.0, max_new_tokens=-1, echo=False, ignore_eos=True)
+    prompt = [5, 7, 11, 13, 2, 3]
+    r.generate_text(" ".join(f"t{i}" for i in prompt), config)
+    assert r.finish_reason == "length"
+    generated = r.generated_tokens
+    assert len(prompt) + len(generated) == _NOKV_WINDOW  # as ExecuTorch's budget counts
+    context = list(prompt)
+    for token in generated:  # each the sum of the whole context before it
+        assert token == sum(context) % _NOKV_VOCAB
+        context.append(token)
+    r.reset()
+    with pytest.raises(GenerationError, match="do not fit the context of 16"):
+        r.generate_text(" ".join(["t1"] * (_NOKV_WINDOW + 1)), config)
 
 
 def test_no_kv_cache_prefill_feeds_what_step_feeds(nokv: tuple[Path, Path]) -> None:

@@ -152,6 +152,11 @@ class DecoderLayout:
             )
         self.max_seq_len = int(max_seq)
         self.max_context_len = int(metadata.get("get_max_context_len", self.max_seq_len))
+        if not self.use_kv_cache and self.max_chunk < self.max_context_len:
+            # each call reads the whole context: it holds no more than one call takes
+            # (ExecuTorch's runner fails past it; a window of the last tokens is another
+            # model than the one exported)
+            self.max_context_len = self.max_chunk
         self.vocab_size = int(meta.outputs[0].sizes[-1])
         """The logits' width: the ids the program can produce."""
         self.pos_vector = False

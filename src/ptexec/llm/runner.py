@@ -170,7 +170,9 @@ class _Runner:
         self.on_sample: SampleObserver | None = None
         """Called on the generating thread with each sampled id and the logits it was
         sampled from (the model's, before processors and temperature; the ids the
-        tokenizer has), e.g. for log-probabilities; None: nothing is called."""
+        tokenizer has), e.g. for log-probabilities; None: nothing is called. The logits
+        are the program's output memory, rewritten by the next step: read them in the
+        call, or keep a ``clone()``."""
 
     def _load_decoder(self, program: Any, method: str, options: dict[str, Any]) -> Any:
         """The object that runs the program (a :class:`TextDecoder` here)."""
