@@ -433,6 +433,9 @@ def test_devices_a_pte_cannot_name_are_refused_before_exporting(exporter: Any) -
         with pytest.raises(ptexec.UnsupportedDeviceError):
             exporter.to_pte(object(), device=bad)
     assert exporter.planning_pass("cuda:127").target_device == Device(DeviceType.CUDA, 127)
+    with pytest.raises(ValueError, match="share_mutable_buffers"):
+        exporter.planning_pass("cuda:0", share_mutable_buffers=True)
+    assert exporter.planning_pass("cpu", share_mutable_buffers=True).target_device == CPU
 
 
 def test_external_constants_are_written_beside_the_program(exporter: Any, tmp_path: Path) -> None:

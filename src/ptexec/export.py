@@ -93,8 +93,9 @@ def planning_pass(device: Any = "cuda:0", **memory_planning: Any) -> Any:
     keyword arguments go to ``MemoryPlanningPass``. Use it in your own
     ``ExecutorchBackendConfig(memory_planning_pass=...)``, or let :func:`to_pte` do it.
 
-    Methods with control flow (cond, map, scan, while) are refused: ExecuTorch plans the
-    tensors of their sub-graphs in host memory.
+    Methods with control flow (cond, map, scan, while) and ``share_mutable_buffers`` are
+    refused on a device other than the host: ExecuTorch plans the tensors of their
+    sub-graphs, and shared state, in host memory.
     """
     _require_executorch()
     import torch
@@ -103,6 +104,11 @@ def planning_pass(device: Any = "cuda:0", **memory_planning: Any) -> Any:
     from executorch.exir.tensor import TensorSpec
 
     target = _target_device(device)
+    if memory_planning.get("share_mutable_buffers") and not target.is_cpu:
+        raise ValueError(
+            f"cannot plan on {target} with share_mutable_buffers: ExecuTorch plans the "
+            "state methods share in a buffer of its own in host memory"
+        )
     type_ = schema.DeviceType.CPU if target.is_cpu else schema.DeviceType.CUDA
     index = target.index
     memory_planning.setdefault("alloc_graph_input", False)
