@@ -180,6 +180,24 @@ def test_python_m_ptexec_hf_imports_beside_the_script_as_python_does(tmp_path: P
     assert switched[3][1:] == plain[3][1:] == ["--flag"]
 
 
+def test_python_m_ptexec_hf_runs_code_given_with_c_as_python_does(tmp_path: Path) -> None:
+    code = (
+        "import json, sys\n"
+        "from executorch.extension.pybindings import portable_lib\n"
+        "print(json.dumps([portable_lib.__name__, __name__, sys.argv, sys.path[0]]))"
+    )
+    env = {**os.environ, "PYTHONPATH": _SRC}
+    env.pop("PTEXEC_AS_EXECUTORCH", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "ptexec.hf", "-c", code, "--flag"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [
+        "ptexec.portable_lib", "__main__", ["-c", "--flag"], ""
+    ]  # fmt: skip
+
+
 # ---- the device that optimum's loaders lack ---------------------------------------------
 
 

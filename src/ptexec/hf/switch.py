@@ -134,14 +134,26 @@ def from_environment() -> None:
 
 
 def run_script(argv: Sequence[str]) -> None:
-    """``python -m ptexec.hf script.py args...``: run a script (or ``-m module``) with the
-    switch on, as ``python`` would run it."""
+    """``python -m ptexec.hf script.py args...``: run a script (or ``-m module``, or
+    ``-c code``) with the switch on, as ``python`` would run it."""
     import runpy
 
     use_as_executorch(device=os.environ.get(ENV_DEVICE, "").strip() or None)
     if not argv:
-        raise SystemExit("usage: python -m ptexec.hf script.py [args...] | -m module [args...]")
-    if argv[0] == "-m":
+        raise SystemExit(
+            "usage: python -m ptexec.hf script.py [args...] | -m module [args...] | -c code "
+            "[args...]"
+        )
+    if argv[0] == "-c":
+        if len(argv) < 2:
+            raise SystemExit("usage: python -m ptexec.hf -c code [args...]")
+        sys.argv = ["-c", *argv[2:]]  # as python gives them
+        sys.path[0] = ""  # python -c puts the working directory first
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = __builtins__
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("usage: python -m ptexec.hf -m module [args...]")
         sys.argv = list(argv[1:])
