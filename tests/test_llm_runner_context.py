@@ -137,7 +137,7 @@ def nokv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return _nokv_program(tmp_path_factory.mktemp("nokv"), {})
 
 
-def _nokv_program(d: Path, extra: dict[str, Any]) -> tuple[Path, Path]:
+def _nokv_program(d: Path, extra: dict[str, Any], static: bool = False) -> tuple[Path, Path]:
     pytest.importorskip("executorch.exir")
     from executorch.exir import to_edge
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -150,7 +150,7 @@ def _nokv_program(d: Path, extra: dict[str, Any]) -> tuple[Path, Path]:
 
     n = Dim("n", min=1, max=_NOKV_WINDOW)
     example = (torch.ones(1, 4, dtype=torch.long),)
-    ep = export(SumModel(), example, dynamic_shapes={"tokens": {1: n}})
+    ep = export(SumModel(), example, dynamic_shapes=None if static else {"tokens": {1: n}})
     metadata: dict[str, Any] = {
         "get_max_seq_len": _NOKV_WINDOW,
         "use_kv_cache": False,
@@ -222,6 +222,16 @@ def test_no_kv_cache_context_is_what_one_call_reads(tmp_path: Path) -> None:
     r.reset()
     with pytest.raises(GenerationError, match="do not fit the context of 16"):
         r.generate_text(" ".join(["t1"] * (_NOKV_WINDOW + 1)), config)
+
+
+def test_a_static_no_kv_cache_program_is_refused_when_the_runner_is_made(
+    tmp_path: Path,
+) -> None:
+    """Without a cache, each call reads the whole (growing) context: a token input of
+    one fixed length cannot take it (ExecuTorch's runner cannot run it either)."""
+    pte, tok = _nokv_program(tmp_path, {"enable_dynamic_shape": False}, static=True)
+    with pytest.raises(GenerationError, match="exactly 4 tokens a call"):
+        TextLLMRunner(str(pte), str(tok), print_output=False)
 
 
 def test_no_kv_cache_prefill_feeds_what_step_feeds(nokv: tuple[Path, Path]) -> None:

@@ -144,6 +144,12 @@ class DecoderLayout:
         self.max_chunk = int(tokens.sizes[1]) if self.dynamic else 1
         if not self.use_kv_cache:
             self.max_chunk = int(tokens.sizes[1])
+            if not dyn and self.max_chunk > 1:
+                raise GenerationError(
+                    f"'{method}' keeps no KV cache and takes exactly {self.max_chunk} tokens "
+                    "a call: a generation's growing context cannot be fed to it (export it "
+                    "with a dynamic token length, or with a KV cache)"
+                )
         max_seq = metadata.get("get_max_seq_len")
         if max_seq is None:
             raise GenerationError(
