@@ -173,6 +173,32 @@ def test_the_trained_methods_copy_is_gathered(two_methods: tuple[bytes, bytes | 
         torch.testing.assert_close(outs[0], ref(*inputs)[0].detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_method_never_loaded_is_saved_with_the_trained_copy(
+    two_methods: tuple[bytes, bytes | None],
+) -> None:
+    """Train ``forward`` only and never load ``second``: the saved file's ``second``
+    starts from the trained ``fc`` too (in ExecuTorch's runtime), not from the file's."""
+    pte, ptd = two_methods
+    tm = T.load(pte, ptd)
+    _train(tm, "forward", (_X, _Y))
+    a, b = _two_losses()
+    _eager_train(a, (_X, _Y))
+    pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
+    saved_pte, saved_ptd = _saved(tm, pte, ptd)
+    et = (
+        pl._load_for_executorch_from_buffer(saved_pte, saved_ptd)
+        if saved_ptd is not None
+        else pl._load_for_executorch_from_buffer(saved_pte)
+    )
+    outs = et.run_method("second", (_X, _T))
+    start = et.run_method("__et_training_parameters_index_second", ())[0]
+    names = et.run_method("__et_training_fqn_second", ())
+    for i, name in enumerate(names):
+        torch.testing.assert_close(outs[start + i], a.state_dict()[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[0], b(_X, _T)[0].detach(), rtol=1e-5, atol=1e-6)
+    assert set(T.load(saved_pte, saved_ptd).state_dict()) == set(a.state_dict())
+
+
 def test_copies_trained_apart_are_refused(two_methods: tuple[bytes, bytes | None]) -> None:
     pte, ptd = two_methods
     tm = T.load(pte, ptd)

@@ -442,9 +442,13 @@ class TrainingModule:
         return LoadedKeys(missing, extra)
 
     def _updates(self) -> list[tuple[Any, int, torch.Tensor]]:
-        """Every loaded method's parameter slots, each with the value of its parameter:
+        """Every training method's parameter slots, each with the value of its parameter:
         the copies of a name the file starts from one value are one parameter (the one
-        rule); copies it starts apart each keep their own method's value."""
+        rule); copies it starts apart each keep their own method's value. Every method is
+        loaded first: one not loaded yet still holds the file's value of a parameter
+        another method trained, and its copy in the saved file must be the trained one."""
+        for name in self.methods:
+            self._get(name)
         updates = []
         for name, where in self._copies().items():
             for group in self._by_start(where):
