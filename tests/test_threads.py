@@ -159,8 +159,10 @@ print(json.dumps(seen))
 @pytest.mark.parametrize(
     "n, error, match",
     [
-        (0, ValueError, "1 or more, got 0"),
-        (-1, ValueError, "1 or more, got -1"),
+        (0, ValueError, "1 to 4096, got 0"),
+        (-1, ValueError, "1 to 4096, got -1"),
+        (4097, ValueError, "1 to 4096, got 4097"),  # 2**31 - 1 took torch's OpenMP down
+        (2**31, ValueError, "1 to 4096, got 2147483648"),
         (True, TypeError, "must be an int, got True"),
         (2.0, TypeError, "must be an int, got float"),
         ("2", TypeError, "must be an int, got str"),
@@ -196,7 +198,7 @@ def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Any:
 MLP = str(ROOT / "tests" / "fixtures" / "mlp.pte")
 
 
-@pytest.mark.parametrize("command", ["run", "profile", "trace", "compile", "generate"])
+@pytest.mark.parametrize("command", ["run", "profile", "trace", "compile", "generate", "serve"])
 @pytest.mark.parametrize("n", ["0", "-2"])
 def test_cli_refuses_a_bad_thread_count_in_one_line(
     command: str, n: str, capsys: pytest.CaptureFixture[str], torch_threads: None
@@ -293,3 +295,21 @@ def test_compiled_code_is_keyed_by_the_thread_count() -> None:
     finally:
         torch.set_num_threads(before)
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_serve_threads_are_the_one_setting(
+    torch_threads: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ptexec serve --threads`` sets torch's threads and ExecuTorch's XNNPACK pool, as
+    every command does (it set torch's alone)."""
+    pytest.importorskip("uvicorn")
+    from ptexec.cli import main
+    from ptexec.serve import Server
+
+    seen: list[int] = []
+    real = threads.set_num_threads
+    monkeypatch.setattr(threads, "set_num_threads", lambda n: (seen.append(n), real(n))[1])
+    monkeypatch.setattr(Server, "run", lambda self: None)  # made, not started
+    torch.set_num_threads(2)
+    assert main(["serve", MLP, "--threads", "1", "--port", "0"]) == 0
+    assert seen == [1] and torch.get_num_threads() == 1

@@ -79,7 +79,7 @@ from .runtime import (
     write_etdump,
 )
 from .tensor import dim_order_strides
-from .threads import get_num_threads, set_num_threads
+from .threads import executorch_pool, get_num_threads, set_num_threads
 
 __all__ = [
     "BundledModule",
@@ -707,7 +707,10 @@ def _unsafe_reset_threadpool(num_threads: int) -> None:
 
 
 def _threadpool_get_thread_count() -> int:
-    return get_num_threads()
+    """ExecuTorch's pool's thread count, as ExecuTorch's gives it (torch's where
+    ExecuTorch is not installed)."""
+    pool = executorch_pool(load=True)
+    return pool.threads() if pool is not None else get_num_threads()
 
 
 def _create_profile_block(name: str) -> None:

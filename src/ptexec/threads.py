@@ -63,9 +63,15 @@ def _count(n: Any, what: str) -> int:
         raise TypeError(
             f"{what}: the thread count must be an int, got {type(n).__name__}"
         ) from None
-    if value < 1:
-        raise ValueError(f"{what}: the thread count must be 1 or more, got {value}")
+    if not 1 <= value <= MAX_THREADS:
+        raise ValueError(f"{what}: the thread count must be 1 to {MAX_THREADS}, got {value}")
     return value
+
+
+MAX_THREADS = 4096
+"""The most threads :func:`set_num_threads` takes: more than any machine's cores, far below
+what makes torch's and ExecuTorch's pools fail to start (2**31 - 1 takes torch's OpenMP
+down at its next kernel, and leaves ExecuTorch's pool with none)."""
 
 
 class ExecuTorchPool:

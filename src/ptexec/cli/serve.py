@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import add_xnnpack
+from .common import add_threads, add_xnnpack, apply_threads
 
 DEFAULT_BODY_BYTES = 1 << 20
 MEDIA_BODY_BYTES = 32 << 20  # a request with images or audio (OpenAI takes 20-25 MB ones)
@@ -20,10 +20,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"ptexec: serving needs {e.name} (pip install 'ptexec[serve]')", file=sys.stderr)
         return 1
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     speech = None
     if _is_speech(args):
         from ..serve import SpeechService
@@ -177,6 +174,6 @@ def add_serve(sub: Any) -> None:
         help="largest request body (default: 1 MiB; 32 MiB for a model that takes images or audio)",
     )
     add_xnnpack(p)
-    p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
+    add_threads(p)
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.set_defaults(func=cmd_serve)

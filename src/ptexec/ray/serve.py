@@ -63,13 +63,12 @@ class _Replica:
         threads: int | None = None,
         compile: bool = False,
     ) -> None:
-        import torch
 
         import ptexec
         from ptexec.serve import Engine, ProgramService
 
-        if threads:
-            torch.set_num_threads(threads)
+        if threads is not None:  # torch's threads and ExecuTorch's XNNPACK pool
+            ptexec.set_num_threads(threads)
         from ptexec.ray.mapper import assigned_device
 
         gpu = assigned_device()  # the GPU Ray gave this replica, or None: the CPU
