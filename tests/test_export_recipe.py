@@ -445,9 +445,15 @@ def test_external_constants_are_written_beside_the_program(exporter: Any, tmp_pa
         exporter.to_pte(model, (x,), backend_config={"external_constants": True})
     target = tmp_path / "tiny.pte"
     exporter.to_pte(model, (x,), path=target, backend_config={"external_constants": True})
-    assert [p.suffix for p in tmp_path.iterdir() if p != target] == [".ptd"]
-    (y,) = ptexec.load(target).load_method(device_map="cpu")(x)
-    torch.testing.assert_close(y, model(x))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.ptd", "tiny.pte"]
+    # a second program exported into the folder keeps its own weights, and the first its
+    other = _Tiny().eval()
+    exporter.to_pte(
+        other, (x,), path=tmp_path / "other.pte", backend_config={"external_constants": True}
+    )
+    for path, module in ((target, model), (tmp_path / "other.pte", other)):
+        (y,) = ptexec.load(path).load_method(device_map="cpu")(x)
+        torch.testing.assert_close(y, module(x))
 
 
 def test_check_device_plan_reports_an_activation_left_unplanned(exporter: Any) -> None:

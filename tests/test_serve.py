@@ -215,6 +215,8 @@ def test_openai_style_errors(client: Any, server: Any) -> None:
     _error(_post(server, chat, {"model": "tiny-llama", "messages": msgs}, key=None), 401)
     _error(_post(server, chat, {"model": "tiny-llama", "messages": msgs}, key="wrong"), 401)
     _error(_post(server, "/v1/completions", {"model": "tiny-llama", "prompt": "a" * 30_000}), 413)
+    nested = _error(_post(server, chat, None, raw=b"[" * 9_000 + b"]" * 9_000), 400)
+    assert "nested too deep" in nested["message"]
     _error(httpx.get(server.url + "/v2/nothing", timeout=10), 404)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4", messages=msgs)
@@ -346,6 +348,10 @@ def test_a_tool_call_history_renders_as_transformers_renders_it(tok: Path) -> No
         {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
         {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{no"}}]},
         {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "3"}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "f", "arguments": "[" * 50_000 + "]" * 50_000}}],
+        },
         {"role": "tool", "tool_call_id": 7, "content": "x"},
         {"role": "user", "name": ["a"], "content": "x"},
     ):

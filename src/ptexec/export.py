@@ -190,9 +190,9 @@ def to_pte(
     ... (a bare ``"cuda"`` means ``cuda:0``) or ``"cpu"`` (a host program with caller-owned
     inputs and outputs). ``backend_config`` holds extra ``ExecutorchBackendConfig``
     arguments (``emit_stacktrace``, ``external_constants``, ...), all but the memory
-    planning, which this recipe owns; with ``external_constants`` the weights go to ``.ptd``
-    data files written beside ``path`` (then required), where loading the program from
-    ``path`` finds them. The result is checked with :func:`check_device_plan` before it is
+    planning, which this recipe owns; with ``external_constants`` the weights go to a
+    ``.ptd`` data file written beside ``path`` (then required) as ``<stem>.ptd`` (tagged
+    constants: one file per tag), where loading the program from ``path`` finds them. The result is checked with :func:`check_device_plan` before it is
     returned (and written to ``path`` if given).
 
     Raises :class:`~ptexec.errors.UnsupportedDeviceError` for a device a ``.pte`` cannot
@@ -246,9 +246,31 @@ def to_pte(
     if path is not None:
         with open(path, "wb") as f:
             f.write(data)
-        if external:  # the weights: beside the program, where loading it finds them
-            manager.write_tensor_data_to_file(os.path.dirname(os.path.abspath(path)))
+        if external:
+            _write_data_files(manager, path)
     return data
+
+
+def _write_data_files(manager: Any, path: str | os.PathLike[str]) -> None:
+    """The exporter's ``.ptd`` data files beside the program at ``path``, where loading it
+    finds them: one file (``external_constants=True``) as ``<stem>.ptd``, the name loading
+    tries first, so that programs exported into one folder keep their own weights (the
+    exporter names it the same for every program); several (tagged) under their tags."""
+    import shutil
+    import tempfile
+
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        manager.write_tensor_data_to_file(scratch)
+        names = sorted(os.listdir(scratch))
+        for name in names:
+            dest = (
+                os.path.splitext(target)[0] + ".ptd"
+                if len(names) == 1
+                else os.path.join(folder, name)
+            )
+            shutil.move(os.path.join(scratch, name), dest)
 
 
 def check_device_plan(data: bytes | bytearray | memoryview, device: Any = "cuda:0") -> list[str]:

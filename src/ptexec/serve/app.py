@@ -97,6 +97,8 @@ def create_app(
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})", param="body") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is JSON nested too deep", param="body") from None
 
     async def read_body(request: HttpRequest, limit: int = max_body_bytes) -> bytes:
         declared = request.headers.get("content-length")

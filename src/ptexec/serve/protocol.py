@@ -292,7 +292,7 @@ def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(arguments, str) and arguments:
             try:
                 arguments = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):  # (nested too deep to read)
                 raise _bad(f"{where}[{k}].function.arguments is not valid JSON",
                            "messages") from None  # fmt: skip
         elif not arguments:
