@@ -425,7 +425,7 @@ def test_devices_a_pte_cannot_name_are_refused_before_exporting(exporter: Any) -
     export work, not a file that fails later or a device that was never meant."""
     for bad in ("mps", "cuda:x", "cuda:-1", "cpu:0", "cuda:\u00b2", "cuda:\u0663", "cuda:300",
                 torch.device("meta"), None, 1.5, True, -1, 300, Device(DeviceType.CUDA, -2),
-                Device(DeviceType.CUDA, 128)):  # fmt: skip
+                Device(DeviceType.CUDA, 128), torch.device("cuda:128")):  # fmt: skip
         with pytest.raises(ptexec.UnsupportedDeviceError):
             exporter.planning_pass(bad)
         with pytest.raises(ptexec.UnsupportedDeviceError):
@@ -477,6 +477,9 @@ def test_check_device_plan_reports_an_activation_left_unplanned(exporter: Any) -
     assert exporter.check_device_plan(edited) == [
         f"method 'forward' value {victim}: written by an instruction, but not planned"
     ]
+    # unbound tensors (memory made per call) are not reported as unplanned
+    unbound = fixture_paths("dynamic_unbound")[0].read_bytes()
+    assert not any("not planned" in p for p in exporter.check_device_plan(unbound, "cpu"))
 
 
 def test_a_host_program_may_have_control_flow(exporter: Any) -> None:

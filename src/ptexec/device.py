@@ -109,6 +109,8 @@ def from_torch_device(device: torch.device | str, what: str = "tensor") -> Devic
     if dev.type == "cpu":
         return CPU
     if dev.type == "cuda":
+        if dev.index is not None and dev.index < 0:  # (torch wraps cuda:128 to -128)
+            raise UnsupportedDeviceError(f"{what} is on {dev}: a negative CUDA index")
         return Device(DeviceType.CUDA, _current_cuda_index() if dev.index is None else dev.index)
     raise UnsupportedDeviceError(f"{what} is on {dev}; {SUPPORTED}")
 

@@ -320,7 +320,13 @@ def check_device_plan(data: bytes | bytearray | memoryview, device: Any = "cuda:
                         f"{what}: a graph input/output, planned in buffer {alloc.memory_id}"
                     )
                 continue
-            if alloc is None and not value.is_constant and j not in views:
+            if (
+                alloc is None
+                and not value.is_constant
+                and j not in views
+                and value.shape_dynamism != p.DYNAMIC_UNBOUND  # memory made per call, on its label
+                and value.numel  # nothing to hold
+            ):
                 problems.append(f"{what}: written by an instruction, but not planned")
             if alloc is not None:
                 buffer = schema_device(*plan.buffer_device(alloc.memory_id))

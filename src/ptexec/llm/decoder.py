@@ -138,13 +138,14 @@ class DecoderLayout:
         tokens = meta.inputs[0]
         self.device: torch.device = tokens.device.to_torch()
         self.token_dtype: torch.dtype = tokens.dtype
-        self.use_kv_cache = bool(metadata.get("use_kv_cache", True)) and len(meta.inputs) > 1
+        said = bool(metadata.get("use_kv_cache", True))
+        self.use_kv_cache = said and len(meta.inputs) > 1
         dyn = tokens.dynamism != "static"
         self.dynamic = bool(metadata.get("enable_dynamic_shape", dyn)) and dyn
         self.max_chunk = int(tokens.sizes[1]) if self.dynamic else 1
         if not self.use_kv_cache:
             self.max_chunk = int(tokens.sizes[1])
-            if not dyn and self.max_chunk > 1:
+            if not said and not dyn and self.max_chunk > 1:
                 raise GenerationError(
                     f"'{method}' keeps no KV cache and takes exactly {self.max_chunk} tokens "
                     "a call: a generation's growing context cannot be fed to it (export it "
@@ -158,10 +159,11 @@ class DecoderLayout:
             )
         self.max_seq_len = int(max_seq)
         self.max_context_len = int(metadata.get("get_max_context_len", self.max_seq_len))
-        if not self.use_kv_cache and self.max_chunk < self.max_context_len:
+        if not said and self.max_chunk < self.max_context_len:
             # each call reads the whole context: it holds no more than one call takes
             # (ExecuTorch's runner fails past it; a window of the last tokens is another
-            # model than the one exported)
+            # model than the one exported). A program said to keep a cache but taking no
+            # position (one that counts positions itself) is fed its new tokens alone.
             self.max_context_len = self.max_chunk
         self.vocab_size = int(meta.outputs[0].sizes[-1])
         """The logits' width: the ids the program can produce."""
