@@ -141,6 +141,8 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template refused the conversation: {e}") from None
+        except MemoryError:  # the machine's, not the conversation's
+            raise
         except Exception as e:  # the template is the checkpoint's code: any failure is its
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
 
