@@ -176,6 +176,7 @@ def test_input_files_that_are_not_tensors(
         (["trace", "{mlp}", "--json", "{tmp}/no/t.json"], ["--json: "]),
         (["profile", "{mlp}", "--chrome-trace", "{tmp}/no/t.json"], ["--chrome-trace: "]),
         (["plan", "{mlp}", "--out", "{tmp}/no/p.png"], ["--out: "]),
+        (["plan", "{mlp}", "--out", "{tmp}/p.txt"], ["--out: ", "no picture format"]),
         (["run", "{mlp}", "--repeat", "0"], ["--repeat: expected a positive integer, got 0"]),
         (["run", "{mlp}", "--repeat", "-2"], ["--repeat: expected a positive integer, got -2"]),
         (["profile", "{mlp}", "--repeat", "0"], ["--repeat: expected a positive integer"]),

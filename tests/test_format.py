@@ -176,6 +176,12 @@ def test_truncated_file() -> None:
             PteFormatError, match=rf"the file is truncated: needs {need} bytes, has {cut}$"
         ):
             read_pte(MLP[:cut])
+    root = struct.unpack_from("<I", MLP)[0]
+    for cut in (8, 11):  # the file identifier, not yet the extended header: the root table
+        with pytest.raises(
+            PteFormatError, match=rf"^root table: the file is truncated: needs {root + 4} bytes"
+        ):
+            read_pte(MLP[:cut])
 
 
 def test_truncated_file_without_segment_data_size() -> None:

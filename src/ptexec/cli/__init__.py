@@ -18,6 +18,7 @@ from .common import (
     failure,
     non_negative,
     output_file,
+    picture_file,
     positive,
     show_warning,
 )
@@ -192,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p_plan)
     p_plan.add_argument(
         "--out",
-        type=output_file,
+        type=picture_file,
         help="draw the plan to this file (.png, .svg, .pdf; needs matplotlib)",
     )
     p_plan.add_argument(

@@ -43,6 +43,22 @@ positive = at_least(1, "a positive integer")
 non_negative = at_least(0, "an integer of 0 or more")
 
 
+PICTURE_FORMATS = ("eps", "jpeg", "jpg", "pdf", "png", "ps", "svg", "svgz", "tif", "tiff", "webp")
+"""The file types a picture is drawn to (matplotlib's ``savefig`` formats, by suffix)."""
+
+
+def picture_file(text: str) -> str:
+    """:func:`output_file` whose suffix names a picture format (checked before the work,
+    not by matplotlib after it)."""
+    suffix = Path(text).suffix.lower().lstrip(".")
+    if suffix not in PICTURE_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"cannot draw to {text}: its suffix names no picture format "
+            f"({', '.join('.' + f for f in PICTURE_FORMATS)})"
+        )
+    return output_file(text)
+
+
 def output_file(text: str) -> str:
     """An argument naming a file to write: refused at once (before the work that fills
     it) when it is a directory or its directory is missing or not writable."""

@@ -189,6 +189,11 @@ class Buffer:
         offset = self.u32(0, path or "root offset")
         if offset < 8:
             raise PteFormatError(path or "root offset", f"root table offset {offset} < 8")
+        if offset + 4 > self.size:  # a file cut short, most likely
+            raise PteFormatError(
+                path or "root table",
+                f"the file is truncated: needs {offset + 4} bytes, has {self.size}",
+            )
         return Table.at(self, offset, path)
 
 
