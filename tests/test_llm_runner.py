@@ -234,7 +234,8 @@ def test_streaming_callback_and_echo(tokenizer: Path) -> None:
     text = r.generate_text(PROMPT, config, token_callback=pieces.append, stats_callback=seen.append)
     assert pieces[0] == PROMPT and "".join(pieces[1:]) == text
     assert len(pieces) - 1 <= 12
-    assert seen == [r.stats]
+    # a copy of the runner's figures, as ExecuTorch passes one per call
+    assert len(seen) == 1 and seen[0] is not r.stats and seen[0].as_dict() == r.stats.as_dict()
 
 
 def test_print_output(tokenizer: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -545,3 +546,54 @@ def test_tokenizer_far_smaller_than_the_logits_warns() -> None:
     assert _sample_width(151665, 151936) == 151665  # Qwen2.5's padding
     with pytest.warns(RuntimeWarning, match="128256 ids and the tokenizer only 50257"):
         assert _sample_width(50257, 128256) == 50257
+
+
+def test_the_runner_modules_names_are_executorchs(tokenizer: Path) -> None:
+    """What code written for ExecuTorch's runner module calls, made and read as ExecuTorch's
+    bindings make and read them: inputs by keyword or a list of ids, Audio's values and
+    accessors, the module's generate_hf functions, a Stats object per call and the rates
+    in its JSON."""
+    import json as _json
+
+    et = pytest.importorskip("executorch.extension.llm.runner._llm_runner")
+    from ptexec.llm import Audio, Image, MultimodalInput, generate_hf, generate_text_hf
+
+    for ours, theirs in (
+        (MultimodalInput(text="hi"), et.MultimodalInput(text="hi")),
+        (MultimodalInput([1, 2]), et.MultimodalInput([1, 2])),
+        (MultimodalInput(tokens=(3, 4)), et.MultimodalInput(tokens=(3, 4))),
+    ):
+        assert (ours.get_text(), ours.get_tokens()) == (theirs.get_text(), theirs.get_tokens())
+    image = Image([1] * 12, 2, 2, 3)
+    assert MultimodalInput(image=image).get_image() is image
+    for bad in ([-1], [1.5], [True], 5):
+        with pytest.raises(TypeError):
+            MultimodalInput(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        MultimodalInput(text="a", tokens=[1])
+    values = [0.5, -1.25, 3.0, 0.0, 2.5, 1.0]
+    for data in (values, [1, 2, 3, 4, 5, 6]):
+        ours_audio, theirs_audio = Audio(data, 1, 2, 3), et.Audio(data, 1, 2, 3)
+        assert ours_audio.is_float() == theirs_audio.is_float()
+        assert ours_audio.is_uint8() == theirs_audio.is_uint8()
+        if theirs_audio.is_float():  # (the other accessor raises in ExecuTorch's)
+            assert ours_audio.float_data == pytest.approx(list(theirs_audio.float_data))
+        else:
+            assert ours_audio.uint8_data == list(theirs_audio.uint8_data)
+        assert ours_audio.to_tensor().shape == (1, 2, 3)
+
+    mm = MultimodalRunner(str(program("portable")), str(tokenizer), print_output=False)
+    ids = mm.tokenizer.encode(PROMPT)
+    want = mm.generate_text([make_token_input(ids)], GREEDY)
+    mm.reset()
+    assert generate_text_hf(mm, {"input_ids": torch.tensor([ids])}, GREEDY) == want
+    mm.reset()
+    pieces: list[str] = []
+    kept: list[Any] = []
+    generate_hf(mm, [make_token_input(ids)], GREEDY, None, pieces.append, kept.append)
+    assert "".join(pieces) == want
+    mm.reset()
+    mm.generate([make_token_input(ids[:2])], GREEDY, stats_callback=kept.append)
+    assert kept[0] is not kept[1] and kept[0].num_prompt_tokens == len(ids)
+    figures = _json.loads(kept[0].to_json_string())
+    assert figures["decode_token_per_sec"] > 0 and figures["prefill_token_per_sec"] > 0

@@ -7,6 +7,7 @@ when ``ptexec`` is imported), importing ExecuTorch's runtime modules gives ptexe
     executorch.extension.pybindings.portable_lib    -> ptexec.portable_lib
     executorch.extension.pybindings._portable_lib   -> ptexec.portable_lib
     executorch.extension.llm.runner                 -> ptexec.llm
+    executorch.extension.llm.runner._llm_runner     -> ptexec.llm
 
 Everything else of the installed ``executorch`` package stays ExecuTorch's own: the
 exporter (``executorch.exir``, ``executorch.export``), its backends' partitioners, the
@@ -47,6 +48,8 @@ ALIASES: dict[str, str] = {
     "executorch.extension.pybindings.portable_lib": "ptexec.portable_lib",
     "executorch.extension.pybindings._portable_lib": "ptexec.portable_lib",
     "executorch.extension.llm.runner": "ptexec.llm",
+    # the bindings' own module (its Audio, RawAudio, stub file), imported by name too
+    "executorch.extension.llm.runner._llm_runner": "ptexec.llm",
 }
 
 _lock = threading.Lock()

@@ -31,7 +31,14 @@ from .inputs import (
     make_text_input,
     make_token_input,
 )
-from .multimodal import MultimodalDecoder, MultimodalMethods, MultimodalRunner, audio_features
+from .multimodal import (
+    MultimodalDecoder,
+    MultimodalMethods,
+    MultimodalRunner,
+    audio_features,
+    generate_hf,
+    generate_text_hf,
+)
 from .runner import TextLLMRunner
 from .sampling import Sampler
 from .seq2seq import DecoderPrompt, Segment, Seq2SeqRunner, Transcription, WindowScores
@@ -62,6 +69,8 @@ __all__ = [
     "Transcription",
     "WindowScores",
     "audio_features",
+    "generate_hf",
+    "generate_text_hf",
     "load_tokenizer",
     "make_audio_input",
     "make_image_input",

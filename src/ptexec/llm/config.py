@@ -351,8 +351,18 @@ class Stats:
         }
 
     def to_json_string(self) -> str:
-        """The figures as one JSON object (ExecuTorch's keys)."""
-        return json.dumps(self.as_dict())
+        """The figures as one JSON object (ExecuTorch's keys, with its rates where their
+        spans are not empty: ``prefill_token_per_sec``, the prompt's tokens per second
+        from the start of the call to the prompt's end, and ``decode_token_per_sec``,
+        the tokens after the first per second of decoding)."""
+        figures = self.as_dict()
+        per_second = self.SCALING_FACTOR_UNITS_PER_SECOND
+        prefill = self.prompt_eval_end_ms - self.inference_start_ms
+        if prefill > 0:
+            figures["prefill_token_per_sec"] = self.num_prompt_tokens / prefill * per_second
+        if self.decode_ms > 0:
+            figures["decode_token_per_sec"] = self.tokens_per_second
+        return json.dumps(figures)
 
     def report(self) -> str:
         """A short human summary: prompt and generated tokens, prefill, first token, rate."""

@@ -8,6 +8,7 @@ inputs; images and audio can be built and inspected, and a runner refuses them w
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -94,20 +95,61 @@ class Image:
 
 
 class Audio:
-    """Preprocessed audio features (``batch_size x n_bins x n_frames`` values)."""
+    """Preprocessed audio features (``batch_size x n_bins x n_frames`` values).
+
+    Made as ExecuTorch's is, from the values (uint8 ints or floats, kept as float32), or
+    by :func:`make_audio_input` from a tensor's bytes and its ``dtype``. ``data`` is the
+    values' bytes, ``dtype`` what they hold."""
 
     def __init__(
         self,
-        data: Sequence[int] = (),
+        data: Sequence[int] | Sequence[float] = (),
         batch_size: int = 0,
         n_bins: int = 0,
         n_frames: int = 0,
         dtype: torch.dtype | None = None,
     ) -> None:
-        self.data = list(data)
+        given = list(data)
+        if dtype is None and any(isinstance(v, float) for v in given):
+            # ExecuTorch's float constructor: the values, kept as float32 bytes
+            values: list[int] = torch.tensor(given, dtype=torch.float32).view(torch.uint8).tolist()
+            dtype = torch.float32
+        else:
+            values = [int(v) for v in given]
+            if dtype is None and values and len(values) == batch_size * n_bins * n_frames:
+                dtype = torch.uint8  # ExecuTorch's uint8 constructor: a byte a value
+        self.data = values
         self.batch_size, self.n_bins, self.n_frames = batch_size, n_bins, n_frames
         self.dtype = dtype
         """The dtype ``data``'s bytes hold (None: float32, or the encoder's own)."""
+
+    def is_uint8(self) -> bool:
+        return self.dtype == torch.uint8
+
+    def is_float(self) -> bool:
+        return self.dtype is None or self.dtype.is_floating_point
+
+    @property
+    def uint8_data(self) -> list[int]:
+        """The values, when they are uint8 (else empty, as ExecuTorch's)."""
+        return list(self.data) if self.is_uint8() else []
+
+    @property
+    def float_data(self) -> list[float]:
+        """The values as floats, when they are floating point (else empty)."""
+        return self.to_tensor().float().reshape(-1).tolist() if self.is_float() else []
+
+    def to_tensor(self) -> torch.Tensor:
+        """The values as a ``[batch_size, n_bins, n_frames]`` tensor of their dtype."""
+        dtype = self.dtype or torch.float32
+        raw = torch.tensor(self.data, dtype=torch.uint8)
+        return raw.view(dtype).reshape(self.batch_size, self.n_bins, self.n_frames)
+
+    def toTensor(self, with_batch: bool = True) -> torch.Tensor:
+        """:meth:`to_tensor` (without the batch dimension for one window when
+        ``with_batch`` is false)."""
+        t = self.to_tensor()
+        return t if with_batch or self.batch_size != 1 else t[0]
 
     def __repr__(self) -> str:
         return (
@@ -140,18 +182,66 @@ class RawAudio:
 
 class _Tokens:
     def __init__(self, ids: Sequence[int]) -> None:
-        self.ids = [int(i) for i in ids]
+        self.ids = _token_ids(ids)
+
+
+def _token_ids(ids: Any) -> list[int]:
+    """Token ids: a sequence of non-negative ints (not a str, not floats or bools), as
+    ExecuTorch's bindings take them."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | torch.Tensor):
+        raise TypeError(
+            "MultimodalInput takes a str, token ids (a sequence of ints), an Image, Audio or "
+            f"RawAudio, got {type(ids).__name__}"
+        )
+    out = []
+    for i in ids.tolist() if isinstance(ids, torch.Tensor) else ids:
+        if isinstance(i, bool) or (not isinstance(i, int) and not hasattr(i, "__index__")):
+            raise TypeError(f"token ids are ints, got {type(i).__name__} ({i!r})")
+        value = operator.index(i)
+        if value < 0:
+            raise TypeError(f"token ids are not negative, got {value}")
+        out.append(value)
+    return out
 
 
 class MultimodalInput:
-    """One input of a multimodal prompt: text, token ids, an image, audio or raw audio."""
+    """One input of a multimodal prompt: text, token ids, an image, audio or raw audio.
 
-    def __init__(self, value: str | Image | Audio | RawAudio | _Tokens) -> None:
-        if not isinstance(value, str | Image | Audio | RawAudio | _Tokens):
+    Made as ExecuTorch's is: ``MultimodalInput("text")``, ``MultimodalInput([1, 2])`` (token
+    ids), or by keyword, ``text=``, ``tokens=``, ``image=``, ``audio=``, ``raw_audio=``
+    (exactly one); or with an :class:`Image`, :class:`Audio` or :class:`RawAudio`."""
+
+    def __init__(
+        self,
+        value: str | Sequence[int] | Image | Audio | RawAudio | _Tokens | None = None,
+        *,
+        text: str | None = None,
+        tokens: Sequence[int] | None = None,
+        image: Image | None = None,
+        audio: Audio | None = None,
+        raw_audio: RawAudio | None = None,
+    ) -> None:
+        given = [v for v in (value, text, tokens, image, audio, raw_audio) if v is not None]
+        if len(given) != 1:
             raise TypeError(
-                f"MultimodalInput takes a str, Image, Audio or RawAudio, got {type(value).__name__}"
+                "MultimodalInput takes one input: text, tokens, image, audio or raw_audio"
             )
-        self._value: Any = value
+        kinds = (
+            (text, str, "text"),
+            (image, Image, "image"),
+            (audio, Audio, "audio"),
+            (raw_audio, RawAudio, "raw_audio"),
+        )
+        for given_value, kind, name in kinds:
+            if given_value is not None and not isinstance(given_value, kind):
+                raise TypeError(f"MultimodalInput {name}= takes a {kind.__name__}, got "
+                                f"{type(given_value).__name__}")  # fmt: skip
+        chosen = given[0]
+        if tokens is not None or (
+            value is not None and not isinstance(value, str | Image | Audio | RawAudio | _Tokens)
+        ):
+            chosen = _Tokens(_token_ids(chosen))
+        self._value: Any = chosen
 
     @property
     def type(self) -> str:
@@ -251,15 +341,17 @@ def make_image_input(image_tensor: torch.Tensor) -> MultimodalInput:
 
 def make_audio_input(audio_tensor: torch.Tensor) -> MultimodalInput:
     """Preprocessed audio features from a ``(batch_size, n_bins, n_frames)`` floating point
-    tensor (each batch row a window; converted to the encoder's dtype)."""
+    or uint8 tensor (each batch row a window; converted to the encoder's dtype)."""
     if audio_tensor.dim() != 3:
         raise RuntimeError(
             "Audio tensor must be 3-dimensional (batch_size, n_bins, n_frames), got "
             f"{audio_tensor.dim()} dimensions"
         )
     b, bins, frames = (int(s) for s in audio_tensor.shape)
-    if not audio_tensor.is_floating_point():
-        raise RuntimeError(f"Audio features must be floating point, got {audio_tensor.dtype}")
+    if not audio_tensor.is_floating_point() and audio_tensor.dtype != torch.uint8:
+        raise RuntimeError(
+            f"Audio features must be floating point or uint8, got {audio_tensor.dtype}"
+        )
     data = audio_tensor.contiguous().reshape(-1).view(torch.uint8).tolist()
     return MultimodalInput(Audio(data, b, bins, frames, audio_tensor.dtype))
 

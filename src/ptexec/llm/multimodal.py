@@ -79,6 +79,8 @@ __all__ = [
     "MultimodalMethods",
     "MultimodalRunner",
     "audio_features",
+    "generate_hf",
+    "generate_text_hf",
     "hf_inputs",
     "media_slots",
     "placeholder_runs",
@@ -813,9 +815,9 @@ class MultimodalRunner(_Runner):
         self,
         inputs: Any,
         config: GenerationConfig,
+        image_token_id: int | None = None,
         token_callback: TokenCallback | None = None,
         stats_callback: StatsCallback | None = None,
-        image_token_id: int | None = None,
     ) -> None:
         """Generate from a Hugging Face processor's output (``input_ids`` with
         ``pixel_values`` or ``input_features``, padding dropped by its ``attention_mask``)
@@ -927,3 +929,25 @@ def media_slots(
                 return None
             n += k
     return out if n == len(rows) else None
+
+
+def generate_hf(
+    runner: MultimodalRunner,
+    inputs: Any,
+    config: GenerationConfig,
+    image_token_id: int | None = None,
+    token_callback: TokenCallback | None = None,
+    stats_callback: StatsCallback | None = None,
+) -> None:
+    """``runner.generate_hf(...)``, as ExecuTorch's runner module offers it."""
+    runner.generate_hf(inputs, config, image_token_id, token_callback, stats_callback)
+
+
+def generate_text_hf(
+    runner: MultimodalRunner,
+    inputs: Any,
+    config: GenerationConfig,
+    image_token_id: int | None = None,
+) -> str:
+    """``runner.generate_text_hf(...)``, as ExecuTorch's runner module offers it."""
+    return runner.generate_text_hf(inputs, config, image_token_id)

@@ -42,6 +42,7 @@ every token the call generated, as transformers gives them ``input_ids``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -446,7 +447,7 @@ class _Runner:
                 sys.stdout.flush()
                 log.info("%s", stats.report())
             if stats_callback is not None:
-                stats_callback(stats)
+                stats_callback(copy.copy(stats))  # its own, as ExecuTorch's is
             text = "".join(pieces)
             return text[len(prompt_text) :] if config.echo and prompt_text and ids else text
 

@@ -35,6 +35,7 @@ tokens in the output (Whisper without ``<|notimestamps|>``) it returns timed seg
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -841,7 +842,7 @@ class Seq2SeqRunner:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
             if stats_callback is not None:
-                stats_callback(stats)
+                stats_callback(copy.copy(stats))  # its own, as ExecuTorch's is
             return out
 
     def _need_tokenizer(self) -> Tokenizer:
