@@ -208,9 +208,9 @@ def test_devices_follow_ptexecs_rules() -> None:
         assert isinstance(e.value, RuntimeError)
 
 
-def test_threadpool_is_torchs() -> None:
+def test_threadpool_is_executorchs() -> None:
     # resetting it replaces ExecuTorch's pool too: tests/test_threads.py, in a subprocess
-    assert pl._threadpool_get_thread_count() == torch.get_num_threads()
+    assert pl._threadpool_get_thread_count() == _et()._threadpool_get_thread_count()
     assert pl._dump_profile_results() == _et()._dump_profile_results() == b""
     assert set(_et()._get_operator_names()) <= set(pl._get_operator_names())
     assert "XnnpackBackend" in pl._get_registered_backend_names()

@@ -23,8 +23,10 @@ here: frozen weights of a LoRA program are constants of the program and stay so.
 A program may have several training methods that share a parameter (one module, several
 losses). ExecuTorch's exporter gives their copies the same initial bytes in the file, but
 each loaded method keeps its own copy, and training one method changes only its copy.
-Where the value of a name is gathered over the loaded methods (:meth:`state_dict` without
-a method, :meth:`save_pte`, :meth:`save_ptd`), copies that agree give that value; where
+Where the value of a name is gathered (:meth:`state_dict` without a method, over the
+loaded methods; :meth:`save_pte` and :meth:`save_ptd`, over every training method, so that
+what a file saved holds does not depend on which methods were loaded), copies that agree
+give that value; where
 they differ, the copy that differs from the file's initial value (the trained one) wins;
 two or more copies that differ from it and from each other are a :class:`StateError`
 naming the parameter and the methods (:meth:`TrainingModule._gathered`). Copies the file
