@@ -232,8 +232,9 @@ def test_a_grammar_the_tokenizer_cannot_write_is_an_error(runner: MultimodalRunn
     grammar = Grammar.regex(vocab, "a\u00e9")  # "a" can begin it, nothing can go on
     runner.reset()
     config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=0, logits_processor=grammar)
-    with pytest.raises(GenerationError, match="grammar"):
+    with pytest.raises(GrammarError, match="cannot write what the grammar needs next"):
         runner.generate_text([make_token_input([1, 5, 6])], config)
+    assert issubclass(GrammarError, GenerationError)
     runner.reset()  # the runner works after the error
     runner.generate_text([make_token_input([1, 5, 6])], GenerationConfig(max_new_tokens=2))
     assert 1 <= len(runner.generated_tokens) <= 2

@@ -150,7 +150,15 @@ class Grammar:
             self._consumed += 1
         if self._matcher.is_error():
             raise GenerationError(f"the grammar failed: {self._matcher.get_error()}")
-        allowed = self.allowed().to(scores.device)
+        allowed = self.allowed()
+        if not self._matcher.is_accepting() and not bool((allowed & self.vocabulary.text).any()):
+            # the grammar needs text next that no token of this vocabulary writes (a
+            # character it lacks): only control tokens are left, which the grammar refuses
+            raise GrammarError(
+                "the tokenizer cannot write what the grammar needs next, after "
+                f"{self._consumed} generated token(s): its vocabulary lacks the characters"
+            )
+        allowed = allowed.to(scores.device)
         width = scores.shape[-1]
         if width > allowed.numel():  # logits wider than the vocabulary: the rest is masked
             allowed = torch.cat([allowed, allowed.new_zeros(width - allowed.numel())])

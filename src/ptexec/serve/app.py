@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..llm.constrained import GrammarError
 from .engine import Engine, Job, Logprob, Result
 from .metrics import Metrics
 from .programs import ProgramService, decode_inputs, encode_outputs
@@ -352,6 +353,8 @@ async def _collect(job: Job, request: Any) -> tuple[list[str], Result]:
             pieces.append(item)
         elif isinstance(item, Result):
             return pieces, item
+        elif isinstance(item, GrammarError):  # the request's grammar, not the server
+            raise ApiError(400, str(item), param="response_format") from item
         else:
             raise item
 
@@ -555,6 +558,8 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
                                 "usage": _usage(item),
                             }
                         )
+            elif isinstance(item, GrammarError):  # the request's grammar, not the server
+                yield _sse(ApiError(400, str(item), param="response_format").body())
             else:
                 log.error("ptexec serve: a generation failed", exc_info=item)
                 yield _sse(ApiError(500, "internal server error", "server_error").body())
