@@ -174,6 +174,22 @@ def test_json_schema_response_validates(client: Any) -> None:
         assert r.choices[0].message.content.startswith("{")
 
 
+def test_a_grammar_the_vocabulary_cannot_finish_is_a_400(server: Any) -> None:
+    """The schema's string begins with text the tokenizer writes and goes on with a
+    character its vocabulary lacks: the request's error (400, or an error event of the
+    request's when streamed), at the token where it is needed, not the server's 500."""
+    schema = {"type": "string", "enum": ["a\u00e9\u00e9"]}
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 10, "temperature": 1.0, "seed": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}  # fmt: skip
+    err = _error(_post(server, "/v1/chat/completions", body), 400)
+    assert err["param"] == "response_format" and "cannot write" in err["message"]
+    r = _post(server, "/v1/chat/completions", {**body, "stream": True})
+    events = [json.loads(line[6:]) for line in r.text.splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    assert events[-1]["error"]["type"] == "invalid_request_error", events[-1]
+
+
 def _post(
     server: Any, path: str, body: Any, key: str | None = KEY, raw: bytes | None = None
 ) -> Any:
