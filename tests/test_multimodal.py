@@ -114,6 +114,68 @@ def test_a_crop_larger_than_the_image_pads_it_as_transformers(tmp_path: Path) ->
     _equals_transformers(hf, tmp_path, [(24, 40), (50, 30), (24, 24)])
 
 
+def test_a_square_processors_one_number_size_is_a_square(tmp_path: Path) -> None:
+    """DeiT's (as ViT's) ``size: 256`` is 256 x 256 before its crop, not CLIP's shortest
+    edge: transformers' pixels, on images that are not square."""
+    import json
+
+    config = {"image_processor_type": "DeiTImageProcessor", "size": 40, "crop_size": 32,
+              "do_center_crop": True, "resample": 3, "image_mean": 0.5, "image_std": 0.5}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))  # a legacy file
+    hf = transformers.DeiTImageProcessor.from_pretrained(tmp_path)
+    ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    for seed, (h, w) in enumerate([(61, 77), (100, 37)]):
+        px = _pixels(seed, h, w)
+        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+
+
+def test_processors_doing_more_than_ptexec_are_refused_not_followed(tmp_path: Path) -> None:
+    """Settings that pad, tile, pan and scan, size by pixel count or crop by a percentage:
+    each refused by name (ptexec made other pixels than transformers' processor, of the
+    encoder's shape: a silent wrong answer)."""
+    configs = [
+        transformers.ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875),
+        transformers.LlavaImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, do_pad=True
+        ),
+        {
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "min_pixels": 3136,
+            "max_pixels": 12845056,
+            "size": {"shortest_edge": 3136, "longest_edge": 12845056},
+        },
+        {
+            "image_processor_type": "Idefics2ImageProcessor",
+            "size": {"shortest_edge": 378, "longest_edge": 980},
+        },
+        {
+            "image_processor_type": "Gemma3ImageProcessor",
+            "do_pan_and_scan": True,
+            "size": {"height": 32, "width": 32},
+        },
+    ]
+    names = ["crop_pct", "do_pad", "min_pixels", "longest_edge", "do_pan_and_scan"]
+    for config, name in zip(configs, names, strict=True):
+        if not isinstance(config, dict):
+            config.save_pretrained(tmp_path)
+            with pytest.raises(GenerationError, match=name):
+                ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+        else:
+            with pytest.raises(GenerationError, match=name):
+                ImagePreprocessor(config, target=(32, 32))
+    # CLIP ignores a longest_edge beside its shortest edge, as transformers' does
+    clip = transformers.CLIPImageProcessor(
+        size={"shortest_edge": 32, "longest_edge": 64}, crop_size={"height": 32, "width": 32}
+    )
+    _equals_transformers(clip, tmp_path, [(61, 77)])
+    # a few bytes of a 2 x 6000 image would be resized to 224 x 672000: refused
+    wide = ImagePreprocessor({"size": {"shortest_edge": 224}, "crop_size": 224,
+                              "do_center_crop": True})  # fmt: skip
+    with pytest.raises(GenerationError, match="more than"):
+        wide(torch.zeros(3, 2, 6000, dtype=torch.uint8))
+
+
 def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: Path) -> None:
     import json
 

@@ -7,10 +7,12 @@ entry of a ``processor_config.json``): resize (``size``: ``height``/``width``,
 ``shortest_edge``, or one number: the shortest edge when a center crop follows, else a
 square), center crop (``crop_size``), rescale
 (``rescale_factor``, 1/255 by default) and normalise (``image_mean``, ``image_std``), each
-switched by its ``do_*`` flag, as transformers' image processors read them. The resize is
-torch's antialiased bilinear or bicubic interpolation (``resample`` 2 or 3, Pillow's
-numbering), so resized pixels are close to, not equal to, Pillow's; an image already at the
-encoder's size is only rescaled and normalised, and equals the Hugging Face processor's.
+switched by its ``do_*`` flag, as transformers' image processors read them. uint8 pixels are
+resized by Pillow with the config's filter, as transformers' processors resize them (the
+same pixels); float ones by torch's antialiased interpolation (close to Pillow's). A config
+that turns on what these steps do not do (padding, tiling, pan and scan, pixel-count
+sizing, ConvNeXt's crop percentage) is refused with a :class:`GenerationError`, not given
+other pixels than its processor makes.
 """
 
 from __future__ import annotations
@@ -123,6 +125,56 @@ def _triple(value: Any, field: str) -> tuple[float, float, float]:
     raise GenerationError(f"preprocessor {field} must be a number or 3 numbers, got {value!r}")
 
 
+MAX_RESIZED_PIXELS = 1 << 26
+"""The most pixels a resize keeping the aspect ratio may make (a 2 x 6000 image taken to a
+shortest edge of 224 would be 672,000 wide: gigabytes, from a few bytes of PNG)."""
+
+# processors whose one-number ``size`` is a square (transformers' ``default_to_square``);
+# others (CLIP's convention) read it as the shortest edge when a center crop follows
+_SQUARE = frozenset(
+    {"ViTImageProcessor", "DeiTImageProcessor", "BeitImageProcessor", "SiglipImageProcessor"}
+)
+
+# settings of processors that do more than resize, crop, rescale and normalise one image:
+# followed by none of ptexec's steps, so a config that turns one on is refused rather than
+# given other pixels than its processor would make
+_NOT_FOLLOWED = {
+    "do_pad": "pads the image (to a square, or tiles)",
+    "crop_pct": "resizes past the crop by a percentage (ConvNeXt)",
+    "do_pan_and_scan": "adds crops of the image (Gemma 3's pan and scan)",
+    "do_image_splitting": "splits the image into tiles",
+    "image_grid_pinpoints": "tiles the image on a grid (LLaVA-NeXT's any resolution)",
+    "max_image_tiles": "tiles the image",
+    "do_thumbnail": "thumbnails and pads the image",
+    "do_align_long_axis": "rotates the image to its long axis",
+    "min_pixels": "sizes the image by its pixel count into patches (Qwen2-VL)",
+    "max_pixels": "sizes the image by its pixel count into patches (Qwen2-VL)",
+}
+
+
+def _refuse_what_is_not_followed(c: Mapping[str, Any]) -> None:
+    """A :class:`GenerationError` naming the settings of ``c`` this preprocessor does not
+    follow (:data:`_NOT_FOLLOWED`, and a ``longest_edge`` beside a ``shortest_edge``,
+    which only CLIP's processor ignores)."""
+    found = [name for name in _NOT_FOLLOWED if c.get(name) not in (None, False, [], {}, 0)]
+    size = c.get("size")
+    kind = str(c.get("image_processor_type") or "")
+    if (
+        isinstance(size, Mapping)
+        and size.get("longest_edge") is not None
+        and "shortest_edge" in size
+        and not kind.startswith("CLIP")
+    ):
+        found.append("size.longest_edge")
+    if found:
+        what = "; ".join(f"{n} ({_NOT_FOLLOWED.get(n, 'bounds the long edge too')})" for n in found)
+        raise GenerationError(
+            f"the image processor{' ' + kind if kind else ''} does more than ptexec's "
+            f"resize, crop, rescale and normalise: {what}. Give the encoder's input as "
+            "pixel_values from the model's own processor (generate_hf), or a config without them"
+        )
+
+
 class ImagePreprocessor:
     """Resize, crop, rescale and normalise pixels for a vision encoder.
 
@@ -135,15 +187,20 @@ class ImagePreprocessor:
         self, config: Mapping[str, Any] | None = None, target: tuple[int, int] | None = None
     ) -> None:
         c = dict(config or {})
+        _refuse_what_is_not_followed(c)
         self.target = target
         self.do_resize = bool(c.get("do_resize", True))
         self.do_center_crop = bool(c.get("do_center_crop", False)) and "crop_size" in c
         self.crop_size = _pair(c["crop_size"], "crop_size") if self.do_center_crop else None
         size = c.get("size")
-        if isinstance(size, int) and not isinstance(size, bool) and self.do_center_crop:
+        kind = str(c.get("image_processor_type") or "").removesuffix("Fast")
+        self.size: tuple[int, int] | int | None
+        if isinstance(size, int) and not isinstance(size, bool) and kind in _SQUARE:
+            self.size = (int(size), int(size))  # these processors read one number as a square
+        elif isinstance(size, int) and not isinstance(size, bool) and self.do_center_crop:
             # one number before a center crop is the shortest edge (CLIP's convention;
             # exporters flatten {"shortest_edge": n} to n in a program's metadata)
-            self.size: tuple[int, int] | int | None = int(size)
+            self.size = int(size)
         else:
             self.size = _pair(size, "size") if size is not None else target
         self.do_rescale = bool(c.get("do_rescale", True))
@@ -232,6 +289,11 @@ class ImagePreprocessor:
                 size = (self.size, new_long) if h <= w else (new_long, self.size)
             else:
                 size = self.size
+            if size[0] * size[1] > MAX_RESIZED_PIXELS:
+                raise GenerationError(
+                    f"resizing the {h}x{w} image keeping its aspect ratio makes it "
+                    f"{size[0]}x{size[1]} pixels, more than the {MAX_RESIZED_PIXELS} taken"
+                )
             x = self._resize(x, size, image)
             if image:
                 x = x.round().clamp(0, 255)  # resized as an image, as Pillow does
