@@ -238,3 +238,40 @@ def test_a_grammar_the_tokenizer_cannot_write_is_an_error(runner: MultimodalRunn
     runner.reset()  # the runner works after the error
     runner.generate_text([make_token_input([1, 5, 6])], GenerationConfig(max_new_tokens=2))
     assert 1 <= len(runner.generated_tokens) <= 2
+
+
+def test_a_grammar_may_go_on_through_special_tokens_and_eos(tmp_path: Path) -> None:
+    """A grammar naming a special token (a tool call's marker) or ending in EOS goes on
+    through it: only a mask that lets nothing through but tokens the grammar refuses is a
+    dead end (the vocabulary lacking a character)."""
+    pytest.importorskip("llguidance")
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from ptexec.llm.constrained import Grammar, Vocabulary
+    from ptexec.llm.tokenizer import HuggingFaceTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<eos>", special=True), AddedToken("<call>", special=True)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<eos>"}')
+    hf = HuggingFaceTokenizer(tmp_path / "tokenizer.json")
+    eos, call, a = (tok.token_to_id(t) for t in ("<eos>", "<call>", "a"))
+    vocab = Vocabulary.of(hf, hf.vocab_size + 8, [eos])
+
+    def steps(grammar: Grammar, ids: list[int]) -> list[int]:
+        """Feed ``ids`` one by one (each allowed); what is allowed after them."""
+        grammar.begin([])
+        for k in range(len(ids) + 1):
+            scores = grammar(torch.tensor([ids[:k]]), torch.zeros(1, vocab.size))
+            allowed = (scores[0] > float("-inf")).nonzero().flatten().tolist()
+            if k < len(ids):
+                assert ids[k] in allowed, (k, allowed[:8])
+        return allowed
+
+    assert steps(Grammar.lark(vocab, 'start: "a" <call> "a"'), [a, call, a]) == [eos]
+    assert steps(Grammar.lark(vocab, 'start: <call> "a"'), [call, a]) == [eos]
+    assert steps(Grammar.lark(vocab, f'start: "a" <[{eos}]>'), [a]) == [eos]
+    assert steps(Grammar.regex(vocab, "-?"), []) != []  # the empty text is complete

@@ -47,11 +47,15 @@ class Vocabulary:
     """A tokenizer's tokens as the mask library sees them (building it reads the whole
     vocabulary once; share it between grammars). ``size`` is the logits' width."""
 
-    def __init__(self, impl: Any, size: int, text: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, impl: Any, size: int, text: torch.Tensor | None = None, eos: Iterable[int] = ()
+    ) -> None:
         self._impl = impl
         self.size = size
         self.text = text if text is not None else torch.ones(size, dtype=torch.bool)
         """Which ids are text (not control tokens), a bool vector of ``size``."""
+        self.eos = frozenset(int(i) for i in eos)
+        """The ids that end a generation."""
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, size: int, eos_ids: Iterable[int]) -> Vocabulary:
@@ -70,7 +74,7 @@ class Vocabulary:
         except Exception as e:
             raise GenerationError(f"the mask library cannot read this tokenizer ({e})") from e
         text = torch.tensor([not tokenizer.is_special(i) for i in range(size)], dtype=torch.bool)
-        return cls(impl, size, text)
+        return cls(impl, size, text, eos)
 
 
 class Grammar:
@@ -90,7 +94,12 @@ class Grammar:
         self._matcher = ll.LLMatcher(vocabulary._impl, grammar, log_level=0)
         self._prompt_len = 0
         self._consumed = 0
-        if not (self.allowed() & vocabulary.text).any():
+        first = self.allowed()
+        if (
+            not self._matcher.is_accepting()
+            and not (first & vocabulary.text).any()
+            and not self._a_way_on(first.nonzero().flatten().tolist())
+        ):
             # (the mask library lets a control token stand for bytes no token holds)
             raise GrammarError(
                 f"no token of the vocabulary can begin text of this {what}: the tokenizer "
@@ -151,9 +160,15 @@ class Grammar:
         if self._matcher.is_error():
             raise GenerationError(f"the grammar failed: {self._matcher.get_error()}")
         allowed = self.allowed()
-        if not self._matcher.is_accepting() and not bool((allowed & self.vocabulary.text).any()):
+        if (
+            not self._matcher.is_accepting()
+            and not bool((allowed & self.vocabulary.text).any())
+            and not self._a_way_on(allowed.nonzero().flatten().tolist())
+        ):
             # the grammar needs text next that no token of this vocabulary writes (a
-            # character it lacks): only control tokens are left, which the grammar refuses
+            # character it lacks): the mask lets through only tokens standing for the
+            # missing bytes, which the grammar refuses once sampled (a special token the
+            # grammar names, or EOS it takes, is a way on)
             raise GrammarError(
                 "the tokenizer cannot write what the grammar needs next, after "
                 f"{self._consumed} generated token(s): its vocabulary lacks the characters"
@@ -163,6 +178,11 @@ class Grammar:
         if width > allowed.numel():  # logits wider than the vocabulary: the rest is masked
             allowed = torch.cat([allowed, allowed.new_zeros(width - allowed.numel())])
         return scores.masked_fill(~allowed[:width].reshape(1, -1), float("-inf"))
+
+    def _a_way_on(self, ids: Sequence[int]) -> bool:
+        """Whether one of ``ids`` (control tokens the mask lets through) continues the
+        grammar: EOS, or a special token the grammar names."""
+        return any(t in self.vocabulary.eos or self._matcher.validate_tokens([t]) == 1 for t in ids)
 
     def allowed(self) -> torch.Tensor:
         """Which tokens may come next (a bool vector of the vocabulary's size, on the CPU)."""
