@@ -556,23 +556,28 @@ def test_the_runner_modules_names_are_executorchs(tokenizer: Path) -> None:
     import json as _json
 
     et = pytest.importorskip("executorch.extension.llm.runner._llm_runner")
+    import numpy as np
+
     from ptexec.llm import Audio, Image, MultimodalInput, generate_hf, generate_text_hf
 
     for ours, theirs in (
         (MultimodalInput(text="hi"), et.MultimodalInput(text="hi")),
         (MultimodalInput([1, 2]), et.MultimodalInput([1, 2])),
         (MultimodalInput(tokens=(3, 4)), et.MultimodalInput(tokens=(3, 4))),
+        (MultimodalInput(np.array([5, 6])), et.MultimodalInput(np.array([5, 6]))),
+        (MultimodalInput([True]), et.MultimodalInput([True])),
+        (MultimodalInput(b"ab"), et.MultimodalInput(b"ab")),
     ):
         assert (ours.get_text(), ours.get_tokens()) == (theirs.get_text(), theirs.get_tokens())
     image = Image([1] * 12, 2, 2, 3)
     assert MultimodalInput(image=image).get_image() is image
-    for bad in ([-1], [1.5], [True], 5):
+    for bad in ([-1], [1.5], [1 << 64], 5):
         with pytest.raises(TypeError):
             MultimodalInput(bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         MultimodalInput(text="a", tokens=[1])
     values = [0.5, -1.25, 3.0, 0.0, 2.5, 1.0]
-    for data in (values, [1, 2, 3, 4, 5, 6]):
+    for data in (values, [1, 2, 3, 4, 5, 6], [-1, 2, 3, 4, 5, 6], [300, 2, 3, 4, 5, 6]):
         ours_audio, theirs_audio = Audio(data, 1, 2, 3), et.Audio(data, 1, 2, 3)
         assert ours_audio.is_float() == theirs_audio.is_float()
         assert ours_audio.is_uint8() == theirs_audio.is_uint8()

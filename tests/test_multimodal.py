@@ -121,13 +121,16 @@ def test_a_square_processors_one_number_size_is_a_square(tmp_path: Path) -> None
 
     config = {"image_processor_type": "DeiTImageProcessor", "size": 40, "crop_size": 32,
               "do_center_crop": True, "resample": 3, "image_mean": 0.5, "image_std": 0.5}  # fmt: skip
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))  # a legacy file
-    hf = transformers.DeiTImageProcessor.from_pretrained(tmp_path)
-    ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
-    for seed, (h, w) in enumerate([(61, 77), (100, 37)]):
-        px = _pixels(seed, h, w)
-        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
-        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+    legacy = {k: v for k, v in config.items() if k != "image_processor_type"}
+    legacy["feature_extractor_type"] = "DeiTFeatureExtractor"  # an older file names it so
+    for written in (config, legacy):
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(written))
+        hf = transformers.DeiTImageProcessor.from_pretrained(tmp_path)
+        ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+        for seed, (h, w) in enumerate([(61, 77), (100, 37)]):
+            px = _pixels(seed, h, w)
+            want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+            torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
 
 
 def test_processors_doing_more_than_ptexec_are_refused_not_followed(tmp_path: Path) -> None:
@@ -155,7 +158,9 @@ def test_processors_doing_more_than_ptexec_are_refused_not_followed(tmp_path: Pa
             "size": {"height": 32, "width": 32},
         },
     ]
-    names = ["crop_pct", "do_pad", "min_pixels", "longest_edge", "do_pan_and_scan"]
+    configs.append({"image_processor_type": "Siglip2ImageProcessor", "max_num_patches": 256})
+    names = ["crop_pct", "do_pad", "min_pixels", "longest_edge", "do_pan_and_scan",
+             "max_num_patches"]  # fmt: skip
     for config, name in zip(configs, names, strict=True):
         if not isinstance(config, dict):
             config.save_pretrained(tmp_path)

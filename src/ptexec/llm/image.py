@@ -149,7 +149,20 @@ _NOT_FOLLOWED = {
     "do_align_long_axis": "rotates the image to its long axis",
     "min_pixels": "sizes the image by its pixel count into patches (Qwen2-VL)",
     "max_pixels": "sizes the image by its pixel count into patches (Qwen2-VL)",
+    "max_num_patches": "sizes the image by a patch budget (SigLIP 2's NaFlex)",
 }
+
+
+def _processor_type(c: Mapping[str, Any]) -> str:
+    """The processor class a config names: ``image_processor_type``, else a legacy
+    ``feature_extractor_type`` (its ``ImageProcessor``, as transformers maps it), without a
+    ``Fast`` suffix."""
+    kind = str(c.get("image_processor_type") or "")
+    if not kind:
+        kind = str(c.get("feature_extractor_type") or "").replace(
+            "FeatureExtractor", "ImageProcessor"
+        )
+    return kind.removesuffix("Fast")
 
 
 def _refuse_what_is_not_followed(c: Mapping[str, Any]) -> None:
@@ -158,7 +171,7 @@ def _refuse_what_is_not_followed(c: Mapping[str, Any]) -> None:
     which only CLIP's processor ignores)."""
     found = [name for name in _NOT_FOLLOWED if c.get(name) not in (None, False, [], {}, 0)]
     size = c.get("size")
-    kind = str(c.get("image_processor_type") or "")
+    kind = _processor_type(c)
     if (
         isinstance(size, Mapping)
         and size.get("longest_edge") is not None
@@ -193,7 +206,7 @@ class ImagePreprocessor:
         self.do_center_crop = bool(c.get("do_center_crop", False)) and "crop_size" in c
         self.crop_size = _pair(c["crop_size"], "crop_size") if self.do_center_crop else None
         size = c.get("size")
-        kind = str(c.get("image_processor_type") or "").removesuffix("Fast")
+        kind = _processor_type(c)
         self.size: tuple[int, int] | int | None
         if isinstance(size, int) and not isinstance(size, bool) and kind in _SQUARE:
             self.size = (int(size), int(size))  # these processors read one number as a square

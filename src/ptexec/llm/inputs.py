@@ -114,6 +114,15 @@ class Audio:
             # ExecuTorch's float constructor: the values, kept as float32 bytes
             values: list[int] = torch.tensor(given, dtype=torch.float32).view(torch.uint8).tolist()
             dtype = torch.float32
+        elif (
+            dtype is None
+            and given
+            and len(given) == batch_size * n_bins * n_frames
+            and not all(0 <= int(v) <= 255 for v in given)
+        ):
+            # ints a byte cannot hold take ExecuTorch's float constructor, as its overloads do
+            values = torch.tensor(given, dtype=torch.float32).view(torch.uint8).tolist()
+            dtype = torch.float32
         else:
             values = [int(v) for v in given]
             if dtype is None and values and len(values) == batch_size * n_bins * n_frames:
@@ -131,12 +140,13 @@ class Audio:
 
     @property
     def uint8_data(self) -> list[int]:
-        """The values, when they are uint8 (else empty, as ExecuTorch's)."""
+        """The values, when they are uint8 (else empty; ExecuTorch's raises)."""
         return list(self.data) if self.is_uint8() else []
 
     @property
     def float_data(self) -> list[float]:
-        """The values as floats, when they are floating point (else empty)."""
+        """The values as floats, when they are floating point (else empty; ExecuTorch's
+        raises)."""
         return self.to_tensor().float().reshape(-1).tolist() if self.is_float() else []
 
     def to_tensor(self) -> torch.Tensor:
@@ -188,6 +198,8 @@ class _Tokens:
 def _token_ids(ids: Any) -> list[int]:
     """Token ids: a sequence of non-negative ints (not a str, not floats or bools), as
     ExecuTorch's bindings take them."""
+    if hasattr(ids, "tolist") and not isinstance(ids, torch.Tensor):  # a numpy array of ids
+        ids = ids.tolist()
     if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | torch.Tensor):
         raise TypeError(
             "MultimodalInput takes a str, token ids (a sequence of ints), an Image, Audio or "
@@ -195,11 +207,11 @@ def _token_ids(ids: Any) -> list[int]:
         )
     out = []
     for i in ids.tolist() if isinstance(ids, torch.Tensor) else ids:
-        if isinstance(i, bool) or (not isinstance(i, int) and not hasattr(i, "__index__")):
+        if not isinstance(i, int) and not hasattr(i, "__index__"):
             raise TypeError(f"token ids are ints, got {type(i).__name__} ({i!r})")
-        value = operator.index(i)
-        if value < 0:
-            raise TypeError(f"token ids are not negative, got {value}")
+        value = operator.index(i)  # (a bool is 0 or 1, as ExecuTorch's bindings take it)
+        if not 0 <= value < 1 << 64:
+            raise TypeError(f"token ids are 0 to 2**64 - 1, got {value}")
         out.append(value)
     return out
 
@@ -237,7 +249,9 @@ class MultimodalInput:
                 raise TypeError(f"MultimodalInput {name}= takes a {kind.__name__}, got "
                                 f"{type(given_value).__name__}")  # fmt: skip
         chosen = given[0]
-        if tokens is not None or (
+        if isinstance(value, bytes):  # (ExecuTorch's bindings read bytes as text)
+            chosen = value.decode("utf-8")
+        elif tokens is not None or (
             value is not None and not isinstance(value, str | Image | Audio | RawAudio | _Tokens)
         ):
             chosen = _Tokens(_token_ids(chosen))
