@@ -837,6 +837,26 @@ def test_a_text_server_refuses_a_prompt_holding_the_image_placeholder(llava: Pat
     assert job.ids
 
 
+def test_cli_text_alone_on_a_multimodal_program(llava: Path, capsys: Any) -> None:
+    """A prompt without media to a multimodal program (no ``forward``) is the runner's
+    text answer, not a missing-method error; ``--compile`` reports each of its methods."""
+    from ptexec.cli import main
+
+    ck = llava / "checkpoint"
+    argv = ["generate", str(llava / "model.pte"), "--tokenizer", str(ck / "tokenizer.json"),
+            "--prompt", "USER: hi ASSISTANT:", "--temperature", "0", "--max-new-tokens", "6",
+            "--no-echo"]  # fmt: skip
+    assert main(argv) == 0
+    got = capsys.readouterr().out.strip()
+    runner = _runner(llava)
+    want = runner.generate_text([make_text_input("USER: hi ASSISTANT:")],
+                                GenerationConfig(temperature=0.0, echo=False, max_new_tokens=6))  # fmt: skip
+    assert got == want.strip()
+    names = {m.name for m in runner.decoder.loaded}
+    assert {"token_embedding", "text_decoder", "vision_encoder"} <= names
+    assert all(m.compile_status == "interpreted" for m in runner.decoder.loaded)
+
+
 def test_cli_chat_puts_the_image_in_the_users_turn(
     llava: Path, tmp_path: Path, capsys: Any
 ) -> None:

@@ -540,6 +540,14 @@ def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
         code = main(["generate", str(folder / "model.pte"), "--tokenizer",
                      str(folder / "tokenizer.json"), "--prompt", prompt, "--chat"])  # fmt: skip
     assert code == 1 and "encoder-decoder" in err.getvalue()
+    # an image for an encoder-decoder program: said so, not a missing 'forward'
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--image",
+                     str(folder / "tokenizer.json")])  # fmt: skip
+    assert code == 1 and "not --image or --audio" in err.getvalue(), err.getvalue()
+    assert [m.name for m in runner.loaded] == ["encoder", "text_decoder"]
 
 
 # short enough to close within the tiny decoder's 48 positions

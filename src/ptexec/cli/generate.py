@@ -36,12 +36,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     media = bool(args.image or args.audio)
     if args.chat_template and not args.chat:
         raise ValueError("--chat-template is the template of --chat: give --chat too")
-    if not media and _is_seq2seq(program):
+    if media and _is_seq2seq(program):
+        raise ValueError(
+            "an encoder-decoder program takes its encoder's input, not --image or --audio "
+            "(for speech to text: ptexec transcribe)"
+        )
+    if _is_seq2seq(program):
         if args.chat:
             raise ValueError("--chat renders a conversation for a decoder-only LLM; this "
                              "is an encoder-decoder program, which takes the text as it is")  # fmt: skip
         return _generate_seq2seq(program, args, config, device_map)
-    if media:
+    # a multimodal program (its methods: embedding, text decoder, encoders) answers text
+    # alone too, through the runner that knows its methods
+    multimodal = media or "forward" not in program.method_names
+    if multimodal:
         from ..llm import MultimodalRunner
 
         runner: Any = MultimodalRunner(
@@ -89,7 +97,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if media:
             _check_placeholders(runner, prompt, args)
         config.echo = False
-    if media:
+    if multimodal:
         runner.generate(_media_inputs(args, prompt), config, token_callback=show)
     else:
         runner.generate(prompt, config, token_callback=show)
@@ -106,24 +114,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stats:
         print(stats.to_json_string(), file=sys.stderr)
     if args.compile:
-        _say_compile(runner.decoder.method)
+        _say_compile(runner.decoder.loaded)
     return 0
 
 
-def _say_compile(method: Any) -> None:
-    """What ``--compile`` did: the compiled code ran, or it is still compiling (left to
-    finish into the cache on its own, so that the next run starts compiled), or failed."""
-    status = method.compile_status
-    job = method.background_compile
-    if status == "pending" and job is not None and job.pid is not None:
-        job.detach()
-        print(
-            f"compile: still compiling (process {job.pid}), left to finish into the "
-            "cache; the next run starts compiled",
-            file=sys.stderr,
-        )
-    else:
-        print(f"compile: {status}", file=sys.stderr)
+def _say_compile(methods: Any) -> None:
+    """What ``--compile`` did, per method: the compiled code ran, or it is still compiling
+    (left to finish into the cache on its own, so that the next run starts compiled), or
+    failed."""
+    for method in methods:
+        status = method.compile_status
+        job = method.background_compile
+        name = f" '{method.name}'" if len(methods) > 1 else ""
+        if status == "pending" and job is not None and job.pid is not None:
+            job.detach()
+            print(
+                f"compile{name}: still compiling (process {job.pid}), left to finish into "
+                "the cache; the next run starts compiled",
+                file=sys.stderr,
+            )
+        else:
+            print(f"compile{name}: {status}", file=sys.stderr)
 
 
 def _is_seq2seq(program: Any) -> bool:
@@ -168,6 +179,8 @@ def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, devic
     )
     if args.stats:
         print(stats.to_json_string(), file=sys.stderr)
+    if args.compile:
+        _say_compile(runner.loaded)
     return 0
 
 

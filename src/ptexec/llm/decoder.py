@@ -262,6 +262,8 @@ class TextDecoder:
         self.pos_vector = layout.pos_vector
         self.pos_dtype = layout.pos_dtype
         self.execution_ms = 0.0  # accumulated time in forward
+        self.loaded: tuple[Any, ...] = (self.method,)
+        """The program's methods this decoder loaded."""
         # a one-token call's inputs, refilled before each such call (making two small
         # tensors costs more than a decode step's envelope); one decoder, one caller
         self._one: list[torch.Tensor] | None = None

@@ -285,6 +285,12 @@ class MultimodalDecoder:
         self.execution_ms = 0.0  # time in the embedding and decoder methods
         self.encoder_ms = 0.0  # time in the encoders
 
+    @property
+    def loaded(self) -> tuple[Any, ...]:
+        """The program's methods this decoder loaded (embedding, decoder, encoders)."""
+        found = [self._embedding, self._decoder, self._decoder_step, *self._encoders.values()]
+        return tuple(m for k, m in enumerate(found) if all(m is not n for n in found[:k]))
+
     # -- metadata ------------------------------------------------------------------------
     def placeholder(self, kind: str) -> int | None:
         """The placeholder token id of ``kind`` ("image" or "audio") the program names."""

@@ -493,6 +493,8 @@ class Seq2SeqRunner:
             where = Path(model_path).parent
         self.program = program
         self._model = _Decoder(program, options)
+        self.loaded: tuple[Any, ...] = (self._model.encoder, self._model.decoder)
+        """The program's methods this runner loaded (encoder, decoder)."""
         self.tokenizer: Tokenizer | None = (
             tokenizer_path
             if isinstance(tokenizer_path, Tokenizer) or tokenizer_path is None
