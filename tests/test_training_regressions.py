@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -157,20 +158,37 @@ def test_the_trained_methods_copy_is_gathered(two_methods: tuple[bytes, bytes | 
         torch.testing.assert_close(other.state_dict()[name], value, rtol=1e-5, atol=1e-6)
 
     # the saved program starts from the trained values, in ExecuTorch's runtime
+    et = _in_executorch(tm, pte, ptd)
+    for method, inputs, ref in (("forward", (_X, _Y), a), ("second", (_X, _T), b)):
+        _starts_from(et, method, inputs, a, ref)
+
+
+_KEPT: list[Any] = []  # ExecuTorch's module reads the bytes it was given, not a copy
+
+
+def _in_executorch(tm: T.TrainingModule, pte: bytes, ptd: bytes | None) -> Any:
+    """The program ``tm`` saves, loaded by ExecuTorch's runtime."""
     pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
     saved_pte, saved_ptd = _saved(tm, pte, ptd)
-    et = (
-        pl._load_for_executorch_from_buffer(saved_pte, saved_ptd)
-        if saved_ptd is not None
-        else pl._load_for_executorch_from_buffer(saved_pte)
-    )
-    for method, inputs, ref in (("forward", (_X, _Y), a), ("second", (_X, _T), b)):
-        outs = et.run_method(method, inputs)
-        start = et.run_method("__et_training_parameters_index_" + method, ())[0]
-        names = et.run_method("__et_training_fqn_" + method, ())
-        for i, name in enumerate(names):
-            torch.testing.assert_close(outs[start + i], a.state_dict()[name], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(outs[0], ref(*inputs)[0].detach(), rtol=1e-5, atol=1e-6)
+    _KEPT.append((saved_pte, saved_ptd))
+    if saved_ptd is not None:
+        return pl._load_for_executorch_from_buffer(saved_pte, saved_ptd)
+    return pl._load_for_executorch_from_buffer(saved_pte)
+
+
+def _starts_from(
+    et: Any, method: str, inputs: tuple[torch.Tensor, ...], trained: nn.Module, ref: nn.Module
+) -> None:
+    """ExecuTorch's ``method`` of a saved program: its parameters are ``trained``'s, its
+    loss ``ref``'s on ``inputs``."""
+    outs = et.run_method(method, inputs)
+    start = et.run_method("__et_training_parameters_index_" + method, ())[0]
+    names = et.run_method("__et_training_fqn_" + method, ())
+    for i, name in enumerate(names):
+        torch.testing.assert_close(
+            outs[start + i], trained.state_dict()[name], rtol=1e-5, atol=1e-6
+        )
+    torch.testing.assert_close(outs[0], ref(*inputs)[0].detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_a_method_never_loaded_is_saved_with_the_trained_copy(
@@ -183,19 +201,8 @@ def test_a_method_never_loaded_is_saved_with_the_trained_copy(
     _train(tm, "forward", (_X, _Y))
     a, b = _two_losses()
     _eager_train(a, (_X, _Y))
-    pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
+    _starts_from(_in_executorch(tm, pte, ptd), "second", (_X, _T), a, b)
     saved_pte, saved_ptd = _saved(tm, pte, ptd)
-    et = (
-        pl._load_for_executorch_from_buffer(saved_pte, saved_ptd)
-        if saved_ptd is not None
-        else pl._load_for_executorch_from_buffer(saved_pte)
-    )
-    outs = et.run_method("second", (_X, _T))
-    start = et.run_method("__et_training_parameters_index_second", ())[0]
-    names = et.run_method("__et_training_fqn_second", ())
-    for i, name in enumerate(names):
-        torch.testing.assert_close(outs[start + i], a.state_dict()[name], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(outs[0], b(_X, _T)[0].detach(), rtol=1e-5, atol=1e-6)
     assert set(T.load(saved_pte, saved_ptd).state_dict()) == set(a.state_dict())
 
 
