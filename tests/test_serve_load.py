@@ -104,12 +104,56 @@ def test_disconnect_mid_stream_frees_the_session(tok: Path) -> None:
         assert generated < 120 + 3  # the abandoned generation stopped early
 
 
+def test_a_client_leaving_a_non_streamed_request_stops_it(
+    tok: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokens keep coming (faster than the server looked for a gone client, which it did
+    only when none came for a while): the generation still stops soon after the client
+    leaves, and the session is free."""
+    import socket
+
+    import ptexec.serve.engine as engine_module
+
+    made = engine_module._sink
+
+    def slow(loop: Any, job: Any) -> Any:  # about 50 tokens a second
+        sink = made(loop, job)
+
+        def piece(text: str) -> None:
+            time.sleep(0.02)
+            sink(text)
+
+        return piece
+
+    monkeypatch.setattr(engine_module, "_sink", slow)
+    with running_server(tok, sessions=1, max_queue=0) as server:
+        body = json.dumps({"model": "tiny-llama", "prompt": "The robot", "max_tokens": 120,
+                           "temperature": 0, "ignore_eos": True}).encode()  # fmt: skip
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as conn:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+            time.sleep(0.5)
+        for _ in range(200):
+            if server.engine.idle:
+                break
+            time.sleep(0.02)
+        assert server.engine.idle
+        assert server.engine.metrics.generated_tokens < 100  # not all 120
+
+
 def test_timeout_answers_504_and_the_server_goes_on(tok: Path) -> None:
     with running_server(tok, sessions=1, max_queue=2, timeout=0.05) as server:
         body = {"model": "tiny-llama", "prompt": "The robot", "max_tokens": 120,
                 "temperature": 0, "ignore_eos": True}  # fmt: skip
         r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert server.engine.idle
+        # tokens that make no text (a control token forced) are timed too
+        r = httpx.post(server.url + "/v1/completions", json={**body, "logit_bias": {"1": 100}},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 504, r.text
         assert server.engine.idle
         metrics = server.engine.metrics.render()
         assert 'endpoint="completions",status="504"' in metrics

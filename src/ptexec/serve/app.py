@@ -341,13 +341,19 @@ async def _start(engine: Engine, job: Job, request: Any) -> None:
 
 async def _collect(job: Job, request: Any) -> tuple[list[str], Result]:
     pieces: list[str] = []
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
     while True:
         try:
             item = await asyncio.wait_for(job.queue.get(), 0.25)
         except asyncio.TimeoutError:
+            item = None
+        if loop.time() - checked >= 0.25:  # also while pieces keep coming
+            checked = loop.time()
             if await request.is_disconnected():
                 job.cancel()
                 raise _Disconnected from None
+        if item is None:
             continue
         if isinstance(item, str):
             pieces.append(item)

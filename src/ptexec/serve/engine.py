@@ -623,11 +623,17 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
     if req.max_tokens == 0:
         return Result("", "length", job.prompt_tokens, 0)
     runner.reset()
-    if top is not None:
+    deadline = job.deadline
+    if top is not None or deadline is not None:
         entries = job.logprobs
 
         def observe(token: int, logits: Any) -> None:
-            entries.append(_logprob(tokenizer, logits, token, top))
+            if top is not None:
+                entries.append(_logprob(tokenizer, logits, token, top))
+            # every token, text or not (a control token makes no piece for the sink)
+            if deadline is not None and time.perf_counter() > deadline:
+                job.timed_out = True
+                job.cancel()
 
         runner.on_sample = observe
     try:
