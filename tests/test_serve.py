@@ -188,6 +188,13 @@ def test_a_grammar_the_vocabulary_cannot_finish_is_a_400(server: Any) -> None:
     events = [json.loads(line[6:]) for line in r.text.splitlines()
               if line.startswith("data: {")]  # fmt: skip
     assert events[-1]["error"]["type"] == "invalid_request_error", events[-1]
+    # a schema the matcher cannot follow (recursive) fails while decoding: the request's too
+    body["response_format"]["json_schema"]["schema"] = {"$ref": "#"}
+    err = _error(_post(server, "/v1/chat/completions", body), 400)
+    assert "grammar" in err["message"] and len(err["message"]) < 400
+    # a token id too long to be one
+    body = {"model": "tiny-llama", "prompt": "a", "max_tokens": 1, "logit_bias": {"9" * 5000: 1}}
+    assert _error(_post(server, "/v1/completions", body), 400)["param"] == "logit_bias"
 
 
 def _post(

@@ -77,6 +77,12 @@ class Vocabulary:
         return cls(impl, size, text, eos)
 
 
+def _first_line(text: str | None) -> str:
+    """The first line of the matcher's error (the rest is its state: long, and of no use
+    to a client)."""
+    return (text or "").strip().splitlines()[0][:300] if text and text.strip() else ""
+
+
 class Grammar:
     """Masks the logits to what ``grammar`` (llguidance's grammar text) allows next.
 
@@ -152,13 +158,13 @@ class Grammar:
         new = input_ids[0, self._prompt_len + self._consumed :].tolist()
         for token in new:
             if not self._matcher.consume_token(int(token)):
-                raise GenerationError(
+                raise GrammarError(
                     f"token {token} does not continue the grammar "
-                    f"({self._matcher.get_error() or 'rejected'})"
+                    f"({_first_line(self._matcher.get_error()) or 'rejected'})"
                 )
             self._consumed += 1
-        if self._matcher.is_error():
-            raise GenerationError(f"the grammar failed: {self._matcher.get_error()}")
+        if self._matcher.is_error():  # (a schema the matcher cannot follow, e.g. recursive)
+            raise GrammarError(f"the grammar failed: {_first_line(self._matcher.get_error())}")
         allowed = self.allowed()
         if (
             not self._matcher.is_accepting()
