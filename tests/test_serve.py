@@ -240,6 +240,13 @@ def test_openai_style_errors(client: Any, server: Any) -> None:
     _error(_post(server, "/v1/completions", {"model": "tiny-llama", "prompt": "a" * 30_000}), 413)
     nested = _error(_post(server, chat, None, raw=b"[" * 9_000 + b"]" * 9_000), 400)
     assert "nested too deep" in nested["message"]
+    for lone in (b'{"model": "tiny-llama", "prompt": "a\\ud800"}',
+                 b'{"model": "\\udfff", "prompt": "a"}'):  # fmt: skip
+        assert (
+            "surrogate" in _error(_post(server, "/v1/completions", None, raw=lone), 400)["message"]
+        )
+    paired = b'{"model": "tiny-llama", "prompt": "a\\ud83d\\ude00", "max_tokens": 1}'
+    assert _post(server, "/v1/completions", None, raw=paired).status_code == 200
     _error(httpx.get(server.url + "/v2/nothing", timeout=10), 404)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4", messages=msgs)

@@ -95,11 +95,21 @@ def create_app(
     async def read_json(request: HttpRequest) -> Any:
         body = await read_body(request)
         try:
-            return json.loads(body)
+            doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON ({e})", param="body") from None
         except RecursionError:
             raise ApiError(400, "the request body is JSON nested too deep", param="body") from None
+        if b"\\ud" in body.lower():  # an escaped surrogate: paired, or text no one can encode
+            try:
+                json.dumps(doc, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(
+                    400,
+                    "the request body holds a lone surrogate (\\ud800-\\udfff) in a string",
+                    param="body",
+                ) from None
+        return doc
 
     async def read_body(request: HttpRequest, limit: int = max_body_bytes) -> bytes:
         declared = request.headers.get("content-length")
