@@ -205,6 +205,12 @@ def test_refused_requests_say_which_field(
     with pytest.raises(openai.BadRequestError) as e:
         client.audio.transcriptions.create(model=MODEL, file=("a.wav", b"not audio at all"))
     assert e.value.body["param"] == "file"
+    assert "ptexec-audio" not in e.value.body["message"]  # (no path of the server's)
+    # a file name's suffix is a kind, not a file name of the server's (a 500 before)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.transcriptions.create(model=MODEL, file=("a." + "x" * 300, b"not audio"))
+    assert e.value.body["param"] == "file"
+    assert client.audio.transcriptions.create(model=MODEL, file=("a." + "w" * 300, data)).text
     url = server.url + "/v1/audio/transcriptions"
     as_json = httpx.post(url, json={"model": MODEL}, timeout=30)
     assert as_json.status_code == 400 and "multipart" in as_json.json()["error"]["message"]

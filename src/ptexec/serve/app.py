@@ -268,7 +268,8 @@ def create_app(
             raise ApiError(404, "this server serves no speech model")
         # the form's framing on top of the largest audio file
         body = await read_body(request, speech.max_audio_bytes + max_body_bytes)
-        form = parse_form(request.headers.get("content-type", ""), body)
+        # (parsing a large form takes seconds: off the event loop, which serves every route)
+        form = await asyncio.to_thread(parse_form, request.headers.get("content-type", ""), body)
         answer, media = await speech.transcribe(form, task)
         if isinstance(answer, str):
             return Response(answer, media_type=media)

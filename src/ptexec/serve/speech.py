@@ -28,6 +28,7 @@ import asyncio
 import email.parser
 import email.policy
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -230,7 +231,9 @@ class SpeechService:
             raise ApiError(
                 413, f"the audio file is over {self.max_audio_bytes} bytes", code="too_large"
             )
-        suffix = Path(filename).suffix.lower() or ".wav"
+        suffix = Path(filename).suffix.lower()
+        if not re.fullmatch(r"\.[a-z0-9]{1,8}", suffix):  # (a name of the client's: a kind only)
+            suffix = ".wav"
         return _Ask(audio, suffix, language, temperature, fmt, task)
 
     def prompt(self, ask: _Ask) -> Any:
@@ -253,7 +256,10 @@ class SpeechService:
         ask = self.check(form, task)
         prompt = self.prompt(ask)
         if self._waiting >= self.max_queue:
-            raise ApiError(429, "too many requests are waiting", "rate_limit_exceeded")
+            raise ApiError(
+                429, "too many requests are waiting", "rate_limit_error",
+                headers={"Retry-After": "1"},
+            )  # fmt: skip
         self._waiting += 1
         self._running += 1
         try:
@@ -286,7 +292,8 @@ class SpeechService:
             try:
                 samples, _ = load_audio(path, rate)
             except (AudioFormatError, OSError) as e:
-                raise ApiError(400, f"the audio could not be read: {e}", param="file") from None
+                why = str(e).replace(path, "the file")  # (the server's own path: not the client's)
+                raise ApiError(400, f"the audio could not be read: {why}", param="file") from None
         # Whisper's sampling: the temperature alone (no top-p or top-k cut)
         config = GenerationConfig(temperature=ask.temperature, top_p=1.0, top_k=0)
         result = self.runner.transcribe(samples, self.features, config, prompt=prompt)
