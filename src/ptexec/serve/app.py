@@ -149,11 +149,17 @@ def create_app(
         engine = llm()
         if engine.draining:
             raise ApiError(503, "the server is shutting down", "server_error", code="draining")
-        req = parse_request(await read_json(request), chat)
-        # every prompt is checked before any runs
-        jobs = [engine.prepare(replace(req, prompt=x, prompts=[x])) for x in req.prompts] or [
-            engine.prepare(req)
-        ]
+        doc = await read_json(request)
+
+        def prepared() -> tuple[Request, list[Job]]:
+            """The request and its jobs: every prompt checked before any runs (rendering,
+            tokenizing and grammars take long for large prompts: off the event loop)."""
+            req = parse_request(doc, chat)
+            return req, [
+                engine.prepare(replace(req, prompt=x, prompts=[x])) for x in req.prompts
+            ] or [engine.prepare(req)]
+
+        req, jobs = await asyncio.to_thread(prepared)
         for job in jobs:  # images decoded and resized off the event loop
             if job.request.media:
                 await asyncio.to_thread(engine.read_media, job)
