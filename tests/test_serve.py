@@ -590,3 +590,22 @@ def test_the_template_and_special_tokens_transformers_picks(tmp_path: Path, layo
         assert ours.render(messages, add_generation_prompt=True, tools=given) == want, given
     if layout == "special_tokens_map":
         assert ours.render(messages).startswith("<|begin_of_text|>[NEW]")
+
+
+def test_the_key_comes_from_the_environment_and_is_never_empty(
+    monkeypatch: pytest.MonkeyPatch, tok: Path
+) -> None:
+    """``PTEXEC_API_KEY`` gives ``serve`` its key (off the process list); an empty key is
+    refused (any client sending ``Bearer`` with nothing after it would match it)."""
+    from ptexec.cli import build_parser
+    from ptexec.serve import Engine, Server
+
+    monkeypatch.setenv("PTEXEC_API_KEY", "from-env")
+    assert build_parser().parse_args(["serve", "m.pte"]).api_key == "from-env"
+    assert build_parser().parse_args(["serve", "m.pte", "--api-key", "k"]).api_key == "k"
+    monkeypatch.delenv("PTEXEC_API_KEY")
+    assert build_parser().parse_args(["serve", "m.pte"]).api_key is None
+    engine = Engine(program("portable"), tok, model_name="tiny-llama")
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match="empty"):
+            Server(engine, "127.0.0.1", 0, api_key=empty)

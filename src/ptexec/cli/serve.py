@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,12 @@ def add_serve(sub: Any) -> None:
         "compiled code when a compile in another process has filled the cache",
     )
     p.add_argument("--chat-template", help="a Jinja chat template file")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("PTEXEC_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' (default: $PTEXEC_API_KEY, which keeps the "
+        "key off the process list)",
+    )
     p.add_argument(
         "--max-body-bytes",
         type=int,
