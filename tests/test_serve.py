@@ -195,6 +195,15 @@ def test_a_grammar_the_vocabulary_cannot_finish_is_a_400(server: Any) -> None:
     # a token id too long to be one
     body = {"model": "tiny-llama", "prompt": "a", "max_tokens": 1, "logit_bias": {"9" * 5000: 1}}
     assert _error(_post(server, "/v1/completions", body), 400)["param"] == "logit_bias"
+    body["logit_bias"] = {"0" * 30 + "1": 1}  # (zeros before an id do not make it long)
+    assert _post(server, "/v1/completions", body).status_code == 200
+    # audio a chat holds that cannot be read: its error names no path of the server's
+    from ptexec.errors import AudioFormatError
+    from ptexec.serve.engine import _read_audio
+
+    with pytest.raises(AudioFormatError) as unread:
+        _read_audio(b"not audio", 16000)
+    assert "ptexec-audio" not in str(unread.value) and "the audio" in str(unread.value)
 
 
 def _post(

@@ -63,6 +63,9 @@ def create_app(
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    if api_key is not None and not api_key.strip():
+        # (an empty key would let in any client sending "Bearer" with nothing after it)
+        raise ValueError("the API key is empty: give a key, or none for an open server")
     if metrics is None:
         metrics = engine.metrics if engine is not None else Metrics()
     services: list[Any] = [s for s in (engine, programs, speech) if s is not None]
@@ -365,6 +368,8 @@ async def _collect(job: Job, request: Any) -> tuple[list[str], Result]:
             item = await asyncio.wait_for(job.queue.get(), 0.25)
         except asyncio.TimeoutError:
             item = None
+        if isinstance(item, Result):  # done: answered, whoever is still listening
+            return pieces, item
         if loop.time() - checked >= 0.25:  # also while pieces keep coming
             checked = loop.time()
             if await request.is_disconnected():

@@ -588,7 +588,10 @@ def _read_audio(data: bytes, rate: int | None) -> torch.Tensor:
     with tempfile.TemporaryDirectory(prefix="ptexec-audio-") as tmp:
         path = Path(tmp) / "audio"
         path.write_bytes(data)
-        samples, _ = load_audio(path, rate)
+        try:
+            samples, _ = load_audio(path, rate)
+        except AudioFormatError as e:  # (the server's own path: not the client's)
+            raise AudioFormatError(str(e).replace(str(path), "the audio")) from None
     return samples
 
 

@@ -346,7 +346,9 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
         raise _bad("'logit_bias' must be an object of token ids to numbers", "logit_bias")
     out: dict[int, float] = {}
     for key, value in v.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 18):
+        if not (
+            isinstance(key, str) and key.isascii() and key.isdigit() and len(key.lstrip("0")) <= 18
+        ):
             raise _bad(
                 f"'logit_bias' keys must be token ids, got {json.dumps(key)[:40]}", "logit_bias"
             )
