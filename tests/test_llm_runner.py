@@ -587,6 +587,12 @@ def test_the_runner_modules_names_are_executorchs(tokenizer: Path) -> None:
             assert ours_audio.uint8_data == list(theirs_audio.uint8_data)
         assert ours_audio.to_tensor().shape == (1, 2, 3)
 
+    positional = et.GenerationConfig(False, 5, False, 9, 0.5, 1, 0)
+    ours_config = GenerationConfig(False, 5, False, 9, 0.5, 1, 0)
+    for field in ("echo", "max_new_tokens", "warming", "seq_len", "num_bos", "num_eos"):
+        assert getattr(ours_config, field) == getattr(positional, field), field
+    assert ours_config.temperature == pytest.approx(positional.temperature)
+
     mm = MultimodalRunner(str(program("portable")), str(tokenizer), print_output=False)
     ids = mm.tokenizer.encode(PROMPT)
     want = mm.generate_text([make_token_input(ids)], GREEDY)

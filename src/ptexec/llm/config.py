@@ -157,7 +157,9 @@ def check_setting(field: str, value: Any) -> Any:
 
 
 class GenerationConfig:
-    """How one ``generate`` call runs (keyword arguments only, as in ExecuTorch).
+    """How one ``generate`` call runs. ExecuTorch's seven fields may come by position too,
+    in its bindings' order (``echo, max_new_tokens, warming, seq_len, temperature, num_bos,
+    num_eos``); ptexec's additions by keyword only.
 
     Every field is checked when it is set, in the constructor or later
     (``config.temperature = 0.5``): a wrong type raises
@@ -201,7 +203,6 @@ class GenerationConfig:
 
     def __init__(
         self,
-        *,
         echo: bool = True,
         max_new_tokens: int = -1,
         warming: bool = False,
@@ -209,6 +210,7 @@ class GenerationConfig:
         temperature: float = 0.8,
         num_bos: int = 0,
         num_eos: int = 0,
+        *,
         ignore_eos: bool = False,
         top_p: float = 0.9,
         top_k: int = 0,
