@@ -110,22 +110,18 @@ class Audio:
         dtype: torch.dtype | None = None,
     ) -> None:
         given = list(data)
-        if dtype is None and any(isinstance(v, float) for v in given):
-            # ExecuTorch's float constructor: the values, kept as float32 bytes
-            values: list[int] = torch.tensor(given, dtype=torch.float32).view(torch.uint8).tolist()
-            dtype = torch.float32
-        elif (
-            dtype is None
-            and given
-            and len(given) == batch_size * n_bins * n_frames
-            and not all(0 <= int(v) <= 255 for v in given)
+        values_given = bool(given) and len(given) == batch_size * n_bins * n_frames
+        if dtype is None and (
+            any(isinstance(v, float) for v in given)
+            or (values_given and not all(0 <= int(v) <= 255 for v in given))
         ):
-            # ints a byte cannot hold take ExecuTorch's float constructor, as its overloads do
-            values = torch.tensor(given, dtype=torch.float32).view(torch.uint8).tolist()
+            # ExecuTorch's float constructor (floats, or ints a byte cannot hold, as its
+            # overloads choose): the values, kept as float32 bytes
+            values: list[int] = torch.tensor(given, dtype=torch.float32).view(torch.uint8).tolist()
             dtype = torch.float32
         else:
             values = [int(v) for v in given]
-            if dtype is None and values and len(values) == batch_size * n_bins * n_frames:
+            if dtype is None and values_given:
                 dtype = torch.uint8  # ExecuTorch's uint8 constructor: a byte a value
         self.data = values
         self.batch_size, self.n_bins, self.n_frames = batch_size, n_bins, n_frames
