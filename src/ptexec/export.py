@@ -192,8 +192,9 @@ def to_pte(
     arguments (``emit_stacktrace``, ``external_constants``, ...), all but the memory
     planning, which this recipe owns; with ``external_constants`` the weights go to a
     ``.ptd`` data file written beside ``path`` (then required) as ``<stem>.ptd`` (tagged
-    constants: one file per tag), where loading the program from ``path`` finds them. The result is checked with :func:`check_device_plan` before it is
-    returned (and written to ``path`` if given).
+    constants: one file per tag), where loading the program from ``path`` finds them. The
+    result is checked with :func:`check_device_plan` before it is returned (and written to
+    ``path`` if given).
 
     Raises :class:`~ptexec.errors.UnsupportedDeviceError` for a device a ``.pte`` cannot
     name, ``ValueError`` for methods with control flow on a device other than the host,
@@ -279,8 +280,9 @@ def check_device_plan(data: bytes | bytearray | memoryview, device: Any = "cuda:
     Per method: every planned tensor lies in a buffer on ``device`` and is labelled
     ``device``; every graph input and tensor output is unplanned and labelled ``device`` (a
     constant output is exempt from the first); every other tensor, constants included, is
-    labelled ``device``, and is planned unless it is a constant or a view
-    (``et_view``: the memory of the tensor it views); no instruction copies between host and device (``et_copy``).
+    labelled ``device``, and is planned unless it is a constant, a view (``et_view``: the
+    memory of the tensor it views), unbound or empty; no instruction copies between host
+    and device (``et_copy``).
     Reads the file with ptexec's format layer (no torch, no ExecuTorch).
     """
     from .format import program as p
