@@ -25,8 +25,8 @@ back to columns (rules in :mod:`ptexec.ray.batching`):
   (``on_error="raise"``), or with ``on_error="record"`` gets its message in
   ``error_column`` (None for good rows; it may not name an input, output, id or kept
   column) and fill values in the outputs; a missing row (None, or a block of null rows,
-  which Ray hands over as NaN, or a null in an integer column) is such a row; ``id_column`` names a column whose value
-  identifies the row in the error;
+  which Ray hands over as NaN, or a null in an integer column) is such a row;
+  ``id_column`` names a column whose value identifies the row in the error;
 - the batch's columns are kept (``keep_columns=True``; False keeps none, a list those).
 
 Importing this module does not import Ray; :func:`map_program` does.

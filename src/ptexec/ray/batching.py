@@ -24,9 +24,10 @@ floating outputs, 0 or False otherwise, None in columns of varying shape). A mis
 (None; a block of null rows reaches a mapper as a float array of NaN, one per row, and
 an integer column with nulls as floats, NaN at the nulls) is such a row (a NaN in a float
 column of one value per row is data: Ray hands a null and a NaN over alike there); a
-batch of only missing rows says nothing of how rows reach the method, so it takes the way the batch before it took, or before any, the way the method's shapes
-allow (batched when every input and kept output carries the rows along dim 0), and its
-fill values have the shape a good batch's rows would have.
+batch of only missing rows says nothing of how rows reach the method, so it takes the way
+the batch before it took, or before any, the way the method's shapes allow (batched when
+every input and kept output carries the rows along dim 0), and its fill values have the
+shape a good batch's rows would have.
 
 Column problems that concern every row (a missing column, a shape or dtype that cannot fit
 the input, an output without the rows' dimension) raise
