@@ -18,6 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("PTEXEC_CODE_CACHE", "0")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The native steps (:mod:`ptexec.engine.native`) are built before the tests (once,
+    into the cache root), so that every test's methods use them as users' methods do;
+    ``PTEXEC_NATIVE_STEPS=0 python -m pytest`` runs every test without them."""
+    from ptexec.engine import native
+
+    native.wait()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

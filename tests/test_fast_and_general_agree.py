@@ -24,7 +24,7 @@ from ptexec.binding import Action, Policy, common_action, decide, shape_error, s
 from ptexec.codegen import Code, Sources
 from ptexec.device import CPU
 from ptexec.effects import effects
-from ptexec.engine import arguments
+from ptexec.engine import arguments, native
 from ptexec.tensor import TensorInfo, dim_order_strides
 
 FIX = Path(__file__).parent / "fixtures"
@@ -362,17 +362,23 @@ def test_views_skip_their_bookkeeping_only_where_the_caller_gets_copies() -> Non
         assert torch.equal(m.execute([x])[0], general.execute([x])[0])
 
 
-def test_output_checks_stop_once_the_method_is_settled() -> None:
+@pytest.mark.parametrize("steps", ["0", "1"])
+def test_output_checks_stop_once_the_method_is_settled(
+    steps: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A straight-line method of static inputs whose sizes follow from sizes alone checks
     its outputs until a call leaves the table's geometry as it found it; a method whose
     outputs fail keeps checking (and refusing) on every call, and works again once the
-    cause is gone. Results equal the general path's on every call."""
+    cause is gone. Results equal the general path's on every call. (With the native
+    steps, copies between planned tensors are steps.)"""
+    monkeypatch.setenv("PTEXEC_NATIVE_STEPS", steps)
+    native_steps = native.module() is not None
     for name in ("mlp", "int_ops", "stateful"):
         m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
         assert "if _unsettled[0]:" in m.source(), name
         # stateful: its copies between planned tensors (the state's too) copy bytes once
         # settled
-        assert ("else: _memmove(_cd" in m.source()) is (name == "stateful"), name
+        assert ("else: _memmove(_cd" in m.source()) is (name == "stateful" and not native_steps)
         general = ptexec.load(FIX / f"{name}.pte").load_method("forward", fast_path=False)
         inputs = _inputs(name)
         for _ in range(4):  # stateful: the state moves on alike
@@ -385,15 +391,21 @@ def test_output_checks_stop_once_the_method_is_settled() -> None:
     m = ptexec.load(FIX / "mlp.pte").load_method("forward")
     (x,) = _inputs("mlp")
     v = m.state.values
-    kept = {3: v[3], 13: v[13]}  # the last addmm's bias and weight: (4,) and (k, 4)
-    v[3], v[13] = torch.zeros(1), torch.zeros(v[13].shape[0], 5)  # now it makes (2, 5)
+    # the last addmm's bias and weight, (4,) and (k, 4), given other memory in place (the
+    # same objects: the native steps hold them): now it makes (2, 5)
+    kept = {
+        k: (v[k].untyped_storage(), v[k].storage_offset(), v[k].shape, v[k].stride())
+        for k in (3, 13)
+    }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*resized")
-        for _ in range(2):
+        for _ in range(2):  # (a failed call gives them their memory back: again)
+            v[3].set_(torch.zeros(1))
+            v[13].set_(torch.zeros(v[13].shape[0], 5))
             with pytest.raises(ptexec.ExecutionError, match="output 0"):
                 m.execute([x])
-    for k, t in kept.items():
-        v[k] = t
+    for k, (memory, offset, shape, stride) in kept.items():
+        v[k].set_(memory, offset, shape, stride)
     want = ptexec.load(FIX / "mlp.pte").load_method("forward", fast_path=False).execute([x])
     for _ in range(2):
         assert torch.equal(m.execute([x])[0], want[0])

@@ -46,11 +46,12 @@ from ..dtypes import DTYPE_TO_CODE
 from ..effects import byte_range, effects, kind, replaced
 from ..format import program as p
 from ..format.lru import Key, Lru
-from ..kernels.registry import Statement, emptied
+from ..kernels.registry import NativeCall, Slots, Statement, emptied
 from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
 from ..tensor import TensorInfo
 from ..threads import ExecuTorchPool
+from . import native
 from .arguments import (
     held_outputs,
     output_checks,
@@ -263,12 +264,14 @@ _FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run)
 def _makes_anew(take: Any) -> bool:
     if isinstance(take, _InputView):
         return take.address
-    return isinstance(take, _FRESH) or take in _FRESH_FUNCTIONS
+    return isinstance(take, (*_FRESH, _NativeRun)) or take in _FRESH_FUNCTIONS
 
 
 def _shared_object(obj: Any) -> bool:
     """Whether a kept name's object belongs to no load (safe in every load's fast call)."""
     if obj is None or obj is NOT_FAST or obj is _MEMMOVE or obj is _CLONE_ALL:
+        return True
+    if obj is not None and obj is native.copies():
         return True
     if isinstance(obj, bool | int | float | str | bytes | torch.dtype | torch.layout | type):
         return True
@@ -362,13 +365,16 @@ def _facts(st: Statement) -> tuple[Any, ...]:
     return (st.code, st.writes, st.mutates, st.outs, st.reads, st.sized, st.empties)
 
 
-def _generated_key(state: MethodState, runner: Runner, copy_outputs: bool) -> Key | None:
+def _generated_key(
+    state: MethodState, runner: Runner, copy_outputs: bool, steps: bool = False
+) -> Key | None:
     """The key of ``state``'s fast call for ``runner``; None: not kept (a runner other
-    than the plain blocks: one of its own may differ from load to load)."""
+    than the plain blocks: one of its own may differ from load to load). ``steps``: the
+    native steps may be used."""
     if state.key is None or type(runner) is not BlockRunner:
         return None
     facts = tuple(tuple(map(_facts, c.statements)) for c in state.chains)
-    return Key(state.key, copy_outputs, facts)
+    return Key(state.key, copy_outputs, facts, steps)
 
 
 def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> Any:
@@ -383,14 +389,15 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
     binds its own objects into the kept code."""
     if not runner.direct_outputs:
         return None  # a runner that binds inputs itself (a CUDA graph): the general path
-    key = _generated_key(state, runner, copy_outputs)
+    steps = native.module() is not None
+    key = _generated_key(state, runner, copy_outputs, steps)
     if key is not None:
         hit = _generated.get(key)
         if hit is not None and hit.plan is state.plan:
             return hit.make(state, runner)
     code = Code()
     bound = _PerLoad(state, runner, code.env)
-    made = _generate(state, runner, copy_outputs, code, bound)
+    made = _generate(state, runner, copy_outputs, code, bound, steps)
     fn = None if not made else code.function(state.sources, "call", "_fast")
     if key is not None:
         kept = _Generated.of(state, runner, code, bound, made)
@@ -400,10 +407,16 @@ def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> A
 
 
 def _generate(
-    state: MethodState, runner: Runner, copy_outputs: bool, code: Code, bound: _PerLoad
+    state: MethodState,
+    runner: Runner,
+    copy_outputs: bool,
+    code: Code,
+    bound: _PerLoad,
+    steps: bool = False,
 ) -> bool:
     """Write the fast call into ``code`` (its names in ``code.env``, those taken from this
-    load through ``bound``); False: there is none."""
+    load through ``bound``); False: there is none. ``steps``: runs of statements may be
+    native steps (:mod:`.native`)."""
     env = code.env
     env.update(NOT_FAST=NOT_FAST, Tensor=torch.Tensor, strided=torch.strided)
     env.update(resize_to=resize_to)
@@ -613,7 +626,10 @@ def _generate(
                 code.add("if _unsettled[0]: _g = _geometry(v)")
             # copies between tensors of the table: their bytes, once settled
             raw = settling and tensors and not aliased
-            if not _run_into(code, state, runner, bound, needed is not None, raw, made_new):
+            per_call = frozenset(slot for slot, _ in restored)
+            if not _run_into(
+                code, state, runner, bound, needed is not None, raw, made_new, per_call, steps
+            ):
                 return False
             new_slots = set(made_new.values())
             outs = []
@@ -675,10 +691,13 @@ def _generate(
                 code.add("\n".join(checked))
             tensors = all(out.kind == "tensor" for out in state.outputs)
             copies = [o for o in outs if o.endswith(".clone()") and o.startswith("v[")]
-            if copy_outputs and tensors and len(copies) > 1 and _CLONE_ALL is not None:
-                # one call for every copy (torch's own loop: a Python call per output
-                # costs about as much as a small copy)
-                env["_clone_all"] = _CLONE_ALL
+            clone_all = native.copies() if steps else None
+            if clone_all is None and len(copies) > 1:
+                clone_all = _CLONE_ALL
+            if copy_outputs and tensors and copies and clone_all is not None:
+                # one call for every copy (torch's own loop, or the native steps' copies
+                # of bytes: a Python call per output costs about as much as a small copy)
+                env["_clone_all"] = clone_all
                 listed = ", ".join(o[: -len(".clone()")] for o in copies)
                 if len(copies) == len(outs):
                     code.add(f"return list(_clone_all([{listed}]))")
@@ -791,6 +810,8 @@ def _run_into(
     guarded: bool = False,
     raw: bool = False,
     made_new: Mapping[int, int] = types.MappingProxyType({}),
+    per_call: frozenset[int] = frozenset(),
+    steps: bool = False,
 ) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
@@ -801,17 +822,52 @@ def _run_into(
     (:func:`_settling`, ``_unsettled``) and may skip version counts: once settled, the
     copies :func:`_byte_copies` finds copy bytes. ``made_new``: statements (by position)
     run in their ``fresh`` form, each leaving its output's new tensor in ``_f{slot}``
-    (:func:`_fresh_returns`)."""
+    (:func:`_fresh_returns`). ``steps``: runs of statements may be native steps
+    (:func:`_native_runs`; ``per_call``: the slots the call gives objects of its own)."""
     statements = inline_statements(state, runner)
     if statements is not None:
         if len(statements) > state.max_instructions:
             return False
         env = code.env
+        runs: dict[int, tuple[int, ...]] = {}
+        if steps and isinstance(runner, BlockRunner):
+            runs = _native_runs(state, statements, per_call, set(made_new))
+        in_run = {k for ks in runs.values() for k in ks}
         raw_copies = _byte_copies(state, statements) if raw else {}
+        raw_copies = {k: c for k, c in raw_copies.items() if k not in in_run}
         named: list[int] = []  # the statements with names of their own
         if raw_copies:
             env["_memmove"] = _MEMMOVE
+
+        def plain(k: int, st: Statement) -> None:
+            if guarded and st.empties:
+                emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
+                code.add(f"if _e: {emptying}\n{emptied(st)}", k)
+            else:
+                code.add(st.code, k)
+
         for k, st in enumerate(statements):
+            if k in runs:
+                # the run, and from the step that stopped it on, the statements
+                ks = runs[k]
+                bound.set(f"_n{k}", _NativeRun(ks))
+                code.add(f"_s = _n{k}.run({'_e' if guarded else 'True'})")
+                code.add("if _s >= 0:")
+                with code.indented():
+                    for position, kk in enumerate(ks):
+                        code.add(f"if _s <= {position}:")
+                        with code.indented():
+                            # where it stopped: its error raised, or its warnings
+                            # (it ran); after a step that warned, the Python statements
+                            code.add(f"if _s < {position} or not _n{k}.stopped({position}):", kk)
+                            with code.indented():
+                                plain(kk, statements[kk])
+                for kk in ks:
+                    if statements[kk].env:
+                        named.append(kk)
+                continue
+            if k in in_run:
+                continue
             if k in made_new:
                 o, fresh = made_new[k], st.fresh
                 assert fresh is not None
@@ -831,11 +887,8 @@ def _run_into(
                 bound.set(f"_cs{k}", _Address(s))
                 env[f"_cn{k}"] = ctypes.c_size_t(n)
                 code.add(f"if _unsettled[0]: {st.code}\nelse: _memmove(_cd{k}, _cs{k}, _cn{k})", k)
-            elif guarded and st.empties:
-                emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
-                code.add(f"if _e: {emptying}\n{emptied(st)}", k)
             else:
-                code.add(st.code, k)
+                plain(k, st)
             if st.env:
                 named.append(k)
         if named:
@@ -852,6 +905,168 @@ def _run_into(
         return True
     code.add("pass")
     return True
+
+
+class _NativeRun:
+    """The native steps (:mod:`.native`) of the statements ``ks`` of the one straight-line
+    chain, made of this load's tensors: their ``run``."""
+
+    __slots__ = ("ks",)
+
+    def __init__(self, ks: tuple[int, ...]) -> None:
+        self.ks = ks
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        statements = inline_statements(state, runner)
+        library = native.module()
+        made = None
+        if statements is not None and library is not None:
+            made = _steps(
+                library,
+                state.values,
+                [_native_call(statements[k]) for k in self.ks],
+                [statements[k].empties for k in self.ks],
+            )
+        return made if made is not None else _FromTheFirst()
+
+
+class _FromTheFirst:
+    """A run whose steps could not be made: every statement runs in Python."""
+
+    def run(self, empty: bool) -> int:
+        return 0
+
+    def stopped(self, k: int) -> bool:
+        return False
+
+
+def _native_form(st: Statement) -> tuple[NativeCall, tuple[int, ...]] | None:
+    """The native call of ``st`` and the slots it writes (which it does not read): its
+    own :class:`~ptexec.kernels.registry.NativeCall` when it writes nothing but its outs,
+    or ``Tensor.copy_`` of one tensor of the table into another (``v[d].copy_(v[s])``,
+    or the same returning ``v[d]`` into its slot); else None."""
+    call = st.native
+    if call is not None:
+        if st.writes or st.mutates is None or not st.outs or set(st.mutates) != set(st.outs):
+            return None
+        return call, st.outs
+    m = _COPY.fullmatch(st.code)
+    if m is not None:
+        d, s = int(m.group(1)), int(m.group(2))
+    else:
+        m = _RETURNED_COPY.fullmatch(st.code)
+        if m is None or st.env.get(m.group(2)) is not torch._C.TensorBase.copy_:
+            return None
+        d, s = int(m.group(1)), int(m.group(3))
+    if d == s or st.mutates != (d,):
+        return None
+    return NativeCall("aten::copy_", "", (Slots((d,)), Slots((s,)), False)), (d,)
+
+
+def _native_call(st: Statement) -> NativeCall | None:
+    found = _native_form(st)
+    return None if found is None else found[0]
+
+
+def _native_args(values: Sequence[Any], call: NativeCall) -> list[Any]:
+    """``call``'s arguments, its slots read from ``values``."""
+    args: list[Any] = []
+    for a in call.args:
+        if type(a) is Slots:
+            args.append(values[a.items[0]] if a.single else [values[j] for j in a.items])
+        else:
+            args.append(a)
+    return args
+
+
+def _steps(
+    library: Any,
+    values: Sequence[Any],
+    calls: Sequence[NativeCall | None],
+    empties: Sequence[tuple[int, ...]],
+) -> Any:
+    """The library's steps of ``calls`` (each emptying its ``empties`` first), or None when
+    one of them cannot be made."""
+    made = library.Steps()
+    try:
+        for call, outs in zip(calls, empties, strict=True):
+            if call is None:
+                return None
+            made.add(
+                call.name, call.overload, _native_args(values, call), [values[o] for o in outs]
+            )
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return None
+    return made
+
+
+def _native_runs(
+    state: MethodState,
+    statements: Sequence[Statement],
+    per_call: frozenset[int],
+    skipped: set[int],
+) -> dict[int, tuple[int, ...]]:
+    """The runs of statements (by position in the one straight-line chain) the fast call
+    runs as native steps: the first of each, and all of them. A step is a statement with
+    a :class:`~ptexec.kernels.registry.NativeCall` that writes nothing but its outs
+    (which it does not read, in their bytes either: running it again computes the same)
+    and whose tensors are the method's own CPU tensors that keep their objects from call
+    to call: no statement puts another object in their slots, the call binds none of them
+    (``per_call``), none requires grad. ``skipped``: statements the call runs otherwise.
+    Statements that do nothing (``pass``) do not end a run."""
+    library = native.module()
+    if library is None:
+        return {}
+    values = state.values
+    plan_values = state.plan.values
+    instructions = state.chains[0].instructions
+    replaced = set(per_call)  # slots given objects (a copy returning its ``self`` gives none)
+    for ins, st in zip(instructions, statements, strict=True):
+        replaced.update(effects(plan_values, ins, st).replaces)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for start, end, j in _spans(state):
+        spans.setdefault(j, []).append((start, end))
+
+    def own(j: int) -> bool:
+        t = values[j]
+        return (
+            j not in replaced
+            and type(t) is torch.Tensor
+            and t.device.type == "cpu"
+            and not t.requires_grad
+        )
+
+    def step(st: Statement) -> bool:
+        found = _native_form(st)
+        if found is None:
+            return False
+        call, outs = found
+        slots = [j for a in call.args if type(a) is Slots for j in a.items]
+        if not all(own(j) for j in (*slots, *st.empties)):
+            return False
+        written = [r for o in outs for r in spans.get(o, ())]
+        for j in slots:
+            if j in outs:
+                continue
+            for lo, hi in spans.get(j, ()):
+                if any(lo < end and start < hi for start, end in written):
+                    return False
+        return _steps(library, values, [call], [st.empties]) is not None
+
+    runs: dict[int, tuple[int, ...]] = {}
+    current: list[int] = []
+    for k, st in enumerate(statements):
+        if k not in skipped and step(st):
+            current.append(k)
+            continue
+        if st.code == "pass" and k not in skipped:
+            continue
+        if current:
+            runs[current[0]] = tuple(current)
+            current = []
+    if current:
+        runs[current[0]] = tuple(current)
+    return runs
 
 
 # the statement ``v[d].copy_(v[s])``, and the same through a name for ``Tensor.copy_``

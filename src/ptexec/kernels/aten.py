@@ -23,7 +23,7 @@ method uses it where its alias analysis shows the copy is not needed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ from .registry import (
     Alias,
     KernelContext,
     KernelFactory,
+    NativeCall,
+    Slots,
     Statement,
     UnsupportedKernel,
     emptying,
@@ -341,6 +343,25 @@ _SCALAR_OPS = {
     "aten::bitwise_or.Scalar_out": torch.bitwise_or,
     "aten::bitwise_xor.Scalar_out": torch.bitwise_xor,
 }
+# the overload each of them calls with a tensor ``other``, and whether it takes ``alpha``
+_TENSOR_FORMS = {
+    "aten::add.Scalar_out": ("out", True),
+    "aten::sub.Scalar_out": ("out", True),
+    "aten::mul.Scalar_out": ("out", False),
+    "aten::div.Scalar_out": ("out", False),
+    "aten::eq.Scalar_out": ("Tensor_out", False),
+    "aten::ne.Scalar_out": ("Tensor_out", False),
+    "aten::lt.Scalar_out": ("Tensor_out", False),
+    "aten::le.Scalar_out": ("Tensor_out", False),
+    "aten::gt.Scalar_out": ("Tensor_out", False),
+    "aten::ge.Scalar_out": ("Tensor_out", False),
+    "aten::remainder.Scalar_out": ("Tensor_out", False),
+    "aten::fmod.Scalar_out": ("Tensor_out", False),
+    "aten::floor_divide.Scalar_out": ("out", False),
+    "aten::bitwise_and.Scalar_out": ("Tensor_out", False),
+    "aten::bitwise_or.Scalar_out": ("Tensor_out", False),
+    "aten::bitwise_xor.Scalar_out": ("Tensor_out", False),
+}
 _COMPARISONS = {
     "aten::eq.Scalar_out",
     "aten::ne.Scalar_out",
@@ -402,8 +423,16 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
     outs = (out,)
     empties = _dynamic(ctx, outs)
     code = f"{emptying(empties)}{f}({ctx.expr(self_)}, {s}, out=v[{out}])"
+    overload, alpha = _TENSOR_FORMS[name]
+    native = NativeCall(
+        name.split(".", 1)[0],
+        overload,
+        (Slots((self_,)), scalar, *((1,) if alpha else ()), Slots(outs)),
+    )
     # elementwise with a scalar: the result has self's sizes
-    return ctx.emit(code, mutates=outs, outs=outs, pure=True, sized=True, empties=empties)
+    return ctx.emit(
+        code, mutates=outs, outs=outs, pure=True, sized=True, empties=empties, native=native
+    )
 
 
 def _copy_code(ctx: KernelContext, out: int, expr: str, env: Mapping[str, Any]) -> str:
@@ -980,6 +1009,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             code = None
             fresh = None
             prune = None
+            native: NativeCall | None = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
             gathers = False  # a gather along one dim: its out's sizes follow the index's
             written_only = ctx.only_written(
@@ -990,6 +1020,10 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if name == "aten::relu.out" and single:
                 f = ctx.bind(_CLAMP_MIN, "op")
                 code = f"{emptying(empties)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
+                if isinstance(ctx.values[args[0]], p.Tensor):
+                    native = NativeCall(
+                        "aten::clamp_min", "out", (Slots((args[0],)), 0, Slots(outs))
+                    )
             elif name in _FILLS and single and _fills_in_place(ctx, outs[0], args[nargs - 2]):
                 fill = _FILLS[name]
                 filler = rendered[fill] if isinstance(fill, int) else fill
@@ -1052,6 +1086,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
+                native = _native_call(ctx, schema, args[:nargs]) if pure else None
                 # (for outs of dynamic shape alone: the fast call hands only those over)
                 form = same_kernel if empties else None
                 if empties and name == "aten::linear.out" and _linear_is_one_product(ctx):
@@ -1065,7 +1100,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             if overlap:  # only what it does not read is an out; nothing is proven of it
                 outs = written_only
                 pure = False
-                alias = fresh = prune = None
+                alias = fresh = prune = native = None
                 empties = ()
             # sized: writes only its outs, and torch does not say their sizes depend on
             # what the op reads
@@ -1082,6 +1117,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 sized=sized,
                 empties=empties,
                 fresh=fresh,
+                native=native if set(mutates) == set(outs) else None,
             )
             if fills is not None and st.reads is not None:
                 # the fill reads no element of ``self`` (its sizes are fixed): with a fixed
@@ -1109,6 +1145,30 @@ def schema_kernel(overload: Any) -> KernelFactory:
         return ctx.emit(f"{targets}, = {fn}({callargs})", writes=value.items, mutates=mutates)
 
     return factory
+
+
+def _native_call(ctx: KernelContext, schema: Any, args: Sequence[int]) -> NativeCall | None:
+    """The statement as one call of the overload of ``schema`` with the values ``args``
+    (one per argument of the schema), when every one is a tensor or tensor list of the
+    values table or fixed at load, and the operator is one of torch's own (``aten``);
+    else None."""
+    if not schema.name.startswith("aten::"):
+        return None
+    given: list[Any] = []
+    for index in args:
+        value = ctx.values[index]
+        if isinstance(value, p.Tensor):
+            given.append(Slots((index,)))
+        elif isinstance(value, p.TensorList):
+            given.append(Slots(tuple(value.items), single=False))
+        elif isinstance(value, p.Null):
+            given.append(None)
+        elif isinstance(value, _TENSORISH) or not ctx.is_literal(index):
+            return None  # optional tensor lists; a scalar an instruction computes
+        else:
+            literal = ctx.literal(index)
+            given.append(list(literal) if isinstance(literal, tuple) else literal)
+    return NativeCall(schema.name, schema.overload_name, tuple(given))
 
 
 # reductions whose ``dim`` reduces every dim when it is empty, as when it is None (the same

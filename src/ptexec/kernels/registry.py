@@ -32,6 +32,8 @@ __all__ = [
     "Alias",
     "KernelContext",
     "KernelFactory",
+    "NativeCall",
+    "Slots",
     "Statement",
     "UnsupportedKernel",
     "emptied",
@@ -61,6 +63,28 @@ class Alias:
     source: int
     targets: tuple[int, ...]
     reads: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Slots:
+    """An argument of a :class:`NativeCall` read from the values table: the tensor in
+    slot ``items[0]`` (``single``), or the list of the tensors in the slots ``items``."""
+
+    items: tuple[int, ...]
+    single: bool = True
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """A statement as one call of a torch operator, ``name.overload`` (``aten::add``,
+    ``out``), with one value per argument of its schema, in order: a :class:`Slots`, or
+    the argument's fixed value (None, a bool, int, float, str, or a list of them; a
+    dtype or memory format as its code), which computes what the statement's Python
+    computes. It writes only the statement's outs (see :mod:`ptexec.engine.native`)."""
+
+    name: str
+    overload: str
+    args: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -115,6 +139,7 @@ class Statement:
     sized: bool = False
     empties: tuple[int, ...] = ()
     fresh: str | None = None
+    native: NativeCall | None = None
 
 
 def emptying(outs: Iterable[int]) -> str:
@@ -200,11 +225,12 @@ class KernelContext:
         sized: bool = False,
         empties: Iterable[int] = (),
         fresh: str | None = None,
+        native: NativeCall | None = None,
     ) -> Statement:
         """The instruction's statement; ``mutates`` lists the tensor values it writes in
         place (leave it None only when unknown), ``outs`` those of them it does not read;
-        ``instrumented``, ``external``, ``sized``, ``empties`` and ``fresh``: see
-        :class:`Statement`."""
+        ``instrumented``, ``external``, ``sized``, ``empties``, ``fresh`` and ``native``:
+        see :class:`Statement`."""
         empties = tuple(empties)
         if empties and not sized:
             raise ValueError("a statement empties its outs only where its sizes follow")
@@ -224,6 +250,7 @@ class KernelContext:
             sized,
             empties,
             fresh if pure and len(outs) == 1 else None,
+            native,
         )
 
     def referenced(self) -> tuple[int, ...]:

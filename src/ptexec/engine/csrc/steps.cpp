@@ -1,0 +1,171 @@
+// Runs of a method's instructions as prepared boxed calls of torch's operators, without
+// entering Python between them (see ptexec/engine/native.py). A run holds, per step, the
+// operator's handle and its whole argument stack (the method's own tensors, which keep
+// their objects from call to call, and fixed values), both found once when it is made.
+// Running it copies each stack and calls the operator's boxed kernel below autograd: the
+// operator and arguments the Python statement would call. A step that fails or warns
+// stops the run: run() returns its position, and the caller has stopped() raise its
+// error (as torch's bindings raise it) or issue its warnings on the step's own line. A
+// step that warned ran; the caller runs the steps after it in Python.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// keeps the warnings a step raises (issued in Python by Steps::warned)
+class Noted : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& w) override {
+    kept.emplace_back(w.msg(), std::holds_alternative<c10::DeprecationWarning>(w.type()));
+  }
+  std::vector<std::pair<std::string, bool>> kept;  // (message, a deprecation)
+};
+
+struct Step {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;
+  std::vector<at::Tensor> empties;  // emptied first (resized to no elements), when asked
+};
+
+class Steps {
+ public:
+  // Adds a call of `name.overload` with `args` (one per argument of its schema, in order);
+  // `empties`: tensors emptied before it when run() is asked to. Raises when the operator
+  // is unknown or an argument does not convert to its schema's type.
+  void add(const std::string& name, const std::string& overload, const py::sequence& args,
+           const std::vector<at::Tensor>& empties) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    const auto& schema = op.schema();
+    const auto& arguments = schema.arguments();
+    if (static_cast<size_t>(py::len(args)) != arguments.size()) {
+      throw std::invalid_argument(name + "." + overload + ": " + std::to_string(py::len(args)) +
+                                  " arguments given, the schema has " +
+                                  std::to_string(arguments.size()));
+    }
+    std::vector<c10::IValue> stack;
+    stack.reserve(arguments.size());
+    for (size_t k = 0; k < arguments.size(); ++k) {
+      stack.push_back(torch::jit::toIValue(args[k], arguments[k].real_type()));
+    }
+    if (stack.size() > widest_) widest_ = stack.size();
+    steps_.push_back(Step{op, std::move(stack), empties});
+  }
+
+  size_t size() const { return steps_.size(); }
+
+  // Runs every step in order; -1 when all ran, else the position of the step that failed
+  // or warned (see stopped()). The steps after it did not run.
+  int64_t run(bool empty) {
+    at::AutoDispatchBelowAutograd below;
+    Noted noted;
+    c10::WarningUtils::WarningHandlerGuard watch(&noted);
+    stopped_at_ = -1;
+    warnings_.clear();
+    error_ = nullptr;
+    torch::jit::Stack stack;
+    stack.reserve(widest_ + 1);
+    const int64_t n = static_cast<int64_t>(steps_.size());
+    for (int64_t k = 0; k < n; ++k) {
+      Step& s = steps_[k];
+      try {
+        if (empty) {
+          for (auto& t : s.empties) t.resize_({0});
+        }
+        stack.assign(s.args.begin(), s.args.end());
+        s.op.callBoxed(stack);
+      } catch (...) {
+        stopped_at_ = k;
+        error_ = std::current_exception();
+        return k;
+      }
+      if (!noted.kept.empty()) {
+        stopped_at_ = k;
+        warnings_ = std::move(noted.kept);
+        return k;
+      }
+    }
+    return -1;
+  }
+
+  // Called with the GIL, for the step k at which the last run stopped: raises its error
+  // as torch's bindings raise it (a RuntimeError for c10::Error, and so on), or issues
+  // its warnings as Python warnings (UserWarning or DeprecationWarning, as those
+  // bindings issue them) and returns true: the step ran. False for any other k.
+  bool stopped(int64_t k) {
+    if (stopped_at_ < 0 || stopped_at_ != k) return false;
+    stopped_at_ = -1;
+    if (error_) {
+      std::exception_ptr error = error_;
+      error_ = nullptr;
+      torch::translate_exception_to_python(error);
+      throw py::error_already_set();
+    }
+    auto kept = std::move(warnings_);
+    warnings_.clear();
+    for (const auto& [message, deprecation] : kept) {
+      PyObject* category = deprecation ? PyExc_DeprecationWarning : PyExc_UserWarning;
+      if (PyErr_WarnEx(category, message.c_str(), 1) != 0) throw py::error_already_set();
+    }
+    return true;
+  }
+
+ private:
+  std::vector<Step> steps_;
+  size_t widest_ = 0;
+  int64_t stopped_at_ = -1;
+  std::vector<std::pair<std::string, bool>> warnings_;
+  std::exception_ptr error_;
+};
+
+// New tensors holding what `tensors` hold, as Tensor.clone() makes them: a dense CPU
+// tensor is copied as bytes into new memory of its sizes and strides (as clone keeps them),
+// any other is cloned by torch.
+std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
+  at::AutoDispatchBelowAutograd below;
+  std::vector<at::Tensor> made;
+  made.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
+        !t.is_neg() && !t.is_conj() && !t.is_quantized() && t.numel() > 0 &&
+        t.data_ptr() != nullptr) {
+      at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+      std::memcpy(copy.data_ptr(), t.data_ptr(), t.nbytes());
+      made.push_back(std::move(copy));
+    } else {
+      made.push_back(t.clone());
+    }
+  }
+  return made;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(ptexec_steps, m) {
+  m.doc() = "Runs of prepared boxed calls of torch's operators (ptexec.engine.native).";
+  py::class_<Steps>(m, "Steps")
+      .def(py::init<>())
+      .def("add", &Steps::add, py::arg("name"), py::arg("overload"), py::arg("args"),
+           py::arg("empties"))
+      .def("__len__", &Steps::size)
+      .def("run", &Steps::run, py::arg("empty"), py::call_guard<py::gil_scoped_release>())
+      .def("stopped", &Steps::stopped, py::arg("k"));
+  m.def("copies", &copies, py::arg("tensors"));
+}

@@ -1,0 +1,136 @@
+"""Native libraries ptexec builds for itself, kept on disk between processes.
+
+A library is loaded into the process, so it is kept under the trust rules of the cache
+root (:mod:`ptexec.cachedir`, as compiled methods and generated code are): in ``native/``
+under a trusted root, a real directory owned by this user (or root) and not writable by
+group or others; each library a regular file so owned, never a symbolic link, beside a
+file recording its SHA-256, both checked on the opened files before the library's path
+is handed out (a library changed since, torn or not recorded is a miss, removed when this
+user writes the root). A library is built into a private directory beside its place and
+renamed into place, its digest after it, so a reader finds a whole library or none.
+Where no trusted root can be used, a library is built in a private temporary directory
+for the process. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status
+from .errors import CacheEntryError
+
+__all__ = ["SUBDIR", "kept"]
+
+SUBDIR = "native"
+MAX_BYTES = 256 << 20  # a library larger than this is no library of ours
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _directory(create: bool) -> tuple[Path, bool] | None:
+    """``native/`` under the cache root and whether this user writes it, when trusted
+    (made when ``create`` and this user writes the root); None otherwise."""
+    root = cache_dir()
+    problem, writable = root_status(root, create=create)
+    if problem is not None:
+        return None
+    directory = root / SUBDIR
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        if not (create and writable):
+            return None
+        try:  # readable by those the root admits, as its other entries are
+            os.mkdir(directory, 0o700)
+            os.chmod(directory, 0o700 | (stat.S_IMODE(os.stat(root).st_mode) & 0o055))
+            st = os.lstat(directory)
+        except OSError:
+            return None
+    except OSError:
+        return None
+    try:
+        check_trusted(directory, st, directory=True)
+    except CacheEntryError:
+        return None
+    return directory, writable
+
+
+def _read(path: Path) -> bytes:
+    """``path``'s bytes, after checking the opened file; :class:`CacheEntryError` when it
+    is missing, not trusted or too large."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as e:
+        raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        check_trusted(path, st, directory=False)
+        if st.st_size > MAX_BYTES:
+            raise CacheEntryError(f"{path} is {st.st_size} bytes")
+        return f.read(st.st_size + 1)
+
+
+def _found(library: Path, digest: Path) -> bool:
+    """Whether ``library`` is there, trusted, and has the digest ``digest`` records."""
+    try:
+        data = _read(library)
+        recorded = _read(digest).decode("ascii", "replace").strip()
+    except CacheEntryError:
+        return False
+    return hashlib.sha256(data).hexdigest() == recorded
+
+
+def kept(name: str, key: str, build: Callable[[Path], None] | None) -> Path | None:
+    """The path of the library ``name`` (a file name) kept for ``key`` (a SHA-256 of all
+    it depends on, in hex), checked as the module docstring says; when it is not kept,
+    ``build(directory)``, which writes ``name`` into ``directory``, makes it (its errors
+    are raised) and it is kept, or None when ``build`` is None."""
+    if _NAME.fullmatch(name) is None or _KEY.fullmatch(key) is None:
+        raise ValueError(f"not a library name and key: {name!r}, {key!r}")
+    found = _directory(create=build is not None)
+    if found is not None:
+        directory, writable = found
+        library, digest = directory / f"{key}-{name}", directory / f"{key}.sha256"
+        if _found(library, digest):
+            return library
+        if writable:
+            for stale in (digest, library):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
+        if build is None:
+            return None
+        if writable:
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
+            try:
+                build(staging)
+                made = staging / name
+                recorded = staging / "digest"
+                with open(made, "rb") as f:
+                    os.fsync(f.fileno())
+                    text = hashlib.sha256(f.read()).hexdigest()
+                with open(recorded, "w", encoding="ascii") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                share = stat.S_IMODE(os.stat(directory).st_mode) & 0o044
+                os.chmod(made, 0o700 | share | (share >> 2))
+                os.chmod(recorded, 0o600 | share)
+                os.rename(made, library)
+                os.rename(recorded, digest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            if _found(library, digest):
+                return library
+    elif build is None:
+        return None
+    private = Path(tempfile.mkdtemp(prefix="ptexec-native-"))  # 0700, this process's
+    build(private)
+    return private / name

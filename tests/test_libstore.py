@@ -1,0 +1,81 @@
+"""Native libraries kept between processes (:mod:`ptexec.libstore`): kept once, checked
+on every read, never handed out when changed, linked or in an untrusted directory."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ptexec import libstore
+
+KEY = hashlib.sha256(b"a library").hexdigest()
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX owners and modes")
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _builder(calls: list[Path], data: bytes = b"\x7fELF library") -> Callable[[Path], None]:
+    def build(directory: Path) -> None:
+        calls.append(directory)
+        (directory / "lib.so").write_bytes(data)
+
+    return build
+
+
+def test_a_library_is_built_once_and_found_after(root: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    assert path is not None and path.read_bytes() == b"\x7fELF library"
+    assert path.parent == root / libstore.SUBDIR and len(calls) == 1
+    assert libstore.kept("lib.so", KEY, None) == path
+    assert libstore.kept("lib.so", KEY, _builder(calls)) == path
+    assert len(calls) == 1
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".staging-")]
+
+
+def test_a_changed_library_is_never_handed_out(root: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    assert path is not None
+    with open(path, "ab") as f:
+        f.write(b"\0")
+    assert libstore.kept("lib.so", KEY, None) is None
+    assert not path.exists()  # removed: this user writes the root
+    again = libstore.kept("lib.so", KEY, _builder(calls))
+    assert again == path and len(calls) == 2 and path.read_bytes() == b"\x7fELF library"
+
+
+def test_a_linked_library_or_digest_is_a_miss(root: Path, tmp_path: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    assert path is not None
+    elsewhere = tmp_path / "elsewhere.so"
+    elsewhere.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(elsewhere)
+    assert libstore.kept("lib.so", KEY, None) is None
+
+
+def test_an_untrusted_directory_is_not_used(root: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    assert path is not None
+    os.chmod(path.parent, 0o777)
+    assert libstore.kept("lib.so", KEY, None) is None
+    private = libstore.kept("lib.so", KEY, _builder(calls))
+    assert private is not None and root not in private.parents and len(calls) == 2
+
+
+def test_names_and_keys_are_checked(root: Path) -> None:
+    for name, key in (("../lib.so", KEY), ("lib.so", "abc"), ("lib.so", KEY.upper())):
+        with pytest.raises(ValueError):
+            libstore.kept(name, key, None)

@@ -1,0 +1,251 @@
+"""Native steps (:mod:`ptexec.engine.native`): runs of statements called from C++ compute
+what the Python statements compute, bit for bit, and fail, warn and recover as they do.
+
+Each fixture is run with the steps and without (``PTEXEC_NATIVE_STEPS=0`` when it is
+loaded): outputs (dtype, sizes, strides, values) and the program's recorded outputs must
+agree, call after call. The library is built into the test session's cache once."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ptexec
+from ptexec.engine import native
+
+FIX = Path(__file__).parent / "fixtures"
+# every fixture with recorded calls, each program once (openvino's need OpenVINO)
+PROGRAMS = sorted(
+    p
+    for p in FIX.rglob("*.pte")
+    if p.with_suffix(".io.pt").exists() and p.parent.name not in ("openvino", "vulkan")
+)
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the native steps are built on Linux"
+)
+
+
+@pytest.fixture(scope="module")
+def library() -> Any:
+    found = native.wait()
+    assert found is not None, native.unavailable()
+    return found
+
+
+def _load(
+    path: Path, method: str, steps: bool, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> Any:
+    with monkeypatch.context() as m:
+        m.setenv("PTEXEC_NATIVE_STEPS", "1" if steps else "0")
+        return ptexec.load(path).load_method(method, **options)
+
+
+def _same(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert (a.dtype, a.shape, a.device) == (b.dtype, b.shape, b.device), where
+        if a.numel():
+            assert a.stride() == b.stride(), where
+        assert torch.equal(a, b) or (
+            a.is_floating_point()
+            and torch.equal(a.isnan(), b.isnan())
+            and torch.equal(a.nan_to_num(), b.nan_to_num())
+        ), where
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where
+    else:
+        assert type(a) is type(b) and a == b, where
+
+
+def _clone(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def test_the_library_builds_and_loads(library: Any) -> None:
+    assert native.unavailable() is None
+    assert native.copies() is library.copies
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: str(p.relative_to(FIX)))
+def test_native_steps_compute_what_the_statements_compute(
+    library: Any, path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = torch.load(path.with_suffix(".io.pt"), weights_only=False)["calls"]
+    methods: dict[str, tuple[Any, Any]] = {}
+    for n, call in enumerate(calls):
+        name = call.get("method", "forward")
+        if name not in methods:
+            # a program placed on a device no test machine may have runs on the CPU
+            options = {} if torch.cuda.is_available() else {"device_map": "cpu"}
+            try:
+                methods[name] = (
+                    _load(path, name, True, monkeypatch, **options),
+                    _load(path, name, False, monkeypatch, **options),
+                )
+            except ptexec.BackendUnavailableError as e:  # (a backend this machine lacks)
+                pytest.skip(str(e))
+        with_steps, without = methods[name]
+        inputs = [_clone(x) for x in call["inputs"]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = with_steps.execute([_clone(x) for x in inputs])
+            want = without.execute([_clone(x) for x in inputs])
+        assert len(got) == len(want)
+        for k, (a, b) in enumerate(zip(got, want, strict=True)):
+            _same(a, b, f"{path.name} call {n} output {k}")
+
+
+def test_the_tiny_programs_run_as_native_steps(library: Any) -> None:
+    for name in ("mlp", "int_ops", "stateful", "dynamic_mlp"):
+        m = ptexec.load(FIX / f"{name}.pte").load_method("forward")
+        assert "_s = _n" in m.source(), name
+
+
+def test_a_step_that_fails_is_reported_on_its_instruction_and_the_method_recovers(
+    library: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mlp's first addmm (instruction 1) reads a weight given other sizes (in place: the
+    same object): both paths raise the same ExecutionError on that instruction; with the
+    weight back, the next call is right."""
+    x = torch.load(FIX / "mlp.io.pt", weights_only=False)["calls"][0]["inputs"][0]
+    errors = []
+    for steps in (True, False):
+        m = _load(FIX / "mlp.pte", "forward", steps, monkeypatch)
+        assert ("_s = _n1.run(" in m.source()) is steps
+        want = m.execute([x])[0].clone()
+        v = m.state.values
+        weight = v[5]
+        kept = (weight.untyped_storage(), weight.storage_offset(), weight.shape, weight.stride())
+        weight.set_(torch.zeros(3, 3))
+        with pytest.raises(ptexec.ExecutionError) as info:
+            m.execute([x])
+        errors.append((info.value.instruction, info.value.operator, str(info.value)))
+        weight.set_(*kept)
+        assert torch.equal(m.execute([x])[0], want)
+    assert errors[0] == errors[1]
+    assert errors[0][:2] == (1, "aten::addmm.out")
+
+
+def test_a_step_that_warns_warns_as_the_statement_does(
+    library: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An out of other sizes than its kernel gives it is resized by torch with a warning:
+    the step stops, the statement runs in Python and warns there, as without the steps;
+    the results agree."""
+    x = torch.load(FIX / "mlp.io.pt", weights_only=False)["calls"][0]["inputs"][0]
+    results = []
+    for steps in (True, False):
+        m = _load(FIX / "mlp.pte", "forward", steps, monkeypatch)
+        out = m.state.values[9]  # the first addmm's out, (2, k)
+        with pytest.warns(UserWarning, match="resized"):
+            out.resize_(1, 1)
+            results.append(m.execute([x])[0])
+    _same(results[0], results[1], "after the warning")
+
+
+def test_tensor_forms_of_scalar_ops_are_the_overloads_torch_dispatches() -> None:
+    """The statements of ``*.Scalar_out`` ops call torch's function with a 0-d tensor:
+    their native form names the overload that call reaches."""
+    from ptexec.kernels import aten
+
+    for name, (overload, alpha) in aten._TENSOR_FORMS.items():
+        fn: Any = aten._SCALAR_OPS[name]
+        a = torch.ones(3, dtype=torch.int64)
+        b = torch.tensor(2, dtype=torch.int64)
+        out = torch.empty(3, dtype=torch.int64)
+        if name.split("::")[1].split(".")[0] in ("eq", "ne", "lt", "le", "gt", "ge"):
+            out = torch.empty(3, dtype=torch.bool)
+        mode = aten._FirstOp()
+        with pytest.raises(aten._Dispatched), mode:
+            fn(a, b, out=out)
+        base = name.split("::")[1].split(".")[0]
+        op = getattr(getattr(torch.ops.aten, base), overload)
+        assert mode.first is op, name
+        assert ("alpha" in [x.name for x in op._schema.arguments]) is alpha, name
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(2, 3),
+        lambda: torch.randn(3, 2).t(),
+        lambda: torch.randn(1, 4).as_strided((1, 4), (7, 1)),
+        lambda: torch.randn(2, 3).neg().conj(),
+        lambda: torch.randn(2, 3, dtype=torch.complex64).conj(),
+        lambda: torch.tensor([True, False]),
+        lambda: torch.randn(2, 2, dtype=torch.bfloat16),
+        lambda: torch.empty(0, 3),
+        lambda: torch.tensor(5),
+        lambda: torch.randn(2, 3)._neg_view(),
+        lambda: torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8),
+    ],
+)
+def test_copies_are_clones(library: Any, make: Any) -> None:
+    x = make()
+    (got,) = library.copies([x])
+    want = x.clone()
+    assert (got.dtype, got.shape, got.stride(), got.is_neg(), got.is_conj()) == (
+        want.dtype,
+        want.shape,
+        want.stride(),
+        want.is_neg(),
+        want.is_conj(),
+    )
+    if x.is_quantized:
+        assert torch.equal(got.dequantize(), want.dequantize())
+    else:
+        assert torch.equal(got.resolve_neg().resolve_conj(), want.resolve_neg().resolve_conj())
+    assert got.data_ptr() != x.data_ptr() or x.numel() == 0
+
+
+def test_the_library_is_kept_checked_and_never_loaded_when_changed(tmp_path: Path) -> None:
+    """Built into a cache root once, found there by the next process (loaded at once);
+    a library changed on disk is not loaded (the entry fails its manifest)."""
+    script = textwrap.dedent(
+        """
+        import sys, warnings
+        warnings.simplefilter("ignore")
+        from ptexec.engine import native
+        found = native.module()
+        print("found" if found is not None else "missing")
+        if sys.argv[1] == "wait":
+            print("built" if native.wait() is not None else native.unavailable())
+        """
+    )
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(tmp_path / "cache"), "PTEXEC_NATIVE_STEPS": "1"}
+
+    def run(how: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", script, how],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        return done.stdout.split()
+
+    assert run("wait") == ["missing", "built"]
+    assert run("now") == ["found"]
+    (library,) = list((tmp_path / "cache").rglob("*ptexec_steps.so"))
+    with open(library, "ab") as f:
+        f.write(b"\0")
+    assert run("now") == ["missing"]
+
+
+def test_off_means_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTEXEC_NATIVE_STEPS", "0")
+    assert native.module() is None and native.copies() is None
+    assert native.unavailable() == "PTEXEC_NATIVE_STEPS=0"
+    m = ptexec.load(FIX / "mlp.pte").load_method("forward")
+    assert "_s = _n" not in m.source()
