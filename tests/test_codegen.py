@@ -13,6 +13,7 @@ import gc
 import linecache
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,8 +105,9 @@ def test_source_lists_the_fast_call_and_every_block(name: str, limited: bool) ->
 
 
 def test_failures_still_name_their_instruction() -> None:
-    """``cond``'s first branch adds into value 10 (instruction 4, ``aten::add.out``): an
-    int tensor there cannot take the float sum, on every path."""
+    """``cond``'s first branch adds into value 10 (instruction 4, ``aten::add.out``):
+    memory that cannot grow to take the sum fails it, on every path (given to the
+    tensor in place: the native steps hold the tensor itself)."""
     x, y = torch.ones(3, 4), torch.ones(3, 4)
     options: list[dict[str, object]] = [
         {},
@@ -114,10 +116,11 @@ def test_failures_still_name_their_instruction() -> None:
     ]
     for kwargs in options:
         m = ptexec.load(FIX / "cond.pte").load_method("forward", **kwargs)  # type: ignore[arg-type]
-        m.state.values[10] = torch.zeros(3, 4, dtype=torch.int32)
+        m.state.values[10].set_(torch.from_numpy(np.zeros(0, np.float32)))  # cannot grow
         with pytest.raises(ptexec.ExecutionError) as info:
             m(x, y)
         assert (info.value.instruction, info.value.operator) == (4, "aten::add.out"), kwargs
+        assert "not resizable" in str(info.value), kwargs
 
 
 def test_source_says_what_runs_compiled() -> None:

@@ -147,13 +147,20 @@ def compile_forward(chain: PreparedChain, sources: Sources) -> Callable[[list[An
 
 
 def forward_lines(
-    chain: PreparedChain, code: Code, instead: Mapping[int, str] | None = None
+    chain: PreparedChain,
+    code: Code,
+    instead: Mapping[int, str] | None = None,
+    runs: Mapping[int, Callable[[], Sequence[int]]] | None = None,
 ) -> None:
     """Add the body of :func:`compile_forward`'s function to ``code`` at its indentation,
     each line tagged with its instruction: the blocks under ``if b == k:`` in order (``b``
     a local of the function the lines are in). ``instead``: code to run in place of some
-    instructions' statements (a jump's: its condition), by instruction."""
+    instructions' statements (a jump's: its condition), by instruction. ``runs``: by
+    instruction, what adds the lines of a run of instructions within its block, which
+    returns the instructions it ran (their own lines are not added)."""
     instead = instead or {}
+    runs = runs or {}
+    covered: set[int] = set()
     ins = chain.instructions
     n = len(ins)
     spans = basic_blocks(ins)
@@ -168,6 +175,10 @@ def forward_lines(
             for i in range(start, min(end, n)):
                 st = chain.statements[i]
                 code.env.update(st.env)
+                if i in runs:
+                    covered.update(runs[i]())
+                if i in covered:
+                    continue
                 text = instead.get(i, st.code)
                 jump = ins[i]
                 if isinstance(jump, p.JumpFalseCall):

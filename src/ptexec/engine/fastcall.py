@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import re
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -60,7 +61,7 @@ from .arguments import (
     planned_ranges,
     scalar_test,
 )
-from .blocks import forward_lines
+from .blocks import basic_blocks, forward_lines
 from .runner import BlockRunner, Runner, below_autograd_for
 
 __all__ = [
@@ -848,23 +849,8 @@ def _run_into(
 
         for k, st in enumerate(statements):
             if k in runs:
-                # the run, and from the step that stopped it on, the statements
-                ks = runs[k]
-                bound.set(f"_n{k}", _NativeRun(ks))
-                code.add(f"_s = _n{k}.run({'_e' if guarded else 'True'})")
-                code.add("if _s >= 0:")
-                with code.indented():
-                    for position, kk in enumerate(ks):
-                        code.add(f"if _s <= {position}:")
-                        with code.indented():
-                            # where it stopped: its error raised, or its warnings
-                            # (it ran); after a step that warned, the Python statements
-                            code.add(f"if _s < {position} or not _n{k}.stopped({position}):", kk)
-                            with code.indented():
-                                plain(kk, statements[kk])
-                for kk in ks:
-                    if statements[kk].env:
-                        named.append(kk)
+                _run_lines(code, bound, runs[k], statements, plain, "_e" if guarded else "True")
+                named.extend(kk for kk in runs[k] if statements[kk].env)
                 continue
             if k in in_run:
                 continue
@@ -895,9 +881,21 @@ def _run_into(
             bound.update(_StatementNames(tuple(named)))
     elif (chain := _forward_chain(runner)) is not None:
         instead: dict[int, str] = {}
+        emit: dict[int, Any] = {}
         if isinstance(runner, BlockRunner):
             instead = _compared_jumps(state, chain, code.env)
-        forward_lines(chain, code, instead)
+            if steps:
+                starts = {start for start, _ in basic_blocks(chain.instructions)}
+                found = _native_runs(state, chain.statements, per_call, set(instead), starts)
+
+                def add(k: int, st: Statement) -> None:
+                    code.add(st.code, k)
+
+                for k, ks in found.items():
+                    emit[k] = functools.partial(
+                        _run_lines, code, bound, ks, chain.statements, add, "True"
+                    )
+        forward_lines(chain, code, instead, emit)
         bound.update(_ForwardNames())
     else:
         bound.set("_run", _run)
@@ -905,6 +903,33 @@ def _run_into(
         return True
     code.add("pass")
     return True
+
+
+def _run_lines(
+    code: Code,
+    bound: _PerLoad,
+    ks: tuple[int, ...],
+    statements: Sequence[Statement],
+    plain: Callable[[int, Statement], None],
+    empty: str,
+) -> tuple[int, ...]:
+    """Add the lines running the statements ``ks`` (by position in chain 0) as one run of
+    native steps (``empty``: whether they empty their outs), and, from the step that
+    stopped it on, as the statements (``plain`` adds one); the positions covered."""
+    k = ks[0]
+    bound.set(f"_n{k}", _NativeRun(ks))
+    code.add(f"_s = _n{k}.run({empty})")
+    code.add("if _s >= 0:")
+    with code.indented():
+        for position, kk in enumerate(ks):
+            code.add(f"if _s <= {position}:")
+            with code.indented():
+                # where it stopped: its error raised, or its warnings (it ran); after a
+                # step that warned, the Python statements
+                code.add(f"if _s < {position} or not _n{k}.stopped({position}):", kk)
+                with code.indented():
+                    plain(kk, statements[kk])
+    return ks
 
 
 class _NativeRun:
@@ -917,10 +942,10 @@ class _NativeRun:
         self.ks = ks
 
     def __call__(self, state: MethodState, runner: Runner) -> Any:
-        statements = inline_statements(state, runner)
+        statements = state.chains[0].statements
         library = native.module()
         made = None
-        if statements is not None and library is not None:
+        if library is not None:
             made = _steps(
                 library,
                 state.values,
@@ -985,15 +1010,20 @@ def _steps(
     calls: Sequence[NativeCall | None],
     empties: Sequence[tuple[int, ...]],
 ) -> Any:
-    """The library's steps of ``calls`` (each emptying its ``empties`` first), or None when
-    one of them cannot be made."""
+    """The library's steps of ``calls`` (each emptying its ``empties`` first when a run
+    asks, and the others its call empties always), or None when one cannot be made."""
     made = library.Steps()
     try:
         for call, outs in zip(calls, empties, strict=True):
             if call is None:
                 return None
+            always = [values[o] for o in call.empties if o not in outs]
             made.add(
-                call.name, call.overload, _native_args(values, call), [values[o] for o in outs]
+                call.name,
+                call.overload,
+                _native_args(values, call),
+                [values[o] for o in outs],
+                always,
             )
     except (RuntimeError, ValueError, TypeError, IndexError):
         return None
@@ -1005,15 +1035,17 @@ def _native_runs(
     statements: Sequence[Statement],
     per_call: frozenset[int],
     skipped: set[int],
+    starts: set[int] | frozenset[int] = frozenset(),
 ) -> dict[int, tuple[int, ...]]:
     """The runs of statements (by position in the one straight-line chain) the fast call
     runs as native steps: the first of each, and all of them. A step is a statement with
     a :class:`~ptexec.kernels.registry.NativeCall` that writes nothing but its outs
-    (which it does not read, in their bytes either: running it again computes the same)
-    and whose tensors are the method's own CPU tensors that keep their objects from call
-    to call: no statement puts another object in their slots, the call binds none of them
-    (``per_call``), none requires grad. ``skipped``: statements the call runs otherwise.
-    Statements that do nothing (``pass``) do not end a run."""
+    (nor overlaps in memory what it reads) and whose tensors are the method's own CPU
+    tensors that keep their objects from call to call: no statement puts another object
+    in their slots, the call binds none of them (``per_call``), none requires grad.
+    ``skipped``: statements the call runs otherwise. Statements that do nothing
+    (``pass``) do not end a run; ``starts`` (blocks' first statements, which jumps go
+    to) begin one."""
     library = native.module()
     if library is None:
         return {}
@@ -1042,7 +1074,7 @@ def _native_runs(
             return False
         call, outs = found
         slots = [j for a in call.args if type(a) is Slots for j in a.items]
-        if not all(own(j) for j in (*slots, *st.empties)):
+        if not all(own(j) for j in (*slots, *st.empties, *call.empties)):
             return False
         written = [r for o in outs for r in spans.get(o, ())]
         for j in slots:
@@ -1056,6 +1088,9 @@ def _native_runs(
     runs: dict[int, tuple[int, ...]] = {}
     current: list[int] = []
     for k, st in enumerate(statements):
+        if k in starts and current:
+            runs[current[0]] = tuple(current)
+            current = []
         if k not in skipped and step(st):
             current.append(k)
             continue

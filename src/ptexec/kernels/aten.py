@@ -428,6 +428,7 @@ def _scalar_as_tensor(ctx: KernelContext, name: str) -> Statement | None:
         name.split(".", 1)[0],
         overload,
         (Slots((self_,)), scalar, *((1,) if alpha else ()), Slots(outs)),
+        empties,
     )
     # elementwise with a scalar: the result has self's sizes
     return ctx.emit(
@@ -1022,7 +1023,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 code = f"{emptying(empties)}{f}({rendered[0]}, 0, out=v[{outs[0]}])"
                 if isinstance(ctx.values[args[0]], p.Tensor):
                     native = NativeCall(
-                        "aten::clamp_min", "out", (Slots((args[0],)), 0, Slots(outs))
+                        "aten::clamp_min", "out", (Slots((args[0],)), 0, Slots(outs)), empties
                     )
             elif name in _FILLS and single and _fills_in_place(ctx, outs[0], args[nargs - 2]):
                 fill = _FILLS[name]
@@ -1086,7 +1087,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 fast = fastest_entry(overload, probe)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
-                native = _native_call(ctx, schema, args[:nargs]) if pure else None
+                native = _native_call(ctx, schema, args[:nargs], empties) if pure else None
                 # (for outs of dynamic shape alone: the fast call hands only those over)
                 form = same_kernel if empties else None
                 if empties and name == "aten::linear.out" and _linear_is_one_product(ctx):
@@ -1147,11 +1148,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
     return factory
 
 
-def _native_call(ctx: KernelContext, schema: Any, args: Sequence[int]) -> NativeCall | None:
+def _native_call(
+    ctx: KernelContext, schema: Any, args: Sequence[int], empties: tuple[int, ...]
+) -> NativeCall | None:
     """The statement as one call of the overload of ``schema`` with the values ``args``
-    (one per argument of the schema), when every one is a tensor or tensor list of the
-    values table or fixed at load, and the operator is one of torch's own (``aten``);
-    else None."""
+    (one per argument of the schema), emptying ``empties`` first, when every one is a
+    tensor or tensor list of the values table or fixed at load, and the operator is one
+    of torch's own (``aten``); else None."""
     if not schema.name.startswith("aten::"):
         return None
     given: list[Any] = []
@@ -1168,7 +1171,7 @@ def _native_call(ctx: KernelContext, schema: Any, args: Sequence[int]) -> Native
         else:
             literal = ctx.literal(index)
             given.append(list(literal) if isinstance(literal, tuple) else literal)
-    return NativeCall(schema.name, schema.overload_name, tuple(given))
+    return NativeCall(schema.name, schema.overload_name, tuple(given), empties)
 
 
 # reductions whose ``dim`` reduces every dim when it is empty, as when it is None (the same

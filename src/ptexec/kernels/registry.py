@@ -80,11 +80,15 @@ class NativeCall:
     ``out``), with one value per argument of its schema, in order: a :class:`Slots`, or
     the argument's fixed value (None, a bool, int, float, str, or a list of them; a
     dtype or memory format as its code), which computes what the statement's Python
-    computes. It writes only the statement's outs (see :mod:`ptexec.engine.native`)."""
+    computes: the operator the statement's code calls, with the same arguments. It writes
+    only the statement's outs (see :mod:`ptexec.engine.native`). ``empties``: the outs
+    the statement's code empties first on every run (its :attr:`Statement.empties` the
+    fast call may skip; any others, not)."""
 
     name: str
     overload: str
     args: tuple[Any, ...]
+    empties: tuple[int, ...] = ()  # outs the statement empties before the call, always
 
 
 @dataclass(frozen=True)

@@ -43,15 +43,16 @@ struct Step {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;
   std::vector<at::Tensor> empties;  // emptied first (resized to no elements), when asked
+  std::vector<at::Tensor> always;  // emptied first on every run
 };
 
 class Steps {
  public:
   // Adds a call of `name.overload` with `args` (one per argument of its schema, in order);
-  // `empties`: tensors emptied before it when run() is asked to. Raises when the operator
-  // is unknown or an argument does not convert to its schema's type.
+  // `empties`: tensors emptied before it when run() is asked to, `always`: on every run.
+  // Raises when the operator is unknown or an argument does not convert to its type.
   void add(const std::string& name, const std::string& overload, const py::sequence& args,
-           const std::vector<at::Tensor>& empties) {
+           const std::vector<at::Tensor>& empties, const std::vector<at::Tensor>& always) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
     const auto& schema = op.schema();
     const auto& arguments = schema.arguments();
@@ -66,7 +67,7 @@ class Steps {
       stack.push_back(torch::jit::toIValue(args[k], arguments[k].real_type()));
     }
     if (stack.size() > widest_) widest_ = stack.size();
-    steps_.push_back(Step{op, std::move(stack), empties});
+    steps_.push_back(Step{op, std::move(stack), empties, always});
   }
 
   size_t size() const { return steps_.size(); }
@@ -86,6 +87,7 @@ class Steps {
     for (int64_t k = 0; k < n; ++k) {
       Step& s = steps_[k];
       try {
+        for (auto& t : s.always) t.resize_({0});
         if (empty) {
           for (auto& t : s.empties) t.resize_({0});
         }
@@ -94,6 +96,7 @@ class Steps {
       } catch (...) {
         stopped_at_ = k;
         error_ = std::current_exception();
+        warnings_ = std::move(noted.kept);  // raised before the error, as in Python
         return k;
       }
       if (!noted.kept.empty()) {
@@ -112,17 +115,17 @@ class Steps {
   bool stopped(int64_t k) {
     if (stopped_at_ < 0 || stopped_at_ != k) return false;
     stopped_at_ = -1;
-    if (error_) {
-      std::exception_ptr error = error_;
-      error_ = nullptr;
-      torch::translate_exception_to_python(error);
-      throw py::error_already_set();
-    }
+    std::exception_ptr error = error_;
+    error_ = nullptr;
     auto kept = std::move(warnings_);
     warnings_.clear();
     for (const auto& [message, deprecation] : kept) {
       PyObject* category = deprecation ? PyExc_DeprecationWarning : PyExc_UserWarning;
       if (PyErr_WarnEx(category, message.c_str(), 1) != 0) throw py::error_already_set();
+    }
+    if (error) {
+      torch::translate_exception_to_python(error);
+      throw py::error_already_set();
     }
     return true;
   }
@@ -163,7 +166,7 @@ PYBIND11_MODULE(ptexec_steps, m) {
   py::class_<Steps>(m, "Steps")
       .def(py::init<>())
       .def("add", &Steps::add, py::arg("name"), py::arg("overload"), py::arg("args"),
-           py::arg("empties"))
+           py::arg("empties"), py::arg("always"))
       .def("__len__", &Steps::size)
       .def("run", &Steps::run, py::arg("empty"), py::call_guard<py::gil_scoped_release>())
       .def("stopped", &Steps::stopped, py::arg("k"));
