@@ -79,3 +79,18 @@ def test_names_and_keys_are_checked(root: Path) -> None:
     for name, key in (("../lib.so", KEY), ("lib.so", "abc"), ("lib.so", KEY.upper())):
         with pytest.raises(ValueError):
             libstore.kept(name, key, None)
+
+
+def test_listed_checked_and_cleared(root: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    other = libstore.kept("lib.so", hashlib.sha256(b"another").hexdigest(), _builder(calls))
+    assert path is not None and other is not None
+    (path.parent / ".staging-dead").mkdir()
+    with open(other, "ab") as f:
+        f.write(b"\0")
+    listed = dict(libstore.libraries())
+    assert listed[path] is None and listed[other] == "digest differs"
+    assert listed[path.parent / ".staging-dead"] == "left by a build that did not finish"
+    assert libstore.clear() == 2
+    assert libstore.libraries() == [] and list(path.parent.iterdir()) == []

@@ -27,7 +27,7 @@ from pathlib import Path
 from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status
 from .errors import CacheEntryError
 
-__all__ = ["SUBDIR", "kept"]
+__all__ = ["SUBDIR", "clear", "kept", "libraries"]
 
 SUBDIR = "native"
 MAX_BYTES = 256 << 20  # a library larger than this is no library of ours
@@ -35,10 +35,11 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
-def _directory(create: bool) -> tuple[Path, bool] | None:
-    """``native/`` under the cache root and whether this user writes it, when trusted
-    (made when ``create`` and this user writes the root); None otherwise."""
-    root = cache_dir()
+def _directory(create: bool, root: Path | None = None) -> tuple[Path, bool] | None:
+    """``native/`` under the cache root (``root``, by default :func:`cache_dir`) and
+    whether this user writes it, when trusted (made when ``create`` and this user writes
+    the root); None otherwise."""
+    root = cache_dir() if root is None else root
     problem, writable = root_status(root, create=create)
     if problem is not None:
         return None
@@ -134,3 +135,48 @@ def kept(name: str, key: str, build: Callable[[Path], None] | None) -> Path | No
     private = Path(tempfile.mkdtemp(prefix="ptexec-native-"))  # 0700, this process's
     build(private)
     return private / name
+
+
+def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
+    """The libraries kept under ``root`` (by default :func:`cache_dir`), each with what is
+    wrong with it (None: it would be loaded), and builds that did not finish (their
+    staging directories: ``"left by a build that did not finish"``)."""
+    found = _directory(create=False, root=root)
+    if found is None:
+        return []
+    directory, _ = found
+    listed: list[tuple[Path, str | None]] = []
+    for path in sorted(directory.iterdir()):
+        if path.name.startswith(".staging-"):
+            listed.append((path, "left by a build that did not finish"))
+            continue
+        key, _, name = path.name.partition("-")
+        if not name or _KEY.fullmatch(key) is None:
+            continue  # a digest (read with its library), or nothing of ours
+        digest = directory / f"{key}.sha256"
+        try:
+            data = _read(path)
+            recorded = _read(digest).decode("ascii", "replace").strip()
+            problem = None if hashlib.sha256(data).hexdigest() == recorded else "digest differs"
+        except CacheEntryError as e:
+            problem = str(e)
+        listed.append((path, problem))
+    return listed
+
+
+def clear(root: Path | None = None) -> int:
+    """Remove every kept library (and unfinished build) under ``root`` that this user
+    may remove; how many libraries."""
+    found = _directory(create=False, root=root)
+    if found is None or not found[1]:
+        return 0
+    directory, _ = found
+    removed = 0
+    for path in list(directory.iterdir()):
+        if path.name.startswith(".staging-") and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed += not path.name.endswith(".sha256")
+    return removed

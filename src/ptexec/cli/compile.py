@@ -48,11 +48,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    """``ptexec cache list|verify|clear``: the compile cache's entries and the generated
-    code kept for loads (:mod:`ptexec.codestore`), checked, or removed."""
+    """``ptexec cache list|verify|clear``: the compile cache's entries, the generated
+    code kept for loads (:mod:`ptexec.codestore`) and the native libraries
+    (:mod:`ptexec.libstore`), checked, or removed."""
     from datetime import datetime
 
-    from .. import codestore
+    from .. import codestore, libstore
     from ..compile.cache import Cache, cache_dir, max_bytes, root_status
     from ..errors import CacheEntryError
 
@@ -68,8 +69,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.action == "clear":
         removed = cache.clear()
         print(
-            f"compile cache {root}: removed {removed} entries and "
-            f"{codestore.clear(root)} file(s) of generated code"
+            f"compile cache {root}: removed {removed} entries, "
+            f"{codestore.clear(root)} file(s) of generated code and "
+            f"{libstore.clear(root)} native librar(ies)"
         )
         return 0
     print(f"compile cache {root} ({'writable' if writable else 'read only'})")
@@ -104,4 +106,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
         f"generated code: {len(code)} file(s), {sum(f.size for f in code) / 2**20:.2f} MiB"
         f"{state} ({other} of another Python); {bad} damaged"
     )
-    return 1 if args.action == "verify" and (damaged or bad) else 0
+    native = libstore.libraries(root)
+    for path, problem in native:
+        if problem is not None:
+            print(f"  {libstore.SUBDIR}/{path.name[:40]}  {problem}")
+    unfinished = sum(path.name.startswith(".staging-") for path, _ in native)
+    broken = sum(problem is not None for _, problem in native) - unfinished
+    kept = len(native) - unfinished - broken
+    print(f"native libraries: {kept} kept, {broken} damaged, {unfinished} unfinished builds")
+    return 1 if args.action == "verify" and (damaged or bad or broken) else 0
