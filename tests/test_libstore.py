@@ -94,3 +94,36 @@ def test_listed_checked_and_cleared(root: Path) -> None:
     assert listed[path.parent / ".staging-dead"] == "left by a build that did not finish"
     assert libstore.clear() == 2
     assert libstore.libraries() == [] and list(path.parent.iterdir()) == []
+
+
+def test_builds_that_died_are_tidied_and_halves_are_left_alone(root: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    assert path is not None
+    directory = path.parent
+    host = libstore._host()
+    dead = directory / f".staging-999999999-{host}-abc"  # no such process
+    mine = directory / f".staging-{os.getpid()}-{host}-abc"  # this one: alive
+    for d in (dead, mine):
+        d.mkdir()
+    # a library whose digest is not there yet (another process renaming it in): a miss,
+    # left in place
+    other = hashlib.sha256(b"other").hexdigest()
+    half = directory / f"{other}-lib.so"
+    half.write_bytes(b"half")
+    assert libstore.kept("lib.so", other, None) is None and half.exists()
+    assert libstore.kept("lib.so", other, _builder(calls)) == half  # built: tidied first
+    assert not dead.exists() and mine.exists()
+
+
+def test_a_directory_where_a_library_belongs_is_a_miss_without_leaking(root: Path) -> None:
+    calls: list[Path] = []
+    path = libstore.kept("lib.so", KEY, _builder(calls))
+    assert path is not None
+    path.unlink()
+    path.mkdir()
+    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    for _ in range(5):
+        assert libstore.kept("lib.so", KEY, None) is None
+    if before:
+        assert len(os.listdir("/proc/self/fd")) == before

@@ -7,6 +7,7 @@ agree, call after call. The library is built into the test session's cache once.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import subprocess
@@ -144,13 +145,16 @@ def test_a_step_that_warns_warns_as_the_statement_does(
     the results agree."""
     x = torch.load(FIX / "mlp.io.pt", weights_only=False)["calls"][0]["inputs"][0]
     results = []
+    messages = []
     for steps in (True, False):
         m = _load(FIX / "mlp.pte", "forward", steps, monkeypatch)
         out = m.state.values[9]  # the first addmm's out, (2, k)
-        with pytest.warns(UserWarning, match="resized"):
+        with pytest.warns(UserWarning, match="resized") as caught:
             out.resize_(1, 1)
             results.append(m.execute([x])[0])
+        messages.append([(w.category, str(w.message)) for w in caught])
     _same(results[0], results[1], "after the warning")
+    assert messages[0] == messages[1]  # torch's own text ("Triggered internally at ...")
 
 
 def test_tensor_forms_of_scalar_ops_are_the_overloads_torch_dispatches() -> None:
@@ -241,6 +245,61 @@ def test_the_library_is_kept_checked_and_never_loaded_when_changed(tmp_path: Pat
     with open(library, "ab") as f:
         f.write(b"\0")
     assert run("now") == ["missing"]
+    # a library kept with its digest that does not load here is dropped and built again
+    junk = b"not a library"
+    library.write_bytes(junk)
+    library.with_name(library.name.split("-")[0] + ".sha256").write_text(
+        hashlib.sha256(junk).hexdigest()
+    )
+    assert run("wait") == ["missing", "built"]
+    assert run("now") == ["found"] and library.read_bytes() != junk
+
+
+@pytest.mark.parametrize(
+    "compiler", ["/nonexistent/g++", "fails", "/tmp/\udcff/g++"], ids=["missing", "fails", "bytes"]
+)
+def test_a_compiler_that_cannot_build_leaves_the_python_statements(
+    compiler: str, tmp_path: Path
+) -> None:
+    """No compiler, one that fails (saying so in bytes that are no UTF-8), or a path that
+    is no text: loads and calls go on without the steps, and ``unavailable`` says why."""
+    if compiler == "fails":
+        script = tmp_path / "cxx.sh"
+        script.write_bytes(b"#!/bin/sh\nprintf '\\377 no\\n' >&2\nexit 1\n")
+        script.chmod(0o755)
+        compiler = str(script)
+    code = textwrap.dedent(
+        f"""
+        import warnings
+        warnings.simplefilter("ignore")
+        import torch, ptexec
+        from ptexec.engine import native
+        m = ptexec.load({str(FIX / "mlp.pte")!r}).load_method("forward")
+        m.execute([torch.ones(2, 8)])
+        native.wait()
+        print(native.unavailable() or "none")
+        m = ptexec.load({str(FIX / "mlp.pte")!r}).load_method("forward")
+        print(m.execute([torch.ones(2, 8)])[0].shape)
+        """
+    )
+    env = {
+        **os.environ,
+        "PTEXEC_CACHE_DIR": str(tmp_path / "cache"),
+        "PTEXEC_NATIVE_STEPS": "1",
+        "CXX": compiler,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={k: v.encode("utf-8", "surrogateescape") for k, v in env.items()},
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    why, shape = done.stdout.splitlines()[-2:]
+    assert why.startswith("the native steps could not be built"), why
+    assert shape == "torch.Size([2, 4])"
 
 
 def test_off_means_off(monkeypatch: pytest.MonkeyPatch) -> None:

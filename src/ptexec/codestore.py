@@ -183,12 +183,17 @@ def _read(path: Path) -> bytes:
         fd = os.open(path, READ_FLAGS)
     except OSError as e:
         raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)  # (before fdopen, which refuses a directory: the fd is closed)
         check_trusted(path, st, directory=False)
         if st.st_size > MAX_FILE_BYTES:
             raise CacheEntryError(f"{path} is {st.st_size} bytes")
-        return f.read(st.st_size + 1)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(st.st_size + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _decode(path: Path, data: bytes) -> types.CodeType:

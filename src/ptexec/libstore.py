@@ -5,11 +5,14 @@ root (:mod:`ptexec.cachedir`, as compiled methods and generated code are): in ``
 under a trusted root, a real directory owned by this user (or root) and not writable by
 group or others; each library a regular file so owned, never a symbolic link, beside a
 file recording its SHA-256, both checked on the opened files before the library's path
-is handed out (a library changed since, torn or not recorded is a miss, removed when this
-user writes the root). A library is built into a private directory beside its place and
-renamed into place, its digest after it, so a reader finds a whole library or none.
+is handed out (a library changed since or torn is a miss, removed when this user writes
+the root; one whose library or digest is not there yet is a miss left alone: another
+process may be writing it). A library is built into a staging directory beside its place
+(named by the process and host, removed when that process is gone or after a day) and
+renamed into place, its digest after it, so a reader finds a whole library or none. A
+library that does not load is dropped by its user (:func:`discard`) to be built again.
 Where no trusted root can be used, a library is built in a private temporary directory
-for the process. Imports no torch.
+for the process, removed once loaded (:func:`release`). Imports no torch.
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status
 from .errors import CacheEntryError
 
-__all__ = ["SUBDIR", "clear", "kept", "libraries"]
+__all__ = ["SUBDIR", "clear", "discard", "kept", "libraries", "release"]
 
 SUBDIR = "native"
 MAX_BYTES = 256 << 20  # a library larger than this is no library of ours
@@ -64,29 +69,77 @@ def _directory(create: bool, root: Path | None = None) -> tuple[Path, bool] | No
     return directory, writable
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, limit: int = MAX_BYTES) -> bytes:
     """``path``'s bytes, after checking the opened file; :class:`CacheEntryError` when it
-    is missing, not trusted or too large."""
+    is missing, not trusted or larger than ``limit``."""
     try:
         fd = os.open(path, READ_FLAGS)
+    except FileNotFoundError:
+        raise _Missing(f"{path} is not there") from None
     except OSError as e:
         raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         check_trusted(path, st, directory=False)
-        if st.st_size > MAX_BYTES:
+        if st.st_size > limit:
             raise CacheEntryError(f"{path} is {st.st_size} bytes")
-        return f.read(st.st_size + 1)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(st.st_size + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
-def _found(library: Path, digest: Path) -> bool:
-    """Whether ``library`` is there, trusted, and has the digest ``digest`` records."""
+class _Missing(CacheEntryError):
+    """A file that is not there (yet: another process may be writing its entry)."""
+
+
+def _state(library: Path, digest: Path) -> str:
+    """``"ok"`` when ``library`` is there, trusted, with the digest ``digest`` records;
+    ``"missing"`` when either is not there; ``"bad"`` otherwise."""
     try:
         data = _read(library)
-        recorded = _read(digest).decode("ascii", "replace").strip()
+        recorded = _read(digest, limit=64).decode("ascii", "replace")
+    except _Missing:
+        return "missing"
     except CacheEntryError:
+        return "bad"
+    return "ok" if hashlib.sha256(data).hexdigest() == recorded else "bad"
+
+
+_PRIVATE: set[Path] = set()  # directories of libraries built for this process alone
+_STAGING = ".staging-"
+_STALE_SECONDS = 24 * 3600  # a staging directory this old (or of a dead process): removed
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    return hashlib.sha256(data).hexdigest() == recorded
+    except OSError:
+        return True
+    return True
+
+
+def _tidy(directory: Path) -> None:
+    """Remove the staging directories of builds that died: of this host and a process
+    that is gone, or older than a day."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for path in directory.iterdir():
+            if not path.name.startswith(_STAGING) or path.is_symlink() or not path.is_dir():
+                continue
+            pid, _, rest = path.name[len(_STAGING) :].partition("-")
+            host = rest.rpartition("-")[0]
+            dead = host == _host() and pid.isdigit() and not _alive(int(pid))
+            if dead or now - path.lstat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def kept(name: str, key: str, build: Callable[[Path], None] | None) -> Path | None:
@@ -100,16 +153,19 @@ def kept(name: str, key: str, build: Callable[[Path], None] | None) -> Path | No
     if found is not None:
         directory, writable = found
         library, digest = directory / f"{key}-{name}", directory / f"{key}.sha256"
-        if _found(library, digest):
+        state = _state(library, digest)
+        if state == "ok":
             return library
-        if writable:
+        if writable and state == "bad":  # (a missing half may be another's build)
             for stale in (digest, library):
                 with contextlib.suppress(OSError):
                     os.unlink(stale)
         if build is None:
             return None
         if writable:
-            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
+            _tidy(directory)
+            prefix = f"{_STAGING}{os.getpid()}-{_host()}-"
+            staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
             try:
                 build(staging)
                 made = staging / name
@@ -128,13 +184,38 @@ def kept(name: str, key: str, build: Callable[[Path], None] | None) -> Path | No
                 os.rename(recorded, digest)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-            if _found(library, digest):
+            if _state(library, digest) == "ok":
                 return library
     elif build is None:
         return None
     private = Path(tempfile.mkdtemp(prefix="ptexec-native-"))  # 0700, this process's
-    build(private)
+    _PRIVATE.add(private)
+    try:
+        build(private)
+    except BaseException:
+        release(private / name)
+        raise
     return private / name
+
+
+def release(path: Path) -> None:
+    """After ``path`` (from :func:`kept`) is loaded (or failed to): a library built for
+    this process alone is removed from disk (the process keeps what it loaded)."""
+    if path.parent in _PRIVATE:
+        _PRIVATE.discard(path.parent)
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def discard(path: Path) -> None:
+    """Drop the kept library ``path`` (one that does not load here) and its digest, when
+    this user writes the store, so that it is built again."""
+    found = _directory(create=False)
+    if found is None or not found[1] or path.parent != found[0]:
+        return
+    key = path.name.partition("-")[0]
+    for stale in (found[0] / f"{key}.sha256", path):
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
 
 
 def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
@@ -147,7 +228,7 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
     directory, _ = found
     listed: list[tuple[Path, str | None]] = []
     for path in sorted(directory.iterdir()):
-        if path.name.startswith(".staging-"):
+        if path.name.startswith(_STAGING):
             listed.append((path, "left by a build that did not finish"))
             continue
         key, _, name = path.name.partition("-")
@@ -156,7 +237,7 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
         digest = directory / f"{key}.sha256"
         try:
             data = _read(path)
-            recorded = _read(digest).decode("ascii", "replace").strip()
+            recorded = _read(digest, limit=64).decode("ascii", "replace")
             problem = None if hashlib.sha256(data).hexdigest() == recorded else "digest differs"
         except CacheEntryError as e:
             problem = str(e)
@@ -173,7 +254,7 @@ def clear(root: Path | None = None) -> int:
     directory, _ = found
     removed = 0
     for path in list(directory.iterdir()):
-        if path.name.startswith(".staging-") and path.is_dir() and not path.is_symlink():
+        if path.name.startswith(_STAGING) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             continue
         with contextlib.suppress(OSError):

@@ -32,12 +32,14 @@ why.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -48,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..libstore import kept
+from ..libstore import discard, kept, release
 
 __all__ = ["copies", "enabled", "module", "unavailable", "wait"]
 
@@ -76,17 +78,24 @@ def _compiler() -> str | None:
 
 
 def _run(cmd: list[str]) -> str:
-    """Run ``cmd`` (stopped if this process ends first); its stdout. ``RuntimeError``
-    when it fails."""
+    """Run ``cmd`` in a process group of its own (stopped, with every process it started,
+    if this process ends first); its stdout. ``RuntimeError`` when it fails."""
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
     except OSError as e:
         raise RuntimeError(f"{cmd[0]} does not run ({e})") from None
     _COMPILERS.add(proc)
     try:
         out, err = proc.communicate(timeout=900)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _stop(proc)
         proc.communicate()
         raise RuntimeError(f"{cmd[0]} ran for more than 900 s") from None
     finally:
@@ -96,10 +105,28 @@ def _run(cmd: list[str]) -> str:
     return out
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the compiler it runs
+
+
 @atexit.register
 def _stop_compilers() -> None:
     for proc in list(_COMPILERS):
-        proc.kill()
+        _stop(proc)
+
+
+def _forked() -> None:
+    """In a child of a fork: the parent's build is not the child's."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _COMPILERS.clear()
+    if "module" not in _STATE:
+        _STATE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _key(compiler: str) -> str:
@@ -114,13 +141,15 @@ def _key(compiler: str) -> str:
     for part in (
         _LAYOUT,
         torch.__version__,
+        str(torch.version.git_version),
+        compiler,
         str(torch._C._GLIBCXX_USE_CXX11_ABI),
         sys.version,
         str(sysconfig.get_config_var("EXT_SUFFIX")),
         platform.machine(),
         f"{binary} {facts.st_size} {facts.st_mtime_ns}",
     ):
-        h.update(part.encode() + b"\0")
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     h.update(_source().read_bytes())
     return h.hexdigest()
 
@@ -164,19 +193,33 @@ def _find(build: bool) -> Path | None:
     return kept(_LIBRARY, _key(compiler), how)
 
 
+def _import(path: Path) -> types.ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(_NAME, str(path), loader=loader)
+    if spec is None:
+        raise ImportError(f"{path} is not an extension module")
+    found = importlib.util.module_from_spec(spec)
+    loader.exec_module(found)
+    return found
+
+
 def _load(build: bool) -> bool:
-    """Find (or build) the library and import it; False when it is not built yet."""
+    """Find (or build) the library and import it; False when it is not built yet (or
+    the one kept does not import: it is dropped, to be built again)."""
     try:
         path = _find(build)
         if path is None:
             return False
-        loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
-        spec = importlib.util.spec_from_file_location(_NAME, str(path), loader=loader)
-        if spec is None:
-            raise RuntimeError(f"{path} is not an extension module")
-        found = importlib.util.module_from_spec(spec)
-        loader.exec_module(found)
-    except (OSError, ImportError, RuntimeError, subprocess.SubprocessError) as e:
+        try:
+            found = _import(path)
+        except (ImportError, OSError):
+            if build:
+                raise
+            discard(path)  # (another glibc, say): the build makes it again
+            return False
+        finally:
+            release(path)
+    except Exception as e:  # no problem here may fail a load
         _STATE["why"] = f"the native steps could not be built or loaded: {e}"
         return True
     _STATE["module"] = found
@@ -199,8 +242,12 @@ def module() -> types.ModuleType | None:
                 thread = threading.Thread(
                     target=_load, args=(True,), name="ptexec-native-steps", daemon=True
                 )
-                _STATE["thread"] = thread
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as e:  # no thread to be had
+                    _STATE["why"] = f"the native steps could not be built: {e}"
+                else:
+                    _STATE["thread"] = thread
     found = _STATE.get("module")
     return found
 

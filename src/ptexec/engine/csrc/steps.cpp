@@ -22,21 +22,19 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace py = pybind11;
 
 namespace {
 
-// keeps the warnings a step raises (issued in Python by Steps::warned)
+// keeps the warnings a step raises (issued in Python by Steps::stopped)
 class Noted : public c10::WarningHandler {
  public:
-  void process(const c10::Warning& w) override {
-    kept.emplace_back(w.msg(), std::holds_alternative<c10::DeprecationWarning>(w.type()));
-  }
-  std::vector<std::pair<std::string, bool>> kept;  // (message, a deprecation)
+  void process(const c10::Warning& w) override { kept.push_back(w); }
+  std::vector<c10::Warning> kept;
 };
 
 struct Step {
@@ -46,6 +44,18 @@ struct Step {
   std::vector<at::Tensor> always;  // emptied first on every run
 };
 
+// The operator named `name.overload`, found once per process (called with the GIL).
+const c10::OperatorHandle& find(const std::string& name, const std::string& overload) {
+  static std::unordered_map<std::string, c10::OperatorHandle> found;
+  std::string key = name + "." + overload;
+  auto it = found.find(key);
+  if (it == found.end()) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    it = found.emplace(std::move(key), op).first;
+  }
+  return it->second;
+}
+
 class Steps {
  public:
   // Adds a call of `name.overload` with `args` (one per argument of its schema, in order);
@@ -53,7 +63,7 @@ class Steps {
   // Raises when the operator is unknown or an argument does not convert to its type.
   void add(const std::string& name, const std::string& overload, const py::sequence& args,
            const std::vector<at::Tensor>& empties, const std::vector<at::Tensor>& always) {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    const c10::OperatorHandle& op = find(name, overload);
     const auto& schema = op.schema();
     const auto& arguments = schema.arguments();
     if (static_cast<size_t>(py::len(args)) != arguments.size()) {
@@ -108,10 +118,10 @@ class Steps {
     return -1;
   }
 
-  // Called with the GIL, for the step k at which the last run stopped: raises its error
-  // as torch's bindings raise it (a RuntimeError for c10::Error, and so on), or issues
-  // its warnings as Python warnings (UserWarning or DeprecationWarning, as those
-  // bindings issue them) and returns true: the step ran. False for any other k.
+  // Called with the GIL, for the step k at which the last run stopped: issues its
+  // warnings and raises its error as torch's bindings do (their messages, categories and
+  // exception types), or, after warnings alone, returns true: the step ran. False for
+  // any other k.
   bool stopped(int64_t k) {
     if (stopped_at_ < 0 || stopped_at_ != k) return false;
     stopped_at_ = -1;
@@ -119,12 +129,22 @@ class Steps {
     error_ = nullptr;
     auto kept = std::move(warnings_);
     warnings_.clear();
-    for (const auto& [message, deprecation] : kept) {
-      PyObject* category = deprecation ? PyExc_DeprecationWarning : PyExc_UserWarning;
-      if (PyErr_WarnEx(category, message.c_str(), 1) != 0) throw py::error_already_set();
-    }
-    if (error) {
-      torch::translate_exception_to_python(error);
+    // as torch's bindings do (HANDLE_TH_ERRORS): the warnings through its handler, which
+    // issues them when it goes, then the error, translated
+    try {
+      torch::PyWarningHandler handler;
+      for (const auto& w : kept) c10::warn(w);
+      if (error) {
+        handler.set_in_exception();
+        std::rethrow_exception(error);
+      }
+    } catch (python_error& e) {
+      e.restore();
+      throw py::error_already_set();
+    } catch (py::error_already_set&) {
+      throw;
+    } catch (...) {
+      torch::translate_exception_to_python(std::current_exception());
       throw py::error_already_set();
     }
     return true;
@@ -134,7 +154,7 @@ class Steps {
   std::vector<Step> steps_;
   size_t widest_ = 0;
   int64_t stopped_at_ = -1;
-  std::vector<std::pair<std::string, bool>> warnings_;
+  std::vector<c10::Warning> warnings_;
   std::exception_ptr error_;
 };
 
