@@ -917,7 +917,7 @@ def _run_lines(
     native steps (``empty``: whether they empty their outs), and, from the step that
     stopped it on, as the statements (``plain`` adds one); the positions covered."""
     k = ks[0]
-    bound.set(f"_n{k}", _NativeRun(ks))
+    bound.set(f"_n{k}", _NativeRun(ks, statements))
     code.add(f"_s = _n{k}.run({empty})")
     code.add("if _s >= 0:")
     with code.indented():
@@ -933,25 +933,21 @@ def _run_lines(
 
 
 class _NativeRun:
-    """The native steps (:mod:`.native`) of the statements ``ks`` of the one straight-line
-    chain, made of this load's tensors: their ``run``."""
+    """The native steps (:mod:`.native`) of the statements ``ks`` of chain 0 (their calls
+    and empties, found once: the same in every load of the plan), made of a load's
+    tensors: the library's ``Steps``."""
 
-    __slots__ = ("ks",)
+    __slots__ = ("calls", "empties")
 
-    def __init__(self, ks: tuple[int, ...]) -> None:
-        self.ks = ks
+    def __init__(self, ks: tuple[int, ...], statements: Sequence[Statement]) -> None:
+        self.calls = [_native_call(statements[k]) for k in ks]
+        self.empties = [statements[k].empties for k in ks]
 
     def __call__(self, state: MethodState, runner: Runner) -> Any:
-        statements = state.chains[0].statements
         library = native.module()
         made = None
         if library is not None:
-            made = _steps(
-                library,
-                state.values,
-                [_native_call(statements[k]) for k in self.ks],
-                [statements[k].empties for k in self.ks],
-            )
+            made = _steps(library, state.values, self.calls, self.empties)
         return made if made is not None else _FromTheFirst()
 
 
