@@ -604,6 +604,13 @@ def _generate(
             calls: int | None = getattr(runner, "calls", None)
             if calls is None:
                 calls = _kernel_calls(state, runner)
+            # outputs whose last statement makes them anew, handed over without a copy
+            made_new = _fresh_returns(state, runner) if copy_outputs else {}
+            # the runs of native steps (their own guard): not counted
+            per_call = frozenset(slot for slot, _ in restored)
+            runs = _planned_runs(state, runner, per_call, made_new) if steps else {}
+            if calls is not None and runs:
+                calls -= sum(len(ks) for ks in runs.values())
             guard = below_autograd_for(state, copy_outputs and tensors and not aliased, calls)
             if guard is not None:
                 # the outputs' checks and copies too: a copy below autograd costs less
@@ -612,8 +619,6 @@ def _generate(
                 guarded.enter_context(code.indented())
             # the dynamic outs the statements empty first: only where their inputs' sizes
             # changed since the last run, when the sizes follow from the inputs' alone
-            # outputs whose last statement makes them anew, handed over without a copy
-            made_new = _fresh_returns(state, runner) if copy_outputs else {}
             needed = _emptying_test(state, runner, resized, made_new)
             if needed is not None:
                 code.add(f"_e = {needed}")
@@ -627,10 +632,7 @@ def _generate(
                 code.add("if _unsettled[0]: _g = _geometry(v)")
             # copies between tensors of the table: their bytes, once settled
             raw = settling and tensors and not aliased
-            per_call = frozenset(slot for slot, _ in restored)
-            if not _run_into(
-                code, state, runner, bound, needed is not None, raw, made_new, per_call, steps
-            ):
+            if not _run_into(code, state, runner, bound, needed is not None, raw, made_new, runs):
                 return False
             new_slots = set(made_new.values())
             outs = []
@@ -811,8 +813,7 @@ def _run_into(
     guarded: bool = False,
     raw: bool = False,
     made_new: Mapping[int, int] = types.MappingProxyType({}),
-    per_call: frozenset[int] = frozenset(),
-    steps: bool = False,
+    runs: Mapping[int, tuple[int, ...]] = types.MappingProxyType({}),
 ) -> bool:
     """Add the lines that run the method's instructions: inlined when the runner is the
     plain blocks of one straight-line chain, or of one chain whose jumps all go forward
@@ -823,16 +824,13 @@ def _run_into(
     (:func:`_settling`, ``_unsettled``) and may skip version counts: once settled, the
     copies :func:`_byte_copies` finds copy bytes. ``made_new``: statements (by position)
     run in their ``fresh`` form, each leaving its output's new tensor in ``_f{slot}``
-    (:func:`_fresh_returns`). ``steps``: runs of statements may be native steps
-    (:func:`_native_runs`; ``per_call``: the slots the call gives objects of its own)."""
+    (:func:`_fresh_returns`). ``runs``: the runs of statements that are native steps
+    (:func:`_planned_runs`), by their first statement."""
     statements = inline_statements(state, runner)
     if statements is not None:
         if len(statements) > state.max_instructions:
             return False
         env = code.env
-        runs: dict[int, tuple[int, ...]] = {}
-        if steps and isinstance(runner, BlockRunner):
-            runs = _native_runs(state, statements, per_call, set(made_new))
         in_run = {k for ks in runs.values() for k in ks}
         raw_copies = _byte_copies(state, statements) if raw else {}
         raw_copies = {k: c for k, c in raw_copies.items() if k not in in_run}
@@ -884,17 +882,14 @@ def _run_into(
         emit: dict[int, Any] = {}
         if isinstance(runner, BlockRunner):
             instead = _compared_jumps(state, chain, code.env)
-            if steps:
-                starts = {start for start, _ in basic_blocks(chain.instructions)}
-                found = _native_runs(state, chain.statements, per_call, set(instead), starts)
 
-                def add(k: int, st: Statement) -> None:
-                    code.add(st.code, k)
+            def add(k: int, st: Statement) -> None:
+                code.add(st.code, k)
 
-                for k, ks in found.items():
-                    emit[k] = functools.partial(
-                        _run_lines, code, bound, ks, chain.statements, add, "True"
-                    )
+            for k, ks in runs.items():
+                emit[k] = functools.partial(
+                    _run_lines, code, bound, ks, chain.statements, add, "True"
+                )
         forward_lines(chain, code, instead, emit)
         bound.update(_ForwardNames())
     else:
@@ -903,6 +898,26 @@ def _run_into(
         return True
     code.add("pass")
     return True
+
+
+def _planned_runs(
+    state: MethodState, runner: Runner, per_call: frozenset[int], made_new: Mapping[int, int]
+) -> dict[int, tuple[int, ...]]:
+    """The runs of native steps (:func:`_native_runs`) of the statements the fast call
+    inlines for the plain blocks (``made_new``: those run in their fresh form; a jump's
+    comparison read as numbers, and what it replaces, stay statements), by first
+    statement; none for another runner."""
+    if not isinstance(runner, BlockRunner):
+        return {}
+    statements = inline_statements(state, runner)
+    if statements is not None:
+        return _native_runs(state, statements, per_call, set(made_new))
+    chain = _forward_chain(runner)
+    if chain is None:
+        return {}
+    starts = {start for start, _ in basic_blocks(chain.instructions)}
+    fused = set(_compared_jumps(state, chain, {}))
+    return _native_runs(state, chain.statements, per_call, fused, starts)
 
 
 def _run_lines(
