@@ -308,3 +308,44 @@ def test_off_means_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.unavailable() == "PTEXEC_NATIVE_STEPS=0"
     m = ptexec.load(FIX / "mlp.pte").load_method("forward")
     assert "_s = _n" not in m.source()
+
+
+def test_a_template_binds_each_loads_tensors_and_keeps_none(library: Any) -> None:
+    """Steps made as a template (where each tensor comes from in a values table) hold no
+    tensor; bound to a table they run on its tensors, lists of tensors and of optional
+    tensors (``index``'s indices) included; a template itself does not run."""
+    import gc
+    import weakref
+
+    x = torch.arange(12.0).reshape(3, 4)
+    idx = torch.tensor([2, 0])
+    out = torch.empty(2, 4)
+    parts = [torch.empty(1, 4), torch.empty(2, 4)]
+    table = [x, idx, out, parts[0], parts[1]]
+    template = library.Steps()
+    template.add(
+        "aten::index", "Tensor_out", [x, [idx], out], [], [], [(1, [0]), (2, [1]), (1, [2])], [], []
+    )
+    template.add(
+        "aten::split_with_sizes_copy",
+        "out",
+        [x, [1, 2], 0, parts],
+        [],
+        [],
+        [(1, [0]), (0, []), (0, []), (2, [3, 4])],
+        [],
+        [],
+    )
+    with pytest.raises(RuntimeError, match="template"):
+        template.run(True)
+    kept = weakref.ref(x)
+    for k in range(2):
+        table = [torch.arange(12.0).reshape(3, 4) + k, idx, torch.empty(2, 4)]
+        table += [torch.empty(1, 4), torch.empty(2, 4)]
+        steps = template.bind(table)
+        assert steps.run(True) == -1
+        assert torch.equal(table[2], table[0][idx])
+        assert torch.equal(table[3], table[0][:1]) and torch.equal(table[4], table[0][1:])
+    del x, table, steps
+    gc.collect()
+    assert kept() is None  # the template never held the first table's tensor

@@ -932,7 +932,7 @@ def _run_lines(
     native steps (``empty``: whether they empty their outs), and, from the step that
     stopped it on, as the statements (``plain`` adds one); the positions covered."""
     k = ks[0]
-    bound.set(f"_n{k}", _NativeRun(ks, statements))
+    bound.set(f"_n{k}", _NativeRun(ks, statements, bound.state.values))
     code.add(f"_s = _n{k}.run({empty})")
     code.add("if _s >= 0:")
     with code.indented():
@@ -952,18 +952,21 @@ class _NativeRun:
     and empties, found once: the same in every load of the plan), made of a load's
     tensors: the library's ``Steps``."""
 
-    __slots__ = ("calls", "empties")
+    __slots__ = ("template",)
 
-    def __init__(self, ks: tuple[int, ...], statements: Sequence[Statement]) -> None:
-        self.calls = [_native_call(statements[k]) for k in ks]
-        self.empties = [statements[k].empties for k in ks]
+    def __init__(
+        self, ks: tuple[int, ...], statements: Sequence[Statement], values: Sequence[Any]
+    ) -> None:
+        library = native.module()
+        calls = [_native_call(statements[k]) for k in ks]
+        empties = [statements[k].empties for k in ks]
+        self.template = None if library is None else _template(library, values, calls, empties)
 
     def __call__(self, state: MethodState, runner: Runner) -> Any:
-        library = native.module()
-        made = None
-        if library is not None:
-            made = _steps(library, state.values, self.calls, self.empties)
-        return made if made is not None else _FromTheFirst()
+        if self.template is not None:
+            with contextlib.suppress(RuntimeError, ValueError, TypeError):
+                return self.template.bind(state.values)
+        return _FromTheFirst()
 
 
 class _FromTheFirst:
@@ -1015,25 +1018,34 @@ def _native_args(values: Sequence[Any], call: NativeCall) -> list[Any]:
     return args
 
 
-def _steps(
+def _template(
     library: Any,
     values: Sequence[Any],
     calls: Sequence[NativeCall | None],
     empties: Sequence[tuple[int, ...]],
 ) -> Any:
     """The library's steps of ``calls`` (each emptying its ``empties`` first when a run
-    asks, and the others its call empties always), or None when one cannot be made."""
+    asks, and the others its call empties always) as a template: the arguments' types
+    checked on ``values`` (a load's table), where each tensor comes from kept, the
+    tensors not (``bind`` makes a load's steps); None when one cannot be made."""
     made = library.Steps()
     try:
         for call, outs in zip(calls, empties, strict=True):
             if call is None:
                 return None
-            always = [values[o] for o in call.empties if o not in outs]
+            always = [o for o in call.empties if o not in outs]
+            places = [
+                ((1 if a.single else 2), list(a.items)) if type(a) is Slots else (0, [])
+                for a in call.args
+            ]
             made.add(
                 call.name,
                 call.overload,
                 _native_args(values, call),
                 [values[o] for o in outs],
+                [values[o] for o in always],
+                places,
+                list(outs),
                 always,
             )
     except (RuntimeError, ValueError, TypeError, IndexError):
@@ -1094,7 +1106,7 @@ def _native_runs(
             for lo, hi in spans.get(j, ()):
                 if any(lo < end and start < hi for start, end in written):
                     return False
-        return _steps(library, values, [call], [st.empties]) is not None
+        return _template(library, values, [call], [st.empties]) is not None
 
     runs: dict[int, tuple[int, ...]] = {}
     current: list[int] = []

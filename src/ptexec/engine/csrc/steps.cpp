@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -37,11 +38,25 @@ class Noted : public c10::WarningHandler {
   std::vector<c10::Warning> kept;
 };
 
+// An argument read from a method's values table: the tensor in one slot, or the list of
+// the tensors in several (of optional tensors where the schema says so).
+struct Place {
+  size_t arg;
+  std::vector<int64_t> slots;
+  bool list;
+  bool optional_items;
+};
+
 struct Step {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;
   std::vector<at::Tensor> empties;  // emptied first (resized to no elements), when asked
   std::vector<at::Tensor> always;  // emptied first on every run
+  // where the arguments and the tensors to empty come from (a template's steps hold no
+  // tensors: bind() reads them from a load's values table)
+  std::vector<Place> places;
+  std::vector<int64_t> empty_slots;
+  std::vector<int64_t> always_slots;
 };
 
 // The operator named `name.overload`, found once per process (called with the GIL).
@@ -61,8 +76,16 @@ class Steps {
   // Adds a call of `name.overload` with `args` (one per argument of its schema, in order);
   // `empties`: tensors emptied before it when run() is asked to, `always`: on every run.
   // Raises when the operator is unknown or an argument does not convert to its type.
+  //
+  // `places` (one per argument, in order: (kind, slots), kind 0 a fixed value, 1 the
+  // tensor of slots[0], 2 the list of those of slots) and the slots `empty_slots` and
+  // `always_slots` of `empties` and `always` say where each comes from in the values
+  // table: this object is then a template, which keeps none of these tensors, and bind()
+  // makes the steps of a load.
   void add(const std::string& name, const std::string& overload, const py::sequence& args,
-           const std::vector<at::Tensor>& empties, const std::vector<at::Tensor>& always) {
+           const std::vector<at::Tensor>& empties, const std::vector<at::Tensor>& always,
+           const std::vector<std::pair<int64_t, std::vector<int64_t>>>& places,
+           const std::vector<int64_t>& empty_slots, const std::vector<int64_t>& always_slots) {
     const c10::OperatorHandle& op = find(name, overload);
     const auto& schema = op.schema();
     const auto& arguments = schema.arguments();
@@ -71,13 +94,62 @@ class Steps {
                                   " arguments given, the schema has " +
                                   std::to_string(arguments.size()));
     }
+    if (places.size() != arguments.size() || empty_slots.size() != empties.size() ||
+        always_slots.size() != always.size()) {
+      throw std::invalid_argument(name + "." + overload + ": one place per argument");
+    }
     std::vector<c10::IValue> stack;
     stack.reserve(arguments.size());
+    std::vector<Place> where;
     for (size_t k = 0; k < arguments.size(); ++k) {
-      stack.push_back(torch::jit::toIValue(args[k], arguments[k].real_type()));
+      const auto& type = arguments[k].real_type();
+      stack.push_back(torch::jit::toIValue(args[k], type));
+      const auto& [kind, slots] = places[k];
+      if (kind == 0) continue;
+      bool optional_items = false;
+      if (kind == 2) {
+        const auto* list = type->castRaw<c10::ListType>();
+        if (list == nullptr) throw std::invalid_argument(name + ": a list where none goes");
+        optional_items = list->getElementType()->kind() == c10::TypeKind::OptionalType;
+      } else if (!stack.back().isTensor()) {
+        throw std::invalid_argument(name + ": a tensor's place holds no tensor");
+      }
+      where.push_back(Place{k, slots, kind == 2, optional_items});
+      template_ = true;
+      stack.back() = c10::IValue();  // (a template holds no load's tensors)
     }
     if (stack.size() > widest_) widest_ = stack.size();
-    steps_.push_back(Step{op, std::move(stack), empties, always});
+    steps_.push_back(Step{op, std::move(stack), {}, {}, std::move(where), empty_slots,
+                          always_slots});
+  }
+
+  // The steps of a load: this template's, with the tensors of `values` (the load's values
+  // table) in their places. Raises when a place holds no tensor.
+  Steps bind(const py::list& values) const {
+    Steps made;
+    made.widest_ = widest_;
+    made.steps_.reserve(steps_.size());
+    auto tensor = [&](int64_t j) { return values[static_cast<size_t>(j)].cast<at::Tensor>(); };
+    for (const Step& s : steps_) {
+      Step step{s.op, s.args, {}, {}, {}, {}, {}};
+      for (const Place& p : s.places) {
+        if (!p.list) {
+          step.args[p.arg] = tensor(p.slots[0]);
+        } else if (p.optional_items) {
+          c10::List<std::optional<at::Tensor>> items;
+          for (int64_t j : p.slots) items.push_back(tensor(j));
+          step.args[p.arg] = std::move(items);
+        } else {
+          c10::List<at::Tensor> items;
+          for (int64_t j : p.slots) items.push_back(tensor(j));
+          step.args[p.arg] = std::move(items);
+        }
+      }
+      for (int64_t j : s.empty_slots) step.empties.push_back(tensor(j));
+      for (int64_t j : s.always_slots) step.always.push_back(tensor(j));
+      made.steps_.push_back(std::move(step));
+    }
+    return made;
   }
 
   size_t size() const { return steps_.size(); }
@@ -85,6 +157,7 @@ class Steps {
   // Runs every step in order; -1 when all ran, else the position of the step that failed
   // or warned (see stopped()). The steps after it did not run.
   int64_t run(bool empty) {
+    if (template_) throw std::logic_error("a template's steps run once bound to a load");
     at::AutoDispatchBelowAutograd below;
     Noted noted;
     c10::WarningUtils::WarningHandlerGuard watch(&noted);
@@ -153,6 +226,7 @@ class Steps {
  private:
   std::vector<Step> steps_;
   size_t widest_ = 0;
+  bool template_ = false;
   int64_t stopped_at_ = -1;
   std::vector<c10::Warning> warnings_;
   std::exception_ptr error_;
@@ -186,7 +260,9 @@ PYBIND11_MODULE(ptexec_steps, m) {
   py::class_<Steps>(m, "Steps")
       .def(py::init<>())
       .def("add", &Steps::add, py::arg("name"), py::arg("overload"), py::arg("args"),
-           py::arg("empties"), py::arg("always"))
+           py::arg("empties"), py::arg("always"), py::arg("places"), py::arg("empty_slots"),
+           py::arg("always_slots"))
+      .def("bind", &Steps::bind, py::arg("values"))
       .def("__len__", &Steps::size)
       .def("run", &Steps::run, py::arg("empty"), py::call_guard<py::gil_scoped_release>())
       .def("stopped", &Steps::stopped, py::arg("k"));
