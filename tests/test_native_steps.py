@@ -349,3 +349,22 @@ def test_a_template_binds_each_loads_tensors_and_keeps_none(library: Any) -> Non
     del x, table, steps
     gc.collect()
     assert kept() is None  # the template never held the first table's tensor
+
+
+def test_an_index_out_of_range_fails_alike(library: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int_ops gathers embedding rows by its first input (a step of embedding's out form,
+    where the statement gathers with index_select): an index past the table fails on
+    that instruction with torch's message either way, and the method goes on."""
+    inputs = torch.load(FIX / "int_ops.io.pt", weights_only=False)["calls"][0]["inputs"]
+    outcomes = []
+    for steps in (True, False):
+        m = _load(FIX / "int_ops.pte", "forward", steps, monkeypatch)
+        assert ("_s = _n0.run(" in m.source()) is steps
+        bad = [inputs[0].clone().fill_(10**6), *inputs[1:]]
+        with pytest.raises(ptexec.ExecutionError) as info:
+            m.execute(bad)
+        outcomes.append((info.value.instruction, str(info.value), m.execute(inputs)))
+    assert outcomes[0][:2] == outcomes[1][:2] and outcomes[0][0] == 0
+    assert "index out of range" in outcomes[0][1]
+    for a, b in zip(outcomes[0][2], outcomes[1][2], strict=True):
+        _same(a, b, "after the error")

@@ -1036,6 +1036,10 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 w, ids, o = rendered[0], rendered[1], outs[0]
                 width = _gather_width(ctx) or f"{w}.size(1)"
                 code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {width}))"
+                # as a native step, embedding's own out form: torch's generated one runs
+                # the same row gather (the same kernel, values and errors) into static outs
+                if not _dynamic(ctx, outs):
+                    native = _native_call(ctx, schema, args[:nargs], ())
             elif (
                 name == "aten::index.Tensor_out"
                 and single
