@@ -36,6 +36,7 @@ import ctypes
 import functools
 import re
 import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -265,7 +266,7 @@ _FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run)
 def _makes_anew(take: Any) -> bool:
     if isinstance(take, _InputView):
         return take.address
-    return isinstance(take, (*_FRESH, _NativeRun)) or take in _FRESH_FUNCTIONS
+    return isinstance(take, (*_FRESH, _NativeRun, _Fallback)) or take in _FRESH_FUNCTIONS
 
 
 def _shared_object(obj: Any) -> bool:
@@ -838,16 +839,18 @@ def _run_into(
         if raw_copies:
             env["_memmove"] = _MEMMOVE
 
-        def plain(k: int, st: Statement) -> None:
+        def text(k: int, st: Statement) -> str:
             if guarded and st.empties:
                 emptying = "; ".join(f"v[{o}].resize_(0)" for o in st.empties)
-                code.add(f"if _e: {emptying}\n{emptied(st)}", k)
-            else:
-                code.add(st.code, k)
+                return f"if _e: {emptying}\n{emptied(st)}"
+            return st.code
+
+        def plain(k: int, st: Statement) -> None:
+            code.add(text(k, st), k)
 
         for k, st in enumerate(statements):
             if k in runs:
-                _run_lines(code, bound, runs[k], statements, plain, "_e" if guarded else "True")
+                _run_lines(code, bound, runs[k], statements, text, "_e" if guarded else "True")
                 named.extend(kk for kk in runs[k] if statements[kk].env)
                 continue
             if k in in_run:
@@ -883,12 +886,12 @@ def _run_into(
         if isinstance(runner, BlockRunner):
             instead = _compared_jumps(state, chain, code.env)
 
-            def add(k: int, st: Statement) -> None:
-                code.add(st.code, k)
+            def own(k: int, st: Statement) -> str:
+                return st.code
 
             for k, ks in runs.items():
                 emit[k] = functools.partial(
-                    _run_lines, code, bound, ks, chain.statements, add, "True"
+                    _run_lines, code, bound, ks, chain.statements, own, "True"
                 )
         forward_lines(chain, code, instead, emit)
         bound.update(_ForwardNames())
@@ -925,26 +928,74 @@ def _run_lines(
     bound: _PerLoad,
     ks: tuple[int, ...],
     statements: Sequence[Statement],
-    plain: Callable[[int, Statement], None],
+    text: Callable[[int, Statement], str],
     empty: str,
 ) -> tuple[int, ...]:
     """Add the lines running the statements ``ks`` (by position in chain 0) as one run of
-    native steps (``empty``: whether they empty their outs), and, from the step that
-    stopped it on, as the statements (``plain`` adds one); the positions covered."""
+    native steps (``empty``: whether they empty their outs), and, after the step that
+    stopped it, as the statements (``text``: one's code); the positions covered. At
+    the step where it stopped, its error is raised, or its warnings issued (it ran), on
+    its own line: one line a step (a generated text's length is load time)."""
     k = ks[0]
     bound.set(f"_n{k}", _NativeRun(ks, statements, bound.state.values))
+    body: list[tuple[str, int]] = []
+    for at, kk in enumerate(ks):
+        test = f"if _s < {at} or (_s == {at} and not _n.stopped({at})):"
+        line = text(kk, statements[kk])
+        if line.isprintable():  # one line
+            body.append((f"{test} {line}", kk))
+        else:
+            body.append((test, kk))
+            body.extend(("    " + part, kk) for part in line.splitlines())
+    bound.set(f"_f{k}", _Fallback(ks, tuple(body)))
+    code.add(f"# native steps: instructions {', '.join(map(str, ks))}")
     code.add(f"_s = _n{k}.run({empty})")
-    code.add("if _s >= 0:")
-    with code.indented():
-        for position, kk in enumerate(ks):
-            code.add(f"if _s <= {position}:")
-            with code.indented():
-                # where it stopped: its error raised, or its warnings (it ran); after a
-                # step that warned, the Python statements
-                code.add(f"if _s < {position} or not _n{k}.stopped({position}):", kk)
-                with code.indented():
-                    plain(kk, statements[kk])
+    code.add(f"if _s >= 0: _f{k}(v, _s, {empty}, _n{k})")
     return ks
+
+
+class _Fallback:
+    """How to take, from a load, the statements of a run of native steps after the step
+    that stopped it (:func:`_run_lines`): a function compiled on first use (most runs
+    never stop), its lines tagged with their instructions, so that an error there names
+    its instruction as any statement's does."""
+
+    __slots__ = ("body", "ks")
+
+    def __init__(self, ks: tuple[int, ...], body: tuple[tuple[str, int], ...]) -> None:
+        self.ks = ks
+        self.body = body
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        return _LazyFallback(state, self)
+
+
+class _LazyFallback:
+    """A load's :class:`_Fallback`: ``(v, _s, _e, _n)`` runs the statements after the
+    step ``_s`` of the run ``_n`` stopped at (``_e``: whether they empty their outs)."""
+
+    __slots__ = ("fn", "of", "state")
+
+    def __init__(self, state: MethodState, of: _Fallback) -> None:
+        self.state = weakref.ref(state)  # (the state holds the fast call, which holds this)
+        self.of = of
+        self.fn: Any = None
+
+    def __call__(self, v: list[Any], s: int, e: bool, n: Any) -> None:
+        fn = self.fn
+        if fn is None:
+            state = self.state()
+            assert state is not None  # (a method's call runs while its state lives)
+            code = Code()
+            for kk in self.of.ks:
+                code.env.update(state.chains[0].statements[kk].env)
+            code.add("def _fb(v, _s, _e, _n):")
+            with code.indented():
+                for line, kk in self.of.body:
+                    code.add(line, kk)
+                code.add("pass")
+            fn = self.fn = code.function(state.sources, "native steps' statements", "_fb")
+        fn(v, s, e, n)
 
 
 class _NativeRun:
@@ -1075,9 +1126,9 @@ def _native_runs(
     values = state.values
     plan_values = state.plan.values
     instructions = state.chains[0].instructions
-    replaced = set(per_call)  # slots given objects (a copy returning its ``self`` gives none)
+    given = set(per_call)  # slots given objects (a copy returning its ``self`` gives none)
     for ins, st in zip(instructions, statements, strict=True):
-        replaced.update(effects(plan_values, ins, st).replaces)
+        given.update(replaced(plan_values, ins, st))
     spans: dict[int, list[tuple[int, int]]] = {}
     for start, end, j in _spans(state):
         spans.setdefault(j, []).append((start, end))
@@ -1085,7 +1136,7 @@ def _native_runs(
     def own(j: int) -> bool:
         t = values[j]
         return (
-            j not in replaced
+            j not in given
             and type(t) is torch.Tensor
             and t.device.type == "cpu"
             and not t.requires_grad
@@ -1106,7 +1157,7 @@ def _native_runs(
             for lo, hi in spans.get(j, ()):
                 if any(lo < end and start < hi for start, end in written):
                     return False
-        return _template(library, values, [call], [st.empties]) is not None
+        return True
 
     runs: dict[int, tuple[int, ...]] = {}
     current: list[int] = []
