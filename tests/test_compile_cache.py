@@ -570,7 +570,7 @@ def test_stale_staging_is_removed_and_lru_entries_evicted(
 ) -> None:
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
-    host = cache_mod._host()
+    host = cache_mod.host()
     stale = root / f".staging-{dead.pid}-{host}-0123456789abcdef-x"
     live = root / f".staging-{os.getpid()}-{host}-0123456789abcdef-y"
     for d in (stale, live):

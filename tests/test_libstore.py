@@ -101,7 +101,7 @@ def test_builds_that_died_are_tidied_and_halves_are_left_alone(root: Path) -> No
     path = libstore.kept("lib.so", KEY, _builder(calls))
     assert path is not None
     directory = path.parent
-    host = libstore._host()
+    host = libstore.host()
     dead = directory / f".staging-999999999-{host}-abc"  # no such process
     mine = directory / f".staging-{os.getpid()}-{host}-abc"  # this one: alive
     for d in (dead, mine):

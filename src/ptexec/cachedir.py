@@ -20,7 +20,9 @@ Imports no torch.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -29,9 +31,14 @@ from .errors import CacheEntryError
 
 __all__ = [
     "READ_FLAGS",
+    "MissingFile",
+    "alive",
     "cache_dir",
     "check_trusted",
+    "host",
+    "read_trusted",
     "root_status",
+    "trusted_subdir",
     "untrusted_because",
     "way_to",
 ]
@@ -185,3 +192,71 @@ def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     me = _uid()
     writable = (me is None or st.st_uid == me) and os.access(root, os.W_OK | os.X_OK)
     return None, writable
+
+
+class MissingFile(CacheEntryError):
+    """A file that is not there."""
+
+
+def read_trusted(path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` after checking the opened file (never a link, trusted, not
+    larger than ``limit``, which it may exceed by one byte read); :class:`CacheEntryError`
+    says what is wrong (:class:`MissingFile` when it is not there)."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except FileNotFoundError:
+        raise MissingFile(f"{path} is not there") from None
+    except OSError as e:
+        raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)  # (before fdopen, which refuses a directory: the fd is closed)
+        check_trusted(path, st, directory=False)
+        if st.st_size > limit:
+            raise CacheEntryError(f"{path} is {st.st_size} bytes")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(st.st_size + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def trusted_subdir(root: Path, name: str, writable: bool, create: bool) -> Path | None:
+    """The directory ``name`` under the trusted root ``root`` (``writable``: this user
+    writes it), when it is trusted; made (readable by those the root admits, as the
+    root's entries are) when ``create`` and ``writable``; None otherwise."""
+    directory = root / name
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        if not (create and writable):
+            return None
+        try:
+            os.mkdir(directory, 0o700)
+            os.chmod(directory, 0o700 | (stat.S_IMODE(os.stat(root).st_mode) & 0o055))
+            st = os.lstat(directory)
+        except OSError:
+            return None
+    except OSError:
+        return None
+    try:
+        check_trusted(directory, st, directory=True)
+    except CacheEntryError:
+        return None
+    return directory
+
+
+def host() -> str:
+    """This machine, as staging directories' names say it (a digest of its host name)."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

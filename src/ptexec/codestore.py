@@ -46,7 +46,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status, way_to
+from .cachedir import cache_dir, read_trusted, root_status, trusted_subdir, way_to
 from .errors import CacheEntryError
 
 __all__ = [
@@ -151,25 +151,8 @@ def _trusted_dir(root: Path, create: bool) -> tuple[Path, bool] | None:
     writable = _root_status(root, create)
     if writable is None:
         return None
-    directory = root / SUBDIR
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        if not (create and writable):
-            return None
-        try:  # readable by those the root admits, as its files are
-            os.mkdir(directory, 0o700)
-            os.chmod(directory, 0o700 | (stat.S_IMODE(os.stat(root).st_mode) & 0o055))
-            st = os.lstat(directory)
-        except OSError:
-            return None
-    except OSError:
-        return None
-    try:
-        check_trusted(directory, st, directory=True)
-    except CacheEntryError:
-        return None
-    return directory, writable
+    directory = trusted_subdir(root, SUBDIR, writable, create)
+    return None if directory is None else (directory, writable)
 
 
 class _Foreign(CacheEntryError):
@@ -179,21 +162,7 @@ class _Foreign(CacheEntryError):
 def _read(path: Path) -> bytes:
     """The bytes of ``path`` after checking the opened file (never a link, trusted, not too
     large); :class:`CacheEntryError` says what is wrong."""
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError as e:
-        raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)  # (before fdopen, which refuses a directory: the fd is closed)
-        check_trusted(path, st, directory=False)
-        if st.st_size > MAX_FILE_BYTES:
-            raise CacheEntryError(f"{path} is {st.st_size} bytes")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return f.read(st.st_size + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    return read_trusted(path, MAX_FILE_BYTES)
 
 
 def _decode(path: Path, data: bytes) -> types.CodeType:

@@ -22,14 +22,21 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import stat
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .cachedir import READ_FLAGS, cache_dir, check_trusted, root_status
+from .cachedir import (
+    MissingFile,
+    alive,
+    cache_dir,
+    host,
+    read_trusted,
+    root_status,
+    trusted_subdir,
+)
 from .errors import CacheEntryError
 
 __all__ = ["SUBDIR", "clear", "discard", "kept", "libraries", "release"]
@@ -48,60 +55,17 @@ def _directory(create: bool, root: Path | None = None) -> tuple[Path, bool] | No
     problem, writable = root_status(root, create=create)
     if problem is not None:
         return None
-    directory = root / SUBDIR
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        if not (create and writable):
-            return None
-        try:  # readable by those the root admits, as its other entries are
-            os.mkdir(directory, 0o700)
-            os.chmod(directory, 0o700 | (stat.S_IMODE(os.stat(root).st_mode) & 0o055))
-            st = os.lstat(directory)
-        except OSError:
-            return None
-    except OSError:
-        return None
-    try:
-        check_trusted(directory, st, directory=True)
-    except CacheEntryError:
-        return None
-    return directory, writable
-
-
-def _read(path: Path, limit: int = MAX_BYTES) -> bytes:
-    """``path``'s bytes, after checking the opened file; :class:`CacheEntryError` when it
-    is missing, not trusted or larger than ``limit``."""
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except FileNotFoundError:
-        raise _Missing(f"{path} is not there") from None
-    except OSError as e:
-        raise CacheEntryError(f"{path} cannot be opened ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        check_trusted(path, st, directory=False)
-        if st.st_size > limit:
-            raise CacheEntryError(f"{path} is {st.st_size} bytes")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return f.read(st.st_size + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-class _Missing(CacheEntryError):
-    """A file that is not there (yet: another process may be writing its entry)."""
+    directory = trusted_subdir(root, SUBDIR, writable, create)
+    return None if directory is None else (directory, writable)
 
 
 def _state(library: Path, digest: Path) -> str:
     """``"ok"`` when ``library`` is there, trusted, with the digest ``digest`` records;
     ``"missing"`` when either is not there; ``"bad"`` otherwise."""
     try:
-        data = _read(library)
-        recorded = _read(digest, limit=64).decode("ascii", "replace")
-    except _Missing:
+        data = read_trusted(library, MAX_BYTES)
+        recorded = read_trusted(digest, 64).decode("ascii", "replace")
+    except MissingFile:
         return "missing"
     except CacheEntryError:
         return "bad"
@@ -113,20 +77,6 @@ _STAGING = ".staging-"
 _STALE_SECONDS = 24 * 3600  # a staging directory this old (or of a dead process): removed
 
 
-def _host() -> str:
-    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _tidy(directory: Path) -> None:
     """Remove the staging directories of builds that died: of this host and a process
     that is gone, or older than a day."""
@@ -136,8 +86,8 @@ def _tidy(directory: Path) -> None:
             if not path.name.startswith(_STAGING) or path.is_symlink() or not path.is_dir():
                 continue
             pid, _, rest = path.name[len(_STAGING) :].partition("-")
-            host = rest.rpartition("-")[0]
-            dead = host == _host() and pid.isdigit() and not _alive(int(pid))
+            here = rest.partition("-")[0]
+            dead = here == host() and pid.isdigit() and not alive(int(pid))
             if dead or now - path.lstat().st_mtime > _STALE_SECONDS:
                 shutil.rmtree(path, ignore_errors=True)
 
@@ -164,7 +114,7 @@ def kept(name: str, key: str, build: Callable[[Path], None] | None) -> Path | No
             return None
         if writable:
             _tidy(directory)
-            prefix = f"{_STAGING}{os.getpid()}-{_host()}-"
+            prefix = f"{_STAGING}{os.getpid()}-{host()}-"
             staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
             try:
                 build(staging)
@@ -236,8 +186,8 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
             continue  # a digest (read with its library), or nothing of ours
         digest = directory / f"{key}.sha256"
         try:
-            data = _read(path)
-            recorded = _read(digest, limit=64).decode("ascii", "replace")
+            data = read_trusted(path, MAX_BYTES)
+            recorded = read_trusted(digest, 64).decode("ascii", "replace")
             problem = None if hashlib.sha256(data).hexdigest() == recorded else "digest differs"
         except CacheEntryError as e:
             problem = str(e)

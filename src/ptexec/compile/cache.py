@@ -57,7 +57,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import stat
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..cachedir import READ_FLAGS, cache_dir, root_status
+from ..cachedir import READ_FLAGS, alive, cache_dir, host, root_status
 from ..cachedir import check_trusted as _check
 from ..errors import CacheEntryError
 from ..version import __version__
@@ -253,20 +252,6 @@ def _sha256(f: io.BufferedIOBase, size: int) -> str:
     return h.hexdigest()
 
 
-def _host() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 @dataclasses.dataclass(frozen=True)
 class Cache:
     """A usable cache root (:func:`open_cache`); ``writable``: this user keeps new
@@ -293,7 +278,7 @@ class Cache:
             names = os.listdir(self.root)
         except OSError:
             return []
-        now, host = time.time(), _host()
+        now, here = time.time(), host()
         out = []
         for name in names:
             path = self.root / name
@@ -305,8 +290,8 @@ class Cache:
                     age = now - os.lstat(path).st_mtime
                 except OSError:
                     continue
-                mine = len(parts) > 2 and parts[1] == host and parts[0].isdigit()
-                if age > _STALE_SECONDS or (mine and not _alive(int(parts[0]))):
+                mine = len(parts) > 2 and parts[1] == here and parts[0].isdigit()
+                if age > _STALE_SECONDS or (mine and not alive(int(parts[0]))):
                     out.append(path)
         return out
 
@@ -485,7 +470,7 @@ class CacheEntry:
         """A fresh private directory to assemble the entry in, next to its final place."""
         return Path(
             tempfile.mkdtemp(
-                prefix=f"{_STAGING}{os.getpid()}-{_host()}-{self.key[:16]}-", dir=self.cache.root
+                prefix=f"{_STAGING}{os.getpid()}-{host()}-{self.key[:16]}-", dir=self.cache.root
             )
         )
 
