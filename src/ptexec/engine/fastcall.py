@@ -1030,16 +1030,16 @@ class _FromTheFirst:
         return False
 
 
-def _native_form(st: Statement) -> tuple[NativeCall, tuple[int, ...]] | None:
-    """The native call of ``st`` and the slots it writes (which it does not read): its
-    own :class:`~ptexec.kernels.registry.NativeCall` when it writes nothing but its outs,
-    or ``Tensor.copy_`` of one tensor of the table into another (``v[d].copy_(v[s])``,
-    or the same returning ``v[d]`` into its slot); else None."""
+def _native_call(st: Statement) -> NativeCall | None:
+    """The native call of ``st``: its own :class:`~ptexec.kernels.registry.NativeCall`
+    when it writes nothing but its outs, or ``Tensor.copy_`` of one tensor of the table
+    into another (``v[d].copy_(v[s])``, or the same returning ``v[d]`` into its slot);
+    else None."""
     call = st.native
     if call is not None:
         if st.writes or st.mutates is None or not st.outs or set(st.mutates) != set(st.outs):
             return None
-        return call, st.outs
+        return call
     m = _COPY.fullmatch(st.code)
     if m is not None:
         d, s = int(m.group(1)), int(m.group(2))
@@ -1050,12 +1050,7 @@ def _native_form(st: Statement) -> tuple[NativeCall, tuple[int, ...]] | None:
         d, s = int(m.group(1)), int(m.group(3))
     if d == s or st.mutates != (d,):
         return None
-    return NativeCall("aten::copy_", "", (Slots((d,)), Slots((s,)), False)), (d,)
-
-
-def _native_call(st: Statement) -> NativeCall | None:
-    found = _native_form(st)
-    return None if found is None else found[0]
+    return NativeCall("aten::copy_", "", (Slots((d,)), Slots((s,)), False))
 
 
 def _native_args(values: Sequence[Any], call: NativeCall) -> list[Any]:
@@ -1113,10 +1108,12 @@ def _native_runs(
 ) -> dict[int, tuple[int, ...]]:
     """The runs of statements (by position in the one straight-line chain) the fast call
     runs as native steps: the first of each, and all of them. A step is a statement with
-    a :class:`~ptexec.kernels.registry.NativeCall` that writes nothing but its outs
-    (nor overlaps in memory what it reads) and whose tensors are the method's own CPU
-    tensors that keep their objects from call to call: no statement puts another object
-    in their slots, the call binds none of them (``per_call``), none requires grad.
+    a :class:`~ptexec.kernels.registry.NativeCall` (the operator and arguments its code
+    calls: the same kernels on the same memory) that writes nothing but its outs, and
+    whose tensors are the method's own CPU tensors that keep their objects from call to
+    call: no statement puts another object in their slots, the call binds none of them
+    (``per_call``), none requires grad. (A step is never run again, so what its outs
+    share with what it reads is as in Python.)
     ``skipped``: statements the call runs otherwise. Statements that do nothing
     (``pass``) do not end a run; ``starts`` (blocks' first statements, which jumps go
     to) begin one."""
@@ -1129,9 +1126,6 @@ def _native_runs(
     given = set(per_call)  # slots given objects (a copy returning its ``self`` gives none)
     for ins, st in zip(instructions, statements, strict=True):
         given.update(replaced(plan_values, ins, st))
-    spans: dict[int, list[tuple[int, int]]] = {}
-    for start, end, j in _spans(state):
-        spans.setdefault(j, []).append((start, end))
 
     def own(j: int) -> bool:
         t = values[j]
@@ -1143,21 +1137,11 @@ def _native_runs(
         )
 
     def step(st: Statement) -> bool:
-        found = _native_form(st)
-        if found is None:
+        call = _native_call(st)
+        if call is None:
             return False
-        call, outs = found
         slots = [j for a in call.args if type(a) is Slots for j in a.items]
-        if not all(own(j) for j in (*slots, *st.empties, *call.empties)):
-            return False
-        written = [r for o in outs for r in spans.get(o, ())]
-        for j in slots:
-            if j in outs:
-                continue
-            for lo, hi in spans.get(j, ()):
-                if any(lo < end and start < hi for start, end in written):
-                    return False
-        return True
+        return all(own(j) for j in (*slots, *st.empties, *call.empties))
 
     runs: dict[int, tuple[int, ...]] = {}
     current: list[int] = []
