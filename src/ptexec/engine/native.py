@@ -11,22 +11,22 @@ other, the fast call (:mod:`.fastcall`) runs one object of a small C++ library
 found once, and calls the operators' boxed kernels one after the other below autograd,
 with the GIL released: the kernels and arguments the Python statements would reach.
 
-A step that fails, or raises a warning, stops the run, and the fast call runs that step
-and those after it as Python statements: the error or warning is raised there, on the
-instruction's own line, exactly as without the library. Only statements that write
-nothing but their outs, which they do not read, are steps (running one again computes
-the same), and only on the CPU; a method's first call of the fast path is no different.
+A step that fails, or raises a warning, stops the run: the fast call then raises its
+error, or issues its warnings (through torch's own handler), on the instruction's own
+line, exactly as the Python statement would; after a warning (the step ran) the rest of
+the run is its Python statements. A step never runs again. Steps are statements that
+write nothing but their outs, on the CPU.
 
 **Build and trust.** The library is compiled once per key (a digest of its source, the
 compiler's file, and the versions of torch and Python) and kept in the cache root under
 its trust rules (:mod:`ptexec.libstore`: a trusted directory, the library's SHA-256
 checked before it is loaded). Where no trusted root can be used, it is built in a
-private temporary directory for this process. Compiling takes about 15 seconds on two cores. A load never waits for it: the
-first method loaded starts the build in a background thread, and methods loaded once it
-is done (in this process, or in any later one, from the cache) use it; a process ending
-first stops the compiler. ``PTEXEC_NATIVE_STEPS=0`` turns it off; any failure (no
-compiler, no Python headers) leaves the Python statements, and :func:`unavailable` says
-why.
+private temporary directory for this process. Compiling takes about 15 seconds on two
+cores. A load never waits for it: the first method loaded starts the build in a
+background thread, and methods loaded once it is done (in this process, or in any later
+one, from the cache) use it; a process ending first stops the compiler.
+``PTEXEC_NATIVE_STEPS=0`` turns it off; any failure (no compiler, no Python headers)
+leaves the Python statements, and :func:`unavailable` says why.
 """
 
 from __future__ import annotations
