@@ -850,8 +850,8 @@ def _run_into(
 
         for k, st in enumerate(statements):
             if k in runs:
+                # (its statements' names: in the fallback's own namespace, not the call's)
                 _run_lines(code, bound, runs[k], statements, text, "_e" if guarded else "True")
-                named.extend(kk for kk in runs[k] if statements[kk].env)
                 continue
             if k in in_run:
                 continue
@@ -935,7 +935,8 @@ def _run_lines(
     native steps (``empty``: whether they empty their outs), and, after the step that
     stopped it, as the statements (``text``: one's code); the positions covered. At
     the step where it stopped, its error is raised, or its warnings issued (it ran), on
-    its own line: one line a step (a generated text's length is load time)."""
+    its own line of the fallback (:class:`_Fallback`, compiled on first use: the call's
+    text stays two lines a run, and a generated text's length is load time)."""
     k = ks[0]
     bound.set(f"_n{k}", _NativeRun(ks, statements, bound.state.values))
     body: list[tuple[str, int]] = []
