@@ -156,10 +156,22 @@ def _shareable(obj: Any) -> bool:
         return all(_shareable(k) and _shareable(o) for k, o in obj.items())
     if isinstance(obj, types.BuiltinFunctionType):
         owner = getattr(obj, "__self__", None)
-        return owner is None or isinstance(owner, types.ModuleType | type)
+        return owner is None or isinstance(owner, types.ModuleType | type) or _pybind_free(owner)
+    if isinstance(obj, types.MethodDescriptorType):  # a type's own method (Tensor.copy_)
+        return True
     if isinstance(obj, types.FunctionType):
         return obj.__closure__ is None and all(_shareable(d) for d in obj.__defaults__ or ())
     return False
+
+
+def _pybind_free(owner: Any) -> bool:
+    """Whether ``owner`` is the record pybind11 gives a free function as its ``__self__``
+    (an operator's C++ entry point, ``OpOverload._op``): the function's definition, no
+    object's state."""
+    kind = type(owner)
+    return kind.__module__ == "pybind11_builtins" and kind.__name__.startswith(
+        "pybind11_detail_function_record"
+    )
 
 
 def _keepable(st: Statement) -> bool:
