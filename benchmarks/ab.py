@@ -39,10 +39,14 @@ import ptexec
 if hasattr(ptexec, "set_num_threads"):
     ptexec.set_num_threads(1)  # ExecuTorch's pool too (XNNPACK delegates under "auto")
 try:  # the native steps, built (once per machine) before anything is timed
-    from ptexec.engine import native
-    native.wait()
+    from ptexec import native
 except ImportError:
-    pass
+    try:
+        from ptexec.engine import native  # (older checkouts)
+    except ImportError:
+        native = None
+if native is not None:
+    native.wait()
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[1])  # benchmarks/ (this side's ptexec is on PYTHONPATH)

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import ptexec  # noqa: E402
-from ptexec.engine import native  # noqa: E402
+from ptexec import native  # noqa: E402
 
 native.wait()  # the native steps, built (once per machine) before anything is timed
 

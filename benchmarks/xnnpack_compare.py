@@ -72,10 +72,14 @@ else:
     if threads and hasattr(ptexec, "set_num_threads"):
         ptexec.set_num_threads(threads)  # also ExecuTorch's pool, for runner "executorch"
     try:  # the native steps, built (once per machine) before anything is timed
-        from ptexec.engine import native
-        native.wait()
+        from ptexec import native
     except ImportError:
-        pass
+        try:
+            from ptexec.engine import native  # (older checkouts)
+        except ImportError:
+            native = None
+    if native is not None:
+        native.wait()
     def load(path):
         prog = ptexec.load(path)
         try:

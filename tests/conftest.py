@@ -19,10 +19,10 @@ os.environ.setdefault("PTEXEC_CODE_CACHE", "0")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The native steps (:mod:`ptexec.engine.native`) are built before the tests (once,
+    """The native steps (:mod:`ptexec.native`) are built before the tests (once,
     into the cache root), so that every test's methods use them as users' methods do;
     ``PTEXEC_NATIVE_STEPS=0 python -m pytest`` runs every test without them."""
-    from ptexec.engine import native
+    from ptexec import native
 
     native.wait()
 

@@ -1,4 +1,4 @@
-"""Native steps (:mod:`ptexec.engine.native`): runs of statements called from C++ compute
+"""Native steps (:mod:`ptexec.native`): runs of statements called from C++ compute
 what the Python statements compute, bit for bit, and fail, warn and recover as they do.
 
 Each fixture is run with the steps and without (``PTEXEC_NATIVE_STEPS=0`` when it is
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import ptexec
-from ptexec.engine import native
+from ptexec import native
 
 FIX = Path(__file__).parent / "fixtures"
 # every fixture with recorded calls, each program once (openvino's need OpenVINO)
@@ -219,7 +219,7 @@ def test_the_library_is_kept_checked_and_never_loaded_when_changed(tmp_path: Pat
         """
         import sys, warnings
         warnings.simplefilter("ignore")
-        from ptexec.engine import native
+        from ptexec import native
         found = native.module()
         print("found" if found is not None else "missing")
         if sys.argv[1] == "wait":
@@ -273,7 +273,7 @@ def test_a_compiler_that_cannot_build_leaves_the_python_statements(
         import warnings
         warnings.simplefilter("ignore")
         import torch, ptexec
-        from ptexec.engine import native
+        from ptexec import native
         m = ptexec.load({str(FIX / "mlp.pte")!r}).load_method("forward")
         m.execute([torch.ones(2, 8)])
         native.wait()

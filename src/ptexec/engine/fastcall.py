@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from .. import native
 from ..binding import Action, common_action, shape_test
 from ..codegen import Code
 from ..dtypes import DTYPE_TO_CODE
@@ -53,7 +54,6 @@ from ..loader.state import MethodState, PreparedChain
 from ..memory import resize_to
 from ..tensor import TensorInfo
 from ..threads import ExecuTorchPool
-from . import native
 from .arguments import (
     held_outputs,
     output_checks,

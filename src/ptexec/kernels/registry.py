@@ -81,7 +81,7 @@ class NativeCall:
     the argument's fixed value (None, a bool, int, float, str, or a list of them; a
     dtype or memory format as its code), which computes what the statement's Python
     computes: the operator the statement's code calls, with the same arguments. It writes
-    only the statement's outs (see :mod:`ptexec.engine.native`). ``empties``: the outs
+    only the statement's outs (see :mod:`ptexec.native`). ``empties``: the outs
     the statement's code empties first on every run (its :attr:`Statement.empties` the
     fast call may skip; any others, not)."""
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..libstore import discard, kept, release
+from .libstore import discard, kept, release
 
 __all__ = ["copies", "enabled", "module", "unavailable", "wait"]
 

@@ -1,5 +1,5 @@
 // Runs of a method's instructions as prepared boxed calls of torch's operators, without
-// entering Python between them (see ptexec/engine/native.py). A run holds, per step, the
+// entering Python between them (see ptexec/native.py). A run holds, per step, the
 // operator's handle and its whole argument stack (the method's own tensors, which keep
 // their objects from call to call, and fixed values), both found once when it is made.
 // Running it copies each stack and calls the operator's boxed kernel below autograd: the
@@ -256,7 +256,7 @@ std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
 }  // namespace
 
 PYBIND11_MODULE(ptexec_steps, m) {
-  m.doc() = "Runs of prepared boxed calls of torch's operators (ptexec.engine.native).";
+  m.doc() = "Runs of prepared boxed calls of torch's operators (ptexec.native).";
   py::class_<Steps>(m, "Steps")
       .def(py::init<>())
       .def("add", &Steps::add, py::arg("name"), py::arg("overload"), py::arg("args"),
