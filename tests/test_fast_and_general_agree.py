@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import ptexec
+from ptexec import native
 from ptexec.binding import Action, Policy, common_action, decide, shape_error, shape_test
 from ptexec.codegen import Code, Sources
 from ptexec.device import CPU
 from ptexec.effects import effects
-from ptexec.engine import arguments, native
+from ptexec.engine import arguments
 from ptexec.tensor import TensorInfo, dim_order_strides
 
 FIX = Path(__file__).parent / "fixtures"
