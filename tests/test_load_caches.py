@@ -310,6 +310,80 @@ def _loadable_fixtures() -> list[str]:
     return names + [f"xnnpack/{f.stem}" for f in sorted((FIX / "xnnpack").glob("*.pte"))]
 
 
+def _described(t: torch.Tensor) -> tuple[object, ...]:
+    return (
+        type(t),
+        t.dtype,
+        t.device,
+        tuple(t.shape),
+        t.stride(),
+        t.storage_offset(),
+        t.untyped_storage().nbytes(),
+        t.is_contiguous(),
+        t.requires_grad,
+        t.is_inference(),
+        t._version,
+    )
+
+
+@pytest.mark.parametrize("name", _loadable_fixtures())
+def test_planned_views_made_in_one_native_call_are_the_ones_python_makes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeated load makes its planned views with the native library (one call) where
+    it can: each is the tensor the Python replay makes (dtype, device, geometry, flags,
+    version), and the snapshot takes the same entries."""
+    from ptexec import native
+
+    if native.wait() is None:
+        pytest.skip(f"no native library: {native.unavailable()}")
+    pte, data = (FIX / f"{name}.pte", None) if "/" in name else fixture_paths(name)
+    try:
+        ptexec.load(pte, data_path=data).load_method()
+    except ptexec.PtexecError as e:  # (fixtures of refused programs, other methods)
+        pytest.skip(f"{name} does not load with default options: {e}")
+    made = ptexec.load(pte, data_path=data).load_method()
+    recipe = next(r for r in loader_values._recipes.values() if r.plan is made.state.plan)
+    if any(isinstance(t, loader_values._Planned) for t in recipe.tensors):
+        assert recipe.native[0] is not None  # (made natively)
+    monkeypatch.setattr(loader_values, "_native_views", lambda recipe: None)
+    python = ptexec.load(pte, data_path=data).load_method()
+    assert [type(v) for v in made.state.values] == [type(v) for v in python.state.values]
+    for a, b in zip(made.state.values, python.state.values, strict=True):
+        if isinstance(a, torch.Tensor):
+            assert _described(a) == _described(b)
+    for (t, storage, offset, sizes, strides), (_, *geometry) in zip(
+        made.state.owned, python.state.owned, strict=True
+    ):
+        assert (offset, tuple(sizes), tuple(strides)) == (geometry[1], *map(tuple, geometry[2:]))
+        assert storage.data_ptr() == t.untyped_storage().data_ptr()
+    if "/" not in name:
+        _assert_forward_calls(name, made, python)
+
+
+def test_native_views_refuse_a_buffer_too_small_or_missing() -> None:
+    from ptexec import native
+
+    lib = native.wait()
+    if lib is None:
+        pytest.skip(f"no native library: {native.unavailable()}")
+    views = lib.Views([(0, 1, 2, torch.float32, (2, 3), (3, 1))])  # 8 floats: 32 bytes
+    small = torch.empty(31, dtype=torch.uint8)
+    values: list[object] = [None]
+    with pytest.raises(IndexError):
+        views.make([None, (small, small.untyped_storage())], values, [])
+    with pytest.raises(IndexError):
+        views.make([None], values, [])
+    big = torch.arange(8, dtype=torch.float32).view(torch.uint8)
+    made: list[object] = []
+    views.make([None, (big, big.untyped_storage())], values, made)
+    assert isinstance(values[0], torch.Tensor)
+    assert values[0].tolist() == [[2.0, 3.0, 4.0], [5.0, 6.0, 7.0]]
+    assert made[0][0] is values[0] and made[0][2:] == (2, (2, 3), (3, 1))
+    with pytest.raises(ValueError):
+        lib.Views([(0, 1, -1, torch.float32, (2,), (1,))])
+
+
 @pytest.mark.parametrize("name", _loadable_fixtures())
 def test_a_snapshot_from_what_loading_made_is_the_one_read_back(name: str) -> None:
     """A repeated load's snapshot (what a failed call restores) takes the planned views'

@@ -1,4 +1,5 @@
-"""Runs of an interpreted method's instructions without Python between them.
+"""ptexec's own C++ library: runs of an interpreted method's instructions without Python
+between them (the native steps), and the planned views of a values table made in one call.
 
 A statement of the plain blocks costs, besides its kernel, torch's Python binding: the
 arguments parsed, the autograd layer passed (about half a microsecond for a small op,
@@ -16,6 +17,10 @@ error, or issues its warnings (through torch's own handler), on the instruction'
 line, exactly as the Python statement would; after a warning (the step ran) the rest of
 the run is its Python statements. A step never runs again. Steps are statements that
 write nothing but their outs, on the CPU.
+
+A repeated load of a plan makes its planned tensors (views of its CPU buffers, their
+geometry recorded by the first load: :mod:`ptexec.loader.values`) with the library's
+``Views``: the tensors the Python replay makes, about a fifth of its cost.
 
 **Build and trust.** The library is compiled once per key (a digest of its source, the
 compiler's file, and the versions of torch and Python) and kept in the cache root under

@@ -7,6 +7,9 @@
 // stops the run: run() returns its position, and the caller has stopped() raise its
 // error (as torch's bindings raise it) or issue its warnings on the step's own line. A
 // step that warned ran; the caller runs the steps after it in Python.
+//
+// Also, for the loader: the planned tensors of a values table made in one call (Views),
+// and, for the fast call, output copies in one call (copies).
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -253,6 +256,93 @@ std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
   return made;
 }
 
+// The planned tensors of a values table: each a view of one planned CPU buffer (its
+// storage, an element offset, sizes and strides), made for a load in one call: the tensor
+// the loader's Python makes (an empty tensor of the dtype, then set_), made directly.
+class Views {
+ public:
+  // entries: (slot, memory id, element offset, dtype, sizes, strides), the last two tuples
+  explicit Views(const py::list& entries) {
+    views_.reserve(entries.size());
+    for (const auto& h : entries) {
+      auto e = h.cast<py::tuple>();
+      View v;
+      v.slot = e[0].cast<size_t>();
+      v.memory_id = e[1].cast<size_t>();
+      v.offset = e[2].cast<int64_t>();
+      v.dtype = torch::jit::toIValue(e[3], c10::ScalarTypeType::get()).toScalarType();
+      v.sizes = e[4].cast<std::vector<int64_t>>();
+      v.strides = e[5].cast<std::vector<int64_t>>();
+      // the bytes of the buffer it reaches (none for no elements)
+      int64_t last = v.offset;
+      bool empty = false;
+      for (size_t d = 0; d < v.sizes.size(); ++d) {
+        if (v.sizes[d] == 0) empty = true;
+        if (v.sizes[d] < 0 || v.strides[d] < 0 || v.offset < 0) {
+          throw std::invalid_argument("a view of negative sizes, strides or offset");
+        }
+        last += (v.sizes[d] - 1) * v.strides[d];
+      }
+      v.bytes = empty ? 0 : static_cast<size_t>(last + 1) * c10::elementSize(v.dtype);
+      v.offset_obj = py::reinterpret_borrow<py::object>(e[2]);
+      v.sizes_obj = py::reinterpret_borrow<py::object>(e[4]);
+      v.strides_obj = py::reinterpret_borrow<py::object>(e[5]);
+      views_.push_back(std::move(v));
+    }
+  }
+
+  // bases[memory id]: (the buffer's tensor, its untyped storage as Python holds it), or
+  // None. Puts each view in values[slot] and appends (view, storage, offset, sizes,
+  // strides) to made, the entries a failed call's restore gives back.
+  void make(const py::list& bases, py::list values, py::list made) const {
+    std::vector<std::optional<at::Tensor>> tensors(bases.size());
+    std::vector<py::object> storages(bases.size());
+    for (size_t k = 0; k < bases.size(); ++k) {
+      if (bases[k].is_none()) continue;
+      auto pair = bases[k].cast<py::tuple>();
+      tensors[k] = pair[0].cast<at::Tensor>();
+      storages[k] = py::reinterpret_borrow<py::object>(pair[1]);
+    }
+    for (const auto& v : views_) {
+      if (v.memory_id >= tensors.size() || !tensors[v.memory_id].has_value()) {
+        throw std::out_of_range("a view of a buffer that was not given");
+      }
+      const at::Tensor& base = *tensors[v.memory_id];
+      if (!base.device().is_cpu() || base.layout() != at::kStrided) {
+        throw std::invalid_argument("views are made of CPU buffers");
+      }
+      const c10::Storage& storage = base.storage();
+      if (v.bytes > storage.nbytes()) {
+        throw std::out_of_range("a view reaching past its buffer");
+      }
+      // what new() then set_(storage, offset, sizes, strides) make, without the dispatch
+      auto impl = c10::make_intrusive<c10::TensorImpl>(
+          c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+          c10::scalarTypeToTypeMeta(v.dtype));
+      impl->set_sizes_and_strides(v.sizes, v.strides, v.offset);
+      impl->bump_version();  // (as set_ does)
+      py::object obj = py::cast(at::Tensor(std::move(impl)));
+      values[v.slot] = obj;
+      made.append(py::make_tuple(obj, storages[v.memory_id], v.offset_obj, v.sizes_obj,
+                                 v.strides_obj));
+    }
+  }
+
+  size_t size() const { return views_.size(); }
+
+ private:
+  struct View {
+    size_t slot;
+    size_t memory_id;
+    int64_t offset;
+    c10::ScalarType dtype;
+    std::vector<int64_t> sizes, strides;
+    size_t bytes;
+    py::object offset_obj, sizes_obj, strides_obj;
+  };
+  std::vector<View> views_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(ptexec_steps, m) {
@@ -267,4 +357,8 @@ PYBIND11_MODULE(ptexec_steps, m) {
       .def("run", &Steps::run, py::arg("empty"), py::call_guard<py::gil_scoped_release>())
       .def("stopped", &Steps::stopped, py::arg("k"));
   m.def("copies", &copies, py::arg("tensors"));
+  py::class_<Views>(m, "Views")
+      .def(py::init<const py::list&>(), py::arg("entries"))
+      .def("make", &Views::make, py::arg("bases"), py::arg("values"), py::arg("made"))
+      .def("__len__", &Views::size);
 }

@@ -9,11 +9,12 @@ tuples of their items. Unplanned inputs and the lists a kernel renders per use a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from .. import native
 from ..dtypes import CODE_TO_DTYPE
 from ..errors import LimitExceededError, PteFormatError
 from ..format import program as p
@@ -100,6 +101,30 @@ class _Recipe:
     # made per load: an int, the slot of a tensor made as on the first load
     tensors: tuple[_Planned | _Constant | int, ...]
     int_lists: tuple[tuple[int, tuple[int, ...]], ...]
+    # the planned views as one object of the native library (made on first use), the
+    # other tensors, and the planned ones initialised when their buffer is new
+    native: list[tuple[Any, tuple[_Constant | int, ...], tuple[_Planned, ...]] | None] = field(
+        default_factory=lambda: [None], compare=False
+    )
+
+
+def _native_views(
+    recipe: _Recipe,
+) -> tuple[Any, tuple[_Constant | int, ...], tuple[_Planned, ...]] | None:
+    """``recipe``'s planned views as the native library's ``Views``, with the tensors it
+    does not make; None without the library."""
+    split = recipe.native[0]
+    if split is None:
+        lib = native.module()
+        if lib is None:
+            return None
+        planned = [t for t in recipe.tensors if isinstance(t, _Planned)]
+        views = lib.Views(
+            [(t.slot, t.memory_id, t.offset, t.dtype, t.sizes, t.strides) for t in planned]
+        )
+        rest = tuple(t for t in recipe.tensors if not isinstance(t, _Planned))
+        split = recipe.native[0] = (views, rest, tuple(t for t in planned if t.init))
+    return split
 
 
 # recipes, by the decoded plan (shared by the loads of the same bytes) and the device map
@@ -293,17 +318,33 @@ def _replay(
     the geometry of each planned view and each constant of the program's bytes as made."""
     plan = recipe.plan
     storages: dict[int, tuple[Any, torch.device]] = {}
+    on_cpu = True
     for b in buffers:
         if b.data.storage_offset():
             raise ValueError("planned storage must start at offset 0")
         storages[b.info.index] = (b.data.untyped_storage(), b.data.device)
+        on_cpu = on_cpu and b.data.is_cpu
     unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
     values = list(recipe.template)
     made: list[Owned] = []
     append = made.append
     makers: dict[tuple[int, torch.dtype], Any] = {}  # per buffer and dtype: empty_maker's
     pte = program.pte
-    for t in recipe.tensors:
+    tensors: tuple[_Planned | _Constant | int, ...] = recipe.tensors
+    split = _native_views(recipe) if on_cpu and buffers else None
+    if split is not None:  # the planned views in one call of the native library
+        views, tensors, inits = split
+        bases: list[Any] = [None] * (max(storages) + 1)
+        for b in buffers:
+            bases[b.info.index] = (b.data, storages[b.info.index][0])
+        views.make(bases, values, made)
+        for t in inits:
+            if t.memory_id in fresh:
+                value = plan.values[t.slot]
+                assert isinstance(value, p.Tensor)
+                where = f"{path}.values[{t.slot}].tensor"
+                _initialise(program, value, values[t.slot], t.dtype, where)
+    for t in tensors:
         if isinstance(t, _Constant):
             slot, buffer, nbytes, dtype, sizes, strides = t
             data = pte.constant(buffer, nbytes)
