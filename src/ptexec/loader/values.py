@@ -338,12 +338,12 @@ def _replay(
         for b in buffers:
             bases[b.info.index] = (b.data, storages[b.info.index][0])
         views.make(bases, values, made)
-        for init in inits:
-            if init.memory_id in fresh:
-                value = plan.values[init.slot]
+        for first in inits:
+            if first.memory_id in fresh:
+                value = plan.values[first.slot]
                 assert isinstance(value, p.Tensor)
-                where = f"{path}.values[{init.slot}].tensor"
-                _initialise(program, value, values[init.slot], init.dtype, where)
+                where = f"{path}.values[{first.slot}].tensor"
+                _initialise(program, value, values[first.slot], first.dtype, where)
     for t in tensors:
         if isinstance(t, _Constant):
             slot, buffer, nbytes, dtype, sizes, strides = t
