@@ -10,6 +10,8 @@ Nothing here runs a call; nothing here knows :class:`ptexec.Method`.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -145,8 +147,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         if known is None:
             continue
         statements = loaded
-        for e in known:
-            written.update(e.writes)
+        written.update(itertools.chain.from_iterable(e.writes for e in known))
         _refuse_written_constants(plan, c, known, path)
         if options.optimize:
             statements = rewrite_chain(plan, chain, loaded, names, values, FOLD_LIMIT, known)
@@ -180,9 +181,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         record=record,
         sources=Sources(plan.name),
         fixed_slots=tuple(
-            k
-            for k, (now, was) in enumerate(zip(values, before_rewrites, strict=True))
-            if now is not was
+            itertools.compress(range(len(values)), map(operator.is_not, values, before_rewrites))
         ),
     )
     state.key = _state_key(plan, plan_index, dmap, shared, options)

@@ -155,6 +155,8 @@ def build_values(
     if hit is not None and hit.plan is plan:
         return _replay(hit, program, path, dmap, buffers, fresh, max_unplanned_bytes)
     values, recipe, made = _build(program, plan, path, dmap, buffers, fresh, max_unplanned_bytes)
+    if any(b.data.is_cpu for b in buffers):
+        _native_views(recipe)  # made now, for the next load (when the library is ready)
     _recipes.put(key, recipe)  # the plan kept alive: its id stays its own
     return values, made
 
