@@ -13,7 +13,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
-#include <ATen/ops/empty_strided.h>
+#include <ATen/EmptyTensor.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -246,7 +246,8 @@ std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
     if (t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
         !t.is_neg() && !t.is_conj() && !t.is_quantized() && t.numel() > 0 &&
         t.data_ptr() != nullptr) {
-      at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+      // (the CPU allocation itself: what empty_strided dispatches to, without the dispatch)
+      at::Tensor copy = at::detail::empty_strided_cpu(t.sizes(), t.strides(), t.scalar_type());
       std::memcpy(copy.data_ptr(), t.data_ptr(), t.nbytes());
       made.push_back(std::move(copy));
     } else {
