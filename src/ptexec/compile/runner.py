@@ -908,6 +908,7 @@ class CompiledRunner:
                 tuple(by_chain[c.index]),
                 c.loaded,
                 c.stacktrace,
+                c.jumps,
             )
             chains.append(rewritten)
         # run as the interpreter runs its own chains (forward-only ones as one function)

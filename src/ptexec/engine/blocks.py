@@ -117,11 +117,12 @@ def compile_chain(
 
 def forward_only(chain: PreparedChain) -> bool:
     """Every jump of ``chain`` goes forward: a call runs each instruction at most once."""
-    return all(
-        ins.destination_instruction > i
-        for i, ins in enumerate(chain.instructions)
-        if isinstance(ins, p.JumpFalseCall)
-    )
+    for i in chain.jumps:
+        jump = chain.instructions[i]
+        assert isinstance(jump, p.JumpFalseCall)
+        if jump.destination_instruction <= i:
+            return False
+    return True
 
 
 def compile_forward(chain: PreparedChain, sources: Sources) -> Callable[[list[Any]], None]:

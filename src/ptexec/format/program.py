@@ -6,7 +6,7 @@ inside the file are kept as :class:`DataRef` (absolute offsets), never copied.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 from .scalar_type import element_size, scalar_type_name
@@ -290,6 +290,17 @@ class Chain:
     outputs: tuple[int, ...]
     instructions: tuple[Instruction, ...]
     stacktrace: tuple[tuple[Frame, ...] | None, ...] | None
+    # the positions of its jumps and of its delegate calls (found once: every load of the
+    # program asks, and a chain can have thousands of instructions)
+    jumps: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    delegates: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ins = self.instructions
+        jumps = tuple(i for i, x in enumerate(ins) if isinstance(x, JumpFalseCall))
+        delegates = tuple(i for i, x in enumerate(ins) if isinstance(x, DelegateCall))
+        object.__setattr__(self, "jumps", jumps)
+        object.__setattr__(self, "delegates", delegates)
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
                 tuple(statements),
                 tuple(loaded),
                 chain.stacktrace,
+                chain.jumps,
             )
         )
     if preparer.missing:
@@ -197,9 +198,8 @@ def _refuse_written_constants(
     ptexec may share with the caller's ``bytes`` (:func:`ptexec.effects.constants_written`
     covers kernels and moves)."""
     values = plan.values
-    for i, ins in enumerate(plan.chains[c].instructions):
-        if not isinstance(ins, p.DelegateCall):
-            continue
+    chain = plan.chains[c]
+    for i in chain.delegates:
         for w in known[i].writes:
             v = values[w]
             if isinstance(v, p.Tensor) and v.is_constant:

@@ -665,7 +665,7 @@ def rewrite_chain(
     module docstring). ``values`` is the method's values table; folded results and views
     of constants are stored into it. At most ``fold_limit`` bytes of results are folded.
     ``known``: the effects of ``statements``, when the caller has them already."""
-    if any(isinstance(ins, p.JumpFalseCall) for ins in chain.instructions):
+    if chain.jumps:
         return statements
     key = _recipe_key(plan, chain, fold_limit, names, statements)
     known_recipe = _recipes.get(key)

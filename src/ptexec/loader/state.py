@@ -57,10 +57,11 @@ class PreparedChain:
     statements: tuple[Statement, ...]
     loaded: tuple[Statement, ...]
     stacktrace: tuple[tuple[p.Frame, ...] | None, ...] | None
+    jumps: tuple[int, ...]  # the positions of its jumps (the plan's ``Chain.jumps``)
 
-    @functools.cached_property
+    @property
     def has_jumps(self) -> bool:
-        return any(isinstance(ins, p.JumpFalseCall) for ins in self.instructions)
+        return bool(self.jumps)
 
     def frame(self, index: int) -> str | None:
         """The exported call stack of instruction ``index``, outermost call first."""
