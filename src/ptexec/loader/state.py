@@ -45,6 +45,11 @@ T = TypeVar("T")
 Owned = tuple[torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]
 
 
+def _read_back(t: torch.Tensor) -> Owned:
+    """``t``'s storage and geometry now."""
+    return (t, t.untyped_storage(), int(t.storage_offset()), tuple(t.shape), t.stride())
+
+
 @dataclass(eq=False)
 class PreparedChain:
     """One chain of the plan, prepared: per instruction its name (``aten::add.out``,
@@ -143,21 +148,8 @@ class MethodState:
         geometry nothing changed since they were made (loading never resizes a tensor: it
         replaces it in the table)."""
         tensor = torch.Tensor
-        known = {id(e[0]): e for e in made}
-        owned: list[Owned] = []
-        for t in self.values:
-            if isinstance(t, tensor):
-                e = known.get(id(t))
-                if e is None:
-                    e = (
-                        t,
-                        t.untyped_storage(),
-                        int(t.storage_offset()),
-                        tuple(t.shape),
-                        t.stride(),
-                    )
-                owned.append(e)
-        self.owned = owned
+        known = {id(e[0]): e for e in made}.get
+        self.owned = [known(id(t)) or _read_back(t) for t in self.values if isinstance(t, tensor)]
 
     def restore(self) -> None:
         """After a failed call, give every tensor made at load its memory and geometry
