@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -774,6 +775,40 @@ def test_cache_key_depends_on_what_the_code_depends_on() -> None:
     assert base != cache_key([b"program"], "decode", "cpu", {"a": 1})
     assert base != cache_key([b"program"], "forward", "cpu", {"a": 2})
     assert base != cache_key([b"prog", b"ram"], "forward", "cpu", {"a": 1})
+
+
+def test_generated_matrix_kernels_are_preferred_only_where_rows_vary() -> None:
+    """The autotuner's choices for a matrix product: where its rows vary (a prompt traced
+    at its bound, a decode step of one row) only the generated kernels; where every size
+    but the columns is fixed, all of them, the autotuner's timing at the one size
+    deciding; outside a compile, or with no generated kernel, as they are."""
+    import sympy
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    from ptexec.compile import aoti
+
+    class _Layout:
+        def __init__(self, *size: object) -> None:
+            self.size = list(size)
+
+    def choices(*size: object) -> list[Any]:
+        library = object.__new__(ExternKernelCaller)
+        generated = types.SimpleNamespace()
+        library.layout = generated.layout = _Layout(*size)
+        return [library, generated]
+
+    rows = sympy.Symbol("s0", positive=True, integer=True)
+    with aoti._templates_preferred(True):
+        varying = choices(rows, 64)
+        assert aoti._templates_first(varying) == varying[1:]
+        batch = choices(2, rows, 64)
+        assert aoti._templates_first(batch) == batch[1:]
+        for fixed in (choices(64, 256), choices(sympy.Integer(1), 256), choices(4, 64, 32)):
+            assert aoti._templates_first(fixed) == fixed
+        library_only = choices(rows, 64)[:1]
+        assert aoti._templates_first(library_only) == library_only
+    outside = choices(rows, 64)
+    assert aoti._templates_first(outside) == outside
 
 
 # ---- the CUDA path: its rules on the CPU, the real thing where there is a GPU --------------
