@@ -361,6 +361,40 @@ def test_planned_views_made_in_one_native_call_are_the_ones_python_makes(
         _assert_forward_calls(name, made, python)
 
 
+def test_native_views_that_fail_leave_the_python_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native ``Views.make`` that raises (half-way through the table) is not the load's
+    failure: the Python replay makes the table, as a load without the library does."""
+    from ptexec import native
+
+    if native.wait() is None:
+        pytest.skip(f"no native library: {native.unavailable()}")
+    pte, data = fixture_paths("stateful")
+    _forget()
+    ptexec.load(pte, data_path=data).load_method()
+    (recipe,) = loader_values._recipes.values()
+    split = recipe.native[0]
+    assert isinstance(split, tuple)
+
+    class _Failing:
+        def make(self, bases: object, values: list[object], made: list[object]) -> None:
+            values[0] = made.append("half-way")  # type: ignore[func-returns-value]
+            raise IndexError("a view reaching past its buffer")
+
+    recipe.native[0] = (_Failing(), *split[1:])
+    try:
+        again = ptexec.load(pte, data_path=data).load_method()
+    finally:
+        recipe.native[0] = split
+    monkeypatch.setattr(loader_values, "_native_views", lambda recipe: None)
+    python = ptexec.load(pte, data_path=data).load_method()
+    for a, b in zip(again.state.values, python.state.values, strict=True):
+        assert type(a) is type(b)
+        if isinstance(a, torch.Tensor):
+            assert _described(a) == _described(b)
+    assert all(isinstance(e[0], torch.Tensor) for e in again.state.owned)
+    _assert_forward_calls("stateful", again, python)
+
+
 def test_native_views_refuse_a_buffer_too_small_or_missing() -> None:
     from ptexec import native
 

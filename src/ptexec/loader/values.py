@@ -10,7 +10,7 @@ tuples of their items. Unplanned inputs and the lists a kernel renders per use a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
@@ -101,11 +101,12 @@ class _Recipe:
     # made per load: an int, the slot of a tensor made as on the first load
     tensors: tuple[_Planned | _Constant | int, ...]
     int_lists: tuple[tuple[int, tuple[int, ...]], ...]
-    # the planned views as one object of the native library (made on first use), the
-    # other tensors, and the planned ones initialised when their buffer is new
-    native: list[tuple[Any, tuple[_Constant | int, ...], tuple[_Planned, ...]] | None] = field(
-        default_factory=lambda: [None], compare=False
-    )
+    # the planned views as one object of the native library, the other tensors, and the
+    # planned ones initialised when their buffer is new (made with the recipe, or on first
+    # use if the library was not ready then; False: it could not be made)
+    native: list[
+        tuple[Any, tuple[_Constant | int, ...], tuple[_Planned, ...]] | Literal[False] | None
+    ] = field(default_factory=lambda: [None], compare=False)
 
 
 def _native_views(
@@ -119,12 +120,16 @@ def _native_views(
         if lib is None:
             return None
         planned = [t for t in recipe.tensors if isinstance(t, _Planned)]
-        views = lib.Views(
-            [(t.slot, t.memory_id, t.offset, t.dtype, t.sizes, t.strides) for t in planned]
-        )
+        try:
+            views = lib.Views(
+                [(t.slot, t.memory_id, t.offset, t.dtype, t.sizes, t.strides) for t in planned]
+            )
+        except (RuntimeError, ValueError, TypeError):
+            split = recipe.native[0] = False
+            return None
         rest = tuple(t for t in recipe.tensors if not isinstance(t, _Planned))
         split = recipe.native[0] = (views, rest, tuple(t for t in planned if t.init))
-    return split
+    return split if isinstance(split, tuple) else None
 
 
 # recipes, by the decoded plan (shared by the loads of the same bytes) and the device map
@@ -339,7 +344,11 @@ def _replay(
         bases: list[Any] = [None] * (max(storages) + 1)
         for b in buffers:
             bases[b.info.index] = (b.data, storages[b.info.index][0])
-        views.make(bases, values, made)
+        try:
+            views.make(bases, values, made)
+        except (RuntimeError, ValueError, IndexError):  # (never, for buffers of its plan)
+            values, tensors, inits = list(recipe.template), recipe.tensors, ()
+            made.clear()
         for first in inits:
             if first.memory_id in fresh:
                 value = plan.values[first.slot]
