@@ -20,7 +20,7 @@ write nothing but their outs, on the CPU.
 
 A repeated load of a plan makes its planned tensors (views of its CPU buffers, their
 geometry recorded by the first load: :mod:`ptexec.loader.values`) with the library's
-``Views``: the tensors the Python replay makes, about a fifth of its cost.
+``Views``: the tensors the Python replay makes, in about a quarter of its time.
 
 **Build and trust.** The library is compiled once per key (a digest of its source, the
 compiler's file, and the versions of torch and Python) and kept in the cache root under
