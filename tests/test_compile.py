@@ -778,10 +778,10 @@ def test_cache_key_depends_on_what_the_code_depends_on() -> None:
 
 
 def test_generated_matrix_kernels_are_preferred_only_where_rows_vary() -> None:
-    """The autotuner's choices for a matrix product: where its rows vary (a prompt traced
-    at its bound, a decode step of one row) only the generated kernels; where every size
-    but the columns is fixed, all of them, the autotuner's timing at the one size
-    deciding; outside a compile, or with no generated kernel, as they are."""
+    """The autotuner's choices for a matrix product: where a size varies (a prompt traced
+    at its bound, a decode step of one row, attention over a growing cache) only the
+    generated kernels; where every size is fixed, all of them, the autotuner's timing at
+    the one size deciding; outside a compile, or with no generated kernel, as they are."""
     import sympy
     from torch._inductor.select_algorithm import ExternKernelCaller
 
@@ -803,6 +803,8 @@ def test_generated_matrix_kernels_are_preferred_only_where_rows_vary() -> None:
         assert aoti._templates_first(varying) == varying[1:]
         batch = choices(2, rows, 64)
         assert aoti._templates_first(batch) == batch[1:]
+        columns = choices(8, 4, 1, rows)  # (scores over a cache that grows)
+        assert aoti._templates_first(columns) == columns[1:]
         for fixed in (choices(64, 256), choices(sympy.Integer(1), 256), choices(4, 64, 32)):
             assert aoti._templates_first(fixed) == fixed
         library_only = choices(rows, 64)[:1]

@@ -414,8 +414,53 @@ def test_native_views_refuse_a_buffer_too_small_or_missing() -> None:
     assert isinstance(values[0], torch.Tensor)
     assert values[0].tolist() == [[2.0, 3.0, 4.0], [5.0, 6.0, 7.0]]
     assert made[0][0] is values[0] and made[0][2:] == (2, (2, 3), (3, 1))
-    with pytest.raises(ValueError):
-        lib.Views([(0, 1, -1, torch.float32, (2,), (1,))])
+    for sizes, strides, offset in (
+        ((2,), (1,), -1),  # a negative offset
+        ((), (), -1),  # ... of a 0-d view
+        ((2, 3), (3,), 0),  # fewer strides than sizes
+        ((2,), (-1,), 0),  # a negative stride
+        ((2**62 + 1,), (4,), 0),  # an extent past int64
+        ((2**61, 2), (1, 2**62), 0),
+    ):
+        with pytest.raises(ValueError):
+            lib.Views([(0, 1, offset, torch.float32, sizes, strides)])
+    empty = lib.Views([(0, 1, 0, torch.float32, (0, 2**62), (2**62, 1))])  # no elements
+    empty.make([None, (small, small.untyped_storage())], values, [])
+    assert isinstance(values[0], torch.Tensor) and values[0].numel() == 0
+
+
+def test_native_views_are_not_used_once_the_library_is_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PTEXEC_NATIVE_STEPS=0`` set while the process runs: later loads make their planned
+    views in Python, though the plan's recipe holds the library's object."""
+    from ptexec import native
+
+    if native.wait() is None:
+        pytest.skip(f"no native library: {native.unavailable()}")
+    pte, data = fixture_paths("mlp")
+    _forget()
+    ptexec.load(pte, data_path=data).load_method()
+    (recipe,) = loader_values._recipes.values()
+    split = recipe.native[0]
+    assert isinstance(split, tuple)
+    calls: list[int] = []
+
+    class _Counted:
+        def make(self, bases: object, values: object, made: object) -> None:
+            calls.append(1)
+            split[0].make(bases, values, made)
+
+    recipe.native[0] = (_Counted(), *split[1:])
+    try:
+        ptexec.load(pte, data_path=data).load_method()
+        assert calls == [1]
+        monkeypatch.setenv("PTEXEC_NATIVE_STEPS", "0")
+        m = ptexec.load(pte, data_path=data).load_method()
+        assert calls == [1]
+    finally:
+        recipe.native[0] = split
+    _assert_forward_calls("mlp", m)
 
 
 @pytest.mark.parametrize("name", _loadable_fixtures())
@@ -597,3 +642,42 @@ def test_loads_of_one_plan_share_the_description_never_the_specs(name: str) -> N
         if theirs.default is not None:
             assert mine.default is again.state.values[mine.slot]
     _assert_forward_calls(name, first, again)
+
+
+def test_an_lru_lists_its_values_while_other_threads_look_up() -> None:
+    """``Lru.get`` takes no lock (each dictionary operation is atomic); ``values`` and
+    ``put`` from other threads meanwhile neither fail nor lose an entry's cost."""
+    import threading
+
+    from ptexec.format.lru import Lru
+
+    cache: Lru[int] = Lru(64, 1 << 20)
+    for k in range(64):
+        cache.put(k, k, 3)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def looking() -> None:
+        while not stop.is_set():
+            for k in range(64):
+                cache.get(k)
+
+    def listing() -> None:
+        try:
+            for _ in range(3000):
+                assert len(cache.values()) <= 64
+                cache.put(7, 7, 3)
+        except BaseException as e:
+            errors.append(e)
+
+    lookers = [threading.Thread(target=looking) for _ in range(2)]
+    for t in lookers:
+        t.start()
+    try:
+        listing()
+    finally:
+        stop.set()
+        for t in lookers:
+            t.join()
+    assert not errors
+    assert sorted(cache.values()) == list(range(64)) and cache._cost == 64 * 3

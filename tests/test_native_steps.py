@@ -368,3 +368,11 @@ def test_an_index_out_of_range_fails_alike(library: Any, monkeypatch: pytest.Mon
     assert "index out of range" in outcomes[0][1]
     for a, b in zip(outcomes[0][2], outcomes[1][2], strict=True):
         _same(a, b, "after the error")
+
+
+def test_the_library_answers_under_its_earlier_name() -> None:
+    """``ptexec.engine.native`` (the name the library had) gives the same functions."""
+    from ptexec.engine import native as earlier
+
+    assert earlier.wait is native.wait and earlier.module is native.module
+    assert earlier.unavailable is native.unavailable and earlier.copies is native.copies

@@ -113,12 +113,12 @@ _installed = False
 
 def _templates_first(choices: list[Any]) -> list[Any]:
     """The autotuner's choices for one matrix product, while :func:`compile_models` runs:
-    the generated C++ kernels alone where there are any and the product's rows are not
-    fixed. The autotuner times its choices at the traced sizes (a dynamic size at its
+    the generated C++ kernels alone where there are any and the product's sizes are not
+    all fixed. The autotuner times its choices at the traced sizes (a dynamic size at its
     bound: a whole prompt), where a library call may win; a decode step then multiplies
     one row, which the library runs as a general matrix-vector product, several times
     slower than the generated kernel made for these weights (measured on small LLMs: a
-    quarter of a compiled decode step). Where every size but the columns is fixed, the
+    quarter of a compiled decode step). Where every size of the product is fixed, the
     traced sizes are the only ones, so the autotuner's own choice stands (ATen's matrix
     product ran a 4-block transformer at 64 tokens 1.6x as fast as the generated kernels).
     Outside a compile, or with no generated kernel among them, the choices as they are."""
@@ -127,18 +127,18 @@ def _templates_first(choices: list[Any]) -> list[Any]:
     from torch._inductor.select_algorithm import ExternKernelCaller
 
     generated = [c for c in choices if not isinstance(c, ExternKernelCaller)]
-    if not generated or _rows_fixed(choices):
+    if not generated or _one_size(choices):
         return choices
     return generated
 
 
-def _rows_fixed(choices: list[Any]) -> bool:
+def _one_size(choices: list[Any]) -> bool:
     """Whether the product the autotuner chooses for has one size only: every size of its
-    result but the last (the columns, fixed by the weights) a number."""
+    result a number (rows and columns: a product of two activations may vary in either)."""
     size = getattr(getattr(choices[0], "layout", None), "size", None)
     if not size or len(size) < 2:
         return False
-    return all(isinstance(s, int) or bool(getattr(s, "is_number", False)) for s in size[:-1])
+    return all(isinstance(s, int) or bool(getattr(s, "is_number", False)) for s in size)
 
 
 def _install_filter() -> None:

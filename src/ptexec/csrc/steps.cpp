@@ -274,17 +274,7 @@ class Views {
       v.dtype = torch::jit::toIValue(e[3], c10::ScalarTypeType::get()).toScalarType();
       v.sizes = e[4].cast<std::vector<int64_t>>();
       v.strides = e[5].cast<std::vector<int64_t>>();
-      // the bytes of the buffer it reaches (none for no elements)
-      int64_t last = v.offset;
-      bool empty = false;
-      for (size_t d = 0; d < v.sizes.size(); ++d) {
-        if (v.sizes[d] == 0) empty = true;
-        if (v.sizes[d] < 0 || v.strides[d] < 0 || v.offset < 0) {
-          throw std::invalid_argument("a view of negative sizes, strides or offset");
-        }
-        last += (v.sizes[d] - 1) * v.strides[d];
-      }
-      v.bytes = empty ? 0 : static_cast<size_t>(last + 1) * c10::elementSize(v.dtype);
+      v.bytes = extent(v);
       v.offset_obj = py::reinterpret_borrow<py::object>(e[2]);
       v.sizes_obj = py::reinterpret_borrow<py::object>(e[4]);
       v.strides_obj = py::reinterpret_borrow<py::object>(e[5]);
@@ -332,6 +322,38 @@ class Views {
   size_t size() const { return views_.size(); }
 
  private:
+  struct View;
+
+  // The bytes of its buffer that view `v` reaches (none for no elements); refuses
+  // negative or mismatched geometry and sizes whose extent overflows.
+  static size_t extent(const View& v) {
+    if (v.sizes.size() != v.strides.size()) {
+      throw std::invalid_argument("a view with as many strides as sizes");
+    }
+    if (v.offset < 0) throw std::invalid_argument("a view at a negative offset");
+    int64_t last = v.offset;
+    for (size_t d = 0; d < v.sizes.size(); ++d) {
+      if (v.sizes[d] < 0 || v.strides[d] < 0) {
+        throw std::invalid_argument("a view of negative sizes or strides");
+      }
+      if (v.sizes[d] == 0) return 0;
+    }
+    for (size_t d = 0; d < v.sizes.size(); ++d) {
+      int64_t step = 0;
+      if (__builtin_mul_overflow(v.sizes[d] - 1, v.strides[d], &step) ||
+          __builtin_add_overflow(last, step, &last)) {
+        throw std::invalid_argument("a view whose extent overflows");
+      }
+    }
+    int64_t count = 0, bytes = 0;
+    if (__builtin_add_overflow(last, int64_t{1}, &count) ||
+        __builtin_mul_overflow(count, static_cast<int64_t>(c10::elementSize(v.dtype)),
+                               &bytes)) {
+      throw std::invalid_argument("a view whose extent overflows");
+    }
+    return static_cast<size_t>(bytes);
+  }
+
   struct View {
     size_t slot;
     size_t memory_id;

@@ -82,8 +82,9 @@ class Lru(Generic[V]):
 
     def values(self) -> list[V]:
         """The values kept now, least recently used first."""
-        with self._lock:
-            return [v for v, _ in self._items.values()]
+        with self._lock:  # (one C call copies them: a get's reordering cannot interleave)
+            kept = list(self._items.values())
+        return [v for v, _ in kept]
 
     def clear(self) -> None:
         with self._lock:

@@ -114,6 +114,8 @@ def _native_views(
 ) -> tuple[Any, tuple[_Constant | int, ...], tuple[_Planned, ...]] | None:
     """``recipe``'s planned views as the native library's ``Views``, with the tensors it
     does not make; None without the library."""
+    if not native.enabled():  # (turned off since the recipe was made)
+        return None
     split = recipe.native[0]
     if split is None:
         lib = native.module()
