@@ -328,7 +328,7 @@ class Views {
   // negative or mismatched geometry and sizes whose extent overflows.
   static size_t extent(const View& v) {
     if (v.sizes.size() != v.strides.size()) {
-      throw std::invalid_argument("a view with as many strides as sizes");
+      throw std::invalid_argument("a view whose strides are not one per size");
     }
     if (v.offset < 0) throw std::invalid_argument("a view at a negative offset");
     int64_t last = v.offset;
@@ -369,7 +369,9 @@ class Views {
 }  // namespace
 
 PYBIND11_MODULE(ptexec_steps, m) {
-  m.doc() = "Runs of prepared boxed calls of torch's operators (ptexec.native).";
+  m.doc() =
+      "Runs of prepared boxed calls of torch's operators, planned views and output copies "
+      "(ptexec.native).";
   py::class_<Steps>(m, "Steps")
       .def(py::init<>())
       .def("add", &Steps::add, py::arg("name"), py::arg("overload"), py::arg("args"),
