@@ -678,6 +678,10 @@ def _generate(
                     outs.append(returned.pop(out.slot))
                 elif out.kind == "tensor" and copy:
                     outs.append(f"{x}.clone()")
+                elif out.kind == "tensor" and out.slot in fresh:
+                    # new on every call, of no constant or shared memory, and read by
+                    # nothing before the next call replaces it: the caller's as it is
+                    outs.append(x)
                 elif out.kind == "tensor":  # a view, unless of constants or shared state
                     bound.set("K", _unviewed_memory)
                     outs.append(
