@@ -376,3 +376,126 @@ def test_the_library_answers_under_its_earlier_name() -> None:
 
     assert earlier.wait is native.wait and earlier.module is native.module
     assert earlier.unavailable is native.unavailable and earlier.copies is native.copies
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: the fast call's checks send it to the general path."""
+
+
+def _variants(x: torch.Tensor) -> list[Any]:
+    """An input's good, odd and bad forms for the inputs' checks."""
+    cases: list[Any] = [
+        x,
+        x.clone(),
+        x.double() if x.dtype != torch.float64 else x.float(),
+        x.unsqueeze(0),
+        torch.empty(x.shape, dtype=x.dtype, device="meta"),
+        x.tolist(),
+        3,
+        None,
+        x.as_subclass(_Sub),
+        torch._neg_view(x) if x.dtype.is_floating_point else -x,
+    ]
+    if x.dtype != torch.bfloat16:  # (numpy has none)
+        cases.append(x.numpy())
+    if x.dim():
+        cases += [x[:1], x[:0], torch.cat([x, x]).view(2, *x.shape)[1]]
+    if x.dim() >= 2:
+        cases.append(x.t().contiguous().t())  # the right sizes, another layout
+        cases.append(x.to_sparse())
+    if x.dtype.is_floating_point:
+        cases += [x.clone().requires_grad_(), torch.nn.Parameter(x.clone())]
+    return cases
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mlp",
+        "mlp_unplanned",
+        "cond",
+        "cond_unplanned",
+        "int_ops",
+        "scalar_io",
+        "dynamic_mlp",
+        "bf16_mlp_unplanned",
+    ],
+)
+def test_the_guard_takes_exactly_the_calls_the_python_checks_take(
+    library: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library's ``Guard`` checks the fast call's CPU tensor inputs of static shape in
+    one call where it is loaded: every input the Python checks send to the general path,
+    it sends there too, and every call they take it takes, with the same outcome (values,
+    the call's record, or the error) and the same tensors, as a list or a tuple. Among the
+    inputs: a view of the method's own planned memory (an output handed out as a view)."""
+    from ptexec.engine import arguments
+
+    general: list[bool] = []
+    check = arguments.check_inputs
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        general.append(True)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(arguments, "check_inputs", watched)
+    path = FIX / f"{name}.pte"
+    guarded = _load(path, "forward", True, monkeypatch)
+    plain = _load(path, "forward", False, monkeypatch)
+    assert "_guard(inputs)" in guarded.source() and "_guard" not in plain.source()
+    inputs = list(torch.load(path.with_suffix(".io.pt"), weights_only=False)["calls"][0]["inputs"])
+    cases: list[list[Any]] = [list(inputs)]
+    for k, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor):
+            cases += [[*inputs[:k], v, *inputs[k + 1 :]] for v in _variants(x)]
+    # an output of the method's own memory, as an input of its shape: read before written
+    held = guarded.execute([_clone(x) for x in inputs], outputs="view")
+    for k, x in enumerate(inputs):
+        for out in held:
+            if (
+                isinstance(out, torch.Tensor)
+                and isinstance(x, torch.Tensor)
+                and (out.shape, out.dtype) == (x.shape, x.dtype)
+            ):
+                cases.append([*inputs[:k], out.clone(), *inputs[k + 1 :]])
+    cases += [inputs[:-1], [*inputs, inputs[-1]]]
+
+    def outcome(m: Any, call: Any) -> tuple[Any, ...]:
+        general.clear()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = m.execute(call)
+        except Exception as e:
+            return ("error", type(e), str(e), bool(general))
+        rec = m.last_call
+        return ("ok", result, (list(rec.inputs), rec.h2h), bool(general))
+
+    taken = 0
+    for n, case in enumerate(cases):
+        for form in (list, tuple):
+            a = outcome(guarded, form(case))
+            b = outcome(plain, form(case))
+            assert a[0] == b[0] and a[2:] == b[2:], (name, n, a, b)
+            if a[0] == "ok":
+                for k, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
+                    _same(x, y, f"{name} case {n} output {k}")
+            taken += not a[3]
+    assert taken >= 2  # (the recorded call, as a list and a tuple)
+    # a view of each method's own planned memory (an output it handed out), as an input
+    views = 0
+    for k, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            continue
+        found = []
+        for m in (guarded, plain):
+            for out in m.execute([_clone(y) for y in inputs], outputs="view"):
+                if isinstance(out, torch.Tensor) and (out.shape, out.dtype) == (x.shape, x.dtype):
+                    found.append(outcome(m, [*inputs[:k], out, *inputs[k + 1 :]]))
+                    break
+        if len(found) == 2:
+            a, b = found
+            assert a[0] == b[0] and a[2:] == b[2:], (name, k, a, b)
+            views += 1
+    if name in ("cond", "cond_unplanned"):
+        assert views

@@ -18,6 +18,10 @@ line, exactly as the Python statement would; after a warning (the step ran) the 
 the run is its Python statements. A step never runs again. Steps are statements that
 write nothing but their outs, on the CPU.
 
+The fast call checks its CPU tensor inputs (type, dtype, device, sizes, layout, the
+planned memory kept apart) in one call of the library's ``Guard``, where the generated
+Python would spend about 0.4 us an input.
+
 A repeated load of a plan makes its planned tensors (views of its CPU buffers, their
 geometry recorded by the first load: :mod:`ptexec.loader.values`) with the library's
 ``Views``: the tensors the Python replay makes, in about a quarter of its time.
