@@ -395,6 +395,7 @@ def _variants(x: torch.Tensor) -> list[Any]:
         None,
         x.as_subclass(_Sub),
         torch._neg_view(x) if x.dtype.is_floating_point else -x,
+        torch._efficientzerotensor(x.shape, dtype=x.dtype),  # no memory: address 0
     ]
     if x.dtype != torch.bfloat16:  # (numpy has none)
         cases.append(x.numpy())

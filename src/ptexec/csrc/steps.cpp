@@ -27,6 +27,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -236,6 +237,44 @@ class Steps {
   std::exception_ptr error_;
 };
 
+// A copy of `object` as the self of a builtin function of one argument (`def`, whose
+// function reads it back with `self_of<T>`): a call then costs what calling a builtin
+// costs, where a bound method of a pybind11 class costs its argument handling (about
+// 0.1 us) on every call.
+template <class T>
+py::object builtin(const T& object, PyMethodDef* def) {
+  auto* copy = new T(object);
+  PyObject* capsule = PyCapsule_New(copy, T::kCapsule, [](PyObject* c) {
+    delete static_cast<T*>(PyCapsule_GetPointer(c, T::kCapsule));
+  });
+  if (capsule == nullptr) {
+    delete copy;
+    throw py::error_already_set();
+  }
+  PyObject* fn = PyCFunction_New(def, capsule);
+  Py_DECREF(capsule);  // (the function holds it)
+  if (fn == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
+template <class T>
+const T* self_of(PyObject* capsule) {
+  return static_cast<const T*>(PyCapsule_GetPointer(capsule, T::kCapsule));
+}
+
+// The item at `position` of a list or tuple (borrowed), or null.
+PyObject* item(PyObject* seq, size_t position) {
+  if (PyList_Check(seq)) {
+    return position < static_cast<size_t>(PyList_GET_SIZE(seq)) ? PyList_GET_ITEM(seq, position)
+                                                                 : nullptr;
+  }
+  if (PyTuple_Check(seq)) {
+    return position < static_cast<size_t>(PyTuple_GET_SIZE(seq)) ? PyTuple_GET_ITEM(seq, position)
+                                                                  : nullptr;
+  }
+  return nullptr;
+}
+
 // The common checks of a fast call's tensor inputs, made once per load: each entry's
 // input (by its position in the call's list or tuple) must be a torch.Tensor itself (no
 // subclass), of the entry's dtype, a strided CPU tensor that requires no grad, of the
@@ -275,15 +314,13 @@ class Guard {
   // Whether every entry's input passes (called with the GIL).
   bool check(const py::handle& inputs) const {
     PyObject* seq = inputs.ptr();
-    const bool list = PyList_Check(seq);
-    if (!list && !PyTuple_Check(seq)) return false;
-    const auto n = static_cast<size_t>(list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq));
     const auto* tensor_type = reinterpret_cast<PyTypeObject*>(THPVariableClass);
     try {
       for (const Entry& x : entries_) {
-        if (x.position >= n) return false;
-        PyObject* obj = list ? PyList_GET_ITEM(seq, x.position) : PyTuple_GET_ITEM(seq, x.position);
-        if (tensor_type == nullptr || Py_TYPE(obj) != tensor_type) return false;
+        PyObject* obj = item(seq, x.position);
+        if (obj == nullptr || tensor_type == nullptr || Py_TYPE(obj) != tensor_type) {
+          return false;
+        }
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (t.scalar_type() != x.dtype || !t.is_cpu() || t.requires_grad() ||
             t.layout() != at::kStrided) {
@@ -315,29 +352,14 @@ class Guard {
 
   size_t size() const { return entries_.size(); }
 
-  // The checks as a plain Python function of the inputs (its own copy of this guard): a
-  // call costs what calling a builtin costs, where a bound method of this class costs
-  // pybind11's argument handling (about 0.1 us) on every call.
-  py::object function() const {
-    auto* copy = new Guard(*this);
-    PyObject* capsule = PyCapsule_New(copy, kCapsule, [](PyObject* c) {
-      delete static_cast<Guard*>(PyCapsule_GetPointer(c, kCapsule));
-    });
-    if (capsule == nullptr) {
-      delete copy;
-      throw py::error_already_set();
-    }
-    PyObject* fn = PyCFunction_New(&kDef, capsule);
-    Py_DECREF(capsule);  // (the function holds it)
-    if (fn == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(fn);
-  }
+  // The checks as a builtin function of the inputs (its own copy of this guard).
+  py::object function() const { return builtin(*this, &kDef); }
 
- private:
   static constexpr const char* kCapsule = "ptexec_steps.Guard";
 
-  static PyObject* call(PyObject* capsule, PyObject* inputs) {
-    const auto* guard = static_cast<const Guard*>(PyCapsule_GetPointer(capsule, kCapsule));
+ private:
+  static PyObject* call(PyObject* self, PyObject* inputs) {
+    const Guard* guard = self_of<Guard>(self);
     if (guard == nullptr) return nullptr;
     if (guard->check(inputs)) Py_RETURN_TRUE;
     Py_RETURN_FALSE;
@@ -356,6 +378,72 @@ class Guard {
   };
   std::vector<Entry> entries_;
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;
+};
+
+// The copies of a fast call's planned inputs into their views, made once per load: for
+// each entry (position, the view's address, its bytes), the input that passed the guard
+// is copied as bytes when it is dense (contiguous, its memory holding its values, at a
+// nonzero address: a ZeroTensor has none) and of exactly the view's bytes; the others
+// are left to torch's copy (the bits of their positions in the result). As the
+// generated Python's memmove does.
+class Puts {
+ public:
+  explicit Puts(const std::vector<std::tuple<size_t, uintptr_t, size_t>>& entries) {
+    for (const auto& [position, address, bytes] : entries) {
+      if (position >= 63) throw std::invalid_argument("an input past the 63rd");
+      if (address == 0) throw std::invalid_argument("a view at no address");
+      entries_.push_back(Entry{position, reinterpret_cast<void*>(address), bytes});
+    }
+  }
+
+  // The positions (as bits) of the inputs to copy with torch; the others are copied.
+  int64_t put(PyObject* inputs) const {
+    const auto* tensor_type = reinterpret_cast<PyTypeObject*>(THPVariableClass);
+    int64_t left = 0;
+    for (const Entry& e : entries_) {
+      PyObject* obj = item(inputs, e.position);
+      bool copied = false;
+      if (obj != nullptr && tensor_type != nullptr && Py_TYPE(obj) == tensor_type) {
+        try {
+          const at::Tensor& t = THPVariable_Unpack(obj);
+          if (t.is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_neg() &&
+              !t.is_conj() && t.has_storage() && t.nbytes() == e.bytes) {
+            const void* from = t.data_ptr();
+            if (from != nullptr) {
+              std::memmove(e.to, from, e.bytes);
+              copied = true;
+            }
+          }
+        } catch (...) {  // (torch's copy then says what is wrong)
+        }
+      }
+      if (!copied) left |= int64_t{1} << e.position;
+    }
+    return left;
+  }
+
+  py::object function() const { return builtin(*this, &kDef); }
+
+  size_t size() const { return entries_.size(); }
+
+  static constexpr const char* kCapsule = "ptexec_steps.Puts";
+
+ private:
+  static PyObject* call(PyObject* self, PyObject* inputs) {
+    const Puts* puts = self_of<Puts>(self);
+    if (puts == nullptr) return nullptr;
+    return PyLong_FromLongLong(puts->put(inputs));
+  }
+
+  static inline PyMethodDef kDef = {"put", call, METH_O,
+                                    "Copies the inputs into their views; the ones left."};
+
+  struct Entry {
+    size_t position;
+    void* to;
+    size_t bytes;
+  };
+  std::vector<Entry> entries_;
 };
 
 // New tensors holding what `tensors` hold, as Tensor.clone() makes them: a dense CPU
@@ -511,6 +599,11 @@ PYBIND11_MODULE(ptexec_steps, m) {
       .def("__call__", &Guard::check, py::arg("inputs"))
       .def("function", &Guard::function)
       .def("__len__", &Guard::size);
+  py::class_<Puts>(m, "Puts")
+      .def(py::init<const std::vector<std::tuple<size_t, uintptr_t, size_t>>&>(),
+           py::arg("entries"))
+      .def("function", &Puts::function)
+      .def("__len__", &Puts::size);
   py::class_<Views>(m, "Views")
       .def(py::init<const py::list&>(), py::arg("entries"))
       .def("make", &Views::make, py::arg("bases"), py::arg("values"), py::arg("made"))

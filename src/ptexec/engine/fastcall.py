@@ -290,6 +290,33 @@ def _refuse_all(inputs: Any) -> bool:
     return False
 
 
+class _NativePuts:
+    """The library's ``Puts`` (:mod:`.native`) of the inputs ``entries`` (position,
+    bytes): each dense input copied as bytes into its planned view, whose address is the
+    load's."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self, entries: tuple[tuple[int, int], ...]) -> None:
+        self.entries = entries
+
+    def __call__(self, state: MethodState, runner: Runner) -> Any:
+        made = []
+        for i, nbytes in self.entries:
+            view = state.inputs[i].view
+            assert view is not None
+            made.append((i, view.data_ptr(), nbytes))
+        library = native.module()
+        if library is not None:
+            with contextlib.suppress(RuntimeError, ValueError, TypeError):
+                return library.Puts(made).function()
+        return functools.partial(_left_all, (1 << len(state.inputs)) - 1)
+
+
+def _left_all(left: int, inputs: Any) -> int:
+    return left  # (the library cannot make it: every input copied by torch)
+
+
 # what takes objects each load makes anew (the same kind of object, never the same one)
 _FRESH = (_Planned, _OutputRange, _Address)
 _FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run)
@@ -298,7 +325,7 @@ _FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run)
 def _makes_anew(take: Any) -> bool:
     if isinstance(take, _InputView):
         return take.address
-    return isinstance(take, (*_FRESH, _NativeRun, _Fallback, _NativeGuard)) or (
+    return isinstance(take, (*_FRESH, _NativeRun, _Fallback, _NativeGuard, _NativePuts)) or (
         take in _FRESH_FUNCTIONS
     )
 
@@ -489,6 +516,7 @@ def _generate(
     )
     entries: list[tuple[int, torch.dtype, tuple[int, ...], bool, bool]] = []
     addresses: list[tuple[int, str]] = []  # (input, a line that reads its address or sizes)
+    puts: list[tuple[int, int]] = []  # (input, bytes) copied into their views by the library
     for spec in state.inputs:
         i = spec.index
         x = f"x{i}"
@@ -595,7 +623,14 @@ def _generate(
                 binds.append(f"e{i} = V{i}.shape != {x}s")
                 binds.append(f"if e{i}: resize_to(V{i}, {x}s, o{i})")
                 resized.append(i)
-            if _raw_copy(spec, info, bool(apart)):
+            if (
+                by_guard
+                and i < 63
+                and info.dynamism == "static"
+                and _raw_copy(spec, info, bool(apart))
+            ):
+                puts.append((i, info.nbytes))  # as below, in one call of the library's Puts
+            elif _raw_copy(spec, info, bool(apart)):
                 # a dense tensor of a plain dtype: its bytes are the view's (nonzero
                 # address: a ZeroTensor has none; no lazy negation)
                 # (the view's address is fixed for the method's life, as the planned
@@ -628,6 +663,10 @@ def _generate(
     direction = "h2h" if all(s.device.is_cpu for s in state.inputs) else None
     if direction is None and copied:
         return False  # planned inputs on a device: counted per call by the general path
+    if puts:
+        bound.set("_put", _NativePuts(tuple(puts)))
+        left = [f"    if _m & {1 << i}: V{i}.copy_(x{i})" for i, _ in puts]
+        binds[:0] = ["_m = _put(inputs)", "if _m:", *left]
     if entries:
         bound.set("_guard", _NativeGuard(tuple(entries)))
         used = "\n".join(binds)
