@@ -436,9 +436,14 @@ def test_a_bounded_input_is_copied_as_bytes_after_its_view_is_resized(
 ) -> None:
     """A dense input of bounded sizes is copied as bytes into its view, resized to the
     input's sizes first; other layouts through torch's copy. Batches of every size, one
-    after the other on one method, give the general path's results."""
+    after the other on one method, give the general path's results. (The bytes are copied
+    by the native library's ``Puts`` where it is loaded, after the resize.)"""
     m = ptexec.load(FIX / "dynamic_mlp.pte").load_method("forward")
-    assert "_memmove(D0, p0, q0 - p0)" in m.source()
+    source = m.source()
+    if native.module() is not None:
+        assert source.index("resize_to(V0, x0s, o0)") < source.index("_put(inputs)")
+    else:
+        assert "_memmove(D0, p0, q0 - p0)" in source
     general = ptexec.load(FIX / "dynamic_mlp.pte").load_method("forward", fast_path=False)
     gen = torch.Generator().manual_seed(3)
     for n in (16, 1, 5, 5, 16, 2):

@@ -381,18 +381,19 @@ class Guard {
 };
 
 // The copies of a fast call's planned inputs into their views, made once per load: for
-// each entry (position, the view's address, its bytes), the input that passed the guard
-// is copied as bytes when it is dense (contiguous, its memory holding its values, at a
-// nonzero address: a ZeroTensor has none) and of exactly the view's bytes; the others
-// are left to torch's copy (the bits of their positions in the result). As the
-// generated Python's memmove does.
+// each entry (position, the view's address, its bytes, whether they are a bound), the
+// input that passed the guard is copied as bytes when it is dense (contiguous, its memory
+// holding its values, at a nonzero address: a ZeroTensor has none) and of exactly the
+// view's bytes (of at most the bound's: a bounded view is resized to the input's sizes
+// first, in place); the others are left to torch's copy (the bits of their positions in
+// the result). As the generated Python's memmove does.
 class Puts {
  public:
-  explicit Puts(const std::vector<std::tuple<size_t, uintptr_t, size_t>>& entries) {
-    for (const auto& [position, address, bytes] : entries) {
+  explicit Puts(const std::vector<std::tuple<size_t, uintptr_t, size_t, bool>>& entries) {
+    for (const auto& [position, address, bytes, bounded] : entries) {
       if (position >= 63) throw std::invalid_argument("an input past the 63rd");
       if (address == 0) throw std::invalid_argument("a view at no address");
-      entries_.push_back(Entry{position, reinterpret_cast<void*>(address), bytes});
+      entries_.push_back(Entry{position, reinterpret_cast<void*>(address), bytes, bounded});
     }
   }
 
@@ -406,11 +407,13 @@ class Puts {
       if (obj != nullptr && tensor_type != nullptr && Py_TYPE(obj) == tensor_type) {
         try {
           const at::Tensor& t = THPVariable_Unpack(obj);
+          const size_t bytes = t.nbytes();
           if (t.is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_neg() &&
-              !t.is_conj() && t.has_storage() && t.nbytes() == e.bytes) {
+              !t.is_conj() && t.has_storage() &&
+              (e.bounded ? bytes <= e.bytes : bytes == e.bytes)) {
             const void* from = t.data_ptr();
             if (from != nullptr) {
-              std::memmove(e.to, from, e.bytes);
+              std::memmove(e.to, from, bytes);
               copied = true;
             }
           }
@@ -442,6 +445,7 @@ class Puts {
     size_t position;
     void* to;
     size_t bytes;
+    bool bounded;
   };
   std::vector<Entry> entries_;
 };
@@ -600,7 +604,7 @@ PYBIND11_MODULE(ptexec_steps, m) {
       .def("function", &Guard::function)
       .def("__len__", &Guard::size);
   py::class_<Puts>(m, "Puts")
-      .def(py::init<const std::vector<std::tuple<size_t, uintptr_t, size_t>>&>(),
+      .def(py::init<const std::vector<std::tuple<size_t, uintptr_t, size_t, bool>>&>(),
            py::arg("entries"))
       .def("function", &Puts::function)
       .def("__len__", &Puts::size);

@@ -292,20 +292,20 @@ def _refuse_all(inputs: Any) -> bool:
 
 class _NativePuts:
     """The library's ``Puts`` (:mod:`.native`) of the inputs ``entries`` (position,
-    bytes): each dense input copied as bytes into its planned view, whose address is the
-    load's."""
+    bytes, whether they are a bound's): each dense input copied as bytes into its planned
+    view, whose address is the load's."""
 
     __slots__ = ("entries",)
 
-    def __init__(self, entries: tuple[tuple[int, int], ...]) -> None:
+    def __init__(self, entries: tuple[tuple[int, int, bool], ...]) -> None:
         self.entries = entries
 
     def __call__(self, state: MethodState, runner: Runner) -> Any:
         made = []
-        for i, nbytes in self.entries:
+        for i, nbytes, bounded in self.entries:
             view = state.inputs[i].view
             assert view is not None
-            made.append((i, view.data_ptr(), nbytes))
+            made.append((i, view.data_ptr(), nbytes, bounded))
         library = native.module()
         if library is not None:
             with contextlib.suppress(RuntimeError, ValueError, TypeError):
@@ -515,8 +515,10 @@ def _generate(
         not d.untyped_storage().resizable() for d in output_memory(state, cpu)
     )
     entries: list[tuple[int, torch.dtype, tuple[int, ...], bool, bool]] = []
-    addresses: list[tuple[int, str]] = []  # (input, a line that reads its address or sizes)
-    puts: list[tuple[int, int]] = []  # (input, bytes) copied into their views by the library
+    # (input, the line that reads its address): kept where the binds use the address
+    addresses: list[tuple[int, str]] = []
+    # (input, bytes, whether a bound's) copied into their views by the library
+    puts: list[tuple[int, int, bool]] = []
     for spec in state.inputs:
         i = spec.index
         x = f"x{i}"
@@ -582,10 +584,8 @@ def _generate(
             if not by_guard:
                 checks.append(f"if not ({shape_test(info, f'{x}.shape')}): return NOT_FAST")
         elif info.dynamism == "dynamic_bound":  # with elements: else EMPTY, the general path
-            if by_guard:
-                addresses.append((i, f"{x}s = {x}.shape"))
-            else:
-                checks.append(f"{x}s = {x}.shape")
+            checks.append(f"{x}s = {x}.shape")  # (the code below reads it)
+            if not by_guard:
                 checks.append(f"if not ({shape_test(info, f'{x}s')}) or 0 in {x}s: return NOT_FAST")
         else:
             return False  # unbounded inputs: the general path
@@ -623,13 +623,9 @@ def _generate(
                 binds.append(f"e{i} = V{i}.shape != {x}s")
                 binds.append(f"if e{i}: resize_to(V{i}, {x}s, o{i})")
                 resized.append(i)
-            if (
-                by_guard
-                and i < 63
-                and info.dynamism == "static"
-                and _raw_copy(spec, info, bool(apart))
-            ):
-                puts.append((i, info.nbytes))  # as below, in one call of the library's Puts
+            if by_guard and i < 63 and _raw_copy(spec, info, bool(apart)):
+                # as below, after the views are resized: one call of the library's Puts
+                puts.append((i, info.nbytes, info.dynamism != "static"))
             elif _raw_copy(spec, info, bool(apart)):
                 # a dense tensor of a plain dtype: its bytes are the view's (nonzero
                 # address: a ZeroTensor has none; no lazy negation)
@@ -665,12 +661,12 @@ def _generate(
         return False  # planned inputs on a device: counted per call by the general path
     if puts:
         bound.set("_put", _NativePuts(tuple(puts)))
-        left = [f"    if _m & {1 << i}: V{i}.copy_(x{i})" for i, _ in puts]
-        binds[:0] = ["_m = _put(inputs)", "if _m:", *left]
+        left = [f"    if _m & {1 << i}: V{i}.copy_(x{i})" for i, _, _ in puts]
+        binds += ["_m = _put(inputs)", "if _m:", *left]
     if entries:
         bound.set("_guard", _NativeGuard(tuple(entries)))
         used = "\n".join(binds)
-        reads = [r for j, r in addresses if re.search(rf"\b([pq]{j}|x{j}s)\b", used)]
+        reads = [line for j, line in addresses if re.search(rf"\b[pq]{j}\b", used)]
         checks[:0] = ["if not _guard(inputs): return NOT_FAST", *reads]
     total = " + ".join(str(c) for c in copied) or "0"
     env["ACTIONS"] = tuple(actions)
