@@ -352,9 +352,10 @@ def test_a_template_binds_each_loads_tensors_and_keeps_none(library: Any) -> Non
 
 
 def test_an_index_out_of_range_fails_alike(library: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """int_ops gathers embedding rows by its first input (a step of embedding's out form,
-    where the statement gathers with index_select): an index past the table fails on
-    that instruction with torch's message either way, and the method goes on."""
+    """int_ops gathers embedding rows by its first input (a step of index_select's out form
+    on views of the indices and the out, as the statement gathers): an index past the
+    table fails on that instruction with torch's message either way, and the method goes
+    on."""
     inputs = torch.load(FIX / "int_ops.io.pt", weights_only=False)["calls"][0]["inputs"]
     outcomes = []
     for steps in (True, False):
@@ -368,6 +369,43 @@ def test_an_index_out_of_range_fails_alike(library: Any, monkeypatch: pytest.Mon
     assert "index out of range" in outcomes[0][1]
     for a, b in zip(outcomes[0][2], outcomes[1][2], strict=True):
         _same(a, b, "after the error")
+
+
+def test_a_step_on_views_of_slots_and_its_fallback(library: Any) -> None:
+    """A step may read a slot's tensor seen with other sizes (``Slots.view``: embedding
+    as a row gather into its out seen as rows), the views made once per load. A load whose
+    tensors cannot be seen so (indices that are not contiguous) makes the step of the
+    call's fallback (embedding's own out form) instead, and a bound load that cannot
+    raises, which leaves its statements to Python: every way gives embedding's rows."""
+    from ptexec.engine.fastcall import _template
+    from ptexec.kernels.registry import NativeCall, Slots
+
+    plain = NativeCall(
+        "aten::embedding", "out", (Slots((0,)), Slots((1,)), -1, False, False, Slots((2,)))
+    )
+    gather = NativeCall(
+        "aten::index_select",
+        "out",
+        (Slots((0,)), 0, Slots((1,), view=(-1,)), Slots((2,), view=(-1, 4))),
+        (),
+        plain,
+    )
+    weight = torch.randn(10, 4, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 9, 3], [0, 0, 7]])
+    strided = torch.tensor([[1, 0], [9, 0], [3, 7]]).t()  # the same indices, not contiguous
+    assert torch.equal(strided, ids) and not strided.is_contiguous()
+    want = torch.nn.functional.embedding(ids, weight)
+    for first in (ids, strided):
+        template = _template(library, [weight, first, torch.empty(2, 3, 4)], [gather], [()])
+        assert template is not None
+        for table_ids in (ids, ids.clone()):
+            table = [weight, table_ids, torch.full((2, 3, 4), float("nan"))]
+            assert template.bind(table).run(True) == -1
+            assert torch.equal(table[2], want)
+    # made where the view works, bound where it does not: the load's statements are Python
+    template = _template(library, [weight, ids, torch.empty(2, 3, 4)], [gather], [()])
+    with pytest.raises(RuntimeError):
+        template.bind([weight, strided, torch.empty(2, 3, 4)])
 
 
 def test_the_library_answers_under_its_earlier_name() -> None:

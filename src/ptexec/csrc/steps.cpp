@@ -43,13 +43,15 @@ class Noted : public c10::WarningHandler {
   std::vector<c10::Warning> kept;
 };
 
-// An argument read from a method's values table: the tensor in one slot, or the list of
-// the tensors in several (of optional tensors where the schema says so).
+// An argument read from a method's values table: the tensor in one slot (seen with the
+// sizes `view` where there are some), or the list of the tensors in several (of optional
+// tensors where the schema says so).
 struct Place {
   size_t arg;
   std::vector<int64_t> slots;
   bool list;
   bool optional_items;
+  std::optional<std::vector<int64_t>> view;
 };
 
 struct Step {
@@ -83,7 +85,8 @@ class Steps {
   // Raises when the operator is unknown or an argument does not convert to its type.
   //
   // `places` (one per argument, in order: (kind, slots), kind 0 a fixed value, 1 the
-  // tensor of slots[0], 2 the list of those of slots) and the slots `empty_slots` and
+  // tensor of slots[0], 2 the list of those of slots, 3 the tensor of slots[0] seen with
+  // the sizes slots[1:], as Tensor.view makes it) and the slots `empty_slots` and
   // `always_slots` of `empties` and `always` say where each comes from in the values
   // table: this object is then a template, which keeps none of these tensors, and bind()
   // makes the steps of a load.
@@ -111,7 +114,16 @@ class Steps {
       stack.push_back(torch::jit::toIValue(args[k], type));
       const auto& [kind, slots] = places[k];
       if (kind == 0) continue;
+      if (kind < 0 || kind > 3 || (kind != 2 && slots.empty())) {
+        throw std::invalid_argument(name + ": a place of an unknown kind");
+      }
       bool optional_items = false;
+      std::optional<std::vector<int64_t>> view;
+      std::vector<int64_t> read = slots;
+      if (kind == 3) {
+        view = std::vector<int64_t>(slots.begin() + 1, slots.end());
+        read = {slots[0]};
+      }
       if (kind == 2) {
         const auto* list = type->castRaw<c10::ListType>();
         if (list == nullptr) throw std::invalid_argument(name + ": a list where none goes");
@@ -119,7 +131,7 @@ class Steps {
       } else if (!stack.back().isTensor()) {
         throw std::invalid_argument(name + ": a tensor's place holds no tensor");
       }
-      where.push_back(Place{k, slots, kind == 2, optional_items});
+      where.push_back(Place{k, read, kind == 2, optional_items, view});
       template_ = true;
       stack.back() = c10::IValue();  // (a template holds no load's tensors)
     }
@@ -138,7 +150,9 @@ class Steps {
     for (const Step& s : steps_) {
       Step step{s.op, s.args, {}, {}, {}, {}, {}};
       for (const Place& p : s.places) {
-        if (!p.list) {
+        if (p.view.has_value()) {
+          step.args[p.arg] = tensor(p.slots[0]).view(*p.view);  // (raises where it cannot)
+        } else if (!p.list) {
           step.args[p.arg] = tensor(p.slots[0]);
         } else if (p.optional_items) {
           c10::List<std::optional<at::Tensor>> items;

@@ -1158,11 +1158,28 @@ def _native_args(values: Sequence[Any], call: NativeCall) -> list[Any]:
     """``call``'s arguments, its slots read from ``values``."""
     args: list[Any] = []
     for a in call.args:
-        if type(a) is Slots:
+        if type(a) is Slots and a.view is not None:
+            args.append(values[a.items[0]].view(a.view))  # (raises where it cannot)
+        elif type(a) is Slots:
             args.append(values[a.items[0]] if a.single else [values[j] for j in a.items])
         else:
             args.append(a)
     return args
+
+
+def _places(call: NativeCall) -> list[tuple[int, list[int]]]:
+    """Where each argument of ``call`` comes from, as the library's ``Steps.add`` takes
+    it: (0, []) a fixed value, (1, [slot]) a slot's tensor, (2, slots) the list of those
+    of slots, (3, [slot, *sizes]) a slot's tensor seen with sizes."""
+    places: list[tuple[int, list[int]]] = []
+    for a in call.args:
+        if type(a) is not Slots:
+            places.append((0, []))
+        elif a.view is not None:
+            places.append((3, [a.items[0], *a.view]))
+        else:
+            places.append(((1 if a.single else 2), list(a.items)))
+    return places
 
 
 def _template(
@@ -1181,17 +1198,20 @@ def _template(
             if call is None:
                 return None
             always = [o for o in call.empties if o not in outs]
-            places = [
-                ((1 if a.single else 2), list(a.items)) if type(a) is Slots else (0, [])
-                for a in call.args
-            ]
+            try:
+                args = _native_args(values, call)
+            except RuntimeError:  # a view this load's tensors do not allow
+                if call.fallback is None:
+                    raise
+                call = call.fallback
+                args = _native_args(values, call)
             made.add(
                 call.name,
                 call.overload,
-                _native_args(values, call),
+                args,
                 [values[o] for o in outs],
                 [values[o] for o in always],
-                places,
+                _places(call),
                 list(outs),
                 always,
             )

@@ -626,6 +626,29 @@ def _gather_width(ctx: KernelContext) -> str | None:
     return None
 
 
+def _native_gather(
+    ctx: KernelContext, weight: int, ids: int, out: int, fallback: NativeCall | None
+) -> NativeCall | None:
+    """embedding as ``index_select.out`` of rows of ``weight`` at the flattened ``ids``
+    into ``out`` seen as rows (what the statement's Python calls), for static ``ids`` and
+    ``out`` and a table of fixed width; ``fallback`` (embedding's own out form) where a
+    load's tensors cannot be seen so. Otherwise ``fallback``."""
+    w, i, o = ctx.values[weight], ctx.values[ids], ctx.values[out]
+    if fallback is None or not all(isinstance(t, p.Tensor) for t in (w, i, o)):
+        return fallback
+    assert isinstance(w, p.Tensor) and isinstance(i, p.Tensor) and isinstance(o, p.Tensor)
+    if w.shape_dynamism != p.STATIC or i.shape_dynamism != p.STATIC:
+        return fallback
+    rows = (-1, w.sizes[1])
+    return NativeCall(
+        "aten::index_select",
+        "out",
+        (Slots((weight,)), 0, Slots((ids,), view=(-1,)), Slots((out,), view=rows)),
+        (),
+        fallback,
+    )
+
+
 _INDEX = torch.ops.aten.index.Tensor_out
 _INDEX_SELECT = torch.index_select
 
@@ -1036,10 +1059,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 w, ids, o = rendered[0], rendered[1], outs[0]
                 width = _gather_width(ctx) or f"{w}.size(1)"
                 code = f"{f}({w}, 0, {ids}.reshape(-1), out=v[{o}].view(-1, {width}))"
-                # as a native step, embedding's own out form: torch's generated one runs
-                # the same row gather (the same kernel, values and errors) into static outs
+                # as a native step, the same row gather into the out (views of the
+                # indices and the out made once per load, where both are static), else
+                # embedding's own out form: torch's generated one runs that gather (the
+                # same kernel, values and errors) into a temporary and copies it
                 if not _dynamic(ctx, outs):
                     native = _native_call(ctx, schema, args[:nargs], ())
+                    native = _native_gather(ctx, args[0], args[1], o, native)
             elif (
                 name == "aten::index.Tensor_out"
                 and single

@@ -68,10 +68,13 @@ class Alias:
 @dataclass(frozen=True)
 class Slots:
     """An argument of a :class:`NativeCall` read from the values table: the tensor in
-    slot ``items[0]`` (``single``), or the list of the tensors in the slots ``items``."""
+    slot ``items[0]`` (``single``), or the list of the tensors in the slots ``items``.
+    ``view``: for a single slot, the tensor seen with these sizes (``Tensor.view``), made
+    once per load; the slot's tensor then keeps its geometry for the method's life."""
 
     items: tuple[int, ...]
     single: bool = True
+    view: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,16 @@ class NativeCall:
     computes: the operator the statement's code calls, with the same arguments. It writes
     only the statement's outs (see :mod:`ptexec.native`). ``empties``: the outs
     the statement's code empties first on every run (its :attr:`Statement.empties` the
-    fast call may skip; any others, not)."""
+    fast call may skip; any others, not). ``fallback``: the same computation without
+    views of slots (:attr:`Slots.view`)."""
 
     name: str
     overload: str
     args: tuple[Any, ...]
     empties: tuple[int, ...] = ()  # outs the statement empties before the call, always
+    # the same statement as a call with no views, for a load whose tensors cannot be seen
+    # with a view's sizes
+    fallback: NativeCall | None = None
 
 
 @dataclass(frozen=True)
