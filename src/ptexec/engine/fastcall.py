@@ -508,8 +508,9 @@ def _generate(
             planned_ranges(state, s.device.to_torch()) or output_memory(state, s.device.to_torch())
         )
     )
-    # the common checks of the CPU tensor inputs of static shape, in one call of the
-    # library's Guard (where it is loaded, and every range they keep apart from is fixed)
+    # the common checks of the CPU tensor inputs of static or bounded shape, in one call of
+    # the library's Guard (where it is loaded, and every range they keep apart from is
+    # fixed), and their copies into planned views in one call of its Puts
     cpu = torch.device("cpu")
     by_library = steps and all(
         not d.untyped_storage().resizable() for d in output_memory(state, cpu)
