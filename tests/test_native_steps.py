@@ -408,6 +408,35 @@ def test_a_step_on_views_of_slots_and_its_fallback(library: Any) -> None:
         template.bind([weight, strided, torch.empty(2, 3, 4)])
 
 
+class _TwoLarge(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+
+def test_large_inputs_are_copied_without_the_gil_as_small_ones(library: Any) -> None:
+    """Inputs past the size from which ``Puts`` copies without the GIL (64 KB; 128 KB each
+    here) are copied into their planned views as small ones are: dense ones as bytes,
+    another layout and a lazy negation by torch, each call's values its own."""
+    from export_util import export_program
+
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(64, 512, generator=gen), torch.randn(64, 512, generator=gen)
+    m = ptexec.load(export_program(_TwoLarge(), (x, y))).load_method("forward")
+    assert "_put(inputs)" in m.source()
+    wide = torch.randn(64, 1024, generator=gen)
+    cases = [
+        (x, y),
+        (y, x),
+        (wide[:, :512], y),  # another layout: torch's copy, the other as bytes
+        (torch._neg_view(x), y.clone()),
+        (x.t().contiguous().t(), y),
+    ]
+    for a, b in cases:
+        got = m.execute([a, b])[0]
+        assert torch.equal(got, a.clone() * 2 + b.clone())
+        assert m.last_call.inputs == ["copy", "copy"]
+
+
 def test_the_library_answers_under_its_earlier_name() -> None:
     """``ptexec.engine.native`` (the name the library had) gives the same functions."""
     from ptexec.engine import native as earlier

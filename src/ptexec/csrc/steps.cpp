@@ -415,9 +415,15 @@ class Puts {
   int64_t put(PyObject* inputs) const {
     const auto* tensor_type = reinterpret_cast<PyTypeObject*>(THPVariableClass);
     int64_t left = 0;
+    struct Copy {
+      void* to;
+      const void* from;
+      size_t bytes;
+    };
+    std::vector<Copy> large;  // copied after the others, without the GIL (as torch's copy_)
     for (const Entry& e : entries_) {
       PyObject* obj = item(inputs, e.position);
-      bool copied = false;
+      bool found = false;
       if (obj != nullptr && tensor_type != nullptr && Py_TYPE(obj) == tensor_type) {
         try {
           const at::Tensor& t = THPVariable_Unpack(obj);
@@ -427,14 +433,23 @@ class Puts {
               (e.bounded ? bytes <= e.bytes : bytes == e.bytes)) {
             const void* from = t.data_ptr();
             if (from != nullptr) {
-              std::memmove(e.to, from, bytes);
-              copied = true;
+              if (bytes < kReleaseBytes) {
+                std::memmove(e.to, from, bytes);
+              } else {
+                large.push_back(Copy{e.to, from, bytes});
+              }
+              found = true;
             }
           }
         } catch (...) {  // (torch's copy then says what is wrong)
         }
       }
-      if (!copied) left |= int64_t{1} << e.position;
+      if (!found) left |= int64_t{1} << e.position;
+    }
+    if (!large.empty()) {
+      // the caller's list holds the inputs for the call: their memory stays meanwhile
+      py::gil_scoped_release released;
+      for (const Copy& c : large) std::memmove(c.to, c.from, c.bytes);
     }
     return left;
   }
@@ -444,6 +459,7 @@ class Puts {
   size_t size() const { return entries_.size(); }
 
   static constexpr const char* kCapsule = "ptexec_steps.Puts";
+  static constexpr size_t kReleaseBytes = size_t{1} << 16;  // copied without the GIL from here
 
  private:
   static PyObject* call(PyObject* self, PyObject* inputs) {
