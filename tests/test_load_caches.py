@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -361,19 +362,26 @@ def test_planned_views_made_in_one_native_call_are_the_ones_python_makes(
         _assert_forward_calls(name, made, python)
 
 
-def test_native_views_that_fail_leave_the_python_replay(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A native ``Views.make`` that raises (half-way through the table) is not the load's
-    failure: the Python replay makes the table, as a load without the library does."""
+def _native_recipe(name: str) -> tuple[Any, Any, Any, tuple[Any, ...]]:
+    """The fixture ``name`` loaded once into emptied caches: its paths, its plan's recipe and
+    the recipe's native views (skips without the library)."""
     from ptexec import native
 
     if native.wait() is None:
         pytest.skip(f"no native library: {native.unavailable()}")
-    pte, data = fixture_paths("stateful")
+    pte, data = fixture_paths(name)
     _forget()
     ptexec.load(pte, data_path=data).load_method()
     (recipe,) = loader_values._recipes.values()
     split = recipe.native[0]
     assert isinstance(split, tuple)
+    return pte, data, recipe, split
+
+
+def test_native_views_that_fail_leave_the_python_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native ``Views.make`` that raises (half-way through the table) is not the load's
+    failure: the Python replay makes the table, as a load without the library does."""
+    pte, data, recipe, split = _native_recipe("stateful")
 
     class _Failing:
         def make(self, bases: object, values: list[object], made: list[object]) -> None:
@@ -434,16 +442,7 @@ def test_native_views_are_not_used_once_the_library_is_turned_off(
 ) -> None:
     """``PTEXEC_NATIVE_STEPS=0`` set while the process runs: later loads make their planned
     views in Python, though the plan's recipe holds the library's object."""
-    from ptexec import native
-
-    if native.wait() is None:
-        pytest.skip(f"no native library: {native.unavailable()}")
-    pte, data = fixture_paths("mlp")
-    _forget()
-    ptexec.load(pte, data_path=data).load_method()
-    (recipe,) = loader_values._recipes.values()
-    split = recipe.native[0]
-    assert isinstance(split, tuple)
+    pte, data, recipe, split = _native_recipe("mlp")
     calls: list[int] = []
 
     class _Counted:
