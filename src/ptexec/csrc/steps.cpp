@@ -9,8 +9,8 @@
 // step that warned ran; the caller runs the steps after it in Python.
 //
 // Also, for the loader: the planned tensors of a values table made in one call (Views),
-// and, for the fast call, its inputs' common checks (Guard) and output copies (copies),
-// each in one call.
+// and, for the fast call, its inputs' common checks (Guard), their copies into planned
+// memory (Puts) and the output copies (copies), each in one call.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -616,7 +616,7 @@ class Views {
 PYBIND11_MODULE(ptexec_steps, m) {
   m.doc() =
       "Runs of prepared boxed calls of torch's operators, planned views, the fast call's "
-      "input checks and output copies (ptexec.native).";
+      "input checks and copies, and output copies (ptexec.native).";
   py::class_<Steps>(m, "Steps")
       .def(py::init<>())
       .def("add", &Steps::add, py::arg("name"), py::arg("overload"), py::arg("args"),
@@ -630,7 +630,6 @@ PYBIND11_MODULE(ptexec_steps, m) {
   py::class_<Guard>(m, "Guard")
       .def(py::init<const py::list&, const std::vector<std::pair<uintptr_t, uintptr_t>>&>(),
            py::arg("entries"), py::arg("ranges"))
-      .def("__call__", &Guard::check, py::arg("inputs"))
       .def("function", &Guard::function)
       .def("__len__", &Guard::size);
   py::class_<Puts>(m, "Puts")

@@ -630,14 +630,17 @@ def _native_gather(
     ctx: KernelContext, weight: int, ids: int, out: int, fallback: NativeCall | None
 ) -> NativeCall | None:
     """embedding as ``index_select.out`` of rows of ``weight`` at the flattened ``ids``
-    into ``out`` seen as rows (what the statement's Python calls), for static ``ids`` and
-    ``out`` and a table of fixed width; ``fallback`` (embedding's own out form) where a
-    load's tensors cannot be seen so. Otherwise ``fallback``."""
-    w, i, o = ctx.values[weight], ctx.values[ids], ctx.values[out]
-    if fallback is None or not all(isinstance(t, p.Tensor) for t in (w, i, o)):
-        return fallback
-    assert isinstance(w, p.Tensor) and isinstance(i, p.Tensor) and isinstance(o, p.Tensor)
-    if w.shape_dynamism != p.STATIC or i.shape_dynamism != p.STATIC:
+    into ``out`` seen as rows (what the statement's Python calls), for static ``ids`` and a
+    table of fixed width (the out is static: the caller's rule), with ``fallback``
+    (embedding's own out form) for a load whose tensors cannot be seen so; otherwise
+    ``fallback`` itself."""
+    w, i = ctx.values[weight], ctx.values[ids]
+    if (
+        fallback is None
+        or not (isinstance(w, p.Tensor) and isinstance(i, p.Tensor))
+        or w.shape_dynamism != p.STATIC
+        or i.shape_dynamism != p.STATIC
+    ):
         return fallback
     rows = (-1, w.sizes[1])
     return NativeCall(
