@@ -12,7 +12,8 @@ the number of instructions: it should grow linearly. "first" loads bytes this pr
 not decoded before (the in-process caches of validated program descriptions, compiled
 generated code, generated fast calls, dataflow decisions, kernel statements, buffer
 placements, descriptions and specs of methods, decoded XNNPACK graphs, their checks and the
-one-delegate programs written for ExecuTorch are emptied before each such load) and finds
+one-delegate programs written for ExecuTorch, also by each call's place, are emptied before
+each such load) and finds
 the generated code an earlier process kept on disk (``ptexec.codestore``, as a new process
 loading a program loaded before does); "cold" is the same with the code store off (a
 program no process has loaded: every text compiled); "again" loads the same bytes once
@@ -222,6 +223,7 @@ def _forget_loads() -> None:
     import importlib
 
     from ptexec import codegen, effects
+    from ptexec.delegates.xnnpack import backend as xnn_backend
     from ptexec.delegates.xnnpack import executorch_runner, schema
     from ptexec.engine import fastcall
     from ptexec.format import pte, pte_write
@@ -243,6 +245,7 @@ def _forget_loads() -> None:
         (pte_write, "clear_written"),
         (checked, "clear_checked"),
         (executorch_runner, "clear_sources"),
+        (xnn_backend, "clear_kept_programs"),
         (instructions, "clear_kept_statements"),
         (devices, "clear_placements"),
         (values, "clear_recipes"),

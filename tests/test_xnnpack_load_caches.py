@@ -3,9 +3,11 @@
 What the checks before ExecuTorch's backend found is kept per graph, sizes, call tensors
 and scale bytes (ptexec.delegates.xnnpack.checked); the runner's source per call
 signature; decoded graphs and written one-delegate programs in caches larger than a
-many-delegate program. Here: a second load skips the checks and still matches ExecuTorch's
-runtime, two loads share no mutable state, a payload whose scales alone differ is checked
-again (and refused), and the caches' bounds.
+many-delegate program; the one-delegate program of each call by its place in the plan,
+used where the payload and named data are the same bytes. Here: a second load skips the
+checks and still matches ExecuTorch's runtime, two loads share no mutable state, a payload
+whose scales alone differ is checked again (and refused), a weight edited outside the
+program's flatbuffer is loaded as edited, and the caches' bounds.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def _forget() -> None:
     pte_write.clear_written()
     checked.clear_checked()
     executorch_runner.clear_sources()
+    xnn_backend.clear_kept_programs()
 
 
 def _inputs(name: str) -> list[Any]:
@@ -137,13 +140,80 @@ def test_a_payload_whose_scales_alone_differ_is_checked_again(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         pytest.fail("the edited payload reached ExecuTorch's backend")
 
-    monkeypatch.setattr(executorch_runner, "build_executorch_runner", refuse)
+    monkeypatch.setattr(executorch_runner, "runner_of", refuse)
     with pytest.raises(ptexec.BackendUnavailableError, match="requantizes by"):
         ptexec.load(bad).load_method("forward", xnnpack="executorch")
     m = ptexec.load(bad).load_method("forward", xnnpack="auto")  # ptexec's runner
     x = torch.randn(*m.meta.inputs[0].sizes)  # type: ignore[union-attr]
     (out,) = m.execute([x])
     assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]
+
+
+def _runners(m: ptexec.Method) -> list[Any]:
+    return [st.external for chain in m.state.chains for st in chain.statements if st.external]
+
+
+def test_a_kept_program_is_used_only_for_the_same_bytes(et: None) -> None:
+    """A program's segments are not part of its flatbuffer, which is all a shared plan
+    stands for: the same bytes loaded again share the one-delegate program written for
+    the first load; a weight edited in a named data segment (same flatbuffer, so the
+    same plan) is written and loaded afresh, and its results are the edited program's."""
+    from ptexec.format.pte import read_pte
+
+    data = (DIR / "cnn.pte").read_bytes()
+    _forget()
+    first = ptexec.load(data).load_method("forward")
+    again = ptexec.load(bytes(bytearray(data))).load_method("forward")  # equal, not the same
+    kept = [r.program_data() for r in _runners(first)]
+    assert kept and [r.program_data() for r in _runners(again)] == kept
+    assert all(
+        a is b for a, b in zip(kept, [r.program_data() for r in _runners(again)], strict=True)
+    )
+
+    pte = read_pte(data)
+    named = pte.program.named_data
+    weights = max(named, key=lambda n: pte.segments[n.segment_index].size)
+    at = pte.segments[weights.segment_index].offset + 2  # a float's third byte: a small change
+    edited = bytearray(data)
+    edited[at] ^= 0x40
+    edited_bytes = bytes(edited)
+    assert read_pte(edited_bytes).program is pte.program  # the plan is shared
+    third = ptexec.load(edited_bytes).load_method("forward")
+    assert all(r.program_data() is not k for r, k in zip(_runners(third), kept, strict=True))
+    x = _inputs("cnn")
+    want = _executorch_outputs(edited_bytes, [t.clone() for t in x])
+    got = third.execute([t.clone() for t in x])
+    rtol, atol = MANIFEST["cnn"]["tol_executorch"]
+    problem = compare_outputs(got, want, rtol, atol)
+    assert problem is None, problem
+    unedited = first.execute([t.clone() for t in x])
+    assert not torch.equal(unedited[0], got[0])  # the edit shows
+    assert torch.equal(again.execute([t.clone() for t in x])[0], unedited[0])
+
+
+def test_a_kept_program_checks_every_byte_it_was_written_with(et: None) -> None:
+    """:meth:`EtProgram.same_bytes` compares the payload and each named blob in place."""
+    data = (DIR / "cnn.pte").read_bytes()
+    _forget()
+    ptexec.load(data).load_method("forward")
+    ((_, program),) = [v for v, _ in xnn_backend._programs._items.values()]
+    offset, length = program.spans[0]
+    payload = memoryview(program.data)[offset : offset + length]
+    named = {
+        k: memoryview(program.data)[o : o + n]
+        for k, (o, n) in zip(program.named, program.spans[1:], strict=True)
+    }
+    assert program.same_bytes(payload, named)
+    for k in named:
+        changed = bytearray(named[k])
+        changed[-1] ^= 1
+        assert not program.same_bytes(payload, {**named, k: memoryview(changed)})
+        assert not program.same_bytes(payload, {j: v for j, v in named.items() if j != k})
+    longer = memoryview(bytes(payload) + b"\0")
+    assert not program.same_bytes(longer, named)
+    changed = bytearray(payload)
+    changed[len(changed) // 2] ^= 1
+    assert not program.same_bytes(memoryview(changed), named)
 
 
 def test_a_defect_is_found_on_every_load(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,5 +251,12 @@ def test_lru_bounds_entries_and_bytes() -> None:
 def test_the_caches_hold_more_than_a_large_program_has_delegates() -> None:
     """An LLM of 30 layers has about 300 delegates; a cache of fewer entries, least
     recently used first out, would evict each before the next load asks for it."""
-    for cache in (schema._graphs, pte_write._written, checked.structures, checked.scales):
+    caches = (
+        schema._graphs,
+        pte_write._written,
+        checked.structures,
+        checked.scales,
+        xnn_backend._programs,
+    )
+    for cache in caches:
         assert cache.entries >= 1024

@@ -27,7 +27,7 @@ from typing import Any
 
 from . import program as p
 from .flatbuf_write import String, Table, TableVector, Vector, finish
-from .header import PTE_HEADER_MAGIC, PTE_IDENTIFIER
+from .header import PTE_HEADER_MAGIC, PTE_IDENTIFIER, read_pte_header
 from .lru import Key, Lru
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "DelegateCallSpec",
     "clear_written",
     "delegate_program",
+    "delegate_spans",
     "one_delegate_program",
 ]
 
@@ -126,12 +127,7 @@ def delegate_program(
     blobs: list[bytes | bytearray | memoryview] = [b""] + [c.payload for c in calls]
     keys = tuple((named_data or {}).keys())
     blobs.extend((named_data or {}).values())
-    offsets = []
-    size = 0
-    for b in blobs:
-        size = _align(size, SEGMENT_ALIGN)
-        offsets.append(size)
-        size += len(b)
+    offsets = _offsets(blobs)
     shape = tuple((c.backend_id, c.compile_specs, c.args) for c in calls)
     if len(calls) == 1 and calls[0].args == tuple(range(n)):
         # the one-delegate program's key, as it always was
@@ -157,6 +153,30 @@ def delegate_program(
         parts += [bytes(base + off - end), b]
         end = base + off + len(b)
     return b"".join(parts)  # the one copy of each payload
+
+
+def _offsets(blobs: Sequence[bytes | bytearray | memoryview]) -> list[int]:
+    """Where each segment starts, from the segment base: one after the other, aligned."""
+    offsets = []
+    size = 0
+    for b in blobs:
+        size = _align(size, SEGMENT_ALIGN)
+        offsets.append(size)
+        size += len(b)
+    return offsets
+
+
+def delegate_spans(
+    data: bytes, blobs: Sequence[bytes | bytearray | memoryview]
+) -> tuple[tuple[int, int], ...]:
+    """(offset, length) in ``data``, a program :func:`delegate_program` wrote, of each of
+    the ``blobs`` it was written with: its payloads, then its named data, in order."""
+    header = read_pte_header(memoryview(data))
+    if header is None:
+        raise ValueError("not a program delegate_program wrote (no extended header)")
+    base = header.segment_base_offset
+    offsets = _offsets([b"", *blobs])[1:]  # segment 0: the empty constant segment
+    return tuple((base + o, len(b)) for o, b in zip(offsets, blobs, strict=True))
 
 
 def _flatbuffer(

@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from ...dtypes import CODE_TO_DTYPE
 from ...errors import BackendUnavailableError, PteFormatError
 from ...format import program as p
+from ...format.lru import Key, Lru
 from ...kernels.registry import Statement
 from ..registry import DelegateContext
 from . import checked
+from . import executorch_runner as et
 from . import schema as s
 from .checked import scales_key, structure_key
 from .constants import Constants
+from .executorch_runner import EtProgram, EtRunner, executorch_unavailable
 from .runtime import ArgInfo, build_runner
 from .schema import decode_payload
 from .shapes import Dims, infer_dims
@@ -342,12 +346,15 @@ def prepare(ctx: DelegateContext) -> Statement:
     ``_run(v[a], v[b], ...)``."""
     where = _where(ctx)
     choice = ctx.options.get("xnnpack", "auto")
+    kept = _kept_program(ctx, choice, where)
+    if kept is not None:
+        st = _emit_executorch(ctx, kept, where)
+        if st is not None:
+            return st
     payload = decode_payload(ctx.processed, f"{where}.payload")
     tensors = _arg_tensors(ctx, where)
     device = _device(ctx)
     if choice != "torch":
-        from .executorch_runner import executorch_unavailable
-
         unavailable = executorch_unavailable() if device.type == "cpu" else None
         if choose_runner(choice, device.type, unavailable, where) == "executorch":
             return _prepare_executorch(ctx, payload, tensors, where, strict=choice == "executorch")
@@ -433,8 +440,6 @@ def _prepare_executorch(
 ) -> Statement:
     """ExecuTorch's XNNPACK backend, after ptexec's own checks of the payload. When it
     cannot load the payload, ``strict`` raises; otherwise ptexec's runner takes over."""
-    from .executorch_runner import build_executorch_runner
-
     if payload.graph.unknown_nodes:
         index, code = payload.graph.unknown_nodes[0]
         raise BackendUnavailableError(
@@ -461,20 +466,78 @@ def _prepare_executorch(
     args = [t for t in tensors if t is not None]
     outputs = sorted({v.external_id for v in payload.graph.values if v.is_output})
     try:
-        runner = build_executorch_runner(
-            payload,
-            ctx.processed,
-            args,
-            ctx.compile_specs,
-            ctx.named_data,
-            outputs,
-            where,
-            _planned(ctx, args),
+        program = et.program_of(
+            payload, ctx.processed, args, ctx.compile_specs, ctx.named_data, outputs, where
         )
+        runner = et.runner_of(program, where, _planned(ctx, args))
     except BackendUnavailableError:
         if strict:
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
+    _keep_program(ctx, ctx.options.get("xnnpack", "auto"), program)
+    return _statement(ctx, runner)
+
+
+# The one-delegate programs of the calls loading prepared for ExecuTorch's backend, by the
+# call's place in its plan (a decoded plan is shared by the loads of the same program
+# bytes, :mod:`ptexec.format.pte`) and the runner chosen; bounded by their bytes. A
+# program's segments (the payloads, the named data) are not part of what the plan stands
+# for, so a kept program is used only where the call's payload and named data are,
+# byte for byte, those it was written with: then everything loading found about them
+# (decoded graph, checks, written program, runner source) holds again, and a repeated
+# load goes from the call's place to ExecuTorch's load of the same bytes.
+KEPT_PROGRAMS = 4096
+KEPT_PROGRAM_BYTES = 64 << 20
+_programs: Lru[tuple[tuple[Any, ...], EtProgram]] = Lru(KEPT_PROGRAMS, KEPT_PROGRAM_BYTES)
+
+
+def clear_kept_programs() -> None:
+    """Forget the kept one-delegate programs."""
+    _programs.clear()
+
+
+def _program_key(ctx: DelegateContext, choice: Any) -> Key | None:
+    try:
+        return Key(id(ctx.values), ctx.where, ctx.args, choice)
+    except TypeError:  # an option that cannot be part of a key
+        return None
+
+
+def _kept_program(ctx: DelegateContext, choice: Any, where: str) -> EtProgram | None:
+    """The program kept for this call, when ExecuTorch's backend is still the runner
+    chosen and the call's payload and named data are the bytes the program was written
+    with (None: prepare it afresh)."""
+    if choice == "torch":
+        return None
+    key = _program_key(ctx, choice)
+    hit = _programs.get(key) if key is not None else None
+    if hit is None or hit[0] is not ctx.values or _device(ctx).type != "cpu":
+        return None
+    if choose_runner(choice, "cpu", executorch_unavailable(), where) != "executorch":
+        return None
+    program = hit[1]
+    return program if program.same_bytes(ctx.processed, ctx.named_data) else None
+
+
+def _keep_program(ctx: DelegateContext, choice: Any, program: EtProgram) -> None:
+    key = _program_key(ctx, choice)
+    if key is not None:  # the plan's values kept alive: their id stays theirs
+        _programs.put(key, (ctx.values, program), len(program.data))
+
+
+def _emit_executorch(ctx: DelegateContext, program: EtProgram, where: str) -> Statement | None:
+    """The statement of a call whose program was kept (None: ExecuTorch cannot load it
+    now; the full preparation says why, or falls back)."""
+    try:
+        runner = et.runner_of(program, where, _planned(ctx, list(program.tensors)))
+    except BackendUnavailableError:
+        return None
+    return _statement(ctx, runner)
+
+
+def _statement(ctx: DelegateContext, runner: EtRunner) -> Statement:
+    """``_run(v[a], v[b], ...)`` of ``runner``, ExecuTorch's backend on the call's tensors."""
+    outputs = runner.outputs
     name = ctx.bind(runner.fn, "xnnpack")
     timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     outs = tuple(ctx.args[k] for k in outputs)

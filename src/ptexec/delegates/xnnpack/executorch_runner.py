@@ -2,7 +2,8 @@
 
 At load, the payload (its flatbuffer graph and constant data, and the named data its
 constants refer to) becomes a one-delegate program
-(:func:`ptexec.format.pte_write.one_delegate_program`) whose inputs are all the delegate
+(:func:`program_of`, written by
+:func:`ptexec.format.pte_write.one_delegate_program`) whose inputs are all the delegate
 call's tensors, outputs included, with no memory plan; ExecuTorch's runtime loads it
 (its pybindings' ``_load_program_from_buffer``), and ExecuTorch's XNNPACK backend
 compiles the graph as it would for the original file.
@@ -49,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -59,7 +61,7 @@ from ...errors import BackendUnavailableError
 from ...format import program as p
 from ...format.etdump import ProfileEvent, decode_etdump
 from ...format.lru import Key, Lru
-from ...format.pte_write import one_delegate_program
+from ...format.pte_write import delegate_spans, one_delegate_program
 from ...memory import resize_to
 from ...tensor import dim_order_strides
 from ...threads import executorch_pool
@@ -67,11 +69,13 @@ from . import schema as s
 from .runtime import OutputShapeError
 
 __all__ = [
+    "EtProgram",
     "EtRunner",
-    "build_executorch_runner",
     "clear_sources",
     "executorch_unavailable",
+    "program_of",
     "pybindings_module",
+    "runner_of",
 ]
 
 BACKEND_ID = "XnnpackBackend"
@@ -430,7 +434,37 @@ def _resize_output(
     resize_to(x, shape, order)
 
 
-def build_executorch_runner(
+@dataclass(frozen=True, eq=False)
+class EtProgram:
+    """The one-delegate program of a delegate call (``data``, what ExecuTorch loads) and
+    what its runner is generated from: the call's ``tensors``, the arguments it writes
+    (``outputs``), the names given to its dynamic outputs, their bounds in bytes and the
+    runner's ``source``. ``spans``: where the payload and each named blob the graph reads
+    (``named``, in that order) lie in ``data`` (offset, length), so that the same program
+    can be recognized by its bytes (:meth:`same_bytes`)."""
+
+    data: bytes
+    tensors: tuple[p.Tensor, ...]
+    outputs: tuple[int, ...]
+    names: Mapping[int, str]
+    bounds: tuple[tuple[int, int], ...]
+    source: str
+    named: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+
+    def same_bytes(self, processed: memoryview, named_data: Mapping[str, memoryview]) -> bool:
+        """Whether ``processed`` and ``named_data`` hold exactly the bytes this program was
+        written with (compared in place, without copies)."""
+        blobs: list[memoryview | None] = [processed]
+        blobs += [named_data.get(k) for k in self.named]
+        data = self.data
+        for blob, (offset, length) in zip(blobs, self.spans, strict=True):
+            if blob is None or len(blob) != length or not data.startswith(blob, offset):
+                return False
+        return True
+
+
+def program_of(
     payload: s.XnnPayload,
     processed: memoryview,
     tensors: Sequence[p.Tensor],
@@ -438,52 +472,63 @@ def build_executorch_runner(
     named_data: Mapping[str, memoryview],
     outputs: Sequence[int],
     where: str,
-    planned: Sequence[torch.Tensor | None] = (),
-) -> EtRunner:
-    """Load ``processed`` (the decoded and validated ``payload``) with ExecuTorch's XNNPACK
-    backend for a call whose arguments are ``tensors`` (``outputs``: the positions the
-    graph writes). ``planned``: per argument, the tensor the method made for it when
-    that is a static tensor in planned memory or a constant, whose geometry never
-    changes (None, or nothing: not known). Raises BackendUnavailableError when ExecuTorch cannot run it."""
-    module = _pybindings()
-    if isinstance(module, str):
-        raise BackendUnavailableError(f"{where}: {module}")
-    _settle_sys_spec()  # each load: importlib.reload(sys) gives sys a new spec
+) -> EtProgram:
+    """The one-delegate program of ``processed`` (the decoded and validated ``payload``)
+    for a call whose arguments are ``tensors`` (``outputs``: the positions the graph
+    writes). Raises BackendUnavailableError when ExecuTorch's runtime cannot take it."""
     for k, t in enumerate(tensors):
         if t.shape_dynamism == p.DYNAMIC_UNBOUND:
             raise BackendUnavailableError(
                 f"{where}: argument {k} has an unbound dynamic shape, which ExecuTorch's "
                 "runtime does not accept"
             )
-    keys = {e.named_key for e in payload.graph.constant_data if e.named_key is not None}
+    keys = tuple(sorted({e.named_key for e in payload.graph.constant_data if e.named_key}))
     dynamic_out = [k for k in outputs if tensors[k].shape_dynamism != p.STATIC]
     names = {k: f"ptexec_output_{k}" for k in dynamic_out}
-    data = one_delegate_program(
-        tensors,
-        BACKEND_ID,
-        processed,
-        compile_specs,
-        {key: named_data[key] for key in sorted(keys)},
+    blobs = {key: named_data[key] for key in keys}
+    data = one_delegate_program(tensors, BACKEND_ID, processed, compile_specs, blobs, names)
+    spans = delegate_spans(data, [processed, *blobs.values()])
+    return EtProgram(
+        data,
+        tuple(tensors),
+        tuple(outputs),
         names,
+        tuple((k, tensors[k].nbytes) for k in names),
+        _runner_source(tensors, outputs, names),
+        keys,
+        spans,
     )
-    bounds = [(k, tensors[k].nbytes) for k in names]
+
+
+def runner_of(
+    program: EtProgram, where: str, planned: Sequence[torch.Tensor | None] = ()
+) -> EtRunner:
+    """A runner of ``program`` loaded with ExecuTorch's XNNPACK backend. ``planned``: per
+    argument, the tensor the method made for it when that is a static tensor in planned
+    memory or a constant, whose geometry never changes (None, or nothing: not known).
+    Raises BackendUnavailableError when ExecuTorch cannot run it."""
+    module = _pybindings()
+    if isinstance(module, str):
+        raise BackendUnavailableError(f"{where}: {module}")
+    _settle_sys_spec()  # each load: importlib.reload(sys) gives sys a new spec
+    memory = _in_memory(program.tensors)
     try:
-        binder = _Binder(module, data, bounds, where, planned, _in_memory(tensors))
+        binder = _Binder(module, program.data, program.bounds, where, planned, memory)
     except RuntimeError as e:
         raise BackendUnavailableError(
             f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
         ) from None
 
     def traced() -> tuple[Callable[..., None], _Binder]:
-        # the same payload loaded again with ExecuTorch's ETDump, for recorded calls
+        # the same payload loaded again with ExecuTorch's ETDump on, for recorded calls
         with_events = _Binder(
-            module, data, bounds, where, planned, _in_memory(tensors), etdump=True
+            module, program.data, program.bounds, where, planned, memory, etdump=True
         )
-        return _generate(with_events, tensors, outputs, names, where).fn, with_events
+        return _generate(with_events, program, where).fn, with_events
 
-    runner = _generate(binder, tensors, outputs, names, where)
+    runner = _generate(binder, program, where)
     runner._make_traced = traced
-    runner.outputs = tuple(outputs)
+    runner.outputs = program.outputs
     return runner
 
 
@@ -497,18 +542,24 @@ def clear_sources() -> None:
     _sources.clear()
 
 
-def _generate(
-    binder: _Binder,
-    tensors: Sequence[p.Tensor],
-    outputs: Sequence[int],
-    names: Mapping[int, str],
-    where: str,
-) -> EtRunner:
+def _runner_source(
+    tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[int, str]
+) -> str:
     key = Key(tuple(tensors), tuple(outputs), tuple(names.items()))
     source = _sources.get(key)
     if source is None:
         source = _source(tensors, outputs, names)
         _sources.put(key, source, len(source))
+    return source
+
+
+def _generate(binder: _Binder, program: EtProgram, where: str) -> EtRunner:
+    tensors, outputs, names, source = (
+        program.tensors,
+        program.outputs,
+        program.names,
+        program.source,
+    )
     inputs = [k for k in range(len(tensors)) if k not in outputs]
     dense = _Dense({k: tuple(tensors[k].dim_order) for k in inputs})
     env: dict[str, Any] = {
