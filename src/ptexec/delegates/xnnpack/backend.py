@@ -487,7 +487,7 @@ def _prepare_executorch(
 # (decoded graph, checks, written program, runner source) holds again, and a repeated
 # load goes from the call's place to ExecuTorch's load of the same bytes.
 KEPT_PROGRAMS = 4096
-KEPT_PROGRAM_BYTES = 64 << 20
+KEPT_PROGRAM_BYTES = 32 << 20
 _programs: Lru[tuple[tuple[Any, ...], EtProgram]] = Lru(KEPT_PROGRAMS, KEPT_PROGRAM_BYTES)
 
 

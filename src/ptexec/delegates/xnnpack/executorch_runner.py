@@ -394,10 +394,11 @@ class _Dense:
         self.orders = orders
         self.copies: dict[int, torch.Tensor] = {}
 
-    def names(self) -> dict[str, Any]:
+    @staticmethod
+    def names_of(orders: Mapping[int, tuple[int, ...]]) -> dict[str, Any]:
         """The generated code's initial globals for each argument's copy."""
         out: dict[str, Any] = {}
-        for k in self.orders:
+        for k in orders:
             out[f"_d{k}"] = out[f"_s{k}"] = out[f"_t{k}"] = None
         return out
 
@@ -451,6 +452,8 @@ class EtProgram:
     source: str
     named: tuple[str, ...]
     spans: tuple[tuple[int, int], ...]
+    orders: Mapping[int, tuple[int, ...]]  # each input's dim order
+    globals: Mapping[str, Any]  # what every runner's namespace starts with
 
     def same_bytes(self, processed: memoryview, named_data: Mapping[str, memoryview]) -> bool:
         """Whether ``processed`` and ``named_data`` hold exactly the bytes this program was
@@ -488,6 +491,7 @@ def program_of(
     blobs = {key: named_data[key] for key in keys}
     data = one_delegate_program(tensors, BACKEND_ID, processed, compile_specs, blobs, names)
     spans = delegate_spans(data, [processed, *blobs.values()])
+    orders = {k: tuple(t.dim_order) for k, t in enumerate(tensors) if k not in outputs}
     return EtProgram(
         data,
         tuple(tensors),
@@ -497,6 +501,8 @@ def program_of(
         _runner_source(tensors, outputs, names),
         keys,
         spans,
+        orders,
+        _globals(tensors, orders),
     )
 
 
@@ -554,33 +560,34 @@ def _runner_source(
 
 
 def _generate(binder: _Binder, program: EtProgram, where: str) -> EtRunner:
-    tensors, outputs, names, source = (
-        program.tensors,
-        program.outputs,
-        program.names,
-        program.source,
-    )
-    inputs = [k for k in range(len(tensors)) if k not in outputs]
-    dense = _Dense({k: tuple(tensors[k].dim_order) for k in inputs})
+    dense = _Dense(program.orders)
     env: dict[str, Any] = {
-        **dense.names(),
-        **{f"_o{k}": None for k in range(len(tensors))},
-        "_a0": None,
-        "_dc": (),
+        **program.globals,
         "_binder": binder,
         "_pool": binder.pool.current,
         "_size": binder.pool.size,
         "_checked": binder.pool.checked,
-        "_resize_output": _resize_output,
         "_dense": dense,
+    }
+    if program.names:
+        env["_shapes"] = [None] * len(program.names)
+    fn = Sources(f"xnnpack {where}").function(program.source, "executorch", "_xnnpack_et_run", env)
+    binder.attach(fn.__globals__)
+    return EtRunner(fn, program.source, binder)
+
+
+def _globals(tensors: Sequence[p.Tensor], orders: Mapping[int, tuple[int, ...]]) -> dict[str, Any]:
+    """The generated runner's initial globals that are the same for every runner of a
+    call (each runner's namespace starts as a copy: none of them is mutable)."""
+    return {
+        **_Dense.names_of(orders),
+        **{f"_o{k}": None for k in range(len(tensors))},
+        "_a0": None,
+        "_dc": (),
+        "_resize_output": _resize_output,
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
     }
-    if names:
-        env["_shapes"] = [None] * len(names)
-    fn = Sources(f"xnnpack {where}").function(source, "executorch", "_xnnpack_et_run", env)
-    binder.attach(fn.__globals__)
-    return EtRunner(fn, source, binder)
 
 
 def _in_memory(tensors: Sequence[p.Tensor]) -> tuple[int, ...]:
