@@ -462,7 +462,12 @@ class EtProgram:
         blobs += [named_data.get(k) for k in self.named]
         data = self.data
         for blob, (offset, length) in zip(blobs, self.spans, strict=True):
-            if blob is None or len(blob) != length or not data.startswith(blob, offset):
+            if blob is None or blob.nbytes != length:
+                return False
+            try:
+                if not data.startswith(blob, offset):
+                    return False
+            except (BufferError, TypeError):  # not one contiguous run of bytes
                 return False
         return True
 
