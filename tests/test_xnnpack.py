@@ -273,6 +273,58 @@ def test_corrupt_payloads_fail_with_ptexec_errors(name: str) -> None:
     assert sum(outcomes.values()) == 60, outcomes
 
 
+def _graphs_both_ways(fb: bytes, ident: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """(decoded with the fast paths, decoded by the table decoders alone), each the
+    graph's repr (a NaN bound equals itself there) or the error's type and message."""
+    from ptexec.delegates.xnnpack import schema
+
+    def run() -> str:
+        try:
+            return repr(schema._decode_graph(memoryview(fb), ident, "p"))
+        except PteFormatError as e:
+            return f"{type(e).__name__}: {e}"
+
+    fast = run()
+    with monkeypatch.context() as m:
+        m.setattr(schema, "_fast_value", lambda buf, pos, index: None)
+        m.setattr(schema, "_fast_node", lambda buf, pos, index: None)
+        slow = run()
+    return fast, slow
+
+
+@pytest.mark.parametrize(
+    "name", ["mlp", "cnn_int8_static_pc", "op_shapes", "transformer_int4_group", "op_clamp"]
+)
+def test_fast_graph_decoding_agrees_with_the_table_decoders(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast paths for tensor values and nodes give what the table decoders give, on
+    each payload of the fixture and on copies of its graph with bytes changed (the same
+    graph, or the same error with the same path)."""
+    from ptexec.delegates.xnnpack.schema import decode_payload
+
+    rng = random.Random(f"fast-{name}")
+    errors = same = 0
+    for _, view in _payloads(DIR / MANIFEST[name]["pte"]):
+        p = decode_payload(view)
+        start = p.flatbuffer_offset
+        end = start + (p.header.flatbuffer_size if p.header else len(view) - start)
+        fb = bytes(view[start:end])
+        ident = fb[4:8]
+        fast, slow = _graphs_both_ways(fb, ident, monkeypatch)
+        assert fast == slow and fast.startswith("XnnGraph(")
+        for _ in range(80):
+            mutated = bytearray(fb)
+            for _ in range(rng.randint(1, 3)):
+                at = rng.randrange(8, len(mutated))
+                mutated[at] = rng.choice((0, 1, 2, 0x7F, 0xFF, rng.randrange(256)))
+            fast, slow = _graphs_both_ways(bytes(mutated), ident, monkeypatch)
+            assert fast == slow
+            errors += not fast.startswith("XnnGraph(")
+            same += fast.startswith("XnnGraph(")
+    assert errors and same  # some changes were defects, some decoded
+
+
 # -- devices -----------------------------------------------------------------------------
 
 

@@ -382,12 +382,14 @@ class Table:
         name: str,
         decode: Callable[[Table], T],
         limit: int | None = None,
-        fast: Callable[[Buffer, int], T | None] | None = None,
+        fast: Callable[..., T | None] | None = None,
+        indexed: bool = False,
     ) -> tuple[T, ...] | None:
         """A vector of tables, each decoded with ``decode``; None when absent. ``fast``,
-        when given, is tried first on each item (the buffer and the item's position): it
-        returns what ``decode`` would, or None for ``decode`` to read the item (anything
-        it does not handle, or cannot read: ``decode`` then raises the error)."""
+        when given, is tried first on each item (the buffer and the item's position, and
+        with ``indexed`` its index in the vector): it returns what ``decode`` would, or
+        None for ``decode`` to read the item (anything it does not handle, or cannot read:
+        ``decode`` then raises the error)."""
         span = self.vector_span(slot, name, 4)
         if span is None:
             return None
@@ -404,7 +406,7 @@ class Table:
                 raise PteFormatError(self._where(f"{name}[{i}]"), "zero offset")
             at = start + 4 * i + rel
             if fast is not None:
-                item = fast(buf, at)
+                item = fast(buf, at, i) if indexed else fast(buf, at)
                 if item is not None:
                     out.append(item)
                     continue

@@ -638,6 +638,14 @@ def _decode_node(t: Table, index: int, unknown: list[tuple[int, int]]) -> XnnNod
     )
 
 
+def _value_later(t: Table) -> Table | XnnValue:
+    return t  # decoded with its index (:func:`_decode_value`)
+
+
+def _node_later(t: Table) -> Table | XnnNode:
+    return t  # decoded with its index (:func:`_decode_node`)
+
+
 def _decode_constant(t: Table) -> ConstantEntry:
     key = t.string(2, "named_key")
     return ConstantEntry(
@@ -698,16 +706,128 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
     return XnnPayload(view, header, graph, fb_off, path, digest)
 
 
+# Fast paths for the tables a graph is made of (tensor values, nodes): the same reads as
+# the decoders above, through Buffer's field helpers, without a Table per table. Each
+# returns None for anything it does not handle or cannot read (a quantized value, a node
+# type ptexec does not know, a field outside the buffer), and the decoder above reads that
+# item (and raises the error, with its path).
+
+
+def _fast_value(buf: Buffer, pos: int, index: int) -> XnnValue | None:
+    offsets = buf.field_offsets(pos)
+    if offsets is None or buf.scalar_at(pos, offsets, 0, "u8") != 1:
+        return None
+    at = buf.table_at(pos, offsets, 1)
+    inner = buf.field_offsets(at) if at > 0 else None
+    if inner is None:
+        return None
+    dims = buf.scalars_at(at, inner, 2, "u32")
+    num_dims = buf.scalar_at(at, inner, 1, "u32")
+    ident = buf.scalar_at(at, inner, 6, "u32")
+    datatype = buf.scalar_at(at, inner, 0, "u16")
+    constant = buf.scalar_at(at, inner, 3, "u32")
+    external = buf.scalar_at(at, inner, 4, "u32")
+    flags = buf.scalar_at(at, inner, 5, "u32")
+    dq_datatype = buf.scalar_at(at, inner, 7, "u16")
+    if (
+        dims is None
+        or num_dims != len(dims)
+        or ident is None
+        or datatype is None
+        or constant is None
+        or external is None
+        or flags is None
+        or dq_datatype is None
+    ):
+        return None
+    return XnnValue(index, ident, datatype, dims, constant, external, flags, None, dq_datatype)
+
+
+def _fast_f32(buf: Buffer, pos: int, offsets: tuple[int, ...], slot: int) -> float | None:
+    """Float field ``slot`` of table ``pos`` (0.0 when absent); None when it does not lie
+    inside the buffer."""
+    if slot >= len(offsets) or not offsets[slot]:
+        return 0.0
+    at = pos + offsets[slot]
+    if at + 4 > buf.size:
+        return None
+    return float(_F32.unpack_from(buf.data, at)[0])
+
+
+def _fast_node(buf: Buffer, pos: int, index: int) -> XnnNode | None:
+    offsets = buf.field_offsets(pos)
+    if offsets is None:
+        return None
+    code = buf.scalar_at(pos, offsets, 0, "u8")
+    spec = NODE_TABLES.get(code) if code is not None else None
+    body = buf.table_at(pos, offsets, 1)
+    fields = buf.field_offsets(body) if body > 0 else None
+    debug_handle = buf.scalar_at(pos, offsets, 2, "u32")
+    if spec is None or fields is None or debug_handle is None:
+        return None
+    lo, hi = -math.inf, math.inf
+    mm = buf.table_at(pos, offsets, 3)
+    if mm:
+        bounds = buf.field_offsets(mm) if mm > 0 else None
+        if bounds is None:
+            return None
+        low, high = _fast_f32(buf, mm, bounds, 0), _fast_f32(buf, mm, bounds, 1)
+        if low is None or high is None:
+            return None
+        lo, hi = low, high
+    name, kinds = spec
+    attrs: dict[str, Any] = {}
+    inputs: list[int] = []
+    outputs: list[int] = []
+    for slot, (fname, kind) in enumerate(kinds):
+        val: Any
+        if kind == "f32":
+            val = _fast_f32(buf, body, fields, slot)
+        elif kind == "u32[]":
+            val = buf.scalars_at(body, fields, slot, "u32")
+        elif kind == "i32":
+            val = buf.scalar_at(body, fields, slot, "i32")
+        else:
+            val = buf.scalar_at(body, fields, slot, "u32")
+        if val is None:
+            return None
+        if kind == "skip":
+            continue
+        attrs[fname] = val
+        if kind == "in":
+            inputs.append(val)
+        elif kind == "opt":
+            if val == INVALID_ID:
+                attrs[fname] = None
+            else:
+                inputs.append(val)
+        elif kind == "out":
+            outputs.append(val)
+    return XnnNode(
+        index,
+        name,
+        code,
+        MappingProxyType(attrs),
+        tuple(inputs),
+        tuple(outputs),
+        debug_handle,
+        lo,
+        hi,
+    )
+
+
 def _decode_graph(fb: memoryview, ident: bytes, path: str) -> XnnGraph:
     buf = Buffer(fb)
     root = buf.root(path)
     unknown: list[tuple[int, int]] = []
-    values = root.tables(2, "xvalues", lambda t: t, limit=1 << 20) or ()
-    decoded_values = tuple(_decode_value(t, i) for i, t in enumerate(values))
-    nodes_raw = root.tables(1, "xnodes", lambda t: t, limit=1 << 20) or ()
+    values = root.tables(2, "xvalues", _value_later, limit=1 << 20, fast=_fast_value, indexed=True)
+    decoded_values = tuple(
+        v if isinstance(v, XnnValue) else _decode_value(v, i) for i, v in enumerate(values or ())
+    )
+    nodes_raw = root.tables(1, "xnodes", _node_later, limit=1 << 20, fast=_fast_node, indexed=True)
     nodes = []
-    for i, t in enumerate(nodes_raw):
-        n = _decode_node(t, i, unknown)
+    for i, t in enumerate(nodes_raw or ()):
+        n = t if isinstance(t, XnnNode) else _decode_node(t, i, unknown)
         if n is not None:
             nodes.append(n)
     return XnnGraph(
