@@ -206,6 +206,30 @@ def test_a_cached_one_delegate_flatbuffer_is_the_same_bytes() -> None:
     assert other.replace(b"PAYLOAD BYTES", b"payload bytes") == first
     back = read_pte(other)
     assert bytes(back.segment(1)) == b"PAYLOAD BYTES"
+    # other named data keys of the same lengths (a layer's weights, another layer's
+    # names): the same flatbuffer with the keys written in, byte for byte what a fresh
+    # write gives, and the first keys' program unchanged
+    named = {"wa": b"1234", "vb": b"56"}
+    renamed = {"x1": b"1234", "\u00e9": b"56"}  # (two bytes in UTF-8)
+    pte_write._written.clear()
+    kept = pte_write.one_delegate_program([t, t], "SomeBackend", b"payload", specs, named)
+    patched = pte_write.one_delegate_program([t, t], "SomeBackend", b"payload", specs, renamed)
+    assert len(pte_write._written) == 1
+    pte_write._written.clear()
+    fresh = pte_write.one_delegate_program([t, t], "SomeBackend", b"payload", specs, renamed)
+    assert patched == fresh != kept
+    back = read_pte(patched)
+    assert {k: bytes(v) for k, v in back.named_data().items()} == renamed
+    again = pte_write.one_delegate_program([t, t], "SomeBackend", b"payload", specs, named)
+    assert again == kept and len(pte_write._written) == 1
+    longer = pte_write.one_delegate_program(
+        [t, t], "SomeBackend", b"payload", specs, {"wa3": b"1234", "vb": b"56"}
+    )
+    assert len(pte_write._written) == 2
+    assert {k: bytes(v) for k, v in read_pte(longer).named_data().items()} == {
+        "wa3": b"1234",
+        "vb": b"56",
+    }
 
 
 def test_kept_statements_own_nothing_of_a_method() -> None:

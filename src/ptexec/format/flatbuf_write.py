@@ -29,7 +29,16 @@ from typing import NamedTuple
 
 from .flatbuf import SCALARS
 
-__all__ = ["KINDS", "MAX_ALIGN", "String", "Table", "TableVector", "Vector", "finish"]
+__all__ = [
+    "KINDS",
+    "MAX_ALIGN",
+    "String",
+    "Table",
+    "TableVector",
+    "Vector",
+    "finish",
+    "finish_placed",
+]
 
 MAX_ALIGN = 16  # the largest alignment :func:`finish` gives anything (force_align 16 data)
 
@@ -160,10 +169,11 @@ def _layout(scalars: tuple[tuple[int, str], ...], refs: tuple[int, ...]) -> _Lay
 
 
 class _Writer:
-    def __init__(self, header: int) -> None:
+    def __init__(self, header: int, where: dict[int, int]) -> None:
         self.buf = bytearray(header)
         self.pending: deque[tuple[int, Table | Vector | TableVector | String]] = deque()
         self.vtables: dict[bytes, int] = {}  # vtable bytes -> position of its one copy
+        self.where = where  # id of a String -> where it was placed (the strings asked for)
 
     def pad_to(self, align: int, ahead: int = 0) -> None:
         """Pad so that position ``len + ahead`` is a multiple of ``align``."""
@@ -179,6 +189,8 @@ class _Writer:
             self.pad_to(4)
             at = len(self.buf)
             self.buf += _U32.pack(len(raw)) + raw + b"\0"
+            if id(obj) in self.where:
+                self.where[id(obj)] = at + 4
             return at
         if isinstance(obj, TableVector):
             self.pad_to(4)
@@ -225,10 +237,24 @@ def finish(
     ``reserve`` zero bytes for a header the caller fills in, then the tables, padded to a
     multiple of :data:`MAX_ALIGN`. ``size_prefixed`` puts the size of the rest in front,
     as a ``u32``."""
+    return finish_placed(root, identifier, (), reserve, size_prefixed)[0]
+
+
+def finish_placed(
+    root: Table,
+    identifier: bytes,
+    strings: Sequence[String],
+    reserve: int = 0,
+    size_prefixed: bool = False,
+) -> tuple[bytearray, tuple[int, ...]]:
+    """:func:`finish`'s buffer, and where the first byte of each of ``strings`` (objects
+    of the tree) lies in it. A string's place depends only on the lengths of the strings
+    placed before it, so a buffer written again with other strings of the same lengths
+    differs only there."""
     if len(identifier) != 4:
         raise ValueError("a file identifier has 4 bytes")
     base = 4 if size_prefixed else 0
-    w = _Writer(base + 8 + reserve)
+    w = _Writer(base + 8 + reserve, {id(s): -1 for s in strings})
     w.buf[base + 4 : base + 8] = identifier
     w.pending.append((base, root))
     while w.pending:
@@ -238,4 +264,7 @@ def finish(
     w.pad_to(MAX_ALIGN)
     if size_prefixed:
         _U32.pack_into(w.buf, 0, len(w.buf) - 4)
-    return w.buf
+    placed = tuple(w.where[id(s)] for s in strings)
+    if any(at < 0 for at in placed):
+        raise ValueError("a string asked about is not part of the tree")
+    return w.buf, placed

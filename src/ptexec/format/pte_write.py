@@ -15,7 +15,10 @@ backend, the compile specs, the names and sizes of the segments, never on their 
 program's delegates are often alike (one per layer), and a program is often loaded again,
 so the written flatbuffers are kept in an in-process cache keyed by all of those (up to
 :data:`WRITTEN_FLATBUFFERS` of them and :data:`WRITTEN_BYTES` bytes, least recently used
-first out: more than a large program has delegates).
+first out: more than a large program has delegates). The named data keys count by their
+lengths alone: the layers of a model read weights of other names, and a string's place
+in the flatbuffer depends only on the lengths of those before it, so a kept flatbuffer
+serves a call whose keys differ, with its keys written in their places.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import program as p
-from .flatbuf_write import String, Table, TableVector, Vector, finish
+from .flatbuf_write import String, Table, TableVector, Vector, finish_placed
 from .header import PTE_HEADER_MAGIC, PTE_IDENTIFIER, read_pte_header
 from .lru import Key, Lru
 
@@ -48,7 +51,9 @@ _SEGMENT = 1  # DataLocation.SEGMENT
 
 WRITTEN_FLATBUFFERS = 4096
 WRITTEN_BYTES = 32 << 20
-_written: Lru[bytes] = Lru(WRITTEN_FLATBUFFERS, WRITTEN_BYTES)
+# a written flatbuffer, where each named data key lies in it, and those keys (UTF-8)
+_Written = tuple[bytes, tuple[int, ...], tuple[bytes, ...]]
+_written: Lru[_Written] = Lru(WRITTEN_FLATBUFFERS, WRITTEN_BYTES)
 
 
 def clear_written() -> None:
@@ -134,18 +139,20 @@ def delegate_program(
         shape_key: Any = (calls[0].backend_id, calls[0].compile_specs)
     else:
         shape_key = ("calls", shape)
+    raw_keys = tuple(k.encode("utf-8") for k in keys)
     key = Key(
         tuple(tensors),
         *shape_key,
-        keys,
+        tuple(map(len, raw_keys)),
         tuple(len(b) for b in blobs),
         tuple(sorted(names.items())),
         method,
     )
-    flat = _written.get(key)
-    if flat is None:
-        flat = _flatbuffer(tensors, calls, keys, offsets, blobs, names, method)
-        _written.put(key, flat, len(flat))
+    written = _written.get(key)
+    if written is None:
+        written = _flatbuffer(tensors, calls, keys, offsets, blobs, names, method)
+        _written.put(key, written, len(written[0]))
+    flat = _with_keys(written, raw_keys)
     base = _align(len(flat), SEGMENT_ALIGN)
     parts: list[bytes | bytearray | memoryview] = [flat]
     end = len(flat)
@@ -153,6 +160,18 @@ def delegate_program(
         parts += [bytes(base + off - end), b]
         end = base + off + len(b)
     return b"".join(parts)  # the one copy of each payload
+
+
+def _with_keys(written: _Written, keys: tuple[bytes, ...]) -> bytes:
+    """The written flatbuffer with these named data keys (the same lengths as those it
+    was written with, in the same places)."""
+    flat, placed, own = written
+    if keys == own:
+        return flat
+    out = bytearray(flat)
+    for at, raw in zip(placed, keys, strict=True):
+        out[at : at + len(raw)] = raw
+    return bytes(out)
 
 
 def _offsets(blobs: Sequence[bytes | bytearray | memoryview]) -> list[int]:
@@ -187,11 +206,13 @@ def _flatbuffer(
     blobs: Sequence[bytes | bytearray | memoryview],
     names: Mapping[int, str],
     method: str,
-) -> bytes:
-    """The flatbuffer of :func:`delegate_program` (its header filled in)."""
+) -> _Written:
+    """The flatbuffer of :func:`delegate_program` (its header filled in), where each
+    named data key lies in it, and the keys (UTF-8)."""
     # named data k is segment k + 1 + len(calls) (after the constant segment and payloads)
     first = 1 + len(calls)
-    named = [Table().ref(0, String(key)).scalar(1, "u32", k + first) for k, key in enumerate(keys)]
+    strings = [String(key) for key in keys]
+    named = [Table().ref(0, s).scalar(1, "u32", k + first) for k, s in enumerate(strings)]
     size = offsets[-1] + len(blobs[-1])
     n = len(tensors)
     instructions = [
@@ -260,7 +281,7 @@ def _flatbuffer(
         .ref(5, Table().scalar(0, "u32", 0).ref(1, Vector("u64", (0,))))
         .ref(7, TableVector(named))
     )
-    flat = finish(program, PTE_IDENTIFIER, reserve=_HEADER_LENGTH)
+    flat, placed = finish_placed(program, PTE_IDENTIFIER, strings, reserve=_HEADER_LENGTH)
     base = _align(len(flat), SEGMENT_ALIGN)
     struct.pack_into("<4sIQQQ", flat, 8, PTE_HEADER_MAGIC, _HEADER_LENGTH, len(flat), base, size)
-    return bytes(flat)
+    return bytes(flat), placed, tuple(k.encode("utf-8") for k in keys)
