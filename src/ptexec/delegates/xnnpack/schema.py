@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Collection, Mapping, Sized
+from collections.abc import Collection, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -601,30 +601,40 @@ def _decode_node(t: Table, index: int, unknown: list[tuple[int, int]]) -> XnnNod
     name, fields = spec
     if body is None:
         raise PteFormatError(f"{t.path}.xnode_union", f"{name} node without its table")
+    raw: list[Any] = []
+    for slot, (fname, kind) in enumerate(fields):
+        if kind == "f32":
+            raw.append(_read_float32(body, slot, fname))
+        elif kind == "u32[]":
+            raw.append(_u32s(body, slot, fname) or ())
+        else:
+            raw.append(body.int_(slot, "i32" if kind == "i32" else "u32", fname))
+    return _node(index, code, raw, debug_handle, lo, hi)
+
+
+def _node(
+    index: int, code: int, raw: Sequence[Any], debug_handle: int, lo: float, hi: float
+) -> XnnNode:
+    """Node ``index`` of type ``code`` from the values of its table's fields (``raw``, in
+    the order of :data:`NODE_TABLES`): its attributes by name, the ids it reads (an
+    optional input absent when :data:`INVALID_ID`) and writes."""
+    name, fields = NODE_TABLES[code]
     attrs: dict[str, Any] = {}
     inputs: list[int] = []
     outputs: list[int] = []
-    for slot, (fname, kind) in enumerate(fields):
-        if kind == "f32":
-            attrs[fname] = _read_float32(body, slot, fname)
-        elif kind == "u32[]":
-            attrs[fname] = _u32s(body, slot, fname) or ()
-        elif kind == "i32":
-            attrs[fname] = body.int_(slot, "i32", fname)
-        else:
-            val = body.int_(slot, "u32", fname)
-            if kind == "skip":
-                continue
-            attrs[fname] = val
-            if kind == "in":
+    for (fname, kind), val in zip(fields, raw, strict=True):
+        if kind == "skip":
+            continue
+        attrs[fname] = val
+        if kind == "in":
+            inputs.append(val)
+        elif kind == "opt":
+            if val == INVALID_ID:
+                attrs[fname] = None
+            else:
                 inputs.append(val)
-            elif kind == "opt":
-                if val == INVALID_ID:
-                    attrs[fname] = None
-                else:
-                    inputs.append(val)
-            elif kind == "out":
-                outputs.append(val)
+        elif kind == "out":
+            outputs.append(val)
     return XnnNode(
         index=index,
         type=name,
@@ -775,45 +785,19 @@ def _fast_node(buf: Buffer, pos: int, index: int) -> XnnNode | None:
         if low is None or high is None:
             return None
         lo, hi = low, high
-    name, kinds = spec
-    attrs: dict[str, Any] = {}
-    inputs: list[int] = []
-    outputs: list[int] = []
-    for slot, (fname, kind) in enumerate(kinds):
+    raw: list[Any] = []
+    for slot, (_, kind) in enumerate(spec[1]):
         val: Any
         if kind == "f32":
             val = _fast_f32(buf, body, fields, slot)
         elif kind == "u32[]":
             val = buf.scalars_at(body, fields, slot, "u32")
-        elif kind == "i32":
-            val = buf.scalar_at(body, fields, slot, "i32")
         else:
-            val = buf.scalar_at(body, fields, slot, "u32")
+            val = buf.scalar_at(body, fields, slot, "i32" if kind == "i32" else "u32")
         if val is None:
             return None
-        if kind == "skip":
-            continue
-        attrs[fname] = val
-        if kind == "in":
-            inputs.append(val)
-        elif kind == "opt":
-            if val == INVALID_ID:
-                attrs[fname] = None
-            else:
-                inputs.append(val)
-        elif kind == "out":
-            outputs.append(val)
-    return XnnNode(
-        index,
-        name,
-        code,
-        MappingProxyType(attrs),
-        tuple(inputs),
-        tuple(outputs),
-        debug_handle,
-        lo,
-        hi,
-    )
+        raw.append(val)
+    return _node(index, code, raw, debug_handle, lo, hi)
 
 
 def _decode_graph(fb: memoryview, ident: bytes, path: str) -> XnnGraph:
