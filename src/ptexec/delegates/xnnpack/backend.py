@@ -292,6 +292,9 @@ def quantization_problem(payload: s.XnnPayload, named_data: Mapping[str, memoryv
     down, so such a payload is not handed to it. Other quantized nodes are held to
     input/output scale ratios in ``[2**-8, 2**8)``, inside every range XNNPACK accepts
     for them (real networks sit near 1)."""
+    static = (s.PerTensorQuant, s.PerChannelQuant, s.PerChannelGroupQuant)
+    if not any(isinstance(v.quant, static) for v in payload.graph.values):
+        return None  # no scale to check (a float graph, or one quantizing inputs per token)
     consts = Constants(payload, named_data, torch.device("cpu"))
     values = {v.id: v for v in payload.graph.values}
     scales: dict[int, torch.Tensor] = {}
