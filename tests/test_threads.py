@@ -82,29 +82,36 @@ def test_methods_survive_executorchs_pool_reset(et: None, name: str) -> None:
     made with. A ptexec method loaded before keeps giving the same outputs afterwards (it
     hung before: XNNPACK waited on the destroyed pool's threads), also when resets bring a
     destroyed pool's address back with another size, and with the memory reused; also a
-    method of several delegates, whose call checks the pool once for all of them."""
+    method of several delegates, whose call checks the pool once for all of them, and a
+    second load, whose call is the text generated for the first."""
     code = (
         _PRELUDE.replace("cnn.", f"{name}.")
         + """
 et._unsafe_reset_threadpool(2)  # XNNPACK's runtime is made with a pool of 2 threads
 m = load()
+again = load()  # its fast call: the text generated for m's load, bound into this one
 (want,) = [y.clone() for y in m(*inputs)]
 runners = len(held(m))
 results = []
 for n in (1, 3, 2, 1, 2, 1, 3):
     et._unsafe_reset_threadpool(n)
     junk = spray()
-    for _ in range(2):
-        (got,) = m(*inputs)
-    ok = held(m) == [threads.executorch_pool().key()] * runners
-    checked = threads.executorch_pool().checked[0]  # None between calls
-    results.append([n, et._threadpool_get_thread_count(), torch.equal(got, want), ok, checked])
-print(json.dumps({"results": results, "runners": runners}))
+    row = [n, et._threadpool_get_thread_count()]
+    for method in (m, again):
+        for _ in range(2):
+            (got,) = method(*inputs)
+        ok = held(method) == [threads.executorch_pool().key()] * runners
+        checked = threads.executorch_pool().checked[0]  # None between calls
+        row += [torch.equal(got, want), ok, checked]
+    results.append(row)
+from ptexec.engine import fastcall
+kept = len(fastcall._generated)  # the text generated for m's load was kept
+print(json.dumps({"results": results, "runners": runners, "kept": kept}))
 """
     )
     out = _subprocess(code)
-    assert out["runners"] == (1 if name == "cnn" else 5)
-    assert out["results"] == [[n, n, True, True, None] for n in (1, 3, 2, 1, 2, 1, 3)]
+    assert out["runners"] == (1 if name == "cnn" else 5) and out["kept"] == 1
+    assert out["results"] == [[n, n] + [True, True, None] * 2 for n in (1, 3, 2, 1, 2, 1, 3)]
 
 
 def test_one_setting_sets_torch_and_executorchs_pool(et: None) -> None:

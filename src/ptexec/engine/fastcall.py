@@ -143,6 +143,18 @@ def _settled_for(state: MethodState, runner: Runner) -> Any:
     return _settled_test(state)
 
 
+def _pool_checked(state: MethodState, runner: Runner) -> Any:
+    pool = _shared_pool(state)
+    assert pool is not None  # (the same statements as the load the text was made for)
+    return pool.checked
+
+
+def _pool_key(state: MethodState, runner: Runner) -> Any:
+    pool = _shared_pool(state)
+    assert pool is not None
+    return pool.key  # (a bound method: a new object each time)
+
+
 def _unviewed_memory(state: MethodState, runner: Runner) -> Any:
     return state.unviewed_memory
 
@@ -319,7 +331,7 @@ def _left_all(left: int, inputs: Any) -> int:
 
 # what takes objects each load makes anew (the same kind of object, never the same one)
 _FRESH = (_Planned, _OutputRange, _Address)
-_FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run)
+_FRESH_FUNCTIONS = (_flag, _settled_for, _refuser, _run, _pool_key)
 
 
 def _makes_anew(take: Any) -> bool:
@@ -690,8 +702,10 @@ def _generate(
         code.add("try:")
         pool = _shared_pool(state)
         if pool is not None:
-            # ExecuTorch's pool checked once for the call's runners (ExecuTorchPool.checked)
-            env["_pool_checked"], env["_pool_key"] = pool.checked, pool.key
+            # ExecuTorch's pool checked once for the call's runners (ExecuTorchPool.checked),
+            # the pool the load's statements hold
+            bound.set("_pool_checked", _pool_checked)
+            bound.set("_pool_key", _pool_key)
         with code.indented(), contextlib.ExitStack() as guarded:
             if pool is not None:
                 code.add("_pool_checked[0] = _pool_key()")
