@@ -28,7 +28,9 @@ Each pybindings call redirects C++'s streams to Python's, importing ``sys`` from
 exception CPython 3.11 raises and clears on every call, half of a small call's cost.
 
 The written program keeps the payload's bytes and its named data alive (one copy, made
-at load); ExecuTorch's backend packs the weights at load as it does for any program.
+at load, which a later load of the same bytes shares: :class:`EtProgram`, kept by
+:mod:`.backend`); ExecuTorch's backend packs the weights at each load as it does for any
+program.
 Recorded calls (an ETDump) run through a second load of the payload with ExecuTorch's
 ETDump on, made on the first such call, and take the events its backend logs per node.
 Threads: the method's lock serializes calls; ExecuTorch's XNNPACK uses ExecuTorch's
