@@ -406,13 +406,13 @@ def _decoded_both_ways(flat: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[ob
     return fast, slow
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer", "llama_sdpa_kv"])
+@pytest.mark.parametrize("name", ["mlp", "transformer", "llama_sdpa_kv", "dynamic_unbound"])
 def test_fast_decoding_agrees_with_the_table_decoders(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fast paths for values and kernel calls give what the table decoders give, on
-    the fixture and on copies with bytes changed (the same program, or the same error
-    with the same path)."""
+    """The fast paths for values (ints, bools, tensors, lists of ints and of tensors) and
+    kernel calls give what the table decoders give, on the fixture and on copies with
+    bytes changed (the same program, or the same error with the same path)."""
     import random
 
     data = fixture_paths(name)[0].read_bytes()

@@ -102,12 +102,20 @@ def _evalue(t: Table) -> p.EValue:
 # reads that item (and raises the error, with its path).
 
 
+_ListKind = type[p.IntList] | type[p.TensorList] | type[p.OptionalTensorList]
+_FAST_LISTS: dict[int, tuple[str, _ListKind]] = {
+    7: ("i64", p.IntList),
+    10: ("i32", p.TensorList),
+    11: ("i32", p.OptionalTensorList),
+}
+
+
 def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
     offsets = buf.field_offsets(pos)
     if offsets is None:
         return None
     code = buf.scalar_at(pos, offsets, 0, "u8")
-    if code != 1 and code != 2 and code != 5:
+    if code != 1 and code != 2 and code != 3 and code != 5 and code not in _FAST_LISTS:
         return None
     at = buf.table_at(pos, offsets, 1)
     if code == 1:  # (a value given all the same must be readable, as for the decoder above)
@@ -119,8 +127,15 @@ def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
     inner = buf.field_offsets(at)
     if inner is None:
         return None
-    value = buf.scalar_at(at, inner, 0, "i64")
-    return None if value is None else p.Int(int(value))
+    if code == 2:
+        value = buf.scalar_at(at, inner, 0, "i64")
+        return None if value is None else p.Int(int(value))
+    if code == 3:
+        flag = buf.scalar_at(at, inner, 0, "bool", False)
+        return None if flag is None else p.Bool(bool(flag))
+    kind, make = _FAST_LISTS[code]
+    items = buf.scalars_at(at, inner, 0, kind)
+    return None if items is None else make(items)
 
 
 def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
