@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -406,16 +407,22 @@ def _decoded_both_ways(flat: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[ob
     return fast, slow
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer", "llama_sdpa_kv", "dynamic_unbound"])
+@pytest.mark.parametrize(
+    "name",
+    ["mlp", "transformer", "llama_sdpa_kv", "dynamic_unbound", "xnnpack/transformer_int4_group"],
+)
 def test_fast_decoding_agrees_with_the_table_decoders(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fast paths for values (ints, bools, tensors, lists of ints and of tensors) and
-    kernel calls give what the table decoders give, on the fixture and on copies with
-    bytes changed (the same program, or the same error with the same path)."""
+    kernel and delegate calls give what the table decoders give, on the fixture and on
+    copies with bytes changed (the same program, or the same error with the same path)."""
     import random
 
-    data = fixture_paths(name)[0].read_bytes()
+    if name.startswith("xnnpack/"):
+        data = (Path(__file__).parent / "fixtures" / f"{name}.pte").read_bytes()
+    else:
+        data = fixture_paths(name)[0].read_bytes()
     flat_end = read_pte(data).header.program_size if read_pte(data).header else len(data)
     flat = data[:flat_end]
     fast, slow = _decoded_both_ways(flat, monkeypatch)

@@ -189,7 +189,10 @@ def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
 
 def _fast_instruction(buf: Buffer, pos: int) -> p.Instruction | None:
     offsets = buf.field_offsets(pos)
-    if offsets is None or buf.scalar_at(pos, offsets, 0, "u8") != 1:
+    if offsets is None:
+        return None
+    code = buf.scalar_at(pos, offsets, 0, "u8")
+    if code != 1 and code != 2:
         return None  # (other instructions: the decoder above)
     at = buf.table_at(pos, offsets, 1)
     if at <= 0:
@@ -197,11 +200,11 @@ def _fast_instruction(buf: Buffer, pos: int) -> p.Instruction | None:
     inner = buf.field_offsets(at)
     if inner is None:
         return None
-    op_index = buf.scalar_at(at, inner, 0, "i32")
+    index = buf.scalar_at(at, inner, 0, "i32")  # the operator's, or the delegate's
     args = buf.scalars_at(at, inner, 1, "i32")
-    if op_index is None or args is None:
+    if index is None or args is None:
         return None
-    return p.KernelCall(int(op_index), args)
+    return p.KernelCall(int(index), args) if code == 1 else p.DelegateCall(int(index), args)
 
 
 def _instruction(t: Table) -> p.Instruction:
