@@ -196,7 +196,7 @@ def test_a_kept_program_checks_every_byte_it_was_written_with(et: None) -> None:
     data = (DIR / "cnn.pte").read_bytes()
     _forget()
     ptexec.load(data).load_method("forward")
-    ((_, program),) = [v for v, _ in xnn_backend._programs._items.values()]
+    ((_, program),) = xnn_backend._programs.values()
     offset, length = program.spans[0]
     payload = memoryview(program.data)[offset : offset + length]
     named = {

@@ -360,7 +360,7 @@ def prepare(ctx: DelegateContext) -> Statement:
     if choice != "torch":
         unavailable = executorch_unavailable() if device.type == "cpu" else None
         if choose_runner(choice, device.type, unavailable, where) == "executorch":
-            return _prepare_executorch(ctx, payload, tensors, where, strict=choice == "executorch")
+            return _prepare_executorch(ctx, payload, tensors, where, choice)
     check_externals(payload, tensors)
     return _prepare_torch(ctx, payload, tensors, where, device)
 
@@ -439,10 +439,12 @@ def _prepare_executorch(
     payload: s.XnnPayload,
     tensors: list[p.Tensor | None],
     where: str,
-    strict: bool,
+    choice: str,
 ) -> Statement:
     """ExecuTorch's XNNPACK backend, after ptexec's own checks of the payload. When it
-    cannot load the payload, ``strict`` raises; otherwise ptexec's runner takes over."""
+    cannot load the payload, ``choice`` ``"executorch"`` raises; otherwise ptexec's
+    runner takes over."""
+    strict = choice == "executorch"
     if payload.graph.unknown_nodes:
         index, code = payload.graph.unknown_nodes[0]
         raise BackendUnavailableError(
@@ -477,7 +479,7 @@ def _prepare_executorch(
         if strict:
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
-    _keep_program(ctx, ctx.options.get("xnnpack", "auto"), program)
+    _keep_program(ctx, choice, program)
     return _statement(ctx, runner)
 
 
