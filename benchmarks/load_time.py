@@ -253,12 +253,13 @@ def _forget_loads() -> None:
         (fastcall, "clear_generated"),
         (meta, "clear_metas"),
         (specs, "clear_specs"),
+        (dataflow, "clear_recipes"),
     ):
         clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
         if clear is not None:
             clear()
     for module, name in (
-        (dataflow, "_recipes"),
+        (dataflow, "_recipes"),  # (older checkouts: no clear_recipes)
         (dataflow, "_keys"),
         (schema, "_graphs"),  # (older checkouts: plain dicts)
         (pte_write, "_written"),

@@ -97,6 +97,59 @@ def test_weights_are_viewed_and_constant_work_folded() -> None:
     torch.testing.assert_close(m(x)[0], _same_weights(data)(x))
 
 
+class Recurrent(torch.nn.Module):
+    """One cell applied three times: the program transposes each weight once a step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.LSTMCell(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[0], 4)
+        c = torch.zeros_like(h)
+        for t in range(3):
+            h, c = self.cell(x[:, t], (h, c))
+        return h
+
+
+def _geometry(m: ptexec.Method) -> list[object]:
+    """Each value's geometry, its memory named by the order in which the table first
+    shows it (each load has memory of its own)."""
+    order: dict[int, int] = {}
+    out: list[object] = []
+    for t in m.state.values:
+        if not isinstance(t, torch.Tensor):
+            out.append(None)
+            continue
+        memory = order.setdefault(t.untyped_storage().data_ptr(), len(order))
+        out.append((memory, t.storage_offset(), t.shape, t.stride(), t.dtype))
+    return out
+
+
+def test_a_view_made_again_is_the_first_ones_alias() -> None:
+    """Loaded again, each step's transposed weight is an alias of the first step's (the
+    same expression of the same constant): the same memory and geometry as the views the
+    first load made, and the same results as the plain program."""
+    from ptexec.loader import dataflow
+
+    torch.manual_seed(0)
+    module = Recurrent().eval()
+    data = export_program(module, (torch.randn(2, 3, 4),))
+    dataflow.clear_recipes()
+    first = ptexec.load(data).load_method("forward")
+    again = ptexec.load(data).load_method("forward")
+    steps = [what for r in dataflow._recipes.values() for what, *_ in r[1]]
+    assert steps.count("same view") >= 4, steps  # two weights, steps 2 and 3
+    assert _geometry(again) == _geometry(first)
+    plain = ptexec.load(data).load_method("forward", optimize=False)
+    for _ in range(2):
+        x = torch.randn(2, 3, 4)
+        (got,) = again(x)
+        torch.testing.assert_close(got, plain(x)[0])
+        with torch.no_grad():
+            torch.testing.assert_close(got, module(x))
+
+
 class FillLike(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.where(x > 0, torch.full_like(x, 2.5), x)

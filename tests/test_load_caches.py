@@ -47,8 +47,7 @@ FIX = Path(__file__).parent / "fixtures"
 def _forget() -> None:
     pte_module.clear_decoded()
     codegen.clear_compiled()
-    dataflow._recipes.clear()
-    dataflow._keys.clear()
+    dataflow.clear_recipes()
     loader_instructions.clear_kept_statements()
     loader_devices.clear_placements()
     loader_values.clear_recipes()
@@ -187,6 +186,59 @@ def test_a_replayed_fold_runs_on_the_new_constants() -> None:
         if isinstance(x, torch.Tensor) and x is y
     ]
     assert shared == []
+
+
+def test_results_of_the_plan_alone_are_shared_by_its_loads() -> None:
+    """What the transformer's folds compute from no tensor (its causal mask) is made by
+    the first load and aliased by the next, from other bytes: the same memory in tensors
+    of each method's own; nothing that reads the program's constants is shared; the
+    results are the fixture's. Forgetting the recipes makes them afresh."""
+    pte, _ = fixture_paths("transformer")
+    data = pte.read_bytes()
+    _forget()
+    a = ptexec.load(data).load_method()
+    b = ptexec.load(bytearray(data)).load_method()
+    constants = {
+        t.untyped_storage().data_ptr()
+        for m in (a, b)
+        for t, v in zip(m.state.values, m.state.plan.values, strict=True)
+        if isinstance(v, p.Tensor) and v.is_constant and isinstance(t, torch.Tensor)
+    }
+
+    def storage(t: object) -> int | None:
+        if not isinstance(t, torch.Tensor) or not t.numel():
+            return None
+        return t.untyped_storage().data_ptr()
+
+    shared = [
+        k
+        for k, (x, y) in enumerate(zip(a.state.values, b.state.values, strict=True))
+        if storage(x) is not None and storage(x) == storage(y)
+    ]
+    assert shared, "the mask should be made once"
+    assert set(shared) <= set(b.state.fixed_slots)
+    assert not {storage(b.state.values[k]) for k in shared} & constants
+    assert all(a.state.values[k] is not b.state.values[k] for k in shared)
+    _assert_forward_calls("transformer", a, b)
+    dataflow.clear_recipes()
+    c = ptexec.load(data).load_method()
+    assert all(storage(c.state.values[k]) != storage(a.state.values[k]) for k in shared)
+    _assert_forward_calls("transformer", c)
+
+
+def test_kept_results_on_another_device_are_not_aliased() -> None:
+    """A load whose tensors are on another device than the kept results (a device map
+    the recipe's key does not hold) makes its own: nothing in its table changes."""
+    planned = torch.empty(2)
+    values: list[object] = [planned]
+    saved: list[tuple[int, object]] = []
+    kept = dataflow._Kept((0,), (torch.empty(2, device="meta"),))
+    assert not dataflow._alias_kept(kept, values, saved)
+    assert values[0] is planned and saved == []
+    same = dataflow._Kept((0,), (torch.zeros(2),))
+    assert dataflow._alias_kept(same, values, saved)
+    assert values[0] is not same.tensors[0] and saved == [(0, planned)]
+    assert values[0].data_ptr() == same.tensors[0].data_ptr()  # type: ignore[attr-defined]
 
 
 def test_a_cached_one_delegate_flatbuffer_is_the_same_bytes() -> None:

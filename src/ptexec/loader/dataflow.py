@@ -43,6 +43,12 @@ the result's slot (its planned bytes may be ``m``'s), the other two do nothing.
 instructions, and whose other arguments are fixed, runs at load; its results get memory
 of their own (up to a byte budget), under conditions 1 and 2 above.
 
+A chain loaded again (the same plan, statements of the same facts) replays the
+decisions the first load recorded rather than analysing it afresh; what a fold computes
+from the plan alone (no tensor of the program read: a causal mask) is kept and shared by
+those loads, and a view of constants that an earlier instruction made already (the same
+expression of the same source) is an alias of that one.
+
 Chains with jumps are left alone.
 """
 
@@ -55,18 +61,18 @@ import itertools
 import types
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..codegen import run_once
 from ..effects import Effects, byte_range, effects, kind, tensor_items
 from ..format import program as p
-from ..format.lru import Lru
+from ..format.lru import Key, Lru
 from ..format.scalar_type import BOOL
 from ..kernels.registry import Statement
 
-__all__ = ["FUSED_AWAY", "is_fused", "rewrite_chain"]
+__all__ = ["FUSED_AWAY", "clear_recipes", "is_fused", "rewrite_chain"]
 
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 # the statement of an instruction done at load (folded, or a view of constants made):
@@ -670,8 +676,12 @@ def rewrite_chain(
     key = _recipe_key(plan, chain, fold_limit, names, statements)
     known_recipe = _recipes.get(key)
     if known_recipe is not None and known_recipe[0] is plan:
-        replayed = _replay(known_recipe[1], statements, values)
+        steps, made = known_recipe[1], known_recipe[2]
+        kept = _results.get(key)
+        replayed = _replay(steps, statements, values, kept, made)
         if replayed is not None:
+            if kept is None:
+                _keep_results(key, steps, statements, values)
             return replayed
     c = _ChainAccesses(
         plan, chain, statements, {k for k, name in enumerate(names) if name in _ET_VIEW}, known
@@ -705,7 +715,9 @@ def rewrite_chain(
         if rewritten is not None:
             result[i] = rewritten
     if log.ok:
-        _recipes.put(key, (plan, tuple(log.steps)))  # the plan kept alive: its id stays its
+        steps = _same_views(log.steps)
+        _recipes.put(key, (plan, steps, {}))  # the plan kept alive: its id stays its own
+        _keep_results(key, steps, statements, values)
     return result
 
 
@@ -722,7 +734,17 @@ def rewrite_chain(
 
 RECIPES = 64
 _Step = tuple[str, int, Any]
-_recipes: Lru[tuple[p.ExecutionPlan, tuple[_Step, ...]]] = Lru(RECIPES, 0)
+# per chain: its plan, its steps, and the statements replaying them made that hold
+# nothing of a load (by instruction: the statement rewritten, and what it became)
+_Made = dict[int, tuple[Statement, Statement]]
+_recipes: Lru[tuple[p.ExecutionPlan, tuple[_Step, ...], _Made]] = Lru(RECIPES, 0)
+
+
+def clear_recipes() -> None:
+    """Forget the recipes of chains, their keys and their kept results."""
+    _recipes.clear()
+    _keys.clear()
+    _results.clear()
 
 
 class _Log:
@@ -752,9 +774,7 @@ def _signature(st: Statement) -> tuple[Any, ...]:
 # per chain, the key last computed and the statements it was computed from (held weakly):
 # the same statement objects have the same facts (they are frozen), so a load that
 # prepared the chain with the very same objects (kept statements) reuses the key
-_keys: Lru[tuple[p.ExecutionPlan, tuple[str, ...], tuple[Any, ...], tuple[Any, ...]]] = Lru(
-    RECIPES, 0
-)
+_keys: Lru[tuple[p.ExecutionPlan, tuple[str, ...], tuple[Any, ...], Key]] = Lru(RECIPES, 0)
 
 
 def _recipe_key(
@@ -763,7 +783,7 @@ def _recipe_key(
     fold_limit: int,
     names: Sequence[str],
     statements: Sequence[Statement],
-) -> tuple[Any, ...]:
+) -> Key:
     """The key of ``chain``'s recipe: the plan, the chain, the fold budget, the
     instructions' names and the facts of their statements."""
     short = (id(plan), id(chain), fold_limit)
@@ -777,25 +797,43 @@ def _recipe_key(
         and all(r() is st for r, st in zip(last[2], statements, strict=True))
     ):
         return last[3]
-    key = (*short, names, tuple(map(_signature, statements)))
+    key = Key(*short, names, tuple(map(_signature, statements)))
     _keys.put(short, (plan, names, tuple(weakref.ref(st) for st in statements), key))
     return key
 
 
 def _replay(
-    steps: Sequence[_Step], statements: Sequence[Statement], values: list[Any]
+    steps: Sequence[_Step],
+    statements: Sequence[Statement],
+    values: list[Any],
+    kept: Mapping[int, _Kept] | None = None,
+    made: _Made | None = None,
 ) -> list[Statement] | None:
     """``statements`` rewritten as ``steps`` say; None (``values`` as they were) when a
-    fold or a view fails on this method's constants."""
+    fold or a view fails on this method's constants. ``kept``: per instruction, results
+    of the plan alone to alias rather than make again (:func:`_keep_results`); ``made``:
+    rewritten statements that hold nothing of a load (a view that is not held, a pruned
+    statement), by instruction, reused for the same statement (kept statements are
+    shared by the loads of a plan), and where new ones are noted."""
+    if made is None:
+        made = {}
     result = list(statements)
     saved: list[tuple[int, Any]] = []
     for what, i, detail in steps:
         st = statements[i]
-        if what == "fold":
+        done = None if kept is None else kept.get(i)
+        if done is not None and _alias_kept(done, values, saved):
+            result[i] = _DONE
+        elif what == "fold":
             folded, touched = detail
             saved.extend((k, values[k]) for k in touched)
             if not _run_fold(st, folded, touched, values):
                 break
+            result[i] = _DONE
+        elif what == "same view":
+            first, slot = detail
+            saved.append((slot, values[slot]))
+            values[slot] = values[first].detach()
             result[i] = _DONE
         elif what == "view":
             assert st.alias is not None
@@ -804,21 +842,120 @@ def _replay(
             if not _view_now(st, code, values):
                 break
             result[i] = _DONE
-        elif what == "elide":
-            code, writes, held = detail
-            result[i] = _elided(i, st, code, writes, held)
-        elif what == "held copy":
-            result[i] = _held_copy(i, st, detail)
+        elif what == "held copy" or (what == "elide" and detail[2]):
+            # (a held view's cell is its load's own)
+            result[i] = (
+                _held_copy(i, st, detail) if what == "held copy" else _elided(i, st, *detail)
+            )
         elif what == "all":
             result[i] = detail
             result[i + 1] = result[i + 2] = FUSED_AWAY
         else:
-            result[i] = _pruned(st, detail)
+            before = made.get(i)
+            if before is not None and before[0] is st:
+                result[i] = before[1]
+                continue
+            result[i] = _elided(i, st, *detail) if what == "elide" else _pruned(st, detail)
+            made[i] = (st, result[i])
     else:
         return result
     for k, value in reversed(saved):
         values[k] = value
     return None
+
+
+# -- kept results: what the plan alone computes, made once for every load ------------------
+#
+# A fold that reads no tensor (a causal mask's ``arange`` and ``full``, an initial state of
+# zeros), and a fold or a view of constants that reads only the results of such folds, is
+# a function of the plan and its statements' facts alone (the recipe's key): not of the
+# program's constants, nor of anything a load makes. Its results are read-only memory (no
+# instruction writes them, no output hands them out: conditions 1 and 2), like the
+# program's constants. So the first load of a chain keeps them, and later loads of it take
+# aliases of them: tensors of their own (a failed call's restore sets only its own
+# method's), the memory shared, nothing run.
+
+RESULTS_BYTES = 64 << 20  # what the kept results of all chains may hold together
+
+
+class _Kept(NamedTuple):
+    """The slots an instruction's rewrite assigned, and the tensors it put there."""
+
+    slots: tuple[int, ...]
+    tensors: tuple[torch.Tensor, ...]
+
+
+_results: Lru[dict[int, _Kept]] = Lru(RECIPES, RESULTS_BYTES)
+
+
+def _keep_results(
+    key: Key,
+    steps: Sequence[_Step],
+    statements: Sequence[Statement],
+    values: Sequence[Any],
+) -> None:
+    """Keep, under ``key``, the results of ``steps`` (done on ``values``) that depend on
+    the plan alone: folds and views of constants whose every read is such a result."""
+    made: set[int] = set()
+    kept: dict[int, _Kept] = {}
+    storages: dict[int, int] = {}
+    for what, i, detail in steps:
+        st = statements[i]
+        if what == "fold":
+            reads, slots = st.reads, tuple(detail[1])
+        elif what == "view" and st.alias is not None:
+            reads, slots = st.alias.reads, tuple(dict.fromkeys((*st.alias.targets, *detail[1])))
+        elif what == "same view":
+            reads, slots = (detail[0],), (detail[1],)
+        else:
+            continue
+        if reads is None or not made.issuperset(reads):
+            continue
+        found = [values[k] for k in slots]
+        if not all(type(t) is torch.Tensor for t in found):
+            continue
+        tensors = tuple(t.detach() for t in found)  # (objects of no load's table)
+        made.update(slots)
+        kept[i] = _Kept(slots, tensors)
+        for t in tensors:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    if kept:
+        _results.put(key, kept, sum(storages.values()))
+
+
+def _alias_kept(done: _Kept, values: list[Any], saved: list[tuple[int, Any]]) -> bool:
+    """Put aliases of the kept tensors ``done`` in their slots of ``values`` (the slots
+    noted in ``saved`` first); False, nothing changed, where this load's tensors are on
+    another device than the kept ones (a device map the recipe's key does not hold)."""
+    slots, tensors = done
+    for k, t in zip(slots, tensors, strict=True):
+        if getattr(values[k], "device", None) != t.device:
+            return False
+    for k, t in zip(slots, tensors, strict=True):
+        saved.append((k, values[k]))
+        values[k] = t.detach()
+    return True
+
+
+def _same_views(steps: Sequence[_Step]) -> tuple[_Step, ...]:
+    """``steps``, each view of constants that makes one tensor exactly as an earlier one
+    did (the same expression of the same source: an unrolled recurrent model transposes
+    its weights once a step) recorded as a ``same view`` of the earlier one's tensor: an
+    alias made in a microsecond, rather than the expression run again."""
+    first: dict[str, int] = {}
+    out: list[_Step] = []
+    for step in steps:
+        what, i, detail = step
+        if what == "view":
+            code, assigned = detail
+            head, _, expr = code.partition(" = ")
+            if len(assigned) == 1 and head == f"v[{assigned[0]}]" and "\n" not in expr:
+                made = first.setdefault(expr, assigned[0])
+                if made != assigned[0]:
+                    step = ("same view", i, (made, assigned[0]))
+        out.append(step)
+    return tuple(out)
 
 
 def _assigned(code: str) -> list[int]:
