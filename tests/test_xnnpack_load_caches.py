@@ -7,7 +7,8 @@ many-delegate program; the one-delegate program of each call by its place in the
 used where the payload and named data are the same bytes. Here: a second load skips the
 checks and still matches ExecuTorch's runtime, two loads share no mutable state, a payload
 whose scales alone differ is checked again (and refused), a weight edited outside the
-program's flatbuffer is loaded as edited, and the caches' bounds.
+program's flatbuffer is loaded as edited, a freed method's ExecuTorch methods serve the
+next load (and only once it is freed), and the caches' bounds.
 """
 
 from __future__ import annotations
@@ -115,13 +116,63 @@ def test_two_loads_share_no_mutable_state(name: str, et: None) -> None:
         and x.numel() > 0
         and x.data_ptr() == y.data_ptr()
     ]
-    assert shared == []  # (each load copies the bytes: constants are not shared either)
+    # (each load copies the bytes: constants are not shared either); only what folds
+    # compute from the plan alone (a causal mask) is, read-only memory both loads alias
+    fixed = set(a.state.fixed_slots) & set(b.state.fixed_slots)
+    assert [k for k in shared if k not in fixed] == []
     x = _inputs(name)
     before = [t.clone() for t in a.execute([t.clone() for t in x])]
     b.execute([torch.randn_like(t) if t.is_floating_point() else t.clone() for t in x])
     after = a.execute([t.clone() for t in x])
     for u, w in zip(before, after, strict=True):
         assert torch.equal(u, w)
+
+
+def _runners(m: ptexec.Method) -> list[Any]:
+    return [st.external for chain in m.state.chains for st in chain.statements if st.external]
+
+
+@pytest.mark.parametrize("name", MANY)
+def test_a_freed_methods_executorch_methods_serve_the_next_load(name: str, et: None) -> None:
+    """Once a method is freed, its ExecuTorch methods (no longer called by anyone) are
+    taken over by the next load of the program: none loaded again, nothing of the freed
+    method's memory kept, ExecuTorch's results on other inputs and on the same ones. A
+    method loaded while another is alive gets its own; forgetting the kept programs
+    forgets them too."""
+    import gc
+    import weakref
+
+    data = (DIR / MANIFEST[name]["pte"]).read_bytes()
+    _forget()
+    inputs = _inputs(name)
+    other = [torch.randn_like(t) if t.is_floating_point() else t.clone() for t in inputs]
+    rtol, atol = MANIFEST[name]["tol_executorch"]
+    a = ptexec.load(data).load_method("forward")
+    a.execute([t.clone() for t in inputs])  # (its runners hold its tensors now)
+    methods = [r._binder.method for r in _runners(a)]
+    planned = [
+        weakref.ref(t)
+        for t, v in zip(a.state.values, a.state.plan.values, strict=True)
+        if isinstance(t, torch.Tensor) and getattr(v, "allocation_info", None) is not None
+    ]
+    assert planned
+    del a
+    gc.collect()
+    assert all(r() is None for r in planned)  # nothing kept holds its planned tensors
+    b = ptexec.load(data).load_method("forward")
+    assert [r._binder.method for r in _runners(b)] == methods  # (the same objects)
+    c = ptexec.load(data).load_method("forward")
+    assert not {id(r._binder.method) for r in _runners(c)} & {id(m) for m in methods}
+    for x in (other, inputs, other):
+        want = _executorch_outputs(data, [t.clone() for t in x])
+        for m in (b, c):
+            problem = compare_outputs(m.execute([t.clone() for t in x]), want, rtol, atol)
+            assert problem is None, problem
+    del b, c
+    gc.collect()
+    assert len(executorch_runner._idle) == len(methods)  # one kept a program
+    xnn_backend.clear_kept_programs()
+    assert len(executorch_runner._idle) == 0
 
 
 def test_a_payload_whose_scales_alone_differ_is_checked_again(

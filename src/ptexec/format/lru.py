@@ -66,6 +66,16 @@ class Lru(Generic[V]):
             pass
         return hit[0]
 
+    def take(self, key: Hashable) -> V | None:
+        """The value kept for ``key``, no longer kept (None: none): of two callers taking
+        the same key at once, one gets it."""
+        with self._lock:
+            hit = self._items.pop(key, None)
+            if hit is None:
+                return None
+            self._cost -= hit[1]
+            return hit[0]
+
     def put(self, key: Hashable, value: V, cost: int = 0) -> None:
         """Keep ``value`` for ``key``, evicting the least recently used beyond the bounds."""
         if cost > self.budget:

@@ -178,7 +178,8 @@ class KernelContext:
     an instruction may replace. ``devices[j]`` is the device value ``j`` lives on (None for
     non-tensors), the caller's device for an unplanned input; ``record`` receives the bytes
     a copying kernel moves per call; ``options`` are the method's backend options (e.g.
-    ``{"xnnpack": "torch"}``); ``method_name`` and ``where`` name the instruction in messages.
+    ``{"xnnpack": "torch"}``); ``method_name`` and ``where`` name the instruction in messages;
+    ``unloaded`` collects what to run once the method is freed (:meth:`when_unloaded`).
     """
 
     def __init__(
@@ -195,6 +196,7 @@ class KernelContext:
         devices: Sequence[Device | None] = (),
         record: CallRecord | None = None,
         options: Mapping[str, Any] | None = None,
+        unloaded: list[Callable[[], None]] | None = None,
     ) -> None:
         self.op_name = op_name
         self.instruction = instruction
@@ -207,9 +209,18 @@ class KernelContext:
         self.devices = devices
         self.record = record
         self.options: Mapping[str, Any] = options or {}
+        self.unloaded = unloaded
         self.env: dict[str, Any] = {}
         self._names = itertools.count()
         self._prefix = f"_i{instruction}_"
+
+    def when_unloaded(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the method being loaded is freed (its loaded state collected),
+        for what the statement made that a later load may take over (ExecuTorch's method
+        of a delegate's payload, say). A context made outside a method's load never runs
+        it."""
+        if self.unloaded is not None:
+            self.unloaded.append(fn)
 
     def device_of(self, index: int) -> Device | None:
         """The device value ``index`` lives on (None for a non-tensor, or when unknown)."""

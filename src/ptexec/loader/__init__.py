@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -187,7 +188,15 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
     )
     state.key = _state_key(plan, plan_index, dmap, shared, options)
     state.snapshot(made)
+    if preparer.unloaded:
+        done = weakref.finalize(state, _run_each, tuple(preparer.unloaded))
+        done.atexit = False  # (a process ending frees everything anyway)
     return state
+
+
+def _run_each(callbacks: tuple[Callable[[], None], ...]) -> None:
+    for callback in callbacks:
+        callback()
 
 
 def _refuse_written_constants(

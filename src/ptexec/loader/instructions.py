@@ -18,7 +18,7 @@ no other tensor, no call record, no prune form but a function of its arguments a
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -216,6 +216,8 @@ class InstructionPreparer:
         self.record = record
         self.options = options
         self.missing: list[str] = []
+        # what to run once the method is freed (KernelContext.when_unloaded)
+        self.unloaded: list[Callable[[], None]] = []
         self._placement = _placement(devices, options)
         self._shared: set[int] = set()  # ids of the kept statements this method uses
 
@@ -229,6 +231,7 @@ class InstructionPreparer:
             devices=self.devices,
             record=self.record,
             options=self.options,
+            unloaded=self.unloaded,
         )
 
     def _key(self, i: int, c: int) -> Key | None:

@@ -22,6 +22,7 @@ dynamic inputs are checked after each call (an :class:`~ptexec.errors.ExecutionE
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -480,6 +481,7 @@ def _prepare_executorch(
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     _keep_program(ctx, choice, program)
+    ctx.when_unloaded(functools.partial(et.retire, runner, program))
     return _statement(ctx, runner)
 
 
@@ -497,8 +499,10 @@ _programs: Lru[tuple[tuple[Any, ...], EtProgram]] = Lru(KEPT_PROGRAMS, KEPT_PROG
 
 
 def clear_kept_programs() -> None:
-    """Forget the kept one-delegate programs."""
+    """Forget the kept one-delegate programs, and ExecuTorch's methods of them kept for
+    later loads."""
     _programs.clear()
+    et.clear_idle()
 
 
 def _program_key(ctx: DelegateContext, choice: Any) -> Key | None:
@@ -537,6 +541,7 @@ def _emit_executorch(ctx: DelegateContext, program: EtProgram, where: str) -> St
         runner = et.runner_of(program, where, _planned(ctx, list(program.tensors)))
     except BackendUnavailableError:
         return None
+    ctx.when_unloaded(functools.partial(et.retire, runner, program))
     return _statement(ctx, runner)
 
 

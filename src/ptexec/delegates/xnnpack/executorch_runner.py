@@ -525,12 +525,18 @@ def runner_of(
         raise BackendUnavailableError(f"{where}: {module}")
     _settle_sys_spec()  # each load: importlib.reload(sys) gives sys a new spec
     memory = _in_memory(program.tensors)
-    try:
-        binder = _Binder(module, program.data, program.bounds, where, planned, memory)
-    except RuntimeError as e:
-        raise BackendUnavailableError(
-            f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
-        ) from None
+    idle = _idle.take(id(program))
+    fn: Callable[..., None] | None = None
+    if idle is not None and idle[0] is program:
+        _, fn, binder = idle
+        binder.planned = tuple(planned)
+    else:
+        try:
+            binder = _Binder(module, program.data, program.bounds, where, planned, memory)
+        except RuntimeError as e:
+            raise BackendUnavailableError(
+                f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
+            ) from None
 
     def traced() -> tuple[Callable[..., None], _Binder]:
         # the same payload loaded again with ExecuTorch's ETDump on, for recorded calls
@@ -539,10 +545,43 @@ def runner_of(
         )
         return _generate(with_events, program, where).fn, with_events
 
-    runner = _generate(binder, program, where)
+    runner = (
+        _generate(binder, program, where) if fn is None else EtRunner(fn, program.source, binder)
+    )
     runner._make_traced = traced
     runner.outputs = program.outputs
     return runner
+
+
+# ExecuTorch's methods whose runner's method was freed (:func:`retire`), by program: the
+# next runner of the program takes one over instead of loading the program again (and
+# generating its code). At most one a program, bounded by the programs' bytes (XNNPACK's
+# packed weights take about as much).
+IDLE_BYTES = 64 << 20
+_idle: Lru[tuple[EtProgram, Callable[..., None], _Binder]] = Lru(4096, IDLE_BYTES)
+
+
+def clear_idle() -> None:
+    """Drop the ExecuTorch methods kept for later runners."""
+    _idle.clear()
+
+
+def retire(runner: EtRunner, program: EtProgram) -> None:
+    """Keep ``runner``'s ExecuTorch method, and its generated code, for the next runner of
+    ``program``: called once the method that ran it is freed, so nothing calls it any more.
+    What it held of that method (the tensors it was given last, their addresses) is
+    dropped: the next runner's first call hands its own tensors over. A method loaded
+    with ETDump on, or released, is not kept."""
+    binder = runner._binder
+    if binder.etdump or binder.method is None:
+        return
+    ns = runner.fn.__globals__
+    for k in range(len(program.tensors)):
+        ns[f"_o{k}"] = None  # the short way closed (its tensors were the method's)
+    ns["_a0"], ns["_dc"], ns["_key"], ns["_known"] = None, (), _UNBOUND, None
+    binder.key = None
+    binder.planned = ()
+    _idle.put(id(program), (program, runner.fn, binder), len(program.data))
 
 
 # the generated source depends only on the call's tensors, outputs and names; a program's
