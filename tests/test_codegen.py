@@ -209,3 +209,30 @@ def test_run_once_shares_one_template_across_slots(monkeypatch: pytest.MonkeyPat
     assert v[1] == "v[2]"
     with pytest.raises(IndexError):  # a failure is the caller's to handle, as before
         codegen.run_once("v[9] = v[0]", {"v": v})
+
+
+def test_a_template_makes_one_function_per_namespace() -> None:
+    """One text compiled once: each namespace gets its own function, whose globals are
+    that namespace (its state); a failure shows the text's line; the text is in linecache
+    while the template lives."""
+    import traceback
+
+    from ptexec.codegen import Template
+
+    source = "def step(x):\n    global total\n    total += x\n    return 1 / total\n"
+    template = Template(source, "test template", "step")
+    a, b = {"total": 0}, {"total": 10}
+    fa, fb = template.function(a), template.function(b)
+    assert fa.__code__ is fb.__code__ and fa.__globals__ is a
+    assert fa(2) == 0.5 and fb(5) == 1 / 15
+    assert (a["total"], b["total"]) == (2, 15)
+    with pytest.raises(ZeroDivisionError) as info:
+        fa(-2)
+    assert "return 1 / total" in "".join(traceback.format_tb(info.tb))
+    filename = fa.__code__.co_filename
+    assert filename in linecache.cache
+    with pytest.raises(ValueError, match="2 functions"):
+        Template(source + "def step(x):\n    return x\n", "two", "step")
+    del template
+    gc.collect()
+    assert filename not in linecache.cache

@@ -6,7 +6,9 @@ name (so a traceback names the method, the chain and the block), is registered w
 :mod:`linecache` (so the traceback shows the generated line), and keeps a map from its
 lines to the instructions they run (so a failure names its instruction). When the owner of
 a :class:`Sources` is freed, its entries leave :mod:`linecache`: loading and freeing
-methods in a loop leaves nothing behind.
+methods in a loop leaves nothing behind. A :class:`Template` (one function for many
+owners, each with a namespace of its own) keeps its one entry while it lives, in its
+user's bounded cache.
 
 Generators write their source with :class:`Code`: lines appended one by one, each
 optionally tagged with the instruction it runs, rendered into the text and the line map
@@ -25,6 +27,7 @@ Long texts' code objects are also kept on disk for later processes
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import itertools
 import linecache
@@ -38,7 +41,7 @@ from typing import Any, NamedTuple
 from . import codestore
 from .format.lru import Lru
 
-__all__ = ["Code", "Piece", "Sources"]
+__all__ = ["Code", "Piece", "Sources", "Template"]
 
 _NAMES = itertools.count()
 
@@ -310,6 +313,32 @@ class Sources:
     def close(self) -> None:
         """Forget every source now (also done when this object is freed)."""
         self._finalizer()
+
+
+class Template:
+    """The function ``name`` that ``source`` defines (at its top level, with no defaults),
+    compiled once for owners that each run it in a namespace of their own (a delegate
+    runner keeps its state in its globals): one file name, in :mod:`linecache` while the
+    template lives. :meth:`function` makes the function for one namespace without running
+    the text, where a piece of a :class:`Sources` costs a file name, a code object renamed
+    and a text run per owner."""
+
+    def __init__(self, source: str, what: str, name: str) -> None:
+        filename = f"<ptexec #{next(_NAMES)} {what}>"
+        code, compiled = _compile(source, filename)
+        found = [c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
+        if len(found) != 1:
+            raise ValueError(f"the text defines {len(found)} functions named {name!r}, not 1")
+        self.code = found[0]
+        self.name = name
+        linecache.cache[filename] = (len(source), None, compiled.lines, filename)
+        self._finalizer = weakref.finalize(self, _forget, [filename])
+
+    def function(self, namespace: dict[str, Any]) -> types.FunctionType:
+        """The function, its globals ``namespace`` (given the builtins, as running a text
+        in it would)."""
+        namespace.setdefault("__builtins__", builtins)
+        return types.FunctionType(self.code, namespace, self.name)
 
 
 # a value table slot ``v[12]`` outside a string (run_once templates only sources without

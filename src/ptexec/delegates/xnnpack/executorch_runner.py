@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from ...codegen import Sources
+from ...codegen import Template
 from ...errors import BackendUnavailableError
 from ...format import program as p
 from ...format.etdump import ProfileEvent, decode_etdump
@@ -543,11 +543,9 @@ def runner_of(
         with_events = _Binder(
             module, program.data, program.bounds, where, planned, memory, etdump=True
         )
-        return _generate(with_events, program, where).fn, with_events
+        return _generate(with_events, program).fn, with_events
 
-    runner = (
-        _generate(binder, program, where) if fn is None else EtRunner(fn, program.source, binder)
-    )
+    runner = _generate(binder, program) if fn is None else EtRunner(fn, program.source, binder)
     runner._make_traced = traced
     runner.outputs = program.outputs
     return runner
@@ -590,8 +588,9 @@ _sources: Lru[str] = Lru(4096, 32 << 20)
 
 
 def clear_sources() -> None:
-    """Forget the generated runner sources."""
+    """Forget the generated runner sources, and their compiled functions."""
     _sources.clear()
+    _templates.clear()
 
 
 def _runner_source(
@@ -605,7 +604,7 @@ def _runner_source(
     return source
 
 
-def _generate(binder: _Binder, program: EtProgram, where: str) -> EtRunner:
+def _generate(binder: _Binder, program: EtProgram) -> EtRunner:
     dense = _Dense(program.orders)
     env: dict[str, Any] = {
         **program.globals,
@@ -617,9 +616,21 @@ def _generate(binder: _Binder, program: EtProgram, where: str) -> EtRunner:
     }
     if program.names:
         env["_shapes"] = [None] * len(program.names)
-    fn = Sources(f"xnnpack {where}").function(program.source, "executorch", "_xnnpack_et_run", env)
-    binder.attach(fn.__globals__)
+    fn = _template(program.source).function(env)
+    binder.attach(env)
     return EtRunner(fn, program.source, binder)
+
+
+# the runners' function, compiled once per text (each runner's globals are its own)
+_templates: Lru[Template] = Lru(4096, 32 << 20)
+
+
+def _template(source: str) -> Template:
+    found = _templates.get(source)
+    if found is None:
+        found = Template(source, "xnnpack executorch runner", "_xnnpack_et_run")
+        _templates.put(source, found, len(source))
+    return found
 
 
 def _globals(tensors: Sequence[p.Tensor], orders: Mapping[int, tuple[int, ...]]) -> dict[str, Any]:
