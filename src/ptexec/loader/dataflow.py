@@ -842,21 +842,19 @@ def _replay(
             if not _view_now(st, code, values):
                 break
             result[i] = _DONE
-        elif what == "held copy" or (what == "elide" and detail[2]):
-            # (a held view's cell is its load's own)
-            result[i] = (
-                _held_copy(i, st, detail) if what == "held copy" else _elided(i, st, *detail)
-            )
+        elif what == "held copy":
+            result[i] = _held_copy(i, st, detail)
+        elif what == "elide" and detail[2]:  # a held view: its cell is its load's own
+            result[i] = _elided(i, st, *detail)
         elif what == "all":
             result[i] = detail
             result[i + 1] = result[i + 2] = FUSED_AWAY
         else:
             before = made.get(i)
-            if before is not None and before[0] is st:
-                result[i] = before[1]
-                continue
-            result[i] = _elided(i, st, *detail) if what == "elide" else _pruned(st, detail)
-            made[i] = (st, result[i])
+            if before is None or before[0] is not st:
+                new = _elided(i, st, *detail) if what == "elide" else _pruned(st, detail)
+                before = made[i] = (st, new)
+            result[i] = before[1]
     else:
         return result
     for k, value in reversed(saved):
@@ -920,8 +918,7 @@ def _keep_results(
         for t in tensors:
             storage = t.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
-    if kept:
-        _results.put(key, kept, sum(storages.values()))
+    _results.put(key, kept, sum(storages.values()))  # (none, too: not looked for again)
 
 
 def _alias_kept(done: _Kept, values: list[Any], saved: list[tuple[int, Any]]) -> bool:
