@@ -175,6 +175,51 @@ def test_a_freed_methods_executorch_methods_serve_the_next_load(name: str, et: N
     assert len(executorch_runner._idle) == 0
 
 
+def _delegate_statements(m: ptexec.Method) -> list[tuple[Any, Any]]:
+    return [
+        (ins, st)
+        for chain in m.state.chains
+        for ins, st in zip(chain.instructions, chain.loaded, strict=True)
+        if st.external is not None
+    ]
+
+
+@pytest.mark.parametrize("name", MANY)
+def test_a_later_loads_delegate_statements_are_the_first_loads_on_its_runners(
+    name: str, et: None
+) -> None:
+    """A later load of a call whose program was kept makes its statement from the form
+    the first load's took (its code, what it reads and writes), bound to its own runner;
+    the effects it is given are those of its statement."""
+    from ptexec.effects import effects
+    from ptexec.loader import instructions
+
+    data = (DIR / MANIFEST[name]["pte"]).read_bytes()
+    _forget()
+    instructions.clear_kept_statements()
+    first = ptexec.load(data).load_method("forward")
+    again = ptexec.load(data).load_method("forward")  # (while the first is alive)
+    made, reused = _delegate_statements(first), _delegate_statements(again)
+    assert len(made) == len(reused) == len(MANIFEST[name]["delegates"]) > 1
+    values = first.state.plan.values
+    for (ins, st), (ins2, st2) in zip(made, reused, strict=True):
+        assert ins2 is ins and st2 is not st and st2.external is not st.external
+        for field in ("code", "instrumented", "writes", "mutates", "outs", "reads", "sized"):
+            assert getattr(st2, field) == getattr(st, field), field
+        assert st2.env.keys() == st.env.keys()
+        runner = st2.external
+        assert set(st2.env.values()) == {runner.fn, runner.run_nodes}
+        assert runner.fn is not st.external.fn
+        kept = [e for e in instructions._made_effects.values() if e[1] is ins]
+        assert [e[2] for e in kept] == [effects(values, ins, st2)]
+    inputs = _inputs(name)
+    rtol, atol = MANIFEST[name]["tol_executorch"]
+    want = _executorch_outputs(data, [t.clone() for t in inputs])
+    for m in (first, again):
+        problem = compare_outputs(m.execute([t.clone() for t in inputs]), want, rtol, atol)
+        assert problem is None, problem
+
+
 def test_a_payload_whose_scales_alone_differ_is_checked_again(
     et: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,10 +243,6 @@ def test_a_payload_whose_scales_alone_differ_is_checked_again(
     x = torch.randn(*m.meta.inputs[0].sizes)  # type: ignore[union-attr]
     (out,) = m.execute([x])
     assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]
-
-
-def _runners(m: ptexec.Method) -> list[Any]:
-    return [st.external for chain in m.state.chains for st in chain.statements if st.external]
 
 
 def test_a_kept_program_is_used_only_for_the_same_bytes(et: None) -> None:
@@ -247,7 +288,8 @@ def test_a_kept_program_checks_every_byte_it_was_written_with(et: None) -> None:
     data = (DIR / "cnn.pte").read_bytes()
     _forget()
     ptexec.load(data).load_method("forward")
-    ((_, program),) = xnn_backend._programs.values()
+    (kept,) = xnn_backend._programs.values()
+    program = kept.program
     offset, length = program.spans[0]
     payload = memoryview(program.data)[offset : offset + length]
     named = {

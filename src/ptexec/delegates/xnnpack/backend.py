@@ -480,9 +480,9 @@ def _prepare_executorch(
         if strict:
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
-    _keep_program(ctx, choice, program)
+    kept = _keep_program(ctx, choice, program)
     ctx.when_unloaded(functools.partial(et.retire, runner, program))
-    return _statement(ctx, runner)
+    return _statement(ctx, runner, kept)
 
 
 # The one-delegate programs of the calls loading prepared for ExecuTorch's backend, by the
@@ -495,7 +495,53 @@ def _prepare_executorch(
 # load goes from the call's place to ExecuTorch's load of the same bytes.
 KEPT_PROGRAMS = 4096
 KEPT_PROGRAM_BYTES = 32 << 20
-_programs: Lru[tuple[tuple[Any, ...], EtProgram]] = Lru(KEPT_PROGRAMS, KEPT_PROGRAM_BYTES)
+
+
+class _Form:
+    """What the statement of a call on ExecuTorch's runner is, but for the runner: its
+    code, instrumented code and the names they give the runner's two functions, and the
+    values it writes and reads. A function of the call's place alone (its arguments, the
+    plan's values and computed scalars, the runner's outputs), made by the first load
+    and given to every later load of the call with that load's runner."""
+
+    __slots__ = ("code", "instrumented", "name", "outputs", "outs", "reads", "timed")
+
+    def __init__(self, st: Statement, name: str, timed: str, outputs: tuple[int, ...]) -> None:
+        assert st.instrumented is not None and st.reads is not None
+        self.code = st.code
+        self.instrumented = st.instrumented
+        self.name = name
+        self.timed = timed
+        self.outputs = outputs
+        self.outs = st.outs
+        self.reads = st.reads
+
+    def statement(self, runner: EtRunner) -> Statement:
+        """The statement of the call on ``runner``: the first load's, bound to it."""
+        return Statement(
+            self.code,
+            {self.name: runner.fn, self.timed: runner.run_nodes},
+            mutates=self.outs,
+            outs=self.outs,
+            reads=self.reads,
+            instrumented=self.instrumented,
+            external=runner,
+            sized=True,
+        )
+
+
+class _Kept:
+    """A call's kept program, and the form of its statement (None until one is made)."""
+
+    __slots__ = ("form", "program", "values")
+
+    def __init__(self, values: tuple[p.EValue, ...], program: EtProgram) -> None:
+        self.values = values  # the plan's values, kept alive: their id stays theirs
+        self.program = program
+        self.form: _Form | None = None
+
+
+_programs: Lru[_Kept] = Lru(KEPT_PROGRAMS, KEPT_PROGRAM_BYTES)
 
 
 def clear_kept_programs() -> None:
@@ -512,49 +558,56 @@ def _program_key(ctx: DelegateContext, choice: Any) -> Key | None:
         return None
 
 
-def _kept_program(ctx: DelegateContext, choice: Any, where: str) -> EtProgram | None:
-    """The program kept for this call, when ExecuTorch's backend is still the runner
-    chosen and the call's payload and named data are the bytes the program was written
-    with (None: prepare it afresh)."""
+def _kept_program(ctx: DelegateContext, choice: Any, where: str) -> _Kept | None:
+    """What was kept for this call, when ExecuTorch's backend is still the runner chosen
+    and the call's payload and named data are the bytes the program was written with
+    (None: prepare it afresh)."""
     if choice == "torch":
         return None
     key = _program_key(ctx, choice)
     hit = _programs.get(key) if key is not None else None
-    if hit is None or hit[0] is not ctx.values or _device(ctx).type != "cpu":
+    if hit is None or hit.values is not ctx.values or _device(ctx).type != "cpu":
         return None
     if choose_runner(choice, "cpu", executorch_unavailable(), where) != "executorch":
         return None
-    program = hit[1]
-    return program if program.same_bytes(ctx.processed, ctx.named_data) else None
+    return hit if hit.program.same_bytes(ctx.processed, ctx.named_data) else None
 
 
-def _keep_program(ctx: DelegateContext, choice: Any, program: EtProgram) -> None:
+def _keep_program(ctx: DelegateContext, choice: Any, program: EtProgram) -> _Kept | None:
     key = _program_key(ctx, choice)
-    if key is not None:  # the plan's values kept alive: their id stays theirs
-        _programs.put(key, (ctx.values, program), len(program.data))
+    if key is None:
+        return None
+    kept = _Kept(ctx.values, program)
+    _programs.put(key, kept, len(program.data))
+    return kept
 
 
-def _emit_executorch(ctx: DelegateContext, program: EtProgram, where: str) -> Statement | None:
+def _emit_executorch(ctx: DelegateContext, kept: _Kept, where: str) -> Statement | None:
     """The statement of a call whose program was kept (None: ExecuTorch cannot load it
     now; the full preparation says why, or falls back)."""
+    program = kept.program
     try:
         runner = et.runner_of(program, where, _planned(ctx, list(program.tensors)))
     except BackendUnavailableError:
         return None
     ctx.when_unloaded(functools.partial(et.retire, runner, program))
-    return _statement(ctx, runner)
+    return _statement(ctx, runner, kept)
 
 
-def _statement(ctx: DelegateContext, runner: EtRunner) -> Statement:
-    """``_run(v[a], v[b], ...)`` of ``runner``, ExecuTorch's backend on the call's tensors."""
+def _statement(ctx: DelegateContext, runner: EtRunner, kept: _Kept | None = None) -> Statement:
+    """``_run(v[a], v[b], ...)`` of ``runner``, ExecuTorch's backend on the call's tensors
+    (made in the form ``kept`` has, when it has one; else made, and its form kept)."""
     outputs = runner.outputs
+    form = kept.form if kept is not None else None
+    if form is not None and form.outputs == outputs:
+        return form.statement(runner)
     name = ctx.bind(runner.fn, "xnnpack")
     timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     outs = tuple(ctx.args[k] for k in outputs)
     call = ", ".join(f"v[{slot}]" for slot in ctx.args)
     # sized: XNNPACK computes its outputs' shapes from its inputs' shapes alone (a static
     # output keeps its sizes; a dynamic one is resized to what XNNPACK computed)
-    return ctx.emit(
+    st = ctx.emit(
         f"{name}({call})",
         mutates=outs,
         outs=outs,
@@ -562,3 +615,6 @@ def _statement(ctx: DelegateContext, runner: EtRunner) -> Statement:
         external=runner,
         sized=True,
     )
+    if kept is not None:
+        kept.form = _Form(st, name, timed, outputs)
+    return st
