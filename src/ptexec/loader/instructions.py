@@ -96,13 +96,12 @@ class _Watched(list[Any]):
         self.table[index] = value
 
 
-# the effects of kept statements
-_effects: Lru[tuple[Statement, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
+# the effects of kept statements: (statement, instruction, effects)
+_effects: Lru[tuple[Any, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
 # the effects of the statements each load makes afresh (a delegate call's, bound to the
 # load's runner), by the instruction and every fact of the statement effects() reads:
-# (the plan's values and the instruction, kept alive so that their ids stay theirs,
-# the effects)
-_made_effects: Lru[tuple[tuple[p.EValue, ...], p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
+# (the plan's values, instruction, effects)
+_made_effects: Lru[tuple[Any, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
 
 # the devices of a plan's values and the load options, interned: the key of every kept
 # statement of a method holds the one object, compared by identity on a hit
@@ -330,25 +329,23 @@ class InstructionPreparer:
 
     def effects(self, ins: p.Instruction, st: Statement) -> Effects:
         """:func:`ptexec.effects.effects` of ``st`` (running ``ins``), kept with a kept
-        statement (a pure function of the two, both frozen)."""
+        statement (a pure function of the two, both frozen), and for a statement each
+        load makes afresh (a delegate call's), by the instruction and the statement's
+        facts that function reads."""
         values = self.plan.values
-        if id(st) not in self._shared:
-            if st.external is None:
-                return effects(values, ins, st)
-            # a function of the instruction and of these facts alone
-            facts = Key(id(values), id(ins), st.code, st.writes, st.mutates, st.outs, st.reads)
-            made = _made_effects.get(facts)
-            if made is not None and made[0] is values and made[1] is ins:
-                return made[2]
-            found = effects(values, ins, st)
-            _made_effects.put(facts, (values, ins, found))
-            return found
-        key = Key(id(st))
-        hit = _effects.get(key)
-        if hit is not None and hit[0] is st and hit[1] is ins:
+        owner: Any
+        if id(st) in self._shared:
+            kept, key, owner = _effects, Key(id(st)), st
+        elif st.external is not None:
+            facts = (st.code, st.writes, st.mutates, st.outs, st.reads)
+            kept, key, owner = _made_effects, Key(id(values), id(ins), *facts), values
+        else:
+            return effects(values, ins, st)
+        hit = kept.get(key)
+        if hit is not None and hit[0] is owner and hit[1] is ins:
             return hit[2]
         found = effects(values, ins, st)
-        _effects.put(key, (st, ins, found))
+        kept.put(key, (owner, ins, found))  # (the owner kept alive: its id stays its own)
         return found
 
     def prepare(self, ins: p.Instruction, i: int, c: int) -> tuple[str, Statement]:
