@@ -282,6 +282,21 @@ def test_a_cached_one_delegate_flatbuffer_is_the_same_bytes() -> None:
         "wa3": b"1234",
         "vb": b"56",
     }
+    # tensors planned elsewhere (a later layer's): no part of the written program, the
+    # same flatbuffer, byte for byte a fresh write; other sizes: another flatbuffer
+    planned = p.Tensor(
+        6, 0, (2, 3), (0, 1), False, 0, p.AllocationDetails(1, 64), 0, p.STATIC, None
+    )
+    pte_write._written.clear()
+    plain = pte_write.one_delegate_program(*args)
+    moved = pte_write.one_delegate_program([planned, t], *args[1:])
+    assert moved == plain and len(pte_write._written) == 1
+    pte_write._written.clear()
+    assert pte_write.one_delegate_program([planned, t], *args[1:]) == moved
+    wider = p.Tensor(6, 0, (2, 4), (0, 1), False, 0, None, 0, p.STATIC, None)
+    other_sizes = pte_write.one_delegate_program([wider, t], *args[1:])
+    assert len(pte_write._written) == 2
+    assert read_pte(other_sizes).program.execution_plan[0].values[0].sizes == (2, 4)
 
 
 def test_kept_statements_own_nothing_of_a_method() -> None:

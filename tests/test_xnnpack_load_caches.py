@@ -353,3 +353,28 @@ def test_the_caches_hold_more_than_a_large_program_has_delegates() -> None:
     )
     for cache in caches:
         assert cache.entries >= 1024
+
+
+def test_a_runner_text_is_shared_by_calls_on_tensors_planned_elsewhere() -> None:
+    """The runner's text reads of each tensor its sizes, dim order, dynamism and whether
+    it is planned: calls whose tensors differ only in where they are planned (a model's
+    layers) share one text; one whose tensor is not planned gets its own."""
+    from ptexec.format import program as p
+
+    def tensor(offset: int | None, dynamism: int = p.STATIC) -> p.Tensor:
+        alloc = None if offset is None else p.AllocationDetails(1, offset)
+        return p.Tensor(6, 0, (2, 3), (0, 1), False, 0, alloc, 0, dynamism, None)
+
+    executorch_runner.clear_sources()
+    first = executorch_runner._runner_source([tensor(0), tensor(64)], [1], {})
+    layer = executorch_runner._runner_source([tensor(128), tensor(192)], [1], {})
+    assert layer is first
+    assert first == executorch_runner._source([tensor(128), tensor(192)], [1], {})
+    constant = executorch_runner._runner_source([tensor(None), tensor(64)], [1], {})
+    assert constant != first
+    assert constant == executorch_runner._source([tensor(None), tensor(64)], [1], {})
+    names = {1: "ptexec_output_1"}
+    dynamic = [tensor(0), tensor(64, p.DYNAMIC_BOUND)]
+    assert executorch_runner._runner_source(dynamic, [1], names) == (
+        executorch_runner._source(dynamic, [1], names)
+    )

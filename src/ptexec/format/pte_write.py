@@ -61,6 +61,13 @@ def clear_written() -> None:
     _written.clear()
 
 
+def _tensor_facts(t: p.Tensor) -> tuple[Any, ...]:
+    """What :func:`_tensor` writes of ``t`` (the rest of its description, its memory plan
+    say, is no part of a written program: calls whose tensors differ only there, a
+    model's layers, are the same flatbuffer)."""
+    return (t.scalar_type, t.sizes, t.dim_order, t.shape_dynamism)
+
+
 def _tensor(t: p.Tensor, name: str | None) -> Table:
     table = (
         Table()
@@ -141,7 +148,7 @@ def delegate_program(
         shape_key = ("calls", shape)
     raw_keys = tuple(k.encode("utf-8") for k in keys)
     key = Key(
-        tuple(tensors),
+        tuple(map(_tensor_facts, tensors)),
         *shape_key,
         tuple(map(len, raw_keys)),
         tuple(len(b) for b in blobs),

@@ -596,7 +596,10 @@ def clear_sources() -> None:
 def _runner_source(
     tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[int, str]
 ) -> str:
-    key = Key(tuple(tensors), tuple(outputs), tuple(names.items()))
+    facts = tuple(
+        (t.sizes, t.dim_order, t.shape_dynamism, t.allocation_info is not None) for t in tensors
+    )  # what _source reads of each tensor: calls on a model's layers share a text
+    key = Key(facts, tuple(outputs), tuple(names.items()))
     source = _sources.get(key)
     if source is None:
         source = _source(tensors, outputs, names)
