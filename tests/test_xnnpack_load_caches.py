@@ -378,3 +378,61 @@ def test_a_runner_text_is_shared_by_calls_on_tensors_planned_elsewhere() -> None
     assert executorch_runner._runner_source(dynamic, [1], names) == (
         executorch_runner._source(dynamic, [1], names)
     )
+
+
+def test_a_later_load_renews_its_calls_without_preparing_them(
+    et: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later load of the same bytes makes each call's statement with what its first
+    load left (DelegateContext.renew_with), the backend not asked; a weight edited outside
+    the flatbuffer, a dropped kept program, or ptexec's runner chosen now has the call
+    prepared afresh. Each gives the runner's results (ExecuTorch's, or ptexec's torch
+    runner's)."""
+    from ptexec.format.pte import read_pte
+    from ptexec.loader import instructions
+
+    name = "transformer_int4_group"
+    data = (DIR / MANIFEST[name]["pte"]).read_bytes()
+    inputs = _inputs(name)
+    rtol, atol = MANIFEST[name]["tol_executorch"]
+    n = len(MANIFEST[name]["delegates"])
+    _forget()
+    instructions.clear_kept_statements()
+    first = ptexec.load(data).load_method("forward")
+    prepared: list[str] = []
+    full = xnn_backend.prepare
+
+    def counted(ctx: Any) -> Any:
+        prepared.append(ctx.where)
+        return full(ctx)
+
+    monkeypatch.setattr(xnn_backend, "prepare", counted)
+
+    def check(m: ptexec.Method, program: bytes) -> None:
+        want = _executorch_outputs(program, [t.clone() for t in inputs])
+        problem = compare_outputs(m.execute([t.clone() for t in inputs]), want, rtol, atol)
+        assert problem is None, problem
+
+    again = ptexec.load(data).load_method("forward")  # (the first alive: runners of its own)
+    assert prepared == []
+    assert {id(r) for r in _runners(again)}.isdisjoint(id(r) for r in _runners(first))
+    check(again, data)
+    check(first, data)
+    # a weight edited in a named data segment: the same plan, other bytes
+    pte = read_pte(data)
+    weights = max(pte.program.named_data, key=lambda d: pte.segments[d.segment_index].size)
+    edited = bytearray(data)
+    edited[pte.segments[weights.segment_index].offset + 2] ^= 0x40
+    other = ptexec.load(bytes(edited)).load_method("forward")
+    assert 1 <= len(prepared) < n  # (the calls reading other weights alone)
+    check(other, bytes(edited))
+    prepared.clear()
+    xnn_backend.clear_kept_programs()
+    dropped = ptexec.load(data).load_method("forward")
+    assert len(prepared) == n
+    check(dropped, data)
+    prepared.clear()
+    monkeypatch.setattr(xnn_backend, "AUTO_RUNNER", "torch")
+    torch_runner = ptexec.load(data).load_method("forward")
+    assert len(prepared) == n and not _runners(torch_runner)
+    check(torch_runner, data)

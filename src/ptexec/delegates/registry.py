@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..format import program as p
 from ..kernels.registry import KernelContext, Statement
@@ -23,6 +23,8 @@ __all__ = [
     "DelegateContext",
     "PayloadChecker",
     "PayloadDescriber",
+    "Renewal",
+    "Renewing",
     "backend_runner",
     "describe_payload",
     "find_backend",
@@ -32,11 +34,27 @@ __all__ = [
 ]
 
 
+class Renewing(NamedTuple):
+    """What a later load of a method gives the renewal its backend left for a call
+    (:meth:`DelegateContext.renew_with`): the call's payload and the program's named data
+    as this load reads them, the values table as loading made it (constants, planned
+    views), and the list of what to run once the method is freed."""
+
+    processed: memoryview
+    named_data: Mapping[str, memoryview]
+    initial: list[Any]
+    unloaded: list[Callable[[], None]]
+
+
+Renewal = Callable[[Renewing], Statement | None]
+
+
 class DelegateContext(KernelContext):
     """A :class:`KernelContext` plus the delegate's payload and compile specs.
 
     ``processed`` is the delegate's data (a zero-copy view of the file), ``compile_specs``
     its key -> bytes options, ``named_data`` the program's (and external file's) named blobs.
+    ``renewal``: what the backend left for later loads of the call (:meth:`renew_with`).
     """
 
     def __init__(
@@ -54,6 +72,17 @@ class DelegateContext(KernelContext):
         self.processed = processed
         self.compile_specs = compile_specs
         self.named_data = named_data
+        self.renewal: Renewal | None = None
+
+    def renew_with(self, renewal: Renewal) -> None:
+        """Have later loads of this call (the same decoded plan, device placement and
+        options, the backend registered as now) make its statement with ``renewal``
+        instead of this backend's preparation: given what such a load reads
+        (:class:`Renewing`), it returns the statement, or None to have the call prepared
+        afresh. For a backend whose statement, but for what a renewal checks and binds,
+        is a function of the call's place in the plan (its payload's bytes, the runner
+        it loads, the memory it is handed)."""
+        self.renewal = renewal
 
     def node_timed(self, plain: str, timed: str, args: str) -> str:
         """The instrumented statement of a delegate call ``plain(args)`` whose runner can

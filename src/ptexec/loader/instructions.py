@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..accounting import CallRecord
-from ..delegates import DelegateContext, find_backend, registered_backends
+from ..delegates import DelegateContext, Renewal, Renewing, find_backend, registered_backends
 from ..device import Device
 from ..effects import Effects, effects
 from ..errors import BackendUnavailableError, PteFormatError
@@ -54,8 +54,9 @@ _UNASKED = object()
 
 
 def clear_kept_statements() -> None:
-    """Forget the kept kernel statements."""
+    """Forget the kept kernel statements, and the renewals of delegate calls."""
     _kept.clear()
+    _renewals.clear()
     _effects.clear()
     _made_effects.clear()
     _placements.clear()
@@ -95,6 +96,11 @@ class _Watched(list[Any]):
         self.tainted = True
         self.table[index] = value
 
+
+# what backends left for later loads of their calls (DelegateContext.renew_with), by the
+# call's place in its plan and the placement (as kept kernel statements are): (plan, the
+# backend's factory that left it, the renewal); a backend registered since is asked afresh
+_renewals: Lru[tuple[p.ExecutionPlan, Any, Renewal]] = Lru(KEPT_STATEMENTS, 0)
 
 # the effects of kept statements: (statement, instruction, effects)
 _effects: Lru[tuple[Any, p.Instruction, Effects]] = Lru(KEPT_STATEMENTS, 0)
@@ -386,11 +392,19 @@ class InstructionPreparer:
                     f"method '{plan.name}' delegates to backend '{delegate.id}', which ptexec "
                     f"cannot run (available: {', '.join(registered_backends()) or 'none'})"
                 )
+            processed = self.program.pte.delegate_data(delegate.processed)
+            key = self._key(i, c)
+            renewed = None if key is None else _renewals.get(key)
+            if renewed is not None and renewed[0] is plan and renewed[1] is backend:
+                later = Renewing(processed, self.program.named_data, self.values, self.unloaded)
+                again = renewed[2](later)
+                if again is not None:
+                    return f"delegate:{delegate.id}", again
             dctx = self._context(
                 DelegateContext,
                 backend_id=delegate.id,
                 delegate_index=ins.delegate_index,
-                processed=self.program.pte.delegate_data(delegate.processed),
+                processed=processed,
                 compile_specs=delegate.compile_specs,
                 named_data=self.program.named_data,
                 instruction=i,
@@ -398,9 +412,12 @@ class InstructionPreparer:
                 where=where,
             )
             try:
-                return f"delegate:{delegate.id}", backend(dctx)
+                st = backend(dctx)
             except UnsupportedKernel as e:
                 raise BackendUnavailableError(f"backend '{delegate.id}': {e}") from None
+            if key is not None and dctx.renewal is not None:
+                _renewals.put(key, (plan, backend, dctx.renewal))  # (the plan kept alive)
+            return f"delegate:{delegate.id}", st
         if isinstance(ins, p.MoveCall):
             return "move", Statement(
                 f"v[{ins.move_to}] = v[{ins.move_from}]",

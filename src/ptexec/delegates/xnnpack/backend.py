@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from ...errors import BackendUnavailableError, PteFormatError
 from ...format import program as p
 from ...format.lru import Key, Lru
 from ...kernels.registry import Statement
-from ..registry import DelegateContext
+from ..registry import DelegateContext, Renewing
 from . import checked
 from . import executorch_runner as et
 from . import schema as s
@@ -352,7 +352,7 @@ def prepare(ctx: DelegateContext) -> Statement:
     choice = ctx.options.get("xnnpack", "auto")
     kept = _kept_program(ctx, choice, where)
     if kept is not None:
-        st = _emit_executorch(ctx, kept, where)
+        st = _emit_executorch(ctx, kept, where, choice)
         if st is not None:
             return st
     payload = decode_payload(ctx.processed, f"{where}.payload")
@@ -417,14 +417,17 @@ def _checked(
     return None, refused[0]
 
 
-def _planned(ctx: DelegateContext, tensors: list[p.Tensor]) -> list[torch.Tensor | None]:
-    """Per argument, the tensor loading made for it when that is a static tensor in
-    planned memory (which keeps its storage, offset, sizes and strides for the method's
-    life: a failed call's restore gives them back) or a constant of the program (never
-    written), else None."""
+def _planned(
+    args: tuple[int, ...], initial: list[Any], tensors: Sequence[p.Tensor]
+) -> list[torch.Tensor | None]:
+    """Per argument (value ``args[k]``, described by ``tensors[k]``), the tensor loading
+    made for it (``initial``: the values table as loading made it) when that is a static
+    tensor in planned memory (which keeps its storage, offset, sizes and strides for the
+    method's life: a failed call's restore gives them back) or a constant of the program
+    (never written), else None."""
     out: list[torch.Tensor | None] = []
-    for slot, t in zip(ctx.args, tensors, strict=True):
-        made = ctx.initial[slot] if slot < len(ctx.initial) else None
+    for slot, t in zip(args, tensors, strict=True):
+        made = initial[slot] if slot < len(initial) else None
         fixed = (
             t.shape_dynamism == p.STATIC
             and (t.allocation_info is not None or t.is_constant)
@@ -475,14 +478,14 @@ def _prepare_executorch(
         program = et.program_of(
             payload, ctx.processed, args, ctx.compile_specs, ctx.named_data, outputs, where
         )
-        runner = et.runner_of(program, where, _planned(ctx, args))
+        runner = et.runner_of(program, where, _planned(ctx.args, ctx.initial, args))
     except BackendUnavailableError:
         if strict:
             raise
         return _prepare_torch(ctx, payload, tensors, where, torch.device("cpu"))
     kept = _keep_program(ctx, choice, program)
     ctx.when_unloaded(functools.partial(et.retire, runner, program))
-    return _statement(ctx, runner, kept)
+    return _statement(ctx, runner, kept, choice)
 
 
 # The one-delegate programs of the calls loading prepared for ExecuTorch's backend, by the
@@ -582,23 +585,69 @@ def _keep_program(ctx: DelegateContext, choice: Any, program: EtProgram) -> _Kep
     return kept
 
 
-def _emit_executorch(ctx: DelegateContext, kept: _Kept, where: str) -> Statement | None:
+def _emit_executorch(
+    ctx: DelegateContext, kept: _Kept, where: str, choice: Any
+) -> Statement | None:
     """The statement of a call whose program was kept (None: ExecuTorch cannot load it
     now; the full preparation says why, or falls back)."""
     program = kept.program
     try:
-        runner = et.runner_of(program, where, _planned(ctx, list(program.tensors)))
+        runner = et.runner_of(program, where, _planned(ctx.args, ctx.initial, program.tensors))
     except BackendUnavailableError:
         return None
     ctx.when_unloaded(functools.partial(et.retire, runner, program))
-    return _statement(ctx, runner, kept)
+    return _statement(ctx, runner, kept, choice)
 
 
-def _statement(ctx: DelegateContext, runner: EtRunner, kept: _Kept | None = None) -> Statement:
+class _Renewal:
+    """A later load's statement of a call on ExecuTorch's runner, left with the load
+    that kept its program and made its statement's form (:meth:`DelegateContext.
+    renew_with`): what :func:`_kept_program` and :func:`_emit_executorch` do on such a
+    load, from the call's place alone. The kept program is looked up again (it may have
+    been dropped), ExecuTorch's runner chosen again, and the payload and named data the
+    load reads compared with the program's bytes; anything else (a device, options, the
+    plan) is the same by the renewal's own key. None: the call is prepared afresh."""
+
+    __slots__ = ("args", "choice", "key", "values", "where")
+
+    def __init__(self, key: Key, ctx: DelegateContext, where: str, choice: Any) -> None:
+        self.key = key
+        self.values = ctx.values  # (its id is in the key: kept alive with the plan)
+        self.args = ctx.args
+        self.where = where
+        self.choice = choice
+
+    def __call__(self, later: Renewing) -> Statement | None:
+        kept = _programs.get(self.key)
+        if kept is None or kept.values is not self.values:
+            return None
+        program, form = kept.program, kept.form
+        if form is None or form.outputs != program.outputs:
+            return None
+        if choose_runner(self.choice, "cpu", executorch_unavailable(), self.where) != "executorch":
+            return None
+        if not program.same_bytes(later.processed, later.named_data):
+            return None
+        planned = _planned(self.args, later.initial, program.tensors)
+        try:
+            runner = et.runner_of(program, self.where, planned)
+        except BackendUnavailableError:
+            return None
+        later.unloaded.append(functools.partial(et.retire, runner, program))
+        return form.statement(runner)
+
+
+def _statement(
+    ctx: DelegateContext, runner: EtRunner, kept: _Kept | None = None, choice: Any = None
+) -> Statement:
     """``_run(v[a], v[b], ...)`` of ``runner``, ExecuTorch's backend on the call's tensors
-    (made in the form ``kept`` has, when it has one; else made, and its form kept)."""
+    (made in the form ``kept`` has, when it has one; else made, and its form kept); a
+    kept call's later loads renew it (:class:`_Renewal`)."""
     outputs = runner.outputs
     form = kept.form if kept is not None else None
+    key = _program_key(ctx, choice) if kept is not None else None
+    if key is not None:
+        ctx.renew_with(_Renewal(key, ctx, _where(ctx), choice))
     if form is not None and form.outputs == outputs:
         return form.statement(runner)
     name = ctx.bind(runner.fn, "xnnpack")
