@@ -207,3 +207,34 @@ def test_table_lookup_keeps_values_and_layout(layout: str) -> None:
     got = qa.lookup(x, table, 128.0)
     assert torch.equal(got, table[(x + 128).long()])
     assert got.shape == x.shape
+
+
+def _three_passes(scales: torch.Tensor) -> str | None:
+    """The scale check as three separate reductions in double precision."""
+    d = scales.double()
+    if not bool(torch.isfinite(d).all()) or not bool((d > 0).all()):
+        return "a scale that is not a finite positive number"
+    if bool((d < 2.0**-126).any()):
+        return "a subnormal scale"
+    return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_scale_check_in_one_pass_finds_what_three_do(dtype: torch.dtype) -> None:
+    """XNNPACK refuses a scale that is not a finite, positive, normal number: one min/max
+    pass over the scales (a NaN anywhere, first, last or alone, propagates to both ends)
+    finds exactly what a pass for each condition finds, in the stored precision."""
+    from ptexec.delegates.xnnpack import backend
+    from ptexec.delegates.xnnpack import schema as s
+
+    value = s.XnnValue(0, 0, 1, (4,), 0, s.INVALID_ID, 0)
+    normal = [0.5, 2.0**-126, 1e-3, 3e38]
+    odd = [math.nan, math.inf, -math.inf, 0.0, -0.0, -1.0, 2.0**-127, 1e-45, 2.0**-126 / 2]
+    cases = [[], normal, *([x] for x in odd)]
+    for x in odd:
+        for where in (0, 1, len(normal)):
+            cases.append([*normal[:where], x, *normal[where:]])
+    cases += [[math.nan] * 5000 + [1.0], [1.0] * 5000 + [math.nan], [1.0] * 4097 + [0.0]]
+    for case in cases:
+        scales = torch.tensor(case, dtype=torch.float64).to(dtype)
+        assert backend._scale_problem(value, scales) == _three_passes(scales), case

@@ -262,11 +262,18 @@ _CONV_RANGE = (2.0**-32, 256.0)  # input * filter / output scale: XNNPACK's requ
 _RATIO_RANGE = (2.0**-8, 2.0**8)  # input / output scale of other quantized nodes
 
 
+_NORMAL = 2.0**-126  # the least positive normal float32
+
+
 def _scale_problem(v: s.XnnValue, scales: torch.Tensor) -> str | None:
-    if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
-        return "a scale that is not a finite positive number"
-    if bool((scales < 2.0**-126).any()):
-        return "a subnormal scale"
+    if scales.numel():
+        # one pass for both ends; a NaN anywhere makes both NaN (aminmax propagates it),
+        # and NaN compares false
+        lo, hi = (float(x) for x in torch.aminmax(scales))
+        if not (lo > 0.0 and hi < math.inf):
+            return "a scale that is not a finite positive number"
+        if lo < _NORMAL:
+            return "a subnormal scale"
     q = v.quant
     if (
         isinstance(q, s.PerTensorQuant)
@@ -298,13 +305,13 @@ def quantization_problem(payload: s.XnnPayload, named_data: Mapping[str, memoryv
         return None  # no scale to check (a float graph, or one quantizing inputs per token)
     consts = Constants(payload, named_data, torch.device("cpu"))
     values = {v.id: v for v in payload.graph.values}
-    scales: dict[int, torch.Tensor] = {}
+    scales: dict[int, torch.Tensor] = {}  # as stored (a float32 holds each exactly)
     for v in payload.graph.values:
         q = v.quant
         if isinstance(q, s.PerTensorQuant):
             scales[v.id] = torch.tensor([q.scale], dtype=torch.float64)
         elif isinstance(q, s.PerChannelQuant | s.PerChannelGroupQuant):
-            scales[v.id] = consts.scales(q).double()
+            scales[v.id] = consts.scales(q)
         else:
             continue
         problem = _scale_problem(v, scales[v.id])
@@ -314,16 +321,16 @@ def quantization_problem(payload: s.XnnPayload, named_data: Mapping[str, memoryv
         outs = [values[o] for o in n.outputs if o in values]
         if len(outs) != 1 or outs[0].dtype_name not in _STATIC_Q or outs[0].id not in scales:
             continue
-        out_scale = scales[outs[0].id]
+        out_scale = scales[outs[0].id].double()  # the ratios in double precision
         ins = [values[i] for i in n.inputs if i in values and i in scales]
         if n.type in _WEIGHTED and len(ins) >= 2:
-            ratio = scales[ins[0].id] * scales[ins[1].id] / out_scale
+            ratio = scales[ins[0].id].double() * scales[ins[1].id].double() / out_scale
             lo, hi = _CONV_RANGE
         else:
             statics = [v for v in ins if v.dtype_name in _STATIC_Q]
             if not statics:
                 continue
-            ratio = torch.cat([scales[v.id] for v in statics]) / out_scale
+            ratio = torch.cat([scales[v.id].double() for v in statics]) / out_scale
             lo, hi = _RATIO_RANGE
         if not bool(((ratio >= lo) & (ratio < hi)).all()):
             worst = float(ratio.max() if bool((ratio >= hi).any()) else ratio.min())
