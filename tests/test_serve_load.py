@@ -143,7 +143,20 @@ def test_a_client_leaving_a_non_streamed_request_stops_it(
         assert server.engine.metrics.generated_tokens < 100  # not all 120
 
 
-def test_timeout_answers_504_and_the_server_goes_on(tok: Path) -> None:
+def test_timeout_answers_504_and_the_server_goes_on(
+    tok: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptexec.llm.decoder import TextDecoder
+
+    step = TextDecoder.step
+
+    def slow_step(self: TextDecoder, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # 2 ms a decode step: 120 tokens outlast the 50 ms on any machine (on a quiet
+        # one the tiny model's own 120 steps took less, and the reply came in time)
+        time.sleep(0.002)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(TextDecoder, "step", slow_step)
     with running_server(tok, sessions=1, max_queue=2, timeout=0.05) as server:
         body = {"model": "tiny-llama", "prompt": "The robot", "max_tokens": 120,
                 "temperature": 0, "ignore_eos": True}  # fmt: skip
