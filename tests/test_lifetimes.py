@@ -630,6 +630,17 @@ def test_constants_of_bytes_are_viewed_in_place_unless_an_instruction_writes_one
     x = torch.randn(2, 8)
     (y,) = m.execute([x])
     torch.testing.assert_close(y, torch.relu(x @ w1.T + b1) @ w2.T + b2)
+    # a later load (the values table made from the first load's recipe) views them too,
+    # with the same geometry, kept for a failed call's restore
+    again = ptexec.load(data).load_method()
+    for c, first in zip(_constants(again), consts, strict=True):
+        assert c.data_ptr() == first.data_ptr() and c.stride() == first.stride()
+        assert torch.equal(c, first)
+    owned = {id(e[0]): e for e in again.state.owned}
+    assert all(owned[id(c)][1].data_ptr() == c.data_ptr() for c in _constants(again))
+    again.state.restore()
+    (y,) = again.execute([x])
+    torch.testing.assert_close(y, torch.relu(x @ w1.T + b1) @ w2.T + b2)
     # the compiled tier reads the same views (the session's cache: mlp compiles once)
     from compile_util import session_cache_dir
     from ptexec.compile import CompileWarning
@@ -649,6 +660,7 @@ def test_constants_of_bytes_are_viewed_in_place_unless_an_instruction_writes_one
         m = ptexec.load(written).load_method()
         consts = _constants(m)
         assert not any(lo <= c.data_ptr() < hi for c in consts)
+        assert all(torch.equal(c, f) for c, f in zip(consts, (w1, b1, w2, b2), strict=True))
         for _ in range(2):
             (y,) = m.execute([x])
             torch.testing.assert_close(y, torch.relu(x @ w1.T + b1.relu()) @ w2.T + b2)

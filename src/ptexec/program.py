@@ -260,25 +260,30 @@ class Program:
         has no read-only tensors, nothing a program does may write into its caller's
         ``bytes``, and a data file's private copy is shared by the programs that read it
         (one program's writes would change another's weights)."""
+        return self.tensors_from_memory((data,))[0]
+
+    def tensors_from_memory(self, data: Sequence[memoryview]) -> list[torch.Tensor]:
+        """:meth:`tensor_from_memory` of each of ``data``, in order (a load's constants
+        at once: one warnings block for all the read-only ones)."""
         with self._lock:
             if self._constants_written is None:
                 plans = self.pte.program.execution_plan
                 self._constants_written = any(constants_written(plan) for plan in plans)
             written = self._constants_written
-        if not data.readonly:  # (no warning to silence)
-            over = torch.frombuffer(data, dtype=torch.uint8)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                over = torch.frombuffer(data, dtype=torch.uint8)  # read here, never written
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only bytes: read, never written
+            over = [torch.frombuffer(d, dtype=torch.uint8) for d in data]
         if not written:
             return over
-        key = (over.data_ptr(), len(data))
+        out = []
         with self._lock:
-            copy = self._copies.get(key)
-            if copy is None:
-                copy = self._copies[key] = over.clone()
-        return copy
+            for t, d in zip(over, data, strict=True):
+                key = (t.data_ptr(), len(d))
+                copy = self._copies.get(key)
+                if copy is None:
+                    copy = self._copies[key] = t.clone()
+                out.append(copy)
+        return out
 
     def external_bytes(self, t: p.Tensor, path: str) -> memoryview:
         """The bytes of an external tensor (from the ``.ptd``, or the program's named data)."""

@@ -357,21 +357,29 @@ def _replay(
                 assert isinstance(value, p.Tensor)
                 where = f"{path}.values[{first.slot}].tensor"
                 _initialise(program, value, values[first.slot], first.dtype, where)
-    for t in tensors:
-        if isinstance(t, _Constant):
-            slot, buffer, nbytes, dtype, sizes, strides = t
-            data = pte.constant(buffer, nbytes)
-            const = None
-            if not data.readonly:  # (read only: a copy of the program's, as made at first)
-                const = torch.frombuffer(data, dtype=dtype)
-                const = None if const.data_ptr() % dtype.itemsize else const
-            if const is None:
+    # the constants' bytes, and what the program makes of the read-only ones (views, or
+    # its copies where a constant may be written: Program.tensor_from_memory), at once
+    constants = [(c, pte.constant(c.data, c.nbytes)) for c in tensors if isinstance(c, _Constant)]
+    read_only = [data for _, data in constants if data.readonly]
+    made_of = iter(program.tensors_from_memory(read_only) if read_only else ())
+    for c, data in constants:
+        slot, _, _, dtype, sizes, strides = c
+        if data.readonly:  # as _from_bytes makes it (nbytes > 0: a recipe's constant)
+            raw = next(made_of)
+            if raw.data_ptr() % dtype.itemsize:
+                raw = raw.clone()  # misaligned in the file: one copy, rather than a bad view
+            const = raw.view(dtype)
+        else:
+            const = torch.frombuffer(data, dtype=dtype)
+            if const.data_ptr() % dtype.itemsize:
                 value = plan.values[slot]
                 assert isinstance(value, p.Tensor)
                 values[slot] = _from_bytes(program, data, value, dtype)
-            else:
-                view = values[slot] = const.as_strided(sizes, strides)
-                append((view, view.untyped_storage(), 0, sizes, strides))
+                continue
+        view = values[slot] = const.as_strided(sizes, strides)
+        append((view, view.untyped_storage(), 0, sizes, strides))
+    for t in tensors:
+        if isinstance(t, _Constant):
             continue
         if isinstance(t, int):
             value = plan.values[t]
