@@ -418,6 +418,16 @@ def test_a_later_load_renews_its_calls_without_preparing_them(
     assert {id(r) for r in _runners(again)}.isdisjoint(id(r) for r in _runners(first))
     check(again, data)
     check(first, data)
+    # the renewals forgotten, the kept programs not: the backend is asked, and renews
+    # each call from its kept program (no program written again)
+    prepared.clear()
+    kept = {id(r.program_data()) for r in _runners(again)}
+    instructions.clear_kept_statements()
+    renewed = ptexec.load(data).load_method("forward")
+    assert len(prepared) == n
+    assert {id(r.program_data()) for r in _runners(renewed)} == kept
+    check(renewed, data)
+    prepared.clear()
     # a weight edited in a named data segment: the same plan, other bytes
     pte = read_pte(data)
     weights = max(pte.program.named_data, key=lambda d: pte.segments[d.segment_index].size)

@@ -9,6 +9,7 @@ tuples of their items. Unplanned inputs and the lists a kernel renders per use a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -57,10 +58,16 @@ def _from_bytes(
     strides = dim_order_strides(t.sizes, t.dim_order)
     if t.nbytes == 0:
         return torch.empty_strided(t.sizes, strides, dtype=dtype)
-    raw = program.tensor_from_memory(data)
+    return _typed(program.tensor_from_memory(data), dtype, t.sizes, strides)
+
+
+def _typed(
+    raw: torch.Tensor, dtype: torch.dtype, sizes: Sequence[int], strides: Sequence[int]
+) -> torch.Tensor:
+    """``raw`` (a constant's bytes, uint8) seen as ``dtype`` with ``sizes`` and ``strides``."""
     if raw.data_ptr() % dtype.itemsize:
         raw = raw.clone()  # misaligned in the file: one copy, rather than a bad view
-    return raw.view(dtype).as_strided(t.sizes, strides)
+    return raw.view(dtype).as_strided(sizes, strides)
 
 
 class _Planned(NamedTuple):
@@ -365,10 +372,7 @@ def _replay(
     for c, data in constants:
         slot, _, _, dtype, sizes, strides = c
         if data.readonly:  # as _from_bytes makes it (nbytes > 0: a recipe's constant)
-            raw = next(made_of)
-            if raw.data_ptr() % dtype.itemsize:
-                raw = raw.clone()  # misaligned in the file: one copy, rather than a bad view
-            const = raw.view(dtype)
+            view = values[slot] = _typed(next(made_of), dtype, sizes, strides)
         else:
             const = torch.frombuffer(data, dtype=dtype)
             if const.data_ptr() % dtype.itemsize:
@@ -376,7 +380,7 @@ def _replay(
                 assert isinstance(value, p.Tensor)
                 values[slot] = _from_bytes(program, data, value, dtype)
                 continue
-        view = values[slot] = const.as_strided(sizes, strides)
+            view = values[slot] = const.as_strided(sizes, strides)
         append((view, view.untyped_storage(), 0, sizes, strides))
     for t in tensors:
         if isinstance(t, _Constant):

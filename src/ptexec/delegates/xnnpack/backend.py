@@ -357,11 +357,9 @@ def prepare(ctx: DelegateContext) -> Statement:
     ``_run(v[a], v[b], ...)``."""
     where = _where(ctx)
     choice = ctx.options.get("xnnpack", "auto")
-    kept = _kept_program(ctx, choice, where)
-    if kept is not None:
-        st = _emit_executorch(ctx, kept, where, choice)
-        if st is not None:
-            return st
+    st = _renewed(ctx, choice, where)
+    if st is not None:
+        return st
     payload = decode_payload(ctx.processed, f"{where}.payload")
     tensors = _arg_tensors(ctx, where)
     device = _device(ctx)
@@ -568,21 +566,6 @@ def _program_key(ctx: DelegateContext, choice: Any) -> Key | None:
         return None
 
 
-def _kept_program(ctx: DelegateContext, choice: Any, where: str) -> _Kept | None:
-    """What was kept for this call, when ExecuTorch's backend is still the runner chosen
-    and the call's payload and named data are the bytes the program was written with
-    (None: prepare it afresh)."""
-    if choice == "torch":
-        return None
-    key = _program_key(ctx, choice)
-    hit = _programs.get(key) if key is not None else None
-    if hit is None or hit.values is not ctx.values or _device(ctx).type != "cpu":
-        return None
-    if choose_runner(choice, "cpu", executorch_unavailable(), where) != "executorch":
-        return None
-    return hit if hit.program.same_bytes(ctx.processed, ctx.named_data) else None
-
-
 def _keep_program(ctx: DelegateContext, choice: Any, program: EtProgram) -> _Kept | None:
     key = _program_key(ctx, choice)
     if key is None:
@@ -592,28 +575,31 @@ def _keep_program(ctx: DelegateContext, choice: Any, program: EtProgram) -> _Kep
     return kept
 
 
-def _emit_executorch(
-    ctx: DelegateContext, kept: _Kept, where: str, choice: Any
-) -> Statement | None:
-    """The statement of a call whose program was kept (None: ExecuTorch cannot load it
-    now; the full preparation says why, or falls back)."""
-    program = kept.program
-    try:
-        runner = et.runner_of(program, where, _planned(ctx.args, ctx.initial, program.tensors))
-    except BackendUnavailableError:
+def _renewed(ctx: DelegateContext, choice: Any, where: str) -> Statement | None:
+    """The statement of a call whose program was kept, made as a later load's renewal
+    makes it (None: prepare it afresh). For a load that has no renewal for the call (a
+    context the loader did not keep one for, or a renewal forgotten since)."""
+    if choice == "torch" or _device(ctx).type != "cpu":
         return None
-    ctx.when_unloaded(functools.partial(et.retire, runner, program))
-    return _statement(ctx, runner, kept, choice)
+    key = _program_key(ctx, choice)
+    if key is None:
+        return None
+    renewal = _Renewal(key, ctx, where, choice)
+    unloaded = ctx.unloaded if ctx.unloaded is not None else []
+    st = renewal(Renewing(ctx.processed, ctx.named_data, ctx.initial, unloaded))
+    if st is not None:
+        ctx.renew_with(renewal)
+    return st
 
 
 class _Renewal:
     """A later load's statement of a call on ExecuTorch's runner, left with the load
     that kept its program and made its statement's form (:meth:`DelegateContext.
-    renew_with`): what :func:`_kept_program` and :func:`_emit_executorch` do on such a
-    load, from the call's place alone. The kept program is looked up again (it may have
-    been dropped), ExecuTorch's runner chosen again, and the payload and named data the
-    load reads compared with the program's bytes; anything else (a device, options, the
-    plan) is the same by the renewal's own key. None: the call is prepared afresh."""
+    renew_with`), from the call's place alone. The kept program is looked up again (it
+    may have been dropped), ExecuTorch's runner chosen again, and the payload and named
+    data the load reads compared with the program's bytes; anything else (the device,
+    options, the plan) is the same by the renewal's own key (:func:`_renewed` checks the
+    device where there is none). None: the call is prepared afresh."""
 
     __slots__ = ("args", "choice", "key", "values", "where")
 
@@ -647,16 +633,12 @@ class _Renewal:
 def _statement(
     ctx: DelegateContext, runner: EtRunner, kept: _Kept | None = None, choice: Any = None
 ) -> Statement:
-    """``_run(v[a], v[b], ...)`` of ``runner``, ExecuTorch's backend on the call's tensors
-    (made in the form ``kept`` has, when it has one; else made, and its form kept); a
-    kept call's later loads renew it (:class:`_Renewal`)."""
+    """``_run(v[a], v[b], ...)`` of ``runner``, ExecuTorch's backend on the call's tensors;
+    for a kept call, its form is kept and later loads renew it (:class:`_Renewal`)."""
     outputs = runner.outputs
-    form = kept.form if kept is not None else None
     key = _program_key(ctx, choice) if kept is not None else None
     if key is not None:
         ctx.renew_with(_Renewal(key, ctx, _where(ctx), choice))
-    if form is not None and form.outputs == outputs:
-        return form.statement(runner)
     name = ctx.bind(runner.fn, "xnnpack")
     timed = ctx.bind(runner.run_nodes, "xnnpack_nodes")
     outs = tuple(ctx.args[k] for k in outputs)
