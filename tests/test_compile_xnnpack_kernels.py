@@ -31,7 +31,7 @@ from compile_util import (
 from ptexec.compile import CompileOptions, external, native
 from ptexec.compile.external import ExternalCall
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
-from ptexec.delegates.xnnpack.node_types import approximated_float_nodes
+from ptexec.delegates.xnnpack.node_types import approximated_float_nodes, quantized_products
 from ptexec.delegates.xnnpack.schema import decode_payload
 from ptexec.format import program as p
 
@@ -132,29 +132,48 @@ def test_delegates_are_opaque_calls_in_the_traced_graph(
     _check_mixed(name, GRAPH, monkeypatch)
 
 
+def _payloads_of(method: ptexec.Method) -> dict[int, Any]:
+    """The decoded payload of each delegate call of ``method``'s first chain, by instruction."""
+    pte, delegates = method.program.pte, method.state.plan.delegates
+    return {
+        i: decode_payload(pte.delegate_data(delegates[ins.delegate_index].processed), "t")
+        for i, ins in enumerate(method.state.chains[0].instructions)
+        if isinstance(ins, p.DelegateCall)
+    }
+
+
 def test_the_rule_keeps_convolutions_and_traces_small_matrices() -> None:
     """By default a payload with a convolution is an opaque call; one with a megabyte of
-    weights or less and no convolution is traced (its torch code fuses), unless the method
-    quantizes activations and it holds a float node XNNPACK approximates its own way."""
+    weights or less and no convolution is traced (its torch code fuses), unless it
+    multiplies int8 activations by quantized weights, or the method quantizes activations
+    and it holds a float node XNNPACK approximates its own way."""
     _, conv = xnnpack_pair(DYNAMIC[0], GRAPH, xnnpack="auto")
     assert conv.compile_report is not None and conv.compile_report.xnnpack_calls
     _, small = xnnpack_pair("transformer", GRAPH, xnnpack="auto")
     report = small.compile_report
     assert report is not None and report.fully_compiled and report.xnnpack_calls == ()
-    # quantized activations: the delegates with a softmax or a GELU keep XNNPACK's kernels
+    # quantized activations: the delegates with a softmax or a GELU, and those with an
+    # integer matrix product (however small), keep XNNPACK's kernels; the others are traced
     _, quantized = xnnpack_pair("transformer_int8_dynamic_pc", GRAPH, xnnpack="auto")
     report = quantized.compile_report
     assert report is not None and report.fully_compiled
-    pte, delegates = quantized.program.pte, quantized.state.plan.delegates
-    approximated = [
-        i
-        for i, ins in enumerate(quantized.state.chains[0].instructions)
-        if isinstance(ins, p.DelegateCall)
-        and approximated_float_nodes(
-            decode_payload(pte.delegate_data(delegates[ins.delegate_index].processed), "t")
-        )
-    ]
-    assert approximated and list(report.xnnpack_calls) == approximated
+    payloads = _payloads_of(quantized)
+    approximated = [i for i, q in payloads.items() if approximated_float_nodes(q)]
+    products = [i for i, q in payloads.items() if quantized_products(q)]
+    assert approximated and products
+    assert all(
+        external.traced_weight_bytes(payloads[i]) < external.MIN_WEIGHT_BYTES for i in products
+    )
+    assert list(report.xnnpack_calls) == sorted(set(approximated) | set(products))
+    assert len(report.xnnpack_calls) < len(payloads)  # the rest traced
+    # a method's only delegate stays traced: as a call nothing would be compiled around it
+    _, alone = xnnpack_pair("qkv_int8_dynamic_pc", GRAPH, xnnpack="auto")
+    report = alone.compile_report
+    assert report is not None and report.fully_compiled and report.xnnpack_calls == ()
+    (payload,) = _payloads_of(alone).values()
+    assert quantized_products(payload)
+    assert not external.worth_a_call(payload, exact=True, alone=True)
+    assert external.worth_a_call(payload, exact=True)
 
 
 @pytest.mark.parametrize("name", ALONE)

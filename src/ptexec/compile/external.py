@@ -53,7 +53,7 @@ import torch
 
 from ..codegen import Sources
 from ..delegates.xnnpack import schema as s
-from ..delegates.xnnpack.node_types import approximated_float_nodes
+from ..delegates.xnnpack.node_types import approximated_float_nodes, quantized_products
 from ..dtypes import CODE_TO_DTYPE
 from ..format import program as p
 
@@ -296,7 +296,7 @@ _CONVOLUTIONS = frozenset({"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"})
 MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay for a call
 
 
-def worth_a_call(payload: s.XnnPayload, exact: bool = False) -> bool:
+def worth_a_call(payload: s.XnnPayload, exact: bool = False, alone: bool = False) -> bool:
     """Whether ``payload`` runs as an opaque call of XNNPACK's kernels (else its torch
     code is traced, and compiled with the region): where only XNNPACK's kernels give
     XNNPACK's results and ``exact`` asks for them, or where they pay for the call.
@@ -311,16 +311,25 @@ def worth_a_call(payload: s.XnnPayload, exact: bool = False) -> bool:
     code is faster.
 
     Cost: an opaque call costs a few microseconds before any work (the op's dispatch,
-    ExecuTorch's ``execute``), where a traced small matrix product costs a few. So: a
-    payload with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions 4-8x,
-    and a convolution's work grows with its image), or one whose constants (weights) hold
-    at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a matrix product
-    streams its weights once per call: a megabyte is tens of microseconds, where
-    XNNPACK's int4/int8 kernels read 2-8x fewer bytes than the dequantized float
-    weights of the traced graph)."""
+    ExecuTorch's ``execute``), where a traced small float matrix product costs a few. So:
+    a payload with a convolution (XNNPACK's NHWC kernels beat torch's CPU convolutions
+    4-8x, and a convolution's work grows with its image); unless it is the method's only
+    delegate (``alone``), one with a product of int8 activations by quantized weights,
+    however small (:func:`~ptexec.delegates.xnnpack.node_types.quantized_products`: the
+    traced code multiplies the dequantized values in float32, where XNNPACK's integer
+    kernels read a quarter to an eighth of the bytes and do several products an
+    instruction; a tiny 8da4w Llama's 64-256 KB linears as calls made its compiled
+    decode step 15 % faster, a quantized DeiT's 25 %); or one whose constants (weights)
+    hold at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a float matrix
+    product streams its weights once per call: a megabyte is tens of microseconds). A
+    method's only delegate made a call leaves little or nothing to compile around it: a
+    small quantized product alone ran faster traced and compiled than called between
+    regions (1.1x against 1.3x ExecuTorch's time)."""
     if any(n.type in _CONVOLUTIONS for n in payload.graph.nodes):
         return True
     if exact and approximated_float_nodes(payload):
+        return True
+    if not alone and quantized_products(payload):
         return True
     return traced_weight_bytes(payload) >= MIN_WEIGHT_BYTES
 

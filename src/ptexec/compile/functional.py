@@ -163,7 +163,7 @@ class FunctionalForms:
         # XNNPACK's own results where the method rounds activations to int8 steps
         exact = any(quantizes_activations(q) for q, _, _ in payloads.values())
         for (c, i), (payload, runner, ins) in payloads.items():
-            if not worth_a_call(payload, exact):
+            if not worth_a_call(payload, exact, alone=len(payloads) == 1):
                 self._external_how[(c, i)] = "traced"
                 continue
             call = ExternalCall.of(runner, self.plan.values, ins.args, (c, i))

@@ -17,6 +17,7 @@ __all__ = [
     "UNARY",
     "approximated_float_nodes",
     "payload_gaps",
+    "quantized_products",
     "quantizes_activations",
     "unsupported_node_types",
 ]
@@ -160,6 +161,26 @@ def quantizes_activations(payload: s.XnnPayload) -> bool:
         not v.is_constant and (v.dtype_name in _QUANTIZED or v.dq_datatype != 0)
         for v in payload.graph.values
     )
+
+
+_PRODUCTS = frozenset({"FullyConnected", "BatchMatrixMultiply"})
+
+
+def quantized_products(payload: s.XnnPayload) -> bool:
+    """Whether ``payload`` multiplies int8 activations (quantized statically or per token)
+    by constant quantized weights: a matrix product of integers, which XNNPACK runs with
+    its integer dot-product kernels and traced torch code in float32 over dequantized
+    values."""
+    by_id = payload.graph.by_id
+    for n in payload.graph.nodes:
+        if n.type not in _PRODUCTS or len(n.inputs) < 2:
+            continue
+        x, w = by_id.get(n.inputs[0]), by_id.get(n.inputs[1])
+        if x is None or w is None or x.is_constant or not w.is_constant:
+            continue
+        if (x.dtype_name in _QUANTIZED or x.dq_datatype != 0) and w.dtype_name.startswith("q"):
+            return True
+    return False
 
 
 def unsupported_node_types(payload: s.XnnPayload) -> list[str]:
