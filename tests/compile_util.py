@@ -199,3 +199,32 @@ def one_kernel_forms(values: Sequence[p.EValue], args: Sequence[int], name: str)
     )
     state: Any = SimpleNamespace(plan=SimpleNamespace(values=tuple(values)), chains=[chain])
     return FunctionalForms(state, None, torch.device("cpu"))  # type: ignore[arg-type]
+
+
+class _DynamicBatch(torch.nn.Module):
+    """Two linears (XNNPACK delegates) with portable cumulative sums between, whose batch
+    is dynamic: compiled code with opaque calls of dynamic shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.cumsum(torch.cumsum(self.a(x), -1), 0))
+
+
+def dynamic_batch_program(directory: Path) -> tuple[torch.nn.Module, Path]:
+    """The eager model and its XNNPACK-lowered program (batch 1-16), written into
+    ``directory``."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    model = _DynamicBatch().eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+    path = directory / "dynamic_batch.pte"
+    path.write_bytes(lowered.to_executorch().buffer)
+    return model, path

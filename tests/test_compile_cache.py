@@ -405,7 +405,9 @@ def fake_aoti(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     graphs: dict[bytes, Any] = {}
     counts = {"compiled": 0, "loaded": 0}
 
-    def compile_models(exported: Any, device: Any, autotune: bool = True) -> Any:
+    def compile_models(
+        exported: Any, device: Any, autotune: bool = True, native_entry: bool = False
+    ) -> Any:
         out = {}
         for name, ep in exported.items():
             token = uuid.uuid4().hex.encode()

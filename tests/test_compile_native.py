@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ptexec
-from compile_util import XNNPACK, XNNPACK_DIR, _clone, session_cache_dir
+from compile_util import XNNPACK, XNNPACK_DIR, _clone, dynamic_batch_program, session_cache_dir
 from ptexec.compile import CompileOptions, external, native
 from ptexec.compile.report import CompileWarning
 from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
@@ -77,34 +77,12 @@ def test_native_calls_equal_the_python_path(name: str, monkeypatch: pytest.Monke
     assert "run by ExecuTorch's C++ runtime directly" in report.summary()
 
 
-class _DynamicBatch(torch.nn.Module):
-    """Two linears (XNNPACK delegates) with portable cumulative sums between, whose batch
-    is dynamic: compiled code with opaque calls of dynamic shape."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.cumsum(torch.cumsum(self.a(x), -1), 0))
-
-
 def test_shapes_that_come_and_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A native call hands a tensor over again only when its memory or sizes changed, and
     returns the view of a dynamic output it made for the same shape last time: calls whose
     batch sizes alternate, repeat and return (same memory, other sizes; same sizes, other
     contents) give the interpreter's outputs bit for bit, at their own shapes."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    torch.manual_seed(0)
-    model = _DynamicBatch().eval()
-    batch = torch.export.Dim("batch", min=1, max=16)
-    exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
-    lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
-    path = tmp_path / "dynamic_batch.pte"
-    path.write_bytes(lowered.to_executorch().buffer)
+    model, path = dynamic_batch_program(tmp_path)
     compiled = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
     report = compiled.compile_report
     assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 2

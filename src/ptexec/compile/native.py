@@ -15,6 +15,17 @@ output's view is made anew only when its shape changes. A call the table
 does not hold goes to the Python implementation (``ptexec::external_call_python``), so a
 method without the library, or a call the library could not load, computes the same.
 
+**The C entry.** AOTInductor's code calls an op it has no C function for through its
+proxy executor: the arguments boxed onto a stack, torch's dispatcher, the boxed kernel
+unboxing them, the outputs boxed back (about 0.4 us a call, a sixth of a tiny 8da4w
+Llama's decode step of 23 calls). The library also exports the op's C entry
+(``aoti_torch_cpu_external_call``, the name AOTInductor gives it, :data:`.aoti.NATIVE_ENTRY`),
+and where it is loaded the CPU code of a method with opaque calls is compiled to call it
+directly (:meth:`.runner.RegionBuilder.native_entry`, part of the cache key). For that
+code to find it, the library is loaded into the process's global scope; it is built with
+hidden symbols, so it exports its three C functions and instances of torch's templates
+(the same code as torch's), never ExecuTorch's copy of c10.
+
 ExecuTorch's headers carry a copy of c10 that cannot meet torch's in one translation unit,
 so the library is two: ``et_calls.cpp`` (ExecuTorch's API, plain types out) and
 ``external_op.cpp`` (torch's kernel and classes). It links ExecuTorch's runtime library
@@ -57,11 +68,20 @@ import torch
 from .external import ExternalCall, attach_native_use
 from .manifest import Manifest
 
-__all__ = ["NativeCalls", "enabled", "find_or_build", "library", "runs", "table", "unavailable"]
+__all__ = [
+    "NativeCalls",
+    "enabled",
+    "entry_runs",
+    "find_or_build",
+    "library",
+    "runs",
+    "table",
+    "unavailable",
+]
 
 _SOURCES = ("et_calls.h", "et_calls.cpp", "external_op.cpp")
 _LIBRARY = "libptexec_native.so"
-_LAYOUT = "native-calls-1"
+_LAYOUT = "native-calls-2"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {}  # "path": the loaded library, or "why": why there is none
@@ -131,7 +151,16 @@ def _build(directory: Path, compiler: str, et_root: Path) -> None:
     from torch.utils.cpp_extension import include_paths
 
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
-    common = ["-O2", "-fPIC", "-std=c++17", "-w"]
+    # hidden symbols: the library is loaded into the process's global scope (for compiled
+    # code to find its C entry), where ExecuTorch's copy of c10 must not meet torch's
+    common = [
+        "-O2",
+        "-fPIC",
+        "-std=c++17",
+        "-w",
+        "-fvisibility=hidden",
+        "-fvisibility-inlines-hidden",
+    ]
     et_flags = [
         "-DC10_USING_CUSTOM_GENERATED_MACROS",
         "-DET_EVENT_TRACER_ENABLED",
@@ -245,20 +274,24 @@ def library() -> Path | None:
             return _STATE.get("path")
         try:
             path = find_or_build()
+            loaded = ctypes.CDLL(str(path), mode=os.RTLD_GLOBAL)
             torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
-            loaded = ctypes.CDLL(str(path))
             use = loaded.ptexec_native_use
             use.argtypes = [ctypes.c_int64]
             use.restype = ctypes.c_int64
             count = loaded.ptexec_native_runs
             count.argtypes = []
             count.restype = ctypes.c_int64
+            entered = loaded.ptexec_native_entry_runs
+            entered.argtypes = []
+            entered.restype = ctypes.c_int64
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             _STATE["why"] = f"the native delegate calls could not be built or loaded: {e}"
             return None
         attach_native_use(use)
         _STATE["path"] = path
         _STATE["runs"] = count
+        _STATE["entry_runs"] = entered
         return path
 
 
@@ -273,6 +306,13 @@ def unavailable() -> str | None:
 def runs() -> int:
     """How many delegate calls the library has run in this process (0 before it loads)."""
     count = _STATE.get("runs")
+    return int(count()) if count is not None else 0
+
+
+def entry_runs() -> int:
+    """How many delegate calls compiled code made through the library's C entry in this
+    process (:data:`.aoti.NATIVE_ENTRY`), whether the library or Python ran them."""
+    count = _STATE.get("entry_runs")
     return int(count()) if count is not None else 0
 
 

@@ -175,6 +175,21 @@ class RegionBuilder:
         self.cache_path: str | None = None
         self.warning: str | None = None
         self._entry: tuple[CacheEntry | None] | None = None
+        self._native_entry: bool | None = None
+
+    def native_entry(self) -> bool:
+        """Whether the compiled code calls its opaque delegate calls through the C entry
+        of :mod:`.native`'s library (:data:`.aoti.NATIVE_ENTRY`), not through torch's
+        dispatcher: the method has such calls, AOTInductor compiles it and the library is
+        loaded here (this loads it, built on first use). Part of the cache key: code made
+        with the entry loads only where the library is."""
+        if self._native_entry is None:
+            self._native_entry = (
+                bool(self.rebuild.externals())
+                and self.options.backend == "aoti"
+                and native_library() is not None
+            )
+        return self._native_entry
 
     # -- the cache ---------------------------------------------------------------------
     def entry(self) -> CacheEntry | None:
@@ -196,6 +211,7 @@ class RegionBuilder:
         externals = self.rebuild.externals()
         if externals:  # other code than a traced delegate's
             options["external"] = [list(x) for x in externals]
+            options["native_entry"] = self.native_entry()
         key = cache_key(blobs, self.state.name, str(self.device), options)
         return cache.entry(key)
 
@@ -386,7 +402,9 @@ class RegionBuilder:
             r = owners[name]
             progress.start(f"compiling region {self.regions.index(r) + 1}/{n} ({r.label})")
             try:
-                files.update(compile_models({name: ep}, r.device, self.options.autotune))
+                files.update(
+                    compile_models({name: ep}, r.device, self.options.autotune, self.native_entry())
+                )
             except Exception as e:
                 self.failed.append(
                     Fallback(r.chain, r.first, r.last, f"{_COMPILE_FAILED}: {_short(e)}")

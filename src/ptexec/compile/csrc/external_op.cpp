@@ -4,10 +4,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdarg>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -17,6 +21,10 @@
 #include <vector>
 
 #include "et_calls.h"
+
+// the library is built with hidden symbols (it is loaded into the global scope, where
+// AOTInductor's generated code finds its C entry): these are what it exports
+#define PTEXEC_EXPORT __attribute__((visibility("default")))
 
 namespace ptexec_native {
 namespace {
@@ -105,6 +113,15 @@ struct Call : torch::CustomClassHolder {
   }
 
   std::vector<at::Tensor> run(at::TensorList xs) {
+    std::vector<at::Tensor> out;
+    run(xs, [&out](const std::vector<at::Tensor>& made) { out = made; });
+    return out;
+  }
+
+  // runs the call, then hands what it returns to `sink` (while the call is still held:
+  // another thread's call of it may replace the views)
+  template <class Sink>
+  void run(at::TensorList xs, Sink&& sink) {
     TORCH_CHECK(xs.size() == reads.size(), "a delegate call of ", reads.size(),
                 " inputs got ", xs.size());
     std::lock_guard<std::mutex> guard(lock);
@@ -128,7 +145,10 @@ struct Call : torch::CustomClassHolder {
     for (size_t n = 0; n < outs.size(); ++n) describe(args[writes[n]], outs[n], orders[writes[n]]);
     std::string error;
     TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
-    if (!any_dynamic) return outs;
+    if (!any_dynamic) {
+      sink(outs);
+      return;
+    }
     if (last.size() != outs.size()) last = outs;
     int64_t sizes[16];
     for (size_t n = 0; n < outs.size(); ++n) {
@@ -140,7 +160,7 @@ struct Call : torch::CustomClassHolder {
         last[n] = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
       }
     }
-    return last;
+    sink(last);
   }
 };
 
@@ -163,19 +183,27 @@ struct Table : torch::CustomClassHolder {
 
 thread_local const Table* current = nullptr;
 std::atomic<int64_t> runs{0};  // calls run here, in this process
+std::atomic<int64_t> entries{0};  // calls that came in through the C entry
 
-std::vector<at::Tensor> external_call(c10::string_view key, at::TensorList inputs) {
-  if (current != nullptr) {
-    auto found = current->calls.find(std::string_view(key.data(), key.size()));  // no copy
-    if (found != current->calls.end()) {
-      runs.fetch_add(1, std::memory_order_relaxed);
-      return found->second->run(inputs);
-    }
-  }
+// the call of this thread's current table under `key`, or null
+Call* find(std::string_view key) {
+  if (current == nullptr) return nullptr;
+  auto found = current->calls.find(key);  // no copy
+  if (found == current->calls.end()) return nullptr;
+  runs.fetch_add(1, std::memory_order_relaxed);
+  return found->second.get();
+}
+
+std::vector<at::Tensor> python_call(c10::string_view key, at::TensorList inputs) {
   static auto python = c10::Dispatcher::singleton()
                            .findSchemaOrThrow("ptexec::external_call_python", "")
                            .typed<std::vector<at::Tensor>(c10::string_view, at::TensorList)>();
   return python.call(key, inputs);
+}
+
+std::vector<at::Tensor> external_call(c10::string_view key, at::TensorList inputs) {
+  Call* call = find(std::string_view(key.data(), key.size()));
+  return call != nullptr ? call->run(inputs) : python_call(key, inputs);
 }
 
 }  // namespace
@@ -183,14 +211,65 @@ std::vector<at::Tensor> external_call(c10::string_view key, at::TensorList input
 
 // Makes `table` (a Table's address, 0 for none) the calls this thread's compiled code
 // finds first; returns the one before. The caller keeps the table alive meanwhile.
-extern "C" int64_t ptexec_native_use(int64_t table) {
+extern "C" PTEXEC_EXPORT int64_t ptexec_native_use(int64_t table) {
   auto before = static_cast<int64_t>(reinterpret_cast<intptr_t>(ptexec_native::current));
   ptexec_native::current = reinterpret_cast<const ptexec_native::Table*>(static_cast<intptr_t>(table));
   return before;
 }
 
+namespace ptexec_native {
+namespace {
+
+AOTITorchError shim_call(const char* key, const AtenTensorHandle* inputs, int64_t count,
+                         va_list* outputs) {
+  entries.fetch_add(1, std::memory_order_relaxed);
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    c10::SmallVector<at::Tensor, 8> xs;  // on the stack for up to eight inputs
+    for (int64_t j = 0; j < count; ++j) {
+      xs.push_back(*torch::aot_inductor::tensor_handle_to_tensor_pointer(inputs[j]));
+    }
+    auto hand_out = [outputs](const std::vector<at::Tensor>& made) {
+      for (const at::Tensor& t : made) {
+        // null where the code reads no such output (AOTInductor passes none for it)
+        AtenTensorHandle* slot = va_arg(*outputs, AtenTensorHandle*);
+        if (slot != nullptr) *slot = torch::aot_inductor::new_tensor_handle(at::Tensor(t));
+      }
+    };
+    Call* call = find(std::string_view(key));
+    if (call != nullptr) {
+      call->run(xs, hand_out);
+    } else {
+      hand_out(python_call(key, xs));
+    }
+  });
+  return AOTI_TORCH_SUCCESS;
+}
+
+}  // namespace
+}  // namespace ptexec_native
+
+// The op's C entry for AOTInductor's generated code (its "C shim", named as AOTInductor
+// names one: aoti_torch_<device>_<op>), called directly instead of through the proxy
+// executor and torch's dispatcher: the key, the inputs' handles and their count, then one
+// `AtenTensorHandle*` per output, which receives a new handle of that output (the output
+// count is the call's, as traced; null for an output the code does not read). The caller
+// keeps its inputs' handles.
+extern "C" PTEXEC_EXPORT AOTITorchError aoti_torch_cpu_external_call(
+    const char* key, const AtenTensorHandle* inputs, int64_t count, ...) {
+  va_list outputs;
+  va_start(outputs, count);
+  AOTITorchError status = ptexec_native::shim_call(key, inputs, count, &outputs);
+  va_end(outputs);
+  return status;
+}
+
 // How many calls the kernel ran with a table's call (for tests and diagnostics).
-extern "C" int64_t ptexec_native_runs() { return ptexec_native::runs.load(); }
+extern "C" PTEXEC_EXPORT int64_t ptexec_native_runs() { return ptexec_native::runs.load(); }
+
+// How many calls came in through the C entry, whoever ran them (likewise).
+extern "C" PTEXEC_EXPORT int64_t ptexec_native_entry_runs() {
+  return ptexec_native::entries.load();
+}
 
 TORCH_LIBRARY(ptexec_native, m) {
   m.class_<ptexec_native::Call>("Call")
