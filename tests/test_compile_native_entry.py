@@ -134,3 +134,18 @@ def test_code_made_with_the_entry_has_its_own_key(
     assert native.entry_runs() == entered and native.runs() == ran
     again = _load(path)  # its own entry, now hit
     assert again.compile_report is not None and again.compile_report.cache_hit
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [("2.13.0+cpu", True), ("2.13.1", True), ("2.14.0", False), ("2.12.0", False), ("x", False)],
+)
+def test_the_entry_only_with_a_torch_whose_calls_were_checked(
+    version: str, supported: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another torch release may pass a C shim's arguments otherwise: its code goes
+    through the proxy executor."""
+    from ptexec.compile import aoti
+
+    monkeypatch.setattr(torch, "__version__", version)
+    assert aoti.native_entry_supported() is supported

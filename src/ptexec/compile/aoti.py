@@ -33,6 +33,7 @@ __all__ = [
     "inductor_options",
     "load_model",
     "missing_compiler",
+    "native_entry_supported",
     "save_models",
 ]
 
@@ -93,6 +94,19 @@ NATIVE_ENTRY = (
     "AOTITorchError aoti_torch_cpu_external_call("
     "const char* key, const AtenTensorHandle* inputs, int64_t count, ...)"
 )
+# torch releases whose generated calls of a C shim were checked to pass these arguments
+# (a string as a C string, a list of tensors as an array and its length, one handle's
+# address per output); with another, the op goes through the proxy executor
+_ENTRY_TORCH = frozenset({(2, 13)})
+
+
+def native_entry_supported() -> bool:
+    """Whether this torch's AOTInductor calls :data:`NATIVE_ENTRY` as it is declared."""
+    release = torch.__version__.split("+")[0].split(".")
+    try:
+        return (int(release[0]), int(release[1])) in _ENTRY_TORCH
+    except (IndexError, ValueError):
+        return False
 
 
 def compile_models(

@@ -180,13 +180,17 @@ class RegionBuilder:
     def native_entry(self) -> bool:
         """Whether the compiled code calls its opaque delegate calls through the C entry
         of :mod:`.native`'s library (:data:`.aoti.NATIVE_ENTRY`), not through torch's
-        dispatcher: the method has such calls, AOTInductor compiles it and the library is
+        dispatcher: the method has such calls, AOTInductor compiles it, this torch calls
+        a C entry as declared (:func:`.aoti.native_entry_supported`) and the library is
         loaded here (this loads it, built on first use). Part of the cache key: code made
         with the entry loads only where the library is."""
         if self._native_entry is None:
+            from .aoti import native_entry_supported
+
             self._native_entry = (
                 bool(self.rebuild.externals())
                 and self.options.backend == "aoti"
+                and native_entry_supported()
                 and native_library() is not None
             )
         return self._native_entry
