@@ -4,10 +4,10 @@ Where :mod:`ptexec.compile.native`'s library is loaded, a method compiled by AOT
 calls ``ptexec::external_call`` through the library's C entry (``aoti_torch_cpu_external_
 call``) instead of the proxy executor and torch's dispatcher. Checked on a program of two
 XNNPACK linears with a dynamic batch around portable cumulative sums: the calls come in
-through the entry and give eager PyTorch's results at every batch size; without the
-library's table the entry hands the calls to the Python path; a call that fails raises,
-and the method goes on; and code made with the entry is kept under its own cache key, so
-a process without the library compiles its own.
+through the entry and give eager PyTorch's results at every batch size (a call of two
+outputs too); without the library's table the entry hands the calls to the Python path;
+a call that fails raises, and the method goes on; and code made with the entry is kept
+under its own cache key, so a process without the library compiles its own.
 """
 
 from __future__ import annotations
@@ -134,6 +134,46 @@ def test_code_made_with_the_entry_has_its_own_key(
     assert native.entry_runs() == entered and native.runs() == ran
     again = _load(path)  # its own entry, now hit
     assert again.compile_report is not None and again.compile_report.cache_hit
+
+
+class _TwoOutputs(torch.nn.Module):
+    """Two linears of one input: one XNNPACK delegate with two outputs, dynamic batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cumsum(self.a(x), 0), torch.cumsum(self.b(x), 0)
+
+
+@pytest.mark.usefixtures("cache")
+def test_a_call_of_two_outputs(tmp_path: Path) -> None:
+    """Each output's handle comes back through its own pointer, at its own shape."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    model = _TwoOutputs().eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
+    path = tmp_path / "two_outputs.pte"
+    path.write_bytes(lowered.to_executorch().buffer)
+    method = _load(path)
+    report = method.compile_report
+    assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 1
+    assert report.native_calls == 1
+    entered = native.entry_runs()
+    for n in BATCHES:
+        x = torch.randn(n, 8)
+        got = method.execute([x])
+        want = model(x)
+        assert [tuple(g.shape) for g in got] == [(n, 16), (n, 4)]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert native.entry_runs() - entered == len(BATCHES)
 
 
 @pytest.mark.parametrize(
