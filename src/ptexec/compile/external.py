@@ -320,7 +320,7 @@ def worth_a_call(payload: s.XnnPayload, exact: bool = False, alone: bool = False
     kernels read a quarter to an eighth of the bytes and do several products an
     instruction; a tiny 8da4w Llama's 64-256 KB linears as calls made its compiled
     decode step 15 % faster through the proxy executor, 27 % through the native C entry,
-    a quantized DeiT's call 25 %); or one whose constants (weights)
+    a quantized DeiT's calls 25 %); or one whose constants (weights)
     hold at least :data:`MIN_WEIGHT_BYTES` as the traced code reads them (a float matrix
     product streams its weights once per call: a megabyte is tens of microseconds). A
     method's only delegate made a call leaves little or nothing to compile around it: a
