@@ -214,17 +214,20 @@ class _DynamicBatch(torch.nn.Module):
         return self.b(torch.cumsum(torch.cumsum(self.a(x), -1), 0))
 
 
-def dynamic_batch_program(directory: Path) -> tuple[torch.nn.Module, Path]:
-    """The eager model and its XNNPACK-lowered program (batch 1-16), written into
-    ``directory``."""
+def dynamic_batch_program(
+    directory: Path, model: torch.nn.Module | None = None, name: str = "dynamic_batch"
+) -> tuple[torch.nn.Module, Path]:
+    """An eager model of inputs of 8 features (by default two XNNPACK linears around
+    portable cumulative sums, made after seeding 0) and its XNNPACK-lowered program of
+    batch 1-16, written into ``directory`` as ``name``.pte."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
     torch.manual_seed(0)
-    model = _DynamicBatch().eval()
+    model = (model or _DynamicBatch()).eval()
     batch = torch.export.Dim("batch", min=1, max=16)
     exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
     lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
-    path = directory / "dynamic_batch.pte"
+    path = directory / f"{name}.pte"
     path.write_bytes(lowered.to_executorch().buffer)
     return model, path

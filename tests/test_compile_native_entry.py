@@ -151,16 +151,8 @@ class _TwoOutputs(torch.nn.Module):
 @pytest.mark.usefixtures("cache")
 def test_a_call_of_two_outputs(tmp_path: Path) -> None:
     """Each output's handle comes back through its own pointer, at its own shape."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
     torch.manual_seed(0)
-    model = _TwoOutputs().eval()
-    batch = torch.export.Dim("batch", min=1, max=16)
-    exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
-    lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
-    path = tmp_path / "two_outputs.pte"
-    path.write_bytes(lowered.to_executorch().buffer)
+    model, path = dynamic_batch_program(tmp_path, _TwoOutputs(), "two_outputs")
     method = _load(path)
     report = method.compile_report
     assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 1
