@@ -7,9 +7,11 @@ operations: the region's graph calls
 ``torch.ops.ptexec.external_call(key, inputs)``, a custom op whose implementation hands
 the inputs to that runner, which runs XNNPACK's own kernels on them, and returns the
 outputs. The portable instructions around it are still traced, fused and compiled with
-the rest of the region. AOTInductor calls the op through its proxy executor (the calls
-are listed in the JSON file beside a CPU library), which reaches this process's Python
-implementation through torch's dispatcher; the ``graph`` backend calls it directly.
+the rest of the region. AOTInductor's CPU code calls the op through the C entry of
+:mod:`.native`'s library where that library is loaded (it runs the call in C++, or hands
+it to this Python implementation), and otherwise through its proxy executor (the calls
+are listed in the JSON file beside a CPU library), which reaches the op's kernel through
+torch's dispatcher; the ``graph`` backend calls it directly.
 
 ``key`` names what the call computes and where, stable across processes: a digest of the
 one-delegate program the runner loaded (the payload, the named data it reads, its
