@@ -23,7 +23,7 @@ Llama's decode step of 23 calls). The library also exports the op's C entry
 and where it is loaded the CPU code of a method with opaque calls is compiled to call it
 directly (:meth:`.runner.RegionBuilder.native_entry`, part of the cache key). For that
 code to find it, the library is loaded into the process's global scope; it is built with
-hidden symbols, so it exports its three C functions and instances of torch's templates
+hidden symbols, so it exports its four C functions and instances of torch's templates
 (the same code as torch's), never ExecuTorch's copy of c10.
 
 ExecuTorch's headers carry a copy of c10 that cannot meet torch's in one translation unit,
