@@ -81,9 +81,11 @@ def test_a_second_load_skips_the_checks_and_matches_executorch(
     _forget()
     validations = _count_validations(monkeypatch)
     first = ptexec.load(data).load_method("forward")
-    assert validations[0] == delegates
+    # once per graph form, sizes and call tensors (delegates alike share one check)
+    checks = validations[0]
+    assert 0 < checks <= delegates
     again = ptexec.load(bytearray(data)).load_method("forward")
-    assert validations[0] == delegates  # every verdict was kept
+    assert validations[0] == checks  # every verdict was kept
     inputs = _inputs(name)
     want = _executorch_outputs(data, [x.clone() for x in inputs])
     rtol, atol = MANIFEST[name]["tol_executorch"]

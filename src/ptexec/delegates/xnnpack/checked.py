@@ -5,10 +5,11 @@ Before ExecuTorch's backend gets a payload, :mod:`.backend` checks it against th
 and checks its quantization parameters (:func:`.backend.quantization_problem`). Those
 checks read only:
 
-- the graph, its constant buffers included (its flatbuffer's SHA-256, which
+- the graph, its constant buffers included, but for its nodes' debug handles and its named
+  keys (the digest of its form, :mod:`.forms`, else its flatbuffer's SHA-256, which
   :func:`.schema.decode_payload` records when it is small enough to hash);
 - the size of the payload's constant region, and the size of each named data entry the
-  graph refers to (or that it is missing);
+  graph refers to (or that it is missing), not its name;
 - the call's argument tensors, as the program describes them;
 - for the quantization, the bytes of every scale buffer.
 
@@ -42,12 +43,13 @@ def clear_checked() -> None:
 
 def _named_sizes(
     payload: s.XnnPayload, named_data: Mapping[str, memoryview]
-) -> tuple[tuple[str, int | None], ...]:
+) -> tuple[int | None, ...]:
+    """Per constant entry with a named key, the size of its named data (None: missing)."""
     out = []
     for e in payload.graph.constant_data:
         if e.named_key is not None:
             got = named_data.get(e.named_key)
-            out.append((e.named_key, None if got is None else len(got)))
+            out.append(None if got is None else len(got))
     return tuple(out)
 
 
@@ -57,11 +59,14 @@ def structure_key(
     tensors: Sequence[p.Tensor | None],
 ) -> Hashable | None:
     """The key of the structural checks of ``payload`` for a call on ``tensors`` (None:
-    the graph was not hashed)."""
+    the graph was not hashed). The graph is named by its form where it has one (the
+    checks read no debug handle, and of a named key only whether the program has it and
+    its size), else by its flatbuffer."""
     if payload.digest is None:
         return None
     region = payload.header.constant_data_size if payload.header is not None else 0
-    return Key(payload.digest, region, _named_sizes(payload, named_data), tuple(tensors))
+    graph = ("form", payload.form) if payload.form is not None else ("graph", payload.digest)
+    return Key(graph, region, _named_sizes(payload, named_data), tuple(tensors))
 
 
 def scales_key(

@@ -18,6 +18,7 @@ the caller's prefix (``...delegates[0].payload``) and continues into the graph.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import struct
@@ -29,6 +30,7 @@ from typing import Any
 from ...errors import PteFormatError
 from ...format.flatbuf import Buffer, Table
 from ...format.lru import Lru
+from . import forms
 
 __all__ = [
     "DATATYPES",
@@ -442,6 +444,9 @@ class XnnPayload:
     # SHA-256 of the graph's flatbuffer (None: too large to hash at load); what the graph,
     # its constant buffers included, is
     digest: bytes | None = None
+    # the digest of the flatbuffer's form (:mod:`.forms`): what the graph is but for its
+    # debug handles and named keys (None: not known)
+    form: bytes | None = None
 
     def constant_region(self) -> memoryview:
         h = self.header
@@ -672,18 +677,66 @@ def _decode_buffer(t: Table) -> tuple[int, int]:
 
 # A program's payloads are often alike (one per layer) and a program is often loaded again:
 # decoded graphs (plain frozen data, no view of the bytes) are kept by the SHA-256 of their
-# flatbuffer; only graphs that decoded without error are kept. The cache holds more graphs
-# than a large program has delegates (an LLM has ten per layer), bounded by their
-# flatbuffers' bytes.
+# flatbuffer, with the digest of their form (:mod:`.forms`); only graphs that decoded
+# without error are kept. The cache holds more graphs than a large program has delegates
+# (an LLM has ten per layer), bounded by their flatbuffers' bytes. A graph not kept whose
+# flatbuffer has the form of a kept one is that graph with its own debug handles and named
+# keys read from it (a layer's payload once the first layer's is decoded).
 DECODED_GRAPHS = 4096
 DECODED_GRAPHS_BYTES = 32 << 20
 DECODED_GRAPH_BYTES = 16 << 20  # a larger graph is decoded each time (hashing costs)
-_graphs: Lru[XnnGraph] = Lru(DECODED_GRAPHS, DECODED_GRAPHS_BYTES)
+_graphs: Lru[tuple[XnnGraph, bytes | None]] = Lru(DECODED_GRAPHS, DECODED_GRAPHS_BYTES)
+_forms: forms.Forms[XnnGraph] = forms.Forms()
 
 
 def clear_decoded_graphs() -> None:
-    """Forget the decoded graphs (the next load of any payload decodes it again)."""
+    """Forget the decoded graphs and their forms (the next load of any payload decodes it
+    again)."""
     _graphs.clear()
+    _forms.clear()
+
+
+def _with_variables(graph: XnnGraph, variables: forms.Variables) -> XnnGraph:
+    """``graph`` with the debug handles and named keys ``variables`` gives (per ``xnodes``
+    item and per constant entry; None keeps the graph's, a field the flatbuffer lacks)."""
+    handles, keys = variables
+    nodes = tuple(
+        n
+        if (h := handles[n.index]) is None or h == n.debug_handle
+        else XnnNode(
+            n.index, n.type, n.code, n.attrs, n.inputs, n.outputs, h, n.output_min, n.output_max
+        )
+        for n in graph.nodes
+    )
+    constants = tuple(
+        e if k is None or k == e.named_key else ConstantEntry(e.offset, e.size, k)
+        for e, k in zip(graph.constant_data, keys, strict=True)
+    )
+    return dataclasses.replace(graph, nodes=nodes, constant_data=constants)
+
+
+def _learn_form(fb: memoryview, ident: bytes, graph: XnnGraph, path: str) -> bytes | None:
+    """Keep the form of ``graph``'s flatbuffer ``fb`` and return its digest, once the
+    flatbuffer with its handles and keys changed at random decodes to ``graph`` with those
+    changes and nothing else (:mod:`.forms`); None when it does not (or has no form)."""
+    spans = forms.find_spans(fb)
+    if spans is None or len(spans.keys) != len(graph.constant_data):
+        return None
+    if any(n.index >= len(spans.handles) for n in graph.nodes):
+        return None
+    changed = forms.altered(fb, spans)
+    variables = forms.read(changed, spans)
+    if variables is None:
+        return None
+    try:
+        decoded = _decode_graph(memoryview(changed), ident, path)
+    except PteFormatError:
+        return None
+    if decoded != _with_variables(graph, variables):
+        return None
+    digest = forms.masked_digest(fb, spans)
+    _forms.keep(len(fb), digest, spans, graph)
+    return digest
 
 
 def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") -> XnnPayload:
@@ -705,15 +758,22 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
             f"{path}.identifier",
             f"{ident!r} is not an XNNPACK graph identifier (expected XN00 or XN01)",
         )
-    digest = hashlib.sha256(fb).digest() if len(fb) <= DECODED_GRAPH_BYTES else None
-    if digest is not None:
-        known = _graphs.get(digest)
-        if known is not None:
-            return XnnPayload(view, header, known, fb_off, path, digest)
-    graph = _decode_graph(fb, ident, path)
-    if digest is not None:
-        _graphs.put(digest, graph, len(fb))
-    return XnnPayload(view, header, graph, fb_off, path, digest)
+    if len(fb) > DECODED_GRAPH_BYTES:
+        return XnnPayload(view, header, _decode_graph(fb, ident, path), fb_off, path)
+    digest = hashlib.sha256(fb).digest()
+    known = _graphs.get(digest)
+    if known is not None:
+        return XnnPayload(view, header, known[0], fb_off, path, digest, known[1])
+    alike = _forms.match(fb)
+    form: bytes | None
+    if alike is not None:
+        form, template, variables = alike
+        graph = _with_variables(template, variables)
+    else:
+        graph = _decode_graph(fb, ident, path)
+        form = _learn_form(fb, ident, graph, path)
+    _graphs.put(digest, (graph, form), len(fb))
+    return XnnPayload(view, header, graph, fb_off, path, digest, form)
 
 
 # Fast paths for the tables a graph is made of (tensor values, nodes): the same reads as
