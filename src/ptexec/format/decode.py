@@ -7,6 +7,10 @@ checked by :mod:`.validate`.
 
 from __future__ import annotations
 
+import operator
+import struct
+from collections.abc import Callable
+
 from ..errors import PteFormatError
 from . import program as p
 from .flatbuf import Buffer, Table
@@ -138,10 +142,101 @@ def _fast_evalue(buf: Buffer, pos: int) -> p.EValue | None:
     return None if items is None else make(items)
 
 
+# A tensor table's inline fields, by slot: struct letter, size, value when absent. Slots
+# 2, 3 and 6 hold the offsets of its sizes, its dim order and its allocation info.
+_TENSOR_FIELDS = (
+    (0, "b", 1, 0),  # scalar_type
+    (1, "i", 4, 0),  # storage_offset
+    (2, "I", 4, 0),  # -> sizes
+    (3, "I", 4, 0),  # -> dim_order
+    (4, "?", 1, False),  # requires_grad
+    (5, "I", 4, 0),  # data_buffer_idx
+    (6, "I", 4, 0),  # -> allocation_info
+    (7, "b", 1, 0),  # layout
+    (8, "b", 1, 0),  # shape_dynamism
+)
+_TENSOR_DEFAULTS = tuple(f[3] for f in _TENSOR_FIELDS)
+_TensorReader = Callable[[Buffer, int], "p.Tensor | None"]
+# readers by field layout (a program has a handful; a file made to have many only empties
+# this now and then)
+_tensor_readers: dict[tuple[int, ...], _TensorReader | None] = {}
+_TENSOR_READERS = 256
+
+
+def _tensor_reader(offsets: tuple[int, ...]) -> _TensorReader | None:
+    """A reader of the tensor tables whose vtable gives ``offsets``: every inline field in
+    one unpacking, the table's extent checked once; None for a layout it does not handle
+    (extra tensor info, fields sharing bytes: read field by field)."""
+    if len(offsets) > 9 and offsets[9]:
+        return None
+    present = sorted(
+        (offsets[slot], slot, letter, size)
+        for slot, letter, size, _ in _TENSOR_FIELDS
+        if slot < len(offsets) and offsets[slot]
+    )
+    fmt, end = "<", 0
+    for off, _, letter, size in present:
+        if off < end:
+            return None
+        fmt += f"{off - end}x{letter}"
+        end = off + size
+    unpack = struct.Struct(fmt).unpack_from
+    index = {slot: k for k, (_, slot, _, _) in enumerate(present)}
+    get = operator.itemgetter(*(index.get(slot, len(present) + slot) for slot in range(9)))
+    o_sizes, o_order, o_alloc = (offsets[k] if k < len(offsets) else 0 for k in (2, 3, 6))
+
+    def read(buf: Buffer, pos: int) -> p.Tensor | None:
+        if pos + end > buf.size:
+            return None
+        (scalar_type, storage_offset, r_sizes, r_order, grad, idx, r_alloc, layout, dyn) = get(
+            unpack(buf.data, pos) + _TENSOR_DEFAULTS
+        )
+        sizes: tuple[int, ...] | None = ()
+        if o_sizes:
+            sizes = buf.scalars_from(pos + o_sizes + r_sizes, "i32") if r_sizes else None
+        dim_order: tuple[int, ...] | None = ()
+        if o_order:
+            dim_order = buf.scalars_from(pos + o_order + r_order, "u8") if r_order else None
+        if sizes is None or dim_order is None:
+            return None
+        alloc = None
+        if o_alloc:
+            if not r_alloc:
+                return None
+            alloc = _fast_allocation(buf, pos + o_alloc + r_alloc)
+            if alloc is None:
+                return None
+        return p.Tensor(
+            scalar_type, storage_offset, sizes, dim_order, grad, idx, alloc, layout, dyn, None
+        )
+
+    return read
+
+
+def _fast_allocation(buf: Buffer, at: int) -> p.AllocationDetails | None:
+    inner = buf.field_offsets(at)
+    if inner is None:
+        return None
+    memory_id = buf.scalar_at(at, inner, 0, "u32")
+    low = buf.scalar_at(at, inner, 1, "u32")
+    high = buf.scalar_at(at, inner, 2, "u32")
+    if memory_id is None or low is None or high is None:
+        return None
+    return p.AllocationDetails(int(memory_id), int(low) | (int(high) << 32))
+
+
 def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
     offsets = buf.field_offsets(pos)
     if offsets is None or (len(offsets) > 9 and offsets[9]):
         return None  # (extra_tensor_info: the decoder above)
+    try:
+        reader = _tensor_readers[offsets]
+    except KeyError:
+        if len(_tensor_readers) >= _TENSOR_READERS:
+            _tensor_readers.clear()
+        reader = _tensor_readers[offsets] = _tensor_reader(offsets)
+    if reader is not None:
+        return reader(buf, pos)
     scalar_type = buf.scalar_at(pos, offsets, 0, "i8")
     storage_offset = buf.scalar_at(pos, offsets, 1, "i32")
     sizes = buf.scalars_at(pos, offsets, 2, "i32")
@@ -164,15 +259,9 @@ def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
     at = buf.table_at(pos, offsets, 6)
     alloc = None
     if at:
-        inner = buf.field_offsets(at) if at > 0 else None
-        if inner is None:
+        alloc = _fast_allocation(buf, at) if at > 0 else None
+        if alloc is None:
             return None
-        memory_id = buf.scalar_at(at, inner, 0, "u32")
-        low = buf.scalar_at(at, inner, 1, "u32")
-        high = buf.scalar_at(at, inner, 2, "u32")
-        if memory_id is None or low is None or high is None:
-            return None
-        alloc = p.AllocationDetails(int(memory_id), int(low) | (int(high) << 32))
     return p.Tensor(
         scalar_type=int(scalar_type),
         storage_offset=int(storage_offset),

@@ -141,6 +141,12 @@ class Buffer:
         at = self.table_at(pos, offsets, slot)
         if at <= 0:
             return () if at == 0 else None
+        return self.scalars_from(at, kind)
+
+    def scalars_from(self, at: int, kind: str) -> tuple[Any, ...] | None:
+        """The vector of scalars at ``at`` (where its length is): None when it does not
+        lie inside the buffer, or when the buffer's budget of items is spent (read it as a
+        :class:`Table` to learn why)."""
         size = self.size
         if at + 4 > size:
             return None

@@ -10,7 +10,7 @@ checks read only:
   :func:`.schema.decode_payload` records when it is small enough to hash);
 - the size of the payload's constant region, and the size of each named data entry the
   graph refers to (or that it is missing), not its name;
-- the call's argument tensors, as the program describes them;
+- of the call's argument tensors, each one's dtype, sizes, dim order and dynamism;
 - for the quantization, the bytes of every scale buffer.
 
 :func:`structure_key` and :func:`scales_key` make keys of exactly those; what they
@@ -66,7 +66,16 @@ def structure_key(
         return None
     region = payload.header.constant_data_size if payload.header is not None else 0
     graph = ("form", payload.form) if payload.form is not None else ("graph", payload.digest)
-    return Key(graph, region, _named_sizes(payload, named_data), tuple(tensors))
+    return Key(graph, region, _named_sizes(payload, named_data), _as_checked(tensors))
+
+
+def _as_checked(tensors: Sequence[p.Tensor | None]) -> tuple[object, ...]:
+    """What the checks read of the call's tensors: each one's dtype, sizes, dim order and
+    dynamism (not where it is planned: a layer's call is checked as the layer before)."""
+    return tuple(
+        None if t is None else (t.scalar_type, t.sizes, t.dim_order, t.shape_dynamism)
+        for t in tensors
+    )
 
 
 def scales_key(
