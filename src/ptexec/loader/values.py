@@ -21,7 +21,7 @@ from ..errors import LimitExceededError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key, Lru
 from ..format.scalar_type import scalar_type_name
-from ..memory import PlannedBuffer, empty_maker, fixed_empty, strided_view
+from ..memory import PlannedBuffer, empty_maker, fixed_empty
 from ..tensor import dim_order_strides
 from .devices import DeviceMap, check_device_available
 from .state import Owned
@@ -162,17 +162,15 @@ def build_values(
     """The values table of ``plan`` (module docstring), and the geometry of each
     planned view (and, made again, each constant of the program's bytes) as made. ``fresh``: buffers allocated for this method (their state is
     initialised); unplanned tensors of bounded shape may take at most
-    ``max_unplanned_bytes`` together. The plan's part of the work is recorded on the first
-    load of a plan and replayed on the next (:class:`_Recipe`)."""
+    ``max_unplanned_bytes`` together. What the table is, as far as the plan and the device
+    map decide, is its recipe (:class:`_Recipe`): made and checked on the first load of a
+    plan, kept for the next; every load makes its tensors from it."""
     key = Key(id(plan), dmap.key)
-    hit = _recipes.get(key)
-    if hit is not None and hit.plan is plan:
-        return _replay(hit, program, path, dmap, buffers, fresh, max_unplanned_bytes)
-    values, recipe, made = _build(program, plan, path, dmap, buffers, fresh, max_unplanned_bytes)
-    if any(b.data.is_cpu for b in buffers):
-        _native_views(recipe)  # made now, for the next load (when the library is ready)
-    _recipes.put(key, recipe)  # the plan kept alive: its id stays its own
-    return values, made
+    recipe = _recipes.get(key)
+    if recipe is None or recipe.plan is not plan:
+        recipe = _recipe(plan, path, dmap)
+        _recipes.put(key, recipe)  # the plan kept alive: its id stays its own
+    return _replay(recipe, program, path, dmap, buffers, fresh, max_unplanned_bytes)
 
 
 def _initialise(
@@ -236,78 +234,51 @@ class _Unplanned:
         )
 
 
-def _build(
-    program: Program,
-    plan: p.ExecutionPlan,
-    path: str,
-    dmap: DeviceMap,
-    buffers: list[PlannedBuffer],
-    fresh: set[int],
-    max_unplanned_bytes: int,
-) -> tuple[list[Any], _Recipe, list[Owned]]:
-    """The values table of ``plan``, every check made, its recipe, and each planned
-    view's geometry as made."""
-    by_id = {b.info.index: b for b in buffers}
-    storages: dict[int, Any] = {}  # memory id -> its buffer's untyped storage
-    made: list[Owned] = []
+def _recipe(plan: p.ExecutionPlan, path: str, dmap: DeviceMap) -> _Recipe:
+    """The recipe of ``plan``'s values table, every check of it made: each tensor's dtype,
+    and each planned tensor's alignment (:mod:`ptexec.format.validate` checked that it
+    lies inside its buffer)."""
     inputs = set(plan.inputs)
-    unplanned = _Unplanned(program, plan.name, dmap, max_unplanned_bytes)
-    values: list[Any] = []
     template: list[Any] = []
     tensors: list[_Planned | _Constant | int] = []
     int_lists: list[tuple[int, tuple[int, ...]]] = []
     for j, value in enumerate(plan.values):
         if not isinstance(value, p.Tensor):
             if isinstance(value, p.Int | p.Bool | p.Double | p.String):
-                values.append(value.value)
+                template.append(value.value)
             elif isinstance(value, p.DoubleList | p.BoolList):
-                values.append(value.items)
+                template.append(value.items)
             else:  # None, and IntList, TensorList, OptionalTensorList: rendered per use
-                values.append(None)
+                template.append(None)
                 if isinstance(value, p.IntList):
                     int_lists.append((j, tuple(value.items)))
-            template.append(values[-1])
             continue
         template.append(None)
         tpath = f"{path}.values[{j}].tensor"
         dtype = tensor_dtype(value, tpath)
         alloc = value.allocation_info
         if alloc is not None:
-            buf = by_id[alloc.memory_id]
-            view = strided_view(
-                buf.data,
-                alloc.memory_offset,
-                dtype,
-                value.sizes,
-                value.dim_order,
-                f"{tpath}.allocation_info",
+            itemsize = dtype.itemsize
+            if alloc.memory_offset % itemsize:
+                raise PteFormatError(
+                    f"{tpath}.allocation_info",
+                    f"byte offset {alloc.memory_offset} is not a multiple of the element size "
+                    f"({itemsize}); ptexec needs element-aligned tensors",
+                )
+            tensors.append(
+                _Planned(
+                    j,
+                    alloc.memory_id,
+                    alloc.memory_offset // itemsize,
+                    dtype,
+                    tuple(value.sizes),
+                    dim_order_strides(value.sizes, value.dim_order),
+                    value.is_external or value.data_buffer_idx > 0,
+                )
             )
-            init = value.is_external or value.data_buffer_idx > 0
-            if init and alloc.memory_id in fresh:
-                _initialise(program, value, view, dtype, tpath)
-            values.append(view)
-            planned = _Planned(
-                j,
-                alloc.memory_id,
-                alloc.memory_offset // dtype.itemsize,
-                dtype,
-                tuple(value.sizes),
-                tuple(view.stride()),
-                init,
-            )
-            tensors.append(planned)
-            storage = storages.get(alloc.memory_id)
-            if storage is None:
-                storage = storages[alloc.memory_id] = buf.data.untyped_storage()
-            made.append((view, storage, planned.offset, planned.sizes, planned.strides))
-        elif j in inputs and not value.is_constant:
-            values.append(None)
-        else:
-            values.append(unplanned.make(j, value, dtype, tpath))
+        elif j not in inputs or value.is_constant:
             tensors.append(_constant(j, value, dtype, dmap) or j)
-    for j, items in int_lists:
-        values[j] = tuple(values[i] for i in items)
-    return values, _Recipe(plan, tuple(template), tuple(tensors), tuple(int_lists)), made
+    return _Recipe(plan, tuple(template), tuple(tensors), tuple(int_lists))
 
 
 def _constant(j: int, value: p.Tensor, dtype: torch.dtype, dmap: DeviceMap) -> _Constant | None:
@@ -330,8 +301,8 @@ def _replay(
     fresh: set[int],
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
-    """The values table ``_build`` makes, from ``recipe``: the per-load work only; and
-    the geometry of each planned view and each constant of the program's bytes as made."""
+    """The values table of ``recipe``'s plan, made for this load; and the geometry of
+    each planned view and each constant of the program's bytes as made."""
     plan = recipe.plan
     storages: dict[int, tuple[Any, torch.device]] = {}
     on_cpu = True
