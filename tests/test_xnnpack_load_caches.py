@@ -24,7 +24,7 @@ import ptexec
 from fixture_data import compare_outputs
 from ptexec.delegates.xnnpack import backend as xnn_backend
 from ptexec.delegates.xnnpack import checked, executorch_runner, schema
-from ptexec.format import pte_write
+from ptexec.format import pte, pte_write
 from ptexec.format.lru import Lru
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,11 +227,13 @@ def test_a_payload_whose_scales_alone_differ_is_checked_again(
 ) -> None:
     """A filter scale made huge (the fuzzer's edit of the fixture: the same graph, the same
     sizes, other scale bytes) after the fixture's checks were kept: ExecuTorch's backend
-    must not get it (XNNPACK would refuse it and ExecuTorch's runtime abort)."""
+    must not get it (XNNPACK would refuse it and ExecuTorch's runtime abort). (The
+    fixture's scales are more than a verdict is kept for: kept here all the same.)"""
     good = (DIR / "mobilenet_v3_small_int8_static_pc.pte").read_bytes()
     bad_path = ROOT / "tests" / "fuzz_corpus"
     bad = (bad_path / "crash-xnnpack-mobilenet_v3_small_int8_static_pc-244932a057.pte").read_bytes()
     _forget()
+    monkeypatch.setattr(checked, "SCALE_BYTES_HASHED", 1 << 30)
     ptexec.load(good).load_method("forward", xnnpack="executorch")
     assert len(checked.scales) == 1
 
@@ -245,6 +247,32 @@ def test_a_payload_whose_scales_alone_differ_is_checked_again(
     x = torch.randn(*m.meta.inputs[0].sizes)  # type: ignore[union-attr]
     (out,) = m.execute([x])
     assert out.shape == tuple(m.meta.outputs[0].sizes)  # type: ignore[union-attr]
+
+
+def test_many_scales_are_checked_on_every_load_that_prepares_the_call(
+    et: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scale buffers of more than SCALE_BYTES_HASHED bytes together are not hashed for a
+    kept verdict (reading them to hash costs what checking them does): every load that
+    prepares the call (here: the program decoded anew each time) checks them; fewer are
+    hashed, and the second load finds their verdict."""
+    data = (DIR / "mobilenet_v3_small_int8_static_pc.pte").read_bytes()
+    calls = [0]
+    check = xnn_backend.quantization_problem
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(xnn_backend, "quantization_problem", counted)
+    for limit, checks, kept in ((0, 2, 0), (1 << 30, 1, 1)):
+        monkeypatch.setattr(checked, "SCALE_BYTES_HASHED", limit)
+        _forget()
+        calls[0] = 0
+        for _ in range(2):
+            pte.clear_decoded()
+            ptexec.load(data).load_method("forward", xnnpack="executorch")
+        assert (calls[0], len(checked.scales)) == (checks, kept)
 
 
 def test_a_kept_program_is_used_only_for_the_same_bytes(et: None) -> None:

@@ -401,8 +401,8 @@ def _checked(
     """Check ``payload`` against the call before ExecuTorch's backend gets it: raise on a
     defect; return the serialized dims problem (None: none) and, when there is none, why
     XNNPACK would refuse its quantization (None: it would not). Verdicts for the same graph,
-    sizes, tensors and scales are kept (:mod:`.checked`); a defect or a dims problem is
-    found afresh each time."""
+    sizes, tensors and (a few kilobytes of) scales are kept (:mod:`.checked`); a defect or
+    a dims problem is found afresh each time."""
     key = structure_key(payload, named_data, tensors)
     if key is None or checked.structures.get(key) is None:
         s.validate_payload(payload, named_data)

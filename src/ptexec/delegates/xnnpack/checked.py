@@ -11,7 +11,8 @@ checks read only:
 - the size of the payload's constant region, and the size of each named data entry the
   graph refers to (or that it is missing), not its name;
 - of the call's argument tensors, each one's dtype, sizes, dim order and dynamism;
-- for the quantization, the bytes of every scale buffer.
+- for the quantization, the bytes of every scale buffer (kept only where they are few:
+  :func:`scales_key`).
 
 :func:`structure_key` and :func:`scales_key` make keys of exactly those; what they
 found is kept under them in bounded in-process caches: that every structural check passed,
@@ -80,15 +81,25 @@ def _as_checked(tensors: Sequence[p.Tensor | None]) -> tuple[object, ...]:
 
 def scales_key(
     structure: Hashable, payload: s.XnnPayload, named_data: Mapping[str, memoryview]
-) -> Hashable:
+) -> Hashable | None:
     """The key of the quantization check: the structure's key and the SHA-256 of every
     scale buffer's bytes. Only for a payload that passed the structural checks (its
-    constant indices and sizes are valid)."""
+    constant indices and sizes are valid). None when the scale buffers hold more than
+    :data:`SCALE_BYTES_HASHED` bytes together: hashing them would cost what checking them
+    does (an LLM's per-group scales), so such a payload is checked every time."""
+    raws = [
+        payload.constant_bytes(q.scale_buffer_idx, named_data)
+        for v in payload.graph.values
+        if (q := v.quant) is not None and isinstance(q, _PER_CHANNEL) and q.scale_buffer_idx
+    ]
+    if sum(len(raw) for raw in raws) > SCALE_BYTES_HASHED:
+        return None
     h = hashlib.sha256()
-    for v in payload.graph.values:
-        q = v.quant
-        if isinstance(q, s.PerChannelQuant | s.PerChannelGroupQuant) and q.scale_buffer_idx:
-            raw = payload.constant_bytes(q.scale_buffer_idx, named_data)
-            h.update(len(raw).to_bytes(8, "little"))
-            h.update(raw)
+    for raw in raws:
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
     return Key(structure, h.digest())
+
+
+SCALE_BYTES_HASHED = 16 << 10
+_PER_CHANNEL = (s.PerChannelQuant, s.PerChannelGroupQuant)
