@@ -18,7 +18,6 @@ the caller's prefix (``...delegates[0].payload``) and continues into the graph.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import struct
@@ -712,7 +711,20 @@ def _with_variables(graph: XnnGraph, variables: forms.Variables) -> XnnGraph:
         e if k is None or k == e.named_key else ConstantEntry(e.offset, e.size, k)
         for e, k in zip(graph.constant_data, keys, strict=True)
     )
-    return dataclasses.replace(graph, nodes=nodes, constant_data=constants)
+    g = graph  # (dataclasses.replace, without its per-call look at the fields)
+    return XnnGraph(
+        version=g.version,
+        identifier=g.identifier,
+        nodes=nodes,
+        values=g.values,
+        num_externs=g.num_externs,
+        input_ids=g.input_ids,
+        output_ids=g.output_ids,
+        constant_data=constants,
+        constant_buffers=g.constant_buffers,
+        unknown_nodes=g.unknown_nodes,
+        by_id=g.by_id,
+    )
 
 
 def _learn_form(fb: memoryview, ident: bytes, graph: XnnGraph, path: str) -> bytes | None:
