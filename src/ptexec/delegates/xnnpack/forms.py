@@ -14,12 +14,14 @@ handles and keys: :mod:`.schema` reads them from it and puts them into the graph
 decoded already, and everything checked about the graph's structure holds for both.
 
 That holds only if nothing else in the flatbuffer is read from those bytes (a handle that
-is also part of an offset, say). So a form is kept only after the flatbuffer, with every
-one of those bytes changed to a value drawn at random, decodes to the graph with exactly
-those changed handles and keys: a byte any other field read would have changed that field.
-The values are drawn from the operating system's random source, so a file cannot be
-written to pass the test and then read differently. This module finds and changes the
-bytes; :mod:`.schema` decodes and compares.
+is also part of an offset, say). So a form is used only after a flatbuffer of it, with
+every one of those bytes changed to a value drawn at random, decodes to the graph with
+exactly those changed handles and keys: a byte any other field read would have changed
+that field. The values are drawn from the operating system's random source, so a file
+cannot be written to pass the test and then read differently. The test is made when a
+second flatbuffer has the form, in place of decoding that one: a payload like no other
+costs only finding its fields. This module finds and changes the bytes; :mod:`.schema`
+decodes and compares.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Generic, TypeVar
 
 from ...format.flatbuf import Buffer
 
-__all__ = ["Forms", "Spans", "Variables", "altered", "find_spans", "masked_digest", "read"]
+__all__ = ["Form", "Forms", "Spans", "Variables", "altered", "find_spans", "masked_digest", "read"]
 
 T = TypeVar("T")
 
@@ -176,39 +178,58 @@ def read(fb: bytes | bytearray | memoryview, spans: Spans) -> Variables | None:
     return handles, tuple(keys)
 
 
+@dataclass(slots=True)
+class Form(Generic[T]):
+    """A kept form: its digest, where its variable fields are, what it stands for (the
+    graph of the flatbuffer it was found in), and whether it passed the test with random
+    bytes (a form is tested when a second flatbuffer has it: one alone never needs it)."""
+
+    digest: bytes
+    spans: Spans
+    value: T
+    verified: bool = False
+
+
 class Forms(Generic[T]):
-    """Kept forms, each with what it stands for (a decoded graph), by flatbuffer size:
-    at most ``per_size`` forms of one size (the most recently found first), of at most
-    ``sizes`` sizes (the least recently used size goes first)."""
+    """Kept forms by flatbuffer size: at most ``per_size`` forms of one size (the most
+    recently found first), of at most ``sizes`` sizes (the least recently used size goes
+    first)."""
 
     def __init__(self, sizes: int = 256, per_size: int = 4) -> None:
         self.sizes = sizes
         self.per_size = per_size
-        self._by_size: dict[int, list[tuple[bytes, Spans, T]]] = {}
+        self._by_size: dict[int, list[Form[T]]] = {}
         self._lock = threading.Lock()
 
-    def match(self, fb: bytes | bytearray | memoryview) -> tuple[bytes, T, Variables] | None:
-        """The form ``fb`` has, if one is kept: its digest, what it stands for, and
-        ``fb``'s own handles and keys."""
+    def match(self, fb: bytes | bytearray | memoryview) -> tuple[Form[T], Variables] | None:
+        """The kept form ``fb`` has, with ``fb``'s own handles and keys; None when none
+        is kept, or a key is not UTF-8."""
         kept = self._by_size.get(len(fb))
         if not kept:
             return None
-        for digest, spans, value in tuple(kept):
-            if masked_digest(fb, spans) == digest:
-                found = read(fb, spans)
-                if found is None:
-                    return None
-                return digest, value, found
+        for form in tuple(kept):
+            if masked_digest(fb, form.spans) == form.digest:
+                found = read(fb, form.spans)
+                return None if found is None else (form, found)
         return None
 
-    def keep(self, size: int, digest: bytes, spans: Spans, value: T) -> None:
+    def keep(self, size: int, form: Form[T]) -> None:
+        """Keep ``form`` of flatbuffers of ``size`` bytes (an earlier one of its digest
+        goes)."""
         with self._lock:
             kept = self._by_size.pop(size, [])
-            kept = [k for k in kept if k[0] != digest][: self.per_size - 1]
-            kept.insert(0, (digest, spans, value))
+            kept = [k for k in kept if k.digest != form.digest][: self.per_size - 1]
+            kept.insert(0, form)
             self._by_size[size] = kept  # (now the most recently used size)
             while len(self._by_size) > self.sizes:
                 del self._by_size[next(iter(self._by_size))]
+
+    def drop(self, size: int, form: Form[T]) -> None:
+        """Forget ``form`` (it failed its test)."""
+        with self._lock:
+            kept = self._by_size.get(size)
+            if kept is not None and form in kept:
+                kept.remove(form)
 
     def clear(self) -> None:
         with self._lock:

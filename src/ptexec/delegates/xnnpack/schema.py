@@ -680,7 +680,8 @@ def _decode_buffer(t: Table) -> tuple[int, int]:
 # without error are kept. The cache holds more graphs than a large program has delegates
 # (an LLM has ten per layer), bounded by their flatbuffers' bytes. A graph not kept whose
 # flatbuffer has the form of a kept one is that graph with its own debug handles and named
-# keys read from it (a layer's payload once the first layer's is decoded).
+# keys read from it (a layer's payload once the first layer's is decoded), the form
+# tested first if it was not (:mod:`.forms`).
 DECODED_GRAPHS = 4096
 DECODED_GRAPHS_BYTES = 32 << 20
 DECODED_GRAPH_BYTES = 16 << 20  # a larger graph is decoded each time (hashing costs)
@@ -727,28 +728,28 @@ def _with_variables(graph: XnnGraph, variables: forms.Variables) -> XnnGraph:
     )
 
 
-def _learn_form(fb: memoryview, ident: bytes, graph: XnnGraph, path: str) -> bytes | None:
-    """Keep the form of ``graph``'s flatbuffer ``fb`` and return its digest, once the
-    flatbuffer with its handles and keys changed at random decodes to ``graph`` with those
-    changes and nothing else (:mod:`.forms`); None when it does not (or has no form)."""
+def _note_form(fb: memoryview, graph: XnnGraph) -> None:
+    """Keep the form of ``graph``'s flatbuffer ``fb``, untested (:func:`_tested`)."""
     spans = forms.find_spans(fb)
     if spans is None or len(spans.keys) != len(graph.constant_data):
-        return None
+        return
     if any(n.index >= len(spans.handles) for n in graph.nodes):
-        return None
-    changed = forms.altered(fb, spans)
-    variables = forms.read(changed, spans)
+        return
+    _forms.keep(len(fb), forms.Form(forms.masked_digest(fb, spans), spans, graph))
+
+
+def _tested(fb: memoryview, ident: bytes, form: forms.Form[XnnGraph], path: str) -> bool:
+    """Whether ``fb`` (of ``form``), with its handles and keys changed at random, decodes
+    to the form's graph with those changes and nothing else (:mod:`.forms`)."""
+    changed = forms.altered(fb, form.spans)
+    variables = forms.read(changed, form.spans)
     if variables is None:
-        return None
+        return False
     try:
         decoded = _decode_graph(memoryview(changed), ident, path)
     except PteFormatError:
-        return None
-    if decoded != _with_variables(graph, variables):
-        return None
-    digest = forms.masked_digest(fb, spans)
-    _forms.keep(len(fb), digest, spans, graph)
-    return digest
+        return False
+    return decoded == _with_variables(form.value, variables)
 
 
 def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") -> XnnPayload:
@@ -776,14 +777,20 @@ def decode_payload(data: bytes | bytearray | memoryview, path: str = "payload") 
     known = _graphs.get(digest)
     if known is not None:
         return XnnPayload(view, header, known[0], fb_off, path, digest, known[1])
+    graph: XnnGraph | None = None
+    form: bytes | None = None
     alike = _forms.match(fb)
-    form: bytes | None
     if alike is not None:
-        form, template, variables = alike
-        graph = _with_variables(template, variables)
-    else:
+        kept, variables = alike
+        if kept.verified or _tested(fb, ident, kept, path):
+            kept.verified = True
+            graph, form = _with_variables(kept.value, variables), kept.digest
+        else:
+            _forms.drop(len(fb), kept)
+    if graph is None:
         graph = _decode_graph(fb, ident, path)
-        form = _learn_form(fb, ident, graph, path)
+        if alike is None:
+            _note_form(fb, graph)
     _graphs.put(digest, (graph, form), len(fb))
     return XnnPayload(view, header, graph, fb_off, path, digest, form)
 
