@@ -440,6 +440,43 @@ def test_fast_decoding_agrees_with_the_table_decoders(
     assert errors  # some of the changes were defects
 
 
+def test_a_tensor_layout_whose_fields_share_bytes_decodes_as_the_table_decoders_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tensor fast path reads a vtable layout's fields in one unpacking; a layout whose
+    fields share bytes (``scalar_type`` read from the offset of ``sizes``) is read field by
+    field, and gives what the table decoders give."""
+    data = fixture_paths("mlp")[0].read_bytes()
+    flat = bytearray(data[: read_pte(data).header.program_size])
+    buf = Buffer(bytes(flat))
+    root = buf.root()
+    plans = root.vector_span(1, "execution_plan", 4)
+    assert plans is not None
+    first_plan = plans[0] + struct.unpack_from("<I", flat, plans[0])[0]
+    plan_t = Table.at(buf, first_plan, "plan")
+    values = plan_t.vector_span(2, "values", 4)
+    assert values is not None
+    changed = 0
+    for k in range(values[1]):
+        at = values[0] + 4 * k
+        ev = at + struct.unpack_from("<I", flat, at)[0]
+        ev_t = Table.at(buf, ev, "value")
+        if ev_t.int_(0, "u8", "val_type") != 5:
+            continue
+        tensor = ev_t.table(1, "val")
+        assert tensor is not None
+        if tensor.nfields > 2 and tensor.offsets[0] and tensor.offsets[2]:
+            # scalar_type read from the first byte of the offset of the sizes
+            struct.pack_into("<H", flat, tensor.vtable + 4, tensor.offsets[2])
+            changed += 1
+            break
+    assert changed
+    fast, slow = _decoded_both_ways(bytes(flat), monkeypatch)
+    assert isinstance(fast, p.Program) and fast == slow
+    before, _ = _decoded_both_ways(bytes(data[: len(flat)]), monkeypatch)
+    assert isinstance(before, p.Program) and before != fast
+
+
 def test_a_written_ptd_reads_back_with_each_key_in_its_own_segment() -> None:
     from ptexec.format.ptd import TensorLayout, read_ptd
     from ptexec.format.ptd_write import SEGMENT_ALIGN, ptd_bytes
