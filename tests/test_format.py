@@ -153,6 +153,27 @@ def test_planned_tensor_outside_its_buffer_names_its_path() -> None:
     pytest.fail("no planned tensor found")
 
 
+def test_a_planned_tensor_off_its_element_boundary_names_its_path() -> None:
+    """Inside its buffer but two bytes off a 4-byte element: the method's load refuses it
+    (checked when the values table's recipe is made), naming the tensor."""
+    for j, tensor in _tensor_tables(MLP):
+        alloc = tensor.table(6, "allocation_info")
+        if alloc is None or tensor.int_(0, "i8", "scalar_type") != 6:  # float32
+            continue
+        data = bytearray(MLP)
+        pos = alloc._field(1)  # memory_offset_low
+        struct.pack_into("<I", data, pos, struct.unpack_from("<I", data, pos)[0] + 2)
+        try:
+            prog = ptexec.load(bytes(data))
+        except PteFormatError:
+            continue  # (past its buffer: refused by the file's checks)
+        with pytest.raises(PteFormatError, match="not a multiple of the element size") as err:
+            prog.load_method("forward")
+        assert err.value.path == f"execution_plan[0].values[{j}].tensor.allocation_info"
+        return
+    pytest.fail("no float planned tensor with room to move")
+
+
 def test_dim_order_must_be_a_permutation() -> None:
     data = bytearray(MLP)
     for j, tensor in _tensor_tables(bytes(data)):

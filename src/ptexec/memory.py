@@ -21,6 +21,7 @@ __all__ = [
     "BufferInfo",
     "PlannedBuffer",
     "allocate",
+    "check_aligned",
     "empty_maker",
     "fixed_empty",
     "resize_to",
@@ -144,6 +145,16 @@ def fixed_empty(
     return raw.view(dtype).as_strided(tuple(sizes), tuple(strides))
 
 
+def check_aligned(byte_offset: int, itemsize: int, where: str) -> None:
+    """A planned tensor at ``byte_offset`` of its buffer starts on an element boundary."""
+    if byte_offset % itemsize:
+        raise PteFormatError(
+            where,
+            f"byte offset {byte_offset} is not a multiple of the element size ({itemsize}); "
+            "ptexec needs element-aligned tensors",
+        )
+
+
 def strided_view(
     storage: torch.Tensor,
     byte_offset: int,
@@ -155,12 +166,7 @@ def strided_view(
     """A tensor over ``storage`` (a flat uint8 tensor) at ``byte_offset`` with the given
     dtype, sizes and the strides of ``dim_order``."""
     itemsize = dtype.itemsize
-    if byte_offset % itemsize:
-        raise PteFormatError(
-            where,
-            f"byte offset {byte_offset} is not a multiple of the element size ({itemsize}); "
-            "ptexec needs element-aligned tensors",
-        )
+    check_aligned(byte_offset, itemsize, where)
     if storage.storage_offset():
         raise ValueError("planned storage must start at offset 0")
     base = empty_maker(dtype, storage.device)()

@@ -21,7 +21,7 @@ from ..errors import LimitExceededError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key, Lru
 from ..format.scalar_type import scalar_type_name
-from ..memory import PlannedBuffer, empty_maker, fixed_empty
+from ..memory import PlannedBuffer, check_aligned, empty_maker, fixed_empty
 from ..tensor import dim_order_strides
 from .devices import DeviceMap, check_device_available
 from .state import Owned
@@ -259,12 +259,7 @@ def _recipe(plan: p.ExecutionPlan, path: str, dmap: DeviceMap) -> _Recipe:
         alloc = value.allocation_info
         if alloc is not None:
             itemsize = dtype.itemsize
-            if alloc.memory_offset % itemsize:
-                raise PteFormatError(
-                    f"{tpath}.allocation_info",
-                    f"byte offset {alloc.memory_offset} is not a multiple of the element size "
-                    f"({itemsize}); ptexec needs element-aligned tensors",
-                )
+            check_aligned(alloc.memory_offset, itemsize, f"{tpath}.allocation_info")
             tensors.append(
                 _Planned(
                     j,
