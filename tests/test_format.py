@@ -456,7 +456,7 @@ def test_fast_decoding_agrees_with_the_table_decoders(
             at = rng.randrange(len(mutated))
             mutated[at] = rng.choice((0, 1, 2, 5, 0x7F, 0xFF, rng.randrange(256)))
         fast, slow = _decoded_both_ways(bytes(mutated), monkeypatch)
-        assert fast == slow
+        assert fast == slow or repr(fast) == repr(slow)  # (a changed double may be NaN)
         errors += not isinstance(fast, p.Program)
     assert errors  # some of the changes were defects
 
