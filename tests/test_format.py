@@ -465,8 +465,8 @@ def test_a_tensor_layout_whose_fields_share_bytes_decodes_as_the_table_decoders_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The tensor fast path reads a vtable layout's fields in one unpacking; a layout whose
-    fields share bytes (``scalar_type`` read from the offset of ``sizes``) is read field by
-    field, and gives what the table decoders give."""
+    fields share bytes (``scalar_type`` read from the offset of ``sizes``) is left to the
+    table decoder, and the program is what the table decoders make of it."""
     data = fixture_paths("mlp")[0].read_bytes()
     flat = bytearray(data[: read_pte(data).header.program_size])
     buf = Buffer(bytes(flat))

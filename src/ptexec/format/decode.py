@@ -166,7 +166,7 @@ _TENSOR_READERS = 256
 def _tensor_reader(offsets: tuple[int, ...]) -> _TensorReader | None:
     """A reader of the tensor tables whose vtable gives ``offsets``: every inline field in
     one unpacking, the table's extent checked once; None for a layout it does not handle
-    (extra tensor info, fields sharing bytes: read field by field)."""
+    (extra tensor info, fields sharing bytes: the table decoder reads those)."""
     if len(offsets) > 9 and offsets[9]:
         return None
     present = sorted(
@@ -227,53 +227,16 @@ def _fast_allocation(buf: Buffer, at: int) -> p.AllocationDetails | None:
 
 def _fast_tensor(buf: Buffer, pos: int) -> p.Tensor | None:
     offsets = buf.field_offsets(pos)
-    if offsets is None or (len(offsets) > 9 and offsets[9]):
-        return None  # (extra_tensor_info: the decoder above)
+    if offsets is None:
+        return None
     try:
         reader = _tensor_readers[offsets]
     except KeyError:
         if len(_tensor_readers) >= _TENSOR_READERS:
             _tensor_readers.clear()
         reader = _tensor_readers[offsets] = _tensor_reader(offsets)
-    if reader is not None:
-        return reader(buf, pos)
-    scalar_type = buf.scalar_at(pos, offsets, 0, "i8")
-    storage_offset = buf.scalar_at(pos, offsets, 1, "i32")
-    sizes = buf.scalars_at(pos, offsets, 2, "i32")
-    dim_order = buf.scalars_at(pos, offsets, 3, "u8")
-    requires_grad = buf.scalar_at(pos, offsets, 4, "bool", False)
-    data_buffer_idx = buf.scalar_at(pos, offsets, 5, "u32")
-    layout = buf.scalar_at(pos, offsets, 7, "i8")
-    dynamism = buf.scalar_at(pos, offsets, 8, "i8")
-    if (
-        scalar_type is None
-        or storage_offset is None
-        or sizes is None
-        or dim_order is None
-        or requires_grad is None
-        or data_buffer_idx is None
-        or layout is None
-        or dynamism is None
-    ):
-        return None
-    at = buf.table_at(pos, offsets, 6)
-    alloc = None
-    if at:
-        alloc = _fast_allocation(buf, at) if at > 0 else None
-        if alloc is None:
-            return None
-    return p.Tensor(
-        scalar_type=int(scalar_type),
-        storage_offset=int(storage_offset),
-        sizes=sizes,
-        dim_order=dim_order,
-        requires_grad=bool(requires_grad),
-        data_buffer_idx=int(data_buffer_idx),
-        allocation_info=alloc,
-        layout=int(layout),
-        shape_dynamism=int(dynamism),
-        extra_tensor_info=None,
-    )
+    # (a layout the reader does not handle: the decoder above)
+    return None if reader is None else reader(buf, pos)
 
 
 def _fast_instruction(buf: Buffer, pos: int) -> p.Instruction | None:

@@ -234,6 +234,3 @@ class Forms(Generic[T]):
     def clear(self) -> None:
         with self._lock:
             self._by_size.clear()
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in tuple(self._by_size.values()))
