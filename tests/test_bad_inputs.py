@@ -156,6 +156,13 @@ BAD: list[Bad] = [
     Bad("kind-int", "mlp", replace(0, lambda x: 3), (IN0, "float32[2, 8]", "got int 3")),
     Bad("kind-dict", "mlp_unplanned", replace(0, lambda x: {"x": x}), (IN0, "got dict")),
     Bad("kind-object", "mlp", replace(0, lambda x: object()), (IN0, "float32[2, 8]", "got object")),
+    # a dynamic input is named by its bounds, as the shape errors name it
+    Bad(
+        "kind-none-dynamic",
+        "dynamic_mlp",
+        replace(0, lambda x: None),
+        (IN0, "expected a tensor float32[<=16, <=8] on cpu", "got NoneType"),
+    ),
     Bad(
         "kind-python-int-for-0dim",
         "int_ops",

@@ -144,6 +144,25 @@ def test_error_message_names_everything() -> None:
         decide(expected, got, Policy(), "input 0 of 'forward'")
 
 
+def test_a_tensor_reads_the_same_in_every_message() -> None:
+    """``TensorInfo.shape_text`` is the one way messages write a dtype and sizes: the
+    mismatch errors and ``str`` of a program's tensor, bounds and all."""
+    bound = TensorInfo((4, 3), torch.float32, (0, 1), CPU, (3, 1), True, "dynamic_bound")
+    unbound = TensorInfo((4, 3), torch.float32, (0, 1), CPU, (3, 1), True, "dynamic_unbound")
+    static = TensorInfo((4, 3), torch.float32, (1, 0), CPU, (1, 4), True)
+    assert bound.shape_text == "float32[<=4, <=3]"
+    assert unbound.shape_text == "float32[rank 2]"
+    assert str(bound) == "float32[<=4, <=3] on cpu"
+    assert str(static) == "float32[4, 3] (dim_order[1, 0]) on cpu"
+    scalar = TensorInfo((), torch.int64, (), CPU, (), True, "dynamic_bound")
+    assert scalar.shape_text == "int64[]"
+    got = TensorInfo((5, 3), torch.float32, (0, 1), CPU, (3, 1))
+    with pytest.raises(
+        InputError, match=r"expected float32\[<=4, <=3\] on cpu, got float32\[5, 3\]"
+    ):
+        decide(bound, got, Policy(), "input 0 of 'forward'")
+
+
 def test_size_one_dims_do_not_decide_the_layout() -> None:
     expected = TensorInfo(
         (2, 1, 4, 4),

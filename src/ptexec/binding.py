@@ -136,18 +136,11 @@ def common_action(expected: TensorInfo, contiguous: bool) -> Action | None:
 
 
 def _expected(expected: TensorInfo) -> str:
-    dims = ", ".join(str(s) for s in expected.sizes)
-    text = f"{str(expected.dtype).removeprefix('torch.')}[{dims}]"
-    if expected.dynamism == "dynamic_bound":
-        text = text.replace("[", "[<=", 1).replace(", ", ", <=")
-    elif expected.dynamism == "dynamic_unbound":
-        text = f"{str(expected.dtype).removeprefix('torch.')}[rank {len(expected.sizes)}]"
-    return f"{text} on {expected.device}"
+    return f"{expected.shape_text} on {expected.device}"
 
 
 def _got(got: TensorInfo) -> str:
-    dims = ", ".join(str(s) for s in got.sizes)
-    return f"{str(got.dtype).removeprefix('torch.')}[{dims}] on {got.device}"
+    return f"{got.shape_text} on {got.device}"
 
 
 def decide(

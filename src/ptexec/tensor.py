@@ -114,9 +114,19 @@ class TensorInfo:
         """``contiguous``, ``channels_last``, ``dim_order(...)`` or ``strided`` (no dim order)."""
         return layout_name(self.dim_order)
 
+    @property
+    def shape_text(self) -> str:
+        """Dtype and sizes as messages write them: ``float32[2, 8]``; a program's tensor of
+        bounded dynamic shape ``float32[<=4, <=8]`` (each size an upper bound), of
+        unbounded dynamic shape ``float32[rank 2]``."""
+        name = dtype_name(self.dtype)
+        if self.dynamism == "dynamic_unbound":
+            return f"{name}[rank {self.rank}]"
+        bound = "<=" if self.dynamism == "dynamic_bound" else ""
+        return f"{name}[{', '.join(f'{bound}{s}' for s in self.sizes)}]"
+
     def __str__(self) -> str:
-        dims = ", ".join(str(s) for s in self.sizes)
-        text = f"{dtype_name(self.dtype)}[{dims}]"
+        text = self.shape_text
         if self.dim_order is None or self.dim_order != tuple(range(self.rank)):
             text += f" ({self.layout})"
         return f"{text} on {self.device}"
