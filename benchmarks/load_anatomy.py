@@ -16,8 +16,9 @@ arguments' descriptions (a tensor's dtype, sizes, dim order, dynamism, constant 
 its buffer and its offset relative to the other arguments in that buffer; a scalar's
 value), with the value slots renumbered in order of appearance. Instructions of one form
 differ only in which slots they read and write, as a model's repeated layers do: a
-statement prepared for one form, its slots renumbered, would serve the others (see
-``docs/load_time.md``), so the ratio of instructions to forms bounds what that saves.
+statement prepared for one form, its slots renumbered, could serve the others, and the
+ratio of instructions to forms bounds what that saves (``docs/load_time.md`` has the
+measurement of it: in Python, keying and renumbering cost about what a factory does).
 All times are process CPU time at one thread.
 """
 
