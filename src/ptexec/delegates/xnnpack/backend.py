@@ -304,19 +304,21 @@ def quantization_problem(payload: s.XnnPayload, named_data: Mapping[str, memoryv
     if not any(isinstance(v.quant, static) for v in payload.graph.values):
         return None  # no scale to check (a float graph, or one quantizing inputs per token)
     consts = Constants(payload, named_data, torch.device("cpu"))
-    values = {v.id: v for v in payload.graph.values}
     scales: dict[int, torch.Tensor] = {}  # as stored (a float32 holds each exactly)
     for v in payload.graph.values:
         q = v.quant
         if isinstance(q, s.PerTensorQuant):
             scales[v.id] = torch.tensor([q.scale], dtype=torch.float64)
         elif isinstance(q, s.PerChannelQuant | s.PerChannelGroupQuant):
-            scales[v.id] = consts.scales(q)
+            scales[v.id] = consts.stored_scales(q)
         else:
             continue
         problem = _scale_problem(v, scales[v.id])
         if problem is not None:
             return f"xvalues[{v.index}] has {problem}"
+    if not any(v.dtype_name in _STATIC_Q for v in payload.graph.values):
+        return None  # no node requantizes (the 4-bit linears of an LLM: float outputs)
+    values = {v.id: v for v in payload.graph.values}
     for n in payload.graph.nodes:
         outs = [values[o] for o in n.outputs if o in values]
         if len(outs) != 1 or outs[0].dtype_name not in _STATIC_Q or outs[0].id not in scales:

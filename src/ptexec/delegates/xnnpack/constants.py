@@ -63,9 +63,15 @@ class Constants:
         return raw.view(dtype)
 
     def scales(self, q: s.PerChannelQuant | s.PerChannelGroupQuant) -> torch.Tensor:
+        """The scales as XNNPACK's kernels take them, in float32."""
+        return self.stored_scales(q).float()
+
+    def stored_scales(self, q: s.PerChannelQuant | s.PerChannelGroupQuant) -> torch.Tensor:
+        """The same values as :meth:`scales`, in the dtype they are stored in (a group
+        quantization's bfloat16 scales are not converted: each is exactly a float32)."""
         if isinstance(q, s.PerChannelGroupQuant):
             if q.scale_buffer_idx:
-                return self._typed(q.scale_buffer_idx, torch.bfloat16, q.num_scales).float()
+                return self._typed(q.scale_buffer_idx, torch.bfloat16, q.num_scales)
             return _bf16_truncating(q.scales)
         if q.scale_buffer_idx:
             return self._typed(q.scale_buffer_idx, torch.float32, q.num_scales)
