@@ -50,7 +50,7 @@ if native is not None:
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[1])  # benchmarks/ (this side's ptexec is on PYTHONPATH)
-from load_time import _forget_loads as forget_loads
+from load_time import forget_loads
 
 def inputs_for(path, method):
     io = Path(str(path)[:-4] + ".io.pt")

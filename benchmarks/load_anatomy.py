@@ -7,8 +7,9 @@ how many distinct forms a program's kernel instructions have.
 For each program: the median first load (``load`` + ``load_method``, every in-process
 cache emptied, as ``load_time.py``'s "first"), the median repeated load ("again"), and,
 per cache, a repeated load with that one cache emptied: the difference is the part of a
-first load that cache stands for. The decoded description (``pte``) is part of the key
-of most others (they are kept per decoded plan), so without it those miss too: its line
+first load that cache stands for (caches named by the function that empties them,
+``load_time.caches``). The decoded descriptions (``pte.clear_decoded``) are part of the key
+of most others (they are kept per decoded plan), so without them those miss too: that line
 is the decoding and checking of the program and everything kept per plan.
 
 "forms" counts the kernel instructions' distinct *local forms*: the operator and its
@@ -40,35 +41,6 @@ import load_time
 
 import ptexec
 from ptexec.format import program as p
-
-
-def _caches() -> dict[str, Callable[[], None]]:
-    """The in-process caches a repeated load finds, by a short name."""
-    from ptexec import codegen, effects
-    from ptexec.delegates.xnnpack import backend, checked, executorch_runner, schema
-    from ptexec.engine import fastcall
-    from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow, devices, instructions, meta, specs, values
-
-    return {
-        "pte": pte.clear_decoded,
-        "statements": instructions.clear_kept_statements,
-        "dataflow": dataflow.clear_recipes,
-        "fastcall": fastcall.clear_generated,
-        "values": values.clear_recipes,
-        "effects": effects.clear_dynamic_scalars,
-        "devices": devices.clear_placements,
-        "meta": meta.clear_metas,
-        "specs": specs.clear_specs,
-        "codegen": codegen.clear_compiled,
-        "xnn graphs": schema.clear_decoded_graphs,
-        "xnn checks": checked.clear_checked,
-        "xnn programs": lambda: (
-            backend.clear_kept_programs(),
-            pte_write.clear_written(),
-            executorch_runner.clear_sources(),
-        ),
-    }
 
 
 def local_forms(plan: p.ExecutionPlan) -> tuple[int, int]:
@@ -131,7 +103,7 @@ def _median_load(data: bytes, method: str, rounds: int, before: Callable[[], Non
     for _ in range(rounds):
         before()
         t = time.process_time()
-        load_time._ptexec_load(data, method)
+        load_time.ptexec_load(data, method)
         times.append(time.process_time() - t)
     return statistics.median(times)
 
@@ -147,14 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.programs:
         programs = {Path(f).stem: Path(f).read_bytes() for f in args.programs}
     else:
-        programs = load_time._programs([args.steps], llm=False)
-    caches = _caches()
+        programs = load_time.benchmark_programs([args.steps], llm=False)
+    caches = load_time.caches()
     for name, data in programs.items():
         prog = ptexec.load(data)
         method = "forward" if "forward" in prog.method_names else prog.method_names[0]
         plan = prog.pte.program.execution_plan[prog.method_names.index(method)]
-        load_time._ptexec_load(data, method)  # operators resolved, code kept on disk
-        first = _median_load(data, method, args.rounds, load_time._forget_loads)
+        load_time.ptexec_load(data, method)  # operators resolved, code kept on disk
+        first = _median_load(data, method, args.rounds, load_time.forget_loads)
         again = _median_load(data, method, args.rounds, lambda: None)
         kernels, forms = local_forms(plan)
         print(
@@ -166,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             saved = without - again
             if saved > 0.02 * first:
                 print(
-                    f"  {cache:<14} {saved * 1e3:8.2f} ms  ({100 * saved / first:4.1f}% of a first load)"
+                    f"  {cache:<36} {saved * 1e3:8.2f} ms  ({100 * saved / first:4.1f}% of a first load)"
                 )
         sys.stdout.flush()
     return 0

@@ -95,7 +95,7 @@ def _lstm(steps: int) -> bytes:
     return _cached(f"lstm{steps}", make)
 
 
-def _programs(
+def benchmark_programs(
     steps: list[int],
     llm: bool,
     llm_model: str = "tiny",
@@ -217,50 +217,52 @@ def _executorch_loader() -> Callable[[bytes, str], Any] | None:
     return load
 
 
-def _ptexec_load(data: bytes, method: str) -> Any:
+def ptexec_load(data: bytes, method: str) -> Any:
     return ptexec.load(data).load_method(method)
 
 
-def _forget_loads() -> None:
-    """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
+def caches() -> dict[str, Callable[[], None]]:
+    """The in-process caches a repeated load reuses, each by the name of the function that
+    empties it (``module.clear_...``), in the order a first load meets them; what an older
+    checkout lacks (side-by-side runs) is left out."""
     import importlib
 
-    from ptexec import codegen, effects
-    from ptexec.delegates.xnnpack import backend as xnn_backend
-    from ptexec.delegates.xnnpack import executorch_runner, schema
-    from ptexec.engine import fastcall
-    from ptexec.format import pte, pte_write
-    from ptexec.loader import dataflow, devices, instructions, meta, specs, values
-
-    try:
-        checked: Any = importlib.import_module("ptexec.delegates.xnnpack.checked")
-    except ImportError:  # (older checkouts, for side-by-side runs)
-        checked = None
-    try:
-        codestore: Any = importlib.import_module("ptexec.codestore")
-    except ImportError:  # (older checkouts)
-        codestore = None
+    found: dict[str, Callable[[], None]] = {}
     for module, name in (
-        (pte, "clear_decoded"),
-        (codegen, "clear_compiled"),
-        (codestore, "clear_trusted"),
-        (schema, "clear_decoded_graphs"),
-        (pte_write, "clear_written"),
-        (checked, "clear_checked"),
-        (executorch_runner, "clear_sources"),
-        (xnn_backend, "clear_kept_programs"),
-        (instructions, "clear_kept_statements"),
-        (devices, "clear_placements"),
-        (values, "clear_recipes"),
-        (effects, "clear_dynamic_scalars"),
-        (fastcall, "clear_generated"),
-        (meta, "clear_metas"),
-        (specs, "clear_specs"),
-        (dataflow, "clear_recipes"),
+        ("ptexec.format.pte", "clear_decoded"),
+        ("ptexec.codegen", "clear_compiled"),
+        ("ptexec.codestore", "clear_trusted"),
+        ("ptexec.delegates.xnnpack.schema", "clear_decoded_graphs"),
+        ("ptexec.format.pte_write", "clear_written"),
+        ("ptexec.delegates.xnnpack.checked", "clear_checked"),
+        ("ptexec.delegates.xnnpack.executorch_runner", "clear_sources"),
+        ("ptexec.delegates.xnnpack.backend", "clear_kept_programs"),
+        ("ptexec.loader.instructions", "clear_kept_statements"),
+        ("ptexec.loader.devices", "clear_placements"),
+        ("ptexec.loader.values", "clear_recipes"),
+        ("ptexec.effects", "clear_dynamic_scalars"),
+        ("ptexec.engine.fastcall", "clear_generated"),
+        ("ptexec.loader.meta", "clear_metas"),
+        ("ptexec.loader.specs", "clear_specs"),
+        ("ptexec.loader.dataflow", "clear_recipes"),
     ):
-        clear = getattr(module, name, None)  # (older checkouts, for side-by-side runs)
+        try:
+            clear = getattr(importlib.import_module(module), name, None)
+        except ImportError:  # (older checkouts, for side-by-side runs)
+            continue
         if clear is not None:
-            clear()
+            found[f"{module.rsplit('.', 1)[1]}.{name}"] = clear
+    return found
+
+
+def forget_loads() -> None:
+    """Empty the in-process caches a repeated load reuses (a first load finds nothing)."""
+    from ptexec.delegates.xnnpack import schema
+    from ptexec.format import pte_write
+    from ptexec.loader import dataflow
+
+    for clear in caches().values():
+        clear()
     for module, name in (
         (dataflow, "_recipes"),  # (older checkouts: no clear_recipes)
         (dataflow, "_keys"),
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     clock = time.process_time if args.cpu_time else time.perf_counter
     et = _executorch_loader()
-    programs = _programs(
+    programs = benchmark_programs(
         args.steps, not args.no_llm, args.llm_model, args.llm_only, tuple(args.llm_variants)
     )
     print(
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         prog = ptexec.load(data)
         method = "forward" if "forward" in prog.method_names else prog.method_names[0]
         n = prog.method_meta(method).num_instructions
-        _ptexec_load(data, method)  # resolves its operators, keeps its code on disk
+        ptexec_load(data, method)  # resolves its operators, keeps its code on disk
         times: dict[str, list[float]] = {
             "cold": [],
             "first": [],
@@ -322,25 +324,25 @@ def main(argv: list[str] | None = None) -> int:
             "executorch": [],
         }
         for _ in range(args.rounds):
-            _forget_loads()
+            forget_loads()
             os.environ["PTEXEC_CODE_CACHE"] = "0"
             t = clock()
-            _ptexec_load(data, method)
+            ptexec_load(data, method)
             times["cold"].append(clock() - t)
             if store is None:
                 del os.environ["PTEXEC_CODE_CACHE"]
             else:
                 os.environ["PTEXEC_CODE_CACHE"] = store
-            _forget_loads()
+            forget_loads()
             t = clock()
-            _ptexec_load(data, method)
+            ptexec_load(data, method)
             times["first"].append(clock() - t)
             t = clock()
-            _ptexec_load(data, method)
+            ptexec_load(data, method)
             times["again"].append(clock() - t)
-            held = _ptexec_load(data, method)
+            held = ptexec_load(data, method)
             t = clock()
-            _ptexec_load(data, method)
+            ptexec_load(data, method)
             times["alive"].append(clock() - t)
             del held
             if et is not None:
