@@ -135,12 +135,10 @@ def common_action(expected: TensorInfo, contiguous: bool) -> Action | None:
     return None
 
 
-def _expected(expected: TensorInfo) -> str:
-    return f"{expected.shape_text} on {expected.device}"
-
-
-def _got(got: TensorInfo) -> str:
-    return f"{got.shape_text} on {got.device}"
+def _described(info: TensorInfo) -> str:
+    """``info`` in a mismatch message: its dtype and sizes (bounds, for a program's dynamic
+    tensor) and device, not its layout (the message names that where it is the problem)."""
+    return f"{info.shape_text} on {info.device}"
 
 
 def decide(
@@ -155,10 +153,12 @@ def decide(
     :class:`InputError` when the tensor cannot be used under ``policy``.
     """
     if got.dtype != expected.dtype:
-        raise InputError(f"{where}: expected {_expected(expected)}, got {_got(got)} (dtype)")
+        raise InputError(f"{where}: expected {_described(expected)}, got {_described(got)} (dtype)")
     problem = shape_error(expected, got.sizes)
     if problem is not None:
-        raise InputError(f"{where}: expected {_expected(expected)}, got {_got(got)} ({problem})")
+        raise InputError(
+            f"{where}: expected {_described(expected)}, got {_described(got)} ({problem})"
+        )
     if got.numel == 0:
         return Action.EMPTY
     same_device = got.device == expected.device
@@ -167,14 +167,14 @@ def decide(
             return Action.COPY
         if policy.transfers == "forbid":
             raise InputError(
-                f"{where}: expected {_expected(expected)}, got {_got(got)} "
+                f"{where}: expected {_described(expected)}, got {_described(got)} "
                 f"(a copy from {got.device} to {expected.device} is needed and transfers='forbid')"
             )
         return Action.TRANSFER
     if not same_device:
         if policy.transfers != "allow":
             raise InputError(
-                f"{where}: expected {_expected(expected)}, got {_got(got)}; the program reads "
+                f"{where}: expected {_described(expected)}, got {_described(got)}; the program reads "
                 f"this input in place on {expected.device} (it is not memory-planned), so it "
                 f"must be on {expected.device}, or pass transfers='allow' to copy it there"
             )
@@ -184,7 +184,7 @@ def decide(
     if policy.layout == "convert":
         return Action.CONVERT
     raise InputError(
-        f"{where}: expected {_expected(expected)} laid out {layout_name(expected.dim_order)}, "
+        f"{where}: expected {_described(expected)} laid out {layout_name(expected.dim_order)}, "
         f"got {layout_name(got.dim_order)} layout; the program reads this input in place, so "
         f"pass a tensor in its layout, or layout='convert' to copy it"
     )
