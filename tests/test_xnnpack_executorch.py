@@ -309,9 +309,11 @@ def test_dynamic_output_shapes_follow_each_call(et: None) -> None:
         assert compare_outputs(got, call["executorch"], *entry["tol_executorch"]) is None
 
 
-def test_dynamic_output_shapes_are_read_once_per_binding(et: None) -> None:
+def test_dynamic_output_shapes_are_read_once_per_input_shape(et: None) -> None:
     """ExecuTorch's get_attribute (the shape XNNPACK computed) runs after the first call of
-    each hand-over only; an output resized elsewhere since is read again."""
+    a hand-over whose input shapes the runner has not met; the shapes read are kept for
+    those input shapes, so alternating shapes (a prompt, then decode steps) read nothing
+    more, and an output resized elsewhere since gets the kept shape back."""
     name = "dynamic_mlp_int8_dynamic_pc"
     m = _method(name, xnnpack="executorch", outputs="view")
     ref = _method(name, xnnpack="torch")
@@ -324,24 +326,64 @@ def test_dynamic_output_shapes_are_read_once_per_binding(et: None) -> None:
         return real(attr)
 
     fn.__globals__["_get"] = counted
+    # (a runner of the same program freed by an earlier test may have been taken over,
+    # with the shapes it kept)
+    fn.__globals__["_memo"].clear()
     features = _calls(name)[0]["inputs"][0].shape[1:]
     small, large = (torch.randn(n, *features) for n in (3, 7))
+    other = torch.randn(3, *features)  # small's shape, other values
     expected_reads = 0
-    # a new shape is a new hand-over; the same tensor again is not
-    for x, new in ((small, True), (small, False), (large, True), (large, False)):
+    # a new shape is a new hand-over, read once; the same tensor again is not; a shape met
+    # before is a new hand-over, not read
+    steps = ((small, True), (small, False), (large, True), (large, False))
+    steps += ((other, False), (large, False), (small, False))
+    for x, new in steps:
         (got,) = m.execute([x])
         (want,) = ref.execute([x])
         expected_reads += 1 if new else 0
         assert got.shape == want.shape == (x.shape[0], *want.shape[1:])
         assert compare_outputs([got], [want], *MANIFEST[name]["tol_executorch"]) is None
         assert len(reads) == expected_reads
-    # the method's tensor resized elsewhere (same memory, another shape): read again (a
-    # view output is the caller's own tensor: resizing it reaches nothing of the method's)
+    # the method's tensor resized elsewhere (same memory, another shape): given the shape
+    # kept for the inputs' (a view output is the caller's own tensor: resizing it reaches
+    # nothing of the method's)
     m.values()[m.state.outputs[0].slot].resize_(1, got.shape[1])
     (again,) = m.execute([x])
-    assert len(reads) == expected_reads + 1
+    assert len(reads) == expected_reads
     assert again.shape == (x.shape[0], got.shape[1])
     assert compare_outputs([again], [want], *MANIFEST[name]["tol_executorch"]) is None
+
+
+def test_output_shapes_are_checked_against_their_bounds_and_kept() -> None:
+    """The shapes a runner reads back are refused beyond an output's declared bound (any
+    dim, or another rank) or in other memory, and kept, with their dense strides in the
+    output's dim order, under the inputs' shapes, at most MEMO_SHAPES of them."""
+    from ptexec.delegates.xnnpack import executorch_runner as er
+    from ptexec.delegates.xnnpack.runtime import OutputShapeError
+
+    x = torch.empty(64)  # (room for the shapes refused below)
+    outputs = ((4, "ptexec_output_4", (0, 2, 1), (2, 5, 3)),)
+
+    def get_as(shape: tuple[int, ...], base: torch.Tensor = x) -> Callable[[str], torch.Tensor]:
+        def get(name: str) -> torch.Tensor:
+            assert name == "ptexec_output_4"
+            return base[: int(torch.tensor(shape).prod())].view(shape)
+
+        return get
+
+    memo: dict[tuple[Any, ...], Any] = {}
+    got = er._output_shapes(get_as((2, 4, 3)), outputs, (x,), memo, ((2, 4),))
+    assert got == ((torch.Size((2, 4, 3)), (12, 1, 4)),)
+    assert memo == {((2, 4),): got}
+    for beyond in ((3, 4, 3), (2, 6, 1), (2, 4, 4), (2, 4)):
+        with pytest.raises(OutputShapeError, match=r"float32\[2, 5, 3\]"):
+            er._output_shapes(get_as(beyond), outputs, (x,), memo, ("other",))
+    with pytest.raises(RuntimeError, match="wrote elsewhere"):
+        er._output_shapes(get_as((1, 1, 1), torch.empty(1)), outputs, (x,), memo, ("other",))
+    assert list(memo) == [((2, 4),)]  # nothing refused was kept
+    for k in range(er.MEMO_SHAPES):
+        er._output_shapes(get_as((1, 1, 1)), outputs, (x,), memo, (k,))
+    assert len(memo) == 1 and (er.MEMO_SHAPES - 1,) in memo  # full: forgotten, then kept
 
 
 def test_sys_spec_is_settled_once_executorch_is_loaded(et: None) -> None:

@@ -21,7 +21,9 @@ afterwards to the shape XNNPACK computed, read back through ``get_attribute`` (e
 output carries a name in the written program) after the first call of each binding: the
 shapes XNNPACK computes depend only on the shapes of the inputs ExecuTorch holds, so while
 the binding stays, the next calls reuse the shapes read (``get_attribute`` costs about what
-a small graph's ``execute`` does). Before memory is handed over, every
+a small graph's ``execute`` does), and a runner keeps the shapes read for each shape of its
+inputs (:func:`_output_shapes`): an LLM's runners, which alternate between a prompt's
+shapes and a decode step's, read them once for each. Before memory is handed over, every
 dynamic output is checked to hold its declared bound: XNNPACK may write that much.
 Each pybindings call redirects C++'s streams to Python's, importing ``sys`` from C;
 :func:`_settle_sys_spec` (as each payload is loaded) spares that import the
@@ -64,7 +66,6 @@ from ...format import program as p
 from ...format.etdump import ProfileEvent, decode_etdump
 from ...format.lru import Key, Lru
 from ...format.pte_write import delegate_spans, one_delegate_program
-from ...memory import resize_to
 from ...tensor import dim_order_strides
 from ...threads import executorch_pool
 from . import schema as s
@@ -419,22 +420,40 @@ def _not_dense(k: int) -> RuntimeError:
     return RuntimeError(f"delegate argument {k} (an output) is not dense in its dim order")
 
 
-def _resize_output(
-    x: torch.Tensor, y: torch.Tensor, order: tuple[int, ...], bound: tuple[int, ...], k: int
-) -> None:
-    """Give output ``x`` the shape ExecuTorch's tensor ``y`` (its alias) has after a call,
-    when that shape is within the output's declared ``bound`` in every dim (ExecuTorch
-    checks only the element count)."""
-    declared = f"{str(x.dtype).removeprefix('torch.')}{list(bound)}"
-    if y.data_ptr() != x.data_ptr():
-        raise RuntimeError(f"delegate argument {k}: ExecuTorch wrote elsewhere")
-    shape = tuple(y.shape)
-    if len(shape) != len(bound) or any(a > b for a, b in zip(shape, bound, strict=True)):
-        raise OutputShapeError(
-            f"delegate argument {k}: the graph computed {list(shape)}, beyond the bound "
-            f"{declared} the program declares"
-        )
-    resize_to(x, shape, order)
+# distinct shapes of a runner's inputs whose outputs' shapes it keeps (then it forgets all)
+MEMO_SHAPES = 64
+
+
+def _output_shapes(
+    get: Callable[[str], torch.Tensor],
+    outputs: tuple[tuple[int, str, tuple[int, ...], tuple[int, ...]], ...],
+    xs: tuple[torch.Tensor, ...],
+    memo: dict[tuple[Any, ...], tuple[tuple[torch.Size, tuple[int, ...]], ...]],
+    shapes: tuple[Any, ...],
+) -> tuple[tuple[torch.Size, tuple[int, ...]], ...]:
+    """The shapes (and dense strides in their dim orders) ExecuTorch gave the dynamic
+    outputs ``xs`` in the call just run, read back through ``get``: ``outputs`` holds each
+    one's argument position, name in the written program, dim order and declared bound.
+    Each must lie in its own memory and within its bound in every dim (ExecuTorch checks
+    only the element count). They depend only on the ``shapes`` of the inputs ExecuTorch
+    holds: they are kept in ``memo`` under those."""
+    found = []
+    for (k, name, order, bound), x in zip(outputs, xs, strict=True):
+        y = get(name)
+        if y.data_ptr() != x.data_ptr():
+            raise RuntimeError(f"delegate argument {k}: ExecuTorch wrote elsewhere")
+        shape = y.shape
+        if len(shape) != len(bound) or any(a > b for a, b in zip(shape, bound, strict=True)):
+            declared = f"{str(x.dtype).removeprefix('torch.')}{list(bound)}"
+            raise OutputShapeError(
+                f"delegate argument {k}: the graph computed {list(shape)}, beyond the bound "
+                f"{declared} the program declares"
+            )
+        found.append((shape, dim_order_strides(shape, order)))
+    if len(memo) >= MEMO_SHAPES:
+        memo.clear()
+    made = memo[shapes] = tuple(found)
+    return made
 
 
 @dataclass(frozen=True, eq=False)
@@ -619,6 +638,7 @@ def _generate(binder: _Binder, program: EtProgram) -> EtRunner:
     }
     if program.names:
         env["_shapes"] = [None] * len(program.names)
+        env["_memo"] = {}  # the outputs' shapes by the inputs' (see _output_shapes)
     fn = _template(program.source).function(env)
     binder.attach(env)
     return EtRunner(fn, program.source, binder)
@@ -644,7 +664,7 @@ def _globals(tensors: Sequence[p.Tensor], orders: Mapping[int, tuple[int, ...]])
         **{f"_o{k}": None for k in range(len(tensors))},
         "_a0": None,
         "_dc": (),
-        "_resize_output": _resize_output,
+        "_output_shapes": _output_shapes,
         "_not_dense": _not_dense,
         "_channels_last": torch.channels_last,
     }
@@ -717,18 +737,30 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
     ]
     if names:
         # the shapes read after the binding's first call hold while it stays (a new binding
-        # or a reload replaces the key object); an output resized since is read again
+        # or a reload replaces the key object); an output resized since is resized again.
+        # They follow from the shapes of the inputs handed over (the key's last items):
+        # the shapes kept for those are used without reading them back
         same = " and ".join(f"x{k}.shape == _shapes[{i}]" for i, k in enumerate(names))
-        lines += [f"if _known is not _key or not ({same}):"]
-        for k, name in names.items():
-            order = tuple(tensors[k].dim_order)
+        held = len(key) - n  # the inputs' shapes in the key
+        outs = tuple(
+            (k, name, tuple(tensors[k].dim_order), tuple(tensors[k].sizes))
+            for k, name in names.items()
+        )
+        xs = "".join(f"x{k}, " for k in names)
+        lines += [
+            f"if _known is not _key or not ({same}):",
+            f"    _in = _key[{n}:]" if held else "    _in = ()",
+            "    _out = _memo.get(_in)",
+            "    if _out is None:",
+            f"        _out = _output_shapes(_get, {outs!r}, ({xs}), _memo, _in)",
+        ]
+        for i, k in enumerate(names):
             lines += [
-                f"    y{k} = _get({name!r})",
-                f"    if y{k}.shape != x{k}.shape:",
-                f"        _resize_output(x{k}, y{k}, {order!r}, {tuple(tensors[k].sizes)!r}, {k})",
+                f"    if x{k}.shape != _out[{i}][0]:",
+                f"        x{k}.as_strided_(_out[{i}][0], _out[{i}][1])",
             ]
         lines += [
-            f"    _shapes[:] = ({''.join(f'x{k}.shape, ' for k in names)})",
+            f"    _shapes[:] = ({''.join(f'_out[{i}][0], ' for i in range(len(names)))})",
             "    _known = _key",
         ]
         lines.insert(0, "global _known")
