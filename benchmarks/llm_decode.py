@@ -23,7 +23,10 @@ Runtimes alternate in blocks within one process (``--blocks``, median of blocks)
 on ``--threads`` threads (default 1: torch's and XNNPACK's thread pools would otherwise
 compete for the same cores). Greedy tokens of every runtime are compared with ExecuTorch's
 and the agreement is printed. Ratios are ptexec / ExecuTorch tokens per second (above 1:
-ptexec decodes faster) and prefill time (below 1: ptexec is faster).
+ptexec decodes faster) and prefill time (below 1: ptexec is faster). A last table gives each
+runtime's first decode step after the prompt (the first call with a step's shapes after the
+prompt's) beside its median step: with a dynamic program the difference is what a change
+of shapes costs, paid once per prompt.
 """
 
 from __future__ import annotations
@@ -102,8 +105,10 @@ def profile_step(pte: Path, prompt_len: int) -> str:
 
 def run_once(
     step: Step, prompt: list[int], decode: int, dynamic: bool
-) -> tuple[float, float, list[int]]:
-    """(prefill seconds, decode seconds per token, tokens)."""
+) -> tuple[float, float, float, list[int]]:
+    """(prefill seconds, seconds of the first decode step after it, decode seconds per
+    token over all steps, tokens). The first step is the first call with a decode step's
+    shapes after the prompt's (a dynamic program's runners meet new shapes there)."""
     t0 = time.perf_counter()
     if dynamic:
         logits = step(prompt, 0)
@@ -114,12 +119,15 @@ def run_once(
     tokens = [int(logits.argmax())]
     pos = len(prompt)
     t2 = time.perf_counter()
-    for _ in range(decode):
+    first = 0.0
+    for k in range(decode):
         logits = step([tokens[-1]], pos)
+        if k == 0:
+            first = time.perf_counter() - t2
         pos += 1
         tokens.append(int(logits.argmax()))
     t3 = time.perf_counter()
-    return t1 - t0, (t3 - t2) / decode, tokens
+    return t1 - t0, first, (t3 - t2) / decode, tokens
 
 
 def bench(
@@ -145,17 +153,21 @@ def bench(
     for step in runtimes.values():  # warm up
         run_once(step, prompt, 4, dynamic)
     prefill: dict[str, list[float]] = {k: [] for k in runtimes}
+    first: dict[str, list[float]] = {k: [] for k in runtimes}
     per_token: dict[str, list[float]] = {k: [] for k in runtimes}
     tokens: dict[str, list[int]] = {}
     for _ in range(blocks):
         for name, step in runtimes.items():
-            p, d, toks = run_once(step, prompt, decode, dynamic)
+            p, f, d, toks = run_once(step, prompt, decode, dynamic)
             prefill[name].append(p)
+            first[name].append(f)
             per_token[name].append(d)
             tokens[name] = toks
     return {
         "variant": variant,
         "prefill_ms": {k: statistics.median(v) * 1e3 for k, v in prefill.items()},
+        "first_step_ms": {k: statistics.median(v) * 1e3 for k, v in first.items()},
+        "step_ms": {k: 1e3 * statistics.median(v) for k, v in per_token.items()},
         "tokens_per_s": {k: 1.0 / statistics.median(v) for k, v in per_token.items()},
         "same_tokens": {k: tokens[k] == tokens["ExecuTorch"] for k in runtimes},
         "compiled": compiled is not None,
@@ -226,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{tps['ptexec'] / tps['ExecuTorch']:7.2f} {pf['ptexec']:12.2f} ms {comp_pf:>17} "
             f"{pf['ExecuTorch']:8.2f} ms {pf['ptexec'] / pf['ExecuTorch']:7.2f}  {same}"
         )
+    print("\nthe first decode step after the prompt, and a step's median over all steps:")
+    for r in rows:
+        parts = (
+            f"{k} {r['first_step_ms'][k]:.2f} / {r['step_ms'][k]:.2f} ms"
+            for k in r["first_step_ms"]
+        )
+        print(f"{r['variant']:16} " + ", ".join(parts))
     if args.profile:
         for v in args.variants:
             print(f"\n{v}: one decode step at position {args.prompt + 8}")
