@@ -136,6 +136,31 @@ def test_code_made_with_the_entry_has_its_own_key(
     assert again.compile_report is not None and again.compile_report.cache_hit
 
 
+@pytest.mark.usefixtures("cache")
+def test_two_methods_of_one_program_on_one_thread(program: tuple[torch.nn.Module, Path]) -> None:
+    """Two loads of one program run the same compiled code, whose call sites pass the same
+    keys (at the same addresses), each with its own table of calls: alternating on one
+    thread, each runs its own calls (what the entry found for one is not taken for the
+    other), and one freed leaves the other working."""
+    import gc
+
+    model, path = program
+    first, second = _load(path), _load(path)
+    for method in (first, second):
+        report = method.compile_report
+        assert report is not None and report.native_calls == 2
+    ran = native.runs()
+    for n in BATCHES:
+        for method in (first, second):
+            x = torch.randn(n, 8)
+            (got,) = method.execute([x])
+            torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    assert native.runs() - ran == 2 * 2 * len(BATCHES)
+    del first
+    gc.collect()  # its table and calls freed: the second still finds its own
+    _check(model, second)
+
+
 class _TwoOutputs(torch.nn.Module):
     """Two linears of one input: one XNNPACK delegate with two outputs, dynamic batch."""
 

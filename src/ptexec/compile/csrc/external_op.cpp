@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdarg>
 #include <deque>
 #include <mutex>
@@ -164,12 +165,17 @@ struct Call : torch::CustomClassHolder {
   }
 };
 
+std::atomic<uint64_t> versions{1};  // (each table's, and each change of one: never reused)
+
 // The calls of one method, by key; the thread running the method's compiled code makes
-// them current (ptexec_native_use).
+// them current (ptexec_native_use). `version` is new whenever a call is added or replaced,
+// so that what a thread found under an older one is not used again (find_entry).
 struct Table : torch::CustomClassHolder {
   std::deque<std::string> keys;  // the map's keys (a deque: they never move)
   std::unordered_map<std::string_view, c10::intrusive_ptr<Call>> calls;
+  uint64_t version = versions.fetch_add(1);
   void add(const std::string& key, c10::intrusive_ptr<Call> call) {
+    version = versions.fetch_add(1);
     auto found = calls.find(std::string_view(key));
     if (found != calls.end()) {
       found->second = std::move(call);
@@ -192,6 +198,32 @@ Call* find(std::string_view key) {
   if (found == current->calls.end()) return nullptr;
   runs.fetch_add(1, std::memory_order_relaxed);
   return found->second.get();
+}
+
+// What this thread found last through the C entry, by the key's address: AOTInductor's
+// code passes each call site's key as a string of the library, at the same address on
+// every call, so a hit costs a comparison of two words where the map would hash and
+// compare the key (about 70 characters). An entry holds for the table version it was
+// found in (a table alive and unchanged keeps its calls alive); a call site of another
+// library or table, or a key that merely shares an address, misses and is looked up.
+struct Found {
+  const char* key = nullptr;
+  uint64_t version = 0;
+  Call* call = nullptr;
+};
+constexpr size_t kFoundSlots = 256;  // (a power of two)
+thread_local Found found_by_address[kFoundSlots];
+
+Call* find_entry(const char* key) {
+  if (current == nullptr) return nullptr;
+  Found& slot = found_by_address[(reinterpret_cast<uintptr_t>(key) >> 3) & (kFoundSlots - 1)];
+  if (slot.key == key && slot.version == current->version) {
+    runs.fetch_add(1, std::memory_order_relaxed);
+    return slot.call;
+  }
+  Call* call = find(std::string_view(key));
+  if (call != nullptr) slot = Found{key, current->version, call};
+  return call;
 }
 
 std::vector<at::Tensor> python_call(c10::string_view key, at::TensorList inputs) {
@@ -235,7 +267,7 @@ AOTITorchError shim_call(const char* key, const AtenTensorHandle* inputs, int64_
         if (slot != nullptr) *slot = torch::aot_inductor::new_tensor_handle(at::Tensor(t));
       }
     };
-    Call* call = find(std::string_view(key));
+    Call* call = find_entry(key);
     if (call != nullptr) {
       call->run(xs, hand_out);
     } else {
