@@ -11,8 +11,8 @@
 #include <torch/library.h>
 
 #include <atomic>
-#include <cstdint>
 #include <cstdarg>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <string>
