@@ -71,6 +71,10 @@ struct Call : torch::CustomClassHolder {
   // delegate gave it); the next call returns the same view for the same shape, so that
   // a decode step makes no new view per call
   std::vector<at::Tensor> last;
+  // per output, the views made for the last few shapes it came back with (the oldest
+  // first): shapes that alternate (a prompt's, then a decode step's) make no new view
+  static constexpr size_t kViews = 4;
+  std::vector<std::vector<at::Tensor>> views;
   bool any_dynamic = false;
   std::mutex lock;
 
@@ -157,11 +161,23 @@ struct Call : torch::CustomClassHolder {
       const int64_t nd = et_sizes(method, writes[n], sizes, 16);
       TORCH_CHECK(nd == outs[n].dim(), "output ", n, " came back with another rank");
       c10::IntArrayRef shape(sizes, nd);
-      if (last[n].sizes() != shape) {
-        last[n] = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
-      }
+      if (last[n].sizes() != shape) last[n] = view(n, shape);
     }
     sink(last);
+  }
+
+  // output n's view at `shape` (dense in its dim order): one made before for that shape,
+  // else a new one, kept in place of the oldest
+  at::Tensor view(size_t n, c10::IntArrayRef shape) {
+    if (views.size() != outs.size()) views.resize(outs.size());
+    auto& made = views[n];
+    for (const at::Tensor& v : made) {
+      if (v.sizes() == shape) return v;
+    }
+    at::Tensor v = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
+    if (made.size() >= kViews) made.erase(made.begin());
+    made.push_back(v);
+    return v;
   }
 };
 
