@@ -216,9 +216,9 @@ Call* find(std::string_view key) {
   return found->second.get();
 }
 
-// What this thread found last through the C entry, by the key's address: AOTInductor's
-// code passes each call site's key as a string of the library, at the same address on
-// every call, so a hit costs a comparison of two words where the map would hash and
+// What this thread found through the C entry, by the key's address: AOTInductor's code
+// passes each call site's key as a string of its library, at the same address on every
+// call, so a hit costs a probe or two of a small table where the map would hash and
 // compare the key (about 70 characters). An entry holds for the table version it was
 // found in (a table alive and unchanged keeps its calls alive); a call site of another
 // library or table, or a key that merely shares an address, misses and is looked up.
@@ -227,18 +227,65 @@ struct Found {
   uint64_t version = 0;
   Call* call = nullptr;
 };
-constexpr size_t kFoundSlots = 256;  // (a power of two)
-thread_local Found found_by_address[kFoundSlots];
+
+// Open addressing with linear probing, at most half full: every call site a thread runs
+// keeps its own entry (a program of a few hundred call sites misses only on its first
+// call of each). Entries are never removed, only replaced under their key; past
+// kMaxFound keys (call sites of many libraries in one thread) the table starts afresh.
+class FoundByAddress {
+ public:
+  // the entry of `key`, or the empty one where it would go
+  Found& at(const char* key) {
+    if (slots_.empty()) slots_.resize(kFirst);
+    size_t mask = slots_.size() - 1;
+    size_t i = hash(key) & mask;
+    while (slots_[i].key != nullptr && slots_[i].key != key) i = (i + 1) & mask;
+    return slots_[i];
+  }
+
+  // keeps `found` (whose key `at` gave `slot` for, with no call between)
+  void keep(Found& slot, const Found& found) {
+    bool added = slot.key == nullptr;
+    slot = found;
+    if (!added || 2 * ++used_ <= slots_.size()) return;
+    if (used_ > kMaxFound) {
+      slots_.assign(kFirst, Found{});
+      used_ = 0;
+      return;
+    }
+    std::vector<Found> old(slots_.size() * 2);
+    old.swap(slots_);
+    size_t mask = slots_.size() - 1;
+    for (const Found& f : old) {
+      if (f.key == nullptr) continue;
+      size_t i = hash(f.key) & mask;
+      while (slots_[i].key != nullptr) i = (i + 1) & mask;
+      slots_[i] = f;
+    }
+  }
+
+ private:
+  static constexpr size_t kFirst = 16;  // (a power of two; grows with the call sites)
+  static constexpr size_t kMaxFound = size_t{1} << 14;
+  static size_t hash(const char* key) {
+    auto a = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(key));
+    return static_cast<size_t>((a * 0x9E3779B97F4A7C15ull) >> 32);
+  }
+  std::vector<Found> slots_;
+  size_t used_ = 0;
+};
+
+thread_local FoundByAddress found_by_address;
 
 Call* find_entry(const char* key) {
   if (current == nullptr) return nullptr;
-  Found& slot = found_by_address[(reinterpret_cast<uintptr_t>(key) >> 3) & (kFoundSlots - 1)];
+  Found& slot = found_by_address.at(key);
   if (slot.key == key && slot.version == current->version) {
     runs.fetch_add(1, std::memory_order_relaxed);
     return slot.call;
   }
   Call* call = find(std::string_view(key));
-  if (call != nullptr) slot = Found{key, current->version, call};
+  if (call != nullptr) found_by_address.keep(slot, Found{key, current->version, call});
   return call;
 }
 
