@@ -102,6 +102,25 @@ def test_shapes_that_come_and_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert native.runs() - start == 2 * len(batches)
 
 
+def test_same_shapes_in_new_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor handed over before with the same sizes, now in other memory, is pointed at
+    that memory (ExecuTorch shares an unplanned input's memory): every call's own
+    contents reach the delegate, in calls at one shape and at alternating ones."""
+    model, path = dynamic_batch_program(tmp_path)
+    compiled = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+    report = compiled.compile_report
+    assert report is not None and report.native_calls == 2
+    plain = ptexec.load(path).load_method("forward")
+    kept = []  # every input stays alive, so each call's is in memory of its own
+    for r, n in enumerate([5, 5, 5, 2, 5, 2, 2]):
+        x = torch.randn(n, 8)
+        kept.append(x)
+        want = plain.execute([x.clone()])[0]
+        got = compiled.execute([x])[0]
+        assert torch.equal(got, want), f"call {r} (batch {n})"
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_a_new_thread_pool_loads_the_method_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resizing ExecuTorch's pool destroys the one XNNPACK's runtime was made with: the
     next native call loads its method again and computes the same."""

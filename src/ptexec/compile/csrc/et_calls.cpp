@@ -47,6 +47,7 @@ struct Loaded {
   std::vector<void*> data;
   std::vector<int> dtypes;
   std::vector<char> held;
+  std::vector<char> shared;  // per input: not planned (ExecuTorch shares its memory)
 
   Loaded(const void* data, size_t size) : loader(data, size) {}
 };
@@ -92,6 +93,11 @@ bool load_method(Loaded* m, std::string* error) {
   m->data.assign(n, nullptr);
   m->dtypes.assign(n, -1);
   m->held.assign(n, 0);
+  m->shared.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    auto info = meta->input_tensor_meta(i);
+    m->shared[i] = info.ok() && !info->is_memory_planned();
+  }
   return true;
 }
 
@@ -116,10 +122,10 @@ size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->inputs; }
 
 namespace {
 
-// whether input `i` was handed over last with this memory, dtype and sizes (its dim
-// order is the call's own, the same every call)
-bool same_as_held(const Loaded& m, size_t i, const Arg& a) {
-  if (!m.held[i] || m.data[i] != a.data || m.dtypes[i] != a.dtype) return false;
+// whether input `i` was handed over last with this dtype and sizes (its dim order is the
+// call's own, the same every call)
+bool shaped_as_held(const Loaded& m, size_t i, const Arg& a) {
+  if (!m.held[i] || m.dtypes[i] != a.dtype) return false;
   const auto& sizes = m.sizes[i];
   if (static_cast<int64_t>(sizes.size()) != a.ndim) return false;
   for (int64_t d = 0; d < a.ndim; ++d) {
@@ -147,7 +153,19 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
     // ExecuTorch keeps an input handed over until another replaces it: the same memory
     // with the same sizes needs no new hand-over (a dynamic output the delegate resized
     // grows back within its bound on the next call, as ExecuTorch's own program's do)
-    if (same_as_held(*m, i, a)) continue;
+    if (shaped_as_held(*m, i, a)) {
+      if (m->data[i] == a.data) continue;
+      if (m->shared[i]) {
+        // at other memory: for an unplanned input, what set_input would do after checking
+        // what already holds (the dtype and sizes) is to share the new memory
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        m->method->mutable_input(i).toTensor().unsafeGetTensorImpl()->set_data(a.data);
+#pragma GCC diagnostic pop
+        m->data[i] = a.data;
+        continue;
+      }
+    }
     m->held[i] = 0;
     auto& sizes = m->sizes[i];
     auto& order = m->orders[i];
