@@ -37,7 +37,7 @@ from compile_util import (
 )
 from fixture_data import fixture_calls, fixture_paths
 from ptexec.compile import CompileOptions, CompileReport, CompileWarning
-from ptexec.compile.aoti import inductor_options
+from ptexec.compile.aoti import inductor_options, runs_delegates
 from ptexec.compile.cache import cache_dir, cache_key
 from ptexec.errors import ExecutionError, InstructionLimitError
 from ptexec.format import program as p
@@ -821,6 +821,31 @@ def test_cuda_regions_are_compiled_without_cpu_autotuning() -> None:
     cuda = inductor_options(torch.device("cuda", 0), True)
     assert cpu["max_autotune"] and cpu["freezing"]
     assert "max_autotune" not in cuda and cuda["freezing"]
+
+
+def test_kernels_beside_delegate_calls_run_on_the_calling_thread() -> None:
+    """A graph that calls delegates (XNNPACK's pool has the threads) is compiled with
+    serial kernels, on the CPU only; other graphs keep the method's threads."""
+    cpu = torch.device("cpu")
+    assert inductor_options(cpu, True, serial=True)["cpp.threads"] == 1
+    assert "cpp.threads" not in inductor_options(cpu, True)
+    assert "cpp.threads" not in inductor_options(torch.device("cuda", 0), True, serial=True)
+
+    from ptexec.compile.external import external_call
+
+    def graph(call: bool) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        y = g.call_function(external_call, ("key", [x])) if call else x
+        g.output(y)
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    assert runs_delegates(graph(True))
+    assert not runs_delegates(graph(False))
+    # a call inside a branch of a condition (a graph the outer one holds)
+    outer = graph(False)
+    outer.add_submodule("true_graph_0", graph(True))
+    assert runs_delegates(outer)
 
 
 def test_regions_follow_the_device_of_their_tensors() -> None:

@@ -60,7 +60,7 @@ def missing_compiler() -> str | None:
 
 
 def inductor_options(
-    device: torch.device, autotune: bool, native_entry: bool = False
+    device: torch.device, autotune: bool, native_entry: bool = False, serial: bool = False
 ) -> dict[str, Any]:
     """What AOTInductor is asked for. The method's constants are frozen into the code (the
     compiler folds work on them and packs weights for its kernels); on the CPU, with
@@ -71,7 +71,8 @@ def inductor_options(
     kernel, so the compiled code computes the program's own arithmetic. With
     ``native_entry`` (:mod:`.native`'s library is loaded), CPU code calls the delegate
     calls' op through its C entry (:data:`NATIVE_ENTRY`): the library must be loaded
-    before the code is."""
+    before the code is. ``serial`` (CPU code of a graph with delegate calls): the generated
+    kernels run on the calling thread alone (:func:`runs_delegates`)."""
     options: dict[str, Any] = {
         "aot_inductor.package": True,
         "freezing": True,
@@ -83,7 +84,26 @@ def inductor_options(
         options["max_autotune_gemm_backends"] = "CPP,ATEN"
     if native_entry and device.type == "cpu":
         options["aot_inductor.custom_ops_to_c_shims"] = {external_call: [NATIVE_ENTRY]}
+    if serial and device.type == "cpu":
+        options["cpp.threads"] = 1
     return options
+
+
+def runs_delegates(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` (or a graph it holds, a branch of a condition) calls a delegate
+    (:data:`.external.external_call`). Such a graph's generated kernels are compiled to
+    run on the calling thread alone: XNNPACK's own pool has the method's threads, and
+    both sets of workers wait for work by spinning, so with OpenMP's workers beside
+    XNNPACK's there are more busy threads than threads asked for. The kernels between a
+    decode step's delegate calls are too small to gain from threads (the compiled SmolLM2
+    8da4w decode step at 2 threads on 2 cores: 7.1 ms with OpenMP's workers, against
+    4.6 ms at 1 thread)."""
+    return any(
+        node.target is external_call
+        for module in gm.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
 
 
 # The C entry of ``ptexec::external_call`` in :mod:`.native`'s library (its "C shim": the
@@ -136,7 +156,9 @@ def compile_models(
                 ep.module(check_guards=False),
                 args,
                 kwargs,
-                options=inductor_options(device, autotune, native_entry),
+                options=inductor_options(
+                    device, autotune, native_entry, serial=runs_delegates(ep.graph_module)
+                ),
             )
         assert isinstance(out, list)
         files[name] = out
