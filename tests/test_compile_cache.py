@@ -406,7 +406,11 @@ def fake_aoti(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     counts = {"compiled": 0, "loaded": 0}
 
     def compile_models(
-        exported: Any, device: Any, autotune: bool = True, native_entry: bool = False
+        exported: Any,
+        device: Any,
+        autotune: bool = True,
+        native_entry: bool = False,
+        serial: bool = False,
     ) -> Any:
         out = {}
         for name, ep in exported.items():

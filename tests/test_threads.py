@@ -7,6 +7,7 @@ destroyed one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -302,6 +303,35 @@ def test_compiled_code_is_keyed_by_the_thread_count() -> None:
     finally:
         torch.set_num_threads(before)
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_code_beside_delegate_calls_serves_every_thread_count(et: None) -> None:
+    """A method whose CPU regions all call delegates compiles its kernels to run on the
+    calling thread (XNNPACK's pool has the threads), so its code is the same at any count:
+    one cache entry serves them all. Its regions are compiled serial because the plan
+    says they call delegates, whatever the traced graph shows."""
+    from ptexec.compile.runner import CompileOptions, RegionBuilder
+
+    prog = ptexec.load(DIR / "transformer_int8_dynamic_pc.pte")
+    state = prog.load_method("forward").state
+    before = torch.get_num_threads()
+    try:
+        builders = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            builders.append(RegionBuilder(state, prog, CompileOptions()))
+        keys = [b.entry().key for b in builders]
+    finally:
+        torch.set_num_threads(before)
+    b = builders[0]
+    calls = [(c, i) for c, i, how in b.rebuild.externals() if how == "call"]
+    assert b.regions and calls and all(b.serial(r) for r in b.regions)
+    assert keys[0] == keys[1]
+    # a span without a call is not serial (its kernels keep OpenMP's threads)
+    r = b.regions[0]
+    plain = next(j for j in range(r.first, r.last + 1) if (r.chain, j) not in calls)
+    assert not b.serial(dataclasses.replace(r, first=plain, last=plain))
+    assert not b.serial(dataclasses.replace(r, chain=r.chain + 1))
 
 
 def test_serve_threads_are_the_one_setting(

@@ -16,7 +16,9 @@ while a call is running on another thread: change the setting between calls.
 
 A compiled method (``compile=True``) runs its compiled regions on the count set when it
 was loaded: AOTInductor's CPU code is made for one count (the cache keeps an entry per
-count), so load it again after a change.
+count), so load it again after a change. A method whose every CPU region calls delegates
+is the exception: its kernels run serially beside XNNPACK's pool, and its code (one cache
+entry) serves every count.
 
 The setting is process-wide (torch's threads and ExecuTorch's pool are both), so there is
 no per-method thread count: a method that set its own around each call would change the

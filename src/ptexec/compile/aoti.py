@@ -134,9 +134,11 @@ def compile_models(
     device: torch.device,
     autotune: bool = True,
     native_entry: bool = False,
+    serial: bool = False,
 ) -> dict[str, list[Any]]:
     """AOTInductor's output files of every exported graph, by model name
-    (:func:`inductor_options`)."""
+    (:func:`inductor_options`); with ``serial``, or where a graph calls delegates
+    (:func:`runs_delegates`), its CPU kernels run on the calling thread."""
     from torch._inductor import aot_compile
     from torch.fx.experimental import _config
 
@@ -157,7 +159,7 @@ def compile_models(
                 args,
                 kwargs,
                 options=inductor_options(
-                    device, autotune, native_entry, serial=runs_delegates(ep.graph_module)
+                    device, autotune, native_entry, serial or runs_delegates(ep.graph_module)
                 ),
             )
         assert isinstance(out, list)

@@ -4,7 +4,7 @@
 external data file's), the method, the device and what the code is built for (on the CPU
 the instruction-set extensions ``-march=native`` resolves to, read from the CPU's feature
 flags, or the ``-march`` AOTInductor is configured with, and the thread count the code is
-made for; on CUDA the GPU's compute capability), the compile options, and the versions of
+made for, unless every CPU region runs serial kernels; on CUDA the GPU's compute capability), the compile options, and the versions of
 torch, Python, ptexec (its version and a digest of its sources) and this cache's layout.
 
 **Entry.** A directory holding the compiled regions (a shared library per CPU region, one
@@ -179,8 +179,11 @@ def cache_key(
     method: str,
     device: str,
     options: Mapping[str, Any],
+    threads: bool = True,
 ) -> str:
-    """The key of a compiled method (module docstring)."""
+    """The key of a compiled method (module docstring). ``threads`` False: the code is
+    the same at any thread count (every CPU region's kernels run on the calling thread),
+    so the count is left out of the key."""
     import torch
 
     h = hashlib.sha256()
@@ -193,7 +196,7 @@ def cache_key(
         "machine": _machine(device),
         # AOTInductor's CPU kernels are made for the thread count of the compile
         # (``omp parallel num_threads(n)``): code for another count is another entry
-        "threads": torch.get_num_threads() if device.startswith("cpu") else None,
+        "threads": torch.get_num_threads() if threads and device.startswith("cpu") else None,
         "options": dict(options),
         "torch": torch.__version__,
         "ptexec": __version__,

@@ -216,8 +216,19 @@ class RegionBuilder:
         if externals:  # other code than a traced delegate's
             options["external"] = [list(x) for x in externals]
             options["native_entry"] = self.native_entry()
-        key = cache_key(blobs, self.state.name, str(self.device), options)
+        threads = not all(self.serial(r) for r in self.regions if r.device.type == "cpu")
+        key = cache_key(blobs, self.state.name, str(self.device), options, threads=threads)
         return cache.entry(key)
+
+    def serial(self, region: Region) -> bool:
+        """Whether ``region``'s CPU kernels are compiled to run on the calling thread
+        alone: the region calls a delegate (:func:`.aoti.runs_delegates`, decided here
+        from the plan, before its graph exists, so that the cache key can leave the
+        thread count out where every CPU region's code is the same at any count)."""
+        return any(
+            how == "call" and c == region.chain and region.first <= i <= region.last
+            for c, i, how in self.rebuild.externals()
+        )
 
     def _mismatch(self, manifest: Manifest) -> str | None:
         """Why a (well-formed) manifest is not the record of this method's regions."""
@@ -407,7 +418,13 @@ class RegionBuilder:
             progress.start(f"compiling region {self.regions.index(r) + 1}/{n} ({r.label})")
             try:
                 files.update(
-                    compile_models({name: ep}, r.device, self.options.autotune, self.native_entry())
+                    compile_models(
+                        {name: ep},
+                        r.device,
+                        self.options.autotune,
+                        self.native_entry(),
+                        serial=self.serial(r),
+                    )
                 )
             except Exception as e:
                 self.failed.append(
