@@ -4,6 +4,7 @@
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_dimension_limit.h>
 #include <executorch/runtime/core/hierarchical_allocator.h>
 #include <executorch/runtime/executor/memory_manager.h>
 #include <executorch/runtime/executor/method.h>
@@ -26,7 +27,31 @@ namespace ea = executorch::aten;
 namespace ptexec_native {
 namespace {
 
+// the most dims a tensor ExecuTorch takes may have
+constexpr int64_t kMaxDims = static_cast<int64_t>(et::kTensorDimensionLimit);
+
+// One input of the method: what was handed over last (its memory, dtype and sizes;
+// `held` false: nothing, or a call failed) and its geometry as ExecuTorch reads it,
+// kept across calls.
+struct Held {
+  void* data = nullptr;
+  int dtype = -1;
+  bool held = false;
+  bool shared = false;  // not planned: ExecuTorch shares its memory
+  int64_t ndim = 0;
+  ea::SizesType sizes[kMaxDims] = {};
+  ea::DimOrderType order[kMaxDims] = {};
+  ea::StridesType strides[kMaxDims] = {};
+};
+
 struct Loaded {
+  // what every call reads first, together at the front
+  pthreadpool* pool = nullptr;  // the pool the method's XNNPACK runtime was made with
+  size_t threads = 0;
+  size_t inputs = 0;  // the method's input count
+  // per input, one record each, side by side: what a call compares is read from one
+  // place (between two calls XNNPACK's work has pushed it out of the cache)
+  std::vector<Held> held;
   executorch::extension::BufferDataLoader loader;
   std::optional<et::Program> program;
   executorch::extension::MallocMemoryAllocator method_allocator;
@@ -36,18 +61,6 @@ struct Loaded {
   std::optional<et::HierarchicalAllocator> planned;
   std::optional<et::MemoryManager> memory;
   std::optional<et::Method> method;
-  pthreadpool* pool = nullptr;  // the pool the method's XNNPACK runtime was made with
-  size_t threads = 0;
-  size_t inputs = 0;  // the method's input count
-  // per input: its geometry as ExecuTorch reads it (kept across calls), and what was
-  // handed over last (its memory and dtype; `held` false: nothing, or a call failed)
-  std::vector<std::vector<ea::SizesType>> sizes;
-  std::vector<std::vector<ea::DimOrderType>> orders;
-  std::vector<std::vector<ea::StridesType>> strides;
-  std::vector<void*> data;
-  std::vector<int> dtypes;
-  std::vector<char> held;
-  std::vector<char> shared;  // per input: not planned (ExecuTorch shares its memory)
 
   Loaded(const void* data, size_t size) : loader(data, size) {}
 };
@@ -87,16 +100,10 @@ bool load_method(Loaded* m, std::string* error) {
   m->method.emplace(std::move(method.get()));
   size_t n = m->method->inputs_size();
   m->inputs = n;
-  m->sizes.assign(n, {});
-  m->orders.assign(n, {});
-  m->strides.assign(n, {});
-  m->data.assign(n, nullptr);
-  m->dtypes.assign(n, -1);
-  m->held.assign(n, 0);
-  m->shared.assign(n, 0);
+  m->held.assign(n, Held{});
   for (size_t i = 0; i < n; ++i) {
     auto info = meta->input_tensor_meta(i);
-    m->shared[i] = info.ok() && !info->is_memory_planned();
+    m->held[i].shared = info.ok() && !info->is_memory_planned();
   }
   return true;
 }
@@ -122,14 +129,12 @@ size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->inputs; }
 
 namespace {
 
-// whether input `i` was handed over last with this dtype and sizes (its dim order is the
+// whether the input was handed over last with this dtype and sizes (its dim order is the
 // call's own, the same every call)
-bool shaped_as_held(const Loaded& m, size_t i, const Arg& a) {
-  if (!m.held[i] || m.dtypes[i] != a.dtype) return false;
-  const auto& sizes = m.sizes[i];
-  if (static_cast<int64_t>(sizes.size()) != a.ndim) return false;
+bool shaped_as_held(const Held& h, const Arg& a) {
+  if (!h.held || h.dtype != a.dtype || h.ndim != a.ndim) return false;
   for (int64_t d = 0; d < a.ndim; ++d) {
-    if (sizes[d] != a.sizes[d]) return false;
+    if (h.sizes[d] != a.sizes[d]) return false;
   }
   return true;
 }
@@ -150,53 +155,54 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   }
   for (size_t i = 0; i < n; ++i) {
     const Arg& a = args[i];
+    Held& h = m->held[i];
     // ExecuTorch keeps an input handed over until another replaces it: the same memory
     // with the same sizes needs no new hand-over (a dynamic output the delegate resized
     // grows back within its bound on the next call, as ExecuTorch's own program's do)
-    if (shaped_as_held(*m, i, a)) {
-      if (m->data[i] == a.data) continue;
-      if (m->shared[i]) {
+    if (shaped_as_held(h, a)) {
+      if (h.data == a.data) continue;
+      if (h.shared) {
         // at other memory: for an unplanned input, what set_input would do after checking
         // what already holds (the dtype and sizes) is to share the new memory
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
         m->method->mutable_input(i).toTensor().unsafeGetTensorImpl()->set_data(a.data);
 #pragma GCC diagnostic pop
-        m->data[i] = a.data;
+        h.data = a.data;
         continue;
       }
     }
-    m->held[i] = 0;
-    auto& sizes = m->sizes[i];
-    auto& order = m->orders[i];
-    auto& strides = m->strides[i];
-    sizes.resize(a.ndim);
-    order.resize(a.ndim);
-    strides.resize(a.ndim);
+    h.held = false;
+    if (a.ndim < 0 || a.ndim > kMaxDims) {
+      *error = "tensor " + std::to_string(i) + " has " + std::to_string(a.ndim) +
+          " dims, over ExecuTorch's " + std::to_string(kMaxDims);
+      return 1;
+    }
+    h.ndim = a.ndim;
     for (int64_t d = 0; d < a.ndim; ++d) {
-      sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
-      order[d] = static_cast<ea::DimOrderType>(a.dim_order[d]);
+      h.sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
+      h.order[d] = static_cast<ea::DimOrderType>(a.dim_order[d]);
     }
     ea::StridesType step = 1;
     for (int64_t d = a.ndim - 1; d >= 0; --d) {
-      strides[order[d]] = step;
-      step *= sizes[order[d]];
+      h.strides[h.order[d]] = step;
+      step *= h.sizes[h.order[d]];
     }
     ea::TensorImpl impl(
-        static_cast<ea::ScalarType>(a.dtype), a.ndim, sizes.data(), a.data, order.data(),
-        strides.data(), et::TensorShapeDynamism::DYNAMIC_BOUND);
+        static_cast<ea::ScalarType>(a.dtype), a.ndim, h.sizes, a.data, h.order, h.strides,
+        et::TensorShapeDynamism::DYNAMIC_BOUND);
     et::Error e = m->method->set_input(et::EValue(ea::Tensor(&impl)), i);
     if (e != et::Error::Ok) {
       *error = "ExecuTorch refused tensor " + std::to_string(i) + " (error " + code(e) + ")";
       return 1;
     }
-    m->data[i] = a.data;
-    m->dtypes[i] = a.dtype;
-    m->held[i] = 1;
+    h.data = a.data;
+    h.dtype = a.dtype;
+    h.held = true;
   }
   et::Error e = m->method->execute();
   if (e != et::Error::Ok) {
-    m->held.assign(m->inputs, 0);  // the next call hands everything over again
+    for (Held& h : m->held) h.held = false;  // the next call hands everything over again
     *error = "ExecuTorch's execute failed (error " + code(e) + ")";
     return 1;
   }

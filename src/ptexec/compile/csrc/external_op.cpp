@@ -30,10 +30,10 @@
 namespace ptexec_native {
 namespace {
 
-// whether x is laid out densely in dim order `order` (a dim of size 1 may have any stride)
-bool dense(const at::Tensor& x, const std::vector<int64_t>& order) {
-  int64_t nd = x.dim();
-  if (static_cast<int64_t>(order.size()) != nd) return false;
+// whether x is laid out densely in dim order `order` (`nd` dims; a dim of size 1 may
+// have any stride)
+bool dense(const at::Tensor& x, const int64_t* order, int64_t nd) {
+  if (x.dim() != nd) return false;
   auto sizes = x.sizes();
   auto strides = x.strides();
   int64_t step = 1;
@@ -45,10 +45,14 @@ bool dense(const at::Tensor& x, const std::vector<int64_t>& order) {
   return true;
 }
 
-std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, const std::vector<int64_t>& order) {
+bool dense(const at::Tensor& x, const std::vector<int64_t>& order) {
+  return dense(x, order.data(), static_cast<int64_t>(order.size()));
+}
+
+std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, const int64_t* order, int64_t nd) {
   std::vector<int64_t> strides(sizes.size());
   int64_t step = 1;
-  for (int64_t d = static_cast<int64_t>(order.size()) - 1; d >= 0; --d) {
+  for (int64_t d = nd - 1; d >= 0; --d) {
     strides[order[d]] = step;
     step *= sizes[order[d]];
   }
@@ -66,6 +70,18 @@ struct Call : torch::CustomClassHolder {
   std::vector<int64_t> dynamic;  // whether each output's shape is dynamic
   std::vector<at::Tensor> outs;  // each output's memory (at its bound)
   std::vector<std::vector<int64_t>> orders;  // every argument's dim order
+  // what a call reads of the above, packed: each argument it reads and each it writes,
+  // with its dim order in one array for all (between two calls XNNPACK's work has
+  // pushed the call's data out of the cache; one array is fewer lines to bring back)
+  struct Slot {
+    int64_t arg;  // the argument's position
+    int64_t ndim;
+    const int64_t* order;  // into `order_data`
+    bool dynamic;  // (an output) its shape is dynamic
+  };
+  std::vector<int64_t> order_data;
+  std::vector<Slot> in_slots;  // per input, in order
+  std::vector<Slot> out_slots;  // per output
   std::vector<Arg> args;
   // the tensors the last call returned (a dynamic output: its view at the shape the
   // delegate gave it); the next call returns the same view for the same shape, so that
@@ -97,6 +113,16 @@ struct Call : torch::CustomClassHolder {
     for (int64_t k = 0; k < count; ++k) {
       if (!written[k]) reads.push_back(k);
     }
+    std::vector<size_t> at(count);
+    for (int64_t k = 0; k < count; ++k) {
+      at[k] = order_data.size();
+      order_data.insert(order_data.end(), orders[k].begin(), orders[k].end());
+    }
+    auto slot = [&](int64_t k, bool dynamic) {
+      return Slot{k, static_cast<int64_t>(orders[k].size()), order_data.data() + at[k], dynamic};
+    };
+    for (int64_t k : reads) in_slots.push_back(slot(k, false));
+    for (size_t n = 0; n < writes.size(); ++n) out_slots.push_back(slot(writes[n], dynamic[n] != 0));
     std::string error;
     method = et_load(program.data_ptr(), program.nbytes(), &error);
     TORCH_CHECK(method != nullptr, error);
@@ -109,45 +135,47 @@ struct Call : torch::CustomClassHolder {
     if (method != nullptr) et_free(method);
   }
 
-  static void describe(Arg& a, const at::Tensor& t, const std::vector<int64_t>& order) {
+  static void describe(Arg& a, const at::Tensor& t, const Slot& s) {
     a.data = t.data_ptr();
     a.ndim = t.dim();
     a.sizes = t.sizes().data();
-    a.dim_order = order.data();
+    a.dim_order = s.order;
     a.dtype = static_cast<int>(t.scalar_type());
   }
 
   std::vector<at::Tensor> run(at::TensorList xs) {
+    c10::SmallVector<const at::Tensor*, 8> given;
+    for (const at::Tensor& x : xs) given.push_back(&x);
     std::vector<at::Tensor> out;
-    run(xs, [&out](const std::vector<at::Tensor>& made) { out = made; });
+    run(given.data(), given.size(), [&out](const std::vector<at::Tensor>& made) { out = made; });
     return out;
   }
 
-  // runs the call, then hands what it returns to `sink` (while the call is still held:
-  // another thread's call of it may replace the views)
+  // runs the call on the `count` tensors at `xs`, then hands what it returns to `sink`
+  // (while the call is still held: another thread's call of it may replace the views)
   template <class Sink>
-  void run(at::TensorList xs, Sink&& sink) {
-    TORCH_CHECK(xs.size() == reads.size(), "a delegate call of ", reads.size(),
-                " inputs got ", xs.size());
+  void run(const at::Tensor* const* xs, size_t count, Sink&& sink) {
+    TORCH_CHECK(count == in_slots.size(), "a delegate call of ", in_slots.size(),
+                " inputs got ", count);
     std::lock_guard<std::mutex> guard(lock);
     // dense copies of inputs that are not dense (rare; an Arg points into the copy's
     // TensorImpl, which stays where it is when the vector grows)
     std::vector<at::Tensor> copies;
-    for (size_t j = 0; j < xs.size(); ++j) {
-      const int64_t k = reads[j];
-      const auto& order = orders[k];
-      TORCH_CHECK(xs[j].dim() == static_cast<int64_t>(order.size()), "input ", j, " has ",
-                  xs[j].dim(), " dims, the program ", order.size());
-      if (dense(xs[j], order)) {
-        describe(args[k], xs[j], order);
+    for (size_t j = 0; j < count; ++j) {
+      const Slot& s = in_slots[j];
+      const at::Tensor& x = *xs[j];
+      TORCH_CHECK(x.dim() == s.ndim, "input ", j, " has ", x.dim(), " dims, the program ",
+                  s.ndim);
+      if (dense(x, s.order, s.ndim)) {
+        describe(args[s.arg], x, s);
       } else {
-        copies.push_back(at::empty_strided(xs[j].sizes(), dense_strides(xs[j].sizes(), order),
-                                           xs[j].options()));
-        copies.back().copy_(xs[j]);
-        describe(args[k], copies.back(), order);
+        copies.push_back(
+            at::empty_strided(x.sizes(), dense_strides(x.sizes(), s.order, s.ndim), x.options()));
+        copies.back().copy_(x);
+        describe(args[s.arg], copies.back(), s);
       }
     }
-    for (size_t n = 0; n < outs.size(); ++n) describe(args[writes[n]], outs[n], orders[writes[n]]);
+    for (size_t n = 0; n < outs.size(); ++n) describe(args[out_slots[n].arg], outs[n], out_slots[n]);
     std::string error;
     TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
     if (!any_dynamic) {
@@ -157,9 +185,10 @@ struct Call : torch::CustomClassHolder {
     if (last.size() != outs.size()) last = outs;
     int64_t sizes[16];
     for (size_t n = 0; n < outs.size(); ++n) {
-      if (dynamic[n] == 0) continue;
-      const int64_t nd = et_sizes(method, writes[n], sizes, 16);
-      TORCH_CHECK(nd == outs[n].dim(), "output ", n, " came back with another rank");
+      const Slot& s = out_slots[n];
+      if (!s.dynamic) continue;
+      const int64_t nd = et_sizes(method, s.arg, sizes, 16);
+      TORCH_CHECK(nd == s.ndim, "output ", n, " came back with another rank");
       c10::IntArrayRef shape(sizes, nd);
       if (last[n].sizes() != shape) last[n] = view(n, shape);
     }
@@ -174,7 +203,8 @@ struct Call : torch::CustomClassHolder {
     for (const at::Tensor& v : made) {
       if (v.sizes() == shape) return v;
     }
-    at::Tensor v = outs[n].as_strided(shape, dense_strides(shape, orders[writes[n]]));
+    const Slot& s = out_slots[n];
+    at::Tensor v = outs[n].as_strided(shape, dense_strides(shape, s.order, s.ndim));
     if (made.size() >= kViews) made.erase(made.begin());
     made.push_back(v);
     return v;
@@ -319,9 +349,10 @@ AOTITorchError shim_call(const char* key, const AtenTensorHandle* inputs, int64_
                          va_list* outputs) {
   entries.fetch_add(1, std::memory_order_relaxed);
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    c10::SmallVector<at::Tensor, 8> xs;  // on the stack for up to eight inputs
+    // the inputs as they are (no new references), on the stack for up to eight
+    c10::SmallVector<const at::Tensor*, 8> xs;
     for (int64_t j = 0; j < count; ++j) {
-      xs.push_back(*torch::aot_inductor::tensor_handle_to_tensor_pointer(inputs[j]));
+      xs.push_back(torch::aot_inductor::tensor_handle_to_tensor_pointer(inputs[j]));
     }
     auto hand_out = [outputs](const std::vector<at::Tensor>& made) {
       for (const at::Tensor& t : made) {
@@ -332,9 +363,11 @@ AOTITorchError shim_call(const char* key, const AtenTensorHandle* inputs, int64_
     };
     Call* call = find_entry(key);
     if (call != nullptr) {
-      call->run(xs, hand_out);
+      call->run(xs.data(), xs.size(), hand_out);
     } else {
-      hand_out(python_call(key, xs));
+      std::vector<at::Tensor> given;
+      for (const at::Tensor* x : xs) given.push_back(*x);
+      hand_out(python_call(key, given));
     }
   });
   return AOTI_TORCH_SUCCESS;
