@@ -654,6 +654,42 @@ def test_the_key_follows_what_the_build_targets(monkeypatch: pytest.MonkeyPatch)
         assert cache_key([b"program"], "forward", "cpu", {}) == named != other
 
 
+def test_a_program_is_hashed_once_for_the_keys_of_its_methods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The key digests the program's bytes and its data file's; a loaded program is
+    hashed once (on a thread of its own when a compiled load starts it), and the keys of
+    its methods, and of later loads of them, share that digest."""
+    hashed: list[int] = []
+    real = cache_mod.content_digest
+
+    def counted(blobs: Any) -> bytes:
+        blobs = list(blobs)
+        hashed.append(sum(len(b) for b in blobs))
+        return real(blobs)
+
+    monkeypatch.setattr(cache_mod, "content_digest", counted)
+    pte, ptd = fixture_paths("external")[:2]
+    prog = ptexec.load(pte, data_path=ptd)
+    assert prog.ptd is not None
+    blobs = [prog.pte.data, *(f.data for f in prog.ptd.files)]
+    cache_mod.start_program_digest(prog)
+    cache_mod.start_program_digest(prog)  # (already started)
+    digest = cache_mod.program_digest(prog)
+    assert digest == real(blobs) == hashlib.sha256(
+        b"".join(len(b).to_bytes(8, "little") + bytes(b) for b in blobs)
+    ).digest()
+    assert cache_mod.program_digest(prog) == digest
+    assert hashed == [sum(len(b) for b in blobs)]
+    # another load of the same files is another program: hashed again, to the same digest
+    assert cache_mod.program_digest(ptexec.load(pte, data_path=ptd)) == digest
+    assert len(hashed) == 2
+    key = cache_key(digest, "forward", "cpu", {"a": 1})
+    assert key == cache_key(blobs, "forward", "cpu", {"a": 1})
+    # the data file is part of what is digested
+    assert key != cache_key(real([prog.pte.data]), "forward", "cpu", {"a": 1})
+
+
 def test_the_cpu_features_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     if not Path("/proc/cpuinfo").exists():
         pytest.skip("reads /proc/cpuinfo")

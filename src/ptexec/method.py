@@ -123,6 +123,12 @@ class Method:
             optimize,
             backend_options={"xnnpack": xnnpack},
         )
+        background = _background_options(compile, cuda_graph)
+        cached = getattr(compile, "cache", True) and getattr(compile, "backend", "aoti") == "aoti"
+        if compile and cached:
+            from .compile.cache import start_program_digest
+
+            start_program_digest(program)  # the cache key's, hashed beside the loading
         state = load_state(program, plan_index, options)
         self._state = state
         self.name = state.name
@@ -130,7 +136,6 @@ class Method:
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
-        background = _background_options(compile, cuda_graph)
         runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
         self._compile_report: CompileReport | None = None
         self._background: BackgroundCompile | None = None

@@ -60,12 +60,14 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cachedir import READ_FLAGS, alive, cache_dir, host, root_status
 from ..cachedir import check_trusted as _check
@@ -73,6 +75,9 @@ from ..errors import CacheEntryError
 from ..version import __version__
 from .manifest import FileRecord, Manifest, parse, valid_name
 from .report import CompileWarning
+
+if TYPE_CHECKING:
+    from ..program import Program
 
 __all__ = [
     "Cache",
@@ -174,22 +179,101 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
+def content_digest(blobs: Iterable[memoryview | bytes]) -> bytes:
+    """sha256 of ``blobs`` (a program's bytes and its data files'), each after its length."""
+    h = hashlib.sha256()
+    for blob in blobs:
+        h.update(len(blob).to_bytes(8, "little"))
+        h.update(blob)
+    return h.digest()
+
+
+class _Digest:
+    """The content digest of one program, computed once, on a thread of its own when
+    asked early (:func:`start_program_digest`): hashing releases the GIL, so a method's
+    loading goes on beside it."""
+
+    def __init__(self, blobs: tuple[memoryview | bytes, ...]) -> None:
+        self._blobs: tuple[memoryview | bytes, ...] | None = blobs
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._value is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._compute, name="ptexec-program-digest", daemon=True
+            )
+            self._thread.start()
+
+    def _compute(self) -> None:
+        try:
+            blobs = self._blobs
+            assert blobs is not None
+            self._value = content_digest(blobs)
+        except BaseException as e:  # given to the caller of value()
+            self._error = e
+        self._blobs = None
+
+    def value(self) -> bytes:
+        with self._lock:
+            thread = self._thread
+            if thread is None and self._value is None:
+                self._compute()
+        if thread is not None:
+            thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
+_DIGESTS: weakref.WeakKeyDictionary[Program, _Digest] = weakref.WeakKeyDictionary()
+_DIGESTS_LOCK = threading.Lock()
+
+
+def _digest_of(program: Program) -> _Digest:
+    with _DIGESTS_LOCK:
+        found = _DIGESTS.get(program)
+        if found is None:
+            blobs: list[memoryview | bytes] = [program.pte.data]
+            if program.ptd is not None:
+                blobs.extend(f.data for f in program.ptd.files)
+            found = _DIGESTS[program] = _Digest(tuple(blobs))
+        return found
+
+
+def start_program_digest(program: Program) -> None:
+    """Start hashing ``program``'s bytes on a thread of its own (a compiled load asks as
+    it begins: the key needs the digest only after the method is prepared)."""
+    _digest_of(program).start()
+
+
+def program_digest(program: Program) -> bytes:
+    """:func:`content_digest` of ``program``'s bytes and its data files', computed once
+    per loaded program (its methods' keys share it). The bytes are the ones the program
+    was validated from, which it keeps read only."""
+    return _digest_of(program).value()
+
+
 def cache_key(
-    blobs: Iterable[memoryview | bytes],
+    blobs: Iterable[memoryview | bytes] | bytes,
     method: str,
     device: str,
     options: Mapping[str, Any],
     threads: bool = True,
 ) -> str:
-    """The key of a compiled method (module docstring). ``threads`` False: the code is
-    the same at any thread count (every CPU region's kernels run on the calling thread),
-    so the count is left out of the key."""
+    """The key of a compiled method (module docstring): of the program's bytes ``blobs``,
+    or of their :func:`content_digest` when that is given (``bytes``). ``threads``
+    False: the code is the same at any thread count (every CPU region's kernels run on
+    the calling thread), so the count is left out of the key."""
     import torch
 
-    h = hashlib.sha256()
-    for blob in blobs:
-        h.update(len(blob).to_bytes(8, "little"))
-        h.update(blob)
+    content = blobs if isinstance(blobs, bytes) else content_digest(blobs)
+    h = hashlib.sha256(content)
     meta = {
         "method": method,
         "device": device,

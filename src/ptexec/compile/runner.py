@@ -45,7 +45,7 @@ from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
-from .cache import CacheEntry, cache_key, open_cache, warn_once
+from .cache import CacheEntry, cache_key, open_cache, program_digest, warn_once
 from .external import Calls, ExternalCall
 from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
@@ -207,17 +207,15 @@ class RegionBuilder:
         cache = open_cache()
         if cache is None:
             return None
-        pte = self.program.pte
-        blobs: list[memoryview] = [pte.data]
-        if self.program.ptd is not None:
-            blobs.extend(f.data for f in self.program.ptd.files)
         options = self.options.key()
         externals = self.rebuild.externals()
         if externals:  # other code than a traced delegate's
             options["external"] = [list(x) for x in externals]
             options["native_entry"] = self.native_entry()
         threads = not all(self.serial(r) for r in self.regions if r.device.type == "cpu")
-        key = cache_key(blobs, self.state.name, str(self.device), options, threads=threads)
+        key = cache_key(
+            program_digest(self.program), self.state.name, str(self.device), options, threads
+        )
         return cache.entry(key)
 
     def serial(self, region: Region) -> bool:
