@@ -676,9 +676,11 @@ def test_a_program_is_hashed_once_for_the_keys_of_its_methods(
     cache_mod.start_program_digest(prog)
     cache_mod.start_program_digest(prog)  # (already started)
     digest = cache_mod.program_digest(prog)
-    assert digest == real(blobs) == hashlib.sha256(
-        b"".join(len(b).to_bytes(8, "little") + bytes(b) for b in blobs)
-    ).digest()
+    assert (
+        digest
+        == real(blobs)
+        == hashlib.sha256(b"".join(len(b).to_bytes(8, "little") + bytes(b) for b in blobs)).digest()
+    )
     assert cache_mod.program_digest(prog) == digest
     assert hashed == [sum(len(b) for b in blobs)]
     # another load of the same files is another program: hashed again, to the same digest
