@@ -204,3 +204,75 @@ def test_a_released_runner_loads_its_payload_again() -> None:
         got = method.execute(_clone(call["inputs"]))
         for x, y in zip(got, want, strict=True):
             assert torch.equal(x, y)
+
+
+def _binder_loads(monkeypatch: pytest.MonkeyPatch, refuse: bool = False) -> list[str]:
+    """Counts the pybindings' loads of one-delegate programs (each binder's ``where``);
+    with ``refuse``, ExecuTorch refuses every one."""
+    from ptexec.delegates.xnnpack import executorch_runner as etr
+
+    etr.clear_idle()  # no method a freed one left: every runner loads its own
+    loads: list[str] = []
+    real = etr._Binder._load
+
+    def counted(self: Any) -> None:
+        loads.append(self.where)
+        if refuse:
+            raise RuntimeError("refused here")
+        real(self)
+
+    monkeypatch.setattr(etr._Binder, "_load", counted)
+    return loads
+
+
+@pytest.mark.parametrize("name", ["transformer_int8_dynamic_int4w_pc", "dwnet_int8_static_pc"])
+def test_a_compiled_load_never_loads_what_the_native_calls_run(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled load defers the pybindings' loads: the payloads the native calls run are
+    never loaded there (they were loaded, then released at once), every other payload is
+    loaded before the method is handed out. Outputs as the interpreter's."""
+    path = XNNPACK_DIR / XNNPACK[name]["pte"]
+    plain = ptexec.load(path).load_method("forward")
+    runners = [st.external for chain in plain.state.chains for st in chain.loaded if st.external]
+    loads = _binder_loads(monkeypatch)
+    method = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+    report = method.compile_report
+    assert report is not None and report.native_calls
+    assert len(loads) == len(runners) - report.native_calls
+    binders = [
+        st.external._binder  # type: ignore[union-attr]
+        for chain in method.state.chains
+        for st in chain.loaded
+        if st.external
+    ]
+    assert not any(b.deferred for b in binders)  # loaded, or released to the native calls
+    assert sum(b.method is None for b in binders) == report.native_calls
+    for call in _calls(name):
+        want = plain.execute(_clone(call["inputs"]))
+        got = method.execute(_clone(call["inputs"]))
+        for x, y in zip(got, want, strict=True):
+            assert torch.equal(x, y)
+
+
+def test_a_refused_deferred_load_falls_back_as_a_load_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A payload ExecuTorch refuses falls back to ptexec's own XNNPACK code under
+    ``xnnpack="auto"`` (and raises under ``"executorch"``), deferred or not."""
+    name = "transformer_int8_dynamic_int4w_pc"
+    path = XNNPACK_DIR / XNNPACK[name]["pte"]
+    plain = ptexec.load(path).load_method("forward", xnnpack="torch")
+    with monkeypatch.context() as m:
+        monkeypatch.setenv("PTEXEC_NATIVE_CALLS", "0")  # nothing released to native calls
+        loads = _binder_loads(m, refuse=True)
+        method = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+        assert loads  # tried, refused
+        assert not [st for chain in method.state.chains for st in chain.loaded if st.external]
+        with pytest.raises(ptexec.BackendUnavailableError, match="refused here"):
+            ptexec.load(path).load_method("forward", xnnpack="executorch", compile=GRAPH)
+    for call in _calls(name):
+        want = plain.execute(_clone(call["inputs"]))
+        got = method.execute(_clone(call["inputs"]))
+        for x, y in zip(got, want, strict=True):
+            assert torch.allclose(x, y, rtol=1e-5, atol=1e-5)

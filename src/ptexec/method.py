@@ -26,7 +26,7 @@ from .engine.cuda_graph import CudaGraphRunner
 from .engine.fastcall import NOT_FAST, build_fast_call, runs_inline
 from .engine.hooks import Hooks
 from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
-from .errors import PtexecError
+from .errors import BackendUnavailableError, PtexecError
 from .loader import (
     DEFAULT_MAX_INSTRUCTIONS,
     DEFAULT_MAX_PLANNED_BYTES,
@@ -129,21 +129,23 @@ class Method:
             from .compile.cache import start_program_digest
 
             start_program_digest(program)  # the cache key's, hashed beside the loading
-        state = load_state(program, plan_index, options)
+        foreground = compile if compile and background is None else None
+        try:
+            state, runner, report = _prepared(
+                program, plan_index, options, foreground, cuda_graph, defer=xnnpack != "torch"
+            )
+        except _Refused:  # ExecuTorch refused a payload: load as usual, which falls back
+            state, runner, report = _prepared(
+                program, plan_index, options, foreground, cuda_graph, defer=False
+            )
         self._state = state
         self.name = state.name
         plan = state.plan
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
-        runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
-        self._compile_report: CompileReport | None = None
+        self._compile_report: CompileReport | None = report
         self._background: BackgroundCompile | None = None
-        if compile and background is None:
-            from .compile import compiled_runner
-
-            runner = compiled = compiled_runner(state, program, compile, cuda_graph)  # type: ignore[arg-type]
-            self._compile_report = compiled.report
         self._runner = runner
         self._fast_path = fast_path and self._policy == _DEFAULT_POLICY
         self._fast: Callable[[Sequence[Any]], Any] | None = None
@@ -391,6 +393,51 @@ class Method:
         from .profile import profile
 
         return profile(self, inputs, **options)
+
+
+class _Refused(Exception):
+    """ExecuTorch refused a payload whose load a compiled load deferred."""
+
+
+def _prepared(
+    program: Program,
+    plan_index: int,
+    options: LoadOptions,
+    compile: Any,
+    cuda_graph: bool,
+    defer: bool,
+) -> tuple[MethodState, Runner, CompileReport | None]:
+    """The method's state and runner (the compiled one with ``compile``, and its report).
+
+    A compiled load with ``defer`` defers ExecuTorch's pybindings' loads of the XNNPACK
+    payloads (:func:`~ptexec.delegates.xnnpack.executorch_runner.deferred_loads`): those
+    whose calls the compiled code runs through ExecuTorch's C++ runtime are never loaded
+    there, the others are loaded before returning. A payload ExecuTorch then refuses
+    raises :class:`_Refused`, and the caller loads again without deferring (where such a
+    payload falls back to ptexec's own XNNPACK code under ``xnnpack="auto"``, or raises)."""
+    if not compile or not defer:
+        state = load_state(program, plan_index, options)
+        made: list[Any] = []
+    else:
+        from .delegates.xnnpack.executorch_runner import deferred_loads
+
+        with deferred_loads() as made:
+            state = load_state(program, plan_index, options)
+    runner: Runner = CudaGraphRunner(state) if cuda_graph else BlockRunner(state)
+    report: CompileReport | None = None
+    if compile:
+        from .compile import compiled_runner
+
+        runner = compiled = compiled_runner(state, program, compile, cuda_graph)
+        report = compiled.report
+    if made:
+        from .delegates.xnnpack.executorch_runner import load_deferred
+
+        try:
+            load_deferred(made)
+        except BackendUnavailableError as e:
+            raise _Refused(str(e)) from e
+    return state, runner, report
 
 
 def _background_options(compile: Any, cuda_graph: bool) -> CompileOptions | None:

@@ -47,13 +47,14 @@ with the pool it found skips its own check.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import hashlib
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -75,7 +76,9 @@ __all__ = [
     "EtProgram",
     "EtRunner",
     "clear_sources",
+    "deferred_loads",
     "executorch_unavailable",
+    "load_deferred",
     "program_of",
     "pybindings_module",
     "runner_of",
@@ -184,6 +187,14 @@ class EtRunner:
         way meanwhile (:mod:`ptexec.compile.native`)."""
         self._binder.release(self.fn.__globals__)
 
+    def load_deferred(self) -> None:
+        """Load ExecuTorch's method now if its load was deferred (:func:`deferred_loads`)
+        and nothing released it since; raises BackendUnavailableError when ExecuTorch
+        cannot load the payload."""
+        binder = self._binder
+        if binder.deferred:
+            binder.load_now(self.fn.__globals__)
+
     def run_nodes(self, report: Callable[[str, int, int], None], *tensors: torch.Tensor) -> None:
         """Run the payload as ``runner(*tensors)`` does, with ExecuTorch's backend, loaded
         once more with ExecuTorch's ETDump on (on first use: the plain runner never pays
@@ -256,6 +267,7 @@ class _Binder:
         planned: Sequence[torch.Tensor | None] = (),
         memory: Sequence[int] = (),
         etdump: bool = False,
+        defer: bool = False,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
         self.planned = tuple(planned)
@@ -272,7 +284,10 @@ class _Binder:
         self.held: tuple[int | None, int] = (None, 0)
         self.program: Any = None
         self.method: Any = None
-        self._load()
+        # not loaded yet: the first call loads it, unless load_now() does first
+        self.deferred = defer
+        if not defer:
+            self._load()
 
     def _set_key(self, ns: dict[str, Any], key: tuple[Any, ...] | None) -> None:
         self.key = key
@@ -322,7 +337,11 @@ class _Binder:
         self.held = self.pool.key()  # the pool XNNPACK's runtime took as it loaded
 
     def attach(self, namespace: dict[str, Any]) -> None:
-        """Make ``namespace`` (the generated code's globals) call the current method."""
+        """Make ``namespace`` (the generated code's globals) call the current method (one
+        not loaded yet: the next call loads it)."""
+        if self.method is None:
+            self._released(namespace)
+            return
         namespace["_execute"] = self.method.execute
         namespace["_get"] = self.method.get_attribute
         namespace["_at"], namespace["_n"] = self.held
@@ -338,24 +357,42 @@ class _Binder:
     def release(self, ns: dict[str, Any]) -> None:
         """Drop the program and method; the next call through ``ns`` loads them again
         (its pool check fails: ``_at`` is no pool's address)."""
+        self.deferred = False  # released: loaded at the next call, if any
         self.key = None
         self.program = self.method = None
         self.held = (None, 0)
+        self._released(ns)
+
+    def load_now(self, ns: dict[str, Any]) -> None:
+        """Load the deferred program and method, and make ``ns`` call them."""
+        self.deferred = False
+        try:
+            self._load()
+        except RuntimeError as e:
+            raise BackendUnavailableError(
+                f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
+            ) from None
+        self.attach(ns)
+
+    @staticmethod
+    def _released(ns: dict[str, Any]) -> None:
         ns["_execute"] = ns["_get"] = None
         ns["_at"], ns["_key"] = _RELEASED, _UNBOUND
         ns["_held"] = _RELEASED  # no key a call found: the check runs, and fails
         ns["_o0"] = None  # the short way closed too (the reload keeps it so)
+        ns.setdefault("_known", None)
 
     def reload(self, ns: dict[str, Any]) -> None:
         """Load the program again, for the pool now current (the old one is destroyed),
         and make ``ns`` call it."""
         ns["_key"] = _UNBOUND
+        again = "" if self.deferred else " again after its thread pool changed"
+        self.deferred = False
         try:
             self._load()
         except RuntimeError as e:
             raise RuntimeError(
-                f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload again "
-                f"after its thread pool changed ({e})"
+                f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload{again} ({e})"
             ) from None
         self.attach(ns)
 
@@ -532,6 +569,36 @@ def program_of(
     )
 
 
+# while a compiled method loads: the runners made meanwhile, whose loads are deferred
+_DEFERRED: contextvars.ContextVar[list[EtRunner] | None] = contextvars.ContextVar(
+    "ptexec_deferred_executorch_loads", default=None
+)
+
+
+@contextlib.contextmanager
+def deferred_loads() -> Iterator[list[EtRunner]]:
+    """Runners made in this context (:func:`runner_of`) do not load ExecuTorch's method
+    yet; the list yielded collects them. A compiled method loads in one: the delegate
+    calls its compiled code runs through ExecuTorch's C++ runtime (:mod:`ptexec.compile.
+    native`) never need the pybindings' load (it was made, and released at once), and
+    :func:`load_deferred` loads the others before the method is handed out, so a payload
+    ExecuTorch refuses still fails the load."""
+    made: list[EtRunner] = []
+    token = _DEFERRED.set(made)
+    try:
+        yield made
+    finally:
+        _DEFERRED.reset(token)
+
+
+def load_deferred(runners: Sequence[EtRunner]) -> None:
+    """Load each of ``runners`` whose load is still deferred (not released since: a runner
+    whose payload another path runs loads at its first call, if one comes); raises
+    BackendUnavailableError for a payload ExecuTorch cannot load."""
+    for runner in runners:
+        runner.load_deferred()
+
+
 def runner_of(
     program: EtProgram, where: str, planned: Sequence[torch.Tensor | None] = ()
 ) -> EtRunner:
@@ -546,12 +613,21 @@ def runner_of(
     memory = _in_memory(program.tensors)
     idle = _idle.take(id(program))
     fn: Callable[..., None] | None = None
+    deferred = _DEFERRED.get()
     if idle is not None and idle[0] is program:
-        _, fn, binder = idle
+        _, fn, binder = idle  # (loaded: nothing to defer)
         binder.planned = tuple(planned)
     else:
         try:
-            binder = _Binder(module, program.data, program.bounds, where, planned, memory)
+            binder = _Binder(
+                module,
+                program.data,
+                program.bounds,
+                where,
+                planned,
+                memory,
+                defer=deferred is not None,
+            )
         except RuntimeError as e:
             raise BackendUnavailableError(
                 f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
@@ -567,6 +643,8 @@ def runner_of(
     runner = _generate(binder, program) if fn is None else EtRunner(fn, program.source, binder)
     runner._make_traced = traced
     runner.outputs = program.outputs
+    if binder.deferred and deferred is not None:
+        deferred.append(runner)
     return runner
 
 
