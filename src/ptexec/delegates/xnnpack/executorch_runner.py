@@ -364,15 +364,9 @@ class _Binder:
         self._released(ns)
 
     def load_now(self, ns: dict[str, Any]) -> None:
-        """Load the deferred program and method, and make ``ns`` call them."""
-        self.deferred = False
-        try:
-            self._load()
-        except RuntimeError as e:
-            raise BackendUnavailableError(
-                f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
-            ) from None
-        self.attach(ns)
+        """Load the deferred program and method, and make ``ns`` call them; raises
+        BackendUnavailableError when ExecuTorch cannot load the payload."""
+        self._load_into(ns, BackendUnavailableError, "")
 
     @staticmethod
     def _released(ns: dict[str, Any]) -> None:
@@ -387,11 +381,14 @@ class _Binder:
         and make ``ns`` call it."""
         ns["_key"] = _UNBOUND
         again = "" if self.deferred else " again after its thread pool changed"
+        self._load_into(ns, RuntimeError, again)
+
+    def _load_into(self, ns: dict[str, Any], error: type[RuntimeError], again: str) -> None:
         self.deferred = False
         try:
             self._load()
         except RuntimeError as e:
-            raise RuntimeError(
+            raise error(
                 f"{self.where}: ExecuTorch's {BACKEND_ID} cannot load the payload{again} ({e})"
             ) from None
         self.attach(ns)
