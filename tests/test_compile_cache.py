@@ -740,6 +740,42 @@ def test_a_library_changed_after_a_check_is_hashed_again(
     assert_refused(root, tmp_path, monkeypatch, "does not have the sha256")
 
 
+def test_files_hashed_ahead_are_checked_as_any(
+    root: Path, hostile_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry's files hashed on a thread ahead of its check (while a load goes on) are
+    read once; what that thread found is a record of the file's bytes, not a verdict: a
+    file that differs from its manifest is still refused, and a changed one hashed again."""
+    monkeypatch.setattr(cache_mod, "_RACY_SECONDS", 0.0)  # (the file was written just now)
+    reads: list[int] = []
+    real = cache_mod._sha256
+
+    def counted(f: Any, size: int) -> str:
+        reads.append(size)
+        return real(f, size)
+
+    monkeypatch.setattr(cache_mod, "_sha256", counted)
+    entry = plant(root, hostile_library)
+    cache = open_cache(root)
+    assert cache is not None
+    (found,) = cache.entries()
+    assert found.start_hashing() and found.start_hashing()  # (once)
+    found.verify()
+    found.verify()
+    assert len(reads) == 1
+    library = next(entry.glob("*.so"))
+    data = bytearray(library.read_bytes())
+    data[-1] ^= 0xFF
+    library.write_bytes(bytes(data))
+    (again,) = cache.entries()
+    assert again.start_hashing()
+    with pytest.raises(CacheEntryError, match="does not have the sha256"):
+        again.verify()
+    assert len(reads) == 2  # the changed file: hashed ahead, once, and refused
+    assert not cache_mod.CacheEntry(cache, "0" * 64).start_hashing()  # no such entry
+    assert_refused(root, tmp_path, monkeypatch, "does not have the sha256")
+
+
 def test_a_library_written_just_before_its_check_is_hashed_every_time(
     root: Path, hostile_library: Path
 ) -> None:

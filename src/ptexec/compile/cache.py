@@ -432,6 +432,31 @@ _hashed: dict[str, tuple[tuple[int, int, int, int, int], str]] = {}
 _HASHED_FILES = 4096
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _hashed_as(path: Path, st: os.stat_result) -> str | None:
+    """The sha256 this process found for the file at ``path`` while it had the identity,
+    size and times of ``st`` (its ``lstat``); None when it has not hashed it so."""
+    found = _hashed.get(os.fspath(path))
+    return found[1] if found is not None and found[0] == _identity(st) else None
+
+
+def _hash_file(path: Path, st: os.stat_result) -> str:
+    """The sha256 of the file at ``path`` (``st``: its ``lstat``), recorded for
+    :func:`_hashed_as` unless it changed too recently for its times to show the next
+    change."""
+    fd = os.open(path, READ_FLAGS)
+    with os.fdopen(fd, "rb") as f:
+        digest = _sha256(f, st.st_size)
+    if time.time() - max(st.st_mtime, st.st_ctime) >= _RACY_SECONDS:
+        if len(_hashed) >= _HASHED_FILES:
+            _hashed.clear()
+        _hashed[os.fspath(path)] = (_identity(st), digest)
+    return digest
+
+
 class CacheEntry:
     """The entry of one key (module docstring)."""
 
@@ -439,6 +464,32 @@ class CacheEntry:
         self.cache = cache
         self.key = key
         self.path = cache.root / key
+        self._hashing: threading.Thread | None = None
+
+    def start_hashing(self) -> bool:
+        """Hash the entry's files on a thread of its own, for :meth:`verify` to find done
+        (hashing releases the GIL: a load goes on beside it); whether it started (not
+        without an entry). What is hashed is recorded as any hash is, by the file's
+        identity and times (:func:`_hash_file`); every check is still :meth:`verify`'s."""
+        if self._hashing is not None:
+            return True
+        try:
+            names = [n for n in os.listdir(self.path) if n != MANIFEST]
+        except OSError:
+            return False
+        self._hashing = threading.Thread(
+            target=self._hash_files, args=(names,), name="ptexec-cache-hash", daemon=True
+        )
+        self._hashing.start()
+        return True
+
+    def _hash_files(self, names: list[str]) -> None:
+        for name in names:
+            path = self.path / name
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and _hashed_as(path, st) is None:
+                    _hash_file(path, st)
 
     # -- reading -----------------------------------------------------------------------
     def read(self) -> Manifest | None:
@@ -460,6 +511,9 @@ class CacheEntry:
         """The entry's manifest, after checking the entry, its manifest and every file (owner,
         mode, kind, the exact set of files, sizes and sha256); :class:`CacheEntryError`
         says what is wrong."""
+        if self._hashing is not None:  # (its hashes, recorded, spare this a second read)
+            self._hashing.join()
+            self._hashing = None
         try:
             _check(self.path, os.lstat(self.path), directory=True)
             names = set(os.listdir(self.path))
@@ -506,19 +560,11 @@ class CacheEntry:
             raise CacheEntryError(
                 f"{path} is {st.st_size} bytes, its manifest says {record.size} (truncated?)"
             )
-        seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if _hashed.get(os.fspath(path)) == (seen, record.sha256):
-            return  # hashed in this process, and the file has not changed since
-        fd = os.open(path, READ_FLAGS)
-        with os.fdopen(fd, "rb") as f:
-            digest = _sha256(f, st.st_size)
+        digest = _hashed_as(path, st)  # hashed in this process, unchanged since
+        if digest is None:
+            digest = _hash_file(path, st)
         if digest != record.sha256:
             raise CacheEntryError(f"{path} does not have the sha256 its manifest records")
-        if time.time() - max(st.st_mtime, st.st_ctime) < _RACY_SECONDS:
-            return  # written just now: a later write may keep its time stamps (hash again)
-        if len(_hashed) >= _HASHED_FILES:
-            _hashed.clear()
-        _hashed[os.fspath(path)] = (seen, digest)
 
     def reject(self, problem: str) -> None:
         """Not use this entry (one warning), and remove it when the cache is writable (so

@@ -50,6 +50,7 @@ from .external import Calls, ExternalCall
 from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
+from .native import NativeCalls
 from .native import library as native_library
 from .native import table as native_table
 from .native import unavailable as native_unavailable
@@ -196,6 +197,15 @@ class RegionBuilder:
         return self._native_entry
 
     # -- the cache ---------------------------------------------------------------------
+    def start_hashing(self) -> bool:
+        """Start hashing the files of this method's cache entry on a thread of its own, for
+        the check before its code loads (:meth:`.cache.CacheEntry.start_hashing`); whether
+        there is such an entry."""
+        if not self.regions or not (self.options.cache and self.options.backend == "aoti"):
+            return False
+        entry = self.entry()
+        return entry is not None and entry.start_hashing()
+
     def entry(self) -> CacheEntry | None:
         """This method's entry in the cache; None when the cache may not be used. Its key
         is fixed by the first call (the thread count and machine at that time)."""
@@ -868,8 +878,14 @@ class CompiledRunner:
         builder: RegionBuilder | None = None,
     ) -> None:
         self.state = state
+        native: NativeCalls | None = None
+        made = False  # the native calls' table
         if builder is None:  # else the builder has its code already (load_cached)
             builder = RegionBuilder(state, program, options or CompileOptions())
+            calls = builder.rebuild.external_calls()
+            if calls and builder.start_hashing():
+                # ExecuTorch's C++ runtime loads the calls while the entry's files are hashed
+                native, made = native_table(calls), True
             builder.build()
         self.report = builder.report()
         # the delegate calls the compiled code makes through ptexec::external_call
@@ -877,7 +893,8 @@ class CompiledRunner:
         for ext in self._externals.values():
             ext.shapes = None  # only tracing needs them (with ptexec's torch code)
         if self._externals:
-            native = native_table(self._externals.values())
+            if not made:
+                native = native_table(self._externals.values())
             if native is not None and native.count:  # run by ExecuTorch's C++ runtime
                 self._externals.native = native.address
                 self._externals.keep = native
