@@ -45,10 +45,6 @@ bool dense(const at::Tensor& x, const int64_t* order, int64_t nd) {
   return true;
 }
 
-bool dense(const at::Tensor& x, const std::vector<int64_t>& order) {
-  return dense(x, order.data(), static_cast<int64_t>(order.size()));
-}
-
 std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, const int64_t* order, int64_t nd) {
   std::vector<int64_t> strides(sizes.size());
   int64_t step = 1;
@@ -65,14 +61,10 @@ std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, const int64_t* order,
 struct Call : torch::CustomClassHolder {
   at::Tensor program;  // the program's bytes, read in place by ExecuTorch
   void* method = nullptr;
-  std::vector<int64_t> reads;  // argument positions the call reads, in order
-  std::vector<int64_t> writes;  // and those it writes, with
-  std::vector<int64_t> dynamic;  // whether each output's shape is dynamic
   std::vector<at::Tensor> outs;  // each output's memory (at its bound)
-  std::vector<std::vector<int64_t>> orders;  // every argument's dim order
-  // what a call reads of the above, packed: each argument it reads and each it writes,
-  // with its dim order in one array for all (between two calls XNNPACK's work has
-  // pushed the call's data out of the cache; one array is fewer lines to bring back)
+  // each argument the call reads and each it writes, with its dim order, all orders in
+  // one array (between two calls XNNPACK's work has pushed the call's data out of the
+  // cache; one array is fewer lines to bring back)
   struct Slot {
     int64_t arg;  // the argument's position
     int64_t ndim;
@@ -94,10 +86,12 @@ struct Call : torch::CustomClassHolder {
   bool any_dynamic = false;
   std::mutex lock;
 
-  Call(at::Tensor program_, std::vector<int64_t> writes_, std::vector<int64_t> dynamic_,
-       std::vector<at::Tensor> outs_, std::vector<std::vector<int64_t>> orders_)
-      : program(std::move(program_)), writes(std::move(writes_)),
-        dynamic(std::move(dynamic_)), outs(std::move(outs_)), orders(std::move(orders_)) {
+  // `writes`: the argument positions the call writes, `dynamic` whether each output's
+  // shape is dynamic, `outs_` their memory; `orders`: every argument's dim order
+  Call(at::Tensor program_, const std::vector<int64_t>& writes,
+       const std::vector<int64_t>& dynamic, std::vector<at::Tensor> outs_,
+       const std::vector<std::vector<int64_t>>& orders)
+      : program(std::move(program_)), outs(std::move(outs_)) {
     TORCH_CHECK(program.is_contiguous() && program.scalar_type() == at::kByte,
                 "the program must be a dense uint8 tensor");
     TORCH_CHECK(writes.size() == outs.size() && dynamic.size() == outs.size(),
@@ -106,12 +100,11 @@ struct Call : torch::CustomClassHolder {
     std::vector<bool> written(count, false);
     for (size_t n = 0; n < writes.size(); ++n) {
       TORCH_CHECK(writes[n] >= 0 && writes[n] < count, "output position out of range");
-      TORCH_CHECK(dense(outs[n], orders[writes[n]]), "an output is not dense in its dim order");
+      const auto& order = orders[writes[n]];
+      TORCH_CHECK(dense(outs[n], order.data(), static_cast<int64_t>(order.size())),
+                  "an output is not dense in its dim order");
       written[writes[n]] = true;
       any_dynamic = any_dynamic || dynamic[n] != 0;
-    }
-    for (int64_t k = 0; k < count; ++k) {
-      if (!written[k]) reads.push_back(k);
     }
     std::vector<size_t> at(count);
     for (int64_t k = 0; k < count; ++k) {
@@ -121,7 +114,9 @@ struct Call : torch::CustomClassHolder {
     auto slot = [&](int64_t k, bool dynamic) {
       return Slot{k, static_cast<int64_t>(orders[k].size()), order_data.data() + at[k], dynamic};
     };
-    for (int64_t k : reads) in_slots.push_back(slot(k, false));
+    for (int64_t k = 0; k < count; ++k) {
+      if (!written[k]) in_slots.push_back(slot(k, false));
+    }
     for (size_t n = 0; n < writes.size(); ++n) out_slots.push_back(slot(writes[n], dynamic[n] != 0));
     std::string error;
     method = et_load(program.data_ptr(), program.nbytes(), &error);
