@@ -38,7 +38,7 @@ from compile_util import (
 from fixture_data import fixture_calls, fixture_paths
 from ptexec.compile import CompileOptions, CompileReport, CompileWarning
 from ptexec.compile.aoti import inductor_options, runs_delegates
-from ptexec.compile.cache import cache_dir, cache_key
+from ptexec.compile.cache import cache_dir, cache_key, content_digest
 from ptexec.errors import ExecutionError, InstructionLimitError
 from ptexec.format import program as p
 
@@ -769,12 +769,12 @@ def test_cache_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 
 def test_cache_key_depends_on_what_the_code_depends_on() -> None:
-    base = cache_key([b"program"], "forward", "cpu", {"a": 1})
-    assert base == cache_key([b"program"], "forward", "cpu", {"a": 1})
-    assert base != cache_key([b"programme"], "forward", "cpu", {"a": 1})
-    assert base != cache_key([b"program"], "decode", "cpu", {"a": 1})
-    assert base != cache_key([b"program"], "forward", "cpu", {"a": 2})
-    assert base != cache_key([b"prog", b"ram"], "forward", "cpu", {"a": 1})
+    base = cache_key(content_digest([b"program"]), "forward", "cpu", {"a": 1})
+    assert base == cache_key(content_digest([b"program"]), "forward", "cpu", {"a": 1})
+    assert base != cache_key(content_digest([b"programme"]), "forward", "cpu", {"a": 1})
+    assert base != cache_key(content_digest([b"program"]), "decode", "cpu", {"a": 1})
+    assert base != cache_key(content_digest([b"program"]), "forward", "cpu", {"a": 2})
+    assert base != cache_key(content_digest([b"prog", b"ram"]), "forward", "cpu", {"a": 1})
 
 
 def test_generated_matrix_kernels_are_preferred_only_where_rows_vary() -> None:

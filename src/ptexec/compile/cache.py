@@ -84,9 +84,12 @@ __all__ = [
     "CacheEntry",
     "cache_dir",
     "cache_key",
+    "content_digest",
     "max_bytes",
     "open_cache",
+    "program_digest",
     "root_status",
+    "start_program_digest",
     "warn_once",
 ]
 
@@ -260,19 +263,18 @@ def program_digest(program: Program) -> bytes:
 
 
 def cache_key(
-    blobs: Iterable[memoryview | bytes] | bytes,
+    content: bytes,
     method: str,
     device: str,
     options: Mapping[str, Any],
     threads: bool = True,
 ) -> str:
-    """The key of a compiled method (module docstring): of the program's bytes ``blobs``,
-    or of their :func:`content_digest` when that is given (``bytes``). ``threads``
+    """The key of a compiled method (module docstring); ``content``: the
+    :func:`content_digest` of the program's bytes (:func:`program_digest`). ``threads``
     False: the code is the same at any thread count (every CPU region's kernels run on
     the calling thread), so the count is left out of the key."""
     import torch
 
-    content = blobs if isinstance(blobs, bytes) else content_digest(blobs)
     h = hashlib.sha256(content)
     meta = {
         "method": method,
