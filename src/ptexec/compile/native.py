@@ -11,7 +11,10 @@ copied first, as the Python path does) and executes ExecuTorch's method of the c
 one-delegate program, loaded from the same bytes the Python path loads. ExecuTorch keeps
 what a call handed over, so a tensor whose memory and sizes are those of the last call is
 not handed over again (a decode step's calls mostly hand over nothing), and a dynamic
-output's view is made anew only when its shape changes. A call the table
+output's view is made anew only when its shape changes. Between two calls XNNPACK's work
+pushes the next call's data out of the CPU's caches, so each call learns which call
+followed it last time on its thread and, as it ends, prefetches what that one reads first
+(its record, ExecuTorch's method, the tensors it got last time). A call the table
 does not hold goes to the Python implementation (``ptexec::external_call_python``), so a
 method without the library, or a call the library could not load, computes the same.
 

@@ -11,6 +11,7 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -218,6 +219,30 @@ int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity) {
   if (t.dim() > capacity) return -1;
   for (ssize_t d = 0; d < t.dim(); ++d) sizes[d] = t.size(d);
   return t.dim();
+}
+
+size_t et_hot(void* method, const void** out, size_t capacity) {
+  auto* m = static_cast<Loaded*>(method);
+  size_t n = 0;
+  auto add = [&](const void* p, size_t bytes) {
+    for (size_t at = 0; at < bytes && n < capacity; at += 64) {
+      out[n++] = static_cast<const char*>(p) + at;
+    }
+  };
+  add(m, 64);
+  if (m->method.has_value()) add(&*m->method, sizeof(et::Method));
+  // of each input record, the part a call compares (its memory, dtype, rank and the
+  // first sizes)
+  for (const Held& h : m->held) add(&h, offsetof(Held, sizes) + 4 * sizeof(ea::SizesType));
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  for (size_t i = 0; m->method.has_value() && i < m->inputs; ++i) {
+    const et::EValue& v = m->method->get_input(i);
+    add(&v, sizeof(v));
+    if (v.isTensor()) add(v.toTensor().unsafeGetTensorImpl(), sizeof(ea::TensorImpl));
+  }
+#pragma GCC diagnostic pop
+  return n;
 }
 
 }  // namespace ptexec_native

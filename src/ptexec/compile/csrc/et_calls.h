@@ -30,5 +30,9 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error);
 // The sizes ExecuTorch holds for input `i` after a call (what the delegate resized a
 // dynamic output to); its rank, or -1 when it exceeds `capacity`.
 int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity);
+// Up to `capacity` addresses a call of `method` reads first (its record, its inputs'
+// records, ExecuTorch's method and input values), for a caller to prefetch; their count.
+// They hold until the method is loaded again (a stale one is only a wasted prefetch).
+size_t et_hot(void* method, const void** out, size_t capacity);
 
 }  // namespace ptexec_native

@@ -85,6 +85,25 @@ struct Call : torch::CustomClassHolder {
   std::vector<std::vector<at::Tensor>> views;
   bool any_dynamic = false;
   std::mutex lock;
+  // The call that ran after this one last time, its key, and the addresses it reads
+  // first (its own data, its outputs' tensors, ExecuTorch's method) and the inputs it
+  // got (their handles and tensors: the compiled code's memory settles, so a step's
+  // tensors are mostly where the last one's were): the C entry prefetches them as this
+  // call ends, so that the next call finds in the cache what XNNPACK's work pushed out.
+  // A hint only: an address gone stale (its call freed, its method loaded again) is a
+  // wasted prefetch, never a read.
+  static constexpr size_t kHot = 40;
+  static constexpr size_t kInputsAhead = 24;
+  std::atomic<const Call*> next{nullptr};
+  std::atomic<const char*> next_key{nullptr};
+  std::atomic<size_t> ahead_count{0};
+  std::atomic<size_t> inputs_ahead_count{0};
+  std::atomic<const void*> ahead[kHot];
+  std::atomic<const void*> inputs_ahead[kInputsAhead];
+  // this call's own addresses, for the call before it (read when that one learns it is
+  // followed by this one; the fields above are the last a call prefetches of itself)
+  size_t hot_count = 0;
+  const void* hot[kHot] = {};
 
   // `writes`: the argument positions the call writes, `dynamic` whether each output's
   // shape is dynamic, `outs_` their memory; `orders`: every argument's dim order
@@ -124,6 +143,56 @@ struct Call : torch::CustomClassHolder {
     TORCH_CHECK(static_cast<int64_t>(et_inputs(method)) == count, "the program takes ",
                 et_inputs(method), " tensors, the call has ", count);
     args.resize(count);
+    for (auto& a : ahead) a.store(nullptr, std::memory_order_relaxed);
+    for (auto& a : inputs_ahead) a.store(nullptr, std::memory_order_relaxed);
+    auto add = [this](const void* p, size_t bytes) {
+      for (size_t at = 0; at < bytes && hot_count < kHot; at += 64) {
+        hot[hot_count++] = static_cast<const char*>(p) + at;
+      }
+    };
+    // the fields a call reads before ExecuTorch's, up to the hints
+    add(this, static_cast<size_t>(reinterpret_cast<const char*>(&next) -
+                                  reinterpret_cast<const char*>(this)));
+    add(in_slots.data(), in_slots.size() * sizeof(Slot));
+    add(out_slots.data(), out_slots.size() * sizeof(Slot));
+    add(order_data.data(), order_data.size() * sizeof(int64_t));
+    add(args.data(), args.size() * sizeof(Arg));
+    for (const at::Tensor& t : outs) add(t.unsafeGetTensorImpl(), 128);
+    hot_count += et_hot(method, hot + hot_count, kHot - hot_count);
+  }
+
+  // `after` ran right after this call (under `key`): its addresses are this call's
+  // prefetches from now on
+  void followed_by(const Call& after, const char* key) {
+    if (next.load(std::memory_order_relaxed) == &after) return;
+    for (size_t k = 0; k < after.hot_count; ++k) {
+      ahead[k].store(after.hot[k], std::memory_order_relaxed);
+    }
+    ahead_count.store(after.hot_count, std::memory_order_relaxed);
+    next_key.store(key, std::memory_order_relaxed);
+    next.store(&after, std::memory_order_relaxed);
+  }
+
+  // the next call got the `count` tensors at `xs`
+  void next_got(const at::Tensor* const* xs, size_t count) {
+    size_t n = 0;
+    for (size_t j = 0; j < count && n + 4 <= kInputsAhead; ++j) {
+      const char* impl = reinterpret_cast<const char*>(xs[j]->unsafeGetTensorImpl());
+      inputs_ahead[n++].store(xs[j], std::memory_order_relaxed);
+      for (size_t at = 0; at < 192; at += 64) {
+        inputs_ahead[n++].store(impl + at, std::memory_order_relaxed);
+      }
+    }
+    inputs_ahead_count.store(n, std::memory_order_relaxed);
+  }
+
+  void prefetch_next() const {
+    size_t n = ahead_count.load(std::memory_order_relaxed);
+    for (size_t k = 0; k < n; ++k) __builtin_prefetch(ahead[k].load(std::memory_order_relaxed));
+    n = inputs_ahead_count.load(std::memory_order_relaxed);
+    for (size_t k = 0; k < n; ++k) {
+      __builtin_prefetch(inputs_ahead[k].load(std::memory_order_relaxed));
+    }
   }
 
   ~Call() override {
@@ -173,6 +242,17 @@ struct Call : torch::CustomClassHolder {
     for (size_t n = 0; n < outs.size(); ++n) describe(args[out_slots[n].arg], outs[n], out_slots[n]);
     std::string error;
     TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
+    // what is read next (the tensors handed back, their shapes and reference counts; the
+    // hints for the next call) XNNPACK's work has pushed out of the cache: their misses
+    // overlap from here
+    const char* hints = reinterpret_cast<const char*>(&next);
+    for (const char* at = hints; at < reinterpret_cast<const char*>(&hot_count); at += 64) {
+      __builtin_prefetch(at);
+    }
+    for (const at::Tensor& t : last.size() == outs.size() ? last : outs) {
+      const char* impl = reinterpret_cast<const char*>(t.unsafeGetTensorImpl());
+      for (size_t at = 0; at < 192; at += 64) __builtin_prefetch(impl + at);
+    }
     if (!any_dynamic) {
       sink(outs);
       return;
@@ -289,6 +369,11 @@ class FoundByAddress {
     }
   }
 
+  // where `key`'s entry is looked for first (nothing is read: for a prefetch)
+  const void* where(const char* key) const {
+    return slots_.empty() ? nullptr : &slots_[hash(key) & (slots_.size() - 1)];
+  }
+
  private:
   static constexpr size_t kFirst = 16;  // (a power of two; grows with the call sites)
   static constexpr size_t kMaxFound = size_t{1} << 14;
@@ -312,6 +397,36 @@ Call* find_entry(const char* key) {
   Call* call = find(std::string_view(key));
   if (call != nullptr) found_by_address.keep(slot, Found{key, current->version, call});
   return call;
+}
+
+// The call this thread's C entry ran last, with the table it was found in and that
+// table's version: while the same table, unchanged, is current, that call is alive and
+// learns which call follows it (Call::followed_by).
+struct Previous {
+  const Table* table = nullptr;
+  uint64_t version = 0;
+  Call* call = nullptr;
+};
+
+thread_local Previous previous;
+
+// `call` (found under `key`, or null) is the call this thread runs now, on the `count`
+// tensors at `xs`
+void ran_next(Call* call, const char* key, const at::Tensor* const* xs, size_t count) {
+  Previous& p = previous;
+  if (call != nullptr && p.call != nullptr && p.table == current && p.version == current->version) {
+    p.call->followed_by(*call, key);
+    p.call->next_got(xs, count);
+  }
+  p = call != nullptr ? Previous{current, current->version, call} : Previous{};
+}
+
+// as `call` ends: what the call after it read last time, and where that call is found
+void prefetch_after(const Call& call) {
+  call.prefetch_next();
+  const char* key = call.next_key.load(std::memory_order_relaxed);
+  if (key != nullptr) __builtin_prefetch(found_by_address.where(key));
+  if (current != nullptr) __builtin_prefetch(&current->version);
 }
 
 std::vector<at::Tensor> python_call(c10::string_view key, at::TensorList inputs) {
@@ -357,8 +472,10 @@ AOTITorchError shim_call(const char* key, const AtenTensorHandle* inputs, int64_
       }
     };
     Call* call = find_entry(key);
+    ran_next(call, key, xs.data(), xs.size());
     if (call != nullptr) {
       call->run(xs.data(), xs.size(), hand_out);
+      prefetch_after(*call);
     } else {
       std::vector<at::Tensor> given;
       for (const at::Tensor* x : xs) given.push_back(*x);
