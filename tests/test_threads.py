@@ -334,6 +334,32 @@ def test_code_beside_delegate_calls_serves_every_thread_count(et: None) -> None:
     assert not b.serial(dataclasses.replace(r, chain=r.chain + 1))
 
 
+def test_cpu_code_keeps_the_thread_count_on_any_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA method's CPU regions are OpenMP code for the compile's thread count, as a
+    CPU method's are: its key holds the count unless the code is the same at any count."""
+    from ptexec.compile.cache import cache_key, content_digest
+
+    # (the key names the GPU's architecture: one is made up where there is none)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    digest = content_digest([b"program"])
+    before = torch.get_num_threads()
+    try:
+        keys = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            keys[n] = [
+                cache_key(digest, "forward", device, {}, threads)
+                for device in ("cpu", "cuda:0")
+                for threads in (True, False)
+            ]
+    finally:
+        torch.set_num_threads(before)
+    cpu_counted, cpu_serial, cuda_counted, cuda_serial = zip(keys[1], keys[2], strict=True)
+    assert cpu_counted[0] != cpu_counted[1] and cuda_counted[0] != cuda_counted[1]
+    assert cpu_serial[0] == cpu_serial[1] and cuda_serial[0] == cuda_serial[1]
+    assert cuda_serial[0] != cpu_serial[0]
+
+
 def test_serve_threads_are_the_one_setting(
     torch_threads: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -272,7 +272,8 @@ def cache_key(
     """The key of a compiled method (module docstring); ``content``: the
     :func:`content_digest` of the program's bytes (:func:`program_digest`). ``threads``
     False: the code is the same at any thread count (every CPU region's kernels run on
-    the calling thread), so the count is left out of the key."""
+    the calling thread, or there is no CPU region), so the count is left out of the key.
+    A method on another device can have CPU regions too, so the device does not decide."""
     import torch
 
     h = hashlib.sha256(content)
@@ -282,7 +283,7 @@ def cache_key(
         "machine": _machine(device),
         # AOTInductor's CPU kernels are made for the thread count of the compile
         # (``omp parallel num_threads(n)``): code for another count is another entry
-        "threads": torch.get_num_threads() if threads and device.startswith("cpu") else None,
+        "threads": torch.get_num_threads() if threads else None,
         "options": dict(options),
         "torch": torch.__version__,
         "ptexec": __version__,

@@ -222,6 +222,7 @@ class RegionBuilder:
         if externals:  # other code than a traced delegate's
             options["external"] = [list(x) for x in externals]
             options["native_entry"] = self.native_entry()
+        # the CPU regions' kernels, whatever the method's device, are made for the count
         threads = not all(self.serial(r) for r in self.regions if r.device.type == "cpu")
         key = cache_key(
             program_digest(self.program), self.state.name, str(self.device), options, threads
