@@ -215,15 +215,11 @@ class _DynamicBatch(torch.nn.Module):
 
 
 def dynamic_batch_program(
-    directory: Path,
-    model: torch.nn.Module | None = None,
-    name: str = "dynamic_batch",
-    per_op: bool = False,
+    directory: Path, model: torch.nn.Module | None = None, name: str = "dynamic_batch"
 ) -> tuple[torch.nn.Module, Path]:
     """An eager model of inputs of 8 features (by default two XNNPACK linears around
     portable cumulative sums, made after seeding 0) and its XNNPACK-lowered program of
-    batch 1-16, written into ``directory`` as ``name``.pte (``per_op``: each operator its
-    own delegate, as the partitioner's per-op mode lowers them)."""
+    batch 1-16, written into ``directory`` as ``name``.pte."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -231,8 +227,7 @@ def dynamic_batch_program(
     model = (model or _DynamicBatch()).eval()
     batch = torch.export.Dim("batch", min=1, max=16)
     exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
-    partitioner = XnnpackPartitioner(per_op_mode=per_op)
-    lowered = to_edge_transform_and_lower(exported, partitioner=[partitioner])
+    lowered = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()])
     path = directory / f"{name}.pte"
     path.write_bytes(lowered.to_executorch().buffer)
     return model, path

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ptexec.compile.external import ExternalCall, GroupCall, OutputSpec
+from ptexec.compile.external import ExternalCall, OutputSpec
 
 
 class _Runner:
@@ -110,42 +110,3 @@ def test_a_failed_call_leaves_the_call_usable() -> None:
     assert torch.equal(got, _want(runner, y))
     assert call.lock.acquire(blocking=False)  # not left held
     call.lock.release()
-
-
-class _AddTwice:
-    """``out = x + 2 y`` into argument 2."""
-
-    outputs = (2,)
-
-    def fn(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
-        torch.add(x, y, alpha=2, out=out)
-
-    __call__ = fn
-
-    def digest(self) -> str:
-        return "1" * 64
-
-
-def test_a_group_feeds_each_call_what_the_calls_before_it_made() -> None:
-    """A group runs its calls in order: each input is the group's or an output of a call
-    before it, as its wiring says; the group returns every call's outputs."""
-    runner = _Runner()
-    first = _call(runner)
-    spec = OutputSpec(2, torch.float32, (0, 1), (2, 4), False)
-    second = ExternalCall("test-0-1", _AddTwice(), 3, [spec], [(0, 1), (0, 1)])
-    group = GroupCall([first, second], [[0], [-1, 1]])  # x: the first's output; y: input 1
-    assert (group.key, group.inputs, group.outputs) == ("test-0-0*2", 2, 2)
-    x, y = torch.randn(2, 8), torch.randn(2, 4)
-    made, added = group.run([x, y])
-    want = _want(runner, x)
-    assert torch.equal(made, want) and torch.equal(added, want + 2 * y)
-    fakes = group.fake([x, y])
-    assert [tuple(t.shape) for t in fakes] == [(2, 4), (2, 4)]
-    with pytest.raises(RuntimeError, match="1 inputs, expected 2"):
-        group.run([x])
-    with pytest.raises(ValueError, match="not made yet"):
-        GroupCall([first, second], [[0], [-2, 1]])
-    with pytest.raises(ValueError, match="1 wires, 2 inputs"):
-        GroupCall([first, second], [[0], [1]])
-    with pytest.raises(ValueError, match="two or more"):
-        GroupCall([first], [[0]])

@@ -83,7 +83,7 @@ def test_without_the_table_the_entry_takes_the_python_path(
     program: tuple[torch.nn.Module, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, path = program
-    monkeypatch.setattr(runner, "native_table", lambda calls, groups: None)
+    monkeypatch.setattr(runner, "native_table", lambda calls: None)
     method = _load(path)
     report = method.compile_report
     assert report is not None and report.fully_compiled and report.native_calls == 0
@@ -98,7 +98,7 @@ def test_a_failed_call_raises_and_the_method_goes_on(
     program: tuple[torch.nn.Module, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, path = program
-    monkeypatch.setattr(runner, "native_table", lambda calls, groups: None)  # the Python path
+    monkeypatch.setattr(runner, "native_table", lambda calls: None)  # the Python path
     method = _load(path)
     x = torch.randn(5, 8)
     method.execute([x])
@@ -191,47 +191,6 @@ def test_a_call_of_two_outputs(tmp_path: Path) -> None:
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     assert native.entry_runs() - entered == len(BATCHES)
-
-
-class _Adjacent(torch.nn.Module):
-    """A linear with its ReLU, a linear and a residual add, each its own XNNPACK delegate
-    (lowered op by op): three adjacent opaque calls, the last reading the program's input
-    again; then a portable cumulative sum, for the region's compiled code."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(self.b(torch.relu(self.a(x))) + x, 0)
-
-
-@pytest.mark.usefixtures("cache")
-@pytest.mark.parametrize("natively", [True, False])
-def test_adjacent_calls_are_one_call_of_the_compiled_code(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, natively: bool
-) -> None:
-    """Adjacent opaque calls are grouped: the compiled code makes one call, and each
-    member runs in order on the group's inputs and the outputs of the ones before it, in
-    ExecuTorch's C++ runtime (or, without the library's table, through Python)."""
-    torch.manual_seed(0)
-    model, path = dynamic_batch_program(tmp_path, _Adjacent(), "adjacent", per_op=True)
-    if not natively:
-        monkeypatch.setattr(runner, "native_table", lambda calls, groups: None)
-    options = CompileOptions(min_instructions=1)  # (one portable instruction)
-    method = ptexec.load(path).load_method("forward", xnnpack="auto", compile=options)
-    report = method.compile_report
-    assert report is not None and report.fully_compiled and len(report.xnnpack_calls) == 3
-    assert report.native_calls == (3 if natively else 0)
-    entered, ran = native.entry_runs(), native.runs()
-    for n in BATCHES:
-        x = torch.randn(n, 8)
-        (got,) = method.execute([x])
-        assert got.shape == (n, 8)
-        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
-    assert native.entry_runs() - entered == len(BATCHES)  # one call for the three
-    assert native.runs() - ran == (3 * len(BATCHES) if natively else 0)
 
 
 @pytest.mark.parametrize(

@@ -26,12 +26,6 @@ method's compiled code runs, the thread finds that method's own calls first (:fu
 so each method uses its own runner and memory; the registry serves tracing, and is used
 by one call at a time.
 
-Adjacent calls of one region (no other instruction between them) are one call of the
-graph, a :class:`GroupCall` under its own key: its members run in order, each on the
-group's inputs and the outputs of the members before it, and it returns every member's
-outputs. The compiled code then makes one call, with one set of handles, where it made
-several; each member is still its own ExecuTorch method.
-
 Each call is one generated function (:meth:`ExternalCall.run`): its inputs unpacked, the
 outputs' tensors in their places, the runner's plain function called. An input whose
 address is the one handed over at the last call goes over as it is; one whose address
@@ -69,7 +63,6 @@ __all__ = [
     "Calls",
     "ExternalCall",
     "ExternalRunner",
-    "GroupCall",
     "OutputSpec",
     "attach_native_use",
     "external_call",
@@ -301,58 +294,6 @@ class ExternalCall:
         ]
 
 
-class GroupCall:
-    """Adjacent delegate calls of one region as one opaque call: each member runs in
-    order on the group's inputs and the outputs of the members before it, and the group
-    returns every member's outputs, in order. One call of the compiled graph instead of
-    several: a step of SmolLM2's 8da4w program makes 91 calls instead of 212, each one
-    AOTInductor's call, its handles and the C entry fewer.
-
-    ``wiring`` says, per member, where each of its inputs comes from: ``n >= 0`` the
-    group's input ``n``, ``n < 0`` output ``-1 - n`` of the members before it (counted
-    over all their outputs). The key names the first member's place and the count, so it
-    is as stable as the members' keys."""
-
-    def __init__(self, members: Sequence[ExternalCall], wiring: Sequence[Sequence[int]]) -> None:
-        if len(members) < 2 or len(wiring) != len(members):
-            raise ValueError("a group is two or more calls, each with its wiring")
-        self.members = tuple(members)
-        self.wiring = tuple(tuple(int(n) for n in w) for w in wiring)
-        self.key = f"{members[0].key}*{len(members)}"
-        produced = 0
-        inputs = 0
-        for call, w in zip(self.members, self.wiring, strict=True):
-            if len(w) != len(call.inputs):
-                raise ValueError(
-                    f"group {self.key[:12]}: {len(w)} wires, {len(call.inputs)} inputs"
-                )
-            for n in w:
-                if n < -produced:
-                    raise ValueError(f"group {self.key[:12]}: an output not made yet")
-                inputs = max(inputs, n + 1)
-            produced += len(call.outputs)
-        self.inputs = inputs
-        self.outputs = produced
-
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Run the members on ``inputs``: all their outputs, in order."""
-        if len(inputs) != self.inputs:
-            raise RuntimeError(
-                f"external call {self.key[:12]}: {len(inputs)} inputs, expected {self.inputs}"
-            )
-        made: list[torch.Tensor] = []
-        for call, wires in zip(self.members, self.wiring, strict=True):
-            made.extend(call.run([inputs[n] if n >= 0 else made[-1 - n] for n in wires]))
-        return made
-
-    def fake(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The outputs' metadata for traced ``inputs``."""
-        made: list[torch.Tensor] = []
-        for call, wires in zip(self.members, self.wiring, strict=True):
-            made.extend(call.fake([inputs[n] if n >= 0 else made[-1 - n] for n in wires]))
-        return made
-
-
 _CONVOLUTIONS = frozenset({"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"})
 MIN_WEIGHT_BYTES = 1 << 20  # weights from which XNNPACK's matrix kernels pay for a call
 
@@ -410,11 +351,11 @@ def traced_weight_bytes(payload: s.XnnPayload) -> float:
 
 _STAGE_BYTES = 256 * 1024  # inputs up to this size are copied into memory of their own
 
-_REGISTRY: dict[str, list[weakref.ref[ExternalCall | GroupCall]]] = {}
+_REGISTRY: dict[str, list[weakref.ref[ExternalCall]]] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def register(call: ExternalCall | GroupCall) -> None:
+def register(call: ExternalCall) -> None:
     """Make ``call`` answer its key (held weakly: the method that made it keeps it)."""
     with _REGISTRY_LOCK:
         alive = [r for r in _REGISTRY.get(call.key, []) if r() is not None]
@@ -422,16 +363,16 @@ def register(call: ExternalCall | GroupCall) -> None:
         _REGISTRY[call.key] = alive
 
 
-class Calls(dict[str, "ExternalCall | GroupCall"]):
-    """A method's opaque calls and groups of them by key, with ``native``: the address of
-    their table in :mod:`.native`'s library (0: none; ``keep`` holds the table)."""
+class Calls(dict[str, ExternalCall]):
+    """A method's opaque calls by key, with ``native``: the address of their table in
+    :mod:`.native`'s library (0: none; ``keep`` holds the table)."""
 
     native: int = 0
     keep: Any = None
 
 
 class _Current(threading.local):
-    calls: Mapping[str, ExternalCall | GroupCall] | None = None  # each thread starts with none
+    calls: Mapping[str, ExternalCall] | None = None  # each thread starts with none
 
 
 _CURRENT = _Current()  # the calls of the method running on this thread
@@ -443,9 +384,7 @@ def attach_native_use(use_native: Callable[[int], int]) -> None:
     _NATIVE_USE[0] = use_native
 
 
-def use(
-    calls: Mapping[str, ExternalCall | GroupCall] | None,
-) -> Mapping[str, ExternalCall | GroupCall] | None:
+def use(calls: Mapping[str, ExternalCall] | None) -> Mapping[str, ExternalCall] | None:
     """Make the compiled code this thread runs next find ``calls`` first (the running
     method's own, with their own memory; and their native table, for the library's
     kernel); returns what was there before."""
@@ -457,7 +396,7 @@ def use(
     return before
 
 
-def _find(key: str) -> ExternalCall | GroupCall:
+def _find(key: str) -> ExternalCall:
     calls = _CURRENT.calls
     if calls is not None:
         found = calls.get(key)

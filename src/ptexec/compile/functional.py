@@ -36,8 +36,6 @@ interpreted).
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,7 +51,7 @@ from ..kernels.prim import PRIM_OPS
 from ..tensor import dim_order_strides
 from .delegate_code import DelegateCode
 from .env import Env, NoFunctionalForm
-from .external import ExternalCall, GroupCall, external_call, register, worth_a_call
+from .external import ExternalCall, external_call, register, worth_a_call
 from .overloads import call_overload, functional_overload, view_overload, writes
 
 if TYPE_CHECKING:
@@ -91,8 +89,6 @@ class FunctionalForms:
         self._externals: dict[tuple[int, int], ExternalCall] = {}
         self._external_how: dict[tuple[int, int], str] = {}
         self._register_externals()
-        # (chain, instruction) of each grouped call -> its group (:meth:`group`)
-        self._groups: dict[tuple[int, int], _Group] = {}
 
     # -- which instructions have one -------------------------------------------------------
     def reason(self, chain: int, i: int) -> str | None:
@@ -152,61 +148,6 @@ class FunctionalForms:
         """The opaque calls of the method's compiled graphs: whoever runs the compiled
         code keeps them (the registry holds them weakly)."""
         return list(self._externals.values())
-
-    def group_calls(self) -> list[GroupCall]:
-        """The groups of adjacent opaque calls (:meth:`group`), in order."""
-        seen: dict[str, GroupCall] = {}
-        for _, g in sorted(self._groups.items()):
-            seen.setdefault(g.call.key, g.call)
-        return list(seen.values())
-
-    def groups(self) -> list[tuple[int, int, int]]:
-        """Every group as (chain, first instruction, calls)."""
-        return sorted({(g.chain, g.run[0], len(g.run)) for g in self._groups.values()})
-
-    def group(self, chain: int, first: int, last: int, breaks: Collection[int] = ()) -> None:
-        """Make each run of two or more adjacent opaque calls among instructions
-        ``first..last`` of ``chain`` one :class:`~.external.GroupCall` (traced as one call
-        at its first member; the others then trace nothing). A run does not go on past an
-        instruction in ``breaks`` (the region does something of its own before it). Call
-        it once per region, before the region is traced."""
-        run: list[int] = []
-        for i in range(first, last + 1):
-            grouped = (chain, i) in self._externals and (chain, i) not in self._groups
-            if run and (not grouped or i in breaks):
-                self._make_group(chain, run)
-                run = []
-            if grouped:
-                run.append(i)
-        self._make_group(chain, run)
-
-    def _make_group(self, chain: int, run: list[int]) -> None:
-        if len(run) < 2:
-            return
-        members = [self._externals[(chain, i)] for i in run]
-        produced: dict[int, int] = {}  # value slot -> the latest output that holds it
-        slots: list[int] = []  # the group's inputs, as value slots
-        wiring: list[list[int]] = []
-        made = 0
-        for i, call in zip(run, members, strict=True):
-            args = self._delegate_args(chain, i)
-            wires = []
-            for k in call.inputs:
-                slot = args[k]
-                if slot in produced:
-                    wires.append(-1 - produced[slot])
-                    continue
-                if slot not in slots:
-                    slots.append(slot)
-                wires.append(slots.index(slot))
-            wiring.append(wires)
-            for o in call.outputs:
-                produced[args[o.position]] = made
-                made += 1
-        group = _Group(GroupCall(members, wiring), chain, tuple(run), tuple(slots))
-        register(group.call)
-        for i in run:
-            self._groups[(chain, i)] = group
 
     def _register_externals(self) -> None:
         payloads: dict[tuple[int, int], tuple[s.XnnPayload, Any, p.DelegateCall]] = {}
@@ -461,36 +402,10 @@ class FunctionalForms:
         if call is None:
             self._delegate_code(chain, i, ins).run(env, ins, self._cast)
             return
-        group = self._groups.get((chain, i))
-        if group is not None:
-            if i == group.run[0]:  # the others' outputs came with the first's call
-                self._group(env, group)
-            return
         outs = external_call(call.key, [env[ins.args[k]] for k in call.inputs])
         for o, x in zip(call.outputs, outs, strict=True):
             slot = ins.args[o.position]
             env[slot] = self._cast(x, slot)
 
-    def _delegate_args(self, chain: int, i: int) -> list[int]:
-        ins = self.state.chains[chain].instructions[i]
-        assert isinstance(ins, p.DelegateCall)
-        return list(ins.args)
 
-    def _group(self, env: Env, group: _Group) -> None:
-        outs = iter(external_call(group.call.key, [env[j] for j in group.slots]))
-        for i, call in zip(group.run, group.call.members, strict=True):
-            args = self._delegate_args(group.chain, i)
-            for o in call.outputs:
-                slot = args[o.position]
-                env[slot] = self._cast(next(outs), slot)
-
-
-@dataclass(frozen=True)
-class _Group:
-    """A group of calls (:meth:`FunctionalForms.group`): its instructions of ``chain``
-    and the value slots its inputs are read from."""
-
-    call: GroupCall
-    chain: int
-    run: tuple[int, ...]
-    slots: tuple[int, ...]
+# the names the compiled tier's other modules know these by

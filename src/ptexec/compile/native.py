@@ -14,8 +14,7 @@ not handed over again (a decode step's calls mostly hand over nothing), and a dy
 output's view is made anew only when its shape changes. Between two calls XNNPACK's work
 pushes the next call's data out of the CPU's caches, so each call learns which call
 followed it last time on its thread and, as it ends, prefetches what that one reads first
-(its record, ExecuTorch's method, the tensors it got last time). A group of adjacent
-calls (:class:`.external.GroupCall`) runs its members in turn within one entry. A call the table
+(its record, ExecuTorch's method, the tensors it got last time). A call the table
 does not hold goes to the Python implementation (``ptexec::external_call_python``), so a
 method without the library, or a call the library could not load, computes the same.
 
@@ -69,7 +68,7 @@ from typing import Any
 
 import torch
 
-from .external import ExternalCall, GroupCall, attach_native_use
+from .external import ExternalCall, attach_native_use
 from .manifest import Manifest
 
 __all__ = [
@@ -330,16 +329,14 @@ class NativeCalls:
         self.address = int(table.address()) if count else 0
 
 
-def table(calls: Iterable[ExternalCall], groups: Iterable[GroupCall] = ()) -> NativeCalls | None:
+def table(calls: Iterable[ExternalCall]) -> NativeCalls | None:
     """The native counterparts of ``calls`` (those whose runner is ExecuTorch's and which
-    ExecuTorch's C++ runtime loads) and of ``groups`` (those whose every member has one),
-    or None when the library cannot be used here."""
+    ExecuTorch's C++ runtime loads), or None when the library cannot be used here."""
     calls = list(calls)
     if not calls or library() is None:
         return None
     made = torch.classes.ptexec_native.Table()
     count = 0
-    held: set[str] = set()
     for c in calls:
         data = c.program_data()
         if data is None:
@@ -364,10 +361,6 @@ def table(calls: Iterable[ExternalCall], groups: Iterable[GroupCall] = ()) -> Na
         except RuntimeError:
             continue  # this call stays on the Python path
         made.add(c.key, native)
-        held.add(c.key)
         c.release_runner()  # one copy of the packed weights: the Python path reloads its own
         count += 1
-    for g in groups:
-        if all(m.key in held for m in g.members):
-            made.add_group(g.key, [m.key for m in g.members], [list(w) for w in g.wiring])
     return NativeCalls(made, count)

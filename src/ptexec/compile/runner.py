@@ -46,7 +46,7 @@ from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, program_digest, warn_once
-from .external import Calls
+from .external import Calls, ExternalCall
 from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
@@ -169,9 +169,6 @@ class RegionBuilder:
         self.regions, self.fallbacks = plan_regions(
             state, self.rebuild, program.shared_buffer_indices, options.min_instructions
         )
-        for r in self.regions:
-            if r.device.type == "cpu":  # adjacent delegate calls as one (until an alias)
-                self.rebuild.group(r.chain, r.first, r.last, {i for i, _, _ in r.aliases})
         self.compiled: list[_Compiled] = []
         self.failed: list[Fallback] = []
         self.compile_seconds = 0.0
@@ -225,7 +222,6 @@ class RegionBuilder:
         if externals:  # other code than a traced delegate's
             options["external"] = [list(x) for x in externals]
             options["native_entry"] = self.native_entry()
-            options["groups"] = [list(g) for g in self.rebuild.groups()]
         # the CPU regions' kernels, whatever the method's device, are made for the count
         threads = not all(self.serial(r) for r in self.regions if r.device.type == "cpu")
         key = cache_key(
@@ -574,7 +570,7 @@ def _region_call(
     state: MethodState,
     compiled: _Compiled,
     k: int,
-    externals: Calls | None = None,
+    externals: dict[str, ExternalCall] | None = None,
 ) -> tuple[_Call, _Call | None, Statement]:
     """The region's call, the interpreted statements it runs outside the sizes its code
     was compiled for (None: it has no such sizes), and the call's body as a statement to
@@ -890,19 +886,16 @@ class CompiledRunner:
             calls = builder.rebuild.external_calls()
             if calls and builder.start_hashing():
                 # ExecuTorch's C++ runtime loads the calls while the entry's files are hashed
-                native, made = native_table(calls, builder.rebuild.group_calls()), True
+                native, made = native_table(calls), True
             builder.build()
         self.report = builder.report()
-        # the delegate calls the compiled code makes through ptexec::external_call, and
-        # the groups of them it makes as one
-        calls = builder.rebuild.external_calls()
-        groups = builder.rebuild.group_calls()
-        self._externals = Calls([*((c.key, c) for c in calls), *((g.key, g) for g in groups)])
-        for ext in calls:
+        # the delegate calls the compiled code makes through ptexec::external_call
+        self._externals = Calls((c.key, c) for c in builder.rebuild.external_calls())
+        for ext in self._externals.values():
             ext.shapes = None  # only tracing needs them (with ptexec's torch code)
         if self._externals:
             if not made:
-                native = native_table(calls, groups)
+                native = native_table(self._externals.values())
             if native is not None and native.count:  # run by ExecuTorch's C++ runtime
                 self._externals.native = native.address
                 self._externals.keep = native

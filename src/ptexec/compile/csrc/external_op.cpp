@@ -10,7 +10,6 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
@@ -287,82 +286,6 @@ struct Call : torch::CustomClassHolder {
   }
 };
 
-// Adjacent calls of one region as one call of the compiled code (compile/external.py's
-// GroupCall): each member runs in order on the group's inputs and the outputs of the
-// members before it, and the group hands back every member's outputs, in order.
-struct Group : torch::CustomClassHolder {
-  std::vector<c10::intrusive_ptr<Call>> members;
-  // per member's input, in order: n >= 0 the group's input n, n < 0 output -1 - n of the
-  // members before it; `starts[m]` is where member m's wires start (and the last, the end)
-  std::vector<int64_t> wiring;
-  std::vector<size_t> starts;
-  size_t inputs = 0;
-  size_t outputs = 0;
-  std::vector<at::Tensor> made;  // what the last call handed back (kept for the next)
-  std::mutex lock;
-
-  Group(std::vector<c10::intrusive_ptr<Call>> members_,
-        const std::vector<std::vector<int64_t>>& wires)
-      : members(std::move(members_)) {
-    TORCH_CHECK(members.size() >= 2 && wires.size() == members.size(),
-                "a group is two or more calls, each with its wiring");
-    for (size_t m = 0; m < members.size(); ++m) {
-      TORCH_CHECK(wires[m].size() == members[m]->in_slots.size(), "member ", m, " has ",
-                  members[m]->in_slots.size(), " inputs and ", wires[m].size(), " wires");
-      starts.push_back(wiring.size());
-      for (int64_t n : wires[m]) {
-        TORCH_CHECK(n >= -static_cast<int64_t>(outputs), "member ", m,
-                    " reads an output not made before it");
-        if (n >= 0) inputs = std::max(inputs, static_cast<size_t>(n) + 1);
-        wiring.push_back(n);
-      }
-      outputs += members[m]->outs.size();
-    }
-    starts.push_back(wiring.size());
-    made.reserve(outputs);
-  }
-
-  std::vector<at::Tensor> run(at::TensorList xs) {
-    c10::SmallVector<const at::Tensor*, 8> given;
-    for (const at::Tensor& x : xs) given.push_back(&x);
-    std::vector<at::Tensor> out;
-    run(given.data(), given.size(), [&out](const std::vector<at::Tensor>& all) { out = all; });
-    return out;
-  }
-
-  // runs the members on the `count` tensors at `xs`, then hands every output to `sink`
-  template <class Sink>
-  void run(const at::Tensor* const* xs, size_t count, Sink&& sink) {
-    TORCH_CHECK(count == inputs, "a group of calls of ", inputs, " inputs got ", count);
-    std::lock_guard<std::mutex> guard(lock);
-    made.clear();  // (reserved: the outputs never move while the members read them)
-    c10::SmallVector<const at::Tensor*, 8> in;
-    for (size_t m = 0; m < members.size(); ++m) {
-      in.clear();
-      for (size_t w = starts[m]; w < starts[m + 1]; ++w) {
-        int64_t n = wiring[w];
-        in.push_back(n >= 0 ? xs[n] : &made[static_cast<size_t>(-1 - n)]);
-      }
-      Call& call = *members[m];
-      if (m > 0) {
-        members[m - 1]->followed_by(call, nullptr);
-        members[m - 1]->next_got(in.data(), in.size());
-      }
-      call.run(in.data(), in.size(), [this](const std::vector<at::Tensor>& out) {
-        made.insert(made.end(), out.begin(), out.end());
-      });
-      if (m + 1 < members.size()) call.prefetch_next();
-    }
-    sink(made);
-  }
-};
-
-// what a key finds: a call, a group of calls, or neither
-struct Target {
-  Call* call = nullptr;
-  Group* group = nullptr;
-};
-
 std::atomic<uint64_t> versions{1};  // (each table's, and each change of one: never reused)
 
 // The calls of one method, by key; the thread running the method's compiled code makes
@@ -371,30 +294,16 @@ std::atomic<uint64_t> versions{1};  // (each table's, and each change of one: ne
 struct Table : torch::CustomClassHolder {
   std::deque<std::string> keys;  // the map's keys (a deque: they never move)
   std::unordered_map<std::string_view, c10::intrusive_ptr<Call>> calls;
-  std::unordered_map<std::string_view, c10::intrusive_ptr<Group>> groups;
   uint64_t version = versions.fetch_add(1);
-  void add(const std::string& key, c10::intrusive_ptr<Call> call) { put(calls, key, std::move(call)); }
-  // the group of the calls under `members` (added before), wired as `wiring` says
-  void add_group(const std::string& key, const std::vector<std::string>& members,
-                 const std::vector<std::vector<int64_t>>& wiring) {
-    std::vector<c10::intrusive_ptr<Call>> found;
-    for (const std::string& m : members) {
-      auto at = calls.find(std::string_view(m));
-      TORCH_CHECK(at != calls.end(), "a group's member is not in the table");
-      found.push_back(at->second);
-    }
-    put(groups, key, c10::make_intrusive<Group>(std::move(found), wiring));
-  }
-  template <class Map, class Value>
-  void put(Map& map, const std::string& key, Value value) {
+  void add(const std::string& key, c10::intrusive_ptr<Call> call) {
     version = versions.fetch_add(1);
-    auto found = map.find(std::string_view(key));
-    if (found != map.end()) {
-      found->second = std::move(value);
+    auto found = calls.find(std::string_view(key));
+    if (found != calls.end()) {
+      found->second = std::move(call);
       return;
     }
     keys.push_back(key);
-    map.emplace(std::string_view(keys.back()), std::move(value));
+    calls.emplace(std::string_view(keys.back()), std::move(call));
   }
   int64_t address() { return static_cast<int64_t>(reinterpret_cast<intptr_t>(this)); }
 };
@@ -403,18 +312,13 @@ thread_local const Table* current = nullptr;
 std::atomic<int64_t> runs{0};  // calls run here, in this process
 std::atomic<int64_t> entries{0};  // calls that came in through the C entry
 
-// what this thread's current table holds under `key` (counting the calls it runs)
-Target find(std::string_view key) {
-  if (current == nullptr) return {};
-  auto call = current->calls.find(key);  // no copy
-  if (call != current->calls.end()) {
-    runs.fetch_add(1, std::memory_order_relaxed);
-    return {call->second.get(), nullptr};
-  }
-  auto group = current->groups.find(key);
-  if (group == current->groups.end()) return {};
-  runs.fetch_add(static_cast<int64_t>(group->second->members.size()), std::memory_order_relaxed);
-  return {nullptr, group->second.get()};
+// the call of this thread's current table under `key`, or null
+Call* find(std::string_view key) {
+  if (current == nullptr) return nullptr;
+  auto found = current->calls.find(key);  // no copy
+  if (found == current->calls.end()) return nullptr;
+  runs.fetch_add(1, std::memory_order_relaxed);
+  return found->second.get();
 }
 
 // What this thread found through the C entry, by the key's address: AOTInductor's code
@@ -426,7 +330,7 @@ Target find(std::string_view key) {
 struct Found {
   const char* key = nullptr;
   uint64_t version = 0;
-  Target target;
+  Call* call = nullptr;
 };
 
 // Open addressing with linear probing, at most half full: every call site a thread runs
@@ -483,20 +387,16 @@ class FoundByAddress {
 
 thread_local FoundByAddress found_by_address;
 
-Target find_entry(const char* key) {
-  if (current == nullptr) return {};
+Call* find_entry(const char* key) {
+  if (current == nullptr) return nullptr;
   Found& slot = found_by_address.at(key);
   if (slot.key == key && slot.version == current->version) {
-    const Target& t = slot.target;
-    runs.fetch_add(t.call != nullptr ? 1 : static_cast<int64_t>(t.group->members.size()),
-                   std::memory_order_relaxed);
-    return t;
+    runs.fetch_add(1, std::memory_order_relaxed);
+    return slot.call;
   }
-  Target t = find(std::string_view(key));
-  if (t.call != nullptr || t.group != nullptr) {
-    found_by_address.keep(slot, Found{key, current->version, t});
-  }
-  return t;
+  Call* call = find(std::string_view(key));
+  if (call != nullptr) found_by_address.keep(slot, Found{key, current->version, call});
+  return call;
 }
 
 // The call this thread's C entry ran last, with the table it was found in and that
@@ -521,9 +421,6 @@ void ran_next(Call* call, const char* key, const at::Tensor* const* xs, size_t c
   p = call != nullptr ? Previous{current, current->version, call} : Previous{};
 }
 
-// the group this thread runs now ended with `call`
-void ran_last(Call* call) { previous.call = call; }
-
 // as `call` ends: what the call after it read last time, and where that call is found
 void prefetch_after(const Call& call) {
   call.prefetch_next();
@@ -540,10 +437,8 @@ std::vector<at::Tensor> python_call(c10::string_view key, at::TensorList inputs)
 }
 
 std::vector<at::Tensor> external_call(c10::string_view key, at::TensorList inputs) {
-  Target t = find(std::string_view(key.data(), key.size()));
-  if (t.call != nullptr) return t.call->run(inputs);
-  if (t.group != nullptr) return t.group->run(inputs);
-  return python_call(key, inputs);
+  Call* call = find(std::string_view(key.data(), key.size()));
+  return call != nullptr ? call->run(inputs) : python_call(key, inputs);
 }
 
 }  // namespace
@@ -576,15 +471,9 @@ AOTITorchError shim_call(const char* key, const AtenTensorHandle* inputs, int64_
         if (slot != nullptr) *slot = torch::aot_inductor::new_tensor_handle(at::Tensor(t));
       }
     };
-    Target t = find_entry(key);
-    Call* call = t.group != nullptr ? t.group->members.front().get() : t.call;
+    Call* call = find_entry(key);
     ran_next(call, key, xs.data(), xs.size());
-    if (t.group != nullptr) {
-      t.group->run(xs.data(), xs.size(), hand_out);
-      Call* last = t.group->members.back().get();
-      ran_last(last);
-      prefetch_after(*last);
-    } else if (call != nullptr) {
+    if (call != nullptr) {
       call->run(xs.data(), xs.size(), hand_out);
       prefetch_after(*call);
     } else {
@@ -631,7 +520,6 @@ TORCH_LIBRARY(ptexec_native, m) {
   m.class_<ptexec_native::Table>("Table")
       .def(torch::init<>())
       .def("add", &ptexec_native::Table::add)
-      .def("add_group", &ptexec_native::Table::add_group)
       .def("address", &ptexec_native::Table::address);
 }
 
