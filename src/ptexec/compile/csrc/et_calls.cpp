@@ -50,6 +50,7 @@ struct Loaded {
   pthreadpool* pool = nullptr;  // the pool the method's XNNPACK runtime was made with
   size_t threads = 0;
   size_t inputs = 0;  // the method's input count
+  uint64_t loads = 0;  // how many times the method was loaded
   // per input, one record each, side by side: what a call compares is read from one
   // place (between two calls XNNPACK's work has pushed it out of the cache)
   std::vector<Held> held;
@@ -69,6 +70,7 @@ struct Loaded {
 std::string code(et::Error e) { return std::to_string(static_cast<int>(e)); }
 
 bool load_method(Loaded* m, std::string* error) {
+  ++m->loads;
   m->method.reset();
   m->memory.reset();
   m->planned.reset();
@@ -220,6 +222,8 @@ int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity) {
   for (ssize_t d = 0; d < t.dim(); ++d) sizes[d] = t.size(d);
   return t.dim();
 }
+
+uint64_t et_loads(void* method) { return static_cast<Loaded*>(method)->loads; }
 
 size_t et_hot(void* method, const void** out, size_t capacity) {
   auto* m = static_cast<Loaded*>(method);

@@ -34,5 +34,8 @@ int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity);
 // records, ExecuTorch's method and input values), for a caller to prefetch; their count.
 // They hold until the method is loaded again (a stale one is only a wasted prefetch).
 size_t et_hot(void* method, const void** out, size_t capacity);
+// How many times ExecuTorch's method has been loaded (1, and one more for each load
+// after a change of thread pool): the addresses `et_hot` gave hold while this holds.
+uint64_t et_loads(void* method);
 
 }  // namespace ptexec_native

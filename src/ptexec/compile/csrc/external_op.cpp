@@ -95,15 +95,18 @@ struct Call : torch::CustomClassHolder {
   static constexpr size_t kHot = 40;
   static constexpr size_t kInputsAhead = 24;
   std::atomic<const Call*> next{nullptr};
+  std::atomic<uint64_t> next_loads{0};  // the load of ExecuTorch's method `ahead` is of
   std::atomic<const char*> next_key{nullptr};
   std::atomic<size_t> ahead_count{0};
   std::atomic<size_t> inputs_ahead_count{0};
   std::atomic<const void*> ahead[kHot];
   std::atomic<const void*> inputs_ahead[kInputsAhead];
   // this call's own addresses, for the call before it (read when that one learns it is
-  // followed by this one; the fields above are the last a call prefetches of itself)
-  size_t hot_count = 0;
-  const void* hot[kHot] = {};
+  // followed by this one; the fields above are the last a call prefetches of itself),
+  // found again when ExecuTorch's method is loaded again (`hot_loads`: for which load)
+  std::atomic<uint64_t> hot_loads{0};
+  std::atomic<size_t> hot_count{0};
+  std::atomic<const void*> hot[kHot];
 
   // `writes`: the argument positions the call writes, `dynamic` whether each output's
   // shape is dynamic, `outs_` their memory; `orders`: every argument's dim order
@@ -145,9 +148,16 @@ struct Call : torch::CustomClassHolder {
     args.resize(count);
     for (auto& a : ahead) a.store(nullptr, std::memory_order_relaxed);
     for (auto& a : inputs_ahead) a.store(nullptr, std::memory_order_relaxed);
-    auto add = [this](const void* p, size_t bytes) {
-      for (size_t at = 0; at < bytes && hot_count < kHot; at += 64) {
-        hot[hot_count++] = static_cast<const char*>(p) + at;
+    find_hot();
+  }
+
+  // this call's own addresses (`hot`), for ExecuTorch's method as now loaded
+  void find_hot() {
+    const void* found[kHot];
+    size_t n = 0;
+    auto add = [&](const void* p, size_t bytes) {
+      for (size_t at = 0; at < bytes && n < kHot; at += 64) {
+        found[n++] = static_cast<const char*>(p) + at;
       }
     };
     // the fields a call reads before ExecuTorch's, up to the hints
@@ -158,19 +168,28 @@ struct Call : torch::CustomClassHolder {
     add(order_data.data(), order_data.size() * sizeof(int64_t));
     add(args.data(), args.size() * sizeof(Arg));
     for (const at::Tensor& t : outs) add(t.unsafeGetTensorImpl(), 128);
-    hot_count += et_hot(method, hot + hot_count, kHot - hot_count);
+    n += et_hot(method, found + n, kHot - n);
+    for (size_t k = 0; k < n; ++k) hot[k].store(found[k], std::memory_order_relaxed);
+    hot_count.store(n, std::memory_order_relaxed);
+    hot_loads.store(et_loads(method), std::memory_order_relaxed);
   }
 
   // `after` ran right after this call (under `key`): its addresses are this call's
   // prefetches from now on
   void followed_by(const Call& after, const char* key) {
-    if (next.load(std::memory_order_relaxed) == &after) return;
-    for (size_t k = 0; k < after.hot_count; ++k) {
-      ahead[k].store(after.hot[k], std::memory_order_relaxed);
+    uint64_t loads = after.hot_loads.load(std::memory_order_relaxed);
+    if (next.load(std::memory_order_relaxed) == &after &&
+        next_loads.load(std::memory_order_relaxed) == loads) {
+      return;
     }
-    ahead_count.store(after.hot_count, std::memory_order_relaxed);
+    size_t n = after.hot_count.load(std::memory_order_relaxed);
+    for (size_t k = 0; k < n; ++k) {
+      ahead[k].store(after.hot[k].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
+    ahead_count.store(n, std::memory_order_relaxed);
     next_key.store(key, std::memory_order_relaxed);
     next.store(&after, std::memory_order_relaxed);
+    next_loads.store(loads, std::memory_order_relaxed);
   }
 
   // the next call got the `count` tensors at `xs`
@@ -242,11 +261,12 @@ struct Call : torch::CustomClassHolder {
     for (size_t n = 0; n < outs.size(); ++n) describe(args[out_slots[n].arg], outs[n], out_slots[n]);
     std::string error;
     TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
+    if (et_loads(method) != hot_loads.load(std::memory_order_relaxed)) find_hot();  // (a new pool)
     // what is read next (the tensors handed back, their shapes and reference counts; the
     // hints for the next call) XNNPACK's work has pushed out of the cache: their misses
     // overlap from here
     const char* hints = reinterpret_cast<const char*>(&next);
-    for (const char* at = hints; at < reinterpret_cast<const char*>(&hot_count); at += 64) {
+    for (const char* at = hints; at < reinterpret_cast<const char*>(&hot_loads); at += 64) {
       __builtin_prefetch(at);
     }
     for (const at::Tensor& t : last.size() == outs.size() ? last : outs) {
