@@ -228,11 +228,7 @@ uint64_t et_loads(void* method) { return static_cast<Loaded*>(method)->loads; }
 size_t et_hot(void* method, const void** out, size_t capacity) {
   auto* m = static_cast<Loaded*>(method);
   size_t n = 0;
-  auto add = [&](const void* p, size_t bytes) {
-    for (size_t at = 0; at < bytes && n < capacity; at += 64) {
-      out[n++] = static_cast<const char*>(p) + at;
-    }
-  };
+  auto add = [&](const void* p, size_t bytes) { n = cache_lines(p, bytes, out, n, capacity); };
   add(m, 64);
   if (m->method.has_value()) add(&*m->method, sizeof(et::Method));
   // of each input record, the part a call compares (its memory, dtype, rank and the

@@ -9,6 +9,16 @@
 
 namespace ptexec_native {
 
+// The start of each cache line of the `bytes` at `p`, appended to `out` (which holds
+// `n` of at most `capacity`): addresses to prefetch. Returns the new count.
+inline size_t cache_lines(const void* p, size_t bytes, const void** out, size_t n,
+                          size_t capacity) {
+  for (size_t at = 0; at < bytes && n < capacity; at += 64) {
+    out[n++] = static_cast<const char*>(p) + at;
+  }
+  return n;
+}
+
 // One tensor handed to ExecuTorch: its memory, laid out densely in `dim_order`.
 struct Arg {
   void* data;

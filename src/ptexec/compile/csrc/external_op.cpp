@@ -94,6 +94,9 @@ struct Call : torch::CustomClassHolder {
   // wasted prefetch, never a read.
   static constexpr size_t kHot = 40;
   static constexpr size_t kInputsAhead = 24;
+  // of a tensor's object, the part a call reads (data, dtype, sizes, reference count)
+  static constexpr size_t kImplBytes = 192;
+  static constexpr size_t kImplLines = kImplBytes / 64;
   std::atomic<const Call*> next{nullptr};
   std::atomic<uint64_t> next_loads{0};  // the load of ExecuTorch's method `ahead` is of
   std::atomic<const char*> next_key{nullptr};
@@ -155,11 +158,7 @@ struct Call : torch::CustomClassHolder {
   void find_hot() {
     const void* found[kHot];
     size_t n = 0;
-    auto add = [&](const void* p, size_t bytes) {
-      for (size_t at = 0; at < bytes && n < kHot; at += 64) {
-        found[n++] = static_cast<const char*>(p) + at;
-      }
-    };
+    auto add = [&](const void* p, size_t bytes) { n = cache_lines(p, bytes, found, n, kHot); };
     // the fields a call reads before ExecuTorch's, up to the hints
     add(this, static_cast<size_t>(reinterpret_cast<const char*>(&next) -
                                   reinterpret_cast<const char*>(this)));
@@ -167,7 +166,7 @@ struct Call : torch::CustomClassHolder {
     add(out_slots.data(), out_slots.size() * sizeof(Slot));
     add(order_data.data(), order_data.size() * sizeof(int64_t));
     add(args.data(), args.size() * sizeof(Arg));
-    for (const at::Tensor& t : outs) add(t.unsafeGetTensorImpl(), 128);
+    for (const at::Tensor& t : outs) add(t.unsafeGetTensorImpl(), kImplBytes);
     n += et_hot(method, found + n, kHot - n);
     for (size_t k = 0; k < n; ++k) hot[k].store(found[k], std::memory_order_relaxed);
     hot_count.store(n, std::memory_order_relaxed);
@@ -194,14 +193,13 @@ struct Call : torch::CustomClassHolder {
 
   // the next call got the `count` tensors at `xs`
   void next_got(const at::Tensor* const* xs, size_t count) {
+    const void* found[kInputsAhead];
     size_t n = 0;
-    for (size_t j = 0; j < count && n + 4 <= kInputsAhead; ++j) {
-      const char* impl = reinterpret_cast<const char*>(xs[j]->unsafeGetTensorImpl());
-      inputs_ahead[n++].store(xs[j], std::memory_order_relaxed);
-      for (size_t at = 0; at < 192; at += 64) {
-        inputs_ahead[n++].store(impl + at, std::memory_order_relaxed);
-      }
+    for (size_t j = 0; j < count && n + 1 + kImplLines <= kInputsAhead; ++j) {
+      found[n++] = xs[j];
+      n = cache_lines(xs[j]->unsafeGetTensorImpl(), kImplBytes, found, n, kInputsAhead);
     }
+    for (size_t k = 0; k < n; ++k) inputs_ahead[k].store(found[k], std::memory_order_relaxed);
     inputs_ahead_count.store(n, std::memory_order_relaxed);
   }
 
@@ -270,8 +268,9 @@ struct Call : torch::CustomClassHolder {
       __builtin_prefetch(at);
     }
     for (const at::Tensor& t : last.size() == outs.size() ? last : outs) {
-      const char* impl = reinterpret_cast<const char*>(t.unsafeGetTensorImpl());
-      for (size_t at = 0; at < 192; at += 64) __builtin_prefetch(impl + at);
+      const void* lines[kImplLines];
+      size_t n = cache_lines(t.unsafeGetTensorImpl(), kImplBytes, lines, 0, kImplLines);
+      for (size_t k = 0; k < n; ++k) __builtin_prefetch(lines[k]);
     }
     if (!any_dynamic) {
       sink(outs);
