@@ -276,3 +276,40 @@ def test_a_refused_deferred_load_falls_back_as_a_load_does(
         got = method.execute(_clone(call["inputs"]))
         for x, y in zip(got, want, strict=True):
             assert torch.allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tensor_that_does_not_fit_the_delegate_is_refused(tmp_path: Path) -> None:
+    """A native call runs ExecuTorch's backend on the delegate directly, so it checks each
+    tensor against the delegate's argument as ExecuTorch's ``Method.set_input`` would:
+    another dtype or rank, or more elements than the bound, is an error that names the
+    tensor, and the next good call computes what eager PyTorch does."""
+    model, path = dynamic_batch_program(tmp_path)
+    method = ptexec.load(path).load_method("forward", xnnpack="executorch")
+    runners = [st.external for chain in method.state.chains for st in chain.loaded if st.external]
+    program = runners[0].program()  # type: ignore[union-attr]
+    assert program is not None
+    tensors = program.tensors
+    (out,) = program.outputs
+    assert [t.shape_dynamism != 0 for t in tensors] == [True, True]  # batch 1-16
+    c = native.call(
+        program,
+        [out],
+        [1],
+        [torch.empty(list(tensors[out].sizes))],
+        [list(t.dim_order) for t in tensors],
+    )
+
+    def good(n: int) -> None:
+        x = torch.randn(n, 8)
+        (y,) = c.run([x])
+        assert y.shape == (n, 16)
+        torch.testing.assert_close(y, model.a(x), rtol=1e-5, atol=1e-5)
+
+    good(3)
+    for bad in (torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8, 1), torch.randn(17, 8)):
+        with pytest.raises(RuntimeError, match=r"(tensor|input) 0 (does not fit|has 3 dims)"):
+            c.run([bad])
+        good(5)
+    with pytest.raises(RuntimeError, match="one shape kind per argument"):  # a third tensor
+        orders = [[0, 1]] * 3
+        native.call(program, [out], [1], [torch.empty(list(tensors[out].sizes))], orders)

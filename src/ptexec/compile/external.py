@@ -203,6 +203,13 @@ class ExternalCall:
         data = getattr(self.runner, "program_data", None)
         return data() if callable(data) else None
 
+    def program(self) -> Any:
+        """What the runner's one-delegate program was written from (an ExecuTorch
+        runner's ``EtProgram``: its bytes, where its payload lies, its compile specs and
+        tensors), or None."""
+        program = getattr(self.runner, "program", None)
+        return program() if callable(program) else None
+
     def release_runner(self) -> None:
         """Let the runner drop what it loaded until its next call (another path runs the
         call meanwhile, :mod:`.native`)."""

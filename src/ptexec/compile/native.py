@@ -5,18 +5,23 @@ Compiled code calls an XNNPACK delegate it keeps opaque through ``ptexec::extern
 into Python, the call's own Python and the pybindings' ``execute``: several microseconds
 before XNNPACK starts, dozens of times per decode step of an LLM. This module builds a
 small C++ library (``csrc/``) with a CPU kernel of that op: it finds the call in the table
-of the method whose compiled code is running on this thread, hands the tensors to
-ExecuTorch's C++ runtime as they are (no copies: a tensor not dense in its dim order is
-copied first, as the Python path does) and executes ExecuTorch's method of the call's
-one-delegate program, loaded from the same bytes the Python path loads. ExecuTorch keeps
-what a call handed over, so a tensor whose memory and sizes are those of the last call is
-not handed over again (a decode step's calls mostly hand over nothing), and a dynamic
-output's view is made anew only when its shape changes. Between two calls XNNPACK's work
-pushes the next call's data out of the CPU's caches, so each call learns which call
-followed it last time on its thread and, as it ends, prefetches what that one reads first
-(its record, ExecuTorch's method, the tensors it got last time). A call the table
-does not hold goes to the Python implementation (``ptexec::external_call_python``), so a
-method without the library, or a call the library could not load, computes the same.
+of the method whose compiled code is running on this thread and hands the tensors as they
+are (no copies: a tensor not dense in its dim order is copied first, as the Python path
+does) to ExecuTorch's backend of the call's one-delegate program, loaded by ExecuTorch's
+C++ runtime from the same bytes the Python path loads. The backend's ``init`` and
+``execute`` are called directly, with what ExecuTorch's ``Method`` would give them (the
+program's named data, the payload, its compile specs, a runtime allocator of the call's
+own), not through a ``Method``: one per call would cost its bookkeeping, and the cache
+misses on it, two hundred times a decode step. So the call checks each tensor against the
+delegate's argument as ``Method.set_input`` would (dtype, rank, dim order, sizes within
+the bound). A tensor whose memory and sizes are those of the last call is not handed over
+again (a decode step's calls mostly hand over nothing), and a dynamic output's view is
+made anew only when its shape changes. Between two calls XNNPACK's work pushes the next
+call's data out of the CPU's caches, so each call learns which call followed it last time
+on its thread and, as it ends, prefetches what that one reads first (its record, the
+delegate's arguments, the tensors it got last time). A call the table does not hold goes
+to the Python implementation (``ptexec::external_call_python``), so a method without the
+library, or a call the library could not load, computes the same.
 
 **The C entry.** AOTInductor's code calls an op it has no C function for through its
 proxy executor: the arguments boxed onto a stack, torch's dispatcher, the boxed kernel
@@ -33,8 +38,9 @@ ExecuTorch's headers carry a copy of c10 that cannot meet torch's in one transla
 so the library is two: ``et_calls.cpp`` (ExecuTorch's API, plain types out) and
 ``external_op.cpp`` (torch's kernel and classes). It links ExecuTorch's runtime library
 by name, the one its pybindings loaded into this process, so it shares their backend
-registry and thread pool; a method made with a pool ExecuTorch has since replaced is
-loaded again before its next call, as the Python path does.
+registry and thread pool; a delegate initialized with a pool ExecuTorch has since
+replaced is initialized again before its next call, as the Python path loads its method
+again.
 
 **Build and trust.** The library is compiled once per key (a digest of the sources, the
 compiler and its version, and the versions of torch, ExecuTorch and Python) into the
@@ -68,11 +74,13 @@ from typing import Any
 
 import torch
 
+from ..format.program import STATIC
 from .external import ExternalCall, attach_native_use
 from .manifest import Manifest
 
 __all__ = [
     "NativeCalls",
+    "call",
     "enabled",
     "entry_runs",
     "find_or_build",
@@ -338,8 +346,8 @@ def table(calls: Iterable[ExternalCall]) -> NativeCalls | None:
     made = torch.classes.ptexec_native.Table()
     count = 0
     for c in calls:
-        data = c.program_data()
-        if data is None:
+        program = c.program()
+        if program is None:
             continue
         outs = c.output_memory()
         orders: list[list[int]] = [[] for _ in range(c.count)]
@@ -347,11 +355,8 @@ def table(calls: Iterable[ExternalCall]) -> NativeCalls | None:
             orders[k] = list(c.orders[j])
         for o in c.outputs:
             orders[o.position] = list(o.dim_order)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # read only: ExecuTorch never writes it
-            program = torch.frombuffer(data, dtype=torch.uint8)
         try:
-            native = torch.classes.ptexec_native.Call(
+            made_call = call(
                 program,
                 [o.position for o in c.outputs],
                 [int(o.dynamic) for o in c.outputs],
@@ -360,7 +365,41 @@ def table(calls: Iterable[ExternalCall]) -> NativeCalls | None:
             )
         except RuntimeError:
             continue  # this call stays on the Python path
-        made.add(c.key, native)
+        made.add(c.key, made_call)
         c.release_runner()  # one copy of the packed weights: the Python path reloads its own
         count += 1
     return NativeCalls(made, count)
+
+
+def call(
+    program: Any,
+    writes: list[int],
+    dynamic: list[int],
+    outs: list[torch.Tensor],
+    orders: list[list[int]],
+) -> Any:
+    """The native call of ``program`` (an ``EtProgram``: the one-delegate program, where
+    its payload lies, its compile specs and tensors): ``writes`` the argument positions
+    it writes, ``dynamic`` whether each output's shape is dynamic, ``outs`` their memory
+    (at their bounds), ``orders`` each argument's dim order. Its ``run(inputs)`` returns
+    the outputs. Raises RuntimeError where ExecuTorch refuses the program."""
+    specs = program.compile_specs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read only: ExecuTorch never writes it
+        data = torch.frombuffer(program.data, dtype=torch.uint8)
+    return torch.classes.ptexec_native.Call(
+        data,
+        writes,
+        dynamic,
+        outs,
+        orders,
+        list(program.spans[0]),
+        [s.key for s in specs],
+        [_bytes_tensor(s.value) for s in specs],
+        [int(t.shape_dynamism == STATIC) for t in program.tensors],
+    )
+
+
+def _bytes_tensor(value: bytes) -> torch.Tensor:
+    """``value`` as a uint8 tensor of its own memory (a compile spec's value)."""
+    return torch.tensor(list(value), dtype=torch.uint8)

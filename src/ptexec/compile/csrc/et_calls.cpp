@@ -3,11 +3,11 @@
 
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/evalue.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_dimension_limit.h>
-#include <executorch/runtime/core/hierarchical_allocator.h>
-#include <executorch/runtime/executor/memory_manager.h>
-#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/core/freeable_buffer.h>
+#include <executorch/runtime/executor/method_meta.h>
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
@@ -30,91 +30,144 @@ namespace {
 
 // the most dims a tensor ExecuTorch takes may have
 constexpr int64_t kMaxDims = static_cast<int64_t>(et::kTensorDimensionLimit);
+constexpr const char* kMethod = "forward";  // the one-delegate program's method
 
-// One input of the method: what was handed over last (its memory, dtype and sizes;
-// `held` false: nothing, or a call failed) and its geometry as ExecuTorch reads it,
-// kept across calls.
+// One argument of the delegate: what was handed over last (its memory, dtype and sizes;
+// `held` false: nothing, or a call failed) and its geometry as the delegate reads it,
+// kept across calls (the tensor's object points at these arrays).
 struct Held {
   void* data = nullptr;
   int dtype = -1;
   bool held = false;
-  bool shared = false;  // not planned: ExecuTorch shares its memory
   int64_t ndim = 0;
   ea::SizesType sizes[kMaxDims] = {};
   ea::DimOrderType order[kMaxDims] = {};
   ea::StridesType strides[kMaxDims] = {};
 };
 
+// What the program declares of an argument: a tensor handed over must match it, as
+// ExecuTorch's Method::set_input requires of an unplanned input.
+struct Declared {
+  int dtype = -1;
+  int64_t ndim = 0;
+  int64_t numel = 1;  // at its bound
+  bool fixed = true;  // a static shape: the sizes must be these
+  ea::SizesType sizes[kMaxDims] = {};
+  ea::DimOrderType order[kMaxDims] = {};
+};
+
 struct Loaded {
   // what every call reads first, together at the front
-  pthreadpool* pool = nullptr;  // the pool the method's XNNPACK runtime was made with
+  pthreadpool* pool = nullptr;  // the pool the delegate's XNNPACK runtime was made with
   size_t threads = 0;
-  size_t inputs = 0;  // the method's input count
-  uint64_t loads = 0;  // how many times the method was loaded
-  // per input, one record each, side by side: what a call compares is read from one
+  size_t inputs = 0;  // the delegate's argument count
+  uint64_t loads = 0;  // how many times the delegate was initialized
+  const et::BackendInterface* backend = nullptr;
+  et::DelegateHandle* handle = nullptr;
+  et::EValue** args = nullptr;  // into `arg_data`: what execute reads
+  // per argument, one record each, side by side: what a call compares is read from one
   // place (between two calls XNNPACK's work has pushed it out of the cache)
   std::vector<Held> held;
+  std::vector<et::EValue*> arg_data;
+  std::vector<et::EValue> values;  // each argument's value: its tensor
+  std::vector<std::optional<ea::TensorImpl>> impls;
+  std::vector<Declared> declared;
+  // what the delegate is initialized from (again after a change of thread pool)
+  const uint8_t* payload = nullptr;
+  size_t payload_size = 0;
+  std::vector<std::string> spec_keys;
+  std::vector<std::string> spec_values;
+  std::vector<et::CompileSpec> specs;
   executorch::extension::BufferDataLoader loader;
   std::optional<et::Program> program;
-  executorch::extension::MallocMemoryAllocator method_allocator;
+  const et::NamedDataMap* named = nullptr;
+  executorch::extension::MallocMemoryAllocator runtime_allocator;
   executorch::extension::MallocMemoryAllocator temp_allocator;
-  std::vector<std::vector<uint8_t>> buffers;
-  std::vector<et::Span<uint8_t>> spans;
-  std::optional<et::HierarchicalAllocator> planned;
-  std::optional<et::MemoryManager> memory;
-  std::optional<et::Method> method;
 
   Loaded(const void* data, size_t size) : loader(data, size) {}
+  Loaded(const Loaded&) = delete;
+  Loaded& operator=(const Loaded&) = delete;
+  ~Loaded() { release(); }
+
+  void release() {
+    if (handle != nullptr) backend->destroy(handle);
+    handle = nullptr;
+    runtime_allocator.reset();
+  }
 };
 
 std::string code(et::Error e) { return std::to_string(static_cast<int>(e)); }
 
-bool load_method(Loaded* m, std::string* error) {
+// (re)initializes the delegate with ExecuTorch's current thread pool, as Method::init
+// would: the program's named data, a runtime allocator of its own, the method's name
+bool init_delegate(Loaded* m, std::string* error) {
   ++m->loads;
-  m->method.reset();
-  m->memory.reset();
-  m->planned.reset();
-  m->spans.clear();
-  m->buffers.clear();
-  m->method_allocator.reset();
-  auto meta = m->program->method_meta("forward");
-  if (!meta.ok()) {
-    *error = "the program has no method 'forward' (error " + code(meta.error()) + ")";
-    return false;
-  }
-  for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
-    auto size = meta->memory_planned_buffer_size(i);
-    if (!size.ok()) {
-      *error = "planned buffer " + std::to_string(i) + " has no size";
-      return false;
-    }
-    m->buffers.emplace_back(static_cast<size_t>(size.get()));
-  }
-  for (auto& b : m->buffers) m->spans.emplace_back(b.data(), b.size());
-  m->planned.emplace(et::Span<et::Span<uint8_t>>(m->spans.data(), m->spans.size()));
-  m->memory.emplace(&m->method_allocator, &*m->planned, &m->temp_allocator);
+  m->release();
   m->pool = executorch::extension::threadpool::get_pthreadpool();
   m->threads = m->pool != nullptr ? pthreadpool_get_threads_count(m->pool) : 0;
-  auto method = m->program->load_method("forward", &*m->memory);
-  if (!method.ok()) {
-    *error = "ExecuTorch could not load the method (error " + code(method.error()) + ")";
+  et::FreeableBuffer processed(m->payload, m->payload_size, nullptr);
+  et::BackendInitContext context(&m->runtime_allocator, nullptr, kMethod, m->named);
+  auto handle = m->backend->init(
+      context, &processed, et::ArrayRef<et::CompileSpec>(m->specs.data(), m->specs.size()));
+  if (!handle.ok()) {
+    *error = "ExecuTorch's backend could not initialize the delegate (error " +
+        code(handle.error()) + ")";
     return false;
   }
-  m->method.emplace(std::move(method.get()));
-  size_t n = m->method->inputs_size();
-  m->inputs = n;
-  m->held.assign(n, Held{});
+  m->handle = handle.get();
+  return true;
+}
+
+bool declare(Loaded* m, const et::MethodMeta& meta, const Delegate& d, std::string* error) {
+  size_t n = meta.num_inputs();
+  if (d.ntensors != n) {
+    *error = "the program has " + std::to_string(n) + " inputs, the call " +
+        std::to_string(d.ntensors) + " tensors";
+    return false;
+  }
+  m->declared.assign(n, Declared{});
   for (size_t i = 0; i < n; ++i) {
-    auto info = meta->input_tensor_meta(i);
-    m->held[i].shared = info.ok() && !info->is_memory_planned();
+    auto info = meta.input_tensor_meta(i);
+    if (!info.ok() || info->is_memory_planned() || info->sizes().size() > kMaxDims ||
+        info->dim_order().size() != info->sizes().size()) {
+      *error = "input " + std::to_string(i) + " of the program is not an unplanned tensor";
+      return false;
+    }
+    Declared& t = m->declared[i];
+    t.dtype = static_cast<int>(info->scalar_type());
+    t.ndim = static_cast<int64_t>(info->sizes().size());
+    t.fixed = d.fixed[i] != 0;
+    for (int64_t k = 0; k < t.ndim; ++k) {
+      t.sizes[k] = info->sizes()[k];
+      t.order[k] = info->dim_order()[k];
+      t.numel *= t.sizes[k];
+    }
   }
   return true;
 }
 
+// whether `a` may stand for the declared argument `t` (what set_input and resize_tensor
+// check of an unplanned input): its dtype, rank and dim order, and its sizes, equal to
+// the declared ones for a static shape, else no more elements than at the bound
+bool fits(const Declared& t, const Arg& a) {
+  if (a.dtype != t.dtype || a.ndim != t.ndim) return false;
+  int64_t numel = 1;
+  for (int64_t d = 0; d < a.ndim; ++d) {
+    if (a.dim_order[d] != t.order[d] || a.sizes[d] < 0) return false;
+    if (t.fixed && a.sizes[d] != t.sizes[d]) return false;
+    numel *= a.sizes[d];
+  }
+  return numel <= t.numel;
+}
+
 }  // namespace
 
-void* et_load(const void* data, size_t size, std::string* error) {
+void* et_load(const void* data, size_t size, const Delegate& delegate, std::string* error) {
   et::runtime_init();
+  if (delegate.payload_offset > size || delegate.payload_size > size - delegate.payload_offset) {
+    *error = "the payload lies outside the program";
+    return nullptr;
+  }
   auto m = std::make_unique<Loaded>(data, size);
   auto program = et::Program::load(&m->loader, et::Program::Verification::InternalConsistency);
   if (!program.ok()) {
@@ -122,7 +175,41 @@ void* et_load(const void* data, size_t size, std::string* error) {
     return nullptr;
   }
   m->program.emplace(std::move(program.get()));
-  if (!load_method(m.get(), error)) return nullptr;
+  auto meta = m->program->method_meta(kMethod);
+  if (!meta.ok()) {
+    *error = "the program has no method 'forward' (error " + code(meta.error()) + ")";
+    return nullptr;
+  }
+  auto name = meta->num_backends() == 1 ? meta->get_backend_name(0)
+                                        : et::Result<const char*>(et::Error::InvalidProgram);
+  m->backend = name.ok() ? et::get_backend_class(name.get()) : nullptr;
+  if (m->backend == nullptr || !m->backend->is_available()) {
+    *error = "ExecuTorch has no backend for the program's one delegate";
+    return nullptr;
+  }
+  if (!declare(m.get(), meta.get(), delegate, error)) return nullptr;
+  auto named = m->program->get_named_data_map();
+  m->named = named.ok() ? named.get() : nullptr;
+  m->payload = static_cast<const uint8_t*>(data) + delegate.payload_offset;
+  m->payload_size = delegate.payload_size;
+  for (size_t k = 0; k < delegate.nspecs; ++k) {
+    m->spec_keys.emplace_back(delegate.specs[k].key);
+    m->spec_values.emplace_back(static_cast<const char*>(delegate.specs[k].value),
+                                delegate.specs[k].size);
+  }
+  for (size_t k = 0; k < delegate.nspecs; ++k) {
+    m->specs.push_back(et::CompileSpec{
+        m->spec_keys[k].c_str(), {m->spec_values[k].data(), m->spec_values[k].size()}});
+  }
+  size_t n = delegate.ntensors;
+  m->inputs = n;
+  m->held.assign(n, Held{});
+  m->impls.resize(n);
+  m->values.resize(n);
+  m->arg_data.resize(n);
+  for (size_t i = 0; i < n; ++i) m->arg_data[i] = &m->values[i];
+  m->args = m->arg_data.data();
+  if (!init_delegate(m.get(), error)) return nullptr;
   return m.release();
 }
 
@@ -132,8 +219,8 @@ size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->inputs; }
 
 namespace {
 
-// whether the input was handed over last with this dtype and sizes (its dim order is the
-// call's own, the same every call)
+// whether the argument was handed over last with this dtype and sizes (its dim order is
+// the call's own, the same every call)
 bool shaped_as_held(const Held& h, const Arg& a) {
   if (!h.held || h.dtype != a.dtype || h.ndim != a.ndim) return false;
   for (int64_t d = 0; d < a.ndim; ++d) {
@@ -149,64 +236,59 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   pthreadpool* pool = executorch::extension::threadpool::get_pthreadpool();
   size_t threads = pool != nullptr ? pthreadpool_get_threads_count(pool) : 0;
   if (pool != m->pool || threads != m->threads) {
-    if (!load_method(m, error)) return 1;
+    if (!init_delegate(m, error)) return 1;
   }
   if (n != m->inputs) {
-    *error = std::to_string(n) + " tensors for a method of " + std::to_string(m->inputs) +
-        " inputs";
+    *error = std::to_string(n) + " tensors for a delegate of " + std::to_string(m->inputs) +
+        " arguments";
     return 1;
   }
   for (size_t i = 0; i < n; ++i) {
     const Arg& a = args[i];
     Held& h = m->held[i];
-    // ExecuTorch keeps an input handed over until another replaces it: the same memory
-    // with the same sizes needs no new hand-over (a dynamic output the delegate resized
-    // grows back within its bound on the next call, as ExecuTorch's own program's do)
+    // the delegate reads each argument's memory and sizes from its tensor on every call:
+    // the same sizes need no new tensor, only its memory where that moved (a dynamic
+    // output the delegate resized grows back within its bound on the next call)
     if (shaped_as_held(h, a)) {
-      if (h.data == a.data) continue;
-      if (h.shared) {
-        // at other memory: for an unplanned input, what set_input would do after checking
-        // what already holds (the dtype and sizes) is to share the new memory
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-        m->method->mutable_input(i).toTensor().unsafeGetTensorImpl()->set_data(a.data);
-#pragma GCC diagnostic pop
+      if (h.data != a.data) {
+        m->impls[i]->set_data(a.data);
         h.data = a.data;
-        continue;
       }
+      continue;
     }
     h.held = false;
-    if (a.ndim < 0 || a.ndim > kMaxDims) {
-      *error = "tensor " + std::to_string(i) + " has " + std::to_string(a.ndim) +
-          " dims, over ExecuTorch's " + std::to_string(kMaxDims);
+    if (a.ndim < 0 || a.ndim > kMaxDims || !fits(m->declared[i], a)) {
+      *error = "tensor " + std::to_string(i) + " does not fit the delegate's argument " +
+          "(its dtype, rank, dim order or sizes)";
       return 1;
     }
+    const Declared& t = m->declared[i];
     h.ndim = a.ndim;
     for (int64_t d = 0; d < a.ndim; ++d) {
       h.sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
-      h.order[d] = static_cast<ea::DimOrderType>(a.dim_order[d]);
+      h.order[d] = t.order[d];
     }
     ea::StridesType step = 1;
     for (int64_t d = a.ndim - 1; d >= 0; --d) {
       h.strides[h.order[d]] = step;
       step *= h.sizes[h.order[d]];
     }
-    ea::TensorImpl impl(
+    // a new tensor in place of the old (the argument's value points at this one place):
+    // a dynamic one may be resized by the delegate up to these sizes
+    m->impls[i].emplace(
         static_cast<ea::ScalarType>(a.dtype), a.ndim, h.sizes, a.data, h.order, h.strides,
-        et::TensorShapeDynamism::DYNAMIC_BOUND);
-    et::Error e = m->method->set_input(et::EValue(ea::Tensor(&impl)), i);
-    if (e != et::Error::Ok) {
-      *error = "ExecuTorch refused tensor " + std::to_string(i) + " (error " + code(e) + ")";
-      return 1;
-    }
+        t.fixed ? et::TensorShapeDynamism::STATIC : et::TensorShapeDynamism::DYNAMIC_BOUND);
+    if (!m->values[i].isTensor()) m->values[i] = et::EValue(ea::Tensor(&*m->impls[i]));
     h.data = a.data;
     h.dtype = a.dtype;
     h.held = true;
   }
-  et::Error e = m->method->execute();
+  et::BackendExecutionContext context(nullptr, &m->temp_allocator, kMethod);
+  et::Error e = m->backend->execute(context, m->handle, et::Span<et::EValue*>(m->args, n));
+  m->temp_allocator.reset();
   if (e != et::Error::Ok) {
     for (Held& h : m->held) h.held = false;  // the next call hands everything over again
-    *error = "ExecuTorch's execute failed (error " + code(e) + ")";
+    *error = "ExecuTorch's backend failed to execute the delegate (error " + code(e) + ")";
     return 1;
   }
   return 0;
@@ -214,10 +296,8 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
 
 int64_t et_sizes(void* method, size_t i, int64_t* sizes, int64_t capacity) {
   auto* m = static_cast<Loaded*>(method);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  const ea::Tensor& t = m->method->get_input(i).toTensor();
-#pragma GCC diagnostic pop
+  if (i >= m->inputs || !m->impls[i].has_value()) return -1;
+  const ea::TensorImpl& t = *m->impls[i];
   if (t.dim() > capacity) return -1;
   for (ssize_t d = 0; d < t.dim(); ++d) sizes[d] = t.size(d);
   return t.dim();
@@ -230,18 +310,13 @@ size_t et_hot(void* method, const void** out, size_t capacity) {
   size_t n = 0;
   auto add = [&](const void* p, size_t bytes) { n = cache_lines(p, bytes, out, n, capacity); };
   add(m, 64);
-  if (m->method.has_value()) add(&*m->method, sizeof(et::Method));
-  // of each input record, the part a call compares (its memory, dtype, rank and the
-  // first sizes)
+  // of each argument's record, the part a call compares (its memory, dtype, rank and the
+  // first sizes); its value and tensor, which the delegate reads
   for (const Held& h : m->held) add(&h, offsetof(Held, sizes) + 4 * sizeof(ea::SizesType));
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  for (size_t i = 0; m->method.has_value() && i < m->inputs; ++i) {
-    const et::EValue& v = m->method->get_input(i);
-    add(&v, sizeof(v));
-    if (v.isTensor()) add(v.toTensor().unsafeGetTensorImpl(), sizeof(ea::TensorImpl));
-  }
-#pragma GCC diagnostic pop
+  add(m->arg_data.data(), m->arg_data.size() * sizeof(et::EValue*));
+  add(m->values.data(), m->values.size() * sizeof(et::EValue));
+  add(m->impls.data(), m->impls.size() * sizeof(m->impls[0]));  // (the tensors, in place)
+  if (m->handle != nullptr) add(m->handle, 64);
   return n;
 }
 

@@ -55,12 +55,12 @@ std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, const int64_t* order,
   return strides;
 }
 
-// One delegate call: ExecuTorch's method of its one-delegate program (whose inputs are
-// all the call's tensors, outputs included), and the outputs' memory, written by every
-// call (shared with the Python path of the same call).
+// One delegate call: its one-delegate program (whose inputs are all the call's tensors,
+// outputs included), whose delegate ExecuTorch's backend runs directly, and the outputs'
+// memory, written by every call (shared with the Python path of the same call).
 struct Call : torch::CustomClassHolder {
   at::Tensor program;  // the program's bytes, read in place by ExecuTorch
-  void* method = nullptr;
+  void* delegate = nullptr;  // et_calls.h: the delegate, initialized
   std::vector<at::Tensor> outs;  // each output's memory (at its bound)
   // each argument the call reads and each it writes, with its dim order, all orders in
   // one array (between two calls XNNPACK's work has pushed the call's data out of the
@@ -86,11 +86,11 @@ struct Call : torch::CustomClassHolder {
   bool any_dynamic = false;
   std::mutex lock;
   // The call that ran after this one last time, its key, and the addresses it reads
-  // first (its own data, its outputs' tensors, ExecuTorch's method) and the inputs it
+  // first (its own data, its outputs' tensors, the delegate's arguments) and the inputs it
   // got (their handles and tensors: the compiled code's memory settles, so a step's
   // tensors are mostly where the last one's were): the C entry prefetches them as this
   // call ends, so that the next call finds in the cache what XNNPACK's work pushed out.
-  // A hint only: an address gone stale (its call freed, its method loaded again) is a
+  // A hint only: an address gone stale (its call freed, its delegate initialized again) is a
   // wasted prefetch, never a read.
   static constexpr size_t kHot = 40;
   static constexpr size_t kInputsAhead = 24;
@@ -98,7 +98,7 @@ struct Call : torch::CustomClassHolder {
   static constexpr size_t kImplBytes = 192;
   static constexpr size_t kImplLines = kImplBytes / 64;
   std::atomic<const Call*> next{nullptr};
-  std::atomic<uint64_t> next_loads{0};  // the load of ExecuTorch's method `ahead` is of
+  std::atomic<uint64_t> next_loads{0};  // the delegate's init `ahead` is of
   std::atomic<const char*> next_key{nullptr};
   std::atomic<size_t> ahead_count{0};
   std::atomic<size_t> inputs_ahead_count{0};
@@ -106,16 +106,21 @@ struct Call : torch::CustomClassHolder {
   std::atomic<const void*> inputs_ahead[kInputsAhead];
   // this call's own addresses, for the call before it (read when that one learns it is
   // followed by this one; the fields above are the last a call prefetches of itself),
-  // found again when ExecuTorch's method is loaded again (`hot_loads`: for which load)
+  // found again when the delegate is initialized again (`hot_loads`: for which init)
   std::atomic<uint64_t> hot_loads{0};
   std::atomic<size_t> hot_count{0};
   std::atomic<const void*> hot[kHot];
 
   // `writes`: the argument positions the call writes, `dynamic` whether each output's
-  // shape is dynamic, `outs_` their memory; `orders`: every argument's dim order
+  // shape is dynamic, `outs_` their memory; `orders`: every argument's dim order;
+  // `payload`: where the delegate's payload lies in the program (offset, size), its
+  // compile specs (`spec_keys`, `spec_values`), and per argument whether its shape is
+  // static (`fixed`)
   Call(at::Tensor program_, const std::vector<int64_t>& writes,
        const std::vector<int64_t>& dynamic, std::vector<at::Tensor> outs_,
-       const std::vector<std::vector<int64_t>>& orders)
+       const std::vector<std::vector<int64_t>>& orders, const std::vector<int64_t>& payload,
+       const std::vector<std::string>& spec_keys, const std::vector<at::Tensor>& spec_values,
+       const std::vector<int64_t>& fixed)
       : program(std::move(program_)), outs(std::move(outs_)) {
     TORCH_CHECK(program.is_contiguous() && program.scalar_type() == at::kByte,
                 "the program must be a dense uint8 tensor");
@@ -143,18 +148,30 @@ struct Call : torch::CustomClassHolder {
       if (!written[k]) in_slots.push_back(slot(k, false));
     }
     for (size_t n = 0; n < writes.size(); ++n) out_slots.push_back(slot(writes[n], dynamic[n] != 0));
+    TORCH_CHECK(payload.size() == 2 && payload[0] >= 0 && payload[1] >= 0,
+                "the payload is an offset and a size");
+    TORCH_CHECK(spec_keys.size() == spec_values.size(), "one value per compile spec");
+    TORCH_CHECK(static_cast<int64_t>(fixed.size()) == count, "one shape kind per argument");
+    std::vector<Spec> specs;
+    for (size_t k = 0; k < spec_keys.size(); ++k) {
+      const at::Tensor& v = spec_values[k];
+      TORCH_CHECK(v.is_contiguous() && v.scalar_type() == at::kByte,
+                  "a compile spec's value must be a dense uint8 tensor");
+      specs.push_back(Spec{spec_keys[k].c_str(), v.data_ptr(), v.nbytes()});
+    }
+    std::vector<uint8_t> statics(fixed.begin(), fixed.end());
+    Delegate spec{static_cast<size_t>(payload[0]), static_cast<size_t>(payload[1]),
+                      specs.data(), specs.size(), statics.data(), statics.size()};
     std::string error;
-    method = et_load(program.data_ptr(), program.nbytes(), &error);
-    TORCH_CHECK(method != nullptr, error);
-    TORCH_CHECK(static_cast<int64_t>(et_inputs(method)) == count, "the program takes ",
-                et_inputs(method), " tensors, the call has ", count);
+    delegate = et_load(program.data_ptr(), program.nbytes(), spec, &error);
+    TORCH_CHECK(delegate != nullptr, error);
     args.resize(count);
     for (auto& a : ahead) a.store(nullptr, std::memory_order_relaxed);
     for (auto& a : inputs_ahead) a.store(nullptr, std::memory_order_relaxed);
     find_hot();
   }
 
-  // this call's own addresses (`hot`), for ExecuTorch's method as now loaded
+  // this call's own addresses (`hot`), for the delegate as now initialized
   void find_hot() {
     const void* found[kHot];
     size_t n = 0;
@@ -167,10 +184,10 @@ struct Call : torch::CustomClassHolder {
     add(order_data.data(), order_data.size() * sizeof(int64_t));
     add(args.data(), args.size() * sizeof(Arg));
     for (const at::Tensor& t : outs) add(t.unsafeGetTensorImpl(), kImplBytes);
-    n += et_hot(method, found + n, kHot - n);
+    n += et_hot(delegate, found + n, kHot - n);
     for (size_t k = 0; k < n; ++k) hot[k].store(found[k], std::memory_order_relaxed);
     hot_count.store(n, std::memory_order_relaxed);
-    hot_loads.store(et_loads(method), std::memory_order_relaxed);
+    hot_loads.store(et_loads(delegate), std::memory_order_relaxed);
   }
 
   // `after` ran right after this call (under `key`): its addresses are this call's
@@ -213,7 +230,7 @@ struct Call : torch::CustomClassHolder {
   }
 
   ~Call() override {
-    if (method != nullptr) et_free(method);
+    if (delegate != nullptr) et_free(delegate);
   }
 
   static void describe(Arg& a, const at::Tensor& t, const Slot& s) {
@@ -258,8 +275,8 @@ struct Call : torch::CustomClassHolder {
     }
     for (size_t n = 0; n < outs.size(); ++n) describe(args[out_slots[n].arg], outs[n], out_slots[n]);
     std::string error;
-    TORCH_CHECK(et_run(method, args.size(), args.data(), &error) == 0, error);
-    if (et_loads(method) != hot_loads.load(std::memory_order_relaxed)) find_hot();  // (a new pool)
+    TORCH_CHECK(et_run(delegate, args.size(), args.data(), &error) == 0, error);
+    if (et_loads(delegate) != hot_loads.load(std::memory_order_relaxed)) find_hot();  // (a new pool)
     // what is read next (the tensors handed back, their shapes and reference counts; the
     // hints for the next call) XNNPACK's work has pushed out of the cache: their misses
     // overlap from here
@@ -281,7 +298,7 @@ struct Call : torch::CustomClassHolder {
     for (size_t n = 0; n < outs.size(); ++n) {
       const Slot& s = out_slots[n];
       if (!s.dynamic) continue;
-      const int64_t nd = et_sizes(method, s.arg, sizes, 16);
+      const int64_t nd = et_sizes(delegate, s.arg, sizes, 16);
       TORCH_CHECK(nd == s.ndim, "output ", n, " came back with another rank");
       c10::IntArrayRef shape(sizes, nd);
       if (last[n].sizes() != shape) last[n] = view(n, shape);
@@ -533,7 +550,9 @@ extern "C" PTEXEC_EXPORT int64_t ptexec_native_entry_runs() {
 TORCH_LIBRARY(ptexec_native, m) {
   m.class_<ptexec_native::Call>("Call")
       .def(torch::init<at::Tensor, std::vector<int64_t>, std::vector<int64_t>,
-                       std::vector<at::Tensor>, std::vector<std::vector<int64_t>>>())
+                       std::vector<at::Tensor>, std::vector<std::vector<int64_t>>,
+                       std::vector<int64_t>, std::vector<std::string>,
+                       std::vector<at::Tensor>, std::vector<int64_t>>())
       .def("run", [](const c10::intrusive_ptr<ptexec_native::Call>& self,
                      std::vector<at::Tensor> xs) { return self->run(xs); });
   m.class_<ptexec_native::Table>("Table")

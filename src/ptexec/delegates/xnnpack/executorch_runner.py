@@ -166,6 +166,7 @@ class EtRunner:
         self.outputs: tuple[int, ...] = ()  # the arguments the payload writes
         self.pool = binder.pool
         self._digest: str | None = None
+        self._program: EtProgram | None = None
 
     def digest(self) -> str:
         """sha256 of the one-delegate program ExecuTorch loaded (the payload, the named
@@ -180,6 +181,10 @@ class EtRunner:
     def program_data(self) -> bytes:
         """The one-delegate program ExecuTorch loaded (read only)."""
         return self._binder.data
+
+    def program(self) -> EtProgram | None:
+        """What the one-delegate program was written from (None: not known)."""
+        return self._program
 
     def release(self) -> None:
         """Drop ExecuTorch's method of the payload (XNNPACK's packed weights with it) until
@@ -497,7 +502,8 @@ class EtProgram:
     (``outputs``), the names given to its dynamic outputs, their bounds in bytes and the
     runner's ``source``. ``spans``: where the payload and each named blob the graph reads
     (``named``, in that order) lie in ``data`` (offset, length), so that the same program
-    can be recognized by its bytes (:meth:`same_bytes`)."""
+    can be recognized by its bytes (:meth:`same_bytes`); ``compile_specs``: the
+    delegate's, as written in ``data``."""
 
     data: bytes
     tensors: tuple[p.Tensor, ...]
@@ -509,6 +515,7 @@ class EtProgram:
     spans: tuple[tuple[int, int], ...]
     orders: Mapping[int, tuple[int, ...]]  # each input's dim order
     globals: Mapping[str, Any]  # what every runner's namespace starts with
+    compile_specs: tuple[p.CompileSpec, ...] = ()
 
     def same_bytes(self, processed: memoryview, named_data: Mapping[str, memoryview]) -> bool:
         """Whether ``processed`` and ``named_data`` hold exactly the bytes this program was
@@ -563,6 +570,7 @@ def program_of(
         spans,
         orders,
         _globals(tensors, orders),
+        tuple(compile_specs),
     )
 
 
@@ -639,6 +647,7 @@ def runner_of(
 
     runner = _generate(binder, program) if fn is None else EtRunner(fn, program.source, binder)
     runner._make_traced = traced
+    runner._program = program
     runner.outputs = program.outputs
     if binder.deferred and deferred is not None:
         deferred.append(runner)
