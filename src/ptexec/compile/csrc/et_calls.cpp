@@ -34,12 +34,14 @@ constexpr const char* kMethod = "forward";  // the one-delegate program's method
 
 // One argument of the delegate: what was handed over last (its memory, dtype and sizes;
 // `held` false: nothing, or a call failed) and its geometry as the delegate reads it,
-// kept across calls (the tensor's object points at these arrays).
+// kept across calls (the tensor's object points at these arrays: `sizes` are its sizes
+// now, which the delegate changes where it resizes an output; `handed`, those handed).
 struct Held {
   void* data = nullptr;
   int dtype = -1;
   bool held = false;
   int64_t ndim = 0;
+  ea::SizesType handed[kMaxDims] = {};
   ea::SizesType sizes[kMaxDims] = {};
   ea::DimOrderType order[kMaxDims] = {};
   ea::StridesType strides[kMaxDims] = {};
@@ -56,12 +58,28 @@ struct Declared {
   ea::DimOrderType order[kMaxDims] = {};
 };
 
+// The allocator the delegate may take scratch memory from during a call, emptied after
+// the call where it did (`used`: in the record every call reads, so that a call that
+// took none reads nothing more).
+class Scratch final : public executorch::extension::MallocMemoryAllocator {
+ public:
+  explicit Scratch(bool* used) : used_(used) {}
+  void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
+    *used_ = true;
+    return MallocMemoryAllocator::allocate(size, alignment);
+  }
+
+ private:
+  bool* used_;
+};
+
 struct Loaded {
   // what every call reads first, together at the front
   pthreadpool* pool = nullptr;  // the pool the delegate's XNNPACK runtime was made with
   size_t threads = 0;
   size_t inputs = 0;  // the delegate's argument count
   uint64_t loads = 0;  // how many times the delegate was initialized
+  bool scratch_used = false;  // the delegate took memory from `scratch` in this call
   const et::BackendInterface* backend = nullptr;
   et::DelegateHandle* handle = nullptr;
   et::EValue** args = nullptr;  // into `arg_data`: what execute reads
@@ -82,7 +100,7 @@ struct Loaded {
   std::optional<et::Program> program;
   const et::NamedDataMap* named = nullptr;
   executorch::extension::MallocMemoryAllocator runtime_allocator;
-  executorch::extension::MallocMemoryAllocator temp_allocator;
+  Scratch scratch{&scratch_used};
 
   Loaded(const void* data, size_t size) : loader(data, size) {}
   Loaded(const Loaded&) = delete;
@@ -224,7 +242,7 @@ namespace {
 bool shaped_as_held(const Held& h, const Arg& a) {
   if (!h.held || h.dtype != a.dtype || h.ndim != a.ndim) return false;
   for (int64_t d = 0; d < a.ndim; ++d) {
-    if (h.sizes[d] != a.sizes[d]) return false;
+    if (h.handed[d] != a.sizes[d]) return false;
   }
   return true;
 }
@@ -246,9 +264,9 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   for (size_t i = 0; i < n; ++i) {
     const Arg& a = args[i];
     Held& h = m->held[i];
-    // the delegate reads each argument's memory and sizes from its tensor on every call:
-    // the same sizes need no new tensor, only its memory where that moved (a dynamic
-    // output the delegate resized grows back within its bound on the next call)
+    // the delegate reads each argument's memory (and an input's sizes) from its tensor on
+    // every call: the sizes handed last time need no new tensor, only its memory where
+    // that moved (an output the delegate resized keeps the bound it was handed with)
     if (shaped_as_held(h, a)) {
       if (h.data != a.data) {
         m->impls[i]->set_data(a.data);
@@ -265,7 +283,7 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
     const Declared& t = m->declared[i];
     h.ndim = a.ndim;
     for (int64_t d = 0; d < a.ndim; ++d) {
-      h.sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
+      h.handed[d] = h.sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
       h.order[d] = t.order[d];
     }
     ea::StridesType step = 1;
@@ -283,9 +301,12 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
     h.dtype = a.dtype;
     h.held = true;
   }
-  et::BackendExecutionContext context(nullptr, &m->temp_allocator, kMethod);
+  et::BackendExecutionContext context(nullptr, &m->scratch, kMethod);
   et::Error e = m->backend->execute(context, m->handle, et::Span<et::EValue*>(m->args, n));
-  m->temp_allocator.reset();
+  if (m->scratch_used) {
+    m->scratch.reset();
+    m->scratch_used = false;
+  }
   if (e != et::Error::Ok) {
     for (Held& h : m->held) h.held = false;  // the next call hands everything over again
     *error = "ExecuTorch's backend failed to execute the delegate (error " + code(e) + ")";
@@ -311,8 +332,8 @@ size_t et_hot(void* method, const void** out, size_t capacity) {
   auto add = [&](const void* p, size_t bytes) { n = cache_lines(p, bytes, out, n, capacity); };
   add(m, 64);
   // of each argument's record, the part a call compares (its memory, dtype, rank and the
-  // first sizes); its value and tensor, which the delegate reads
-  for (const Held& h : m->held) add(&h, offsetof(Held, sizes) + 4 * sizeof(ea::SizesType));
+  // first sizes handed); its value and tensor, which the delegate reads
+  for (const Held& h : m->held) add(&h, offsetof(Held, handed) + 4 * sizeof(ea::SizesType));
   add(m->arg_data.data(), m->arg_data.size() * sizeof(et::EValue*));
   add(m->values.data(), m->values.size() * sizeof(et::EValue));
   add(m->impls.data(), m->impls.size() * sizeof(m->impls[0]));  // (the tensors, in place)

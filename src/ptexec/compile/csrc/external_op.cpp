@@ -85,19 +85,22 @@ struct Call : torch::CustomClassHolder {
   std::vector<std::vector<at::Tensor>> views;
   bool any_dynamic = false;
   std::mutex lock;
+  // which init of the delegate this call's own addresses (`hot`, below) are of: read by
+  // the call before it on every call, so among what a call prefetches of itself
+  std::atomic<uint64_t> hot_loads{0};
   // The call that ran after this one last time, its key, and the addresses it reads
   // first (its own data, its outputs' tensors, the delegate's arguments) and the inputs it
   // got (their handles and tensors: the compiled code's memory settles, so a step's
   // tensors are mostly where the last one's were): the C entry prefetches them as this
   // call ends, so that the next call finds in the cache what XNNPACK's work pushed out.
-  // A hint only: an address gone stale (its call freed, its delegate initialized again) is a
-  // wasted prefetch, never a read.
+  // A hint only: an address gone stale (its call freed, its delegate initialized again)
+  // is a wasted prefetch, never a read.
   static constexpr size_t kHot = 40;
   static constexpr size_t kInputsAhead = 24;
   // of a tensor's object, the part a call reads (data, dtype, sizes, reference count)
   static constexpr size_t kImplBytes = 192;
   static constexpr size_t kImplLines = kImplBytes / 64;
-  std::atomic<const Call*> next{nullptr};
+  alignas(64) std::atomic<const Call*> next{nullptr};  // (the hints start a cache line)
   std::atomic<uint64_t> next_loads{0};  // the delegate's init `ahead` is of
   std::atomic<const char*> next_key{nullptr};
   std::atomic<size_t> ahead_count{0};
@@ -106,8 +109,7 @@ struct Call : torch::CustomClassHolder {
   std::atomic<const void*> inputs_ahead[kInputsAhead];
   // this call's own addresses, for the call before it (read when that one learns it is
   // followed by this one; the fields above are the last a call prefetches of itself),
-  // found again when the delegate is initialized again (`hot_loads`: for which init)
-  std::atomic<uint64_t> hot_loads{0};
+  // found again when the delegate is initialized again (`hot_loads`)
   std::atomic<size_t> hot_count{0};
   std::atomic<const void*> hot[kHot];
 
@@ -281,7 +283,7 @@ struct Call : torch::CustomClassHolder {
     // hints for the next call) XNNPACK's work has pushed out of the cache: their misses
     // overlap from here
     const char* hints = reinterpret_cast<const char*>(&next);
-    for (const char* at = hints; at < reinterpret_cast<const char*>(&hot_loads); at += 64) {
+    for (const char* at = hints; at < reinterpret_cast<const char*>(&hot_count); at += 64) {
       __builtin_prefetch(at);
     }
     for (const at::Tensor& t : last.size() == outs.size() ? last : outs) {
