@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ptexec
-from llm_support import PROMPT, executorch_greedy, llm_programs, program
+from llm_support import PROMPT, executorch_greedy, executorch_logits, llm_programs, program
 from ptexec.errors import GenerationError
 from ptexec.llm import (
     GenerationConfig,
@@ -143,6 +143,28 @@ def test_runner_takes_bos_eos_vocab_from_the_program(tokenizer: Path) -> None:
     assert r.decoder.max_chunk == MODEL.max_seq_len - 1
     assert not r.decoder.pos_vector
     assert _runner("portable_static", tokenizer).decoder.max_chunk == 1
+
+
+def test_decoder_logits_are_the_callers_to_keep() -> None:
+    """``TextDecoder.step`` and ``prefill`` return logits a later call leaves as they
+    were (ExecuTorch's ``execute`` returns new tensors too), equal to ExecuTorch's for the
+    same tokens; ``share_logits=True`` returns views of the method's memory instead,
+    which the next call rewrites (what the runners' loop samples from)."""
+    pte = program("portable")
+    tokens = [MODEL.bos_id, 7, 11, 13]
+    want = executorch_logits(pte, tokens)
+    decoder = TextDecoder(ptexec.load(pte))
+    kept = [decoder.prefill(tokens[:2], 0)]
+    kept += [decoder.step(t, pos) for pos, t in enumerate(tokens[2:], start=2)]
+    for k, (got, ref) in enumerate(zip(kept, [want[1], want[2], want[3]], strict=True)):
+        torch.testing.assert_close(got.reshape(-1), ref.reshape(-1), rtol=1e-4, atol=1e-4)
+        assert k == 0 or not torch.equal(got, kept[k - 1]), f"step {k} equals the one before"
+    shared = TextDecoder(ptexec.load(pte), share_logits=True)
+    first = shared.prefill(tokens[:2], 0)
+    second = shared.step(tokens[2], 2)
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert not torch.equal(first, kept[0])  # the method's memory, rewritten
+    torch.testing.assert_close(second.reshape(-1), want[2].reshape(-1), rtol=1e-4, atol=1e-4)
 
 
 def test_not_a_generation_program() -> None:

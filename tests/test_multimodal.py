@@ -23,6 +23,7 @@ from ptexec.errors import GenerationError
 from ptexec.llm import (
     GenerationConfig,
     ImagePreprocessor,
+    MultimodalDecoder,
     MultimodalMethods,
     MultimodalRunner,
     make_audio_input,
@@ -1151,3 +1152,29 @@ def test_adjacent_image_placeholders_take_one_image_each(llava: Path, image_serv
     assert runner.stats.num_prompt_tokens == inputs["input_ids"].shape[1]
     r = _chat(image_server, "hi", response_format={"type": "json_object"}, max_tokens=4)
     assert r.status_code == 400 and "cannot write" in r.json()["error"]["message"], r.text
+
+
+def test_decoder_logits_are_the_callers_to_keep(llava: Path) -> None:
+    """``MultimodalDecoder.prefill`` and ``step`` return logits a later call leaves as
+    they were, the same a fresh decoder computes for those calls; ``share_logits=True``
+    returns views of the method's memory, which the next call rewrites."""
+    import ptexec
+
+    program = ptexec.load(llava / "model.pte")
+    methods = MultimodalMethods.find(program.method_names)
+    assert methods is not None
+    tokens = [1, 7, 11, 13]
+
+    def calls(decoder: MultimodalDecoder, n: int) -> list[torch.Tensor]:
+        out = [decoder.prefill(tokens[:2], 0)]
+        return out + [decoder.step(t, pos) for pos, t in enumerate(tokens[2:n], start=2)]
+
+    kept = calls(MultimodalDecoder(program, methods), 4)
+    for n in (2, 3):  # a fresh decoder, stopped after the call of kept[n - 2]
+        again = calls(MultimodalDecoder(program, methods), n)[-1]
+        torch.testing.assert_close(kept[n - 2], again, rtol=0, atol=0)
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[1], kept[2])
+    shared = calls(MultimodalDecoder(program, methods, share_logits=True), 3)
+    storage = [t.untyped_storage().data_ptr() for t in shared]
+    assert storage[0] == storage[1] and not torch.equal(shared[0], kept[0])  # rewritten
+    torch.testing.assert_close(shared[1], kept[1], rtol=0, atol=0)

@@ -239,17 +239,25 @@ def example_inputs(
 class TextDecoder:
     """Runs a generation program's ``forward``: prefill a prompt, decode one token.
 
-    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...). Raises
+    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...). The logits
+    ``prefill`` and ``step`` return are the caller's to keep; with ``share_logits=True``
+    they are views of the method's memory instead, valid until the next call (what a loop
+    that samples from each before the next does without a copy). Raises
     :class:`~ptexec.errors.GenerationError` when ``forward`` is not shaped like a
     generation program.
     """
 
-    def __init__(self, program: Any, method: str = "forward", **options: Any) -> None:
+    def __init__(
+        self, program: Any, method: str = "forward", share_logits: bool = False, **options: Any
+    ) -> None:
         self.metadata = read_metadata(program)
         meta = program.method_meta(method, options.get("device_map"))
         layout = DecoderLayout(self.metadata, meta, method)
         self.layout = layout
-        options.setdefault("outputs", "view")  # logits are sampled before the next call
+        self.share_logits = share_logits
+        # the method's outputs are views either way: only the last row of the logits is
+        # handed out, copied unless shared
+        options.setdefault("outputs", "view")
         self.method = program.load_method(method, **options)
         self.device = layout.device
         self.token_dtype = layout.token_dtype
@@ -299,13 +307,13 @@ class TextDecoder:
                 f"{self.max_context_len} tokens"
             )
         if not self.use_kv_cache:
-            return self._call([*history, *tokens][-self.max_chunk :], 0)
+            return self._kept(self._call([*history, *tokens][-self.max_chunk :], 0))
         logits: torch.Tensor | None = None
         step = self.max_chunk
         for i in range(0, len(tokens), step):
             logits = self._call(tokens[i : i + step], pos + i)
         assert logits is not None
-        return logits
+        return self._kept(logits)
 
     def step(self, token: int, pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate one token at ``pos`` (a program without a KV cache re-reads ``history``,
@@ -315,5 +323,10 @@ class TextDecoder:
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
         if not self.use_kv_cache:
-            return self._call([*history, token][-self.max_chunk :], 0)
-        return self._call((token,), pos)
+            return self._kept(self._call([*history, token][-self.max_chunk :], 0))
+        return self._kept(self._call((token,), pos))
+
+    def _kept(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` as :meth:`step` and :meth:`prefill` hand them out (a copy unless
+        shared)."""
+        return logits if self.share_logits else logits.clone()

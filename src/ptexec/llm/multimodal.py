@@ -220,11 +220,20 @@ class MultimodalDecoder:
     It has :class:`~ptexec.llm.decoder.TextDecoder`'s interface (``prefill``, ``step``,
     ``metadata``, ``max_context_len``, ``vocab_size``, ``execution_ms``) so the runners'
     loop drives it unchanged; ``prefill`` also takes the media rows to splice in.
-    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...).
+    ``options`` go to ``load_method`` (``device_map``, ``compile``, ...). The logits are
+    the caller's to keep unless ``share_logits`` (views, valid until the next call), as
+    the text decoder's.
     """
 
-    def __init__(self, program: Any, methods: MultimodalMethods, **options: Any) -> None:
+    def __init__(
+        self,
+        program: Any,
+        methods: MultimodalMethods,
+        share_logits: bool = False,
+        **options: Any,
+    ) -> None:
         self.methods = methods
+        self.share_logits = share_logits
         self.metadata: LlmMetadata = read_metadata(program)
         models = {methods.embedding, methods.decoder, methods.decode}
         models |= {m for m in (methods.vision, methods.audio) if m}
@@ -403,7 +412,7 @@ class MultimodalDecoder:
         for i in range(0, n, step):
             logits = self._decode_rows(call, self._decoder, embeds[i : i + step], pos + i)
         assert logits is not None
-        return logits
+        return logits if self.share_logits else logits.clone()
 
     def step(self, token: int, pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate one token at ``pos``; its logits."""
@@ -411,7 +420,8 @@ class MultimodalDecoder:
             raise GenerationError(
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
-        return self._decode_rows(self._decode, self._decoder_step, self.embed((token,)), pos)
+        logits = self._decode_rows(self._decode, self._decoder_step, self.embed((token,)), pos)
+        return logits if self.share_logits else logits.clone()
 
 
 # -- audio: the one boundary to the feature code ------------------------------------------------
@@ -555,9 +565,10 @@ class MultimodalRunner(_Runner):
 
     def _load_decoder(self, program: Any, method: str, options: dict[str, Any]) -> Any:
         methods = MultimodalMethods.find(program.method_names)
+        # the loop samples from each call's logits before the next (and copies what it keeps)
         if methods is None:
-            return TextDecoder(program, method, **options)
-        return MultimodalDecoder(program, methods, **options)
+            return TextDecoder(program, method, share_logits=True, **options)
+        return MultimodalDecoder(program, methods, share_logits=True, **options)
 
     def _extra_execution_ms(self) -> float:
         return float(self.decoder.encoder_ms) if self.multimodal else 0.0

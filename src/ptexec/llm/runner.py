@@ -177,7 +177,8 @@ class _Runner:
 
     def _load_decoder(self, program: Any, method: str, options: dict[str, Any]) -> Any:
         """The object that runs the program (a :class:`TextDecoder` here)."""
-        return TextDecoder(program, method, **options)
+        # the loop samples from each call's logits before the next (and copies what it keeps)
+        return TextDecoder(program, method, share_logits=True, **options)
 
     def _extra_execution_ms(self) -> float:
         """Model time of a generation spent outside the decoder (encoders); 0 here."""
