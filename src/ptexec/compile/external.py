@@ -197,16 +197,11 @@ class ExternalCall:
                 self._outs = tuple(_dense(o.sizes, o.dim_order, o.dtype) for o in self.outputs)
             return self._outs
 
-    def program_data(self) -> bytes | None:
-        """The one-delegate program the runner loaded into ExecuTorch (None: the runner
-        is not ExecuTorch's), for :mod:`.native` to load the same."""
-        data = getattr(self.runner, "program_data", None)
-        return data() if callable(data) else None
-
     def program(self) -> Any:
-        """What the runner's one-delegate program was written from (an ExecuTorch
-        runner's ``EtProgram``: its bytes, where its payload lies, its compile specs and
-        tensors), or None."""
+        """The one-delegate program the runner loaded into ExecuTorch, as written (an
+        ExecuTorch runner's ``EtProgram``: its bytes, where its payload lies, its compile
+        specs and tensors), for :mod:`.native` to load the same; None: the runner is not
+        ExecuTorch's."""
         program = getattr(self.runner, "program", None)
         return program() if callable(program) else None
 
