@@ -253,7 +253,8 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   auto* m = static_cast<Loaded*>(method);
   pthreadpool* pool = executorch::extension::threadpool::get_pthreadpool();
   size_t threads = pool != nullptr ? pthreadpool_get_threads_count(pool) : 0;
-  if (pool != m->pool || threads != m->threads) {
+  // (no handle: the last init failed, and is tried again)
+  if (m->handle == nullptr || pool != m->pool || threads != m->threads) {
     if (!init_delegate(m, error)) return 1;
   }
   if (n != m->inputs) {
