@@ -121,9 +121,11 @@ def test_same_shapes_in_new_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_new_thread_pool_loads_the_method_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_thread_pool_initializes_the_delegate_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Resizing ExecuTorch's pool destroys the one XNNPACK's runtime was made with: the
-    next native call loads its method again and computes the same."""
+    next native call initializes its delegate again and computes the same."""
     name = "transformer_int8_dynamic_int4w_pc"
     compiled = _compiled(name, monkeypatch, natively=True)
     plain = ptexec.load(XNNPACK_DIR / XNNPACK[name]["pte"]).load_method("forward")
