@@ -233,8 +233,6 @@ void* et_load(const void* data, size_t size, const Delegate& delegate, std::stri
 
 void et_free(void* method) { delete static_cast<Loaded*>(method); }
 
-size_t et_inputs(void* method) { return static_cast<Loaded*>(method)->inputs; }
-
 namespace {
 
 // whether the argument was handed over last with this dtype and sizes (its dim order is

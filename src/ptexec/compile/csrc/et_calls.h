@@ -50,7 +50,6 @@ struct Delegate {
 // ExecuTorch Method); nullptr with `error` set when ExecuTorch refuses it.
 void* et_load(const void* data, size_t size, const Delegate& delegate, std::string* error);
 void et_free(void* method);
-size_t et_inputs(void* method);
 // Hands `args` over as the delegate's arguments and executes it; nonzero with `error`
 // set on failure. A delegate initialized with a thread pool that is no longer
 // ExecuTorch's is initialized again first (XNNPACK's runtime keeps the pool it was made

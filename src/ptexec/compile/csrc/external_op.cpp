@@ -163,7 +163,7 @@ struct Call : torch::CustomClassHolder {
     }
     std::vector<uint8_t> statics(fixed.begin(), fixed.end());
     Delegate spec{static_cast<size_t>(payload[0]), static_cast<size_t>(payload[1]),
-                      specs.data(), specs.size(), statics.data(), statics.size()};
+                  specs.data(), specs.size(), statics.data(), statics.size()};
     std::string error;
     delegate = et_load(program.data_ptr(), program.nbytes(), spec, &error);
     TORCH_CHECK(delegate != nullptr, error);
