@@ -34,8 +34,9 @@ constexpr const char* kMethod = "forward";  // the one-delegate program's method
 
 // One argument of the delegate: what was handed over last (its memory, dtype and sizes;
 // `held` false: nothing, or a call failed) and its geometry as the delegate reads it,
-// kept across calls (the tensor's object points at these arrays: `sizes` are its sizes
-// now, which the delegate changes where it resizes an output; `handed`, those handed).
+// kept across calls (the tensor's object points at these arrays, and at the declared
+// dim order: `sizes` are its sizes now, which the delegate changes where it resizes an
+// output; `handed`, those handed).
 struct Held {
   void* data = nullptr;
   int dtype = -1;
@@ -43,7 +44,6 @@ struct Held {
   int64_t ndim = 0;
   ea::SizesType handed[kMaxDims] = {};
   ea::SizesType sizes[kMaxDims] = {};
-  ea::DimOrderType order[kMaxDims] = {};
   ea::StridesType strides[kMaxDims] = {};
 };
 
@@ -279,21 +279,20 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
           "(its dtype, rank, dim order or sizes)";
       return 1;
     }
-    const Declared& t = m->declared[i];
+    Declared& t = m->declared[i];  // (its dim order is the argument's: `fits`)
     h.ndim = a.ndim;
     for (int64_t d = 0; d < a.ndim; ++d) {
       h.handed[d] = h.sizes[d] = static_cast<ea::SizesType>(a.sizes[d]);
-      h.order[d] = t.order[d];
     }
     ea::StridesType step = 1;
     for (int64_t d = a.ndim - 1; d >= 0; --d) {
-      h.strides[h.order[d]] = step;
-      step *= h.sizes[h.order[d]];
+      h.strides[t.order[d]] = step;
+      step *= h.sizes[t.order[d]];
     }
     // a new tensor in place of the old (the argument's value points at this one place):
     // a dynamic one may be resized by the delegate up to these sizes
     m->impls[i].emplace(
-        static_cast<ea::ScalarType>(a.dtype), a.ndim, h.sizes, a.data, h.order, h.strides,
+        static_cast<ea::ScalarType>(a.dtype), a.ndim, h.sizes, a.data, t.order, h.strides,
         t.fixed ? et::TensorShapeDynamism::STATIC : et::TensorShapeDynamism::DYNAMIC_BOUND);
     if (!m->values[i].isTensor()) m->values[i] = et::EValue(ea::Tensor(&*m->impls[i]));
     h.data = a.data;
