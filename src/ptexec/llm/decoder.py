@@ -42,6 +42,7 @@ __all__ = [
     "TextDecoder",
     "constant_outputs",
     "example_inputs",
+    "handed_logits",
     "load_options",
     "read_metadata",
 ]
@@ -307,13 +308,15 @@ class TextDecoder:
                 f"{self.max_context_len} tokens"
             )
         if not self.use_kv_cache:
-            return self._kept(self._call([*history, *tokens][-self.max_chunk :], 0))
+            return handed_logits(
+                self._call([*history, *tokens][-self.max_chunk :], 0), self.share_logits
+            )
         logits: torch.Tensor | None = None
         step = self.max_chunk
         for i in range(0, len(tokens), step):
             logits = self._call(tokens[i : i + step], pos + i)
         assert logits is not None
-        return self._kept(logits)
+        return handed_logits(logits, self.share_logits)
 
     def step(self, token: int, pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate one token at ``pos`` (a program without a KV cache re-reads ``history``,
@@ -323,10 +326,13 @@ class TextDecoder:
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
         if not self.use_kv_cache:
-            return self._kept(self._call([*history, token][-self.max_chunk :], 0))
-        return self._kept(self._call((token,), pos))
+            return handed_logits(
+                self._call([*history, token][-self.max_chunk :], 0), self.share_logits
+            )
+        return handed_logits(self._call((token,), pos), self.share_logits)
 
-    def _kept(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` as :meth:`step` and :meth:`prefill` hand them out (a copy unless
-        shared)."""
-        return logits if self.share_logits else logits.clone()
+
+def handed_logits(logits: torch.Tensor, share: bool) -> torch.Tensor:
+    """``logits`` as a decoder's ``step`` and ``prefill`` hand them out: a copy the
+    caller keeps, unless ``share`` (the view itself, valid until the next call)."""
+    return logits if share else logits.clone()

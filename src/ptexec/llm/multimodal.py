@@ -65,7 +65,7 @@ import torch
 
 from ..errors import GenerationError
 from .config import GenerationConfig, _now_ms
-from .decoder import LlmMetadata, TextDecoder, constant_outputs, read_metadata
+from .decoder import LlmMetadata, TextDecoder, constant_outputs, handed_logits, read_metadata
 from .image import ImagePreprocessor
 from .inputs import MultimodalInput, make_audio_input, make_image_input, make_token_input
 from .runner import StatsCallback, TokenCallback, _Runner
@@ -412,7 +412,7 @@ class MultimodalDecoder:
         for i in range(0, n, step):
             logits = self._decode_rows(call, self._decoder, embeds[i : i + step], pos + i)
         assert logits is not None
-        return logits if self.share_logits else logits.clone()
+        return handed_logits(logits, self.share_logits)
 
     def step(self, token: int, pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate one token at ``pos``; its logits."""
@@ -421,7 +421,7 @@ class MultimodalDecoder:
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
         logits = self._decode_rows(self._decode, self._decoder_step, self.embed((token,)), pos)
-        return logits if self.share_logits else logits.clone()
+        return handed_logits(logits, self.share_logits)
 
 
 # -- audio: the one boundary to the feature code ------------------------------------------------
