@@ -140,7 +140,6 @@ def nokv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _nokv_program(d: Path, extra: dict[str, Any], static: bool = False) -> tuple[Path, Path]:
     pytest.importorskip("executorch.exir")
     from executorch.exir import to_edge
-    from tokenizers import Tokenizer, models, pre_tokenizers
     from torch.export import Dim, export
 
     class SumModel(torch.nn.Module):
@@ -162,11 +161,18 @@ def _nokv_program(d: Path, extra: dict[str, Any], static: bool = False) -> tuple
     }
     pte = d / "nokv.pte"
     pte.write_bytes(to_edge(ep, constant_methods=metadata).to_executorch().buffer)
+    return pte, _word_tokenizer(d)
+
+
+def _word_tokenizer(d: Path) -> Path:
+    """A word-level tokenizer ``t0 .. t63`` in ``d`` (BOS t1, EOS t63)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(_NOKV_VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "t1", "eos_token": "t63"}))
-    return pte, d / "tokenizer.json"
+    return d / "tokenizer.json"
 
 
 def _sum_model(context: list[int], n: int) -> list[int]:
@@ -246,3 +252,56 @@ def test_no_kv_cache_prefill_feeds_what_step_feeds(nokv: tuple[Path, Path]) -> N
     want = decoder.step(prompt[-1], len(history) + 2, history + prompt[:-1])
     assert torch.equal(got, want)
     assert int(got.argmax()) == sum((history + prompt)[-_NOKV_WINDOW:]) % _NOKV_VOCAB
+
+
+def _counting_program(d: Path, static: bool) -> tuple[Path, Path]:
+    """A program said to keep a cache (no ``use_kv_cache`` method: ExecuTorch's default)
+    that takes no position: it keeps a running sum of every token it is fed in a buffer,
+    and its argmax is that sum % 64. ``static``: one token a call; else up to 16."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir import to_edge
+    from torch.export import Dim, export
+
+    class Counting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("total", torch.zeros(1, dtype=torch.long))
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            self.total.add_(tokens.sum(dim=1))
+            return torch.nn.functional.one_hot(self.total % _NOKV_VOCAB, _NOKV_VOCAB).float()
+
+    example = (torch.ones(1, 1 if static else 4, dtype=torch.long),)
+    n = Dim("n", min=1, max=_NOKV_WINDOW)
+    ep = export(Counting(), example, dynamic_shapes=None if static else {"tokens": {1: n}})
+    metadata = {"get_max_seq_len": _NOKV_WINDOW, "get_vocab_size": _NOKV_VOCAB, "get_eos_ids": [63]}
+    pte = d / "counting.pte"
+    pte.write_bytes(to_edge(ep, constant_methods=metadata).to_executorch().buffer)
+    return pte, _word_tokenizer(d)
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["one-token", "dynamic"])
+def test_a_program_said_to_keep_a_cache_without_a_position_is_fed_new_tokens(
+    tmp_path: Path, static: bool
+) -> None:
+    """A program whose metadata says it keeps a cache but that takes no position input
+    is fed each token once, as ExecuTorch's runner feeds it: the whole prompt (one token
+    a call when its input takes one), then each generated token alone; not the last
+    prompt token alone, nor the whole context again each step."""
+    pytest.importorskip("executorch.runtime")
+    from executorch.runtime import Runtime
+
+    pte, tok = _counting_program(tmp_path, static)
+    prompt, n = [5, 7, 11], 4
+    method: Any = Runtime.get().load_program(str(pte)).load_method("forward")
+    for fed in [[t] for t in prompt] if static else [prompt]:
+        out = method.execute([torch.tensor([fed])])[0]
+    want = [int(out.argmax())]
+    while len(want) < n:
+        want.append(int(method.execute([torch.tensor([[want[-1]]])])[0].argmax()))
+    assert want == [23, 46, 28, 56]  # each the sum of every token fed, % 64
+
+    r = TextLLMRunner(str(pte), str(tok), print_output=False)
+    config = GenerationConfig(temperature=0.0, max_new_tokens=n, echo=False, ignore_eos=True)
+    r.generate_text(" ".join(f"t{i}" for i in prompt), config)
+    assert r.generated_tokens == want

@@ -141,6 +141,12 @@ class DecoderLayout:
         self.token_dtype: torch.dtype = tokens.dtype
         said = bool(metadata.get("use_kv_cache", True))
         self.use_kv_cache = said and len(meta.inputs) > 1
+        """Whether the program takes a position input (its cache is at that position)."""
+        self.reads_context = not said
+        """Whether each call reads the whole context (the metadata says the program keeps
+        no cache); else each call is fed its new tokens alone, as ExecuTorch's runner
+        feeds them (a program said to keep a cache but taking no position counts
+        positions itself)."""
         dyn = tokens.dynamism != "static"
         self.dynamic = bool(metadata.get("enable_dynamic_shape", dyn)) and dyn
         self.max_chunk = int(tokens.sizes[1]) if self.dynamic else 1
@@ -263,6 +269,7 @@ class TextDecoder:
         self.device = layout.device
         self.token_dtype = layout.token_dtype
         self.use_kv_cache = layout.use_kv_cache
+        self.reads_context = layout.reads_context
         self.dynamic = layout.dynamic
         self.max_chunk = layout.max_chunk
         self.max_seq_len = layout.max_seq_len
@@ -298,8 +305,8 @@ class TextDecoder:
 
     def prefill(self, tokens: Sequence[int], pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate ``tokens`` at positions ``pos, pos + 1, ...``; the last position's logits.
-        A program without a KV cache re-reads ``history`` (the tokens before them) with
-        them, as :meth:`step` does."""
+        A program that reads its whole context (:attr:`reads_context`) re-reads ``history``
+        (the tokens before them) with them, as :meth:`step` does."""
         if not tokens:
             raise GenerationError("prefill needs at least one token")
         if pos + len(tokens) > self.max_context_len:
@@ -307,7 +314,7 @@ class TextDecoder:
                 f"{len(tokens)} tokens at position {pos} do not fit the context of "
                 f"{self.max_context_len} tokens"
             )
-        if not self.use_kv_cache:
+        if self.reads_context:
             return handed_logits(
                 self._call([*history, *tokens][-self.max_chunk :], 0), self.share_logits
             )
@@ -319,13 +326,13 @@ class TextDecoder:
         return handed_logits(logits, self.share_logits)
 
     def step(self, token: int, pos: int, history: Sequence[int] = ()) -> torch.Tensor:
-        """Evaluate one token at ``pos`` (a program without a KV cache re-reads ``history``,
-        every token before it); its logits."""
+        """Evaluate one token at ``pos`` (a program reading its whole context re-reads
+        ``history``, every token before it); its logits."""
         if pos >= self.max_context_len:
             raise GenerationError(
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
-        if not self.use_kv_cache:
+        if self.reads_context:
             return handed_logits(
                 self._call([*history, token][-self.max_chunk :], 0), self.share_logits
             )
