@@ -285,6 +285,25 @@ def test_language_is_detected_as_transformers_detects(folders: dict[str, Path], 
     assert len(detected) > 1  # the detection depends on the table and the audio
 
 
+def test_a_forced_eos_follows_a_detected_language(folders: dict[str, Path], eager: Any) -> None:
+    """A forced EOS at the budget's last step, with the language detected from the audio:
+    the prompt's length is known before its language is (one token for it), as
+    transformers counts it."""
+    folder = folders["whisper_portable"]
+    table = {"<|en|>": 10, "<|fr|>": 12, "<|de|>": 14}
+    plain = _whisper_config(lang_to_id=table)
+    x = _features(0)
+    greedy = _whisper_generate(eager, x, plain, 8)
+    eos = 3 if greedy[-1] != 3 else 4  # (not the token greedy decoding ends with)
+    gen = _whisper_config(lang_to_id=table, forced_eos_token_id=eos)
+    runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen)
+    assert runner.prompt.detect
+    got = runner.generate(x, GenerationConfig(temperature=0.0, max_new_tokens=8))
+    want = _whisper_generate(eager, x, gen, 8)
+    assert got == want
+    assert want[-1] == eos and want != greedy  # (the forced token ends it early)
+
+
 def test_scores_are_whispers(folders: dict[str, Path], eager: Any) -> None:
     """A scored generation's average log-probability and no-speech probability, as
     Whisper computes them: the sampled tokens' log-probabilities under the processed

@@ -688,7 +688,7 @@ class Seq2SeqRunner:
         their token masks (transformers' order), and Whisper's timestamp rules."""
         rules = self.rules
         if self.forced_eos is not None:
-            force = ForceToken(self.forced_eos, len(prompt.prefix()) + budget - 1)
+            force = ForceToken(self.forced_eos, len(prompt) + budget - 1)
             cut = next(
                 (i for i, r in enumerate(rules) if isinstance(r, SuppressTokens)), len(rules)
             )
