@@ -252,3 +252,27 @@ def test_logit_bias_applies_before_the_repetition_penalty(server: Any) -> None:
     assert s.scores is not None
     torch.testing.assert_close(s.scores, want)
     assert token == int(want.argmax()) == 20
+
+
+def test_asking_for_a_tool_call_or_audio_output_is_refused(server: Any) -> None:
+    """Tools are not supported, so a ``tool_choice`` (or the older ``function_call``) that
+    demands a call, and a request for spoken output (``modalities`` with ``"audio"``, an
+    ``audio`` object), are 400s: OpenAI refuses a ``tool_choice`` without ``tools``, and
+    a text answer would be less than the client asked for. ``"none"`` and ``"auto"`` ask
+    for nothing a text answer does not give."""
+    route = "/v1/chat/completions"
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for extra, param in (
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy"}}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": "text"}, "modalities"),
+    ):
+        status, body = _status(server, {**base, **extra}, route)
+        assert status == 400 and body["error"]["param"] == param, (extra, body)
+    for extra in ({"tool_choice": "none"}, {"tool_choice": "auto"}, {"function_call": "none"},
+                  {"modalities": ["text"]}, {"audio": None}):  # fmt: skip
+        status, body = _status(server, {**base, **extra}, route)
+        assert status == 200, (extra, body)

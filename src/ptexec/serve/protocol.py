@@ -2,8 +2,9 @@
 
 Every field is checked for type and range before anything runs; a problem is an
 :class:`ApiError` with OpenAI's status, ``type``, ``param`` and ``code``. Fields OpenAI
-defines that this server does not implement (``n`` and ``best_of`` other than 1, tools,
-a completion's ``suffix``) are refused rather than ignored, so a client never gets less than it asked for without
+defines that this server does not implement (``n`` and ``best_of`` other than 1, tools
+and a ``tool_choice`` that demands a call, spoken answers, a completion's ``suffix``) are
+refused rather than ignored, so a client never gets less than it asked for without
 knowing. A completion's ``prompt`` is a string, a list of token ids, or a list of either
 (several prompts, one choice each, not streamed); ``logprobs`` (completions: the number of
 alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_logprobs``)
@@ -315,6 +316,23 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
+def _text_answer(body: dict[str, Any]) -> None:
+    """Refuses what a chat's text answer cannot give: a tool call demanded by
+    ``tool_choice`` or ``function_call`` (no tools are served; ``"none"`` and ``"auto"``
+    demand none) and spoken output (``modalities`` other than ``["text"]``, ``audio``)."""
+    for name in ("tool_choice", "function_call"):
+        v = body.get(name)
+        if v is not None and v not in ("none", "auto"):
+            raise _bad(f"'{name}' asks for a tool call; tools are not supported", name)
+    modalities = body.get("modalities")
+    if modalities is not None and (
+        not isinstance(modalities, list) or any(m != "text" for m in modalities)
+    ):
+        raise _bad("'modalities' must be a list holding 'text' only (text answers)", "modalities")
+    if body.get("audio") is not None:
+        raise _bad("spoken answers ('audio') are not supported", "audio")
+
+
 def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     v = body.get("response_format")
     if v is None:
@@ -379,6 +397,7 @@ def parse_request(body: Any, chat: bool) -> Request:
         req.messages = _messages(body, req.media)
         if body.get("tools") or body.get("functions"):
             raise _bad("tools and functions are not supported", "tools")
+        _text_answer(body)
         if _flag(body, "logprobs"):
             req.logprobs = _integer(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
         elif body.get("top_logprobs") is not None:
