@@ -574,6 +574,25 @@ def test_sentencepiece_decode_drops_the_space_before_the_text(tmp_path: Path) ->
     assert text == ref.decode([space, *completion])[len(ref.decode([space])) :] == "sat on the mat"
 
 
+def test_text_stream_keeps_the_spaces_after_a_lone_space_piece(tmp_path: Path) -> None:
+    """A lone space piece (``\u2581``) decodes alone to no text, and a SentencePiece decode
+    that starts with it drops the next piece's space too: a stream that started its decodes
+    again at that piece lost a space of a run of spaces ("on  ran" came out "on ran"). The
+    stream equals sentencepiece's decode of the whole sequence wherever the piece falls."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    path = _sentencepiece_model(spm, tmp_path / "tokenizer.model", vocab_size=60)
+    tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
+    space = ref.piece_to_id("\u2581")
+    words = ref.encode("the cat sat on the mat and the dog")
+    for at in range(1, len(words)):
+        for run in (1, 2):
+            ids = [*words[:at], *[space] * run, *ref.encode("ran")]
+            stream = TextStream(tok)
+            text = "".join([stream.push(i) for i in ids] + [stream.flush()])
+            assert text == ref.decode(ids), (at, run)
+
+
 def test_unreadable_tokenizer(tmp_path: Path) -> None:
     bad = tmp_path / "tokenizer.bin"
     bad.write_bytes(b"dummy tokenizer")

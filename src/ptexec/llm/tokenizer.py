@@ -561,9 +561,11 @@ class TextStream:
         self._given = max(self._given, len(whole))
         if not final and len(whole) == len(text) and len(self._ids) > self.REBASE:
             # keep the decodes short: start again at the last id, when it is whole text
+            # (not at one that is no text alone, a lone space piece: a SentencePiece
+            # decode starting there drops the next piece's space as well)
             tail = self._ids[-1:]
             alone = self._tok.decode(tail, skip_special_tokens=True)
-            if "\ufffd" not in alone:
+            if alone and "\ufffd" not in alone:
                 self._ids = tail
                 self._given = len(alone)
         return piece
