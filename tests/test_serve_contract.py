@@ -276,3 +276,20 @@ def test_asking_for_a_tool_call_or_audio_output_is_refused(server: Any) -> None:
                   {"modalities": ["text"]}, {"audio": None}):  # fmt: skip
         status, body = _status(server, {**base, **extra}, route)
         assert status == 200, (extra, body)
+
+
+def test_a_logit_bias_on_an_id_the_tokenizer_lacks_is_a_400(tmp_path: Path) -> None:
+    """Logits wider than the tokenizer (exports pad them) end in ids that are never sampled:
+    a bias naming one is OpenAI's 400 for a key outside the vocabulary (it was a 500 from
+    the session, raised at the first token), and the session answers the next request."""
+    tokenizer = _byte_level_tokenizer(tmp_path)
+    width = tokenizers.Tokenizer.from_file(str(tokenizer)).get_vocab_size()
+    with running_server(tokenizer.parent, sessions=1) as server:
+        assert server.engine.vocab_size > width  # the program's logits: 512
+        for token in (width, server.engine.vocab_size - 1):
+            status, body = _status(server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
+                                            "logit_bias": {str(token): 5}})  # fmt: skip
+            assert status == 400 and body["error"]["param"] == "logit_bias", body
+        status, body = _status(server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
+                                        "logit_bias": {str(width - 1): 100}})  # fmt: skip
+        assert status == 200 and body["usage"]["completion_tokens"] == 2

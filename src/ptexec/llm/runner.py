@@ -211,6 +211,13 @@ class _Runner:
     def max_context_len(self) -> int:
         return int(self.decoder.max_context_len)
 
+    @property
+    def sampled_ids(self) -> int:
+        """How many ids tokens are sampled from: ids ``[0, sampled_ids)``, the logits'
+        ids the tokenizer has (those past them are padding, never sampled)."""
+        width = self._sample_width
+        return int(width if width is not None else self.decoder.vocab_size)
+
     # -- the loop ---------------------------------------------------------------------------
     def _sampler(self, config: GenerationConfig) -> Sampler:
         temperature = config.temperature if self.temperature == -1.0 else self.temperature

@@ -213,6 +213,9 @@ class Engine:
         first = self.runners[0]
         self.context = first.max_context_len
         self.vocab_size = first.vocab_size
+        self.sampled_ids = first.sampled_ids
+        """Tokens are sampled from ids ``[0, sampled_ids)`` (the logits past the
+        tokenizer's ids are padding)."""
         self.eos_ids = first.eos_ids
         self.max_queue = max_queue
         # the program's media placeholder ids: a prompt holding one (the text "<image>",
@@ -328,11 +331,11 @@ class Engine:
         processors: list[LogitsProcessor] = []
         if req.logit_bias:
             beyond = max(req.logit_bias)
-            if beyond >= self.vocab_size:
+            if beyond >= self.sampled_ids:  # (the processor sees only those logits)
                 raise ApiError(
                     400,
                     f"logit_bias names token {beyond}, outside the vocabulary "
-                    f"[0, {self.vocab_size})",
+                    f"[0, {self.sampled_ids})",
                     param="logit_bias",
                     code="invalid_value",
                 )
