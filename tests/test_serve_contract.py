@@ -293,3 +293,36 @@ def test_a_logit_bias_on_an_id_the_tokenizer_lacks_is_a_400(tmp_path: Path) -> N
         status, body = _status(server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
                                         "logit_bias": {str(width - 1): 100}})  # fmt: skip
         assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+def test_echo_offsets_count_the_control_tokens_the_echoed_prompt_names(server: Any) -> None:
+    """An echoed prompt holding a control token (BOS written in the prompt, or a token-id
+    prompt beginning with it) has the token's name in its text: each ``text_offset``
+    indexes the returned text, streamed or not (the offsets after BOS were short by its
+    name's length); the completion's control tokens (EOS) are no text."""
+    bos = "<|begin_of_text|>"
+    tk = server.engine.tokenizer
+    for prompt in (bos + PROMPT, [tk.bos_id, *tk.encode(PROMPT)]):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                "echo": True, "logprobs": 1}  # fmt: skip
+        status, answer = _status(server, body)
+        assert status == 200
+        choice = answer["choices"][0]
+        chunks = _stream(server, {**body, "stream": True})
+        streamed = {
+            "text": "".join(c["choices"][0]["text"] for c in chunks),
+            "tokens": [t for c in chunks if c["choices"][0]["logprobs"]
+                       for t in c["choices"][0]["logprobs"]["tokens"]],
+            "text_offset": [o for c in chunks if c["choices"][0]["logprobs"]
+                            for o in c["choices"][0]["logprobs"]["text_offset"]],
+        }  # fmt: skip
+        for text, tokens, offsets in (
+            (choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]),
+            (streamed["text"], streamed["tokens"], streamed["text_offset"]),
+        ):
+            assert text.startswith(bos + PROMPT)
+            assert tokens[0] == bos and len(tokens) == len(offsets)
+            for name, start in zip(tokens, offsets, strict=True):
+                if name in SPECIAL and start >= len(bos + PROMPT):
+                    continue  # (a generated control token: no text)
+                assert text[start : start + len(name)] == name, (tokens, offsets)

@@ -399,28 +399,32 @@ class _Offsets:
     """Where each token starts in a completion's text: the characters that begin in the
     bytes of the text's tokens before it (decoded as the text is: a character split over
     tokens begins in the token holding its first byte, an invalid sequence is one U+FFFD;
-    control tokens are no text). ``start``: where the first token starts, negative when the
+    generated control tokens are no text, an echoed prompt's are their names, as the
+    prompt's text has them). ``start``: where the first token starts, negative when the
     tokens' bytes begin with characters the text does not have (the space a SentencePiece
     vocabulary puts before a prompt's first word, which the echoed prompt has not):
-    offsets inside those are 0."""
+    offsets inside those are 0. ``named``: how many of the first tokens are the echoed
+    prompt's."""
 
-    def __init__(self, start: int = 0) -> None:
+    def __init__(self, start: int = 0, named: int = 0) -> None:
         self._chars = start  # characters decoded so far
+        self._named = named  # tokens still to take whose control tokens are named
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     @classmethod
     def echoing(cls, prompt: str, entries: Sequence[Logprob]) -> _Offsets:
         """Offsets for a text that begins with ``prompt``, whose tokens are ``entries``."""
-        text = b"".join(e.data for e in entries if e.text).decode("utf-8", "replace")
+        text = b"".join(e.data for e in entries).decode("utf-8", "replace")
         extra = len(text) - len(prompt) if text.endswith(prompt) else 0
-        return cls(-extra)
+        return cls(-extra, len(entries))
 
     def take(self, e: Logprob) -> int:
         # bytes begun, not yet decoded: what they make if the text ended here
         pending = self._decoder.getstate()[0]
         at = self._chars + (len(pending.decode("utf-8", "replace")) if pending else 0)
-        if e.text:
+        if e.text or self._named > 0:
             self._chars += len(self._decoder.decode(e.data))
+        self._named = max(self._named - 1, 0)
         return max(at, 0)
 
 
