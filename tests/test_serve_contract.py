@@ -326,3 +326,18 @@ def test_echo_offsets_count_the_control_tokens_the_echoed_prompt_names(server: A
                 if name in SPECIAL and start >= len(bos + PROMPT):
                     continue  # (a generated control token: no text)
                 assert text[start : start + len(name)] == name, (tokens, offsets)
+
+
+def test_a_prompt_token_the_tokenizer_lacks_is_a_400(tmp_path: Path) -> None:
+    """A token-id prompt naming a padding id past the tokenizer's (the logits are wider)
+    is refused, as vLLM refuses an id out of the vocabulary: the tokenizer has no text for
+    it (its echo was empty) and the model was never trained on it."""
+    tokenizer = _byte_level_tokenizer(tmp_path)
+    width = tokenizers.Tokenizer.from_file(str(tokenizer)).get_vocab_size()
+    with running_server(tokenizer.parent, sessions=1) as server:
+        assert server.engine.vocab_size > width
+        for prompt in ([width, 3], [[3, 4], [4, server.engine.vocab_size - 1]]):
+            status, body = _status(server, {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+            assert status == 400 and body["error"]["param"] == "prompt", body
+        status, body = _status(server, {"model": MODEL, "prompt": [width - 1, 3], "max_tokens": 1})
+        assert status == 200

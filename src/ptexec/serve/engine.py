@@ -310,11 +310,12 @@ class Engine:
             )
         if isinstance(req.prompt, list):  # token ids
             ids = list(req.prompt)
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            # (ids past the tokenizer's are the logits' padding: no text, never trained)
+            bad = next((t for t in ids if not 0 <= t < self.sampled_ids), None)
             if bad is not None:
                 raise ApiError(
                     400,
-                    f"token id {bad} is outside the vocabulary [0, {self.vocab_size})",
+                    f"token id {bad} is outside the vocabulary [0, {self.sampled_ids})",
                     param="prompt",
                 )
             text = self.tokenizer.decode(ids)
