@@ -10,6 +10,8 @@ the committed MLP fixture.
 from __future__ import annotations
 
 import copy
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -343,3 +345,33 @@ def test_named_gradients_are_copies_as_in_executorch() -> None:
     for ours, theirs in zip(results[T], results[et_training], strict=True):
         for name in ours:  # the programs' gradients differ in rounding only
             torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-7)
+
+
+# -- saved files get the mode a plain write gives them ---------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_saved_files_have_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
+    """A new file is made as ``open(path, "wb")`` makes one (the umask applies), and a
+    file written over keeps its mode, as there: saving went through a private temporary
+    file (mode 0600), so a trained model another user serves could not be read."""
+    tm = T.load(FIX / "mlp_ext.pte", FIX / "mlp_ext.ptd")
+    old = os.umask(0o022)
+    try:
+        plain = tmp_path / "plain"
+        plain.write_bytes(b"")
+        kept = tmp_path / "kept.ptd"
+        kept.write_bytes(b"")
+        os.chmod(kept, 0o640)
+        tm.save_ptd(tmp_path / "new.ptd")
+        tm.save_ptd(kept)
+        T.load(FIX / "mlp.pte").save_pte(tmp_path / "new.pte")
+    finally:
+        os.umask(old)
+    assert _mode(plain) == 0o644
+    assert _mode(tmp_path / "new.ptd") == _mode(tmp_path / "new.pte") == _mode(plain)
+    assert _mode(kept) == 0o640
+    assert (tmp_path / "new.ptd").read_bytes() == kept.read_bytes() == tm.ptd_bytes()

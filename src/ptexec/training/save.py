@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -235,13 +236,34 @@ def ptd_with(
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one."""
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one. The
+    file gets the mode ``open(path, "wb")`` gives it: an existing file keeps its own, a
+    new one is made with the umask applied (not the temporary file's private 0600)."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _created_beside(target)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _created_beside(target: Path) -> tuple[int, str]:
+    """A new file in ``target``'s folder, open for writing, made with mode 0666 less the
+    umask as ``open`` makes files (``tempfile.mkstemp`` makes them 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {target}")
