@@ -420,8 +420,9 @@ class _Runner:
             self._pending_logits = None
             stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
             self.generated_tokens = out_ids = [cur]
-            # the decodes start in the prompt (the completion's first space stays)
-            context = [*self._history[-8:], *(ids or ())][-8:]
+            # the decodes start in the prompt (the completion's first space stays): its
+            # last tokens, in the history since the prefill
+            context = self._history[-8:]
             stream = TextStream(self.tokenizer, context)
             stops = _StopStrings(config.stop)
             generated = 1
