@@ -12,11 +12,14 @@ wrapper).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import os
 import shutil
 import sys
+import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -24,12 +27,14 @@ from typing import Any
 
 import torch
 
+from ..cachedir import cache_dir, root_status, trusted_subdir
 from .external import external_call
 
 __all__ = [
     "NATIVE_ENTRY",
     "compile_models",
     "find_compiler",
+    "inductor_cache",
     "inductor_options",
     "load_model",
     "missing_compiler",
@@ -144,6 +149,7 @@ def compile_models(
 
     shape_config: Any = _config  # its patch() is made at import
 
+    inductor_cache()
     _install_filter()
     files: dict[str, list[Any]] = {}
     for name, ep in exported.items():
@@ -165,6 +171,73 @@ def compile_models(
         assert isinstance(out, list)
         files[name] = out
     return files
+
+
+# where torch keeps compiled kernels, and what ptexec compiles with in its place when that
+# is not trusted
+_KERNEL_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+_INDUCTOR_SUBDIR = "inductor"
+_inductor_lock = threading.Lock()
+_private_inductor: list[Path] = []
+
+
+def inductor_cache() -> Path:
+    """The directory torch's compiler keeps kernels in while ptexec compiles, trusted as
+    the cache root is (:mod:`ptexec.cachedir`: this user's or root's, not writable by group
+    or others, nor anything on the way to it). Torch reads back and loads what it finds
+    there (a kernel library already at a kernel's path is loaded, not built: the
+    instruction-set probes of every compile are at the same paths for every graph), and
+    its default, ``/tmp/torchinductor_<user>``, is a name anyone could create first. So
+    ``TORCHINDUCTOR_CACHE_DIR`` (or that default) and ``TRITON_CACHE_DIR`` are used only
+    when trusted; one that is not is replaced, for the rest of the process, by
+    ``inductor`` under ptexec's cache root (else a private temporary directory), and
+    what torch has loaded from it is forgotten."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    with _inductor_lock:
+        chosen = Path(os.environ.get(_KERNEL_CACHES[0]) or default_cache_dir())
+        if not _writable_trusted(chosen):
+            chosen = _trusted_inductor_dir()
+            os.environ[_KERNEL_CACHES[0]] = str(chosen)
+            _forget_kernels()
+        triton = os.environ.get(_KERNEL_CACHES[1])
+        if triton and not _writable_trusted(Path(triton)):
+            os.environ[_KERNEL_CACHES[1]] = str(chosen / "triton")
+            _forget_kernels()
+        return chosen
+
+
+def _writable_trusted(directory: Path) -> bool:
+    """Whether ``directory`` (made when missing) is trusted and this user writes it."""
+    problem, writable = root_status(directory, create=True)
+    return problem is None and writable
+
+
+def _trusted_inductor_dir() -> Path:
+    """``inductor`` under ptexec's cache root, when that root is trusted and this user's
+    to write; else a private temporary directory of this process."""
+    try:
+        root: Path | None = cache_dir()
+    except (RuntimeError, KeyError, OSError):  # no home directory to put it in
+        root = None
+    if root is not None and _writable_trusted(root):
+        found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=True)
+        if found is not None:
+            return found
+    if not _private_inductor:
+        private = Path(tempfile.mkdtemp(prefix="ptexec-inductor-"))  # 0700, this process's
+        atexit.register(shutil.rmtree, private, True)
+        _private_inductor.append(private)
+    return _private_inductor[0]
+
+
+def _forget_kernels() -> None:
+    """Drop torch's in-process records of kernels found in the directory replaced."""
+    from torch._inductor import utils
+
+    clear = getattr(utils, "clear_caches", None)
+    if clear is not None:
+        clear()
 
 
 _PREFER_TEMPLATES: contextvars.ContextVar[bool] = contextvars.ContextVar(

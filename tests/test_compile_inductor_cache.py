@@ -1,0 +1,168 @@
+"""Torch's own kernel cache while ptexec compiles: code torch reads back from a directory
+others may write is never loaded.
+
+AOTInductor keeps the kernels it builds under ``TORCHINDUCTOR_CACHE_DIR`` (by default
+``/tmp/torchinductor_<user>``, a name anyone can create first) and loads a library already
+at a kernel's path instead of building it: the instruction-set probes every compile runs
+are at the same paths for every graph. A library is planted there as an attacker would
+plant it (its constructor writes a marker file when anything loads it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ptexec
+from ptexec.cachedir import untrusted_because
+from ptexec.compile import aoti
+from test_compile_cache import HOSTILE_C
+
+SRC = str(Path(ptexec.__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    r = tmp_path / "cache"
+    r.mkdir(mode=0o700)
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(r))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # restored after the test
+    return r
+
+
+def _trusted(path: Path) -> bool:
+    st = path.lstat()
+    return stat.S_ISDIR(st.st_mode) and untrusted_because(st.st_uid, st.st_mode) is None
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])
+def test_an_inductor_cache_others_may_write_is_replaced(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    chosen = aoti.inductor_cache()
+    assert chosen == root / "inductor" and _trusted(chosen)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(chosen)  # where torch itself now builds and loads kernels
+
+
+def test_an_inductor_cache_under_a_directory_others_may_write_is_replaced(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    above = tmp_path / "above"
+    above.mkdir()
+    inner = above / "inductor"
+    inner.mkdir(mode=0o700)
+    above.chmod(0o777)  # whoever writes here may swap ``inductor`` for their own
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inner))
+    assert aoti.inductor_cache() == root / "inductor"
+
+
+def test_a_trusted_inductor_cache_is_kept(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
+    triton = tmp_path / "triton"
+    triton.mkdir(mode=0o700)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))
+    assert aoti.inductor_cache() == mine
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)
+    assert os.environ["TRITON_CACHE_DIR"] == str(triton)
+    assert not (root / "inductor").exists()
+    missing = tmp_path / "new"  # made, as this user's alone
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(missing))
+    assert aoti.inductor_cache() == missing and _trusted(missing)
+
+
+def test_a_triton_cache_others_may_write_is_replaced(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
+    shared = tmp_path / "triton"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(shared))
+    assert aoti.inductor_cache() == mine
+    assert os.environ["TRITON_CACHE_DIR"] == str(mine / "triton")
+
+
+def test_without_a_usable_root_a_private_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(shared / "cache"))  # under an untrusted one
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    chosen = aoti.inductor_cache()
+    assert shared not in chosen.parents and chosen != shared
+    assert _trusted(chosen) and stat.S_IMODE(chosen.stat().st_mode) == 0o700
+
+
+_PROBE = "import torch._inductor.cpu_vec_isa as isa; isa.pick_vec_isa()"
+_COMPILE = """
+import torch
+from ptexec.compile.aoti import compile_models
+class M(torch.nn.Module):
+    def forward(self, x):
+        return (torch.relu(x) * 2,)
+ep = torch.export.export(M(), (torch.randn(4, 8),))
+compile_models({"r0": ep}, torch.device("cpu"), autotune=False)
+"""
+
+
+def _python(code: str, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_compile_loads_no_kernel_planted_where_others_may_write(
+    root: Path, tmp_path: Path
+) -> None:
+    if aoti.find_compiler() is None or shutil.which("gcc") is None:
+        pytest.skip("needs a C++ compiler")
+    env = {**os.environ, "PYTHONPATH": SRC, "PTEXEC_CACHE_DIR": str(root)}
+    env.pop("TRITON_CACHE_DIR", None)
+    # the kernels torch builds in any compile (the instruction-set probes), at their
+    # paths: built once into the directory ptexec compiles with in place of the shared one
+    mine = root / "inductor"
+    mine.mkdir(mode=0o700)
+    _python(_PROBE, {**env, "TORCHINDUCTOR_CACHE_DIR": str(mine)})
+    libraries = sorted(p.relative_to(mine) for p in mine.rglob("*.so"))
+    assert libraries
+    # a directory others may write, with a planted library at each of those paths
+    (tmp_path / "planted.c").write_text(HOSTILE_C)
+    planted = tmp_path / "planted.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(planted), str(tmp_path / "planted.c")], check=True
+    )
+    shared = tmp_path / "shared"
+    shutil.copytree(mine, shared)
+    for name in libraries:
+        shutil.copyfile(planted, shared / name)
+    for d in [shared, *(p for p in shared.rglob("*") if p.is_dir())]:
+        d.chmod(0o777)
+    marker = tmp_path / "marker"
+    _python(
+        _COMPILE,
+        {**env, "TORCHINDUCTOR_CACHE_DIR": str(shared), "PTEXEC_TEST_MARKER": str(marker)},
+    )
+    assert not marker.exists(), "a library planted in the shared kernel cache was loaded"
+    assert sorted(p.relative_to(shared) for p in shared.rglob("*.so")) == libraries
