@@ -322,3 +322,31 @@ def test_a_shared_root_shares_its_code_directory_and_stale_temporaries_go(root: 
     other = "z = 3\n" * 400
     codestore.store(other, compile(other, "<t>", "exec"))
     assert not stale.exists() and fresh.exists()
+
+
+def test_a_relative_root_is_checked_where_it_leads_after_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative ``PTEXEC_CACHE_DIR`` names another directory once the process changes
+    its working directory; the root found trusted before must not vouch for that one."""
+    monkeypatch.delenv("PTEXEC_CODE_CACHE", raising=False)
+    source = "x = 0\n" + "# a long generated text\n" * (codestore.MIN_CHARS // 20)
+    trusted, shared = tmp_path / "trusted", tmp_path / "shared"
+    for where, value in ((trusted, 1), (shared, 2)):
+        (where / "c").mkdir(parents=True, mode=0o700)
+        monkeypatch.setenv("PTEXEC_CACHE_DIR", str(where / "c"))
+        codestore.store(source, compile(f"x = {value}", "<kept>", "exec"))
+    (shared / "c").chmod(0o777)  # others may replace what it holds
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", "c")
+    codestore.clear_trusted()
+    try:
+        monkeypatch.chdir(trusted)
+        code = codestore.load(source)
+        assert code is not None
+        namespace: dict[str, object] = {}
+        exec(code, namespace)
+        assert namespace["x"] == 1
+        monkeypatch.chdir(shared)
+        assert codestore.load(source) is None
+    finally:
+        codestore.clear_trusted()

@@ -55,17 +55,26 @@ READ_FLAGS = (
 
 
 def cache_dir() -> Path:
-    """The root of ptexec's cache (module docstring)."""
+    """The root of ptexec's cache (module docstring), absolute: a relative setting is taken
+    from the working directory of now, so that what was checked there is not taken for
+    the directory the same name leads to after a change of directory."""
     env = os.environ.get("PTEXEC_CACHE_DIR")
     if env:
-        return Path(env).expanduser()
+        return _absolute(Path(env).expanduser())
     if sys.platform == "darwin":
         base = Path.home() / "Library" / "Caches"
     elif sys.platform == "win32":
         base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "ptexec"
+    return _absolute(base / "ptexec")
+
+
+def _absolute(path: Path) -> Path:
+    try:
+        return path.absolute()
+    except OSError:  # the working directory was removed: a relative name leads nowhere
+        return path
 
 
 def _uid() -> int | None:
