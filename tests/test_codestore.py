@@ -138,6 +138,32 @@ def test_damaged_files_are_misses_and_are_written_again(
     _refused(monkeypatch)
 
 
+def test_a_file_that_fails_to_read_is_a_miss(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error reading a kept file (a failing disk: EIO) is a miss, as a damaged file is:
+    the load compiles the text and computes as it should."""
+    _planted(root, monkeypatch)
+    real = os.fdopen
+
+    class Failing:
+        def __init__(self, f: object) -> None:
+            self.f = f
+
+        def __enter__(self) -> Failing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()  # type: ignore[attr-defined]
+
+        def __getattr__(self, name: str) -> object:  # (writes go through)
+            return getattr(self.f, name)
+
+        def read(self, n: int) -> bytes:
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(cachedir.os, "fdopen", lambda fd, *a, **k: Failing(real(fd, *a, **k)))
+    _refused(monkeypatch)
+
+
 def test_files_writable_by_others_or_links_are_not_run(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

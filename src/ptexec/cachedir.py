@@ -167,7 +167,10 @@ def way_to(root: Path) -> tuple[str | None, list[Path]]:
         links += 1
         if links > _MAX_LINKS:
             return f"{root}: too many symbolic links on the way", met
-        target = Path(os.readlink(step))
+        try:
+            target = Path(os.readlink(step))
+        except OSError as e:  # (it changed since the lstat: not what was checked)
+            return f"{step} cannot be read as a link ({e.strerror or e})", met
         if target.is_absolute():
             current = Path(target.anchor)
             pending.extend(reversed(target.parts[1:]))
@@ -225,6 +228,8 @@ def read_trusted(path: Path, limit: int) -> bytes:
         with os.fdopen(fd, "rb") as f:
             fd = -1
             return f.read(st.st_size + 1)
+    except OSError as e:  # a read that fails (EIO): the entry is as good as damaged
+        raise CacheEntryError(f"{path} cannot be read ({e.strerror or e})") from None
     finally:
         if fd >= 0:
             os.close(fd)
