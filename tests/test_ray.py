@@ -415,6 +415,34 @@ def test_a_batch_of_only_missing_rows_has_the_columns_of_a_good_one(name: str) -
     assert np.isnan(scalar_rows({"x": np.full(6, np.nan, np.float32)})["c"]).all()
 
 
+class _CleanVector(torch.nn.Module):
+    """One feature vector per call (no batch dim); NaN features read as 0."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nan_to_num(x, nan=0.0) * 2.0 + 1.0
+
+
+def test_a_null_block_of_vector_rows_read_one_per_call_is_missing_rows() -> None:
+    """Rows of a vector input reaching it one per call: Ray's NaN array for a block of
+    null rows has one value per row, which cannot be such a row, so the rows are missing
+    (recorded, fill values of a good row's shape), not run as rows of one scalar each."""
+    from export_util import export_program
+
+    data = export_program(_CleanVector(), (torch.zeros(4),))
+    good = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = _CleanVector()(torch.from_numpy(good)).numpy()  # eager, row by row alike
+    mapper = PteMapper(data, inputs=["x"], outputs=["y"], on_error="record")
+    np.testing.assert_array_equal(mapper({"x": good})["y"], want)
+    out = mapper({"x": np.full(3, np.nan, np.float32)})
+    assert all(e is not None and "no value (None)" in e for e in out["error"])
+    assert out["y"].shape == (3, 4) and np.isnan(out["y"]).all()
+    np.testing.assert_array_equal(mapper({"x": good})["y"], want)  # and it carries on
+    raising = PteMapper(data, inputs=["x"], outputs=["y"])
+    raising({"x": good})
+    with pytest.raises(RowError, match=r"row 0: .*no value \(None\)"):
+        raising({"x": np.full(3, np.nan, np.float32)})
+
+
 def test_nulls_in_an_integer_column_are_missing_rows() -> None:
     """Ray hands an integer column with nulls over as floats, NaN at the nulls: those rows
     are missing (recorded), the others run with their integers, not the whole column

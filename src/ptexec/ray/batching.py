@@ -23,11 +23,12 @@ get an error message in the error column and fill values in the output columns (
 floating outputs, 0 or False otherwise, None in columns of varying shape). A missing row
 (None; a block of null rows reaches a mapper as a float array of NaN, one per row, and
 an integer column with nulls as floats, NaN at the nulls) is such a row (a NaN in a float
-column of one value per row is data: Ray hands a null and a NaN over alike there); a
-batch of only missing rows says nothing of how rows reach the method, so it takes the way
-the batch before it took, or before any, the way the method's shapes allow (batched when
-every input and kept output carries the rows along dim 0), and its fill values have the
-shape a good batch's rows would have.
+column of one value per row is data: Ray hands a null and a NaN over alike there, unless
+earlier rows reached a 1-d input one per call, as vectors); a batch of only missing rows
+says nothing of how rows reach the method, so it takes the way the batch before it took,
+or before any, the way the method's shapes allow (batched when every input and kept output
+carries the rows along dim 0), and its fill values have the shape a good batch's rows
+would have.
 
 Column problems that concern every row (a missing column, a shape or dtype that cannot fit
 the input, an output without the rows' dimension) raise
@@ -294,9 +295,9 @@ class Batcher:
     def _missing_as_none(self, batch: dict[str, Any]) -> None:
         """Turn a column Ray made of a block of null rows back into missing rows: Ray
         hands such a block over as a 1-d float array of NaN, a scalar per row, which
-        cannot be a row of an input of two or more dimensions in either mode; and an
-        integer input's column with nulls, which Ray hands over as floats, into its rows
-        (integers, None at the NaN)."""
+        cannot be a row of an input of two or more dimensions in either mode, nor of a
+        1-d input its rows have reached one per call; and an integer input's column with
+        nulls, which Ray hands over as floats, into its rows (integers, None at the NaN)."""
         for spec in self._columns:
             info, name = spec.info, spec.column
             raw = batch.get(name) if name is not None else None
@@ -322,7 +323,8 @@ class Batcher:
             if (
                 name is not None
                 and isinstance(info, TensorInfo)
-                and len(info.sizes) >= 2
+                # a 1-d input read per row takes vectors: a scalar per row is no row of it
+                and (len(info.sizes) >= 2 or (len(info.sizes) == 1 and self._mode is True))
                 and isinstance(raw, np.ndarray)
                 and raw.ndim == 1
                 and raw.dtype.kind == "f"
