@@ -470,6 +470,33 @@ def test_nulls_in_an_integer_column_are_missing_rows() -> None:
     assert errors[0] is None and "None" in errors[1] and "float" in errors[2]
 
 
+def test_nulls_in_a_column_of_an_int_scalar_input_are_missing_rows() -> None:
+    """An int scalar input (not a tensor) reads its column the same way: Ray's floats
+    with NaN at the nulls are missing rows, the other rows run with their integers."""
+    calls = fixture_calls("scalar_io")  # x [rows<=8, 3]; alpha float, n int, flag bool
+    xs = np.empty(len(calls), dtype=object)
+    xs[:] = [c["inputs"][0].numpy() for c in calls]
+    batch = {
+        "x": xs,
+        "alpha": np.array([c["inputs"][1] for c in calls]),
+        "n": np.array([float(calls[0]["inputs"][2]), np.nan, float(calls[2]["inputs"][2])]),
+        "flag": np.array([c["inputs"][3] for c in calls]),
+    }
+    names = ["y", "rows", "m", "none", "a2", "f", "half"]
+    mapper = PteMapper(pte("scalar_io"), inputs=list(batch), outputs=names, on_error="record")
+    out = mapper(batch)
+    assert out["error"][0] is None and out["error"][2] is None
+    assert "no value (None)" in out["error"][1]
+    rtol, atol = tolerance("scalar_io")
+    for i in (0, 2):  # eager PyTorch's recorded outputs
+        np.testing.assert_allclose(
+            out["y"][i], calls[i]["outputs"][0].numpy(), rtol=rtol, atol=atol
+        )
+        assert [out[k][i] for k in names[1:]] == calls[i]["outputs"][1:]
+    with pytest.raises(RowError, match=r"row 1: .*no value \(None\)"):
+        PteMapper(pte("scalar_io"), inputs=list(batch), outputs=names)(batch)
+
+
 def test_an_error_column_that_would_overwrite_a_column_is_refused() -> None:
     ok = {"inputs": ["x"], "outputs": ["y"], "on_error": "record"}
     for clash in (

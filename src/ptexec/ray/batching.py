@@ -297,16 +297,14 @@ class Batcher:
         hands such a block over as a 1-d float array of NaN, a scalar per row, which
         cannot be a row of an input of two or more dimensions in either mode, nor of a
         1-d input its rows have reached one per call; and an integer input's column with
-        nulls, which Ray hands over as floats, into its rows (integers, None at the NaN)."""
+        nulls (a tensor's or an int scalar's), which Ray hands over as floats, into its
+        rows (integers, None at the NaN)."""
         for spec in self._columns:
             info, name = spec.info, spec.column
             raw = batch.get(name) if name is not None else None
             if (
                 name is not None
-                and isinstance(info, TensorInfo)
-                and not info.dtype.is_floating_point
-                and not info.dtype.is_complex
-                and info.dtype is not torch.bool
+                and _takes_integers(info)
                 and isinstance(raw, np.ndarray)
                 and raw.ndim == 1
                 and raw.dtype.kind == "f"
@@ -378,10 +376,10 @@ class Batcher:
         self, value: Any, info: ValueInfo, per_row: bool, what: str, written: bool = False
     ) -> Any:
         """One row's value of a ragged column, converted (``InputError`` if it cannot be)."""
-        if not isinstance(info, TensorInfo):
-            return _scalar(value, info, what)
         if value is None:
             raise InputError(f"{what}: the row has no value (None)")
+        if not isinstance(info, TensorInfo):
+            return _scalar(value, info, what)
         if not isinstance(value, torch.Tensor) and not hasattr(value, "__dlpack__"):
             value = np.asarray(value)
         t, _ = to_torch(value, what)
@@ -819,6 +817,14 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
     "str": (str,),
 }
+
+
+def _takes_integers(info: ValueInfo) -> bool:
+    """Whether an input holds integers only (no NaN): an integer tensor or an int scalar."""
+    if isinstance(info, ScalarInfo):
+        return info.kind == "int"
+    dtype = info.dtype
+    return not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
 
 
 def _scalar(value: Any, info: ValueInfo, what: str) -> Any:
