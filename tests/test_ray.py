@@ -647,6 +647,58 @@ def test_auto_runs_on_the_gpu() -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# map_program's arguments to map_batches (a stand-in for Ray records them)
+
+
+class _Tagged(PteMapper):
+    """A mapper that adds a column of its own and hands everything else on as keywords."""
+
+    def __init__(self, path: Any, *, tag: str = "", **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.tag = tag
+
+    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
+        out = super().__call__(batch)
+        out["tag"] = np.full(len(out["y"]), self.tag)
+        return out
+
+
+def test_map_program_hands_a_subclass_its_keywords_as_ray_passes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray builds each actor's mapper as ``mapper(**fn_constructor_kwargs)``: a subclass
+    taking ``**kwargs`` gets every keyword of its own and of PteMapper's by name."""
+    import sys
+    import types
+
+    from ptexec.ray import map_program
+
+    fake = types.ModuleType("ray")
+    fake_data = types.ModuleType("ray.data")
+    fake.ObjectRef = type("ObjectRef", (), {})  # type: ignore[attr-defined]
+    fake.put = lambda value: value  # type: ignore[attr-defined]
+    fake.is_initialized = lambda: False  # type: ignore[attr-defined]
+    fake.data = fake_data  # type: ignore[attr-defined]
+    fake_data.ActorPoolStrategy = lambda **kw: kw  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setitem(sys.modules, "ray.data", fake_data)
+    seen: dict[str, Any] = {}
+
+    class Dataset:
+        def map_batches(self, fn: Any, *, fn_constructor_kwargs: dict[str, Any], **kw: Any) -> Any:
+            seen.update(fn=fn, kwargs=fn_constructor_kwargs)
+            return self
+
+    for ship in (True, False):
+        map_program(Dataset(), pte("mlp"), inputs=["x"], outputs=["y"], mapper=_Tagged,
+                    tag="run", on_error="record", ship=ship)  # fmt: skip
+        actor = seen["fn"](**seen["kwargs"])  # as Ray makes it on an actor
+        out = actor({"x": rows_of("mlp")})
+        assert_rows_close(out["y"], eager("mlp"), "mlp")
+        assert list(out["tag"]) == ["run"] * 6 and "error" in out
+
+
+# ------------------------------------------------------------------------------------------
 # on a local Ray cluster
 
 

@@ -66,10 +66,12 @@ def map_program(
 
     if not (isinstance(mapper, type) and issubclass(mapper, PteMapper)):
         raise TypeError(f"mapper must be PteMapper or a subclass of it, not {mapper!r}")
-    bound = inspect.signature(mapper).bind(
-        path, inputs=inputs, outputs=outputs, method=method, data_path=data_path, **options
+    # Ray makes each actor's mapper as mapper(**kwargs): every argument goes by name, and
+    # one the mapper does not take fails here, in the driver, before any actor starts
+    kwargs: dict[str, Any] = dict(
+        path=path, inputs=inputs, outputs=outputs, method=method, data_path=data_path, **options
     )
-    kwargs = dict(bound.arguments)
+    inspect.signature(mapper).bind(**kwargs)
     # mapped: the check reads only what validation needs, however large the program
     program = load(_readable(path), data_path=_readable(data_path), share_state="never", mmap=True)
     meta = program.method_meta(method)
