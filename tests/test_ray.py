@@ -320,6 +320,25 @@ def test_columns_that_cannot_fit_raise_column_error_in_both_modes() -> None:
         )
 
 
+def test_arrays_torch_cannot_read_are_typed_errors() -> None:
+    """An array in the other byte order: the method raises InputError for it; a column of
+    them is a ColumnError, one such row a bad row, the other rows still computed."""
+    swapped = rows_of("mlp").astype(">f4")
+    with pytest.raises(InputError):
+        ptexec.load(pte("mlp")).load_method().execute([swapped[:2]])
+    for mode in ("raise", "record"):
+        mapper = PteMapper(pte("mlp"), inputs=["x"], outputs=["y"], on_error=mode)
+        with pytest.raises(ColumnError, match="column 'x'"):
+            mapper({"x": swapped})
+    col = np.empty(3, dtype=object)
+    col[:] = list(rows_of("dynamic_mlp")[:3])
+    col[1] = col[1].astype(">f4")
+    mapper = PteMapper(pte("dynamic_mlp"), inputs=["x"], outputs=["y"], on_error="record")
+    out = mapper({"x": col})
+    assert out["error"][0] is None and out["error"][2] is None and "InputError" in out["error"][1]
+    assert_rows_close(out["y"][[0, 2]], eager("dynamic_mlp")[[0, 2]], "dynamic_mlp")
+
+
 def test_mapping_checked_when_the_mapper_is_made() -> None:
     with pytest.raises(ColumnError, match=r"takes 1 input\(s\).*names 2"):
         PteMapper(pte("mlp"), inputs=["x", "z"])

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from .. import ScalarInfo
-from ..errors import ColumnError, ExecutionError, InputError, RowError
+from ..errors import ColumnError, ExecutionError, InputError, PtexecError, RowError
 from ..tensor import TensorInfo, dim_order_strides, to_torch
 
 __all__ = ["BatchStats", "Batcher", "Cast", "OnError", "Pad"]
@@ -354,8 +354,8 @@ class Batcher:
                 raise ColumnError(name, str(e)) from None
             return col
         try:
-            t, _ = to_torch(raw, f"column '{name}'")
-        except TypeError as e:
+            t = _tensor(raw, f"column '{name}'")
+        except (TypeError, InputError) as e:
             raise ColumnError(name, str(e)) from None
         problem = _shape_problem(info, tuple(t.shape[1:]), per_row)
         if problem is not None:
@@ -382,7 +382,7 @@ class Batcher:
             return _scalar(value, info, what)
         if not isinstance(value, torch.Tensor) and not hasattr(value, "__dlpack__"):
             value = np.asarray(value)
-        t, _ = to_torch(value, what)
+        t = _tensor(value, what)
         problem = _shape_problem(info, tuple(t.shape), per_row)
         if problem is not None:
             raise InputError(
@@ -850,8 +850,20 @@ def _constant(spec: _Input, method: str) -> Any:
         return _scalar(value, info, f"constant input {spec.index} of '{method}'")
     if not isinstance(value, torch.Tensor) and not hasattr(value, "__dlpack__"):
         value = np.asarray(value)
-    t, _ = to_torch(value, f"constant input {spec.index} of '{method}'")
+    t = _tensor(value, f"constant input {spec.index} of '{method}'")
     return t.to(device=info.device.to_torch(), dtype=info.dtype).contiguous()
+
+
+def _tensor(value: Any, what: str) -> torch.Tensor:
+    """``value`` as a torch tensor (a view); :class:`InputError` for an array torch cannot
+    view (numpy's other byte order), as the method says of one."""
+    try:
+        t, _ = to_torch(value, what)
+    except PtexecError:
+        raise
+    except ValueError as e:
+        raise InputError(f"{what}: torch cannot read it ({e})") from None
+    return t
 
 
 def _in_layout(t: torch.Tensor, info: TensorInfo, per_row: bool) -> torch.Tensor:
