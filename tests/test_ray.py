@@ -271,6 +271,24 @@ def test_same_kind_casts_that_would_change_values_are_refused() -> None:
         unsigned({"i": np.array([1, -1, 0], dtype=np.int8)})
 
 
+def test_same_kind_casts_into_a_complex_input() -> None:
+    """complex128 into complex64 and float32 into complex64 convert as torch does; a value
+    complex64 cannot hold is refused like a float's."""
+    from ptexec.ray import Batcher
+    from ptexec.tensor import TensorInfo
+
+    info = TensorInfo(sizes=(4, 3), dtype=torch.complex64, dim_order=(0, 1), device=CPU,
+                      strides=(3, 1), is_memory_planned=True, dynamism="dynamic_bound")  # fmt: skip
+    batcher = Batcher(lambda args: [args[0] * 2], [info], [info], ["z"], ["out"])
+    rng = np.random.default_rng(3)
+    wide = rng.standard_normal((5, 3)) + 1j * rng.standard_normal((5, 3))
+    for col in (wide, wide.real.astype(np.float32)):
+        want = (torch.from_numpy(col).to(torch.complex64) * 2).numpy()
+        np.testing.assert_array_equal(batcher({"z": col})["out"], want)
+    with pytest.raises(ColumnError, match="values change"):
+        batcher({"z": np.full((2, 3), 1e300 + 0j)})
+
+
 class _Counts(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

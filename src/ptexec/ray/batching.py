@@ -776,13 +776,18 @@ def _can_cast(src: torch.dtype, dst: torch.dtype, rule: Cast) -> bool:
     return bool(torch.can_cast(src, dst))
 
 
+def _inexact(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
 def _kept_values(src: torch.Tensor, cast: torch.Tensor) -> bool:
     """Whether ``cast`` (``src`` converted) holds ``src``'s values: integers exactly, floats
-    within the new precision but no new infinity (nor NaN)."""
-    if cast.dtype.is_floating_point and src.dtype.is_floating_point:
+    (and complex numbers) within the new precision but no new infinity (nor NaN)."""
+    if _inexact(cast.dtype) and _inexact(src.dtype):
         return bool((torch.isfinite(cast) | ~torch.isfinite(src)).all())
-    if cast.dtype.is_floating_point:  # integers into floats: exactly representable
-        return bool((cast.to(src.dtype) == src).all()) and bool(torch.isfinite(cast).all())
+    if _inexact(cast.dtype):  # integers into floats: exactly representable
+        back = (cast.real if cast.dtype.is_complex else cast).to(src.dtype)
+        return bool((back == src).all()) and bool(torch.isfinite(cast).all())
     if not src.dtype.is_floating_point and src.dtype != torch.bool and src.numel():
         # integers into integers: within the range (a round trip through the new type
         # undoes a wrap: uint64's 2**63 became int64's -2**63 and back)
