@@ -534,6 +534,29 @@ def test_nulls_in_a_column_of_an_int_scalar_input_are_missing_rows() -> None:
         PteMapper(pte("scalar_io"), inputs=list(batch), outputs=names)(batch)
 
 
+def test_integers_past_what_a_float_holds_in_a_column_with_nulls_are_bad_rows() -> None:
+    """Ray hands an integer column with nulls over as floats, which round integers past
+    2**53 (2**60 + 1 arrives as 2**60): such a row is refused, not run with an integer
+    it may not have been; the rows within stay exact."""
+    calls = fixture_calls("scalar_io")  # x [rows<=8, 3]; alpha float, n int, flag bool
+    xs = np.empty(len(calls), dtype=object)
+    xs[:] = [c["inputs"][0].numpy() for c in calls]
+    ns = [float(2**60 + 1), np.nan, float(calls[2]["inputs"][2])]
+    batch = {
+        "x": xs,
+        "alpha": np.array([c["inputs"][1] for c in calls]),
+        "n": np.array(ns),
+        "flag": np.array([c["inputs"][3] for c in calls]),
+    }
+    names = ["y", "rows", "m", "none", "a2", "f", "half"]
+    mapper = PteMapper(pte("scalar_io"), inputs=list(batch), outputs=names, on_error="record")
+    out = mapper(batch)
+    assert "cannot be trusted" in out["error"][0] and "2**53" in out["error"][0]
+    assert "no value (None)" in out["error"][1]
+    assert out["error"][2] is None
+    assert [out[k][2] for k in names[1:]] == calls[2]["outputs"][1:]
+
+
 def test_an_error_column_that_would_overwrite_a_column_is_refused() -> None:
     ok = {"inputs": ["x"], "outputs": ["y"], "on_error": "record"}
     for clash in (

@@ -22,7 +22,8 @@ outputs; those rows raise :class:`~ptexec.errors.RowError` or, with ``on_error="
 get an error message in the error column and fill values in the output columns (NaN for
 floating outputs, 0 or False otherwise, None in columns of varying shape). A missing row
 (None; a block of null rows reaches a mapper as a float array of NaN, one per row, and
-an integer column with nulls as floats, NaN at the nulls) is such a row (a NaN in a float
+an integer column with nulls as floats, NaN at the nulls: there an integer past 2**53,
+which the float may have rounded, is a bad row too) is such a row (a NaN in a float
 column of one value per row is data: Ray hands a null and a NaN over alike there, unless
 earlier rows reached a 1-d input one per call, as vectors); a batch of only missing rows
 says nothing of how rows reach the method, so it takes the way the batch before it took,
@@ -314,7 +315,7 @@ class Batcher:
                 missing = np.isnan(raw)
                 if missing.any():
                     rows = np.empty(len(raw), dtype=object)
-                    rows[:] = [None if m else (int(v) if v.is_integer() else v)
+                    rows[:] = [None if m else _integer_of(v)
                                for v, m in zip(raw.tolist(), missing.tolist(), strict=True)]  # fmt: skip
                     batch[name] = rows
                 continue
@@ -378,6 +379,12 @@ class Batcher:
         """One row's value of a ragged column, converted (``InputError`` if it cannot be)."""
         if value is None:
             raise InputError(f"{what}: the row has no value (None)")
+        if isinstance(value, _Rounded):
+            raise InputError(
+                f"{what}: the integer {value.value:.0f} reached the method as a float "
+                "(Ray hands an integer column with nulls over as floats), past 2**53, where "
+                "a float may have rounded it: it cannot be trusted"
+            )
         if not isinstance(info, TensorInfo):
             return _scalar(value, info, what)
         if not isinstance(value, torch.Tensor) and not hasattr(value, "__dlpack__"):
@@ -822,6 +829,32 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
     "str": (str,),
 }
+
+
+# floats hold every integer up to this magnitude; past it, one may stand for several
+_EXACT_FLOAT_INTEGERS = 2**53
+
+
+class _Rounded:
+    """The float an integer column's row arrived as, too large to tell which integer it
+    was (:func:`_integer_of`); not a sequence, so numpy keeps it one row's object."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
+def _integer_of(v: float) -> Any:
+    """An integer column's row that arrived as the float ``v`` (Ray's floats for a column
+    with nulls): the integer, while floats hold every integer of its magnitude; else a
+    :class:`_Rounded` (the row's error); a fraction stays a float (refused as any float
+    row of an integer input is)."""
+    if not v.is_integer():
+        return v
+    if abs(v) > _EXACT_FLOAT_INTEGERS:
+        return _Rounded(v)
+    return int(v)
 
 
 def _takes_integers(info: ValueInfo) -> bool:
