@@ -10,6 +10,7 @@ and the library's cache entry is checked like any compiled library.
 
 from __future__ import annotations
 
+import json
 import threading
 import warnings
 from pathlib import Path
@@ -187,6 +188,16 @@ def test_a_damaged_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.Mon
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert native.find_or_build() == again  # now a clean hit
+    # an intact entry of the key that holds no library (made by hand): replaced, not
+    # taken for the library
+    manifest = again.parent / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["files"] = {"other.so": record["files"].pop(again.name)}
+    manifest.write_text(json.dumps(record))
+    again.rename(again.parent / "other.so")
+    with pytest.warns(CompileWarning, match=f"holds no {again.name}"):
+        built = native.find_or_build()
+    assert built.is_file() and built.name == again.name
 
 
 def test_a_released_runner_loads_its_payload_again() -> None:

@@ -250,9 +250,12 @@ def find_or_build() -> Path:
     cache = open_cache(cache_dir())
     if cache is not None:
         entry = cache.entry(key)
-        if entry.read() is not None:
+        kept = entry.read()
+        if kept is not None and any(name == _LIBRARY for name, _ in kept.files):
             entry.touch()
             return entry.path / _LIBRARY
+        if kept is not None:  # intact and trusted, but not this build's (made by hand)
+            entry.reject(f"it holds no {_LIBRARY}")
         if cache.writable:
             staging = entry.staging()
             try:
