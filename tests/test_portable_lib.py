@@ -7,6 +7,7 @@ both, compared. (The wheel's own tests run against this module in test_executorc
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -459,8 +460,10 @@ class _Positive(torch.nn.Module):
 def test_bundled_verdicts_follow_executorchs_rule() -> None:
     """Bundled outputs are compared as ExecuTorch compares them: float, double and half
     within ``atol + rtol * |output|`` (the output's magnitude, not the expected one's);
-    integers, bools and bfloat16 byte for byte whatever the tolerances. Each case's
-    verdict is ExecuTorch's on the same bundle (several used to pass here and fail there)."""
+    integers, bools and bfloat16 byte for byte whatever the tolerances; an infinite value
+    matches only the same infinity (its error is no number, whatever the tolerances). Each
+    case's verdict is ExecuTorch's on the same bundle (several used to pass here and fail
+    there)."""
     pytest.importorskip("executorch.devtools.bundled_program.core")
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.core import BundledProgram
@@ -472,6 +475,8 @@ def test_bundled_verdicts_follow_executorchs_rule() -> None:
     ints = torch.tensor([1, 2, 3])
     halves = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
     floats = torch.tensor([1.0])
+    inf = torch.tensor([math.inf, 1.0])
+    infs = [torch.tensor([v, 2.0]) for v in (2.0, -math.inf, math.inf)]
     cases = [  # module, input, expected outputs (each a test case), rtol, atol
         (_Scaled(3), ints, [ints * 3, ints * 3 + 1], 0.0, 10.0),
         (_Scaled(3), ints, [ints * 3 + 1], 1.0, 0.0),
@@ -479,6 +484,8 @@ def test_bundled_verdicts_follow_executorchs_rule() -> None:
         (_Scaled(1.5), halves, [halves * 1.5 + 0.01], 0.1, 2.0),
         (_Scaled(2.0), floats, [floats * 4, floats * 1], 0.6, 0.0),  # output 2.0
         (_Scaled(2.0), floats.half(), [floats.half() * 2.001], 1e-3, 0.0),
+        # output [inf, 2]: not a finite value, nor the other infinity, at the default tolerances
+        (_Scaled(2.0), inf, infs, 1e-5, 1e-8),
     ]
     verdicts = []
     for module, x, expected, rtol, atol in cases:
@@ -498,7 +505,7 @@ def test_bundled_verdicts_follow_executorchs_rule() -> None:
                     got.append(False)
             assert got[0] == got[1], (module, k, got)
             verdicts.append(got[0])
-    assert verdicts == [True, False, False, False, False, False, True, True]
+    assert verdicts == [True, False, False, False, False, False, True, True, False, False, True]
 
 
 def test_method_meta_describes_the_devices_the_methods_run_on() -> None:

@@ -570,8 +570,12 @@ def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
             name = str(want.dtype).removeprefix("torch.")
             return f"differs from the expected values ({name}: compared exactly)"
         x, y = a.double(), want.double()
-        # ExecuTorch's rule: within atol + rtol * |output| (not |expected|), NaN equal NaN
-        close = (x == y) | (x.isnan() & y.isnan()) | ((x - y).abs() <= atol + rtol * x.abs())
+        # ExecuTorch's rule: within atol + rtol * |output| (not |expected|), NaN equal NaN;
+        # an error that is no finite number (an infinity on either side) is never within,
+        # though an infinite output's allowance is infinite too
+        error = (x - y).abs()
+        within = error.isfinite() & (error <= atol + rtol * x.abs())
+        close = (x == y) | (x.isnan() & y.isnan()) | within
         if bool(close.all()):
             return None
         diff = (x - y).abs().nan_to_num(nan=math.inf).max().item()
