@@ -457,6 +457,18 @@ class _Positive(torch.nn.Module):
         return (x > 0,)
 
 
+def test_a_number_expected_where_a_tensor_came_is_a_verdict_not_a_crash() -> None:
+    """A bundle (made by hand: ExecuTorch's bundler writes none) expecting a number where
+    the method returns a tensor fails verification with a message; comparing the two
+    with ``==`` would give a tensor, whose truth torch refuses to tell."""
+    from ptexec.portable_lib import _mismatch
+
+    for want in (2, 2.0, True):
+        found = _mismatch(torch.full((3,), 2.0), want, 1e-5, 1e-8)
+        assert found is not None and "expected" in found
+    assert _mismatch(3, 3, 0.0, 0.0) is None and _mismatch(3, 4, 0.0, 0.0) is not None
+
+
 def test_bundled_verdicts_follow_executorchs_rule() -> None:
     """Bundled outputs are compared as ExecuTorch compares them: float, double and half
     within ``atol + rtol * |output|`` (the output's magnitude, not the expected one's);

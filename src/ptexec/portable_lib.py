@@ -586,7 +586,8 @@ def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
         ):
             return None
         return f"is {got!r}, expected {want!r}"
-    return None if got == want and type(got) is type(want) else f"is {got!r}, expected {want!r}"
+    # (the type first: a tensor == a number is a tensor, whose truth torch refuses)
+    return None if type(got) is type(want) and got == want else f"is {got!r}, expected {want!r}"
 
 
 # ---- loaders ---------------------------------------------------------------------------
