@@ -21,7 +21,7 @@ from fixture_data import FIXTURES_DIR, compare_outputs, fixture_calls, fixture_p
 from ptexec.dtypes import CODE_TO_DTYPE
 from ptexec.engine.hooks import steps_of
 from ptexec.errors import LimitExceededError, StateError
-from ptexec.etdump import DEBUG_ALIGNMENT, ETDumpRecorder
+from ptexec.etdump import DEBUG_ALIGNMENT, DebugBuffer, ETDumpRecorder
 from ptexec.format.etdump import RUN_OUTPUT_CHAIN, DebugEvent, ProfileEvent, decode_etdump
 from ptexec.runtime import Runtime
 
@@ -198,6 +198,17 @@ def test_a_full_debug_buffer_fails_the_call_and_records_nothing() -> None:
         compare_outputs(big.execute(method, call["inputs"]), call["outputs"], *tolerance("mlp"))
         is None
     )
+
+
+def test_an_empty_tensor_fits_a_full_debug_buffer() -> None:
+    """An empty tensor writes no bytes, so it fits however full the buffer is (as in
+    ExecuTorch's): a full buffer refuses only a tensor with bytes to write."""
+    buf = DebugBuffer(DEBUG_ALIGNMENT - 1)
+    buf.store(torch.ones(1), "first")  # the next aligned offset is past the capacity
+    ref = buf.store(torch.empty(0, 3), "empty")
+    assert ref.sizes == (0, 3) and buf.used == 4
+    with pytest.raises(LimitExceededError, match="debug buffer full"):
+        buf.store(torch.ones(1), "second")
 
 
 def test_timings_only_without_a_debug_buffer(tmp_path: Path) -> None:

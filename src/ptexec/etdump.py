@@ -121,7 +121,7 @@ class DebugBuffer:
             raise TypeError(f"{what}: {t.dtype} has no ExecuTorch scalar type")
         offset = -(-self._end // DEBUG_ALIGNMENT) * DEBUG_ALIGNMENT
         nbytes = t.numel() * t.element_size()
-        if offset + nbytes > self.capacity:
+        if nbytes and offset + nbytes > self.capacity:  # (an empty tensor writes nothing)
             raise LimitExceededError(
                 f"ETDump debug buffer full: {what} needs {nbytes} bytes at offset {offset}, "
                 f"past debug_buffer_size={self.capacity}; load with a larger debug_buffer_size"
