@@ -797,6 +797,13 @@ def test_t5_generation_config_fields_change_tokens_as_in_transformers(
         want = eager(gen, max_new_tokens=12)
         assert want != plain, extra  # (the field changes transformers' tokens)
         assert ours(gen) == want, extra
+    # tokens suppressed at the beginning, after a forced first token: transformers begins
+    # one step later (the forced token's step is not the first it suppresses at)
+    forced = eager({**base, "forced_bos_token_id": 7}, max_new_tokens=12)
+    gen = {**base, "forced_bos_token_id": 7, "begin_suppress_tokens": [forced[1]]}
+    want = eager(gen, max_new_tokens=12)
+    assert want[0] == 7 and want[1] != forced[1]
+    assert ours(gen) == want
     # a bad word longer than the decoder's context is not looked for yet (transformers)
     for extra in ({"bad_words_ids": [[0, plain[0]]]}, {"bad_words_ids": [[0, plain[0], x]]}):
         gen = {**base, **extra}

@@ -314,15 +314,18 @@ class SuppressTokens:
 class SuppressTokensAtBegin(SuppressTokens):
     """Tokens that cannot be the first generated one (``begin_suppress_tokens``, as
     transformers' ``SuppressTokensAtBeginLogitsProcessor``; Whisper's blank and EOS). The
-    first generated token is the one after the prompt :meth:`begin` is told of."""
+    first generated token is the one after the prompt :meth:`begin` is told of; with
+    ``after_forced`` (a forced first token, ``forced_bos_token_id``) and a prompt of one
+    token, the one after that, as transformers counts it."""
 
-    def __init__(self, ids: Sequence[int]) -> None:
+    def __init__(self, ids: Sequence[int], after_forced: bool = False) -> None:
         super().__init__(ids)
+        self.after_forced = after_forced
         self._begin = -1
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A generation starts after ``prompt``."""
-        self._begin = len(prompt)
+        self._begin = len(prompt) + int(self.after_forced and len(prompt) == 1)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[-1] != self._begin:

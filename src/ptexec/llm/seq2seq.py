@@ -1017,7 +1017,8 @@ def _config_rules(gen: Mapping[str, Any], eos: Sequence[int]) -> tuple[Any, ...]
         if gen.get("suppress_tokens"):
             rules.append(SuppressTokens(_ids(gen["suppress_tokens"], "suppress_tokens")))
         if gen.get("begin_suppress_tokens"):
-            rules.append(SuppressTokensAtBegin(_ids(gen["begin_suppress_tokens"], "tokens")))
+            begin = _ids(gen["begin_suppress_tokens"], "tokens")
+            rules.append(SuppressTokensAtBegin(begin, after_forced=bos is not None))
     except (TypeError, ValueError) as e:
         raise GenerationError(f"the generation config: {e}") from None
     return tuple(rules)
