@@ -11,6 +11,9 @@ and the library's cache entry is checked like any compiled library.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -198,6 +201,30 @@ def test_a_damaged_library_is_not_loaded(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.warns(CompileWarning, match=f"holds no {again.name}"):
         built = native.find_or_build()
     assert built.is_file() and built.name == again.name
+
+
+def test_a_library_built_for_the_process_alone_leaves_no_files(tmp_path: Path) -> None:
+    """Where the cache cannot keep the library (a root others may write), it is built in a
+    private directory of the process, loaded, and the directory removed: nothing is left
+    behind in the temporary directory, whatever the number of processes."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = (
+        "from ptexec.compile import native\n"
+        "assert native.library() is not None, native.unavailable()\n"
+        "print(native.runs())\n"
+    )
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(shared), "TMPDIR": str(temp)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0"
+    assert not list(temp.glob("ptexec-native-*"))
+    assert not list(shared.iterdir())  # (nothing kept where others may write)
 
 
 def test_a_released_runner_loads_its_payload_again() -> None:

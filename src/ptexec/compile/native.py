@@ -96,6 +96,7 @@ _LAYOUT = "native-calls-2"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {}  # "path": the loaded library, or "why": why there is none
+_PRIVATE: set[Path] = set()  # directories of libraries built for this process alone
 
 
 def _csrc() -> Path:
@@ -269,8 +270,21 @@ def find_or_build() -> Path:
             if entry.read() is not None:
                 return entry.path / _LIBRARY
     private = Path(tempfile.mkdtemp(prefix="ptexec-native-"))  # 0700, this process's
-    _build(private, compiler, et_root)
+    try:
+        _build(private, compiler, et_root)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    _PRIVATE.add(private)
     return private / _LIBRARY
+
+
+def _release(path: Path) -> None:
+    """After ``path`` is loaded (or failed to): a library built for this process alone is
+    removed from disk (the process keeps what it loaded)."""
+    if path.parent in _PRIVATE:
+        _PRIVATE.discard(path.parent)
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def enabled() -> bool:
@@ -288,8 +302,11 @@ def library() -> Path | None:
             return _STATE.get("path")
         try:
             path = find_or_build()
-            loaded = ctypes.CDLL(str(path), mode=os.RTLD_GLOBAL)
-            torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+            try:
+                loaded = ctypes.CDLL(str(path), mode=os.RTLD_GLOBAL)
+                torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
+            finally:
+                _release(path)
             use = loaded.ptexec_native_use
             use.argtypes = [ctypes.c_int64]
             use.restype = ctypes.c_int64
