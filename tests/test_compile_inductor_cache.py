@@ -166,3 +166,25 @@ def test_a_compile_loads_no_kernel_planted_where_others_may_write(
     )
     assert not marker.exists(), "a library planted in the shared kernel cache was loaded"
     assert sorted(p.relative_to(shared) for p in shared.rglob("*.so")) == libraries
+
+
+def test_the_cache_command_lists_and_clears_the_kernels_compiled_in_the_root(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The kernels torch compiled under the root (where its own cache was not trusted) are
+    part of the cache: ``ptexec cache list`` counts them, ``clear`` removes them."""
+    from ptexec.cli import main
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    chosen = aoti.inductor_cache()
+    (chosen / "ab").mkdir()
+    (chosen / "ab" / "kernel.so").write_bytes(b"\0" * 2048)
+    assert aoti.kept_kernels(root) == (1, 2048)
+    assert main(["cache", "list"]) == 0
+    assert "torch's kernels compiled here: 1 file(s)" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "1 file(s) of torch's kernels" in capsys.readouterr().out
+    assert not chosen.exists() and aoti.kept_kernels(root) == (0, 0)

@@ -54,6 +54,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from .. import codestore, libstore
+    from ..compile.aoti import clear_kernels, kept_kernels
     from ..compile.cache import Cache, cache_dir, max_bytes, root_status
     from ..errors import CacheEntryError
 
@@ -70,8 +71,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
         removed = cache.clear()
         print(
             f"compile cache {root}: removed {removed} entries, "
-            f"{codestore.clear(root)} file(s) of generated code and "
-            f"{libstore.clear(root)} native librar(ies)"
+            f"{codestore.clear(root)} file(s) of generated code, "
+            f"{libstore.clear(root)} native librar(ies) and "
+            f"{clear_kernels(root)} file(s) of torch's kernels"
         )
         return 0
     print(f"compile cache {root} ({'writable' if writable else 'read only'})")
@@ -114,4 +116,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     broken = sum(problem is not None for _, problem in native) - unfinished
     kept = len(native) - unfinished - broken
     print(f"native libraries: {kept} kept, {broken} damaged, {unfinished} unfinished builds")
+    files, size = kept_kernels(root)
+    if files:  # (only where torch's own kernel cache was not trusted)
+        print(f"torch's kernels compiled here: {files} file(s), {size / 2**20:.2f} MiB")
     return 1 if args.action == "verify" and (damaged or bad or broken) else 0

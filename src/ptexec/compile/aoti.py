@@ -32,10 +32,12 @@ from .external import external_call
 
 __all__ = [
     "NATIVE_ENTRY",
+    "clear_kernels",
     "compile_models",
     "find_compiler",
     "inductor_cache",
     "inductor_options",
+    "kept_kernels",
     "load_model",
     "missing_compiler",
     "native_entry_supported",
@@ -229,6 +231,33 @@ def _trusted_inductor_dir() -> Path:
         atexit.register(shutil.rmtree, private, True)
         _private_inductor.append(private)
     return _private_inductor[0]
+
+
+def kept_kernels(root: Path) -> tuple[int, int]:
+    """``(files, bytes)`` of torch's kernels under ``root``'s ``inductor`` directory (made
+    where torch's own kernel cache was not trusted: :func:`inductor_cache`); links are
+    counted as themselves, never followed."""
+    found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=False, create=False)
+    files = size = 0
+    if found is None:
+        return 0, 0
+    for top, _, names in os.walk(found):
+        for name in names:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(top, name)).st_size
+                files += 1
+    return files, size
+
+
+def clear_kernels(root: Path) -> int:
+    """Remove ``root``'s ``inductor`` directory (:func:`kept_kernels`) when this user may;
+    how many files it held."""
+    found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=False)
+    if found is None:
+        return 0
+    files, _ = kept_kernels(root)
+    shutil.rmtree(found, ignore_errors=True)  # (removes links, never what they lead to)
+    return files
 
 
 def _forget_kernels() -> None:
