@@ -415,3 +415,31 @@ def test_inspect_calls_a_constant_output_a_constant(
     out = capsys.readouterr().out
     assert "0: float32[2] contiguous on cpu, planned" in out
     assert "1: float32[3, 4] contiguous on cpu, constant (the program's data)" in out
+
+
+def test_inspect_names_the_devices_a_device_map_gives_every_tensor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under ``--device-map``, the per-tensor lines and the count by device say where the
+    loaded method's tensors are, as its inputs and buffers do (not the labels the map
+    replaced)."""
+    args = _args("gpu_mlp")
+    method = ptexec.load(fixture_paths("gpu_mlp")[0]).load_method(device_map="cpu")
+    values = method.state.values
+    loaded = {j: str(x.device) for j, x in enumerate(values) if isinstance(x, torch.Tensor)}
+    assert set(loaded.values()) == {"cpu"}
+    assert main(["inspect", *args, "--device-map", "cpu", "--values"]) == 0
+    out = capsys.readouterr().out
+    lines = {
+        int(line.split()[0][1:]): line
+        for line in out.splitlines()
+        if line.startswith("    v") and line.split()[0][1:].isdigit()
+    }
+    assert lines and set(loaded) <= set(lines)
+    for line in lines.values():
+        assert " on cpu," in line, line
+    counts = next(line for line in out.splitlines() if "tensors by device" in line)
+    assert counts.strip() == f"tensors by device: cpu: {len(lines)}"
+    assert main(["inspect", *args, "--device-map", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["methods"]["forward"]["tensor_devices"] == {"cpu": len(lines)}

@@ -33,8 +33,8 @@ def _value_line(i: int, info: Any, value: Any = None) -> str:
 
 
 def method_report(prog: Any, name: str, device_map: Any) -> dict[str, Any]:
-    from ..device import schema_device
     from ..format import program as p
+    from ..loader import DeviceMap
 
     meta = prog.method_meta(name, device_map=device_map)
     plan = next(pl for pl in prog.pte.program.execution_plan if pl.name == name)
@@ -45,10 +45,12 @@ def method_report(prog: Any, name: str, device_map: Any) -> dict[str, Any]:
             kinds[type(ins).__name__] += 1
             if isinstance(ins, p.KernelCall):
                 ops[plan.operators[ins.op_index].qualified_name] += 1
+    # where each tensor is once loaded: its label, mapped as the inputs' and buffers' are
+    dmap = DeviceMap(device_map)
     devices: Counter[str] = Counter()
     for value in plan.values:
         if isinstance(value, p.Tensor):
-            devices[str(schema_device(*value.device))] += 1
+            devices[str(dmap.label(value))] += 1
     delegates = []
     for d in plan.delegates:
         entry: dict[str, Any] = {
@@ -158,7 +160,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             + ", ".join(f"{d}: {n}" for d, n in sorted(rep["tensor_devices"].items()))
         )
         if args.values:
-            _print_values(prog, name)
+            _print_values(prog, name, device_map)
         kinds = rep["instructions"]
         print("  instructions: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         print(f"  operators ({len(rep['operators'])}):")
@@ -189,17 +191,18 @@ def method_code(prog: Any, name: str, device_map: Any, compiled: bool) -> str:
     return str(prog.load_method(name, device_map=device_map, compile=options).source())
 
 
-def _print_values(prog: Any, name: str) -> None:
-    """Every tensor value of a method: its type, layout, device label and where its
-    memory comes from."""
-    from ..device import schema_device
+def _print_values(prog: Any, name: str, device_map: Any) -> None:
+    """Every tensor value of a method: its type, layout, device (its label under
+    ``device_map``, where loading puts it) and where its memory comes from."""
     from ..format import program as p
     from ..format.scalar_type import scalar_type_name
+    from ..loader import DeviceMap
     from ..tensor import layout_name
 
     plan = next(pl for pl in prog.pte.program.execution_plan if pl.name == name)
     inputs = {slot: i for i, slot in enumerate(plan.inputs)}
     outputs = {slot: i for i, slot in enumerate(plan.outputs)}
+    dmap = DeviceMap(device_map)
     print("  tensors:")
     for j, t in enumerate(plan.values):
         if not isinstance(t, p.Tensor):
@@ -218,7 +221,7 @@ def _print_values(prog: Any, name: str) -> None:
         dyn = "" if t.shape_dynamism == p.STATIC else f" {p.DYNAMISM_NAMES[t.shape_dynamism]}"
         print(
             f"    v{j:<5} {scalar_type_name(t.scalar_type)}[{dims}] {layout_name(t.dim_order)}{dyn}"
-            f" on {schema_device(*t.device)}, {where}" + (f" ({', '.join(roles)})" if roles else "")
+            f" on {dmap.label(t)}, {where}" + (f" ({', '.join(roles)})" if roles else "")
         )
 
 
