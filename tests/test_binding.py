@@ -396,3 +396,28 @@ def test_numpy_scalars_are_zero_dim_arrays(dtype: type) -> None:
     assert torch.equal(got, torch.full((3,), 3, dtype=t))
     with pytest.raises(InputError, match=r"got float 3\.0"):
         m.execute([torch.ones(3, dtype=t), 3.0])
+
+
+class _Accumulate(torch.nn.Module):
+    def forward(self, x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        acc.add_(x)
+        return acc * 2
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_negative_stride_along_one_element_still_shares_the_array(fast_path: bool) -> None:
+    """A numpy array whose axis of one element has a negative stride is dense: an unplanned
+    input the program writes in place writes the caller's array, as eager PyTorch's
+    ``add_`` writes the caller's tensor (the array was copied, and the write lost)."""
+    data = export_program(_Accumulate(), (torch.ones(4, 1), torch.zeros(4, 1)), unplanned=True)
+    m = ptexec.load(data).load_method("forward", fast_path=fast_path)
+    x = torch.arange(4.0).reshape(4, 1)
+    base = np.linspace(1, 4, 4, dtype=np.float32).reshape(4, 1)
+    acc = base[:, ::-1]
+    assert acc.strides[1] < 0 and np.shares_memory(acc, base)
+    expected_acc = torch.from_numpy(base.copy())
+    expected = _Accumulate()(x, expected_acc)
+    mutated, doubled = m(x, acc)
+    assert m.last_call.inputs == ["share", "share"]
+    assert torch.equal(torch.from_numpy(base), expected_acc), "the caller's array is written"
+    assert torch.equal(mutated, expected_acc) and torch.equal(doubled, expected)

@@ -284,7 +284,8 @@ def test_a_written_input_is_never_converted_into_a_copy(mutates: bytes) -> None:
 
 
 def test_a_negative_stride_on_a_size_one_axis_is_read() -> None:
-    """numpy calls such an array contiguous, and torch cannot view it: it is copied."""
+    """numpy calls such an array contiguous, and torch cannot view its stride as is: it is
+    read through a view of the same memory with a stride of 0 along that axis."""
     m = ptexec.load(fixture_paths("dynamic_mlp")[0]).load_method()
     x = fixture_calls("dynamic_mlp")[0]["inputs"][0].numpy()
     flipped = x[:1][::-1]  # strides (-32, 4)

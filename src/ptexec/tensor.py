@@ -251,16 +251,23 @@ def _numpy() -> Any:
 def _numpy_to_torch(a: Any) -> torch.Tensor:
     """A zero-copy torch view of a numpy array (read-only arrays included).
 
-    Negative strides are the one exception: torch cannot express them, so such an array is
-    copied into a contiguous one. :func:`describe` reports those arrays as having no dim
-    order, so the binding rules treat them as a layout conversion, which copies anyway.
+    Negative strides along an axis of more than one element are the one exception: torch
+    cannot express them, so such an array is copied into a contiguous one.
+    :func:`describe` reports those arrays as having no dim order, so the binding rules
+    treat them as a layout conversion, which copies anyway. A negative stride along an
+    axis of one element is never stepped: the view takes a stride of 0 there instead,
+    over the same memory (a program that writes the input writes the caller's array).
     """
     import warnings
 
     np = _numpy()
     if a.ndim and any(s < 0 for s in a.strides):
-        # (a copy: numpy calls an array contiguous whose size-1 axis has a negative stride)
-        a = np.array(a, order="C", copy=True)
+        if all(s >= 0 or n == 1 for s, n in zip(a.strides, a.shape, strict=True)):
+            strides = tuple(max(s, 0) for s in a.strides)
+            a = np.lib.stride_tricks.as_strided(a, strides=strides, writeable=a.flags.writeable)
+        else:
+            # (a copy: numpy calls an array contiguous whose size-1 axis has a negative stride)
+            a = np.array(a, order="C", copy=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays
@@ -295,5 +302,7 @@ def _describe_numpy(a: Any) -> TensorInfo:
         dtype = torch.from_numpy(np.empty(0, dtype=a.dtype)).dtype
     except TypeError as e:
         raise TypeError(f"numpy dtype {a.dtype} has no torch equivalent") from e
-    order = None if any(s < 0 for s in strides) else dim_order_from_strides(sizes, strides)
+    # (a size-1 axis's stride is never stepped, its sign included)
+    stepped = any(s < 0 and n != 1 for s, n in zip(strides, sizes, strict=True))
+    order = None if stepped else dim_order_from_strides(sizes, strides)
     return TensorInfo(sizes, dtype, order, CPU, strides)
