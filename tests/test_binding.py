@@ -259,6 +259,20 @@ def test_layout_mismatch_for_an_unplanned_input(unplanned: ptexec.Method) -> Non
     assert alias.is_contiguous()
 
 
+def test_a_view_of_a_converted_input_is_read_before_the_next_conversion(
+    unplanned: ptexec.Method,
+) -> None:
+    """An output that is a converted input is a view of the memory the conversion copies
+    into; fed back as another input of a call that converts again, it is read before that
+    copy overwrites it (it read the new input's values instead of its own)."""
+    x1 = torch.arange(12.0).reshape(4, 3).t()
+    alias, _ = unplanned.execute([x1, torch.ones(3, 4)], layout="convert")
+    assert unplanned.last_call.inputs == ["convert", "share"] and torch.equal(alias, x1)
+    x2 = torch.full((4, 3), 5.0).t()
+    _, result = unplanned.execute([x2, alias], layout="convert")
+    torch.testing.assert_close(result, AddMul()(x2, x1.clone())[1])
+
+
 def test_negative_strides_numpy(unplanned: ptexec.Method, planned: ptexec.Method) -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::-1]
     y = torch.ones(3, 4)

@@ -280,13 +280,18 @@ def output_memory(state: MethodState, device: torch.device) -> list[torch.Tensor
 
 
 def _in_method_memory(state: MethodState, x: torch.Tensor) -> bool:
-    """Whether ``x`` shares a byte with memory the method writes: its planned buffers and
-    its unplanned outputs' memory."""
+    """Whether ``x`` shares a byte with memory the method writes: its planned buffers, its
+    unplanned outputs' memory and the tensors converted or moved inputs are copied into
+    (an output that is such an input is a view of one)."""
     if x.numel() == 0:
         return False
     start, end = _span(x)
     ranges = planned_ranges(state, x.device)
-    for d in output_memory(state, x.device):
+    memories = output_memory(state, x.device)
+    memories += [s.scratch for s in state.inputs if s.scratch is not None]
+    for d in memories:
+        if d.device != x.device:
+            continue
         memory = d.untyped_storage()
         ranges.append((memory.data_ptr(), memory.data_ptr() + memory.nbytes()))
     return any(start < e and s < end for s, e in ranges)
