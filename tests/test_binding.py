@@ -282,6 +282,22 @@ def test_negative_strides_numpy(unplanned: ptexec.Method, planned: ptexec.Method
     torch.testing.assert_close(result, torch.from_numpy(x.copy()) + 1)
 
 
+@pytest.mark.parametrize("option", ["transfers", "layout"])
+@pytest.mark.parametrize("value", ["", False, 0])
+def test_a_call_refuses_a_policy_load_refuses(
+    unplanned: ptexec.Method, option: str, value: object
+) -> None:
+    """A per-call ``transfers`` or ``layout`` is checked as at load: a value that is not
+    one of the policy's raises, as ``load_method`` does with it (a false one ran under the
+    method's own policy)."""
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    with pytest.raises(ValueError, match=option):
+        unplanned.program.load_method("forward", **{option: value})
+    with pytest.raises(ValueError, match=option):
+        unplanned.execute([x, y], **{option: value})
+    torch.testing.assert_close(unplanned(x, y)[1], x * y + 1)
+
+
 def test_unmodeled_device_is_named(unplanned: ptexec.Method) -> None:
     with pytest.raises(
         UnsupportedDeviceError,

@@ -352,7 +352,11 @@ class Method:
             inputs = [inputs]  # a single tensor or array counts as one input
         policy = self._policy
         if transfers is not None or layout is not None:
-            policy = Policy(transfers or policy.transfers, layout or policy.layout)  # type: ignore[arg-type]
+            # (None alone means the method's own: any other value is checked as at load)
+            policy = Policy(
+                policy.transfers if transfers is None else transfers,  # type: ignore[arg-type]
+                policy.layout if layout is None else layout,  # type: ignore[arg-type]
+            )
         mode = self._output_mode if outputs is None else _output_mode(outputs)
         state = self._state
         # inference: autograd must not touch the memory (nor cost time)
