@@ -106,6 +106,35 @@ def test_shapes_that_come_and_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert native.runs() - start == 2 * len(batches)
 
 
+@pytest.mark.parametrize(
+    ("natively", "options"),
+    [(True, GRAPH), (False, GRAPH), (True, CompileOptions())],
+    ids=["native-graph", "python-graph", "native-aoti"],
+)
+def test_outputs_kept_across_calls_stay_as_computed(
+    natively: bool, options: CompileOptions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delegate call writes the same memory at every call: a method output that is a
+    call's dynamic output reaches the caller as a tensor of its own (AOTInductor takes
+    an opaque op's outputs for new tensors and drops a copy of one in its graph), so
+    outputs kept across calls of shapes going up and down still hold what eager PyTorch
+    computes."""
+    model, path = dynamic_batch_program(tmp_path)
+    if not natively:
+        monkeypatch.setenv("PTEXEC_NATIVE_CALLS", "0")
+    compiled = ptexec.load(path).load_method("forward", xnnpack="auto", compile=options)
+    report = compiled.compile_report
+    assert report is not None and report.native_calls == (2 if natively else 0)
+    torch.manual_seed(1)
+    kept = []
+    for n in [1, 16, 3, 16, 1]:
+        x = torch.randn(n, 8)
+        kept.append((x, compiled.execute([x])[0]))
+    with torch.no_grad():
+        for r, (x, got) in enumerate(kept):
+            torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5, msg=f"call {r}")
+
+
 def test_same_shapes_in_new_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tensor handed over before with the same sizes, now in other memory, is pointed at
     that memory (ExecuTorch shares an unplanned input's memory): every call's own

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,6 +66,7 @@ __all__ = [
     "OutputSpec",
     "attach_native_use",
     "external_call",
+    "own_tensor",
     "register",
     "use",
     "worth_a_call",
@@ -294,6 +295,19 @@ class ExternalCall:
             _dense(list(t.shape) if o.dynamic else o.sizes, o.dim_order, o.dtype)
             for o, t in zip(self.outputs, computed, strict=True)
         ]
+
+
+def own_tensor(calls: Iterable[ExternalCall]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function of a tensor the compiled code returned: the tensor itself, or a copy
+    where it lies in the output memory of one of ``calls`` (their next run writes that
+    memory again; the compiled code, traced with each call's outputs as new tensors,
+    may return them, or views of them, as they are)."""
+    held = frozenset(t.untyped_storage().data_ptr() for c in calls for t in c.output_memory())
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        return t.clone() if t.untyped_storage().data_ptr() in held else t
+
+    return own
 
 
 _CONVOLUTIONS = frozenset({"Conv2d", "DepthwiseConv2d", "ConvTranspose2d"})

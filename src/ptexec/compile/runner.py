@@ -46,7 +46,7 @@ from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, program_digest, warn_once
-from .external import Calls, ExternalCall
+from .external import Calls, ExternalCall, own_tensor
 from .external import use as use_external
 from .graph import Guard, GuardError, scalar_kind
 from .manifest import FailedRecord, Manifest, RegionRecord
@@ -680,7 +680,12 @@ def _region_call(
                     code.add(f"_store(v[{j}], {r}, {order}, {grow})", s.instruction)
                 n_out += 1
             elif s.how in ("replace", "adopt"):
-                if isinstance(value, p.Tensor):
+                if isinstance(value, p.Tensor) and s.how == "adopt" and externals:
+                    # the caller may get it as its own (handed_outputs): not a delegate
+                    # call's memory, which the next call writes
+                    env[f"_O{k}"] = own_tensor(externals.values())
+                    code.add(f"v[{j}] = _O{k}({r})", s.instruction)
+                elif isinstance(value, p.Tensor):
                     code.add(f"v[{j}] = {r}", s.instruction)
                 else:
                     convert = compiled.kinds.get(j, scalar_kind(value))
