@@ -435,6 +435,23 @@ class _Accumulate(torch.nn.Module):
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
+def test_an_input_in_the_methods_memory_is_a_counted_copy(fast_path: bool) -> None:
+    """A view-mode output fed back as an unplanned input that the program writes is read
+    into a copy first (the call overwrites the method's memory): the call says so, a copy
+    of its bytes, not a share of the caller's memory."""
+    data = export_program(_Accumulate(), (torch.ones(4, 1), torch.zeros(4, 1)), unplanned=True)
+    m = ptexec.load(data).load_method("forward", fast_path=fast_path, outputs="view")
+    x = torch.ones(4, 1)
+    _, doubled = m(x, torch.zeros(4, 1))
+    fed = doubled.clone()
+    mutated, result = m(x, doubled)
+    assert m.last_call.inputs == ["share", "copy"] and m.last_call.h2h == doubled.nbytes
+    acc = fed.clone()
+    want = _Accumulate()(x, acc)
+    assert torch.equal(mutated, acc) and torch.equal(result, want)
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
 def test_a_negative_stride_along_one_element_still_shares_the_array(fast_path: bool) -> None:
     """A numpy array whose axis of one element has a negative stride is dense: an unplanned
     input the program writes in place writes the caller's array, as eager PyTorch's

@@ -11,7 +11,9 @@ class CallRecord:
     """Filled in by each call of a method (one object, reused; read it after the call).
 
     ``inputs[i]`` is the binding action of input ``i`` (``"share"``, ``"copy"``,
-    ``"transfer"``, ``"convert"``, ``"move"``, ``"empty"``, or ``"value"`` for a non-tensor),
+    ``"transfer"``, ``"convert"``, ``"move"``, ``"empty"``, or ``"value"`` for a non-tensor;
+    an input lying in memory the method writes, a view-mode output fed back, is read into
+    a copy before anything is written: ``"copy"`` where it would have been shared),
     and ``h2h``/``h2d``/``d2h``/``d2d`` count the bytes copied in that direction by input
     binding, device-copy instructions and caller-given outputs.
     """

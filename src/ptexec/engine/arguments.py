@@ -307,20 +307,27 @@ def bind_inputs(state: MethodState, bound: BoundInputs) -> None:
     rec = state.record
     rec.reset()
     actions = rec.inputs
-    bound = [
-        (action, x.clone())
+    # every such tensor read before the first write (a list, not a generator)
+    read = [
+        x.clone()
         if action is not None
         and action is not Action.EMPTY
         and isinstance(x, torch.Tensor)
         and _in_method_memory(state, x)
-        else (action, x)
+        else None
         for action, x in bound
     ]
-    for spec, (action, x) in zip(state.inputs, bound, strict=True):
+    for spec, (action, x), copy in zip(state.inputs, bound, read, strict=True):
         if action is None:
             actions[spec.index] = "value"
             continue
         actions[spec.index] = action.value
+        if copy is not None:
+            # what the program gets is the copy, not the caller's memory: a copy, counted
+            rec.count(x, copy, x.nbytes)
+            if action is Action.SHARE:
+                actions[spec.index] = Action.COPY.value
+            x = copy
         if action is Action.SHARE:
             # an alias of the caller's memory: what the program does to the tensor's
             # sizes (an out= resize) stays with the alias, not the caller's tensor
