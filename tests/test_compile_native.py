@@ -294,7 +294,32 @@ def _binder_loads(monkeypatch: pytest.MonkeyPatch, refuse: bool = False) -> list
     return loads
 
 
-@pytest.mark.parametrize("name", ["transformer_int8_dynamic_int4w_pc", "dwnet_int8_static_pc"])
+def test_a_call_outside_every_compiled_region_stays_the_interpreters() -> None:
+    """A delegate call no compiled region makes (a program that is one delegate call:
+    nothing around it to compile) is run by the interpreter as loaded: no native call is
+    made of it, so its payload is neither released nor loaded a second time."""
+    path = XNNPACK_DIR / XNNPACK["cnn"]["pte"]
+    method = ptexec.load(path).load_method("forward", xnnpack="auto", compile=GRAPH)
+    report = method.compile_report
+    assert report is not None and report.regions == () and report.native_calls == 0
+    binders = [
+        st.external._binder  # type: ignore[union-attr]
+        for chain in method.state.chains
+        for st in chain.loaded
+        if st.external
+    ]
+    assert binders and all(b.method is not None for b in binders)  # loaded, kept
+    plain = ptexec.load(path).load_method("forward")
+    for call in _calls("cnn"):
+        for x, y in zip(
+            method.execute(_clone(call["inputs"])), plain.execute(call["inputs"]), strict=True
+        ):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "name", ["transformer_int8_dynamic_int4w_pc", "dynconv_padmodes_int8_dynamic_pc"]
+)
 def test_a_compiled_load_never_loads_what_the_native_calls_run(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,6 +149,10 @@ class FunctionalForms:
         code keeps them (the registry holds them weakly)."""
         return list(self._externals.values())
 
+    def external_places(self) -> list[tuple[tuple[int, int], ExternalCall]]:
+        """:meth:`external_calls`, each with its place: (chain, instruction)."""
+        return list(self._externals.items())
+
     def _register_externals(self) -> None:
         payloads: dict[tuple[int, int], tuple[s.XnnPayload, Any, p.DelegateCall]] = {}
         for c, chain in enumerate(self.state.chains):

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,6 +197,15 @@ class RegionBuilder:
         return self._native_entry
 
     # -- the cache ---------------------------------------------------------------------
+    def calls_in(self, regions: Sequence[Region]) -> list[ExternalCall]:
+        """The opaque delegate calls the compiled code of ``regions`` makes."""
+        spans = [(r.chain, r.first, r.last) for r in regions]
+        return [
+            call
+            for (c, i), call in self.rebuild.external_places()
+            if any(ch == c and first <= i <= last for ch, first, last in spans)
+        ]
+
     def start_hashing(self) -> bool:
         """Start hashing the files of this method's cache entry on a thread of its own, for
         the check before its code loads (:meth:`.cache.CacheEntry.start_hashing`); whether
@@ -888,14 +897,16 @@ class CompiledRunner:
         made = False  # the native calls' table
         if builder is None:  # else the builder has its code already (load_cached)
             builder = RegionBuilder(state, program, options or CompileOptions())
-            calls = builder.rebuild.external_calls()
+            calls = builder.calls_in(builder.regions)
             if calls and builder.start_hashing():
                 # ExecuTorch's C++ runtime loads the calls while the entry's files are hashed
                 native, made = native_table(calls), True
             builder.build()
         self.report = builder.report()
-        # the delegate calls the compiled code makes through ptexec::external_call
-        self._externals = Calls((c.key, c) for c in builder.rebuild.external_calls())
+        # the delegate calls the compiled code makes through ptexec::external_call (those
+        # of no compiled region stay the interpreter's: no native call, no second load)
+        compiled_calls = builder.calls_in([x.region for x in builder.compiled])
+        self._externals = Calls((c.key, c) for c in compiled_calls)
         for ext in self._externals.values():
             ext.shapes = None  # only tracing needs them (with ptexec's torch code)
         if self._externals:
