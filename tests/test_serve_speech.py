@@ -266,3 +266,41 @@ def test_the_command_line_serves_a_speech_program(folder: Path, audio: tuple[byt
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_a_window_without_timestamps_is_a_segment_beside_timed_windows() -> None:
+    """Whisper may time one window's text and not the next's: every window's text is
+    in the segments (OpenAI's segments cover the transcription's text)."""
+    from ptexec.llm.seq2seq import Segment, Transcription, WindowScores
+    from ptexec.serve.speech import _Ask
+
+    class Runner:
+        def __init__(self) -> None:
+            self.generation_config: dict[str, Any] = {}
+            self.eos_ids = {0}
+            self.timestamp_begin = 50
+
+        def decode(self, ids: list[int]) -> str:
+            return "".join(chr(ord("a") + i - 1) for i in ids)
+
+    class Features:
+        sampling_rate = 16000
+        window_samples = 30 * 16000
+
+    service = SpeechService(Runner(), Features(), MODEL)
+    timed = Segment(0.0, 0.2, "ab", [50, 1, 2, 60], 0)
+    result = Transcription(
+        "ab cd",
+        [[50, 1, 2, 60, 0], [3, 4, 0]],  # the second window: text without timestamps
+        [timed],
+        ["stop", "stop"],
+        "en",
+        [WindowScores(0.0, -0.1, 0.0, 1.0), WindowScores(30.0, -0.2, 0.0, 1.0)],
+    )
+    ask = _Ask(b"-", ".wav", None, 0.0, "verbose_json", "transcribe")
+    body, _ = service._answer(ask, result, 45.0)
+    got = [(s["start"], s["end"], s["text"], s["seek"]) for s in body["segments"]]
+    assert got == [(0.0, 0.2, "ab", 0), (30.0, 45.0, "cd", 3000)]
+    assert " ".join(s[2] for s in got) == body["text"]
+    srt, _ = service._answer(_Ask(b"-", ".wav", None, 0.0, "srt", "transcribe"), result, 45.0)
+    assert "00:00:30,000 --> 00:00:45,000\ncd" in srt

@@ -343,20 +343,28 @@ class SpeechService:
         return subtitles(segments, vtt), media
 
     def _segments(self, result: Any, duration: float) -> list[Any]:
-        """The model's timed segments, or, for a window without any, the window whole."""
+        """The model's timed segments, and, for a window without any, the window whole
+        (one window may be timed and the next not: each window's text is in a segment)."""
         from ..llm import Segment
 
-        if result.segments:
-            return list(result.segments)
         span = self.features_span()
         eos = self.runner.eos_ids
-        out = []
+        begin = getattr(self.runner, "timestamp_begin", None)  # (a timestamp is no text)
+        timed: dict[int, list[Any]] = {}
+        for seg in result.segments:
+            timed.setdefault(seg.window, []).append(seg)
+        out: list[Any] = []
         for i, ids in enumerate(result.tokens):
-            kept = [t for t in ids if t not in eos]
+            if i in timed:
+                out += timed.pop(i)
+                continue
+            kept = [t for t in ids if t not in eos and (begin is None or t < begin)]
             body = self.runner.decode(kept)
             if body.strip():
                 start = i * span
                 out.append(Segment(start, min(duration, start + span), body, kept, i))
+        for rest in timed.values():  # (segments of no window in the tokens: kept as given)
+            out += rest
         return out
 
     def features_span(self) -> float:
