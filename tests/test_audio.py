@@ -102,6 +102,31 @@ def test_malformed_wav_files_raise_the_audio_error(tmp_path: Path) -> None:
         load_audio(tmp_path / "not_wav.wav")
 
 
+def test_rf64_wav_reads_the_data_size_of_its_ds64_chunk(tmp_path: Path) -> None:
+    """An RF64 file's 'data' chunk says 0xFFFFFFFF bytes; its size is in 'ds64' (EBU
+    Tech 3306): a chunk after the samples is no audio."""
+    values = [i * 300 - 15000 for i in range(100)]
+    samples = struct.pack(f"<{len(values)}h", *values)
+    ds64 = struct.pack("<QQQI", 0, len(samples), len(values), 0)
+    fmt = struct.pack("<HHIIHH", 1, 1, 16000, 32000, 2, 16)
+    body = (
+        b"WAVE"
+        + b"ds64" + struct.pack("<I", len(ds64)) + ds64
+        + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+        + b"data" + struct.pack("<I", 0xFFFFFFFF) + samples
+        + b"LIST" + struct.pack("<I", 12) + b"INFOICMT\x00\x00\x00\x00"
+    )  # fmt: skip
+    path = tmp_path / "big.wav"
+    path.write_bytes(b"RF64" + struct.pack("<I", 0xFFFFFFFF) + body)
+    x, rate = read_wav(path)
+    assert rate == 16000
+    assert x.shape == (1, 100)
+    assert x[0].tolist() == [v / 32768 for v in values]
+    path.write_bytes(b"RF64" + struct.pack("<I", 0xFFFFFFFF) + body[:4] + body[40:])
+    with pytest.raises(AudioFormatError, match="ds64"):
+        read_wav(path)
+
+
 def test_to_mono_averages_channels() -> None:
     x = torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, 1.0]])
     torch.testing.assert_close(to_mono(x), torch.tensor([0.5, 0.5, 0.0]))

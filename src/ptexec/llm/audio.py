@@ -9,8 +9,9 @@ audio (speech-to-text here, audio inputs of multimodal LLMs)::
 
 * :func:`read_wav` reads RIFF/WAVE files with the standard library: PCM integers of 8, 16,
   24 and 32 bits and IEEE floats of 32 and 64 bits (``WAVE_FORMAT_EXTENSIBLE`` too), any
-  number of channels; :func:`load_audio` reads WAV itself and other formats through
-  ``soundfile`` when it is installed (``pip install 'ptexec[audio]'``), averages the
+  number of channels, RF64 files too (the data size in their ``ds64`` chunk);
+  :func:`load_audio` reads WAV itself and other formats through ``soundfile`` when it is
+  installed (``pip install 'ptexec[audio]'``), averages the
   channels to mono and resamples.
 * :func:`resample` is a band-limited polyphase resampler: a Kaiser-windowed sinc low-pass at
   the lower of the two Nyquist frequencies, evaluated at every output phase, applied as one
@@ -59,11 +60,20 @@ def _chunks(data: bytes, path: str) -> Iterator[tuple[bytes, int, int]]:
     """(id, offset, size) of each chunk of a RIFF/WAVE file, every size checked."""
     if len(data) < 12 or data[:4] not in (b"RIFF", b"RF64") or data[8:12] != b"WAVE":
         raise AudioFormatError(f"{path}: not a RIFF/WAVE file (no 'RIFF....WAVE' header)")
+    rf64 = data[:4] == b"RF64"
+    data_size: int | None = None  # an RF64 file's data size, from its 'ds64' chunk
     pos = 12
     while pos + 8 <= len(data):
         cid = data[pos : pos + 4]
         (size,) = struct.unpack_from("<I", data, pos + 4)
         start = pos + 8
+        if rf64 and cid == b"ds64" and size >= 16 and start + size <= len(data):
+            (data_size,) = struct.unpack_from("<Q", data, start + 8)
+        if rf64 and cid == b"data" and size == 0xFFFFFFFF:
+            # the size is in 'ds64' (EBU Tech 3306), which comes first
+            if data_size is None:
+                raise AudioFormatError(f"{path}: RF64 'data' chunk without a 'ds64' size before it")
+            size = data_size
         if start + size > len(data):
             if cid == b"data":  # a truncated last chunk (a recorder that never finished)
                 size = len(data) - start
