@@ -609,3 +609,33 @@ def test_nan_is_quantized_as_xnnpack_quantizes_it(et: None, name: str) -> None:
     for a, b in zip(theirs, ours, strict=True):
         assert not torch.isnan(a).any()
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
+def test_a_payload_executorch_computes_wrongly_runs_ptexecs_own(et: None) -> None:
+    """Rows quantized per row against 4-bit weights per channel over an odd number of input
+    channels: ExecuTorch 1.5.1's XNNPACK backend gives every row but the first wrong (equal
+    rows, different results), so ``auto`` runs ptexec's own runner, which agrees with eager
+    PyTorch; ``executorch`` refuses the payload rather than return those numbers."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import make_xnnpack_fixtures as mk
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3).eval()
+    example = (torch.randn(8, 5),)
+    quantized = mk._quantize_pt2e(model, example, [example], "int8_dynamic_int4w_pc", None)
+    data = mk._lower(quantized, example, "int8_dynamic_int4w_pc", None).buffer
+    prog = ptexec.load(data)
+    (delegate,) = prog.pte.program.execution_plan[0].delegates
+    payload = decode_payload(prog.pte.delegate_data(delegate.processed))
+    assert "5 input channels, an odd number" in (backend.miscomputed(payload) or "")
+    x = torch.randn(1, 5).repeat(8, 1)  # eight equal rows
+    auto = ptexec.load(data).load_method("forward")
+    assert set(_runners(auto)) == {"_xnnpack_run"}
+    (got,) = auto.execute([x])
+    (want,) = ptexec.load(data).load_method("forward", xnnpack="torch").execute([x])
+    assert torch.equal(got, want) and torch.equal(got, got[:1].expand(8, 3))
+    torch.testing.assert_close(got, quantized(x))  # eager PyTorch
+    with pytest.raises(BackendUnavailableError, match="computes wrongly"):
+        ptexec.load(data).load_method("forward", xnnpack="executorch")

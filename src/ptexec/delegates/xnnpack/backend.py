@@ -397,12 +397,40 @@ def _prepare_torch(
     )
 
 
+def miscomputed(payload: s.XnnPayload) -> str | None:
+    """Why ExecuTorch's XNNPACK backend would compute the payload wrongly, or None.
+
+    A fully connected node that quantizes its input per row (``qdint8``) against 4-bit
+    weights per output channel (``qcint4``), over an odd number of input channels: with
+    ExecuTorch 1.5.1's backend, every row but the first comes out wrong (eight equal rows
+    give eight different results), while eager PyTorch and ptexec's own runner agree. Such
+    a payload is not handed to it."""
+    values = {v.id: v for v in payload.graph.values}
+    for n in payload.graph.nodes:
+        if n.type != "FullyConnected" or len(n.inputs) < 2:
+            continue
+        x, w = values.get(n.inputs[0]), values.get(n["filter_id"])
+        if x is None or w is None or len(w.dims) != 2:
+            continue
+        if x.dtype_name != "qdint8" or w.dtype_name != "qcint4":
+            continue
+        channels = w.dims[0] if n.flags & s.FLAG_TRANSPOSE_WEIGHTS else w.dims[1]
+        if channels % 2:
+            return (
+                f"xnodes[{n.index}] multiplies per-row int8 inputs by 4-bit weights over "
+                f"{channels} input channels, an odd number, which ExecuTorch's XNNPACK "
+                "backend computes wrongly"
+            )
+    return None
+
+
 def _checked(
     payload: s.XnnPayload, named_data: Mapping[str, memoryview], tensors: list[p.Tensor | None]
 ) -> tuple[PteFormatError | None, str | None]:
     """Check ``payload`` against the call before ExecuTorch's backend gets it: raise on a
     defect; return the serialized dims problem (None: none) and, when there is none, why
-    XNNPACK would refuse its quantization (None: it would not). Verdicts for the same graph,
+    XNNPACK would refuse its quantization or ExecuTorch's backend compute it wrongly
+    (:func:`miscomputed`; None: neither). Verdicts for the same graph,
     sizes, tensors and (a few kilobytes of) scales are kept (:mod:`.checked`); a defect or
     a dims problem is found afresh each time."""
     key = structure_key(payload, named_data, tensors)
@@ -418,7 +446,7 @@ def _checked(
     qkey = scales_key(key, payload, named_data) if key is not None else None
     refused = checked.scales.get(qkey) if qkey is not None else None
     if refused is None:
-        refused = (quantization_problem(payload, named_data),)
+        refused = (quantization_problem(payload, named_data) or miscomputed(payload),)
         if qkey is not None:
             checked.scales.put(qkey, refused)
     return None, refused[0]
