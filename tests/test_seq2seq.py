@@ -180,6 +180,22 @@ def test_forced_and_start_tokens_from_arguments(folders: dict[str, Path], eager:
     assert bare.prompt == DecoderPrompt(1)
 
 
+def test_one_eos_id_is_taken_as_transformers_takes_it(folders: dict[str, Path], eager: Any) -> None:
+    """``eos_ids`` may be one id, as transformers' ``eos_token_id`` may be; a bool or a
+    float is not an id."""
+    folder = folders["whisper_portable"]
+    x = _features(4)
+    free = Seq2SeqRunner(folder / "model.pte", folder, decoder_start_token_id=3, eos_ids=[])
+    eos = free.generate(x, GREEDY)[2]  # a token the model does produce
+    runner = Seq2SeqRunner(folder / "model.pte", folder, decoder_start_token_id=3, eos_ids=eos)
+    assert runner.eos_ids == {eos}
+    expected = _eager_greedy(eager, x, runner.prompt.prefix(), 12, eos_token_id=eos)
+    assert runner.generate(x, GREEDY) == expected
+    for wrong in ([True], [float(eos)], "5"):
+        with pytest.raises(GenerationError, match="eos_ids must be token ids"):
+            Seq2SeqRunner(folder / "model.pte", folder, eos_ids=wrong)  # type: ignore[arg-type]
+
+
 def _write_wav(path: Path, seconds: float, rate: int) -> None:
     """Stereo 16-bit PCM: two chirps and noise (the stdlib's writer)."""
     n = int(seconds * rate)

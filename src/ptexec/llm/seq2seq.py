@@ -38,13 +38,14 @@ from __future__ import annotations
 import copy
 import errno
 import json
+import operator
 import os
 import sys
 import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,12 +159,17 @@ def _read_json(path: str | os.PathLike[str] | None, given: bool = True) -> dict[
 
 
 def _ids(value: Any, what: str) -> list[int]:
+    """``value`` (one id or a list of them, as transformers takes ``eos_token_id``) as
+    ids; a bool, a float or a string is not an id."""
     items = value if isinstance(value, list | tuple) else [value]
     out = []
     for v in items:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise GenerationError(f"{what} must be token ids, got {v!r}")
-        out.append(v)
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            out.append(operator.index(v))
+        except TypeError:
+            raise GenerationError(f"{what} must be token ids, got {v!r}") from None
     return out
 
 
@@ -471,7 +477,7 @@ class Seq2SeqRunner:
         generation_config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         decoder_start_token_id: int | None = None,
         forced_decoder_ids: Mapping[int, int] | Sequence[Sequence[int]] | None = None,
-        eos_ids: Sequence[int] | None = None,
+        eos_ids: int | Sequence[int] | None = None,
         language: str | None = None,
         task: str | None = None,
         timestamps: bool = False,
@@ -545,7 +551,7 @@ class Seq2SeqRunner:
             self.prompt = _prompt_from(gen, int(start), language, task, timestamps)
         """The decoder prompt of :meth:`generate` and :meth:`transcribe` (settable)."""
         if eos_ids is not None:
-            eos = list(eos_ids)
+            eos = _ids(list(eos_ids) if isinstance(eos_ids, Iterable) else eos_ids, "eos_ids")
         elif gen.get("eos_token_id") is not None:
             eos = _ids(gen["eos_token_id"], "eos_token_id")
         elif md.eos_ids is not None:
