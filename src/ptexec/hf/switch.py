@@ -17,7 +17,9 @@ switch costs nothing until one of them is imported; a module already imported un
 the names is replaced in ``sys.modules`` and on its package. A module that already took a
 name *from* the real runtime (``from executorch.runtime import Runtime`` before the
 switch) keeps what it took: turn the switch on first, or run the program with
-``python -m ptexec.hf script.py`` which does.
+``python -m ptexec.hf script.py`` which does. The switch is the process's: a child it
+starts (a spawned worker, a Python subprocess) imports ExecuTorch's own runtime unless it
+turns the switch on itself.
 
 ``device`` sets where programs loaded through ``portable_lib`` without a device of their
 own are placed (a ``device_map``, as :meth:`ptexec.Program.load_method` takes it): the
