@@ -287,11 +287,8 @@ def _in_method_memory(state: MethodState, x: torch.Tensor) -> bool:
         return False
     start, end = _span(x)
     ranges = planned_ranges(state, x.device)
-    memories = output_memory(state, x.device)
-    memories += [s.scratch for s in state.inputs if s.scratch is not None]
-    for d in memories:
-        if d.device != x.device:
-            continue
+    scratch = [s.scratch for s in state.inputs if s.scratch is not None]
+    for d in [*output_memory(state, x.device), *(t for t in scratch if t.device == x.device)]:
         memory = d.untyped_storage()
         ranges.append((memory.data_ptr(), memory.data_ptr() + memory.nbytes()))
     return any(start < e and s < end for s, e in ranges)
