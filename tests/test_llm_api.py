@@ -574,6 +574,44 @@ def test_sentencepiece_decode_drops_the_space_before_the_text(tmp_path: Path) ->
     assert text == ref.decode([space, *completion])[len(ref.decode([space])) :] == "sat on the mat"
 
 
+@pytest.mark.parametrize("dummy_prefix", [True, False])
+@pytest.mark.parametrize("collapse", [True, False])
+def test_sentencepiece_decode_keeps_the_spaces_its_model_keeps(
+    tmp_path: Path, dummy_prefix: bool, collapse: bool
+) -> None:
+    """Which leading spaces a SentencePiece decode drops is the model's normalizer's:
+    one per piece until text with ``remove_extra_whitespaces`` (the default), the first
+    piece's only without it (Llama 2's, Mistral's models), none when neither that nor
+    ``add_dummy_prefix`` is set (Gemma's). ptexec dropped them as the default does for
+    every model: "  cat" came out "cat" with Llama 2's settings, " cat" "cat" with
+    Gemma's. A byte piece's space is a byte of the text, never dropped."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    path = _sentencepiece_model(
+        spm, tmp_path / "tokenizer.model", vocab_size=300, add_dummy_prefix=dummy_prefix,
+        remove_extra_whitespaces=collapse, normalization_rule_name="identity",
+        allow_whitespace_only_pieces=True, byte_fallback=True, hard_vocab_limit=False,
+    )  # fmt: skip
+    tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
+    space, byte_space = ref.piece_to_id("\u2581"), ref.piece_to_id("<0x20>")
+    cat = ref.encode("cat")
+    texts = (" ", "  ", " the cat", "   sat", "the  cat ", "ran")
+    for ids in (
+        *(ref.encode(t) for t in texts),
+        [space, *cat],
+        [space, space, *cat],
+        [1, space, space, *cat],
+        [byte_space, *cat],
+        [space, byte_space, *cat],
+        [space],
+        [],
+    ):
+        assert tok.decode(ids, skip_special_tokens=True) == ref.decode(ids), ids
+        stream = TextStream(tok)
+        text = "".join([stream.push(i) for i in ids] + [stream.flush()])
+        assert text == ref.decode(ids), ids
+
+
 def test_text_stream_keeps_the_spaces_after_a_lone_space_piece(tmp_path: Path) -> None:
     """A lone space piece (``\u2581``) decodes alone to no text, and a SentencePiece decode
     that starts with it drops the next piece's space too: a stream that started its decodes

@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import TokenizerError
 
@@ -260,17 +260,32 @@ def _fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
     return out
 
 
-def sentencepiece_pieces(path: Path) -> list[tuple[str, int]] | None:
-    """The pieces of a SentencePiece ``tokenizer.model`` in id order, with their types
-    (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte); None when the file
-    is not such a model."""
+class SentencePieceModel(NamedTuple):
+    """What ptexec reads of a SentencePiece ``tokenizer.model`` itself: its pieces in id
+    order with their types (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+    6 byte), and its normalizer's two space rules (protobuf defaults: both true)."""
+
+    pieces: list[tuple[str, int]]
+    add_dummy_prefix: bool
+    remove_extra_whitespaces: bool
+
+
+def sentencepiece_model(path: Path) -> SentencePieceModel | None:
+    """The pieces and space rules of a SentencePiece ``tokenizer.model``; None when the
+    file is not such a model."""
     try:
         data = path.read_bytes()
         pieces = []
+        spaces = {3: True, 4: True}  # the normalizer's add_dummy_prefix, remove_extra_whitespaces
         for number, wire, value in _fields(data):
-            if number != 1 or wire != 2:
+            if wire != 2 or number not in (1, 3):
                 continue
             assert isinstance(value, bytes)
+            if number == 3:  # the normalizer
+                for n, w, v in _fields(value):
+                    if n in spaces and w == 0 and isinstance(v, int):
+                        spaces[n] = bool(v)
+                continue
             name, kind = "", 1
             for n, w, v in _fields(value):
                 if n == 1 and w == 2 and isinstance(v, bytes):
@@ -280,7 +295,13 @@ def sentencepiece_pieces(path: Path) -> list[tuple[str, int]] | None:
             pieces.append((name, kind))
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    return pieces
+    return SentencePieceModel(pieces, spaces[3], spaces[4])
+
+
+def sentencepiece_pieces(path: Path) -> list[tuple[str, int]] | None:
+    """The pieces of a SentencePiece ``tokenizer.model`` (:func:`sentencepiece_model`)."""
+    model = sentencepiece_model(path)
+    return model.pieces if model is not None else None
 
 
 class _CppTokenizer(Tokenizer):
@@ -304,7 +325,15 @@ class _CppTokenizer(Tokenizer):
                 "(" + "|".join(map(re.escape, sorted(self._named, key=len, reverse=True))) + ")"
             )
             self._pieces = _pretokenizer(_LLAMA3_PATTERN)
-        pieces = sentencepiece_pieces(path) if kind == "SentencePiece" else None
+        model = sentencepiece_model(path) if kind == "SentencePiece" else None
+        # the leading spaces a decode drops (sentencepiece's rule): the text's first space,
+        # when its encode adds one or collapses spaces; with spaces collapsed, one of each
+        # piece until one leaves text (spaces before the text are the encode's alone)
+        self._drop_first_space = kind == "SentencePiece" and (
+            model is None or model.add_dummy_prefix or model.remove_extra_whitespaces
+        )
+        self._collapsed = model is None or model.remove_extra_whitespaces
+        pieces = model.pieces if model is not None else None
         if pieces is not None and len(pieces) == self.vocab_size:
             self._control = frozenset(i for i, (_, k) in enumerate(pieces) if k == _SP_CONTROL)
             for i, (name, k) in enumerate(pieces):
@@ -343,16 +372,17 @@ class _CppTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         # pieces are bytes; join them first so characters split over tokens survive
         pieces = [self._piece(int(i), skip_special_tokens) for i in ids]
-        if self.kind == "SentencePiece":
-            # SentencePiece's decode drops the space its encode put before the text: one
-            # leading space of each piece until a piece leaves text (control pieces are
-            # no text: they neither end that nor lose anything)
+        if self._drop_first_space:
+            # SentencePiece's decode drops the space its encode put before the text
+            # (control pieces are no text: they neither end that nor lose anything; a
+            # byte piece's space is a byte of the text)
             for k, i in enumerate(ids):
                 if int(i) in self._control:
                     continue
-                if pieces[k][:1] == b" ":
+                dropped = pieces[k][:1] == b" " and int(i) not in self._bytes
+                if dropped:
                     pieces[k] = pieces[k][1:]
-                if pieces[k]:
+                if pieces[k] or (dropped and not self._collapsed):
                     break
         return b"".join(pieces).decode("utf-8", errors="replace")
 
