@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+import struct
 import sys
 import unittest
 from collections.abc import Sequence
@@ -610,6 +611,40 @@ def test_sentencepiece_decode_keeps_the_spaces_its_model_keeps(
         stream = TextStream(tok)
         text = "".join([stream.push(i) for i in ids] + [stream.flush()])
         assert text == ref.decode(ids), ids
+
+
+def test_a_text_holding_nul_is_refused_where_the_encode_would_end_there(
+    tmp_path: Path,
+) -> None:
+    """pytorch-tokenizers' SentencePiece and llama2.c encodes end a text at U+0000: the
+    rest of a prompt was dropped without a word ("the\\0 cat sat" was "the" alone, where
+    sentencepiece encodes every character). Such a text is refused; tiktoken's encode keeps
+    it whole, as tiktoken does."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    path = _sentencepiece_model(
+        spm, tmp_path / "tokenizer.model", vocab_size=300, byte_fallback=True,
+        hard_vocab_limit=False,
+    )  # fmt: skip
+    tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
+    text = "the\x00 cat sat"
+    assert len(ref.encode(text)) > len(ref.encode("the"))  # every character is encoded
+    with pytest.raises(TokenizerError, match="U\\+0000"):
+        tok.encode(text)
+    with pytest.raises(TokenizerError, match="U\\+0000"):
+        tok.encode("</s>\x00")  # (after a control piece's name too)
+    assert tok.encode("the cat sat") == ref.encode("the cat sat")  # (refused, nothing kept)
+    # a llama2.c tokenizer.bin (vocab size, BOS, EOS, longest piece; score, size, bytes each)
+    pieces = [b"<unk>", b"<s>", b"</s>", *(bytes([b]) for b in range(256)), b" the", b" cat"]
+    data = struct.pack("<4I", len(pieces), 1, 2, max(map(len, pieces)))
+    data += b"".join(struct.pack("<fI", -float(i), len(p)) + p for i, p in enumerate(pieces))
+    (tmp_path / "tokenizer.bin").write_bytes(data)
+    l2c = load_tokenizer(tmp_path / "tokenizer.bin")
+    assert l2c.kind == "llama2.c"
+    with pytest.raises(TokenizerError, match="U\\+0000"):
+        l2c.encode(text)
+    tt = load_tokenizer(_tiktoken_file(tmp_path / "tiktoken.model"))
+    assert tt.decode(tt.encode(text)) == text
 
 
 def test_text_stream_keeps_the_spaces_after_a_lone_space_piece(tmp_path: Path) -> None:

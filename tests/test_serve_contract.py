@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from llm_support import program
 from serve_support import TEMPLATE, running_server, tokenizer_folder
 
 openai = pytest.importorskip("openai")
@@ -341,3 +342,35 @@ def test_a_prompt_token_the_tokenizer_lacks_is_a_400(tmp_path: Path) -> None:
             assert status == 400 and body["error"]["param"] == "prompt", body
         status, body = _status(server, {"model": MODEL, "prompt": [width - 1, 3], "max_tokens": 1})
         assert status == 200
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_whole_is_a_400(tmp_path: Path) -> None:
+    """A SentencePiece tokenizer (pytorch-tokenizers') ends a text at U+0000: such a prompt
+    is the request's 400, naming the field, where its encode dropped the rest of it."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    import io
+
+    from ptexec.serve import Engine
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["Once upon a time there was a cat"] * 20), model_writer=model,
+        model_type="bpe", vocab_size=40, minloglevel=2,
+    )  # fmt: skip
+    (tmp_path / "tokenizer.model").write_bytes(model.getvalue())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    engine = Engine(program("portable"), tmp_path / "tokenizer.model", model_name=MODEL)
+    try:
+        for body, chat, field in (
+            ({"prompt": "Once\x00 upon a time"}, False, "prompt"),
+            ({"messages": [{"role": "user", "content": "a\x00b"}]}, True, "messages"),
+        ):
+            with pytest.raises(ApiError) as e:
+                engine.prepare(parse_request({"model": MODEL, **body}, chat=chat))
+            assert e.value.status == 400 and e.value.param == field
+            assert "U+0000" in e.value.message
+        assert engine.prepare(parse_request({"model": MODEL, "prompt": "Once upon"}, chat=False))
+    finally:
+        engine.close()

@@ -365,6 +365,15 @@ class _CppTokenizer(Tokenizer):
     def _encode_text(self, text: str) -> list[int]:
         encode = self._impl.encode
         if self._pieces is None:
+            # pytorch-tokenizers' SentencePiece and llama2.c encodes end a text at a NUL
+            # and drop the rest (sentencepiece's own encodes the whole text, which cannot
+            # be done through them): refused rather than cut
+            nul = text.find("\x00")
+            if nul >= 0:
+                raise TokenizerError(
+                    f"the text holds U+0000 (NUL) at character {nul}: the {self.kind} "
+                    f"tokenizer {self.path.name} ends a text there"
+                )
             return [int(i) for i in encode(text, 0, 0)]
         # each piece of the pre-tokenizer alone: the library's split of a piece is the piece
         return [int(i) for piece in self._pieces.findall(text) for i in encode(piece, 0, 0)]

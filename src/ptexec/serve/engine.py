@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..errors import AudioFormatError, GenerationError
+from ..errors import AudioFormatError, GenerationError, TokenizerError
 from ..llm import (
     GenerationConfig,
     MultimodalRunner,
@@ -321,7 +321,10 @@ class Engine:
             text = self.tokenizer.decode(ids)
         else:
             text = self.prompt_text(req)
-            ids = self.tokenizer.encode(text)
+            try:
+                ids = self.tokenizer.encode(text)
+            except TokenizerError as e:  # a text the tokenizer cannot encode whole
+                raise ApiError(400, str(e), param="messages" if req.chat else "prompt") from None
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         length = self._prompt_length(req, ids)
