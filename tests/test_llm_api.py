@@ -253,6 +253,22 @@ def test_hf_tokenizer_detected_with_special_tokens(tmp_path: Path) -> None:
     assert load_tokenizer(tmp_path).kind == "Hugging Face"  # a directory holding it
 
 
+def test_a_vocabulary_with_gaps_counts_to_its_largest_id(tmp_path: Path) -> None:
+    """``vocab_size`` is one past the largest id, also where a tokenizer.json's ids have
+    gaps: it was the number of entries (4 for ids up to 9), so the runner sampled ids below
+    4 only and refused a prompt holding the tokenizer's own id 9."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    ref = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "b": 5, "ab": 9}, unk_token="<unk>"))
+    ref.pre_tokenizer = pre_tokenizers.Whitespace()
+    ref.save(str(tmp_path / "tokenizer.json"))
+    ref = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(tmp_path / "tokenizer.json")
+    assert tok.vocab_size == max(ref.get_vocab(with_added_tokens=True).values()) + 1 == 10
+    assert max(tok.encode("ab b a")) < tok.vocab_size
+
+
 def test_a_tokenizer_saved_with_truncation_or_padding_encodes_whole_prompts(
     tmp_path: Path,
 ) -> None:

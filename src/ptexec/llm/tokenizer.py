@@ -100,12 +100,23 @@ class HuggingFaceTokenizer(Tokenizer):
         self._tok = tok
         bos, eos = _hf_special_ids(tok, path.parent / "tokenizer_config.json")
         added = tok.get_added_tokens_decoder()
-        # the id range: added tokens may sit past the count (ids with gaps)
-        size = max([tok.get_vocab_size(with_added_tokens=True), *(int(i) + 1 for i in added)])
+        try:
+            spec = json.loads(tok.to_str())
+        except ValueError:
+            spec = {}
+        # the id range: ids may have gaps (the vocabulary's, or added tokens past the
+        # count), so the count of entries may fall short of it
+        size = max(
+            [
+                tok.get_vocab_size(with_added_tokens=True),
+                _vocab_end(spec),
+                *(int(i) + 1 for i in added),
+            ]
+        )
         super().__init__(path, bos, eos, size)
         self._special = frozenset(int(i) for i, t in added.items() if t.special)
         self._added = frozenset(int(i) for i in added)
-        self._pieces = _piece_rules(tok)
+        self._pieces = _piece_rules(spec)
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
@@ -149,13 +160,21 @@ _BYTE_OF = _byte_alphabet()
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _piece_rules(tok: Any) -> frozenset[str]:
+def _vocab_end(spec: Any) -> int:
+    """One past the largest id of a ``tokenizer.json``'s model vocabulary (``spec``, the
+    parsed file): a map of pieces to ids may have gaps, a list (Unigram's) has none."""
+    model = spec.get("model") if isinstance(spec, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        return max((int(i) + 1 for i in vocab.values() if isinstance(i, int)), default=0)
+    return len(vocab) if isinstance(vocab, list) else 0
+
+
+def _piece_rules(spec: Any) -> frozenset[str]:
     """Which of the decoder's rules for one vocabulary entry apply: ``"bytes"`` (byte-level
-    BPE), ``"fallback"`` (``<0xNN>`` entries are bytes), ``"space"`` (U+2581 is a space)."""
-    try:
-        decoder = json.loads(tok.to_str()).get("decoder") or {}
-    except ValueError:
-        return frozenset()
+    BPE), ``"fallback"`` (``<0xNN>`` entries are bytes), ``"space"`` (U+2581 is a space);
+    ``spec`` is the parsed ``tokenizer.json``."""
+    decoder = (spec.get("decoder") if isinstance(spec, dict) else None) or {}
     steps = decoder.get("decoders") or [decoder] if isinstance(decoder, dict) else []
     rules = set()
     for step in steps:
