@@ -3,6 +3,8 @@ OpenVINO (the fixture in tests/fixtures/openvino, made by scripts/make_openvino_
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,35 @@ def test_loading_says_what_to_install(without_openvino: None) -> None:
     assert prog.method_names == ("forward",) or list(prog.method_names) == ["forward"]
     with pytest.raises(BackendUnavailableError, match=r"pip install 'ptexec\[openvino\]'"):
         prog.load_method()
+
+
+def test_the_backend_is_listed_but_not_available(without_openvino: None) -> None:
+    """As ExecuTorch's registries answer where openvino is missing: OpenvinoBackend is
+    registered, but not available (a script choosing a program by it picked the OpenVINO
+    one, whose load then failed)."""
+    from ptexec import portable_lib as pl
+    from ptexec.runtime import Runtime
+
+    registry = Runtime.get().backend_registry
+    assert "OpenvinoBackend" in registry.registered_backend_names
+    assert "OpenvinoBackend" in pl._get_registered_backend_names()
+    assert not registry.is_available("OpenvinoBackend")
+    assert not pl._is_available("OpenvinoBackend")
+    assert registry.is_available("XnnpackBackend") and pl._is_available("VulkanBackend")
+    if importlib.util.find_spec("executorch") is not None and not _really_installed():
+        et = pytest.importorskip("executorch.extension.pybindings.portable_lib")
+        for name in et._get_registered_backend_names():
+            if name in pl._get_registered_backend_names():
+                assert pl._is_available(name) == et._is_available(name), name
+
+
+def _really_installed() -> bool:
+    """Whether openvino is installed (the fixture only hides it from imports)."""
+    try:
+        importlib.metadata.distribution("openvino")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def test_inspect_shows_the_backend_and_who_made_the_payload(

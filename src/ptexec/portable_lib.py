@@ -51,7 +51,7 @@ import torch
 
 from . import method as _method
 from . import program as _program
-from .delegates import registered_backends
+from .delegates import backend_available, registered_backends
 from .dtypes import CODE_TO_DTYPE
 from .errors import (
     FileMissingError,
@@ -699,7 +699,8 @@ def _get_registered_backend_names() -> list[str]:
 
 
 def _is_available(backend_name: str) -> bool:
-    return backend_name in registered_backends()
+    """Registered and able to run here (OpenVINO's needs the openvino package)."""
+    return backend_available(backend_name)
 
 
 def _unsafe_reset_threadpool(num_threads: int) -> None:

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 from . import method as _method
 from . import program as _program
-from .delegates import registered_backends
+from .delegates import backend_available, registered_backends
 from .device import schema_device
 from .dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE
 from .engine.arguments import check_out
@@ -405,7 +405,8 @@ class BackendRegistry:
         return registered_backends()
 
     def is_available(self, backend_name: str) -> bool:
-        return backend_name in registered_backends()
+        """Registered and able to run here (OpenVINO's needs the openvino package)."""
+        return backend_available(backend_name)
 
 
 class OperatorRegistry:

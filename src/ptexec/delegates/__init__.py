@@ -17,6 +17,7 @@ from .registry import (
     PayloadDescriber,
     Renewal,
     Renewing,
+    backend_available,
     backend_runner,
     describe_payload,
     find_backend,
@@ -33,6 +34,7 @@ __all__ = [
     "PayloadDescriber",
     "Renewal",
     "Renewing",
+    "backend_available",
     "backend_runner",
     "describe_payload",
     "find_backend",
@@ -42,7 +44,8 @@ __all__ = [
 ]
 
 # ptexec's built-in backends: id, how its calls are prepared, how its payload is described,
-# what of a payload it does not run, and what runs it
+# what of a payload it does not run, what runs it, and whether that is here (a backend
+# without a probe always is)
 for _backend in (openvino, vulkan, xnnpack):
     register_backend(
         _backend.BACKEND_ID,
@@ -50,4 +53,5 @@ for _backend in (openvino, vulkan, xnnpack):
         _backend.describe_payload,
         _backend.payload_gaps,
         _backend.RUNNER,
+        getattr(_backend, "available", None),
     )

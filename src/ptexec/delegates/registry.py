@@ -25,6 +25,7 @@ __all__ = [
     "PayloadDescriber",
     "Renewal",
     "Renewing",
+    "backend_available",
     "backend_runner",
     "describe_payload",
     "find_backend",
@@ -103,6 +104,7 @@ class DelegateContext(KernelContext):
 BackendFactory = Callable[[DelegateContext], Statement]
 PayloadDescriber = Callable[[memoryview], dict[str, int]]
 PayloadChecker = Callable[[memoryview], list[str]]
+AvailabilityProbe = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,15 @@ class Backend:
     ``DelegateCall``s at method load; ``describe``, when given, summarises a payload as node
     type -> count without loading anything; ``check``, when given, lists what of a payload
     ptexec does not run (empty: all of it), also without loading; ``runner`` says in a few
-    words what runs the payload."""
+    words what runs the payload; ``available``, when given, says whether what runs it is
+    there in this process (a package it needs installed), without loading it."""
 
     backend_id: str
     prepare: BackendFactory
     describe: PayloadDescriber | None = None
     check: PayloadChecker | None = None
     runner: str = ""
+    available: AvailabilityProbe | None = None
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -129,9 +133,10 @@ def register_backend(
     describe: PayloadDescriber | None = None,
     check: PayloadChecker | None = None,
     runner: str = "",
+    available: AvailabilityProbe | None = None,
 ) -> None:
     """Register backend ``backend_id`` (replacing an earlier registration of that id)."""
-    _BACKENDS[backend_id] = Backend(backend_id, prepare, describe, check, runner)
+    _BACKENDS[backend_id] = Backend(backend_id, prepare, describe, check, runner, available)
 
 
 def find_backend(backend_id: str) -> BackendFactory | None:
@@ -143,6 +148,15 @@ def find_backend(backend_id: str) -> BackendFactory | None:
 def registered_backends() -> list[str]:
     """The ids of every registered backend, sorted."""
     return sorted(_BACKENDS)
+
+
+def backend_available(backend_id: str) -> bool:
+    """Whether ``backend_id`` is registered and can run here (ExecuTorch's
+    ``is_available``: a registered backend whose package is missing is not available)."""
+    backend = _BACKENDS.get(backend_id)
+    if backend is None:
+        return False
+    return backend.available is None or backend.available()
 
 
 def describe_payload(backend_id: str, data: memoryview) -> dict[str, int] | None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .blob import describe_payload, payload_gaps
+from .blob import installed as available
 
 if TYPE_CHECKING:
     from ...kernels.registry import Statement
     from ..registry import DelegateContext
 
-__all__ = ["BACKEND_ID", "RUNNER", "describe_payload", "payload_gaps", "prepare"]
+__all__ = ["BACKEND_ID", "RUNNER", "available", "describe_payload", "payload_gaps", "prepare"]
 
 BACKEND_ID = "OpenvinoBackend"
 RUNNER = "OpenVINO's runtime (the openvino package), on the device the blob was compiled for"

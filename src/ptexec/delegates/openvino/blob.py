@@ -15,7 +15,7 @@ import io
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["BlobInfo", "blob_info", "describe_payload", "payload_gaps"]
+__all__ = ["BlobInfo", "blob_info", "describe_payload", "installed", "payload_gaps"]
 
 _SCAN = 512  # the description sits in the first bytes of the CPU plugin's export
 
@@ -65,9 +65,15 @@ def describe_payload(data: memoryview) -> dict[str, int]:
     return dict(counts)
 
 
+def installed() -> bool:
+    """Whether the ``openvino`` package, which runs every OpenVINO payload, is installed
+    (found without importing it)."""
+    return importlib.util.find_spec("openvino") is not None
+
+
 def payload_gaps(data: memoryview) -> list[str]:
     """[] when the ``openvino`` package (which runs the whole compiled model) is installed;
     else that it is missing. Whether OpenVINO accepts the payload shows when it is loaded."""
-    if importlib.util.find_spec("openvino") is None:
+    if not installed():
         return ["any of it: the openvino package is not installed (pip install 'ptexec[openvino]')"]
     return []
