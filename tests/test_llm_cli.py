@@ -186,3 +186,47 @@ def test_tokenizer_for_a_real_vocabulary_size_is_filled(tmp_path: Path) -> None:
     ids = big.encode(PROMPT)
     assert big.decode(ids) == PROMPT and max(ids) < 1000
     assert big.decode([model.vocab_size - 1]) == f"<|fill_{model.vocab_size - 1}|>"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "cls"),
+    [(("<s>", "</s>"), "LlamaTokenizer"), (("<bos>", "<eos>"), "GemmaTokenizer")],
+)
+def test_chat_template_of_a_bare_sentencepiece_model_names_its_bos_and_eos(
+    tmp_path: Path, pieces: tuple[str, str], cls: str
+) -> None:
+    """A checkpoint with a SentencePiece ``tokenizer.model`` and no config naming its
+    special tokens: a template's ``bos_token`` and ``eos_token`` are the model's BOS and
+    EOS pieces, as transformers' tokenizer for that model renders them (they rendered
+    empty)."""
+    import io
+
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([PROMPT + " the cat sat on the mat"] * 20),
+        model_writer=model, model_type="bpe", vocab_size=40, unk_id=0, bos_id=1, eos_id=2,
+        bos_piece=pieces[0], eos_piece=pieces[1],
+    )  # fmt: skip
+    (tmp_path / "tokenizer.model").write_bytes(model.getvalue())
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{{ bos_token }}{% for m in messages %}[{{ m['content'] }}]{{ eos_token }}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    hf = getattr(transformers, cls).from_pretrained(str(tmp_path))
+    want = hf.apply_chat_template(messages, chat_template=template.read_text(), tokenize=False)
+    assert want == f"{pieces[0]}[hi]{pieces[1]}"
+    for path in (tmp_path, tmp_path / "tokenizer.model"):
+        ours = ChatTemplate.for_tokenizer(path, template)
+        assert ours is not None and ours.render(messages) == want
+    # a config that names them (null: none) is taken as it is
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": None, "eos_token": "<x>"})
+    )
+    ours = ChatTemplate.for_tokenizer(tmp_path, template)
+    assert ours is not None and ours.render(messages) == "[hi]<x>"

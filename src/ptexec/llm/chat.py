@@ -91,16 +91,21 @@ class ChatTemplate:
         ``chat_template``, else a processor's ``chat_template.json``), or the one in
         ``template_path`` (a Jinja file); None when there is none. The special tokens
         come from ``tokenizer_config.json`` (and, for a checkpoint that lists no added
-        tokens there, ``special_tokens_map.json``), as transformers reads them."""
+        tokens there, ``special_tokens_map.json``), as transformers reads them; BOS and
+        EOS that neither names are a SentencePiece model's own pieces (:func:`_model_names`)."""
         p = Path(tokenizer_path)
         folder = p if p.is_dir() else p.parent
         config = _json_object(folder / "tokenizer_config.json")
         special = {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
+        named = {k for k in _SPECIAL if k in config}  # null included: transformers' None
         if "added_tokens_decoder" not in config:  # transformers' older layout
             mapped = _json_object(folder / "special_tokens_map.json")
             special.update(
                 {k: t for k in _SPECIAL if (t := _token_text(mapped.get(k))) is not None}
             )
+            named.update(k for k in _SPECIAL if k in mapped)
+        if not {"bos_token", "eos_token"} <= named:
+            special = {**_model_names(p), **special}
         if template_path is not None:
             return cls(_read(Path(template_path)), special)
         templates = (
@@ -166,6 +171,33 @@ class ChatTemplate:
         size = len(self.source) if self.source is not None else 0
         others = f", named {sorted(self.named)}" if self.named else ""
         return f"<ptexec.llm.ChatTemplate {size} chars{others}>"
+
+
+def _model_names(path: Path) -> dict[str, str]:
+    """``bos_token`` and ``eos_token`` as a SentencePiece ``tokenizer.model`` names its BOS
+    and EOS pieces ({} for any other tokenizer, or none that loads). transformers' tokenizer
+    classes for such models default to those pieces when no config names them (Llama 2's
+    ``<s>`` and ``</s>``, Gemma's ``<bos>`` and ``<eos>``; T5's, which has no BOS, none)."""
+    from ..errors import TokenizerError
+    from .tokenizer import load_tokenizer
+
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():  # the tokenizer a folder loads first
+            return {}
+        path = path / "tokenizer.model"
+    if path.suffix == ".json" or not path.is_file():
+        return {}
+    try:
+        tokenizer = load_tokenizer(path)
+    except TokenizerError:
+        return {}
+    if tokenizer.kind != "SentencePiece":
+        return {}
+    return {
+        key: tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+        for key, token in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))
+        if 0 <= token < tokenizer.vocab_size
+    }
 
 
 def _read(path: Path) -> str:
