@@ -230,3 +230,40 @@ def test_chat_template_of_a_bare_sentencepiece_model_names_its_bos_and_eos(
     )
     ours = ChatTemplate.for_tokenizer(tmp_path, template)
     assert ours is not None and ours.render(messages) == "[hi]<x>"
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"image_token": "<image>", "boi_token": {"content": "<boi>", "__type": "AddedToken"}},
+        {"extra_special_tokens": {"image_token": "<image>", "boi_token": "<boi>"}},
+        {"extra_special_tokens": {"image_token": "<image>"}, "image_token": "<other>"},
+        {"image_token": None, "pad_token": None, "add_bos_token": True},
+        {"map": {"image_token": "<image>", "boi_token": {"content": "<boi>"}}},
+    ],
+)
+def test_chat_template_sees_a_models_own_special_tokens(
+    tmp_path: Path, layout: dict[str, object], tokenizer: Path
+) -> None:
+    """A model's own special tokens in its tokenizer config (``image_token``, ``boi_token``,
+    alone or in an ``extra_special_tokens`` object) are template variables, as
+    transformers' tokenizers and processors pass them (they rendered empty)."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate
+
+    shutil.copy(tokenizer, tmp_path / "tokenizer.json")
+    template = "{{ bos_token }}{{ image_token }}|{{ boi_token }}|{{ pad_token }}|{{ messages[0]['content'] }}"  # fmt: skip
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+              "chat_template": template}  # fmt: skip
+    if "map" in layout:  # the older layout: the names in special_tokens_map.json
+        (tmp_path / "special_tokens_map.json").write_text(json.dumps(layout["map"]))
+    else:
+        config.update(layout)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "user", "content": "hi"}]
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    want = hf.apply_chat_template(messages, tokenize=False)
+    ours = ChatTemplate.for_tokenizer(tmp_path / "tokenizer.json")
+    assert ours is not None and ours.render(messages) == want

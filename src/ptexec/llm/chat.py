@@ -29,7 +29,8 @@ from ..errors import GenerationError
 
 __all__ = ["ChatTemplate", "ChatTemplateError"]
 
-# the special tokens transformers passes to a template (its special_tokens_map)
+# the special tokens every transformers tokenizer passes to a template (its special_tokens_map;
+# a model's own, such as image_token, come with them)
 _SPECIAL = (
     "bos_token",
     "eos_token",
@@ -91,20 +92,17 @@ class ChatTemplate:
         ``chat_template``, else a processor's ``chat_template.json``), or the one in
         ``template_path`` (a Jinja file); None when there is none. The special tokens
         come from ``tokenizer_config.json`` (and, for a checkpoint that lists no added
-        tokens there, ``special_tokens_map.json``), as transformers reads them; BOS and
-        EOS that neither names are a SentencePiece model's own pieces (:func:`_model_names`)."""
+        tokens there, ``special_tokens_map.json``), as transformers reads them
+        (:func:`_named_tokens`); BOS and EOS that neither names are a SentencePiece
+        model's own pieces (:func:`_model_names`)."""
         p = Path(tokenizer_path)
         folder = p if p.is_dir() else p.parent
         config = _json_object(folder / "tokenizer_config.json")
-        special = {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
-        named = {k for k in _SPECIAL if k in config}  # null included: transformers' None
+        named = _named_tokens(config)
         if "added_tokens_decoder" not in config:  # transformers' older layout
-            mapped = _json_object(folder / "special_tokens_map.json")
-            special.update(
-                {k: t for k in _SPECIAL if (t := _token_text(mapped.get(k))) is not None}
-            )
-            named.update(k for k in _SPECIAL if k in mapped)
-        if not {"bos_token", "eos_token"} <= named:
+            named.update(_named_tokens(_json_object(folder / "special_tokens_map.json")))
+        special = {k: t for k, t in named.items() if t is not None}
+        if not {"bos_token", "eos_token"} <= named.keys():
             special = {**_model_names(p), **special}
         if template_path is not None:
             return cls(_read(Path(template_path)), special)
@@ -171,6 +169,21 @@ class ChatTemplate:
         size = len(self.source) if self.source is not None else 0
         others = f", named {sorted(self.named)}" if self.named else ""
         return f"<ptexec.llm.ChatTemplate {size} chars{others}>"
+
+
+def _named_tokens(config: Mapping[str, Any]) -> dict[str, str | None]:
+    """The special tokens a tokenizer config names, as transformers passes them to a
+    template: its seven (None where one is null), a model's own (any other key ending in
+    ``_token`` that names a token, e.g. ``image_token``), and those of an
+    ``extra_special_tokens`` object, which win."""
+    extra = config.get("extra_special_tokens")
+    named: dict[str, str | None] = {}
+    for entries in (config, extra if isinstance(extra, dict) else {}):
+        for key, entry in entries.items():
+            text = _token_text(entry)
+            if key in _SPECIAL or (key.endswith("_token") and text is not None):
+                named[key] = text
+    return named
 
 
 def _model_names(path: Path) -> dict[str, str]:
