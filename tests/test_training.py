@@ -367,7 +367,8 @@ def test_saved_pte_has_the_trained_weights(tmp_path: Path) -> None:
     plain = ptexec.load(data).load_method("forward")(x, y)
     torch.testing.assert_close(plain[:2], want, rtol=0, atol=0)
     rt = pytest.importorskip("executorch.runtime").Runtime.get()
-    et_out = rt.load_program(data).load_method("forward").execute([x, y])
+    et_program = rt.load_program(data)  # kept: its methods read the program's memory
+    et_out = et_program.load_method("forward").execute([x, y])
     torch.testing.assert_close(et_out[0], want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(et_out[1], want[1], rtol=1e-5, atol=1e-6)
     with pytest.raises(StateError, match="data file"):
@@ -419,7 +420,10 @@ def test_parameters_the_file_stores_in_the_same_bytes_are_saved_each_in_its_own(
     saved = again.method("forward").state.plan.values
     assert saved[slots["q.lora_b"]].data_buffer_idx != saved[slots["v.lora_b"]].data_buffer_idx
     rt = pytest.importorskip("executorch.runtime").Runtime.get()
-    et_out = rt.load_program((tmp_path / "trained.pte").read_bytes()).load_method("forward")
+    # the program (and the bytes it holds) kept while its method runs: a method of
+    # ExecuTorch's runtime does not keep them alive, and reads freed memory without them
+    et_program = rt.load_program((tmp_path / "trained.pte").read_bytes())
+    et_out = et_program.load_method("forward")
     torch.testing.assert_close(et_out.execute(list(x))[0], want[0], rtol=1e-5, atol=1e-6)
 
 
