@@ -272,6 +272,25 @@ def test_view_outputs_are_the_methods_memory_until_the_next_call() -> None:
     assert compare_outputs([c], calls[2]["outputs"], *tolerance("mlp")) is None
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_views_asked_per_call_of_a_method_loaded_for_copies(fast_path: bool) -> None:
+    """``outputs="view"`` on one call of a method loaded with the default: that call's
+    outputs are the method's memory, and the next plain call returns copies again."""
+    calls = fixture_calls("mlp")
+    m = _method("mlp", fast_path=fast_path)
+    (a,) = m.execute(calls[0]["inputs"], outputs="view")
+    assert compare_outputs([a], calls[0]["outputs"], *tolerance("mlp")) is None
+    (b,) = m.execute(calls[1]["inputs"], outputs="view")
+    assert a.data_ptr() == b.data_ptr()
+    assert compare_outputs([a], calls[1]["outputs"], *tolerance("mlp")) is None  # overwritten
+    (c,) = m.execute(calls[2]["inputs"])
+    assert c.data_ptr() != b.data_ptr()
+    assert compare_outputs([b], calls[2]["outputs"], *tolerance("mlp")) is None
+    (d,) = m.execute(calls[0]["inputs"])
+    assert compare_outputs([c], calls[2]["outputs"], *tolerance("mlp")) is None  # kept
+    assert compare_outputs([d], calls[0]["outputs"], *tolerance("mlp")) is None
+
+
 class _ReturnsConstants(torch.nn.Module):
     """Outputs in the program's constant memory: a weight, a view of a buffer, work on
     constants alone (folded at load), and one computed per call."""

@@ -159,6 +159,28 @@ def test_a_refused_call_leaves_the_module_working() -> None:
     torch.testing.assert_close(loss, _module("mlp")(x, y)[0].detach())
 
 
+def test_the_method_behind_the_module_returns_copies_as_any_method() -> None:
+    """``tm.method()`` is a ``ptexec.Method``: called plainly it returns copies (its
+    documented default), so a loss kept from one call is not the next call's; the
+    gradients and parameters stay the method's memory for ``forward_backward``."""
+    tm = T.load(FIX / "mlp.pte")
+    first, second = example_inputs("mlp", 0), example_inputs("mlp", 1)
+    ref = _module("mlp")
+    want = [t.detach() for t in ref(*first)]
+    kept = tm.method()(*first)
+    tm.method()(*second)
+    torch.testing.assert_close(kept[0], want[0])
+    torch.testing.assert_close(kept[1], want[1])
+    params = tm.parameters()
+    assert kept[-1].data_ptr() != params[-1].data_ptr()
+    loss = tm.forward_backward("forward", first)[0]
+    torch.testing.assert_close(loss, want[0])
+    ref(*first)[0].backward()
+    for name, p in tm.named_parameters().items():
+        assert p.grad is tm.layout().gradients[tm.layout().names.index(name)]
+        torch.testing.assert_close(p.grad, dict(ref.named_parameters())[name].grad)
+
+
 # -- ExecuTorch's SGD ------------------------------------------------------------------------
 
 

@@ -149,6 +149,9 @@ class Method:
         self._runner = runner
         self._fast_path = fast_path and self._policy == _DEFAULT_POLICY
         self._fast: Callable[[Sequence[Any]], Any] | None = None
+        # the fast call of the other output mode (``outputs=`` given per call), made on
+        # its first use; NOT_FAST: the method has none
+        self._fast_other: Any = None
         if self._fast_path:
             self._fast = build_fast_call(state, runner, self._output_mode == "copy")
         if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
@@ -224,6 +227,7 @@ class Method:
             self._runner = runner
             if self._fast_path:
                 self._fast = fast
+                self._fast_other = None
             self._compile_report = runner.report
 
     @property
@@ -299,13 +303,18 @@ class Method:
         if (
             self._fast is not None
             and (kind is list or kind is tuple)
-            and outputs is None
+            and (outputs is None or outputs == "copy" or outputs == "view")
             and out is None
             and transfers is None
             and layout is None
         ):
             with self._lock:
-                fast = self._fast  # read under the lock: a background compile swaps it
+                # read under the lock: a background compile swaps it
+                fast = (
+                    self._fast
+                    if outputs is None or outputs == self._output_mode
+                    else self._other_fast(outputs)
+                )
                 try:
                     result = fast(inputs) if fast is not None else NOT_FAST
                 except BaseException as e:  # KeyboardInterrupt too: the next call must work
@@ -316,6 +325,14 @@ class Method:
             if result is not NOT_FAST:
                 return result  # type: ignore[no-any-return]
         return self._call(inputs, None, outputs, out, transfers, layout)
+
+    def _other_fast(self, outputs: OutputMode) -> Callable[[Sequence[Any]], Any] | None:
+        """The fast call returning outputs as ``outputs`` says, where the method was
+        loaded with the other mode; built once (under the call lock)."""
+        if self._fast_other is None:
+            made = build_fast_call(self._state, self._runner, outputs == "copy")
+            self._fast_other = NOT_FAST if made is None else made
+        return None if self._fast_other is NOT_FAST else self._fast_other
 
     def run_with(
         self,

@@ -2,7 +2,8 @@
 
 Most calls pass torch tensors that already are what the program expects (its dtype, a
 shape within its bounds, its device, a dense layout it can read), with the method's
-default options. For those, a call is: check each input, copy the planned ones into their
+default options (or only ``outputs=`` given: the other mode has a function of its own,
+made on its first use). For those, a call is: check each input, copy the planned ones into their
 views and hand the others over, run the instructions, copy the outputs out. At load, all
 of that is written out as one Python function with every decision already made, so a call
 runs no loops over specs, no policy logic and no per-input dispatch. A dense CPU tensor

@@ -130,7 +130,9 @@ class TrainingModule:
 
     Load it with :func:`load` (or ExecuTorch's ``_load_for_executorch_for_training``).
     ``load_options`` go to every ``load_method`` (``device_map``, ``compile``, ...); the
-    methods load on first use. Not for concurrent use from several threads.
+    methods load on first use. :meth:`method` gives a loaded method as any other, its
+    calls returning copies unless ``load_options`` say ``outputs="view"``. Not for
+    concurrent use from several threads.
     """
 
     def __init__(
@@ -138,7 +140,6 @@ class TrainingModule:
     ) -> None:
         self._program = program
         self._options: dict[str, Any] = dict(load_options, device_map=device_map)
-        self._options["outputs"] = "view"
         self._loaded: dict[str, _Trained] = {}
         self._last: str | None = None  # the method of the last forward_backward
 
@@ -207,7 +208,9 @@ class TrainingModule:
         params, grads = layout.parameters, layout.gradients
         kept = self._stash(trained) if accumulate else ()
         try:
-            outs = trained.method.execute(inputs)
+            # views for this call only: the gradients and parameters are the layout's
+            # tensors already, and :meth:`method` keeps a Method's own default (copies)
+            outs = trained.method.execute(inputs, outputs="view")
         except BaseException as e:
             # refused inputs raise before anything is written (Method.execute)
             if not isinstance(e, InputError | UnsupportedDeviceError):
