@@ -538,6 +538,26 @@ def test_sentencepiece_detected(tmp_path: Path) -> None:
     assert tok.decode(tok.encode("the cat sat")).strip() == "the cat sat"
 
 
+def test_a_sentencepiece_model_without_bos_has_none(tmp_path: Path) -> None:
+    """A model trained without BOS (T5's layout: sentencepiece's ``bos_id`` is -1) has no
+    BOS here either: asking for one is refused, not an id of 2**64 - 1 in the prompt."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([TEXT] * 20), model_writer=model, model_type="bpe",
+        vocab_size=40, bos_id=-1, eos_id=1, unk_id=2, pad_id=0,
+    )  # fmt: skip
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(model.getvalue())
+    tok, ref = load_tokenizer(path), spm.SentencePieceProcessor(model_file=str(path))
+    assert (tok.bos_id, tok.eos_id) == (ref.bos_id(), ref.eos_id()) == (-1, 1)
+    assert tok.encode("the cat sat") == ref.encode("the cat sat")
+    assert tok.encode("the cat sat", bos=0, eos=1) == [*ref.encode("the cat sat"), 1]
+    with pytest.raises(TokenizerError, match="BOS"):
+        tok.encode("the cat sat", bos=1)
+
+
 def test_sentencepiece_byte_fallback_and_control_pieces(tmp_path: Path) -> None:
     """A SentencePiece model with byte fallback (Llama 2's, Mistral's): characters outside
     the vocabulary are <0xNN> pieces, which are bytes of the text (as sentencepiece decodes

@@ -323,13 +323,22 @@ def sentencepiece_pieces(path: Path) -> list[tuple[str, int]] | None:
     return model.pieces if model is not None else None
 
 
+def _signed(token: Any) -> int:
+    """A token id from ``pytorch-tokenizers``, which hands ids over unsigned: a model
+    without BOS (sentencepiece's ``bos_id`` -1, T5's) is 2**64 - 1 there, -1 here."""
+    value = int(token)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 class _CppTokenizer(Tokenizer):
     """A tokenizer of ``pytorch-tokenizers`` (the C++ ones ExecuTorch's runner uses)."""
 
     def __init__(self, path: Path, impl: Any, kind: str) -> None:
         self.kind = kind
         self._impl = impl
-        super().__init__(path, int(impl.bos_tok()), int(impl.eos_tok()), int(impl.vocab_size()))
+        super().__init__(
+            path, _signed(impl.bos_tok()), _signed(impl.eos_tok()), int(impl.vocab_size())
+        )
         # tiktoken's special tokens (Llama 3's: BOS first) follow the regular ones
         self._first_special = self.bos_id if kind == "tiktoken" else self.vocab_size
         self._control: frozenset[int] = frozenset()
