@@ -146,7 +146,7 @@ def test_control_flow_records_what_ran(tmp_path: Path) -> None:
     assert [e._instruction_id for e in block.events if e.name != "Method::execute"] == [
         r.index for r in trace.records
     ]
-    assert "jump_false" in [e.name for e in block.events]
+    assert "JF_CALL" in [e.name for e in block.events]  # as ExecuTorch names a jump
     assert trace.skipped[0]  # the other branch did not run: nothing recorded for it
 
 
@@ -550,3 +550,86 @@ def test_a_recorded_random_kernel_logs_what_it_drew() -> None:
     ]
     y, mask = first
     assert torch.equal(y, want[0]) and torch.equal(mask, y != 0)
+
+
+# -- instructions ExecuTorch times without a kernel wrapper of their own ----------------------
+
+
+def _profile_names(etdp: Path) -> dict[tuple[int, int], list[str]]:
+    """{(chain, instruction): [name, ...]} of the first Execute run's profile events."""
+    run = next(r for r in decode_etdump(etdp.read_bytes()).run_data if r.name == "Execute")
+    names: dict[tuple[int, int], list[str]] = {}
+    for e in run.events:
+        if isinstance(e, ProfileEvent) and e.chain_index >= 0 and e.name is not None:
+            names.setdefault((e.chain_index, e.instruction_id), []).append(e.name)
+    return names
+
+
+@pytest.mark.parametrize("name", ["cond", "map"])
+def test_prim_ops_moves_and_jumps_are_named_as_executorch_names_them(
+    name: str, tmp_path: Path
+) -> None:
+    """An operator ExecuTorch registers as a prim op (``aten::sym_size.int``,
+    ``executorch_prim::*``) has one event there, ``OPERATOR_CALL``, which the Inspector
+    leaves out of module totals and numeric gaps; a jump is ``JF_CALL``, a move
+    ``MOVE_CALL``. Kernels with a generated wrapper keep ptexec's name (the README)."""
+    from executorch.runtime import Runtime as ETRuntime
+
+    pte = fixture_paths(name)[0]
+    inputs = fixture_calls(name)[0]["inputs"]
+    ours = _profile_names(_dump(Runtime.get(), pte, inputs, tmp_path, "ptexec", calls=1)[0])
+    etdp = _dump(ETRuntime.get(), pte, inputs, tmp_path, "executorch", calls=1)[0]
+    theirs = _profile_names(etdp)
+    assert set(ours) == set(theirs)
+    compared = 0
+    for key, names in theirs.items():
+        if not any(n.startswith("native_call_") for n in names):
+            assert set(ours[key]) == set(names), key
+            compared += 1
+    assert compared >= 2
+
+
+class _Reshaped(torch.nn.Module):
+    """Dynamic sizes: ``sym_size`` and the prim ops that compute with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        y = self.fc(x).relu()
+        return y.reshape(n * 2, 2) * 2.0 + 1, y.view(-1)[: n + 1]
+
+
+def test_numeric_gap_of_a_program_with_prim_ops_is_executorchs(tmp_path: Path) -> None:
+    """The Inspector's numeric debugger pairs the same graph nodes, with the same gaps, on
+    ptexec's ETDump as on ExecuTorch's, where prim ops (which log no values) run."""
+    inspector_cls = _inspector()
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime as ETRuntime
+
+    torch.manual_seed(0)
+    model = _Reshaped().eval()
+    x = torch.randn(3, 4)
+    n = torch.export.Dim("n", min=1, max=8)
+    exported = torch.export.export(model, (x,), dynamic_shapes={"x": {0: n}})
+    program = to_edge_transform_and_lower(exported, generate_etrecord=True).to_executorch()
+    record = program.get_etrecord()
+    record.update_representative_inputs([(x,)])
+    pte, etrecord = tmp_path / "m.pte", str(tmp_path / "m.etrecord")
+    pte.write_bytes(program.buffer)
+    record.save(etrecord)
+
+    gaps = []
+    for runtime, tag in ((ETRuntime.get(), "executorch"), (Runtime.get(), "ptexec")):
+        etdp, dbg, _ = _dump(runtime, pte, [x], tmp_path, tag)
+        inspector = inspector_cls(
+            etdump_path=str(etdp), debug_buffer_path=str(dbg), etrecord=etrecord
+        )
+        gaps.append(inspector.calculate_numeric_gap("MSE"))
+    theirs, ours = gaps
+    assert len(theirs) == 5
+    assert list(ours["aot_ops"]) == list(theirs["aot_ops"])
+    for a, b in zip(ours["gap"], theirs["gap"], strict=True):
+        assert a == pytest.approx(b, abs=1e-6)

@@ -1,16 +1,17 @@
 """ETDump of ptexec's calls, for ExecuTorch's devtools (``executorch.devtools.Inspector``).
 
 An :class:`ETDumpRecorder` runs calls of a method and records, per call, one ETDump run
-(``"Execute"``) with one profiling event per executed instruction (the operator's name
-as ptexec's trace shows it, ``DELEGATE_CALL`` for a delegate call, as ExecuTorch names
-it; start and end in nanoseconds of a monotonic clock), inside a delegate call one event
-per node the delegate's runner reports (no name; the node in ``delegate_debug_id_str``,
-as ExecuTorch's XNNPACK backend logs its operators: see
-:meth:`~ptexec.engine.hooks.Hooks.node`), a ``Method::execute`` event around the
-instructions, and, when it has a debug buffer, the debug events ExecuTorch's runtime logs
-for each instruction (a kernel's ``out`` arguments, one event each, a ``Tensor[]`` one as a
-tensor list; every argument of a delegate call; nothing for prim ops, jumps, moves and
-frees) and one per output of the call::
+(``"Execute"``) with one profiling event per executed instruction (a kernel's operator
+as ptexec's trace names it; as ExecuTorch names them, ``DELEGATE_CALL`` for a delegate
+call, ``OPERATOR_CALL`` for an operator it registers as a prim op, ``JF_CALL``,
+``MOVE_CALL`` and ``FREE_CALL`` for jumps, moves and frees; start and end in nanoseconds
+of a monotonic clock), inside a delegate call one event per node the delegate's runner
+reports (no name; the node in ``delegate_debug_id_str``, as ExecuTorch's XNNPACK backend
+logs its operators: see :meth:`~ptexec.engine.hooks.Hooks.node`), a ``Method::execute``
+event around the instructions, and, when it has a debug buffer, the debug events
+ExecuTorch's runtime logs for each instruction (a kernel's ``out`` arguments, one event
+each, a ``Tensor[]`` one as a tensor list; every argument of a delegate call; nothing for
+prim ops, jumps, moves and frees) and one per output of the call::
 
     from ptexec.etdump import ETDumpRecorder
     rec = ETDumpRecorder(debug_buffer_size=1 << 20)
@@ -170,9 +171,10 @@ class _Layout:
         for chain in steps_of(state):
             for step in chain:
                 key = (step.chain, step.index)
-                self.names[key] = "DELEGATE_CALL" if step.kind == "delegate" else step.name
                 ins = state.chains[step.chain].instructions[step.index]
                 prim = step.name.startswith("executorch_prim::") or step.name in _PRIM
+                kind = "prim" if prim and step.kind == "kernel" else step.kind
+                self.names[key] = _EXECUTORCH_NAMES.get(kind, step.name)
                 self.logged[key] = [] if prim else _logged(values, ins, step.loaded)
             for k, step in enumerate(chain):
                 executed = step.statement
@@ -219,6 +221,18 @@ class _Layout:
 
 # the operators ExecuTorch registers as prim ops: no generated wrapper, nothing logged
 _PRIM = frozenset(PRIM_OPS) | {"aten::sym_stride.int"}
+
+# ExecuTorch's names of the instructions it times without a kernel wrapper of its own; a
+# prim op's only event there is OPERATOR_CALL, which the Inspector leaves out of module
+# totals and numeric gaps (named as the operator, a prim op, which logs no values, is
+# paired with its graph node, and the numeric gap fails on its missing value)
+_EXECUTORCH_NAMES = {
+    "delegate": "DELEGATE_CALL",
+    "prim": "OPERATOR_CALL",
+    "move": "MOVE_CALL",
+    "free": "FREE_CALL",
+    "jump_false": "JF_CALL",
+}
 
 
 def _logged(
