@@ -412,6 +412,36 @@ def test_a_scalar_of_another_kind_than_declared_is_not_cut_between_regions() -> 
         torch.testing.assert_close(compiled(x)[0], want)
 
 
+class _DividesByConstants(torch.nn.Module):
+    """Integer divisions by numbers: the exporter stores each divisor as a 0-d tensor."""
+
+    def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            a // 3,
+            torch.div(a, -3, rounding_mode="floor"),
+            torch.div(a, -3, rounding_mode="trunc"),
+            a * 2 + 1,
+        )
+
+
+def test_integer_division_by_a_constant_rounds_as_eager() -> None:
+    """AOTInductor inlines a 0-d constant as a number that its ``div`` lowering takes for
+    a float: ``a // 3`` truncated (-7 // 3 gave -2, not -3) and a truncating division
+    came back as float32. The compiled code keeps constants as tensors."""
+    from export_util import export_program
+
+    a = torch.tensor([7, -7, 7, -7, 0, 13, -13, 9, -1, 1])
+    pte = export_program(_DividesByConstants(), (a,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)
+        compiled = ptexec.load(pte).load_method("forward", compile=CompileOptions(progress=False))
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled, report
+    for x in (a, -a, a * 5 - 2):
+        for got, want in zip(compiled(x), _DividesByConstants()(x), strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want), (x, got, want)
+
+
 def test_state_carries_over_and_is_shared_between_methods() -> None:
     """The fixture's calls three times over on the same methods: state keeps advancing in
     both, and stays equal."""

@@ -75,7 +75,8 @@ def inductor_options(
     packed at compile time), ATen's only where no such kernel applies
     (:func:`_templates_first`). A float16 or bfloat16 intermediate is rounded to its dtype
     as the interpreter (and ExecuTorch) round it, not kept in float32 inside a fused
-    kernel, so the compiled code computes the program's own arithmetic. With
+    kernel, so the compiled code computes the program's own arithmetic; a constant stays
+    a tensor of its dtype, never a number inlined in the code. With
     ``native_entry`` (:mod:`.native`'s library is loaded), CPU code calls the delegate
     calls' op through its C entry (:data:`NATIVE_ENTRY`): the library must be loaded
     before the code is. ``serial`` (CPU code of a graph with delegate calls): the generated
@@ -85,6 +86,10 @@ def inductor_options(
         "freezing": True,
         "autotune_num_choices_displayed": 0,
         "emulate_precision_casts": True,
+        # a 0-d constant stays a tensor: inlined as a number, some lowerings take it for
+        # a float (an integer ``div`` with rounding by ``tensor(3)`` truncated where it
+        # should floor, and came back as floats where it should truncate)
+        "always_keep_tensor_constants": True,
     }
     if autotune and device.type == "cpu":
         options["max_autotune"] = True
