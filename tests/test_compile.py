@@ -379,6 +379,62 @@ def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
     assert torch.allclose(i(torch.ones(4, 8))[0], c(torch.ones(4, 8))[0], atol=1e-5)
 
 
+class _MaxOverBatch(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).amax(0) + 1
+
+
+def test_an_empty_batch_runs_interpreted() -> None:
+    """AOTInductor's kernels are not made for a dimension of size 0: a maximum over none
+    gave -inf where ATen raises, and a CPU matrix product divided by the row count (the
+    process died of a floating point exception). Such a call runs the region's
+    interpreted statements: the interpreter's result or error."""
+    from export_util import export_program
+
+    batch = torch.export.Dim("batch", min=1, max=8)
+    pte = export_program(_MaxOverBatch(), (torch.ones(3, 4),), dynamic_shapes=({0: batch},))
+    i = ptexec.load(pte).load_method("forward")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)
+        c = ptexec.load(pte).load_method("forward", compile=CompileOptions(progress=False))
+    report = c.compile_report
+    assert report is not None and report.fully_compiled, report
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(c(x)[0], _MaxOverBatch()(x))
+    for m in (i, c):
+        with pytest.raises(ExecutionError, match="non-zero size"):
+            m(torch.randn(0, 4))
+    torch.testing.assert_close(c(x)[0], _MaxOverBatch()(x))
+
+    # a linear layer of a dynamic batch, in a process of its own (it may die)
+    load_pair("dynamic_mlp")
+    code = (
+        "import sys, torch, ptexec\n"
+        f"torch.set_num_threads({torch.get_num_threads()})\n"
+        "i = ptexec.load(sys.argv[1]).load_method('forward')\n"
+        "c = ptexec.load(sys.argv[1]).load_method('forward', compile=True)\n"
+        "assert c.compile_report.compiled_instructions > 0, c.compile_report\n"
+        "for b in (0, 2, 0):\n"
+        "    x = torch.randn(b, 8)\n"
+        "    want, got = i(x)[0], c(x)[0]\n"
+        "    assert got.shape == want.shape == (b, 4) and torch.allclose(got, want, atol=1e-5)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(fixture_paths("dynamic_mlp")[0])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0 and child.stdout.split() == ["ok"], (
+        child.returncode,
+        child.stderr[-4000:],
+    )
+
+
 class _HalfBatch(torch.nn.Module):
     """A float scalar made at run time (the batch / 2) read by a later region: dropout
     draws random numbers, so it runs interpreted between two compiled regions."""

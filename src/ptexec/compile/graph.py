@@ -15,6 +15,9 @@ specializes it where the computation requires a size. The compiled code is then 
 for the sizes the exported graph allows; :class:`Guard` says which (a dimension fixed to
 a value, a range, dimensions that must be equal, a size computed from others), and a call
 outside them runs the region interpreted (it gets the interpreter's result or error).
+An empty dimension is outside them: AOTInductor's kernels are not made for no elements
+(its CPU matrix product divides by the row count, and a maximum over none is -inf where
+ATen raises).
 """
 
 from __future__ import annotations
@@ -516,8 +519,10 @@ def _guards(
                 lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
                 hi = int(vr.upper) if vr is not None and vr.upper.is_finite else -1
                 top = bound[d] if value.shape_dynamism == p.DYNAMIC_BOUND else -1
-                if lo > 0 or (hi >= 0 and (top < 0 or hi < top)):
-                    guards.append(Guard("range", k, d, lo=lo, hi=hi))
+                if 0 <= top <= hi:
+                    hi = -1  # the program's bound: no size past it reaches the region
+                # an empty dimension runs interpreted (module docstring)
+                guards.append(Guard("range", k, d, lo=max(lo, 1), hi=hi))
             elif isinstance(expr, sympy.Symbol):
                 k2, d2 = defined[expr]
                 guards.append(Guard("same", k, d, k2=k2, d2=d2))

@@ -38,7 +38,8 @@ Each observable value is written back in one of five ways (:class:`Store`):
   and ``et_view`` (their result shares the source's object or memory).
 
 In a method of one straight-line chain, a method output written ``"inplace"`` (static, in
-the default dim order) also gets a ``"returned"`` store right after it: the compiled code returns a copy of what it wrote
+the default dim order, by a region of static tensor inputs and no scalar ones, whose
+compiled code no guard ever sets aside) also gets a ``"returned"`` store right after it: the compiled code returns a copy of what it wrote
 there, a tensor of its own, which a call may hand to the caller as its copy of the output
 instead of copying the planned memory again (see :class:`~.runner.CompiledRunner`).
 """
@@ -733,6 +734,12 @@ class _Planner:
         others = {
             j: self._memory(j) for j in dict.fromkeys([*region.inputs, *(s.slot for s in stores)])
         }
+        # the compiled code runs on every call: no input whose size or kind a guard checks
+        # (a call outside the guards runs the statements, which return no copy)
+        unguarded = not region.scalar_inputs and all(
+            getattr(self.plan.values[j], "shape_dynamism", p.STATIC) == p.STATIC
+            for j in region.inputs
+        )
         out: list[Store] = []
         for s in stores:
             j = s.slot
@@ -762,6 +769,7 @@ class _Planner:
             out.append(Store(j, "inplace", s.instruction) if ok else s)
             if (
                 ok
+                and unguarded
                 and self.straight
                 and j in self.outputs
                 and isinstance(value, p.Tensor)
