@@ -435,6 +435,60 @@ def test_an_empty_batch_runs_interpreted() -> None:
     )
 
 
+class _AfterFirst(torch.nn.Module):
+    """A linear layer on every row but the first: its input has one row less than ``x``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x[1:]) * 2
+
+
+_AFTER_FIRST_CHILD = """
+import sys, torch, ptexec
+from ptexec.compile import CompileOptions
+torch.manual_seed(0)
+i = ptexec.load(sys.argv[1]).load_method("forward")
+c = ptexec.load(sys.argv[1]).load_method("forward", compile=CompileOptions(progress=False))
+assert c.compile_report.fully_compiled, c.compile_report
+for b in (4, 1, 2, 1, 8):
+    x = torch.randn(b, 4)
+    want, got = i(x)[0], c(x)[0]
+    assert got.shape == want.shape == (b - 1, 3), (b, got.shape, want.shape)
+    torch.testing.assert_close(got, want)
+print("ok")
+"""
+
+
+def test_a_size_of_the_graph_that_may_be_empty_runs_interpreted(tmp_path: Path) -> None:
+    """A ``.pte`` keeps only upper bounds: a program exported for 3 rows or more takes 1,
+    and ``x[1:]`` is then empty inside the graph, where AOTInductor's CPU matrix product
+    divides by the row count (the process died of a floating point exception). A size of
+    the graph that may be 0 is guarded, so such a call runs the interpreted statements
+    (the interpreter's result, of no rows)."""
+    from export_util import export_program
+
+    batch = torch.export.Dim("batch", min=3, max=8)
+    pte = export_program(_AfterFirst(), (torch.ones(4, 4),), dynamic_shapes=({0: batch},))
+    path = tmp_path / "after_first.pte"
+    path.write_bytes(pte)
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    child = subprocess.run(
+        [sys.executable, "-c", _AFTER_FIRST_CHILD, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0 and child.stdout.split() == ["ok"], (
+        child.returncode,
+        child.stderr[-4000:],
+    )
+
+
 class _HalfBatch(torch.nn.Module):
     """A float scalar made at run time (the batch / 2) read by a later region: dropout
     draws random numbers, so it runs interpreted between two compiled regions."""

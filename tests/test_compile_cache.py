@@ -278,6 +278,8 @@ INJECTED = "__import__('os').system('touch ' + __import__('os').environ['PTEXEC_
         {"kind": "eq", "k": 0, "d": 0, "value": 2, "expr": INJECTED},
         {"kind": "exec", "k": 0, "d": 0, "value": 2},
         {"kind": "expr", "k": 0, "d": 0, "expr": ["__import__", 1, 2]},
+        {"kind": "positive", "k": 0, "d": 0, "expr": INJECTED},
+        {"kind": "positive", "k": 0, "d": 0, "expr": ["size", 5, 0]},  # no such input
         {"kind": "eq", "k": 7, "d": 0, "value": 2},  # no such input
         {"kind": "same", "k": 0, "d": 9, "k2": 0, "d2": 0},  # no such dimension
     ],
@@ -322,10 +324,13 @@ def test_guard_round_trip_and_generated_code() -> None:
         Guard("range", 0, 0, lo=1, hi=-1),
         Guard("same", 1, 0, k2=0, d2=0),
         Guard("expr", 0, 0, expr=expr),
+        Guard("positive", 1, 0, expr=BinOp("-", Size(1, 0), 1)),
     ]
     for g in guards:
         assert Guard.from_json(json.loads(json.dumps(g.to_json()))) == g
     assert guards[3].code() == "x0.shape[0] == ((x1.shape[0] // (2)) + (-3))"
+    assert guards[4].code() == "(x1.shape[0] - (1)) >= 1"
+    assert [s.k for s in guards[4].sizes()] == [1, 1]
     with pytest.raises(GuardError):
         Guard.from_json({"kind": "expr", "k": 0, "d": 0, "expr": 1.5})
     deep: Any = 1

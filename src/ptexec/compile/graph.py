@@ -17,7 +17,10 @@ a value, a range, dimensions that must be equal, a size computed from others), a
 outside them runs the region interpreted (it gets the interpreter's result or error).
 An empty dimension is outside them: AOTInductor's kernels are not made for no elements
 (its CPU matrix product divides by the row count, and a maximum over none is -inf where
-ATen raises).
+ATen raises). That holds for the graph's own sizes too: a size computed from the inputs'
+(``x[1:]``: one less) that may be 0 within the inputs' ranges gets a guard that it is at
+least 1 (a ``.pte`` keeps only upper bounds, so an input the export said had 3 rows or
+more may come with 1).
 """
 
 from __future__ import annotations
@@ -62,13 +65,14 @@ class BinOp:
 
 SizeExpr: TypeAlias = int | Size | BinOp
 OPERATORS = ("+", "-", "*", "//", "%")
-GUARD_KINDS = ("eq", "range", "same", "expr")
+GUARD_KINDS = ("eq", "range", "same", "expr", "positive")
 _MAX_NODES = 256  # an expression a guard may hold (derived ones have a handful)
 _FIELDS = {
     "eq": {"kind", "k", "d", "value"},
     "range": {"kind", "k", "d", "lo", "hi"},
     "same": {"kind", "k", "d", "k2", "d2"},
     "expr": {"kind", "k", "d", "expr"},
+    "positive": {"kind", "k", "d", "expr"},
 }
 
 
@@ -89,7 +93,9 @@ class Guard:
     """A check on the sizes of a region's graph inputs (module docstring): ``kind`` is
     ``"eq"`` (input ``k`` dim ``d`` equals ``value``), ``"range"`` (``lo <= size <= hi``,
     ``hi`` -1 for no upper bound), ``"same"`` (equals input ``k2`` dim ``d2``) or
-    ``"expr"`` (equals ``expr``, integers and other inputs' sizes under ``+ - * // %``).
+    ``"expr"`` (equals ``expr``, integers and other inputs' sizes under ``+ - * // %``)
+    or ``"positive"`` (``expr``, a size of the graph computed from the inputs', is at least
+    1; ``k`` and ``d`` name the first input size it reads).
 
     A guard becomes Python source (:meth:`code`) that runs on every call, so it is data
     with fixed types: :meth:`from_json` accepts exactly what :meth:`to_json` writes, and
@@ -117,6 +123,8 @@ class Guard:
             return f"{size} == {name}{int(self.k2)}.shape[{int(self.d2)}]"
         if self.kind == "expr":
             return f"{size} == {_code(self.expr, name)}"
+        if self.kind == "positive":
+            return f"{_code(self.expr, name)} >= 1"
         raise GuardError(f"unknown guard kind {self.kind!r}")
 
     def sizes(self) -> list[Size]:
@@ -124,7 +132,7 @@ class Guard:
         out = [Size(self.k, self.d)]
         if self.kind == "same":
             out.append(Size(self.k2, self.d2))
-        elif self.kind == "expr":
+        elif self.kind in ("expr", "positive"):
             out.extend(_refs(self.expr))
         return out
 
@@ -533,7 +541,50 @@ def _guards(
         if missing:
             raise ValueError(f"input {k} dim {d} has size {expr}, which no input dimension defines")
         guards.append(Guard("expr", k, d, expr=_size_expr(expr, defined)))
+    guards.extend(_positive_sizes(ep, guards, defined))
     return guards
+
+
+def _positive_sizes(
+    ep: torch.export.ExportedProgram, guards: Sequence[Guard], defined: dict[Any, tuple[int, int]]
+) -> list[Guard]:
+    """A ``"positive"`` guard for each size of the graph's values that is computed from
+    the inputs' sizes and may be 0 (or less) within the ranges ``guards`` give them (module
+    docstring). Sizes of data (a nonzero's count) are no input's, and a size of a form
+    :func:`_size_expr` does not write (``Max``, ``Min``) no guard's: nothing checks them."""
+    import sympy
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    ranges: dict[Any, ValueRanges[Any]] = {}
+    for symbol, (k, d) in defined.items():
+        g = next(g for g in guards if g.kind == "range" and (g.k, g.d) == (k, d))
+        ranges[symbol] = ValueRanges(g.lo, g.hi if g.hi >= 0 else sympy.oo)
+    seen: set[Any] = set()
+    out: list[Guard] = []
+    for node in ep.graph.nodes:
+        found = node.meta.get("val")
+        for value in found if isinstance(found, list | tuple) else (found,):
+            if not isinstance(value, torch.Tensor):
+                continue
+            for size in value.shape:
+                if not isinstance(size, torch.SymInt):
+                    continue
+                expr = size.node.expr
+                if expr in seen or isinstance(expr, sympy.Symbol) or expr.is_number:
+                    continue
+                seen.add(expr)
+                if not expr.free_symbols <= ranges.keys():
+                    continue
+                try:
+                    low = bound_sympy(expr, ranges).lower
+                    if low.is_finite and low >= 1:
+                        continue
+                    term = _size_expr(expr, defined)
+                except (TypeError, ValueError):  # (a form a guard cannot hold: Max, Min)
+                    continue
+                first = _refs(term)[0]
+                out.append(Guard("positive", first.k, first.d, expr=term))
+    return out
 
 
 def _size_expr(expr: Any, defined: dict[Any, tuple[int, int]]) -> SizeExpr:
