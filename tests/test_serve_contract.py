@@ -279,6 +279,28 @@ def test_asking_for_a_tool_call_or_audio_output_is_refused(server: Any) -> None:
         assert status == 200, (extra, body)
 
 
+def test_moderation_and_web_search_are_refused(client: Any) -> None:
+    """``moderation`` asks the server to screen the prompt and the answer (``"block"``:
+    withhold flagged content) and ``web_search_options`` asks it to search the web for the
+    answer; this server does neither, so the ``openai`` client's request is a 400 naming
+    the field, not an unscreened answer that looks screened (its ``moderation`` null)."""
+    messages = [{"role": "user", "content": "Hi"}]
+    block = {"mode": "block"}
+    for extra, param in (
+        ({"moderation": {"model": "omni-moderation-latest",
+                         "policy": {"input": block, "output": block}}}, "moderation"),
+        ({"web_search_options": {"search_context_size": "low"}}, "web_search_options"),
+    ):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, **extra)
+        assert e.value.body["param"] == param, extra
+    # unset, they ask for nothing; the server answers on
+    got = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, extra_body={"moderation": None}
+    )
+    assert got.choices[0].message.content is not None and got.moderation is None
+
+
 def test_a_logit_bias_on_an_id_the_tokenizer_lacks_is_a_400(tmp_path: Path) -> None:
     """Logits wider than the tokenizer (exports pad them) end in ids that are never sampled:
     a bias naming one is OpenAI's 400 for a key outside the vocabulary (it was a 500 from

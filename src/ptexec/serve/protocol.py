@@ -3,8 +3,8 @@
 Every field is checked for type and range before anything runs; a problem is an
 :class:`ApiError` with OpenAI's status, ``type``, ``param`` and ``code``. Fields OpenAI
 defines that this server does not implement (``n`` and ``best_of`` other than 1, tools
-and a ``tool_choice`` that demands a call, spoken answers, a completion's ``suffix``) are
-refused rather than ignored, so a client never gets less than it asked for without
+and a ``tool_choice`` that demands a call, spoken answers, moderation, web search, a
+completion's ``suffix``) are refused rather than ignored, so a client never gets less than it asked for without
 knowing. A completion's ``prompt`` is a string, a list of token ids, or a list of either
 (several prompts, one choice each, not streamed); ``logprobs`` (completions: the number of
 alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_logprobs``)
@@ -319,7 +319,9 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
 def _text_answer(body: dict[str, Any]) -> None:
     """Refuses what a chat's text answer cannot give: a tool call demanded by
     ``tool_choice`` or ``function_call`` (no tools are served; ``"none"`` and ``"auto"``
-    demand none) and spoken output (``modalities`` other than ``["text"]``, ``audio``)."""
+    demand none), spoken output (``modalities`` other than ``["text"]``, ``audio``), and
+    services around the model this server does not run: ``moderation`` (screening, maybe
+    blocking, the prompt and the answer) and ``web_search_options`` (a web search)."""
     for name in ("tool_choice", "function_call"):
         v = body.get(name)
         if v is not None and v not in ("none", "auto"):
@@ -331,6 +333,10 @@ def _text_answer(body: dict[str, Any]) -> None:
         raise _bad("'modalities' must be a list holding 'text' only (text answers)", "modalities")
     if body.get("audio") is not None:
         raise _bad("spoken answers ('audio') are not supported", "audio")
+    if body.get("moderation") is not None:
+        raise _bad("moderation is not supported: nothing would be screened", "moderation")
+    if body.get("web_search_options") is not None:
+        raise _bad("web search is not supported", "web_search_options")
 
 
 def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
