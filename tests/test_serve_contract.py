@@ -396,3 +396,56 @@ def test_a_prompt_the_tokenizer_cannot_encode_whole_is_a_400(tmp_path: Path) -> 
         assert engine.prepare(parse_request({"model": MODEL, "prompt": "Once upon"}, chat=False))
     finally:
         engine.close()
+
+
+def _byte_fallback_tokenizer(folder: Path, names: dict[int, str]) -> Path:
+    """A Llama-2-style ``tokenizer.json`` of 300 ids (``<0xNN>`` byte tokens beside text
+    pieces) whose ids in ``names`` are those pieces; the other ids are filled in order."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    fill = iter([f"<0x{b:02X}>" for b in range(256)] + [f"w{i}" for i in range(300)])
+    special = {0: "<unk>", 1: "<s>", 2: "</s>"}
+    taken = set(names.values())
+    vocab: dict[str, int] = {}
+    for i in range(300):
+        name = special.get(i) or names.get(i)
+        while name is None or name in vocab or (name in taken and i not in names):
+            name = next(fill)
+        vocab[name] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tok.add_special_tokens([AddedToken(t, special=True) for t in special.values()])
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder / "tokenizer.json"
+
+
+def test_a_top_logprobs_name_two_tokens_share_has_the_likelier_ones_logprob(
+    tmp_path: Path,
+) -> None:
+    """A byte-fallback vocabulary writes ``a`` with two ids (the piece ``a`` and the byte
+    ``<0x61>``): a completion's ``top_logprobs`` (an object keyed by the tokens' text)
+    holds the likelier one's log-probability under that name, the one the greedy token
+    has (the less likely one overwrote it). Reference: ExecuTorch's logits."""
+    from llm_support import executorch_logits
+
+    prompt = [5, 6, 7]
+    row = torch.log_softmax(executorch_logits(program("portable"), prompt)[-1][:300].float(), 0)
+    first, second = torch.topk(row, 2).indices.tolist()
+    tokenizer = _byte_fallback_tokenizer(tmp_path, {first: "a", second: "<0x61>"})
+    with running_server(tokenizer.parent, sessions=1) as server:
+        tk = server.engine.tokenizer
+        assert tk.token_bytes(first) == tk.token_bytes(second) == b"a"
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0)
+        for stream in (False, True):
+            got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1,
+                                            temperature=0, logprobs=2, stream=stream)  # fmt: skip
+            choices = [c.choices[0] for c in got] if stream else [got.choices[0]]
+            lp = next(c.logprobs for c in choices if c.logprobs and c.logprobs.tokens)
+            assert lp.tokens == ["a"]
+            assert lp.token_logprobs[0] == pytest.approx(float(row[first]), abs=1e-5)
+            assert lp.top_logprobs[0] == {"a": pytest.approx(float(row[first]), abs=1e-5)}

@@ -444,7 +444,11 @@ def _completion_logprobs(entries: list[Logprob], offsets: _Offsets | None = None
         if e.logprob is None:
             tops.append(None)
         else:
-            top = {name: lp for name, lp, _ in e.top}
+            # likeliest first: a name two tokens share (a byte-fallback vocabulary's "a"
+            # and "<0x61>") keeps the likelier one's log-probability
+            top: dict[str, float] = {}
+            for name, lp, _ in e.top:
+                top.setdefault(name, lp)
             top.setdefault(e.token, e.logprob)
             tops.append(top)
         starts.append(offsets.take(e))
