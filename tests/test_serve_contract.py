@@ -449,3 +449,50 @@ def test_a_top_logprobs_name_two_tokens_share_has_the_likelier_ones_logprob(
             assert lp.tokens == ["a"]
             assert lp.token_logprobs[0] == pytest.approx(float(row[first]), abs=1e-5)
             assert lp.top_logprobs[0] == {"a": pytest.approx(float(row[first]), abs=1e-5)}
+
+
+THINKING = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: "
+    "{{ message['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:"
+    "{% if enable_thinking is defined and not enable_thinking %} <no-think>{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
+    """``chat_template_kwargs`` (vLLM's extension, which OpenAI clients send in
+    ``extra_body``: ``{"enable_thinking": false}`` for Qwen3) are the template's variables,
+    as transformers' ``apply_chat_template`` takes them (they were ignored: the model
+    thought anyway); the conversation's own variables are the request's, not theirs."""
+    transformers = pytest.importorskip("transformers")
+    from ptexec.serve import Engine
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    tokenizer = tokenizer_folder(tmp_path)
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "chat_template": THINKING}))
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer), bos_token=config.get("bos_token"),
+        eos_token=config.get("eos_token"), chat_template=THINKING,
+    )  # fmt: skip
+    messages = [{"role": "user", "content": "Once upon a time"}]
+    engine = Engine(program("portable"), tokenizer, model_name=MODEL)
+    try:
+        for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True},
+                       {"enable_thinking": False, "add_generation_prompt": False}):  # fmt: skip
+            body = {"model": MODEL, "messages": messages, "chat_template_kwargs": kwargs}
+            want = reference.apply_chat_template(messages, tokenize=False, **{
+                "add_generation_prompt": True, **kwargs})  # fmt: skip
+            assert engine.prompt_text(parse_request(body, chat=True)) == want, kwargs
+        for bad in ({"messages": []}, {"tools": []}, {"add_generation_prompt": "yes"}, [1]):
+            with pytest.raises(ApiError) as e:
+                parse_request({"model": MODEL, "messages": messages,
+                               "chat_template_kwargs": bad}, chat=True)  # fmt: skip
+            assert e.value.status == 400 and e.value.param == "chat_template_kwargs"
+        with pytest.raises(ApiError) as e:  # a completion has no template to give them to
+            parse_request({"model": MODEL, "prompt": "Once",
+                           "chat_template_kwargs": {"enable_thinking": False}}, chat=False)  # fmt: skip
+        assert e.value.status == 400
+    finally:
+        engine.close()

@@ -294,7 +294,9 @@ class Engine:
                 param="messages",
             )
         try:
-            return self.template.render(req.messages, add_generation_prompt=True)
+            kwargs = dict(req.template_kwargs)
+            opened = kwargs.pop("add_generation_prompt", True)
+            return self.template.render(req.messages, add_generation_prompt=opened, **kwargs)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages") from None
 

@@ -105,6 +105,9 @@ class Request:
     """Each token's log-probability and this many likeliest alternatives (None: off)."""
     logit_bias: dict[int, float] = field(default_factory=dict)
     """Token id -> a value added to its logit before sampling."""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """A chat's ``chat_template_kwargs`` (vLLM's extension): further variables of the chat
+    template (``enable_thinking``, ...), and ``add_generation_prompt``."""
     media: list[tuple[str, bytes]] = field(default_factory=list)
     """A chat's images and audio, in the order of its messages' parts: (``"image"`` or
     ``"audio"``, the file's bytes); each is an ``{"type": "image"}`` (``"audio"``) part of
@@ -404,6 +407,7 @@ def parse_request(body: Any, chat: bool) -> Request:
         if body.get("tools") or body.get("functions"):
             raise _bad("tools and functions are not supported", "tools")
         _text_answer(body)
+        req.template_kwargs = _template_kwargs(body)
         if _flag(body, "logprobs"):
             req.logprobs = _integer(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
         elif body.get("top_logprobs") is not None:
@@ -415,6 +419,11 @@ def parse_request(body: Any, chat: bool) -> Request:
         req.logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS)
         if body.get("suffix"):  # (None and "" ask for nothing)
             raise _bad("'suffix' (text after the insertion) is not supported", "suffix")
+        if body.get("chat_template_kwargs"):
+            raise _bad(
+                "'chat_template_kwargs' is for chats: a completion has no template",
+                "chat_template_kwargs",
+            )
     n = _integer(body, "n", 1, 1_000_000)
     if n is not None and n != 1:
         raise _bad("only n=1 is supported", "n")
@@ -451,6 +460,29 @@ def parse_request(body: Any, chat: bool) -> Request:
     if req.stream and len(req.prompts) > 1:
         raise _bad("several prompts are answered in one response, not streamed", "stream")
     return req
+
+
+# the chat template's variables a request does not set through chat_template_kwargs: the
+# conversation is its messages (tools are refused above)
+_TEMPLATE_OWN = frozenset({"messages", "tools", "documents"})
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat's ``chat_template_kwargs``, as vLLM takes them: an object of further template
+    variables (``{"enable_thinking": false}`` for Qwen3's), ``add_generation_prompt`` among
+    them (a bool); never the conversation's own variables."""
+    name = "chat_template_kwargs"
+    kwargs = body.get(name)
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise _bad(f"'{name}' must be an object", name)
+    own = sorted(_TEMPLATE_OWN.intersection(kwargs))
+    if own:
+        raise _bad(f"'{name}' may not set {', '.join(own)}: the request gives them", name)
+    if not isinstance(kwargs.get("add_generation_prompt", True), bool):
+        raise _bad(f"'{name}.add_generation_prompt' must be a boolean", name)
+    return dict(kwargs)
 
 
 def _token_ids(v: list[Any]) -> list[int] | None:
