@@ -494,6 +494,42 @@ def test_cuda_tokens_equal_the_eager_model(folders: dict[str, Path], eager: Any)
     )
 
 
+def test_timestamps_past_the_tokenizers_ids_are_sampled(
+    tmp_path: Path, folders: dict[str, Path], eager: Any
+) -> None:
+    """A Whisper tokenizer saved without its timestamp tokens (they are ids past its
+    vocabulary, decoded by arithmetic) does not narrow the logits: timestamps from
+    there on are sampled as transformers samples them."""
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    folder = folders["whisper_portable"]
+    keep = 230  # the tokenizer's ids: timestamps 200..229 in it, 230..255 past it
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    vocab = {k: v for k, v in tok["model"]["vocab"].items() if v < keep}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    tok["model"]["vocab"] = vocab
+    tok["model"]["merges"] = [
+        m for m in merges if all(p in vocab for p in m.split(" ")) and m.replace(" ", "") in vocab
+    ]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    gen = {**seq2seq_programs.generation_config(), "no_timestamps_token_id": 199}
+    runner = Seq2SeqRunner(folder / "model.pte", tmp_path / "tokenizer.json",
+                           generation_config=gen, timestamps=True)  # fmt: skip
+    assert runner.tokenizer is not None and runner.tokenizer.vocab_size == keep
+    prefix = runner.prompt.prefix()
+    config = GenerationConfig(temperature=0.0, max_new_tokens=20)
+    past = False
+    for seed in range(2):
+        x = _features(seed)
+        got = runner.generate(x, config)
+        rules = WhisperTimeStampLogitsProcessor(
+            transformers.GenerationConfig(**gen), begin_index=len(prefix)
+        )
+        assert got == _eager_greedy(eager, x, prefix, 20, logits_processor=[rules]), seed
+        past |= any(t >= keep for t in got)
+    assert past  # (timestamps past the tokenizer's ids were chosen)
+
+
 def _t5(folders: dict[str, Path], variant: str = "t5_portable",
         **options: Any) -> tuple[Seq2SeqRunner, Any]:  # fmt: skip
     folder = folders[variant]

@@ -629,8 +629,10 @@ class Seq2SeqRunner:
                     f"the tokenizer has {tv} ids but the program's logits only "
                     f"{self.vocab_size} (is it this program's tokenizer?)"
                 )
-            if 0 < tv < self.vocab_size:
-                self._width = tv  # ids past the tokenizer's are padding, never sampled
+            if 0 < tv < self.vocab_size and self.timestamp_begin is None:
+                # ids past the tokenizer's are padding, never sampled; a model with
+                # timestamp tokens (Whisper) has them there when its tokenizer lacks them
+                self._width = tv
         self.print_output = print_output
         self.generated_tokens: list[int] = []
         """The ids the last generation produced (EOS included)."""
