@@ -282,6 +282,25 @@ def _whisper_generate(model: Any, x: torch.Tensor, gen: dict[str, Any], n: int,
     return [int(t) for t in out[0]]
 
 
+def test_forced_decoder_ids_are_not_given_with_a_language(
+    folders: dict[str, Path], eager: Any
+) -> None:
+    """transformers takes an asked language (or task) over ``forced_decoder_ids``; ptexec's
+    ``forced_decoder_ids`` argument is the decoder's whole prompt, so asking for a language,
+    a task or timestamps beside it is refused, not dropped (the tokens were the forced
+    ones, not the language's)."""
+    folder = folders["whisper_portable"]
+    gen = _whisper_config()
+    x = _features(2)
+    french = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, language="fr")
+    assert french.prompt.prefix() == [1, 12, 11, 255]  # the language's, not the forced ids'
+    assert french.generate(x, GREEDY) == _whisper_generate(eager, x, gen, 12, language="fr")
+    for asked in ({"language": "fr"}, {"task": "translate"}, {"timestamps": True}):
+        with pytest.raises(GenerationError, match="forced_decoder_ids are the decoder's whole"):
+            Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen,
+                          forced_decoder_ids={1: 10, 2: 11}, **asked)  # fmt: skip
+
+
 def test_language_is_detected_as_transformers_detects(folders: dict[str, Path], eager: Any) -> None:
     folder = folders["whisper_portable"]
     detected = set()

@@ -459,9 +459,9 @@ class Seq2SeqRunner:
     ``decoder_start_token_id`` if given, else the generation config's (its
     ``decoder_start_token_id``, else its ``bos_token_id``, as transformers falls back), else
     the program's ``decoder_start_token_id`` method, else the tokenizer's BOS; forced tokens are
-    ``forced_decoder_ids`` ({position: id} or [position, id] pairs) if given, else the
-    generation config's (with ``language``/``task``/``timestamps`` choosing Whisper's
-    tokens); EOS ids are ``eos_ids``, else the generation config's, else the program's, else
+    ``forced_decoder_ids`` ({position: id} or [position, id] pairs) if given (then no
+    ``language``, ``task`` or ``timestamps``), else the generation config's (with those
+    three choosing Whisper's tokens); EOS ids are ``eos_ids``, else the generation config's, else the program's, else
     the tokenizer's. ``device_map`` places the program (``"cuda"``); ``compile`` runs the
     compiled tier (``True``: compiled at load; ``"background"``: interpreted at once, compiled
     in another process and switched to between calls); ``xnnpack`` chooses the runner of
@@ -541,6 +541,13 @@ class Seq2SeqRunner:
                 "naming it, or a program with a decoder_start_token_id method"
             )
         if forced_decoder_ids is not None:
+            chosen = [n for n, v in (("language", language), ("task", task),
+                                     ("timestamps", timestamps)) if v]  # fmt: skip
+            if chosen:  # (they choose forced tokens; these are given whole)
+                raise GenerationError(
+                    f"forced_decoder_ids are the decoder's whole prompt: {', '.join(chosen)} "
+                    "cannot change it (give one or the other)"
+                )
             pairs = (
                 forced_decoder_ids.items()
                 if isinstance(forced_decoder_ids, Mapping)
