@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptexec.errors import AudioFormatError
+from ptexec.errors import AudioFormatError, FileMissingError, PtexecError
 from ptexec.llm.audio import load_audio, read_wav, resample, to_mono, windows
 from ptexec.llm.seq2seq import DecoderPrompt, _prompt_from, split_segments
 
@@ -100,6 +100,17 @@ def test_malformed_wav_files_raise_the_audio_error(tmp_path: Path) -> None:
     # a file that is not WAV goes to soundfile; what it cannot read is the same error
     with pytest.raises(AudioFormatError, match="soundfile"):
         load_audio(tmp_path / "not_wav.wav")
+
+
+def test_a_missing_audio_file_is_the_typed_error(tmp_path: Path) -> None:
+    """load_audio (what transcribe reads a path with) raises what read_wav raises for a
+    missing file: ptexec's FileMissingError, not the bare OS error."""
+    missing = tmp_path / "none.wav"
+    for read in (read_wav, load_audio):
+        with pytest.raises(FileMissingError, match="audio file not found") as caught:
+            read(missing)
+        assert isinstance(caught.value, PtexecError) and isinstance(caught.value, FileNotFoundError)
+        assert caught.value.filename == str(missing)
 
 
 def test_rf64_wav_reads_the_data_size_of_its_ds64_chunk(tmp_path: Path) -> None:

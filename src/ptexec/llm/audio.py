@@ -177,8 +177,11 @@ def load_audio(
     file's rate), and that rate. WAV is read by :func:`read_wav`; other formats need the
     ``soundfile`` package."""
     name = os.fspath(path)
-    with open(name, "rb") as f:
-        head = f.read(12)
+    try:
+        with open(name, "rb") as f:
+            head = f.read(12)
+    except FileNotFoundError as e:
+        raise FileMissingError(e.errno, f"audio file not found: {name}", name) from None
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
         x, rate = read_wav(name)
     else:
