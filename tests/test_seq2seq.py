@@ -301,6 +301,23 @@ def test_forced_decoder_ids_are_not_given_with_a_language(
                           forced_decoder_ids={1: 10, 2: 11}, **asked)  # fmt: skip
 
 
+def test_a_language_may_be_named(folders: dict[str, Path], eager: Any) -> None:
+    """A language given by its name, in any case, or by another name transformers' Whisper
+    knows for it (``"French"``, ``"castilian"`` for Spanish) is the language of that code,
+    as transformers takes it (it was refused)."""
+    folder = folders["whisper_portable"]
+    gen = _whisper_config(lang_to_id={"<|en|>": 10, "<|fr|>": 12, "<|es|>": 14})
+    x = _features(2)
+    for name, code, token in (("French", "fr", 12), ("castilian", "es", 14), ("ES", "es", 14)):
+        runner = Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, language=name)
+        assert runner.prompt.prefix()[:2] == [1, token], name
+        want = _whisper_generate(eager, x, gen, 12, language=name)
+        assert want == _whisper_generate(eager, x, gen, 12, language=code)
+        assert runner.generate(x, GREEDY) == want, name
+    with pytest.raises(GenerationError, match="not one of the model's"):
+        Seq2SeqRunner(folder / "model.pte", folder, generation_config=gen, language="klingon")
+
+
 def test_language_is_detected_as_transformers_detects(folders: dict[str, Path], eager: Any) -> None:
     folder = folders["whisper_portable"]
     detected = set()

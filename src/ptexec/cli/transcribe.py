@@ -161,7 +161,7 @@ def add_transcribe(sub: Any) -> None:
     p.add_argument("--decoder-start-token-id", type=int, help="the decoder's first token")
     p.add_argument(
         "--language",
-        help="Whisper language (en, <|fr|>, ...; default: the generation config's, else "
+        help="Whisper language (en, <|fr|>, french, ...; default: the generation config's, else "
         "detected from the first window)",
     )
     p.add_argument("--task", help="Whisper task (transcribe, translate)")

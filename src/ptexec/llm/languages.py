@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["language_name"]
+__all__ = ["language_code", "language_name"]
 
 _TABLE = (
     "en english zh chinese de german es spanish ru russian ko korean fr french ja japanese "
@@ -27,8 +27,22 @@ NAMES: dict[str, str] = {
 }
 """Whisper's language code -> its name."""
 
+# other names transformers' Whisper takes for some of them
+_ALIASES = {
+    "burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht",
+    "letzeburgesch": "lb", "pushto": "ps", "panjabi": "pa", "moldavian": "ro",
+    "moldovan": "ro", "sinhalese": "si", "castilian": "es", "mandarin": "zh",
+}  # fmt: skip
+_CODES: dict[str, str] = {**{name: code for code, name in NAMES.items()}, **_ALIASES}
+
 
 def language_name(code: str) -> str:
     """The name of a Whisper language code (``"en"`` -> ``"english"``); a code Whisper does
     not name is given back as it is."""
     return NAMES.get(code, code)
+
+
+def language_code(language: str) -> str:
+    """Whisper's code of ``language``, a code or a name in any case (``"French"``,
+    ``"mandarin"``), as transformers' Whisper takes it; a code it does not know as given."""
+    return _CODES.get(language.lower(), language)

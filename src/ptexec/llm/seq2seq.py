@@ -56,6 +56,7 @@ from ..errors import ConfigValueError, FileMissingError, GenerationError
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import load_options, read_metadata
+from .languages import language_code
 from .logits import (
     BadWords,
     ForceToken,
@@ -195,7 +196,7 @@ def _forced_pairs(gen: Mapping[str, Any]) -> dict[int, int | None]:
 
 
 def _language_id(langs: Mapping[str, Any], language: str) -> int:
-    key = language if language.startswith("<|") else f"<|{language.lower()}|>"
+    key = language if language.startswith("<|") else f"<|{language_code(language).lower()}|>"
     if key not in langs:
         names = sorted(k.strip("<|>") for k in langs)
         raise GenerationError(f"language {language!r} is not one of the model's: {names}")
