@@ -97,15 +97,17 @@ def test_inspector_reads_ptexec_etdump_like_executorchs(name: str, tmp_path: Pat
     block = _execute_block(ours)
     assert [b.name for b in ours.event_blocks] == ["Default", "Execute"]
 
-    # the per-operator table is the trace's: one event per executed instruction, in order
+    # the per-operator table is ExecuTorch's, row for row, and its instructions' rows are
+    # the trace's: each executed instruction, in order
+    their_rows = _execute_block(theirs).events
+    assert [e.name for e in block.events] == [e.name for e in their_rows]
     method = ptexec.load(pte).load_method("forward")
     trace = method.trace(io["inputs"], tensors=True)
-    names = [e.name for e in block.events if e.name != "Method::execute" and not e.is_delegated_op]
-    assert names == ["DELEGATE_CALL" if r.kind == "delegate" else r.name for r in trace.records]
+    ran = [e for e in block.events if e.name not in _FRAMEWORK and not e.is_delegated_op]
+    assert [e._instruction_id for e in ran] == [r.index for r in trace.records]
     # under the default runner ExecuTorch's XNNPACK backend runs the delegates, and its own
     # per-node events are taken: the same delegated rows as in ExecuTorch's ETDump
     delegated = [(e.name, e._instruction_id) for e in block.events if e.is_delegated_op]
-    their_rows = _execute_block(theirs).events
     assert delegated == [(e.name, e._instruction_id) for e in their_rows if e.is_delegated_op]
     assert bool(delegated) == (name == "xnnpack")
     assert all(len(e.perf_data.raw) == 2 for e in block.events)  # both calls, one event
@@ -143,9 +145,8 @@ def test_control_flow_records_what_ran(tmp_path: Path) -> None:
     etdp, dbg, _ = _dump(Runtime.get(), pte, call["inputs"], tmp_path, "cond", calls=1)
     trace = ptexec.load(pte).load_method("forward").trace(call["inputs"])
     block = _execute_block(inspector_cls(etdump_path=str(etdp), debug_buffer_path=str(dbg)))
-    assert [e._instruction_id for e in block.events if e.name != "Method::execute"] == [
-        r.index for r in trace.records
-    ]
+    rows = [e for e in block.events if e.name not in ("Method::execute", "OPERATOR_CALL")]
+    assert [e._instruction_id for e in rows] == [r.index for r in trace.records]
     assert "JF_CALL" in [e.name for e in block.events]  # as ExecuTorch names a jump
     assert trace.skipped[0]  # the other branch did not run: nothing recorded for it
 
@@ -162,9 +163,19 @@ def test_events_and_debug_buffer(tmp_path: Path) -> None:
     debug = [e for e in run.events if isinstance(e, DebugEvent)]
     top = profile[-1]
     assert top.name == "Method::execute" and top.chain_index == -1
-    for e in profile[:-1]:  # within the call, in order, each start <= end
+    for e in profile[:-1]:  # within the call, each start <= end
         assert top.start_time <= e.start_time <= e.end_time <= top.end_time
-    assert all(a.end_time <= b.start_time for a, b in itertools.pairwise(profile[:-1]))
+    # per instruction, in order: the kernel's event inside the OPERATOR_CALL closing it
+    by_instruction = itertools.groupby(profile[:-1], lambda e: (e.chain_index, e.instruction_id))
+    outer = []
+    for _, group in by_instruction:
+        *inner, last = group
+        assert last.name == "OPERATOR_CALL" and len(inner) == 1
+        assert inner[0].name is not None and inner[0].name.startswith("native_call_")
+        for e in inner:
+            assert last.start_time <= e.start_time <= e.end_time <= last.end_time
+        outer.append(last)
+    assert all(a.end_time <= b.start_time for a, b in itertools.pairwise(outer))
     data = rec.debug_buffer()
     outs = [e for e in debug if e.chain_index == RUN_OUTPUT_CHAIN]
     assert len(outs) == len(outputs) and all(e.debug_entry.output for e in outs)
@@ -572,7 +583,7 @@ def test_prim_ops_moves_and_jumps_are_named_as_executorch_names_them(
     """An operator ExecuTorch registers as a prim op (``aten::sym_size.int``,
     ``executorch_prim::*``) has one event there, ``OPERATOR_CALL``, which the Inspector
     leaves out of module totals and numeric gaps; a jump is ``JF_CALL``, a move
-    ``MOVE_CALL``. Kernels with a generated wrapper keep ptexec's name (the README)."""
+    ``MOVE_CALL``; a kernel its wrapper's ``native_call_*`` and ``OPERATOR_CALL``."""
     from executorch.runtime import Runtime as ETRuntime
 
     pte = fixture_paths(name)[0]
@@ -580,13 +591,8 @@ def test_prim_ops_moves_and_jumps_are_named_as_executorch_names_them(
     ours = _profile_names(_dump(Runtime.get(), pte, inputs, tmp_path, "ptexec", calls=1)[0])
     etdp = _dump(ETRuntime.get(), pte, inputs, tmp_path, "executorch", calls=1)[0]
     theirs = _profile_names(etdp)
-    assert set(ours) == set(theirs)
-    compared = 0
-    for key, names in theirs.items():
-        if not any(n.startswith("native_call_") for n in names):
-            assert set(ours[key]) == set(names), key
-            compared += 1
-    assert compared >= 2
+    assert ours == theirs
+    assert sum("native_call_" not in names[0] for names in theirs.values()) >= 2
 
 
 class _Reshaped(torch.nn.Module):
@@ -633,3 +639,92 @@ def test_numeric_gap_of_a_program_with_prim_ops_is_executorchs(tmp_path: Path) -
     assert list(ours["aot_ops"]) == list(theirs["aot_ops"])
     for a, b in zip(ours["gap"], theirs["gap"], strict=True):
         assert a == pytest.approx(b, abs=1e-6)
+
+
+# -- the events ExecuTorch's runtime writes, event for event ----------------------------------
+
+
+def _fixture(name: str) -> tuple[Path, list[Any]]:
+    """A fixture's program and its first call's inputs (``xnnpack/NAME``: the XNNPACK set)."""
+    if name.startswith("xnnpack/"):
+        pte = FIXTURES_DIR / f"{name}.pte"
+        calls = torch.load(pte.with_suffix(".io.pt"), weights_only=True)["calls"]
+        return pte, calls[0]["inputs"]
+    return fixture_paths(name)[0], fixture_calls(name)[0]["inputs"]
+
+
+def _event_sequence(etdp: Path) -> list[list[tuple[Any, ...]]]:
+    """Per run, its events without their times or buffer offsets: a profile event's name,
+    place and delegate ids; a debug event's place and what it holds (types and shapes)."""
+
+    def held(v: Any) -> Any:
+        d = v.data
+        if isinstance(d, tuple):
+            return tuple((t.scalar_type, t.sizes) for t in d)
+        return (d.scalar_type, d.sizes) if hasattr(d, "offset") else d
+
+    runs = []
+    for run in decode_etdump(etdp.read_bytes()).run_data:
+        events: list[tuple[Any, ...]] = [("run", run.name)]
+        for e in run.events:
+            if isinstance(e, ProfileEvent):
+                ids = (e.delegate_debug_id_int, e.delegate_debug_id_str)
+                events.append(("profile", e.name, e.chain_index, e.instruction_id, *ids))
+            elif isinstance(e, DebugEvent):
+                value = (e.debug_entry.kind, held(e.debug_entry), e.debug_entry.output)
+                events.append(("debug", e.chain_index, e.instruction_id, *value))
+        runs.append(events)
+    return runs
+
+
+def _rows(inspector: Any) -> list[tuple[Any, ...]]:
+    """The Inspector's event blocks, row by row: name, instruction, delegated or not, how
+    many runs timed it and how many values it holds (no times)."""
+    rows = []
+    for block in inspector.event_blocks:
+        for e in block.events:
+            timed, held = len(e.perf_data.raw), len(e.debug_data)
+            rows.append((block.name, e.name, e._instruction_id, e.is_delegated_op, timed, held))
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("name", "calls"),
+    [
+        ("mlp", 2),
+        ("transformer", 2),
+        ("int_ops", 2),
+        ("cond", 2),
+        ("map", 2),
+        ("dynamic_mlp", 2),
+        ("quant_static", 2),
+        ("llama_sdpa_kv", 1),  # stateful: the Inspector wants the same outputs every run
+        ("xnnpack/mlp", 2),
+        ("xnnpack/transformer_int8_dynamic_pc", 1),
+    ],
+)
+def test_events_are_executorchs_event_for_event(name: str, calls: int, tmp_path: Path) -> None:
+    """Every run of ptexec's ETDump holds the events ExecuTorch's runtime writes for the
+    same program and inputs, in its order: per kernel its values, its wrapper's event
+    (``native_call_addmm.out``, ``llama::update_cache.out``) and ``OPERATOR_CALL``; prim
+    ops, jumps, moves, frees and delegate calls as ExecuTorch names them; and the
+    Inspector shows the same rows."""
+    inspector_cls = _inspector()
+    pytest.importorskip("executorch.kernels.quantized")  # quantized_decomposed:: kernels
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")  # llama:: kernels
+    from executorch.runtime import Runtime as ETRuntime
+
+    pte, inputs = _fixture(name)
+    dumps = {
+        tag: _dump(runtime, pte, inputs, tmp_path, tag, calls)
+        for tag, runtime in (("executorch", ETRuntime.get()), ("ptexec", Runtime.get()))
+    }
+    ours, theirs = (_event_sequence(dumps[t][0]) for t in ("ptexec", "executorch"))
+    assert len(ours) == len(theirs) == 1 + calls
+    for got, want in zip(ours, theirs, strict=True):
+        assert got == want
+    rows = {
+        tag: _rows(inspector_cls(etdump_path=str(etdp), debug_buffer_path=str(dbg)))
+        for tag, (etdp, dbg, _) in dumps.items()
+    }
+    assert rows["ptexec"] == rows["executorch"]

@@ -1,17 +1,21 @@
 """ETDump of ptexec's calls, for ExecuTorch's devtools (``executorch.devtools.Inspector``).
 
 An :class:`ETDumpRecorder` runs calls of a method and records, per call, one ETDump run
-(``"Execute"``) with one profiling event per executed instruction (a kernel's operator
-as ptexec's trace names it; as ExecuTorch names them, ``DELEGATE_CALL`` for a delegate
-call, ``OPERATOR_CALL`` for an operator it registers as a prim op, ``JF_CALL``,
-``MOVE_CALL`` and ``FREE_CALL`` for jumps, moves and frees; start and end in nanoseconds
-of a monotonic clock), inside a delegate call one event per node the delegate's runner
-reports (no name; the node in ``delegate_debug_id_str``, as ExecuTorch's XNNPACK backend
-logs its operators: see :meth:`~ptexec.engine.hooks.Hooks.node`), a ``Method::execute``
-event around the instructions, and, when it has a debug buffer, the debug events
-ExecuTorch's runtime logs for each instruction (a kernel's ``out`` arguments, one event
-each, a ``Tensor[]`` one as a tensor list; every argument of a delegate call; nothing for
-prim ops, jumps, moves and frees) and one per output of the call::
+(``"Execute"``) with the events ExecuTorch's runtime writes for each executed instruction,
+in its order: when there is a debug buffer, first the values the instruction logs (a
+kernel's ``out`` arguments, one debug event each, a ``Tensor[]`` one as a tensor list;
+every argument of a delegate call; nothing for prim ops, jumps, moves and frees), then its
+profiling events (start and end in nanoseconds of a monotonic clock), named as ExecuTorch
+names them: for a kernel, its wrapper's event (``native_call_addmm.out``: the operator
+without its namespace; ``llama::update_cache.out`` for the ``llama::`` custom ops, whose
+wrapper names them whole) and around it ``OPERATOR_CALL``; ``OPERATOR_CALL`` alone for an
+operator ExecuTorch registers as a prim op; ``DELEGATE_CALL`` for a delegate call, inside
+it one event per node the delegate's runner reports (no name; the node in
+``delegate_debug_id_str``, as ExecuTorch's XNNPACK backend logs its operators: see
+:meth:`~ptexec.engine.hooks.Hooks.node`); ``JF_CALL``, ``MOVE_CALL`` and ``FREE_CALL`` for
+jumps, moves and frees. A ``Method::execute`` event spans the instructions, and one debug
+event follows per output of the call. ptexec's own trace and profile name a kernel by its
+operator (``aten::addmm.out``); only the ETDump takes ExecuTorch's names::
 
     from ptexec.etdump import ETDumpRecorder
     rec = ETDumpRecorder(debug_buffer_size=1 << 20)
@@ -38,9 +42,10 @@ Calls run through :meth:`ptexec.Method.run_with`: the method's own call envelope
 checks, binding, outputs as copies) over its instrumented blocks (the statements
 ``execute`` runs), with a :class:`~ptexec.engine.hooks.Hooks` object recording around each
 instruction; CUDA is synchronized after each instruction when the call touches CUDA
-memory, so an instruction's time is its kernels'. Recorded calls of the methods sharing a
-recorder are serialized. The writer (:mod:`ptexec.format.etdump`) needs neither torch nor
-ExecuTorch.
+memory, so an instruction's time is its kernels'. An instruction's own event spans its
+work; the ``OPERATOR_CALL`` around a kernel's also spans the recording of its values, as
+ExecuTorch's does. Recorded calls of the methods sharing a recorder are serialized. The
+writer (:mod:`ptexec.format.etdump`) needs neither torch nor ExecuTorch.
 """
 
 from __future__ import annotations
@@ -75,7 +80,6 @@ from .format.etdump import (
     encode_etdump,
 )
 from .kernels.prim import PRIM_OPS
-from .kernels.registry import Statement
 from .loader.dataflow import FUSED_AWAY, is_fused
 from .loader.state import Kept, MethodState
 
@@ -154,14 +158,15 @@ class DebugBuffer:
 
 
 class _Layout:
-    """How one method's instructions are recorded: per (chain, index), the event name and
-    what its debug events log, as ExecuTorch logs it (:func:`_logged`); per instruction
-    whose logged values the load-time rewrites leave unwritten (outputs nothing reads, the
-    intermediates of a fused instruction), the instructions to run again, as the file
-    says, to compute them (:meth:`recompute`)."""
+    """How one method's instructions are recorded: per (chain, index), the names of its
+    profiling events, innermost first (:func:`_event_names`), and what its debug events
+    log, as ExecuTorch logs it (:func:`_logged`); per instruction whose logged values the
+    load-time rewrites leave unwritten (outputs nothing reads, the intermediates of a
+    fused instruction), the instructions to run again, as the file says, to compute them
+    (:meth:`recompute`)."""
 
     def __init__(self, state: MethodState) -> None:
-        self.names: dict[tuple[int, int], str] = {}
+        self.names: dict[tuple[int, int], tuple[str, ...]] = {}
         self.logged: dict[tuple[int, int], list[int | tuple[int, ...]]] = {}
         # head of a group -> the steps whose loaded statements compute the group's values
         self.groups: dict[tuple[int, int], tuple[Step, ...]] = {}
@@ -173,9 +178,8 @@ class _Layout:
                 key = (step.chain, step.index)
                 ins = state.chains[step.chain].instructions[step.index]
                 prim = step.name.startswith("executorch_prim::") or step.name in _PRIM
-                kind = "prim" if prim and step.kind == "kernel" else step.kind
-                self.names[key] = _EXECUTORCH_NAMES.get(kind, step.name)
-                self.logged[key] = [] if prim else _logged(values, ins, step.loaded)
+                self.names[key] = _event_names(step, prim)
+                self.logged[key] = [] if prim else _logged(values, ins, step)
             for k, step in enumerate(chain):
                 executed = step.statement
                 if executed is FUSED_AWAY or executed.code.strip() == "pass":
@@ -228,23 +232,48 @@ _PRIM = frozenset(PRIM_OPS) | {"aten::sym_stride.int"}
 # paired with its graph node, and the numeric gap fails on its missing value)
 _EXECUTORCH_NAMES = {
     "delegate": "DELEGATE_CALL",
-    "prim": "OPERATOR_CALL",
     "move": "MOVE_CALL",
     "free": "FREE_CALL",
     "jump_false": "JF_CALL",
 }
+_OPERATOR_CALL = "OPERATOR_CALL"  # the event ExecuTorch's interpreter puts around any kernel
+
+# namespaces whose kernels ExecuTorch registers through EXECUTORCH_LIBRARY, whose wrapper
+# times a kernel under its registered name (``llama::update_cache.out``); the wrappers its
+# codegen makes (every other kernel ExecuTorch runs) drop the namespace and prefix
+# ``native_call_``
+_REGISTERED_NAMES = frozenset({"llama"})
+
+
+def _event_names(step: Step, prim: bool) -> tuple[str, ...]:
+    """The names of the profiling events ExecuTorch writes for ``step``, innermost first:
+    a kernel's wrapper event and ``OPERATOR_CALL`` around it; ``OPERATOR_CALL`` alone for
+    a prim op (no wrapper); one event for any other instruction."""
+    if step.kind != "kernel":
+        return (_EXECUTORCH_NAMES.get(step.kind, step.name),)
+    if prim:
+        return (_OPERATOR_CALL,)
+    _, sep, operator = step.name.partition("::")
+    if not sep or _registered(step):
+        return (step.name, _OPERATOR_CALL)
+    return (f"native_call_{operator}", _OPERATOR_CALL)
+
+
+def _registered(step: Step) -> bool:
+    """Whether ExecuTorch runs ``step``'s kernel through an EXECUTORCH_LIBRARY wrapper."""
+    return step.kind == "kernel" and step.name.partition("::")[0] in _REGISTERED_NAMES
 
 
 def _logged(
-    values: tuple[p.EValue, ...], ins: p.Instruction, loaded: Statement
+    values: tuple[p.EValue, ...], ins: p.Instruction, step: Step
 ) -> list[int | tuple[int, ...]]:
-    """What ExecuTorch logs for instruction ``ins`` (run by ``loaded``, its statement as
-    its kernel made it), one debug event each: a value index, or the items of a tensor
-    list logged whole. A kernel's generated wrapper logs each of its ``out`` arguments,
-    in order: a ``Tensor[]`` argument as one list, each ``Tensor`` on its own (the value
-    the emitter appends for the kernel's return, a list of those outs or the one out
-    again, is not logged twice); a delegate call logs every argument; jumps, moves and
-    frees log nothing."""
+    """What ExecuTorch logs for instruction ``ins`` (``step``, run by ``step.loaded``,
+    its statement as its kernel made it), one debug event each: a value index, or the
+    items of a tensor list logged whole. A kernel's generated wrapper logs each of its
+    ``out`` arguments, in order: a ``Tensor[]`` argument as one list, each ``Tensor`` on
+    its own (the value the emitter appends for the kernel's return, a list of those outs
+    or the one out again, is not logged twice); a delegate call logs every argument;
+    jumps, moves and frees log nothing."""
     if isinstance(ins, p.DelegateCall):
         return [
             tuple(v.items) if isinstance(v, p.TensorList) else a
@@ -252,6 +281,7 @@ def _logged(
         ]
     if not isinstance(ins, p.KernelCall):
         return []
+    loaded = step.loaded
     outs = set(loaded.outs) or set(effects(values, ins, loaded).written)
     logged: list[int | tuple[int, ...]] = []
     covered: set[int] = set()
@@ -312,11 +342,22 @@ class _Recorder(Hooks):
             torch.cuda.synchronize()
         t1 = time.perf_counter_ns()
         key = (step.chain, step.index)
-        events = self.events
-        events.append(ProfileEvent(self.layout.names[key], step.chain, step.index, self.t0, t1))
+        self._log(step, key, v)
+        # as ExecuTorch writes them: the values first, then the profiling events as their
+        # scopes close, innermost first; the instruction's own event spans its work, the
+        # OPERATOR_CALL around a kernel also the recording of its values
+        *inner, outer = self.layout.names[key]
+        for name in inner:
+            self.events.append(ProfileEvent(name, step.chain, step.index, self.t0, t1))
+        t2 = time.perf_counter_ns() if outer == _OPERATOR_CALL else t1
+        self.events.append(ProfileEvent(outer, step.chain, step.index, self.t0, t2))
+
+    def _log(self, step: Step, key: tuple[int, int], v: list[Any]) -> None:
+        """The debug events of ``step``'s logged values (none without a debug buffer)."""
         buffer = self.buffer
         if buffer is None:
             return
+        events = self.events
         what = f"instruction {step.index} ({step.name}) of '{self.method.name}'"
         layout = self.layout
         group = layout.groups.get(key)
