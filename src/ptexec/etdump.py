@@ -272,8 +272,10 @@ def _logged(
     items of a tensor list logged whole. A kernel's generated wrapper logs each of its
     ``out`` arguments, in order: a ``Tensor[]`` argument as one list, each ``Tensor`` on
     its own (the value the emitter appends for the kernel's return, a list of those outs
-    or the one out again, is not logged twice); a delegate call logs every argument;
-    jumps, moves and frees log nothing."""
+    or the one out again, is not logged twice); an EXECUTORCH_LIBRARY wrapper logs its
+    last argument, the ``out`` (``llama::update_cache.out``'s too, which the kernel leaves
+    unwritten: it updates ``cache``); a delegate call logs every argument; jumps, moves
+    and frees log nothing."""
     if isinstance(ins, p.DelegateCall):
         return [
             tuple(v.items) if isinstance(v, p.TensorList) else a
@@ -282,6 +284,8 @@ def _logged(
     if not isinstance(ins, p.KernelCall):
         return []
     loaded = step.loaded
+    if _registered(step) and ins.args:
+        return [ins.args[-1]]  # the return the emitter appends: the out argument again
     outs = set(loaded.outs) or set(effects(values, ins, loaded).written)
     logged: list[int | tuple[int, ...]] = []
     covered: set[int] = set()
