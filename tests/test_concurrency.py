@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -266,3 +267,52 @@ def test_a_view_of_state_methods_share_is_a_copy() -> None:
     inc.execute([torch.ones(4)])
     assert torch.equal(seen, torch.ones(4))  # not 2s: no call on peek since
     assert torch.equal(peek.execute([])[0], torch.full((4,), 2.0))
+
+
+def test_methods_share_state_beside_constant_methods() -> None:
+    """An LLM exported with ``share_mutable_buffers=True`` also has its metadata as
+    constant methods (plans without planned memory): its methods still share their state,
+    as on ExecuTorch's runtime."""
+    pytest.importorskip("executorch.runtime")
+    import copy
+
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.runtime import Runtime
+
+    class Counting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("total", torch.zeros(1, dtype=torch.long))
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            self.total.add_(tokens.sum(dim=1))
+            return self.total * 1
+
+    example = (torch.ones(1, 1, dtype=torch.long),)
+    programs = {
+        name: torch.export.export(copy.deepcopy(Counting()), example)
+        for name in ("forward", "lora_forward")
+    }
+    config = ExecutorchBackendConfig(
+        emit_mutable_buffer_names=True,
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+    )
+    metadata = {"get_max_seq_len": 16, "get_vocab_size": 64}
+    data = to_edge(programs, constant_methods=metadata).to_executorch(config).buffer
+
+    def calls(
+        load: Callable[[str], Callable[[list[torch.Tensor]], list[torch.Tensor]]],
+    ) -> list[int]:
+        forward, lora = load("forward"), load("lora_forward")
+        seen = [int(forward([torch.tensor([[5]])])[0])]
+        seen.append(int(lora([torch.tensor([[7]])])[0]))
+        seen.append(int(forward([torch.tensor([[1]])])[0]))
+        return seen
+
+    et_program: Any = Runtime.get().load_program(data)
+    want = calls(lambda name: et_program.load_method(name).execute)
+    assert want == [5, 12, 13]  # one total, whichever method adds to it
+    prog = ptexec.load(data)
+    assert prog.shared_buffer_indices == frozenset({2})
+    assert calls(lambda name: prog.load_method(name).execute) == want

@@ -326,17 +326,20 @@ def _shared_state_buffers(program: p.Program, share_state: ShareState) -> frozen
     """Buffer indices that hold state shared by all methods.
 
     ExecuTorch's ``share_mutable_buffers=True`` puts every method's mutable state at the
-    same offsets of buffer 2, a CPU buffer of equal size appended to every method's plan,
-    and expects the runtime to give all methods one such buffer. The file has no flag for
-    it, so ``"auto"`` recognises that shape: two or more methods, each with exactly buffers
-    1 and 2, buffer 2 on the CPU with no device entry, and the same size everywhere.
+    same offsets of buffer 2, a CPU buffer of equal size appended to every planned method's
+    plan, and expects the runtime to give all methods one such buffer. The file has no flag
+    for it, so ``"auto"`` recognises that shape: two or more methods with planned memory,
+    each with exactly buffers 1 and 2, buffer 2 on the CPU with no device entry, and the
+    same size everywhere. Plans without planned memory (the constant methods an LLM's
+    metadata is written as) hold no state and are not planned, so they do not count.
     ``"never"`` gives every method its own buffers.
     """
     if share_state == "never":
         return frozenset()
     if share_state != "auto":
         raise ValueError(f"share_state must be 'auto' or 'never', not {share_state!r}")
-    plans = program.execution_plan
+    # (index 0 of the sizes is reserved: a plan with no more has no planned memory)
+    plans = [plan for plan in program.execution_plan if len(plan.non_const_buffer_sizes) > 1]
     if len(plans) < 2:
         return frozenset()
     sizes = set()
