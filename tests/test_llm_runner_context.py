@@ -305,3 +305,70 @@ def test_a_program_said_to_keep_a_cache_without_a_position_is_fed_new_tokens(
     config = GenerationConfig(temperature=0.0, max_new_tokens=n, echo=False, ignore_eos=True)
     r.generate_text(" ".join(f"t{i}" for i in prompt), config)
     assert r.generated_tokens == want
+
+
+def _shared_cache_program(d: Path) -> tuple[Path, Path]:
+    """A KV cache program exported with ``share_mutable_buffers=True`` (as ExecuTorch's
+    multi-method LLM export writes a base and a LoRA method over one cache): ``forward``
+    and ``lora_forward`` take one token at a position, store it in the cache there, and
+    their argmax is the sum of the cache up to that position, % 64."""
+    pytest.importorskip("executorch.exir")
+    import copy
+
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes import MemoryPlanningPass
+    from torch.export import export
+
+    class Cache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(_NOKV_WINDOW, dtype=torch.long))
+
+        def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+            self.cache.index_copy_(0, input_pos, tokens[0])
+            seen = (self.cache * (torch.arange(_NOKV_WINDOW) <= input_pos)).sum(0, keepdim=True)
+            return torch.nn.functional.one_hot(seen % _NOKV_VOCAB, _NOKV_VOCAB).float()[None]
+
+    example = (torch.ones(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    programs = {
+        name: export(copy.deepcopy(Cache()), example) for name in ("forward", "lora_forward")
+    }
+    config = ExecutorchBackendConfig(
+        emit_mutable_buffer_names=True,
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+    )
+    metadata = {
+        "get_max_seq_len": _NOKV_WINDOW,
+        "get_vocab_size": _NOKV_VOCAB,
+        "get_bos_id": 1,
+        "get_eos_ids": [63],
+        "enable_dynamic_shape": False,
+    }
+    pte = d / "shared_cache.pte"
+    pte.write_bytes(to_edge(programs, constant_methods=metadata).to_executorch(config).buffer)
+    return pte, _word_tokenizer(d)
+
+
+def test_runners_over_one_program_whose_methods_share_state_keep_their_own_cache(
+    tmp_path: Path,
+) -> None:
+    """Runners (server sessions) over one loaded program each keep their own context,
+    also where the program's methods share one state buffer: a generation in one runner
+    between another's prefill and its continuation changes nothing of the latter."""
+    import ptexec
+
+    pte, tok = _shared_cache_program(tmp_path)
+    program = ptexec.load(pte)
+    assert program.shared_buffer_indices  # forward and lora_forward share the cache
+    config = GenerationConfig(temperature=0.0, max_new_tokens=3, echo=False, ignore_eos=True)
+    first = TextLLMRunner(program, str(tok), print_output=False)
+    second = TextLLMRunner(program, str(tok), print_output=False)
+    first.prefill("t5 t7")
+    second.generate_text("t3 t4", config)
+    first.generate_text("", config)
+    assert first.generated_tokens == [12, 24, 48]  # 5 + 7, then the running sums
+    assert second.generated_tokens == [7, 14, 28]
+    # the runner's methods still share their state with one another
+    lora = first.program.load_method("lora_forward")
+    (logits,) = lora.execute([torch.tensor([[0]]), torch.tensor([2])])
+    assert int(logits.argmax()) == 12  # forward's cache: 5 and 7 at positions 0 and 1

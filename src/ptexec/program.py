@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import errno
 import io
 import mmap as _mmap
@@ -220,6 +221,20 @@ class Program:
             stamp.check("the program's file")
         with paused():
             return Method(self, self._plan_index(name), **options)
+
+    def with_own_state(self) -> Program:
+        """This program with state of its own: methods loaded from the result share the
+        state the program's methods share (``share_mutable_buffers``) among themselves,
+        never with methods loaded from ``self``. The file, its data files and the constants
+        stay the ones ``self`` holds (nothing is read or copied again). What a session
+        keeping a context of its own (an LLM runner's KV cache) loads its methods from; a
+        program whose methods share no state is returned as it is."""
+        if not self.shared_buffer_indices:
+            return self
+        other = copy.copy(self)
+        other._shared = {}  # (``_lock`` stays one: it also guards the constants' copies)
+        other.state_lock = threading.Lock()
+        return other
 
     def method_meta(self, name: str = "forward", device_map: Any = None) -> MethodMeta:
         """Inputs, outputs and memory plan of method ``name``, without loading it."""

@@ -128,14 +128,15 @@ class _Runner:
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
         # a loaded Program and Tokenizer may be given: runners over one program share its
-        # constants, each with its own planned memory (KV cache)
+        # constants, each with its own planned memory and state (KV cache), also where the
+        # program's methods share their state
         self.tokenizer: Tokenizer = (
             tokenizer_path
             if isinstance(tokenizer_path, Tokenizer)
             else load_tokenizer(tokenizer_path)
         )
         program = (
-            model_path
+            model_path.with_own_state()
             if isinstance(model_path, ptexec.Program)
             else ptexec.load(model_path, data_path=data_path)
         )
