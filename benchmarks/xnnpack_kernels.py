@@ -80,7 +80,7 @@ def linear(clock: Callable[[], float]) -> None:
         ws = torch.rand(n) * 0.01
         b = torch.randn(n)
         wf, wt = w.float(), w.t().contiguous()
-        colsum = w.sum(1, dtype=torch.int32).float()
+        colsum = w.sum(1, dtype=torch.int32)
         exact = qa.exact_in_float32(float(w.abs().sum(1, dtype=torch.int64).max()), 255, 0)
         fns: dict[str, Callable[[], Any]] = {
             "float32": lambda: qa.rows_linear_float(

@@ -9,6 +9,9 @@ fixtures (tests/test_xnnpack.py), where real int8 networks match it exactly.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ptexec
 from ptexec.delegates.xnnpack import quant as qa
 
 f32 = np.float32
@@ -238,3 +242,46 @@ def test_a_scale_check_in_one_pass_finds_what_three_do(dtype: torch.dtype) -> No
     for case in cases:
         scales = torch.tensor(case, dtype=torch.float64).to(dtype)
         assert backend._scale_problem(value, scales) == _three_passes(scales), case
+
+
+def _export_pt2e(model: torch.nn.Module, example: tuple[Any, ...], recipe: str, **kw: Any) -> bytes:
+    """``model`` quantized and lowered as the fixtures are (scripts/make_xnnpack_fixtures.py)."""
+    pytest.importorskip("executorch")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import make_xnnpack_fixtures as mk
+
+    quantized = mk._quantize_pt2e(model.eval(), example, [example], recipe, kw.get("dynamic"))
+    return bytes(mk._lower(quantized, example, recipe, kw.get("dynamic")).buffer)
+
+
+def test_per_row_int8_linear_subtracts_the_zero_point_in_integers() -> None:
+    """A linear of rows quantized at run time by int8 weights, wide enough for an int8
+    product (2048 inputs): XNNPACK accumulates ``sum((q - zp) * w)`` exactly in int32 and
+    converts that once to float. A row of small negative values (zero point 127) against a
+    channel of equal weights puts ``sum(q * w)`` and ``zp * sum(w)`` past 2**24 while
+    their difference is small: subtracted after both were rounded to float32, it lost a
+    unit of the accumulator (-0.49998 for ExecuTorch's -0.5)."""
+    from torch.export import Dim
+
+    from conftest import executorch_runtime
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2048, 2)
+    with torch.no_grad():
+        model.weight[0] = 0.5
+        model.weight[1] = torch.rand(2048) * 0.5
+        model.bias.zero_()
+    batch = {0: Dim("batch", min=1, max=4)}
+    data = _export_pt2e(model, (torch.randn(3, 2048),), "int8_dynamic_pc", dynamic=(batch,))
+    x = torch.full((3, 2048), -1e-3)
+    x[:, 0] = -1.0
+    x[1] = torch.rand(2048) * 0.01
+    x[1, 5] = 1.0
+    program = executorch_runtime().load_program(data)  # alive while its method runs
+    theirs = program.load_method("forward")
+    ours = ptexec.load(data).load_method("forward", xnnpack="torch")
+    for rows in (x, x[:1].clone()):  # several rows, and one (host-side row parameters)
+        (want,) = theirs.execute([rows.clone()])
+        (got,) = ours.execute([rows.clone()])
+        assert want[0, 0].item() == -0.5
+        assert torch.equal(got, want)

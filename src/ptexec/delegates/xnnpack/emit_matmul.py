@@ -93,7 +93,7 @@ def _qd_int_linear(g: GraphEmitter, n: s.XnnNode, fv: s.XnnValue, transposed: bo
         code = f"_qd_linear_f({rows}, {x}.shape[:-1], {w}, {wscale}, {b}, {dt})"
     else:
         wt = g.bind(ints.t().contiguous(), "w")
-        colsum = g.bind(ints.sum(dim=1, dtype=torch.int32).to(torch.float32), "w")
+        colsum = g.bind(ints.sum(dim=1, dtype=torch.int32), "w")
         code = f"_qd_linear({rows}, {x}.shape[:-1], {wt}, {colsum}, {wscale}, {b}, {dt})"
     g.write_float(n, code, fresh=True)
     return True

@@ -462,19 +462,21 @@ def rows_linear_int(
 ) -> torch.Tensor:
     """A fully connected node on per-row quantized input and int8 weights, accumulated
     exactly in int32 as XNNPACK does: ``(q @ w - zp * sum(w)) * scale * wscale + b``.
-    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (float32);
-    ``lead``: the input's leading dims."""
+    ``wt``: the int8 weights [in, out]; ``colsum``: their sums over ``in`` (int32);
+    ``lead``: the input's leading dims. The zero point's share is subtracted in int32:
+    ``q @ w`` and ``zp * sum(w)`` may pass 2**24 where their difference does not, and
+    XNNPACK rounds only that difference to float32."""
     c, zp = r.centered, r.zp
     if c.numel() == 0:
         out = c.new_zeros((c.shape[0], wt.shape[1]))
     else:
         q = torch.add(c, zp).to(torch.int8)
-        out = torch._int_mm(q, wt).to(torch.float32)
+        acc = torch._int_mm(q, wt)
         if isinstance(zp, float):
-            out = out.sub_(colsum, alpha=zp)
+            acc = acc.sub_(colsum, alpha=int(zp))
         else:
-            out = torch.addr(out, zp.reshape(-1), colsum, alpha=-1)
-        out = out.mul_(r.scale).mul_(wscale)
+            acc = acc.sub_(zp.to(torch.int32) * colsum)
+        out = acc.to(torch.float32).mul_(r.scale).mul_(wscale)
     if bias is not None:
         out = out.add_(bias)
     return out.to(dtype).reshape(*lead, wt.shape[1])
