@@ -285,3 +285,24 @@ def test_per_row_int8_linear_subtracts_the_zero_point_in_integers() -> None:
         (got,) = ours.execute([rows.clone()])
         assert want[0, 0].item() == -0.5
         assert torch.equal(got, want)
+
+
+def test_per_image_int8_convolution_accumulates_exactly_past_float32() -> None:
+    """A dynamically quantized convolution whose filter lets partial sums pass 2**24
+    (64 channels of 3x3 at full scale): XNNPACK's int32 accumulator is exact, and so is
+    ptexec's in float64 (it convolved dequantized floats there, 5e-5 off ExecuTorch)."""
+    from conftest import executorch_runtime
+
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(64, 2, 3, padding=1)
+    with torch.no_grad():
+        model.weight[0] = 0.5
+        model.weight[1] = torch.rand_like(model.weight[1])
+        model.bias.zero_()
+    data = _export_pt2e(model, (torch.randn(2, 64, 5, 5),), "int8_dynamic_pc")
+    x = torch.rand(2, 64, 5, 5)
+    x[:, 0] = 2.0
+    program = executorch_runtime().load_program(data)  # alive while its method runs
+    (want,) = program.load_method("forward").execute([x.clone()])
+    (got,) = ptexec.load(data).load_method("forward", xnnpack="torch").execute([x.clone()])
+    assert torch.equal(got, want)

@@ -73,7 +73,7 @@ def _conv_common(
     if src in g.pending_qd and g.pending_qd[src][1] == 3:
         qd = _qd_conv(g, n, channel_dim, channels, src, per_pixel)
         if qd is not None:
-            return _ConvOperands(qd[0], torch.float32, "None", pads, qd[1], qd[2])
+            return _ConvOperands(qd[0], qd[1].dtype, "None", pads, qd[1], qd[2])
     dt = g.compute_dtype(n)
     x = g.as_float(src, dt)
     post = ""
@@ -93,7 +93,9 @@ def _qd_conv(
     """A convolution of an input quantized per batch element (XNNPACK's dynamically
     quantized convolution), or per pixel (``per_pixel``): the centered integers
     convolved with the integer weights, then scaled by the input's and the filter's
-    scales, plus the float bias."""
+    scales, plus the float bias. The integer accumulator is exact: in float32 where the
+    weights prove every partial sum below 2**24, else in float64, rounded to float32
+    once (as XNNPACK converts its int32 accumulator)."""
     fv = g.value(n["filter_id"])
     q = fv.quant
     if not (
@@ -108,11 +110,13 @@ def _qd_conv(
     if wscale.numel() != channels:
         raise g.fail(n, f"{wscale.numel()} filter scales for {channels} channels")
     other = [d for d in range(w.dim()) if d != channel_dim]
-    if not qa.exact_in_float32(float(w.abs().sum(dim=other).max()), 255, 0.0):
-        return None
+    exact = qa.exact_in_float32(float(w.abs().sum(dim=other).max()), 255, 0.0)
     rows = g.qd_rows(src, 1 if per_pixel else None)
     fsrc = g.pending_qd[src][0]
     x = f"{rows}.centered.reshape({fsrc}.shape)"
+    acc = ""
+    if not exact:
+        x, w, acc = f"{x}.double()", w.double(), ".float()"
     bias_id = n["bias_id"]
     b = g.as_float(bias_id, torch.float32) if bias_id is not None else "None"
     ws = g.bind(wscale.to(g.device), "s")
@@ -120,7 +124,7 @@ def _qd_conv(
     cast = "" if dt == torch.float32 else f".to({dtype_expr(dt)})"
 
     def finish(code: str, nchw: str | None = None) -> None:
-        g.write_float(n, f"_qd_scale({code}, {rows}, {ws}, {b}){cast}", fresh=True)
+        g.write_float(n, f"_qd_scale({code}{acc}, {rows}, {ws}, {b}){cast}", fresh=True)
 
     return x, w, finish
 
