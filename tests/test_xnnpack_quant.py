@@ -306,3 +306,23 @@ def test_per_image_int8_convolution_accumulates_exactly_past_float32() -> None:
     (want,) = program.load_method("forward").execute([x.clone()])
     (got,) = ptexec.load(data).load_method("forward", xnnpack="torch").execute([x.clone()])
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("value", [math.nan, -math.inf])
+def test_one_row_with_a_non_finite_value_is_quantized_as_several_are(value: float) -> None:
+    """A token whose row holds a NaN (or -inf) gets no finite quantization parameters:
+    ExecuTorch returns NaN for it, and so does ptexec's runner for several rows. Its
+    one-row path (parameters in Python floats) raised instead (NaN to an integer)."""
+    from conftest import executorch_runtime
+
+    torch.manual_seed(0)
+    data = _export_pt2e(torch.nn.Linear(16, 4), (torch.randn(1, 16),), "int8_dynamic_pc")
+    x = torch.randn(1, 16)
+    x[0, 3] = value
+    program = executorch_runtime().load_program(data)  # alive while its method runs
+    (want,) = program.load_method("forward").execute([x.clone()])
+    method = ptexec.load(data).load_method("forward", xnnpack="torch")
+    (got,) = method.execute([x.clone()])
+    assert torch.isnan(want).all() and torch.isnan(got).all()
+    (after,) = method.execute([torch.ones(1, 16)])  # and the next call is a good one
+    assert torch.isfinite(after).all()

@@ -411,7 +411,8 @@ def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
     same zero point and the same values. The per-row arithmetic runs in Python floats for
     one row (a token being decoded) and in numpy float32 for more (cheaper than a dozen
     torch operations on [rows, 1] tensors, and than a Python loop from two rows on); off
-    the CPU, and when traced, in torch float32 operations."""
+    the CPU, and when traced, in torch float32 operations. A row with a NaN or an
+    infinity takes the float32 path: NaN parameters, NaN values."""
     n = x.dim() - nonbatch
     xf = x.reshape(-1, math.prod(x.shape[n:]) if n >= 0 else 1)
     if xf.dtype != torch.float32:
@@ -426,15 +427,19 @@ def quantize_rows(x: torch.Tensor, nonbatch: int) -> Rows:
     on_cpu = xf.device.type == "cpu" and not torch.compiler.is_compiling()
     if rows == 1 and on_cpu:
         lo, hi = mn.item(), mx.item()
-        mult, zp, scale = _row_params(lo, hi)
-        c = torch.mul(xf, mult).round_()
-        if not _row_fits(lo, hi, mult, zp):
-            c = c.clamp_(-128.0 - zp, 127.0 - zp)
-        return Rows(c, zp, scale)
+        if math.isfinite(lo) and math.isfinite(hi):
+            mult, zp, scale = _row_params(lo, hi)
+            c = torch.mul(xf, mult).round_()
+            if not _row_fits(lo, hi, mult, zp):
+                c = c.clamp_(-128.0 - zp, 127.0 - zp)
+            return Rows(c, zp, scale)
     if on_cpu:
-        m, z = _row_params_np(mn.numpy(), mx.numpy())
+        # a row with a NaN or an infinity gets NaN parameters, and NaN values (IEEE
+        # arithmetic, as torch's off the CPU: no warnings)
+        with np.errstate(all="ignore"):
+            m, z = _row_params_np(mn.numpy(), mx.numpy())
+            scale_t = torch.from_numpy(np.divide(_NP["1"], m))
         mult_t, zp_t = torch.from_numpy(m), torch.from_numpy(z)
-        scale_t = torch.from_numpy(np.divide(_NP["1"], m))
         low = torch.from_numpy(_NP["-128"] - z)
     else:
         mult_t, zp_t = _row_params_torch(mn, mx)
