@@ -718,6 +718,23 @@ def test_open_cache_makes_a_private_root(tmp_path: Path) -> None:
     assert (tmp_path / "new" / "cache").stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.parametrize("umask", [0o002, 0o000])
+def test_directories_made_on_the_way_to_a_new_root_are_private(tmp_path: Path, umask: int) -> None:
+    """A missing ``~/.cache`` is made with the root, 0700 as the root is: made with the
+    umask alone, a user's own group's umask (002) left it writable by the group, and the
+    root under it was refused for good (no umask leaves it writable by everyone)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    old = os.umask(umask)
+    try:
+        cache = open_cache(home / ".cache" / "ptexec")
+    finally:
+        os.umask(old)
+    assert isinstance(cache, Cache) and cache.writable
+    for made in (home / ".cache", home / ".cache" / "ptexec"):
+        assert made.stat().st_mode & 0o777 == 0o700
+
+
 def test_verify_names_what_is_wrong(root: Path, hostile_library: Path) -> None:
     def edit(m: dict[str, Any], entry: Path) -> None:
         m["regions"][0]["guards"] = [{"kind": "eq", "k": 0, "d": 0, "value": 1.5}]

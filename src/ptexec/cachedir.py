@@ -20,6 +20,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -182,14 +183,15 @@ def way_to(root: Path) -> tuple[str | None, list[Path]]:
 
 def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     """``(why root is not used, or None; whether this user writes into it)`` (module
-    docstring); ``create`` makes a missing root (mode 0700)."""
+    docstring); ``create`` makes a missing root, and any missing directory above it,
+    mode 0700."""
     try:
         try:
             st = os.stat(root)
         except FileNotFoundError:
             if not create:
                 return f"{root} does not exist", False
-            os.makedirs(root, mode=0o700, exist_ok=True)
+            _make_private(root)
             st = os.stat(root)
     except OSError as e:
         return f"{root} cannot be used ({e.strerror or e})", False
@@ -204,6 +206,23 @@ def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     me = _uid()
     writable = (me is None or st.st_uid == me) and os.access(root, os.W_OK | os.X_OK)
     return None, writable
+
+
+def _make_private(directory: Path) -> None:
+    """Make ``directory`` and every missing one above it mode 0700 (less the umask). Not
+    ``os.makedirs``, which makes those above with the umask alone: under a umask of 002
+    (a user's own group) ``~/.cache`` came out writable by its group and the root under
+    it was refused for good, and under 000 it came out writable by everyone."""
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        if directory.parent == directory:
+            raise
+        _make_private(directory.parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
 
 
 class MissingFile(CacheEntryError):
