@@ -14,6 +14,7 @@ import gc
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import warnings
@@ -171,6 +172,83 @@ def test_program_from_bytes_is_written_for_the_child(
     assert m.wait_compiled(0) is False
     x = fixture_calls("mlp")[0]["inputs"]
     assert torch.equal(m.execute(_clone(x))[0], _reference("mlp")[0][0])
+
+
+_REWRITING_CHILD = """
+import os
+import sys
+
+import torch
+
+import ptexec.compile.aoti as aoti
+from ptexec.compile.runner import RegionBuilder
+
+
+def compile_models(exported, device, autotune=True, native_entry=False, serial=False):
+    out = {}
+    for name, ep in exported.items():
+        path = os.path.join(os.environ["PTEXEC_TEST_OUT"], f"{name}-{os.getpid()}.so")
+        torch.export.save(ep, path)
+        out[name] = [path]
+    return out
+
+
+def load_model(path, name, device):
+    module = torch.export.load(str(path)).module(check_guards=False)
+    return lambda xs: list(module(*xs))
+
+
+def build(self, _build=RegionBuilder.build):
+    at, size = (int(v) for v in os.environ["PTEXEC_TEST_ZEROED"].split(","))
+    with open(os.environ["PTEXEC_TEST_PTE"], "r+b") as f:
+        f.seek(at)
+        f.write(bytes(size))
+    return _build(self)
+
+
+aoti.compile_models, aoti.load_model = compile_models, load_model
+aoti.find_compiler = lambda: "c++"
+RegionBuilder.build = build
+from ptexec.compile import background_child
+
+sys.exit(background_child._child_main())
+"""
+
+
+def test_a_file_rewritten_after_the_childs_key_check_compiles_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child read the program's file through a memory map even where the caller read
+    it into private memory: a file rewritten in place after the child's key check (here
+    its constants zeroed) was compiled as rewritten and kept under the key of the bytes
+    the caller loaded, whose method then answered zeros. The graphs stand in for
+    AOTInductor's libraries (saved by torch.export in the child, run by torch here)."""
+    import ptexec.compile.aoti as aoti
+    from ptexec.compile import background
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PTEXEC_TEST_OUT", str(tmp_path))
+    pte = tmp_path / "mlp.pte"
+    shutil.copyfile(fixture_paths("mlp")[0], pte)
+    prog = ptexec.load(pte)  # a private copy: the file may change afterwards
+    constants = prog.pte.segments[prog.pte.program.constant_segment.segment_index]
+    monkeypatch.setenv("PTEXEC_TEST_PTE", str(pte))
+    monkeypatch.setenv("PTEXEC_TEST_ZEROED", f"{constants.offset},{constants.size}")
+    child = tmp_path / "rewriting_child.py"
+    child.write_text(_REWRITING_CHILD)
+    monkeypatch.setattr(background, "child_command", lambda: [sys.executable, str(child)])
+
+    def load_model(path: Path, name: str, device: Any) -> Any:
+        module = torch.export.load(str(path)).module(check_guards=False)
+        return lambda xs: list(module(*xs))
+
+    monkeypatch.setattr(aoti, "load_model", load_model)
+    monkeypatch.setattr(aoti, "find_compiler", lambda: "c++")
+    m = prog.load_method("forward", compile="background")
+    assert m.wait_compiled(_WAIT), m.compile_status
+    (call,) = fixture_calls("mlp")[:1]
+    problem = compare_outputs(m.execute(_clone(call["inputs"])), call["outputs"], *tolerance("mlp"))
+    assert problem is None, problem
 
 
 # ---- with real compiles (slow) --------------------------------------------------------

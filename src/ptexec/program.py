@@ -172,11 +172,16 @@ class Program:
         share_state: ShareState = "auto",
         stamps: tuple[_FileStamp | None, ...] = (),
         paths: tuple[Path | None, ...] = (),
+        mapped: bool = False,
     ) -> None:
         self.pte = pte
         # where the program's file and its data files were read from (None: bytes), for
         # a compile in another process (ptexec.compile.background)
         self.paths = paths
+        # whether its files are memory-mapped (``load(..., mmap=True)``): only then may
+        # another process compiling it map them too (a file read into private memory may
+        # be rewritten under a mapping between the key's digest and the compile)
+        self.mapped = mapped
         self.ptd = ptd
         self._owners = (owner, ptd_owner)
         self._stamps = tuple(s for s in stamps if s is not None)
@@ -550,4 +555,5 @@ def load(
             share_state,
             (stamp, *(f.stamp for f in files)),
             (where, *(f.path for f in files)),
+            mapped=mmap,
         )

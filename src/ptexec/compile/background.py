@@ -10,7 +10,9 @@ returns a method that runs interpreted at once. Its regions are planned at load,
   ``subprocess``: a new interpreter, never a fork of this one, whose torch threads a fork
   would leave in an undefined state, and with nothing imported from the working
   directory: :func:`child_command`) loads the same program and method with the same load
-  options and thread count, checks that its cache key is the parent's (a program file
+  options and thread count (its files read as this process read them: into private
+  memory unless they were mapped, so a file rewritten in place after the child's key
+  check cannot reach the code), checks that its cache key is the parent's (a program file
   changed on disk since it was loaded is a failed compile, not a wrong one), compiles the
   regions and commits them to the cache (:mod:`.cache`: staged, synced, renamed);
 - when it has finished, a thread of this process loads the entry as any cache hit does
@@ -450,6 +452,7 @@ def _join_child(
             message = {
                 "files": files,
                 "share_state": "auto" if program.shared_buffer_indices else "never",
+                "mmap": program.mapped,
                 "method": request.method,
                 "load": request.load_options(),
                 "options": {

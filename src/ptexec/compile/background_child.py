@@ -55,7 +55,9 @@ def _child_main() -> int:
             files[0],
             data_path=files[1:] or None,
             share_state=request["share_state"],
-            mmap=True,
+            # read as the parent read them: a private copy unless it mapped them, so that
+            # a file rewritten in place after the key was checked compiles nothing else
+            mmap=request["mmap"] is True,
         )
         method = prog.load_method(str(request["method"]), fast_path=False, **request["load"])
         opts = request["options"]
