@@ -468,3 +468,51 @@ def test_a_negative_stride_along_one_element_still_shares_the_array(fast_path: b
     assert m.last_call.inputs == ["share", "share"]
     assert torch.equal(torch.from_numpy(base), expected_acc), "the caller's array is written"
     assert torch.equal(mutated, expected_acc) and torch.equal(doubled, expected)
+
+
+class _ElsewhereArray:
+    """A DLPack producer of ``t``'s memory that says it lives on Metal (kDLMetal, 8), a
+    device ptexec does not model: its capsules are torch's, with the device rewritten."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+        self.shape = tuple(t.shape)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (8, 0)
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        import ctypes
+
+        capsule = self.t.__dlpack__(**kwargs)
+        api = ctypes.pythonapi
+        api.PyCapsule_GetName.restype = ctypes.c_char_p
+        api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        name = api.PyCapsule_GetName(capsule)
+        # the DLTensor's device type: after the data pointer, in a versioned capsule after
+        # the version, the manager context, the deleter and the flags
+        at = api.PyCapsule_GetPointer(capsule, name) + 8 + (32 if b"versioned" in name else 0)
+        ctypes.c_int32.from_address(at).value = 8
+        return capsule
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planned", "unplanned"])
+def test_an_empty_array_on_an_unmodeled_device_keeps_its_shape_and_dtype(planned: bool) -> None:
+    """An empty DLPack array on a device ptexec does not model is exempt from the device
+    check, as an empty torch tensor is: it binds with its own sizes and dtype (it was bound
+    as a 1-d float32 tensor: a [0, 8] batch was refused for its rank, and an empty array of
+    another dtype could pass the dtype check)."""
+    name = "dynamic_mlp" if planned else "dynamic_mlp_unplanned"
+    from fixture_data import fixture_paths
+
+    m = ptexec.load(fixture_paths(name)[0]).load_method("forward")
+    (y,) = m(_ElsewhereArray(torch.empty(0, 8)))
+    # eager PyTorch: a linear stack on an empty batch gives an empty batch of its width
+    assert y.shape == (0, 4) and y.dtype == torch.float32
+    assert m.last_call.inputs == ["empty"]
+    with pytest.raises(InputError, match=r"got int64\[0, 8\] on cpu \(dtype\)"):
+        m(_ElsewhereArray(torch.empty(0, 8, dtype=torch.int64)))
+    with pytest.raises(UnsupportedDeviceError, match=r"kDLMetal"):
+        m(_ElsewhereArray(torch.ones(1, 8)))

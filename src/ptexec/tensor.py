@@ -194,17 +194,88 @@ def dlpack_read_only(x: Any) -> bool:
         capsule = x.__dlpack__(max_version=(1, 0))
     except Exception:  # the old protocol (no max_version), or no CPU export
         return False
+    found = _capsule_struct(capsule)
+    if found is None or not found[1]:
+        return False
+    # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then flags
+    flags = ctypes.c_uint64.from_address(found[0] + 24).value
+    return bool(flags & 1)  # DLPACK_FLAG_BITMASK_READ_ONLY
+
+
+def _capsule_struct(capsule: Any) -> tuple[int, bool] | None:
+    """The address of the managed tensor an unconsumed DLPack capsule holds and whether it
+    is the versioned struct (None for any other object)."""
+    import ctypes
+
     api = ctypes.pythonapi
     api.PyCapsule_GetName.restype = ctypes.c_char_p
     api.PyCapsule_GetName.argtypes = [ctypes.py_object]
-    if api.PyCapsule_GetName(capsule) != b"dltensor_versioned":
-        return False
     api.PyCapsule_GetPointer.restype = ctypes.c_void_p
     api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-    # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then flags
-    flags = ctypes.c_uint64.from_address(managed + 24).value
-    return bool(flags & 1)  # DLPACK_FLAG_BITMASK_READ_ONLY
+    try:
+        name = api.PyCapsule_GetName(capsule)
+    except Exception:  # not a capsule
+        return None
+    if name not in (b"dltensor", b"dltensor_versioned"):
+        return None
+    address = api.PyCapsule_GetPointer(capsule, name)
+    return (address, name == b"dltensor_versioned") if address else None
+
+
+# DLPack's (type code, bits) of one-lane element types torch has
+_DLPACK_DTYPES = {
+    (0, 8): torch.int8,
+    (0, 16): torch.int16,
+    (0, 32): torch.int32,
+    (0, 64): torch.int64,
+    (1, 8): torch.uint8,
+    (1, 16): torch.uint16,
+    (1, 32): torch.uint32,
+    (1, 64): torch.uint64,
+    (2, 16): torch.float16,
+    (2, 32): torch.float32,
+    (2, 64): torch.float64,
+    (4, 16): torch.bfloat16,
+    (5, 64): torch.complex64,
+    (5, 128): torch.complex128,
+    (6, 8): torch.bool,
+}
+
+
+def _dlpack_empty(x: Any) -> torch.Tensor | None:
+    """An empty CPU tensor of the sizes and dtype that the DLPack producer ``x`` declares,
+    when its capsule describes no elements; read from the capsule's header, never its
+    memory (which lives on a device torch may not reach). None otherwise, or when the
+    producer exports nothing readable."""
+    import ctypes
+
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0))
+    except TypeError:  # the old protocol
+        try:
+            capsule = x.__dlpack__()
+        except Exception:
+            return None
+    except Exception:
+        return None
+    found = _capsule_struct(capsule)
+    if found is None:
+        return None
+    # DLTensor: data, device (2 x int32), ndim (int32), dtype (uint8 code, uint8 bits,
+    # uint16 lanes), shape; in a versioned capsule after version, manager_ctx, deleter, flags
+    tensor = found[0] + (32 if found[1] else 0)
+    ndim = ctypes.c_int32.from_address(tensor + 16).value
+    code = ctypes.c_uint8.from_address(tensor + 20).value
+    bits = ctypes.c_uint8.from_address(tensor + 21).value
+    lanes = ctypes.c_uint16.from_address(tensor + 22).value
+    shape_at = ctypes.c_void_p.from_address(tensor + 24).value
+    dtype = _DLPACK_DTYPES.get((code, bits)) if lanes == 1 else None
+    if dtype is None or not 0 < ndim <= 64 or not shape_at:
+        return None
+    sizes = tuple(ctypes.c_int64.from_address(shape_at + 8 * d).value for d in range(ndim))
+    if 0 not in sizes or min(sizes) < 0:
+        return None
+    return torch.empty(sizes, dtype=dtype)
 
 
 def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
@@ -230,16 +301,19 @@ def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
         try:
             device = from_dlpack_device(code, dev_id, what)
         except UnsupportedDeviceError:
-            if _dlpack_is_empty(x):
-                return torch.empty(0), CPU
+            # exempt when empty, as an empty torch tensor is: its own sizes and dtype
+            empty = _dlpack_empty(x) if _dlpack_maybe_empty(x) else None
+            if empty is not None:
+                return empty, CPU
             raise
         return _dlpack_to_torch(x, device, what), device
     raise TypeError(f"{what} is a {type(x).__name__}, not a tensor or array")
 
 
-def _dlpack_is_empty(x: Any) -> bool:
+def _dlpack_maybe_empty(x: Any) -> bool:
+    """False when ``x``'s ``shape`` (not part of the protocol) says it has elements."""
     shape = getattr(x, "shape", None)
-    return shape is not None and 0 in tuple(shape)
+    return shape is None or 0 in tuple(shape)
 
 
 def _numpy() -> Any:
