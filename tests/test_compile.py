@@ -379,6 +379,24 @@ def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
     assert torch.allclose(i(torch.ones(4, 8))[0], c(torch.ones(4, 8))[0], atol=1e-5)
 
 
+def _child_says_ok(code: str, program: Path) -> None:
+    """Run ``code`` on ``program`` in a process of its own (a compiled kernel may kill
+    it), with this checkout's ptexec and the session's compile cache; it prints "ok"."""
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    child = subprocess.run(
+        [sys.executable, "-c", code, str(program)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0 and child.stdout.split() == ["ok"], (
+        child.returncode,
+        child.stderr[-4000:],
+    )
+
+
 class _MaxOverBatch(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x * 2).amax(0) + 1
@@ -420,19 +438,7 @@ def test_an_empty_batch_runs_interpreted() -> None:
         "    assert got.shape == want.shape == (b, 4) and torch.allclose(got, want, atol=1e-5)\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    child = subprocess.run(
-        [sys.executable, "-c", code, str(fixture_paths("dynamic_mlp")[0])],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == 0 and child.stdout.split() == ["ok"], (
-        child.returncode,
-        child.stderr[-4000:],
-    )
+    _child_says_ok(code, fixture_paths("dynamic_mlp")[0])
 
 
 class _AfterFirst(torch.nn.Module):
@@ -474,19 +480,7 @@ def test_a_size_of_the_graph_that_may_be_empty_runs_interpreted(tmp_path: Path) 
     pte = export_program(_AfterFirst(), (torch.ones(4, 4),), dynamic_shapes=({0: batch},))
     path = tmp_path / "after_first.pte"
     path.write_bytes(pte)
-    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    child = subprocess.run(
-        [sys.executable, "-c", _AFTER_FIRST_CHILD, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert child.returncode == 0 and child.stdout.split() == ["ok"], (
-        child.returncode,
-        child.stderr[-4000:],
-    )
+    _child_says_ok(_AFTER_FIRST_CHILD, path)
 
 
 class _HalfBatch(torch.nn.Module):
