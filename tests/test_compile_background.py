@@ -156,6 +156,33 @@ def test_a_detached_compile_outlives_its_method(
         os.killpg(pid, signal.SIGTERM)  # not needed here: end it (it is reaped by its thread)
 
 
+def test_a_compile_into_another_cache_root_is_not_joined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load compiling into one cache root does not wait for a child compiling the same
+    key into another (``PTEXEC_CACHE_DIR`` changed in between): that child's entry is not
+    where this load looks, and its end (a kill, a cancel) was this load's failure."""
+    from ptexec.compile import background
+
+    idle = tmp_path / "idle_child.py"
+    idle.write_text("import time\ntime.sleep(120)\n")
+    monkeypatch.setattr(background, "child_command", lambda: [sys.executable, str(idle)])
+    pte = fixture_paths("mlp")[0]
+    jobs = []
+    for root in ("a", "b", "b"):
+        monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / root))
+        m = ptexec.load(pte).load_method("forward", compile="background")
+        job = m.background_compile
+        assert job is not None and job.pid is not None, m.compile_status
+        jobs.append((m, job))
+    try:
+        pids = [job.pid for _, job in jobs]
+        assert pids[0] != pids[1] and pids[1] == pids[2], pids  # one child per root and key
+    finally:
+        for _, job in jobs:
+            job.cancel()
+
+
 def test_program_from_bytes_is_written_for_the_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -263,14 +263,21 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)  # the child leads its own group (start_new_session)
 
 
-_children: dict[str, _Child] = {}
+# the running children, by the cache they compile into and the key: a child compiling
+# into another cache root (PTEXEC_CACHE_DIR changed in between) serves no job of this one
+_children: dict[tuple[str, str], _Child] = {}
 _children_lock = threading.Lock()
 
 
+def _slot(cache: Cache, key: str) -> tuple[str, str]:
+    return (str(cache.root), key)
+
+
 def _forget(child: _Child) -> None:
+    slot = _slot(child.cache, child.key)
     with _children_lock:
-        if _children.get(child.key) is child:
-            del _children[child.key]
+        if _children.get(slot) is child:
+            del _children[slot]
 
 
 # ---------------------------------------------------------------------------------------
@@ -445,8 +452,9 @@ def _join_child(
     request: LoadRequest,
 ) -> None:
     assert entry is not None
+    slot = _slot(entry.cache, entry.key)
     with _children_lock:
-        child = _children.get(entry.key)
+        child = _children.get(slot)
         if child is None or child.cancelled:  # a child being ended is no use
             files, scratch = _program_files(program)
             message = {
@@ -470,6 +478,6 @@ def _join_child(
 
                     shutil.rmtree(scratch, ignore_errors=True)
                 raise
-            _children[entry.key] = child
+            _children[slot] = child
         job._child = child
     child.add(job)  # outside the registry's lock: a finished child calls back at once
