@@ -25,6 +25,7 @@ from ..errors import LimitExceededError, OperatorMissingError, PteFormatError
 from ..format import program as p
 from ..format.lru import Key
 from ..memory import BufferInfo, PlannedBuffer, allocate
+from .capacity import guard_capacity
 from .dataflow import rewrite_chain
 from .devices import (
     DeviceMap,
@@ -147,6 +148,7 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         names, loaded, known = preparer.prepare_chain(c)
         if known is None:
             continue
+        loaded = guard_capacity(plan, c, loaded)
         statements = loaded
         written.update(itertools.chain.from_iterable(e.writes for e in known))
         _refuse_written_constants(plan, c, known, path)

@@ -1,0 +1,121 @@
+"""Bounded planned tensors whose size a call computes from data, and the check that keeps
+them within their bound.
+
+A planned tensor of bounded dynamic shape has room for its upper bound's elements and no
+more: the plan puts other tensors right after it. ExecuTorch refuses to resize such a
+tensor past that capacity. ptexec's planned tensors are views of their buffer's one
+storage, so torch only refuses a size past the end of the whole buffer: a larger one
+would be written over the tensors planned beside it.
+
+Sizes that follow from the inputs' sizes stay within their bounds: the exporter computed
+the bounds from the inputs' ranges, and ptexec refuses an input past its bound. A size
+computed from data does not: a scalar read out of a tensor (``item()``), a value a call
+is given, an op whose result's size depends on what it reads (``nonzero``). Each
+statement that is sized by data (not ``sized``), or that reads such a scalar (or a tensor
+a statement like these put in its slot) is followed by a check of every bounded planned
+tensor it writes: one past its capacity raises, as ExecuTorch's resize does (the kernel
+has written it by then; the call stops there). The tensors checked are within their
+bounds afterwards, so sizes that follow from theirs need no check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ..format import program as p
+from ..format.lru import Lru
+from ..kernels.registry import Statement
+
+__all__ = ["bounded_by_data", "check_capacity", "guard_capacity"]
+
+CHECK = "_beyond_capacity"
+"""The name the checks call (:func:`check_capacity`), in each checked statement's env."""
+
+
+def check_capacity(t: torch.Tensor, slot: int, capacity: int) -> None:
+    """Refuse ``t`` (value ``slot``), resized by a kernel to more elements than the
+    ``capacity`` its plan gives it."""
+    n = t.numel()
+    if n > capacity:
+        raise RuntimeError(
+            f"value {slot}: a bounded tensor with a maximum capacity of {capacity} elements "
+            f"was resized to {n} elements ({list(t.shape)}): a size computed from data is "
+            "past the bound the program was exported with"
+        )
+
+
+def _capacity(value: p.EValue) -> int | None:
+    """The capacity of a bounded dynamic tensor in planned memory; None for any other."""
+    if (
+        isinstance(value, p.Tensor)
+        and value.allocation_info is not None
+        and value.shape_dynamism == p.DYNAMIC_BOUND
+    ):
+        return math.prod(value.sizes)
+    return None
+
+
+def bounded_by_data(
+    plan: p.ExecutionPlan, statements: Sequence[Statement]
+) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """``(instruction, ((slot, capacity), ...))`` for each statement of a chain that may
+    size a bounded planned tensor from data (see the module docstring). A chain with
+    jumps is followed until nothing more is found (a loop may carry a scalar back)."""
+    values = plan.values
+    tainted = {i for i in plan.inputs if not isinstance(values[i], p.Tensor)}
+    found: dict[int, tuple[tuple[int, int], ...]] = {}
+    while True:
+        before = len(tainted)
+        for i, st in enumerate(statements):
+            reads = st.reads
+            by_data = not st.sized or reads is None or any(r in tainted for r in reads)
+            if not by_data:
+                continue
+            tainted.update(st.writes)
+            written = st.outs if st.mutates is None else st.mutates
+            checks = tuple((o, cap) for o in written if (cap := _capacity(values[o])) is not None)
+            if checks:
+                found[i] = checks
+        if len(tainted) == before:
+            break
+    return tuple(sorted(found.items()))
+
+
+# the checks of a chain, by its plan (the facts they follow from are the plan's: its
+# kernels' statements are functions of it): (plan, the checks)
+_kept: Lru[tuple[p.ExecutionPlan, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]] = Lru(
+    1024, 0
+)
+
+
+def guard_capacity(
+    plan: p.ExecutionPlan, c: int, statements: Sequence[Statement]
+) -> list[Statement]:
+    """``statements`` (chain ``c`` of ``plan``), each one that may size a bounded planned
+    tensor from data followed by the check of its capacity (:func:`bounded_by_data`)."""
+    key = (id(plan), c)
+    hit = _kept.get(key)
+    if hit is not None and hit[0] is plan:
+        checks = hit[1]
+    else:
+        checks = bounded_by_data(plan, statements)
+        _kept.put(key, (plan, checks), 0)
+    if not checks:
+        return list(statements)
+    out = list(statements)
+    for i, pairs in checks:
+        st = out[i]
+        lines = "".join(f"\n{CHECK}(v[{o}], {o}, {cap})" for o, cap in pairs)
+        out[i] = dataclasses.replace(
+            st,
+            code=st.code + lines,
+            env={**st.env, CHECK: check_capacity},
+            # the native step and the form without some outs would not check
+            native=None,
+            prune=None,
+        )
+    return out

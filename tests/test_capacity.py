@@ -1,0 +1,74 @@
+"""A size computed from data (an ``item()``, a ``nonzero``) past the bound the program
+planned for it: ExecuTorch refuses to resize the tensor past its capacity, and so must
+ptexec, rather than write over the planned memory beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ptexec
+from export_util import export_program
+from ptexec.errors import ExecutionError
+
+
+class _ItemSized(torch.nn.Module):
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        w = torch.ones(k, 8) * x.sum()  # planned at its bound, [4, 8]
+        return y + w.sum(0)
+
+
+class _Stateful(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        w = torch.ones(k, 4) * x
+        self.acc.add_(w.sum(0))
+        return self.acc * 1.0
+
+
+@pytest.fixture(scope="module")
+def item_sized() -> bytes:
+    return export_program(_ItemSized(), (torch.ones(8), torch.tensor(2)))
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_data_sized_tensor_past_its_bound_is_refused(item_sized: bytes, fast_path: bool) -> None:
+    method = ptexec.load(item_sized).load_method("forward", fast_path=fast_path)
+    x = torch.arange(8.0)
+    for k in (1, 3, 4):  # within the bound: eager's values
+        (got,) = method(x, torch.tensor(k))
+        torch.testing.assert_close(got, x * 3.0 + k * x.sum())
+    with pytest.raises(ExecutionError, match="capacity of 32 elements"):
+        method(x, torch.tensor(5))  # 40 elements: ExecuTorch refuses the resize too
+    (got,) = method(x, torch.tensor(2))  # the next good call is right
+    torch.testing.assert_close(got, x * 3.0 + 2 * x.sum())
+
+
+def test_the_refusal_is_executorchs(item_sized: bytes) -> None:
+    rt = pytest.importorskip("executorch.runtime")
+    et = rt.Runtime.get().load_program(item_sized).load_method("forward")
+    with pytest.raises(RuntimeError):
+        et.execute([torch.arange(8.0), torch.tensor(5)])
+
+
+def test_the_state_is_not_updated_past_a_refused_size() -> None:
+    method = ptexec.load(export_program(_Stateful(), (torch.ones(4), torch.tensor(2)))).load_method(
+        "forward"
+    )
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    method(x, torch.tensor(2))
+    with pytest.raises(ExecutionError):
+        method(x, torch.tensor(7))
+    (acc,) = method(x, torch.tensor(4))
+    # ExecuTorch stops at the refused resize: the state holds the two good calls only
+    torch.testing.assert_close(acc, x * 6)
