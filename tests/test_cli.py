@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -443,3 +444,27 @@ def test_inspect_names_the_devices_a_device_map_gives_every_tensor(
     assert main(["inspect", *args, "--device-map", "cpu", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["methods"]["forward"]["tensor_devices"] == {"cpu": len(lines)}
+
+
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_csr", "nested", "quantized", "meta"])
+def test_input_files_of_tensors_a_method_refuses(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file holding a tensor that is not a dense one on a modeled device fails as the
+    method refuses that tensor (its typed error, in one line), not while it is described."""
+    x = torch.ones(2, 8)
+    with warnings.catch_warnings():  # (sparse, nested and quantized tensors are in beta)
+        warnings.simplefilter("ignore")
+        tensor = {
+            "sparse_coo": lambda: x.to_sparse(),
+            "sparse_csr": lambda: x.to_sparse_csr(),
+            "nested": lambda: torch.nested.nested_tensor([torch.ones(8), torch.ones(3)]),
+            "quantized": lambda: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8),
+            "meta": lambda: x.to("meta"),
+        }[kind]()
+        torch.save(tensor, tmp_path / "x.pt")
+        mlp = fixture_paths("mlp")[0]
+        with pytest.raises(ptexec.errors.PtexecError) as refused:
+            ptexec.load(mlp).load_method().execute([torch.load(tmp_path / "x.pt")])
+    want = f"ptexec: {type(refused.value).__name__}: {refused.value}\n"
+    assert _fails_in_one_line(capsys, ["run", str(mlp), "--input", str(tmp_path / "x.pt")]) == want

@@ -134,9 +134,16 @@ def summary(x: Any) -> str:
 
     if not isinstance(x, torch.Tensor):
         return f"{type(x).__name__} {x!r}"
+    dtype = str(x.dtype).removeprefix("torch.")
+    if x.is_nested:  # (it has no one shape)
+        return f"{dtype} nested tensor on {x.device}"
     dims = ", ".join(str(s) for s in x.shape)
-    text = f"{str(x.dtype).removeprefix('torch.')}[{dims}] on {x.device}"
-    if x.numel():
+    text = f"{dtype}[{dims}] on {x.device}"
+    if x.layout != torch.strided:
+        return f"{text}, {str(x.layout).removeprefix('torch.')} layout"
+    # values only of what a method may take: a tensor it refuses is described, not read
+    # (a quantized or meta tensor has none to read), and its refusal is the error
+    if x.numel() and not x.is_quantized and x.device.type in ("cpu", "cuda"):
         f = x.detach().double() if not x.is_complex() else x.detach().abs().double()
         finite = f[f.isfinite()]
         if finite.numel():
