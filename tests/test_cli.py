@@ -80,6 +80,31 @@ def test_run_with_npy_inputs_of_any_byte_order_and_layout(tmp_path: Path, order:
     torch.testing.assert_close(torch.load(out_path)[0], call["outputs"][0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("name", "order"),
+    [("mlp_unplanned", "F"), ("channels_last_unplanned", "C"), ("channels_last_unplanned", "F")],
+)
+def test_input_files_feed_an_unplanned_input_in_any_layout(
+    name: str, order: str, tmp_path: Path
+) -> None:
+    """A ``.npy`` file holds an array, not a layout (numpy writes C or Fortran order, never
+    channels last): the values eager PyTorch gave come out for a program that reads its
+    input in place in another layout (it was refused, pointing to an option the command
+    does not have)."""
+    import numpy as np
+
+    from fixture_data import fixture_calls
+
+    call = fixture_calls(name)[0]
+    x = call["inputs"][0].contiguous().numpy()
+    np.save(tmp_path / "x.npy", np.asfortranarray(x) if order == "F" else x)
+    out_path = tmp_path / "y.pt"
+    argv = ["run", str(fixture_paths(name)[0]), "--input", str(tmp_path / "x.npy")]
+    assert main([*argv, "--repeat", "1", "--output", str(out_path)]) == 0
+    for got, want in zip(torch.load(out_path), call["outputs"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_errors_are_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     bad = f"{tmp_path}/bad.pte"
     with open(bad, "wb") as f:

@@ -27,13 +27,35 @@ def random_input(info: Any, generator: Any) -> Any:
         x = torch.randn(sizes, generator=generator).to(dtype)
     else:
         x = torch.randint(0, 8, sizes, generator=generator).to(dtype)
-    if info.dim_order is not None and info.dim_order != tuple(range(len(sizes))):
-        x = (
-            x.permute(info.dim_order)
-            .contiguous()
-            .permute([info.dim_order.index(d) for d in range(len(sizes))])
-        )
-    return x.to(device)
+    return laid_out(x, info).to(device)
+
+
+def laid_out(x: Any, info: Any) -> Any:
+    """``x`` in the layout the program reads its input ``info`` in, where the binding
+    would not take it in place (a copy; else ``x`` itself). A file holds an array, not a
+    layout (numpy writes C or Fortran order, never channels last): the command's own
+    tensors are laid out as the program reads them, never refused for their layout.
+    Tensors the binding refuses for another reason (dtype, rank, a sparse layout, a
+    device it does not model) are left for it to refuse."""
+    import torch
+
+    from ..binding import fits_layout
+    from ..loader import ScalarInfo
+    from ..tensor import describe, dim_order_strides
+
+    if (
+        isinstance(info, ScalarInfo)
+        or not isinstance(x, torch.Tensor)
+        or x.is_nested
+        or x.layout != torch.strided
+        or x.device.type not in ("cpu", "cuda")
+        or info.dim_order is None
+        or x.dim() != len(info.sizes)
+        or fits_layout(info, describe(x))
+    ):
+        return x
+    strides = dim_order_strides(x.shape, info.dim_order)
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device).copy_(x)
 
 
 def read_inputs(paths: Sequence[str]) -> list[Any]:
@@ -169,6 +191,9 @@ def method_and_inputs(args: argparse.Namespace, **options: Any) -> tuple[Any, li
     method = prog.load_method(name, **options)
     if args.input:
         inputs = read_inputs(args.input)
+        inputs[: len(method.meta.inputs)] = [
+            laid_out(x, info) for x, info in zip(inputs, method.meta.inputs, strict=False)
+        ]
     else:
         from ..llm.decoder import example_inputs
 
