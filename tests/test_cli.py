@@ -302,6 +302,31 @@ def test_missing_compiler_is_said_once(
     assert out.count("C++ compiler") == 1 and "no C++ compiler found (install g++" in out
 
 
+def test_inspect_json_compile_holds_the_compile_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inspect --json --compile`` gives each method's compile report, the one loading it
+    compiled gives (``--compile`` was dropped from the JSON: nothing was compiled or read
+    from the cache, and the JSON said nothing of it). Without a C++ compiler, quickly."""
+    import dataclasses
+
+    from ptexec.compile import CompileOptions, CompileWarning
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "bin" / "g++"))
+    mlp = str(fixture_paths("mlp")[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompileWarning)
+        method = ptexec.load(mlp).load_method(compile=CompileOptions(progress=None))
+    want = json.loads(json.dumps(dataclasses.asdict(method.compile_report)))
+    assert main(["inspect", mlp, "--json", "--compile"]) == 0
+    got = json.loads(capsys.readouterr().out)["methods"]["forward"]["compile"]
+    got.pop("compile_seconds"), want.pop("compile_seconds")
+    assert got == want and got["warning"] and "C++ compiler" in got["warning"]
+    assert main(["inspect", mlp, "--json"]) == 0  # without --compile, no report
+    assert "compile" not in json.loads(capsys.readouterr().out)["methods"]["forward"]
+
+
 def test_debug_shows_the_traceback(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,15 +17,21 @@ def compile_option(args: argparse.Namespace) -> dict[str, Any]:
     return {"compile": CompileOptions(progress=None)}
 
 
-def print_compiled(prog: Any, name: str, device_map: Any) -> Any:
-    """Load method ``name`` compiled (from the cache, or compiling it) and print the report."""
+def compiled_report(prog: Any, name: str, device_map: Any) -> Any:
+    """Load method ``name`` compiled (from the cache, or compiling it); its report, which
+    carries the load's warning."""
     from ..compile import CompileOptions
 
     with report_has_warnings():
         method = prog.load_method(
             name, device_map=device_map, compile=CompileOptions(progress=None)
         )
-    report = method.compile_report
+    return method.compile_report
+
+
+def print_compiled(prog: Any, name: str, device_map: Any) -> Any:
+    """Load method ``name`` compiled (from the cache, or compiling it) and print the report."""
+    report = compiled_report(prog, name, device_map)
     print("  " + report.summary().replace("\n", "\n  "))
     return report
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .common import device_map_of, json_text, load_program, size_text
-from .compile import print_compiled
+from .compile import compiled_report, print_compiled
 
 
 def _value_line(i: int, info: Any, value: Any = None) -> str:
@@ -129,6 +130,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     reports = {name: method_report(prog, name, device_map) for name in names}
     if args.json:
         report = json_report(prog, reports)
+        if args.compile:
+            for name in names:
+                compiled = compiled_report(prog, name, device_map)
+                report["methods"][name]["compile"] = dataclasses.asdict(compiled)
         if args.code:
             for name in names:
                 report["methods"][name]["code"] = method_code(prog, name, device_map, args.compile)
