@@ -327,6 +327,44 @@ def test_inspect_json_compile_holds_the_compile_report(
     assert "compile" not in json.loads(capsys.readouterr().out)["methods"]["forward"]
 
 
+@pytest.mark.parametrize("name", ["mlp", "dynamic_mlp", "external"])
+def test_inspect_json_values_are_the_programs_tensors(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inspect --json --values`` lists every tensor value as ExecuTorch's own reader of
+    the file sees it (``--values`` was dropped from the JSON)."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import Tensor
+
+    from ptexec.format.scalar_type import scalar_type_name
+
+    pte, ptd = fixture_paths(name)
+    plan = deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0]
+    want = [
+        (i, scalar_type_name(int(v.val.scalar_type)), list(v.val.sizes))
+        for i, v in enumerate(plan.values)
+        if isinstance(v.val, Tensor)
+    ]
+    data = ["--data", str(ptd)] if ptd else []
+    assert main(["inspect", str(pte), *data, "--json", "--values"]) == 0
+    values = json.loads(capsys.readouterr().out)["methods"]["forward"]["values"]
+    assert [(v["value"], v["dtype"], v["sizes"]) for v in values] == want
+    for v in values:
+        info = plan.values[v["value"]].val.allocation_info
+        if info is not None:
+            assert (v["memory"], v["buffer"], v["offset"]) == (
+                "planned",
+                info.memory_id,
+                info.memory_offset_low + (info.memory_offset_high << 32),
+            )
+    roles = {r: v["value"] for v in values for r in v["roles"]}
+    assert roles == {
+        **{f"input {i}": s for i, s in enumerate(plan.inputs)},
+        **{f"output {i}": s for i, s in enumerate(plan.outputs)},
+    }
+
+
 def test_debug_shows_the_traceback(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -130,6 +130,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     reports = {name: method_report(prog, name, device_map) for name in names}
     if args.json:
         report = json_report(prog, reports)
+        if args.values:
+            for name in names:
+                report["methods"][name]["values"] = _values(prog, name, device_map)
         if args.compile:
             for name in names:
                 compiled = compiled_report(prog, name, device_map)
@@ -196,7 +199,7 @@ def method_code(prog: Any, name: str, device_map: Any, compiled: bool) -> str:
     return str(prog.load_method(name, device_map=device_map, compile=options).source())
 
 
-def _print_values(prog: Any, name: str, device_map: Any) -> None:
+def _values(prog: Any, name: str, device_map: Any) -> list[dict[str, Any]]:
     """Every tensor value of a method: its type, layout, device (its label under
     ``device_map``, where loading puts it) and where its memory comes from."""
     from ..format import program as p
@@ -208,25 +211,53 @@ def _print_values(prog: Any, name: str, device_map: Any) -> None:
     inputs = {slot: i for i, slot in enumerate(plan.inputs)}
     outputs = {slot: i for i, slot in enumerate(plan.outputs)}
     dmap = DeviceMap(device_map)
-    print("  tensors:")
+    rows = []
     for j, t in enumerate(plan.values):
         if not isinstance(t, p.Tensor):
             continue
-        dims = ", ".join(str(s) for s in t.sizes)
-        if t.allocation_info is not None:
-            where = f"buffer {t.allocation_info.memory_id} at {t.allocation_info.memory_offset}"
+        alloc = t.allocation_info
+        if alloc is not None:
+            memory = "planned"
         elif t.is_external:
-            where = "external data"
+            memory = "external data"
         elif t.is_constant:
-            where = "constant"
+            memory = "constant"
         else:
-            where = "unplanned"
+            memory = "unplanned"
         roles = [f"input {inputs[j]}"] if j in inputs else []
         roles += [f"output {outputs[j]}"] if j in outputs else []
-        dyn = "" if t.shape_dynamism == p.STATIC else f" {p.DYNAMISM_NAMES[t.shape_dynamism]}"
+        rows.append(
+            {
+                "value": j,
+                "dtype": scalar_type_name(t.scalar_type),
+                "sizes": list(t.sizes),
+                "layout": layout_name(t.dim_order),
+                "dynamism": p.DYNAMISM_NAMES[t.shape_dynamism]
+                if t.shape_dynamism != p.STATIC
+                else "static",
+                "device": str(dmap.label(t)),
+                "memory": memory,
+                "buffer": alloc.memory_id if alloc is not None else None,
+                "offset": alloc.memory_offset if alloc is not None else None,
+                "roles": roles,
+            }
+        )
+    return rows
+
+
+def _print_values(prog: Any, name: str, device_map: Any) -> None:
+    """:func:`_values`, a line each."""
+    print("  tensors:")
+    for v in _values(prog, name, device_map):
+        dims = ", ".join(str(s) for s in v["sizes"])
+        dyn = "" if v["dynamism"] == "static" else f" {v['dynamism']}"
+        where = (
+            f"buffer {v['buffer']} at {v['offset']}" if v["memory"] == "planned" else v["memory"]
+        )
+        roles = f" ({', '.join(v['roles'])})" if v["roles"] else ""
         print(
-            f"    v{j:<5} {scalar_type_name(t.scalar_type)}[{dims}] {layout_name(t.dim_order)}{dyn}"
-            f" on {dmap.label(t)}, {where}" + (f" ({', '.join(roles)})" if roles else "")
+            f"    v{v['value']:<5} {v['dtype']}[{dims}] {v['layout']}{dyn}"
+            f" on {v['device']}, {where}{roles}"
         )
 
 
