@@ -105,6 +105,25 @@ def test_input_files_feed_an_unplanned_input_in_any_layout(
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_integer_outputs_are_printed_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An integer output's least and greatest values print as the integers they are (they
+    were rounded to 4 digits through float64: -123456784 printed as -1.235e+08, and
+    values past 2**53 as another number)."""
+    from fixture_data import fixture_calls
+
+    ids, x, _ = fixture_calls("int_ops")[0]["inputs"]
+    for k in (123456789, 2**60 + 1):
+        torch.save([ids, x, torch.tensor(k)], tmp_path / "in.pt")
+        argv = ["run", str(fixture_paths("int_ops")[0]), "--input", str(tmp_path / "in.pt")]
+        assert main([*argv, "--repeat", "1", "--output", str(tmp_path / "out.pt")]) == 0
+        line = next(s for s in capsys.readouterr().out.splitlines() if "output 6:" in s)
+        arith = torch.load(tmp_path / "out.pt")[6]  # (ids * 3 + 7) // 2 % 5 - k
+        torch.testing.assert_close(arith, (ids * 3 + 7).div(2, rounding_mode="floor") % 5 - k)
+        assert f"min {arith.min().item()}  max {arith.max().item()}  mean " in line
+
+
 def test_errors_are_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     bad = f"{tmp_path}/bad.pte"
     with open(bad, "wb") as f:

@@ -166,6 +166,13 @@ def summary(x: Any) -> str:
     # values only of what a method may take: a tensor it refuses is described, not read
     # (a quantized or meta tensor has none to read), and its refusal is the error
     if x.numel() and not x.is_quantized and x.device.type in ("cpu", "cuda"):
+        if not (x.is_floating_point() or x.is_complex() or x.dtype == torch.uint64):
+            # integers exactly (through float64 they were rounded, past 2**53 changed)
+            t = x.detach()
+            if t.dtype in (torch.uint16, torch.uint32):
+                t = t.long()  # (torch has no min of these; int64 holds them)
+            low, high = int(t.min().item()), int(t.max().item())
+            return text + f"  min {low}  max {high}  mean {t.double().mean().item():.4g}"
         f = x.detach().double() if not x.is_complex() else x.detach().abs().double()
         finite = f[f.isfinite()]
         if finite.numel():
