@@ -124,6 +124,24 @@ def test_integer_outputs_are_printed_exactly(
         assert f"min {arith.min().item()}  max {arith.max().item()}  mean " in line
 
 
+@pytest.mark.parametrize("name", ["x.NPY", "x.bin", "x"])
+def test_npy_files_are_known_by_their_content(name: str, tmp_path: Path) -> None:
+    """A file numpy.save wrote is read as an array whatever its name (under another
+    suffix than ``.npy`` it was refused as "not a file torch.save wrote: it is a NumPy
+    array", with advice to save it with numpy.save)."""
+    import numpy as np
+
+    from fixture_data import fixture_calls
+
+    call = fixture_calls("mlp")[0]
+    with open(tmp_path / name, "wb") as f:
+        np.save(f, call["inputs"][0].numpy())
+    out_path = tmp_path / "y.pt"
+    argv = ["run", str(fixture_paths("mlp")[0]), "--input", str(tmp_path / name)]
+    assert main([*argv, "--repeat", "1", "--output", str(out_path)]) == 0
+    torch.testing.assert_close(torch.load(out_path)[0], call["outputs"][0], rtol=1e-4, atol=1e-5)
+
+
 def test_errors_are_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     bad = f"{tmp_path}/bad.pte"
     with open(bad, "wb") as f:

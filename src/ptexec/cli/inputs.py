@@ -59,9 +59,10 @@ def laid_out(x: Any, info: Any) -> Any:
 
 
 def read_inputs(paths: Sequence[str]) -> list[Any]:
-    """The inputs in ``--input`` files: a ``.npy`` array, or a tensor, number or list of
-    them saved with ``torch.save``. Read without running anything from the file (numpy
-    without pickles, torch with ``weights_only``); a file that does not hold that is an
+    """The inputs in ``--input`` files: an array numpy.save wrote (known by its content,
+    whatever the name), or a tensor, number or list of them saved with ``torch.save``.
+    Read without running anything from the file (numpy without pickles, torch with
+    ``weights_only``); a file that does not hold that is an
     :class:`~ptexec.errors.InputError` saying what it holds."""
     import torch
 
@@ -71,7 +72,7 @@ def read_inputs(paths: Sequence[str]) -> list[Any]:
             head = f.read(4096)
         if not head:
             raise _input_error(path, "the file is empty (0 bytes)")
-        if Path(path).suffix == ".npy":
+        if Path(path).suffix.lower() == ".npy" or _is_npy(head):  # (numpy.save's, any name)
             inputs.append(_read_npy(path))
             continue
         try:
@@ -91,6 +92,14 @@ def read_inputs(paths: Sequence[str]) -> list[Any]:
                 )
         inputs.extend(items)
     return inputs
+
+
+def _is_npy(head: bytes) -> bool:
+    try:
+        from numpy.lib.format import MAGIC_PREFIX
+    except ImportError:  # without numpy, torch.load's refusal says what the file is
+        return False
+    return head.startswith(MAGIC_PREFIX)
 
 
 def _read_npy(path: str) -> Any:
