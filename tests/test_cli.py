@@ -203,6 +203,7 @@ def test_input_files_that_are_not_tensors(
         "empty.pt": b"",
         "program.pt": fixture_paths("mlp")[0].read_bytes(),
         "notes.pt": b"x = 1.5\n",
+        "raw.bin": np.arange(16, dtype="<f4").tobytes()[4:],  # bytes as a tensor holds them
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
@@ -216,6 +217,7 @@ def test_input_files_that_are_not_tensors(
         "empty.pt": "the file is empty (0 bytes)",
         "program.pt": "it is an ExecuTorch program (.pte)",
         "notes.pt": "it is a text file",
+        "raw.bin": "neither torch.save nor numpy.save wrote it (raw bytes",
         "state.pt": "it holds a dict",
         "mixed.pt": "it holds a list holding a dict",
         "objects.npy": "not an array numpy reads safely",

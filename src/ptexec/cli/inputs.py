@@ -144,6 +144,11 @@ def _unreadable(e: Exception, path: str, head: bytes) -> str:
     text = str(e)
     if what is not None and not torch_like:
         return f"not a file torch.save wrote: {what}"
+    if not torch_like:  # torch.save writes a zip archive, or (legacy) a pickle from protocol 2
+        return (
+            "neither torch.save nor numpy.save wrote it (raw bytes have no dtype or shape: "
+            "numpy.fromfile reads them as an array given its dtype)"
+        )
     if isinstance(e, pickle.UnpicklingError) and text.startswith("Weights only load failed"):
         # torch's first paragraph is advice to load unsafely, its last a link; between them
         # is what it refused
