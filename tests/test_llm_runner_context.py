@@ -372,3 +372,79 @@ def test_runners_over_one_program_whose_methods_share_state_keep_their_own_cache
     lora = first.program.load_method("lora_forward")
     (logits,) = lora.execute([torch.tensor([[0]]), torch.tensor([2])])
     assert int(logits.argmax()) == 12  # forward's cache: 5 and 7 at positions 0 and 1
+
+
+def _shared_cache_seq2seq(d: Path) -> Path:
+    """An encoder-decoder program exported with ``share_mutable_buffers=True``: the
+    ``text_decoder`` stores its token in a cache at its position, and its argmax is the sum
+    of the cache up to that position, % 64 (the encoder's states are not read)."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes import MemoryPlanningPass
+    from torch.export import export
+
+    class Encoder(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(_NOKV_WINDOW, dtype=torch.long))
+
+        def forward(
+            self, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor
+        ) -> torch.Tensor:
+            self.cache.index_copy_(0, pos, ids[0])
+            seen = (self.cache * (torch.arange(_NOKV_WINDOW) <= pos)).sum(0, keepdim=True)
+            logits = torch.nn.functional.one_hot(seen % _NOKV_VOCAB, _NOKV_VOCAB).float()
+            return logits[None] + hidden.sum() * 0
+
+    step = (
+        torch.ones(1, 1, dtype=torch.long),
+        torch.ones(1, 4, 8),
+        torch.zeros(1, dtype=torch.long),
+    )
+    programs = {
+        "encoder": export(Encoder(), (torch.ones(1, 4, 8),)),
+        "text_decoder": export(Decoder(), step),
+    }
+    config = ExecutorchBackendConfig(
+        emit_mutable_buffer_names=True,
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+    )
+    edge = to_edge(programs, constant_methods={"get_max_seq_len": _NOKV_WINDOW})
+    pte = d / "shared_cache_seq2seq.pte"
+    pte.write_bytes(edge.to_executorch(config).buffer)
+    return pte
+
+
+def test_seq2seq_runners_over_one_program_whose_methods_share_state_keep_their_own_cache(
+    tmp_path: Path,
+) -> None:
+    """Two Seq2SeqRunners over one loaded program whose methods share one state buffer: a
+    generation of one inside another's (after its first token) changes nothing of the
+    latter's tokens, which are those of a generation alone (hand-computed sums)."""
+    import ptexec
+    from ptexec.llm import Seq2SeqRunner
+
+    program = ptexec.load(_shared_cache_seq2seq(tmp_path))
+    assert program.shared_buffer_indices  # encoder and text_decoder share the cache
+    tok = _word_tokenizer(tmp_path)
+    config = GenerationConfig(temperature=0.0, max_new_tokens=4)
+
+    def runner(start: int) -> Seq2SeqRunner:
+        return Seq2SeqRunner(
+            program, tok, decoder_start_token_id=start, eos_ids=[63], generation_config={}
+        )
+
+    first, second = runner(3), runner(5)
+    features = torch.ones(1, 4, 8)
+    inner: list[list[int]] = []
+
+    def between(_: str) -> None:
+        if not inner:
+            inner.append(second.generate(features, config))
+
+    assert first.generate(features, config, token_callback=between) == [3, 6, 12, 24]
+    assert inner == [[5, 10, 20, 40]]

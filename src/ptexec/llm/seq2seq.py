@@ -493,7 +493,9 @@ class Seq2SeqRunner:
         self.stats = Stats()
         self.stats.model_load_start_ms = _now_ms()
         if isinstance(model_path, ptexec.Program):
-            program = model_path
+            # runners over one program keep their own state (the decoder's cache), also
+            # where the program's methods share it
+            program = model_path.with_own_state()
             where: Path | None = None
         else:
             program = ptexec.load(model_path, data_path=data_path)
