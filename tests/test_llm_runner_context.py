@@ -448,3 +448,29 @@ def test_seq2seq_runners_over_one_program_whose_methods_share_state_keep_their_o
 
     assert first.generate(features, config, token_callback=between) == [3, 6, 12, 24]
     assert inner == [[5, 10, 20, 40]]
+
+
+def test_runners_of_programs_with_other_bos_ids_leave_the_tokenizer_given_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """One tokenizer (BOS t1) given to runners of programs whose ``get_bos_id`` differ:
+    each runner encodes its program's BOS, and the tokenizer given still encodes its own
+    (the ``tokenizers`` library's ids with tokenizer_config.json's BOS)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from ptexec.llm.tokenizer import load_tokenizer
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    two, tok = _nokv_program(tmp_path / "a", {"get_bos_id": 2})
+    one, _ = _nokv_program(tmp_path / "b", {"get_bos_id": 1})
+    tokenizer = load_tokenizer(tok)
+    reference = [1, *HFTokenizer.from_file(str(tok)).encode("t5").ids]  # BOS t1
+    first = TextLLMRunner(str(two), tokenizer, print_output=False)
+    assert tokenizer.encode("t5", 1) == reference == [1, 5]
+    TextLLMRunner(str(one), tokenizer, print_output=False)
+    config = GenerationConfig(
+        temperature=0.0, max_new_tokens=1, echo=False, ignore_eos=True, num_bos=1
+    )
+    first.generate_text("t5", config)
+    assert first.generated_tokens == [2 + 5]  # the sum model over BOS 2 and t5

@@ -19,7 +19,8 @@ A generation, as ExecuTorch's runner does it:
    it is produced (EOS and other control tokens have no text).
 
 EOS ids are the program's ``get_eos_ids`` when it has them, else the tokenizer's EOS; BOS is
-the program's ``get_bos_id``, else the tokenizer's. The runner prints the text to stdout as
+the program's ``get_bos_id``, else the tokenizer's (a runner's ``tokenizer`` is then a copy
+of the one given with the program's BOS; the one given is not changed). The runner prints the text to stdout as
 it goes, as ExecuTorch's does, unless ``config.warming`` or ``print_output=False``.
 
 The tokenizer must not have more ids than the program's logits (a
@@ -156,7 +157,10 @@ class _Runner:
         """Why the last generation ended: "stop" (EOS, a stop string), "length" (its token
         budget) or "interrupted" (:meth:`stop`)."""
         if self.bos_id != self.tokenizer.bos_id and self.bos_id >= 0:
-            self.tokenizer.bos_id = self.bos_id  # the program's BOS is the one encoded
+            # the program's BOS is the one encoded, by a copy: the tokenizer given may
+            # serve other programs and its caller, with its own BOS
+            self.tokenizer = copy.copy(self.tokenizer)
+            self.tokenizer.bos_id = self.bos_id
         self.vocab_size = int(md.get("get_vocab_size", self.tokenizer.vocab_size))
         self._sample_width = _sample_width(self.tokenizer.vocab_size, self.decoder.vocab_size)
         if temperature != -1.0:

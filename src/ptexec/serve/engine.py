@@ -211,6 +211,7 @@ class Engine:
             for _ in range(sessions)
         ]
         first = self.runners[0]
+        self.tokenizer = first.tokenizer  # the runners' (with the program's BOS)
         self.context = first.max_context_len
         self.vocab_size = first.vocab_size
         self.sampled_ids = first.sampled_ids
