@@ -73,7 +73,7 @@ def test_a_trusted_inductor_cache_is_kept(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mine = tmp_path / "mine"
-    mine.mkdir(mode=0o755)
+    mine.mkdir(mode=0o700)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
     triton = tmp_path / "triton"
     triton.mkdir(mode=0o700)
@@ -85,6 +85,51 @@ def test_a_trusted_inductor_cache_is_kept(
     missing = tmp_path / "new"  # made, as this user's alone
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(missing))
     assert aoti.inductor_cache() == missing and _trusted(missing)
+
+
+def _others_may_write(path: Path, top: Path) -> str | None:
+    """Who besides this user may write ``path`` or replace it (its directory), reaching it
+    from ``top`` (a directory they may enter all the way to), or None."""
+    for who, enter, write in (("group", 0o010, 0o020), ("others", 0o001, 0o002)):
+        way = [top, *reversed([p for p in path.parents if top in p.parents])]
+        entered = all(d.stat().st_mode & enter for d in way)
+        if entered and (path.stat().st_mode | way[-1].stat().st_mode) & write:
+            return who
+    return None
+
+
+@pytest.mark.parametrize("made", ["kernel cache", "cache root"])
+def test_what_torch_writes_under_a_umask_of_002_no_one_else_may_write(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str
+) -> None:
+    """Torch makes the directories and files of its kernel cache with the process's umask:
+    under 002 they are writable by the group, and a kernel library a member puts there is
+    loaded by the next compile. The directory a compile gives torch is one no one else
+    may enter: a kernel cache others may read is replaced, and ``inductor`` under a cache
+    root others may read is made 0700."""
+    from torch._inductor import codecache
+
+    if made == "kernel cache":
+        readable = tmp_path / "readable"
+        readable.mkdir()
+        readable.chmod(0o755)
+    else:
+        root.chmod(0o755)
+        readable = tmp_path / "shared"
+        readable.mkdir()
+        readable.chmod(0o777)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(readable))
+    old = os.umask(0o002)
+    try:
+        chosen = aoti.inductor_cache()
+        _, written = codecache.write("int ptexec_kernel(void) { return 1; }\n", "cpp")
+    finally:
+        os.umask(old)
+    path = Path(written)
+    assert chosen in path.parents
+    assert _others_may_write(path, chosen) is None
+    assert _others_may_write(path.parent, chosen) is None
+    assert chosen == root / "inductor" and _trusted(chosen)
 
 
 def test_a_triton_cache_others_may_write_is_replaced(

@@ -191,24 +191,28 @@ _private_inductor: list[Path] = []
 def inductor_cache() -> Path:
     """The directory torch's compiler keeps kernels in while ptexec compiles, trusted as
     the cache root is (:mod:`ptexec.cachedir`: this user's or root's, not writable by group
-    or others, nor anything on the way to it). Torch reads back and loads what it finds
-    there (a kernel library already at a kernel's path is loaded, not built: the
-    instruction-set probes of every compile are at the same paths for every graph), and
-    its default, ``/tmp/torchinductor_<user>``, is a name anyone could create first. So
+    or others, nor anything on the way to it) and entered by no one else (mode 0700).
+    Torch reads back and loads what it finds there (a kernel library already at a kernel's
+    path is loaded, not built: the instruction-set probes of every compile are at the same
+    paths for every graph), and its default, ``/tmp/torchinductor_<user>``, is a name
+    anyone could create first; the directories and files it makes inside follow the
+    process's umask (under 002, writable by the group), so only a directory no one else
+    may enter keeps what it holds this user's, whatever umask made it (a process-wide
+    umask is not changed here: other threads create files meanwhile). So
     ``TORCHINDUCTOR_CACHE_DIR`` (or that default) and ``TRITON_CACHE_DIR`` are used only
-    when trusted; one that is not is replaced, for the rest of the process, by
-    ``inductor`` under ptexec's cache root (else a private temporary directory), and
-    what torch has loaded from it is forgotten."""
+    when so; one that is not is replaced, for the rest of the process, by ``inductor``
+    under ptexec's cache root (else a private temporary directory), and what torch has
+    loaded from it is forgotten."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     with _inductor_lock:
         chosen = Path(os.environ.get(_KERNEL_CACHES[0]) or default_cache_dir())
-        if not _writable_trusted(chosen):
+        if not _kernel_dir(chosen):
             chosen = _trusted_inductor_dir()
             os.environ[_KERNEL_CACHES[0]] = str(chosen)
             _forget_kernels()
         triton = os.environ.get(_KERNEL_CACHES[1])
-        if triton and not _writable_trusted(Path(triton)):
+        if triton and not _kernel_dir(Path(triton)):
             os.environ[_KERNEL_CACHES[1]] = str(chosen / "triton")
             _forget_kernels()
         return chosen
@@ -220,16 +224,37 @@ def _writable_trusted(directory: Path) -> bool:
     return problem is None and writable
 
 
+def _kernel_dir(directory: Path) -> bool:
+    """Whether torch may keep kernels in ``directory`` (made when missing): trusted, this
+    user's to write, and no one else's to enter (:func:`inductor_cache`)."""
+    if not _writable_trusted(directory):
+        return False
+    if not hasattr(os, "getuid"):  # no POSIX modes: the per-user directory's permissions
+        return True
+    try:
+        return os.stat(directory).st_mode & 0o077 == 0
+    except OSError:
+        return False
+
+
 def _trusted_inductor_dir() -> Path:
-    """``inductor`` under ptexec's cache root, when that root is trusted and this user's
-    to write; else a private temporary directory of this process."""
+    """``inductor`` under ptexec's cache root, mode 0700, when that root is trusted and
+    this user's to write; else a private temporary directory of this process. One others
+    could enter (made with the access a readable root gives its entries) is emptied and
+    made again: what it holds may be theirs."""
     try:
         root: Path | None = cache_dir()
     except (RuntimeError, KeyError, OSError):  # no home directory to put it in
         root = None
     if root is not None and _writable_trusted(root):
         found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=True)
-        if found is not None:
+        if found is not None and not _kernel_dir(found):
+            shutil.rmtree(found, ignore_errors=True)  # (removes links, never what they lead to)
+            found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=True)
+            if found is not None:
+                with contextlib.suppress(OSError):  # (new, this user's, in a trusted root)
+                    os.chmod(found, 0o700)
+        if found is not None and _kernel_dir(found):
             return found
     if not _private_inductor:
         private = Path(tempfile.mkdtemp(prefix="ptexec-inductor-"))  # 0700, this process's
