@@ -866,3 +866,32 @@ def test_numpy_scalars_are_accepted_for_traced_scalars() -> None:
         m.execute([x, alpha, np.int64(n + 1), flag])
     with pytest.raises(ptexec.InputError, match="traced with int"):
         m.execute([x, alpha, np.bool_(True), flag])
+
+
+def test_a_float_traced_as_an_infinity_or_nan_takes_only_itself() -> None:
+    """ExecuTorch's rule for a traced float: NaN fits NaN, an infinity only itself (the
+    difference from any other value is no finite number), other values within 1e-4 plus
+    1e-5 of the traced one. A value that does not fit would be ignored: the program
+    computes with the traced one."""
+    from conftest import executorch_runtime
+    from export_util import export_program
+
+    class Clamp(torch.nn.Module):
+        def forward(self, x: torch.Tensor, a: float) -> torch.Tensor:
+            return torch.clamp(x, max=a)
+
+    rt = executorch_runtime()
+    x = torch.tensor([1.0, 5.0, -3.0])
+    inf, nan = float("inf"), float("nan")
+    for traced, given in [(inf, [inf, 5.0, 1e30, -inf, nan]), (nan, [nan, 5.0, inf])]:
+        pte = export_program(Clamp(), (x, traced))
+        m = ptexec.load(pte).load_method("forward")
+        for a in given:
+            try:
+                want = rt.load_program(pte).load_method("forward").execute([x, a])
+            except RuntimeError:
+                with pytest.raises(ptexec.InputError, match="traced with float"):
+                    m.execute([x, a])
+                continue
+            got = m.execute([x, a])
+            torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)

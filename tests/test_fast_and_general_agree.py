@@ -240,10 +240,14 @@ def test_scalar_test_is_scalar_fits() -> None:
     sources = Sources("test")
     values: list[Any] = [0.5, 0.50005, 0.4999, 0.51, 3, 4, 3.0, True, False, None, "a", "b"]
     values += [np.float32(0.5), np.int64(3), np.bool_(True), -0.0, float("nan"), float("inf")]
+    values += [float("-inf"), 1e300, np.float64("inf"), np.float64("nan")]
     for kind, traced in [
         ("float", 0.5),
         ("float", -1e6),
         ("float", 0.0),
+        ("float", float("inf")),
+        ("float", float("-inf")),
+        ("float", float("nan")),
         ("int", 3),
         ("bool", True),
         ("bool", False),

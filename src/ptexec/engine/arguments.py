@@ -43,6 +43,7 @@ __all__ = [
     "check_inputs",
     "check_out",
     "collect",
+    "float_fits",
     "float_tolerance",
     "held_outputs",
     "output_checks",
@@ -205,6 +206,18 @@ def float_tolerance(traced: float) -> float:
     return 1e-4 + 1e-5 * abs(traced)
 
 
+def float_fits(traced: float, got: float) -> bool:
+    """Whether ``got`` may be passed for a float input traced as ``traced``: NaN for NaN,
+    an infinity for the same infinity alone (the difference from any other value is no
+    finite number, as ExecuTorch requires), any other value within
+    :func:`float_tolerance`."""
+    if math.isnan(traced):
+        return math.isnan(got)
+    if math.isinf(traced) or math.isinf(got):
+        return got == traced
+    return got == traced or abs(got - traced) <= float_tolerance(traced)
+
+
 def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
     """Whether ``x`` may be passed for a scalar input of ``kind`` traced with the value
     ``traced``: the same value of the same kind (a float within :func:`float_tolerance`;
@@ -214,9 +227,7 @@ def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
             not isinstance(x, numbers.Real) or isinstance(x, bool | _NP_BOOL)
         ):
             return False
-        got: float = x if type(x) is float else float(x)
-        want: float = traced
-        return got == want or abs(got - want) <= float_tolerance(want)
+        return float_fits(traced, x if type(x) is float else float(x))
     if kind == "int":
         if type(x) is not int and (
             not isinstance(x, numbers.Integral) or isinstance(x, bool | _NP_BOOL)
@@ -238,8 +249,12 @@ def scalar_test(kind: str, traced: Any, x: str, w: str) -> str:
     true exactly when ``x`` has that type and fits; a value of another type that fits
     (numpy's scalars) makes it false, and is for :func:`scalar_fits` to judge."""
     if kind == "float":
-        tol = float_tolerance(traced)
-        bound = repr(tol) if math.isfinite(tol) else f"float({repr(tol)!r})"
+        if math.isnan(traced):
+            return f"type({x}) is float and {x} != {x}"
+        if math.isinf(traced):
+            return f"type({x}) is float and {x} == {w}"
+        # (an infinite x: its difference is no number <= a finite bound)
+        bound = repr(float_tolerance(traced))
         return f"type({x}) is float and ({x} == {w} or abs({x} - {w}) <= {bound})"
     if kind in ("int", "str"):
         return f"type({x}) is {kind} and {x} == {w}"
