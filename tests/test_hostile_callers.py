@@ -321,3 +321,92 @@ def test_a_written_input_sharing_memory_with_another_is_refused() -> None:
         want = eager_x * 3.0 + y
         torch.testing.assert_close(m.execute([x, y])[-1], want)  # (after the written input)
         torch.testing.assert_close(x, eager_x)
+
+
+class _Pair(torch.Tensor):
+    """A wrapper subclass holding two tensors, each op applied to both (as torch's own
+    test subclass TwoTensor): its values are not in its memory."""
+
+    @staticmethod
+    def __new__(cls, a: torch.Tensor, b: torch.Tensor) -> _Pair:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, a.shape, dtype=a.dtype, device=a.device, strides=a.stride()
+        )
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.a, self.b = a, b
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from torch.utils._pytree import tree_map
+
+        kwargs = kwargs or {}
+        first = tree_map(lambda t: t.a if isinstance(t, _Pair) else t, (args, kwargs))
+        second = tree_map(lambda t: t.b if isinstance(t, _Pair) else t, (args, kwargs))
+        out_a, out_b = func(*first[0], **first[1]), func(*second[0], **second[1])
+        if isinstance(out_a, torch.Tensor) and isinstance(out_b, torch.Tensor):
+            return _Pair(out_a, out_b)
+        return out_a
+
+
+class _Logged(torch.Tensor):
+    """A subclass over its own memory whose torch functions run a Python hook."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", "") in ("add", "mul", "add_", "mul_"):
+            return torch.zeros(())  # a hook that would change the program's answer
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("program", ["two", "mutates"])
+def test_a_tensor_subclass_is_read_by_its_memory_or_refused(
+    program: str, two: bytes, mutates: bytes
+) -> None:
+    """A subclass whose values are in its memory is read as a plain tensor over that
+    memory (its Python hooks run no kernel of the program, as ExecuTorch's runtime runs
+    the program on memory alone): the answer is eager PyTorch's on the plain tensor. One
+    with its own ``__torch_dispatch__`` keeps its values elsewhere and is refused."""
+    data = two if program == "two" else mutates
+    m = ptexec.load(data).load_method()
+    x, y = _inputs()
+    if program == "mutates":
+        x, y = x[:3, :4].contiguous(), None
+    inputs = [x] if y is None else [x, y]
+    pair = _Pair(x.clone(), x + 100.0)
+    with pytest.raises(ptexec.InputError, match="__torch_dispatch__"):
+        m.execute([pair, *inputs[1:]])
+    assert torch.equal(pair.a, x) and torch.equal(pair.b, x + 100.0)
+
+    reference = [t.clone() for t in inputs]
+    if program == "two":
+        want = list(_Two()(*reference))
+    else:
+        want = [reference[0], _Mutates()(reference[0])]  # the written input, then x + 1
+    logged = x.clone().as_subclass(_Logged)
+    got = m.execute([logged, *inputs[1:]])
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is torch.Tensor
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    # the program's write of the input lands in the caller's memory, as in the plain one
+    torch.testing.assert_close(logged.as_subclass(torch.Tensor), reference[0], rtol=0, atol=0)
+
+
+def test_an_out_tensor_whose_subclass_hooks_torch_is_refused(two: bytes) -> None:
+    """The method writes an unplanned output straight into the ``out=`` tensor by the
+    kernels' ``out=``: a subclass's hook would take those writes (``_Logged`` returns
+    zeros instead of writing, and the caller got uninitialized memory). A subclass that
+    overrides neither hook (a Parameter) receives the output."""
+    m = ptexec.load(two).load_method()
+    x, y = _inputs()
+    for given in (
+        torch.zeros(4, 6).as_subclass(_Logged),
+        _Pair(torch.zeros(4, 6), torch.zeros(4, 6)),
+    ):
+        with pytest.raises(ptexec.InputError, match=r"out\[0\].*subclass with its own __torch"):
+            m.execute([x, y], out=[given, None])
+    param = torch.nn.Parameter(torch.zeros(4, 6), requires_grad=False)
+    got = m.execute([x, y], out=[param, None])
+    assert got[0] is param
+    torch.testing.assert_close(param.detach(), y * 2.0, rtol=0, atol=0)
+    _check_still_works(m)

@@ -28,7 +28,14 @@ from .device import CPU, Device, from_dlpack_device, from_torch_device
 from .dtypes import dtype_name
 from .errors import DeviceUnavailableError, UnsupportedDeviceError
 
-__all__ = ["TensorInfo", "describe", "dim_order_from_strides", "dim_order_strides", "to_torch"]
+__all__ = [
+    "TensorInfo",
+    "describe",
+    "dim_order_from_strides",
+    "dim_order_strides",
+    "subclass_hook",
+    "to_torch",
+]
 
 
 def dim_order_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
@@ -278,12 +285,42 @@ def _dlpack_empty(x: Any) -> torch.Tensor | None:
     return torch.empty(sizes, dtype=dtype)
 
 
+def subclass_hook(t: torch.Tensor) -> str | None:
+    """The Python hook that ``t``'s tensor subclass adds to torch's ops:
+    ``"__torch_dispatch__"`` (a wrapper, whose values are not its memory),
+    ``"__torch_function__"``, or None (a plain tensor, or a subclass that overrides
+    neither, as a Parameter)."""
+    kind = type(t)
+    if kind is torch.Tensor:
+        return None
+    if kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        return "__torch_dispatch__"
+    function = getattr(kind.__torch_function__, "__func__", kind.__torch_function__)
+    if function not in (_TENSOR_FUNCTION, torch._C._disabled_torch_function_impl):
+        return "__torch_function__"
+    return None
+
+
+_TENSOR_FUNCTION = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
+
+
 def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
     """A torch view of ``x`` (a torch tensor, numpy array or DLPack producer) and its device.
 
     Never copies; raises :class:`UnsupportedDeviceError` for memory ptexec does not model
     (an empty tensor is exempt and counts as cpu) and ``TypeError`` for non-arrays.
+    A tensor subclass is a plain tensor over the same memory (its Python hooks are no
+    part of a program, whose kernels read memory), unless it has its own
+    ``__torch_dispatch__``: such a subclass (a wrapper: DTensor, a fake tensor) keeps its
+    values elsewhere than its memory, a ``TypeError``.
     """
+    if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor:
+        if subclass_hook(x) == "__torch_dispatch__":
+            raise TypeError(
+                f"{what} is a {type(x).__name__}, a tensor subclass with its own "
+                "__torch_dispatch__ (its values are not its memory); pass a plain tensor"
+            )
+        x = x.as_subclass(torch.Tensor)
     if isinstance(x, torch.Tensor):
         dev = x.device
         if dev.type == "cpu":

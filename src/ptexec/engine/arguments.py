@@ -30,6 +30,7 @@ from ..tensor import (
     dim_order_from_strides,
     dim_order_strides,
     dlpack_read_only,
+    subclass_hook,
     to_torch,
 )
 
@@ -412,6 +413,13 @@ def check_out(state: MethodState, out: Sequence[Any]) -> list[torch.Tensor | Non
             raise InputError(f"{where}: output {k} is a {spec.kind}, not a tensor")
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{where}: expected a torch tensor, got {type(t).__name__}")
+        hook = subclass_hook(t)
+        if hook is not None:
+            # the kernels' writes into it would run the hook instead of writing
+            raise InputError(
+                f"{where}: expected a torch tensor, got a {type(t).__name__}, a subclass "
+                f"with its own {hook}; pass a plain tensor"
+            )
         got_dev = to_torch(t, where)[1]
         got = TensorInfo(tuple(t.shape), t.dtype, None, got_dev, tuple(t.stride()))
         if t.dtype != info.dtype:
