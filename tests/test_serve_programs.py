@@ -349,3 +349,24 @@ def test_values_one_joined_request_cannot_take_refuse_that_request_alone() -> No
     np.testing.assert_allclose(ok[0], want[0].numpy(), rtol=1e-6)
     assert isinstance(refused, Exception) and "change in float32" in str(refused)
     service.close()
+
+
+@pytest.mark.parametrize(
+    "flags", [["--timeout", "0.001"], ["--max-queue", "0"], ["--max-sessions", "4"]]
+)
+def test_limits_nothing_would_honour_are_refused(
+    flags: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Serving a program's methods alone, the limits of generations and transcriptions
+    bound nothing (a method call is not stopped part-way, nor queued by them): the command
+    says so instead of serving without them."""
+    from ptexec.cli import main
+    from ptexec.serve import Server
+
+    started: list[Any] = []
+    monkeypatch.setattr(Server, "run", lambda self: started.append(self))
+    assert main(["serve", str(FIXTURES / "mlp.pte"), "--port", "0", *flags]) == 2
+    assert not started
+    assert flags[0] in capsys.readouterr().err
+    assert main(["serve", str(FIXTURES / "mlp.pte"), "--port", "0"]) == 0
+    assert len(started) == 1

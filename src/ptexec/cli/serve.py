@@ -12,6 +12,9 @@ from .common import add_threads, add_xnnpack, apply_threads
 
 DEFAULT_BODY_BYTES = 1 << 20
 MEDIA_BODY_BYTES = 32 << 20  # a request with images or audio (OpenAI takes 20-25 MB ones)
+DEFAULT_QUEUE = 16
+# the options that bound generations and transcriptions, by the attribute they set
+_LIMITS = {"--max-sessions": "max_sessions", "--max-queue": "max_queue", "--timeout": "timeout"}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -22,8 +25,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"ptexec: serving needs {e.name} (pip install 'ptexec[serve]')", file=sys.stderr)
         return 1
     apply_threads(args)
+    is_speech = _is_speech(args)
+    if not args.tokenizer and not is_speech:
+        # the program's methods alone: each request is one call, which nothing stops
+        # part-way, and the limits below are the generations' and transcriptions'
+        given = [f for f, v in _LIMITS.items() if getattr(args, v) is not None]
+        if given:
+            print(
+                f"ptexec: serve: {', '.join(given)} limit{'s' if len(given) > 1 else ''} "
+                "generations and transcriptions; serving the program's methods alone, "
+                "nothing would honour it (give --tokenizer for an LLM, --processor or "
+                "--preprocessor for speech)",
+                file=sys.stderr,
+            )
+            return 2
+    max_queue = args.max_queue if args.max_queue is not None else DEFAULT_QUEUE
+    sessions = args.max_sessions if args.max_sessions is not None else 1
     speech = None
-    if _is_speech(args):
+    if is_speech:
         from ..serve import SpeechService
         from .transcribe import speech_model
 
@@ -36,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             runner,
             features,
             args.model_name or Path(args.file).stem,
-            max_queue=args.max_queue,
+            max_queue=max_queue,
             timeout=args.timeout,
         )
     engine = None
@@ -46,8 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.tokenizer,
             data_path=args.data,
             model_name=args.model_name,
-            sessions=args.max_sessions,
-            max_queue=args.max_queue,
+            sessions=sessions,
+            max_queue=max_queue,
             timeout=args.timeout,
             device_map=args.device or None,
             compile="background" if args.compile else False,
@@ -157,9 +176,19 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
     p.add_argument("--model-name", help="the model id clients send (default: the file's stem)")
-    p.add_argument("--max-sessions", type=int, default=1, help="concurrent generations")
-    p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond them")
-    p.add_argument("--timeout", type=float, help="seconds a request may take (default: none)")
+    p.add_argument(
+        "--max-sessions", type=int, help="concurrent generations (default 1; an LLM's only)"
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        help=f"generation or transcription requests waiting beyond them (default {DEFAULT_QUEUE})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds a generation or transcription request may take (default: none)",
+    )
     p.add_argument("--device", help="run the program on this device (cpu, cuda, cuda:1)")
     p.add_argument(
         "--compile",
