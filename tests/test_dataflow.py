@@ -391,6 +391,35 @@ def test_held_views_give_eagers_results_call_after_call() -> None:
     assert traced.outputs is not None and torch.equal(traced.outputs[0], plain(x, y)[0])
 
 
+class FlatTranspose(torch.nn.Module):
+    """A transpose made contiguous, then flattened: with every tensor at bytes of its own,
+    the copies become views, and the flattening reads a transposed view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x).reshape(4, 2).t().contiguous().reshape(2, 4)
+        return y, y.flatten()
+
+
+def test_a_held_reshape_that_copies_is_made_per_call() -> None:
+    gen = torch.Generator().manual_seed(0)
+    module = FlatTranspose().requires_grad_(False)
+    data = export_program(module, (torch.randn(2, 4, generator=gen),), naive_plan=True)
+    m = ptexec.load(data).load_method("forward")
+    assert any("_held" in code for code in _statements(m)), _statements(m)
+    for _ in range(3):
+        x = torch.randn(2, 4, generator=gen)
+        got, want = m(x), module(x)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+        traced = m.trace([x])
+        assert traced.outputs is not None
+        torch.testing.assert_close(traced.outputs[1], want[1])
+
+
 def test_a_copy_that_stays_a_copy_reads_a_held_view() -> None:
     # value 1 is the method's output: it keeps its copy, of a view made once
     values = [_tensor(0), _tensor(64, sizes=(1, 16))]

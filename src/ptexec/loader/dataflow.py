@@ -21,10 +21,12 @@ rewrites remove that work:
 A view whose source is the same tensor object on every call (a static tensor in planned
 memory, or such a view itself) is made once and held: the statement assigns the held view
 while the slot holds the object it was made from (``v[9] = h[0][1] if v[4] is h[0][0]
-else ...``), and makes and holds a new one otherwise. A static tensor in planned memory
-keeps its storage, offset, sizes and strides for the method's life (a failed call's
-restore gives them back), so the held view is the view the statement would make; making
-one costs a few microseconds of torch's dispatch, checking the object tens of nanoseconds.
+else ...``), and makes and holds a new one otherwise; what the expression makes is held
+only where it shares its source's memory (a ``reshape`` of a transposed view copies). A
+static tensor in planned memory keeps its storage, offset, sizes and strides for the
+method's life (a failed call's restore gives them back), so the held view is the view the
+statement would make; making one costs a few microseconds of torch's dispatch, checking
+the object tens of nanoseconds.
 
 **Outputs nothing reads are not written.** An instruction that can skip some of its
 outputs (batch norm's saved statistics, say) skips those that no later instruction reads,
@@ -541,8 +543,13 @@ def _held_copy(i: int, st: Statement, expr: str) -> Statement:
 
 
 def _hold(cell: list[tuple[Any, Any]], source: Any, view: Any) -> Any:
-    """Hold ``view``, made from ``source``, in ``cell`` (one tuple: replaced at once)."""
-    cell[0] = (source, view)
+    """Hold ``view``, made from ``source``, in ``cell`` (one tuple: replaced at once), when
+    it is a view: a ``reshape`` of a source its strides cannot reshape (a transposed view
+    an elided copy left) is a copy of today's data, made again on each call."""
+    at = source.untyped_storage().data_ptr()
+    pieces = view if isinstance(view, tuple | list) else (view,)  # a split's pieces
+    if all(t.untyped_storage().data_ptr() == at for t in pieces):
+        cell[0] = (source, view)
     return view
 
 
