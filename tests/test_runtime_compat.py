@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,3 +210,58 @@ def test_a_method_works_after_each_error() -> None:
             method.execute(bad)
         got = list(method.execute(call["inputs"]))
         assert compare_outputs(got, call["outputs"], *tolerance("mlp")) is None
+
+
+def test_a_planned_external_tensor_missing_from_the_data_is_refused_on_every_load(
+    tmp_path: Path,
+) -> None:
+    """Methods sharing their state, exported with external constants: the method that
+    only reads the state names it as an external tensor the data file lacks. ExecuTorch's
+    runtime refuses to load that method whichever was loaded first; so does ptexec."""
+    import copy
+
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from executorch.exir.passes import MemoryPlanningPass
+
+    class Write(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("state", torch.zeros(4))
+            self.register_buffer("scale", torch.full((4,), 2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.state.add_(x)
+            return self.state * self.scale
+
+    class Read(Write):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.state * x
+
+    example = (torch.ones(4),)
+    programs = {
+        "write": torch.export.export(Write(), example),
+        "read": torch.export.export(copy.deepcopy(Read()), example),
+    }
+    config = ExecutorchBackendConfig(
+        external_constants=True,
+        emit_mutable_buffer_names=True,
+        memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+    )
+    exported = to_edge(programs).to_executorch(config)
+    pte = tmp_path / "model.pte"
+    pte.write_bytes(exported.buffer)
+    exported.write_tensor_data_to_file(str(tmp_path))
+    (ptd,) = tmp_path.glob("*.ptd")
+    et_program = _et().load_program(pte, data_path=ptd)
+    assert et_program.load_method("write") is not None
+    with pytest.raises(RuntimeError):
+        et_program.load_method("read")
+    for order in (("read", "write"), ("write", "read")):
+        prog = ptexec.load(pte, data_path=ptd)
+        for name in order:
+            if name == "read":
+                with pytest.raises(PteFormatError, match="'state' is not in the data file"):
+                    prog.load_method(name)
+            else:
+                got = prog.load_method(name)(torch.ones(4))[0]
+                assert torch.equal(got, torch.full((4,), 2.0))

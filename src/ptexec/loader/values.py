@@ -174,14 +174,26 @@ def build_values(
 
 
 def _initialise(
-    program: Program, value: p.Tensor, view: torch.Tensor, dtype: torch.dtype, tpath: str
+    program: Program,
+    value: p.Tensor,
+    view: torch.Tensor,
+    dtype: torch.dtype,
+    tpath: str,
+    fresh: bool,
 ) -> None:
-    """Copy the initial state of planned tensor ``value`` (in a new buffer) into ``view``."""
+    """Copy the initial state of planned tensor ``value`` into ``view`` where its buffer is
+    ``fresh`` (new for this load). A buffer an earlier load made (state shared between
+    methods) keeps what it holds; an external initial value must still be in the data,
+    as ExecuTorch's runtime reads it on every method's load and refuses a method whose
+    data lacks it."""
     if value.is_external:
         init = program.external_bytes(value, tpath)
-    else:
+    elif fresh:
         init = program.pte.mutable_initial_value(value.data_buffer_idx, value.nbytes)
-    view.copy_(_from_bytes(program, init, value, dtype))
+    else:
+        return
+    if fresh:
+        view.copy_(_from_bytes(program, init, value, dtype))
 
 
 class _Unplanned:
@@ -325,11 +337,11 @@ def _replay(
             values, tensors, inits = list(recipe.template), recipe.tensors, ()
             made.clear()
         for first in inits:
-            if first.memory_id in fresh:
-                value = plan.values[first.slot]
-                assert isinstance(value, p.Tensor)
-                where = f"{path}.values[{first.slot}].tensor"
-                _initialise(program, value, values[first.slot], first.dtype, where)
+            value = plan.values[first.slot]
+            assert isinstance(value, p.Tensor)
+            where = f"{path}.values[{first.slot}].tensor"
+            new = first.memory_id in fresh
+            _initialise(program, value, values[first.slot], first.dtype, where, new)
     # the constants' bytes, and what the program makes of the read-only ones (views, or
     # its copies where a constant may be written: Program.tensor_from_memory), at once
     constants = [(c, pte.constant(c.data, c.nbytes)) for c in tensors if isinstance(c, _Constant)]
@@ -365,10 +377,11 @@ def _replay(
         view = make()
         view.set_(storage, offset, sizes, strides)
         append((view, storage, offset, sizes, strides))
-        if init and memory_id in fresh:
+        if init:
             value = plan.values[slot]
             assert isinstance(value, p.Tensor)
-            _initialise(program, value, view, dtype, f"{path}.values[{slot}].tensor")
+            where = f"{path}.values[{slot}].tensor"
+            _initialise(program, value, view, dtype, where, memory_id in fresh)
         values[slot] = view
     for j, items in recipe.int_lists:
         values[j] = tuple(values[i] for i in items)
