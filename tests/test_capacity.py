@@ -4,6 +4,8 @@ ptexec, rather than write over the planned memory beside it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -72,3 +74,32 @@ def test_the_state_is_not_updated_past_a_refused_size() -> None:
     (acc,) = method(x, torch.tensor(4))
     # ExecuTorch stops at the refused resize: the state holds the two good calls only
     torch.testing.assert_close(acc, x * 6)
+
+
+class _ItemSizedOutput(torch.nn.Module):
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = n.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        return torch.ones(k, 8) * x.sum(), x * 3.0
+
+
+def test_a_compiled_result_sized_from_data_past_its_bound_is_refused(tmp_path: Path) -> None:
+    """A compiled region computes in memory of its own: a result past its bound is
+    refused before it is stored into planned memory, or handed over."""
+    from ptexec.compile import CompileOptions
+
+    pte = tmp_path / "item.pte"
+    pte.write_bytes(export_program(_ItemSizedOutput(), (torch.ones(8), torch.tensor(2))))
+    method = ptexec.load(pte).load_method("forward", compile=CompileOptions(backend="graph"))
+    assert method.compile_status == "compiled"
+    x = torch.arange(8.0)
+    for k in (1, 4):
+        w, y = method(x, torch.tensor(k))
+        torch.testing.assert_close(w, torch.full((k, 8), float(x.sum())))
+        torch.testing.assert_close(y, x * 3.0)
+    with pytest.raises(ExecutionError, match=r"capacity of 32 elements|exceeds the upper bound"):
+        method(x, torch.tensor(5))
+    w, y = method(x, torch.tensor(3))
+    torch.testing.assert_close(w, torch.full((3, 8), float(x.sum())))
+    torch.testing.assert_close(y, x * 3.0)

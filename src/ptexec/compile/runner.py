@@ -44,6 +44,7 @@ from ..errors import ExecutionError, PtexecError
 from ..format import program as p
 from ..kernels.fixed_args import store as store_resizing
 from ..kernels.registry import Statement
+from ..loader.capacity import CHECK, capacity, check_capacity
 from ..loader.state import MethodState, PreparedChain
 from .cache import CacheEntry, cache_key, open_cache, program_digest, warn_once
 from .external import Calls, ExternalCall, own_tensor
@@ -686,6 +687,10 @@ def _region_call(
                     order = f"_o{j}"
                     env[order] = tuple(value.dim_order)
                     grow = value.shape_dynamism == p.DYNAMIC_UNBOUND
+                    cap = capacity(value)
+                    if cap is not None:  # a size from data may pass it: refused first
+                        env[CHECK] = check_capacity
+                        code.add(f"{CHECK}({r}, {j}, {cap})", s.instruction)
                     code.add(f"_store(v[{j}], {r}, {order}, {grow})", s.instruction)
                 n_out += 1
             elif s.how in ("replace", "adopt"):

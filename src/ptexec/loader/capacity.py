@@ -30,25 +30,25 @@ from ..format import program as p
 from ..format.lru import Lru
 from ..kernels.registry import Statement
 
-__all__ = ["bounded_by_data", "check_capacity", "guard_capacity"]
+__all__ = ["CHECK", "bounded_by_data", "capacity", "check_capacity", "guard_capacity"]
 
 CHECK = "_beyond_capacity"
 """The name the checks call (:func:`check_capacity`), in each checked statement's env."""
 
 
-def check_capacity(t: torch.Tensor, slot: int, capacity: int) -> None:
-    """Refuse ``t`` (value ``slot``), resized by a kernel to more elements than the
-    ``capacity`` its plan gives it."""
+def check_capacity(t: torch.Tensor, slot: int, most: int) -> None:
+    """Refuse ``t``, the value of ``slot`` (or what is to be stored there), when it holds
+    more than the ``most`` elements its plan gives that slot."""
     n = t.numel()
-    if n > capacity:
+    if n > most:
         raise RuntimeError(
-            f"value {slot}: a bounded tensor with a maximum capacity of {capacity} elements "
-            f"was resized to {n} elements ({list(t.shape)}): a size computed from data is "
+            f"value {slot}: a bounded tensor with a maximum capacity of {most} elements "
+            f"cannot hold {n} elements ({list(t.shape)}): a size computed from data is "
             "past the bound the program was exported with"
         )
 
 
-def _capacity(value: p.EValue) -> int | None:
+def capacity(value: p.EValue) -> int | None:
     """The capacity of a bounded dynamic tensor in planned memory; None for any other."""
     if (
         isinstance(value, p.Tensor)
@@ -77,7 +77,7 @@ def bounded_by_data(
                 continue
             tainted.update(st.writes)
             written = st.outs if st.mutates is None else st.mutates
-            checks = tuple((o, cap) for o in written if (cap := _capacity(values[o])) is not None)
+            checks = tuple((o, cap) for o in written if (cap := capacity(values[o])) is not None)
             if checks:
                 found[i] = checks
         if len(tainted) == before:
