@@ -751,6 +751,37 @@ def test_planned_host_buffers_are_zero_aligned_and_cannot_grow(size: int) -> Non
     assert all(int(d.sum()) == 7 * size for d in buffers)  # each its own memory
 
 
+def test_fixed_storage_is_the_same_memory_and_cannot_grow() -> None:
+    """What CUDA buffers are made with (its rule is the device's own: checked here on the
+    host): the same memory, alive as long as the fixed tensor, never resized."""
+    from ptexec.memory import fixed_storage
+
+    t = torch.arange(64, dtype=torch.uint8)
+    fixed = fixed_storage(t)
+    address = t.data_ptr()
+    del t
+    assert fixed.data_ptr() == address and fixed.tolist() == list(range(64))
+    view = fixed[8:16].view(torch.float32)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        view.resize_(100)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_planned_cuda_buffers_cannot_grow() -> None:
+    """A kernel writing a planned view past its CUDA buffer raises instead of moving the
+    buffer (views would follow it, addresses taken before it would not)."""
+    from ptexec.device import Device, DeviceType
+    from ptexec.memory import BufferInfo, allocate
+
+    data = allocate(BufferInfo(1, 4096, Device(DeviceType.CUDA, 0))).data
+    assert data.is_cuda and not data.any()
+    address = data.data_ptr()
+    with pytest.raises(RuntimeError, match="not resizable"):
+        data[4000:].view(torch.float32).resize_(1000)
+    assert data.data_ptr() == address
+
+
 def test_a_program_writing_an_external_constant_changes_no_other_programs_weights(
     tmp_path: Path,
 ) -> None:

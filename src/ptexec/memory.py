@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.utils.dlpack
 
 from .device import Device
 from .errors import LimitExceededError, PteFormatError
@@ -24,6 +25,7 @@ __all__ = [
     "check_aligned",
     "empty_maker",
     "fixed_empty",
+    "fixed_storage",
     "resize_to",
     "strided_view",
 ]
@@ -100,7 +102,8 @@ def _fixed_bytes(nbytes: int, zeros: bool = False) -> torch.Tensor:
 
 
 def allocate(info: BufferInfo) -> PlannedBuffer:
-    """Allocate zero-filled memory for a planned buffer on its device.
+    """Allocate zero-filled memory for a planned buffer on its device, whose storage cannot
+    be resized (on every device).
 
     Host buffers are anonymous memory maps: zero by definition, and a page costs resident
     memory only once something writes it (the parts of a plan that the dataflow rewrites
@@ -119,10 +122,21 @@ def allocate(info: BufferInfo) -> PlannedBuffer:
         data = torch.frombuffer(mapped, dtype=torch.uint8)
     else:
         try:
-            data = torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
+            data = fixed_storage(
+                torch.zeros(size, dtype=torch.uint8, device=info.device.to_torch())
+            )
         except torch.OutOfMemoryError as e:
             raise _no_memory(size, str(info.device), e) from None
     return PlannedBuffer(info, data)
+
+
+def fixed_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory (any device) as a tensor whose storage cannot be resized, ``t`` kept
+    alive with it: a kernel asked to write a planned view past its buffer raises instead
+    of moving the whole buffer to new memory (where every view made of it would follow,
+    but addresses taken before, a CUDA graph's say, would not). A DLPack capsule's memory
+    is the caller's, so torch makes its storage of a fixed size."""
+    return torch.utils.dlpack.from_dlpack(t.__dlpack__())
 
 
 def _no_memory(nbytes: int, where: str, error: BaseException) -> LimitExceededError:
