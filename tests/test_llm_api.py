@@ -510,6 +510,37 @@ def test_tiktoken_ids_are_tiktokens(tmp_path: Path) -> None:
         assert tok.encode(text) == ref.encode(text, allowed_special="all"), repr(text)
 
 
+def test_tiktoken_long_words_are_tiktokens(tmp_path: Path) -> None:
+    """A piece of more than bpe.LONG_PIECE bytes is merged by ptexec in n log n (the
+    library's merges take n**2: a megabyte of letters took minutes): the same ids as
+    tiktoken's for words of every length around the switch, ties between equal ranks
+    included (a word of one repeated pair)."""
+    pytest.importorskip("pytorch_tokenizers")
+    tiktoken = pytest.importorskip("tiktoken")
+    import random
+
+    from ptexec.llm.bpe import LONG_PIECE, merge, read_ranks
+
+    path = _tiktoken_file(tmp_path / "tokenizer.model")
+    tok = load_tokenizer(path)
+    ranks = read_ranks(path)
+    ref = tiktoken.Encoding("llama3-like", pat_str=LLAMA3_PAT, mergeable_ranks=ranks,
+                            special_tokens={})  # fmt: skip
+    rng = random.Random(1)
+    syllables = ["th", "the", "ca", "cat", "at", "an", "a", "t", "h", "n", "c", "e", "é"]
+    words = ["at" * 200, "a" * 1000, "th" * 129, "thecat" * 60 + "é" * 90]
+    for _ in range(60):
+        word = "".join(rng.choice(syllables) for _ in range(rng.randrange(40, 900)))
+        words.append(word)
+    assert any(len(w.encode()) <= LONG_PIECE for w in words)
+    assert any(len(w.encode()) > LONG_PIECE for w in words)
+    for word in words:
+        for text in (word, " " + word + " sat " + word[::-1]):
+            assert tok.encode(text) == ref.encode(text), text[:40]
+        # the word alone is one piece of the pattern (letters): merged whole
+        assert merge(word.encode(), ranks) == ref.encode(word)
+
+
 def _sentencepiece_model(spm: Any, path: Path, **options: Any) -> Path:
     """A BPE SentencePiece model trained on TEXT (BOS 1, EOS 2, UNK 0), written to ``path``."""
     model = io.BytesIO()

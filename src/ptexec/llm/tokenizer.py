@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import TokenizerError
+from .bpe import LONG_PIECE, merge, read_ranks
 
 __all__ = ["TextStream", "Tokenizer", "load_tokenizer"]
 
@@ -347,6 +348,7 @@ class _CppTokenizer(Tokenizer):
         self._named: dict[str, int] = {}
         self._names: dict[int, bytes] = {}
         self._pieces: Any = None  # tiktoken: its pre-tokenizer, done here (_LLAMA3_PATTERN)
+        self._rank_table: dict[bytes, int] | None = None  # tiktoken: see _ranks
         if kind == "tiktoken":
             self._named = {name: self.bos_id + i for i, name in enumerate(_llama3_special_names())}
             self._split = re.compile(
@@ -403,8 +405,24 @@ class _CppTokenizer(Tokenizer):
                     f"tokenizer {self.path.name} ends a text there"
                 )
             return [int(i) for i in encode(text, 0, 0)]
-        # each piece of the pre-tokenizer alone: the library's split of a piece is the piece
-        return [int(i) for piece in self._pieces.findall(text) for i in encode(piece, 0, 0)]
+        # each piece of the pre-tokenizer alone: the library's split of a piece is the piece;
+        # a long one is merged in n log n (bpe.merge: the library's merges take n**2)
+        ids: list[int] = []
+        for piece in self._pieces.findall(text):
+            data = piece.encode() if len(piece) * 4 > LONG_PIECE else b""
+            if len(data) > LONG_PIECE:
+                ranks = self._ranks()
+                whole = ranks.get(data)
+                ids.extend([whole] if whole is not None else merge(data, ranks))
+            else:
+                ids.extend(int(i) for i in encode(piece, 0, 0))
+        return ids
+
+    def _ranks(self) -> dict[bytes, int]:
+        """The tiktoken file's tokens by their bytes (read on first use)."""
+        if self._rank_table is None:
+            self._rank_table = read_ranks(self.path)
+        return self._rank_table
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         # pieces are bytes; join them first so characters split over tokens survive
