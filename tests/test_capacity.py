@@ -103,3 +103,37 @@ def test_a_compiled_result_sized_from_data_past_its_bound_is_refused(tmp_path: P
     w, y = method(x, torch.tensor(3))
     torch.testing.assert_close(w, torch.full((3, 8), float(x.sum())))
     torch.testing.assert_close(y, x * 3.0)
+
+
+class _TwoSized(torch.nn.Module):
+    def forward(self, x: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        k, j = n.item(), m.item()
+        torch._check(k >= 1)
+        torch._check(k <= 4)
+        torch._check(j >= 1)
+        torch._check(j <= 8)
+        a = torch.ones(k, j) * x.sum()  # planned at its bound, [4, 8]
+        s = a.sum(0)  # planned at [8]: sized from a's sizes
+        return y + s.sum()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_tensor_sized_from_a_data_sized_one_past_its_bound_is_refused(fast_path: bool) -> None:
+    # a [2, 16] is within its capacity of 32 elements, its sum over dim 0 (16 elements)
+    # is not within its 8: each planned apart, that sum was written over y
+    program = export_program(
+        _TwoSized(), (torch.ones(8), torch.tensor(2), torch.tensor(3)), naive_plan=True
+    )
+    method = ptexec.load(program).load_method("forward", fast_path=fast_path)
+    x = torch.arange(8.0)
+    (got,) = method(x, torch.tensor(4), torch.tensor(8))
+    torch.testing.assert_close(got, x * 3.0 + 32 * x.sum())
+    with pytest.raises(ExecutionError, match="capacity of 8 elements"):
+        method(x, torch.tensor(2), torch.tensor(16))
+    rt = pytest.importorskip("executorch.runtime")
+    et = rt.Runtime.get().load_program(program).load_method("forward")
+    with pytest.raises(RuntimeError):
+        et.execute([x, torch.tensor(2), torch.tensor(16)])
+    (got,) = method(x, torch.tensor(2), torch.tensor(3))  # the next good call is right
+    torch.testing.assert_close(got, x * 3.0 + 6 * x.sum())

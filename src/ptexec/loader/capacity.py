@@ -11,11 +11,12 @@ Sizes that follow from the inputs' sizes stay within their bounds: the exporter 
 the bounds from the inputs' ranges, and ptexec refuses an input past its bound. A size
 computed from data does not: a scalar read out of a tensor (``item()``), a value a call
 is given, an op whose result's size depends on what it reads (``nonzero``). Each
-statement that is sized by data (not ``sized``), or that reads such a scalar (or a tensor
-a statement like these put in its slot) is followed by a check of every bounded planned
-tensor it writes: one past its capacity raises, as ExecuTorch's resize does (the kernel
-has written it by then; the call stops there). The tensors checked are within their
-bounds afterwards, so sizes that follow from theirs need no check.
+statement that is sized by data (not ``sized``), or that reads what such a statement
+wrote (a scalar, a tensor put in its slot, a tensor written in place), is followed by a
+check of every bounded planned tensor it writes: one past its capacity raises, as
+ExecuTorch's resize does (the kernel has written it by then; the call stops there). A
+tensor checked is within its capacity, not each of its dimensions within its bound (a
+[4, 8] of 32 elements may be resized to [2, 16]), so what is sized from it is checked too.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def bounded_by_data(
             by_data = not st.sized or reads is None or any(r in tainted for r in reads)
             if not by_data:
                 continue
-            tainted.update(st.writes)
             written = st.outs if st.mutates is None else st.mutates
+            tainted.update(st.writes, written)
             checks = tuple((o, cap) for o in written if (cap := capacity(values[o])) is not None)
             if checks:
                 found[i] = checks
