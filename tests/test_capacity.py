@@ -121,7 +121,8 @@ class _TwoSized(torch.nn.Module):
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_tensor_sized_from_a_data_sized_one_past_its_bound_is_refused(fast_path: bool) -> None:
     # a [2, 16] is within its capacity of 32 elements, its sum over dim 0 (16 elements)
-    # is not within its 8: each planned apart, that sum was written over y
+    # is not within its 8 (where ExecuTorch refuses): each planned apart, that sum was
+    # written over y; a's dimension 1 is past its bound, refused as an input's would be
     program = export_program(
         _TwoSized(), (torch.ones(8), torch.tensor(2), torch.tensor(3)), naive_plan=True
     )
@@ -129,7 +130,7 @@ def test_a_tensor_sized_from_a_data_sized_one_past_its_bound_is_refused(fast_pat
     x = torch.arange(8.0)
     (got,) = method(x, torch.tensor(4), torch.tensor(8))
     torch.testing.assert_close(got, x * 3.0 + 32 * x.sum())
-    with pytest.raises(ExecutionError, match="capacity of 8 elements"):
+    with pytest.raises(ExecutionError, match=r"sizes \[2, 16\] are past the bound \[4, 8\]"):
         method(x, torch.tensor(2), torch.tensor(16))
     rt = pytest.importorskip("executorch.runtime")
     et = rt.Runtime.get().load_program(program).load_method("forward")

@@ -8,15 +8,17 @@ storage, so torch only refuses a size past the end of the whole buffer: a larger
 would be written over the tensors planned beside it.
 
 Sizes that follow from the inputs' sizes stay within their bounds: the exporter computed
-the bounds from the inputs' ranges, and ptexec refuses an input past its bound. A size
-computed from data does not: a scalar read out of a tensor (``item()``), a value a call
-is given, an op whose result's size depends on what it reads (``nonzero``). Each
-statement that is sized by data (not ``sized``), or that reads what such a statement
-wrote (a scalar, a tensor put in its slot, a tensor written in place), is followed by a
-check of every bounded planned tensor it writes: one past its capacity raises, as
-ExecuTorch's resize does (the kernel has written it by then; the call stops there). A
-tensor checked is within its capacity, not each of its dimensions within its bound (a
-[4, 8] of 32 elements may be resized to [2, 16]), so what is sized from it is checked too.
+the bounds from the inputs' ranges, and ptexec refuses an input past its bound in any
+dimension. A size computed from data does not: a scalar read out of a tensor
+(``item()``), a value a call is given, an op whose result's size depends on what it reads
+(``nonzero``). Each statement that is sized by data (not ``sized``), or that reads a
+scalar such a statement computed (or a tensor one put in its slot), is followed by a check
+of every bounded planned tensor it writes, as an input is checked: more elements than its
+capacity raise, as ExecuTorch's resize does (the kernel has written them by then; the
+call stops there), and so does a dimension past its bound (a [4, 8] resized to [2, 16]
+fits its 32 elements, but a sum of it over dimension 0 would not fit its 8). What is
+sized from tensors checked so then stays within its bounds, as what is sized from the
+inputs does, and needs no check of its own.
 """
 
 from __future__ import annotations
@@ -31,44 +33,54 @@ from ..format import program as p
 from ..format.lru import Lru
 from ..kernels.registry import Statement
 
-__all__ = ["CHECK", "bounded_by_data", "capacity", "check_capacity", "guard_capacity"]
+__all__ = ["CHECK", "Checks", "bounded_by_data", "capacity", "check_capacity", "guard_capacity"]
+
+Checks = tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]], ...]
+"""Per statement checked, its index and the (slot, bound) of each tensor it checks."""
 
 CHECK = "_beyond_capacity"
 """The name the checks call (:func:`check_capacity`), in each checked statement's env."""
 
 
-def check_capacity(t: torch.Tensor, slot: int, most: int) -> None:
+def check_capacity(t: torch.Tensor, slot: int, bound: tuple[int, ...]) -> None:
     """Refuse ``t``, the value of ``slot`` (or what is to be stored there), when it holds
-    more than the ``most`` elements its plan gives that slot."""
-    n = t.numel()
+    more elements than its plan's ``bound`` (sizes) holds, or is past it in a dimension."""
+    shape = t.shape
+    if shape == bound:
+        return
+    n, most = t.numel(), math.prod(bound)
     if n > most:
         raise RuntimeError(
             f"value {slot}: a bounded tensor with a maximum capacity of {most} elements "
-            f"cannot hold {n} elements ({list(t.shape)}): a size computed from data is "
-            "past the bound the program was exported with"
+            f"cannot hold {n} elements ({list(shape)}): a size computed from data is past "
+            "the bound the program was exported with"
+        )
+    if len(shape) != len(bound) or any(a > b for a, b in zip(shape, bound, strict=True)):
+        raise RuntimeError(
+            f"value {slot}: sizes {list(shape)} are past the bound {list(bound)} the program "
+            "was exported with (a size computed from data)"
         )
 
 
-def capacity(value: p.EValue) -> int | None:
-    """The capacity of a bounded dynamic tensor in planned memory; None for any other."""
+def capacity(value: p.EValue) -> tuple[int, ...] | None:
+    """The bound (sizes) of a bounded dynamic tensor in planned memory; None for any
+    other."""
     if (
         isinstance(value, p.Tensor)
         and value.allocation_info is not None
         and value.shape_dynamism == p.DYNAMIC_BOUND
     ):
-        return math.prod(value.sizes)
+        return tuple(value.sizes)
     return None
 
 
-def bounded_by_data(
-    plan: p.ExecutionPlan, statements: Sequence[Statement]
-) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-    """``(instruction, ((slot, capacity), ...))`` for each statement of a chain that may
+def bounded_by_data(plan: p.ExecutionPlan, statements: Sequence[Statement]) -> Checks:
+    """``(instruction, ((slot, bound), ...))`` for each statement of a chain that may
     size a bounded planned tensor from data (see the module docstring). A chain with
     jumps is followed until nothing more is found (a loop may carry a scalar back)."""
     values = plan.values
     tainted = {i for i in plan.inputs if not isinstance(values[i], p.Tensor)}
-    found: dict[int, tuple[tuple[int, int], ...]] = {}
+    found: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] = {}
     while True:
         before = len(tainted)
         for i, st in enumerate(statements):
@@ -76,8 +88,8 @@ def bounded_by_data(
             by_data = not st.sized or reads is None or any(r in tainted for r in reads)
             if not by_data:
                 continue
+            tainted.update(st.writes)
             written = st.outs if st.mutates is None else st.mutates
-            tainted.update(st.writes, written)
             checks = tuple((o, cap) for o in written if (cap := capacity(values[o])) is not None)
             if checks:
                 found[i] = checks
@@ -88,9 +100,7 @@ def bounded_by_data(
 
 # the checks of a chain, by its plan (the facts they follow from are the plan's: its
 # kernels' statements are functions of it): (plan, the checks)
-_kept: Lru[tuple[p.ExecutionPlan, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]] = Lru(
-    1024, 0
-)
+_kept: Lru[tuple[p.ExecutionPlan, Checks]] = Lru(1024, 0)
 
 
 def guard_capacity(
