@@ -48,6 +48,7 @@ from .registry import (
 __all__ = [
     "Probe",
     "fastest_entry",
+    "functional_only",
     "resolve_overload",
     "schema_kernel",
     "spread",
@@ -495,14 +496,16 @@ def _sized_by_arguments(overload: Any) -> bool:
 
 
 def _functional_of(overload: Any) -> Any:
-    """The functional overload an out variant was generated from, or None."""
+    """The functional overload an out variant was generated from (or stands beside, in
+    its own namespace), or None."""
     schema = overload._schema
     inputs = [
         (a.name, str(a.type))
         for a in schema.arguments
         if not (a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
     ]
-    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1], None)
+    ns, _, opname = schema.name.partition("::")
+    packet = getattr(getattr(torch.ops, ns), opname, None)
     if packet is None:
         return None
     for name in packet.overloads():
@@ -907,6 +910,18 @@ def _check_scalar_type(name: str, arg: Any, ctx: KernelContext, index: int) -> N
 
 _TENSORISH = (p.Tensor, p.TensorList, p.OptionalTensorList)  # a tuple: checked per argument
 
+# out variants run as their functional overload, the results copied into the outs: a
+# library's out form that refuses outs sharing a storage with its inputs, as every planned
+# tensor of a method shares its arena's (a check of storages, not of the memory they cover)
+_FUNCTIONAL_ONLY: set[str] = set()
+
+
+def functional_only(*names: str) -> None:
+    """Run the out variants ``names`` (``ns::op.out``) through their functional overload
+    and copy the results into the outs: for an out form that refuses outs sharing a storage
+    with its inputs. Takes effect for an operator not resolved yet."""
+    _FUNCTIONAL_ONLY.update(names)
+
 
 def schema_kernel(overload: Any) -> KernelFactory:
     """A factory calling ``overload`` (an OpOverload) with schema-mapped arguments."""
@@ -925,7 +940,8 @@ def schema_kernel(overload: Any) -> KernelFactory:
     seeded = torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
     out_args = {k for k in written if arguments[k].kwarg_only}
     generated = is_out and only_outs and torch.Tag.generated in getattr(overload, "tags", ())
-    functional = _functional_of(overload) if generated else None
+    by_functional = generated or (is_out and only_outs and name in _FUNCTIONAL_ONLY)
+    functional = _functional_of(overload) if by_functional else None
     # what a caller handed the result may run instead of writing ``out`` (Statement.fresh)
     same_kernel = (
         _same_kernel_functional(overload, functional)
@@ -1085,7 +1101,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 view = alias.code.split(" = ", 1)[1]
                 code = _copy_code(ctx, outs[0], view, alias.env)
             elif (
-                generated
+                by_functional
                 and functional is not None
                 and all(isinstance(ctx.values[args[k]], p.Tensor) for k in out_args)
             ):

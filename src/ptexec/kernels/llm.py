@@ -22,6 +22,11 @@ Layouts and rules follow ExecuTorch's ``extension/llm/custom_ops``:
   int8 with ``is_seq_at_dim_2``.
 
 Reduced-precision inputs are computed in float32 and converted to the output's dtype.
+
+``gated_delta_rule`` (and its older name ``channelwise_gated_delta_rule``) has no kernel
+here: it runs through ExecuTorch's ahead-of-time library when that is loaded, as its
+functional form (the library's out form refuses a final state sharing a storage with the
+initial one, as a method's planned tensors all do; ExecuTorch's runtime checks memory).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .aten import functional_only
 from .fixed_args import Param, Signature, register_signature, traced_indices
 
 _torch: Any = torch  # symbolic-value helpers torch does not annotate
@@ -484,6 +490,8 @@ def custom_quantized_sdpa(
 
 # --------------------------------------------------------------------------------------
 # registration (argument layouts of the llama:: out variants, outs excluded)
+
+functional_only("llama::gated_delta_rule.out", "llama::channelwise_gated_delta_rule.out")
 
 _P = Param
 _SDPA_TAIL = (
