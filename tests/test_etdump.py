@@ -729,3 +729,50 @@ def test_events_are_executorchs_event_for_event(name: str, calls: int, tmp_path:
         for tag, (etdp, dbg, _) in dumps.items()
     }
     assert rows["ptexec"] == rows["executorch"]
+
+
+class _GatedDeltaRule(torch.nn.Module):
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out: tuple[torch.Tensor, torch.Tensor] = self.op(*xs)
+        return out
+
+
+@pytest.mark.parametrize("name", ["gated_delta_rule", "channelwise_gated_delta_rule"])
+def test_gated_delta_rule_events_are_executorchs(name: str, tmp_path: Path) -> None:
+    """ExecuTorch registers its gated delta rule (either name) by hand, not through
+    EXECUTORCH_LIBRARY: it is timed as ``native_call_llama::gated_delta_rule.out`` and logs
+    no value; ptexec's ETDump holds the same events and the Inspector the same rows."""
+    inspector_cls = _inspector()
+    pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.runtime import Runtime as ETRuntime
+
+    g = torch.Generator().manual_seed(7)
+    q, k = (
+        torch.nn.functional.normalize(torch.randn(1, 2, 3, 4, generator=g), dim=-1) for _ in "qk"
+    )
+    v = torch.randn(1, 2, 3, 5, generator=g)
+    decay = -torch.rand(1, 2, 3, 4, generator=g)
+    beta = torch.rand(1, 2, 3, generator=g)
+    state = torch.randn(1, 2, 4, 5, generator=g)
+    inputs = [q, k, v, decay, beta, state]
+    ep = torch.export.export(_GatedDeltaRule(getattr(torch.ops.llama, name)), tuple(inputs))
+    config = EdgeCompileConfig(_check_ir_validity=False)
+    pte = tmp_path / "gated.pte"
+    pte.write_bytes(to_edge(ep, compile_config=config).to_executorch().buffer)
+    dumps = {
+        tag: _dump(runtime, pte, inputs, tmp_path, tag, 1)
+        for tag, runtime in (("executorch", ETRuntime.get()), ("ptexec", Runtime.get()))
+    }
+    ours, theirs = (_event_sequence(dumps[t][0]) for t in ("ptexec", "executorch"))
+    assert ours == theirs
+    assert ("profile", "native_call_llama::gated_delta_rule.out", 0, 0, -1, None) in ours[1]
+    rows = {
+        tag: _rows(inspector_cls(etdump_path=str(etdp), debug_buffer_path=str(dbg)))
+        for tag, (etdp, dbg, _) in dumps.items()
+    }
+    assert rows["ptexec"] == rows["executorch"]

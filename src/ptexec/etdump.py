@@ -8,7 +8,8 @@ every argument of a delegate call; nothing for prim ops, jumps, moves and frees)
 profiling events (start and end in nanoseconds of a monotonic clock), named as ExecuTorch
 names them: for a kernel, its wrapper's event (``native_call_addmm.out``: the operator
 without its namespace; ``llama::update_cache.out`` for the ``llama::`` custom ops, whose
-wrapper names them whole) and around it ``OPERATOR_CALL``; ``OPERATOR_CALL`` alone for an
+wrapper names them whole; ``native_call_llama::gated_delta_rule.out``, which logs no value,
+for the gated delta rule that ExecuTorch registers by hand) and around it ``OPERATOR_CALL``; ``OPERATOR_CALL`` alone for an
 operator ExecuTorch registers as a prim op; ``DELEGATE_CALL`` for a delegate call, inside
 it one event per node the delegate's runner reports (no name; the node in
 ``delegate_debug_id_str``, as ExecuTorch's XNNPACK backend logs its operators: see
@@ -244,6 +245,13 @@ _OPERATOR_CALL = "OPERATOR_CALL"  # the event ExecuTorch's interpreter puts arou
 # ``native_call_``
 _REGISTERED_NAMES = frozenset({"llama"})
 
+# kernels ExecuTorch registers by hand, as a boxed function that times itself under a name
+# of its own (one function serves both names of the gated delta rule) and logs no value
+_HAND_REGISTERED = {
+    "llama::gated_delta_rule.out": "native_call_llama::gated_delta_rule.out",
+    "llama::channelwise_gated_delta_rule.out": "native_call_llama::gated_delta_rule.out",
+}
+
 
 def _event_names(step: Step, prim: bool) -> tuple[str, ...]:
     """The names of the profiling events ExecuTorch writes for ``step``, innermost first:
@@ -253,6 +261,9 @@ def _event_names(step: Step, prim: bool) -> tuple[str, ...]:
         return (_EXECUTORCH_NAMES.get(step.kind, step.name),)
     if prim:
         return (_OPERATOR_CALL,)
+    hand = _HAND_REGISTERED.get(step.name)
+    if hand is not None:
+        return (hand, _OPERATOR_CALL)
     _, sep, operator = step.name.partition("::")
     if not sep or _registered(step):
         return (step.name, _OPERATOR_CALL)
@@ -274,14 +285,15 @@ def _logged(
     its own (the value the emitter appends for the kernel's return, a list of those outs
     or the one out again, is not logged twice); an EXECUTORCH_LIBRARY wrapper logs its
     last argument, the ``out`` (``llama::update_cache.out``'s too, which the kernel leaves
-    unwritten: it updates ``cache``); a delegate call logs every argument; jumps, moves
-    and frees log nothing."""
+    unwritten: it updates ``cache``); a kernel registered by hand (the gated delta rule)
+    logs nothing; a delegate call logs every argument; jumps, moves and frees log
+    nothing."""
     if isinstance(ins, p.DelegateCall):
         return [
             tuple(v.items) if isinstance(v, p.TensorList) else a
             for a, v in ((a, values[a]) for a in ins.args)
         ]
-    if not isinstance(ins, p.KernelCall):
+    if not isinstance(ins, p.KernelCall) or step.name in _HAND_REGISTERED:
         return []
     loaded = step.loaded
     if _registered(step) and ins.args:
