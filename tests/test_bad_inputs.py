@@ -895,3 +895,27 @@ def test_a_float_traced_as_an_infinity_or_nan_takes_only_itself() -> None:
                 continue
             got = m.execute([x, a])
             torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_number_past_every_float_is_refused_for_a_traced_float(fast_path: bool) -> None:
+    """An integer or fraction too large for a float fits no traced float: refused as
+    any value that does not fit (ExecuTorch's runtime refuses it too), and the next good
+    call works."""
+    from fractions import Fraction
+
+    from conftest import executorch_runtime
+
+    call = fixture_calls("scalar_io")[0]
+    pte = fixture_paths("scalar_io")[0]
+    m = ptexec.load(pte).load_method("forward", fast_path=fast_path)
+    et = executorch_runtime().load_program(pte).load_method("forward")
+    x, alpha, n, flag = call["inputs"]
+    want = et.execute([x, alpha, n, flag])
+    for huge in (10**400, -(10**400), Fraction(10**400, 3)):
+        with pytest.raises(RuntimeError):
+            et.execute([x, huge, n, flag])
+        with pytest.raises(ptexec.InputError, match="traced with float"):
+            m.execute([x, huge, n, flag])
+    got = m.execute([x, alpha, n, flag])
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]

@@ -228,7 +228,11 @@ def scalar_fits(kind: str, traced: Any, x: Any) -> bool:
             not isinstance(x, numbers.Real) or isinstance(x, bool | _NP_BOOL)
         ):
             return False
-        return float_fits(traced, x if type(x) is float else float(x))
+        try:
+            got = x if type(x) is float else float(x)
+        except OverflowError:
+            return False  # an integer or fraction past every float fits no traced float
+        return float_fits(traced, got)
     if kind == "int":
         if type(x) is not int and (
             not isinstance(x, numbers.Integral) or isinstance(x, bool | _NP_BOOL)
