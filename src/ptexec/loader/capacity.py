@@ -99,8 +99,10 @@ def bounded_by_data(plan: p.ExecutionPlan, statements: Sequence[Statement]) -> C
 
 
 # the checks of a chain, by its plan (the facts they follow from are the plan's: its
-# kernels' statements are functions of it): (plan, the checks)
-_kept: Lru[tuple[p.ExecutionPlan, Checks]] = Lru(1024, 0)
+# kernels' statements are functions of it), and the checked statement made for each
+# statement checked (a repeated load's kept statements are the same objects): (plan,
+# the checks, {instruction: (statement, checked statement)})
+_kept: Lru[tuple[p.ExecutionPlan, Checks, dict[int, tuple[Statement, Statement]]]] = Lru(1024, 0)
 
 
 def guard_capacity(
@@ -110,17 +112,20 @@ def guard_capacity(
     tensor from data followed by the check of its capacity (:func:`bounded_by_data`)."""
     key = (id(plan), c)
     hit = _kept.get(key)
-    if hit is not None and hit[0] is plan:
-        checks = hit[1]
-    else:
-        checks = bounded_by_data(plan, statements)
-        _kept.put(key, (plan, checks), 0)
+    if hit is None or hit[0] is not plan:
+        hit = (plan, bounded_by_data(plan, statements), {})
+        _kept.put(key, hit, 0)
+    _, checks, made = hit
     if not checks:
-        return list(statements)
+        return list(statements) if not isinstance(statements, list) else statements
     out = list(statements)
     for i, pairs in checks:
         st = out[i]
-        lines = "".join(f"\n{CHECK}(v[{o}], {o}, {cap})" for o, cap in pairs)
+        kept = made.get(i)
+        if kept is not None and kept[0] is st:
+            out[i] = kept[1]
+            continue
+        lines = "".join(f"\n{CHECK}(v[{o}], {o}, {bound})" for o, bound in pairs)
         out[i] = dataclasses.replace(
             st,
             code=st.code + lines,
@@ -129,4 +134,5 @@ def guard_capacity(
             native=None,
             prune=None,
         )
+        made[i] = (st, out[i])
     return out
