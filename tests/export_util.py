@@ -35,3 +35,23 @@ def export_program(
         )
     )
     return bytes(to_edge(ep).to_executorch(config).buffer)
+
+
+class _OneOp(torch.nn.Module):
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, *xs: torch.Tensor) -> Any:
+        return self.op(*xs)
+
+
+def one_op_program(op: Any, inputs: tuple[torch.Tensor, ...]) -> bytes:
+    """The ``.pte`` bytes of a method calling ``op`` on its inputs (a custom op the edge
+    dialect's checks do not know is taken as it is)."""
+    pytest.importorskip("executorch")
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    ep = torch.export.export(_OneOp(op), inputs)
+    config = EdgeCompileConfig(_check_ir_validity=False)
+    return bytes(to_edge(ep, compile_config=config).to_executorch().buffer)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import ptexec
+from export_util import one_op_program
 from fixture_data import FIXTURES_DIR, compare_outputs, fixture_calls, fixture_paths, tolerance
 from ptexec.dtypes import CODE_TO_DTYPE
 from ptexec.engine.hooks import steps_of
@@ -731,16 +732,6 @@ def test_events_are_executorchs_event_for_event(name: str, calls: int, tmp_path:
     assert rows["ptexec"] == rows["executorch"]
 
 
-class _GatedDeltaRule(torch.nn.Module):
-    def __init__(self, op: Any) -> None:
-        super().__init__()
-        self.op = op
-
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out: tuple[torch.Tensor, torch.Tensor] = self.op(*xs)
-        return out
-
-
 @pytest.mark.parametrize("name", ["gated_delta_rule", "channelwise_gated_delta_rule"])
 def test_gated_delta_rule_events_are_executorchs(name: str, tmp_path: Path) -> None:
     """ExecuTorch registers its gated delta rule (either name) by hand, not through
@@ -748,7 +739,6 @@ def test_gated_delta_rule_events_are_executorchs(name: str, tmp_path: Path) -> N
     no value; ptexec's ETDump holds the same events and the Inspector the same rows."""
     inspector_cls = _inspector()
     pytest.importorskip("executorch.extension.llm.custom_ops.custom_ops")
-    from executorch.exir import EdgeCompileConfig, to_edge
     from executorch.runtime import Runtime as ETRuntime
 
     g = torch.Generator().manual_seed(7)
@@ -760,10 +750,8 @@ def test_gated_delta_rule_events_are_executorchs(name: str, tmp_path: Path) -> N
     beta = torch.rand(1, 2, 3, generator=g)
     state = torch.randn(1, 2, 4, 5, generator=g)
     inputs = [q, k, v, decay, beta, state]
-    ep = torch.export.export(_GatedDeltaRule(getattr(torch.ops.llama, name)), tuple(inputs))
-    config = EdgeCompileConfig(_check_ir_validity=False)
     pte = tmp_path / "gated.pte"
-    pte.write_bytes(to_edge(ep, compile_config=config).to_executorch().buffer)
+    pte.write_bytes(one_op_program(getattr(torch.ops.llama, name), tuple(inputs)))
     dumps = {
         tag: _dump(runtime, pte, inputs, tmp_path, tag, 1)
         for tag, runtime in (("executorch", ETRuntime.get()), ("ptexec", Runtime.get()))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ptexec
+from export_util import one_op_program
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, load_manifest, tolerance
 from ptexec.kernels import llm as L
 
@@ -404,16 +405,6 @@ def test_matches_executorch_quantized_sdpa_layouts(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-class _GatedDeltaRule(torch.nn.Module):
-    def __init__(self, op: Any) -> None:
-        super().__init__()
-        self.op = op
-
-    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out: tuple[torch.Tensor, torch.Tensor] = self.op(*xs)
-        return out
-
-
 @pytest.mark.parametrize("name", ["gated_delta_rule", "channelwise_gated_delta_rule"])
 @pytest.mark.parametrize("seq", [4, 1])
 def test_gated_delta_rule_runs_as_executorch_runs_it(llama_ops: Any, name: str, seq: int) -> None:
@@ -421,8 +412,6 @@ def test_gated_delta_rule_runs_as_executorch_runs_it(llama_ops: Any, name: str, 
     there is): its out form refuses a final state that shares a storage with the initial
     one, as every planned tensor of a method shares its arena's; the method still gives
     what the op gives in eager PyTorch (and ExecuTorch's runtime gives)."""
-    from executorch.exir import EdgeCompileConfig, to_edge
-
     op = getattr(llama_ops, name)
     batch, heads, kv_heads, kdim, vdim = 1, 4, 2, 4, 3
     q = torch.nn.functional.normalize(_rand(batch, heads, seq, kdim, seed=90), dim=-1)
@@ -433,10 +422,7 @@ def test_gated_delta_rule_runs_as_executorch_runs_it(llama_ops: Any, name: str, 
     state = _rand(batch, kv_heads, kdim, vdim, seed=95)
     inputs = (q, k, v, decay, beta, state)
     want = op(*inputs)
-    ep = torch.export.export(_GatedDeltaRule(op), inputs)
-    config = EdgeCompileConfig(_check_ir_validity=False)
-    data = bytes(to_edge(ep, compile_config=config).to_executorch().buffer)
-    method = ptexec.load(data).load_method("forward")
+    method = ptexec.load(one_op_program(op, inputs)).load_method("forward")
     assert f"llama::{name}.out" in method.meta.operators
     for _ in range(2):  # the second call over the memory the first one left
         got = method(*inputs)
