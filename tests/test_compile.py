@@ -104,15 +104,7 @@ def test_the_cache_works_across_processes() -> None:
         "assert torch.allclose(m(x)[0], i(x)[0], atol=1e-5), 'outputs differ'\n"
         "print(r.cache_hit, r.compile_seconds, r.compiled_instructions)\n"
     )
-    env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    child = subprocess.run(
-        [sys.executable, "-c", code, str(pte)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    child = _child(code, pte)
     assert child.returncode == 0, child.stderr[-4000:]  # (what failed, when it does)
     assert child.stdout.split() == ["True", "0.0", "5"]
 
@@ -379,18 +371,24 @@ def test_dynamic_shapes_compiled_and_outside_the_compiled_sizes() -> None:
     assert torch.allclose(i(torch.ones(4, 8))[0], c(torch.ones(4, 8))[0], atol=1e-5)
 
 
-def _child_says_ok(code: str, program: Path) -> None:
-    """Run ``code`` on ``program`` in a process of its own (a compiled kernel may kill
-    it), with this checkout's ptexec and the session's compile cache; it prints "ok"."""
+def _child(code: str, program: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run on ``program`` (its ``sys.argv[1]``) in a process of its own (a
+    compiled kernel may kill it), with this checkout's ptexec and the session's compile
+    cache."""
     env = {**os.environ, "PTEXEC_CACHE_DIR": str(session_cache_dir())}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    child = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code, str(program)],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def _child_says_ok(code: str, program: Path) -> None:
+    """:func:`_child` of ``code``, which prints "ok"."""
+    child = _child(code, program)
     assert child.returncode == 0 and child.stdout.split() == ["ok"], (
         child.returncode,
         child.stderr[-4000:],
