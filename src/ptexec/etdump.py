@@ -8,9 +8,10 @@ every argument of a delegate call; nothing for prim ops, jumps, moves and frees)
 profiling events (start and end in nanoseconds of a monotonic clock), named as ExecuTorch
 names them: for a kernel, its wrapper's event (``native_call_addmm.out``: the operator
 without its namespace; ``llama::update_cache.out`` for the ``llama::`` custom ops, whose
-wrapper names them whole; ``native_call_llama::gated_delta_rule.out``, which logs no value,
-for the gated delta rule that ExecuTorch registers by hand) and around it ``OPERATOR_CALL``; ``OPERATOR_CALL`` alone for an
-operator ExecuTorch registers as a prim op; ``DELEGATE_CALL`` for a delegate call, inside
+wrapper names them whole; ``native_call_llama::gated_delta_rule.out``, which logs no
+value, for the gated delta rule that ExecuTorch registers by hand) and around it
+``OPERATOR_CALL``; ``OPERATOR_CALL`` alone for an operator ExecuTorch registers as a prim
+op; ``DELEGATE_CALL`` for a delegate call, inside
 it one event per node the delegate's runner reports (no name; the node in
 ``delegate_debug_id_str``, as ExecuTorch's XNNPACK backend logs its operators: see
 :meth:`~ptexec.engine.hooks.Hooks.node`); ``JF_CALL``, ``MOVE_CALL`` and ``FREE_CALL`` for
