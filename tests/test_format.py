@@ -112,6 +112,23 @@ def test_unsupported_program_version() -> None:
         read_pte(bytes(data))
 
 
+def test_a_program_of_a_newer_schema_version_is_refused() -> None:
+    """The ``version`` field of the program table: ExecuTorch's runtime reads schema
+    version 0 and refuses a later one; a program of version 1 was loaded and run as if it
+    were of version 0."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    pte = serialize.deserialize_pte_binary(MLP)
+    pte.program.version = 1
+    data = bytes(serialize.serialize_pte_binary(pte))
+    rt = pytest.importorskip("executorch.runtime").Runtime.get()
+    with pytest.raises(RuntimeError):
+        rt.load_program(data)
+    with pytest.raises(PteFormatError, match=r"^version: schema version 1 is newer than 0"):
+        read_pte(data)
+    pte.program.version = 0
+    read_pte(bytes(serialize.serialize_pte_binary(pte)))
+
+
 def test_not_a_program() -> None:
     with pytest.raises(PteFormatError, match="not an ExecuTorch program"):
         read_pte(b"PK\x03\x04" + bytes(100))

@@ -15,11 +15,19 @@ from . import program as p
 from .scalar_type import element_size, is_known
 
 MAX_RANK = 16
+SCHEMA_VERSION = 0  # the program schema's version ExecuTorch's runtime reads (and no later)
 KNOWN_DEVICE_TYPES = (p.DEVICE_CPU, p.DEVICE_CUDA)
 
 
 def validate_program(program: p.Program, segment_sizes: Sequence[int]) -> None:
     """Check ``program``; ``segment_sizes[i]`` is the number of bytes of segment ``i``."""
+    if program.version > SCHEMA_VERSION:
+        # (a later schema may give the fields read here another meaning)
+        raise PteFormatError(
+            "version",
+            f"schema version {program.version} is newer than {SCHEMA_VERSION}, the one "
+            "ExecuTorch's runtime and ptexec read",
+        )
     nseg = len(segment_sizes)
     const = program.constant_segment
     if const is not None and len(const.offsets) > 1:
