@@ -526,8 +526,8 @@ def test_a_written_ptd_reads_back_with_each_key_in_its_own_segment() -> None:
         ("raw", None, b"xyz"),
         ("empty", TensorLayout(6, (0,), (0,)), b""),
     ]
-    f = read_ptd(ptd_bytes(entries, version=3))
-    assert f.version == 3 and list(f.entries) == ["w", "b", "raw", "empty"]
+    f = read_ptd(ptd_bytes(entries))
+    assert f.version == 0 and list(f.entries) == ["w", "b", "raw", "empty"]
     for key, layout, data in entries:
         e = f.entries[key]
         assert e.layout == layout and bytes(f.bytes_of(key)) == data
@@ -540,3 +540,19 @@ def test_a_written_ptd_reads_back_with_each_key_in_its_own_segment() -> None:
     assert [bytes(theirs.buffers[theirs.named_data[k].buffer_index]) for k, *_ in entries] == [
         d for *_, d in entries
     ]
+
+
+def test_a_data_file_of_a_newer_schema_version_is_refused() -> None:
+    """ExecuTorch reads ``FlatTensor`` schema version 0 and refuses a later one (its
+    runtime's data map and its serializer alike); a ``.ptd`` of version 1 was read as if
+    it were of version 0."""
+    from ptexec.format.ptd import TensorLayout
+    from ptexec.format.ptd_write import ptd_bytes
+
+    data = ptd_bytes([("w", TensorLayout(6, (2,), (0,)), bytes(8))], version=1)
+    serialize = pytest.importorskip("executorch.extension.flat_tensor.serialize.serialize")
+    cord = pytest.importorskip("executorch.exir._serialize._cord")
+    with pytest.raises(NotImplementedError, match="version 1"):
+        serialize.FlatTensorSerializer().deserialize(cord.Cord(data))
+    with pytest.raises(PteFormatError, match=r"^ptd.version: schema version 1 is newer than 0"):
+        read_ptd(data)

@@ -13,6 +13,8 @@ from .validate import MAX_RANK
 
 Bytes = bytes | bytearray | memoryview
 
+SCHEMA_VERSION = 0  # the FlatTensor schema's version ExecuTorch reads (and no later)
+
 
 @dataclass(frozen=True, slots=True)
 class TensorLayout:
@@ -67,6 +69,13 @@ def read_ptd(data: Bytes) -> PtdFile:
         raise truncated("ptd.header", need, size)
     root = Buffer(view[:flat_end]).root("ptd")
     version = root.int_(0, "u32", "version")
+    if version > SCHEMA_VERSION:
+        # (a later schema may give the fields read here another meaning)
+        raise PteFormatError(
+            "ptd.version",
+            f"schema version {version} is newer than {SCHEMA_VERSION}, the one ExecuTorch's "
+            "runtime and ptexec read",
+        )
     segs = (
         root.tables(1, "segments", lambda t: (t.int_(0, "u64", "offset"), t.int_(1, "u64", "size")))
         or ()
