@@ -209,25 +209,55 @@ def test_no_kv_cache_program_reads_the_earlier_calls(nokv: tuple[Path, Path]) ->
 def test_no_kv_cache_context_is_what_one_call_reads(tmp_path: Path) -> None:
     """A program without a KV cache whose context metadata is longer than one call's
     tokens (ExecuTorch's exporter writes get_max_context_len 128 beside a token bound of
-    15): the model reads its whole context in each call, so the context is that bound. A
-    longer prompt is refused and generation stops there, not fed a window of the last
-    tokens (another model's answer: the sum of the last 16 tokens, not of all)."""
+    15): the model reads its whole context in each call, so the context is that bound and
+    the last token, which no call reads. A longer prompt is refused and generation stops
+    there, not fed a window of the last tokens (another model's answer: the sum of the
+    last 16 tokens, not of all)."""
     pte, tok = _nokv_program(tmp_path, {"get_max_context_len": 4 * _NOKV_WINDOW})
     r = TextLLMRunner(str(pte), str(tok), print_output=False)
-    assert r.max_context_len == _NOKV_WINDOW
+    assert r.max_context_len == _NOKV_WINDOW + 1
     config = GenerationConfig(temperature=0.0, max_new_tokens=-1, echo=False, ignore_eos=True)
     prompt = [5, 7, 11, 13, 2, 3]
     r.generate_text(" ".join(f"t{i}" for i in prompt), config)
     assert r.finish_reason == "length"
     generated = r.generated_tokens
-    assert len(prompt) + len(generated) == _NOKV_WINDOW  # as ExecuTorch's budget counts
+    assert len(prompt) + len(generated) == _NOKV_WINDOW + 1  # as ExecuTorch's budget counts
     context = list(prompt)
     for token in generated:  # each the sum of the whole context before it
         assert token == sum(context) % _NOKV_VOCAB
         context.append(token)
     r.reset()
-    with pytest.raises(GenerationError, match="do not fit the context of 16"):
+    with pytest.raises(GenerationError, match="do not fit the context of 17"):
         r.generate_text(" ".join(["t1"] * (_NOKV_WINDOW + 1)), config)
+    # a decoder is not fed more than one call reads, nor a window of it
+    with pytest.raises(GenerationError, match="more than the 16 one call"):
+        r.decoder.step(1, _NOKV_WINDOW, [1] * _NOKV_WINDOW)
+
+
+def test_no_kv_cache_program_bounded_at_max_seq_len_minus_one_fills_its_context(
+    tmp_path: Path,
+) -> None:
+    """ExecuTorch's exporter bounds the tokens of a call at get_max_seq_len - 1 (16 here,
+    get_max_seq_len 17) and writes get_max_context_len as get_max_seq_len. ExecuTorch's
+    runner generates get_max_seq_len minus the prompt's tokens (its
+    resolve_max_new_tokens), its last step reading 16 tokens, which the program takes:
+    the same count here, and a prompt of 16 tokens generates one."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    context_len = _NOKV_WINDOW + 1
+    pte, tok = _nokv_program(
+        tmp_path, {"get_max_seq_len": context_len, "get_max_context_len": context_len}
+    )
+    r = TextLLMRunner(str(pte), str(tok), print_output=False)
+    config = GenerationConfig(temperature=0.0, max_new_tokens=-1, echo=False, ignore_eos=True)
+    for prompt in ([5, 7, 11, 13, 2, 3], [3] * _NOKV_WINDOW):
+        r.reset()
+        r.generate_text(" ".join(f"t{i}" for i in prompt), config)
+        want = et.GenerationConfig(max_new_tokens=-1).resolve_max_new_tokens(
+            context_len, len(prompt)
+        )
+        assert len(r.generated_tokens) == want
+        assert r.generated_tokens == _sum_model(prompt, want)
+        assert r.finish_reason == "length"
 
 
 def test_a_static_no_kv_cache_program_is_refused_when_the_runner_is_made(

@@ -166,12 +166,15 @@ class DecoderLayout:
             )
         self.max_seq_len = int(max_seq)
         self.max_context_len = int(metadata.get("get_max_context_len", self.max_seq_len))
-        if not said and self.max_chunk < self.max_context_len:
-            # each call reads the whole context: it holds no more than one call takes
-            # (ExecuTorch's runner fails past it; a window of the last tokens is another
-            # model than the one exported). A program said to keep a cache but taking no
-            # position (one that counts positions itself) is fed its new tokens alone.
-            self.max_context_len = self.max_chunk
+        if not said and self.max_chunk + 1 < self.max_context_len:
+            # each call reads the whole context but the token it predicts, which is never
+            # fed: the context holds one token more than a call takes, as ExecuTorch's
+            # runner counts it (its exporter bounds the tokens at get_max_seq_len - 1),
+            # and no more (ExecuTorch's runner fails past it; a window of the last tokens
+            # is another model than the one exported). A program said to keep a cache but
+            # taking no position (one that counts positions itself) is fed its new tokens
+            # alone.
+            self.max_context_len = self.max_chunk + 1
         self.vocab_size = int(meta.outputs[0].sizes[-1])
         """The logits' width: the ids the program can produce."""
         self.pos_vector = False
@@ -315,9 +318,7 @@ class TextDecoder:
                 f"{self.max_context_len} tokens"
             )
         if self.reads_context:
-            return handed_logits(
-                self._call([*history, *tokens][-self.max_chunk :], 0), self.share_logits
-            )
+            return handed_logits(self._call(self._whole(history, tokens), 0), self.share_logits)
         logits: torch.Tensor | None = None
         step = self.max_chunk
         for i in range(0, len(tokens), step):
@@ -333,10 +334,19 @@ class TextDecoder:
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
         if self.reads_context:
-            return handed_logits(
-                self._call([*history, token][-self.max_chunk :], 0), self.share_logits
-            )
+            return handed_logits(self._call(self._whole(history, (token,)), 0), self.share_logits)
         return handed_logits(self._call((token,), pos), self.share_logits)
+
+    def _whole(self, history: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        """What a program reading its whole context is fed: ``history`` then ``tokens``,
+        all of it (a window of the last tokens would be another model's answer)."""
+        ids = [*history, *tokens]
+        if len(ids) > self.max_chunk:
+            raise GenerationError(
+                f"a context of {len(ids)} tokens is more than the {self.max_chunk} one call "
+                "of this program reads (it keeps no KV cache)"
+            )
+        return ids
 
 
 def handed_logits(logits: torch.Tensor, share: bool) -> torch.Tensor:
