@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_support import PROMPT, llm_programs, program
+from llm_support import PROMPT, executorch_greedy, llm_programs, program
 from ptexec.cli import main
 from ptexec.llm import GenerationConfig, TextLLMRunner
 
@@ -38,6 +38,27 @@ def test_generate_streams_the_greedy_text(
     assert "16 tokens generated" in err and "tokens/s on 1 thread" in err
     stats = json.loads(err.strip().splitlines()[-1])
     assert stats["generated_tokens"] == 16
+
+
+def test_generate_puts_the_eos_tokens_asked_for_after_the_prompt(
+    tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--eos N`` puts N EOS tokens after a decoder-only program's prompt too (they were
+    dropped without a word): the text of ExecuTorch's runtime fed those ids greedily."""
+    pte = program("portable")
+    argv = [
+        "generate", str(pte), "--tokenizer", str(tokenizer), "--prompt", PROMPT,
+        "--max-new-tokens", "8", "--temperature", "0", "--no-echo", "--ignore-eos",
+        "--eos", "2",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    tok = TextLLMRunner(str(pte), str(tokenizer), print_output=False).tokenizer
+    ids = [*tok.encode(PROMPT), tok.eos_id, tok.eos_id]
+    want = executorch_greedy(pte, ids, 8, dynamic=True)
+    assert out == tok.decode(want, skip_special_tokens=True) + "\n"
+    plain = executorch_greedy(pte, tok.encode(PROMPT), 8, dynamic=True)
+    assert want != plain  # (the EOS tokens change the answer)
 
 
 def test_generate_seeded_sampling_and_no_echo(

@@ -24,6 +24,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.seed,
         num_bos=args.bos,
+        num_eos=args.eos if args.eos is not None else 0,  # (1 for seq2seq: below)
         stop=args.stop or (),
         ignore_eos=args.ignore_eos,
     )
@@ -163,7 +164,8 @@ def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, devic
               file=sys.stderr)  # fmt: skip
         return 1
     config.echo = False
-    config.num_eos = args.eos
+    if args.eos is None:  # T5-style encoders are trained on inputs ending with EOS
+        config.num_eos = 1
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
@@ -244,7 +246,9 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="seed of the sampler (default: random)")
     p.add_argument("--bos", type=int, default=0, help="BOS tokens to put before the prompt")
     p.add_argument(
-        "--eos", type=int, default=1, help="EOS tokens after the prompt (seq2seq programs; 1)"
+        "--eos",
+        type=int,
+        help="EOS tokens after the prompt (default: 1 for encoder-decoder programs, else 0)",
     )
     p.add_argument("--stop", action="append", help="stop string; repeatable")
     p.add_argument("--ignore-eos", action="store_true", help="generate past EOS tokens")
