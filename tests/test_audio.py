@@ -102,6 +102,23 @@ def test_malformed_wav_files_raise_the_audio_error(tmp_path: Path) -> None:
         load_audio(tmp_path / "not_wav.wav")
 
 
+def test_an_extensible_subformat_is_read_only_by_its_whole_guid(tmp_path: Path) -> None:
+    """WAVE_FORMAT_EXTENSIBLE names its samples by a 16-byte GUID. IEC 61937's MPEG-1
+    bitstream, 00000003-0cea-0010-8000-00aa00389b71, begins as IEEE float's
+    00000003-0000-0010-8000-00aa00389b71 does: its bytes are no float samples, and are
+    refused, where the float GUID reads the values written."""
+    x = _signal(64, 1)
+    _write_float(tmp_path / "f.wav", x, 32, extensible=True)
+    good = (tmp_path / "f.wav").read_bytes()
+    guid_at = good.index(b"\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71") - 4
+    got, _ = read_wav(tmp_path / "f.wav")
+    torch.testing.assert_close(got, x.float(), rtol=0, atol=1e-7)
+    iec = good[: guid_at + 4] + b"\xea\x0c" + good[guid_at + 6 :]
+    (tmp_path / "iec.wav").write_bytes(iec)
+    with pytest.raises(AudioFormatError, match="00000003-0cea-0010-8000-00aa00389b71"):
+        read_wav(tmp_path / "iec.wav")
+
+
 def test_a_missing_audio_file_is_the_typed_error(tmp_path: Path) -> None:
     """load_audio (what transcribe reads a path with) raises what read_wav raises for a
     missing file: ptexec's FileMissingError, not the bare OS error."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +54,10 @@ __all__ = [
 _PCM = 1
 _FLOAT = 3
 _EXTENSIBLE = 0xFFFE
+# the GUID of a WAVE_FORMAT_EXTENSIBLE subformat that is a format tag: the tag, then these
+# 14 bytes (KSDATAFORMAT_SUBTYPE_PCM is 00000001-0000-0010-8000-00aa00389b71); other
+# GUIDs may share the tag's first bytes (IEC 61937's bitstreams: 00000003-0cea-...)
+_TAG_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
 _MAX_CHANNELS = 64
 
 
@@ -109,7 +114,13 @@ def read_wav(path: str | os.PathLike[str]) -> tuple[torch.Tensor, int]:
                     raise AudioFormatError(
                         f"{name}: WAVE_FORMAT_EXTENSIBLE 'fmt ' chunk of {size} bytes (40)"
                     )
-                (tag,) = struct.unpack_from("<H", data, start + 24)  # the subformat GUID
+                guid = data[start + 24 : start + 40]
+                if guid[2:] != _TAG_GUID_TAIL:
+                    raise AudioFormatError(
+                        f"{name}: WAVE_FORMAT_EXTENSIBLE subformat {uuid.UUID(bytes_le=guid)} "
+                        "is not PCM or IEEE float"
+                    )
+                (tag,) = struct.unpack_from("<H", guid)
             fmt = (tag, channels, rate, align, bits)
         elif cid == b"data" and samples is None:
             samples = (start, size)
