@@ -182,6 +182,59 @@ def test_processors_doing_more_than_ptexec_are_refused_not_followed(tmp_path: Pa
         wide(torch.zeros(3, 2, 6000, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: t.MobileViTImageProcessor(  # BGR: its channels flipped
+            size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}
+        ),
+        lambda t: t.EfficientNetImageProcessor(  # to [-1, 1] with an offset
+            size={"height": 32, "width": 32}, rescale_offset=True, include_top=False
+        ),
+        lambda t: t.EfficientNetImageProcessor(  # divided by the std twice
+            size={"height": 32, "width": 32}
+        ),
+        lambda t: t.AriaImageProcessor(),  # its longest edge to 980, padded to a square
+        lambda t: t.DPTImageProcessor(  # the aspect ratio kept, sides multiples of 8
+            size={"height": 32, "width": 32}, keep_aspect_ratio=True, ensure_multiple_of=8
+        ),
+        lambda t: t.GLPNImageProcessor(size_divisor=16),  # sides rounded down to 16
+        lambda t: t.PerceiverImageProcessor(  # crops before it resizes
+            crop_size={"height": 48, "width": 48}, size={"height": 32, "width": 32}
+        ),
+        lambda t: t.LevitImageProcessor(  # the shortest edge to 256/224 of its size
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        ),
+    ],
+    ids=[
+        "mobilevit",
+        "efficientnet",
+        "efficientnet_top",
+        "aria",
+        "dpt",
+        "glpn",
+        "perceiver",
+        "levit",
+    ],
+)
+def test_a_processor_with_steps_of_its_own_gives_its_pixels_or_is_refused(
+    tmp_path: Path, make: Any
+) -> None:
+    """Processors that flip channels, offset the rescale, size to multiples, crop first
+    or scale their shortest edge: their saved config gives transformers' pixels, or a
+    GenerationError, never other pixels."""
+    hf = make(transformers)
+    hf.save_pretrained(tmp_path)
+    try:
+        ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    except GenerationError:
+        return
+    for seed, (h, w) in enumerate([(61, 77), (90, 50)]):
+        px = _pixels(seed, h, w)
+        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+
+
 def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: Path) -> None:
     import json
 

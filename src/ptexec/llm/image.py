@@ -11,8 +11,9 @@ switched by its ``do_*`` flag, as transformers' image processors read them. uint
 resized by Pillow with the config's filter, as transformers' processors resize them (the
 same pixels); float ones by torch's antialiased interpolation (close to Pillow's). A config
 that turns on what these steps do not do (padding, tiling, pan and scan, pixel-count
-sizing, ConvNeXt's crop percentage) is refused with a :class:`GenerationError`, not given
-other pixels than its processor makes.
+sizing, ConvNeXt's crop percentage, any other ``do_*`` step, sizes rounded to multiples)
+or names a processor whose steps differ (Perceiver's, LeViT's) is refused with a
+:class:`GenerationError`, not given other pixels than its processor makes.
 """
 
 from __future__ import annotations
@@ -150,6 +151,27 @@ _NOT_FOLLOWED = {
     "min_pixels": "sizes the image by its pixel count into patches (Qwen2-VL)",
     "max_pixels": "sizes the image by its pixel count into patches (Qwen2-VL)",
     "max_num_patches": "sizes the image by a patch budget (SigLIP 2's NaFlex)",
+    "crop_to_patches": "crops the image into patches",
+    "rescale_offset": "rescales to [-1, 1] with an offset (EfficientNet)",
+    "keep_aspect_ratio": "keeps the aspect ratio within the size (DPT)",
+    "ensure_multiple_of": "rounds the size to a multiple (DPT)",
+    "size_divisor": "rounds the size to a multiple",
+    "include_top": "divides by the std once more (EfficientNet)",
+    "max_image_size": "sizes the image by its longest edge and pads it (Aria)",
+    "split_image": "splits the image into tiles",
+}
+# what a setting of _NOT_FOLLOWED is when off, where that is not None, False or zero
+_OFF: dict[str, Any] = {"ensure_multiple_of": 1}
+# the do_* switches these steps follow; any other turned on is a step of its own (MobileViT's
+# do_flip_channel_order, Nougat's do_crop_margin, ...), except those that change no pixel
+_DO_FOLLOWED = frozenset(
+    {"do_resize", "do_center_crop", "do_rescale", "do_normalize", "do_convert_rgb"}
+)
+_DO_NO_PIXEL = frozenset({"do_reduce_labels", "do_convert_annotations"})
+# processors whose steps, named as these are, do other things
+_KINDS_NOT_FOLLOWED = {
+    "PerceiverImageProcessor": "center-crops before it resizes",
+    "LevitImageProcessor": "resizes the shortest edge to 256/224 of its size",
 }
 
 
@@ -167,11 +189,26 @@ def _processor_type(c: Mapping[str, Any]) -> str:
 
 def _refuse_what_is_not_followed(c: Mapping[str, Any]) -> None:
     """A :class:`GenerationError` naming the settings of ``c`` this preprocessor does not
-    follow (:data:`_NOT_FOLLOWED`, and a ``longest_edge`` beside a ``shortest_edge``,
-    which only CLIP's processor ignores)."""
-    found = [name for name in _NOT_FOLLOWED if c.get(name) not in (None, False, [], {}, 0)]
+    follow: :data:`_NOT_FOLLOWED`, any other ``do_*`` switch turned on that changes
+    pixels, a processor whose steps differ (:data:`_KINDS_NOT_FOLLOWED`), and a
+    ``longest_edge`` beside a ``shortest_edge``, which only CLIP's processor ignores."""
+    found = [
+        name
+        for name in _NOT_FOLLOWED
+        if c.get(name) not in (None, False, [], {}, 0, _OFF.get(name))
+    ]
+    found += [
+        name
+        for name, value in c.items()
+        if name.startswith("do_")
+        and name not in _NOT_FOLLOWED
+        and name not in _DO_FOLLOWED | _DO_NO_PIXEL
+        and value
+    ]
     size = c.get("size")
     kind = _processor_type(c)
+    if kind in _KINDS_NOT_FOLLOWED:
+        found.append(kind)
     if (
         isinstance(size, Mapping)
         and size.get("longest_edge") is not None
@@ -180,7 +217,12 @@ def _refuse_what_is_not_followed(c: Mapping[str, Any]) -> None:
     ):
         found.append("size.longest_edge")
     if found:
-        what = "; ".join(f"{n} ({_NOT_FOLLOWED.get(n, 'bounds the long edge too')})" for n in found)
+        why = {
+            **_NOT_FOLLOWED,
+            **_KINDS_NOT_FOLLOWED,
+            "size.longest_edge": "bounds the long edge too",
+        }
+        what = "; ".join(f"{n} ({why.get(n, 'a step of its own')})" for n in found)
         raise GenerationError(
             f"the image processor{' ' + kind if kind else ''} does more than ptexec's "
             f"resize, crop, rescale and normalise: {what}. Give the encoder's input as "
