@@ -134,6 +134,25 @@ def test_a_square_processors_one_number_size_is_a_square(tmp_path: Path) -> None
             torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "kind", ["CLIPImageProcessor", "LlavaImageProcessor", "MobileNetV2ImageProcessor"]
+)
+def test_a_shortest_edge_processors_one_number_size_keeps_the_aspect_ratio(
+    tmp_path: Path, kind: str
+) -> None:
+    """CLIP's convention: ``size: 40`` without a center crop is the shortest edge, the
+    aspect ratio kept (61 x 77 becomes 40 x 50), as transformers' processor resizes it."""
+    config = {"image_processor_type": kind, "size": 40, "do_center_crop": False,
+              "resample": 3, "image_mean": 0.5, "image_std": 0.5}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    hf = getattr(transformers, kind).from_pretrained(tmp_path)
+    ours = ImagePreprocessor.from_dir(tmp_path)
+    for seed, (h, w) in enumerate([(61, 77), (90, 50)]):
+        px = _pixels(seed, h, w)
+        want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+        torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+
+
 def test_processors_doing_more_than_ptexec_are_refused_not_followed(tmp_path: Path) -> None:
     """Settings that pad, tile, pan and scan, size by pixel count or crop by a percentage:
     each refused by name (ptexec made other pixels than transformers' processor, of the

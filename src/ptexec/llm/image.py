@@ -4,8 +4,8 @@
 RGB pixels. :class:`ImagePreprocessor` turns pixels into what a vision encoder takes, with
 the settings of a Hugging Face ``preprocessor_config.json`` (or the ``image_processor``
 entry of a ``processor_config.json``): resize (``size``: ``height``/``width``,
-``shortest_edge``, or one number: the shortest edge when a center crop follows, else a
-square), center crop (``crop_size``), rescale
+``shortest_edge``, or one number: the shortest edge for CLIP's and others that read it so,
+or when a center crop follows, else a square), center crop (``crop_size``), rescale
 (``rescale_factor``, 1/255 by default) and normalise (``image_mean``, ``image_std``), each
 switched by its ``do_*`` flag, as transformers' image processors read them. uint8 pixels are
 resized by Pillow with the config's filter, as transformers' processors resize them (the
@@ -135,6 +135,17 @@ shortest edge of 224 would be 672,000 wide: gigabytes, from a few bytes of PNG).
 _SQUARE = frozenset(
     {"ViTImageProcessor", "DeiTImageProcessor", "BeitImageProcessor", "SiglipImageProcessor"}
 )
+# processors whose one-number ``size`` is the shortest edge with or without a center crop
+_SHORTEST = frozenset(
+    {
+        "CLIPImageProcessor",
+        "LlavaImageProcessor",
+        "ChameleonImageProcessor",
+        "BitImageProcessor",
+        "MobileNetV1ImageProcessor",
+        "MobileNetV2ImageProcessor",
+    }
+)
 
 # settings of processors that do more than resize, crop, rescale and normalise one image:
 # followed by none of ptexec's steps, so a config that turns one on is refused rather than
@@ -252,9 +263,14 @@ class ImagePreprocessor:
         self.size: tuple[int, int] | int | None
         if isinstance(size, int) and not isinstance(size, bool) and kind in _SQUARE:
             self.size = (int(size), int(size))  # these processors read one number as a square
-        elif isinstance(size, int) and not isinstance(size, bool) and self.do_center_crop:
-            # one number before a center crop is the shortest edge (CLIP's convention;
-            # exporters flatten {"shortest_edge": n} to n in a program's metadata)
+        elif (
+            isinstance(size, int)
+            and not isinstance(size, bool)
+            and (self.do_center_crop or kind in _SHORTEST)
+        ):
+            # one number is the shortest edge for these processors, and before a center
+            # crop (CLIP's convention; exporters flatten {"shortest_edge": n} to n in a
+            # program's metadata)
             self.size = int(size)
         else:
             self.size = _pair(size, "size") if size is not None else target
