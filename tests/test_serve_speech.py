@@ -304,3 +304,27 @@ def test_a_window_without_timestamps_is_a_segment_beside_timed_windows() -> None
     assert " ".join(s[2] for s in got) == body["text"]
     srt, _ = service._answer(_Ask(b"-", ".wav", None, 0.0, "srt", "transcribe"), result, 45.0)
     assert "00:00:30,000 --> 00:00:45,000\ncd" in srt
+
+
+def test_a_sampling_rate_nothing_takes_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """--sampling-rate is a preprocessor program's rate: beside a processor directory
+    whose extractor takes another rate, or while no speech model is served, it is
+    refused rather than ignored."""
+    import argparse
+
+    from transformers import WhisperFeatureExtractor
+
+    from ptexec.cli import main
+    from ptexec.cli.transcribe import speech_model
+
+    WhisperFeatureExtractor().save_pretrained(tmp_path)  # 16 kHz
+    (tmp_path / "tokenizer.json").write_text("{}")
+    args = argparse.Namespace(
+        processor=str(tmp_path), preprocessor=None, device=None, xnnpack="auto",
+        tokenizer=None, generation_config=None, data=None, compile=False, sampling_rate=8000,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"--sampling-rate 8000 .* takes 16000 Hz"):
+        speech_model(str(tmp_path / "model.pte"), args)
+    code = main(["serve", str(tmp_path / "model.pte"), "--tokenizer",
+                 str(tmp_path / "tokenizer.json"), "--sampling-rate", "8000"])  # fmt: skip
+    assert code == 2 and "--sampling-rate" in capsys.readouterr().err

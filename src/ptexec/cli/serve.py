@@ -39,6 +39,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if args.sampling_rate is not None and not is_speech:
+        print(
+            "ptexec: serve: --sampling-rate is a speech preprocessor program's rate; nothing "
+            "served here would honour it (give --preprocessor for speech)",
+            file=sys.stderr,
+        )
+        return 2
     max_queue = args.max_queue if args.max_queue is not None else DEFAULT_QUEUE
     sessions = args.max_sessions if args.max_sessions is not None else 1
     speech = None
@@ -157,7 +164,10 @@ def add_serve(sub: Any) -> None:
         "--preprocessor", help="serve a speech model, its features from this preprocessor .pte"
     )
     p.add_argument(
-        "--sampling-rate", type=int, default=16000, help="the preprocessor program's sample rate"
+        "--sampling-rate",
+        type=int,
+        help="the preprocessor program's sample rate (default 16000; with --processor, its "
+        "feature extractor's)",
     )
     p.add_argument(
         "--generation-config",

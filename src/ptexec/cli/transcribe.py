@@ -39,8 +39,9 @@ def speech_model(model: str, args: argparse.Namespace, **runner_options: Any) ->
     generation = args.generation_config or _beside(model, "generation_config.json", processor)
     features: FeatureExtractor
     if preprocessor:
+        rate = 16000 if args.sampling_rate is None else args.sampling_rate
         features = ProgramFeatures(
-            preprocessor, sampling_rate=args.sampling_rate, device_map=device_map, xnnpack=xnnpack
+            preprocessor, sampling_rate=rate, device_map=device_map, xnnpack=xnnpack
         )
     else:
         directory = processor or (
@@ -54,6 +55,14 @@ def speech_model(model: str, args: argparse.Namespace, **runner_options: Any) ->
                 "(a directory with preprocessor_config.json)"
             )
         features = ProcessorFeatures(directory)
+        given = args.sampling_rate
+        if given is not None and given != features.sampling_rate:
+            # the extractor's rate is the processor's own: --sampling-rate names a program's
+            raise ValueError(
+                f"--sampling-rate {given} is a preprocessor program's rate; the processor's "
+                f"feature extractor takes {features.sampling_rate} Hz (the audio is "
+                "resampled to it)"
+            )
     runner = Seq2SeqRunner(
         model,
         found,
@@ -150,8 +159,8 @@ def add_transcribe(sub: Any) -> None:
     p.add_argument(
         "--sampling-rate",
         type=int,
-        default=16000,
-        help="the preprocessor program's sample rate (default 16000)",
+        help="the preprocessor program's sample rate (default 16000; with --processor, its "
+        "feature extractor's)",
     )
     p.add_argument("--tokenizer", help="tokenizer.json (default: beside the processor / model)")
     p.add_argument(
