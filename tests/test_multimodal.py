@@ -254,6 +254,31 @@ def test_a_processor_with_steps_of_its_own_gives_its_pixels_or_is_refused(
         torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
 
 
+def test_a_config_leaving_settings_to_its_class_is_refused(tmp_path: Path) -> None:
+    """SuperPoint's saved config names no normalisation (its class does none) and a
+    hand-written CLIP config without a mean, a filter or whether it crops takes CLIP's:
+    taking ptexec's own for any gives other pixels than transformers' processor, so each
+    is refused, naming what is left out; named, the same config gives the processor's
+    pixels."""
+    transformers.SuperPointImageProcessor(size={"height": 32, "width": 32}).save_pretrained(
+        tmp_path
+    )
+    with pytest.raises(GenerationError, match="image_mean, image_std"):
+        ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    config = {"image_processor_type": "CLIPImageProcessor", "size": 32, "crop_size": 32}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    hf = transformers.CLIPImageProcessor.from_pretrained(tmp_path)
+    with pytest.raises(GenerationError, match="image_mean, image_std, resample, do_center_crop"):
+        ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    named = {**config, "image_mean": hf.image_mean, "image_std": hf.image_std, "resample": 3,
+             "do_center_crop": True}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(named))
+    ours = ImagePreprocessor.from_dir(tmp_path, target=(32, 32))
+    px = _pixels(0, 61, 77)
+    want = hf(images=_pil(px), return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(ours(px), want, rtol=0, atol=1e-5)
+
+
 def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: Path) -> None:
     import json
 
@@ -264,6 +289,7 @@ def test_preprocessor_reads_processor_config_and_refuses_bad_settings(tmp_path: 
                     "size": {"height": 8, "width": 4},
                     "image_mean": 0.0,
                     "image_std": 1.0,
+                    "resample": 3,
                 }
             }
         )

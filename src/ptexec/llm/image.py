@@ -241,6 +241,31 @@ def _refuse_what_is_not_followed(c: Mapping[str, Any]) -> None:
         )
 
 
+def _refuse_class_defaults(c: Mapping[str, Any], where: Path) -> None:
+    """A :class:`GenerationError` naming what a config read from a file leaves to its
+    processor class: ``image_mean`` and ``image_std`` where it normalises, ``resample``
+    where it resizes, ``do_center_crop`` beside a ``crop_size``. Their defaults differ from
+    class to class (CLIP's mean is not SigLIP's, ViT resizes bilinearly and CLIP
+    bicubically, CLIP crops by default, SuperPoint does not normalise: its saved config
+    names no ``do_normalize``), so one taken here would give other pixels than the model's
+    processor. ``save_pretrained`` writes them all."""
+    missing = []
+    if c.get("do_normalize", True):
+        missing += [k for k in ("image_mean", "image_std") if k not in c]
+    if c.get("do_resize", True) and "resample" not in c:
+        missing.append("resample")
+    if "crop_size" in c and "do_center_crop" not in c:
+        missing.append("do_center_crop")
+    if missing:
+        kind = _processor_type(c)
+        raise GenerationError(
+            f"{where}: the config of {kind or 'the image processor'} leaves "
+            f"{', '.join(missing)} to its class, whose defaults ptexec does not know; name "
+            "them in the file (save_pretrained writes them) or give pixel_values from the "
+            "model's own processor"
+        )
+
+
 class ImagePreprocessor:
     """Resize, crop, rescale and normalise pixels for a vision encoder.
 
@@ -295,7 +320,8 @@ class ImagePreprocessor:
         cls, path: str | os.PathLike[str], target: tuple[int, int] | None = None
     ) -> ImagePreprocessor:
         """The settings of ``preprocessor_config.json`` in the directory ``path``, else the
-        ``image_processor`` entry of its ``processor_config.json``."""
+        ``image_processor`` entry of its ``processor_config.json``; one that leaves a
+        setting to its processor class is refused (:func:`_refuse_class_defaults`)."""
         d = Path(path)
         for name, key in (
             ("preprocessor_config.json", None),
@@ -310,6 +336,7 @@ class ImagePreprocessor:
                 if key is not None:
                     data = data.get(key) if isinstance(data, dict) else None
                 if isinstance(data, dict):
+                    _refuse_class_defaults(data, f)
                     return cls(data, target)
         raise GenerationError(
             f"{d}: no preprocessor_config.json (or processor_config.json with an "
