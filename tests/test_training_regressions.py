@@ -24,7 +24,7 @@ from torch.nn import functional as F
 import ptexec.training as T
 from ptexec.errors import ExecutionError, InputError, StateError
 from ptexec.training.save import pte_with
-from training_models import MLP, example_inputs
+from training_models import MLP, example_inputs, export_training
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "training"
 
@@ -375,3 +375,71 @@ def test_saved_files_have_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
     assert _mode(tmp_path / "new.ptd") == _mode(tmp_path / "new.pte") == _mode(plain)
     assert _mode(kept) == 0o640
     assert (tmp_path / "new.ptd").read_bytes() == kept.read_bytes() == tm.ptd_bytes()
+
+
+# -- one gradient value for two parameters ---------------------------------------------------
+
+
+class _TwoBiases(nn.Module):
+    """Two biases added to one sum: their gradients are equal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+        self.b1 = nn.Parameter(torch.randn(3))
+        self.b2 = nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.mse_loss(x @ self.w + self.b1 + self.b2, y),)
+
+
+def test_a_gradient_value_two_parameters_share_is_summed_and_clipped_as_in_eager() -> None:
+    """A program that returns one gradient value for ``b1`` and ``b2`` (equal here), as
+    ExecuTorch's runtime runs it: accumulating and clipping ``.grad`` in place change each
+    parameter's gradient once, as in eager PyTorch (adding into the one memory for both
+    summed the earlier micro-batches twice, and clipping scaled it twice)."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    torch.manual_seed(0)
+    module = _TwoBiases()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g)) for _ in range(6)]
+    pte, _ = export_training(copy.deepcopy(module), batches[0])
+    program = serialize.deserialize_pte_binary(pte)
+    plan = next(p for p in program.program.execution_plan if p.name == "forward")
+    assert len(plan.outputs) == 7  # [loss, 3 gradients, 3 parameters]
+    plan.outputs[3] = plan.outputs[2]  # b2's gradient is b1's value
+    shared = bytes(serialize.serialize_pte_binary(program))
+    et_training = pytest.importorskip("executorch.extension.training")
+    et = et_training._load_for_executorch_for_training_from_buffer(shared)
+    et.forward_backward("forward", batches[0])
+    ref = _eager_grads(module, batches[:1])
+    for name, value in et.named_gradients().items():  # a program ExecuTorch runs as eager
+        torch.testing.assert_close(value, ref[name], rtol=1e-5, atol=1e-6)
+
+    tm = T.load(shared)
+    opt = torch.optim.AdamW(tm.parameters(), lr=0.1)
+    ref_opt = torch.optim.AdamW(list(module.parameters()), lr=0.1)
+    for a, b in zip(batches[::2], batches[1::2], strict=True):
+        opt.zero_grad()
+        tm.forward_backward("forward", a, accumulate=True)
+        tm.forward_backward("forward", b, accumulate=True)
+        ref_opt.zero_grad()
+        module(*a)[0].backward()
+        module(*b)[0].backward()
+        for (name, p), q in zip(tm.named_parameters().items(), module.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+        norm = torch.nn.utils.clip_grad_norm_(tm.parameters(), 0.5)
+        ref_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), 0.5)
+        torch.testing.assert_close(norm, ref_norm)
+        for (name, p), q in zip(tm.named_parameters().items(), module.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+        opt.step()
+        ref_opt.step()
+    for name, q in module.named_parameters():
+        torch.testing.assert_close(tm.state_dict()[name], q.detach(), rtol=1e-5, atol=1e-6)
+    # without accumulate each call's gradient replaces the last, for both parameters
+    tm.forward_backward("forward", batches[0])
+    tm.forward_backward("forward", batches[1])
+    ref = _eager_grads(module, batches[1:2])
+    for name, p in tm.named_parameters().items():
+        torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -16,14 +16,17 @@ of the method's memory. A program that contradicts itself is a :class:`PteFormat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..effects import byte_range
 from ..errors import MethodNotFoundError, PteFormatError
 
 if TYPE_CHECKING:
+    from ..format.program import EValue
     from ..method import Method
     from ..program import Program
 
@@ -47,6 +50,9 @@ class Layout:
     parameters: tuple[torch.Tensor, ...]
     gradients: tuple[torch.Tensor, ...]
     parameter_slots: tuple[int, ...]  # each parameter's value index in the plan
+    # gradients whose planned memory overlaps an earlier gradient's (one value returned for
+    # two parameters): in-place use of one ``.grad`` must not change the other's
+    shared_gradients: frozenset[int] = frozenset()
 
 
 def training_methods(program: Program) -> tuple[str, ...]:
@@ -133,4 +139,17 @@ def read_layout(program: Program, name: str, method: Method) -> Layout:
         tuple(params),
         tuple(grads),
         tuple(slots[p_ + i] for i in range(n)),
+        _shared(state.plan.values, slots[g:p_]),
+    )
+
+
+def _shared(values: Sequence[EValue], gradient_slots: Sequence[int]) -> frozenset[int]:
+    """Indices of the gradients whose planned bytes overlap an earlier gradient's."""
+    spans = [byte_range(values[s]) for s in gradient_slots]
+    return frozenset(
+        i
+        for i, a in enumerate(spans)
+        if a is not None
+        and a[1] < a[2]
+        and any(b is not None and b[0] == a[0] and a[1] < b[2] and b[1] < a[2] for b in spans[:i])
     )

@@ -10,7 +10,9 @@ hands out copies, which a later call does not overwrite. Beyond them:
   ``torch.nn.utils.clip_grad_norm_`` work on :meth:`TrainingModule.parameters` in place,
   and the next call reads what they wrote. ``forward_backward(..., accumulate=True)``
   adds into ``.grad`` as ``loss.backward()`` does (``optimizer.zero_grad()`` clears it);
-  the default replaces it, as ExecuTorch does.
+  the default replaces it, as ExecuTorch does. Where the program returns one gradient
+  value for several parameters, each parameter after the first gets a copy as ``.grad``
+  (clipping or summing one ``.grad`` in place changes no other).
 - ``device_map`` places the program's planned memory (its parameters, gradients and
   activations) on another device, as for any ptexec method.
 - :meth:`save_pte` / :meth:`save_ptd` write the trained parameters back to a program file
@@ -222,8 +224,18 @@ class TrainingModule:
             o.clone() if isinstance(o, torch.Tensor) else o for o in outs[: layout.gradient_start]
         ]
         with torch.no_grad():
+            # a gradient whose memory another parameter's gradient shares gets a .grad of
+            # its own, taken before that memory is summed into below
+            for i in layout.shared_gradients:
+                p, g, prev = params[i], grads[i], params[i].grad
+                if accumulate and prev is not None and not _holds(prev, g):
+                    prev.add_(g)
+                else:
+                    p.grad = g.clone()
             for i, (p, g) in enumerate(zip(params, grads, strict=True)):
                 prev = p.grad
+                if i in layout.shared_gradients:
+                    continue
                 if not accumulate or prev is None:
                     if prev is not g:
                         p.grad = g
