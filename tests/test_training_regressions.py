@@ -443,3 +443,44 @@ def test_a_gradient_value_two_parameters_share_is_summed_and_clipped_as_in_eager
     ref = _eager_grads(module, batches[1:2])
     for name, p in tm.named_parameters().items():
         torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+# -- check_gradients and torch's random generator --------------------------------------------
+
+
+class _Dropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        h = F.dropout(torch.tanh(self.fc(x)), 0.5, self.training)
+        return (F.cross_entropy(self.out(h), y),)
+
+
+def test_check_gradients_of_a_dropout_program_draws_as_eager_and_leaves_the_generator() -> None:
+    """The program and the eager module draw the same dropout mask from one generator
+    state, so a check compares like with like, and the generator is left as it was: a
+    check between two steps changes neither (the program drew other numbers than eager, a
+    false difference, and moved the generator on, changing the next step's mask)."""
+    torch.manual_seed(0)
+    module = _Dropout()
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g))
+    pte, _ = export_training(copy.deepcopy(module), batch)
+    ref = copy.deepcopy(module)
+    torch.manual_seed(5)
+    ref(*batch)[0].backward()
+    ref.zero_grad()
+    second = ref(*batch)[0]
+    second.backward()
+    tm = T.load(pte)
+    torch.manual_seed(5)
+    tm.forward_backward("forward", batch)
+    check = tm.check_gradients(module, batch)
+    assert check.ok, str(check)
+    loss = tm.forward_backward("forward", batch)[0]
+    torch.testing.assert_close(loss, second.detach(), rtol=1e-6, atol=1e-6)
+    for (name, p), q in zip(tm.named_parameters().items(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)

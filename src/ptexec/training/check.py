@@ -72,12 +72,17 @@ def check_gradients(
     reference.zero_grad(set_to_none=True)
     device = next(iter(named.values())).device if named else torch.device("cpu")
     ref_inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
-    ref_loss = _loss(reference(*ref_inputs))
-    ref_loss.backward()  # type: ignore[no-untyped-call]
+    # both runs draw from the generators as they are now (a dropout mask is the same in
+    # each), and leave them so: the check moves no later step's random numbers
+    cuda = sorted({t.device.index or 0 for t in (*layout.gradients, *named.values()) if t.is_cuda})
+    with torch.random.fork_rng(devices=cuda):
+        ref_loss = _loss(reference(*ref_inputs))
+        ref_loss.backward()  # type: ignore[no-untyped-call]
 
     kept = [g.clone() for g in layout.gradients]
     try:
-        out = method.execute(inputs)
+        with torch.random.fork_rng(devices=cuda):
+            out = method.execute(inputs)
         loss = float(out[0])
         errors: dict[str, float] = {}
         within: dict[str, bool] = {}
