@@ -385,3 +385,39 @@ def test_a_half_convolution_with_a_fused_relu_runs(tmp_path: Path) -> None:
     with torch.no_grad():
         want = model(x)
     assert y.min() >= 0 and (y.float() - want).abs().max() < 1e-2
+
+
+# -- arguments the exporter rewrites ------------------------------------------------------
+
+
+def _lowered(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> ptexec.Method:
+    """``model`` lowered whole by ExecuTorch's ``VulkanPartitioner`` and loaded."""
+    pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model.eval(), inputs), partitioner=[VulkanPartitioner()]
+    ).to_executorch()
+    program = ptexec.load(lowered.buffer)
+    assert any(
+        d.id == "VulkanBackend"
+        for plan in program.pte.program.execution_plan
+        for d in plan.delegates
+    )
+    return program.load_method("forward")
+
+
+class _FullLike(torch.nn.Module):
+    def forward(self, idx: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(idx, 0.5, dtype=torch.float32) + y
+
+
+def test_an_op_whose_dtype_the_exporter_drops_computes_in_the_outputs_type() -> None:
+    """The exporter writes ``full_like``'s ``dtype`` as null: a float fill of an integer
+    tensor is still 0.5 in the float output, as eager computes it (not 0, the fill in the
+    integer tensor's type)."""
+    torch.manual_seed(0)
+    idx, y = torch.tensor([3, 0, 2, 2, 1]), torch.randn(5)
+    (got,) = _lowered(_FullLike(), (idx, y))(idx, y)
+    torch.testing.assert_close(got, y + 0.5)

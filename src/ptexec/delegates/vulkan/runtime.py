@@ -14,7 +14,8 @@ Arithmetic follows the Vulkan backend where it is not ATen's float32:
   32 bits and indices are int32, as on the GPU; results are converted back to the program's
   dtypes when they are written out;
 - an op whose dtype argument the exporter wrote as null (``_to_copy``, ``full``,
-  ``arange``) produces the output's datatype;
+  ``full_like``, ``arange``) is called with the output's datatype, so it computes in it
+  (a float fill of an integer tensor's ``full_like`` is the float, as in eager);
 - the weight-only int8 linear multiplies the float input by the int8 weights and then by
   the per-channel scales (``(x @ w.T) * s``), as the shader does, rather than dequantizing
   the weights first;
@@ -467,7 +468,10 @@ class _Builder:
         exprs: list[str] = []
         metas: list[Any] = []
         for j, (vid, type_name) in enumerate(zip(reads, types, strict=True)):
-            e, m = self.argument(op, j, vid, type_name)
+            if kw[j] == "dtype" and self.g.values[vid].kind == "null":
+                e, m = self._output_dtype(out)
+            else:
+                e, m = self.argument(op, j, vid, type_name)
             metas.append(m)
             if kw[j] != "_skip":
                 exprs.append(f"{kw[j]}={e}" if kw[j] else e)
@@ -475,6 +479,17 @@ class _Builder:
         self._finish(
             op, out, f"{call_name}({', '.join(exprs)})", self._meta_call(op, fn, metas, kw)
         )
+
+    def _output_dtype(self, out: int) -> tuple[str, Any]:
+        """(expression, meta value) of a ``dtype`` argument the exporter wrote as null: the
+        output value's datatype, so the op computes in it (``full_like(int_x, 0.5,
+        dtype=float)`` fills 0.5, where filling ``int_x``'s type and converting gives 0);
+        None when the output is not one tensor."""
+        t = self.g.values[out].tensor
+        if t is None:
+            return "None", None
+        dtype = VK_DTYPES[t.datatype]
+        return self.bind(dtype), dtype
 
     def _target(
         self, op: s.VkOp, kind: str
