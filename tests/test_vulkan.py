@@ -421,3 +421,18 @@ def test_an_op_whose_dtype_the_exporter_drops_computes_in_the_outputs_type() -> 
     idx, y = torch.tensor([3, 0, 2, 2, 1]), torch.randn(5)
     (got,) = _lowered(_FullLike(), (idx, y))(idx, y)
     torch.testing.assert_close(got, y + 0.5)
+
+
+class _SquareThenUnsqueeze(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.pow(x, 2.0).unsqueeze(2)
+
+
+def test_an_int_argument_the_exporter_shares_with_an_equal_double_runs() -> None:
+    """The exporter serializes one value per number, 2 and 2.0 alike: ``unsqueeze``'s dim 2
+    names the double 2.0 of the ``pow`` before it, which ExecuTorch's Vulkan runtime reads
+    as the int 2."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 7)
+    (got,) = _lowered(_SquareThenUnsqueeze(), (x,))(x)
+    torch.testing.assert_close(got, torch.pow(x, 2.0).unsqueeze(2))

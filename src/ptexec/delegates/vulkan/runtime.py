@@ -334,7 +334,10 @@ class _Builder:
                 raise self.fail(op, f"a {kind} value where the op takes a tensor", j)
             return self.read(vid), self.meta.get(vid)
         if inner in ("int", "SymInt"):
-            if kind == "int":
+            if kind == "int" or (kind == "double" and float(value.scalar or 0).is_integer()):
+                # the exporter keeps one value per number, 2 and 2.0 alike: an int argument
+                # may name the double another op's argument made (ExecuTorch's Vulkan
+                # runtime reads either as an int)
                 return self.bind(int(value.scalar or 0)), int(value.scalar or 0)
             if kind == "symint":
                 return self.expr[vid], self.meta.get(vid)
@@ -556,8 +559,8 @@ class _Builder:
             return
         if len(reads) != 2:
             raise self.fail(op, f"{len(reads)} arguments, the op takes 2")
-        a, am = self.argument(op, 0, reads[0], "Scalar")
-        b, bm = self.argument(op, 1, reads[1], "Scalar")
+        a, am = self.argument(op, 0, reads[0], "int")
+        b, bm = self.argument(op, 1, reads[1], "int")
         fn = self.bind(_SYM[op.name], "_sym")
         self.expr[out] = name = f"s{out}"
         self.emit(f"{name} = {fn}({a}, {b})")
