@@ -436,3 +436,26 @@ def test_an_int_argument_the_exporter_shares_with_an_equal_double_runs() -> None
     x = torch.randn(2, 5, 7)
     (got,) = _lowered(_SquareThenUnsqueeze(), (x,))(x)
     torch.testing.assert_close(got, torch.pow(x, 2.0).unsqueeze(2))
+
+
+class _LargeFills(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full_like(x, -1e9) + x, torch.full((3,), 1e6) * 1.0 + x
+
+
+def test_a_half_fill_past_halfs_range_is_its_infinity() -> None:
+    """``force_fp16``: a fill past half's range is half's infinity, eager's value in the
+    payload's type, as Vulkan's half shaders write it (ATen refuses to fill half with it)."""
+    pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(0)
+    x = torch.randn(3)
+    model = _LargeFills()
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(model, (x,)), partitioner=[VulkanPartitioner({"force_fp16": True})]
+    ).to_executorch()
+    got = ptexec.load(lowered.buffer).load_method("forward")(x)
+    for g, want in zip(got, model(x), strict=True):
+        assert torch.equal(g, want.half().float())

@@ -15,7 +15,8 @@ Arithmetic follows the Vulkan backend where it is not ATen's float32:
   dtypes when they are written out;
 - an op whose dtype argument the exporter wrote as null (``_to_copy``, ``full``,
   ``full_like``, ``arange``) is called with the output's datatype, so it computes in it
-  (a float fill of an integer tensor's ``full_like`` is the float, as in eager);
+  (a float fill of an integer tensor's ``full_like`` is the float, as in eager), float32
+  for a half output, converted after (a fill past half's range is its infinity);
 - the weight-only int8 linear multiplies the float input by the int8 weights and then by
   the per-channel scales (``(x @ w.T) * s``), as the shader does, rather than dequantizing
   the weights first;
@@ -487,11 +488,15 @@ class _Builder:
         """(expression, meta value) of a ``dtype`` argument the exporter wrote as null: the
         output value's datatype, so the op computes in it (``full_like(int_x, 0.5,
         dtype=float)`` fills 0.5, where filling ``int_x``'s type and converting gives 0);
-        None when the output is not one tensor."""
+        None when the output is not one tensor. A half output is computed in float32 and
+        converted: a value past half's range is its infinity, as in Vulkan's half shaders
+        (``force_fp16``'s ``full_like(x, -1e9)``), where ATen refuses it."""
         t = self.g.values[out].tensor
         if t is None:
             return "None", None
         dtype = VK_DTYPES[t.datatype]
+        if dtype == torch.float16:
+            dtype = torch.float32
         return self.bind(dtype), dtype
 
     def _target(
