@@ -17,7 +17,7 @@ import torch
 
 import ptexec
 import ptexec.portable_lib as pl
-from fixture_data import fixture_calls, fixture_paths
+from fixture_data import FIXTURES_DIR, fixture_calls, fixture_paths
 from ptexec.errors import InputError, PteFormatError
 from ptexec.runtime import Runtime
 
@@ -235,3 +235,27 @@ def test_data_files_beside_that_disagree_on_a_key_are_not_guessed(
     with torch.no_grad():
         other = split["other"](x)  # type: ignore[operator]
     torch.testing.assert_close(got, other)
+
+
+def test_a_data_file_key_the_program_also_holds_is_read_from_the_data_file(
+    tmp_path: Path,
+) -> None:
+    """A key in both the program's named data and a ``.ptd`` (a delegate's weights given
+    anew) is read from the ``.ptd``, as ExecuTorch's runtime reads it: the data file's map
+    comes first. The program's own bytes were taken, a delegate ran on other weights."""
+    et_runtime = pytest.importorskip("executorch.runtime")
+    from ptexec.format.ptd_write import ptd_bytes
+
+    pte = FIXTURES_DIR / "xnnpack" / "channels_last.pte"
+    x = torch.load(pte.with_suffix(".io.pt"), weights_only=True)["calls"][0]["inputs"]
+    named = dict(ptexec.load(pte).pte.named_data())
+    key = sorted(named)[0]
+    ptd = tmp_path / "other.ptd"
+    ptd.write_bytes(ptd_bytes([(key, None, bytes(len(named[key])))]))
+    want = et_runtime.Runtime.get().load_program(pte, data_path=ptd).load_method("forward")
+    (expected,) = want.execute(x)
+    own = Runtime.get().load_program(pte).load_method("forward").execute(x)[0]
+    assert not torch.allclose(own, expected)  # the two weights give other outputs
+    for data_path in (ptd, [ptd]):
+        got = Runtime.get().load_program(pte, data_path=data_path).load_method("forward")
+        torch.testing.assert_close(got.execute(x)[0], expected, rtol=1e-5, atol=1e-5)

@@ -194,10 +194,12 @@ class Program:
         # whether an instruction of a method may write a constant (None: not yet asked)
         self._constants_written: bool | None = None
         self.shared_buffer_indices = _shared_state_buffers(pte.program, share_state)
+        # a key in both is the data file's, as external tensors read it (external_bytes)
+        # and as ExecuTorch's runtime looks its data file up before the program's
         named: dict[str, memoryview] = dict(pte.named_data())
         if ptd is not None:
             for key in ptd.entries:
-                named.setdefault(key, ptd.bytes_of(key))
+                named[key] = ptd.bytes_of(key)
         self.named_data: Mapping[str, memoryview] = named
 
     # -- methods -------------------------------------------------------------------------
