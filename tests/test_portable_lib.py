@@ -349,6 +349,22 @@ def test_a_callers_writable_buffer_is_copied_by_every_loader() -> None:
             )
 
 
+def test_a_list_of_data_files_is_taken_when_the_module_is_made() -> None:
+    """``.ptd`` bytes given as a list are taken when the loader is called, as one
+    ``.ptd`` is: a caller rewriting its bytearray before the module's first use does not
+    change the weights the module runs on."""
+    name = "external"
+    pte, ptd = (p.read_bytes() for p in fixture_paths(name)[:2])
+    call = fixture_calls(name)[0]
+    for data_map in _writable_buffers(ptd):
+        module = pl._load_for_executorch_from_buffer(pte, [data_map])  # type: ignore[arg-type]
+        data_map[512:] = bytes(len(data_map) - 512)  # the tensors' bytes, not the header
+        assert (
+            compare_outputs(module.forward(call["inputs"]), call["outputs"], *tolerance(name))
+            is None
+        )
+
+
 def _loaders(ext: Any) -> dict[str, Any]:
     import ptexec
     from ptexec.runtime import Runtime

@@ -595,7 +595,10 @@ def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
 
 def _taken_now(data: Any) -> Any:
     """The bytes of a caller's writable buffer as they are now (a module reads its
-    program on first use, and the caller may change the buffer before that)."""
+    program on first use, and the caller may change the buffer before that); of a list
+    of data files, each (and the list itself) as it is now."""
+    if isinstance(data, list | tuple):
+        return [_taken_now(d) for d in data]
     return bytes(data) if isinstance(data, bytearray | memoryview) else data
 
 
@@ -616,8 +619,9 @@ def _load_for_executorch(
     for path, what in ((program_path, "program file"), (data_path, "data file")):
         if isinstance(path, str | os.PathLike) and not os.path.exists(path):
             raise FileMissingError(errno.ENOENT, f"no such {what}", os.fspath(path))
+    ptd = _taken_now(data_path)
     return ExecuTorchModule(
-        lambda: load_source(program_path, data_path),
+        lambda: load_source(program_path, ptd),
         _recorder(enable_etdump, debug_buffer_size),
     )
 
