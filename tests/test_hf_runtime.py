@@ -63,6 +63,27 @@ def test_set_output_matches_executorchs_execute() -> None:
     torch.testing.assert_close(out2, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["dynamic_mlp", "dynamic_mlp_unplanned"])
+def test_set_output_returns_the_callers_tensor_without_clones_too(name: str) -> None:
+    """``clone_outputs=False`` returns the tensor given to ``set_output`` itself, filled
+    and at the sizes of the call, as ``Module::set_output`` promises; the other outputs
+    are the method's views, as ever."""
+    et = pytest.importorskip("executorch.runtime").Runtime.get()
+    pte, _ = fixture_paths(name)
+    reference = et.load_program(pte).load_method("forward")
+    module = pl._load_for_executorch(str(pte))
+    out = torch.empty(16, 4)
+    module.set_output("forward", out, 0)
+    for rows in (5, 3):
+        x = torch.randn(rows, 8)
+        (want,) = reference.execute([x])
+        (got,) = module.forward([x], clone_outputs=False)
+        assert got is out and out.shape == want.shape
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+        (got,) = module.plan_execute("forward", clone_outputs=False)
+        assert got is out
+
+
 def test_set_output_is_checked_when_set_and_the_method_keeps_working() -> None:
     pte, _ = fixture_paths("mlp")
     method = Runtime.get().load_program(pte).load_method("forward")

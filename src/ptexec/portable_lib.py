@@ -220,12 +220,16 @@ class ExecuTorchMethod:
 
     def get_outputs(self, clone_outputs: bool = True) -> list[Any]:
         """The last execution's outputs: copies, or with ``clone_outputs=False`` views of
-        the method's memory, valid until its next call."""
+        the method's memory, valid until its next call; either way, an output given to
+        :meth:`set_output` is the caller's tensor itself."""
         if self._outputs is None:
             raise StateError(f"method '{self._method.name}' has no outputs: execute it first")
-        if not clone_outputs:  # views that keep their shape when the next call resizes
-            return [x.view(x.shape) if isinstance(x, torch.Tensor) else x for x in self._outputs]
         out = self._out or ()
+        if not clone_outputs:  # views that keep their shape when the next call resizes
+            return [
+                x.view(x.shape) if isinstance(x, torch.Tensor) and not _given(out, k, x) else x
+                for k, x in enumerate(self._outputs)
+            ]
         return [
             x.clone() if isinstance(x, torch.Tensor) and not _given(out, k, x) else x
             for k, x in enumerate(self._outputs)
