@@ -182,6 +182,20 @@ def test_get_attribute_matches_executorch() -> None:
     assert isinstance(e.value, RuntimeError)
 
 
+def test_a_constant_attribute_written_changes_no_program() -> None:
+    """External constants are shared by the programs loaded from one data file: a write
+    into one program's attribute reached every other (ExecuTorch's are read-only memory).
+    They are copies now; every program still gives the fixture's eager outputs."""
+    pte, ptd = (str(p) for p in fixture_paths("external"))
+    call = fixture_calls("external")[0]
+    a, b = (pl._load_program(pte, data_path=ptd).load_method("forward") for _ in range(2))
+    a.get_attribute("fc1.weight").zero_()
+    for m in (a, b, pl._load_program(pte, data_path=ptd).load_method("forward")):
+        m.set_inputs(call["inputs"])
+        m.execute()
+        assert compare_outputs(m.get_outputs(), call["outputs"], *tolerance("external")) is None
+
+
 def test_an_input_on_another_device_is_refused_in_executorchs_words() -> None:
     method = pl._load_program(str(fixture_paths("mlp")[0])).load_method("forward")
     with pytest.raises(UnsupportedDeviceError, match="is on device meta") as e:

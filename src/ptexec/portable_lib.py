@@ -262,12 +262,15 @@ class ExecuTorchMethod:
         return MethodMeta(m.meta, method_attributes(m.program, m.name))
 
     def get_attribute(self, name: str) -> Any:
-        """The method's tensor with fully qualified name ``name`` (a named mutable buffer
-        or external constant): the method's own memory, not a copy."""
+        """The method's tensor with fully qualified name ``name``: a named mutable buffer
+        as the method's own memory, not a copy; an external constant as a copy (its memory
+        is shared by every program loaded from its data file, which a write through it
+        would change; ExecuTorch's constants are read-only memory)."""
         m = self._method
-        for fqn, index, _ in method_attributes(m.program, m.name):
+        for fqn, index, info in method_attributes(m.program, m.name):
             if fqn == name:
-                return m.values()[index]
+                value = m.values()[index]
+                return value if info.is_memory_planned else value.clone()
         names = ", ".join(a[0] for a in method_attributes(m.program, m.name)) or "none"
         raise NotFoundError(f"method '{m.name}' has no attribute '{name}' (attributes: {names})")
 
