@@ -490,6 +490,28 @@ def test_an_inf_where_the_reference_is_finite_is_the_worst_error(
     assert data["records"][out.step]["writes"][0]["error"]["mismatched"] == eager16.numel()
 
 
+def test_a_nan_scalar_where_the_reference_is_finite_is_mismatched() -> None:
+    """``.item()`` of a float32 sum that overflowed: NaN in the program, 0 in eager float64.
+    The scalar is mismatched and ranks among the worst, as a tensor element would."""
+
+    class Item(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            t = x.sum()
+            return x * (t - t).item()
+
+    net = Item()
+    x = torch.tensor([3e38, 3e38])
+    eager32 = (x.sum() - x.sum()).item()
+    eager64 = (x.double().sum() - x.double().sum()).item()
+    assert math.isnan(eager32) and eager64 == 0.0
+    tr = ptexec.load(export_program(net, (x,))).load_method().trace([x], reference=True)
+    (item,) = [r for r in tr.records if r.name == "aten::_local_scalar_dense"]
+    (w,) = item.writes
+    assert math.isnan(w.value) and w.error is not None
+    assert w.error.mismatched == 1 and w.error.is_error and str(w.error) == "1 mismatched"
+    assert item in tr.worst(len(tr.records))
+
+
 def test_reference_keeps_the_call_record() -> None:
     """Device copies run twice under a reference; the call's byte counts stay the call's."""
     methods = _methods("h2d_copy")

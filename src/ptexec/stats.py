@@ -178,8 +178,14 @@ def compare(x: Any, ref: Any) -> RefError | None:
         rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
         return RefError(max_abs, rel, eps, mismatched)
     if isinstance(x, bool | int | float) and isinstance(ref, bool | int | float):
-        d = abs(float(x) - float(ref))
-        return RefError(
-            d, d / abs(float(ref)) if ref else d, None, int(d != 0 and not isinstance(x, float))
-        )
+        if not isinstance(x, float):  # integers and bools: any difference is a mismatch
+            gap = abs(float(x) - float(ref))
+            return RefError(gap, gap / abs(float(ref)) if ref else gap, None, int(x != ref))
+        got, want = x, float(ref)
+        if not (math.isfinite(got) and math.isfinite(want)):
+            # a NaN or Inf on one side only, as for a tensor's elements: no finite error
+            agree = got == want or (math.isnan(got) and math.isnan(want))
+            return RefError(0.0, 0.0, None, int(not agree))
+        dist = abs(got - want)
+        return RefError(dist, dist / abs(want) if want else dist, None)
     return None
