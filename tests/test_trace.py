@@ -655,3 +655,27 @@ def test_a_reference_trace_draws_no_random_numbers_of_its_own() -> None:
     assert {r.name for r in random} == {"aten::native_dropout.out", "aten::rand.out"}
     errors = [w.error for r in tr.records for w in r.writes if w.error is not None]
     assert errors and all(e.mismatched == 0 for e in errors)
+
+
+def test_a_random_kernels_values_taken_from_the_program_have_no_error() -> None:
+    """Dropout after an exp: eager float64 with the program's own mask gives other values
+    than the program's float32 ones, so the values the reference took from the program
+    are marked as having no reference, never reported as exact."""
+
+    class Drop(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.dropout(torch.exp(x) * 1.7, 0.5, training=True) * 3.3
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    method = ptexec.load(export_program(Drop().train(), (x,))).load_method()
+    tr = method.trace([x], reference=True, tensors=True)
+    (drop,) = [r for r in tr.records if r.name == "aten::native_dropout.out"]
+    out, mask = drop.writes
+    eager64 = torch.exp(x.double()) * 1.7 * mask.value / 0.5
+    assert (out.value.double() - eager64).abs().max() > 0  # the program's value is not exact
+    for w in drop.writes:
+        assert w.error is not None and w.error.note is not None
+        assert "no reference" in str(w.error)
+    assert drop.error is None and drop not in tr.worst(len(tr.records))
+    line = tr.table().splitlines()[drop.step + 1]
+    assert "no reference" in line and "0.00e+00" not in line

@@ -186,44 +186,54 @@ class Shadow:
                 s[j] = x.to(_wide(x.dtype), copy=True)
         return s
 
-    def step(self, step: Step, v: list[Any], s: list[Any], result: Any) -> str | None:
+    def step(
+        self, step: Step, v: list[Any], s: list[Any], result: Any
+    ) -> tuple[str | None, frozenset[int]]:
         """Run ``step`` on the shadow table ``s`` after the program ran it on ``v``
-        (``result``: the program's jump condition); a note when the reference could not
-        follow in float64. A fused instruction (:mod:`ptexec.loader.dataflow`) runs, in
-        the reference, every instruction it stands for, so that the value it wrote has
-        its reference now; those instructions then have nothing left to run."""
+        (``result``: the program's jump condition). Returns a note when the reference could
+        not follow in float64, and the values it took from the program instead of
+        computing them (they have no reference of their own). A fused instruction
+        (:mod:`ptexec.loader.dataflow`) runs, in the reference, every instruction it
+        stands for, so that the value it wrote has its reference now; those instructions
+        then have nothing left to run."""
         if step.statement is FUSED_AWAY:
-            return None
+            return None, frozenset()
         if not is_fused(step.statement):
-            return self._step(step, v, s, result)
+            note, taken = self._step(step, v, s, result)
+            return note, frozenset(taken)
         chain = self.steps[step.chain]
         notes = [self._step(step, v, s, result)]
         for k in range(step.index + 1, len(chain)):
             if chain[k].statement is not FUSED_AWAY:
                 break
             notes.append(self._step(chain[k], v, s, None))
-        return next((n for n in notes if n is not None), None)
+        note = next((n for n, _ in notes if n is not None), None)
+        return note, frozenset(j for _, taken in notes for j in taken)
 
-    def _step(self, step: Step, v: list[Any], s: list[Any], result: Any) -> str | None:
+    def _step(
+        self, step: Step, v: list[Any], s: list[Any], result: Any
+    ) -> tuple[str | None, tuple[int, ...]]:
         writes = self.writes[step.chain][step.index]
         if step.kind == "kernel" and draws_random(step.name):
             # run again it would draw other numbers (nothing to compare with) and move
             # torch's generator on, changing what the program draws after it
-            for j in (*writes, *step.writes):
+            taken = (*writes, *step.writes)
+            for j in taken:
                 _sync(s, j, v[j])
-            return "draws random numbers; took the program's values"
+            return "draws random numbers; took the program's values", taken
         try:
             ref_result = self._run(step)(s)
         except Exception as e:
             why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
             if self._narrow(step, v, s, writes):
-                return f"ran in the program's precision (not in float64: {why})"
-            for j in (*writes, *step.writes):
+                return f"ran in the program's precision (not in float64: {why})", ()
+            taken = (*writes, *step.writes)
+            for j in taken:
                 _sync(s, j, v[j])
-            return f"cannot run ({why}); took the program's values"
+            return f"cannot run ({why}); took the program's values", taken
         if step.destination is not None and bool(ref_result) != bool(result):
-            return "the reference would branch the other way; it follows the program"
-        return None
+            return "the reference would branch the other way; it follows the program", ()
+        return None, ()
 
     def _narrow(self, step: Step, v: list[Any], s: list[Any], writes: tuple[int, ...]) -> bool:
         """Run ``step`` on the shadow's values narrowed to the program's dtypes and widen

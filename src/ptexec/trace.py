@@ -316,6 +316,11 @@ def _short(x: Any, width: int) -> str:
 # tracing
 
 
+_NO_REFERENCE = RefError(0.0, 0.0, None, 0, "no reference (the program's value)")
+"""The error of a value the float64 reference took from the program (a random kernel's,
+or one it cannot run): nothing to measure it against."""
+
+
 class _Stop(StopCall):
     def __init__(self, record: InstructionRecord, reason: str) -> None:
         self.record = record
@@ -417,14 +422,15 @@ class _Recorder(Hooks):
         assert s is not None and shadow is not None
         record = self.state.record
         saved = record.bytes_copied if step.is_copy else None
-        rec.reference_note = shadow.step(step, v, s, result)
+        rec.reference_note, taken = shadow.step(step, v, s, result)
         if saved is not None:  # the reference's copies are not the call's
             record.h2h, record.h2d, record.d2h, record.d2d = (
                 saved[k] for k in ("h2h", "h2d", "d2h", "d2d")
             )
         for w in rec.writes:
             ref = s[w.index]
-            w.error = compare(v[w.index], ref)
+            # a value the reference took from the program is not exact: it has no reference
+            w.error = _NO_REFERENCE if w.index in taken else compare(v[w.index], ref)
             if self.tensors:
                 w.reference = ref.detach().clone() if isinstance(ref, torch.Tensor) else ref
 
