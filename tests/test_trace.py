@@ -209,6 +209,26 @@ def test_summaries() -> None:
     assert (h.min, h.max, h.dtype) == (-2.25, 1.5, torch.bfloat16)
 
 
+def test_integer_values_are_shown_in_full() -> None:
+    """Token ids 128000 and 128001: the table and the summary show eager's min and max,
+    not one rounded number for both."""
+
+    class Shift(torch.nn.Module):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return ids + 127999
+
+    ids = torch.tensor([1, 2])
+    want = Shift()(ids)
+    low, high = int(want.min()), int(want.max())
+    assert (low, high) == (128000, 128001)
+    tr = ptexec.load(export_program(Shift(), (ids,))).load_method().trace([ids])
+    (w,) = tr.records[-1].writes
+    assert w.stats is not None and (w.stats.min, w.stats.max) == (low, high)
+    assert f"min {low}  max {high}" in str(w.stats)
+    row = tr.table().splitlines()[tr.records[-1].step + 1].split()
+    assert str(low) in row and str(high) in row
+
+
 # ---- control flow ------------------------------------------------------------------------
 
 

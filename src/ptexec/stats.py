@@ -63,7 +63,13 @@ class TensorStats:
 
 
 def short_number(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
+    """``x`` for a table: an integer (an integer tensor's min or max) in full, a float
+    to four significant digits, None as ``-``."""
+    if x is None:
+        return "-"
+    if isinstance(x, int):  # 128000 and 128001 are two token ids, not 1.28e+05 twice
+        return str(x)
+    return f"{x:.4g}"
 
 
 def summarize(x: torch.Tensor) -> TensorStats:
