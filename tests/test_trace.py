@@ -229,6 +229,29 @@ def test_integer_values_are_shown_in_full() -> None:
     assert str(low) in row and str(high) in row
 
 
+def _to_float8(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float8_e5m2)
+
+
+def test_summaries_of_dtypes_torch_cannot_reduce() -> None:
+    """float8 has no min in torch: its NaNs are still counted (a NaN hunt stops at the
+    cast that wrote one) and its range read exactly; uint16 and uint32 likewise."""
+    from export_util import one_op_program
+
+    x = torch.tensor([1.0, float("nan"), -2.0, 3.0])
+    eager = _to_float8(x)
+    assert int(eager.float().isnan().sum()) == 1
+    s = summarize(eager)
+    assert (s.min, s.max, s.nan, s.inf) == (-2.0, 3.0, 1, 0)
+    u = torch.tensor([7, 65535]).to(torch.uint16)
+    assert (summarize(u).min, summarize(u).max) == (7, 65535)
+    m = ptexec.load(one_op_program(_to_float8, (x,))).load_method()
+    tr = m.trace([x], stop_on="nan")
+    assert tr.stopped is not None and tr.stopped.name.startswith("dim_order_ops::")
+    (w,) = tr.stopped.writes
+    assert w.stats is not None and w.stats.nan == 1
+
+
 # ---- control flow ------------------------------------------------------------------------
 
 

@@ -72,8 +72,19 @@ def short_number(x: float | None) -> str:
     return f"{x:.4g}"
 
 
+_FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+_EXACTLY_IN: dict[torch.dtype, torch.dtype] = {
+    **{getattr(torch, n): torch.float32 for n in _FLOAT8 if hasattr(torch, n)},
+    torch.uint16: torch.int64,
+    torch.uint32: torch.int64,
+}
+"""Dtypes torch has no min, max or mean of, and one that holds each of their values."""
+
+
 def summarize(x: torch.Tensor) -> TensorStats:
-    """The :class:`TensorStats` of ``x`` (complex tensors by magnitude, bools as 0/1)."""
+    """The :class:`TensorStats` of ``x`` (complex tensors by magnitude, bools as 0/1;
+    float8, uint16 and uint32, which torch does not reduce, through a dtype holding each
+    of their values)."""
     t = x.detach()
     shape = tuple(t.shape)
     device = str(t.device)
@@ -84,6 +95,8 @@ def summarize(x: torch.Tensor) -> TensorStats:
         t = t.abs()
     elif dtype == torch.bool:
         t = t.to(torch.uint8)
+    elif dtype in _EXACTLY_IN:  # torch cannot reduce these: their values, widened exactly
+        t = t.to(_EXACTLY_IN[dtype])
     nan = inf = 0
     try:
         if t.is_floating_point():
