@@ -454,7 +454,9 @@ def trace(
     float64 shadow in lockstep and give each written value its :class:`RefError`.
     ``stop_on``: ``"nan"``, ``"inf"`` or ``"nonfinite"``: stop after the first instruction
     that writes such a value (``Trace.stopped``; its inputs as they were before it ran are
-    in ``reads``; ``outputs`` is None). ``reads``: record every instruction's inputs too.
+    in ``reads``; ``outputs`` is None; the method is left as a failed call leaves it: what
+    ran before the stop, mutable state included, stays written, and the next call runs as
+    usual). ``reads``: record every instruction's inputs too.
     ``progress(done, total)`` is called after each instruction. Inputs are bound as by
     :meth:`Method.execute` (``transfers``, ``layout`` likewise); outputs are copies.
     """
