@@ -42,6 +42,26 @@ def test_runtime_set_output_writes_into_the_callers_tensor(name: str) -> None:
     assert fresh is not out
 
 
+def test_one_tensor_set_for_two_outputs_is_refused_when_set() -> None:
+    """A tensor given for output 6 that output 5 already writes is refused by that
+    set_output (every later execute would refuse the pair); the earlier one stays set and
+    the next call writes it with the fixture's eager values."""
+    pte, _ = fixture_paths("int_ops")
+    method = Runtime.get().load_program(pte).load_method("forward")
+    call = fixture_calls("int_ops")[0]
+    base = torch.empty(3, 5, dtype=call["outputs"][5].dtype)
+    out = base[:2]
+    method.set_output(out, 5)
+    with pytest.raises(InputError):
+        method.set_output(out, 6)
+    with pytest.raises(InputError):
+        method.set_output(base[1:], 6)  # (a row of the same memory)
+    got = method.execute(call["inputs"])
+    assert got[5] is out
+    for g, want in zip(got, call["outputs"], strict=True):
+        torch.testing.assert_close(g, want)
+
+
 def test_set_output_matches_executorchs_execute() -> None:
     et_runtime = pytest.importorskip("executorch.runtime")
     pte, _ = fixture_paths("mlp_unplanned")

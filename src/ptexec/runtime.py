@@ -33,7 +33,7 @@ from . import program as _program
 from .delegates import backend_available, registered_backends
 from .device import schema_device
 from .dtypes import CODE_TO_DTYPE, DTYPE_TO_CODE
-from .engine.arguments import check_out
+from .engine.arguments import check_aliasing, check_out
 from .errors import InputError, MethodNotFoundError, StateError
 from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format import program as _p
@@ -292,7 +292,8 @@ def set_output(
 ) -> list[Any] | None:
     """The ``out=`` list of a method after ``set_output(output, index)``, checked now as
     :meth:`ptexec.Method.execute` checks ``out=`` (output ``index`` a tensor output, the
-    tensor of its dtype, device and shape); None when no output is set any more."""
+    tensor of its dtype, device and shape, apart from the tensors set for the other
+    outputs); None when no output is set any more."""
     n = len(method.meta.outputs)
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n:
         raise InputError(
@@ -307,7 +308,9 @@ def set_output(
     given = list(out) if out is not None else [None] * n
     given[index] = output
     if output is not None:
-        check_out(method.state, [output if k == index else None for k in range(n)])
+        state = method.state
+        # apart from each other and from the method's memory (inputs are the call's)
+        check_aliasing(state, [(None, None)] * len(state.inputs), check_out(state, given))
     return given if any(t is not None for t in given) else None
 
 
