@@ -104,6 +104,27 @@ def test_disconnect_mid_stream_frees_the_session(tok: Path) -> None:
         assert generated < 120 + 3  # the abandoned generation stopped early
 
 
+def test_a_generation_whose_client_left_is_in_the_metrics(tok: Path) -> None:
+    """The tokens of a stream abandoned after its first piece were generated: they are
+    counted, and the first piece the client got has its time to first token."""
+    with running_server(tok, sessions=1, max_queue=0) as server:
+        body = {"model": "tiny-llama", "prompt": "The robot", "max_tokens": 120,
+                "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            first = json.loads(next(r.iter_lines()).removeprefix("data: "))
+        assert first["choices"][0]["text"]  # a token reached the client
+        for _ in range(200):
+            if server.engine.idle:
+                break
+            time.sleep(0.02)
+        assert server.engine.idle
+        generated = server.engine.runners[0].stats.num_generated_tokens
+        assert generated >= 1
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        assert f"ptexec_generated_tokens_total {generated}\n" in text
+        assert "ptexec_time_to_first_token_seconds_count 1\n" in text
+
+
 def test_a_client_leaving_a_non_streamed_request_stops_it(
     tok: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

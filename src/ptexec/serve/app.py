@@ -181,7 +181,6 @@ def create_app(
         for index, job in enumerate(jobs):  # one after another: one session at a time
             await _start(engine, job, request)
             pieces, result = await _collect(job, request)
-            _record(engine, job, result)
             if job.timed_out:
                 raise ApiError(
                     504, "the request timed out while generating", "timeout", code="timeout"
@@ -476,16 +475,6 @@ def _chat_logprobs(entries: list[Logprob]) -> dict[str, Any]:
     return {"content": content, "refusal": None}
 
 
-def _record(engine: Engine, job: Job, result: Result) -> None:
-    now = time.perf_counter()
-    first = job.first_piece
-    engine.metrics.generation(
-        None if first is None else first - job.created,
-        result.completion_tokens,
-        (now - first) if first is not None else 0.0,
-    )
-
-
 def _sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
@@ -574,7 +563,6 @@ async def _events(engine: Engine, job: Job, ident: str, created: int) -> AsyncIt
                 yield chunk(item, None, end=end)
                 continue
             if isinstance(item, Result):
-                _record(engine, job, item)
                 if job.timed_out:
                     yield _sse(
                         ApiError(

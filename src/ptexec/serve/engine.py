@@ -574,13 +574,28 @@ class Engine:
 
         def finished(f: asyncio.Future[Result]) -> None:
             job.done = True
-            self._release(runner)
             try:
-                job.queue.put_nowait(f.result())
+                result = f.result()
             except BaseException as e:  # the job's failure goes to its reader
+                self._release(runner)
                 job.queue.put_nowait(e)
+                return
+            # recorded here, not by the reader: a client that left had its tokens generated
+            self._record(job, result)
+            self._release(runner)
+            job.queue.put_nowait(result)
 
         fut.add_done_callback(finished)
+
+    def _record(self, job: Job, result: Result) -> None:
+        """A finished generation in the metrics, whether or not its client still listens."""
+        now = time.perf_counter()
+        first = job.first_piece
+        self.metrics.generation(
+            None if first is None else first - job.created,
+            result.completion_tokens,
+            (now - first) if first is not None else 0.0,
+        )
 
     async def wait_idle(self) -> None:
         """Return once no request is running or queued."""
