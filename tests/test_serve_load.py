@@ -125,6 +125,24 @@ def test_a_generation_whose_client_left_is_in_the_metrics(tok: Path) -> None:
         assert "ptexec_time_to_first_token_seconds_count 1\n" in text
 
 
+def test_the_decode_rate_is_the_tokens_after_the_first_per_second(tok: Path) -> None:
+    """A one-token generation has no decode rate (none observed, where the time the answer
+    took to reach the loop was); a longer one is observed at the rate ``ptexec generate``
+    reports: the tokens after the first over the time after the first."""
+    with running_server(tok, sessions=1, max_queue=0) as server:
+        body = {"model": "tiny-llama", "prompt": "The robot", "temperature": 0,
+                "ignore_eos": True}  # fmt: skip
+        r = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 1})
+        assert r.json()["usage"]["completion_tokens"] == 1
+        rate = server.engine.metrics.rate
+        assert server.engine.metrics.ttft.count == 1 and rate.count == 0
+        r = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 12})
+        assert r.json()["usage"]["completion_tokens"] == 12
+        stats = server.engine.runners[0].stats
+        decoded = (stats.num_generated_tokens - 1) / (stats.decode_ms / 1e3)
+        assert rate.count == 1 and rate.sum == pytest.approx(decoded, rel=1e-9)
+
+
 def test_a_client_leaving_a_non_streamed_request_stops_it(
     tok: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -68,12 +68,15 @@ decoded."""
 
 @dataclass
 class Result:
-    """How a generation ended."""
+    """How a generation ended. ``tokens_per_second``: its decode rate
+    (:attr:`ptexec.llm.Stats.tokens_per_second`: the tokens after the first over the time
+    after the first; 0 with fewer than two tokens)."""
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    tokens_per_second: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -589,12 +592,11 @@ class Engine:
 
     def _record(self, job: Job, result: Result) -> None:
         """A finished generation in the metrics, whether or not its client still listens."""
-        now = time.perf_counter()
         first = job.first_piece
         self.metrics.generation(
             None if first is None else first - job.created,
             result.completion_tokens,
-            (now - first) if first is not None else 0.0,
+            result.tokens_per_second,
         )
 
     async def wait_idle(self) -> None:
@@ -674,4 +676,7 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
     reason = runner.finish_reason
     if job.cancelled and reason == "length":
         reason = "interrupted"
-    return Result(text, reason, job.prompt_tokens, runner.stats.num_generated_tokens)
+    stats = runner.stats
+    return Result(
+        text, reason, job.prompt_tokens, stats.num_generated_tokens, stats.tokens_per_second
+    )

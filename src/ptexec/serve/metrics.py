@@ -67,12 +67,14 @@ class Metrics:
         with self._lock:
             self.active_sessions = active
 
-    def generation(self, ttft_s: float | None, tokens: int, seconds: float) -> None:
+    def generation(self, ttft_s: float | None, tokens: int, tokens_per_second: float) -> None:
+        """A generation of ``tokens`` ended: its time to first token (None: it made none)
+        and decode rate (0: none, fewer than two tokens)."""
         with self._lock:
             if ttft_s is not None:
                 self.ttft.observe(ttft_s)
-            if tokens and seconds > 0:
-                self.rate.observe(tokens / seconds)
+            if tokens_per_second > 0:
+                self.rate.observe(tokens_per_second)
             self.generated_tokens += tokens
 
     def render(self) -> str:
@@ -98,7 +100,8 @@ class Metrics:
                 "# HELP ptexec_time_to_first_token_seconds From arrival to the first token.",
                 "# TYPE ptexec_time_to_first_token_seconds histogram",
                 *self.ttft.lines("ptexec_time_to_first_token_seconds"),
-                "# HELP ptexec_tokens_per_second Decode rate of each generation.",
+                "# HELP ptexec_tokens_per_second Decode rate of each generation of two tokens or more "
+                "(the tokens after the first per second).",
                 "# TYPE ptexec_tokens_per_second histogram",
                 *self.rate.lines("ptexec_tokens_per_second"),
             ]
