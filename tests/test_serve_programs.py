@@ -208,6 +208,26 @@ def test_json_inputs_that_would_change_are_refused_and_non_finite_outputs_named(
     assert r.json()["outputs"][1]["data"] == ["-inf", "nan", 0.0]
 
 
+def test_a_json_number_past_every_float_is_refused_not_read_as_infinity() -> None:
+    """1e400 is a finite number that no float holds: refused as 1e39 is for float32
+    (JSON parsers read it as infinity, a value the client did not send)."""
+    import ptexec
+    from ptexec.serve import ProgramService
+    from ptexec.serve.programs import decode_inputs
+    from ptexec.serve.protocol import ApiError
+
+    service = ProgramService(ptexec.load(FIXTURES / "dynamic_mlp.pte"))
+    infos = service.infos("forward")
+    for big in ("1e39", "1e400", "-1e400"):
+        body = b'{"inputs": [[[' + big.encode() + b", 0, 0, 0, 0, 0, 0, 0]]]}"
+        with pytest.raises(ApiError) as e:
+            decode_inputs(body, "application/json", infos)
+        assert e.value.status == 400, big
+    (x,) = decode_inputs(b'{"inputs": [[[3e38, 0, 0, 0, 0, 0, 0, 0]]]}', "", infos)
+    assert x.dtype == np.float32 and x[0, 0] == np.float32(3e38)
+    service.close()
+
+
 def test_a_stateful_method_is_not_served() -> None:
     import ptexec
     from ptexec.serve import ProgramService, Server

@@ -75,7 +75,7 @@ def decode_inputs(body: bytes, content_type: str, infos: Sequence[Any]) -> list[
             named = load(body)
             arrays = [named[str(i)] for i in range(len(named))]
         else:
-            doc = json.loads(body)
+            doc = json.loads(body, parse_float=_finite_float)
             raw = doc.get("inputs") if isinstance(doc, dict) else None
             if not isinstance(raw, list):
                 raise ApiError(400, "the body must be {'inputs': [...]}", param="inputs")
@@ -103,6 +103,15 @@ def decode_inputs(body: bytes, content_type: str, infos: Sequence[Any]) -> list[
             param="inputs",
         )
     return arrays
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent; one past every float (``1e400``) is
+    refused, never read as an infinity the client did not write."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text} is past the range of every float")
+    return value
 
 
 def _json_array(item: Any, info: Any, index: int) -> np.ndarray:
