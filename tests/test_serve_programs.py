@@ -390,3 +390,41 @@ def test_limits_nothing_would_honour_are_refused(
     assert flags[0] in capsys.readouterr().err
     assert main(["serve", str(FIXTURES / "mlp.pte"), "--port", "0"]) == 0
     assert len(started) == 1
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--chat-template", "template.jinja"],
+        ["--generation-config", "generation_config.json"],
+        ["--batch-window-ms", "50"],
+        ["--join-rows", "--tokenizer", "tokenizer.json"],
+    ],
+)
+def test_options_of_a_service_not_served_are_refused(
+    flags: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A chat template is an LLM's, a generation config a speech model's, joining rows
+    and its window the methods' (the window only with --join-rows): given where nothing
+    would honour them, the command says so instead of serving without them."""
+    from ptexec.cli import main
+    from ptexec.serve import Server
+
+    started: list[Any] = []
+    monkeypatch.setattr(Server, "run", lambda self: started.append(self))
+    assert main(["serve", str(FIXTURES / "mlp.pte"), "--port", "0", *flags]) == 2
+    assert not started
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_joined_rows_take_their_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ptexec.cli import main
+    from ptexec.serve import Server
+
+    started: list[Any] = []
+    monkeypatch.setattr(Server, "run", lambda self: started.append(self))
+    argv = ["serve", str(FIXTURES / "mlp.pte"), "--port", "0", "--join-rows"]
+    assert main([*argv, "--batch-window-ms", "50"]) == 0
+    assert started[-1].programs.join and started[-1].programs.window == 0.05
+    assert main(argv) == 0
+    assert started[-1].programs.window == 0.002

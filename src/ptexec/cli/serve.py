@@ -39,6 +39,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    methods = args.programs or (not args.tokenizer and not is_speech)
+    llm = bool(args.tokenizer) and not is_speech
+    # options of one service, by what honours them: given without it, nothing would
+    unused = [
+        f"{flag} ({what})"
+        for flag, given, served, what in (
+            ("--join-rows", args.join_rows, methods, "the program's methods'"),
+            (
+                "--batch-window-ms",
+                args.batch_window_ms is not None,
+                methods and args.join_rows,
+                "the methods' with --join-rows",
+            ),
+            ("--chat-template", args.chat_template, llm, "an LLM's, with --tokenizer"),
+            ("--generation-config", args.generation_config, is_speech, "a speech model's"),
+        )
+        if given and not served
+    ]
+    if unused:
+        print(
+            f"ptexec: serve: nothing served here would honour {', '.join(unused)}",
+            file=sys.stderr,
+        )
+        return 2
     if args.sampling_rate is not None and not is_speech:
         print(
             "ptexec: serve: --sampling-rate is a speech preprocessor program's rate; nothing "
@@ -98,7 +122,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         compile_mode = "background" if args.compile else False
         options = load_options(args.device or None, compile_mode, args.xnnpack)
         programs = ProgramService(
-            program, join=args.join_rows, window=args.batch_window_ms / 1e3, **options
+            program,
+            join=args.join_rows,
+            window=(args.batch_window_ms if args.batch_window_ms is not None else 2.0) / 1e3,
+            **options,
         )
     server = Server(
         engine,
@@ -180,7 +207,9 @@ def add_serve(sub: Any) -> None:
         "into one call (micro-batching; default: each request is one call)",
     )
     p.add_argument(
-        "--batch-window-ms", type=float, default=2.0, help="micro-batching window of methods"
+        "--batch-window-ms",
+        type=float,
+        help="micro-batching window of methods, with --join-rows (default 2)",
     )
     p.add_argument("--data", help="external data file (.ptd) of the program")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
