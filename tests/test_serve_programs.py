@@ -208,6 +208,31 @@ def test_json_inputs_that_would_change_are_refused_and_non_finite_outputs_named(
     assert r.json()["outputs"][1]["data"] == ["-inf", "nan", 0.0]
 
 
+def test_requests_no_route_takes_are_counted(served: tuple[str, Any]) -> None:
+    """A request for no route (404) or with a method its route does not take (405) is
+    answered, and counted under one label whatever its path (a client's quotes and
+    newlines stay out of the metrics)."""
+    import httpx
+
+    _, server = served
+
+    def counts() -> dict[int, int]:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        assert "nope" not in text
+        found = {404: 0, 405: 0}
+        for status in found:
+            line = f'ptexec_requests_total{{endpoint="unmatched",status="{status}"}} '
+            for row in text.splitlines():
+                if row.startswith(line):
+                    found[status] = int(row.removeprefix(line))
+        return found
+
+    before = counts()
+    assert httpx.get(server.url + '/nope"x', timeout=10).status_code == 404
+    assert httpx.get(server.url + "/v1/completions", timeout=10).status_code == 405
+    assert counts() == {404: before[404] + 1, 405: before[405] + 1}
+
+
 def test_a_json_number_past_every_float_is_refused_not_read_as_infinity() -> None:
     """1e400 is a finite number that no float holds: refused as 1e39 is for float32
     (JSON parsers read it as infinity, a value the client did not send)."""

@@ -319,6 +319,8 @@ def create_app(
     async def http_error(request: HttpRequest, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         message = {404: "no such route", 405: "method not allowed"}.get(status, "error")
+        # answered as every request is counted, under one label (never the client's path)
+        metrics.request("unmatched", status)
         return error(ApiError(status, f"{message}: {request.method} {request.url.path}"))
 
     routes = [
