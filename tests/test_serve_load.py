@@ -143,6 +143,22 @@ def test_the_decode_rate_is_the_tokens_after_the_first_per_second(tok: Path) -> 
         assert rate.count == 1 and rate.sum == pytest.approx(decoded, rel=1e-9)
 
 
+def test_the_time_to_first_token_counts_a_first_token_without_text(tok: Path) -> None:
+    """A generation whose first token is EOS (made so by logit_bias) makes no text: its
+    time to first token is still observed, up to when the token was sampled."""
+    with running_server(tok, sessions=1, max_queue=0) as server:
+        eos = sorted(server.engine.runners[0].eos_ids)[0]
+        body = {"model": "tiny-llama", "prompt": "The robot", "temperature": 0,
+                "max_tokens": 5, "logit_bias": {str(eos): 100}}  # fmt: skip
+        sent = time.perf_counter()
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        took = time.perf_counter() - sent
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == ""
+        assert r.json()["usage"]["completion_tokens"] == 1
+        ttft = server.engine.metrics.ttft
+        assert ttft.count == 1 and 0 < ttft.sum < took
+
+
 def test_a_client_leaving_a_non_streamed_request_stops_it(
     tok: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

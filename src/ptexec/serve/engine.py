@@ -70,13 +70,16 @@ decoded."""
 class Result:
     """How a generation ended. ``tokens_per_second``: its decode rate
     (:attr:`ptexec.llm.Stats.tokens_per_second`: the tokens after the first over the time
-    after the first; 0 with fewer than two tokens)."""
+    after the first; 0 with fewer than two tokens); ``first_token``: when its first token
+    was sampled (``time.perf_counter()``; None: none was), whether or not that token makes
+    text."""
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     tokens_per_second: float = 0.0
+    first_token: float | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,6 @@ class Job:
         self.prompt_logprobs: list[Logprob] = []
         self.queue: asyncio.Queue[str | Result | BaseException] = asyncio.Queue()
         self.created = time.perf_counter()
-        self.first_piece: float | None = None
         self.deadline: float | None = None
         self.timed_out = False
         self._cancelled = threading.Event()
@@ -591,8 +593,10 @@ class Engine:
         fut.add_done_callback(finished)
 
     def _record(self, job: Job, result: Result) -> None:
-        """A finished generation in the metrics, whether or not its client still listens."""
-        first = job.first_piece
+        """A finished generation in the metrics, whether or not its client still listens:
+        its time to first token runs to the first token sampled (one that makes no text,
+        EOS or a control token, or whose text a stop string holds back, included)."""
+        first = result.first_token
         self.metrics.generation(
             None if first is None else first - job.created,
             result.completion_tokens,
@@ -624,8 +628,6 @@ def _read_audio(data: bytes, rate: int | None) -> torch.Tensor:
 
 def _sink(loop: asyncio.AbstractEventLoop, job: Job) -> Callable[[str], None]:
     def sink(piece: str) -> None:
-        if job.first_piece is None:
-            job.first_piece = time.perf_counter()
         if job.deadline is not None and time.perf_counter() > job.deadline:
             job.timed_out = True
             job.cancel()
@@ -677,6 +679,12 @@ def _generate(runner: MultimodalRunner, job: Job, sink: Callable[[str], None]) -
     if job.cancelled and reason == "length":
         reason = "interrupted"
     stats = runner.stats
+    n = stats.num_generated_tokens
     return Result(
-        text, reason, job.prompt_tokens, stats.num_generated_tokens, stats.tokens_per_second
+        text,
+        reason,
+        job.prompt_tokens,
+        n,
+        stats.tokens_per_second,
+        stats.first_token_ms / 1e3 if n else None,  # (the stats' clock is perf_counter's)
     )

@@ -97,7 +97,7 @@ class Metrics:
                 "# HELP ptexec_generated_tokens_total Tokens generated.",
                 "# TYPE ptexec_generated_tokens_total counter",
                 f"ptexec_generated_tokens_total {self.generated_tokens}",
-                "# HELP ptexec_time_to_first_token_seconds From arrival to the first token.",
+                "# HELP ptexec_time_to_first_token_seconds From arrival to the first token sampled.",
                 "# TYPE ptexec_time_to_first_token_seconds histogram",
                 *self.ttft.lines("ptexec_time_to_first_token_seconds"),
                 "# HELP ptexec_tokens_per_second Decode rate of each generation of two tokens or more "
