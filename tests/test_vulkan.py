@@ -150,6 +150,31 @@ def test_a_call_with_an_input_the_serializer_left_out_is_refused(tmp_path: Path)
         program.load_method("forward")
 
 
+class _Accumulates(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.acc.add_(x)
+        return self.acc * 2
+
+
+def test_a_call_without_the_update_of_a_buffer_kept_in_the_payload_is_refused() -> None:
+    """A buffer updated in place is kept in the payload by ExecuTorch's Vulkan exporter,
+    its update an output of the payload but not of the call: one argument fewer than the
+    graph's inputs and outputs. Refused at load, naming that case (not the other)."""
+    pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
+    from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    lowered = to_edge_transform_and_lower(
+        torch.export.export(_Accumulates(), (torch.ones(4),)), partitioner=[VulkanPartitioner()]
+    ).to_executorch()
+    with pytest.raises(PteFormatError, match="a buffer the program updates in place"):
+        ptexec.load(lowered.buffer).load_method("forward")
+
+
 def test_timed_ops_report_each_op() -> None:
     method = ptexec.load(FIXTURES / "mlp.pte").load_method("forward")
     x = _calls("mlp")[0]["inputs"][0]

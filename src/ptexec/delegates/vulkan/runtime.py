@@ -411,12 +411,18 @@ class _Builder:
         g = self.g
         n_in, n_out = len(g.input_ids), len(g.output_ids)
         if len(self.args) != n_in + n_out:
+            why = (
+                "ExecuTorch's Vulkan serializer leaves out a call input that no op reads"
+                if len(self.args) > n_in + n_out
+                else "ExecuTorch's Vulkan exporter keeps a buffer the program updates in "
+                "place in the payload, its update an output of the payload but not of the "
+                "call: lower such an update outside the delegate"
+            )
             raise PteFormatError(
                 f"{self.p.path}.input_ids",
                 f"{n_in} inputs and {n_out} outputs, but the delegate call has "
-                f"{len(self.args)} arguments (ExecuTorch's Vulkan serializer leaves out a "
-                "call input that no op reads, and then which argument is which input cannot "
-                "be told; ExecuTorch's Vulkan runtime would take them by position)",
+                f"{len(self.args)} arguments, so which argument is which cannot be told, "
+                f"as ExecuTorch's Vulkan runtime would take them by position ({why})",
             )
         for k, vid in enumerate(g.input_ids):
             a = self.args[k]
