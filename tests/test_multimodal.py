@@ -1276,3 +1276,38 @@ def test_decoder_logits_are_the_callers_to_keep(llava: Path) -> None:
     storage = [t.untyped_storage().data_ptr() for t in shared]
     assert storage[0] == storage[1] and not torch.equal(shared[0], kept[0])  # rewritten
     torch.testing.assert_close(shared[1], kept[1], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_eos_asked_for_ends_the_prompt_however_it_is_split(llava: Path) -> None:
+    """``num_eos`` EOS ids end the prompt, as the tokenizer puts them after a text: the
+    eager model's tokens after the processor's ids and the EOS, whether the prompt is one
+    text holding the placeholder or the text around the image (the EOS went after the
+    first text part, before the image), or ends with the image."""
+    px = _pixels(14, 32, 32)
+    ck = llava / "checkpoint"
+    processor = transformers.AutoProcessor.from_pretrained(ck)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(ck).eval()
+    runner = _runner(llava)
+    eos = runner.tokenizer.eos_id
+    before, after = mm.PROMPTS["image"].split("<image>")
+    for prompt, ways in (
+        (mm.PROMPTS["image"], [
+            [make_text_input(mm.PROMPTS["image"]), make_image_input(px)],
+            [make_text_input(before), make_image_input(px), make_text_input(after)],
+        ]),
+        (before + "<image>", [[make_text_input(before), make_image_input(px)]]),
+    ):  # fmt: skip
+        inputs = processor(text=prompt, images=_pil(px), return_tensors="pt")
+        ids = torch.cat([inputs["input_ids"], torch.tensor([[eos]])], dim=1)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 pixel_values=inputs["pixel_values"], max_new_tokens=N,
+                                 do_sample=False)  # fmt: skip
+        want = out[0, ids.shape[1] :].tolist()
+        assert len(want) > 2, prompt  # an answer, not an EOS at once
+        for k, items in enumerate(ways):
+            runner.generate(items, _greedy(num_eos=1))
+            assert runner.generated_tokens == want, (prompt, k)
+            assert runner.stats.num_prompt_tokens == ids.shape[1]
+            runner.reset()

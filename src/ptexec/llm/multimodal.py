@@ -26,8 +26,9 @@ them), and preprocessing fields when the exporter kept them (``image_mean``,
 How a prompt becomes the decoder's embeddings (the runner's rule):
 
 1. each input becomes a part in order: text (encoded) and token ids give ids, with
-   ``config.num_bos``/``num_eos`` on the first of them as the text runner does (BOS first
-   in the prompt, before media that come first); an image or audio
+   ``config.num_bos`` BOS ids beginning the prompt and ``num_eos`` EOS ids ending it, as
+   the text runner puts them (before media that come first, after media that come
+   last); an image or audio
    input runs its encoder and gives its embedding rows;
 2. when the ids hold placeholders of a modality that hold exactly its inputs
    (:func:`media_slots`), the k-th image (audio) fills the k-th: a run of placeholders as
@@ -728,10 +729,15 @@ class MultimodalRunner(_Runner):
             else:
                 parts.append(("audio", self._audio_rows(item)))
         lead = parts and parts[0][0] != "ids" and num_bos > 0
-        encoded = iter(self._encode_each(text_items, 0 if lead else num_bos, num_eos))
+        trail = parts and parts[-1][0] != "ids" and num_eos > 0
+        encoded = iter(
+            self._encode_each(text_items, 0 if lead else num_bos, 0 if trail else num_eos)
+        )
         parts = [(k, next(encoded)) if k == "ids" else (k, v) for k, v in parts]
         if lead:  # BOS begins the prompt, before media that come first
             parts.insert(0, ("ids", [self.tokenizer.bos_id] * num_bos))
+        if trail:  # EOS ends it, after media that come last
+            parts.append(("ids", [self.tokenizer.eos_id] * num_eos))
         texts = [v for k, v in parts if k == "ids"]
         # (text part, start, end) of each medium's placeholders -> the medium's rows
         slots: dict[tuple[int, int, int], torch.Tensor] = {}

@@ -281,24 +281,26 @@ class _Runner:
     def _encode_each(
         self, inputs: Sequence[MultimodalInput], num_bos: int, num_eos: int
     ) -> list[list[int]]:
-        """The ids of each text or token input, checked: BOS and EOS go with the first of
-        them (ids given as tokens get them too: BOS begins the prompt)."""
+        """The ids of each text or token input, checked: BOS goes with the first of them
+        and EOS with the last (ids given as tokens get them too: BOS begins the prompt,
+        EOS ends it)."""
         if num_bos + num_eos >= self.max_context_len:
             raise GenerationError(
                 f"num_bos {num_bos} + num_eos {num_eos} do not fit the context of "
                 f"{self.max_context_len} tokens"
             )
         each: list[list[int]] = []
-        for item in inputs:
+        for k, item in enumerate(inputs):
+            eos = num_eos if k == len(inputs) - 1 else 0
             if item.is_text():
                 text = item.get_text() or ""
-                each.append(self.tokenizer.encode(text, num_bos, num_eos))
-                num_bos = num_eos = 0
+                each.append(self.tokenizer.encode(text, num_bos, eos))
+                num_bos = 0
             elif item.is_tokens():
                 ids = list(item.get_tokens() or [])
                 tok = self.tokenizer
-                each.append([tok.bos_id] * num_bos + ids + [tok.eos_id] * num_eos)
-                num_bos = num_eos = 0
+                each.append([tok.bos_id] * num_bos + ids + [tok.eos_id] * eos)
+                num_bos = 0
             else:
                 raise GenerationError(
                     f"{item.type} inputs need a multimodal program (an encoder method and "
