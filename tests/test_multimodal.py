@@ -1311,3 +1311,25 @@ def test_eos_asked_for_ends_the_prompt_however_it_is_split(llava: Path) -> None:
             assert runner.generated_tokens == want, (prompt, k)
             assert runner.stats.num_prompt_tokens == ids.shape[1]
             runner.reset()
+
+
+def test_an_image_detail_is_one_of_openais_or_refused() -> None:
+    """``image_url.detail`` takes OpenAI's values (``auto``, ``low``, ``high``; each the
+    encoder's one size); any other is a 400 naming it, as OpenAI's API answers it (it was
+    taken and dropped)."""
+    pytest.importorskip("starlette")
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    url = _data_url(_pixels(0, 8, 8))
+
+    def request(detail: Any) -> Any:
+        part = {"type": "image_url", "image_url": {"url": url, "detail": detail}}
+        messages = [{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}]
+        return parse_request({"model": "m", "messages": messages}, chat=True)
+
+    for detail in ("auto", "low", "high"):
+        assert request(detail).media == request("auto").media
+    for detail in ("bogus", "", 5, ["low"]):
+        with pytest.raises(ApiError, match="detail must be one of auto, low, high") as e:
+            request(detail)
+        assert e.value.status == 400

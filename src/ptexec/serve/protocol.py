@@ -187,12 +187,19 @@ def _content(content: Any, where: str, media: list[tuple[str, bytes]] | None) ->
 
 MAX_IMAGE_BYTES = 20 << 20
 """The largest image one content part holds (OpenAI's limit)."""
+IMAGE_DETAILS = ("auto", "low", "high")
+"""``image_url.detail`` values taken (OpenAI's). Each gives the same answer: the image is
+preprocessed to the one size the model's vision encoder takes."""
 
 
 def _data_url(value: Any, where: str) -> bytes:
     """The bytes of an ``image_url`` part's ``data:`` URL (``{"url": ...}``, or the URL
     itself). The server fetches nothing: any other URL is refused."""
     url = value.get("url") if isinstance(value, dict) else value
+    detail = value.get("detail") if isinstance(value, dict) else None
+    if detail is not None and detail not in IMAGE_DETAILS:
+        raise _bad(f"{where}.detail must be one of {', '.join(IMAGE_DETAILS)}, not "
+                   f"{json.dumps(detail)[:40]}", "messages")  # fmt: skip
     if not isinstance(url, str):
         raise _bad(f"{where}.url must be a string", "messages")
     if not url.startswith("data:"):
