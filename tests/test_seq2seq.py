@@ -908,3 +908,33 @@ def test_t5_generation_config_fields_change_tokens_as_in_transformers(
     # no decoder_start_token_id: the config's BOS starts the decoder, as in transformers
     gen = {"bos_token_id": 5, "eos_token_id": 2, "pad_token_id": 0}
     assert ours(gen) == eager(gen, max_new_tokens=12) != plain
+
+
+def test_seq_len_counts_the_decoder_tokens_as_transformers_max_length(
+    folders: dict[str, Path],
+) -> None:
+    """``seq_len`` bounds the decoder's tokens, its prompt and every generated one, as
+    transformers' ``max_length`` does (it let one token more through); the cache's bound
+    still lets the last sampled token, never fed, past its positions."""
+    runner, model = _t5(folders)
+    ids = torch.randint(3, 256, (seq2seq_programs.MAX_SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
+
+    def eager(**kw: Any) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([ids]), do_sample=False,
+                                 eos_token_id=None, **kw)  # fmt: skip
+        return [int(t) for t in out[0, 1:]]
+
+    for length in (2, 5, 10):
+        config = GenerationConfig(temperature=0.0, seq_len=length, ignore_eos=True)
+        want = eager(max_length=length)
+        assert len(want) == length - 1
+        assert runner.generate(ids, config) == want, length
+    with pytest.raises(GenerationError, match="seq_len 1"):
+        runner.generate(ids, GenerationConfig(temperature=0.0, seq_len=1))
+    # the cache of 48 positions: 48 tokens after the start token, the last never fed
+    config = GenerationConfig(temperature=0.0, seq_len=100, ignore_eos=True)
+    got = runner.generate(ids, config)
+    assert got == eager(max_new_tokens=seq2seq_programs.MAX_SEQ_LEN)
+    assert runner.finish_reason == "length"

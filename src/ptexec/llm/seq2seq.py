@@ -730,13 +730,25 @@ class Seq2SeqRunner:
         return budget
 
     def _own_budget(self, config: GenerationConfig, prompt: int) -> int:
+        """Tokens after a decoder prompt of ``prompt`` tokens: ``seq_len`` counts the
+        decoder's tokens, the prompt's and every generated one (transformers'
+        ``max_length``); the cache of ``max_seq_len`` positions holds one token fewer than
+        its sequence (the last sampled token is never fed)."""
         if self.max_seq_len is None:
-            return config.max_new_tokens if config.max_new_tokens > 0 else 256
-        budget = config.resolve_max_new_tokens(self.max_seq_len, prompt - 1)
+            if config.max_new_tokens == -1 and config.seq_len == -1:
+                return 256
+            context = sys.maxsize
+        else:
+            context = self.max_seq_len + 1
+        budget = config.resolve_max_new_tokens(context, prompt)
         if budget <= 0:
+            bound = (
+                f"seq_len {config.seq_len}"
+                if config.seq_len != -1 and config.seq_len <= prompt
+                else f"the decoder's cache {self.max_seq_len} positions"
+            )
             raise GenerationError(
-                f"no token can be generated: the decoder prompt has {prompt} tokens and "
-                f"the decoder's cache {self.max_seq_len} positions"
+                f"no token can be generated: the decoder prompt has {prompt} tokens and {bound}"
             )
         return budget
 
