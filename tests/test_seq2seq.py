@@ -938,3 +938,20 @@ def test_seq_len_counts_the_decoder_tokens_as_transformers_max_length(
     got = runner.generate(ids, config)
     assert got == eager(max_new_tokens=seq2seq_programs.MAX_SEQ_LEN)
     assert runner.finish_reason == "length"
+
+
+def test_token_ids_that_are_not_integers_are_refused_as_transformers_refuses(
+    folders: dict[str, Path],
+) -> None:
+    """A text encoder's ids are integers: a float tensor was cast (3.7 ran as token 3)
+    where transformers' embedding refuses it; the next good call runs as usual."""
+    runner, model = _t5(folders)
+    ids = torch.randint(3, 256, (seq2seq_programs.MAX_SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(1)).tolist()  # fmt: skip
+    shifted = torch.tensor([ids], dtype=torch.float32) + 0.7
+    with pytest.raises(RuntimeError, match="Long, Int"), torch.no_grad():
+        model.generate(input_ids=shifted, max_new_tokens=4, do_sample=False)
+    for wrong in (shifted, [float(i) for i in ids], torch.ones(1, len(ids), dtype=torch.bool)):
+        with pytest.raises(GenerationError, match="token ids"):
+            runner.generate(wrong, GREEDY)  # type: ignore[arg-type]
+    assert runner.generate(torch.tensor(ids), GREEDY) == _t5_eager(model, ids, 12)

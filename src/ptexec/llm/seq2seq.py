@@ -681,6 +681,9 @@ class Seq2SeqRunner:
             (s == b) if static else (s <= b) for s, b in zip(shape, bounds, strict=True)
         )
         if not info.dtype.is_floating_point and x.numel():
+            if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+                # (cast to ids, 3.7 would silently be token 3)
+                raise GenerationError(f"the encoder takes token ids; got a {x.dtype} tensor")
             low, high = int(x.min()), int(x.max())
             if low < 0 or high >= self.vocab_size:
                 raise GenerationError(
