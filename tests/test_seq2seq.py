@@ -955,3 +955,32 @@ def test_token_ids_that_are_not_integers_are_refused_as_transformers_refuses(
         with pytest.raises(GenerationError, match="token ids"):
             runner.generate(wrong, GREEDY)  # type: ignore[arg-type]
     assert runner.generate(torch.tensor(ids), GREEDY) == _t5_eager(model, ids, 12)
+
+
+def test_generate_cli_without_a_generation_config(tmp_path: Path, folders: dict[str, Path]) -> None:
+    """A text-to-text program without generation_config.json beside it generates from the
+    program's own start and EOS ids, as the runner does (it was refused: the config looked
+    for was taken as one named)."""
+    import shutil
+
+    from ptexec.cli import main
+
+    runner, model = _t5(folders)
+    assert runner.tokenizer is not None
+    folder = folders["t5_portable"]
+    for name in ("model.pte", "tokenizer.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    words = seq2seq_programs.llm_programs.CORPUS
+    prompt = next(
+        words[:n]
+        for n in range(40, 400)
+        if len(runner.tokenizer.encode(words[:n])) == seq2seq_programs.MAX_SEQ_LEN - 1
+    )
+    want = runner.decode(_t5_eager(model, runner.tokenizer.encode(prompt, 0, 1), 8))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["generate", str(tmp_path / "model.pte"), "--tokenizer",
+                     str(tmp_path / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", "8"])  # fmt: skip
+    assert code == 0
+    assert out.getvalue() == want + "\n"

@@ -151,10 +151,12 @@ def _generate_seq2seq(program: Any, args: argparse.Namespace, config: Any, devic
 
     from ..llm import Seq2SeqRunner
 
+    # the generation config beside the program, where there is one (as the runner looks)
+    beside = Path(args.file).parent / "generation_config.json"
     runner = Seq2SeqRunner(
         program,
         args.tokenizer,
-        generation_config=Path(args.file).parent,
+        generation_config=beside if beside.is_file() else None,
         device_map=device_map,
         compile="background" if args.compile else False,
         xnnpack=args.xnnpack,
