@@ -305,6 +305,45 @@ def test_compiled_code_is_keyed_by_the_thread_count() -> None:
     assert keys[0] != keys[1] and keys[0] == keys[2]
 
 
+class _Reductions(torch.nn.Module):
+    """Whole-tensor reductions, which AOTInductor's CPU code splits over its threads."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x * 2.0).sum(), (x * x).amax(), x.to(torch.int64).sum()
+
+
+def test_compiled_code_runs_on_its_compile_count_after_a_change() -> None:
+    """Compiled at the machine's core count, a parallel reduction keeps one partial result
+    per thread of that count; the code ran on the threads current at each call, so more
+    threads than at the compile wrote past those partials (the process crashed). It runs
+    on the compile's count at any count set later, and gives eager PyTorch's values."""
+    from compile_util import session_cache_dir
+    from export_util import export_program
+
+    x = torch.arange(1 << 20, dtype=torch.float32) % 7 - 3
+    pte = export_program(_Reductions(), (x,))
+    cores = os.cpu_count() or 1
+    want = [float(y) for y in _Reductions()(x)]
+    code = f"""
+import json, os, sys, torch, ptexec
+os.environ["PTEXEC_CACHE_DIR"] = {str(session_cache_dir())!r}
+ptexec.set_num_threads({cores})  # AOTInductor's own default count
+x = torch.arange(1 << 20, dtype=torch.float32) % 7 - 3
+m = ptexec.load(bytes.fromhex({pte.hex()!r})).load_method("forward", compile=True)
+assert m.compile_report.compiled_instructions > 0, m.compile_report
+seen = {{}}
+for n in ({cores}, 1, {cores + 1}, {2 * cores + 1}):
+    ptexec.set_num_threads(n)
+    seen[n] = [float(y) for y in m(x)]
+print(json.dumps(seen))
+"""
+    out = _subprocess(code)
+    assert list(out) == [str(n) for n in (cores, 1, cores + 1, 2 * cores + 1)]
+    for n, got in out.items():
+        assert got[1:] == want[1:], n  # a maximum and an integer sum: exact
+        assert got[0] == pytest.approx(want[0], rel=1e-6, abs=1e-3), n
+
+
 def test_code_beside_delegate_calls_serves_every_thread_count(et: None) -> None:
     """A method whose CPU regions all call delegates compiles its kernels to run on the
     calling thread (XNNPACK's pool has the threads), so its code is the same at any count:

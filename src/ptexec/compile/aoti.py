@@ -80,7 +80,8 @@ def inductor_options(
     ``native_entry`` (:mod:`.native`'s library is loaded), CPU code calls the delegate
     calls' op through its C entry (:data:`NATIVE_ENTRY`): the library must be loaded
     before the code is. ``serial`` (CPU code of a graph with delegate calls): the generated
-    kernels run on the calling thread alone (:func:`runs_delegates`)."""
+    kernels run on the calling thread alone (:func:`runs_delegates`); else on torch's
+    thread count of the compile, whatever count is set when they run."""
     options: dict[str, Any] = {
         "aot_inductor.package": True,
         "freezing": True,
@@ -96,8 +97,14 @@ def inductor_options(
         options["max_autotune_gemm_backends"] = "CPP,ATEN"
     if native_entry and device.type == "cpu":
         options["aot_inductor.custom_ops_to_c_shims"] = {external_call: [NATIVE_ENTRY]}
+    # C++ kernels run on one count, named in their code: left to Inductor, a count equal
+    # to the machine's cores makes code that takes the count of each call, while its
+    # reductions keep one partial result per thread of the compile's count (more threads
+    # at a call write past them). The cache key holds the count (:mod:`.cache`).
     if serial and device.type == "cpu":
         options["cpp.threads"] = 1
+    else:
+        options["cpp.threads"] = torch.get_num_threads()
     return options
 
 
