@@ -376,3 +376,41 @@ def test_a_relative_root_is_checked_where_it_leads_after_a_change_of_directory(
         assert codestore.load(source) is None
     finally:
         codestore.clear_trusted()
+
+
+def test_the_cache_command_never_follows_a_linked_code_directory(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``code`` that is a link (to a directory of someone's files) is not the store: the
+    loads read nothing through it, so verify says so and clear removes the link alone."""
+    from ptexec.cli import main
+
+    _planted(root, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(codestore.code_dir(root), elsewhere)
+    codestore.code_dir(root).symlink_to(elsewhere)
+    kept = sorted(p.name for p in elsewhere.iterdir())
+    _refused(monkeypatch)  # (what loads make of it)
+    capsys.readouterr()
+    assert main(["cache", "verify"]) == 1
+    assert "is a symbolic link" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert sorted(p.name for p in elsewhere.iterdir()) == kept
+    assert not os.path.lexists(codestore.code_dir(root))
+
+
+def test_the_cache_command_reports_a_code_directory_others_may_write(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Loads read nothing from a ``code`` directory writable by its group: verify says so,
+    not that its files are fine."""
+    from ptexec.cli import main
+
+    _planted(root, monkeypatch)
+    codestore.code_dir(root).chmod(0o770)
+    _refused(monkeypatch)
+    capsys.readouterr()
+    assert main(["cache", "verify"]) == 1
+    assert "writable by its group" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert list(codestore.code_dir(root).iterdir()) == []

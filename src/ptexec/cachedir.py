@@ -39,6 +39,7 @@ __all__ = [
     "host",
     "read_trusted",
     "root_status",
+    "subdir_problem",
     "trusted_subdir",
     "untrusted_because",
     "way_to",
@@ -277,6 +278,22 @@ def trusted_subdir(root: Path, name: str, writable: bool, create: bool) -> Path 
     except CacheEntryError:
         return None
     return directory
+
+
+def subdir_problem(root: Path, name: str) -> str | None:
+    """Why the directory ``name`` under ``root`` is not trusted (:func:`check_trusted`:
+    a link, not a directory, another owner's, writable by others), so that nothing in it
+    is read; None when it is trusted or not there."""
+    directory = root / name
+    try:
+        check_trusted(directory, os.lstat(directory), directory=True)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{directory} cannot be read ({e.strerror or e})"
+    except CacheEntryError as e:
+        return str(e)
+    return None
 
 
 def host() -> str:

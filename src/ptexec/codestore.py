@@ -46,7 +46,14 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cachedir import cache_dir, read_trusted, root_status, trusted_subdir, way_to
+from .cachedir import (
+    cache_dir,
+    read_trusted,
+    root_status,
+    subdir_problem,
+    trusted_subdir,
+    way_to,
+)
 from .errors import CacheEntryError
 
 __all__ = [
@@ -276,8 +283,13 @@ class CodeFile:
 
 
 def files(root: Path | None = None) -> list[CodeFile]:
-    """Every file in the store under cache root ``root`` (default ptexec's), checked."""
+    """Every file in the store under cache root ``root`` (default ptexec's), checked; a
+    directory loads read nothing from (a link, writable by others) is one file, that
+    directory, with its problem."""
     directory = code_dir(root)
+    problem = subdir_problem(directory.parent, SUBDIR)
+    if problem is not None:
+        return [CodeFile(directory, 0, f"{problem}: nothing in it is read", True)]
     try:
         names = sorted(os.listdir(directory))
     except OSError:
@@ -303,13 +315,18 @@ def files(root: Path | None = None) -> list[CodeFile]:
 
 
 def clear(root: Path | None = None) -> int:
-    """Remove every file of the store under ``root``; how many were removed."""
-    removed = 0
+    """Remove every file of the store under ``root``; how many were removed. A ``code``
+    that is not a directory (a link) is removed itself, never followed: what it leads to
+    is not the store's."""
     directory = code_dir(root)
     try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            os.unlink(directory)
+            return 0
         names = os.listdir(directory)
     except OSError:
         return 0
+    removed = 0
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(directory / name)

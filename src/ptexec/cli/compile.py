@@ -106,7 +106,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     code = codestore.files(root)
     for f in code:
         if f.problem is not None:
-            print(f"  code/{f.path.name[:16]}  damaged: {f.problem}")
+            name = f.path.name[:16] if f.path.parent.name == codestore.SUBDIR else ""
+            print(f"  {codestore.SUBDIR}/{name}  damaged: {f.problem}")
     bad = sum(f.problem is not None for f in code)
     other = sum(f.problem is None and not f.current for f in code)
     state = "" if codestore.enabled() else " (PTEXEC_CODE_CACHE=0: not used)"
