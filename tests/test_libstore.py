@@ -127,3 +127,34 @@ def test_a_directory_where_a_library_belongs_is_a_miss_without_leaking(root: Pat
         assert libstore.kept("lib.so", KEY, None) is None
     if before:
         assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("how", ["group-writable", "link"])
+def test_the_cache_command_reports_a_directory_no_library_is_loaded_from(
+    root: Path, tmp_path: Path, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``native`` directory writable by its group, or a link, hands out no library: verify
+    says so (not "0 damaged"), and clear empties it, never where a link leads."""
+    from ptexec.cli import main
+
+    path = libstore.kept("lib.so", KEY, _builder([]))
+    assert path is not None
+    directory = path.parent
+    if how == "link":
+        elsewhere = tmp_path / "elsewhere"
+        os.replace(directory, elsewhere)
+        directory.symlink_to(elsewhere)
+        what = "is a symbolic link"
+    else:
+        directory.chmod(0o770)
+        what = "writable by its group"
+    assert libstore.kept("lib.so", KEY, None) is None  # (what loads make of it)
+    capsys.readouterr()
+    assert main(["cache", "verify"]) == 1
+    out = capsys.readouterr().out
+    assert what in out and "1 damaged" in out
+    assert main(["cache", "clear"]) == 0
+    if how == "link":
+        assert not os.path.lexists(directory) and len(list(elsewhere.iterdir())) == 2
+    else:
+        assert list(directory.iterdir()) == []

@@ -35,6 +35,7 @@ from .cachedir import (
     host,
     read_trusted,
     root_status,
+    subdir_problem,
     trusted_subdir,
 )
 from .errors import CacheEntryError
@@ -171,7 +172,12 @@ def discard(path: Path) -> None:
 def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
     """The libraries kept under ``root`` (by default :func:`cache_dir`), each with what is
     wrong with it (None: it would be loaded), and builds that did not finish (their
-    staging directories: ``"left by a build that did not finish"``)."""
+    staging directories: ``"left by a build that did not finish"``). A ``native`` no
+    library is loaded from (a link, writable by others) is listed alone, with why."""
+    root = cache_dir() if root is None else root
+    problem = subdir_problem(root, SUBDIR)
+    if problem is not None:
+        return [(root / SUBDIR, f"{problem}: no library in it is loaded")]
     found = _directory(create=False, root=root)
     if found is None:
         return []
@@ -197,13 +203,22 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
 
 def clear(root: Path | None = None) -> int:
     """Remove every kept library (and unfinished build) under ``root`` that this user
-    may remove; how many libraries."""
-    found = _directory(create=False, root=root)
-    if found is None or not found[1]:
+    may remove, whatever the directory's mode; how many libraries. A ``native`` that is
+    not a directory (a link) is removed itself, never followed."""
+    root = cache_dir() if root is None else root
+    problem, writable = root_status(root)
+    if problem is not None or not writable:
         return 0
-    directory, _ = found
+    directory = root / SUBDIR
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            os.unlink(directory)
+            return 0
+        paths = list(directory.iterdir())
+    except OSError:
+        return 0
     removed = 0
-    for path in list(directory.iterdir()):
+    for path in paths:
         if path.name.startswith(_STAGING) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             continue

@@ -118,7 +118,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     native = libstore.libraries(root)
     for path, problem in native:
         if problem is not None:
-            print(f"  {libstore.SUBDIR}/{path.name[:40]}  {problem}")
+            name = path.name[:40] if path.parent.name == libstore.SUBDIR else ""
+            print(f"  {libstore.SUBDIR}/{name}  {problem}")
     unfinished = sum(path.name.startswith(".staging-") for path, _ in native)
     broken = sum(problem is not None for _, problem in native) - unfinished
     kept = len(native) - unfinished - broken
