@@ -915,3 +915,27 @@ def test_every_link_and_directory_met_resolving_the_root_is_checked(tmp_path: Pa
     (hops / "hop").symlink_to(hops / "hop")  # a loop is refused, not followed forever
     problem, _ = cache_mod.root_status(home / "cache")
     assert problem is not None
+
+
+def test_cli_cache_an_entry_that_is_a_link_or_fifo_is_counted_and_removed_as_itself(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link named as an entry (to a directory of someone's files) and a FIFO so named:
+    list counts their own size, not what a link leads to; clear removes them, never what
+    the link leads to, and leaves nothing behind."""
+    from ptexec.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "big").write_bytes(b"\0" * (3 << 20))
+    (root / ("a" * 64)).symlink_to(elsewhere)
+    os.mkfifo(root / ("b" * 64))
+    capsys.readouterr()
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 entries, 0.00 MiB" in out and "2 damaged" in out
+    assert main(["cache", "verify"]) == 1
+    assert main(["cache", "clear"]) == 0
+    assert "removed 2 entries" in capsys.readouterr().out
+    assert list(root.iterdir()) == []
+    assert (elsewhere / "big").stat().st_size == 3 << 20

@@ -313,6 +313,20 @@ def open_cache(root: Path | None = None) -> Cache | None:
 # ---- the cache and its entries ---------------------------------------------------------
 
 
+def _remove(path: Path) -> None:
+    """Delete ``path``: a real directory with all it holds, anything else (a link, a
+    FIFO) itself, never what a link leads to."""
+    try:
+        directory = stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return
+    if directory:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def _move_aside(path: Path) -> None:
     """Remove an entry: renamed first (readers never see half of one), then deleted."""
     trash = path.parent / f"{_TRASH}{path.name[:16]}-{uuid.uuid4().hex[:8]}"
@@ -320,7 +334,7 @@ def _move_aside(path: Path) -> None:
         os.rename(path, trash)
     except OSError:
         return
-    shutil.rmtree(trash, ignore_errors=True)
+    _remove(trash)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -389,7 +403,7 @@ class Cache:
         """Remove what :meth:`leftovers` finds (when this user writes the cache)."""
         if self.writable:
             for path in self.leftovers():
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
 
     def housekeep(self, keep: str | None = None) -> list[str]:
         """Remove leftovers, then evict least recently used entries (never ``keep``) while
@@ -422,7 +436,7 @@ class Cache:
         for e in entries:
             _move_aside(e.path)
         for path in self.leftovers():
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
         return len(entries)
 
 
@@ -590,9 +604,13 @@ class CacheEntry:
             return 0.0
 
     def size(self) -> int:
-        """Bytes its files take (0 when it cannot be read)."""
+        """Bytes its files take (0 when it cannot be read); of a link or other file in
+        place of the directory, its own size, never what a link leads to."""
         total = 0
         try:
+            st = os.lstat(self.path)
+            if not stat.S_ISDIR(st.st_mode):
+                return st.st_size
             with os.scandir(self.path) as it:
                 for item in it:
                     with contextlib.suppress(OSError):
