@@ -939,3 +939,33 @@ def test_cli_cache_an_entry_that_is_a_link_or_fifo_is_counted_and_removed_as_its
     assert "removed 2 entries" in capsys.readouterr().out
     assert list(root.iterdir()) == []
     assert (elsewhere / "big").stat().st_size == 3 << 20
+
+
+def test_cli_cache_clear_says_what_it_could_not_remove(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file clear may not remove (EPERM, as of another user's directory or an immutable
+    file) is named, and the exit status is 1; everything else is removed."""
+    from ptexec.cli import main
+
+    entry = root / ("c" * 64)
+    (entry / "sub").mkdir(parents=True)
+    (entry / "sub" / "stuck").write_bytes(b"x")
+    code = root / "code"
+    code.mkdir()
+    (code / "stuck").write_bytes(b"x")
+    (code / "free").write_bytes(b"x")
+    real_unlink = os.unlink
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if os.path.basename(path) == "stuck":
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    capsys.readouterr()
+    assert main(["cache", "clear"]) == 1
+    out = capsys.readouterr().out
+    assert "2 file(s) not removed" in out and "code/stuck" in out and "sub/stuck" in out
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert [p.rpartition("/")[2] for p in left] == ["stuck", "stuck"]

@@ -36,6 +36,7 @@ __all__ = [
     "alive",
     "cache_dir",
     "check_trusted",
+    "files_under",
     "host",
     "read_trusted",
     "root_status",
@@ -294,6 +295,16 @@ def subdir_problem(root: Path, name: str) -> str | None:
     except CacheEntryError as e:
         return str(e)
     return None
+
+
+def files_under(root: Path) -> list[Path]:
+    """Everything under ``root`` that is not a directory (files, links, FIFOs), links not
+    followed: what a clear of the whole root left."""
+    out: list[Path] = []
+    for top, dirs, names in os.walk(root):  # (a link to a directory is among dirs, not entered)
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]
+        out.extend(Path(top, name) for name in sorted(names + links))
+    return out
 
 
 def host() -> str:

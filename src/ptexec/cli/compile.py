@@ -60,6 +60,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from .. import codestore, libstore
+    from ..cachedir import files_under
     from ..compile.aoti import clear_kernels, kept_kernels
     from ..compile.cache import Cache, cache_dir, max_bytes, root_status
     from ..errors import CacheEntryError
@@ -81,7 +82,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
             f"{libstore.clear(root)} native librar(ies) and "
             f"{clear_kernels(root)} file(s) of torch's kernels"
         )
-        return 0
+        left = files_under(root)
+        if not left:
+            return 0
+        shown = ", ".join(str(p.relative_to(root)) for p in left[:5])
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        print(
+            f"{len(left)} file(s) not removed (this user may not remove them, or a compile "
+            f"is writing them now): {shown}{more}"
+        )
+        return 1
     print(f"compile cache {root} ({'writable' if writable else 'read only'})")
     damaged = 0
     total = 0
