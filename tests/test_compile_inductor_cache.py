@@ -233,3 +233,32 @@ def test_the_cache_command_lists_and_clears_the_kernels_compiled_in_the_root(
     assert main(["cache", "clear"]) == 0
     assert "1 file(s) of torch's kernels" in capsys.readouterr().out
     assert not chosen.exists() and aoti.kept_kernels(root) == (0, 0)
+
+
+@pytest.mark.parametrize("how", ["group-writable", "link"])
+def test_the_cache_command_reports_and_clears_a_kernel_directory_not_used(
+    root: Path, tmp_path: Path, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An ``inductor`` under the root that torch is never given (writable by its group, or a
+    link): verify says why, and clear removes it (a link itself, never what it leads to)."""
+    from ptexec.cli import main
+
+    kernels = root / "inductor"
+    if how == "link":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "kernel.so").write_bytes(b"\0")
+        kernels.symlink_to(elsewhere)
+        what = "is a symbolic link"
+    else:
+        kernels.mkdir(mode=0o700)
+        (kernels / "kernel.so").write_bytes(b"\0")
+        kernels.chmod(0o770)
+        what = "writable by its group"
+    capsys.readouterr()
+    assert main(["cache", "verify"]) == 1
+    assert what in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert not os.path.lexists(kernels)
+    if how == "link":
+        assert (elsewhere / "kernel.so").exists()

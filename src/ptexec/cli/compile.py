@@ -61,7 +61,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     from .. import codestore, libstore
     from ..cachedir import files_under
-    from ..compile.aoti import clear_kernels, kept_kernels
+    from ..compile.aoti import clear_kernels, kept_kernels, kernels_problem
     from ..compile.cache import Cache, cache_dir, max_bytes, root_status
     from ..errors import CacheEntryError
 
@@ -137,4 +137,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     files, size = kept_kernels(root)
     if files:  # (only where torch's own kernel cache was not trusted)
         print(f"torch's kernels compiled here: {files} file(s), {size / 2**20:.2f} MiB")
-    return 1 if args.action == "verify" and (damaged or bad or broken) else 0
+    kernels = kernels_problem(root)
+    if kernels is not None:
+        print(f"torch's kernels: not used here: {kernels}")
+    failed = damaged or bad or broken or kernels is not None
+    return 1 if args.action == "verify" and failed else 0

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..cachedir import cache_dir, root_status, trusted_subdir
+from ..cachedir import cache_dir, root_status, subdir_problem, trusted_subdir
 from .external import external_call
 
 __all__ = [
@@ -286,14 +287,26 @@ def kept_kernels(root: Path) -> tuple[int, int]:
     return files, size
 
 
+def kernels_problem(root: Path) -> str | None:
+    """Why ``root``'s ``inductor`` directory is never given to torch (a link, writable by
+    others: :func:`inductor_cache` uses a private directory instead), or None."""
+    return subdir_problem(root, _INDUCTOR_SUBDIR)
+
+
 def clear_kernels(root: Path) -> int:
-    """Remove ``root``'s ``inductor`` directory (:func:`kept_kernels`) when this user may;
-    how many files it held."""
-    found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=False)
-    if found is None:
+    """Remove ``root``'s ``inductor`` directory (:func:`kept_kernels`), trusted or not (a
+    link itself, never what it leads to); how many files it held, when trusted."""
+    directory = root / _INDUCTOR_SUBDIR
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(OSError):
+            os.unlink(directory)
         return 0
     files, _ = kept_kernels(root)
-    shutil.rmtree(found, ignore_errors=True)  # (removes links, never what they lead to)
+    shutil.rmtree(directory, ignore_errors=True)  # (removes links, never what they lead to)
     return files
 
 
