@@ -440,3 +440,40 @@ def test_the_child_imports_nothing_from_the_working_directory(tmp_path: Path) ->
     )
     assert not ran.exists(), ran.read_text()
     assert b'"ok": false' in done.stdout  # it ran, and said so
+
+
+def test_a_method_dropped_while_its_compile_is_taken_in_ends_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method dropped after its compile process finished, while the compiled code was
+    being loaded, left its job pending for ever: ``wait()`` without a timeout never
+    returned and ``status`` said ``pending`` of a compile that was over. It ends as a
+    cancelled one does."""
+    import ptexec.compile.aoti as aoti
+    from ptexec.compile import background
+    from ptexec.compile.runner import RegionBuilder
+
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path))
+    answer = 'import sys; sys.stdin.readline(); print(\'{"ok": true, "reason": ""}\')'
+    monkeypatch.setattr(background, "child_command", lambda: [sys.executable, "-c", answer])
+    monkeypatch.setattr(aoti, "find_compiler", lambda: "c++")
+    entered, go = threading.Event(), threading.Event()
+    load_cached = RegionBuilder.load_cached
+
+    def loading(self: RegionBuilder) -> bool:
+        if not threading.current_thread().name.startswith("ptexec-compile-"):
+            return load_cached(self)  # the load's own look into the cache: a miss
+        entered.set()  # the process has finished: its entry is being loaded
+        go.wait(60)
+        return True  # (nothing to install but the plain statements)
+
+    monkeypatch.setattr(RegionBuilder, "load_cached", loading)
+    m = _background("mlp")
+    job = m.background_compile
+    assert job is not None and m.compile_status == "pending"
+    assert entered.wait(60)
+    del m
+    gc.collect()
+    go.set()
+    assert job.wait(30) is False
+    assert job.status == "failed: cancelled"

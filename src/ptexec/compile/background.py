@@ -345,7 +345,8 @@ class BackgroundCompile:
     # -- outcomes (called by start and by the child's waiting thread) ---------------------
     def _compiled(self) -> None:
         install = self._install()
-        if install is None:  # the method is gone
+        if install is None:  # the method is gone: its compile ends as a cancelled one
+            self._fail("cancelled", warn=False)
             return
         runner = CompiledRunner(self._state, self._program, builder=self._builder)
         install(runner)
