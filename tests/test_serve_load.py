@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,10 @@ def test_sigterm_drains_without_losing_a_reply(tok: Path, tmp_path: Path) -> Non
                 break
         assert "serving 'tiny-llama' at http://127.0.0.1:" in line, line
         url = line.strip().rsplit(" ", 1)[-1].removesuffix("/v1")
+        # the server's later lines are read as they come: a pipe nobody reads would stop the
+        # server at its next write once full, and they say what went wrong if anything does
+        said: list[str] = []
+        threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True).start()
 
         async def run() -> tuple[list[str], int, int]:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -265,7 +270,15 @@ def test_sigterm_drains_without_losing_a_reply(tok: Path, tmp_path: Path) -> Non
                         return "\n".join(lines)
 
                 tasks = [asyncio.ensure_future(one()) for _ in range(4)]
-                await asyncio.wait_for(streaming.wait(), 60)  # a reply is being streamed
+                started = asyncio.ensure_future(streaming.wait())
+                await asyncio.wait(
+                    [started, *tasks], timeout=60, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not streaming.is_set():  # no reply is being streamed: say why
+                    for task in tasks:
+                        if task.done():
+                            task.result()
+                    raise AssertionError(f"no reply streamed in 60 s; the server said {said}")
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.1)
                 refused = (await client.get(url + "/health")).status_code
