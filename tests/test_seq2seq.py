@@ -574,6 +574,19 @@ def _t5(folders: dict[str, Path], variant: str = "t5_portable",
     return runner, model
 
 
+def _cli_generate(folder: Path, prompt: str, new: int, *extra: str) -> tuple[int, str]:
+    """``ptexec generate`` of the program and tokenizer in ``folder``, greedy, ``new``
+    tokens: its exit code and what it printed."""
+    from ptexec.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
+                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
+                     "--max-new-tokens", str(new), *extra])  # fmt: skip
+    return code, out.getvalue()
+
+
 def _t5_eager(model: Any, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(
@@ -633,14 +646,8 @@ def test_generate_cli_text_to_text(folders: dict[str, Path]) -> None:
     ids = runner.tokenizer.encode(prompt, 0, 1)
     assert runner.generated_tokens == _t5_eager(model, ids, 8)
     assert text == runner.decode(runner.generated_tokens)
-    out = io.StringIO()
     folder = folders["t5_portable"]
-    with redirect_stdout(out):
-        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
-                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
-                     "--max-new-tokens", "8"])  # fmt: skip
-    assert code == 0
-    assert out.getvalue() == text + "\n"
+    assert _cli_generate(folder, prompt, 8) == (0, text + "\n")
     # a chat conversation is a decoder-only LLM's: refused, not ignored
     err = io.StringIO()
     with redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
@@ -775,7 +782,6 @@ def test_cuda_constrained_generations_validate(folders: dict[str, Path]) -> None
 
 @pytest.mark.parametrize("choice", ["torch", "executorch"])
 def test_generate_cli_xnnpack_choice(folders: dict[str, Path], choice: str) -> None:
-    from ptexec.cli import main
 
     runner, _ = _t5(folders, "t5_xnnpack")
     assert runner.tokenizer is not None
@@ -787,13 +793,7 @@ def test_generate_cli_xnnpack_choice(folders: dict[str, Path], choice: str) -> N
         prompt, GenerationConfig(temperature=0.0, max_new_tokens=6, num_eos=1)
     )
     folder = folders["t5_xnnpack"]
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = main(["generate", str(folder / "model.pte"), "--tokenizer",
-                     str(folder / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
-                     "--max-new-tokens", "6", "--xnnpack", choice])  # fmt: skip
-    assert code == 0
-    assert out.getvalue() == want + "\n"
+    assert _cli_generate(folder, prompt, 6, "--xnnpack", choice) == (0, want + "\n")
 
 
 def test_a_generation_config_named_but_missing_is_refused(
@@ -963,8 +963,6 @@ def test_generate_cli_without_a_generation_config(tmp_path: Path, folders: dict[
     for was taken as one named)."""
     import shutil
 
-    from ptexec.cli import main
-
     runner, model = _t5(folders)
     assert runner.tokenizer is not None
     folder = folders["t5_portable"]
@@ -977,10 +975,4 @@ def test_generate_cli_without_a_generation_config(tmp_path: Path, folders: dict[
         if len(runner.tokenizer.encode(words[:n])) == seq2seq_programs.MAX_SEQ_LEN - 1
     )
     want = runner.decode(_t5_eager(model, runner.tokenizer.encode(prompt, 0, 1), 8))
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = main(["generate", str(tmp_path / "model.pte"), "--tokenizer",
-                     str(tmp_path / "tokenizer.json"), "--prompt", prompt, "--temperature", "0",
-                     "--max-new-tokens", "8"])  # fmt: skip
-    assert code == 0
-    assert out.getvalue() == want + "\n"
+    assert _cli_generate(tmp_path, prompt, 8) == (0, want + "\n")
