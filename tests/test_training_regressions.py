@@ -377,6 +377,43 @@ def test_saved_files_have_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
     assert (tmp_path / "new.ptd").read_bytes() == kept.read_bytes() == tm.ptd_bytes()
 
 
+def test_saving_through_a_link_writes_the_file_it_names(tmp_path: Path) -> None:
+    """Saving to a symbolic link writes the file the link names, as ``open(path, "wb")``
+    does, and the link stays a link: the link itself was replaced by a new file and the
+    file it named kept its old bytes (a ``latest.pte`` link to a versioned file)."""
+    tm = T.load(FIX / "mlp_ext.pte", FIX / "mlp_ext.ptd")
+    named = tmp_path / "v1.ptd"
+    named.write_bytes(b"old")
+    link = tmp_path / "latest.ptd"
+    link.symlink_to(named.name)
+    dangling = tmp_path / "next.ptd"
+    dangling.symlink_to("v2.ptd")
+    tm.save_ptd(link)
+    tm.save_ptd(dangling)
+    assert link.is_symlink() and dangling.is_symlink()
+    assert named.read_bytes() == (tmp_path / "v2.ptd").read_bytes() == tm.ptd_bytes()
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        "latest.ptd",
+        "next.ptd",
+        "v1.ptd",
+        "v2.ptd",
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="the superuser may write any file")
+def test_saving_over_a_read_only_file_is_refused_as_a_plain_write_is(tmp_path: Path) -> None:
+    """A file this process may not write is refused with ``PermissionError``, as
+    ``open(path, "wb")`` refuses it, and left as it was (it was replaced, mode 0444 kept)."""
+    tm = T.load(FIX / "mlp_ext.pte", FIX / "mlp_ext.ptd")
+    kept = tmp_path / "kept.ptd"
+    kept.write_bytes(b"old")
+    os.chmod(kept, 0o444)
+    with pytest.raises(PermissionError):
+        tm.save_ptd(kept)
+    assert kept.read_bytes() == b"old"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["kept.ptd"]
+
+
 # -- one gradient value for two parameters ---------------------------------------------------
 
 

@@ -12,6 +12,7 @@ program, keeps every field ptexec does not model exactly as ExecuTorch wrote it.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import secrets
@@ -236,14 +237,18 @@ def ptd_with(
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one. The
-    file gets the mode ``open(path, "wb")`` gives it: an existing file keeps its own, a
-    new one is made with the umask applied (not the temporary file's private 0600)."""
-    target = Path(path)
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, with
+    what ``open(path, "wb")`` would give: an existing file keeps its mode, a new one is
+    made with the umask applied (not the temporary file's private 0600); a symbolic link
+    is followed (the file it names is replaced, the link kept); a file this process may
+    not write is refused with ``PermissionError``, never replaced."""
+    target = Path(os.path.realpath(path))
     try:
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
+    if mode is not None and not os.access(target, os.W_OK):
+        raise PermissionError(errno.EACCES, "cannot write the file", str(path))
     fd, tmp = _created_beside(target)
     try:
         with os.fdopen(fd, "wb") as f:
