@@ -270,6 +270,35 @@ def test_read_only_memory_through_dlpack_is_not_written(mutates: bytes) -> None:
     np.testing.assert_allclose(writable, np.arange(12).reshape(3, 4) * 2.0)
 
 
+class _ExportsOnce(_Producer):
+    """A producer whose memory is exported once: a second ``__dlpack__`` raises."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        super().__init__(a)
+        self.exported = False
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        if self.exported:
+            raise BufferError("exported already")
+        self.exported = True
+        return super().__dlpack__(**kwargs)
+
+
+def test_read_only_memory_is_judged_by_the_capsule_taken(mutates: bytes) -> None:
+    """The read-only flag is read from the capsule the program's view is made of, not
+    from another export: a producer that exports once is refused as one that exports
+    again (the immutable bytes object was written)."""
+    m = ptexec.load(mutates).load_method()
+    raw = np.arange(12, dtype=np.float32).tobytes()
+    frozen = np.frombuffer(raw, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(ptexec.InputError, match="read-only"):
+        m.execute([_ExportsOnce(frozen)])
+    assert raw == np.arange(12, dtype=np.float32).tobytes()
+    writable = np.arange(12, dtype=np.float32).reshape(3, 4)
+    m.execute([_ExportsOnce(writable)])
+    np.testing.assert_allclose(writable, np.arange(12).reshape(3, 4) * 2.0)
+
+
 def test_a_written_input_is_never_converted_into_a_copy(mutates: bytes) -> None:
     """layout='convert' would hand the program a copy, and its write would never reach the
     caller's tensor (eager writes it): refused, the tensor untouched."""

@@ -29,13 +29,17 @@ from .dtypes import dtype_name
 from .errors import DeviceUnavailableError, UnsupportedDeviceError
 
 __all__ = [
+    "DLPACK_READ_ONLY",
     "TensorInfo",
     "describe",
     "dim_order_from_strides",
     "dim_order_strides",
     "subclass_hook",
     "to_torch",
+    "to_torch_flagged",
 ]
+
+DLPACK_READ_ONLY = 1  # DLPack 1.x's DLPACK_FLAG_BITMASK_READ_ONLY
 
 
 def dim_order_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
@@ -160,8 +164,10 @@ def _is_dlpack(x: Any) -> bool:
     return hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
 
 
-def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> torch.Tensor:
-    """Consume ``x`` through DLPack (versioned protocol first, then the old one); zero copy."""
+def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> tuple[torch.Tensor, int]:
+    """Consume ``x`` through DLPack (versioned protocol first, then the old one); zero copy.
+    Also the flags of the capsule consumed (DLPack 1.x's; 0 for the old protocol), read
+    from that capsule itself: another export may say otherwise, or be refused."""
     kwargs: dict[str, Any] = {}
     if not device.is_cpu and not torch.cuda.is_available():
         raise DeviceUnavailableError(f"{what} is on {device}, but torch has no CUDA device here")
@@ -172,6 +178,7 @@ def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> torch.Tenso
         capsule = x.__dlpack__(max_version=(1, 0), **kwargs)
     except TypeError:
         capsule = x.__dlpack__(**kwargs)
+    flags = _capsule_flags(capsule)
     try:
         t = torch.utils.dlpack.from_dlpack(capsule)
     except (BufferError, AssertionError, RuntimeError) as e:  # a device torch cannot import
@@ -188,25 +195,19 @@ def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> torch.Tenso
             f"{what}'s __dlpack_device__ says {device}, but its DLPack memory is on {on}: "
             "a producer must name the device its memory lives on"
         )
-    return t
+    return t, flags
 
 
-def dlpack_read_only(x: Any) -> bool:
-    """Whether the DLPack producer ``x`` (on the CPU) marks its memory read-only (DLPack
-    1.x's read-only flag: numpy's read-only arrays, immutable buffers). A producer of the
-    old protocol says nothing: False."""
+def _capsule_flags(capsule: Any) -> int:
+    """The flags of an unconsumed versioned DLPack capsule; 0 for the old protocol's
+    capsule, which has none."""
     import ctypes
 
-    try:
-        capsule = x.__dlpack__(max_version=(1, 0))
-    except Exception:  # the old protocol (no max_version), or no CPU export
-        return False
     found = _capsule_struct(capsule)
     if found is None or not found[1]:
-        return False
+        return 0
     # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then flags
-    flags = ctypes.c_uint64.from_address(found[0] + 24).value
-    return bool(flags & 1)  # DLPACK_FLAG_BITMASK_READ_ONLY
+    return ctypes.c_uint64.from_address(found[0] + 24).value
 
 
 def _capsule_struct(capsule: Any) -> tuple[int, bool] | None:
@@ -314,6 +315,13 @@ def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
     ``__torch_dispatch__``: such a subclass (a wrapper: DTensor, a fake tensor) keeps its
     values elsewhere than its memory, a ``TypeError``.
     """
+    t, device, _ = to_torch_flagged(x, what)
+    return t, device
+
+
+def to_torch_flagged(x: Any, what: str = "input") -> tuple[torch.Tensor, Device, int]:
+    """:func:`to_torch`, and the DLPack flags of the capsule a producer's view is made of
+    (:data:`DLPACK_READ_ONLY`); 0 for torch tensors, numpy arrays and the old protocol."""
     if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor:
         if subclass_hook(x) == "__torch_dispatch__":
             raise TypeError(
@@ -324,15 +332,15 @@ def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
     if isinstance(x, torch.Tensor):
         dev = x.device
         if dev.type == "cpu":
-            return x, CPU
+            return x, CPU, 0
         if dev.type == "cuda":
-            return x, from_torch_device(dev)
+            return x, from_torch_device(dev), 0
         if x.numel() == 0:
-            return x, CPU
+            return x, CPU, 0
         raise UnsupportedDeviceError(f"{what} is on {dev}; ptexec runs tensors on cpu and cuda")
     np = _numpy()
     if np is not None and isinstance(x, np.ndarray | np.generic):
-        return _numpy_to_torch(np.asarray(x)), CPU
+        return _numpy_to_torch(np.asarray(x)), CPU, 0
     if _is_dlpack(x):
         code, dev_id = x.__dlpack_device__()
         try:
@@ -341,9 +349,10 @@ def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
             # exempt when empty, as an empty torch tensor is: its own sizes and dtype
             empty = _dlpack_empty(x) if _dlpack_maybe_empty(x) else None
             if empty is not None:
-                return empty, CPU
+                return empty, CPU, 0
             raise
-        return _dlpack_to_torch(x, device, what), device
+        t, flags = _dlpack_to_torch(x, device, what)
+        return t, device, flags
     raise TypeError(f"{what} is a {type(x).__name__}, not a tensor or array")
 
 
@@ -398,7 +407,7 @@ def describe(x: Any) -> TensorInfo:
     if _is_dlpack(x) and not isinstance(x, torch.Tensor):
         code, dev_id = x.__dlpack_device__()
         device = from_dlpack_device(code, dev_id, "array")
-        t = _dlpack_to_torch(x, device)
+        t, _ = _dlpack_to_torch(x, device)
         return _info_from_torch(t, device)
     t, device = to_torch(x, "tensor")
     return _info_from_torch(t, device)

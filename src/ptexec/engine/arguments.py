@@ -25,13 +25,14 @@ from ..loader.specs import InputSpec, OutputSpec
 from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import (
+    DLPACK_READ_ONLY,
     TensorInfo,
     describe,
     dim_order_from_strides,
     dim_order_strides,
-    dlpack_read_only,
     subclass_hook,
     to_torch,
+    to_torch_flagged,
 )
 
 _SLOT: Any = object()  # output_error: the value is the one in the output's slot
@@ -146,7 +147,7 @@ def _judge(
             + (f" {x!r}" if isinstance(x, bool | int | float) else "")
         )
     try:
-        t, device = to_torch(x, where)
+        t, device, flags = to_torch_flagged(x, where)
     except TypeError as e:
         raise InputError(
             f"{where}: expected a tensor {spec.info}, got {type(x).__name__} ({e})"
@@ -168,7 +169,7 @@ def _judge(
         sizes, strides = tuple(t.shape), tuple(t.stride())
         info = TensorInfo(sizes, t.dtype, dim_order_from_strides(sizes, strides), device, strides)
         # another DLPack producer's memory may be marked read-only (an immutable buffer)
-        readonly = spec.written and not isinstance(x, torch.Tensor) and dlpack_read_only(x)
+        readonly = bool(flags & DLPACK_READ_ONLY)
     else:  # numpy: judge the caller's own strides (negative ones have no dim order)
         info = describe(x)
         readonly = not getattr(getattr(x, "flags", None), "writeable", True)
