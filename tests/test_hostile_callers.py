@@ -299,6 +299,40 @@ def test_read_only_memory_is_judged_by_the_capsule_taken(mutates: bytes) -> None
     np.testing.assert_allclose(writable, np.arange(12).reshape(3, 4) * 2.0)
 
 
+class _Copies(_Producer):
+    """A producer that hands a copy of its memory and says so (DLPack 1.x's IS_COPIED
+    flag), as ``copy=None`` lets it."""
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        import ctypes
+
+        capsule = self.a.copy().__dlpack__(**kwargs)
+        api = ctypes.pythonapi
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        # DLManagedTensorVersioned: version, manager_ctx, deleter, then the flags
+        ctypes.c_uint64.from_address(managed + 24).value |= 2  # IS_COPIED
+        return capsule
+
+
+def test_a_copy_handed_for_a_written_input_is_refused(mutates: bytes) -> None:
+    """Eager writes the caller's array; the program would write the producer's copy, and
+    the caller's array would keep its values: refused. A program that only reads the
+    input reads the copy's values, which are the array's."""
+    m = ptexec.load(mutates).load_method()
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(ptexec.InputError, match="copy"):
+        m.execute([_Copies(a)])
+    np.testing.assert_array_equal(a, np.arange(12).reshape(3, 4))
+    m.execute([_Producer(a)])
+    np.testing.assert_allclose(a, np.arange(12).reshape(3, 4) * 2.0)  # as eager does
+    reads = ptexec.load(fixture_paths("mlp_unplanned")[0]).load_method()
+    call = fixture_calls("mlp_unplanned")[0]
+    got = reads.execute([_Copies(call["inputs"][0].numpy())])
+    assert compare_outputs(got, call["outputs"], 1e-5, 1e-5) is None
+
+
 def test_a_written_input_is_never_converted_into_a_copy(mutates: bytes) -> None:
     """layout='convert' would hand the program a copy, and its write would never reach the
     caller's tensor (eager writes it): refused, the tensor untouched."""

@@ -29,6 +29,7 @@ from .dtypes import dtype_name
 from .errors import DeviceUnavailableError, UnsupportedDeviceError
 
 __all__ = [
+    "DLPACK_IS_COPIED",
     "DLPACK_READ_ONLY",
     "TensorInfo",
     "describe",
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 DLPACK_READ_ONLY = 1  # DLPack 1.x's DLPACK_FLAG_BITMASK_READ_ONLY
+DLPACK_IS_COPIED = 2  # DLPACK_FLAG_BITMASK_IS_COPIED: the producer handed a copy
 
 
 def dim_order_strides(sizes: Sequence[int], dim_order: Sequence[int]) -> tuple[int, ...]:
@@ -321,7 +323,7 @@ def to_torch(x: Any, what: str = "input") -> tuple[torch.Tensor, Device]:
 
 def to_torch_flagged(x: Any, what: str = "input") -> tuple[torch.Tensor, Device, int]:
     """:func:`to_torch`, and the DLPack flags of the capsule a producer's view is made of
-    (:data:`DLPACK_READ_ONLY`); 0 for torch tensors, numpy arrays and the old protocol."""
+    (:data:`DLPACK_READ_ONLY`, :data:`DLPACK_IS_COPIED`); 0 for torch tensors, numpy arrays and the old protocol."""
     if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor:
         if subclass_hook(x) == "__torch_dispatch__":
             raise TypeError(

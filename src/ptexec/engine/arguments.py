@@ -25,6 +25,7 @@ from ..loader.specs import InputSpec, OutputSpec
 from ..loader.state import MethodState
 from ..memory import resize_to
 from ..tensor import (
+    DLPACK_IS_COPIED,
     DLPACK_READ_ONLY,
     TensorInfo,
     describe,
@@ -190,6 +191,12 @@ def _judge(
                 "its memory; pass x.resolve_neg().resolve_conj()"
             )
         action = Action.CONVERT  # a copy with the values, in the program's layout
+    if flags & DLPACK_IS_COPIED and spec.written and action is Action.SHARE:
+        raise InputError(
+            f"{where}: the {type(x).__name__} handed a copy of its memory (DLPack's "
+            "IS_COPIED flag), but the program writes this input in place and its write "
+            "would not reach the array; pass an array that exports its own memory"
+        )
     if readonly and spec.written and action is Action.SHARE:
         raise InputError(
             f"{where}: the array is read-only, but the program writes this input in place and "
