@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths
 from ptexec.device import (
     CPU,
     Device,
@@ -223,3 +224,39 @@ def test_the_capsules_device_not_the_producers_word_decides(
         describe(producer)
     monkeypatch.undo()
     assert describe(producer).device == CPU
+
+
+class _CapsuleElsewhere(FakeProducer):
+    """Says kDLCPU, and hands a capsule whose DLTensor names another device (``code``)."""
+
+    def __init__(self, array: np.ndarray, code: int) -> None:
+        super().__init__(array, (1, 0))
+        self.code = code
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        import ctypes
+
+        capsule = self.array.__dlpack__(max_version=(1, 0))
+        api = ctypes.pythonapi
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        ctypes.c_int32.from_address(managed + 40).value = self.code  # the DLTensor's device
+        return capsule
+
+
+@pytest.mark.parametrize(("code", "name"), [(4, "kDLOpenCL"), (12, "kDLExtDev")])
+def test_a_capsule_on_another_device_is_refused_before_torch_reads_it(code: int, name: str) -> None:
+    """The capsule's own device is read from its header and compared with the producer's
+    word before torch imports it: torch's import of an OpenCL capsule failed an internal
+    assert and corrupted the heap (the next call crashed the process), of an ExtDev one
+    raised ModuleNotFoundError. The method answers the next call."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(UnsupportedDeviceError, match=rf"says cpu, .* on {name} \({code}\)"):
+        describe(_CapsuleElsewhere(a, code))
+    m = ptexec.load(fixture_paths("mlp_unplanned")[0]).load_method()
+    call = fixture_calls("mlp_unplanned")[0]
+    x = call["inputs"][0].numpy()
+    with pytest.raises(UnsupportedDeviceError, match=rf"input 0 of 'forward'.* {name} \({code}\)"):
+        m.execute([_CapsuleElsewhere(x, code)])
+    assert compare_outputs(m.execute([x.copy()]), call["outputs"], 1e-5, 1e-5) is None

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.utils.dlpack
 
-from .device import CPU, Device, from_dlpack_device, from_torch_device
+from .device import CPU, DLPACK_DEVICE_NAMES, Device, from_dlpack_device, from_torch_device
 from .dtypes import dtype_name
 from .errors import DeviceUnavailableError, UnsupportedDeviceError
 
@@ -181,6 +181,22 @@ def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> tuple[torch
     except TypeError:
         capsule = x.__dlpack__(**kwargs)
     flags = _capsule_flags(capsule)
+    # the capsule's own device, not the producer's word for it, says where the memory is:
+    # read from its header before torch imports it (torch's import of some device types
+    # corrupts memory, or raises what it does not say it raises)
+    held = _capsule_device(capsule)
+    if held is not None:
+        code, index = held
+        holder: Device | str
+        try:
+            holder = from_dlpack_device(code, index)
+        except UnsupportedDeviceError:
+            holder = f"{DLPACK_DEVICE_NAMES.get(code, 'an unknown DLPack device')} ({code})"
+        if holder != device:
+            raise UnsupportedDeviceError(
+                f"{what}'s __dlpack_device__ says {device}, but its DLPack memory is on "
+                f"{holder}: a producer must name the device its memory lives on"
+            )
     try:
         t = torch.utils.dlpack.from_dlpack(capsule)
     except (BufferError, AssertionError, RuntimeError) as e:  # a device torch cannot import
@@ -188,7 +204,7 @@ def _dlpack_to_torch(x: Any, device: Device, what: str = "array") -> tuple[torch
             f"{what} is on {device} (its __dlpack_device__), but torch cannot take its "
             f"DLPack memory: {e}"
         ) from e
-    # the capsule's own device, not the producer's word for it, says where the memory is
+    # and where torch put it
     on = t.device
     if on.type != ("cpu" if device.is_cpu else "cuda") or (
         on.type == "cuda" and on.index != device.index
@@ -210,6 +226,30 @@ def _capsule_flags(capsule: Any) -> int:
         return 0
     # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then flags
     return ctypes.c_uint64.from_address(found[0] + 24).value
+
+
+def _capsule_device(capsule: Any) -> tuple[int, int] | None:
+    """The DLPack (device type, device id) in an unconsumed capsule's DLTensor (None for
+    any other object)."""
+    import ctypes
+
+    tensor = _capsule_tensor(capsule)
+    if tensor is None:
+        return None
+    # DLTensor: data, then device (int32 type, int32 id)
+    return ctypes.c_int32.from_address(tensor + 8).value, ctypes.c_int32.from_address(
+        tensor + 12
+    ).value
+
+
+def _capsule_tensor(capsule: Any) -> int | None:
+    """The address of the DLTensor an unconsumed DLPack capsule holds: the managed
+    tensor's first member, or in a versioned one after version, manager_ctx, deleter and
+    flags."""
+    found = _capsule_struct(capsule)
+    if found is None:
+        return None
+    return found[0] + (32 if found[1] else 0)
 
 
 def _capsule_struct(capsule: Any) -> tuple[int, bool] | None:
@@ -268,12 +308,11 @@ def _dlpack_empty(x: Any) -> torch.Tensor | None:
             return None
     except Exception:
         return None
-    found = _capsule_struct(capsule)
-    if found is None:
+    tensor = _capsule_tensor(capsule)
+    if tensor is None:
         return None
     # DLTensor: data, device (2 x int32), ndim (int32), dtype (uint8 code, uint8 bits,
-    # uint16 lanes), shape; in a versioned capsule after version, manager_ctx, deleter, flags
-    tensor = found[0] + (32 if found[1] else 0)
+    # uint16 lanes), shape
     ndim = ctypes.c_int32.from_address(tensor + 16).value
     code = ctypes.c_uint8.from_address(tensor + 20).value
     bits = ctypes.c_uint8.from_address(tensor + 21).value
