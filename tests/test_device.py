@@ -130,6 +130,14 @@ def test_describe_rejects_producers_on_other_devices(code: int, name: str) -> No
         describe(FakeProducer(np.zeros(3, np.float32), (code, 0)))
 
 
+@pytest.mark.parametrize("code", [10, 8, 4])
+def test_describe_exempts_an_empty_array_on_another_device(code: int) -> None:
+    """As an empty torch tensor on another device is, and as a method's call takes it:
+    described as what it declares, on the CPU (its memory is never read)."""
+    info = describe(FakeProducer(np.zeros((0, 3), np.float16), (code, 0)))
+    assert info.sizes == (0, 3) and info.dtype == torch.float16 and info.device == CPU
+
+
 def test_describe_pinned_host_memory_is_cpu() -> None:
     a = np.arange(4, dtype=np.float32)
     info = describe(FakeProducer(a, (3, 0)))  # kDLCUDAHost: pinned host memory

@@ -440,17 +440,13 @@ def _numpy_to_torch(a: Any) -> torch.Tensor:
 def describe(x: Any) -> TensorInfo:
     """Describe a torch tensor, numpy array or DLPack producer without copying it.
 
-    Raises :class:`UnsupportedDeviceError` for memory on a device ptexec does not model.
+    Raises :class:`UnsupportedDeviceError` for memory on a device ptexec does not model
+    (an empty one is exempt and counts as cpu, as :func:`to_torch` takes it).
     """
     np = _numpy()
     if np is not None and isinstance(x, np.ndarray | np.generic):
         return _describe_numpy(np.asarray(x))
-    if _is_dlpack(x) and not isinstance(x, torch.Tensor):
-        code, dev_id = x.__dlpack_device__()
-        device = from_dlpack_device(code, dev_id, "array")
-        t, _ = _dlpack_to_torch(x, device)
-        return _info_from_torch(t, device)
-    t, device = to_torch(x, "tensor")
+    t, device = to_torch(x, "tensor" if isinstance(x, torch.Tensor) else "array")
     return _info_from_torch(t, device)
 
 
