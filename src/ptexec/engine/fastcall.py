@@ -433,12 +433,21 @@ _generated: Lru[_Generated] = Lru(GENERATED, GENERATED_CHARS)
 
 
 def clear_generated() -> None:
-    """Forget the kept fast calls."""
+    """Forget the kept fast calls and their keys."""
     _generated.clear()
+    _keys.clear()
 
 
 def _facts(st: Statement) -> tuple[Any, ...]:
     return (st.code, st.writes, st.mutates, st.outs, st.reads, st.sized, st.empties)
+
+
+# per state key, output mode and steps: the statements the key was last computed from
+# (held weakly, per chain) and the key. The same statement objects have the same facts
+# (they are frozen): a load whose statements are those (kept statements, shared by the
+# loads of a plan) compares only the facts of the others (those each load makes anew)
+_Facts = tuple[tuple[tuple[Any, ...], ...], ...]
+_keys: Lru[tuple[tuple[tuple[weakref.ref[Statement], ...], ...], _Facts, Key]] = Lru(GENERATED, 0)
 
 
 def _generated_key(
@@ -449,8 +458,34 @@ def _generated_key(
     native steps may be used."""
     if state.key is None or type(runner) is not BlockRunner:
         return None
+    short = Key(state.key, copy_outputs, steps)
+    last = _keys.get(short)
+    if last is not None and _same_facts(state.chains, last[0], last[1]):
+        return last[2]
     facts = tuple(tuple(map(_facts, c.statements)) for c in state.chains)
-    return Key(state.key, copy_outputs, facts, steps)
+    key = Key(state.key, copy_outputs, facts, steps)
+    refs = tuple(tuple(map(weakref.ref, c.statements)) for c in state.chains)
+    _keys.put(short, (refs, facts, key))
+    return key
+
+
+def _same_facts(
+    chains: Sequence[PreparedChain],
+    refs: Sequence[Sequence[weakref.ref[Statement]]],
+    facts: _Facts,
+) -> bool:
+    """Whether the statements of ``chains`` have the facts ``facts``: each is the object
+    held in ``refs`` or has those facts itself."""
+    if len(chains) != len(refs):
+        return False
+    for chain, held, known in zip(chains, refs, facts, strict=True):
+        statements = chain.statements
+        if len(statements) != len(held):
+            return False
+        for st, r, f in zip(statements, held, known, strict=True):
+            if r() is not st and _facts(st) != f:
+                return False
+    return True
 
 
 def build_fast_call(state: MethodState, runner: Runner, copy_outputs: bool) -> Any:
@@ -1779,14 +1814,14 @@ def _shape_of(x: Any) -> Any:
 def _settled_test(state: MethodState) -> Any:
     """``settled(v, before)``: the table's geometry is ``before`` (:func:`_geometry`, taken
     when the call started) and every tensor made at load has its load-time geometry."""
-    owned = [(t, offset, sizes, strides) for t, _, offset, sizes, strides in state.owned]
+    owned = state.owned  # (never replaced once loading ends: MethodState.snapshot)
 
     def settled(v: Sequence[Any], before: list[Any]) -> bool:
         if _geometry(v) != before:
             return False
         return all(
             tuple(t.shape) == sizes and t.stride() == strides and t.storage_offset() == offset
-            for t, offset, sizes, strides in owned
+            for t, _, offset, sizes, strides in owned
         )
 
     return settled
