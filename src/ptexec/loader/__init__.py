@@ -189,7 +189,10 @@ def load_state(program: Program, plan_index: int, options: LoadOptions) -> Metho
         ),
     )
     state.key = _state_key(plan, plan_index, dmap, shared, options)
-    state.snapshot(made)
+    # ``made`` holds every tensor the table was made with (build_values), and what
+    # replaced one since is in a slot compared with ``before_rewrites``
+    replaced = {k: before_rewrites[k] for k in state.fixed_slots} if options.optimize else None
+    state.snapshot(made, replaced)
     if preparer.unloaded:
         done = weakref.finalize(state, _run_each, tuple(preparer.unloaded))
         done.atexit = False  # (a process ending frees everything anyway)

@@ -20,7 +20,7 @@ state only holds what it made, so that it lives and dies with the method.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -35,7 +35,7 @@ from ..memory import PlannedBuffer
 from .meta import MethodMeta
 from .specs import InputSpec, OutputSpec
 
-__all__ = ["Kept", "MethodState", "PreparedChain"]
+__all__ = ["Kept", "MethodState", "Owned", "PreparedChain", "read_back"]
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ T = TypeVar("T")
 Owned = tuple[torch.Tensor, Any, int, tuple[int, ...], tuple[int, ...]]
 
 
-def _read_back(t: torch.Tensor) -> Owned:
+def read_back(t: torch.Tensor) -> Owned:
     """``t``'s storage and geometry now."""
     return (t, t.untyped_storage(), int(t.storage_offset()), tuple(t.shape), t.stride())
 
@@ -142,14 +142,29 @@ class MethodState:
     def unplanned_outputs(self) -> list[OutputSpec]:
         return [o for o in self.outputs if o.kind == "tensor" and not o.planned]
 
-    def snapshot(self, made: Sequence[Owned] = ()) -> None:
+    def snapshot(
+        self, made: Sequence[Owned] = (), replaced: Mapping[int, Any] | None = None
+    ) -> None:
         """Remember the storage and geometry of every tensor in the values table now (after
-        loading), for :meth:`restore`. ``made``: entries known already, of tensors whose
-        geometry nothing changed since they were made (loading never resizes a tensor: it
-        replaces it in the table)."""
+        loading), for :meth:`restore`, one entry per slot holding one (in no set order).
+        ``made``: entries known already, of tensors whose geometry nothing changed since
+        they were made (loading never resizes a tensor: it replaces it in the table).
+        ``replaced``: ``made`` holds an entry for every tensor the table held when it was
+        made, each in a slot of its own, and these slots hold another object since (the
+        object they held then): only those slots are read; None: every slot is."""
         tensor = torch.Tensor
-        known = {id(e[0]): e for e in made}.get
-        self.owned = [known(id(t)) or _read_back(t) for t in self.values if isinstance(t, tensor)]
+        values = self.values
+        if replaced is None:
+            known = {id(e[0]): e for e in made}.get
+            self.owned = [known(id(t)) or read_back(t) for t in values if isinstance(t, tensor)]
+            return
+        gone = {id(t) for t in replaced.values()}
+        owned = [e for e in made if id(e[0]) not in gone] if gone else list(made)
+        for k in replaced:
+            t = values[k]
+            if isinstance(t, tensor):
+                owned.append(read_back(t))
+        self.owned = owned
 
     def restore(self) -> None:
         """After a failed call, give every tensor made at load its memory and geometry

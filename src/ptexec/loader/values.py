@@ -24,7 +24,7 @@ from ..format.scalar_type import scalar_type_name
 from ..memory import PlannedBuffer, check_aligned, empty_maker, fixed_empty
 from ..tensor import dim_order_strides
 from .devices import DeviceMap, check_device_available
-from .state import Owned
+from .state import Owned, read_back
 
 if TYPE_CHECKING:
     from ..program import Program
@@ -159,9 +159,10 @@ def build_values(
     fresh: set[int],
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
-    """The values table of ``plan`` (module docstring), and the geometry of each
-    planned view (and, made again, each constant of the program's bytes) as made. ``fresh``: buffers allocated for this method (their state is
-    initialised); unplanned tensors of bounded shape may take at most
+    """The values table of ``plan`` (module docstring), and the storage and geometry of
+    each tensor in it as made (:meth:`~.state.MethodState.snapshot`'s ``made``: every
+    tensor of the table, each in one slot). ``fresh``: buffers allocated for this method
+    (their state is initialised); unplanned tensors of bounded shape may take at most
     ``max_unplanned_bytes`` together. What the table is, as far as the plan and the device
     map decide, is its recipe (:class:`_Recipe`): made and checked on the first load of a
     plan, kept for the next; every load makes its tensors from it."""
@@ -308,8 +309,8 @@ def _replay(
     fresh: set[int],
     max_unplanned_bytes: int,
 ) -> tuple[list[Any], list[Owned]]:
-    """The values table of ``recipe``'s plan, made for this load; and the geometry of
-    each planned view and each constant of the program's bytes as made."""
+    """The values table of ``recipe``'s plan, made for this load; and the storage and
+    geometry of each tensor in it as made (each in one slot)."""
     plan = recipe.plan
     storages: dict[int, tuple[Any, torch.device]] = {}
     on_cpu = True
@@ -356,7 +357,8 @@ def _replay(
             if const.data_ptr() % dtype.itemsize:
                 value = plan.values[slot]
                 assert isinstance(value, p.Tensor)
-                values[slot] = _from_bytes(program, data, value, dtype)
+                view = values[slot] = _from_bytes(program, data, value, dtype)
+                append(read_back(view))
                 continue
             view = values[slot] = const.as_strided(sizes, strides)
         append((view, view.untyped_storage(), 0, sizes, strides))
@@ -367,7 +369,9 @@ def _replay(
             value = plan.values[t]
             assert isinstance(value, p.Tensor)
             tpath = f"{path}.values[{t}].tensor"
-            values[t] = unplanned.make(t, value, tensor_dtype(value, tpath), tpath)
+            made_here = values[t] = unplanned.make(t, value, tensor_dtype(value, tpath), tpath)
+            if isinstance(made_here, torch.Tensor):
+                append(read_back(made_here))
             continue
         slot, memory_id, offset, dtype, sizes, strides, init = t
         storage, device = storages[memory_id]
