@@ -550,6 +550,45 @@ def test_bundled_verdicts_follow_executorchs_rule() -> None:
     assert verdicts == [True, False, False, False, False, False, True, True, False, False, True]
 
 
+def test_a_float_difference_is_taken_in_float_as_executorch_takes_it() -> None:
+    """ExecuTorch subtracts float32 values in float32 before it compares the difference
+    with the tolerance: 4 - (1 + 2**-23) rounds to 3, above an atol of 3 - 2**-23, and
+    3e38 - (-3e38) overflows to infinity, which no atol covers. Both cases used to pass
+    here, computed in float64, and fail there."""
+    pytest.importorskip("executorch.devtools.bundled_program.core")
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.core import BundledProgram
+    from executorch.devtools.bundled_program.serialize import (
+        serialize_from_bundled_program_to_flatbuffer,
+    )
+    from executorch.exir import to_edge
+
+    x = torch.tensor([4.0, 3e38])
+    cases = [  # expected output, rtol, atol
+        ([1 + 2**-23, 3e38], 0.0, 3 - 2**-23),
+        ([1 + 2**-22, 3e38], 0.0, 3 - 2**-23),  # 3 - 2**-22 exactly, within
+        ([4.0, -3e38], 0.0, 1e39),
+        ([4.0, 3e38 * (1 + 1e-6)], 1e-5, 0.0),
+    ]
+    program = to_edge(torch.export.export(_Scaled(1.0), (x,))).to_executorch()
+    suite = MethodTestSuite(
+        "forward",
+        [MethodTestCase(inputs=(x,), expected_outputs=(torch.tensor(e),)) for e, _, _ in cases],
+    )
+    data = serialize_from_bundled_program_to_flatbuffer(BundledProgram(program, [suite]))
+    verdicts = {}
+    for lib in (pl, _et()):
+        bundle = lib._load_bundled_program_from_buffer(data)
+        verdicts[lib] = []
+        for k, (_, rtol, atol) in enumerate(cases):
+            try:
+                bundle.verify_result_with_bundled_expected_output("forward", k, rtol, atol)
+                verdicts[lib].append(True)
+            except RuntimeError:
+                verdicts[lib].append(False)
+    assert verdicts[pl] == verdicts[_et()] == [False, True, False, True]
+
+
 def test_method_meta_describes_the_devices_the_methods_run_on() -> None:
     """A module moved to the CPU (``.to("cpu")``, or the default device) describes its
     methods' tensors on the CPU, as the methods it loads run there (it said cuda:0, the

@@ -579,8 +579,10 @@ def _mismatch(got: Any, want: Any, rtol: float, atol: float) -> str | None:
         x, y = a.double(), want.double()
         # ExecuTorch's rule: within atol + rtol * |output| (not |expected|), NaN equal NaN;
         # an error that is no finite number (an infinity on either side) is never within,
-        # though an infinite output's allowance is infinite too
-        error = (x - y).abs()
+        # though an infinite output's allowance is infinite too. The difference is taken in
+        # the tensor's type, as ExecuTorch takes it (float32's rounds, and may overflow;
+        # half's is taken in double there)
+        error = ((a - want) if want.dtype == torch.float32 else (x - y)).abs().double()
         within = error.isfinite() & (error <= atol + rtol * x.abs())
         close = (x == y) | (x.isnan() & y.isnan()) | within
         if bool(close.all()):
