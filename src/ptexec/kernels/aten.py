@@ -197,11 +197,13 @@ class Probe:
         found = self.given.get(i, _MISSING)
         return _meta_value(self.ctx, i) if found is _MISSING else found
 
-    def key(self, overload: Any) -> tuple[Any, ...]:
-        schema = overload._schema
+    def key(self, overload: Any, head: tuple[str, str] | None = None) -> tuple[Any, ...]:
+        """The key :func:`fastest_entry` proves an entry point under; ``head``: the
+        overload's :func:`schema_head`, when the caller has it."""
+        name, overload_name = schema_head(overload) if head is None else head
         return (
-            schema.name,
-            schema.overload_name,
+            name,
+            overload_name,
             tuple(self._kind(i) for i in self.pos),
             tuple(sorted(self.kw)),
             tuple(self._kind(i) for _, i in sorted(self.kw.items())),
@@ -211,10 +213,19 @@ class Probe:
         return [self._value(i) for i in self.pos], {k: self._value(i) for k, i in self.kw.items()}
 
 
-def fastest_entry(overload: Any, probe: Probe) -> Callable[..., Any] | None:
+def schema_head(overload: Any) -> tuple[str, str]:
+    """(name, overload name) of ``overload``'s schema: what a probe's key begins with."""
+    schema = overload._schema
+    return (schema.name, schema.overload_name)
+
+
+def fastest_entry(
+    overload: Any, probe: Probe, head: tuple[str, str] | None = None
+) -> Callable[..., Any] | None:
     """torch's Python function that dispatches exactly ``overload`` for these arguments
-    (proven once per overload and argument kinds in a process)."""
-    key = probe.key(overload)
+    (proven once per overload and argument kinds in a process); ``head``: the overload's
+    :func:`schema_head`, when the caller has it (read once per overload, not per call)."""
+    key = probe.key(overload, head)
     if key in _PROVEN:
         return _PROVEN[key]
     pos, kw = probe.values()
@@ -966,11 +977,18 @@ def schema_kernel(overload: Any) -> KernelFactory:
         (a, a.name, a.kwarg_only, _is_scalar_type(a), _is_memory_format(a), _default(a))
         for a in arguments
     ]
+    # what of the schema every call reads, read from torch once per overload
+    nargs = len(arguments)
+    scalar_op = name in _SCALAR_OPS
+    out_positions = tuple(k for k in written if arguments[k].kwarg_only)
+    in_positions = tuple(k for k in range(nargs) if k not in out_args)
+    head = schema_head(overload)
+    functional_head = None if functional is None else schema_head(functional)
+    same_kernel_head = None if same_kernel is None else schema_head(same_kernel)
 
     def factory(ctx: KernelContext) -> Statement:
-        nargs = len(arguments)
         args = ctx.args
-        if name in _SCALAR_OPS and len(args) == nargs + 1:
+        if scalar_op and len(args) == nargs + 1:
             rewritten = _scalar_as_tensor(ctx, name)
             if rewritten is not None:
                 return rewritten
@@ -1039,9 +1057,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
         mutates = tuple(i for k in written for i in ctx.tensors_of(args[k]))
         ret_slots = args[nargs:]
         if is_out or not returns or not ret_slots:
-            outs = tuple(
-                i for k in written if arguments[k].kwarg_only for i in ctx.tensors_of(args[k])
-            )
+            outs = tuple(i for k in out_positions for i in ctx.tensors_of(args[k]))
             alias = _alias_form(ctx, name, rendered, outs)
             if name == "aten::copy.out" and len(outs) == 1:
                 alias = _copy_alias(ctx, outs[0])
@@ -1055,9 +1071,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
             native: NativeCall | None = None
             fills = None  # a ``*_like`` filling its out in place: reads only its sizes
             gathers = False  # a gather along one dim: its out's sizes follow the index's
-            written_only = ctx.only_written(
-                outs, (args[k] for k in range(nargs) if k not in out_args)
-            )
+            written_only = ctx.only_written(outs, (args[k] for k in in_positions))
             overlap = written_only != outs  # an out is also read (KernelContext.only_written)
             empties = () if overlap else _dynamic(ctx, outs)
             if name == "aten::relu.out" and single:
@@ -1083,7 +1097,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 # embedding's own out form: torch's generated one runs that gather (the
                 # same kernel, values and errors) into a temporary and copies it
                 if not _dynamic(ctx, outs):
-                    native = _native_call(ctx, schema, args[:nargs], ())
+                    native = _native_call(ctx, head, args[:nargs], ())
                     native = _native_gather(ctx, args[0], args[1], o, native)
             elif (
                 name == "aten::index.Tensor_out"
@@ -1105,7 +1119,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 and functional is not None
                 and all(isinstance(ctx.values[args[k]], p.Tensor) for k in out_args)
             ):
-                fast_f = fastest_entry(functional, in_probe)
+                fast_f = fastest_entry(functional, in_probe, functional_head)
                 ff = ctx.bind(
                     fast_f if fast_f is not None else getattr(functional, "_op", functional), "op"
                 )
@@ -1133,16 +1147,17 @@ def schema_kernel(overload: Any) -> KernelFactory:
 
                     code, prune = stored(frozenset()), stored
             if code is None:
-                fast = fastest_entry(overload, probe)
+                fast = fastest_entry(overload, probe, head)
                 fn = ctx.bind(fast if fast is not None else generic, "op")
                 code = f"{emptying(empties)}{fn}({', '.join(positional + keywords)})"
-                native = _native_call(ctx, schema, args[:nargs], empties) if pure else None
+                native = _native_call(ctx, head, args[:nargs], empties) if pure else None
                 # (for outs of dynamic shape alone: the fast call hands only those over)
                 form = same_kernel if empties else None
+                form_head = same_kernel_head
                 if empties and name == "aten::linear.out" and _linear_is_one_product(ctx):
-                    form = torch.ops.aten.linear.default
+                    form, form_head = torch.ops.aten.linear.default, None
                 if single and pure and form is not None:
-                    fast_f = fastest_entry(form, in_probe)
+                    fast_f = fastest_entry(form, in_probe, form_head)
                     ff = ctx.bind(
                         fast_f if fast_f is not None else getattr(form, "_op", form), "op"
                     )
@@ -1174,7 +1189,7 @@ def schema_kernel(overload: Any) -> KernelFactory:
                 # value it may run once, at load
                 st = dataclasses.replace(st, reads=tuple(r for r in st.reads if r != fills))
             return st
-        fast = fastest_entry(overload, probe)
+        fast = fastest_entry(overload, probe, head)
         fn = ctx.bind(fast if fast is not None else generic, "op")
         callargs = ", ".join(positional + keywords)
         if len(returns) == 1:
@@ -1198,13 +1213,13 @@ def schema_kernel(overload: Any) -> KernelFactory:
 
 
 def _native_call(
-    ctx: KernelContext, schema: Any, args: Sequence[int], empties: tuple[int, ...]
+    ctx: KernelContext, head: tuple[str, str], args: Sequence[int], empties: tuple[int, ...]
 ) -> NativeCall | None:
-    """The statement as one call of the overload of ``schema`` with the values ``args``
-    (one per argument of the schema), emptying ``empties`` first, when every one is a
-    tensor or tensor list of the values table or fixed at load, and the operator is one
-    of torch's own (``aten``); else None."""
-    if not schema.name.startswith("aten::"):
+    """The statement as one call of the overload ``head`` (:func:`schema_head`) with the
+    values ``args`` (one per argument of its schema), emptying ``empties`` first, when
+    every one is a tensor or tensor list of the values table or fixed at load, and the
+    operator is one of torch's own (``aten``); else None."""
+    if not head[0].startswith("aten::"):
         return None
     given: list[Any] = []
     for index in args:
@@ -1220,7 +1235,7 @@ def _native_call(
         else:
             literal = ctx.literal(index)
             given.append(list(literal) if isinstance(literal, tuple) else literal)
-    return NativeCall(schema.name, schema.overload_name, tuple(given), empties)
+    return NativeCall(head[0], head[1], tuple(given), empties)
 
 
 # reductions whose ``dim`` reduces every dim when it is empty, as when it is None (the same

@@ -283,8 +283,9 @@ class KernelContext:
 
     def reads(self, outs: Iterable[int] = ()) -> tuple[int, ...]:
         """:meth:`referenced`, less the values in ``outs`` (written, not read)."""
+        found = self.referenced()
         skip = set(outs)
-        return tuple(r for r in self.referenced() if r not in skip)
+        return tuple(r for r in found if r not in skip) if skip else found
 
     def tensors_of(self, index: int) -> tuple[int, ...]:
         """The tensor values behind value ``index`` (itself, or a list's items)."""
@@ -323,6 +324,8 @@ class KernelContext:
     def expr(self, index: int) -> str:
         """A Python expression that evaluates value ``index`` at run time."""
         v = self.values[index]
+        if isinstance(v, p.Tensor):  # (the most common: first)
+            return f"v[{index}]"
         if isinstance(v, p.Null):
             return "None"
         if isinstance(v, p.IntList):
@@ -337,7 +340,7 @@ class KernelContext:
                 for i in v.items
             )
             return "[" + ", ".join(items) + "]"
-        if isinstance(v, p.Tensor) or index in self.dynamic:
+        if index in self.dynamic:
             return f"v[{index}]"
         return self.const(self.initial[index])
 

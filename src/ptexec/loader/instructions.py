@@ -32,6 +32,7 @@ from ..format import program as p
 from ..format.lru import Key, Lru
 from ..kernels.registry import (
     KernelContext,
+    KernelFactory,
     Statement,
     UnsupportedKernel,
     find_kernel,
@@ -231,6 +232,8 @@ class InstructionPreparer:
         self.unloaded: list[Callable[[], None]] = []
         self._placement = _placement(devices, options)
         self._shared: set[int] = set()  # ids of the kept statements this method uses
+        # operator index -> (its qualified name, its factory), asked once a load
+        self._operators: dict[int, tuple[str, KernelFactory | None]] = {}
 
     def _context(self, kind: type[KernelContext], **kwargs: Any) -> Any:
         return kind(
@@ -359,8 +362,11 @@ class InstructionPreparer:
         plan = self.plan
         where = f"{self.path}.chains[{c}].instructions[{i}]"
         if isinstance(ins, p.KernelCall):
-            name = plan.operators[ins.op_index].qualified_name
-            factory = find_kernel(name)
+            operator = self._operators.get(ins.op_index)
+            if operator is None:
+                name = plan.operators[ins.op_index].qualified_name
+                operator = self._operators[ins.op_index] = (name, find_kernel(name))
+            name, factory = operator
             if factory is None:
                 self.missing.append(name)
                 return name, Statement("pass")
