@@ -159,7 +159,7 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
     tensors = p.tensor_indices(values, p.instruction_values(ins))
     mutated = tensors if st.mutates is None else st.mutates
     outs = set(st.outs)
-    reads = tuple(t for t in tensors if t not in outs)
+    reads = tuple(t for t in tensors if t not in outs) if outs else tensors
     writes = tuple(dict.fromkeys((*mutated, *st.outs)))
     replaces = _replaces(st, mutated)
     if what == "jump_false":
@@ -167,16 +167,18 @@ def effects(values: tuple[p.EValue, ...], ins: p.Instruction, st: Statement) -> 
         inputs: tuple[int, ...] = (ins.cond_value_index,)
     else:
         declared = st.reads if st.reads is not None else _all_referenced(values, ins)
-        # a slot given a new object is read only when it is an operand too (v7 = v7 + 1)
-        operands: set[int] = set()
-        if isinstance(ins, p.KernelCall):
-            for a in ins.args[:-1]:
-                operands.add(a)
-                item = values[a]
-                if isinstance(item, _LISTS):
-                    operands.update(item.items)
-        skip = outs | (set(replaces) - operands)
-        inputs = tuple(sorted(j for j in declared if j not in skip))
+        skip = outs
+        if replaces:
+            # a slot given a new object is read only when it is an operand too (v7 = v7 + 1)
+            operands: set[int] = set()
+            if isinstance(ins, p.KernelCall):
+                for a in ins.args[:-1]:
+                    operands.add(a)
+                    item = values[a]
+                    if isinstance(item, _LISTS):
+                        operands.update(item.items)
+            skip = outs | (set(replaces) - operands)
+        inputs = tuple(sorted(j for j in declared if j not in skip) if skip else sorted(declared))
     written = tuple(dict.fromkeys((*st.writes, *writes)))
     return Effects(reads, writes, replaces, written, inputs)
 
