@@ -217,6 +217,14 @@ def test_a_capsule_torch_cannot_take_is_a_typed_error() -> None:
         describe(_PinnedCapsule(np.zeros(3, np.float32), (3, 0)))
 
 
+def test_an_empty_capsule_torch_cannot_take_is_exempt_as_other_empty_arrays_are() -> None:
+    """Pinned host memory torch cannot import is refused, but an empty array of it has no
+    memory to read: described as what it declares, on the CPU, as an empty array on a
+    device ptexec does not model is (it was refused)."""
+    info = describe(_PinnedCapsule(np.zeros((0, 3), np.float16), (3, 0)))
+    assert info.sizes == (0, 3) and info.dtype == torch.float16 and info.device == CPU
+
+
 def test_the_capsules_device_not_the_producers_word_decides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

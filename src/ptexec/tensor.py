@@ -386,13 +386,17 @@ def to_torch_flagged(x: Any, what: str = "input") -> tuple[torch.Tensor, Device,
         code, dev_id = x.__dlpack_device__()
         try:
             device = from_dlpack_device(code, dev_id, what)
-        except UnsupportedDeviceError:
-            # exempt when empty, as an empty torch tensor is: its own sizes and dtype
+            t, flags = _dlpack_to_torch(x, device, what)
+        except UnsupportedDeviceError as e:
+            if type(e) is not UnsupportedDeviceError:
+                raise
+            # memory ptexec or torch cannot take (a device it does not model, CUDA's pinned
+            # host memory) is exempt when empty, as an empty torch tensor is: its own sizes
+            # and dtype
             empty = _dlpack_empty(x) if _dlpack_maybe_empty(x) else None
             if empty is not None:
                 return empty, CPU, 0
             raise
-        t, flags = _dlpack_to_torch(x, device, what)
         return t, device, flags
     raise TypeError(f"{what} is a {type(x).__name__}, not a tensor or array")
 
