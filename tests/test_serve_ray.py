@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fixture_data import fixture_paths
 from llm_support import PROMPT, program
 from ptexec.llm import GenerationConfig, TextLLMRunner
 from serve_support import tokenizer_folder
@@ -93,3 +94,35 @@ def test_build_app_takes_a_config_files_args(ray_serve: tuple[str, Path]) -> Non
     assert type(app).__name__ == "Application"
     with pytest.raises(KeyError):
         pserve.build_app({"tokenizer": str(tok)})
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        ({"sessions": 4}, "sessions"),
+        ({"max_queue": 0}, "max_queue"),
+        ({"timeout": 0.5}, "timeout"),
+        ({"chat_template": "template.jinja"}, "chat_template"),
+        ({"batch_window_ms": 50.0}, "batch_window_ms"),
+        ({"join_rows": True, "batch_window_ms": 50.0, "tokenizer": "tok"}, "join_rows"),
+    ],
+)
+def test_options_nothing_served_would_honour_are_refused(
+    args: dict[str, object], option: str
+) -> None:
+    """As ``ptexec serve`` refuses them (exit 2): serving the methods alone, the limits of
+    generations bound nothing and a chat template templates nothing; the window is the
+    methods' with join_rows, and join_rows the methods' (an LLM serves none without
+    programs=True). Refused before any replica starts, not served without them."""
+    pytest.importorskip("ray.serve")
+    import ptexec.ray.serve as pserve
+    from ptexec.errors import ConfigValueError
+
+    model = str(fixture_paths("mlp")[0])
+    with pytest.raises(ConfigValueError, match=option) as refused:
+        pserve.build_app({"model": model, **args})
+    assert refused.value.field == option
+    if "tokenizer" in args:  # served with the methods, join_rows and its window hold
+        pserve.build_app({"model": model, **args, "programs": True})
+    else:
+        pserve.build_app({"model": model, "join_rows": True, "batch_window_ms": 50.0})

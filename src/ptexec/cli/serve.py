@@ -13,57 +13,60 @@ from .common import add_threads, add_xnnpack, apply_threads
 DEFAULT_BODY_BYTES = 1 << 20
 MEDIA_BODY_BYTES = 32 << 20  # a request with images or audio (OpenAI takes 20-25 MB ones)
 DEFAULT_QUEUE = 16
-# the options that bound generations and transcriptions, by the attribute they set
-_LIMITS = {"--max-sessions": "max_sessions", "--max-queue": "max_queue", "--timeout": "timeout"}
+# the options ptexec.serve.options rules on, by its names, and what honours those it refuses
+_FLAGS = {
+    "sessions": "--max-sessions",
+    "max_queue": "--max-queue",
+    "timeout": "--timeout",
+    "join_rows": "--join-rows",
+    "batch_window_ms": "--batch-window-ms",
+    "chat_template": "--chat-template",
+    "generation_config": "--generation-config",
+    "sampling_rate": "--sampling-rate",
+}
+_HONOURED_BY = {
+    "join_rows": "the program's methods'",
+    "batch_window_ms": "the methods' with --join-rows",
+    "chat_template": "an LLM's, with --tokenizer",
+    "generation_config": "a speech model's",
+}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve an LLM program over OpenAI's HTTP API until SIGTERM drains it."""
     try:
         from ..serve import Engine, Server
+        from ..serve.options import LIMITS, unhonoured
     except ImportError as e:
         print(f"ptexec: serving needs {e.name} (pip install 'ptexec[serve]')", file=sys.stderr)
         return 1
     apply_threads(args)
     is_speech = _is_speech(args)
-    if not args.tokenizer and not is_speech:
-        # the program's methods alone: each request is one call, which nothing stops
-        # part-way, and the limits below are the generations' and transcriptions'
-        given = [f for f, v in _LIMITS.items() if getattr(args, v) is not None]
-        if given:
-            print(
-                f"ptexec: serve: {', '.join(given)} limit{'s' if len(given) > 1 else ''} "
-                "generations and transcriptions; serving the program's methods alone, "
-                "nothing would honour it (give --tokenizer for an LLM, --processor or "
-                "--preprocessor for speech)",
-                file=sys.stderr,
-            )
-            return 2
     methods = args.programs or (not args.tokenizer and not is_speech)
     llm = bool(args.tokenizer) and not is_speech
-    # options of one service, by what honours them: given without it, nothing would
-    unused = [
-        f"{flag} ({what})"
-        for flag, given, served, what in (
-            ("--join-rows", args.join_rows, methods, "the program's methods'"),
-            (
-                "--batch-window-ms",
-                args.batch_window_ms is not None,
-                methods and args.join_rows,
-                "the methods' with --join-rows",
-            ),
-            ("--chat-template", args.chat_template, llm, "an LLM's, with --tokenizer"),
-            ("--generation-config", args.generation_config, is_speech, "a speech model's"),
-        )
-        if given and not served
-    ]
-    if unused:
+    given = [key for key, value in _given(args).items() if value]
+    unused = unhonoured(given, llm=llm, speech=is_speech, methods=methods, join_rows=args.join_rows)
+    limits = [_FLAGS[k] for k in unused if k in LIMITS]
+    if limits:
+        # the program's methods alone: each request is one call, which nothing stops
+        # part-way, and the limits are the generations' and transcriptions'
         print(
-            f"ptexec: serve: nothing served here would honour {', '.join(unused)}",
+            f"ptexec: serve: {', '.join(limits)} limit{'s' if len(limits) > 1 else ''} "
+            "generations and transcriptions; serving the program's methods alone, "
+            "nothing would honour it (give --tokenizer for an LLM, --processor or "
+            "--preprocessor for speech)",
             file=sys.stderr,
         )
         return 2
-    if args.sampling_rate is not None and not is_speech:
+    # options of one service, by what honours them: given without it, nothing would
+    others = [f"{_FLAGS[k]} ({_HONOURED_BY[k]})" for k in unused if k in _HONOURED_BY]
+    if others:
+        print(
+            f"ptexec: serve: nothing served here would honour {', '.join(others)}",
+            file=sys.stderr,
+        )
+        return 2
+    if "sampling_rate" in unused:
         print(
             "ptexec: serve: --sampling-rate is a speech preprocessor program's rate; nothing "
             "served here would honour it (give --preprocessor for speech)",
@@ -151,6 +154,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"ptexec: serving {what} at {server.url}/v1", file=sys.stderr, flush=True)
     server.run()
     return 0
+
+
+def _given(args: argparse.Namespace) -> dict[str, bool]:
+    """Whether each option of :data:`_FLAGS` was given on the command line."""
+    return {
+        "sessions": args.max_sessions is not None,
+        "max_queue": args.max_queue is not None,
+        "timeout": args.timeout is not None,
+        "join_rows": bool(args.join_rows),
+        "batch_window_ms": args.batch_window_ms is not None,
+        "chat_template": bool(args.chat_template),
+        "generation_config": bool(args.generation_config),
+        "sampling_rate": args.sampling_rate is not None,
+    }
 
 
 def _is_speech(args: argparse.Namespace) -> bool:

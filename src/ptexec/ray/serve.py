@@ -34,9 +34,10 @@ Importing this module does not import Ray; :func:`deployment` and :func:`build_a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["build_app", "deployment"]
+__all__ = ["build_app", "check_options", "deployment"]
 
 _CLASS: Any = None
 
@@ -49,23 +50,28 @@ class _Replica:
         model: str,
         tokenizer: str | None = None,
         *,
-        sessions: int = 1,
-        max_queue: int = 16,
+        sessions: int | None = None,
+        max_queue: int | None = None,
         timeout: float | None = None,
         model_name: str | None = None,
         chat_template: str | None = None,
         data_path: str | None = None,
         programs: bool = False,
         join_rows: bool = False,
-        batch_window_ms: float = 2.0,
+        batch_window_ms: float | None = None,
         api_key: str | None = None,
         max_body_bytes: int = 1 << 20,
         threads: int | None = None,
         compile: bool = False,
     ) -> None:
-
         import ptexec
         from ptexec.serve import Engine, ProgramService
+
+        check_options(tokenizer, {
+            "sessions": sessions, "max_queue": max_queue, "timeout": timeout,
+            "chat_template": chat_template, "programs": programs, "join_rows": join_rows,
+            "batch_window_ms": batch_window_ms,
+        })  # fmt: skip
 
         if threads is not None:  # torch's threads and ExecuTorch's XNNPACK pool
             ptexec.set_num_threads(threads)
@@ -77,7 +83,8 @@ class _Replica:
         if tokenizer is not None:
             self.engine = Engine(
                 model, tokenizer, data_path=data_path, model_name=model_name,
-                sessions=sessions, max_queue=max_queue, timeout=timeout,
+                sessions=1 if sessions is None else sessions,
+                max_queue=16 if max_queue is None else max_queue, timeout=timeout,
                 device_map=device_map, compile=compile, chat_template=chat_template,
             )  # fmt: skip
         self.programs = None
@@ -89,7 +96,10 @@ class _Replica:
             )
             options: dict[str, Any] = {"device_map": device_map} if device_map else {}
             self.programs = ProgramService(
-                program, join=join_rows, window=batch_window_ms / 1e3, **options
+                program,
+                join=join_rows,
+                window=(2.0 if batch_window_ms is None else batch_window_ms) / 1e3,
+                **options,
             )
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
@@ -102,6 +112,33 @@ class _Replica:
             programs=self.programs,
             api_key=self.api_key,
             max_body_bytes=self.max_body_bytes,
+        )
+
+
+def check_options(tokenizer: str | None, keywords: Mapping[str, Any]) -> None:
+    """Raise :class:`~ptexec.errors.ConfigValueError` for an option that nothing a replica
+    serves would honour (``ptexec serve`` refuses the same); ``keywords`` are a replica's,
+    an option None or absent where not given. Without a tokenizer a replica serves the
+    methods alone, so the limits (``sessions``, ``max_queue``, ``timeout``) and
+    ``chat_template`` have nothing to bound or template; ``join_rows`` needs the methods
+    served (``programs=True`` beside an LLM), and ``batch_window_ms`` needs ``join_rows``."""
+    from ptexec.errors import ConfigValueError
+    from ptexec.serve.options import LIMITS, unhonoured
+
+    ruled = (*LIMITS, "chat_template", "batch_window_ms")
+    join_rows = bool(keywords.get("join_rows", False))
+    given = ["join_rows"] if join_rows else []  # first: the window is only its option
+    given += [k for k in ruled if keywords.get(k) is not None]
+    llm = tokenizer is not None
+    methods = bool(keywords.get("programs", False)) or not llm
+    unused = unhonoured(given, llm=llm, speech=False, methods=methods, join_rows=join_rows)
+    if unused:
+        served = "an LLM" if not methods else "the program's methods" if not llm else "both"
+        raise ConfigValueError(
+            unused[0],
+            f"nothing this deployment serves ({served}) would honour {', '.join(unused)}: "
+            "the limits and chat_template are an LLM's (give a tokenizer), join_rows the "
+            "methods' (programs=True beside an LLM), batch_window_ms theirs with join_rows",
         )
 
 
@@ -131,4 +168,5 @@ def build_app(args: dict[str, Any]) -> Any:
     keywords = dict(args)
     model = keywords.pop("model")
     tokenizer = keywords.pop("tokenizer", None)
+    check_options(tokenizer, keywords)  # before any replica starts (each checks again)
     return deployment().bind(model, tokenizer, **keywords)
