@@ -453,3 +453,37 @@ def test_joined_rows_take_their_window(monkeypatch: pytest.MonkeyPatch) -> None:
     assert started[-1].programs.join and started[-1].programs.window == 0.05
     assert main(argv) == 0
     assert started[-1].programs.window == 0.002
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_ray_replica_loads_as_ptexec_serve_compile_does(
+    compile: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray Serve replica built with ``compile=True`` loads the engine's sessions and the
+    methods it serves as ``ptexec serve --compile`` does: ``compile="background"``, so that
+    it answers at once (the methods ignored the option, and the engine compiled before the
+    replica answered anything)."""
+    import ptexec.serve
+    from ptexec.ray.serve import _Replica
+
+    seen: dict[str, dict[str, Any]] = {}
+
+    class Recorded:
+        def __init__(self, name: str, program: Any, **kwargs: Any) -> None:
+            seen[name] = kwargs
+            self.program = program
+
+    monkeypatch.setattr(
+        ptexec.serve, "Engine", lambda model, tok, **kw: Recorded("engine", model, **kw)
+    )
+    monkeypatch.setattr(
+        ptexec.serve, "ProgramService", lambda p, **kw: Recorded("methods", p, **kw)
+    )
+    _Replica(str(FIXTURES / "mlp.pte"), "tokenizer.json", programs=True, compile=compile)
+    expected = "background" if compile else False
+    assert seen["engine"]["compile"] == expected
+    assert seen["methods"].get("compile", False) == expected
+    from ptexec.llm.decoder import load_options
+
+    cli = load_options(None, expected)  # what ptexec serve hands the methods
+    assert {k: v for k, v in seen["methods"].items() if k not in ("join", "window")} == cli

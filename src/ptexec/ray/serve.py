@@ -65,6 +65,7 @@ class _Replica:
         compile: bool = False,
     ) -> None:
         import ptexec
+        from ptexec.llm.decoder import load_options
         from ptexec.serve import Engine, ProgramService
 
         check_options(tokenizer, {
@@ -79,13 +80,16 @@ class _Replica:
 
         gpu = assigned_device()  # the GPU Ray gave this replica, or None: the CPU
         device_map = str(gpu) if gpu is not None else None
+        # as ptexec serve --compile: answer at once, interpreted, and switch to compiled code
+        # once a compile in another process is done (the engine's and the methods' alike)
+        compile_mode = "background" if compile else False
         self.engine = None
         if tokenizer is not None:
             self.engine = Engine(
                 model, tokenizer, data_path=data_path, model_name=model_name,
                 sessions=1 if sessions is None else sessions,
                 max_queue=16 if max_queue is None else max_queue, timeout=timeout,
-                device_map=device_map, compile=compile, chat_template=chat_template,
+                device_map=device_map, compile=compile_mode, chat_template=chat_template,
             )  # fmt: skip
         self.programs = None
         if programs or self.engine is None:
@@ -94,7 +98,7 @@ class _Replica:
                 if self.engine is not None
                 else ptexec.load(model, data_path=data_path)
             )
-            options: dict[str, Any] = {"device_map": device_map} if device_map else {}
+            options = load_options(device_map, compile_mode)
             self.programs = ProgramService(
                 program,
                 join=join_rows,
