@@ -195,21 +195,26 @@ def test_public_names() -> None:
     assert ptexec.Device is Device and ptexec.describe is describe
 
 
+def _capsule_on(array: np.ndarray, code: int) -> object:
+    """A versioned DLPack capsule of ``array`` whose DLTensor names device type ``code``."""
+    import ctypes
+
+    capsule = array.__dlpack__(max_version=(1, 0))
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+    # DLManagedTensorVersioned: version, manager_ctx, deleter, flags, then the DLTensor:
+    # data, then device (type, id)
+    ctypes.c_int32.from_address(managed + 40).value = code
+    return capsule
+
+
 class _PinnedCapsule(FakeProducer):
     """Says kDLCUDAHost and hands a capsule that says so too (torch imports neither)."""
 
     def __dlpack__(self, **kwargs: object) -> object:
-        import ctypes
-
-        capsule = self.array.__dlpack__(max_version=(1, 0))
-        api = ctypes.pythonapi
-        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-        # DLManagedTensorVersioned: version, manager_ctx, deleter, flags, then the DLTensor:
-        # data, then device (type, id)
-        ctypes.c_int32.from_address(managed + 40).value = 3
-        return capsule
+        return _capsule_on(self.array, 3)
 
 
 def test_a_capsule_torch_cannot_take_is_a_typed_error() -> None:
@@ -250,15 +255,7 @@ class _CapsuleElsewhere(FakeProducer):
         self.code = code
 
     def __dlpack__(self, **kwargs: object) -> object:
-        import ctypes
-
-        capsule = self.array.__dlpack__(max_version=(1, 0))
-        api = ctypes.pythonapi
-        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        managed = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-        ctypes.c_int32.from_address(managed + 40).value = self.code  # the DLTensor's device
-        return capsule
+        return _capsule_on(self.array, self.code)
 
 
 @pytest.mark.parametrize(("code", "name"), [(4, "kDLOpenCL"), (12, "kDLExtDev")])
