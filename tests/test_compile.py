@@ -237,6 +237,37 @@ def test_a_lazily_negated_input_is_read_by_its_values(name: str) -> None:
     assert list(c.last_call.inputs) == ["share"]
 
 
+_ZERO_TENSOR_CHILD = """
+import sys, torch, ptexec
+torch.set_num_threads(int(sys.argv[2]))
+i = ptexec.load(sys.argv[1]).load_method("forward")
+c = ptexec.load(sys.argv[1]).load_method("forward", compile=True)
+assert c.compile_report.cache_hit, c.compile_report
+zero = torch._efficientzerotensor((2, 8))
+assert zero.is_contiguous() and zero.data_ptr() == 0
+want = i(torch.zeros(2, 8))[0]
+for _ in range(2):  # the general path, then the fast call's own test
+    torch.testing.assert_close(i(zero)[0], want)
+    torch.testing.assert_close(c(zero)[0], want)
+x = torch.randn(2, 8)
+torch.testing.assert_close(c(x)[0], i(x)[0])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_unplanned"])
+def test_a_zero_tensor_input_is_read_by_its_values(name: str) -> None:
+    """A ZeroTensor (autograd's efficient zeros) is dense but has no memory at all (its
+    address is 0): compiled code given it read address 0 and the process died. Like a
+    lazy negation, it is copied (planned) or converted (unplanned), and the method
+    answers as the interpreter does, with zeros (in a process of its own: it may die)."""
+    load_pair(name)  # compiled into the session's cache
+    pte = fixture_paths(name)[0]
+    _child_says_ok(
+        _ZERO_TENSOR_CHILD.replace("sys.argv[2]", repr(str(torch.get_num_threads()))), pte
+    )
+
+
 def test_read_in_place_with_control_flow_and_reused_input_bytes() -> None:
     """With jumps, inputs whose bytes no other value shares are read in place; where the
     memory plan reuses an input's bytes for a later value, the input still is when that

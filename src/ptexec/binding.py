@@ -23,8 +23,8 @@ any           wrong dtype, rank or shape    :class:`InputError`
 
 Memory on a device ptexec does not model never reaches this function: describing it
 raises :class:`~ptexec.errors.UnsupportedDeviceError` first. The caller of ``decide``
-turns ``SHARE`` of a torch tensor with a lazy negation or conjugation (its memory does not
-hold its values) into ``CONVERT``, or an :class:`InputError` where the program writes it.
+turns ``SHARE`` of a torch tensor with a lazy negation or conjugation, or of a ZeroTensor
+(its memory does not hold its values) into ``CONVERT``, or an :class:`InputError` where the program writes it.
 """
 
 from __future__ import annotations

@@ -182,13 +182,15 @@ def _judge(
             f"program's layout and on {spec.info.device}"
         )
     if action is Action.SHARE and _lazy(t):
-        # a lazy negation or conjugation: its memory does not hold its values, and code
-        # that reads memory (compiled code, a delegate) would see the wrong ones
+        # a lazy negation or conjugation, or a ZeroTensor (no memory at all): its memory
+        # does not hold its values, and code that reads memory (compiled code, a
+        # delegate) would see the wrong ones, or read address 0
         if spec.written:
             raise InputError(
-                f"{where}: the tensor is a lazy negation or conjugation (its memory does not "
-                "hold its values), but the program writes this input in place and would use "
-                "its memory; pass x.resolve_neg().resolve_conj()"
+                f"{where}: the tensor is a lazy negation or conjugation, or a ZeroTensor (its "
+                "memory does not hold its values), but the program writes this input in place "
+                "and would use its memory; pass x.resolve_neg().resolve_conj(), or a tensor of "
+                "zeros"
             )
         action = Action.CONVERT  # a copy with the values, in the program's layout
     if flags & DLPACK_IS_COPIED and spec.written and action is Action.SHARE:
@@ -206,7 +208,9 @@ def _judge(
 
 
 def _lazy(t: torch.Tensor) -> bool:
-    return t.is_neg() or t.is_conj()
+    """Whether ``t``'s memory does not hold its values: a lazy negation or conjugation,
+    or a ZeroTensor (autograd's efficient zeros: dense, at address 0, no memory)."""
+    return t.is_neg() or t.is_conj() or t._is_zerotensor()
 
 
 def float_tolerance(traced: float) -> float:

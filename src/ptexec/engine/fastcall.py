@@ -927,12 +927,13 @@ def _raw_copy(spec: Any, info: Any, addressed: bool) -> bool:
 
 
 def _lazy_test(x: str, dtype: torch.dtype) -> str:
-    """A Python expression, true when the tensor ``x`` has a lazy negation or conjugation:
-    its memory does not hold its values, so code that reads the memory (compiled code, a
-    delegate) must not be handed it (a conjugation only exists for complex dtypes)."""
+    """A Python expression, true when the tensor ``x`` has a lazy negation or conjugation,
+    or is a ZeroTensor (dense, at address 0, no memory): its memory does not hold its
+    values, so code that reads the memory (compiled code, a delegate) must not be handed
+    it (a conjugation only exists for complex dtypes)."""
     if dtype.is_complex:
-        return f"{x}.is_neg() or {x}.is_conj()"
-    return f"{x}.is_neg()"
+        return f"{x}.is_neg() or {x}.is_conj() or {x}._is_zerotensor()"
+    return f"{x}.is_neg() or {x}._is_zerotensor()"
 
 
 def _apart(state: MethodState, i: int, addressed: frozenset[int] = frozenset()) -> str:
