@@ -223,10 +223,13 @@ class Program:
         ``cuda_graph``, ``compile`` (see :class:`Method`). Each call
         returns a new Method with its own planned memory (state shared between methods
         stays shared). A program loaded with ``mmap=True`` whose file changed on disk is
-        refused with :class:`~ptexec.errors.ProgramChangedError`."""
+        refused with :class:`~ptexec.errors.ProgramChangedError`. The method's memory is
+        made of ordinary tensors whatever the caller's mode: under ``torch.inference_mode``
+        they would be inference tensors, which no call outside that mode (another thread's,
+        whose mode is off) could write."""
         for stamp in self._stamps:
             stamp.check("the program's file")
-        with paused():
+        with paused(), torch.inference_mode(False):
             return Method(self, self._plan_index(name), **options)
 
     def with_own_state(self) -> Program:

@@ -1,0 +1,51 @@
+"""ptexec inside a host's process: the host's torch settings (inference mode, no_grad, the
+default dtype, deterministic algorithms) neither change ptexec's results nor are changed
+by it, whatever settings were on when a program or method was loaded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+
+
+def _replay(methods: dict[str, ptexec.Method], name: str) -> None:
+    """Every stored call of fixture ``name`` against its eager outputs."""
+    for i, call in enumerate(fixture_calls(name)):
+        got = methods[call["method"]].execute(call["inputs"])
+        problem = compare_outputs(list(got), call["outputs"], *tolerance(name))
+        assert problem is None, f"{name} call {i}: {problem}"
+
+
+def _methods(prog: ptexec.Program, name: str) -> dict[str, ptexec.Method]:
+    return {call["method"]: prog.load_method(call["method"]) for call in fixture_calls(name)}
+
+
+@pytest.mark.parametrize("name", ["mlp", "stateful", "scalar_io", "dynamic_mlp_unplanned"])
+def test_a_method_loaded_in_inference_mode_runs_outside_it(name: str) -> None:
+    """A host that loads under ``torch.inference_mode()`` (a server's start-up) and calls
+    outside it, or on another thread (where the mode is off): eager's results."""
+    prog = ptexec.load(fixture_paths(name)[0])
+    with torch.inference_mode():
+        methods = _methods(prog, name)
+    _replay(methods, name)
+    assert not torch.is_inference_mode_enabled()
+
+    with torch.inference_mode():
+        on_thread = _methods(ptexec.load(fixture_paths(name)[0]), name)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _replay(on_thread, name)
+        except BaseException as e:  # reported by the test's thread
+            failures.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert not failures, failures
