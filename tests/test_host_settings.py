@@ -5,6 +5,7 @@ by it, whatever settings were on when a program or method was loaded."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,3 +50,38 @@ def test_a_method_loaded_in_inference_mode_runs_outside_it(name: str) -> None:
     worker.start()
     worker.join()
     assert not failures, failures
+
+
+def test_a_runner_made_in_inference_mode_generates_outside_it(tmp_path: Path) -> None:
+    """An LLM runner made under ``torch.inference_mode()`` generates, outside it and on
+    another thread, the tokens of ExecuTorch's greedy loop."""
+    pytest.importorskip("tokenizers")
+    from llm_support import PROMPT, executorch_greedy, llm_programs, program
+    from ptexec.llm import GenerationConfig, TextLLMRunner
+
+    tokenizer = llm_programs.make_tokenizer(tmp_path / "tokenizer.json")
+    greedy = GenerationConfig(max_new_tokens=8, temperature=0.0, echo=False)
+    with torch.inference_mode():
+        runner = TextLLMRunner(str(program("portable")), str(tokenizer), print_output=False)
+    want = executorch_greedy(
+        program("portable"), runner.tokenizer.encode(PROMPT), greedy.max_new_tokens, True
+    )
+    runner.generate_text(PROMPT, greedy)
+    assert runner.generated_tokens == want
+
+    got: list[list[int]] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.reset()  # the prompt again from position 0
+            runner.generate_text(PROMPT, greedy)
+            got.append(list(runner.generated_tokens))
+        except BaseException as e:  # reported by the test's thread
+            failures.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    assert not failures, failures
+    assert got == [want]

@@ -284,11 +284,14 @@ class TextDecoder:
         self.loaded: tuple[Any, ...] = (self.method,)
         """The program's methods this decoder loaded."""
         # a one-token call's inputs, refilled before each such call (making two small
-        # tensors costs more than a decode step's envelope); one decoder, one caller
+        # tensors costs more than a decode step's envelope); one decoder, one caller.
+        # Ordinary tensors whatever the caller's mode: an inference tensor could not be
+        # refilled outside torch.inference_mode (on another thread, say)
         self._one: list[torch.Tensor] | None = None
         if self.use_kv_cache:
-            token = torch.zeros((1, 1), dtype=self.token_dtype, device=self.device)
-            self._one = layout.inputs(token, 0)
+            with torch.inference_mode(False):
+                token = torch.zeros((1, 1), dtype=self.token_dtype, device=self.device)
+                self._one = layout.inputs(token, 0)
 
     # -- running -----------------------------------------------------------------------
     def _call(self, tokens: Sequence[int], pos: int) -> torch.Tensor:
