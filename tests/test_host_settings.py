@@ -4,7 +4,10 @@ by it, whatever settings were on when a program or method was loaded."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,45 @@ def test_a_runner_made_in_inference_mode_generates_outside_it(tmp_path: Path) ->
     worker.join()
     assert not failures, failures
     assert got == [want]
+
+
+def test_calls_with_read_only_arrays_keep_the_filters_other_threads_add() -> None:
+    """A method called with a read-only numpy array (on one thread) while the host adds
+    warning filters (on another): every filter stays, and the outputs are eager's."""
+    np = pytest.importorskip("numpy")
+    name = "mlp"
+    call = fixture_calls(name)[0]
+    method = ptexec.load(fixture_paths(name)[0]).load_method(call["method"])
+    array = call["inputs"][0].numpy().copy()
+    array.setflags(write=False)
+    assert isinstance(array, np.ndarray)
+    method.execute([array])  # the first conversion of read-only memory in any case
+    stop = threading.Event()
+    wrong: list[str] = []
+
+    def calls() -> None:
+        while not stop.is_set():
+            problem = compare_outputs(
+                list(method.execute([array])), call["outputs"], *tolerance(name)
+            )
+            if problem is not None:
+                wrong.append(problem)
+
+    worker = threading.Thread(target=calls)
+    before = list(warnings.filters)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns often
+    worker.start()
+    try:
+        for i in range(3000):
+            warnings.filterwarnings("ignore", message=f"host filter {i}")
+            time.sleep(0)  # let the calls run between additions
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(interval)
+    kept = {f[1].pattern for f in warnings.filters if f[1] is not None}
+    lost = [i for i in range(3000) if f"host filter {i}" not in kept]
+    warnings.filters[:] = before
+    assert not wrong, wrong[:3]
+    assert not lost, f"{len(lost)} of the host's filters lost"

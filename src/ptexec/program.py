@@ -9,7 +9,6 @@ import mmap as _mmap
 import os
 import stat
 import threading
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from .gcpause import paused
 from .loader import MethodMeta, method_meta
 from .memory import BufferInfo, PlannedBuffer, allocate
 from .method import Method
+from .readonly import from_buffer
 
 __all__ = ["Program", "load"]
 
@@ -295,9 +295,7 @@ class Program:
                 plans = self.pte.program.execution_plan
                 self._constants_written = any(constants_written(plan) for plan in plans)
             written = self._constants_written
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only bytes: read, never written
-            over = [torch.frombuffer(d, dtype=torch.uint8) for d in data]
+        over = [from_buffer(d) for d in data]  # read-only bytes: read, never written
         if not written:
             return over
         out = []

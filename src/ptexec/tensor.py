@@ -27,6 +27,7 @@ import torch.utils.dlpack
 from .device import CPU, DLPACK_DEVICE_NAMES, Device, from_dlpack_device, from_torch_device
 from .dtypes import dtype_name
 from .errors import DeviceUnavailableError, UnsupportedDeviceError
+from .readonly import from_numpy
 
 __all__ = [
     "DLPACK_IS_COPIED",
@@ -423,8 +424,6 @@ def _numpy_to_torch(a: Any) -> torch.Tensor:
     axis of one element is never stepped: the view takes a stride of 0 there instead,
     over the same memory (a program that writes the input writes the caller's array).
     """
-    import warnings
-
     np = _numpy()
     if a.ndim and any(s < 0 for s in a.strides):
         if all(s >= 0 or n == 1 for s, n in zip(a.strides, a.shape, strict=True)):
@@ -434,9 +433,7 @@ def _numpy_to_torch(a: Any) -> torch.Tensor:
             # (a copy: numpy calls an array contiguous whose size-1 axis has a negative stride)
             a = np.array(a, order="C", copy=True)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only arrays
-            return torch.from_numpy(a)
+        return from_numpy(a)  # (read-only arrays included)
     except TypeError as e:
         raise TypeError(f"numpy dtype {a.dtype} has no torch equivalent") from e
 

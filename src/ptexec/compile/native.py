@@ -66,7 +66,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -75,6 +74,7 @@ from typing import Any
 import torch
 
 from ..format.program import STATIC
+from ..readonly import from_buffer
 from .external import ExternalCall, attach_native_use
 from .manifest import Manifest
 
@@ -404,9 +404,7 @@ def call(
     (at their bounds), ``orders`` each argument's dim order. Its ``run(inputs)`` returns
     the outputs. Raises RuntimeError where ExecuTorch refuses the program."""
     specs = program.compile_specs
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # read only: ExecuTorch never writes it
-        data = torch.frombuffer(program.data, dtype=torch.uint8)
+    data = from_buffer(program.data)  # read only: ExecuTorch never writes it
     return torch.classes.ptexec_native.Call(
         data,
         writes,

@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 import operator
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ import torch
 from ...codegen import Sources
 from ...errors import BackendUnavailableError, PteFormatError
 from ...memory import resize_to
+from ...readonly import from_buffer
 from . import schema as s
 from .ops import OPS
 
@@ -296,9 +296,7 @@ class _Builder:
                 mv = memoryview(self.named_data[entry.named_key]).cast("B")[: entry.length]
             else:
                 mv = self.p.constant_region()[entry.offset : entry.offset + entry.length]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # read-only: never written
-                raw = torch.frombuffer(mv, dtype=torch.uint8)
+            raw = from_buffer(mv)  # read-only: never written
             if raw.data_ptr() % dtype.itemsize:
                 raw = raw.clone()
             value = raw.view(dtype).reshape(t.dims)

@@ -3,12 +3,12 @@ moved to the device on request, each form cached."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from ...errors import BackendUnavailableError
+from ...readonly import from_buffer
 from . import schema as s
 from .values import FLOAT_DTYPES
 
@@ -52,9 +52,7 @@ class Constants:
         mv = self.payload.constant_bytes(idx, self.named_data)
         if len(mv) == 0:
             return torch.empty(0, dtype=torch.uint8)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only buffers: never written
-            return torch.frombuffer(mv, dtype=torch.uint8)
+        return from_buffer(mv)  # read-only buffers: never written
 
     def _typed(self, idx: int, dtype: torch.dtype, count: int) -> torch.Tensor:
         raw = self._bytes(idx)[: count * dtype.itemsize]
