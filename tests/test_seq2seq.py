@@ -106,6 +106,19 @@ def test_greedy_tokens_equal_the_eager_model(
     )
 
 
+def test_a_runner_made_in_inference_mode_generates_outside_it(
+    folders: dict[str, Path], eager: Any
+) -> None:
+    """Made under ``torch.inference_mode()`` (a server's start-up), used outside it."""
+    with torch.inference_mode():
+        runner = Seq2SeqRunner(
+            folders["whisper_portable"] / "model.pte", folders["whisper_portable"]
+        )
+    x = _features(0)
+    want = _eager_greedy(eager, x, runner.prompt.prefix(), GREEDY.max_new_tokens)
+    assert runner.generate(x, GREEDY) == want
+
+
 def test_tokens_equal_optimums_loop_on_executorch(
     folders: dict[str, Path], runners: dict[str, Seq2SeqRunner]
 ) -> None:

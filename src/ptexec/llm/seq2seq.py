@@ -413,8 +413,11 @@ class _Decoder:
         self.vocab_size = int(dmeta.outputs[0].sizes[-1])
         dev = ins[0].device.to_torch()
         self.device = dev
-        self._ids = torch.zeros((1, 1), dtype=ins[0].dtype, device=dev)
-        self._pos = torch.zeros((1,), dtype=ins[2].dtype, device=ins[2].device.to_torch())
+        # refilled before each step: ordinary tensors whatever the caller's mode (an
+        # inference tensor could not be refilled outside torch.inference_mode)
+        with torch.inference_mode(False):
+            self._ids = torch.zeros((1, 1), dtype=ins[0].dtype, device=dev)
+            self._pos = torch.zeros((1,), dtype=ins[2].dtype, device=ins[2].device.to_torch())
         self.hidden_device = ins[1].device.to_torch()
         self.execution_ms = 0.0
 
