@@ -130,3 +130,58 @@ def test_calls_with_read_only_arrays_keep_the_filters_other_threads_add() -> Non
     warnings.filters[:] = before
     assert not wrong, wrong[:3]
     assert not lost, f"{len(lost)} of the host's filters lost"
+
+
+_FILTERS_KEPT = """
+import sys, threading, time, warnings
+import numpy as np
+import torch
+import ptexec
+
+path, mode = sys.argv[1], sys.argv[2]
+method = ptexec.load(path).load_method("forward")
+x = np.random.default_rng(0).standard_normal(method.meta.inputs[0].sizes).astype(np.float32)
+frozen = x.copy()
+frozen.setflags(write=False)
+if mode == "host_first":  # the host's own view of read-only memory takes torch's one warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.from_numpy(frozen)
+stop = threading.Event()
+
+def calls():
+    while not stop.is_set():
+        method.execute([x if mode == "writable" else frozen])
+
+worker = threading.Thread(target=calls)
+sys.setswitchinterval(1e-6)
+worker.start()
+for i in range(3000):
+    warnings.filterwarnings("ignore", message=f"host filter {i}")
+    time.sleep(0)
+stop.set()
+worker.join()
+kept = {f[1].pattern for f in warnings.filters if f[1] is not None}
+print(sum(f"host filter {i}" not in kept for i in range(3000)))
+"""
+
+
+@pytest.mark.parametrize("mode", ["writable", "host_first"])
+def test_calls_with_writable_arrays_or_after_the_hosts_own_warning_keep_filters(
+    mode: str,
+) -> None:
+    """In a process of its own (torch warns once a process): calls with writable arrays
+    never touch the warning filters, and neither do calls with read-only ones after a
+    host's own view of read-only memory took torch's one warning (each such call swapped
+    the filter list, and filters the host added meanwhile were lost)."""
+    import subprocess
+
+    pytest.importorskip("numpy")
+    done = subprocess.run(
+        [sys.executable, "-c", _FILTERS_KEPT, str(fixture_paths("mlp")[0]), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "0", f"{done.stdout.split()[-1]} of the host's filters lost"

@@ -26,9 +26,11 @@ _LOCK = threading.Lock()
 _ISSUED: set[str] = set()  # the sites whose one warning torch has issued in this process
 
 
-def _quietly(site: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``make()``, with torch's warning of ``site`` (issued once a process) kept quiet."""
-    if site in _ISSUED:
+def _quietly(site: str, read_only: bool, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()``, with torch's warning of ``site`` (issued once a process, for read-only
+    memory) kept quiet. Writable memory, and read-only memory once torch has warned,
+    leave the filters alone."""
+    if not read_only or site in _ISSUED:
         return make()
     with _LOCK:
         if site in _ISSUED:
@@ -36,20 +38,23 @@ def _quietly(site: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always", UserWarning)
             out = make()
+        # torch warned now, or had warned before (a conversion of the host's own): never again
+        _ISSUED.add(site)
         for w in seen:
-            if issubclass(w.category, UserWarning) and "not writable" in str(w.message):
-                _ISSUED.add(site)
-            else:  # not the one this module silences: as it was issued
+            if not (issubclass(w.category, UserWarning) and "not writable" in str(w.message)):
+                # not the one this module silences: as it was issued
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         return out
 
 
 def from_numpy(a: Any) -> torch.Tensor:
     """``torch.from_numpy(a)``: a view of the array's memory, read-only or not."""
-    return _quietly("from_numpy", lambda: torch.from_numpy(a))
+    return _quietly("from_numpy", not a.flags.writeable, lambda: torch.from_numpy(a))
 
 
 def from_buffer(buffer: Any, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """``torch.frombuffer(buffer, dtype=dtype)``: a view of the buffer's memory, read-only
     or not (an empty buffer is refused by torch: callers make empty tensors themselves)."""
-    return _quietly("frombuffer", lambda: torch.frombuffer(buffer, dtype=dtype))
+    with memoryview(buffer) as view:
+        read_only = view.readonly
+    return _quietly("frombuffer", read_only, lambda: torch.frombuffer(buffer, dtype=dtype))
