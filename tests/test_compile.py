@@ -89,6 +89,15 @@ def test_second_load_compiles_nothing() -> None:
     assert report.regions == first["forward"].compile_report.regions  # type: ignore[union-attr]
 
 
+def test_a_compile_leaves_the_hosts_inductor_options_as_they_were() -> None:
+    """AOTInductor's metadata option is a dict torch fills in place as it compiles (the
+    device, the CPU's instruction set): a compile gives it one of its own, so the host's
+    later AOTInductor compiles do not inherit what one of ptexec's wrote (the session's
+    compiles run in this process: the cache is new with it)."""
+    load_pair("mlp")
+    assert torch._inductor.config.aot_inductor.metadata == {}
+
+
 def test_the_cache_works_across_processes() -> None:
     """Another process with the same cache directory loads the compiled code (no compile)."""
     load_pair("mlp")

@@ -92,6 +92,10 @@ def inductor_options(
         # a float (an integer ``div`` with rounding by ``tensor(3)`` truncated where it
         # should floor, and came back as floats where it should truncate)
         "always_keep_tensor_constants": True,
+        # a dict of this compile's own: torch fills the one it is given in place (the
+        # device, the CPU's instruction set), and the process's would keep that for the
+        # host's later AOTInductor compiles
+        "aot_inductor.metadata": {},
     }
     if autotune and device.type == "cpu":
         options["max_autotune"] = True
