@@ -21,7 +21,6 @@ import stat
 import sys
 import tempfile
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import torch
 
 from ..cachedir import cache_dir, root_status, subdir_problem, trusted_subdir
 from .external import external_call
+from .quiet import quiet
 
 __all__ = [
     "NATIVE_ENTRY",
@@ -175,7 +175,7 @@ def compile_models(
         args, kwargs = ep.example_inputs
         # sizes are reasoned about as the graph was traced: a dynamic size may be 1
         with (
-            _quiet(),
+            quiet(),
             shape_config.patch(backed_size_oblivious=True),
             _templates_preferred(autotune and device.type == "cpu"),
         ):
@@ -380,32 +380,6 @@ def _templates_preferred(prefer: bool) -> Iterator[None]:
         yield
     finally:
         _PREFER_TEMPLATES.reset(token)
-
-
-class _Filtered:
-    """stderr without the autotuner's statistics (it writes them unconditionally)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def write(self, text: str) -> int:
-        if text.startswith("Autotune Choices Stats:"):
-            return len(text)
-        return int(self.stream.write(text))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Compiling without torch's notes for its own developers (deprecation warnings from
-    inside the compiler, autotuning statistics)."""
-    with warnings.catch_warnings(), contextlib.redirect_stderr(_Filtered(sys.stderr)):
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield
 
 
 def save_models(

@@ -25,10 +25,7 @@ more may come with 1).
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -39,6 +36,7 @@ from ..errors import CacheEntryError
 from ..format import program as p
 from ..tensor import dim_order_strides
 from .functional import Env, FunctionalForms
+from .quiet import quiet
 
 if TYPE_CHECKING:
     from .regions import Branch, Region
@@ -470,7 +468,7 @@ def export_region(
 
     shape_config: Any = _config  # its patch() is made at import
 
-    with torch.no_grad(), _quiet(), shape_config.patch(backed_size_oblivious=True):
+    with torch.no_grad(), quiet(), shape_config.patch(backed_size_oblivious=True):
         ep = torch.export.export(
             module,
             tuple(examples),
@@ -479,23 +477,6 @@ def export_region(
         )
     guards = _guards(ep, [plan.values[j] for j in region.graph_inputs], examples)
     return ep, guards, dict(kinds)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Tracing without torch's logs of its own failures (a region that cannot be traced
-    is reported once, with its reason) and deprecation warnings from inside it."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def _guards(
