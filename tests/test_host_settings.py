@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,24 @@ def _replay(methods: dict[str, ptexec.Method], name: str) -> None:
         got = methods[call["method"]].execute(call["inputs"])
         problem = compare_outputs(list(got), call["outputs"], *tolerance(name))
         assert problem is None, f"{name} call {i}: {problem}"
+
+
+def _on_another_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` on a thread of its own (where inference mode is off) and raise what
+    it raised here."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # reported by the test's thread
+            failures.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if failures:
+        raise failures[0]
 
 
 def _methods(prog: ptexec.Program, name: str) -> dict[str, ptexec.Method]:
@@ -41,18 +60,7 @@ def test_a_method_loaded_in_inference_mode_runs_outside_it(name: str) -> None:
 
     with torch.inference_mode():
         on_thread = _methods(ptexec.load(fixture_paths(name)[0]), name)
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            _replay(on_thread, name)
-        except BaseException as e:  # reported by the test's thread
-            failures.append(e)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    assert not failures, failures
+    _on_another_thread(lambda: _replay(on_thread, name))
 
 
 def test_a_runner_made_in_inference_mode_generates_outside_it(tmp_path: Path) -> None:
@@ -73,20 +81,13 @@ def test_a_runner_made_in_inference_mode_generates_outside_it(tmp_path: Path) ->
     assert runner.generated_tokens == want
 
     got: list[list[int]] = []
-    failures: list[BaseException] = []
 
     def run() -> None:
-        try:
-            runner.reset()  # the prompt again from position 0
-            runner.generate_text(PROMPT, greedy)
-            got.append(list(runner.generated_tokens))
-        except BaseException as e:  # reported by the test's thread
-            failures.append(e)
+        runner.reset()  # the prompt again from position 0
+        runner.generate_text(PROMPT, greedy)
+        got.append(list(runner.generated_tokens))
 
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join()
-    assert not failures, failures
+    _on_another_thread(run)
     assert got == [want]
 
 
