@@ -23,6 +23,9 @@ Export needs no GPU. The file runs with ptexec on a CUDA machine as is, and anyw
 ``load_method(..., device_map="cpu")``. It is meant for runtimes whose kernels run on the
 device, as ptexec's do: ExecuTorch's own runtime allocates the cuda buffer (with its CUDA
 allocator) but runs non-delegated instructions with host kernels.
+On the CPU, ExecuTorch 1.5.1's runtime returns zeros for every output of a method that returns
+one of its own inputs (``return x, x * 2`` of ``[1, 2, 3]`` gives ``[0, 0, 0]`` twice); ptexec
+returns eager's values.
 
 This module needs ExecuTorch's exporter (``pip install '.[export]'`` in ptexec's source tree); it imports
 ``executorch`` only when a function here is called. The rest of ptexec never does.
