@@ -198,6 +198,37 @@ def test_python_m_ptexec_hf_runs_code_given_with_c_as_python_does(tmp_path: Path
     ]  # fmt: skip
 
 
+@_fresh_interpreter
+def test_python_m_ptexec_hf_gives_code_given_with_c_pythons_main_namespace(
+    tmp_path: Path,
+) -> None:
+    """The names ``python -c`` defines in ``__main__`` (``__builtins__`` the module,
+    ``__annotations__``, ``__loader__``) are there, as python gives them."""
+    code = (
+        "import json\n"
+        "print(json.dumps([__builtins__.len('abc'), __annotations__, str(__loader__),"
+        " sorted(k for k in globals() if k.startswith('__'))]))"
+    )
+    env = {**os.environ, "PYTHONPATH": _SRC}
+    env.pop("PTEXEC_AS_EXECUTORCH", None)
+    runs = [
+        subprocess.run(
+            [sys.executable, *head, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+        for head in ([], ["-m", "ptexec.hf"])
+    ]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+    plain, switched = (json.loads(done.stdout.splitlines()[-1]) for done in runs)
+    assert plain[0] == 3
+    assert switched == plain
+
+
 # ---- the device that optimum's loaders lack ---------------------------------------------
 
 

@@ -29,6 +29,7 @@ it from the environment.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -155,7 +156,13 @@ def run_script(argv: Sequence[str]) -> None:
         sys.argv = ["-c", *argv[2:]]  # as python gives them
         sys.path[0] = ""  # python -c puts the working directory first
         main = types.ModuleType("__main__")
-        main.__dict__["__builtins__"] = __builtins__
+        # the namespace python -c gives its code: builtins as the module (this module's
+        # own __builtins__ is a dict), an empty __annotations__, the builtin importer
+        main.__dict__.update(
+            __builtins__=builtins,
+            __annotations__={},
+            __loader__=importlib.machinery.BuiltinImporter,
+        )
         sys.modules["__main__"] = main
         exec(compile(argv[1], "<string>", "exec"), main.__dict__)
     elif argv[0] == "-m":
