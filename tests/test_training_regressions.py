@@ -347,6 +347,45 @@ def test_named_gradients_are_copies_as_in_executorch() -> None:
             torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-7)
 
 
+def test_a_call_between_backward_and_step_leaves_the_gradients() -> None:
+    """Running the training method for its outputs (an evaluation batch) between a
+    backward and the optimizer's step writes the method's gradient memory: ``.grad``,
+    ``named_gradients()`` and the sum of accumulated micro-batches stay those of the
+    ``forward_backward`` calls, as eager PyTorch's ``.grad`` and ExecuTorch's
+    ``TrainingModule`` (which copies the gradients at each ``forward_backward``) keep
+    them."""
+    module = _mlp()
+    a, b, c = (example_inputs("mlp", k) for k in (1, 2, 3))
+    ref_a, ref_ac = _eager_grads(module, [a]), _eager_grads(module, [a, c])
+    tm = T.load(FIX / "mlp.pte")
+    tm.forward_backward("forward", a)
+    evaluate = tm.method()
+    evaluate(*b)
+    evaluate.trace(b)
+    for name, p in tm.named_parameters().items():
+        torch.testing.assert_close(p.grad, ref_a[name], rtol=1e-5, atol=1e-6)
+    for name, g in tm.named_gradients().items():
+        torch.testing.assert_close(g, ref_a[name], rtol=1e-5, atol=1e-6)
+    # micro-batches summed around an evaluation call
+    tm = T.load(FIX / "mlp.pte")
+    tm.forward_backward("forward", a, accumulate=True)
+    tm.method()(*b)
+    tm.forward_backward("forward", c, accumulate=True)
+    for name, p in tm.named_parameters().items():
+        torch.testing.assert_close(p.grad, ref_ac[name], rtol=1e-5, atol=1e-6)
+    # ExecuTorch's TrainingModule, running its program between the calls, agrees
+    et_training = pytest.importorskip("executorch.extension.training")
+    et = et_training._load_for_executorch_for_training(str(FIX / "mlp.pte"))
+    et.forward_backward("forward", a)
+    et.model.run_method("forward", b)
+    tm = T.load(FIX / "mlp.pte")
+    tm.forward_backward("forward", a)
+    tm.method()(*b)
+    theirs, ours = et.named_gradients(), tm.named_gradients()
+    for name in ref_a:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-7)
+
+
 # -- saved files get the mode a plain write gives them ---------------------------------------
 
 

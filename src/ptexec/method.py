@@ -26,7 +26,7 @@ from .engine.cuda_graph import CudaGraphRunner
 from .engine.fastcall import NOT_FAST, build_fast_call, runs_inline
 from .engine.hooks import Hooks
 from .engine.runner import BlockRunner, InstrumentedRunner, Runner, below_autograd
-from .errors import BackendUnavailableError, PtexecError
+from .errors import BackendUnavailableError, PtexecError, StateError
 from .loader import (
     DEFAULT_MAX_INSTRUCTIONS,
     DEFAULT_MAX_PLANNED_BYTES,
@@ -152,6 +152,8 @@ class Method:
         # the fast call of the other output mode (``outputs=`` given per call), made on
         # its first use; NOT_FAST: the method has none
         self._fast_other: Any = None
+        # run before a call writes the method's memory (before_each_call)
+        self._before_call: Callable[[], None] | None = None
         if self._fast_path:
             self._fast = build_fast_call(state, runner, self._output_mode == "copy")
         if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
@@ -239,6 +241,17 @@ class Method:
     def record(self) -> CallRecord:
         return self._state.record
 
+    def before_each_call(self, hook: Callable[[], None] | None) -> None:
+        """Run ``hook`` before each later call writes anything in this method's memory,
+        under the call lock, in every path (the fast call, the general one, traces and
+        profiles); None stops it. For whoever holds tensors over memory a call overwrites
+        (:class:`ptexec.training.TrainingModule`'s gradients), so it may run more than
+        once for one call: it must do nothing the second time. A hook that raises refuses
+        the call, with nothing written. One hook at a time (:class:`StateError`)."""
+        if hook is not None and self._before_call is not None and hook is not self._before_call:
+            raise StateError(f"method '{self.name}' runs another hook before each call")
+        self._before_call = hook
+
     def values(self) -> list[Any]:
         """The method's values table (tensors, scalars), for inspection; do not modify.
 
@@ -309,6 +322,9 @@ class Method:
             and layout is None
         ):
             with self._lock:
+                before = self._before_call
+                if before is not None:
+                    before()
                 # read under the lock: a background compile swaps it
                 fast = (
                     self._fast
@@ -385,6 +401,9 @@ class Method:
             if out is not None:
                 given = arguments.check_out(state, out)
                 arguments.check_aliasing(state, bound, given)
+            before = self._before_call
+            if before is not None:
+                before()
             try:
                 # binding may fail part-way (a copy into planned memory, a runner's own
                 # binding): what it wrote is restored and released like a failed run's

@@ -12,7 +12,10 @@ hands out copies, which a later call does not overwrite. Beyond them:
   adds into ``.grad`` as ``loss.backward()`` does (``optimizer.zero_grad()`` clears it);
   the default replaces it, as ExecuTorch does. Where the program returns one gradient
   value for several parameters, each parameter after the first gets a copy as ``.grad``
-  (clipping or summing one ``.grad`` in place changes no other).
+  (clipping or summing one ``.grad`` in place changes no other). A call of the method
+  itself (:meth:`TrainingModule.method`, for an evaluation batch, a trace) first gives
+  each ``.grad`` over the gradient memory a copy (``Method.before_each_call``), so the
+  gradients stay the last ``forward_backward``'s.
 - ``device_map`` places the program's planned memory (its parameters, gradients and
   activations) on another device, as for any ptexec method.
 - :meth:`save_pte` / :meth:`save_ptd` write the trained parameters back to a program file
@@ -44,7 +47,8 @@ failed call.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -72,7 +76,7 @@ __all__ = [
 class _Trained:
     """One loaded training method: the method and its layout."""
 
-    __slots__ = ("failed", "layout", "method", "named_grads", "stash")
+    __slots__ = ("__weakref__", "failed", "layout", "live", "method", "named_grads", "stash")
 
     def __init__(self, method: Method, layout: Layout) -> None:
         self.method = method
@@ -81,6 +85,35 @@ class _Trained:
         # named_gradients()'s copies since the last successful call (None: not made yet)
         self.named_grads: dict[str, torch.Tensor] | None = None
         self.failed = False  # the last call failed inside the program (gradients lost)
+        # .grad may be the gradient memory a forward_backward filled: a call of the method
+        # outside forward_backward must first give those .grad memory of their own
+        self.live = False
+        method.before_each_call(_keeper(weakref.ref(self)))
+
+    def keep_gradients(self) -> None:
+        """Before a call of the method other than :meth:`TrainingModule.forward_backward`
+        (an evaluation batch, a trace) overwrites the gradient memory: each ``.grad`` over
+        it becomes a copy, so ``.grad``, ``named_gradients()`` and an accumulated sum stay
+        the last ``forward_backward``'s, as in eager PyTorch and ExecuTorch."""
+        if not self.live:
+            return
+        self.live = False
+        with torch.no_grad():
+            for p, g in zip(self.layout.parameters, self.layout.gradients, strict=True):
+                if p.grad is not None and _holds(p.grad, g):
+                    p.grad = g.clone()
+
+
+def _keeper(ref: weakref.ReferenceType[_Trained]) -> Callable[[], None]:
+    """The method's hook before each call; it holds the module's state weakly (the state
+    holds the method)."""
+
+    def keep() -> None:
+        trained = ref()
+        if trained is not None:
+            trained.keep_gradients()
+
+    return keep
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -185,9 +218,12 @@ class TrainingModule:
     ) -> list[Any]:
         """Run training method ``method_name`` on ``inputs``: the loss and the user outputs
         come back (copies); each parameter's ``.grad`` is then its gradient (the method's
-        planned memory, rewritten by the next call). With ``accumulate``, a parameter
-        whose ``.grad`` is set gets this call's gradient added to it, as in eager
-        PyTorch. Inputs the method refuses raise before anything is written.
+        planned memory, rewritten by the next ``forward_backward``; a call of the method
+        itself, for its outputs, first gives each such ``.grad`` a copy, so that it
+        changes no gradient, as an evaluation changes none in eager PyTorch). With
+        ``accumulate``, a parameter whose ``.grad`` is set gets this call's gradient
+        added to it, as in eager PyTorch. Inputs the method refuses raise before anything
+        is written.
 
         A call that fails inside the program (a kernel raises, e.g. on a label out of
         range) re-raises that error and changes no parameter. Its forward intermediates
@@ -209,17 +245,21 @@ class TrainingModule:
         layout = trained.layout
         params, grads = layout.parameters, layout.gradients
         kept = self._stash(trained) if accumulate else ()
+        live, trained.live = trained.live, False  # this call writes what .grad is to hold
         try:
             # views for this call only: the gradients and parameters are the layout's
             # tensors already, and :meth:`method` keeps a Method's own default (copies)
             outs = trained.method.execute(inputs, outputs="view")
         except BaseException as e:
             # refused inputs raise before anything is written (Method.execute)
-            if not isinstance(e, InputError | UnsupportedDeviceError):
+            if isinstance(e, InputError | UnsupportedDeviceError):
+                trained.live = live
+            else:
                 self._failed(trained, kept, accumulate)
             raise
         trained.named_grads = None
         trained.failed = False
+        trained.live = True
         user = [
             o.clone() if isinstance(o, torch.Tensor) else o for o in outs[: layout.gradient_start]
         ]
@@ -272,6 +312,7 @@ class TrainingModule:
                 for i in kept:
                     assert stash is not None
                     layout.gradients[i].copy_(stash[i])
+                trained.live = True
                 return
             for p, g in zip(layout.parameters, layout.gradients, strict=True):
                 if p.grad is not None and _holds(p.grad, g):
