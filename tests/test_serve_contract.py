@@ -496,3 +496,38 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
         assert e.value.status == 400
     finally:
         engine.close()
+
+
+def test_a_field_the_server_does_not_know_is_refused_not_ignored(client: Any) -> None:
+    """OpenAI answers a request argument it does not recognize with a 400; vLLM's sampling
+    extensions (``min_tokens``, ``stop_token_ids``, ``guided_json``, ...), which clients
+    send in ``extra_body``, change the answer there. Ignored, they gave an answer that
+    looks honoured: ``min_tokens: 8`` with a stop string ended after 2 tokens. OpenAI's own
+    hints that change no text (``user``, ``metadata``, ``store``, ``service_tier``, ...) and
+    unknown fields set to null (asking for nothing) are answered."""
+    messages = [{"role": "user", "content": PROMPT}]
+    chat = client.chat.completions.create
+    complete = client.completions.create
+    for create, base, extra in (
+        (complete, {"prompt": PROMPT}, {"min_tokens": 8, "stop": [" "]}),
+        (complete, {"prompt": PROMPT}, {"stop_token_ids": [5]}),
+        (complete, {"prompt": PROMPT}, {"guided_regex": "[0-9]+"}),
+        (complete, {"prompt": PROMPT}, {"top_logprobs": 2}),  # a chat's field
+        (chat, {"messages": messages}, {"guided_json": {"type": "object"}}),
+        (chat, {"messages": messages}, {"include_stop_str_in_output": True}),
+        (chat, {"messages": messages}, {"echo": True}),  # a completion's field
+        (chat, {"messages": messages}, {"continue_final_message": True}),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            create(model=MODEL, max_tokens=2, **base, extra_body=extra)
+        assert e.value.status_code == 400
+        assert e.value.body["type"] == "invalid_request_error"
+        assert e.value.body["param"] in extra, (extra, e.value.body)
+    got = chat(
+        model=MODEL, messages=messages, max_tokens=2, user="u", metadata={"k": "v"}, store=False,
+        service_tier="auto", parallel_tool_calls=False, prompt_cache_key="k",
+        safety_identifier="s", extra_body={"min_tokens": None},
+    )  # fmt: skip
+    assert got.usage is not None and got.usage.completion_tokens == 2
+    done = complete(model=MODEL, prompt=PROMPT, max_tokens=2, user="u", best_of=1)
+    assert done.usage is not None and done.usage.completion_tokens == 2

@@ -5,7 +5,7 @@ Every field is checked for type and range before anything runs; a problem is an
 defines that this server does not implement (``n`` and ``best_of`` other than 1, tools
 and a ``tool_choice`` that demands a call, spoken answers, moderation, web search, a
 completion's ``suffix``) are refused rather than ignored, so a client never gets less than it asked for without
-knowing. A completion's ``prompt`` is a string, a list of token ids, or a list of either
+knowing; so is a field neither OpenAI's API nor this server's extensions define. A completion's ``prompt`` is a string, a list of token ids, or a list of either
 (several prompts, one choice each, not streamed); ``logprobs`` (completions: the number of
 alternatives, up to :data:`MAX_LOGPROBS`; chat: ``logprobs: true`` and ``top_logprobs``)
 asks for each token's log-probability, and with ``echo`` a completion's prompt tokens are
@@ -400,11 +400,47 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
     return out
 
 
+# The fields a request may hold: OpenAI's (read above and below, or hints that change no
+# text) and the extensions this server honours. Any other field is refused, as OpenAI
+# refuses an argument it does not recognize: vLLM's extensions (min_tokens, stop_token_ids,
+# guided_json, ...) would change the answer where they are honoured.
+_BOTH_FIELDS = frozenset({
+    "model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "temperature", "top_p",
+    "user", "best_of", "max_completion_tokens", "response_format",
+    # honoured extensions (vLLM's names)
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "chat_template_kwargs",
+})  # fmt: skip
+_COMPLETION_FIELDS = _BOTH_FIELDS | {"prompt", "echo", "suffix"}
+_CHAT_FIELDS = _BOTH_FIELDS | {
+    "messages", "audio", "function_call", "functions", "metadata", "modalities", "moderation",
+    "parallel_tool_calls", "prediction", "prompt_cache_key", "prompt_cache_options",
+    "prompt_cache_retention", "reasoning_effort", "safety_identifier", "service_tier", "store",
+    "tool_choice", "tools", "top_logprobs", "verbosity", "web_search_options",
+}  # fmt: skip
+
+
+def _known_fields(body: dict[str, Any], chat: bool) -> None:
+    """Refuses a field the route does not take (one set to null asks for nothing)."""
+    known = _CHAT_FIELDS if chat else _COMPLETION_FIELDS
+    for name, value in body.items():
+        if name not in known and value is not None:
+            route = "/v1/chat/completions" if chat else "/v1/completions"
+            raise ApiError(
+                400,
+                f"unknown field {json.dumps(name)[:60]}: {route} does not take it (it would "
+                "be ignored)",
+                param=str(name)[:60],
+                code="unknown_parameter",
+            )
+
+
 def parse_request(body: Any, chat: bool) -> Request:
     """The validated request of a ``/v1/chat/completions`` (``chat``) or ``/v1/completions``
     body (already decoded JSON). Raises :class:`ApiError` (400)."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", "body")
+    _known_fields(body, chat)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' must be a non-empty string", "model")
