@@ -531,3 +531,22 @@ def test_a_field_the_server_does_not_know_is_refused_not_ignored(client: Any) ->
     assert got.usage is not None and got.usage.completion_tokens == 2
     done = complete(model=MODEL, prompt=PROMPT, max_tokens=2, user="u", best_of=1)
     assert done.usage is not None and done.usage.completion_tokens == 2
+
+
+def test_a_stream_option_the_server_does_not_know_is_refused(client: Any) -> None:
+    """``stream_options`` takes OpenAI's ``include_usage`` and ``include_obfuscation``
+    (padding, no text); vLLM's ``continuous_usage_stats`` (usage in every chunk) came back
+    as a stream whose chunks all had ``usage: null``, as if honoured. Now a 400."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=2, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        )  # fmt: skip
+    assert e.value.body["param"] == "stream_options"
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=2, stream=True, temperature=0,
+            stream_options={"include_usage": True, "include_obfuscation": False},
+        )
+    )  # fmt: skip
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2

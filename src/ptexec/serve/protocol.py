@@ -420,6 +420,9 @@ _CHAT_FIELDS = _BOTH_FIELDS | {
 }  # fmt: skip
 
 
+_STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+
+
 def _known_fields(body: dict[str, Any], chat: bool) -> None:
     """Refuses a field the route does not take (one set to null asks for nothing)."""
     known = _CHAT_FIELDS if chat else _COMPLETION_FIELDS
@@ -493,6 +496,15 @@ def parse_request(body: Any, chat: bool) -> Request:
             raise _bad("'stream_options' must be an object", "stream_options")
         if not req.stream:
             raise _bad("'stream_options' is only allowed with 'stream': true", "stream_options")
+        # OpenAI's options (obfuscation pads chunks: no text); another, such as vLLM's
+        # continuous_usage_stats, would be ignored
+        other = sorted(k for k, v in options.items() if k not in _STREAM_OPTIONS and v is not None)
+        if other:
+            raise _bad(
+                f"'stream_options' takes {' and '.join(_STREAM_OPTIONS)}, not "
+                f"{json.dumps(other[0])[:40]}",
+                "stream_options",
+            )
         req.include_usage = _flag(options, "include_usage")
     req.presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     req.frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
