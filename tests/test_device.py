@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 import pytest
 import torch
@@ -122,6 +124,43 @@ def test_describe_dlpack_versioned_then_legacy() -> None:
     old = FakeProducer(a, (1, 0), versioned=False)
     assert describe(old).sizes == (2, 3)
     assert old.calls == [{"max_version": (1, 0)}, {}]
+
+
+class _PlainDeviceType(enum.Enum):
+    """The DLPack protocol's ``__dlpack_device__`` returns ``tuple[Enum, int]``: a plain
+    enum member is as valid as torch's IntEnum."""
+
+    CPU = 1
+
+
+@pytest.mark.parametrize("device", [(_PlainDeviceType.CPU, 0), (np.int64(1), np.int32(0)), [1, 0]])
+def test_describe_reads_every_well_formed_dlpack_device(device: object) -> None:
+    """As torch's and numpy's ``from_dlpack`` take them."""
+    a = np.arange(3, dtype=np.float32)
+    producer = FakeProducer(a, device)  # type: ignore[arg-type]
+    assert torch.equal(torch.from_dlpack(producer), torch.from_numpy(a))
+    assert np.array_equal(np.from_dlpack(producer), a)
+    info = describe(producer)
+    assert info.sizes == (3,) and info.dtype == torch.float32 and info.device == CPU
+
+
+@pytest.mark.parametrize(
+    "device",
+    [(1,), (1, 0, 0), ("cpu", 0), (1.5, 0), (1, -1), (2, -1), (1, "0"), (True, 0), "cpu", None, 1],
+)
+def test_describe_refuses_a_malformed_dlpack_device(device: object) -> None:
+    """Not a pair of integers with a non-negative device id: the typed error that names
+    what the producer returned (a bare ValueError or TypeError, or a device it never
+    named, came before); a method's call raises the same."""
+    producer = FakeProducer(np.zeros(3, np.float32), device)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedDeviceError, match=r"__dlpack_device__ returned .*expected"):
+        describe(producer)
+    m = ptexec.load(fixture_paths("mlp_unplanned")[0]).load_method()
+    call = fixture_calls("mlp_unplanned")[0]
+    x = call["inputs"][0].numpy()
+    with pytest.raises(UnsupportedDeviceError, match=r"input 0 of 'forward'.*__dlpack_device__"):
+        m.execute([FakeProducer(x, device)])  # type: ignore[arg-type]
+    assert compare_outputs(m.execute([x.copy()]), call["outputs"], 1e-5, 1e-5) is None
 
 
 @pytest.mark.parametrize(("code", "name"), [(10, "kDLROCM"), (8, "kDLMetal"), (4, "kDLOpenCL")])

@@ -17,8 +17,9 @@ DLPack device codes map as follows:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 from .errors import UnsupportedDeviceError
@@ -31,6 +32,7 @@ __all__ = [
     "DLPACK_DEVICE_NAMES",
     "Device",
     "DeviceType",
+    "dlpack_device_pair",
     "from_dlpack_device",
     "from_torch_device",
     "parse_device",
@@ -124,6 +126,29 @@ def from_dlpack_device(code: int, device_id: int, what: str = "array") -> Device
         return Device(DeviceType.CUDA, int(device_id))
     name = DLPACK_DEVICE_NAMES.get(code, "unknown DLPack device")
     raise UnsupportedDeviceError(f"{what} is on {name} ({code}), device {device_id}; {SUPPORTED}")
+
+
+def dlpack_device_pair(value: Any, what: str = "array") -> tuple[int, int]:
+    """The (type code, device id) a producer's ``__dlpack_device__`` returned: by the
+    protocol a pair of a type code (an integer or an enum member of one) and a device id
+    (an integer, not negative). Anything else raises :class:`UnsupportedDeviceError`
+    naming what came."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        code, index = value
+        code = code.value if isinstance(code, Enum) else code
+        # (floats, strings and bools are no codes; numpy's integers are)
+        if not isinstance(code, bool | float | str) and not isinstance(index, bool | float | str):
+            try:
+                pair = operator.index(code), operator.index(index)
+            except TypeError:
+                pass
+            else:
+                if pair[1] >= 0:
+                    return pair
+    raise UnsupportedDeviceError(
+        f"{what}'s __dlpack_device__ returned {value!r}; expected a (device type, "
+        "device id) pair of integers, the id not negative"
+    )
 
 
 def parse_device(spec: Any) -> Device:

@@ -24,7 +24,14 @@ from typing import Any
 import torch
 import torch.utils.dlpack
 
-from .device import CPU, DLPACK_DEVICE_NAMES, Device, from_dlpack_device, from_torch_device
+from .device import (
+    CPU,
+    DLPACK_DEVICE_NAMES,
+    Device,
+    dlpack_device_pair,
+    from_dlpack_device,
+    from_torch_device,
+)
 from .dtypes import dtype_name
 from .errors import DeviceUnavailableError, UnsupportedDeviceError
 from .readonly import from_numpy
@@ -384,9 +391,9 @@ def to_torch_flagged(x: Any, what: str = "input") -> tuple[torch.Tensor, Device,
     if np is not None and isinstance(x, np.ndarray | np.generic):
         return _numpy_to_torch(np.asarray(x)), CPU, 0
     if _is_dlpack(x):
-        code, dev_id = x.__dlpack_device__()
+        code, index = dlpack_device_pair(x.__dlpack_device__(), what)
         try:
-            device = from_dlpack_device(code, dev_id, what)
+            device = from_dlpack_device(code, index, what)
             t, flags = _dlpack_to_torch(x, device, what)
         except UnsupportedDeviceError as e:
             if type(e) is not UnsupportedDeviceError:
@@ -442,7 +449,8 @@ def describe(x: Any) -> TensorInfo:
     """Describe a torch tensor, numpy array or DLPack producer without copying it.
 
     Raises :class:`UnsupportedDeviceError` for memory on a device ptexec does not model
-    (an empty one is exempt and counts as cpu, as :func:`to_torch` takes it).
+    (an empty one is exempt and counts as cpu, as :func:`to_torch` takes it) and for a
+    producer whose ``__dlpack_device__`` is no (type code, device id) pair.
     """
     np = _numpy()
     if np is not None and isinstance(x, np.ndarray | np.generic):
