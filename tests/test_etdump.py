@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -764,3 +765,84 @@ def test_gated_delta_rule_events_are_executorchs(name: str, tmp_path: Path) -> N
         for tag, (etdp, dbg, _) in dumps.items()
     }
     assert rows["ptexec"] == rows["executorch"]
+
+
+def _recorded(calls: int) -> ETDumpRecorder:
+    method = ptexec.load(fixture_paths("mlp")[0]).load_method("forward")
+    rec = ETDumpRecorder(debug_buffer_size=1 << 16)
+    for _ in range(calls):
+        rec.execute(method, fixture_calls("mlp")[0]["inputs"])
+    return rec
+
+
+@pytest.mark.parametrize("failing", ["debug buffer", "etdump", "rename"])
+def test_a_failed_write_leaves_the_files_as_they_were(
+    failing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ETDump and its debug buffer are a pair (the ETDump's offsets point into the
+    buffer): a write that fails part way leaves the old pair whole, no partial file and
+    no temporary file beside them, and keeps what was recorded, so the next write gives
+    the new pair (a failure after the ETDump was written left it beside an old or an
+    empty debug buffer)."""
+    import ptexec.etdump as etdump_module
+
+    etdp, dbg = tmp_path / "run.etdp", tmp_path / "run.bin"
+    _recorded(1).write(etdp, dbg)
+    old = etdp.read_bytes(), dbg.read_bytes()
+    rec = _recorded(2)
+    runs, data = rec.runs, rec.debug_buffer()
+
+    def fail(*args: object) -> bytes:
+        raise OSError(28, "No space left on device")
+
+    if failing == "debug buffer":
+        monkeypatch.setattr(DebugBuffer, "getvalue", fail)
+    elif failing == "etdump":
+        monkeypatch.setattr(etdump_module, "encode_etdump", fail)
+    else:  # the second file's rename, after the first file is in place
+        real, renames = os.replace, []
+
+        def second_fails(src: Any, dst: Any) -> None:
+            renames.append(dst)
+            if len(renames) == 2:
+                fail()
+            real(src, dst)
+
+        monkeypatch.setattr(os, "replace", second_fails)
+    with pytest.raises(OSError, match="No space left"):
+        rec.write(etdp, dbg)
+    monkeypatch.undo()
+    if failing != "rename":
+        assert (etdp.read_bytes(), dbg.read_bytes()) == old
+    else:  # the buffer, renamed first, is new; its ETDump never names the old buffer
+        assert etdp.read_bytes() == old[0]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["run.bin", "run.etdp"]
+    assert rec.runs == runs and rec.debug_buffer() == data
+    rec.write(etdp, dbg)
+    assert decode_etdump(etdp.read_bytes()).run_data == runs and dbg.read_bytes() == data
+
+
+def test_an_etdump_is_written_as_open_writes_a_file(tmp_path: Path) -> None:
+    """Through a symbolic link to the file it names (the link kept), an existing file's
+    mode kept, a new one's from the umask, a folder refused as ``open`` refuses it."""
+    rec = _recorded(1)
+    runs, data = rec.runs, rec.debug_buffer()
+    named = tmp_path / "v1.etdp"
+    named.write_bytes(b"old")
+    os.chmod(named, 0o640)
+    link = tmp_path / "latest.etdp"
+    link.symlink_to(named.name)
+    old = os.umask(0o022)
+    try:
+        rec.write(link, tmp_path / "new.bin")
+    finally:
+        os.umask(old)
+    assert link.is_symlink() and decode_etdump(named.read_bytes()).run_data == runs
+    assert (tmp_path / "new.bin").read_bytes() == data
+    assert os.stat(named).st_mode & 0o777 == 0o640
+    assert os.stat(tmp_path / "new.bin").st_mode & 0o777 == 0o644
+    rec = _recorded(1)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError):
+        rec.write(tmp_path / "folder", tmp_path / "new.bin")
+    assert (tmp_path / "new.bin").read_bytes() == data and rec.runs != ()

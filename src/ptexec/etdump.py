@@ -69,6 +69,7 @@ from .effects import effects
 from .engine.blocks import compile_statement
 from .engine.hooks import Hooks, Step, steps_of
 from .errors import LimitExceededError
+from .files import write_together
 from .format import program as p
 from .format.etdump import (
     RUN_OUTPUT_CHAIN,
@@ -490,7 +491,9 @@ class ETDumpRecorder:
         debug_buffer_path: str | os.PathLike[str] | None = None,
     ) -> None:
         """Write the ETDump (and, with a debug buffer, its bytes to ``debug_buffer_path``),
-        then clear what was recorded. A ``debug_buffer_path`` without a debug buffer
+        then clear what was recorded. Each file is written as ``open(path, "wb")`` writes
+        it, but atomically (:func:`ptexec.files.write_together`), the debug buffer first: a
+        failed write leaves both files as they were and keeps what was recorded. A ``debug_buffer_path`` without a debug buffer
         (``debug_buffer_size=0``) writes no such file and warns: ExecuTorch's scripts pass
         both paths whatever the size, and its runtime accepts that silently."""
         if debug_buffer_path is not None and self._buffer.capacity == 0:
@@ -502,12 +505,12 @@ class ETDumpRecorder:
                 stacklevel=2,
             )
         with self._lock:
-            data = encode_etdump(ETDump(tuple(self._runs)))
-            with open(etdump_path, "wb") as f:
-                f.write(data)
+            files: list[tuple[str | os.PathLike[str], bytes]] = []
+            # the buffer first: an ETDump in place always has the buffer its offsets name
             if debug_buffer_path is not None and self._buffer.capacity > 0:
-                with open(debug_buffer_path, "wb") as f:
-                    f.write(self._buffer.getvalue())
+                files.append((debug_buffer_path, self._buffer.getvalue()))
+            files.append((etdump_path, encode_etdump(ETDump(tuple(self._runs)))))
+            write_together(files)
             self._runs.clear()
             self._buffer.truncate(0)
 

@@ -54,10 +54,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from ..errors import InputError, NotFoundError, StateError, UnsupportedDeviceError
+from ..files import write_atomically
 from ..loader import DeviceMapSpec
 from ..runtime import load_source
 from .layout import Layout, read_layout, training_methods
-from .save import initial_bytes, parameter_bytes, ptd_with, pte_with, write_atomically
+from .save import initial_bytes, parameter_bytes, ptd_with, pte_with
 
 if TYPE_CHECKING:
     from ..method import Method

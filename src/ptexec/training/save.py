@@ -12,13 +12,8 @@ program, keeps every field ptexec does not model exactly as ExecuTorch wrote it.
 
 from __future__ import annotations
 
-import errno
 import itertools
-import os
-import secrets
-import stat
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,7 +27,7 @@ from ..format.pte_mutable import with_new_entries
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["initial_bytes", "parameter_bytes", "ptd_with", "pte_with", "write_atomically"]
+__all__ = ["initial_bytes", "parameter_bytes", "ptd_with", "pte_with"]
 
 
 def parameter_bytes(t: torch.Tensor, dim_order: Sequence[int]) -> bytes:
@@ -234,41 +229,3 @@ def ptd_with(
         if new is not None:
             data[start : start + len(new)] = new
     return bytes(data)
-
-
-def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, with
-    what ``open(path, "wb")`` would give: an existing file keeps its mode, a new one is
-    made with the umask applied (not the temporary file's private 0600); a symbolic link
-    is followed (the file it names is replaced, the link kept); a file this process may
-    not write is refused with ``PermissionError``, never replaced."""
-    target = Path(os.path.realpath(path))
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not os.access(target, os.W_OK):
-        raise PermissionError(errno.EACCES, "cannot write the file", str(path))
-    fd, tmp = _created_beside(target)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _created_beside(target: Path) -> tuple[int, str]:
-    """A new file in ``target``'s folder, open for writing, made with mode 0666 less the
-    umask as ``open`` makes files (``tempfile.mkstemp`` makes them 0600)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}")
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {target}")
