@@ -158,3 +158,36 @@ def test_the_cache_command_reports_a_directory_no_library_is_loaded_from(
         assert not os.path.lexists(directory) and len(list(elsewhere.iterdir())) == 2
     else:
         assert list(directory.iterdir()) == []
+
+
+def test_clear_counts_the_libraries_it_removed(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The count is of the libraries ``cache list`` lists, kept or damaged, that clear
+    removed: a digest without its library, a file of another name and a link of another
+    name are removed and not counted (each was counted as a library); a link is removed
+    itself, never what it leads to."""
+    from ptexec.cli import main
+
+    path = libstore.kept("lib.so", KEY, _builder([]))
+    assert path is not None
+    directory = path.parent
+    precious = tmp_path / "precious"
+    precious.write_bytes(b"not the cache's")
+    (directory / "notes.txt").write_text("a stray file")
+    (directory / f"{hashlib.sha256(b'gone').hexdigest()}.sha256").write_text("0" * 64)
+    (directory / "link").symlink_to(precious)
+    linked = directory / f"{hashlib.sha256(b'linked').hexdigest()}-lib.so"
+    linked.symlink_to(precious)
+    listed = dict(libstore.libraries())
+    assert listed.keys() == {path, linked} and listed[path] is None
+    capsys.readouterr()
+    assert main(["cache", "list"]) == 0
+    assert "native libraries: 1 kept, 1 damaged, 0 unfinished builds" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "2 native librar(ies)" in capsys.readouterr().out
+    assert list(directory.iterdir()) == [] and precious.read_bytes() == b"not the cache's"
+    path = libstore.kept("lib.so", KEY, _builder([]))
+    assert path is not None
+    (directory / "notes.txt").write_text("a stray file")
+    assert libstore.clear() == 1 and list(directory.iterdir()) == []

@@ -187,8 +187,8 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
         if path.name.startswith(_STAGING):
             listed.append((path, "left by a build that did not finish"))
             continue
-        key, _, name = path.name.partition("-")
-        if not name or _KEY.fullmatch(key) is None:
+        key = _library_key(path.name)
+        if key is None:
             continue  # a digest (read with its library), or nothing of ours
         digest = directory / f"{key}.sha256"
         try:
@@ -201,10 +201,17 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
     return listed
 
 
+def _library_key(name: str) -> str | None:
+    """The key of a library's file name (``<key>-<name>``); None for any other name."""
+    key, _, rest = name.partition("-")
+    return key if rest and _KEY.fullmatch(key) is not None else None
+
+
 def clear(root: Path | None = None) -> int:
     """Remove every kept library (and unfinished build) under ``root`` that this user
-    may remove, whatever the directory's mode; how many libraries. A ``native`` that is
-    not a directory (a link) is removed itself, never followed."""
+    may remove, whatever the directory's mode, and every other file there; how many
+    libraries (what :func:`libraries` lists as kept or damaged) were removed. A link is
+    removed itself, never followed, ``native`` included."""
     root = cache_dir() if root is None else root
     problem, writable = root_status(root)
     if problem is not None or not writable:
@@ -224,5 +231,5 @@ def clear(root: Path | None = None) -> int:
             continue
         with contextlib.suppress(OSError):
             os.unlink(path)
-            removed += not path.name.endswith(".sha256")
+            removed += _library_key(path.name) is not None
     return removed
