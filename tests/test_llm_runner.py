@@ -320,6 +320,59 @@ def test_prefill_then_generate_empty_prompt(tokenizer: Path) -> None:
         r.generate("", GREEDY)
 
 
+def test_prefilled_prompt_tokens_are_counted_by_the_generate_that_continues(
+    tokenizer: Path,
+) -> None:
+    """``generate("")`` after ``prefill()`` reports the tokens prefilled since the last
+    generation as its prompt, as ``generate(prompt)`` reports the prompt it prefills (it
+    reported 0), and no prefill rate: the prompt was evaluated before the call.
+    ExecuTorch's runner reports the same tokens plus its generated count (the context at
+    the end of the call)."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+    config = GenerationConfig(max_new_tokens=5, temperature=0.0, echo=False)
+    r = _runner("portable", tokenizer)
+    n_prompt = len(r.tokenizer.encode(PROMPT))
+    n_more = len(r.tokenizer.encode(" and then"))
+
+    def ours(steps: list[str]) -> tuple[list[int], list[dict[str, Any]]]:
+        r.reset()
+        counts, figures = [], []
+        for step in steps:
+            if step.startswith("prefill:"):
+                r.prefill(step.removeprefix("prefill:"), config)
+                continue
+            r.generate(step, config)
+            counts.append(r.stats.num_prompt_tokens)
+            figures.append(json.loads(r.stats.to_json_string()))
+        return counts, figures
+
+    def executorch(steps: list[str]) -> list[tuple[int, int]]:
+        runner = et.TextLLMRunner(str(program("portable")), str(tokenizer))
+        cfg = et.GenerationConfig(max_new_tokens=5, temperature=0.0, echo=False)
+        seen: list[Any] = []
+        for step in steps:
+            if step.startswith("prefill:"):
+                runner.prefill(step.removeprefix("prefill:"), cfg)
+            else:
+                runner.generate(step, cfg, stats_callback=seen.append)
+        return [(s.num_prompt_tokens, s.num_generated_tokens) for s in seen]
+
+    for steps, want in (
+        ([f"prefill:{PROMPT}", ""], [n_prompt]),
+        ([f"prefill:{PROMPT}", "prefill: and then", ""], [n_prompt + n_more]),
+    ):
+        counts, figures = ours(steps)
+        assert counts == want
+        assert all("prefill_token_per_sec" not in f for f in figures)
+        (their,) = executorch(steps)
+        assert their[0] - their[1] == want[0]
+    # in a context that holds a generation: the prompt prefilled since, as generate(prompt)
+    counts, _ = ours([PROMPT, "prefill: and then", ""])
+    assert counts == ours([PROMPT, " and then"])[0] == [n_prompt, n_more]
+
+
 def test_second_prompt_continues_the_context(tokenizer: Path) -> None:
     r = _runner("portable", tokenizer)
     config = GenerationConfig(max_new_tokens=6, temperature=0.0, echo=False)

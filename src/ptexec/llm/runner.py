@@ -35,7 +35,9 @@ context (ExecuTorch's bounds one call once the context holds earlier calls; both
 a fresh context); after :meth:`~TextLLMRunner.prefill`, ``generate("")`` samples its first
 token from the logits the prefill kept, under its own config (its temperature, seed and
 processors, which see the whole context), where ExecuTorch's samples it in ``prefill`` with
-that call's config.
+that call's config; its ``num_prompt_tokens`` is the tokens prefilled since the last
+generation, as ``generate(prompt)`` counts the prompt it prefills (ExecuTorch's counts the
+context at the end of the call, the tokens it generated included).
 
 Logits processors always see the context (every earlier call's tokens and the prompt) and
 every token the call generated, as transformers gives them ``input_ids``.
@@ -169,8 +171,10 @@ class _Runner:
         self.print_output = print_output
         self.pos = 0
         self._history: list[int] = []  # tokens in the context (for programs without a cache)
-        # a prefill() awaiting generate(""): the logits its first token is sampled from
+        # a prefill() awaiting generate(""): the logits its first token is sampled from,
+        # and how many tokens were prefilled since the last generation (its prompt)
         self._pending_logits: torch.Tensor | None = None
+        self._pending_tokens = 0
         self._stop = threading.Event()
         self._lock = threading.RLock()  # reentrant: a runner may encode inputs under it first
         self.on_sample: SampleObserver | None = None
@@ -201,6 +205,7 @@ class _Runner:
             self.pos = 0
             self._history.clear()
             self._pending_logits = None
+            self._pending_tokens = 0
 
     def get_vocab_size(self) -> int:
         """The program's vocabulary size (-1 when unknown)."""
@@ -370,6 +375,7 @@ class _Runner:
         logits = self._visible(self._prefill_logits(ids, media))
         # the program's output buffer is reused by its next call: keep a copy
         self._pending_logits = logits.detach().clone()
+        self._pending_tokens += len(ids)
 
     def _generate_ids(
         self,
@@ -408,7 +414,6 @@ class _Runner:
                     token_callback(text)
 
             sampler.begin([*self._history, *(ids or ())])
-            start_pos = self.pos
             if ids is not None:
                 stats.token_encode_end_ms = _now_ms()
                 if config.echo and prompt_text:
@@ -419,13 +424,20 @@ class _Runner:
             else:
                 pending = self._pending_logits
                 assert pending is not None  # checked by _budget
-                num_prompt = self.pos - start_pos
-                stats.token_encode_end_ms = stats.model_execution_start_ms = _now_ms()
+                # the prompt is what the prefills since the last generation evaluated,
+                # before this call: its encoding and evaluation end as the call starts
+                num_prompt = self._pending_tokens
+                stats.token_encode_end_ms = stats.inference_start_ms
+                stats.model_execution_start_ms = stats.inference_start_ms
                 # sampled here, with this call's config: processors see the prompt (in
                 # the history) and this token
                 cur = self._sample(sampler, pending)
             self._pending_logits = None
-            stats.first_token_ms = stats.prompt_eval_end_ms = _now_ms()
+            self._pending_tokens = 0
+            stats.first_token_ms = _now_ms()
+            stats.prompt_eval_end_ms = (
+                stats.first_token_ms if ids is not None else stats.inference_start_ms
+            )
             self.generated_tokens = out_ids = [cur]
             # the decodes start in the prompt (the completion's first space stays): its
             # last tokens, in the history since the prefill
