@@ -495,6 +495,22 @@ def test_one_delegate_program_reads_back() -> None:
         assert ref.offset % 16 == 0  # XNNPACK reads constants in place
 
 
+def test_executorchs_deserializer_reads_a_delegate_program() -> None:
+    """ExecuTorch's Python deserializer reads the written program (it takes the program's
+    list of inline delegate data as present, where the schema leaves every list optional)
+    and finds the payload where the runtime does."""
+    serialize = pytest.importorskip("executorch.exir._serialize._program")
+    t = p.Tensor(6, 0, (2,), (0,), False, 0, None, 0, p.STATIC, None)
+    data = one_delegate_program([t, t], "XnnpackBackend", b"payload")
+    program = serialize.deserialize_pte_binary(data).program
+    (plan,) = program.execution_plan
+    assert plan.name == "forward" and list(plan.inputs) == [0, 1]
+    (delegate,) = plan.delegates
+    assert delegate.id == "XnnpackBackend"
+    # the deserializer moves segment payloads inline
+    assert [bytes(d.data) for d in program.backend_delegate_data] == [b"payload"]
+
+
 def _single_delegate(name: str) -> bool:
     plan = ptexec.load(DIR / MANIFEST[name]["pte"]).pte.program.execution_plan[0]
     return all(isinstance(i, p.DelegateCall) for i in plan.chains[0].instructions)

@@ -276,6 +276,9 @@ def _flatbuffer(
         Table()
         .scalar(0, "u32", 0)
         .ref(1, TableVector([plan]))
+        # no inline delegate data (payloads are segments), but the list is written:
+        # ExecuTorch's Python deserializer takes it as present
+        .ref(3, TableVector([]))
         .ref(
             4,
             TableVector(
