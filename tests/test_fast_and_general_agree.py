@@ -96,7 +96,9 @@ def test_planned_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
         ([x.double()], "error", False),  # wrong dtype
         ([x[:1]], "error", False),  # wrong shape
         ([x.clone().requires_grad_()], "ok", False),
-        ([x.numpy()], "ok", False),
+        ([x.numpy()], "ok", True),  # a plain numpy array: torch's view of it
+        ([x.numpy().astype(">f4")], "error", False),  # another byte order
+        ([np.asfortranarray(x.numpy())], "ok", False),  # another layout: the general path
         ([x, x], "error", False),
         ([], "error", False),
     ]

@@ -156,6 +156,8 @@ class Method:
         self._before_call: Callable[[], None] | None = None
         if self._fast_path:
             self._fast = build_fast_call(state, runner, self._output_mode == "copy")
+        # numpy arrays as the fast call takes them, where they are plainly what it takes
+        self._arrays = arguments.array_views(state) if self._fast_path else None
         if isinstance(runner, BlockRunner) and (self._fast is None or not runner.straight_line):
             runner.prepare()  # else the fast path compiled the statements, and the blocks wait
         if background is not None:
@@ -333,6 +335,12 @@ class Method:
                 )
                 try:
                     result = fast(inputs) if fast is not None else NOT_FAST
+                    if result is NOT_FAST and fast is not None and self._arrays is not None:
+                        # refused untouched: the same call with numpy arrays as torch's
+                        # views of them, where they are plainly what the inputs take
+                        views = self._arrays(inputs)
+                        if views is not None:
+                            result = fast(views)
                 except BaseException as e:  # KeyboardInterrupt too: the next call must work
                     self._state.restore()
                     if isinstance(e, PtexecError) or not isinstance(e, Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -24,6 +24,7 @@ from ..errors import ExecutionError, InputError, PtexecError
 from ..loader.specs import InputSpec, OutputSpec
 from ..loader.state import MethodState
 from ..memory import resize_to
+from ..readonly import from_numpy
 from ..tensor import (
     DLPACK_IS_COPIED,
     DLPACK_READ_ONLY,
@@ -41,6 +42,7 @@ _SLOT: Any = object()  # output_error: the value is the one in the output's slot
 __all__ = [
     "BoundInputs",
     "OutputMode",
+    "array_views",
     "bind_inputs",
     "bind_out",
     "check_inputs",
@@ -116,6 +118,65 @@ def check_inputs(
         bound.append(_judge(state, i, spec, x, policy))
     _check_written_apart(state, bound)
     return bound
+
+
+def array_views(state: MethodState) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+    """For the fast call: ``views(inputs)``, the call's inputs with each numpy array given
+    for a CPU tensor input replaced by ``torch.from_numpy``'s view of it, the tensor the
+    general path takes of it (:func:`~ptexec.tensor.to_torch`); None (the general path
+    judges the call) when no input is such an array, or when one is not plainly what the
+    input expects: an array of exactly ``np.ndarray`` (a memmap or another subclass is
+    not), of the input's dtype in native byte order, C-contiguous and aligned, and
+    writable where the program writes the input in place (a read-only one is refused
+    there, :func:`_judge`). A view of such an array is a plain dense CPU tensor over
+    the caller's memory, which the fast call judges as it judges any tensor. None too
+    when numpy is not loaded or no CPU tensor input has a numpy dtype."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    wanted: list[tuple[int, Any, bool]] = []  # (position, numpy dtype, read-only allowed)
+    for spec in state.inputs:
+        if spec.kind != "tensor" or spec.dtype is None or not spec.device.is_cpu:
+            continue
+        try:
+            dtype = torch.empty(0, dtype=spec.dtype).numpy().dtype
+        except (TypeError, RuntimeError):  # no numpy dtype (bfloat16, quantized types)
+            continue
+        wanted.append((spec.index, dtype, not spec.written))
+    if not wanted:
+        return None
+    array = np.ndarray
+    n = len(state.inputs)
+    entries = tuple(wanted)
+
+    def views(inputs: Sequence[Any]) -> list[Any] | None:
+        if len(inputs) != n:
+            return None
+        given: list[Any] | None = None
+        for i, dtype, frozen in entries:
+            a = inputs[i]
+            if type(a) is not array:
+                continue
+            if a.dtype != dtype:
+                return None
+            flags = a.flags
+            if not (flags.c_contiguous and flags.aligned):
+                return None
+            try:
+                if flags.writeable:
+                    t = torch.from_numpy(a)  # (torch warns of read-only memory alone)
+                elif frozen:
+                    t = from_numpy(a)
+                else:
+                    return None
+            except (TypeError, ValueError):
+                return None  # a negative stride on an axis of one element: the general path
+            if given is None:
+                given = list(inputs)
+            given[i] = t
+        return given
+
+    return views
 
 
 def _check_written_apart(state: MethodState, bound: BoundInputs) -> None:
