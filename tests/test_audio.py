@@ -278,3 +278,22 @@ def test_forced_tokens_from_generation_configs() -> None:
     assert DecoderPrompt.of(50258, {1: 50259, 2: 50359}).prefix() == [50258, 50259, 50359]
     with pytest.raises(Exception, match="positions"):
         DecoderPrompt.of(1, {2: 5})
+
+
+def test_rates_without_a_small_ratio_are_refused_before_the_filter_is_built(
+    tmp_path: Path,
+) -> None:
+    # 4999 Hz to 4000 Hz is 4000/4999: one strided convolution needs 4000 phases of
+    # 5,000+ taps (20 million weights); 44101 Hz to 16000 Hz needed 5.7 GB a temporary,
+    # from a WAV of a few bytes. Refused, typed, before anything that size is made.
+    path = tmp_path / "odd_rate.wav"
+    _write_std(path, _signal(400, 1), 2, rate=4999)
+    with pytest.raises(AudioFormatError, match="4999 Hz to 4000 Hz"):
+        load_audio(path, 4000)
+    # the rates of real recordings stay within the bound, and equal scipy's resampler
+    signal = pytest.importorskip("scipy.signal")
+    x = _tones(47952, 0.2, (300.0, 2000.0))  # 48 kHz at NTSC's 1000/1001
+    y = resample(x, 47952, 16000)
+    ref = torch.from_numpy(signal.resample_poly(x.double().numpy(), 1000, 2997))
+    n = min(y.numel(), ref.numel())
+    assert (y[:n].double() - ref[:n])[n // 20 : -n // 20].abs().max().item() < 5e-3

@@ -221,14 +221,27 @@ def _read_soundfile(name: str) -> tuple[torch.Tensor, int]:
 # -- resampling ------------------------------------------------------------------------
 
 
+MAX_FILTER_WEIGHTS = 1 << 24
+"""The most weights :func:`resample`'s filter bank may hold (``up * taps``: 16.8 million,
+a few hundred MB while it is built). Rates of a small ratio need few (44.1 kHz to 16 kHz:
+93,000; 48 kHz at NTSC's 1000/1001: 3.2 million); rates without one (44101 Hz to 16 kHz:
+708 million) are refused rather than given gigabytes."""
+
+
+def _filter_shape(up: int, down: int, zeros: int, rolloff: float) -> tuple[float, int, int]:
+    """The low-pass's cutoff (of the input's Nyquist frequency), its half-width in input
+    samples and the taps of one phase of the bank."""
+    cutoff = min(1.0, up / down) * rolloff
+    half = math.ceil(zeros / cutoff)
+    return cutoff, half, 2 * half + 1 + down  # room for every phase's offset in one stride
+
+
 def _kernels(
     up: int, down: int, zeros: int, rolloff: float, beta: float
 ) -> tuple[torch.Tensor, int]:
     """The polyphase filter bank: row ``r`` holds the taps for output phase ``r``
     (``[up, 1, taps]``, float64), and the half-width in input samples."""
-    cutoff = min(1.0, up / down) * rolloff  # of the input's Nyquist frequency
-    half = math.ceil(zeros / cutoff)
-    taps = 2 * half + 1 + down  # room for every phase's offset within one stride
+    cutoff, half, taps = _filter_shape(up, down, zeros, rolloff)
     r = torch.arange(up, dtype=torch.float64).reshape(-1, 1)
     m = torch.arange(taps, dtype=torch.float64).reshape(1, -1)
     # output j = k*up + r sits at input time k*down + r*down/up; tap m reads input
@@ -256,13 +269,22 @@ def resample(
     A windowed-sinc low-pass (``zeros`` zero crossings each side, cut at ``rolloff`` of the
     lower Nyquist frequency, Kaiser window ``beta``) evaluated at each of the ``new / g``
     output phases (``g`` the rates' gcd), applied as one convolution with stride
-    ``orig / g``. Outside the signal the input is taken as zero."""
+    ``orig / g``. Outside the signal the input is taken as zero. Rates whose bank would
+    hold more than :data:`MAX_FILTER_WEIGHTS` weights (a file's rate is untrusted) raise
+    :class:`~ptexec.errors.AudioFormatError` before it is built."""
     if orig_rate <= 0 or new_rate <= 0:
         raise ValueError(f"sample rates must be positive, got {orig_rate} and {new_rate}")
     if orig_rate == new_rate:
         return samples
     g = math.gcd(orig_rate, new_rate)
     up, down = new_rate // g, orig_rate // g
+    weights = up * _filter_shape(up, down, zeros, rolloff)[2]
+    if weights > MAX_FILTER_WEIGHTS:
+        raise AudioFormatError(
+            f"resampling from {orig_rate} Hz to {new_rate} Hz (a ratio of {up}/{down}) needs "
+            f"{weights} filter weights, more than the {MAX_FILTER_WEIGHTS} taken: resample "
+            "the audio to a common rate first"
+        )
     n = samples.shape[-1]
     if n == 0:
         return samples.new_zeros((*samples.shape[:-1], 0))
