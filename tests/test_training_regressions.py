@@ -239,6 +239,105 @@ def test_one_method_saves_as_before() -> None:
     assert tm.pte_bytes() == want
 
 
+# -- an inference method beside the training method ------------------------------------------
+
+
+class _Predict(nn.Module):
+    """The inference method: the same layers as a :class:`_Classify`, under the same names
+    (so external weights of both methods are one key of the ``.ptd``)."""
+
+    def __init__(self, a: _Classify) -> None:
+        super().__init__()
+        self.fc = a.fc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["pte", "ptd"])
+def with_inference(request: pytest.FixtureRequest) -> tuple[bytes, bytes | None]:
+    """``forward`` (inference through ``fc``) beside ``train`` (cross-entropy through
+    ``fc``); for ``ptd``, with the weights of both methods in a ``.ptd``
+    (``external_constants`` and ``external_mutable_weights``)."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+    from torch.export.experimental import _export_forward_backward
+
+    a, _ = _two_losses()
+    methods = {
+        "forward": torch.export.export(_Predict(a), (_X,), strict=True),
+        "train": _export_forward_backward(torch.export.export(a, (_X, _Y), strict=True)),
+    }
+    external = request.param
+    config = ExecutorchBackendConfig(external_constants=external, external_mutable_weights=external)
+    prog = to_edge(methods).to_executorch(config)
+    ptd = None
+    if external:
+        (blob,) = prog._tensor_data.values()
+        ptd = bytes(blob)
+    return bytes(prog.buffer), ptd
+
+
+def test_the_inference_method_sees_trained_weights_where_executorch_does(
+    with_inference: tuple[bytes, bytes | None],
+) -> None:
+    """Training ``train`` changes what ``forward`` computes only where ExecuTorch's does:
+    not in the session (each method has memory of its own, in both runtimes), nor in a
+    saved ``.pte`` (``forward``'s weights are constants of the program); in a saved
+    ``.ptd`` whose keys both methods read, ``forward`` reads the trained values."""
+    et_training = pytest.importorskip("executorch.extension.training")
+    pl = pytest.importorskip("executorch.extension.pybindings.portable_lib")
+    pte, ptd = with_inference
+    a, _ = _two_losses()
+    untrained = a.fc(_X).detach()
+    _eager_train(a, (_X, _Y))
+    trained_params = a.state_dict()
+    trained = a.fc(_X).detach()
+    assert not torch.allclose(trained, untrained, atol=1e-3)
+
+    def loaded(pte: bytes, ptd: bytes | None) -> Any:
+        _KEPT.append((pte, ptd))
+        if ptd is None:
+            return pl._load_for_executorch_from_buffer(pte)
+        return pl._load_for_executorch_from_buffer(pte, ptd)
+
+    # ExecuTorch's TrainingModule: the training method's copy trains, forward's does not
+    et = loaded(pte, ptd)
+    etm = et_training.TrainingModule(et)
+    etm.forward_backward("train", (_X, _Y))
+    opt = et_training.get_sgd_optimizer(etm.named_parameters(), 0.5, 0, 0, 0, False)
+    for step in range(3):
+        if step:
+            etm.forward_backward("train", (_X, _Y))
+        opt.step(etm.named_gradients())
+    for name, p in etm.named_parameters().items():
+        torch.testing.assert_close(p, trained_params[name], rtol=1e-5, atol=1e-6)
+    et_forward = et.run_method("forward", (_X,))[0]
+    torch.testing.assert_close(et_forward, untrained, rtol=1e-5, atol=1e-6)
+
+    # ptexec, in the session: the same
+    tm = T.load(pte, ptd)
+    assert tm.methods == ("train",)
+    forward = tm.program.load_method("forward")
+    _train(tm, "train", (_X, _Y))
+    for name, p in tm.named_parameters("train").items():
+        torch.testing.assert_close(p, trained_params[name], rtol=1e-5, atol=1e-6)
+    for method in (forward, tm.program.load_method("forward")):
+        torch.testing.assert_close(method(_X)[0], et_forward, rtol=1e-5, atol=1e-6)
+
+    # the saved files, in both runtimes
+    saved_pte, saved_ptd = _saved(tm, pte, ptd)
+    want = untrained if ptd is None else trained
+    torch.testing.assert_close(
+        loaded(saved_pte, saved_ptd).run_method("forward", (_X,))[0], want, rtol=1e-5, atol=1e-6
+    )
+    again = T.load(saved_pte, saved_ptd)
+    torch.testing.assert_close(again.program.load_method("forward")(_X)[0], want,
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    for name, p in again.named_parameters("train").items():
+        torch.testing.assert_close(p, trained_params[name], rtol=1e-5, atol=1e-6)
+
+
 # -- a call that fails inside the program ----------------------------------------------------
 
 

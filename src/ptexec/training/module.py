@@ -169,6 +169,14 @@ class TrainingModule:
     methods load on first use. :meth:`method` gives a loaded method as any other, its
     calls returning copies unless ``load_options`` say ``outputs="view"``. Not for
     concurrent use from several threads.
+
+    Training changes only the training methods' own copies of the weights. A method
+    exported beside them for inference keeps the exported weights for the session (each
+    method has memory of its own, in ExecuTorch's runtime too) and in :meth:`save_pte`'s
+    file (constants of the program); it reads the trained values from :meth:`save_ptd`'s
+    file where it reads a parameter's key (exported with ``external_constants`` and
+    ``external_mutable_weights`` under the same names). Otherwise the training method's
+    user outputs (:meth:`forward_backward`) are the trained model's predictions.
     """
 
     def __init__(

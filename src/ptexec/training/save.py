@@ -6,8 +6,11 @@ writes a copy of that file in which exactly those bytes are the current paramete
 everything else (the program, its instructions, its constants, the other methods) is the
 original, byte for byte. The result is a valid program of the same shape, which
 ExecuTorch's runtime and ptexec load as they loaded the original; its parameters start
-where training stopped. Rewriting only the initial state, rather than re-serialising the
-program, keeps every field ptexec does not model exactly as ExecuTorch wrote it.
+where training stopped. A method that reads a parameter's ``.ptd`` key as a constant (an
+inference method exported with external constants under the same names) reads the trained
+value from the saved data file; one whose weights are constants of the ``.pte`` keeps
+them. Rewriting only the initial state, rather than re-serialising the program, keeps every
+field ptexec does not model exactly as ExecuTorch wrote it.
 """
 
 from __future__ import annotations
