@@ -297,3 +297,19 @@ def test_rates_without_a_small_ratio_are_refused_before_the_filter_is_built(
     ref = torch.from_numpy(signal.resample_poly(x.double().numpy(), 1000, 2997))
     n = min(y.numel(), ref.numel())
     assert (y[:n].double() - ref[:n])[n // 20 : -n // 20].abs().max().item() < 5e-3
+
+
+def test_a_rate_far_below_the_wanted_one_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    # a WAV's rate is untrusted: a 1 Hz file of a million 8-bit samples asked 16,000 output
+    # samples of each, 64 GB, from a 1 MB file
+    path = tmp_path / "one_hertz.wav"
+    _write_std(path, _signal(1000, 1), 1, rate=1)
+    with pytest.raises(AudioFormatError, match="1 Hz to 16000 Hz"):
+        load_audio(path, 16000)
+    with pytest.raises(AudioFormatError, match="at most 8"):
+        resample(torch.zeros(10), 1999, 16000)
+    # the lowest rates of real recordings (2 kHz, telephony's 8 kHz) are taken
+    x = _tones(2000, 0.5, (300.0,))
+    assert resample(x, 2000, 16000).shape == (8000,)

@@ -228,6 +228,12 @@ a few hundred MB while it is built). Rates of a small ratio need few (44.1 kHz t
 708 million) are refused rather than given gigabytes."""
 
 
+MAX_UPSAMPLING = 8
+"""The most output samples :func:`resample` makes of one input sample (``new / orig``):
+16 kHz from 2 kHz and above. A file's rate is untrusted, and a 1 Hz file would ask
+16,000 samples of each of its own."""
+
+
 def _filter_shape(up: int, down: int, zeros: int, rolloff: float) -> tuple[float, int, int]:
     """The low-pass's cutoff (of the input's Nyquist frequency), its half-width in input
     samples and the taps of one phase of the bank."""
@@ -270,12 +276,18 @@ def resample(
     lower Nyquist frequency, Kaiser window ``beta``) evaluated at each of the ``new / g``
     output phases (``g`` the rates' gcd), applied as one convolution with stride
     ``orig / g``. Outside the signal the input is taken as zero. Rates whose bank would
-    hold more than :data:`MAX_FILTER_WEIGHTS` weights (a file's rate is untrusted) raise
-    :class:`~ptexec.errors.AudioFormatError` before it is built."""
+    hold more than :data:`MAX_FILTER_WEIGHTS` weights, or that make more than
+    :data:`MAX_UPSAMPLING` samples of each (a file's rate is untrusted), raise
+    :class:`~ptexec.errors.AudioFormatError` before anything is made."""
     if orig_rate <= 0 or new_rate <= 0:
         raise ValueError(f"sample rates must be positive, got {orig_rate} and {new_rate}")
     if orig_rate == new_rate:
         return samples
+    if new_rate > MAX_UPSAMPLING * orig_rate:
+        raise AudioFormatError(
+            f"resampling from {orig_rate} Hz to {new_rate} Hz makes {new_rate / orig_rate:.4g} "
+            f"samples of each, at most {MAX_UPSAMPLING} taken: the file's rate is too low"
+        )
     g = math.gcd(orig_rate, new_rate)
     up, down = new_rate // g, orig_rate // g
     weights = up * _filter_shape(up, down, zeros, rolloff)[2]
