@@ -55,3 +55,16 @@ def one_op_program(op: Any, inputs: tuple[torch.Tensor, ...]) -> bytes:
     ep = torch.export.export(_OneOp(op), inputs)
     config = EdgeCompileConfig(_check_ir_validity=False)
     return bytes(to_edge(ep, compile_config=config).to_executorch().buffer)
+
+
+def xnnpack_program(
+    module: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any = None
+) -> bytes:
+    """The ``.pte`` bytes of ``module`` with every part XNNPACK takes lowered to it."""
+    pytest.importorskip("executorch")
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes)
+    lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+    return bytes(lowered.to_executorch().buffer)

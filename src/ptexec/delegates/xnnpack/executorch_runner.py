@@ -368,6 +368,14 @@ class _Binder:
         self.held = (None, 0)
         self._released(ns)
 
+    def failed(self, ns: dict[str, Any]) -> None:
+        """After ExecuTorch's method failed a call: drop it, so that the next call loads
+        the payload again. XNNPACK's runtimes share one workspace, and a runtime that
+        grows it sets up again every other runtime set up before it; one whose last
+        reshape failed fails that setup, and with it the growing runtime's call, however
+        good its inputs. A runtime destroyed leaves the workspace's users."""
+        self.release(ns)
+
     def load_now(self, ns: dict[str, Any]) -> None:
         """Load the deferred program and method, and make ``ns`` call them; raises
         BackendUnavailableError when ExecuTorch cannot load the payload."""
@@ -788,7 +796,11 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
             f"if {same} and x{memory[0]}.data_ptr() == _a0:",
             "    for _c in _dc:",
             "        _c[0].copy_(_c[1])",
-            "    _execute()",
+            "    try:",
+            "        _execute()",
+            "    except BaseException:",
+            "        _binder.failed(globals())",
+            "        raise",
             "    return",
             f"_given = ({''.join(f'{a}, ' for a in args)})",
         ]
@@ -817,7 +829,11 @@ def _source(tensors: Sequence[p.Tensor], outputs: Sequence[int], names: Mapping[
         f"if {same}:",
         f"    _binder.bind(globals(), ({', '.join(key)},), [{', '.join(args)}]"
         + (", _given)" if short else ")"),
-        "_execute()",
+        "try:",
+        "    _execute()",
+        "except BaseException:",
+        "    _binder.failed(globals())",
+        "    raise",
     ]
     if names:
         # the shapes read after the binding's first call hold while it stays (a new binding

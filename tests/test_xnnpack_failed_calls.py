@@ -1,0 +1,85 @@
+"""A delegate call that ExecuTorch's XNNPACK backend fails leaves no state behind that
+fails a later good call, of the same method or of another program.
+
+XNNPACK's runtimes share one workspace in ExecuTorch's backend. When a runtime's memory
+plan grows it, XNNPACK sets up again every other runtime that was set up before; one whose
+last reshape failed (a batch matrix product of an empty dimension: XNNPACK refuses it)
+fails that setup, and the growing call fails with it (``xnn_status_invalid_state``),
+though nothing is wrong with its own inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from export_util import xnnpack_program
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "xnnpack"
+
+
+class _Bmm(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, b)
+
+
+@pytest.fixture(scope="module")
+def bmm_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A batch matrix product lowered to XNNPACK, ``[1, 8, 1] @ [1, 1, n]`` for n in
+    1-16 (n = 0 also passes the program's bounds, which keep only the upper one)."""
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    if executorch_unavailable():
+        pytest.skip("ExecuTorch's XNNPACK backend is not installed")
+    n = torch.export.Dim("n", min=1, max=16)
+    data = xnnpack_program(_Bmm(), (torch.randn(1, 8, 1), torch.randn(1, 1, 5)), ({}, {2: n}))
+    path = tmp_path_factory.mktemp("xnnpack_failed") / "bmm.pte"
+    path.write_bytes(data)
+    return path
+
+
+# In a process of its own: the workspace starts empty, so the two-linear program's first
+# call grows it (in this process, earlier tests' runtimes may have grown it already).
+_CHILD = """
+import sys, torch, ptexec
+from ptexec.errors import ExecutionError
+bmm = ptexec.load(sys.argv[1]).load_method("forward", xnnpack="executorch")
+mlp = ptexec.load(sys.argv[2]).load_method("forward", xnnpack="executorch")
+call = torch.load(sys.argv[3])["calls"][0]
+a, b = torch.randn(1, 8, 1), torch.randn(1, 1, 3)
+assert torch.equal(bmm(a, b)[0], torch.bmm(a, b))
+try:
+    bmm(a, torch.randn(1, 1, 0))
+except ExecutionError:
+    pass
+got = mlp(*call["inputs"])[0]
+assert torch.allclose(got, call["eager"][0], atol=1e-5), (got, call["eager"][0])
+assert torch.equal(bmm(a, b)[0], torch.bmm(a, b))
+print("ok")
+"""
+
+
+def test_a_failed_call_fails_no_later_good_call(bmm_program: Path) -> None:
+    env = {**os.environ}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            str(bmm_program),
+            str(FIXTURES / "dynamic_mlp.pte"),
+            str(FIXTURES / "dynamic_mlp.io.pt"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0 and child.stdout.split() == ["ok"], child.stderr[-3000:]
