@@ -6,6 +6,8 @@ plan grows it, XNNPACK sets up again every other runtime that was set up before;
 last reshape failed (a batch matrix product of an empty dimension: XNNPACK refuses it)
 fails that setup, and the growing call fails with it (``xnn_status_invalid_state``),
 though nothing is wrong with its own inputs.
+
+An empty batch that XNNPACK does take gives an empty output, not an error.
 """
 
 from __future__ import annotations
@@ -83,3 +85,20 @@ def test_a_failed_call_fails_no_later_good_call(bmm_program: Path) -> None:
         timeout=300,
     )
     assert child.returncode == 0 and child.stdout.split() == ["ok"], child.stderr[-3000:]
+
+
+def test_an_empty_batch_gives_an_empty_output() -> None:
+    """XNNPACK's linears take an empty batch (ExecuTorch's runtime returns a ``[0, 4]``
+    output, as eager PyTorch does); the empty output has no address to compare."""
+    import ptexec
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    if executorch_unavailable():
+        pytest.skip("ExecuTorch's XNNPACK backend is not installed")
+    m = ptexec.load(FIXTURES / "dynamic_mlp.pte").load_method("forward", xnnpack="executorch")
+    calls = torch.load(FIXTURES / "dynamic_mlp.io.pt")["calls"]
+    for call in calls:  # batches of 3, 1, 16 and 3 rows, each after an empty one
+        (empty,) = m(torch.randn(0, 8))
+        assert empty.shape == (0, 4) and empty.dtype == torch.float32
+        (got,) = m(*call["inputs"])
+        assert torch.allclose(got, call["eager"][0], atol=1e-5)

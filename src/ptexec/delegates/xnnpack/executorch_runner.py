@@ -273,6 +273,7 @@ class _Binder:
         memory: Sequence[int] = (),
         etdump: bool = False,
         defer: bool = False,
+        at_bound: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
     ) -> None:
         self.key: tuple[Any, ...] | None = None
         self.planned = tuple(planned)
@@ -282,6 +283,8 @@ class _Binder:
         self.etdump = etdump  # loaded with ExecuTorch's ETDump on (recorded calls)
         self.data = data  # the one-delegate program; ExecuTorch reads it while loaded
         self.bounds = bounds  # (argument, bytes) of each dynamic output
+        # each dynamic output's bound (sizes, dense strides in its dim order)
+        self.at_bound = at_bound or {}
         self.where = where
         pool = executorch_pool(module)
         assert pool is not None  # the pybindings are loaded
@@ -423,6 +426,12 @@ class _Binder:
                     f"delegate argument {k} (a dynamic output) holds {room} bytes; XNNPACK "
                     f"may write its whole bound, {need} bytes"
                 )
+        for k, (sizes, strides) in self.at_bound.items():
+            t = tensors[k]
+            if not t.numel():
+                # an empty tensor's address is 0, where XNNPACK would write the next
+                # call's output: hand its memory over at the bound (the room checked)
+                tensors[k] = t.as_strided(sizes, strides)
         self.method.set_inputs(tensors)
         self._set_key(ns, key)
         if given is not None:
@@ -481,13 +490,15 @@ def _output_shapes(
     """The shapes (and dense strides in their dim orders) ExecuTorch gave the dynamic
     outputs ``xs`` in the call just run, read back through ``get``: ``outputs`` holds each
     one's argument position, name in the written program, dim order and declared bound.
-    Each must lie in its own memory and within its bound in every dim (ExecuTorch checks
-    only the element count). They depend only on the ``shapes`` of the inputs ExecuTorch
+    Each must lie in its own memory (unless empty) and within its bound in every dim
+    (ExecuTorch checks only the element count). They depend only on the ``shapes`` of the inputs ExecuTorch
     holds: they are kept in ``memo`` under those."""
     found = []
     for (k, name, order, bound), x in zip(outputs, xs, strict=True):
         y = get(name)
-        if y.data_ptr() != x.data_ptr():
+        # an empty tensor's address reads 0: compare where its memory lies
+        at = x.untyped_storage().data_ptr() + x.storage_offset() * x.element_size()
+        if y.numel() and y.data_ptr() != at:
             raise RuntimeError(f"delegate argument {k}: ExecuTorch wrote elsewhere")
         shape = y.shape
         if len(shape) != len(bound) or any(a > b for a, b in zip(shape, bound, strict=True)):
@@ -640,6 +651,7 @@ def runner_of(
                 planned,
                 memory,
                 defer=deferred is not None,
+                at_bound=_at_bound(program),
             )
         except RuntimeError as e:
             raise BackendUnavailableError(
@@ -649,7 +661,14 @@ def runner_of(
     def traced() -> tuple[Callable[..., None], _Binder]:
         # the same payload loaded again with ExecuTorch's ETDump on, for recorded calls
         with_events = _Binder(
-            module, program.data, program.bounds, where, planned, memory, etdump=True
+            module,
+            program.data,
+            program.bounds,
+            where,
+            planned,
+            memory,
+            etdump=True,
+            at_bound=_at_bound(program),
         )
         return _generate(with_events, program).fn, with_events
 
@@ -660,6 +679,16 @@ def runner_of(
     if binder.deferred and deferred is not None:
         deferred.append(runner)
     return runner
+
+
+def _at_bound(program: EtProgram) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each dynamic output's bound and its dense strides in the output's dim order."""
+    out = {}
+    for k, _ in program.bounds:
+        t = program.tensors[k]
+        sizes = tuple(t.sizes)
+        out[k] = (sizes, tuple(dim_order_strides(sizes, tuple(t.dim_order))))
+    return out
 
 
 # ExecuTorch's methods whose runner's method was freed (:func:`retire`), by program: the
