@@ -190,6 +190,75 @@ def test_the_setting_is_ptexecs_top_level_name() -> None:
     assert ptexec.get_num_threads is threads.get_num_threads
 
 
+_WORKER = f"""
+import json, queue, threading, torch, ptexec
+from ptexec.engine.hooks import Hooks
+import executorch.extension.pybindings._C as et
+
+m = ptexec.load({str(ROOT / "tests" / "fixtures" / "mlp.pte")!r}).load_method("forward")
+x = torch.ones(2, 8)
+jobs, results = queue.Queue(), queue.Queue()
+
+def worker():  # one long-lived thread, as a host's pool keeps them
+    for job in iter(jobs.get, None):
+        try:
+            results.put((job(), None))
+        except BaseException as e:
+            results.put((None, e))
+
+threading.Thread(target=worker, daemon=True).start()
+
+def on_worker(job):
+    jobs.put(job)
+    value, error = results.get()
+    if error is not None:
+        raise error
+    return value
+
+def fresh():  # torch's own count for a thread that ran nothing: the setting
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
+
+class Seen(Hooks):
+    def begin(self, v):
+        self.count = torch.get_num_threads()
+
+def watched():
+    hooks = Seen()
+    m.run_with(hooks, [x])
+    return hooks.count
+
+def called():
+    m(x)
+    return torch.get_num_threads()
+"""
+
+
+def test_a_thread_that_ran_calls_before_the_setting_takes_it(et: None) -> None:
+    """torch's count is per OS thread: one that ran kernels keeps its count after another
+    thread calls ``set_num_threads``. A call on such a thread runs on the setting, as
+    ExecuTorch's process-wide pool and a thread that ran nothing do."""
+    code = (
+        _WORKER
+        + """
+seen = {}
+for n in (1, 2, 1):
+    ptexec.set_num_threads(n)
+    seen[n] = [on_worker(called), on_worker(watched), et._threadpool_get_thread_count(), fresh()]
+ptexec.set_num_threads(2)
+seen["asked"] = [on_worker(ptexec.get_num_threads), fresh()]
+print(json.dumps(seen))
+"""
+    )
+    out = _subprocess(code)
+    assert out["1"] == [1, 1, 1, 1]
+    assert out["2"] == [2, 2, 2, 2]
+    assert out["asked"] == [2, 2]
+
+
 # -- the command line ------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from .loader import (
     load_state,
 )
 from .loader.state import MethodState
+from .threads import APPLIED, SETTING, WATCH, follow, follow_setting
 
 if TYPE_CHECKING:
     from .compile import CompiledRunner, CompileOptions, CompileReport
@@ -314,6 +315,13 @@ class Method:
         written: a bad one raises :class:`InputError` (or :class:`UnsupportedDeviceError`)
         and leaves the method's state as it was.
         """
+        if WATCH[0]:  # torch's count is per thread: this one may not have the setting
+            try:
+                stale = APPLIED.setting is not SETTING[0]
+            except AttributeError:  # the thread's first call
+                stale = True
+            if stale:
+                follow()
         kind = type(inputs)
         if (
             self._fast is not None
@@ -370,6 +378,7 @@ class Method:
         """One call through the same envelope as :meth:`execute`, running the instrumented
         blocks with ``hooks`` (:class:`ptexec.engine.hooks.Hooks`) called around every
         instruction: how traces, profiles and recorders watch a call."""
+        follow_setting()
         return self._call(
             inputs, InstrumentedRunner(self._state, hooks), outputs, None, transfers, layout
         )

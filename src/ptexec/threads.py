@@ -20,6 +20,13 @@ count), so load it again after a change. A method whose every CPU region calls d
 is the exception: its kernels run serially beside XNNPACK's pool, and its code (one cache
 entry) serves every count.
 
+torch's count is kept per OS thread (OpenMP's): ``torch.set_num_threads`` sets the calling
+thread's, and a thread takes the process's count only when it first runs a kernel. A thread
+that ran kernels before :func:`set_num_threads` would keep its old count, so a method's call
+gives its calling thread the setting first where that thread has not had it yet
+(:func:`follow`; a thread-local read a call, once a setting was made while other threads
+lived: :data:`WATCH`).
+
 The setting is process-wide (torch's threads and ExecuTorch's pool are both), so there is
 no per-method thread count: a method that set its own around each call would change the
 threads of every other method running meanwhile, and would replace ExecuTorch's pool (and
@@ -43,7 +50,17 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ExecuTorchPool", "executorch_pool", "get_num_threads", "set_num_threads"]
+__all__ = [
+    "APPLIED",
+    "SETTING",
+    "WATCH",
+    "ExecuTorchPool",
+    "executorch_pool",
+    "follow",
+    "follow_setting",
+    "get_num_threads",
+    "set_num_threads",
+]
 
 # ExecuTorch's pybindings: the extension module whose presence says its runtime is loaded
 PYBINDINGS = "executorch.extension.pybindings._C"
@@ -53,6 +70,23 @@ _CURRENT = "_ZN10executorch9extension10threadpool15get_pthreadpoolEv"
 _SIZE = "pthreadpool_get_threads_count"
 
 _LOCK = threading.Lock()
+
+
+SETTING: list[tuple[int] | None] = [None]
+"""The last :func:`set_num_threads`, as a new object each time (None before any): a thread
+whose :data:`APPLIED` setting is not this object has not had it."""
+
+WATCH = [False]
+"""Whether a :func:`set_num_threads` was made while other threads lived (one of them may
+have run kernels at the count before): only then do calls check their thread's setting.
+A thread started later takes torch's process-wide count (the setting) at its first kernel.
+Cheaper than the thread-local read for every call of a process that sets its count before
+starting threads (the command line, the server)."""
+
+APPLIED = threading.local()
+"""Per thread, ``setting``: the :data:`SETTING` object its torch count was last given (no
+such attribute before :func:`follow` ran on it; a plain ``threading.local`` reads faster
+than one with a class default, and a method's call reads it)."""
 
 
 def _count(n: Any, what: str) -> int:
@@ -199,11 +233,38 @@ def set_num_threads(n: int) -> None:
         torch.set_num_threads(count)
         if pool is not None:
             pool.resize(count)
+        setting = SETTING[0] = (count,)
+        APPLIED.setting = setting
+        if not WATCH[0]:
+            # Python threads, and any thread running Python code now (one not started by
+            # ``threading``)
+            WATCH[0] = threading.active_count() > 1 or len(sys._current_frames()) > 1
+
+
+def follow() -> None:
+    """Give the calling thread's torch the count of the last :func:`set_num_threads`, if
+    any (torch's count is per thread: one that ran kernels before keeps its own). A
+    method's call does so where the thread has not had the current setting yet."""
+    with _LOCK:  # not between another thread's setting and its record
+        setting = SETTING[0]
+        if setting is not None:
+            import torch
+
+            torch.set_num_threads(setting[0])
+        APPLIED.setting = setting
+
+
+def follow_setting() -> None:
+    """:func:`follow`, unless the calling thread has the current setting already (or no
+    thread can lack it: :data:`WATCH`)."""
+    if WATCH[0] and getattr(APPLIED, "setting", None) is not SETTING[0]:
+        follow()
 
 
 def get_num_threads() -> int:
     """How many threads kernels run on (torch's intra-op threads; ExecuTorch's pool has as
-    many after :func:`set_num_threads`)."""
+    many after :func:`set_num_threads`), on the calling thread, as its next call runs."""
     import torch
 
+    follow_setting()
     return int(torch.get_num_threads())
