@@ -259,6 +259,54 @@ print(json.dumps(seen))
     assert out["asked"] == [2, 2]
 
 
+def test_a_compiled_load_on_such_a_thread_is_made_for_the_setting(et: None, tmp_path: Path) -> None:
+    """Compiled code is made for the loading thread's torch count, and keyed by it: a load
+    on a thread that ran calls before ``set_num_threads`` asked its compile (and looked in
+    the cache) for the old count, where a thread that ran nothing asks for the setting.
+    A stand-in compile process records what it was asked."""
+    code = (
+        _WORKER
+        + f"""
+import os, sys
+import ptexec.compile.aoti as aoti
+from ptexec.compile import background
+from ptexec.compile.runner import CompileOptions, RegionBuilder
+os.environ["PTEXEC_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+asked = {str(tmp_path / "asked.json")!r}
+record = (
+    "import sys; open(sys.argv[1], 'w').write(sys.stdin.readline()); "
+    "print('{{\\"ok\\": false, \\"reason\\": \\"stand-in\\"}}')"
+)
+background.child_command = lambda: [sys.executable, "-c", record, asked]
+aoti.find_compiler = lambda: "c++"
+ptexec.set_num_threads(1)
+on_worker(called)
+ptexec.set_num_threads(2)
+prog = ptexec.load({str(ROOT / "tests" / "fixtures" / "mlp.pte")!r})
+
+def load():
+    return prog.load_method("forward", compile="background")
+
+method = on_worker(load)
+method.wait_compiled(60)
+with open(asked) as f:
+    request = json.load(f)
+
+def key():  # on a thread that ran nothing: torch gives it the setting
+    state = prog.load_method("forward").state
+    keys.append(RegionBuilder(state, prog, CompileOptions()).entry().key)
+
+keys = []
+t = threading.Thread(target=key)
+t.start()
+t.join()
+print(json.dumps({{"threads": request["threads"], "same key": request["key"] == keys[0]}}))
+"""
+    )
+    out = _subprocess(code)
+    assert out == {"threads": 2, "same key": True}
+
+
 # -- the command line ------------------------------------------------------------------------
 
 

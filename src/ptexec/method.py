@@ -125,6 +125,8 @@ class Method:
             backend_options={"xnnpack": xnnpack},
         )
         background = _background_options(compile, cuda_graph)
+        if compile:
+            follow_setting()  # compiled code (and its cache key) is for this thread's count
         cached = getattr(compile, "cache", True) and getattr(compile, "backend", "aoti") == "aoti"
         if compile and cached:
             from .compile.cache import start_program_digest

@@ -25,7 +25,8 @@ thread's, and a thread takes the process's count only when it first runs a kerne
 that ran kernels before :func:`set_num_threads` would keep its old count, so a method's call
 gives its calling thread the setting first where that thread has not had it yet
 (:func:`follow`; a thread-local read a call, once a setting was made while other threads
-lived: :data:`WATCH`).
+lived: :data:`WATCH`), and so does a compiled load (its code is made for the loading
+thread's count, which its cache key names).
 
 The setting is process-wide (torch's threads and ExecuTorch's pool are both), so there is
 no per-method thread count: a method that set its own around each call would change the
