@@ -383,6 +383,27 @@ def test_a_failing_compile_leaves_it_interpreted_with_one_warning(
     assert _leftovers(tmp_path / "cache") == []
 
 
+def test_a_finished_compile_leaves_no_pipe_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's pipes are closed when its result is read, not left to the collector
+    (which warned of an unclosed file)."""
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no 'false' program to stand for a broken compiler")
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("CXX", false)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = _background("mlp")
+        assert m.wait_compiled(_WAIT) is False
+        del m
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []
+
+
 # ---- the server ------------------------------------------------------------------------
 
 

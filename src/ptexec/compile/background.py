@@ -207,9 +207,10 @@ class _Child:
     def _cleanup(self) -> None:
         with contextlib.suppress(OSError):
             self._stderr.close()
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
+        for pipe in (self.proc.stdin, self.proc.stdout):  # both ours, the result read
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         if self.scratch is not None:
             import shutil
 
