@@ -498,6 +498,74 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
         engine.close()
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TRIMMED = (  # Llama 3's way: each turn's content trimmed
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] | trim }}<|eot|>"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_continue_final_message_continues_it_as_transformers_does(tmp_path: Path) -> None:
+    """``continue_final_message`` (transformers' ``apply_chat_template`` argument, which vLLM
+    takes in ``chat_template_kwargs``) ends the prompt inside the last message, so the
+    model goes on with it (a prefilled answer). It reached the template as a variable no
+    template reads: the prompt closed the turn (``...The colour is<|im_end|>``), silently."""
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate, ChatTemplateError
+    from ptexec.serve import Engine
+    from ptexec.serve.protocol import ApiError, parse_request
+
+    tokenizer = tokenizer_folder(tmp_path)
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
+    asked = [{"role": "user", "content": "Name a colour."}]
+    for template in (CHATML, TRIMMED):
+        for last in ("The colour is", "The colour is ", "Zwei Wörter & <b>\n"):
+            messages = [*asked, {"role": "assistant", "content": last}]
+            want = reference.apply_chat_template(
+                messages, chat_template=template, tokenize=False, continue_final_message=True
+            )
+            assert want.endswith(last if template == CHATML else last.rstrip())
+            ours = ChatTemplate(template)
+            assert ours.render(messages, continue_final_message=True) == want
+            assert ours.render(messages, add_generation_prompt=False,
+                               continue_final_message=True) == want  # fmt: skip
+        with pytest.raises(ChatTemplateError, match="add_generation_prompt"):
+            ChatTemplate(template).render(
+                messages, add_generation_prompt=True, continue_final_message=True
+            )
+    dropped = "{% for m in messages[:-1] %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="final message"):
+        ChatTemplate(dropped).render([*asked, *asked], continue_final_message=True)
+
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "chat_template": CHATML}))
+    messages = [*asked, {"role": "assistant", "content": "The colour is"}]
+    want = reference.apply_chat_template(
+        messages, chat_template=CHATML, tokenize=False, continue_final_message=True
+    )
+    engine = Engine(program("portable"), tokenizer, model_name=MODEL)
+    try:
+        for kwargs in ({"continue_final_message": True},
+                       {"continue_final_message": True, "add_generation_prompt": False}):  # fmt: skip
+            body = {"model": MODEL, "messages": messages, "chat_template_kwargs": kwargs}
+            assert engine.prompt_text(parse_request(body, chat=True)) == want, kwargs
+        both = {"continue_final_message": True, "add_generation_prompt": True}
+        with pytest.raises(ApiError) as e:
+            engine.prompt_text(parse_request(
+                {"model": MODEL, "messages": messages, "chat_template_kwargs": both}, chat=True))  # fmt: skip
+        assert e.value.status == 400
+        with pytest.raises(ApiError) as e:
+            parse_request({"model": MODEL, "messages": messages,
+                           "chat_template_kwargs": {"continue_final_message": "yes"}}, chat=True)  # fmt: skip
+        assert e.value.status == 400 and e.value.param == "chat_template_kwargs"
+    finally:
+        engine.close()
+
+
 def test_a_field_the_server_does_not_know_is_refused_not_ignored(client: Any) -> None:
     """OpenAI answers a request argument it does not recognize with a 400; vLLM's sampling
     extensions (``min_tokens``, ``stop_token_ids``, ``guided_json``, ...), which clients

@@ -121,13 +121,35 @@ class ChatTemplate:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str:
         """The prompt text of ``messages`` (``[{"role": ..., "content": ...}, ...]``), ending
-        with the assistant's turn opened when ``add_generation_prompt``. ``kwargs`` are
-        further template variables (they override the special tokens)."""
+        with the assistant's turn opened when ``add_generation_prompt`` (None: unless
+        ``continue_final_message``), or, with ``continue_final_message``, inside the last
+        message, right after its text (its last text part), so that the model goes on with
+        it. ``kwargs`` are further template variables (they override the special tokens)."""
+        if add_generation_prompt is None:
+            add_generation_prompt = not continue_final_message
+        if add_generation_prompt and continue_final_message:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt exclude each other: the "
+                "prompt ends either inside the last message or in a new assistant turn"
+            )
+        copied = [dict(m) for m in messages]
+        ending = _mark_the_end(copied) if continue_final_message else None
+        rendered = self._render(copied, add_generation_prompt, tools, kwargs)
+        return rendered if ending is None else _cut_at_the_mark(rendered, ending)
+
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: dict[str, Any],
+    ) -> str:
         import jinja2
 
         template = self._chosen(tools)
@@ -135,7 +157,7 @@ class ChatTemplate:
         try:
             return str(
                 template.render(
-                    messages=[dict(m) for m in messages],
+                    messages=messages,
                     tools=list(tools) if tools is not None else None,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
@@ -169,6 +191,46 @@ class ChatTemplate:
         size = len(self.source) if self.source is not None else 0
         others = f", named {sorted(self.named)}" if self.named else ""
         return f"<ptexec.llm.ChatTemplate {size} chars{others}>"
+
+
+# where the last message's text ends, found again in the rendering (continue_final_message);
+# the space after it tells whether the template trims the end of a message's text
+_END_MARK = "<|ptexec:end-of-the-final-message|>"
+
+
+def _mark_the_end(messages: list[dict[str, Any]]) -> str:
+    """Appends :data:`_END_MARK` and a space to the text of the last message (of its last
+    text part; ``messages[-1]`` and its parts are replaced, not changed); returns that
+    text. Raises :class:`ChatTemplateError` when there is no such text."""
+    if messages:
+        last = messages[-1]
+        content = last.get("content")
+        if isinstance(content, str):
+            last["content"] = content + _END_MARK + " "
+            return content
+        if isinstance(content, list | tuple):
+            parts = [dict(p) if isinstance(p, Mapping) else p for p in content]
+            for part in reversed(parts):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    text = str(part["text"])
+                    part["text"] = text + _END_MARK + " "
+                    last["content"] = parts
+                    return text
+    raise ChatTemplateError("continue_final_message: the last message has no text to continue")
+
+
+def _cut_at_the_mark(rendered: str, text: str) -> str:
+    """``rendered`` up to the end of the last message's ``text`` (:func:`_mark_the_end`):
+    without what the template wrote after it; with the text's trailing whitespace trimmed
+    where the template trims it (it took the space after the mark too)."""
+    at = rendered.rfind(_END_MARK)
+    if at < 0 or text.strip() not in rendered:
+        raise ChatTemplateError(
+            "continue_final_message: the chat template does not write the final message's "
+            "text as given, so the prompt cannot end inside it"
+        )
+    kept = rendered[:at]
+    return kept if rendered.startswith(" ", at + len(_END_MARK)) else kept.rstrip()
 
 
 def _named_tokens(config: Mapping[str, Any]) -> dict[str, str | None]:

@@ -301,7 +301,7 @@ class Engine:
             )
         try:
             kwargs = dict(req.template_kwargs)
-            opened = kwargs.pop("add_generation_prompt", True)
+            opened = kwargs.pop("add_generation_prompt", None)  # None: unless continuing
             return self.template.render(req.messages, add_generation_prompt=opened, **kwargs)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages") from None

@@ -107,7 +107,8 @@ class Request:
     """Token id -> a value added to its logit before sampling."""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     """A chat's ``chat_template_kwargs`` (vLLM's extension): further variables of the chat
-    template (``enable_thinking``, ...), and ``add_generation_prompt``."""
+    template (``enable_thinking``, ...), ``add_generation_prompt`` and
+    ``continue_final_message``."""
     media: list[tuple[str, bytes]] = field(default_factory=list)
     """A chat's images and audio, in the order of its messages' parts: (``"image"`` or
     ``"audio"``, the file's bytes); each is an ``{"type": "image"}`` (``"audio"``) part of
@@ -524,8 +525,9 @@ _TEMPLATE_OWN = frozenset({"messages", "tools", "documents"})
 
 def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """A chat's ``chat_template_kwargs``, as vLLM takes them: an object of further template
-    variables (``{"enable_thinking": false}`` for Qwen3's), ``add_generation_prompt`` among
-    them (a bool); never the conversation's own variables."""
+    variables (``{"enable_thinking": false}`` for Qwen3's), ``add_generation_prompt`` and
+    ``continue_final_message`` among them (bools, taken as ``apply_chat_template`` takes
+    them); never the conversation's own variables."""
     name = "chat_template_kwargs"
     kwargs = body.get(name)
     if kwargs is None:
@@ -535,8 +537,9 @@ def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     own = sorted(_TEMPLATE_OWN.intersection(kwargs))
     if own:
         raise _bad(f"'{name}' may not set {', '.join(own)}: the request gives them", name)
-    if not isinstance(kwargs.get("add_generation_prompt", True), bool):
-        raise _bad(f"'{name}.add_generation_prompt' must be a boolean", name)
+    for flag in ("add_generation_prompt", "continue_final_message"):
+        if not isinstance(kwargs.get(flag, True), bool):
+            raise _bad(f"'{name}.{flag}' must be a boolean", name)
     return dict(kwargs)
 
 
