@@ -330,6 +330,33 @@ def test_chat_template_renders_as_transformers_does(tok: Path) -> None:
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
 
 
+_DOCUMENTS = (  # a retrieval template in the way Command R's and Granite's write documents
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if documents %}<|documents|>{% for d in documents %}[{{ loop.index0 }}] "
+    "{{ d.title }}: {{ d.text }}\n{% endfor %}{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_documents_render_as_transformers_renders_them(tok: Path) -> None:
+    """``documents`` (transformers' ``apply_chat_template`` argument for retrieval
+    templates) reach the template; given to ``render``, they were a second value of the
+    variable and the render failed."""
+    transformers = pytest.importorskip("transformers")
+    from ptexec.llm.chat import ChatTemplate
+
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok))
+    messages = [{"role": "user", "content": "Where?"}]
+    documents = [{"title": "Alps", "text": "Zürich is near."}, {"title": "Sea", "text": "No."}]
+    for given in (documents, None):
+        want = hf.apply_chat_template(
+            messages, chat_template=_DOCUMENTS, tokenize=False, add_generation_prompt=True,
+            documents=given,
+        )  # fmt: skip
+        assert ("[1] Sea: No.\n" in want) == (given is not None)
+        assert ChatTemplate(_DOCUMENTS).render(messages, documents=given) == want
+
+
 _TOOL_HISTORY = (  # a tool-use template in the way Llama 3.1's and Qwen2.5's write calls
     "{% for m in messages %}<|{{ m.role }}|>"
     "{% if m.name is defined %}({{ m.name }}){% endif %}"

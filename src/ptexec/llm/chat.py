@@ -124,13 +124,16 @@ class ChatTemplate:
         add_generation_prompt: bool | None = None,
         continue_final_message: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str:
         """The prompt text of ``messages`` (``[{"role": ..., "content": ...}, ...]``), ending
         with the assistant's turn opened when ``add_generation_prompt`` (None: unless
         ``continue_final_message``), or, with ``continue_final_message``, inside the last
         message, right after its text (its last text part), so that the model goes on with
-        it. ``kwargs`` are further template variables (they override the special tokens)."""
+        it. ``tools`` and ``documents`` (a retrieval template's) are the template's
+        variables of those names; ``kwargs`` are further ones (they override the special
+        tokens)."""
         if add_generation_prompt is None:
             add_generation_prompt = not continue_final_message
         if add_generation_prompt and continue_final_message:
@@ -140,7 +143,7 @@ class ChatTemplate:
             )
         copied = [dict(m) for m in messages]
         ending = _mark_the_end(copied) if continue_final_message else None
-        rendered = self._render(copied, add_generation_prompt, tools, kwargs)
+        rendered = self._render(copied, add_generation_prompt, tools, documents, kwargs)
         return rendered if ending is None else _cut_at_the_mark(rendered, ending)
 
     def _render(
@@ -148,6 +151,7 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
         tools: Sequence[Mapping[str, Any]] | None,
+        documents: Sequence[Mapping[str, Any]] | None,
         kwargs: dict[str, Any],
     ) -> str:
         import jinja2
@@ -159,7 +163,7 @@ class ChatTemplate:
                 template.render(
                     messages=messages,
                     tools=list(tools) if tools is not None else None,
-                    documents=None,
+                    documents=list(documents) if documents is not None else None,
                     add_generation_prompt=add_generation_prompt,
                     **variables,
                 )
