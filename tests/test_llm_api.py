@@ -714,6 +714,28 @@ def test_a_text_holding_nul_is_refused_where_the_encode_would_end_there(
     assert tt.decode(tt.encode(text)) == text
 
 
+def test_a_text_holding_a_lone_surrogate_is_a_tokenizer_error(tmp_path: Path) -> None:
+    """A lone surrogate (``"\\ud800"``, which ``json.loads`` and file reads with
+    ``surrogateescape`` make) is no UTF-8 text: Python's codec refuses it, and every
+    tokenizer kind raised an untyped ``TypeError`` saying the text was not a ``str``
+    ("TextInputSequence must be str", "incompatible function arguments"). It is a
+    ``TokenizerError`` naming where, and the tokenizer goes on encoding."""
+    pytest.importorskip("pytorch_tokenizers")
+    spm = pytest.importorskip("sentencepiece")
+    text = "the\ud800 cat"
+    with pytest.raises(UnicodeEncodeError) as codec:
+        text.encode("utf-8")
+    assert codec.value.start == 3
+    for tok in (
+        load_tokenizer(_hf_tokenizer(tmp_path / "tokenizer.json")),
+        load_tokenizer(_tiktoken_file(tmp_path / "tiktoken.model")),
+        load_tokenizer(_sentencepiece_model(spm, tmp_path / "tokenizer.model", vocab_size=60)),
+    ):
+        with pytest.raises(TokenizerError, match="U\\+D800 at character 3"):
+            tok.encode(text, bos=1)
+        assert tok.decode(tok.encode("the cat")).strip() == "the cat"
+
+
 def test_text_stream_keeps_the_spaces_after_a_lone_space_piece(tmp_path: Path) -> None:
     """A lone space piece (``\u2581``) decodes alone to no text, and a SentencePiece decode
     that starts with it drops the next piece's space too: a stream that started its decodes

@@ -48,10 +48,19 @@ class Tokenizer:
 
     def encode(self, text: str, bos: int = 0, eos: int = 0) -> list[int]:
         """The ids of ``text``, with ``bos`` BOS tokens before and ``eos`` EOS after
-        (:class:`~ptexec.errors.TokenizerError` when asked for one the tokenizer has not)."""
+        (:class:`~ptexec.errors.TokenizerError` when asked for one the tokenizer has not, or
+        for a text that is no UTF-8: one holding a lone surrogate)."""
         for n, token, name in ((bos, self.bos_id, "BOS"), (eos, self.eos_id, "EOS")):
             if n > 0 and token < 0:
                 raise TokenizerError(f"{self.path.name} has no {name} token to put {n} of")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # (the libraries' own refusals call it no str)
+            raise TokenizerError(
+                f"the text holds a lone surrogate, U+{ord(text[e.start]):04X} at character "
+                f"{e.start}: it is no UTF-8 text, which the {self.kind} tokenizer "
+                f"{self.path.name} encodes"
+            ) from None
         return [self.bos_id] * bos + self._encode(text) + [self.eos_id] * eos
 
     def _encode(self, text: str) -> list[int]:
