@@ -389,6 +389,38 @@ def test_second_prompt_continues_the_context(tokenizer: Path) -> None:
     assert fresh.generated_tokens == second
 
 
+def test_seq_len_bounds_the_whole_context_as_executorchs_runner(tokenizer: Path) -> None:
+    """In a context that holds an earlier generation, ``seq_len`` bounds every token in it,
+    the earlier ones included, as ExecuTorch's runner resolves it (its counts leave out
+    the first token); a ``seq_len`` the context already fills is refused by both."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+    first = GenerationConfig(max_new_tokens=5, temperature=0.0, echo=False)
+    ours = _runner("portable", tokenizer)
+    theirs = et.TextLLMRunner(str(program("portable")), str(tokenizer))
+    occupied = len(ours.tokenizer.encode(PROMPT)) + 4 + len(ours.tokenizer.encode(" and then"))
+    for seq_len in (occupied - 2, occupied + 2, occupied + 16):
+        ours.reset()
+        theirs.reset()
+        ours.generate(PROMPT, first)
+        theirs.generate(PROMPT, et.GenerationConfig(max_new_tokens=5, temperature=0.0, echo=False))
+        seen: list[Any] = []
+        try:
+            theirs.generate(
+                " and then",
+                et.GenerationConfig(seq_len=seq_len, temperature=0.0, echo=False),
+                stats_callback=seen.append,
+            )
+        except RuntimeError:
+            with pytest.raises(GenerationError, match="seq_len"):
+                ours.generate(" and then", GenerationConfig(seq_len=seq_len, temperature=0.0))
+            continue
+        ours.generate(" and then", GenerationConfig(seq_len=seq_len, temperature=0.0, echo=False))
+        assert ours.stats.num_generated_tokens == seen[0].num_generated_tokens + 1
+        assert ours.stats.num_generated_tokens == seq_len - occupied
+
+
 def test_context_limits(tokenizer: Path) -> None:
     mm = _multimodal("portable", tokenizer)
     with pytest.raises(GenerationError, match="context"):

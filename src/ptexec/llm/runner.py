@@ -30,9 +30,8 @@ are never sampled, and a gap wider than padding explains warns.
 
 Where ptexec differs from ExecuTorch's runner, on purpose: a first token that is EOS ends
 the generation (ExecuTorch decodes past it); each ``generate`` starts its statistics afresh
-(load times kept); the statistics are float milliseconds; ``seq_len`` bounds the whole
-context (ExecuTorch's bounds one call once the context holds earlier calls; both agree on
-a fresh context); after :meth:`~TextLLMRunner.prefill`, ``generate("")`` samples its first
+(load times kept); the statistics are float milliseconds; after
+:meth:`~TextLLMRunner.prefill`, ``generate("")`` samples its first
 token from the logits the prefill kept, under its own config (its temperature, seed and
 processors, which see the whole context), where ExecuTorch's samples it in ``prefill`` with
 that call's config; its ``num_prompt_tokens`` is the tokens prefilled since the last
