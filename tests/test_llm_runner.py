@@ -285,6 +285,40 @@ def test_stop_from_callback(tokenizer: Path) -> None:
     assert 3 <= r.stats.num_generated_tokens <= 4
 
 
+def test_reset_from_a_token_callback_is_refused(tokenizer: Path) -> None:
+    """A callback runs inside the loop, on the thread holding the runner: a reset(),
+    prefill() or generate() of the runner there would move the context under the loop
+    (it went on decoding at position 0 over the prompt's cache: " birds" where
+    ExecuTorch's runner, whose loop keeps its own position, goes on with " sum"). Each
+    raises; the runner then resets and generates as ExecuTorch's does."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+    want: list[str] = []
+    et.TextLLMRunner(str(program("portable")), str(tokenizer)).generate(
+        PROMPT, et.GenerationConfig(max_new_tokens=8, temperature=0.0, echo=False), want.append
+    )
+    r = _runner("portable", tokenizer)
+    config = GenerationConfig(max_new_tokens=8, temperature=0.0, echo=False)
+    for inside in (r.reset, lambda: r.prefill(" and"), lambda: r.generate(" and", config)):
+        pieces: list[str] = []
+
+        def on_token(piece: str, inside: Any = inside, pieces: list[str] = pieces) -> None:
+            pieces.append(piece)
+            if len(pieces) == 3:
+                inside()
+
+        with pytest.raises(GenerationError, match="callback"):
+            r.generate(PROMPT, config, token_callback=on_token)
+        assert pieces == want[:3]
+        r.reset()
+        assert r.generate_text(PROMPT, config) == "".join(want)
+        r.reset()
+    # the stats callback runs after the loop: a reset there is taken
+    r.generate(PROMPT, config, stats_callback=lambda s: r.reset())
+    assert r.pos == 0
+
+
 def test_stats(tokenizer: Path) -> None:
     r = _runner("portable", tokenizer)
     r.generate(PROMPT, GREEDY)

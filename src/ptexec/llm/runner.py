@@ -175,6 +175,7 @@ class _Runner:
         self._pending_logits: torch.Tensor | None = None
         self._pending_tokens = 0
         self._stop = threading.Event()
+        self._generating = False  # inside the loop (a callback of this thread may run)
         self._lock = threading.RLock()  # reentrant: a runner may encode inputs under it first
         self.on_sample: SampleObserver | None = None
         """Called on the generating thread with each sampled id and the logits it was
@@ -198,13 +199,25 @@ class _Runner:
         self._stop.set()
 
     def reset(self) -> None:
-        """Forget the context: the next prompt starts at position 0; statistics cleared."""
+        """Forget the context: the next prompt starts at position 0; statistics cleared.
+        Refused from a callback of the generation in progress (call :meth:`stop` there)."""
         with self._lock:
+            self._refuse_inside("reset()")
             self.stats.reset()
             self.pos = 0
             self._history.clear()
             self._pending_logits = None
             self._pending_tokens = 0
+
+    def _refuse_inside(self, call: str) -> None:
+        """Raise when called from inside this runner's generation (its callbacks run on
+        the generating thread, which holds the lock): the loop's context would change
+        under it."""
+        if self._generating:
+            raise GenerationError(
+                f"{call} was called from a callback of this runner's generation in "
+                "progress; call stop() there, and this after generate returns"
+            )
 
     def get_vocab_size(self) -> int:
         """The program's vocabulary size (-1 when unknown)."""
@@ -371,6 +384,7 @@ class _Runner:
     def _prefill_ids(self, ids: list[int], media: Sequence[Any] = ()) -> None:
         """Prefill ``ids`` for a later ``generate("")``: the logits after them are kept (the
         next call samples its first token from them with its own config)."""
+        self._refuse_inside("prefill()")
         logits = self._visible(self._prefill_logits(ids, media))
         # the program's output buffer is reused by its next call: keep a copy
         self._pending_logits = logits.detach().clone()
@@ -392,6 +406,7 @@ class _Runner:
         with self._lock:
             # everything is checked before any state changes: a refused call leaves the
             # context, the statistics and a pending prefill as they were
+            self._refuse_inside("generate()")
             sampler = self._sampler(config)
             budget = self._budget(config, ids)
             self._stop.clear()
@@ -412,63 +427,71 @@ class _Runner:
                 if token_callback is not None:
                     token_callback(text)
 
-            sampler.begin([*self._history, *(ids or ())])
-            if ids is not None:
-                stats.token_encode_end_ms = _now_ms()
-                if config.echo and prompt_text:
-                    emit(prompt_text)
-                stats.model_execution_start_ms = _now_ms()
-                cur = self._sample(sampler, self._prefill_logits(ids, media))
-                num_prompt = len(ids)
-            else:
-                pending = self._pending_logits
-                assert pending is not None  # checked by _budget
-                # the prompt is what the prefills since the last generation evaluated,
-                # before this call: its encoding and evaluation end as the call starts
-                num_prompt = self._pending_tokens
-                stats.token_encode_end_ms = stats.inference_start_ms
-                stats.model_execution_start_ms = stats.inference_start_ms
-                # sampled here, with this call's config: processors see the prompt (in
-                # the history) and this token
-                cur = self._sample(sampler, pending)
-            self._pending_logits = None
-            self._pending_tokens = 0
-            stats.first_token_ms = _now_ms()
-            stats.prompt_eval_end_ms = (
-                stats.first_token_ms if ids is not None else stats.inference_start_ms
-            )
-            self.generated_tokens = out_ids = [cur]
-            # the decodes start in the prompt (the completion's first space stays): its
-            # last tokens, in the history since the prefill
-            context = self._history[-8:]
-            stream = TextStream(self.tokenizer, context)
-            stops = _StopStrings(config.stop)
-            generated = 1
-            ended = (cur in self.eos_ids) and not config.ignore_eos
-            emit(stops.feed(stream.push(cur)))
-            while not ended and not stops.hit and generated < budget and not self._stop.is_set():
-                logits = self.decoder.step(cur, self.pos, self._history)
-                self.pos += 1
-                self._history.append(cur)
-                cur = self._sample(sampler, logits)
-                generated += 1
-                out_ids.append(cur)
+            # the callbacks run inside the loop: a reset, prefill or generation of this
+            # runner from one of them would move the context under it (refused)
+            self._generating = True
+            try:
+                sampler.begin([*self._history, *(ids or ())])
+                if ids is not None:
+                    stats.token_encode_end_ms = _now_ms()
+                    if config.echo and prompt_text:
+                        emit(prompt_text)
+                    stats.model_execution_start_ms = _now_ms()
+                    cur = self._sample(sampler, self._prefill_logits(ids, media))
+                    num_prompt = len(ids)
+                else:
+                    pending = self._pending_logits
+                    assert pending is not None  # checked by _budget
+                    # the prompt is what the prefills since the last generation evaluated,
+                    # before this call: its encoding and evaluation end as the call starts
+                    num_prompt = self._pending_tokens
+                    stats.token_encode_end_ms = stats.inference_start_ms
+                    stats.model_execution_start_ms = stats.inference_start_ms
+                    # sampled here, with this call's config: processors see the prompt (in
+                    # the history) and this token
+                    cur = self._sample(sampler, pending)
+                self._pending_logits = None
+                self._pending_tokens = 0
+                stats.first_token_ms = _now_ms()
+                stats.prompt_eval_end_ms = (
+                    stats.first_token_ms if ids is not None else stats.inference_start_ms
+                )
+                self.generated_tokens = out_ids = [cur]
+                # the decodes start in the prompt (the completion's first space stays): its
+                # last tokens, in the history since the prefill
+                context = self._history[-8:]
+                stream = TextStream(self.tokenizer, context)
+                stops = _StopStrings(config.stop)
+                generated = 1
                 ended = (cur in self.eos_ids) and not config.ignore_eos
                 emit(stops.feed(stream.push(cur)))
-            if not stops.hit:
-                emit(stops.feed(stream.flush()))  # (may complete a stop string)
+                while (
+                    not ended and not stops.hit and generated < budget and not self._stop.is_set()
+                ):
+                    logits = self.decoder.step(cur, self.pos, self._history)
+                    self.pos += 1
+                    self._history.append(cur)
+                    cur = self._sample(sampler, logits)
+                    generated += 1
+                    out_ids.append(cur)
+                    ended = (cur in self.eos_ids) and not config.ignore_eos
+                    emit(stops.feed(stream.push(cur)))
                 if not stops.hit:
-                    emit(stops.flush())
-            done = ended or stops.hit
-            self.finish_reason = (
-                "stop" if done else "length" if generated >= budget else "interrupted"
-            )
-            stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
-            stats.aggregate_model_execution_time_ms = (
-                self.decoder.execution_ms + self._extra_execution_ms()
-            )
-            stats.num_prompt_tokens = num_prompt
-            stats.num_generated_tokens = generated
+                    emit(stops.feed(stream.flush()))  # (may complete a stop string)
+                    if not stops.hit:
+                        emit(stops.flush())
+                done = ended or stops.hit
+                self.finish_reason = (
+                    "stop" if done else "length" if generated >= budget else "interrupted"
+                )
+                stats.model_execution_end_ms = stats.inference_end_ms = _now_ms()
+                stats.aggregate_model_execution_time_ms = (
+                    self.decoder.execution_ms + self._extra_execution_ms()
+                )
+                stats.num_prompt_tokens = num_prompt
+                stats.num_generated_tokens = generated
+            finally:
+                self._generating = False
             if printing:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
