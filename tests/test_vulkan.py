@@ -415,14 +415,19 @@ def test_a_half_convolution_with_a_fused_relu_runs(tmp_path: Path) -> None:
 # -- arguments the exporter rewrites ------------------------------------------------------
 
 
-def _lowered(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> ptexec.Method:
+def _lowered(
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    dynamic_shapes: tuple[dict[int, object], ...] | None = None,
+) -> ptexec.Method:
     """``model`` lowered whole by ExecuTorch's ``VulkanPartitioner`` and loaded."""
     pytest.importorskip("executorch.backends.vulkan.partitioner.vulkan_partitioner")
     from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    exported = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
     lowered = to_edge_transform_and_lower(
-        torch.export.export(model.eval(), inputs), partitioner=[VulkanPartitioner()]
+        exported, partitioner=[VulkanPartitioner()]
     ).to_executorch()
     program = ptexec.load(lowered.buffer)
     assert any(
@@ -484,3 +489,31 @@ def test_a_half_fill_past_halfs_range_is_its_infinity() -> None:
     got = ptexec.load(lowered.buffer).load_method("forward")(x)
     for g, want in zip(got, model(x), strict=True):
         assert torch.equal(g, want.half().float())
+
+
+class _ChannelsLastConv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        return y, y + 1.0
+
+
+def test_a_resized_output_keeps_the_programs_dim_order() -> None:
+    """An output resized to the shape the graph computed keeps the dim order the program
+    declares for it (channels last here), as eager's output and the portable kernels'
+    resized outputs keep theirs."""
+    torch.manual_seed(0)
+    model = _ChannelsLastConv().eval().to(memory_format=torch.channels_last)
+    x = torch.randn(1, 3, 6, 6).to(memory_format=torch.channels_last)
+    rows = 2 * torch.export.Dim("rows", min=2, max=5)
+    method = _lowered(model, (x,), dynamic_shapes=({2: rows},))
+    for n in (10, 4):
+        x = torch.randn(1, 3, n, 6).to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            want = model(x)
+        for got, w in zip(method(x), want, strict=True):
+            torch.testing.assert_close(got, w)
+            assert got.stride() == w.stride()

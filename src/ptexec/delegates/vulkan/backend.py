@@ -53,6 +53,7 @@ def arg_infos(values: Sequence[object], args: Sequence[int], where: str) -> list
                     tuple(value.sizes),
                     value.shape_dynamism == p.STATIC,
                     value.shape_dynamism == p.DYNAMIC_BOUND,
+                    dim_order=tuple(value.dim_order),
                 )
             )
         elif isinstance(value, p.Int):

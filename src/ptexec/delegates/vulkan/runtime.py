@@ -102,13 +102,15 @@ _DIM_ORDER = {
 class ArgInfo:
     """What the method says about one delegate argument: its dtype and sizes, and whether
     they are exact (``static``) or an upper bound on each dim (``bounded``); ``scalar``:
-    an integer value (a symbolic integer input), not a tensor."""
+    an integer value (a symbolic integer input), not a tensor; ``dim_order``: the layout
+    its memory keeps when it is resized (empty: the default order)."""
 
     dtype: torch.dtype
     sizes: tuple[int, ...]
     static: bool = True
     bounded: bool = False
     scalar: bool = False
+    dim_order: tuple[int, ...] = ()
 
 
 class OutputShapeError(RuntimeError):
@@ -134,7 +136,8 @@ def _resize(x: torch.Tensor, shape: Sequence[int], arg: ArgInfo, k: int) -> None
         raise OutputShapeError(
             f"delegate argument {k}: the graph computed {list(shape)}, beyond the bound {declared}"
         )
-    order = tuple(range(len(shape)))
+    # the program's dim order, as every other resize of a method's tensor keeps it
+    order = arg.dim_order if len(arg.dim_order) == len(shape) else tuple(range(len(shape)))
     try:
         resize_to(x, shape, order)
     except RuntimeError:
