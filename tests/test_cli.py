@@ -595,3 +595,18 @@ def test_input_files_of_tensors_a_method_refuses(
             ptexec.load(mlp).load_method().execute([torch.load(tmp_path / "x.pt")])
     want = f"ptexec: {type(refused.value).__name__}: {refused.value}\n"
     assert _fails_in_one_line(capsys, ["run", str(mlp), "--input", str(tmp_path / "x.pt")]) == want
+
+
+def test_compile_takes_one_of_device_and_device_map(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ptexec compile --device D --device-map M`` is refused before anything compiles:
+    both name the devices of the compile, and the map was dropped without a word."""
+    import ptexec.cli.compile as compile_cli
+
+    compiled: list[Any] = []
+    monkeypatch.setattr(compile_cli, "print_compiled", lambda *args: compiled.append(args))
+    gpu = str(fixture_paths("gpu_mlp")[0])
+    argv = ["compile", gpu, "--device", "cuda:1", "--device-map", "cuda:0=cpu"]
+    _fails_in_one_line(capsys, argv, "--device", "--device-map")
+    assert compiled == []

@@ -39,6 +39,8 @@ def print_compiled(prog: Any, name: str, device_map: Any) -> Any:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile every method (or ``--method``) for ``--device``, filling the cache, so that
     ``load_method(..., compile=True)`` later compiles nothing."""
+    if args.device and args.device_map:  # (each names the devices; neither is dropped)
+        raise ValueError("--device and --device-map both say where to compile: give one")
     apply_threads(args)
     prog = load_program(args)
     device_map = args.device or device_map_of(args)
