@@ -610,3 +610,18 @@ def test_compile_takes_one_of_device_and_device_map(
     argv = ["compile", gpu, "--device", "cuda:1", "--device-map", "cuda:0=cpu"]
     _fails_in_one_line(capsys, argv, "--device", "--device-map")
     assert compiled == []
+
+
+def test_a_debug_buffer_size_needs_a_debug_buffer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--debug-buffer-size`` limits the values ``--debug-buffer`` records; without it no
+    value is recorded, so the size is refused (it was taken, and the ETDump held no values)."""
+    pte = str(fixture_paths("mlp")[0])
+    etdp = tmp_path / "m.etdp"
+    argv = ["run", pte, "--repeat", "1", "--etdump", str(etdp), "--debug-buffer-size", "4096"]
+    _fails_in_one_line(capsys, argv, "--debug-buffer-size", "--debug-buffer")
+    assert not etdp.exists()
+    buf = tmp_path / "m.bin"
+    assert main([*argv, "--debug-buffer", str(buf)]) == 0
+    assert 0 < buf.stat().st_size <= 4096

@@ -100,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument(
         "--debug-buffer-size",
         type=positive,
-        default=DEFAULT_DEBUG_BUFFER,
-        help=f"the most bytes the debug buffer may hold (default {DEFAULT_DEBUG_BUFFER >> 20} MiB)",
+        help=f"with --debug-buffer: the most bytes it may hold "
+        f"(default {DEFAULT_DEBUG_BUFFER >> 20} MiB)",
     )
     add_threads(p_run)
     p_run.set_defaults(func=cmd_run)

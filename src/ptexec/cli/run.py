@@ -19,6 +19,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.debug_buffer and not args.etdump:
         raise ValueError("--debug-buffer records into an ETDump: give --etdump too")
+    if args.debug_buffer_size is not None and not args.debug_buffer:
+        raise ValueError("--debug-buffer-size limits --debug-buffer: give --debug-buffer too")
     apply_threads(args)
     with report_has_warnings():
         method, inputs = method_and_inputs(args, **compile_option(args))
@@ -27,7 +29,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.etdump:
         from ..etdump import ETDumpRecorder
 
-        recorder = ETDumpRecorder(args.debug_buffer_size if args.debug_buffer else 0)
+        size = args.debug_buffer_size or DEFAULT_DEBUG_BUFFER
+        recorder = ETDumpRecorder(size if args.debug_buffer else 0)
         outputs = recorder.execute(method, inputs)
         recorder.write(args.etdump, args.debug_buffer)
         also = f" and its values to {args.debug_buffer}" if args.debug_buffer else ""
