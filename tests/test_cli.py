@@ -142,6 +142,20 @@ def test_npy_files_are_known_by_their_content(name: str, tmp_path: Path) -> None
     torch.testing.assert_close(torch.load(out_path)[0], call["outputs"][0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_torch_files_are_known_by_their_content(legacy: bool, tmp_path: Path) -> None:
+    """A file torch.save wrote is read as torch.load reads it, under a ``.npy`` name too
+    (it went to numpy and was refused as "it holds a NpzFile, not one array")."""
+    from fixture_data import fixture_calls
+
+    call = fixture_calls("mlp")[0]
+    torch.save(call["inputs"], tmp_path / "x.npy", _use_new_zipfile_serialization=not legacy)
+    out_path = tmp_path / "y.pt"
+    argv = ["run", str(fixture_paths("mlp")[0]), "--input", str(tmp_path / "x.npy")]
+    assert main([*argv, "--repeat", "1", "--output", str(out_path)]) == 0
+    torch.testing.assert_close(torch.load(out_path)[0], call["outputs"][0], rtol=1e-4, atol=1e-5)
+
+
 def test_errors_are_one_line(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
     bad = f"{tmp_path}/bad.pte"
     with open(bad, "wb") as f:
@@ -200,6 +214,7 @@ def test_input_files_that_are_not_tensors(
     files = {
         "hostile.pt": pickle.dumps(_Planted(str(marker)), protocol=2),
         "hostile4.pt": pickle.dumps(_Planted(str(marker)), protocol=4),
+        "hostile.npy": pickle.dumps(_Planted(str(marker)), protocol=2),
         "empty.pt": b"",
         "program.pt": fixture_paths("mlp")[0].read_bytes(),
         "notes.pt": b"x = 1.5\n",
@@ -214,6 +229,7 @@ def test_input_files_that_are_not_tensors(
     expected = {
         "hostile.pt": "Python objects other than tensors",
         "hostile4.pt": "Python objects other than tensors",
+        "hostile.npy": "Python objects other than tensors",
         "empty.pt": "the file is empty (0 bytes)",
         "program.pt": "it is an ExecuTorch program (.pte)",
         "notes.pt": "it is a text file",

@@ -72,7 +72,9 @@ def read_inputs(paths: Sequence[str]) -> list[Any]:
             head = f.read(4096)
         if not head:
             raise _input_error(path, "the file is empty (0 bytes)")
-        if Path(path).suffix.lower() == ".npy" or _is_npy(head):  # (numpy.save's, any name)
+        # the content decides (numpy.save's under any name, torch.save's under .npy too);
+        # the name only where the content is neither's
+        if _is_npy(head) or (Path(path).suffix.lower() == ".npy" and not _torch_like(head)):
             inputs.append(_read_npy(path))
             continue
         try:
@@ -100,6 +102,12 @@ def _is_npy(head: bytes) -> bool:
     except ImportError:  # without numpy, torch.load's refusal says what the file is
         return False
     return head.startswith(MAGIC_PREFIX)
+
+
+def _torch_like(head: bytes) -> bool:
+    """Whether a file starting with ``head`` may be torch.save's: a zip archive, or (its
+    legacy format) a pickle of protocol 2 or later."""
+    return head.startswith((b"PK\x03\x04", b"\x80"))
 
 
 def _read_npy(path: str) -> Any:
@@ -140,7 +148,7 @@ def _unreadable(e: Exception, path: str, head: bytes) -> str:
     except (OSError, ValueError, BufferError):  # not a file that maps (a pipe, a device)
         what = describe(head)
     what = what.split(";")[0] if what is not None else None
-    torch_like = head.startswith(b"PK\x03\x04") or head.startswith(b"\x80")
+    torch_like = _torch_like(head)
     text = str(e)
     if what is not None and not torch_like:
         return f"not a file torch.save wrote: {what}"
