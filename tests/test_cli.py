@@ -641,3 +641,14 @@ def test_a_debug_buffer_size_needs_a_debug_buffer(
     buf = tmp_path / "m.bin"
     assert main([*argv, "--debug-buffer", str(buf)]) == 0
     assert 0 < buf.stat().st_size <= 4096
+
+
+def test_worst_errors_need_a_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    """``trace --worst N`` lists the largest errors against the float64 reference; without
+    ``--reference`` there are none, so N is refused (it was taken, and nothing listed)."""
+    mlp = str(fixture_paths("mlp")[0])
+    _fails_in_one_line(capsys, ["trace", mlp, "--worst", "3"], "--worst", "--reference")
+    assert main(["trace", mlp, "--worst", "3", "--reference"]) == 0
+    out = capsys.readouterr().out
+    listed = out.split("largest errors against the float64 reference:\n")[1].splitlines()
+    assert len(listed) == 3 and all(line.startswith("  instruction ") for line in listed)

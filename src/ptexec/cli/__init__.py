@@ -157,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_trace.add_argument("--reads", action="store_true", help="also summarise what each one read")
     p_trace.add_argument("--limit", type=positive, help="show at most this many instructions")
     p_trace.add_argument(
-        "--worst", type=non_negative, default=5, help="largest errors to list (--reference)"
+        "--worst",
+        type=non_negative,
+        help="with --reference: the largest errors to list (default 5)",
     )
     p_trace.add_argument("--json", type=output_file, help="save the trace as JSON to this file")
     p_trace.add_argument(

@@ -67,7 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-
+    if args.worst is not None and not args.reference:
+        raise ValueError("--worst lists errors against --reference: give --reference too")
     apply_threads(args)
     method, inputs = method_and_inputs(args, optimize=not args.no_optimize)
     progress = Progress("trace: {done} instructions run ({total} in the program)")
@@ -88,7 +89,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         for i, y in enumerate(tr.outputs):
             print(f"  output {i}: {summary(y)}")
     if args.reference and tr.records:
-        worst = tr.worst(args.worst)
+        worst = tr.worst(5 if args.worst is None else args.worst)
         if worst:
             print("largest errors against the float64 reference:")
             for r in worst:
