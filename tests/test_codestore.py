@@ -267,6 +267,31 @@ def test_the_cache_command_lists_verifies_and_clears_it(
     assert codestore.files(root) == []
 
 
+def test_clearing_a_folder_that_is_no_cache_removes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cache clear --dir`` naming a project's folder: clearing removes the stores' whole
+    directories by name, so a folder holding anything a cache does not hold is refused,
+    and its own ``code`` and ``inductor`` folders keep their files."""
+    from ptexec.cli import main
+
+    project = tmp_path / "project"
+    (project / "code").mkdir(parents=True, mode=0o700)
+    (project / "inductor").mkdir(mode=0o700)
+    project.chmod(0o700)
+    mine = [project / "code" / "train.py", project / "inductor" / "notes.txt", project / "a.txt"]
+    for f in mine:
+        f.write_text("kept")
+    assert main(["cache", "clear", "--dir", str(project)]) == 1
+    out = capsys.readouterr().out
+    assert "not cleared" in out and "a.txt" in out
+    assert all(f.read_text() == "kept" for f in mine)
+    # a cache's own root is cleared as before
+    (project / "a.txt").unlink()
+    assert main(["cache", "clear", "--dir", str(project)]) == 0
+    assert not (project / "inductor").exists() and list((project / "code").iterdir()) == []
+
+
 def test_no_home_directory_is_no_store(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user without a home directory (a container's arbitrary uid, no HOME) loads as
     without the store."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     from .. import codestore, libstore
     from ..cachedir import files_under
-    from ..compile.aoti import clear_kernels, kept_kernels, kernels_problem
+    from ..compile.aoti import INDUCTOR_SUBDIR, clear_kernels, kept_kernels, kernels_problem
     from ..compile.cache import Cache, cache_dir, max_bytes, root_status
     from ..errors import CacheEntryError
 
@@ -77,6 +78,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 1
     cache = Cache(root, writable)
     if args.action == "clear":
+        # clearing removes whole directories by name ("code", "native", "inductor"): a
+        # directory that holds anything else is not a cache (--dir or PTEXEC_CACHE_DIR
+        # naming a project's folder) and nothing in it is removed
+        stores = {codestore.SUBDIR, libstore.SUBDIR, INDUCTOR_SUBDIR}
+        foreign = sorted(n for n in os.listdir(root) if n not in stores and not cache.makes(n))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            )
+            print(
+                f"compile cache {root}: not cleared: it holds what no ptexec cache holds "
+                f"({shown}); name the cache's own directory, or remove those first"
+            )
+            return 1
         removed = cache.clear()
         print(
             f"compile cache {root}: removed {removed} entries, "

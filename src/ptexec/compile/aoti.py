@@ -32,6 +32,7 @@ from .external import external_call
 from .quiet import quiet
 
 __all__ = [
+    "INDUCTOR_SUBDIR",
     "NATIVE_ENTRY",
     "clear_kernels",
     "compile_models",
@@ -195,7 +196,8 @@ def compile_models(
 # where torch keeps compiled kernels, and what ptexec compiles with in its place when that
 # is not trusted
 _KERNEL_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-_INDUCTOR_SUBDIR = "inductor"
+INDUCTOR_SUBDIR = "inductor"
+"""The directory under the cache root that holds torch's kernels (:func:`inductor_cache`)."""
 _inductor_lock = threading.Lock()
 _private_inductor: list[Path] = []
 
@@ -259,10 +261,10 @@ def _trusted_inductor_dir() -> Path:
     except (RuntimeError, KeyError, OSError):  # no home directory to put it in
         root = None
     if root is not None and _writable_trusted(root):
-        found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=True)
+        found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=True)
         if found is not None and not _kernel_dir(found):
             shutil.rmtree(found, ignore_errors=True)  # (removes links, never what they lead to)
-            found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=True, create=True)
+            found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=True)
             if found is not None:
                 with contextlib.suppress(OSError):  # (new, this user's, in a trusted root)
                     os.chmod(found, 0o700)
@@ -279,7 +281,7 @@ def kept_kernels(root: Path) -> tuple[int, int]:
     """``(files, bytes)`` of torch's kernels under ``root``'s ``inductor`` directory (made
     where torch's own kernel cache was not trusted: :func:`inductor_cache`); links are
     counted as themselves, never followed."""
-    found = trusted_subdir(root, _INDUCTOR_SUBDIR, writable=False, create=False)
+    found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=False, create=False)
     files = size = 0
     if found is None:
         return 0, 0
@@ -294,13 +296,13 @@ def kept_kernels(root: Path) -> tuple[int, int]:
 def kernels_problem(root: Path) -> str | None:
     """Why ``root``'s ``inductor`` directory is never given to torch (a link, writable by
     others: :func:`inductor_cache` uses a private directory instead), or None."""
-    return subdir_problem(root, _INDUCTOR_SUBDIR)
+    return subdir_problem(root, INDUCTOR_SUBDIR)
 
 
 def clear_kernels(root: Path) -> int:
     """Remove ``root``'s ``inductor`` directory (:func:`kept_kernels`), trusted or not (a
     link itself, never what it leads to); how many files it held, when trusted."""
-    directory = root / _INDUCTOR_SUBDIR
+    directory = root / INDUCTOR_SUBDIR
     try:
         st = os.lstat(directory)
     except OSError:

@@ -376,6 +376,12 @@ class Cache:
         found = [self.entry(n) for n in names]
         return sorted(found, key=lambda e: e.last_used())
 
+    @staticmethod
+    def makes(name: str) -> bool:
+        """Whether ``name`` is one the cache makes in its root: an entry, a compile's
+        staging directory or an entry being removed."""
+        return bool(_KEY.fullmatch(name)) or name.startswith((_STAGING, _TRASH))
+
     def leftovers(self) -> list[Path]:
         """Staging directories of compiles that died, and half-removed entries."""
         try:
