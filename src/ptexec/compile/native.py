@@ -40,7 +40,9 @@ so the library is two: ``et_calls.cpp`` (ExecuTorch's API, plain types out) and
 by name, the one its pybindings loaded into this process, so it shares their backend
 registry and thread pool; a delegate initialized with a pool ExecuTorch has since
 replaced is initialized again before its next call, as the Python path loads its method
-again.
+again. So is one whose call failed: XNNPACK's runtimes share one workspace, and a runtime
+left with a failed reshape would fail the next call of any runtime that grows it, so a
+failed execute destroys the delegate's runtime (as the Python path drops its method).
 
 **Build and trust.** The library is compiled once per key (a digest of the sources, the
 compiler and its version, and the versions of torch, ExecuTorch and Python) into the

@@ -251,7 +251,7 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   auto* m = static_cast<Loaded*>(method);
   pthreadpool* pool = executorch::extension::threadpool::get_pthreadpool();
   size_t threads = pool != nullptr ? pthreadpool_get_threads_count(pool) : 0;
-  // (no handle: the last init failed, and is tried again)
+  // (no handle: the last init or execute failed, and it is initialized again)
   if (m->handle == nullptr || pool != m->pool || threads != m->threads) {
     if (!init_delegate(m, error)) return 1;
   }
@@ -307,6 +307,10 @@ int et_run(void* method, size_t n, const Arg* args, std::string* error) {
   }
   if (e != et::Error::Ok) {
     for (Held& h : m->held) h.held = false;  // the next call hands everything over again
+    // XNNPACK's runtimes share one workspace, and one that grows it sets up again every
+    // runtime set up before; one whose last reshape failed fails that, and the growing
+    // call with it: the runtime is destroyed, and the next call initializes it again
+    m->release();
     *error = "ExecuTorch's backend failed to execute the delegate (error " + code(e) + ")";
     return 1;
   }

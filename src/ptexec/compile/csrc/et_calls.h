@@ -53,7 +53,7 @@ void et_free(void* method);
 // Hands `args` over as the delegate's arguments and executes it; nonzero with `error`
 // set on failure. A delegate initialized with a thread pool that is no longer
 // ExecuTorch's is initialized again first (XNNPACK's runtime keeps the pool it was made
-// with).
+// with), and so is one whose last execute failed (which destroys it).
 int et_run(void* method, size_t n, const Arg* args, std::string* error);
 // The sizes argument `i` has after a call (what the delegate resized a dynamic output
 // to); its rank, or -1 when it exceeds `capacity`.
