@@ -32,6 +32,7 @@ from compile_util import (
     replay_both,
     replay_xnnpack,
     session_cache_dir,
+    skip_slow_unless_asked,
     state_values,
     xnnpack_pair,
 )
@@ -1133,3 +1134,57 @@ def test_an_out_tensor_smaller_than_a_dynamic_output_is_filled_as_the_interprete
         y, calls = m.execute([x], out=[torch.empty(8, 4), None])  # holds the bound's rows
         torch.testing.assert_close(y, x * 2 + 2)
         assert calls.item() == 2.0 and m.last_call.outputs[0] == "direct"
+
+
+class _MaxAfterTwo(torch.nn.Module):
+    """A maximum over the columns after the first two: a slice's length, which the graph
+    writes with ``Max`` and ``Min``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 2:].amax(-1)
+
+
+def _check_max_after_two(tmp_path: Path, options: CompileOptions | bool) -> None:
+    """Widths 2 and 1 make the slice empty, where eager raises: so must the compiled
+    method, through the interpreted statements (the interpreter's error, instruction 1)."""
+    from export_util import export_program
+
+    width = torch.export.Dim("width", min=4, max=16)
+    path = tmp_path / "max_after_two.pte"
+    path.write_bytes(
+        export_program(_MaxAfterTwo(), (torch.ones(3, 5),), dynamic_shapes=({1: width},))
+    )
+    interpreted = ptexec.load(path).load_method("forward")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)
+        compiled = ptexec.load(path).load_method("forward", compile=options)
+    report = compiled.compile_report
+    assert report is not None and report.fully_compiled, report
+    for w in (5, 2, 1, 5):
+        x = torch.arange(3 * w, dtype=torch.float32).reshape(3, w)
+        if w > 2:
+            want = _MaxAfterTwo()(x)
+            torch.testing.assert_close(interpreted(x)[0], want)
+            torch.testing.assert_close(compiled(x)[0], want)
+            continue
+        with pytest.raises(IndexError, match="non-zero size"):
+            _MaxAfterTwo()(x)
+        for method in (interpreted, compiled):
+            with pytest.raises(ExecutionError, match=r"instruction 1 \(aten::amax\.out\)"):
+                method(x)
+
+
+def test_a_slice_that_may_be_empty_runs_interpreted(tmp_path: Path) -> None:
+    """A size the graph writes with ``Max``/``Min`` (``x[:, 2:]`` of a dynamic width) that
+    may be 0 is guarded like any other computed size."""
+    _check_max_after_two(tmp_path, CompileOptions(backend="graph"))
+
+
+@pytest.mark.slow
+def test_an_empty_slice_never_reaches_aoti_code(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """AOTInductor's maximum over no columns is -inf for every row where ATen raises:
+    without the guard, widths 2 and 1 returned ``[-inf, -inf, -inf]``."""
+    skip_slow_unless_asked(request)
+    _check_max_after_two(tmp_path, True)

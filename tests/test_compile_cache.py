@@ -331,6 +331,11 @@ def test_guard_round_trip_and_generated_code() -> None:
     assert guards[3].code() == "x0.shape[0] == ((x1.shape[0] // (2)) + (-3))"
     assert guards[4].code() == "(x1.shape[0] - (1)) >= 1"
     assert [s.k for s in guards[4].sizes()] == [1, 1]
+    sliced = Guard(
+        "positive", 0, 1, expr=BinOp("max", 0, BinOp("-", Size(0, 1), BinOp("min", 2, Size(0, 1))))
+    )
+    assert Guard.from_json(json.loads(json.dumps(sliced.to_json()))) == sliced
+    assert sliced.code() == "max((0), (x0.shape[1] - min((2), x0.shape[1]))) >= 1"
     with pytest.raises(GuardError):
         Guard.from_json({"kind": "expr", "k": 0, "d": 0, "expr": 1.5})
     deep: Any = 1

@@ -18,9 +18,9 @@ outside them runs the region interpreted (it gets the interpreter's result or er
 An empty dimension is outside them: AOTInductor's kernels are not made for no elements
 (its CPU matrix product divides by the row count, and a maximum over none is -inf where
 ATen raises). That holds for the graph's own sizes too: a size computed from the inputs'
-(``x[1:]``: one less) that may be 0 within the inputs' ranges gets a guard that it is at
-least 1 (a ``.pte`` keeps only upper bounds, so an input the export said had 3 rows or
-more may come with 1).
+(``x[1:]``: one less; ``x[:, 2:]``: ``max(0, w - min(2, w))``) that may be 0 within the
+inputs' ranges gets a guard that it is at least 1 (a ``.pte`` keeps only upper bounds, so
+an input the export said had 3 rows or more may come with 1).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class Size:
 
 @dataclass(frozen=True)
 class BinOp:
-    """``left op right`` over sizes and integers; ``op`` one of :data:`OPERATORS`."""
+    """``left op right`` over sizes and integers; ``op`` one of :data:`OPERATORS` (``max``
+    and ``min`` are the larger and the smaller of the two)."""
 
     op: str
     left: SizeExpr
@@ -62,7 +63,7 @@ class BinOp:
 
 
 SizeExpr: TypeAlias = int | Size | BinOp
-OPERATORS = ("+", "-", "*", "//", "%")
+OPERATORS = ("+", "-", "*", "//", "%", "max", "min")
 GUARD_KINDS = ("eq", "range", "same", "expr", "positive")
 _MAX_NODES = 256  # an expression a guard may hold (derived ones have a handful)
 _FIELDS = {
@@ -91,7 +92,8 @@ class Guard:
     """A check on the sizes of a region's graph inputs (module docstring): ``kind`` is
     ``"eq"`` (input ``k`` dim ``d`` equals ``value``), ``"range"`` (``lo <= size <= hi``,
     ``hi`` -1 for no upper bound), ``"same"`` (equals input ``k2`` dim ``d2``) or
-    ``"expr"`` (equals ``expr``, integers and other inputs' sizes under ``+ - * // %``)
+    ``"expr"`` (equals ``expr``, integers and other inputs' sizes under ``+ - * // %``,
+    ``max`` and ``min``)
     or ``"positive"`` (``expr``, a size of the graph computed from the inputs', is at least
     1; ``k`` and ``d`` name the first input size it reads).
 
@@ -189,6 +191,8 @@ def _code(e: SizeExpr, name: str = "x") -> str:
     if isinstance(e, BinOp):
         if e.op not in OPERATORS:
             raise GuardError(f"unknown operator {e.op!r}")
+        if e.op in _CHOICES:
+            return f"{e.op}({_code(e.left, name)}, {_code(e.right, name)})"
         return f"({_code(e.left, name)} {e.op} {_code(e.right, name)})"
     return f"({int(e)})"
 
@@ -230,6 +234,7 @@ def _expr_from_json(data: Any, budget: list[int]) -> SizeExpr:
 
 
 _DIVISIONS = ("//", "%")
+_CHOICES = ("max", "min")  # written as calls of the builtins
 
 
 def _positive(e: SizeExpr) -> bool:
@@ -532,7 +537,8 @@ def _positive_sizes(
     """A ``"positive"`` guard for each size of the graph's values that is computed from
     the inputs' sizes and may be 0 (or less) within the ranges ``guards`` give them (module
     docstring). Sizes of data (a nonzero's count) are no input's, and a size of a form
-    :func:`_size_expr` does not write (``Max``, ``Min``) no guard's: nothing checks them."""
+    :func:`_size_expr` does not write (a division by a size) no guard's: nothing checks
+    them."""
     import sympy
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
@@ -561,7 +567,7 @@ def _positive_sizes(
                     if low.is_finite and low >= 1:
                         continue
                     term = _size_expr(expr, defined)
-                except (TypeError, ValueError):  # (a form a guard cannot hold: Max, Min)
+                except (TypeError, ValueError):  # (a form a guard cannot hold)
                     continue
                 first = _refs(term)[0]
                 out.append(Guard("positive", first.k, first.d, expr=term))
@@ -571,7 +577,7 @@ def _positive_sizes(
 def _size_expr(expr: Any, defined: dict[Any, tuple[int, int]]) -> SizeExpr:
     """``expr`` (sympy, over symbols that input dims define) as a guard expression."""
     import sympy
-    from torch.utils._sympy.functions import FloorDiv, Mod, ModularIndexing
+    from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, ModularIndexing
 
     if isinstance(expr, sympy.Symbol):
         k, d = defined[expr]
@@ -590,6 +596,10 @@ def _size_expr(expr: Any, defined: dict[Any, tuple[int, int]]) -> SizeExpr:
         return fold("+", args)
     if isinstance(expr, sympy.Mul):
         return fold("*", args)
+    if isinstance(expr, Max | sympy.Max):
+        return fold("max", args)
+    if isinstance(expr, Min | sympy.Min):
+        return fold("min", args)
     if isinstance(expr, FloorDiv | Mod | ModularIndexing) and not all(
         _positive(a) for a in args[1:]
     ):
