@@ -120,6 +120,25 @@ def check_inputs(
     return bound
 
 
+# torch dtype -> numpy's (None: it has none), found once each (a method's load asks)
+_NUMPY_DTYPES: dict[torch.dtype, Any] = {}
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    """The numpy dtype ``torch.from_numpy`` maps to ``dtype``; None for none (bfloat16,
+    quantized types)."""
+    try:
+        return _NUMPY_DTYPES[dtype]
+    except KeyError:
+        pass
+    try:
+        found = torch.empty(0, dtype=dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        found = None
+    _NUMPY_DTYPES[dtype] = found
+    return found
+
+
 def array_views(state: MethodState) -> Callable[[Sequence[Any]], list[Any] | None] | None:
     """For the fast call: ``views(inputs)``, the call's inputs with each numpy array given
     for a CPU tensor input replaced by ``torch.from_numpy``'s view of it, the tensor the
@@ -138,9 +157,8 @@ def array_views(state: MethodState) -> Callable[[Sequence[Any]], list[Any] | Non
     for spec in state.inputs:
         if spec.kind != "tensor" or spec.dtype is None or not spec.device.is_cpu:
             continue
-        try:
-            dtype = torch.empty(0, dtype=spec.dtype).numpy().dtype
-        except (TypeError, RuntimeError):  # no numpy dtype (bfloat16, quantized types)
+        dtype = _numpy_dtype(spec.dtype)
+        if dtype is None:
             continue
         wanted.append((spec.index, dtype, not spec.written))
     if not wanted:
