@@ -262,3 +262,36 @@ def test_the_cache_command_reports_and_clears_a_kernel_directory_not_used(
     assert not os.path.lexists(kernels)
     if how == "link":
         assert (elsewhere / "kernel.so").exists()
+
+
+def test_an_inductor_folder_of_a_project_used_as_the_root_keeps_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PTEXEC_CACHE_DIR`` naming a project's folder that has an ``inductor`` folder of its
+    own, others may enter (0755): a compile never empties it (nothing says it is the
+    cache's, as ``cache clear`` refuses such a folder too); torch gets a private
+    directory instead. A root holding only what a cache holds still has its ``inductor``
+    emptied and made again."""
+    project = tmp_path / "project"
+    (project / "inductor").mkdir(parents=True)
+    for d in (project, project / "inductor"):
+        d.chmod(0o755)
+    mine = [project / "inductor" / "notes.txt", project / "train.py"]
+    for f in mine:
+        f.write_text("kept")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(project))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    chosen = aoti.inductor_cache()
+    assert [f.read_text() for f in mine] == ["kept", "kept"]
+    assert stat.S_IMODE((project / "inductor").stat().st_mode) == 0o755
+    assert project not in chosen.parents and shared not in chosen.parents
+    assert _trusted(chosen) and stat.S_IMODE(chosen.stat().st_mode) == 0o700
+    # the cache's own root: its inductor others may enter is made again, private
+    (project / "train.py").unlink()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    assert aoti.inductor_cache() == project / "inductor"
+    assert stat.S_IMODE((project / "inductor").stat().st_mode) == 0o700

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +63,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     from .. import codestore, libstore
     from ..cachedir import files_under
-    from ..compile.aoti import INDUCTOR_SUBDIR, clear_kernels, kept_kernels, kernels_problem
-    from ..compile.cache import Cache, cache_dir, max_bytes, root_status
+    from ..compile.aoti import clear_kernels, kept_kernels, kernels_problem
+    from ..compile.cache import Cache, cache_dir, foreign_names, max_bytes, root_status
     from ..errors import CacheEntryError
 
     root = Path(args.dir).expanduser() if args.dir else cache_dir()
@@ -81,8 +80,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         # clearing removes whole directories by name ("code", "native", "inductor"): a
         # directory that holds anything else is not a cache (--dir or PTEXEC_CACHE_DIR
         # naming a project's folder) and nothing in it is removed
-        stores = {codestore.SUBDIR, libstore.SUBDIR, INDUCTOR_SUBDIR}
-        foreign = sorted(n for n in os.listdir(root) if n not in stores and not cache.makes(n))
+        foreign = foreign_names(root)
         if foreign:
             shown = ", ".join(foreign[:5]) + (
                 f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""

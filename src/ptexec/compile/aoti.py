@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..cachedir import cache_dir, root_status, subdir_problem, trusted_subdir
+from .cache import INDUCTOR_SUBDIR, foreign_names
 from .external import external_call
 from .quiet import quiet
 
@@ -196,8 +197,6 @@ def compile_models(
 # where torch keeps compiled kernels, and what ptexec compiles with in its place when that
 # is not trusted
 _KERNEL_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-INDUCTOR_SUBDIR = "inductor"
-"""The directory under the cache root that holds torch's kernels (:func:`inductor_cache`)."""
 _inductor_lock = threading.Lock()
 _private_inductor: list[Path] = []
 
@@ -254,20 +253,23 @@ def _kernel_dir(directory: Path) -> bool:
 def _trusted_inductor_dir() -> Path:
     """``inductor`` under ptexec's cache root, mode 0700, when that root is trusted and
     this user's to write; else a private temporary directory of this process. One others
-    could enter (made with the access a readable root gives its entries) is emptied and
-    made again: what it holds may be theirs."""
+    could enter (made by an earlier ptexec with the access a readable root gives its
+    entries) is emptied and made again, what it holds may be theirs; but only in a root
+    that holds nothing a cache does not (:func:`~ptexec.compile.cache.foreign_names`): a
+    project's folder named as the root keeps its own ``inductor`` folder as it is."""
     try:
         root: Path | None = cache_dir()
     except (RuntimeError, KeyError, OSError):  # no home directory to put it in
         root = None
     if root is not None and _writable_trusted(root):
-        found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=True)
-        if found is not None and not _kernel_dir(found):
+        with contextlib.suppress(OSError):  # (made no one else's to enter: torch's umask)
+            os.mkdir(root / INDUCTOR_SUBDIR, 0o700)
+        found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=False)
+        if found is not None and not _kernel_dir(found) and _only_a_cache(root):
             shutil.rmtree(found, ignore_errors=True)  # (removes links, never what they lead to)
-            found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=True)
-            if found is not None:
-                with contextlib.suppress(OSError):  # (new, this user's, in a trusted root)
-                    os.chmod(found, 0o700)
+            with contextlib.suppress(OSError):
+                os.mkdir(found, 0o700)
+            found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=False)
         if found is not None and _kernel_dir(found):
             return found
     if not _private_inductor:
@@ -275,6 +277,15 @@ def _trusted_inductor_dir() -> Path:
         atexit.register(shutil.rmtree, private, True)
         _private_inductor.append(private)
     return _private_inductor[0]
+
+
+def _only_a_cache(root: Path) -> bool:
+    """Whether ``root`` holds nothing a cache does not (so its ``inductor`` is the
+    cache's); False when it cannot be listed."""
+    try:
+        return not foreign_names(root)
+    except OSError:
+        return False
 
 
 def kept_kernels(root: Path) -> tuple[int, int]:

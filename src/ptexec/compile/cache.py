@@ -80,11 +80,13 @@ if TYPE_CHECKING:
     from ..program import Program
 
 __all__ = [
+    "INDUCTOR_SUBDIR",
     "Cache",
     "CacheEntry",
     "cache_dir",
     "cache_key",
     "content_digest",
+    "foreign_names",
     "max_bytes",
     "open_cache",
     "program_digest",
@@ -101,6 +103,9 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _STAGING = ".staging-"
 _TRASH = ".trash-"
 _STALE_SECONDS = 24 * 3600  # a staging directory of another host, or older: its compile died
+INDUCTOR_SUBDIR = "inductor"
+"""The directory under the cache root that holds torch's kernels
+(:func:`ptexec.compile.aoti.inductor_cache`)."""
 
 
 _warned: set[str] = set()
@@ -308,6 +313,17 @@ def open_cache(root: Path | None = None) -> Cache | None:
         )
         return None
     return Cache(root, writable)
+
+
+def foreign_names(root: Path) -> list[str]:
+    """The names in ``root`` that no ptexec cache holds, sorted: none in a cache's own
+    root; some in a project's folder named as one (``PTEXEC_CACHE_DIR``, ``--dir``),
+    whose ``code``, ``native`` or ``inductor`` folders are then its own, never emptied or
+    removed as the stores'. ``OSError`` when ``root`` cannot be listed."""
+    from .. import codestore, libstore
+
+    stores = {codestore.SUBDIR, libstore.SUBDIR, INDUCTOR_SUBDIR}
+    return sorted(n for n in os.listdir(root) if n not in stores and not Cache.makes(n))
 
 
 # ---- the cache and its entries ---------------------------------------------------------
