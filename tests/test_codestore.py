@@ -366,7 +366,7 @@ def test_a_shared_root_shares_its_code_directory_and_stale_temporaries_go(root: 
     directory = codestore.code_dir(root)
     assert directory.stat().st_mode & 0o777 == 0o755
     assert (directory / codestore.key(source)).stat().st_mode & 0o777 == 0o644
-    stale, fresh = directory / ".tmp-dead", directory / ".tmp-writing"
+    stale, fresh = directory / ".tmp-dead0000", directory / ".tmp-writing0"
     stale.write_bytes(b"half")
     fresh.write_bytes(b"half")
     os.utime(stale, (1, 1))
@@ -439,3 +439,30 @@ def test_the_cache_command_reports_a_code_directory_others_may_write(
     assert "writable by its group" in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0
     assert list(codestore.code_dir(root).iterdir()) == []
+
+
+def test_trimming_removes_only_the_files_the_store_wrote(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``code`` folder that holds files of someone else's (a project's folder named as
+    the root): the least recently read of the store's own files are removed, never those,
+    however old, and they do not count towards :data:`codestore.MAX_ENTRIES`."""
+    monkeypatch.setattr(codestore, "MAX_ENTRIES", 4)
+    directory = codestore.code_dir(root)
+    directory.mkdir(parents=True, mode=0o700)
+    mine = [directory / "train.py", directory / ".tmp-notes.txt", directory / "data.bin"]
+    for f in mine:
+        f.write_text("kept")
+        os.utime(f, (1, 1))  # older than anything the store writes
+    sources = [f"y = {i}\n" * 400 for i in range(4)]
+    for i, source in enumerate(sources):
+        codestore.store(source, compile(source, "<t>", "exec"))
+        os.utime(directory / codestore.key(source), (10 + i, 10 + i))
+    assert all(f.read_text() == "kept" for f in mine)
+    kept = sorted(p.name for p in directory.iterdir() if p not in mine)
+    assert kept == sorted(codestore.key(s) for s in sources)  # 4: none removed yet
+    extra = "z = 1\n" * 400
+    codestore.store(extra, compile(extra, "<t>", "exec"))  # 5 > 4: down to 3, oldest first
+    assert all(f.read_text() == "kept" for f in mine)
+    kept = sorted(p.name for p in directory.iterdir() if p not in mine)
+    assert kept == sorted(codestore.key(s) for s in [*sources[2:], extra])

@@ -26,8 +26,9 @@ again when this user writes the root); a load never fails or warns because of th
 
 **Writing.** A file is written under a temporary name in the ``code`` directory and renamed
 into place in one step, so readers see a whole file or none. The directory holds at most
-:data:`MAX_ENTRIES` files, the least recently read removed first. ``PTEXEC_CODE_CACHE=0``
-turns the store off; ``ptexec cache list|verify|clear`` covers it. Imports no torch.
+:data:`MAX_ENTRIES` files of the store's, the least recently read removed first (a file
+not named as the store names its files is never removed). ``PTEXEC_CODE_CACHE=0`` turns the
+store off; ``ptexec cache list|verify|clear`` covers it. Imports no torch.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ _TAG = importlib.util.MAGIC_NUMBER + (sys.implementation.cache_tag or "").encode
 _HEADER = len(_MAGIC) + 1 + len(_TAG) + 32  # magic, layout, interpreter, payload digest
 _NAME = re.compile(r"[0-9a-f]{64}")
 _TEMP = ".tmp-"
+_TEMP_NAME = re.compile(r"\.tmp-[a-z0-9_]{8}")  # (tempfile.mkstemp's: 8 of these characters)
 SUBDIR = "code"
 
 
@@ -246,7 +248,8 @@ def store(source: str, code: types.CodeType) -> None:
 def _trim(directory: Path) -> None:
     """Remove temporary files a writer that died left (an hour old), and the least
     recently read files while the directory holds more than :data:`MAX_ENTRIES` (down to
-    three quarters of it)."""
+    three quarters of it). Only names the store makes are counted and removed: a ``code``
+    folder of a project's (its folder named as the root) keeps its own files."""
     try:
         with os.scandir(directory) as it:
             names = [e.name for e in it]
@@ -254,10 +257,11 @@ def _trim(directory: Path) -> None:
         return
     stale = time.time() - 3600
     for name in names:
-        if name.startswith(_TEMP):
+        if _TEMP_NAME.fullmatch(name):
             with contextlib.suppress(OSError):
                 if os.lstat(directory / name).st_mtime < stale:
                     os.unlink(directory / name)
+    names = [name for name in names if _NAME.fullmatch(name)]
     if len(names) <= MAX_ENTRIES:
         return
     dated = []
