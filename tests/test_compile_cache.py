@@ -617,6 +617,32 @@ def test_stale_staging_is_removed_and_lru_entries_evicted(
     assert kept == {Path(m.compile_report.cache_path).name, old[2].name}
 
 
+def test_housekeeping_removes_nothing_in_a_root_holding_what_no_cache_holds(
+    root: Path, fake_aoti: dict[str, int], out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project's folder named as the root (``PTEXEC_CACHE_DIR``): its files named as an
+    entry, a staging directory or an entry being removed would be, however old and
+    large, are the project's (``cache clear`` refuses such a folder too); a compile keeps
+    its entry there and removes nothing, and says once why the cap is not kept."""
+    blob = root / ("ab" * 32)  # a file named by its sha256, as downloads often are
+    blob.write_bytes(b"x" * 3000)
+    notes = root / ".trash-notes"
+    notes.write_text("kept")
+    drafts = root / ".staging-drafts"
+    drafts.mkdir()
+    (drafts / "a.txt").write_text("kept")
+    (root / "train.py").write_text("kept")
+    for p in (blob, notes, drafts):
+        os.utime(p, (1000, 1000))
+    monkeypatch.setenv("PTEXEC_CACHE_MAX_BYTES", "2500")
+    m, messages = _load()
+    assert m.compile_report is not None and m.compile_report.cache_path
+    assert Path(m.compile_report.cache_path).is_dir()
+    assert blob.read_bytes() == b"x" * 3000 and notes.read_text() == "kept"
+    assert (drafts / "a.txt").read_text() == "kept" and (root / "train.py").exists()
+    assert len(messages) == 1 and "train.py" in messages[0]
+
+
 @pytest.mark.parametrize(
     ("text", "size"), [("", 10 * 1024**3), ("0", 0), ("500M", 500 * 1024**2), ("2g", 2 * 1024**3)]
 )

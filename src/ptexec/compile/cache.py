@@ -37,7 +37,9 @@ relied on.)
 **Housekeeping.** After each new entry, staging directories of compiles that died are
 removed and the least recently used entries (a hit marks its entry used) are evicted
 while the cache holds more than ``PTEXEC_CACHE_MAX_BYTES`` (bytes, or with a ``K``, ``M``,
-``G`` suffix; 0 for no limit; default 10G). ``ptexec cache list|verify|clear`` shows,
+``G`` suffix; 0 for no limit; default 10G); not in a root that holds anything a cache
+does not (a project's folder named as the root: its files are not the cache's to remove,
+one warning). ``ptexec cache list|verify|clear`` shows,
 checks and empties it.
 
 The root is ``PTEXEC_CACHE_DIR`` when set, else ``ptexec`` under the user's cache
@@ -421,18 +423,41 @@ class Cache:
                     out.append(path)
         return out
 
+    def _only_ours(self) -> bool:
+        """Whether the root holds nothing a cache does not (:func:`foreign_names`), so that
+        what housekeeping removes by its name is the cache's (a project's folder named as
+        the root keeps its files, as ``cache clear`` refuses it); one warning when not."""
+        try:
+            foreign = foreign_names(self.root)
+        except OSError:
+            return False
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            warn_once(
+                f"the compile cache {self.root} holds what no ptexec cache holds ({shown}): "
+                "nothing in it is evicted or removed, so PTEXEC_CACHE_MAX_BYTES is not kept; "
+                "give the cache a directory of its own",
+                4,
+            )
+        return not foreign
+
     def remove_leftovers(self) -> None:
-        """Remove what :meth:`leftovers` finds (when this user writes the cache)."""
-        if self.writable:
-            for path in self.leftovers():
-                _remove(path)
+        """Remove what :meth:`leftovers` finds (when this user writes the cache and it
+        holds nothing a cache does not: :meth:`_only_ours`)."""
+        if self.writable and self._only_ours():
+            self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        for path in self.leftovers():
+            _remove(path)
 
     def housekeep(self, keep: str | None = None) -> list[str]:
         """Remove leftovers, then evict least recently used entries (never ``keep``) while
-        the cache is over :func:`max_bytes`; the evicted keys."""
-        if not self.writable:
+        the cache is over :func:`max_bytes`; the evicted keys. Nothing in a root that holds
+        what no cache holds (:meth:`_only_ours`)."""
+        if not self.writable or not self._only_ours():
             return []
-        self.remove_leftovers()
+        self._remove_leftovers()
         cap = max_bytes()
         if cap <= 0:
             return []
