@@ -515,6 +515,35 @@ def test_saved_files_have_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
     assert (tmp_path / "new.ptd").read_bytes() == kept.read_bytes() == tm.ptd_bytes()
 
 
+def test_saving_over_a_private_file_never_shows_its_new_bytes_to_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file written over that only its owner may read (0600): ``open(path, "wb")`` never
+    lets anyone else read the new bytes, so neither may the temporary file they are
+    written to before the rename (made with the umask's 0644, it was readable by all
+    while written, and whoever opened it then kept reading it)."""
+    tm = T.load(FIX / "mlp_ext.pte", FIX / "mlp_ext.ptd")
+    secret = tmp_path / "secret.ptd"
+    secret.write_bytes(b"old")
+    os.chmod(secret, 0o600)
+    seen: list[int] = []
+    real = os.fdopen
+
+    def opened(fd: int, *args: Any, **kwargs: Any) -> Any:
+        seen.append(stat.S_IMODE(os.fstat(fd).st_mode))  # before a byte is written
+        return real(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", opened)
+    old = os.umask(0o022)
+    try:
+        tm.save_ptd(secret)
+    finally:
+        os.umask(old)
+    monkeypatch.undo()
+    assert seen and all(mode & 0o077 == 0 for mode in seen), [oct(m) for m in seen]
+    assert _mode(secret) == 0o600 and secret.read_bytes() == tm.ptd_bytes()
+
+
 def test_saving_through_a_link_writes_the_file_it_names(tmp_path: Path) -> None:
     """Saving to a symbolic link writes the file the link names, as ``open(path, "wb")``
     does, and the link stays a link: the link itself was replaced by a new file and the

@@ -34,7 +34,7 @@ def write_together(files: Sequence[tuple[str | os.PathLike[str], bytes]]) -> Non
     written: list[str] = []
     try:
         for (target, mode), (_, data) in zip(targets, files, strict=True):
-            fd, tmp = _created_beside(target)
+            fd, tmp = _created_beside(target, mode)
             written.append(tmp)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -62,14 +62,17 @@ def _target(path: str | os.PathLike[str]) -> tuple[Path, int | None]:
     return target, stat.S_IMODE(st.st_mode)
 
 
-def _created_beside(target: Path) -> tuple[int, str]:
+def _created_beside(target: Path, mode: int | None) -> tuple[int, str]:
     """A new file in ``target``'s folder, open for writing, made with mode 0666 less the
-    umask as ``open`` makes files (``tempfile.mkstemp`` makes them 0600)."""
+    umask as ``open`` makes files (``tempfile.mkstemp`` makes them 0600), or, written over
+    an existing file of mode ``mode``, with no more access than that file gives (less the
+    umask): the new bytes are never readable by anyone the old file kept out."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    access = 0o666 if mode is None else mode & 0o777
     for _ in range(100):
         tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}")
         try:
-            return os.open(tmp, flags, 0o666), tmp
+            return os.open(tmp, flags, access), tmp
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {target}")
