@@ -1333,3 +1333,52 @@ def test_an_image_detail_is_one_of_openais_or_refused() -> None:
         with pytest.raises(ApiError, match="detail must be one of auto, low, high") as e:
             request(detail)
         assert e.value.status == 400
+
+
+def _executorchs_pieces(d: Path, items: Any, config: Any) -> tuple[list[str], str]:
+    """What ExecuTorch's multimodal runner streams and returns for ``items(module)`` (the
+    inputs, made by the module given) under ``config(module)``."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+    ck = d / "checkpoint"
+    runner = et.MultimodalRunner(str(d / "model.pte"), str(ck / "tokenizer.json"))
+    pieces: list[str] = []
+    runner.generate(items(et), config(et), pieces.append)
+    runner.reset()
+    return pieces, runner.generate_text(items(et), config(et))
+
+
+@pytest.mark.slow
+def test_echo_streams_the_last_text_input_as_executorchs_runner(llava: Path) -> None:
+    """With ``echo``, ExecuTorch's runner streams the text of the last input, when it is a
+    text, before the generated text, and nothing of the prompt when it ends with an image;
+    ``generate_text`` leaves that echo out. (All the prompt's texts were streamed, joined
+    without the image: 'USER: \\nWhat is in this picture? ASSISTANT:' where ExecuTorch's
+    streams '\\nWhat is in this picture? ASSISTANT:', and 'USER: hi' where it streams
+    none.)"""
+    import ptexec.llm as ours
+
+    pixels = _eager_image(llava, _pixels(7, 32, 32))[0]["pixel_values"][0]
+    before, after = mm.PROMPTS["image"].split("<image>")
+    runner = _runner(llava)
+    for texts in ((before, after), ("USER: hi", None)):
+
+        def items(m: Any, texts: Any = texts) -> list[Any]:
+            out = [m.make_text_input(texts[0]), m.make_image_input(pixels)]
+            return out + ([m.make_text_input(texts[1])] if texts[1] is not None else [])
+
+        def config(m: Any) -> Any:
+            return m.GenerationConfig(temperature=0.0, max_new_tokens=6, echo=True)
+
+        theirs, their_text = _executorchs_pieces(llava, items, config)
+        want = [p for p in theirs if p not in mm.SPECIAL]  # control tokens stream no text
+        assert len(want) > 3
+        pieces: list[str] = []
+        text = runner.generate_text(items(ours), config(ours), pieces.append)
+        runner.reset()
+        assert pieces == want, texts
+        assert text == "".join(want[1:] if texts[1] is not None else want)
+        for control in mm.SPECIAL:
+            their_text = their_text.replace(control, "")
+        assert their_text == (texts[1] or "") + text  # theirs returns the echo too

@@ -823,7 +823,9 @@ class MultimodalRunner(_Runner):
                 if items
                 else (None, [])
             )
-            prompt = "".join(i.get_text() or "" for i in items if i.is_text())
+            # echo streams the last input's text, when it is a text (ExecuTorch's runner's
+            # rule): the texts before it are around media and stream nothing
+            prompt = (items[-1].get_text() or "") if items and items[-1].is_text() else ""
             return self._generate_ids(
                 ids, prompt, config, token_callback, stats_callback, media=media, started_ms=started
             )
