@@ -1382,3 +1382,45 @@ def test_echo_streams_the_last_text_input_as_executorchs_runner(llava: Path) -> 
         for control in mm.SPECIAL:
             their_text = their_text.replace(control, "")
         assert their_text == (texts[1] or "") + text  # theirs returns the echo too
+
+
+@pytest.mark.slow
+def test_input_orders_and_later_turns_give_executorchs_tokens(llava: Path) -> None:
+    """Each order of text, image and token inputs, and a second turn with a new image
+    after the first (no reset), gives ExecuTorch's runner's tokens at its positions. A
+    later turn's ``num_prompt_tokens`` counts its own inputs' positions (ExecuTorch's, the
+    whole context after its prefill: a README difference)."""
+    et = pytest.importorskip("executorch.extension.llm.runner")
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+
+    import ptexec.llm as ours
+
+    first, second = (_eager_image(llava, _pixels(s, 32, 32))[0]["pixel_values"][0] for s in (3, 4))
+    ck = llava / "checkpoint"
+    theirs = et.MultimodalRunner(str(llava / "model.pte"), str(ck / "tokenizer.json"))
+    runner = _runner(llava)
+    conversations: list[Any] = [
+        [lambda m: [m.make_text_input("USER: "), m.make_image_input(first),
+                    m.make_text_input("\nWhat is in this picture? ASSISTANT:")],
+         lambda m: [m.make_text_input(" USER: "), m.make_image_input(second),
+                    m.make_text_input(" And this? ASSISTANT:")],
+         lambda m: [m.make_token_input([5, 6, 7])]],
+        [lambda m: [m.make_image_input(first), m.make_text_input("What is it? ASSISTANT:")]],
+        [lambda m: [m.make_text_input("USER: "), m.make_image_input(first),
+                    m.make_text_input(" and "), m.make_image_input(second),
+                    m.make_token_input([10, 11]), m.make_text_input(" ASSISTANT:")]],
+    ]  # fmt: skip
+    for turns in conversations:
+        for items in turns:
+            want: list[str] = []
+            seen: list[Any] = []
+            config = {"temperature": 0.0, "max_new_tokens": 6, "echo": False}
+            theirs.generate(items(et), et.GenerationConfig(**config), want.append, seen.append)
+            at = runner.pos
+            runner.generate(items(ours), ours.GenerationConfig(**config))
+            got = [runner.tokenizer.decode([t]) for t in runner.generated_tokens]
+            assert got == want
+            assert seen[0].num_prompt_tokens == at + runner.stats.num_prompt_tokens
+            assert runner.pos == seen[0].num_prompt_tokens + seen[0].num_generated_tokens
+        theirs.reset()
+        runner.reset()
