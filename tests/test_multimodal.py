@@ -1424,3 +1424,23 @@ def test_input_orders_and_later_turns_give_executorchs_tokens(llava: Path) -> No
             assert runner.pos == seen[0].num_prompt_tokens + seen[0].num_generated_tokens
         theirs.reset()
         runner.reset()
+
+
+def test_an_image_without_pixels_is_refused_where_it_has_no_aspect_ratio(
+    tmp_path: Path,
+) -> None:
+    """An image of no rows or columns, for a shortest-edge config, is a typed refusal
+    naming its size (it divided by zero, untyped, as transformers' processor does); to a
+    fixed size it is resized as transformers' processor resizes it."""
+    for size in ({"shortest_edge": 32}, {"height": 32, "width": 32}):
+        hf = transformers.CLIPImageProcessor(size=size, crop_size={"height": 32, "width": 32})
+        hf.save_pretrained(tmp_path)
+        pre = ImagePreprocessor.from_dir(tmp_path, (32, 32))
+        for shape in ((3, 0, 5), (3, 5, 0), (3, 0, 0)):
+            empty = torch.zeros(shape, dtype=torch.uint8)
+            if "shortest_edge" in size:
+                with pytest.raises(GenerationError, match=r"\d+x\d+ image has no pixels"):
+                    pre(empty)
+            else:
+                want = hf(images=empty.permute(1, 2, 0).numpy(), return_tensors="pt")
+                torch.testing.assert_close(pre(empty), want["pixel_values"][0])

@@ -382,6 +382,10 @@ class ImagePreprocessor:
         h, w = int(x.shape[1]), int(x.shape[2])
         if self.do_resize and self.size is not None:
             if isinstance(self.size, int):  # shortest edge, aspect ratio kept
+                if h == 0 or w == 0:
+                    raise GenerationError(
+                        f"the {h}x{w} image has no pixels: no aspect ratio to resize it by"
+                    )
                 short, long = (h, w) if h <= w else (w, h)
                 new_long = int(self.size * long / short)
                 size = (self.size, new_long) if h <= w else (new_long, self.size)
