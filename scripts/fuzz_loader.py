@@ -63,6 +63,12 @@ Usage::
     python scripts/fuzz_loader.py --cases 100000 --workers 2 --out fuzz-findings
     python scripts/fuzz_loader.py --replay tests/fuzz_corpus/NAME.pte
     python scripts/fuzz_loader.py --case 1234 --seed 0 --show   # reproduce one case
+    python scripts/fuzz_loader.py --focus payload --fixtures xnnpack-mlp ...  # payloads only
+
+``--focus payload`` makes every edit a field edit inside a delegate payload (its graph,
+header and constant data), so that more cases pass the program's own checks and reach the
+backend; ``--focus ptd`` edits only ``.ptd`` files (fixtures without one are not drawn).
+``--case`` takes the same ``--focus`` as the run that drew the case.
 
 Case ``i`` of seed ``s`` is fully determined by ``(s, i)``.
 """
@@ -797,10 +803,20 @@ class Mutator:
             self.by_group.setdefault(_group(f.path), []).append(value)
         self.kinds = sorted(self.by_kind)
         self.kind_weights = [_KIND_WEIGHT[k] for k in self.kinds]
+        # fields of a delegate payload (its graph, header and constant data): --focus payload
+        self.payload_kinds: dict[str, list[Field]] = {}
+        for f in fields:
+            if f.kind.startswith("x") or ".payload." in f.path:
+                self.payload_kinds.setdefault(f.kind, []).append(f)
 
-    def field_edit(self, rng: random.Random, current: bytes) -> Edit:
-        kind = rng.choices(self.kinds, self.kind_weights)[0]
-        f = rng.choice(self.by_kind[kind])
+    def field_edit(
+        self, rng: random.Random, current: bytes, by_kind: dict[str, list[Field]] | None = None
+    ) -> Edit:
+        """Rewrite one field (of ``by_kind``'s fields when given, else of any)."""
+        by_kind = self.by_kind if by_kind is None else by_kind
+        kinds = sorted(by_kind)
+        kind = rng.choices(kinds, [_KIND_WEIGHT[k] for k in kinds])[0]
+        f = rng.choice(by_kind[kind])
         old = _read_int(current, f) if f.pos + f.size <= len(current) else 0
         if f.kind == "tag":
             v = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 255])
@@ -852,15 +868,17 @@ class Mutator:
         src = rng.randrange(n)
         return ("set", pos, current[src : src + k].hex())
 
-    def draw(self, rng: random.Random) -> list[Edit]:
-        """One to four edits, mostly field-aware."""
+    def draw(self, rng: random.Random, focus: str | None = None) -> list[Edit]:
+        """One to four edits, mostly field-aware; ``focus="payload"``: field edits of
+        delegate payloads only (where the file has any)."""
         edits: list[Edit] = []
         current = self.data
         count = rng.choices([1, 2, 3, 4], [55, 25, 12, 8])[0]
+        only = self.payload_kinds if focus == "payload" and self.payload_kinds else None
         for _ in range(count):
             e = (
-                self.field_edit(rng, current)
-                if rng.random() < 0.7
+                self.field_edit(rng, current, only)
+                if only is not None or rng.random() < 0.7
                 else self.byte_edit(rng, current)
             )
             edits.append(e)
@@ -957,17 +975,26 @@ class Case:
         return out
 
 
-def draw_case(seeds: dict[str, Seed], rng: random.Random) -> Case:
+FOCUSES = ("payload", "ptd")
+
+
+def draw_case(seeds: dict[str, Seed], rng: random.Random, focus: str | None = None) -> Case:
     """One case: a fixture chosen by ``rng``, then edits to its .pte (or, sometimes, its
     .ptd). Half the XNNPACK fixtures' cases run with ``xnnpack="torch"`` (ptexec's own
-    runner), half with the default (ExecuTorch's backend where it is installed)."""
-    s = seeds[rng.choice(sorted(seeds))]
+    runner), half with the default (ExecuTorch's backend where it is installed).
+
+    ``focus`` narrows the edits: ``"payload"`` rewrites fields of delegate payloads only,
+    ``"ptd"`` edits the .ptd of a fixture that has one (fixtures without are not drawn)."""
+    names = sorted(seeds)
+    if focus == "ptd":
+        names = [n for n in names if seeds[n].ptd_mutator is not None] or names
+    s = seeds[rng.choice(names)]
     options: dict[str, Any] = {}
     if s.name.startswith(XNNPACK_PREFIX) and rng.random() < 0.5:
         options = {"xnnpack": "torch"}
-    if s.ptd_mutator is not None and rng.random() < 0.3:
+    if s.ptd_mutator is not None and (focus == "ptd" or rng.random() < 0.3):
         return Case(s.name, [], s.ptd_mutator.draw(rng), options)
-    return Case(s.name, s.pte_mutator.draw(rng), [], options)
+    return Case(s.name, s.pte_mutator.draw(rng, focus), [], options)
 
 
 def case_rng(seed: int, index: int) -> random.Random:
@@ -1290,6 +1317,7 @@ def _worker(
     slack: int,
     progress: Any,
     results: Any,
+    focus: str | None = None,
 ) -> None:
     """Run cases ``indices`` in order; report progress (index, start time) and outcomes."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -1306,7 +1334,7 @@ def _worker(
             run_files(s.pte, s.ptd, s.inputs, cap, options=s.options)
         counts: Counter[str] = Counter()
         for index in indices:
-            case = draw_case(seeds, case_rng(seed, index))
+            case = draw_case(seeds, case_rng(seed, index), focus)
             pte, ptd = case.files(seeds)
             s = seeds[case.seed]
             progress[2 * wid] = index
@@ -1339,8 +1367,10 @@ def fuzz(
     timeout: float = DEFAULT_TIMEOUT,
     time_budget: float | None = None,
     quiet: bool = False,
+    focus: str | None = None,
 ) -> dict[str, Any]:
-    """Run cases ``start .. start + cases - 1`` of ``seed`` on ``workers`` processes."""
+    """Run cases ``start .. start + cases - 1`` of ``seed`` on ``workers`` processes
+    (``focus``: see :func:`draw_case`)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -1360,7 +1390,7 @@ def fuzz(
         progress[2 * w + 1] = 0.0
         p = ctx.Process(
             target=_worker,
-            args=(w, seed, todo[w], fixtures, cap, slack, progress, results),
+            args=(w, seed, todo[w], fixtures, cap, slack, progress, results, focus),
             daemon=True,
         )
         p.start()
@@ -1419,7 +1449,7 @@ def fuzz(
                 p.join()
                 if seeds_for_cases is None:
                     seeds_for_cases = load_seeds(fixtures)
-                case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
+                case = draw_case(seeds_for_cases, case_rng(seed, index), focus).to_json()
                 record(
                     "hang",
                     index,
@@ -1444,7 +1474,7 @@ def fuzz(
                     raise RuntimeError(f"worker {w} died during warm-up (exit code {p.exitcode})")
                 if seeds_for_cases is None:
                     seeds_for_cases = load_seeds(fixtures)
-                case = draw_case(seeds_for_cases, case_rng(seed, index)).to_json()
+                case = draw_case(seeds_for_cases, case_rng(seed, index), focus).to_json()
                 record(
                     "crash",
                     index,
@@ -1475,6 +1505,7 @@ def fuzz(
         "kernel_allocs": kernel_allocs,
         "outcomes": dict(sorted(counts.items())),
         "stopped_by_time": stopped,
+        **({"focus": focus} if focus else {}),
     }
 
 
@@ -1567,6 +1598,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fixtures", nargs="*", help="only these fixtures (default: all)")
+    ap.add_argument(
+        "--focus",
+        choices=FOCUSES,
+        default=None,
+        help="payload: edit only fields of delegate payloads; ptd: edit only .ptd files",
+    )
     ap.add_argument("--cap", type=int, default=DEFAULT_CAP, help="max_planned_bytes (bytes)")
     ap.add_argument("--slack", type=int, default=DEFAULT_SLACK)
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
@@ -1588,7 +1625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if bad else 0
     if args.case is not None:
         seeds = load_seeds(args.fixtures)
-        case = draw_case(seeds, case_rng(args.seed, args.case))
+        case = draw_case(seeds, case_rng(args.seed, args.case), args.focus)
         if args.show:
             print(json.dumps(case.to_json(), indent=1))
         pte, ptd = case.files(seeds)
@@ -1622,6 +1659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.timeout,
         args.time_budget,
         args.quiet,
+        args.focus,
     )
     nf = len(summary["findings"])
     brief = {k: v for k, v in summary.items() if k not in ("findings", "kernel_allocs")}

@@ -268,6 +268,19 @@ def test_cases_are_reproducible() -> None:
     assert a.files(SEEDS) == b.files(SEEDS)
 
 
+def test_focused_cases_edit_only_their_part() -> None:
+    """--focus payload: every edit rewrites a field of a delegate payload; --focus ptd:
+    only a .ptd is edited, of a fixture that has one."""
+    s = SEEDS["xnnpack-mlp"]
+    inside = {f.pos for fields in s.pte_mutator.payload_kinds.values() for f in fields}
+    for i in range(50):
+        case = fl.draw_case({s.name: s}, fl.case_rng(1, i), "payload")
+        assert case.pte_edits and all(e[0] == "set" and e[1] in inside for e in case.pte_edits)
+    for i in range(20):
+        case = fl.draw_case(SEEDS, fl.case_rng(1, i), "ptd")
+        assert SEEDS[case.seed].ptd is not None and case.ptd_edits and not case.pte_edits
+
+
 def test_edits_apply_in_order() -> None:
     data = bytes(range(16))
     assert fl.apply_edits(data, [("set", 2, "ffee")])[:5] == bytes([0, 1, 0xFF, 0xEE, 4])
