@@ -454,6 +454,31 @@ def test_payload_dims_that_contradict_the_program_stay_with_ptexec() -> None:
             ptexec.load(data).load_method("forward", xnnpack="executorch")
 
 
+@pytest.mark.parametrize(
+    ("node", "code", "types"), [(98, 47, "fp32 to qint8"), (98, 6, "fp32 to qint8")]
+)
+def test_unary_node_that_changes_the_datatype_stays_with_ptexec(
+    node: int, code: int, types: str
+) -> None:
+    """A Convert from float to int8 made another elementwise node (a Cos, a Clamp): XNNPACK
+    defines it and refuses to create its operator, and ExecuTorch's backend then frees
+    part of the graph twice (its own runtime aborts the process on this file). The payload
+    is not handed to it: 'executorch' says why, 'auto' runs ptexec's runner."""
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    path = f"execution_plan[0].delegates[0].payload.xnodes[{node}].xnode_union_type"
+    data = _xnnpack_edit("mobilenet_v3_small_int8_static_pc", path, bytes([code]))
+    call = SEEDS["xnnpack-mobilenet_v3_small_int8_static_pc"].inputs["forward"]
+    got = ptexec.load(data).load_method("forward").execute(call)
+    want = ptexec.load(data).load_method("forward", xnnpack="torch").execute(call)
+    assert compare_outputs(got, want, 0, 0) is None
+    if executorch_unavailable() is None:
+        with pytest.raises(
+            ptexec.BackendUnavailableError, match=rf"xnodes\[{node}\] \(\w+\) .*{types}"
+        ):
+            ptexec.load(data).load_method("forward", xnnpack="executorch")
+
+
 # --------------------------------------------------------------------------------------
 # limits
 

@@ -41,6 +41,7 @@ from . import schema as s
 from .checked import scales_key, structure_key
 from .constants import Constants
 from .executorch_runner import EtProgram, EtRunner, executorch_unavailable
+from .node_types import UNARY
 from .runtime import ArgInfo, build_runner
 from .schema import decode_payload
 from .shapes import Dims, infer_dims
@@ -424,13 +425,33 @@ def miscomputed(payload: s.XnnPayload) -> str | None:
     return None
 
 
+# elementwise nodes XNNPACK runs as one unary operator, which computes its output in its
+# input's datatype (a Convert is the node that changes it)
+_KEEPS_DATATYPE = frozenset(UNARY) | {"Clamp", "LeakyReLU", "ELU"}
+
+
+def datatype_problem(payload: s.XnnPayload) -> str | None:
+    """Why XNNPACK would refuse a node's datatypes, or None: an elementwise node of
+    :data:`_KEEPS_DATATYPE` whose output's datatype is not its input's (a Cos from fp32 to
+    qint8). XNNPACK defines such a node and refuses to create its operator; ExecuTorch
+    1.5.1's backend then frees part of the graph twice, and the process aborts."""
+    by_id = payload.graph.by_id
+    for n in payload.graph.nodes:
+        if n.type not in _KEEPS_DATATYPE or len(n.inputs) != 1 or len(n.outputs) != 1:
+            continue
+        x, y = by_id.get(n.inputs[0]), by_id.get(n.outputs[0])
+        if x is not None and y is not None and x.datatype != y.datatype:
+            return f"xnodes[{n.index}] ({n.type}) computes {x.dtype_name} to {y.dtype_name}"
+    return None
+
+
 def _checked(
     payload: s.XnnPayload, named_data: Mapping[str, memoryview], tensors: list[p.Tensor | None]
 ) -> tuple[PteFormatError | None, str | None]:
     """Check ``payload`` against the call before ExecuTorch's backend gets it: raise on a
     defect; return the serialized dims problem (None: none) and, when there is none, why
-    XNNPACK would refuse its quantization or ExecuTorch's backend compute it wrongly
-    (:func:`miscomputed`; None: neither). Verdicts for the same graph,
+    XNNPACK would refuse its quantization or a node's datatypes (:func:`datatype_problem`)
+    or ExecuTorch's backend compute it wrongly (:func:`miscomputed`; None: none of them). Verdicts for the same graph,
     sizes, tensors and (a few kilobytes of) scales are kept (:mod:`.checked`); a defect or
     a dims problem is found afresh each time."""
     key = structure_key(payload, named_data, tensors)
@@ -446,7 +467,11 @@ def _checked(
     qkey = scales_key(key, payload, named_data) if key is not None else None
     refused = checked.scales.get(qkey) if qkey is not None else None
     if refused is None:
-        refused = (quantization_problem(payload, named_data) or miscomputed(payload),)
+        refused = (
+            quantization_problem(payload, named_data)
+            or datatype_problem(payload)
+            or miscomputed(payload),
+        )
         if qkey is not None:
             checked.scales.put(qkey, refused)
     return None, refused[0]
