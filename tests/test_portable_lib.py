@@ -26,6 +26,7 @@ from ptexec.errors import (
     UnsupportedDeviceError,
 )
 from ptexec.format.bundled import BundledTensor, read_bundled
+from ptexec.format.flatbuf import Buffer
 
 COMPAT = FIXTURES_DIR / "compat"
 
@@ -304,6 +305,37 @@ def test_bundled_verification_as_executorch() -> None:
         ours.verify_result_with_bundled_expected_output("nope", 0)
     # looser tolerances accept the off-by-0.5 case
     ours.verify_result_with_bundled_expected_output("forward", 1, rtol=0, atol=0.6)
+
+
+def test_bundled_tensor_of_a_quantized_type_is_a_format_error() -> None:
+    """A test case's float32 input retyped qint32 (the same bytes). torch holds no
+    quantized tensor without its scale and zero point: ptexec's verification raised torch's
+    untyped 'empty_strided not supported on quantized tensors'; ExecuTorch's fails the
+    case with an error too."""
+    data = bytearray((COMPAT / "bundled.bpte").read_bytes())
+    root = Buffer(memoryview(data)).root("bundled_program")
+    suites = root.tables(1, "method_test_suites", lambda t: t) or ()
+    (suite,) = [s for s in suites if s.string(0, "method_name") == "forward2"]
+    case = (suite.tables(1, "test_cases", lambda t: t) or ())[2]
+    _, tensor = (case.tables(0, "inputs", lambda t: t) or ())[0].union(0, "val")
+    assert tensor is not None
+    at = tensor.pos + tensor.offsets[0]  # the input's scalar type
+    assert data[at] == 6  # float32
+    data[at] = 14  # qint32
+    bad = bytes(data)
+    theirs = _et()._load_bundled_program_from_buffer(bad)
+    with pytest.raises(RuntimeError):
+        theirs.verify_result_with_bundled_expected_output("forward2", 2)
+    ours = pl._load_bundled_program_from_buffer(bad)
+    with pytest.raises(PteFormatError, match=r"'forward2' test case 2 input 0.*quantized"):
+        ours.verify_result_with_bundled_expected_output("forward2", 2)
+    module = pl._load_for_executorch_from_bundled_program(ours)
+    with pytest.raises(PteFormatError, match="QInt32 is a quantized type"):
+        module.load_bundled_input(ours, "forward2", 2)
+    # the bundle's other cases still verify, as ExecuTorch's
+    got = ours.verify_result_with_bundled_expected_output("forward2", 0)
+    ref = theirs.verify_result_with_bundled_expected_output("forward2", 0)
+    assert torch.equal(got[0], ref[0])
 
 
 def test_module_from_a_bundle_and_bundled_inputs(tmp_path: Any) -> None:

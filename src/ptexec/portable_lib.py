@@ -52,14 +52,12 @@ import torch
 from . import method as _method
 from . import program as _program
 from .delegates import backend_available, registered_backends
-from .dtypes import CODE_TO_DTYPE
 from .errors import (
     FileMissingError,
     InputError,
     MethodNotFoundError,
     NotFoundError,
     OutputMismatchError,
-    PteFormatError,
     StateError,
     UnsupportedDeviceError,
 )
@@ -67,6 +65,7 @@ from .etdump import ETDumpRecorder, check_debug_buffer_size
 from .format.bundled import BundledProgram, BundledTensor, BundledValue, TestCase, read_bundled
 from .kernels.registry import operator_names
 from .loader import DeviceMapSpec
+from .loader.values import scalar_type_dtype
 from .runtime import (
     MethodMeta,
     TensorInfo,
@@ -496,9 +495,7 @@ class BundledModule:
     def _value(self, v: BundledValue, where: str) -> Any:
         if not isinstance(v, BundledTensor):
             return v
-        dtype = CODE_TO_DTYPE.get(v.scalar_type)
-        if dtype is None:
-            raise PteFormatError(where, f"{v.describe()} has no torch dtype")
+        dtype = scalar_type_dtype(v.scalar_type, where)
         raw = torch.frombuffer(self._bundled.tensor_bytes(v), dtype=torch.uint8).clone()
         flat = raw.view(dtype) if raw.numel() else torch.empty(0, dtype=dtype)
         return flat.as_strided(v.sizes, dim_order_strides(v.sizes, v.dim_order))

@@ -29,7 +29,7 @@ from .state import Owned, read_back
 if TYPE_CHECKING:
     from ..program import Program
 
-__all__ = ["build_values", "clear_recipes", "tensor_dtype"]
+__all__ = ["build_values", "clear_recipes", "scalar_type_dtype", "tensor_dtype"]
 
 # torch's quantized dtypes: a tensor of one needs quantizer parameters a program lacks
 _QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
@@ -38,16 +38,21 @@ _QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2,
 def tensor_dtype(t: p.Tensor, path: str) -> torch.dtype:
     """The torch dtype of program tensor ``t``; a :class:`PteFormatError` for scalar types
     ptexec cannot hold."""
-    dtype = CODE_TO_DTYPE.get(t.scalar_type)
+    return scalar_type_dtype(t.scalar_type, f"{path}.scalar_type")
+
+
+def scalar_type_dtype(code: int, where: str) -> torch.dtype:
+    """The torch dtype of a tensor a file describes with scalar type ``code`` (at
+    ``where``); a :class:`PteFormatError` for scalar types ptexec cannot hold: those torch
+    lacks, and torch's quantized types (a tensor of one needs its scale and zero point)."""
+    dtype = CODE_TO_DTYPE.get(code)
     if dtype is None:
-        raise PteFormatError(
-            f"{path}.scalar_type", f"{scalar_type_name(t.scalar_type)} has no torch dtype"
-        )
+        raise PteFormatError(where, f"{scalar_type_name(code)} has no torch dtype")
     if dtype in _QUANTIZED:
         raise PteFormatError(
-            f"{path}.scalar_type",
-            f"{scalar_type_name(t.scalar_type)} is a quantized type whose scale and zero "
-            "point a program does not carry; ptexec does not run such tensors",
+            where,
+            f"{scalar_type_name(code)} is a quantized type whose scale and zero point the "
+            "file does not carry; ptexec does not run such tensors",
         )
     return dtype
 
