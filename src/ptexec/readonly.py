@@ -7,12 +7,17 @@ anything is written), so the warning says nothing to the user. Silencing it mean
 changing ``warnings.filters``, which is the whole process's: ``catch_warnings`` swaps the
 list for a copy and puts the old one back, so a filter another thread adds meanwhile is
 lost (and another thread's own ``catch_warnings`` may keep the ``ignore`` for good). So
-the filters are changed only around the conversion that makes torch issue its one
-warning, under a lock; every later conversion leaves them alone.
+the filters are changed only around a process's first conversion of read-only memory at a
+site (torch's one warning comes then, unless the host's own conversion took it before),
+under a lock, and only by inserting one ``ignore`` filter for that warning and removing
+exactly it: the list is never replaced, so filters other threads add meanwhile stay.
+Every later conversion leaves them alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -23,6 +28,9 @@ import torch
 __all__ = ["from_buffer", "from_numpy"]
 
 _LOCK = threading.Lock()
+# the filter of torch's one warning ("The given NumPy array is not writable", "The given
+# buffer is not writable"), as warnings.filterwarnings would write it
+_SILENCED = ("ignore", re.compile(r".*not writable", re.I), UserWarning, None, 0)
 _ISSUED: set[str] = set()  # the sites whose one warning torch has issued in this process
 
 
@@ -35,16 +43,17 @@ def _quietly(site: str, read_only: bool, make: Callable[[], torch.Tensor]) -> to
     with _LOCK:
         if site in _ISSUED:
             return make()
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always", UserWarning)
-            out = make()
-        # torch warned now, or had warned before (a conversion of the host's own): never again
-        _ISSUED.add(site)
-        for w in seen:
-            if not (issubclass(w.category, UserWarning) and "not writable" in str(w.message)):
-                # not the one this module silences: as it was issued
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-        return out
+        filters: list[Any] = warnings.filters  # type: ignore[assignment]
+        filters.insert(0, _SILENCED)  # in place: another thread's insertion is kept
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+        try:
+            return make()
+        finally:
+            # torch warned now, or had warned before (a conversion of the host's own)
+            _ISSUED.add(site)
+            with contextlib.suppress(ValueError):  # (a host that reset the list took it)
+                filters.remove(_SILENCED)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
 
 
 def from_numpy(a: Any) -> torch.Tensor:
