@@ -784,3 +784,23 @@ def test_an_lru_lists_its_values_while_other_threads_look_up() -> None:
             t.join()
     assert not errors
     assert sorted(cache.values()) == list(range(64)) and cache._cost == 64 * 3
+
+
+def test_a_flatbuffer_differing_between_its_sampled_bytes_is_decoded_afresh() -> None:
+    """A kept description is taken only for the very bytes it was decoded from: a file of
+    the same length whose flatbuffer differs in one byte between the ones its key samples
+    gets its own description, equal to the one decoded with nothing kept."""
+    data = (FIX / "transformer.pte").read_bytes()
+    _forget()
+    first = read_pte(data)
+    name = data.index(b"forward")
+    assert first.header is not None
+    step = max(1, first.header.program_size // pte_module.SAMPLED)
+    at = next(k for k in range(name, name + 7) if k % step)  # (a byte the key skips)
+    other = bytearray(data)
+    other[at] ^= 0x20  # "forward" -> a name differing in one letter's case
+    changed = read_pte(bytes(other))
+    assert changed.program is not first.program
+    _forget()
+    assert changed.program == read_pte(bytes(other)).program
+    assert changed.program.execution_plan[0].name != "forward"

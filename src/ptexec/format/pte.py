@@ -3,20 +3,24 @@
 Decoding and validating the program description is the larger part of reading a file, and
 a process often reads one file many times (a method loaded per worker, a program loaded
 again after it was freed). So the validated description is kept in a small in-process
-cache keyed by the SHA-256 of the flatbuffer bytes and the sizes of the file's segments:
-the same bytes decode to the same frozen dataclasses, and the same description with the
-same segment sizes passes the same checks, so a hit skips work that would give an equal
-result. Only descriptions that passed every check are kept (a defective file is decoded
-and refused again each time); the entries hold plain frozen data (offsets and sizes, no
-view of the file), so they keep no file's memory alive; the cache holds at most
-:data:`DECODED_PROGRAMS` descriptions, least recently used first out. Nothing is kept
-on disk.
+cache keyed by the flatbuffer's bytes and the file's size: the same bytes decode to the
+same frozen dataclasses, and the same description with the same segment sizes passes the
+same checks, so a hit skips work that would give an equal result. A flatbuffer of at
+most :data:`COMPARED_MAX_BYTES` is kept as a copy and compared with the new bytes in
+full (a byte comparison costs a thirtieth of hashing them, and such flatbuffers are
+every load's case); a larger one is known by its SHA-256. Only descriptions that passed
+every check are kept (a defective file is decoded and refused again each time); the
+entries hold plain frozen data (offsets and sizes, no view of the file) and the copies,
+so they keep no file's memory alive; the cache holds at most :data:`DECODED_PROGRAMS`
+descriptions and :data:`COMPARED_BYTES` bytes of copies, least recently used first out.
+Nothing is kept on disk.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import PteFormatError
 from . import program as p
@@ -30,17 +34,46 @@ Bytes = bytes | bytearray | memoryview
 
 DECODED_PROGRAMS = 32  # validated program descriptions kept in the process
 DECODED_MAX_BYTES = 64 << 20  # a larger flatbuffer is decoded each time (hashing costs)
-_Key = tuple[bytes, tuple[int, ...]]
-_decoded: Lru[p.Program] = Lru(DECODED_PROGRAMS, 0)
+COMPARED_MAX_BYTES = 1 << 20  # a flatbuffer up to this size is kept as a copy, compared
+COMPARED_BYTES = 16 << 20  # what the kept copies may hold together
+SAMPLED = 64  # bytes of a compared flatbuffer, evenly spaced, in its key
+# (digest, (file size,)), or (flatbuffer size, file size, sampled bytes) of a compared one
+_Key = tuple[Any, ...]
+# per key: the flatbuffer's copy (None: known by its digest) and its description
+_decoded: Lru[tuple[bytes | None, p.Program]] = Lru(DECODED_PROGRAMS, COMPARED_BYTES)
 
 
-def _cached(key: _Key | None) -> p.Program | None:
-    return None if key is None else _decoded.get(key)
+def _key(flat: memoryview, size: int) -> _Key | None:
+    """The cache key of flatbuffer ``flat`` in a file of ``size`` bytes (None: not kept)."""
+    n = len(flat)
+    if n <= COMPARED_MAX_BYTES:
+        # (a key for the lookup only: a hit is compared byte for byte, see _cached)
+        return (n, size, bytes(flat[:: max(1, n // SAMPLED)]))
+    if n <= DECODED_MAX_BYTES:
+        # the segment table is part of the flatbuffer: the same bytes give the same
+        # ranges, so the file's size is the one other thing the checks depend on
+        return (hashlib.sha256(flat).digest(), (size,))
+    return None
 
 
-def _keep(key: _Key | None, program: p.Program) -> None:
-    if key is not None:
-        _decoded.put(key, program)
+def _cached(key: _Key | None, flat: memoryview) -> p.Program | None:
+    hit = None if key is None else _decoded.get(key)
+    if hit is None:
+        return None
+    copy, program = hit
+    if copy is not None and not copy.startswith(flat):  # (the same length: in the key)
+        return None  # another flatbuffer of the same sampled bytes
+    return program
+
+
+def _keep(key: _Key | None, flat: memoryview, program: p.Program) -> None:
+    if key is None:
+        return
+    if len(flat) <= COMPARED_MAX_BYTES:  # kept as a copy, which counts against the budget
+        copy = bytes(flat)
+        _decoded.put(key, (copy, program), len(copy))
+    else:
+        _decoded.put(key, (None, program))
 
 
 def clear_decoded() -> None:
@@ -120,11 +153,8 @@ def read_pte(data: Bytes) -> PteFile:
             raise truncated("extended_header", need, size)
         flat_end = header.program_size
     flat = view[:flat_end]
-    digest = hashlib.sha256(flat).digest() if flat_end <= DECODED_MAX_BYTES else None
-    # the segment table is part of the flatbuffer: the same bytes give the same ranges,
-    # so the file's size is the one other thing the checks below depend on
-    key = None if digest is None else (digest, (size,))
-    known = _cached(key)
+    key = _key(flat, size)
+    known = _cached(key, flat)
     program = known if known is not None else decode_program(Buffer(flat))
     if program.segments and (header is None or header.segment_base_offset == 0):
         # no segment data in the file: only empty segments can be described
@@ -157,5 +187,5 @@ def read_pte(data: Bytes) -> PteFile:
             segments.append(p.DataRef(start, seg.size))
     if known is None:
         validate_program(program, [s.size for s in segments])
-        _keep(key, program)
+        _keep(key, flat, program)
     return PteFile(view, header, program, tuple(segments))
