@@ -596,8 +596,8 @@ def test_stale_staging_is_removed_and_lru_entries_evicted(
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
     host = cache_mod.host()
-    stale = root / f".staging-{dead.pid}-{host}-0123456789abcdef-x"
-    live = root / f".staging-{os.getpid()}-{host}-0123456789abcdef-y"
+    stale = root / f".staging-{dead.pid}-{host}-0123456789abcdef-x1_abcde"
+    live = root / f".staging-{os.getpid()}-{host}-0123456789abcdef-y2_abcde"
     for d in (stale, live):
         d.mkdir()
         (d / "r0.so").write_bytes(b"half")
@@ -1000,3 +1000,40 @@ def test_cli_cache_clear_says_what_it_could_not_remove(
     assert "2 file(s) not removed" in out and "code/stuck" in out and "sub/stuck" in out
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert [p.rpartition("/")[2] for p in left] == ["stuck", "stuck"]
+
+
+def test_leftovers_are_the_names_compiles_write_and_nothing_else(root: Path) -> None:
+    """Housekeeping removes what a compile that died left by the exact names compiles
+    give them (a staging directory: pid, host, the key's first 16 digits and
+    ``mkdtemp``'s eight characters; an entry being removed: ``.trash-``, 16 digits of its
+    key and 8 more); a file that only begins like one (``.trash-notes``) is no cache's,
+    so a root holding one is not housekept at all."""
+    host = cache_mod.host()
+    entry = root / ("d" * 64)
+    entry.mkdir()
+    dead = root / f".staging-999999999-{host}-0123456789abcdef-ab_c9xyz"
+    old = root / ".staging-12-0f0f0f0f-fedcba9876543210-q1w2e3r4"  # another host, a day old
+    trash = root / ".trash-0123456789abcdef-89abcdef"
+    for d in (dead, old, trash):
+        d.mkdir()
+        (d / "r0.so").write_bytes(b"half")
+    os.utime(old, (1000, 1000))
+    cache = cache_mod.Cache(root, writable=True)
+    assert sorted(p.name for p in cache.leftovers()) == sorted(p.name for p in (dead, old, trash))
+    assert cache.housekeep() == []
+    assert sorted(os.listdir(root)) == [entry.name]
+
+    notes = root / ".trash-notes"
+    notes.write_text("kept")
+    drafts = root / ".staging-drafts"
+    drafts.mkdir()
+    (drafts / "a.txt").write_text("kept")
+    for p in (notes, drafts):
+        os.utime(p, (1000, 1000))
+    assert cache_mod.foreign_names(root) == [".staging-drafts", ".trash-notes"]
+    assert cache.leftovers() == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache.housekeep()
+    assert notes.read_text() == "kept" and (drafts / "a.txt").read_text() == "kept"
+    assert [str(w.message) for w in caught if ".staging-drafts" in str(w.message)]

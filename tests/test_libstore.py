@@ -86,12 +86,13 @@ def test_listed_checked_and_cleared(root: Path) -> None:
     path = libstore.kept("lib.so", KEY, _builder(calls))
     other = libstore.kept("lib.so", hashlib.sha256(b"another").hexdigest(), _builder(calls))
     assert path is not None and other is not None
-    (path.parent / ".staging-dead").mkdir()
+    unfinished = path.parent / f".staging-999999999-{libstore.host()}-dead1234"
+    unfinished.mkdir()
     with open(other, "ab") as f:
         f.write(b"\0")
     listed = dict(libstore.libraries())
     assert listed[path] is None and listed[other] == "digest differs"
-    assert listed[path.parent / ".staging-dead"] == "left by a build that did not finish"
+    assert listed[unfinished] == "left by a build that did not finish"
     assert libstore.clear() == 2
     assert libstore.libraries() == [] and list(path.parent.iterdir()) == []
 
@@ -102,8 +103,8 @@ def test_builds_that_died_are_tidied_and_halves_are_left_alone(root: Path) -> No
     assert path is not None
     directory = path.parent
     host = libstore.host()
-    dead = directory / f".staging-999999999-{host}-abc"  # no such process
-    mine = directory / f".staging-{os.getpid()}-{host}-abc"  # this one: alive
+    dead = directory / f".staging-999999999-{host}-abc12345"  # no such process
+    mine = directory / f".staging-{os.getpid()}-{host}-abc12345"  # this one: alive
     for d in (dead, mine):
         d.mkdir()
     # a library whose digest is not there yet (another process renaming it in): a miss,
@@ -191,3 +192,27 @@ def test_clear_counts_the_libraries_it_removed(
     assert path is not None
     (directory / "notes.txt").write_text("a stray file")
     assert libstore.clear() == 1 and list(directory.iterdir()) == []
+
+
+def test_only_the_builds_staging_names_are_tidied(root: Path) -> None:
+    """A build that died is tidied by the names builds give their staging directories:
+    ``.staging-`` then the pid, the host and ``mkdtemp``'s eight characters (earlier
+    versions: the host name itself, or the eight characters alone); a directory that only
+    begins like one (``.staging-drafts``) is not the store's, however old."""
+    path = libstore.kept("lib.so", KEY, _builder([]))
+    assert path is not None
+    directory = path.parent
+    dead = directory / f".staging-999999999-{libstore.host()}-k3_9abcd"
+    named = directory / ".staging-999999999-build_host01-abcd1234"
+    bare = directory / ".staging-a1b2c3d4"
+    drafts = directory / ".staging-drafts"
+    for d in (dead, named, bare, drafts):
+        d.mkdir()
+    (drafts / "a.txt").write_text("kept")
+    for d in (named, bare, drafts):
+        os.utime(d, (1000, 1000))
+    listed = dict(libstore.libraries())
+    assert drafts not in listed and listed[bare] == "left by a build that did not finish"
+    libstore.kept("lib.so", hashlib.sha256(b"other").hexdigest(), _builder([]))
+    assert not dead.exists() and not named.exists() and not bare.exists()
+    assert (drafts / "a.txt").read_text() == "kept"

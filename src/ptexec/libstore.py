@@ -40,7 +40,7 @@ from .cachedir import (
 )
 from .errors import CacheEntryError
 
-__all__ = ["SUBDIR", "clear", "discard", "kept", "libraries", "release"]
+__all__ = ["SUBDIR", "clear", "discard", "kept", "libraries", "release", "unfinished"]
 
 SUBDIR = "native"
 MAX_BYTES = 256 << 20  # a library larger than this is no library of ours
@@ -75,6 +75,10 @@ def _state(library: Path, digest: Path) -> str:
 
 _PRIVATE: set[Path] = set()  # directories of libraries built for this process alone
 _STAGING = ".staging-"
+# a build's staging directory: ``.staging-<pid>-<host>-`` and ``mkdtemp``'s 8 characters
+# (the host a digest of its name; earlier versions wrote the name itself, up to 32 of
+# these characters, and before that the 8 characters alone), and nothing else
+_STAGING_NAME = re.compile(r"\.staging-(?:([0-9]+)-([A-Za-z0-9_]{1,32})-)?[a-z0-9_]{8}")
 _STALE_SECONDS = 24 * 3600  # a staging directory this old (or of a dead process): removed
 
 
@@ -84,11 +88,11 @@ def _tidy(directory: Path) -> None:
     now = time.time()
     with contextlib.suppress(OSError):
         for path in directory.iterdir():
-            if not path.name.startswith(_STAGING) or path.is_symlink() or not path.is_dir():
+            staged = _STAGING_NAME.fullmatch(path.name)
+            if staged is None or path.is_symlink() or not path.is_dir():
                 continue
-            pid, _, rest = path.name[len(_STAGING) :].partition("-")
-            here = rest.partition("-")[0]
-            dead = here == host() and pid.isdigit() and not alive(int(pid))
+            pid, here = staged.groups()
+            dead = here == host() and pid is not None and not alive(int(pid))
             if dead or now - path.lstat().st_mtime > _STALE_SECONDS:
                 shutil.rmtree(path, ignore_errors=True)
 
@@ -184,7 +188,7 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
     directory, _ = found
     listed: list[tuple[Path, str | None]] = []
     for path in sorted(directory.iterdir()):
-        if path.name.startswith(_STAGING):
+        if unfinished(path.name):
             listed.append((path, "left by a build that did not finish"))
             continue
         key = _library_key(path.name)
@@ -199,6 +203,11 @@ def libraries(root: Path | None = None) -> list[tuple[Path, str | None]]:
             problem = str(e)
         listed.append((path, problem))
     return listed
+
+
+def unfinished(name: str) -> bool:
+    """Whether ``name`` is one a build gives its staging directory in ``native``."""
+    return _STAGING_NAME.fullmatch(name) is not None
 
 
 def _library_key(name: str) -> str | None:
@@ -226,7 +235,7 @@ def clear(root: Path | None = None) -> int:
         return 0
     removed = 0
     for path in paths:
-        if path.name.startswith(_STAGING) and path.is_dir() and not path.is_symlink():
+        if unfinished(path.name) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             continue
         with contextlib.suppress(OSError):

@@ -145,7 +145,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if problem is not None:
             name = path.name[:40] if path.parent.name == libstore.SUBDIR else ""
             print(f"  {libstore.SUBDIR}/{name}  {problem}")
-    unfinished = sum(path.name.startswith(".staging-") for path, _ in native)
+    unfinished = sum(libstore.unfinished(path.name) for path, _ in native)
     broken = sum(problem is not None for _, problem in native) - unfinished
     kept = len(native) - unfinished - broken
     print(f"native libraries: {kept} kept, {broken} damaged, {unfinished} unfinished builds")

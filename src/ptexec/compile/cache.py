@@ -104,6 +104,12 @@ _MANIFEST_LIMIT = 16 * 1024**2
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STAGING = ".staging-"
 _TRASH = ".trash-"
+# the names compiles give what they leave in the root (and only these are theirs): a
+# staging directory, ``.staging-<pid>-<host>-<the key's first 16 digits>-`` and
+# ``mkdtemp``'s 8 characters; an entry being removed, ``.trash-<16 digits of its key>-``
+# and 8 hex digits
+_STAGING_NAME = re.compile(r"\.staging-([0-9]+)-([0-9a-f]{8})-[0-9a-f]{16}-[a-z0-9_]{8}")
+_TRASH_NAME = re.compile(r"\.trash-[0-9a-f]{16}-[0-9a-f]{8}")
 _STALE_SECONDS = 24 * 3600  # a staging directory of another host, or older: its compile died
 INDUCTOR_SUBDIR = "inductor"
 """The directory under the cache root that holds torch's kernels
@@ -397,11 +403,12 @@ class Cache:
     @staticmethod
     def makes(name: str) -> bool:
         """Whether ``name`` is one the cache makes in its root: an entry, a compile's
-        staging directory or an entry being removed."""
-        return bool(_KEY.fullmatch(name)) or name.startswith((_STAGING, _TRASH))
+        staging directory or an entry being removed, by the exact names it gives them."""
+        return any(p.fullmatch(name) for p in (_KEY, _STAGING_NAME, _TRASH_NAME))
 
     def leftovers(self) -> list[Path]:
-        """Staging directories of compiles that died, and half-removed entries."""
+        """Staging directories of compiles that died, and half-removed entries, by the
+        names compiles give them (:meth:`makes`)."""
         try:
             names = os.listdir(self.root)
         except OSError:
@@ -410,16 +417,15 @@ class Cache:
         out = []
         for name in names:
             path = self.root / name
-            if name.startswith(_TRASH):
+            if _TRASH_NAME.fullmatch(name):
                 out.append(path)
-            elif name.startswith(_STAGING):
-                parts = name[len(_STAGING) :].split("-")
+            elif staged := _STAGING_NAME.fullmatch(name):
                 try:
                     age = now - os.lstat(path).st_mtime
                 except OSError:
                     continue
-                mine = len(parts) > 2 and parts[1] == here and parts[0].isdigit()
-                if age > _STALE_SECONDS or (mine and not alive(int(parts[0]))):
+                mine = staged.group(2) == here
+                if age > _STALE_SECONDS or (mine and not alive(int(staged.group(1)))):
                     out.append(path)
         return out
 
