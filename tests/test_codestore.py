@@ -286,10 +286,13 @@ def test_clearing_a_folder_that_is_no_cache_removes_nothing(
     out = capsys.readouterr().out
     assert "not cleared" in out and "a.txt" in out
     assert all(f.read_text() == "kept" for f in mine)
-    # a cache's own root is cleared as before
+    # a cache's own root is cleared as before, but for the names no store writes
     (project / "a.txt").unlink()
     assert main(["cache", "clear", "--dir", str(project)]) == 0
-    assert not (project / "inductor").exists() and list((project / "code").iterdir()) == []
+    assert "code/train.py" in capsys.readouterr().out
+    assert not (project / "inductor").exists() and list((project / "code").iterdir()) == [
+        project / "code" / "train.py"
+    ]
 
 
 def test_no_home_directory_is_no_store(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -984,12 +984,13 @@ def test_cli_cache_clear_says_what_it_could_not_remove(
     (entry / "sub" / "stuck").write_bytes(b"x")
     code = root / "code"
     code.mkdir()
-    (code / "stuck").write_bytes(b"x")
-    (code / "free").write_bytes(b"x")
+    stuck = "5" * 64  # (the names the code store writes: only those are removed)
+    (code / stuck).write_bytes(b"x")
+    (code / ("6" * 64)).write_bytes(b"x")
     real_unlink = os.unlink
 
     def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
-        if os.path.basename(path) == "stuck":
+        if os.path.basename(path) in ("stuck", stuck):
             raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
         real_unlink(path, *args, **kwargs)
 
@@ -997,9 +998,9 @@ def test_cli_cache_clear_says_what_it_could_not_remove(
     capsys.readouterr()
     assert main(["cache", "clear"]) == 1
     out = capsys.readouterr().out
-    assert "2 file(s) not removed" in out and "code/stuck" in out and "sub/stuck" in out
-    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    assert [p.rpartition("/")[2] for p in left] == ["stuck", "stuck"]
+    assert "2 file(s) not removed" in out and f"code/{stuck}" in out and "sub/stuck" in out
+    left = sorted(p.name for p in root.rglob("*") if p.is_file())
+    assert left == [stuck, "stuck"]
 
 
 def test_leftovers_are_the_names_compiles_write_and_nothing_else(root: Path) -> None:
@@ -1037,3 +1038,33 @@ def test_leftovers_are_the_names_compiles_write_and_nothing_else(root: Path) -> 
         cache.housekeep()
     assert notes.read_text() == "kept" and (drafts / "a.txt").read_text() == "kept"
     assert [str(w.message) for w in caught if ".staging-drafts" in str(w.message)]
+
+
+def test_cli_cache_clear_removes_only_the_names_the_stores_write(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a cache's own root, ``code`` and ``native`` lose the files their stores write
+    (a code object named by its digest, a writer's temporary file; a library, its digest,
+    a build's staging directory) and keep any other, which the output names; nothing
+    failed, so the status is 0."""
+    from ptexec.cli import main
+
+    key = "e" * 64
+    code, native = root / "code", root / "native"
+    for d in (code, native):
+        d.mkdir(mode=0o700)
+    ours = [code / key, code / ".tmp-ab_12xyz", native / f"{key}-lib.so", native / f"{key}.sha256"]
+    staging = native / ".staging-999999999-0a0b0c0d-k3_9abcd"
+    staging.mkdir()
+    (staging / "lib.so").write_bytes(b"half")
+    theirs = [code / "notes.txt", native / "README", native / f"{key}.txt"]
+    for f in ours + theirs:
+        f.write_bytes(b"x")
+    capsys.readouterr()
+    assert main(["cache", "clear"]) == 0
+    out = capsys.readouterr().out
+    assert "2 file(s) of generated code" in out and "1 native librar(ies)" in out
+    assert not any(os.path.lexists(p) for p in [*ours, staging])
+    assert all(f.read_bytes() == b"x" for f in theirs)
+    assert "3 file(s) kept" in out
+    assert all(str(f.relative_to(root)) in out for f in theirs)

@@ -67,6 +67,7 @@ __all__ = [
     "enabled",
     "files",
     "load",
+    "makes",
     "store",
 ]
 
@@ -318,10 +319,17 @@ def files(root: Path | None = None) -> list[CodeFile]:
     return out
 
 
+def makes(name: str) -> bool:
+    """Whether ``name`` is one the store gives a file in ``code``: a code object (its
+    key) or a writer's temporary file."""
+    return bool(_NAME.fullmatch(name) or _TEMP_NAME.fullmatch(name))
+
+
 def clear(root: Path | None = None) -> int:
-    """Remove every file of the store under ``root``; how many were removed. A ``code``
-    that is not a directory (a link) is removed itself, never followed: what it leads to
-    is not the store's."""
+    """Remove every file of the store under ``root`` (the names it writes,
+    :func:`makes`: any other is kept); how many were removed. A ``code`` that is not a
+    directory (a link) is removed itself, never followed: what it leads to is not the
+    store's."""
     directory = code_dir(root)
     try:
         if not stat.S_ISDIR(os.lstat(directory).st_mode):
@@ -331,7 +339,7 @@ def clear(root: Path | None = None) -> int:
     except OSError:
         return 0
     removed = 0
-    for name in names:
+    for name in filter(makes, names):
         with contextlib.suppress(OSError):
             os.unlink(directory / name)
             removed += 1

@@ -40,7 +40,16 @@ from .cachedir import (
 )
 from .errors import CacheEntryError
 
-__all__ = ["SUBDIR", "clear", "discard", "kept", "libraries", "release", "unfinished"]
+__all__ = [
+    "SUBDIR",
+    "clear",
+    "discard",
+    "kept",
+    "libraries",
+    "makes",
+    "release",
+    "unfinished",
+]
 
 SUBDIR = "native"
 MAX_BYTES = 256 << 20  # a library larger than this is no library of ours
@@ -216,11 +225,19 @@ def _library_key(name: str) -> str | None:
     return key if rest and _KEY.fullmatch(key) is not None else None
 
 
+def makes(name: str) -> bool:
+    """Whether ``name`` is one the store gives what it writes in ``native``: a library
+    (``<key>-<name>``), its digest (``<key>.sha256``) or a build's staging directory."""
+    digest = name.endswith(".sha256") and _KEY.fullmatch(name[: -len(".sha256")]) is not None
+    return digest or unfinished(name) or _library_key(name) is not None
+
+
 def clear(root: Path | None = None) -> int:
-    """Remove every kept library (and unfinished build) under ``root`` that this user
-    may remove, whatever the directory's mode, and every other file there; how many
-    libraries (what :func:`libraries` lists as kept or damaged) were removed. A link is
-    removed itself, never followed, ``native`` included."""
+    """Remove every kept library, digest and unfinished build under ``root`` (the names
+    the store writes, :func:`makes`: any other is kept) that this user may remove,
+    whatever the directory's mode; how many libraries (what :func:`libraries` lists as
+    kept or damaged) were removed. A link is removed itself, never followed, ``native``
+    included."""
     root = cache_dir() if root is None else root
     problem, writable = root_status(root)
     if problem is not None or not writable:
@@ -235,6 +252,8 @@ def clear(root: Path | None = None) -> int:
         return 0
     removed = 0
     for path in paths:
+        if not makes(path.name):
+            continue
         if unfinished(path.name) and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             continue

@@ -97,14 +97,25 @@ def cmd_cache(args: argparse.Namespace) -> int:
             f"{libstore.clear(root)} native librar(ies) and "
             f"{clear_kernels(root)} file(s) of torch's kernels"
         )
-        left = files_under(root)
+        # the stores remove only the names they write (codestore.makes, libstore.makes):
+        # what else their folders hold is named as kept, not as a failure
+        makes = {codestore.SUBDIR: codestore.makes, libstore.SUBDIR: libstore.makes}
+        kept_names: list[Path] = []
+        left: list[Path] = []
+        for path in files_under(root):
+            parts = path.relative_to(root).parts
+            rule = makes.get(parts[0]) if len(parts) > 1 else None
+            (kept_names if rule is not None and not rule(parts[1]) else left).append(path)
+        if kept_names:
+            print(
+                f"{len(kept_names)} file(s) kept, not named as ptexec's stores name theirs: "
+                f"{_some(root, kept_names)}"
+            )
         if not left:
             return 0
-        shown = ", ".join(str(p.relative_to(root)) for p in left[:5])
-        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         print(
             f"{len(left)} file(s) not removed (this user may not remove them, or a compile "
-            f"is writing them now): {shown}{more}"
+            f"is writing them now): {_some(root, left)}"
         )
         return 1
     print(f"compile cache {root} ({'writable' if writable else 'read only'})")
@@ -157,3 +168,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"torch's kernels: not used here: {kernels}")
     failed = damaged or bad or broken or kernels is not None
     return 1 if args.action == "verify" and failed else 0
+
+
+def _some(root: Path, paths: list[Path]) -> str:
+    """The first five of ``paths``, relative to ``root``, and how many more."""
+    shown = ", ".join(str(p.relative_to(root)) for p in paths[:5])
+    return shown + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
