@@ -504,3 +504,62 @@ def test_runners_of_programs_with_other_bos_ids_leave_the_tokenizer_given_as_it_
     )
     first.generate_text("t5", config)
     assert first.generated_tokens == [2 + 5]  # the sum model over BOS 2 and t5
+
+
+def test_metadata_runs_only_the_methods_executorchs_runner_reads(tmp_path: Path) -> None:
+    """ExecuTorch's runner reads the metadata methods it names (get_max_seq_len,
+    get_max_context_len, get_vocab_size, get_bos_id, get_eos_ids, use_kv_cache,
+    use_sdpa_with_kv_cache, enable_dynamic_shape), computed or not; another input-free
+    method of such a name (or, for the multimodal runner, of any name) is read only when
+    it is a constant (no instructions), so that building a runner never runs a program's
+    own computation."""
+    pytest.importorskip("executorch.exir")
+    from executorch.exir import to_edge
+    from torch.export import export
+
+    import ptexec
+    from ptexec.llm import read_metadata
+
+    class Tokens(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.one_hot(tokens.sum(dim=1) % 8, 8).float()
+
+    class Computed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.arange(4))
+
+        def forward(self) -> torch.Tensor:
+            return (self.w * self.w).sum()  # 14
+
+    programs = {
+        "forward": export(Tokens(), (torch.ones(1, 4, dtype=torch.long),)),
+        "get_vocab_size": export(Computed(), ()),
+        "get_heavy": export(Computed(), ()),
+    }
+    metadata = {"get_max_seq_len": 4, "get_n_layers": 2, "use_custom_rope": True}
+    pte = tmp_path / "metadata.pte"
+    pte.write_bytes(to_edge(programs, constant_methods=metadata).to_executorch().buffer)
+    prog = ptexec.load(pte)
+    loaded: list[str] = []
+    real = prog.load_method
+
+    def load_method(name: str, *args: Any, **kwargs: Any) -> Any:
+        loaded.append(name)
+        return real(name, *args, **kwargs)
+
+    prog.load_method = load_method  # type: ignore[method-assign]
+    md = read_metadata(prog)
+    assert md.values == {
+        "get_max_seq_len": 4,
+        "get_vocab_size": 14,
+        "get_n_layers": 2,
+        "use_custom_rope": True,
+    }
+    assert loaded == ["get_vocab_size"]
+    # the multimodal runner's further metadata (placeholder ids, preprocessing fields)
+    from ptexec.llm.multimodal import _metadata_values
+
+    loaded.clear()
+    assert _metadata_values(prog, {"forward", *md.values}) == {}
+    assert loaded == []

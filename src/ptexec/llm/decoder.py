@@ -14,6 +14,9 @@ ExecuTorch's exporters write; absent ones take ExecuTorch's runner defaults):
 ``enable_dynamic_shape``    default: read from ``forward``'s token input
 ==========================  ========================================================
 
+Another input-free method named ``get_*``, ``use_*`` or ``enable_*`` is read only when it
+is a constant (no instructions): reading metadata never runs a program's computation.
+
 ``forward`` takes the tokens ``int64[1, seq]`` and, with a KV cache, a position input in one
 of the two layouts exporters write: the start position ``input_pos int64[1]`` (ExecuTorch's
 Llama exporter) or the cache-position vector ``cache_position int64[seq]`` holding every
@@ -40,6 +43,7 @@ __all__ = [
     "DecoderLayout",
     "LlmMetadata",
     "TextDecoder",
+    "constant_method",
     "constant_outputs",
     "example_inputs",
     "handed_logits",
@@ -47,15 +51,18 @@ __all__ = [
     "read_metadata",
 ]
 
-_DEFAULTS = {
-    "get_max_seq_len": None,
-    "get_max_context_len": None,
-    "get_vocab_size": None,
-    "get_bos_id": None,
-    "use_kv_cache": True,
-    "use_sdpa_with_kv_cache": False,
-    "enable_dynamic_shape": None,
-}
+# the metadata methods ExecuTorch's runner reads (and its EOS ids: _EOS_METHODS)
+_RUNNER_METADATA = frozenset(
+    {
+        "get_max_seq_len",
+        "get_max_context_len",
+        "get_vocab_size",
+        "get_bos_id",
+        "use_kv_cache",
+        "use_sdpa_with_kv_cache",
+        "enable_dynamic_shape",
+    }
+)
 _EOS_METHODS = ("get_eos_ids", "get_eos_id")
 
 
@@ -107,14 +114,26 @@ def constant_outputs(program: Any, name: str) -> list[Any]:
     return [v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in values]
 
 
+def constant_method(program: Any, name: str) -> bool:
+    """Whether method ``name`` of ``program`` only returns constants (it has no
+    instructions): reading it runs nothing of the program's."""
+    return bool(program.method_meta(name).num_instructions == 0)
+
+
 def read_metadata(program: Any) -> LlmMetadata:
-    """The metadata methods of ``program`` that it has (see the module docstring)."""
+    """The metadata methods of ``program`` that it has (see the module docstring). Those
+    ExecuTorch's runner reads are read as it reads them, computed or not; another
+    input-free method named ``get_*``, ``use_*`` or ``enable_*`` only when it is a
+    constant (:func:`constant_method`), so that reading metadata never runs a program's
+    computation."""
     names = set(program.method_names)
     values: dict[str, Any] = {}
     extra = sorted(n for n in names if n.startswith(("get_", "use_", "enable_")))
     for name in extra:
         if name in _EOS_METHODS or program.method_meta(name).inputs:
             continue  # metadata methods take no inputs
+        if name not in _RUNNER_METADATA and not constant_method(program, name):
+            continue
         outs = constant_outputs(program, name)
         if len(outs) == 1 and isinstance(outs[0], bool | int | float):
             values[name] = outs[0]

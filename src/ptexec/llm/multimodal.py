@@ -66,7 +66,14 @@ import torch
 
 from ..errors import GenerationError
 from .config import GenerationConfig, _now_ms
-from .decoder import LlmMetadata, TextDecoder, constant_outputs, handed_logits, read_metadata
+from .decoder import (
+    LlmMetadata,
+    TextDecoder,
+    constant_method,
+    constant_outputs,
+    handed_logits,
+    read_metadata,
+)
 from .image import ImagePreprocessor
 from .inputs import MultimodalInput, make_audio_input, make_image_input, make_token_input
 from .runner import StatsCallback, TokenCallback, _Runner
@@ -155,12 +162,14 @@ class MultimodalMethods:
 
 
 def _metadata_values(program: Any, skip: set[str]) -> dict[str, Any]:
-    """Every metadata method (no inputs) of ``program`` not in ``skip``: its one value, or
-    its list of values."""
+    """Every metadata method (no inputs, only constants: :func:`constant_method`) of
+    ``program`` not in ``skip``: its one value, or its list of values."""
     out: dict[str, Any] = {}
     for name in program.method_names:
         if name in skip or program.method_meta(name).inputs:
             continue
+        if not constant_method(program, name):
+            continue  # (reading it would run the program's computation)
         values = constant_outputs(program, name)
         out[name] = values[0] if len(values) == 1 else list(values)
     return out
