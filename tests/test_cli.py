@@ -652,3 +652,12 @@ def test_worst_errors_need_a_reference(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     listed = out.split("largest errors against the float64 reference:\n")[1].splitlines()
     assert len(listed) == 3 and all(line.startswith("  instruction ") for line in listed)
+
+
+def test_a_device_map_names_each_device_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--device-map cuda:0=cuda:1,cuda:0=cpu`` gives one device two places: refused,
+    naming it (the last one was taken without a word), as a ``device_map`` dict cannot
+    hold one key twice."""
+    gpu = str(fixture_paths("gpu_mlp")[0])
+    argv = ["run", gpu, "--repeat", "1", "--device-map", "cuda:0=cuda:1, cuda:0=cpu"]
+    _fails_in_one_line(capsys, argv, "--device-map", "'cuda:0'", "cuda:1", "cpu")

@@ -144,8 +144,16 @@ def device_map_of(args: argparse.Namespace) -> Any:
             raise ValueError(
                 f"--device-map: '{bad[0]}' is not FROM=TO (e.g. cuda:0=cpu,cuda:1=cpu)"
             )
-        pairs = [item.split("=", 1) for item in items]
-        return {k.strip(): v.strip() for k, v in pairs}
+        mapping: dict[str, str] = {}
+        for item in items:
+            source, _, target = (part.strip() for part in item.partition("="))
+            if source in mapping:  # (a dict would keep the last without a word)
+                raise ValueError(
+                    f"--device-map: '{source}' is mapped twice ({mapping[source]} and "
+                    f"{target}): give each device one place"
+                )
+            mapping[source] = target
+        return mapping
     return spec
 
 
