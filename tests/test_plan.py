@@ -205,3 +205,23 @@ def test_cli_plan_picture_per_method(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", pte, "--method", "step", "--out", str(tmp_path / "one.svg")]) == 0
     assert (tmp_path / "one.svg").stat().st_size > 5_000
     assert main(["plan", pte, "--method", "nope"]) == 1
+
+
+def test_cli_plan_top_lists_as_many_tensors_in_the_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--top N`` with ``--json`` lists the N largest tensors (the rows the text lists)
+    and the first N unplanned ones, and says how many there are; without ``--top`` the
+    JSON lists every tensor (the text its 10 largest)."""
+    pte = str(fixture_paths("transformer")[0])
+    assert main(["plan", pte, "--json"]) == 0
+    (whole,) = json.loads(capsys.readouterr().out)
+    assert len(whole["tensors"]) > 3
+    assert main(["plan", pte, "--json", "--top", "3"]) == 0
+    (cut,) = json.loads(capsys.readouterr().out)
+    key = lambda t: (-t["nbytes"], t["buffer"], t["offset"])  # noqa: E731
+    assert cut["tensors"] == sorted(whole["tensors"], key=key)[:3]
+    assert cut["unplanned"] == whole["unplanned"][:3]
+    assert cut["num_tensors"] == whole["num_tensors"] == len(whole["tensors"])
+    assert main(["plan", pte, "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    listed = text.split("largest tensors:\n")[1].splitlines()[1:]
+    assert [int(row.split()[0]) for row in listed] == [t["nbytes"] for t in cut["tensors"]]

@@ -213,8 +213,13 @@ class MemoryPlan:
                 )
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        """The plan as JSON values: every tensor in buffer order, or with ``top`` the
+        ``top`` largest (the rows :meth:`summary` lists) and the first ``top`` unplanned
+        ones; ``num_tensors`` and ``num_unplanned`` count them all."""
         peak, at = self.peak
+        tensors = self.tensors if top is None else self.largest(top)
+        unplanned = self.unplanned if top is None else self.unplanned[:top]
         return {
             "method": self.method,
             "num_instructions": self.num_instructions,
@@ -222,8 +227,10 @@ class MemoryPlan:
             "peak": peak,
             "peak_at": at,
             "buffers": [b.to_dict() for b in self.buffers],
-            "tensors": [t.to_dict() for t in self.tensors],
-            "unplanned": [{"value": j, "tensor": d, "why": w} for j, d, w in self.unplanned],
+            "num_tensors": len(self.tensors),
+            "tensors": [t.to_dict() for t in tensors],
+            "num_unplanned": len(self.unplanned),
+            "unplanned": [{"value": j, "tensor": d, "why": w} for j, d, w in unplanned],
         }
 
     def draw(

@@ -199,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw the plan to this file (.png, .svg, .pdf; needs matplotlib)",
     )
     p_plan.add_argument(
-        "--top", type=positive, default=10, help="largest tensors to list (default 10)"
+        "--top",
+        type=positive,
+        default=None,
+        help="largest tensors to list (default 10; with --json, all)",
     )
     p_plan.add_argument("--json", action="store_true", help="print JSON")
     p_plan.set_defaults(func=cmd_plan)

@@ -309,12 +309,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     names = [args.method] if args.method else list(prog.method_names)
     plans = [memory_plan(prog, name, device_map=device_map_of(args)) for name in names]
     if args.json:
-        print(json_text([mp.to_dict() for mp in plans], indent=1))
+        print(json_text([mp.to_dict(top=args.top) for mp in plans], indent=1))
     else:
         for k, mp in enumerate(plans):
             if k:
                 print()
-            print(mp.summary(top=args.top))
+            print(mp.summary(top=10 if args.top is None else args.top))
     if args.out:
         out = Path(args.out)
         for mp in plans:
