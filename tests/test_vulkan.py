@@ -468,6 +468,25 @@ def test_an_int_argument_the_exporter_shares_with_an_equal_double_runs() -> None
     torch.testing.assert_close(got, torch.pow(x, 2.0).unsqueeze(2))
 
 
+class _SquareThenView(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.pow(x, 2.0).view(x.shape[0], 2, 3)
+
+
+def test_a_value_list_naming_a_double_is_refused_saying_why() -> None:
+    """``view``'s sizes ``[n, 2, 3]`` are a value list whose 2 names the double 2.0 of the
+    ``pow`` before it (the exporter keeps one value per number); a value list holds
+    tensors, ints, symints and nulls only, and ExecuTorch's Vulkan runtime reads no double
+    from one, so the load is refused, saying what was found and what is expected."""
+    x = torch.randn(4, 6)
+    dims = ({0: torch.export.Dim("n", min=2, max=8)},)
+    with pytest.raises(PteFormatError) as info:
+        _lowered(_SquareThenView(), (x,), dims)
+    message = str(info.value)
+    assert ".items[1]" in message and "the double 2.0" in message
+    assert "tensors, ints, symints or nulls" in message and "2 and 2.0" in message
+
+
 class _LargeFills(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full_like(x, -1e9) + x, torch.full((3,), 1e6) * 1.0 + x

@@ -392,7 +392,10 @@ class _Builder:
         for item in value.items:
             v = self.g.values[int(item)]
             if v.kind not in kinds:
-                raise self.fail(op, f"a list holding a {v.kind} value", j)
+                expected = " or ".join(kinds)
+                raise self.fail(
+                    op, f"a list holding a {v.kind} value (value {v.index}) of {expected} items", j
+                )
             if v.kind == "null":
                 exprs.append("None")
                 metas.append(None)

@@ -383,9 +383,17 @@ def validate_payload(payload: VkPayload, named_data: Mapping[str, Sized]) -> Non
             for j, item in enumerate(v.items):
                 if not 0 <= int(item) < n:
                     raise PteFormatError(f"{where}.items[{j}]", f"value id {item} out of range")
-                kind = g.values[int(item)].kind
-                if kind not in ("tensor", "int", "symint", "null"):
-                    raise PteFormatError(f"{where}.items[{j}]", f"a {kind} value in a value list")
+                found = g.values[int(item)]
+                if found.kind not in ("tensor", "int", "symint", "null"):
+                    what = f"the {found.kind} {found.scalar!r}" if found.kind == "double" else None
+                    raise PteFormatError(
+                        f"{where}.items[{j}]",
+                        f"value {item} is {what or f'a {found.kind} value'}, where a value "
+                        "list holds tensors, ints, symints or nulls (ExecuTorch's Vulkan "
+                        "runtime reads no other item; its exporter keeps one value per "
+                        "number, 2 and 2.0 alike, so a size equal to an earlier double "
+                        "argument names that double)",
+                    )
     if g.shaders:
         raise BackendUnavailableError(f"Vulkan payload {path} carries custom shaders")
     defined = [False] * n
