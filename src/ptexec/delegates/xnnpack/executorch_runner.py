@@ -638,21 +638,27 @@ def runner_of(
     idle = _idle.take(id(program))
     fn: Callable[..., None] | None = None
     deferred = _DEFERRED.get()
+
+    def bind(etdump: bool = False, defer: bool = False) -> _Binder:
+        """The payload loaded by ExecuTorch's backend for this runner's arguments."""
+        return _Binder(
+            module,
+            program.data,
+            program.bounds,
+            where,
+            planned,
+            memory,
+            etdump=etdump,
+            defer=defer,
+            at_bound=_at_bound(program),
+        )
+
     if idle is not None and idle[0] is program:
         _, fn, binder = idle  # (loaded: nothing to defer)
         binder.planned = tuple(planned)
     else:
         try:
-            binder = _Binder(
-                module,
-                program.data,
-                program.bounds,
-                where,
-                planned,
-                memory,
-                defer=deferred is not None,
-                at_bound=_at_bound(program),
-            )
+            binder = bind(defer=deferred is not None)
         except RuntimeError as e:
             raise BackendUnavailableError(
                 f"{where}: ExecuTorch's {BACKEND_ID} cannot load the payload ({e})"
@@ -660,16 +666,7 @@ def runner_of(
 
     def traced() -> tuple[Callable[..., None], _Binder]:
         # the same payload loaded again with ExecuTorch's ETDump on, for recorded calls
-        with_events = _Binder(
-            module,
-            program.data,
-            program.bounds,
-            where,
-            planned,
-            memory,
-            etdump=True,
-            at_bound=_at_bound(program),
-        )
+        with_events = bind(etdump=True)
         return _generate(with_events, program).fn, with_events
 
     runner = _generate(binder, program) if fn is None else EtRunner(fn, program.source, binder)
