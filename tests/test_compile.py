@@ -1188,3 +1188,61 @@ def test_an_empty_slice_never_reaches_aoti_code(
     without the guard, widths 2 and 1 returned ``[-inf, -inf, -inf]``."""
     skip_slow_unless_asked(request)
     _check_max_after_two(tmp_path, True)
+
+
+class _MaxOfAShare(torch.nn.Module):
+    """A maximum over the first ``len(x) // len(a)`` rows: a size the graph writes as a
+    division by another input's size, which no guard holds."""
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return x[: x.shape[0] // a.shape[0]].amax(0) + a.sum()
+
+
+def _check_max_of_a_share(tmp_path: Path, options: CompileOptions | bool) -> None:
+    """2 rows shared by 3 (or 3 by 5) is an empty slice, where eager raises: so must the
+    compiled method (the interpreter's error, instruction 4)."""
+    from export_util import export_program
+
+    auto = torch.export.Dim.AUTO
+    path = tmp_path / "max_of_a_share.pte"
+    path.write_bytes(
+        export_program(
+            _MaxOfAShare(),
+            (torch.ones(8, 2), torch.ones(3)),
+            dynamic_shapes=({0: auto(min=1, max=20)}, {0: auto(min=1, max=8)}),
+        )
+    )
+    interpreted = ptexec.load(path).load_method("forward")
+    compiled = ptexec.load(path).load_method("forward", compile=options)
+    torch.manual_seed(0)
+    for rows, share in ((8, 3), (2, 3), (4, 4), (3, 5), (9, 2)):
+        x, a = torch.randn(rows, 2), torch.randn(share)
+        if rows >= share:
+            want = _MaxOfAShare()(x, a)
+            torch.testing.assert_close(interpreted(x, a)[0], want)
+            torch.testing.assert_close(compiled(x, a)[0], want)
+            continue
+        with pytest.raises(IndexError, match="non-zero size"):
+            _MaxOfAShare()(x, a)
+        for method in (interpreted, compiled):
+            with pytest.raises(ExecutionError, match=r"instruction 4 \(aten::amax\.out\)"):
+                method(x, a)
+    report = compiled.compile_report
+    assert report is not None and report.compiled_instructions == 0, report
+    assert "has no guard" in report.fallbacks[0][2], report
+
+
+def test_an_empty_share_runs_interpreted(tmp_path: Path) -> None:
+    """A size of the graph that may be 0 and that no guard can hold (a division by
+    another input's size) keeps its region from being compiled."""
+    _check_max_of_a_share(tmp_path, CompileOptions(backend="graph", progress=False))
+
+
+@pytest.mark.slow
+def test_an_empty_share_never_reaches_aoti_code(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """AOTInductor's maximum over no rows is -inf where ATen raises: without keeping the
+    region from compiled code, 2 rows shared by 3 returned ``[-inf, -inf]``."""
+    skip_slow_unless_asked(request)
+    _check_max_of_a_share(tmp_path, CompileOptions(progress=False))

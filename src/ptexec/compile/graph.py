@@ -20,7 +20,9 @@ An empty dimension is outside them: AOTInductor's kernels are not made for no el
 ATen raises). That holds for the graph's own sizes too: a size computed from the inputs'
 (``x[1:]``: one less; ``x[:, 2:]``: ``max(0, w - min(2, w))``) that may be 0 within the
 inputs' ranges gets a guard that it is at least 1 (a ``.pte`` keeps only upper bounds, so
-an input the export said had 3 rows or more may come with 1).
+an input the export said had 3 rows or more may come with 1). Where such a size has a form
+no guard holds (``x[: n // m]``: a division by another size), no call could be kept from
+the compiled code when it is empty, so the region is not compiled (it runs interpreted).
 """
 
 from __future__ import annotations
@@ -536,9 +538,10 @@ def _positive_sizes(
 ) -> list[Guard]:
     """A ``"positive"`` guard for each size of the graph's values that is computed from
     the inputs' sizes and may be 0 (or less) within the ranges ``guards`` give them (module
-    docstring). Sizes of data (a nonzero's count) are no input's, and a size of a form
-    :func:`_size_expr` does not write (a division by a size) no guard's: nothing checks
-    them."""
+    docstring). Sizes of data (a nonzero's count) are no input's: nothing checks them. A
+    size that may be 0 in a form :func:`_size_expr` does not write (a division by a size)
+    is a ValueError: no guard could keep an empty one from the compiled code, so the
+    region runs interpreted whole."""
     import sympy
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
@@ -564,11 +567,16 @@ def _positive_sizes(
                     continue
                 try:
                     low = bound_sympy(expr, ranges).lower
-                    if low.is_finite and low >= 1:
-                        continue
-                    term = _size_expr(expr, defined)
-                except (TypeError, ValueError):  # (a form a guard cannot hold)
+                except (TypeError, ValueError):  # no bound known: it may be 0
+                    low = sympy.S.NegativeInfinity
+                if low.is_finite and low >= 1:
                     continue
+                try:
+                    term = _size_expr(expr, defined)
+                except ValueError as e:
+                    raise ValueError(
+                        f"a size of the graph may be 0 and has no guard: {e}"
+                    ) from None
                 first = _refs(term)[0]
                 out.append(Guard("positive", first.k, first.d, expr=term))
     return out
