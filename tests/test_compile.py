@@ -1246,3 +1246,61 @@ def test_an_empty_share_never_reaches_aoti_code(
     region from compiled code, 2 rows shared by 3 returned ``[-inf, -inf]``."""
     skip_slow_unless_asked(request)
     _check_max_of_a_share(tmp_path, CompileOptions(progress=False))
+
+
+class _SqueezeRows(torch.nn.Module):
+    """Squeezes the rows: a no-op for the 2 to 8 rows the program was exported for."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).squeeze(0) + 1
+
+
+def _check_squeeze_of_one_row(tmp_path: Path, options: CompileOptions | bool) -> None:
+    """A ``.pte`` keeps only the upper bound, so 1 row reaches the squeeze, which drops
+    it where the program says the result has two dimensions: ExecuTorch's runtime and the
+    interpreter fail the call, and so must the compiled method (the next region, made for
+    two dimensions, then refuses the one left)."""
+    from executorch.runtime import Runtime
+
+    from export_util import export_program
+
+    rows = torch.export.Dim("rows", min=2, max=8)
+    path = tmp_path / "squeeze_rows.pte"
+    path.write_bytes(
+        export_program(_SqueezeRows(), (torch.ones(3, 4),), dynamic_shapes=({0: rows},))
+    )
+    interpreted = ptexec.load(path).load_method("forward")
+    compiled = ptexec.load(path).load_method("forward", compile=options)
+    reference = Runtime.get().load_program(path).load_method("forward")
+    torch.manual_seed(0)
+    for n in (3, 1, 2, 1, 8):
+        x = torch.randn(n, 4)
+        if n > 1:
+            want = _SqueezeRows()(x)
+            torch.testing.assert_close(reference.execute([x])[0], want)
+            torch.testing.assert_close(interpreted(x)[0], want)
+            torch.testing.assert_close(compiled(x)[0], want)
+            continue
+        assert _SqueezeRows()(x).shape == (4,)
+        with pytest.raises(RuntimeError):
+            reference.execute([x])
+        for method in (interpreted, compiled):
+            with pytest.raises(ExecutionError):
+                method(x)
+    report = compiled.compile_report
+    assert report is not None and any("squeezes" in f[2] for f in report.fallbacks), report
+
+
+def test_a_squeeze_of_a_dynamic_size_runs_interpreted(tmp_path: Path) -> None:
+    """The squeeze of a dimension that may be 1 is left to the interpreter."""
+    _check_squeeze_of_one_row(tmp_path, CompileOptions(backend="graph", progress=False))
+
+
+@pytest.mark.slow
+def test_a_squeeze_of_one_row_never_reaches_aoti_code(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """AOTInductor's code, traced for any number of rows, kept the row: 1 row returned a
+    ``[1, 4]`` tensor where ExecuTorch's runtime and the interpreter fail the call."""
+    skip_slow_unless_asked(request)
+    _check_squeeze_of_one_row(tmp_path, CompileOptions(progress=False))

@@ -74,6 +74,7 @@ _STRIDE = "aten::sym_stride.int"  # from the program's dim order: a traced tenso
 _ET_VIEW = ("executorch_prim::et_view.default", "executorch_prim::et_view")
 _DIM_ORDER_COPY = ("dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out")
 _DEVICE_COPY = ("et_copy::_h2d_copy.out", "et_copy::_d2h_copy.out")
+_SQUEEZES = ("aten::squeeze_copy.out", "aten::squeeze_copy.dim_out", "aten::squeeze_copy.dims_out")
 EXTERNAL = "runs with XNNPACK's kernels (ExecuTorch's XNNPACK backend), between compiled regions"
 
 
@@ -117,6 +118,8 @@ class FunctionalForms:
             return "grows its output row by row (map/scan)"
         if name in SIGNATURES:
             return None
+        if name in _SQUEEZES and self._squeezes_a_dynamic_size(ins):
+            return "squeezes a dimension of dynamic size (at size 1 it removes it, which traced code does not)"
         form = functional_overload(name)
         if form is None:
             return f"{name} has no functional overload in torch"
@@ -124,6 +127,26 @@ class FunctionalForms:
         if torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ()):
             return f"{name} draws random numbers"
         return None
+
+    def _squeezes_a_dynamic_size(self, ins: p.KernelCall) -> bool:
+        """Whether a squeeze may meet a dimension of size 1 its program was not exported
+        with: one of a dynamic tensor whose bound is more than 1. A size is traced as
+        possibly any (size-obliviously), so the graph never removes it and its code would
+        return the dimension where ATen drops it (the program's rank then fails the call)."""
+        x = self.plan.values[ins.args[0]]
+        if not isinstance(x, p.Tensor) or x.shape_dynamism == p.STATIC:
+            return False
+        rank = len(x.sizes)
+        dims: list[int] = list(range(rank))  # squeeze_copy.out: every dimension
+        if len(ins.args) > 2 and rank:  # dim_out, dims_out: (self, dim or dims, out)
+            d = self.plan.values[ins.args[1]]
+            given: list[p.EValue] | None = [d] if isinstance(d, p.Int) else None
+            if isinstance(d, p.IntList):
+                given = [self.plan.values[k] for k in d.items]
+            if given is None or not all(isinstance(v, p.Int) for v in given):
+                return True
+            dims = [v.value % rank for v in given if isinstance(v, p.Int)]
+        return any(x.sizes[k] > 1 for k in dims)
 
     def external(self, chain: int, i: int) -> bool:
         """Instruction ``i`` of ``chain`` is a delegate call a library outside torch runs
