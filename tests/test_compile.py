@@ -1304,3 +1304,67 @@ def test_a_squeeze_of_one_row_never_reaches_aoti_code(
     ``[1, 4]`` tensor where ExecuTorch's runtime and the interpreter fail the call."""
     skip_slow_unless_asked(request)
     _check_squeeze_of_one_row(tmp_path, CompileOptions(progress=False))
+
+
+class _RowsOfAnother(torch.nn.Module):
+    """``x`` doubled, as many rows as ``a`` has: the other size is a division by it."""
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return (x * 2).reshape(a.shape[0], -1)
+
+
+def _check_rows_of_another(tmp_path: Path, options: CompileOptions | bool) -> None:
+    """24 elements in 5 rows is no shape: eager, ExecuTorch's runtime and the interpreter
+    fail the call, and so must the compiled method (the interpreter's error)."""
+    from executorch.runtime import Runtime
+
+    from export_util import export_program
+
+    auto = torch.export.Dim.AUTO
+    path = tmp_path / "rows_of_another.pte"
+    path.write_bytes(
+        export_program(
+            _RowsOfAnother(),
+            (torch.ones(6, 4), torch.ones(3)),
+            dynamic_shapes=({0: auto(min=1, max=12)}, {0: auto(min=1, max=8)}),
+            unplanned=True,
+        )
+    )
+    interpreted = ptexec.load(path).load_method("forward")
+    compiled = ptexec.load(path).load_method("forward", compile=options)
+    reference = Runtime.get().load_program(path).load_method("forward")
+    torch.manual_seed(0)
+    for rows, share in ((6, 3), (6, 5), (5, 2), (3, 8), (6, 3)):
+        x, a = torch.randn(rows, 4), torch.randn(share)
+        if rows * 4 % share == 0:
+            want = _RowsOfAnother()(x, a)
+            torch.testing.assert_close(reference.execute([x, a])[0], want)
+            torch.testing.assert_close(interpreted(x, a)[0], want)
+            torch.testing.assert_close(compiled(x, a)[0], want)
+            continue
+        with pytest.raises(RuntimeError, match="is invalid for input"):
+            _RowsOfAnother()(x, a)
+        with pytest.raises(RuntimeError):
+            reference.execute([x, a])
+        for method in (interpreted, compiled):
+            with pytest.raises(ExecutionError, match=r"instruction 3 \(aten::view_copy\.out\)"):
+                method(x, a)
+    report = compiled.compile_report
+    assert report is not None and report.compiled_instructions == 0, report
+
+
+def test_a_reshape_by_another_inputs_size_runs_interpreted(tmp_path: Path) -> None:
+    """The size the reshape leaves, the elements divided by another input's size, may be
+    0 and no guard holds it: the region is not compiled."""
+    _check_rows_of_another(tmp_path, CompileOptions(backend="graph", progress=False))
+
+
+@pytest.mark.slow
+def test_a_reshape_by_another_inputs_size_never_reaches_aoti_code(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """AOTInductor's code took the other size as a floor division and did not check the
+    product: 24 elements in 5 rows returned a ``[5, 4]`` tensor, 12 in 8 rows an
+    ``[8, 1]`` one, where eager, ExecuTorch's runtime and the interpreter fail the call."""
+    skip_slow_unless_asked(request)
+    _check_rows_of_another(tmp_path, CompileOptions(progress=False))
