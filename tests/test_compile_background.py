@@ -498,3 +498,66 @@ def test_a_method_dropped_while_its_compile_is_taken_in_ends_its_job(
     go.set()
     assert job.wait(30) is False
     assert job.status == "failed: cancelled"
+
+
+_FORKED = """
+import gc, json, os, sys
+sys.path.insert(0, {tests!r})
+import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+from ptexec.compile import background
+
+background.child_command = lambda: [sys.executable, {idle!r}]
+m = ptexec.load(fixture_paths("mlp")[0]).load_method("forward", compile="background")
+pid = m.background_compile.pid
+call = fixture_calls("mlp")[0]
+read, write = os.pipe()
+fork = os.fork()
+if fork == 0:  # a worker of a preloading server
+    os.close(read)
+    wrong = compare_outputs(m.execute(call["inputs"]), call["outputs"], *tolerance("mlp"))
+    waited = m.wait_compiled(10)
+    seen = dict(wrong=wrong, waited=waited, status=m.compile_status)
+    os.write(write, json.dumps(seen).encode())
+    del m
+    gc.collect()
+    sys.exit(0)  # an ordinary end: finalizers and exit functions run
+os.close(write)
+with os.fdopen(read) as f:
+    child = json.loads(f.read())
+_, code = os.waitpid(fork, 0)
+try:
+    with open(f"/proc/{{pid}}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "gone"
+print(json.dumps(dict(child=child, code=code, state=state, status=m.compile_status)))
+m.background_compile.cancel()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_leaves_the_parents_compile_alone(tmp_path: Path) -> None:
+    """A process forked while its method compiles (a preloading server's worker) does not
+    own the compile process: the child's end, or its dropping the method, ended the
+    parent's compile with SIGTERM (the parent's method then failed its compile), and the
+    child's job stayed pending for ever (``wait`` without a timeout never returned). The
+    child's method answers interpreted, its job failed; the parent's compile runs on."""
+    import json
+    import subprocess
+
+    idle = tmp_path / "idle_child.py"
+    idle.write_text("import time\ntime.sleep(120)\n")
+    code = _FORKED.format(tests=str(Path(__file__).resolve().parent), idle=str(idle))
+    env = {**os.environ, "PTEXEC_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["code"] == 0
+    assert seen["child"]["wrong"] is None  # the fixture's eager outputs
+    assert seen["child"]["waited"] is False
+    assert seen["child"]["status"].startswith("failed: the process was forked")
+    assert seen["state"] in ("S", "R")  # the parent's compile process runs on
+    assert seen["status"] == "pending"

@@ -30,6 +30,9 @@ once (a :class:`~.report.CompileWarning`, the status, the report). Dropping the 
 in the cache is removed by the cache's own cleanup of dead compiles. :meth:`~BackgroundCompile.detach`
 instead leaves the child to finish on its own (``ptexec generate``: the next run starts
 compiled); a child whose parent dies without detaching it stops (it watches its stdin).
+A process forked from this one owns none of its compiles: a job pending at the fork fails
+there (its method runs interpreted), and neither its end nor its dropping the method ends
+the parent's compile.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ FAILED = "failed"
 _RESULT_LIMIT = 64 * 1024
 _STDERR_TAIL = 2000
 _KILL_WAIT_SECONDS = 5.0
+FORKED = "the process was forked while its compile ran; the compile is the parent's"
 NICE = 10  # the child's niceness
 
 Install = Callable[[CompiledRunner], None]
@@ -270,6 +274,23 @@ _children: dict[tuple[str, str], _Child] = {}
 _children_lock = threading.Lock()
 
 
+# every job of this process (a fork's child orphans the pending ones: :func:`_forked`)
+_jobs: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a child of a fork: no compile process is this one's to join, wait for or end."""
+    global _children_lock
+    _children_lock = threading.Lock()
+    _children.clear()
+    for job in list(_jobs):
+        job.forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def _slot(cache: Cache, key: str) -> tuple[str, str]:
     return (str(cache.root), key)
 
@@ -309,6 +330,7 @@ class BackgroundCompile:
         self.report: CompileReport | None = None
         """The compiled runner's report once compiled; on failure, the interpreted one."""
         self.started = time.monotonic()
+        _jobs.add(self)
 
     @property
     def status(self) -> str:
@@ -367,6 +389,17 @@ class BackgroundCompile:
                 CompileWarning,
                 stacklevel=2,
             )
+
+    def forked(self) -> None:
+        """In a child of a fork: the compile process and the thread waiting for it are the
+        parent's, so this process neither signals it (its end would be the parent's
+        failed compile) nor waits for it (nothing here would ever finish the job); a
+        pending job fails, its method runs interpreted."""
+        self._lock = threading.Lock()  # (another thread of the parent may have held it)
+        self._child = None
+        if self._status == PENDING:
+            self._done = threading.Event()
+            self._fail(FORKED, warn=False)
 
     def child_finished(self, child: _Child) -> None:
         with self._lock:
