@@ -159,6 +159,39 @@ def test_without_a_usable_root_a_private_directory(
     assert _trusted(chosen) and stat.S_IMODE(chosen.stat().st_mode) == 0o700
 
 
+_FORKED = """
+import os, sys
+from ptexec.compile import aoti
+chosen = aoti.inductor_cache()
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # an ordinary end: exit functions run
+os.waitpid(child, 0)
+print(chosen.is_dir())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_childs_end_leaves_the_private_directory(tmp_path: Path) -> None:
+    """A child forked from a process compiling into its private directory (a preloading
+    server's worker) removed that directory as it ended: the parent's kernels were gone
+    and the name was free for anyone to make again."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "PTEXEC_CACHE_DIR": str(shared / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(shared),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True"]
+
+
 _PROBE = "import torch._inductor.cpu_vec_isa as isa; isa.pick_vec_isa()"
 _COMPILE = """
 import torch

@@ -274,9 +274,16 @@ def _trusted_inductor_dir() -> Path:
             return found
     if not _private_inductor:
         private = Path(tempfile.mkdtemp(prefix="ptexec-inductor-"))  # 0700, this process's
-        atexit.register(shutil.rmtree, private, True)
+        atexit.register(_remove_private, private, os.getpid())
         _private_inductor.append(private)
     return _private_inductor[0]
+
+
+def _remove_private(path: Path, owner: int) -> None:
+    """At the end of process ``owner``, its private kernel directory; a child forked from
+    it ends leaving the directory to the parent, which compiles on into it."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _only_a_cache(root: Path) -> bool:
