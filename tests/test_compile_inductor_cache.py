@@ -159,6 +159,26 @@ def test_without_a_usable_root_a_private_directory(
     assert _trusted(chosen) and stat.S_IMODE(chosen.stat().st_mode) == 0o700
 
 
+def test_a_private_directory_made_again_by_another_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private directory is removed (a forked child's end removed it) and its name,
+    known from the environment, made again by someone else, others may write: a new one,
+    where the same name was handed to torch again."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("PTEXEC_CACHE_DIR", str(shared / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    first = aoti.inductor_cache()
+    shutil.rmtree(first)
+    first.mkdir()
+    first.chmod(0o777)
+    chosen = aoti.inductor_cache()
+    assert chosen != first and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
+    assert _trusted(chosen) and stat.S_IMODE(chosen.stat().st_mode) == 0o700
+
+
 _FORKED = """
 import os, sys
 from ptexec.compile import aoti

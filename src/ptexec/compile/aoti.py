@@ -272,10 +272,11 @@ def _trusted_inductor_dir() -> Path:
             found = trusted_subdir(root, INDUCTOR_SUBDIR, writable=True, create=False)
         if found is not None and _kernel_dir(found):
             return found
-    if not _private_inductor:
+    if not _private_inductor or not _kernel_dir(_private_inductor[0]):
+        # (one removed meanwhile may have been made again by anyone: a new one then)
         private = Path(tempfile.mkdtemp(prefix="ptexec-inductor-"))  # 0700, this process's
         atexit.register(_remove_private, private, os.getpid())
-        _private_inductor.append(private)
+        _private_inductor[:] = [private]
     return _private_inductor[0]
 
 
