@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import io
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ import pytest
 import torch
 
 import ptexec
+from conftest import executorch_runtime
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
 
 # --------------------------------------------------------------------------------------
@@ -814,3 +817,29 @@ def test_a_program_writing_an_external_constant_changes_no_other_programs_weight
     (again,) = reader.execute([x])
     (fresh,) = ptexec.load(pte, data_path=ptd).load_method().execute([x])
     assert torch.equal(again, want) and torch.equal(fresh, want)
+
+
+def test_pickling_or_deep_copying_a_program_or_method_is_refused_naming_it() -> None:
+    """A program or method cannot go to another process by pickle, nor be deep-copied, as
+    ExecuTorch's own cannot: the TypeError names the object and what to do instead
+    (pickle named only the file's memoryview it reached). A shallow copy is the same
+    method, its state shared, as a shallow copy of ExecuTorch's method is."""
+    pte, _ = fixture_paths("stateful")
+    et = executorch_runtime().load_program(pte)
+    for theirs in (et, et.load_method("forward")):
+        with pytest.raises(TypeError, match="ExecuTorch"):
+            pickle.dumps(theirs)
+        with pytest.raises(TypeError, match="ExecuTorch"):
+            copy.deepcopy(theirs)
+    prog = ptexec.load(pte)
+    m = prog.load_method("forward")
+    for ours, name in ((prog, "ptexec.Program"), (m, "ptexec.Method")):
+        with pytest.raises(TypeError, match=f"cannot pickle or deep-copy a {name}"):
+            pickle.dumps(ours)
+        with pytest.raises(TypeError, match=f"cannot pickle or deep-copy a {name}"):
+            copy.deepcopy(ours)
+    calls = fixture_calls("stateful")
+    methods = [m, copy.copy(m), m, copy.copy(copy.copy(m))]
+    for call, method in zip(calls, methods, strict=True):
+        got = method.execute(call["inputs"])
+        assert compare_outputs(got, call["outputs"], *tolerance("stateful")) is None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 import torch
 
@@ -293,6 +293,20 @@ class Method:
     def __repr__(self) -> str:
         s = self._state
         return f"<ptexec.Method '{self.name}': {len(s.inputs)} inputs, {len(s.outputs)} outputs>"
+
+    def __copy__(self) -> Method:
+        """A shallow copy: the same memory, state and call lock as this method."""
+        other = Method.__new__(Method)
+        other.__dict__.update(self.__dict__)
+        return other
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        # (pickle reached the program's memoryview and named only that; a deep copy too)
+        raise TypeError(
+            f"cannot pickle or deep-copy a ptexec.Method ('{self.name}': it holds its "
+            "program's memory and its own): load_method again for a method with memory "
+            "and state of its own, or ptexec.load the program's file in another process"
+        )
 
     # -- calling -------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **options: Any) -> list[Any]:

@@ -12,7 +12,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, NoReturn, SupportsIndex
 
 import torch
 
@@ -258,6 +258,21 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<ptexec.Program methods={list(self.method_names)}>"
+
+    def __copy__(self) -> Program:
+        """A shallow copy: the same file, constants and state (:meth:`with_own_state`
+        makes one whose methods have state of their own)."""
+        other = Program.__new__(Program)
+        other.__dict__.update(self.__dict__)
+        return other
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        # (pickle reached the file's memoryview and named only that; a deep copy too)
+        raise TypeError(
+            "cannot pickle or deep-copy a ptexec.Program (it holds its file's memory): "
+            "ptexec.load its file where it is needed, or use with_own_state() for "
+            "methods with state of their own"
+        )
 
     # -- memory (for methods) ------------------------------------------------------------
     def shared_buffer(self, info: BufferInfo) -> tuple[PlannedBuffer, bool]:
