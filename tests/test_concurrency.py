@@ -316,3 +316,73 @@ def test_methods_share_state_beside_constant_methods() -> None:
     prog = ptexec.load(data)
     assert prog.shared_buffer_indices == frozenset({2})
     assert calls(lambda name: prog.load_method(name).execute) == want
+
+
+_FORK_MID_CALL = """
+import json, os, signal, sys, threading
+sys.path.insert(0, {tests!r})
+import ptexec
+from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+from ptexec.errors import StateError
+
+prog = ptexec.load(fixture_paths("stateful")[0])
+m = prog.load_method("forward")
+calls = fixture_calls("stateful")
+inside, leave = threading.Event(), threading.Event()
+def hold():  # runs under the call lock, before the call writes anything
+    inside.set()
+    leave.wait()
+m.before_each_call(hold)
+worker = threading.Thread(target=m.execute, args=(calls[0]["inputs"],))
+worker.start()
+inside.wait()
+child = os.fork()
+if child == 0:
+    signal.alarm(20)  # (a call waiting for the lock for ever)
+    seen = {{}}
+    try:
+        m.execute(calls[0]["inputs"])
+        seen["call"] = "answered"
+    except StateError as e:
+        seen["call"] = str(e)
+    fresh = prog.load_method("forward")
+    seen["fresh"] = [
+        compare_outputs(fresh.execute(c["inputs"]), c["outputs"], *tolerance("stateful"))
+        for c in calls
+    ]
+    print(json.dumps(seen), flush=True)
+    os._exit(0)
+_, code = os.waitpid(child, 0)
+leave.set()
+worker.join()
+m.before_each_call(None)
+parent = [
+    compare_outputs(m.execute(c["inputs"]), c["outputs"], *tolerance("stateful"))
+    for c in calls[1:]
+]
+print(json.dumps({{"code": code, "parent": parent}}), flush=True)
+"""
+
+
+def test_a_child_forked_during_a_call_on_another_thread_refuses_that_method() -> None:
+    """A process forked while another thread's call holds a method's lock (a host forking
+    workers beside a thread that serves): that call never ends in the child, whose call
+    waited for its lock for ever. It is refused with StateError there; a method loaded
+    again in the child gives eager's outputs, and the parent goes on unchanged."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    code = _FORK_MID_CALL.format(tests=str(Path(__file__).resolve().parent))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert len(lines) == 2, done.stdout
+    child, parent = lines
+    assert child["call"].startswith("method 'forward' was running a call on another thread")
+    assert child["fresh"] == [None] * 4
+    assert parent == {"code": 0, "parent": [None] * 3}

@@ -11,6 +11,7 @@ default options) takes a generated fast path that does the same in one function.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -93,6 +94,9 @@ class Method:
     separately (``load_method`` again, from any thread) have their own memory and lock and
     run in parallel, except methods that share the program's state buffer
     (``share_mutable_buffers`` programs): those share one lock, as they share the state.
+    In a child forked while a call ran on another thread, the method (and those sharing
+    its state) refuses its calls with :class:`~ptexec.errors.StateError`: that call never
+    ends there, and its memory is as it left it half-way (load the method again).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class Method:
         # methods sharing the program's state buffer share one lock; others run in parallel
         shared = program.shared_buffer_indices & set(range(1, len(plan.non_const_buffer_sizes)))
         self._lock = program.state_lock if shared else threading.Lock()
+        _methods.add(self)
         self._compile_report: CompileReport | None = report
         self._background: BackgroundCompile | None = None
         self._runner = runner
@@ -470,6 +475,42 @@ class Method:
 
 class _Refused(Exception):
     """ExecuTorch refused a payload whose load a compiled load deferred."""
+
+
+# every live method: a child of a fork looks for those whose lock a call held (_forked)
+_methods: weakref.WeakSet[Method] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a child of a fork: a method whose call lock was held, by a call on a thread of
+    the parent that does not exist here, would wait for that call for ever, and its memory
+    (its state too) is as that call left it. Its lock is made again (one for all the
+    methods that shared it) and its calls are refused, naming why."""
+    fresh: dict[int, threading.Lock] = {}
+    for method in list(_methods):
+        held = method._lock
+        if not held.locked():
+            continue
+        lock = fresh.setdefault(id(held), threading.Lock())
+        if method._program.state_lock is held:
+            method._program.state_lock = lock
+        method._lock = lock
+        method._before_call = _refuser(method.name)
+
+
+def _refuser(name: str) -> Callable[[], None]:
+    def refuse() -> None:
+        raise StateError(
+            f"method '{name}' was running a call on another thread when this process was "
+            "forked: that call never ends here and the method's memory and state are as it "
+            "left them; load the method (or the program, for fresh state) again"
+        )
+
+    return refuse
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _prepared(
