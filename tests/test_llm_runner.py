@@ -749,3 +749,69 @@ def test_the_runner_modules_names_are_executorchs(tokenizer: Path) -> None:
     assert kept[0] is not kept[1] and kept[0].num_prompt_tokens == len(ids)
     figures = _json.loads(kept[0].to_json_string())
     assert figures["decode_token_per_sec"] > 0 and figures["prefill_token_per_sec"] > 0
+
+
+_FORK_MID_GENERATION = """
+import json, os, signal, sys, threading
+sys.path.insert(0, {tests!r})
+from ptexec.errors import StateError
+from ptexec.llm import GenerationConfig, TextLLMRunner
+
+pte, tok = {pte!r}, {tok!r}
+greedy = GenerationConfig(max_new_tokens=24, temperature=0.0, echo=False)
+r = TextLLMRunner(pte, tok, print_output=False)
+inside, leave = threading.Event(), threading.Event()
+def hold(text):  # on the generating thread, inside its generation
+    inside.set()
+    leave.wait()
+worker = threading.Thread(target=r.generate_text, args=({prompt!r}, greedy, hold))
+worker.start()
+inside.wait()
+child = os.fork()
+if child == 0:
+    signal.alarm(60)  # (a call waiting for the runner's lock for ever)
+    seen = {{}}
+    for call in ("reset", "generate"):
+        try:
+            r.reset() if call == "reset" else r.generate_text({prompt!r}, greedy)
+            seen[call] = "answered"
+        except StateError as e:
+            seen[call] = str(e)
+    fresh = TextLLMRunner(pte, tok, print_output=False)
+    fresh.generate_text({prompt!r}, greedy)
+    seen["fresh"] = fresh.generated_tokens
+    print(json.dumps(seen), flush=True)
+    os._exit(0)
+_, code = os.waitpid(child, 0)
+leave.set()
+worker.join()
+print(json.dumps({{"code": code, "parent": r.generated_tokens}}), flush=True)
+"""
+
+
+def test_a_child_forked_during_a_generation_refuses_that_runner(tokenizer: Path) -> None:
+    """A process forked while another thread generates (a host forking workers beside a
+    thread that serves): that generation never ends in the child, whose next call waited
+    for the runner's lock for ever. The child's runner refuses with StateError; a new
+    runner there generates ExecuTorch's tokens, and the parent's generation ends as it
+    would have."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    pte = program("xnnpack")
+    code = _FORK_MID_GENERATION.format(
+        tests=str(Path(__file__).resolve().parent), pte=str(pte), tok=str(tokenizer), prompt=PROMPT
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert len(lines) == 2, done.stdout
+    child, parent = lines
+    for call in ("reset", "generate"):
+        assert child[call].startswith("this TextLLMRunner was generating on another thread")
+    want = executorch_greedy(pte, _runner("xnnpack", tokenizer).tokenizer.encode(PROMPT), 24, True)
+    assert child["fresh"] == want
+    assert parent == {"code": 0, "parent": want}

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import GenerationError
+from . import forked
 from .config import GenerationConfig, Stats, _now_ms, check_setting
 from .decoder import TextDecoder, load_options
 from .inputs import MultimodalInput
@@ -177,6 +178,7 @@ class _Runner:
         self._stop = threading.Event()
         self._generating = False  # inside the loop (a callback of this thread may run)
         self._lock = threading.RLock()  # reentrant: a runner may encode inputs under it first
+        forked.watch(self)
         self.on_sample: SampleObserver | None = None
         """Called on the generating thread with each sampled id and the logits it was
         sampled from (the model's, before processors and temperature; the ids the

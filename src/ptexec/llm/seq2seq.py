@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigValueError, FileMissingError, GenerationError
+from . import forked
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import load_options, read_metadata
@@ -653,6 +654,7 @@ class Seq2SeqRunner:
         """Why the last generation ended: "stop" (EOS), "length" or "interrupted"."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        forked.watch(self)
         self.stats.model_load_end_ms = _now_ms()
 
     # -- properties -----------------------------------------------------------------------
