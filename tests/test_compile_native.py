@@ -407,3 +407,50 @@ def test_a_tensor_that_does_not_fit_the_delegate_is_refused(tmp_path: Path) -> N
     with pytest.raises(RuntimeError, match="one shape kind per argument"):  # a third tensor
         orders = [[0, 1]] * 3
         native.call(program, [out], [1], [torch.empty(list(tensors[out].sizes))], orders)
+
+
+_FORK_MID_BUILD = """
+import json, os, signal, threading
+from ptexec.compile import native
+
+parent = os.getpid()
+inside, leave = threading.Event(), threading.Event()
+def building():  # a first build: minutes on a busy machine
+    if os.getpid() == parent:
+        inside.set()
+        leave.wait()
+    raise RuntimeError(f"not built in {{'the parent' if os.getpid() == parent else 'the child'}}")
+native.find_or_build = building
+worker = threading.Thread(target=native.library)
+worker.start()
+inside.wait()
+child = os.fork()
+if child == 0:
+    signal.alarm(30)  # (a load waiting for the parent's build for ever)
+    print(json.dumps({{"child": [native.library(), native.unavailable()]}}), flush=True)
+    os._exit(0)
+_, code = os.waitpid(child, 0)
+leave.set()
+worker.join()
+print(json.dumps({{"code": code, "parent": [native.library(), native.unavailable()]}}), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_during_the_librarys_build_finds_or_builds_its_own() -> None:
+    """A process forked while another thread builds the library (a compiled load on a
+    thread beside the one forking workers): the build never ends in the child, whose
+    compiled loads waited for its lock for ever. The child looks for the library itself."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_MID_BUILD.format()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert len(lines) == 2, done.stdout
+    child, parent = lines
+    assert child["child"][0] is None and "not built in the child" in child["child"][1]
+    assert parent["code"] == 0
+    assert parent["parent"][0] is None and "not built in the parent" in parent["parent"][1]

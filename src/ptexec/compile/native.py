@@ -101,6 +101,18 @@ _STATE: dict[str, Any] = {}  # "path": the loaded library, or "why": why there i
 _PRIVATE: set[Path] = set()  # directories of libraries built for this process alone
 
 
+def _forked() -> None:
+    """In a child of a fork: a build another thread of the parent was running, holding
+    the lock, never ends here (the child's next compiled load waited for it for ever);
+    this process finds or builds the library itself."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def _csrc() -> Path:
     return Path(__file__).resolve().parent / "csrc"
 
