@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
 import sys
 import threading
 import warnings
@@ -94,3 +96,41 @@ def test_autotuning_statistics_are_dropped_and_the_rest_written(
         sys.stderr.write("Autotune Choices Stats:\n{}\n")  # (as torch writes them)
         print("a line of the host's", file=sys.stderr)
     assert capsys.readouterr().err == "a line of the host's\n"
+
+
+_FORKED = """
+import json, logging, os, sys, threading, warnings
+from ptexec.compile.quiet import quiet
+
+host = (logging.getLogger("torch").level, type(sys.stderr).__name__)
+inside, leave = threading.Event(), threading.Event()
+def compiling():
+    with quiet():
+        inside.set()
+        leave.wait()
+worker = threading.Thread(target=compiling)
+worker.start()
+inside.wait()
+child = os.fork()
+if child == 0:
+    with warnings.catch_warnings(record=True) as caught:  # (the filters as they are)
+        warnings.warn("a host's warning", UserWarning)
+    level, stream = logging.getLogger("torch").level, type(sys.stderr).__name__
+    print(json.dumps([len(caught), [level, stream] == list(host)]), flush=True)
+    os._exit(0)
+os.waitpid(child, 0)
+leave.set()
+worker.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_during_a_compile_on_another_thread_is_left_as_the_host_was() -> None:
+    """A process forked while another thread compiles: that compile never ends in the
+    child, which kept every UserWarning ignored, the ``torch`` logger at CRITICAL and
+    stderr filtered for good. The child puts them back at once."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[1,", "true]"]

@@ -11,13 +11,15 @@ compiles on two threads that overlap leave the second one's changes in place for
 
 :func:`quiet` counts the compiles under way instead. The first one in adds exactly its
 own filters, level and stream; the last one out removes exactly those (a filter, level or
-stream the host set meanwhile is left as the host set it).
+stream the host set meanwhile is left as the host set it). A child forked while compiles
+ran on other threads of its parent puts back what they changed at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -98,3 +100,19 @@ def _leave() -> None:
         if _STDERR is not None and sys.stderr is _STDERR:
             sys.stderr = _STDERR.stream
         _LEVEL = _STDERR = None
+
+
+def _forked() -> None:
+    """In a child of a fork: the compiles under way are other threads' of the parent,
+    which never end here (the child kept torch's warnings ignored, the ``torch`` logger
+    silent and stderr filtered for good); what they changed is put back as their end
+    would put it."""
+    global _LOCK, _DEPTH
+    _LOCK = threading.Lock()
+    if _DEPTH > 0:
+        _DEPTH = 1
+        _leave()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
