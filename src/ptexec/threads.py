@@ -33,6 +33,12 @@ no per-method thread count: a method that set its own around each call would cha
 threads of every other method running meanwhile, and would replace ExecuTorch's pool (and
 reload every XNNPACK payload) on each call.
 
+A child of ``os.fork`` (``multiprocessing``'s fork start, a preloading server's workers)
+inherits no running threads: torch's OpenMP threads do not come back, and a child forked
+after kernels ran on more than one thread waits for ever in its first parallel kernel, as
+eager PyTorch's does. Call ``set_num_threads(1)`` in the child before its first call (or
+fork before the first multi-threaded call); ExecuTorch's pool makes its threads again.
+
 ExecuTorch's pool is changed only by an explicit :func:`set_num_threads`, at once
 (importing ExecuTorch's runtime if it is installed and not yet imported): while nobody
 asked, ptexec leaves it as ExecuTorch made it, because replacing it also breaks the
