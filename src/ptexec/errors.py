@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CALL_REFUSALS",
     "AudioFormatError",
     "BackendUnavailableError",
     "CacheEntryError",
@@ -143,6 +144,16 @@ class DeviceUnavailableError(PtexecError, RuntimeError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str, int]]:
         return (type(self), (self.reason, self.hint, self.device, self.cuda_devices))
+
+
+CALL_REFUSALS: tuple[type[PtexecError], ...] = (
+    InputError,
+    UnsupportedDeviceError,
+    DeviceUnavailableError,
+)
+"""What a method's call raises when it refused its arguments before writing anything: an
+input or ``out=`` tensor that does not fit, memory on a device ptexec does not model, CUDA
+memory on a machine without CUDA."""
 
 
 class LimitExceededError(PtexecError, RuntimeError):

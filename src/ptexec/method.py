@@ -333,8 +333,10 @@ class Method:
         shape when the tensor itself, dense, holds the bound: not a view of a larger
         tensor), others are copied into it after the run (resized as torch's ``out=``
         resizes). Every input and ``out`` tensor is checked before anything is
-        written: a bad one raises :class:`InputError` (or :class:`UnsupportedDeviceError`)
-        and leaves the method's state as it was.
+        written: a bad one raises one of :data:`ptexec.errors.CALL_REFUSALS`
+        (:class:`InputError`, :class:`UnsupportedDeviceError`, or
+        :class:`DeviceUnavailableError` for CUDA memory without CUDA) and leaves the
+        method's state as it was.
         """
         if WATCH[0]:  # torch's count is per thread: this one may not have the setting
             try:

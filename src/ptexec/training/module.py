@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ..errors import InputError, NotFoundError, StateError, UnsupportedDeviceError
+from ..errors import CALL_REFUSALS, InputError, NotFoundError, StateError
 from ..files import write_atomically
 from ..loader import DeviceMapSpec
 from ..runtime import load_source
@@ -261,7 +261,7 @@ class TrainingModule:
             outs = trained.method.execute(inputs, outputs="view")
         except BaseException as e:
             # refused inputs raise before anything is written (Method.execute)
-            if isinstance(e, InputError | UnsupportedDeviceError):
+            if isinstance(e, CALL_REFUSALS):
                 trained.live = live
             else:
                 self._failed(trained, kept, accumulate)
