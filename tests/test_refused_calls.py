@@ -457,3 +457,132 @@ def test_a_failed_call_leaves_state_as_executorch_does(
         got = call(_fresh(inputs))
         want = theirs.execute(_fresh(inputs))
         assert compare_outputs(got, list(want), 0, 0) is None, f"call {k}"
+
+
+# --------------------------------------------------------------------------------------
+# training
+
+
+@pytest.mark.parametrize("path", ["forward_backward", "evaluation"])
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_refused_training_calls_keep_parameters_and_gradients(
+    name: str, accumulate: bool, path: str
+) -> None:
+    """Each refusal, through ``forward_backward`` or a call of the training method
+    itself: the parameters and every ``.grad`` stay eager PyTorch's after the last good
+    backward, and the next step (SGD) is eager's."""
+    import copy
+
+    import ptexec.training as training
+    from training_models import MODELS, example_inputs
+
+    fix = FIXTURES / "training"
+    module = MODELS[name]()
+    module.load_state_dict(torch.load(fix / "state.pt")[name])
+    eager_opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    tm = training.load(fix / f"{name}.pte")
+    opt = torch.optim.SGD(tm.parameters(), lr=0.1)
+    method = tm.method("forward")
+    for step in range(3):
+        batch = list(example_inputs(name, step))
+        if not accumulate:
+            opt.zero_grad()
+            eager_opt.zero_grad()
+        module(*batch)[0].backward()
+        tm.forward_backward("forward", batch, accumulate=accumulate)
+        eager = {n: p.grad.clone() for n, p in module.named_parameters()}
+        own = {n: (p.detach().clone(), p.grad.clone()) for n, p in tm.named_parameters().items()}
+        for n, (_, g) in own.items():
+            torch.testing.assert_close(g, eager[n], rtol=1e-5, atol=1e-6)
+        held = copy.copy(tm.named_gradients())
+        for r in refusals(method, list(example_inputs(name, step + 10))):
+            with pytest.raises(r.error):
+                if path == "forward_backward":
+                    tm.forward_backward("forward", r.inputs, accumulate=accumulate)
+                else:
+                    method.execute(r.inputs)
+            for n, p in tm.named_parameters().items():
+                assert p.grad is not None, f"{r.kind}: {n}'s gradient is gone"
+                assert torch.equal(p, own[n][0]), f"{r.kind}: {n} changed"
+                assert torch.equal(p.grad, own[n][1]), f"{r.kind}: {n}'s gradient changed"
+            assert tm.named_gradients() == held, r.kind
+        opt.step()
+        eager_opt.step()
+        for n, p in tm.named_parameters().items():
+            torch.testing.assert_close(
+                p, dict(module.named_parameters())[n].detach(), rtol=1e-4, atol=1e-5
+            )
+
+
+# --------------------------------------------------------------------------------------
+# the LLM runner
+
+
+@pytest.mark.parametrize("variant", ["portable", "xnnpack", "portable_chunked"])
+def test_refused_requests_leave_the_runner_where_it_was(
+    variant: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Requests the runner refuses (a prompt past the context, a budget of no token, BOS
+    and EOS filling the context, continuing with nothing prefilled) between turns, after
+    a prefill and before the generation that continues it: the position, the pending
+    prefill and every later turn are those of a runner that never saw them, and the
+    first turn is ExecuTorch's greedy loop."""
+    pytest.importorskip("tokenizers")
+    from llm_support import executorch_greedy, llm_programs, program
+    from ptexec.errors import GenerationError
+    from ptexec.llm import GenerationConfig, TextLLMRunner
+
+    tokenizer = llm_programs.make_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+    greedy = GenerationConfig(max_new_tokens=6, temperature=0.0, echo=False)
+
+    def runner() -> TextLLMRunner:
+        return TextLLMRunner(str(program(variant)), str(tokenizer), print_output=False)
+
+    ours, clean = runner(), runner()
+    context = ours.max_context_len
+
+    def refuse(pending: bool) -> None:
+        pos = ours.pos
+        long = " ".join(["word"] * context)
+        attempts: list[Callable[[], Any]] = [
+            lambda: ours.generate_text(long, greedy),
+            lambda: ours.prefill(long),
+            lambda: ours.generate_text(
+                "Hi", GenerationConfig(max_new_tokens=4, seq_len=pos + 1, temperature=0.0)
+            ),
+            lambda: ours.generate_text(
+                "Hi", GenerationConfig(num_bos=context, max_new_tokens=2, temperature=0.0)
+            ),
+        ]
+        if not pending:
+            attempts.append(lambda: ours.generate_text("", greedy))
+        for attempt in attempts:
+            with pytest.raises(GenerationError):
+                attempt()
+            assert ours.pos == pos
+
+    turns: list[tuple[str, str]] = [
+        ("generate", "Once upon a time"),
+        ("generate", " and then"),
+        ("prefill", " the end."),
+        ("generate", ""),
+        ("generate", " again"),
+    ]
+    for k, (what, prompt) in enumerate(turns):
+        refuse(pending=k == 3)
+        if what == "prefill":
+            ours.prefill(prompt)
+            clean.prefill(prompt)
+        else:
+            assert ours.generate_text(prompt, greedy) == clean.generate_text(prompt, greedy)
+            assert ours.generated_tokens == clean.generated_tokens
+        if k == 0:
+            want = executorch_greedy(
+                program(variant),
+                ours.tokenizer.encode(prompt),
+                greedy.max_new_tokens,
+                ours.decoder.dynamic,
+            )
+            assert ours.generated_tokens == want
+        assert ours.pos == clean.pos
