@@ -167,6 +167,35 @@ def test_decoder_logits_are_the_callers_to_keep() -> None:
     torch.testing.assert_close(second.reshape(-1), want[2].reshape(-1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("variant", ["portable", "portable_static"])
+def test_decoder_token_ids_that_are_not_integers_are_refused(variant: str, tokenizer: Path) -> None:
+    """A token id is an integer: 7.9 ran as token 7 (``fill_`` and ``torch.tensor`` cast
+    it), where eager PyTorch's embedding refuses float indices and ExecuTorch's runtime a
+    float token tensor; ids the int64 input cannot hold raised torch's untyped errors.
+    Each is a GenerationError before the program runs; the next good call is ExecuTorch's,
+    and so are the scores ``prompt_logits`` gives after refusing such ids."""
+    pte = program(variant)
+    tokens = [MODEL.bos_id, 7, 11, 13]
+    want = executorch_logits(pte, tokens)
+    with pytest.raises(RuntimeError, match="Long, Int"):  # eager PyTorch
+        torch.nn.functional.embedding(torch.tensor([[7.9]]), torch.zeros(MODEL.vocab_size, 4))
+    decoder = TextDecoder(ptexec.load(pte))
+    decoder.step(tokens[0], 0)
+    for bad in (7.9, 7.0, torch.tensor(7.9), "7", None, 2**63, 2**70, -1):
+        with pytest.raises(GenerationError, match="token"):
+            decoder.step(bad, 1)  # type: ignore[arg-type]
+        with pytest.raises(GenerationError, match="token"):
+            decoder.prefill([7, bad], 1)  # type: ignore[list-item]
+    got = decoder.step(tokens[1], 1)
+    torch.testing.assert_close(got.reshape(-1), want[1].reshape(-1), rtol=1e-4, atol=1e-4)
+    runner = _runner(variant, tokenizer)
+    with pytest.raises(GenerationError, match="token"):
+        runner.prompt_logits([MODEL.bos_id, 7.9, 11])  # type: ignore[list-item]
+    rows = runner.prompt_logits(tokens)
+    for got, ref in zip(rows, want, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_not_a_generation_program() -> None:
     from fixture_data import fixture_paths
 

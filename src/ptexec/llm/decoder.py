@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..errors import GenerationError
+from .inputs import token_id
 
 __all__ = [
     "DecoderLayout",
@@ -299,6 +300,7 @@ class TextDecoder:
         self.vocab_size = layout.vocab_size
         self.pos_vector = layout.pos_vector
         self.pos_dtype = layout.pos_dtype
+        self._top = torch.iinfo(self.token_dtype).max  # the largest id the token input holds
         self.execution_ms = 0.0  # accumulated time in forward
         self.loaded: tuple[Any, ...] = (self.method,)
         """The program's methods this decoder loaded."""
@@ -328,12 +330,28 @@ class TextDecoder:
             logits = logits[:, -1, :]
         return logits
 
+    def _ids(self, tokens: Sequence[Any]) -> list[int]:
+        """``tokens`` checked as token ids (:func:`~ptexec.llm.inputs.token_id`) that the
+        token input holds; a :class:`GenerationError` before anything runs."""
+        ids = []
+        for t in tokens:
+            if type(t) is not int:
+                try:
+                    t = token_id(t)
+                except TypeError as e:
+                    raise GenerationError(str(e)) from None
+            if not 0 <= t <= self._top:
+                raise GenerationError(f"token ids are 0 to {self._top}, got {t}")
+            ids.append(t)
+        return ids
+
     def prefill(self, tokens: Sequence[int], pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate ``tokens`` at positions ``pos, pos + 1, ...``; the last position's logits.
         A program that reads its whole context (:attr:`reads_context`) re-reads ``history``
         (the tokens before them) with them, as :meth:`step` does."""
         if not tokens:
             raise GenerationError("prefill needs at least one token")
+        tokens = self._ids(tokens)
         if pos + len(tokens) > self.max_context_len:
             raise GenerationError(
                 f"{len(tokens)} tokens at position {pos} do not fit the context of "
@@ -355,6 +373,8 @@ class TextDecoder:
             raise GenerationError(
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
+        if type(token) is not int or not 0 <= token <= self._top:
+            (token,) = self._ids((token,))
         if self.reads_context:
             return handed_logits(self._call(self._whole(history, (token,)), 0), self.share_logits)
         return handed_logits(self._call((token,), pos), self.share_logits)

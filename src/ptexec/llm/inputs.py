@@ -201,15 +201,22 @@ def _token_ids(ids: Any) -> list[int]:
             "MultimodalInput takes a str, token ids (a sequence of ints), an Image, Audio or "
             f"RawAudio, got {type(ids).__name__}"
         )
-    out = []
-    for i in ids.tolist() if isinstance(ids, torch.Tensor) else ids:
-        if not isinstance(i, int) and not hasattr(i, "__index__"):
-            raise TypeError(f"token ids are ints, got {type(i).__name__} ({i!r})")
-        value = operator.index(i)  # (a bool is 0 or 1, as ExecuTorch's bindings take it)
-        if not 0 <= value < 1 << 64:
-            raise TypeError(f"token ids are 0 to 2**64 - 1, got {value}")
-        out.append(value)
-    return out
+    return [token_id(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+
+
+def token_id(i: Any) -> int:
+    """One token id as ExecuTorch's bindings take it: an int (or what has ``__index__``: a
+    numpy integer; a bool is 0 or 1), 0 to 2**64 - 1; anything else, a float above all
+    (7.9 cast would run as token 7), raises ``TypeError``."""
+    if not isinstance(i, int) and not hasattr(i, "__index__"):
+        raise TypeError(f"token ids are ints, got {type(i).__name__} ({i!r})")
+    try:
+        value = operator.index(i)
+    except TypeError:  # (a float tensor has __index__, and refuses)
+        raise TypeError(f"token ids are ints, got {type(i).__name__} ({i!r})") from None
+    if not 0 <= value < 1 << 64:
+        raise TypeError(f"token ids are 0 to 2**64 - 1, got {value}")
+    return value
 
 
 class MultimodalInput:
