@@ -1278,6 +1278,30 @@ def test_decoder_logits_are_the_callers_to_keep(llava: Path) -> None:
     torch.testing.assert_close(shared[1], kept[1], rtol=0, atol=0)
 
 
+def test_decoder_token_ids_that_are_not_integers_are_refused(llava: Path) -> None:
+    """``MultimodalDecoder`` takes integer ids, as eager PyTorch's embedding takes only
+    integer indices: 7.9 ran as token 7. Refused with GenerationError before anything
+    runs; the decoder's next calls are a fresh decoder's."""
+    import ptexec
+    from ptexec.errors import GenerationError
+
+    with pytest.raises(RuntimeError, match="Long, Int"):  # eager PyTorch
+        torch.nn.functional.embedding(torch.tensor([[7.9]]), torch.zeros(16, 4))
+    program = ptexec.load(llava / "model.pte")
+    methods = MultimodalMethods.find(program.method_names)
+    assert methods is not None
+    decoder, fresh = MultimodalDecoder(program, methods), MultimodalDecoder(program, methods)
+    want = [fresh.prefill([1, 7], 0).clone(), fresh.step(11, 2).clone()]
+    for bad in (7.9, torch.tensor(7.9), "7", None, 2**63, -1):
+        with pytest.raises(GenerationError, match="token"):
+            decoder.prefill([1, bad], 0)  # type: ignore[list-item]
+        with pytest.raises(GenerationError, match="token"):
+            decoder.step(bad, 0)  # type: ignore[arg-type]
+    got = [decoder.prefill([1, 7], 0), decoder.step(11, 2)]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_eos_asked_for_ends_the_prompt_however_it_is_split(llava: Path) -> None:
     """``num_eos`` EOS ids end the prompt, as the tokenizer puts them after a text: the

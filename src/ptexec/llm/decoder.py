@@ -50,6 +50,7 @@ __all__ = [
     "handed_logits",
     "load_options",
     "read_metadata",
+    "token_ids",
 ]
 
 # the metadata methods ExecuTorch's runner reads (and its EOS ids: _EOS_METHODS)
@@ -330,28 +331,13 @@ class TextDecoder:
             logits = logits[:, -1, :]
         return logits
 
-    def _ids(self, tokens: Sequence[Any]) -> list[int]:
-        """``tokens`` checked as token ids (:func:`~ptexec.llm.inputs.token_id`) that the
-        token input holds; a :class:`GenerationError` before anything runs."""
-        ids = []
-        for t in tokens:
-            if type(t) is not int:
-                try:
-                    t = token_id(t)
-                except TypeError as e:
-                    raise GenerationError(str(e)) from None
-            if not 0 <= t <= self._top:
-                raise GenerationError(f"token ids are 0 to {self._top}, got {t}")
-            ids.append(t)
-        return ids
-
     def prefill(self, tokens: Sequence[int], pos: int, history: Sequence[int] = ()) -> torch.Tensor:
         """Evaluate ``tokens`` at positions ``pos, pos + 1, ...``; the last position's logits.
         A program that reads its whole context (:attr:`reads_context`) re-reads ``history``
         (the tokens before them) with them, as :meth:`step` does."""
         if not tokens:
             raise GenerationError("prefill needs at least one token")
-        tokens = self._ids(tokens)
+        tokens = token_ids(tokens, self.token_dtype)
         if pos + len(tokens) > self.max_context_len:
             raise GenerationError(
                 f"{len(tokens)} tokens at position {pos} do not fit the context of "
@@ -374,7 +360,7 @@ class TextDecoder:
                 f"position {pos} is past the context of {self.max_context_len} tokens"
             )
         if type(token) is not int or not 0 <= token <= self._top:
-            (token,) = self._ids((token,))
+            (token,) = token_ids((token,), self.token_dtype)
         if self.reads_context:
             return handed_logits(self._call(self._whole(history, (token,)), 0), self.share_logits)
         return handed_logits(self._call((token,), pos), self.share_logits)
@@ -389,6 +375,27 @@ class TextDecoder:
                 "of this program reads (it keeps no KV cache)"
             )
         return ids
+
+
+def token_ids(tokens: Sequence[Any], dtype: torch.dtype) -> list[int]:
+    """``tokens`` checked as token ids (:func:`~ptexec.llm.inputs.token_id`) that a token
+    input of ``dtype`` holds, before anything runs: a float would be cut (7.9 ran as
+    token 7); otherwise a :class:`GenerationError`."""
+    try:
+        top = torch.iinfo(dtype).max
+    except TypeError:  # not an integer dtype (an odd embedding method): the ids' own bound
+        top = (1 << 64) - 1
+    ids = []
+    for t in tokens:
+        if type(t) is not int:
+            try:
+                t = token_id(t)
+            except TypeError as e:
+                raise GenerationError(str(e)) from None
+        if not 0 <= t <= top:
+            raise GenerationError(f"token ids are 0 to {top}, got {t}")
+        ids.append(t)
+    return ids
 
 
 def handed_logits(logits: torch.Tensor, share: bool) -> torch.Tensor:

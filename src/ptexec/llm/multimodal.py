@@ -73,6 +73,7 @@ from .decoder import (
     constant_outputs,
     handed_logits,
     read_metadata,
+    token_ids,
 )
 from .image import ImagePreprocessor
 from .inputs import MultimodalInput, make_audio_input, make_image_input, make_token_input
@@ -347,7 +348,8 @@ class MultimodalDecoder:
         return out
 
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
-        """The embedding rows ``[n, hidden]`` of token ids."""
+        """The embedding rows ``[n, hidden]`` of token ids (checked first: integers)."""
+        ids = token_ids(ids, self.token_dtype)
         rows = []
         step = self.embed_fixed or self.embed_chunk or len(ids)
         for i in range(0, len(ids), step):
