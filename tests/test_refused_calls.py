@@ -459,6 +459,51 @@ def test_a_failed_call_leaves_state_as_executorch_does(
         assert compare_outputs(got, list(want), 0, 0) is None, f"call {k}"
 
 
+class _Bmm(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, b)
+
+
+@pytest.fixture(scope="module")
+def bmm_program() -> bytes:
+    """``[1, 8, 1] @ [1, 1, n]`` lowered to XNNPACK (n = 0 passes the program's bounds,
+    which keep only the upper one; XNNPACK's reshape refuses it)."""
+    from export_util import xnnpack_program
+
+    n = torch.export.Dim("n", min=1, max=16)
+    return xnnpack_program(_Bmm(), (torch.randn(1, 8, 1), torch.randn(1, 1, 5)), ({}, {2: n}))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("runner", ["executorch", "torch"])
+def test_a_failing_xnnpack_reshape_leaves_the_next_call_right(
+    bmm_program: bytes, runner: str, path: str
+) -> None:
+    """ExecuTorch's backend fails the empty product in XNNPACK's reshape (an
+    ExecutionError naming the delegate call); ptexec's torch runner computes it as eager
+    PyTorch does. Either way the outputs the caller holds and its inputs are unchanged,
+    and every later call is eager's."""
+    from ptexec.delegates.xnnpack.executorch_runner import executorch_unavailable
+
+    if runner == "executorch" and executorch_unavailable():
+        pytest.skip("ExecuTorch's XNNPACK backend is not installed")
+    method = ptexec.load(bmm_program).load_method("forward", xnnpack=runner)
+    call = _caller(method, path)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(1, 8, 1, generator=g)
+    held: list[Any] = []
+    for n in (3, 0, 7, 0, 16, 1):
+        b = torch.randn(1, 1, n, generator=g)
+        if n == 0 and runner == "executorch":
+            before = snapshot([], held, [a, b])
+            with pytest.raises(ExecutionError, match="delegate"):
+                call([a, b])
+            assert snapshot([], held, [a, b]) == before
+            continue
+        held = call([a, b])
+        torch.testing.assert_close(held[0], torch.bmm(a, b), rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------------------
 # training
 
