@@ -970,6 +970,26 @@ def test_token_ids_that_are_not_integers_are_refused_as_transformers_refuses(
     assert runner.generate(torch.tensor(ids), GREEDY) == _t5_eager(model, ids, 12)
 
 
+def test_decoder_prompt_ids_that_are_not_integers_are_refused(folders: dict[str, Path]) -> None:
+    """A decoder prompt's ids are integers: ``DecoderPrompt(0.7)`` ran as start token 0
+    (``fill_`` cast it) where transformers' embedding refuses float decoder ids. Refused
+    with GenerationError when the prompt is made; the runner's generation is eager's."""
+    runner, model = _t5(folders)
+    ids = torch.randint(3, 256, (seq2seq_programs.MAX_SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(2)).tolist()  # fmt: skip
+    with pytest.raises(RuntimeError, match="Long, Int"), torch.no_grad():
+        model.generate(input_ids=torch.tensor([ids]), decoder_input_ids=torch.tensor([[0.7]]),
+                       max_new_tokens=4, do_sample=False)  # fmt: skip
+    for start, forced, detect in ((0.7, (), ()), (0, (5.5,), ()), (0, (), (3.2,)), ("0", (), ())):
+        with pytest.raises(GenerationError, match="token"):
+            DecoderPrompt(start, forced, detect)  # type: ignore[arg-type]
+    with pytest.raises(GenerationError, match="token"):
+        DecoderPrompt.of(0, {1: 5.5})
+    assert DecoderPrompt(0) == DecoderPrompt(False)  # a bool is 0 or 1, as ExecuTorch's ids
+    got = runner.generate(torch.tensor(ids), GREEDY, prompt=DecoderPrompt(0))
+    assert got == _t5_eager(model, ids, 12)
+
+
 def test_generate_cli_without_a_generation_config(tmp_path: Path, folders: dict[str, Path]) -> None:
     """A text-to-text program without generation_config.json beside it generates from the
     program's own start and EOS ids, as the runner does (it was refused: the config looked

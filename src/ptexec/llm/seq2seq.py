@@ -57,6 +57,7 @@ from . import forked
 from .audio import FeatureExtractor, load_audio, windows
 from .config import GenerationConfig, Stats, _now_ms
 from .decoder import load_options, read_metadata
+from .inputs import token_id
 from .languages import language_code
 from .logits import (
     BadWords,
@@ -101,6 +102,19 @@ class DecoderPrompt:
     forced: tuple[int, ...] = ()
     detect: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        # ids as ExecuTorch's bindings take them: a float's fraction would be cut when the
+        # decoder's token input is filled (0.7 ran as token 0)
+        try:
+            start = token_id(self.start)
+            forced = tuple(token_id(t) for t in self.forced)
+            detect = tuple(token_id(t) for t in self.detect)
+        except TypeError as e:
+            raise GenerationError(f"decoder prompt: {e}") from None
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "forced", forced)
+        object.__setattr__(self, "detect", detect)
+
     @classmethod
     def of(cls, start: int, forced: Mapping[int, int]) -> DecoderPrompt:
         """From forced ``{position: id}``; the positions must be 1, 2, ... without a gap
@@ -110,7 +124,7 @@ class DecoderPrompt:
                 f"forced decoder tokens must fill positions 1, 2, ... after the start token; "
                 f"got positions {sorted(forced)}"
             )
-        return cls(int(start), tuple(int(forced[i]) for i in range(1, len(forced) + 1)))
+        return cls(start, tuple(forced[i] for i in range(1, len(forced) + 1)))
 
     def prefix(self) -> list[int]:
         """The start token and the forced tokens (raises while a language is to detect:
@@ -124,9 +138,13 @@ class DecoderPrompt:
 
     def detected(self, language: int) -> DecoderPrompt:
         """The prompt with ``language`` at position 1, nothing left to detect."""
-        if self.detect and int(language) not in self.detect:
+        try:
+            language = token_id(language)
+        except TypeError as e:
+            raise GenerationError(f"decoder prompt: {e}") from None
+        if self.detect and language not in self.detect:
             raise GenerationError(f"token {language} is not one of the languages to detect")
-        return DecoderPrompt(self.start, (int(language), *self.forced))
+        return DecoderPrompt(self.start, (language, *self.forced))
 
     def __len__(self) -> int:
         return 1 + bool(self.detect) + len(self.forced)
