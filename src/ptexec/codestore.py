@@ -2,7 +2,8 @@
 
 A load turns a method's instructions into Python text (:mod:`ptexec.codegen`), and
 compiling that text is a large share of a first load: the code of a 400-instruction
-method takes about 4 ms to compile, an eighth of its whole first load. The same
+method takes about 4 ms to compile, an eighth of its whole first load, and a 5-instruction
+method's fast call (about 770 characters) 150-250 us, a tenth of its first load. The same
 program gives the same text in every process, so a text of at least :data:`MIN_CHARS`
 characters that a process compiles is kept as its code object under ``code/`` in the cache
 root (:func:`ptexec.cachedir.cache_dir`), and a later process that generates the same
@@ -71,7 +72,9 @@ __all__ = [
     "store",
 ]
 
-MIN_CHARS = 1536  # shorter texts compile in about the time a read (and its checks) takes
+# shorter texts compile in about the time a read (and its checks) takes; from 256 characters
+# on, generated code takes 100-300 us to compile (about 0.2-0.3 us a character)
+MIN_CHARS = 256
 MAX_ENTRIES = 4096  # files kept in the directory, least recently read removed first
 MAX_FILE_BYTES = 64 << 20  # a larger file is not read (none this store writes is near it)
 LAYOUT = 1  # bump when what a file holds, or how it is read, changes
