@@ -36,6 +36,7 @@ __all__ = [
     "alive",
     "cache_dir",
     "check_trusted",
+    "checked_root",
     "files_under",
     "host",
     "read_trusted",
@@ -136,6 +137,7 @@ def way_to(root: Path) -> tuple[str | None, list[Path]]:
     me = _uid()
     pending = list(reversed(Path(os.path.join(os.getcwd(), root)).parts))
     current = Path(pending.pop())  # the anchor ("/")
+    known: os.stat_result | None = None  # current's lstat, when the step to it took one
     links = 0
     while pending:
         name = pending.pop()
@@ -143,22 +145,25 @@ def way_to(root: Path) -> tuple[str | None, list[Path]]:
             continue
         if name == "..":
             current = current.parent
+            known = None
             continue
         met.append(current)
         try:
-            dst = os.lstat(current)
+            dst = os.lstat(current) if known is None else known
         except OSError as e:
             return f"{current} cannot be read ({e.strerror or e})", met
         why = _sticky_trust(dst) if me is not None else None
         if why is not None:
             return f"{current}, above the cache or a link to it, {why}", met
         step = current / name
+        known = None
         try:
             st = os.lstat(step)
         except OSError as e:
             return f"{step} cannot be read ({e.strerror or e})", met
         if not stat.S_ISLNK(st.st_mode):
             current = step
+            known = st  # (what the next name is looked up in: checked from this lstat)
             continue
         met.append(step)
         if me is not None and st.st_uid not in (me, 0):
@@ -187,27 +192,34 @@ def root_status(root: Path, create: bool = False) -> tuple[str | None, bool]:
     """``(why root is not used, or None; whether this user writes into it)`` (module
     docstring); ``create`` makes a missing root, and any missing directory above it,
     mode 0700."""
+    problem, writable, _ = checked_root(root, create)
+    return problem, writable
+
+
+def checked_root(root: Path, create: bool = False) -> tuple[str | None, bool, list[Path]]:
+    """:func:`root_status`, and the way to the root its check walked (:func:`way_to`;
+    empty when the check ended before it)."""
     try:
         try:
             st = os.stat(root)
         except FileNotFoundError:
             if not create:
-                return f"{root} does not exist", False
+                return f"{root} does not exist", False, []
             _make_private(root)
             st = os.stat(root)
     except OSError as e:
-        return f"{root} cannot be used ({e.strerror or e})", False
+        return f"{root} cannot be used ({e.strerror or e})", False, []
     if not stat.S_ISDIR(st.st_mode):
-        return f"{root} is not a directory", False
+        return f"{root} is not a directory", False, []
     why = untrusted_because(st.st_uid, st.st_mode)
     if why is not None:
-        return f"{root} {why}", False
-    why, _ = way_to(root)
+        return f"{root} {why}", False, []
+    why, way = way_to(root)
     if why is not None:
-        return why, False
+        return why, False, way
     me = _uid()
     writable = (me is None or st.st_uid == me) and os.access(root, os.W_OK | os.X_OK)
-    return None, writable
+    return None, writable, way
 
 
 def _make_private(directory: Path) -> None:

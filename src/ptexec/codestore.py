@@ -50,11 +50,10 @@ from pathlib import Path
 
 from .cachedir import (
     cache_dir,
+    checked_root,
     read_trusted,
-    root_status,
     subdir_problem,
     trusted_subdir,
-    way_to,
 )
 from .errors import CacheEntryError
 
@@ -132,7 +131,7 @@ def _identity(path: str) -> tuple[int, int, int, int] | None:
 
 def _root_status(root: Path, create: bool) -> bool | None:
     """Whether this user writes trusted root ``root``; None when it is not trusted (or
-    missing and not ``create``). The rules (:func:`ptexec.cachedir.root_status`) are
+    missing and not ``create``). The rules (:func:`ptexec.cachedir.checked_root`) are
     checked in full once per root in a process; later uses ``lstat`` every directory and
     link its resolution met again, and check in full when any identity, owner or mode has
     changed."""
@@ -140,11 +139,10 @@ def _root_status(root: Path, create: bool) -> bool | None:
     known = _roots.get(name)
     if known is not None and all(_identity(d) == seen for d, seen in known[0]):
         return known[1]
-    problem, writable = root_status(root, create=create)
+    problem, writable, way = checked_root(root, create=create)
     if problem is not None:
         _roots.pop(name, None)
         return None
-    _, way = way_to(root)
     chain = [os.fspath(d) for d in way]
     seen = tuple((d, _identity(d)) for d in dict.fromkeys(chain))
     if any(i is None for _, i in seen):
