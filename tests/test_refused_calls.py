@@ -37,6 +37,7 @@ import torch
 import ptexec
 from export_util import export_program
 from fixture_data import compare_outputs, fixture_calls, fixture_paths, tolerance
+from producers import CudaArray
 from ptexec.errors import (
     CALL_REFUSALS,
     DeviceUnavailableError,
@@ -79,19 +80,6 @@ def snapshot(methods: list[ptexec.Method], *held: Any) -> list[Any]:
 
 # --------------------------------------------------------------------------------------
 # the refusals, made from a good call's inputs
-
-
-class _CudaArray:
-    """An array on cuda:0 (DLPack device code 2) that is never consumed."""
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.shape = shape
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (2, 0)
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        raise RuntimeError("this producer cannot export its memory")
 
 
 @dataclass
@@ -145,7 +133,7 @@ def refusals(method: ptexec.Method, inputs: list[Any]) -> Iterator[Refusal]:
         yield Refusal("shape", with_(torch.zeros(past, dtype=x.dtype)), InputError)
     yield Refusal("device-meta", with_(x.to("meta")), UnsupportedDeviceError)
     if not torch.cuda.is_available():
-        yield Refusal("device-cuda", with_(_CudaArray(tuple(x.shape))), DeviceUnavailableError)
+        yield Refusal("device-cuda", with_(CudaArray(tuple(x.shape))), DeviceUnavailableError)
     if not info.is_memory_planned and x.dim() >= 2 and min(x.shape[-2:]) > 1:
         # the program shares an unplanned input's memory: another dim order is refused
         other_order = x.mT.contiguous().mT if x.is_contiguous() else x.contiguous()

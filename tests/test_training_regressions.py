@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import ptexec.training as T
+from producers import CudaArray
 from ptexec.errors import DeviceUnavailableError, ExecutionError, InputError, StateError
 from ptexec.training.save import pte_with
 from training_models import MLP, example_inputs, export_training
@@ -409,19 +410,6 @@ def test_failed_call_leaves_no_garbage_gradients() -> None:
         torch.testing.assert_close(p.grad, ref[name], rtol=1e-5, atol=1e-6)
 
 
-class _CudaArray:
-    """An array on cuda:0 (DLPack device code 2) that is never consumed."""
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.shape = shape
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (2, 0)
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        raise RuntimeError("this producer cannot export its memory")
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without CUDA")
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_an_input_on_a_missing_device_is_a_refusal_that_keeps_the_gradients(
@@ -436,7 +424,7 @@ def test_an_input_on_a_missing_device_is_a_refusal_that_keeps_the_gradients(
     tm = T.load(FIX / "mlp.pte")
     tm.forward_backward("forward", first, accumulate=accumulate)
     with pytest.raises(DeviceUnavailableError):
-        bad = (_CudaArray(tuple(first[0].shape)), first[1])
+        bad = (CudaArray(tuple(first[0].shape)), first[1])
         tm.forward_backward("forward", bad, accumulate=accumulate)
     for name, p in tm.named_parameters().items():
         assert p.grad is not None, name
